@@ -1,0 +1,80 @@
+"""Photos in, predictions out: preprocessing + an engine + softmax, shared by ``classify`` and the daemon."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edge_agent.preprocess import PreprocessSpec, preprocess_bytes, read_limited
+from engines.base import Engine
+
+__all__ = ["Classifier", "Prediction", "softmax"]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass
+class Prediction:
+    label: str
+    confidence: float
+    top_k: list[tuple[str, float]]
+    engine_version: str
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ms(self) -> float:
+        return round(sum(self.timings_ms.values()), 3)
+
+
+class Classifier:
+    """An engine together with the preprocessing its manifest prescribes."""
+
+    def __init__(self, engine: Engine, top_k: int = 3, max_file_bytes: int | None = None, max_pixels: int | None = None) -> None:
+        caps = {k: v for k, v in {"max_file_bytes": max_file_bytes, "max_pixels": max_pixels}.items() if v is not None}
+        self.engine = engine
+        self.spec = PreprocessSpec.from_manifest(engine.version.manifest["preprocess"], **caps)
+        self.top_k = min(top_k, len(engine.classes))
+
+    def predict_tensors(self, batch: np.ndarray) -> list[Prediction]:
+        """Predictions for a preprocessed batch [N,3,H,W]."""
+        t0 = time.perf_counter()
+        probs = softmax(self.engine.infer(batch).astype(np.float64))
+        infer_ms = (time.perf_counter() - t0) * 1000 / len(batch)
+        classes = self.engine.classes
+        out = []
+        for row in probs:
+            order = np.argsort(-row)[: self.top_k]
+            out.append(
+                Prediction(
+                    label=classes[order[0]],
+                    confidence=float(row[order[0]]),
+                    top_k=[(classes[i], round(float(row[i]), 6)) for i in order],
+                    engine_version=self.engine.engine_version,
+                    timings_ms={"infer": round(infer_ms, 3)},
+                )
+            )
+        return out
+
+    def predict_bytes(self, data: bytes) -> Prediction:
+        """Prediction for one photo's bytes; raises :class:`~edge_agent.preprocess.ImageRejected`."""
+        t0 = time.perf_counter()
+        x = preprocess_bytes(data, self.spec)
+        pre_ms = (time.perf_counter() - t0) * 1000
+        pred = self.predict_tensors(x[None])[0]
+        pred.timings_ms = {"preprocess": round(pre_ms, 3), **pred.timings_ms}
+        return pred
+
+    def predict_file(self, path: str | os.PathLike) -> Prediction:
+        t0 = time.perf_counter()
+        data = read_limited(path, self.spec)
+        read_ms = (time.perf_counter() - t0) * 1000
+        pred = self.predict_bytes(data)
+        pred.timings_ms = {"read": round(read_ms, 3), **pred.timings_ms}
+        return pred

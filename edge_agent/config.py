@@ -1,0 +1,200 @@
+"""Typed, validated configuration from one TOML file.
+
+Every option has a default and a description (``edge-agent config show`` prints
+them). An unknown key is an error naming the key and the file. The ``[engine]``
+table is validated by the configuration model of the backend its ``type`` names,
+so each backend documents and checks its own options.
+
+The file is found at ``--config FILE``, else ``$EDGE_AGENT_CONFIG``; with neither,
+the defaults apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engines.base import BackendConfig, backends
+
+__all__ = ["AppConfig", "ConfigError", "load_config", "dump_toml", "default_store_path", "CONFIG_ENV"]
+
+CONFIG_ENV = "EDGE_AGENT_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or invalid; the message names file and key."""
+
+
+def default_store_path() -> Path:
+    """The engine store shipped inside the package (the default model)."""
+    return Path(str(resources.files("edge_agent") / "default_store"))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreSection(_Section):
+    path: str = Field("", description="Engine store directory; empty means the default model shipped with edge-agent.")
+
+    def resolved(self) -> Path:
+        return Path(self.path).expanduser() if self.path else default_store_path()
+
+
+class PreprocessSection(_Section):
+    max_file_bytes: int = Field(
+        50 * 1024 * 1024, ge=1024, description="Photos larger than this many bytes are rejected unread."
+    )
+    max_pixels: int = Field(
+        50_000_000,
+        ge=128 * 128,
+        description="Photos whose header declares more pixels are rejected before decoding (decompression bombs).",
+    )
+
+
+class ClassifySection(_Section):
+    top_k: int = Field(3, ge=1, le=50, description="How many ranked classes each prediction lists.")
+    extensions: list[str] = Field(
+        [".jpg", ".jpeg", ".png", ".bmp", ".webp"],
+        description="File extensions picked up when a folder is classified (case-insensitive).",
+    )
+
+    @field_validator("extensions")
+    @classmethod
+    def _dotted_lower(cls, v: list[str]) -> list[str]:
+        out = []
+        for ext in v:
+            if not ext.startswith(".") or len(ext) < 2:
+                raise ValueError(f"extension {ext!r} must start with a dot, e.g. '.jpg'")
+            out.append(ext.lower())
+        return out
+
+
+class LogSection(_Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
+    format: Literal["auto", "json", "console"] = Field(
+        "auto", description="json (for journald), console (readable), or auto: console on a terminal, else json."
+    )
+
+
+def _default_engine() -> BackendConfig:
+    return backends()["onnxruntime"].Config()
+
+
+class AppConfig(_Section):
+    """The whole configuration."""
+
+    engine: BackendConfig = Field(
+        default_factory=_default_engine,
+        description="Inference backend; 'type' selects it (onnxruntime, tensorrt) and the other keys are its own.",
+    )
+    store: StoreSection = Field(default_factory=StoreSection)
+    preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
+    classify: ClassifySection = Field(default_factory=ClassifySection)
+    log: LogSection = Field(default_factory=LogSection)
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_by_type(cls, value: Any) -> BackendConfig:
+        if isinstance(value, BackendConfig):
+            return value
+        return validate_engine(value)
+
+
+def validate_engine(table: Any) -> BackendConfig:
+    """Validate an ``[engine]`` table with the model of the backend its ``type`` names."""
+    if not isinstance(table, dict):
+        raise ValueError("must be a table")
+    kind = table.get("type", "onnxruntime")
+    found = backends()
+    if kind not in found:
+        raise ValueError(f"unknown engine type {kind!r} (known: {', '.join(sorted(found))})")
+    return found[kind].Config.model_validate(table)
+
+
+def _describe(errors: list[dict], source: str) -> str:
+    lines = []
+    for err in errors:
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key '{key}'")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, source: str = "<config>") -> AppConfig:
+    """Validate a parsed TOML document; raises :class:`ConfigError`."""
+    data = dict(data)
+    engine = data.pop("engine", None)
+    errors: list[dict] = []
+    try:
+        cfg = AppConfig.model_validate(data)
+    except ValidationError as exc:
+        errors.extend(exc.errors())
+        cfg = None
+    if engine is not None:
+        try:
+            engine_cfg = validate_engine(engine)
+        except ValidationError as exc:
+            errors.extend({**e, "loc": ("engine", *e["loc"])} for e in exc.errors())
+        except ValueError as exc:
+            errors.append({"type": "value_error", "loc": ("engine", "type"), "msg": str(exc), "input": engine.get("type") if isinstance(engine, dict) else engine})
+        else:
+            if cfg is not None:
+                cfg = cfg.model_copy(update={"engine": engine_cfg})
+    if errors:
+        raise ConfigError(_describe(errors, source))
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None = None) -> AppConfig:
+    """Load ``path`` (or ``$EDGE_AGENT_CONFIG``); defaults when neither is given."""
+    path = path or os.environ.get(CONFIG_ENV) or None
+    if path is None:
+        return AppConfig()
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: configuration file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(data, str(p))
+
+
+# ---- printing -----------------------------------------------------------
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def dump_toml(cfg: AppConfig, comments: bool = True) -> str:
+    """The configuration as TOML, each key preceded by its description and default."""
+    out: list[str] = []
+    for name, section in cfg:
+        model = type(section)
+        if comments and AppConfig.model_fields[name].description:
+            out.append(f"# {AppConfig.model_fields[name].description}")
+        out.append(f"[{name}]")
+        for key, field in model.model_fields.items():
+            if comments:
+                default = field.get_default(call_default_factory=True)
+                out.append(f"# {field.description} Default: {_toml_value(default)}.")
+            out.append(f"{key} = {_toml_value(getattr(section, key))}")
+        out.append("")
+    return "\n".join(out)

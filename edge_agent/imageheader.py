@@ -1,0 +1,167 @@
+"""Read an image's format, size and EXIF orientation from its header, without decoding it.
+
+This is the first line of defence against bad input: a decompression bomb is
+rejected from the dimensions in its header before a single pixel is allocated,
+and a half-copied JPEG or PNG is recognised by its missing end marker.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+__all__ = ["ImageHeader", "HeaderError", "read_header"]
+
+
+class HeaderError(ValueError):
+    """The bytes are not a complete image in a supported format."""
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    format: str  # "jpeg" | "png" | "bmp" | "webp"
+    width: int
+    height: int
+    orientation: int = 1  # EXIF orientation 1..8 (1 = as stored)
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def read_header(data: bytes) -> ImageHeader:
+    """Parse ``data``'s header and check that the file is complete.
+
+    Raises :class:`HeaderError` naming the problem: empty file, unknown format,
+    truncated file, or an implausible header.
+    """
+    if not data:
+        raise HeaderError("empty file (0 bytes)")
+    if data[:3] == b"\xff\xd8\xff":
+        return _jpeg(data)
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return _png(data)
+    if data[:2] == b"BM":
+        return _bmp(data)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return _webp(data)
+    raise HeaderError("not a supported image (expected JPEG, PNG, BMP or WebP)")
+
+
+# JPEG start-of-frame markers that carry the dimensions (not DHT C4, JPG C8, DAC CC).
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _jpeg(data: bytes) -> ImageHeader:
+    pos, n = 2, len(data)
+    size: tuple[int, int] | None = None
+    orientation = 1
+    while True:
+        # Skip fill bytes before a marker.
+        while pos < n and data[pos] == 0xFF and pos + 1 < n and data[pos + 1] == 0xFF:
+            pos += 1
+        if pos + 4 > n:
+            raise HeaderError("truncated JPEG (header ends before the image data)")
+        if data[pos] != 0xFF:
+            raise HeaderError(f"corrupt JPEG (no marker at byte {pos})")
+        marker = data[pos + 1]
+        if marker == 0xD9:
+            raise HeaderError("corrupt JPEG (end marker before any image data)")
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:
+            pos += 2
+            continue
+        (length,) = struct.unpack(">H", data[pos + 2 : pos + 4])
+        if length < 2:
+            raise HeaderError("corrupt JPEG (bad segment length)")
+        segment = data[pos + 4 : pos + 2 + length]
+        if marker == 0xE1 and segment[:6] == b"Exif\x00\x00":
+            orientation = _exif_orientation(segment[6:])
+        elif marker in _SOF:
+            if len(segment) < 5:
+                raise HeaderError("truncated JPEG (frame header cut off)")
+            height, width = struct.unpack(">HH", segment[1:5])
+            size = (width, height)
+        elif marker == 0xDA:  # start of scan: entropy-coded data follows
+            if size is None:
+                raise HeaderError("corrupt JPEG (image data before the frame header)")
+            # 0xFF 0xD9 cannot occur inside entropy-coded data (0xFF is stuffed),
+            # so a file without it after the first scan was cut short.
+            if data.rfind(b"\xff\xd9", pos + 2 + length) < 0:
+                raise HeaderError("truncated JPEG (no end-of-image marker: file incomplete?)")
+            break
+        pos += 2 + length
+    width, height = size
+    if width == 0 or height == 0:
+        raise HeaderError("corrupt JPEG (zero width or height)")
+    return ImageHeader("jpeg", width, height, orientation)
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """Orientation tag (0x0112) from a TIFF-structured EXIF block; 1 when absent or odd."""
+    if len(tiff) < 8:
+        return 1
+    endian = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if endian is None:
+        return 1
+    (ifd,) = struct.unpack(endian + "I", tiff[4:8])
+    if ifd + 2 > len(tiff):
+        return 1
+    (count,) = struct.unpack(endian + "H", tiff[ifd : ifd + 2])
+    for i in range(min(count, 512)):
+        entry = tiff[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
+        if len(entry) < 12:
+            break
+        tag, typ, _cnt = struct.unpack(endian + "HHI", entry[:8])
+        if tag == 0x0112 and typ == 3:
+            (value,) = struct.unpack(endian + "H", entry[8:10])
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _png(data: bytes) -> ImageHeader:
+    if len(data) < 33 or data[12:16] != b"IHDR":
+        raise HeaderError("truncated PNG (no IHDR header)")
+    width, height = struct.unpack(">II", data[16:24])
+    if width == 0 or height == 0:
+        raise HeaderError("corrupt PNG (zero width or height)")
+    if data.rfind(b"IEND", len(data) - 64) < 0:
+        raise HeaderError("truncated PNG (no IEND chunk: file incomplete?)")
+    return ImageHeader("png", width, height)
+
+
+def _bmp(data: bytes) -> ImageHeader:
+    if len(data) < 26:
+        raise HeaderError("truncated BMP header")
+    (declared,) = struct.unpack("<I", data[2:6])
+    (dib,) = struct.unpack("<I", data[14:18])
+    if dib == 12:
+        width, height = struct.unpack("<HH", data[18:22])
+    else:
+        width, height = struct.unpack("<ii", data[18:26])
+    height = abs(height)
+    if width <= 0 or height == 0:
+        raise HeaderError("corrupt BMP (zero width or height)")
+    if declared and len(data) < declared:
+        raise HeaderError(f"truncated BMP ({len(data)} of {declared} bytes)")
+    return ImageHeader("bmp", width, height)
+
+
+def _webp(data: bytes) -> ImageHeader:
+    (riff_size,) = struct.unpack("<I", data[4:8])
+    if len(data) < riff_size + 8:
+        raise HeaderError(f"truncated WebP ({len(data)} of {riff_size + 8} bytes)")
+    chunk = data[12:16]
+    body = data[20:]
+    if chunk == b"VP8X" and len(body) >= 10:
+        width = 1 + int.from_bytes(body[4:7], "little")
+        height = 1 + int.from_bytes(body[7:10], "little")
+    elif chunk == b"VP8 " and len(body) >= 10:
+        width, height = (v & 0x3FFF for v in struct.unpack("<HH", body[6:10]))
+    elif chunk == b"VP8L" and len(body) >= 5:
+        bits = int.from_bytes(body[1:5], "little")
+        width, height = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    else:
+        raise HeaderError("corrupt WebP header")
+    if width == 0 or height == 0:
+        raise HeaderError("corrupt WebP (zero width or height)")
+    return ImageHeader("webp", width, height)

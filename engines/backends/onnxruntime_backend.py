@@ -1,0 +1,123 @@
+"""ONNX Runtime backend: CPU (FP32 or the INT8 QDQ variant), CUDA, or the TensorRT execution provider.
+
+ONNX Runtime silently falls back to the CPU when a requested provider cannot be
+loaded; this backend checks which provider the session really got and refuses
+to run on anything but the one asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, register
+from engines.cache import cache_dir
+from engines.store import StoreVersion
+
+__all__ = ["OnnxRuntimeConfig", "OnnxRuntimeEngine", "PROVIDER_NAMES"]
+
+PROVIDER_NAMES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+class OnnxRuntimeConfig(BackendConfig):
+    """ONNX Runtime engine options."""
+
+    type: Literal["onnxruntime"] = Field("onnxruntime", description="Selects this backend.")
+    provider: Literal["cpu", "cuda", "tensorrt"] = Field(
+        "cpu", description="Execution provider that must run the model: cpu, cuda or tensorrt (the TensorRT EP)."
+    )
+    precision: Literal["fp32", "fp16", "int8"] = Field(
+        "fp32",
+        description="fp32; int8 runs the store version's calibrated INT8 QDQ model (cpu only); "
+        "fp16 lets the TensorRT EP use half precision (tensorrt only).",
+    )
+    device_id: int = Field(0, ge=0, description="GPU index for cuda and tensorrt.")
+    intra_op_threads: int = Field(0, ge=0, le=256, description="CPU threads per inference; 0 lets ONNX Runtime choose.")
+    cache_dir: str = Field(
+        "", description="TensorRT EP engine cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under ort-trt/."
+    )
+    trt_workspace_mb: int = Field(1024, ge=64, description="TensorRT EP builder workspace (MiB).")
+
+    @model_validator(mode="after")
+    def _precision_fits_provider(self) -> "OnnxRuntimeConfig":
+        if self.precision == "int8" and self.provider != "cpu":
+            raise ValueError("precision 'int8' is the CPU engine variant: use provider 'cpu'")
+        if self.precision == "fp16" and self.provider != "tensorrt":
+            raise ValueError("precision 'fp16' needs provider 'tensorrt' (ONNX Runtime's CPU and CUDA run the FP32 model)")
+        return self
+
+
+@register
+class OnnxRuntimeEngine(Engine):
+    """An ``onnxruntime.InferenceSession`` on the configured provider."""
+
+    type = "onnxruntime"
+    Config = OnnxRuntimeConfig
+
+    def __init__(self, version: StoreVersion, config: OnnxRuntimeConfig) -> None:
+        super().__init__(version, config)
+        import onnxruntime as ort
+
+        wanted = PROVIDER_NAMES[config.provider]
+        available = ort.get_available_providers()
+        if wanted not in available:
+            hint = " (install onnxruntime-gpu, the 'jetson' extra)" if config.provider != "cpu" else ""
+            raise BackendUnavailable(
+                f"ONNX Runtime {ort.__version__} here has no {wanted}{hint}; available: {', '.join(available)}"
+            )
+        model = version.artifact("int8" if config.precision == "int8" else "onnx")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if config.intra_op_threads:
+            opts.intra_op_num_threads = config.intra_op_threads
+        opts.log_severity_level = 3
+        providers: list = []
+        if config.provider == "tensorrt":
+            providers.append(
+                (
+                    wanted,
+                    {
+                        "device_id": config.device_id,
+                        "trt_fp16_enable": config.precision == "fp16",
+                        "trt_engine_cache_enable": True,
+                        "trt_engine_cache_path": str(cache_dir(config.cache_dir, "ort-trt")),
+                        "trt_max_workspace_size": config.trt_workspace_mb << 20,
+                    },
+                )
+            )
+        if config.provider in ("tensorrt", "cuda"):
+            providers.append(("CUDAExecutionProvider", {"device_id": config.device_id}))
+        providers.append("CPUExecutionProvider")
+        try:
+            self._session = ort.InferenceSession(str(model), sess_options=opts, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise EngineError(f"{version.name}: ONNX Runtime could not load {model.name}: {exc}") from exc
+        active = self._session.get_providers()
+        if wanted not in active:
+            raise BackendUnavailable(
+                f"ONNX Runtime fell back to {active[0]} instead of {wanted} (driver or library missing?); refusing to run"
+            )
+        self._input = self._session.get_inputs()[0]
+        self._output = self._session.get_outputs()[0]
+        check_io(version, self._input.name, self._input.shape, self._output.shape)
+
+    @property
+    def provider(self) -> str:
+        return self._session.get_providers()[0]
+
+    @property
+    def precision(self) -> str:
+        return self.config.precision
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        batch = check_batch(batch, self.version)
+        return self._session.run([self._output.name], {self._input.name: batch})[0]
+
+    def close(self) -> None:
+        self._session = None

@@ -1,0 +1,187 @@
+"""Native TensorRT backend (Jetson): an FP16 plan built from the version's ONNX, run with pycuda.
+
+The plan is cached per ONNX sha256 + TensorRT version + GPU + precision (see
+:mod:`engines.build.tensorrt_plan`) and rebuilt when it no longer deserialises.
+Both binding APIs are handled: named I/O tensors (TensorRT >= 8.5, the only API
+in 10) and the older binding indices (TensorRT 8.0-8.4).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import structlog
+from pydantic import Field, model_validator
+
+from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, register
+from engines.cache import cache_dir
+from engines.store import StoreVersion, sha256_file
+
+__all__ = ["TensorRTConfig", "TensorRTEngine"]
+
+
+class TensorRTConfig(BackendConfig):
+    """Native TensorRT engine options."""
+
+    type: Literal["tensorrt"] = Field("tensorrt", description="Selects this backend.")
+    precision: Literal["fp16", "fp32"] = Field("fp16", description="Arithmetic of the built plan.")
+    device_id: int = Field(0, ge=0, description="CUDA device index.")
+    max_batch: int = Field(32, ge=1, le=1024, description="Largest batch the plan accepts; bigger batches are split.")
+    opt_batch: int = Field(8, ge=1, le=1024, description="Batch size TensorRT tunes kernels for.")
+    workspace_mb: int = Field(1024, ge=64, description="Builder workspace (MiB).")
+    cache_dir: str = Field(
+        "", description="Plan cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under trt-plans/."
+    )
+
+    @model_validator(mode="after")
+    def _opt_within_max(self) -> "TensorRTConfig":
+        if self.opt_batch > self.max_batch:
+            raise ValueError("opt_batch must not exceed max_batch")
+        return self
+
+
+def _import_runtime():
+    try:
+        import tensorrt as trt
+    except ImportError as exc:
+        raise BackendUnavailable(f"TensorRT Python bindings not importable ({exc}); install JetPack's python3-libnvinfer") from exc
+    try:
+        import pycuda.driver as cuda
+    except ImportError as exc:
+        raise BackendUnavailable(f"pycuda not importable ({exc}); install the 'jetson' extra") from exc
+    try:
+        cuda.init()
+        if cuda.Device.count() == 0:
+            raise BackendUnavailable("no CUDA device found")
+    except cuda.Error as exc:
+        raise BackendUnavailable(f"CUDA driver unavailable: {exc}") from exc
+    return trt, cuda
+
+
+@register
+class TensorRTEngine(Engine):
+    """A TensorRT plan with page-locked host buffers and one CUDA stream."""
+
+    type = "tensorrt"
+    Config = TensorRTConfig
+
+    def __init__(self, version: StoreVersion, config: TensorRTConfig) -> None:
+        super().__init__(version, config)
+        trt, cuda = _import_runtime()
+        self._trt, self._cuda = trt, cuda
+        from engines.build.tensorrt_plan import PlanKey, build_plan, load_or_build
+
+        device = cuda.Device(config.device_id)
+        self._ctx = device.retain_primary_context()
+        self._ctx.push()
+        try:
+            onnx = version.artifact("onnx")
+            spec = version.manifest["input"]
+            shape = tuple(int(v) for v in spec["shape"][1:])
+            key = PlanKey(
+                onnx_sha256=sha256_file(onnx),
+                tensorrt_version=trt.__version__,
+                gpu_name=device.name(),
+                precision=config.precision,
+                opt_batch=config.opt_batch,
+                max_batch=config.max_batch,
+            )
+            self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+            self._engine, self.built_plan = load_or_build(
+                key,
+                cache_dir(config.cache_dir, "trt-plans"),
+                build=lambda: build_plan(
+                    onnx, spec["name"], shape, config.precision, 1, config.opt_batch, config.max_batch, config.workspace_mb
+                ),
+                deserialize=self._runtime.deserialize_cuda_engine,
+                log=structlog.get_logger("engines").bind(engine_version=version.name),
+            )
+            self._context = self._engine.create_execution_context()
+            self._named = hasattr(self._engine, "num_io_tensors")
+            self._setup_buffers(spec["name"], shape)
+        finally:
+            self._ctx.pop()
+
+    # ---- TensorRT 8/10 binding differences --------------------------------
+    def _io(self) -> list[tuple[str, bool, np.dtype]]:
+        trt, e = self._trt, self._engine
+        if self._named:
+            return [
+                (n, e.get_tensor_mode(n) == trt.TensorIOMode.INPUT, np.dtype(trt.nptype(e.get_tensor_dtype(n))))
+                for n in (e.get_tensor_name(i) for i in range(e.num_io_tensors))
+            ]
+        return [
+            (e.get_binding_name(i), e.binding_is_input(i), np.dtype(trt.nptype(e.get_binding_dtype(i))))
+            for i in range(e.num_bindings)
+        ]
+
+    def _setup_buffers(self, input_name: str, shape: tuple[int, int, int]) -> None:
+        cuda, n = self._cuda, self.config.max_batch
+        io = self._io()
+        inputs = [x for x in io if x[1]]
+        outputs = [x for x in io if not x[1]]
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise EngineError(f"expected one input and one output, plan has {[x[0] for x in io]}")
+        self._in_name, _, in_dtype = inputs[0]
+        self._out_name, _, out_dtype = outputs[0]
+        classes = len(self.version.classes)
+        check_io(self.version, self._in_name, (n, *shape), (n, classes))
+        self._host_in = cuda.pagelocked_empty((n, *shape), in_dtype)
+        self._host_out = cuda.pagelocked_empty((n, classes), out_dtype)
+        self._dev_in = cuda.mem_alloc(self._host_in.nbytes)
+        self._dev_out = cuda.mem_alloc(self._host_out.nbytes)
+        self._stream = cuda.Stream()
+        if self._named:
+            self._context.set_tensor_address(self._in_name, int(self._dev_in))
+            self._context.set_tensor_address(self._out_name, int(self._dev_out))
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        cuda, k = self._cuda, len(batch)
+        self._host_in[:k] = batch
+        cuda.memcpy_htod_async(self._dev_in, self._host_in[:k], self._stream)
+        if self._named:
+            self._context.set_input_shape(self._in_name, batch.shape)
+            ok = self._context.execute_async_v3(stream_handle=self._stream.handle)
+        else:
+            e = self._engine
+            bindings = [0] * e.num_bindings
+            bindings[e.get_binding_index(self._in_name)] = int(self._dev_in)
+            bindings[e.get_binding_index(self._out_name)] = int(self._dev_out)
+            self._context.set_binding_shape(e.get_binding_index(self._in_name), batch.shape)
+            ok = self._context.execute_async_v2(bindings=bindings, stream_handle=self._stream.handle)
+        if not ok:
+            raise EngineError("TensorRT execution failed")
+        cuda.memcpy_dtoh_async(self._host_out[:k], self._dev_out, self._stream)
+        self._stream.synchronize()
+        return np.array(self._host_out[:k], dtype=np.float32)
+
+    # ---- Engine interface ---------------------------------------------------
+    @property
+    def provider(self) -> str:
+        return f"TensorRT {self._trt.__version__}"
+
+    @property
+    def precision(self) -> str:
+        return self.config.precision
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        batch = check_batch(batch, self.version)
+        step = self.config.max_batch
+        self._ctx.push()
+        try:
+            return np.concatenate([self._run(batch[i : i + step]) for i in range(0, len(batch), step)])
+        finally:
+            self._ctx.pop()
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None) is not None:
+            self._ctx.push()
+            try:
+                self._dev_in.free()
+                self._dev_out.free()
+                self._context = self._engine = None
+            finally:
+                self._ctx.pop()
+                self._ctx.detach()
+                self._ctx = None

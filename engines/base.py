@@ -1,0 +1,162 @@
+"""The one small interface every engine backend implements, and the backend registry.
+
+A backend is one module in :mod:`engines.backends` defining a :class:`BackendConfig`
+subclass with a unique ``type`` literal and an :class:`Engine` subclass decorated
+with :func:`register`. Adding a backend touches no other file: the registry finds
+it at import time and the configuration accepts its ``type``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from engines.store import StoreVersion
+
+__all__ = [
+    "BackendConfig",
+    "Engine",
+    "EngineError",
+    "BackendUnavailable",
+    "register",
+    "backends",
+    "get_backend",
+    "check_batch",
+    "check_io",
+    "expected_input",
+]
+
+
+class EngineError(RuntimeError):
+    """An engine could not be built, loaded or run as configured."""
+
+
+class BackendUnavailable(EngineError):
+    """The backend's runtime or hardware is not present on this machine."""
+
+
+class BackendConfig(BaseModel):
+    """Base of every backend's configuration; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: str
+
+
+class Engine(ABC):
+    """A loaded model that maps a float32 [N,3,H,W] batch to float32 [N,classes] logits."""
+
+    #: The ``type`` value that selects this backend in the configuration.
+    type: ClassVar[str]
+    #: The backend's configuration model.
+    Config: ClassVar[type[BackendConfig]]
+
+    def __init__(self, version: StoreVersion, config: BackendConfig) -> None:
+        self.version = version
+        self.config = config
+
+    @property
+    def engine_version(self) -> str:
+        return self.version.name
+
+    @property
+    def classes(self) -> list[str]:
+        return self.version.classes
+
+    @property
+    @abstractmethod
+    def provider(self) -> str:
+        """The execution provider really running the model (e.g. ``CPUExecutionProvider``)."""
+
+    @property
+    @abstractmethod
+    def precision(self) -> str:
+        """``fp32``, ``fp16`` or ``int8``: the arithmetic really used."""
+
+    @abstractmethod
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """Logits for ``batch`` (float32, [N,3,H,W])."""
+
+    def close(self) -> None:
+        """Release runtime resources (sessions, device buffers)."""
+
+    def describe(self) -> dict:
+        return {
+            "type": self.type,
+            "engine_version": self.engine_version,
+            "provider": self.provider,
+            "precision": self.precision,
+        }
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_REGISTRY: dict[str, type[Engine]] = {}
+_DISCOVERED = False
+
+
+def register(cls: type[Engine]) -> type[Engine]:
+    """Class decorator adding a backend to the registry under ``cls.type``."""
+    if cls.type in _REGISTRY and _REGISTRY[cls.type] is not cls:
+        raise EngineError(f"two backends claim type {cls.type!r}")
+    _REGISTRY[cls.type] = cls
+    return cls
+
+
+def _discover() -> None:
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    import engines.backends as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    _DISCOVERED = True
+
+
+def backends() -> dict[str, type[Engine]]:
+    """Every registered backend by ``type`` (importing the backend modules, not their runtimes)."""
+    _discover()
+    return dict(_REGISTRY)
+
+
+def get_backend(type_: str) -> type[Engine]:
+    found = backends()
+    if type_ not in found:
+        raise EngineError(f"unknown engine type {type_!r} (known: {', '.join(sorted(found))})")
+    return found[type_]
+
+
+def expected_input(version: StoreVersion) -> tuple[int, int]:
+    """(channels, size) the version's manifest declares."""
+    shape = version.manifest["input"]["shape"]
+    return int(shape[1]), int(shape[2])
+
+
+def check_batch(batch: np.ndarray, version: StoreVersion) -> np.ndarray:
+    """Validate a batch against the manifest's input spec; returns it as contiguous float32."""
+    channels, size = expected_input(version)
+    if batch.ndim != 4 or batch.shape[1:] != (channels, size, size) or batch.shape[0] < 1:
+        raise EngineError(f"batch shape {tuple(batch.shape)} does not match input [N,{channels},{size},{size}]")
+    return np.ascontiguousarray(batch, dtype=np.float32)
+
+
+def check_io(version: StoreVersion, input_name: str, input_shape, output_shape) -> None:
+    """Refuse a model whose input or output does not match its manifest."""
+    spec = version.manifest["input"]
+    channels, size = expected_input(version)
+    if input_name != spec["name"] or list(input_shape[1:]) != [channels, size, size]:
+        raise EngineError(f"{version.name}: model input {input_name}{input_shape} does not match manifest {spec}")
+    if output_shape[-1] != len(version.classes):
+        raise EngineError(
+            f"{version.name}: model has {output_shape[-1]} outputs but the manifest lists {len(version.classes)} classes"
+        )

@@ -1,0 +1,273 @@
+"""The versioned engine store.
+
+Layout::
+
+    <root>/
+      v0001/  model.onnx  model.int8.onnx  manifest.json
+      v0002/  ...
+      current            # text file holding the name of the version in service
+      .lock              # serialises publishers
+
+A version directory is immutable once it exists. Publishing writes everything to
+``.tmp-*`` first, fsyncs it, renames it into place, then replaces ``current``
+atomically, so a reader sees either the old version or the complete new one,
+never a half-written one. Every file's sha256 is in the manifest and is checked
+when a version is opened; a file that does not match is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+__all__ = [
+    "EngineStore",
+    "StoreVersion",
+    "StoreError",
+    "TamperedError",
+    "MANIFEST",
+    "sha256_file",
+]
+
+MANIFEST = "manifest.json"
+CURRENT = "current"
+MANIFEST_FORMAT = 1
+_VERSION_RE = re.compile(r"^v(\d{4,})$")
+
+
+class StoreError(RuntimeError):
+    """The store or a version in it is missing, malformed or inconsistent."""
+
+
+class TamperedError(StoreError):
+    """A file of a version does not match the sha256 in its manifest."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _step(name: str) -> None:
+    """Named point between publishing steps (a seam for crash tests; does nothing)."""
+
+
+@dataclass(frozen=True)
+class StoreVersion:
+    """One verified, immutable version: its directory and manifest."""
+
+    name: str
+    path: Path
+    manifest: dict
+
+    def file(self, name: str) -> Path:
+        """Path of a file listed in the manifest."""
+        if name not in self.manifest["files"]:
+            raise StoreError(f"{self.name}: no file {name!r} in manifest")
+        return self.path / name
+
+    def artifact(self, kind: str) -> Path:
+        """Path of an artifact by kind (``onnx``, ``int8``, ...), as the manifest names it."""
+        name = self.manifest.get("artifacts", {}).get(kind)
+        if name is None:
+            have = ", ".join(sorted(self.manifest.get("artifacts", {}))) or "none"
+            raise StoreError(f"{self.name} has no {kind!r} artifact (has: {have})")
+        return self.file(name)
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest["classes"])
+
+
+class EngineStore:
+    """A directory of engine versions with an atomically switched ``current`` pointer."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    # ---- reading -------------------------------------------------------
+    def versions(self) -> list[str]:
+        """Complete versions, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.iterdir():
+            m = _VERSION_RE.match(p.name)
+            if m and (p / MANIFEST).is_file():
+                found.append((int(m.group(1)), p.name))
+        return [name for _, name in sorted(found)]
+
+    def current(self) -> str:
+        """Name of the version in service."""
+        try:
+            name = (self.root / CURRENT).read_text().strip()
+        except FileNotFoundError:
+            raise StoreError(f"{self.root}: no current version (is this an engine store?)") from None
+        if not _VERSION_RE.match(name) or not (self.root / name / MANIFEST).is_file():
+            raise StoreError(f"{self.root}: current points at {name!r}, which is not a complete version")
+        return name
+
+    def read_manifest(self, version: str) -> dict:
+        path = self.root / version / MANIFEST
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise StoreError(f"{self.root}: no version {version!r}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{path}: unreadable manifest ({exc})") from None
+        for key in ("version", "files", "classes", "artifacts", "input", "preprocess"):
+            if key not in manifest:
+                raise StoreError(f"{path}: manifest lacks {key!r}")
+        if manifest["version"] != version:
+            raise StoreError(f"{path}: manifest says version {manifest['version']!r}, directory is {version!r}")
+        return manifest
+
+    def open(self, version: str | None = None, verify: bool = True) -> StoreVersion:
+        """Open ``version`` (default: current), checking every file's sha256."""
+        name = version or self.current()
+        manifest = self.read_manifest(name)
+        vdir = self.root / name
+        if verify:
+            for fname, meta in manifest["files"].items():
+                fpath = vdir / fname
+                if not fpath.is_file():
+                    raise TamperedError(f"{name}/{fname}: missing")
+                digest = sha256_file(fpath)
+                if digest != meta["sha256"]:
+                    raise TamperedError(
+                        f"{name}/{fname}: sha256 {digest[:12]}... does not match manifest "
+                        f"{meta['sha256'][:12]}... (file modified or corrupt); refusing to load it"
+                    )
+        return StoreVersion(name, vdir, manifest)
+
+    # ---- writing -------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _next_version(self) -> str:
+        nums = [int(_VERSION_RE.match(p.name).group(1)) for p in self.root.iterdir() if _VERSION_RE.match(p.name)]
+        return f"v{max(nums, default=0) + 1:04d}"
+
+    def _clean_partial(self) -> None:
+        for p in self.root.iterdir():
+            if p.name.startswith(".tmp-"):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+    def publish(
+        self,
+        files: Mapping[str, str | os.PathLike],
+        manifest: Mapping,
+        make_current: bool = True,
+    ) -> StoreVersion:
+        """Publish ``files`` (store name -> source path) as a new version.
+
+        ``manifest`` supplies the descriptive fields (classes, input, preprocess,
+        artifacts, metrics, ...); ``version``, ``files``, ``created`` and
+        ``parent`` (unless given) are filled in here.
+        """
+        for fname in files:
+            if "/" in fname or fname in (MANIFEST, "") or fname.startswith("."):
+                raise StoreError(f"bad file name for a store version: {fname!r}")
+        for kind, fname in dict(manifest.get("artifacts", {})).items():
+            if fname not in files:
+                raise StoreError(f"artifact {kind!r} names {fname!r}, which is not among the files")
+        with self._locked():
+            self._clean_partial()
+            version = self._next_version()
+            try:
+                parent = self.current()
+            except StoreError:
+                parent = None
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=self.root))
+            os.chmod(tmp, 0o755)  # readable by a daemon running as another user
+            _step("tmpdir")
+            entries = {}
+            for fname, src in files.items():
+                dst = tmp / fname
+                shutil.copyfile(src, dst)
+                _fsync_file(dst)
+                entries[fname] = {"sha256": sha256_file(dst), "bytes": dst.stat().st_size}
+                _step("file")
+            full = {
+                "format": MANIFEST_FORMAT,
+                "version": version,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "parent": parent,
+                **{k: v for k, v in manifest.items() if k not in ("version", "files", "format")},
+                "files": entries,
+            }
+            if "parent" in manifest:
+                full["parent"] = manifest["parent"]
+            mpath = tmp / MANIFEST
+            mpath.write_text(json.dumps(full, indent=2, sort_keys=False) + "\n")
+            _fsync_file(mpath)
+            _fsync_dir(tmp)
+            _step("manifest")
+            os.rename(tmp, self.root / version)
+            _fsync_dir(self.root)
+            _step("renamed")
+            if make_current:
+                self._write_current(version)
+            _step("current")
+        return self.open(version)
+
+    def _write_current(self, version: str) -> None:
+        tmp = self.root / f".tmp-current-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(version + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / CURRENT)
+        _fsync_dir(self.root)
+
+    def set_current(self, version: str) -> StoreVersion:
+        """Put ``version`` in service after verifying it."""
+        opened = self.open(version)
+        with self._locked():
+            self._write_current(version)
+        return opened
+
+    def rollback(self, to: str | None = None) -> StoreVersion:
+        """Switch back to ``to``, or else to the current version's parent (or the previous one)."""
+        if to is None:
+            cur = self.current()
+            to = self.read_manifest(cur).get("parent")
+            if not to:
+                older = [v for v in self.versions() if int(v[1:]) < int(cur[1:])]
+                if not older:
+                    raise StoreError(f"{cur} has no parent and no older version to roll back to")
+                to = older[-1]
+        return self.set_current(to)

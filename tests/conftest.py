@@ -1,0 +1,93 @@
+"""Shared fixtures: real photos from ../shared, synthetic images, and a tiny published store."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def plantvillage_dir() -> Path | None:
+    env = os.environ.get("EDGE_AGENT_PLANTVILLAGE")
+    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared/data/plantvillage", REPO / "shared/data/plantvillage"]:
+        if cand.is_dir():
+            return cand
+    return None
+
+
+@pytest.fixture(scope="session")
+def plantvillage() -> Path:
+    d = plantvillage_dir()
+    if d is None:
+        pytest.skip("real PlantVillage photos not found (expected ../shared/data/plantvillage or $EDGE_AGENT_PLANTVILLAGE)")
+    return d
+
+
+@pytest.fixture(scope="session")
+def real_photo(plantvillage: Path) -> Path:
+    return sorted((plantvillage / "Apple___Apple_scab").glob("*.jpg"))[0]
+
+
+def leaf_image(seed: int, size: tuple[int, int] = (160, 200), hue: int | None = None) -> np.ndarray:
+    """A synthetic BGR 'leaf': an ellipse of a class-specific hue with random spots, on a grey background."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    img = np.full((h, w, 3), 200, np.uint8)
+    hue = int(rng.integers(0, 180)) if hue is None else hue
+    color = cv2.cvtColor(np.uint8([[[hue, 200, 180]]]), cv2.COLOR_HSV2BGR)[0, 0].tolist()
+    cv2.ellipse(img, (w // 2, h // 2), (w // 3, h // 3), float(rng.integers(0, 180)), 0, 360, color, -1)
+    for _ in range(8):
+        c = (int(rng.integers(w // 4, 3 * w // 4)), int(rng.integers(h // 4, 3 * h // 4)))
+        cv2.circle(img, c, int(rng.integers(2, 8)), (40, 40, 90), -1)
+    return img
+
+
+def encode(img: np.ndarray, ext: str = ".jpg") -> bytes:
+    ok, buf = cv2.imencode(ext, img)
+    assert ok
+    return buf.tobytes()
+
+
+def with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """Insert an EXIF APP1 segment carrying ``orientation`` right after SOI."""
+    tiff = b"MM\x00\x2a\x00\x00\x00\x08" + struct.pack(">H", 1) + struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0) + b"\x00" * 4
+    app1 = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + jpeg[2:]
+
+
+def make_class_folders(root: Path, names: list[str], per_class: int, size=(140, 150)) -> Path:
+    for i, name in enumerate(names):
+        d = root / name
+        d.mkdir(parents=True)
+        for j in range(per_class):
+            (d / f"img_{j:03d}.jpg").write_bytes(encode(leaf_image(1000 * i + j, size, hue=(i * 60) % 180)))
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory) -> Path:
+    """A store with one version of an untrained 3-class model (ONNX, INT8, weights)."""
+    torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is needed to build a model")
+    from edge_agent.preprocess import preprocess_bytes
+    from trainer.model import build_model
+    from trainer.publish import publish_model
+
+    torch.manual_seed(0)
+    model = build_model(3).eval()
+    calib = np.stack([preprocess_bytes(encode(leaf_image(i))) for i in range(8)])
+    root = tmp_path_factory.mktemp("tiny-store")
+    publish_model(
+        model,
+        ["Tomato___healthy", "Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)"],
+        root,
+        calibration=calib,
+        held_out=(calib, np.array([0, 1, 2, 0, 1, 2, 0, 1])),
+        training={"kind": "test-fixture"},
+    )
+    return root

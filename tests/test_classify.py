@@ -1,0 +1,136 @@
+"""``edge-agent classify`` end to end, and the shipped default model on real photos."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge_agent.config import default_store_path
+from engines.store import EngineStore
+
+REPO = Path(__file__).parents[1]
+
+
+def run_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def held_out_photos(plantvillage: Path) -> list[tuple[Path, str]]:
+    """The test split of the shipped model (never trained on), recomputed from its manifest."""
+    from trainer.data import scan_folder, stratified_split
+
+    m = EngineStore(default_store_path()).open().manifest
+    split = m["training"]["split"]
+    folder = scan_folder(plantvillage)
+    parts = stratified_split(folder.samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])
+    return [(s.path, folder.classes[s.label]) for s in parts["test"]]
+
+
+def test_shipped_store_is_complete_and_verifies():
+    store = EngineStore(default_store_path())
+    version = store.open()  # checks every sha256
+    m = version.manifest
+    assert len(m["classes"]) == 23
+    assert {"onnx", "int8"} <= set(m["artifacts"])
+    assert m["metrics"]["test"]["top1"] >= 0.90
+
+
+def test_classify_real_photos_json(plantvillage, tmp_path):
+    photos = [p for p, _ in held_out_photos(plantvillage)][:: 9][:12]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, p in enumerate(photos):
+        shutil.copy(p, folder / f"{i:02d}_{p.name}")
+    out = run_cli("classify", "--json", str(folder))
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(rows) == len(photos)
+    for row in rows:
+        assert set(row) == {"path", "label", "confidence", "top_k", "engine_version", "ms"}
+        assert len(row["top_k"]) == 3 and row["top_k"][0][0] == row["label"]
+        assert 0 < row["confidence"] <= 1 and row["ms"] > 0 and row["engine_version"].startswith("v")
+
+
+def test_shipped_model_accuracy_on_held_out_real_photos(plantvillage):
+    """Top-1 of the committed model on its held-out test split, through the daemon's own path."""
+    from edge_agent.classifier import Classifier
+    from edge_agent.config import AppConfig
+    from engines.loader import open_engine
+
+    pytest.importorskip("torch", reason="recomputing the split uses the trainer's data module")
+    photos = held_out_photos(plantvillage)
+    assert len(photos) >= 150
+    clf = Classifier(open_engine(default_store_path(), AppConfig().engine))
+    correct = sum(clf.predict_file(p).label == label for p, label in photos)
+    assert correct / len(photos) >= 0.90
+
+
+def test_bad_files_get_an_error_each_and_the_rest_are_classified(real_photo, tmp_path):
+    from tests.test_preprocess import png_bomb
+
+    (tmp_path / "good.jpg").write_bytes(real_photo.read_bytes())
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "text.jpg").write_text("definitely not a photo")
+    (tmp_path / "half.jpg").write_bytes(real_photo.read_bytes()[:5000])
+    (tmp_path / "bomb.png").write_bytes(png_bomb(30000))
+    (tmp_path / "good2.jpg").write_bytes(real_photo.read_bytes())
+    out = run_cli("classify", "--json", str(tmp_path))
+    assert out.returncode == 1
+    rows = {Path(r["path"]).name: r for r in map(json.loads, out.stdout.splitlines())}
+    assert set(rows) == {"good.jpg", "empty.jpg", "text.jpg", "half.jpg", "bomb.png", "good2.jpg"}
+    assert "label" in rows["good.jpg"] and "label" in rows["good2.jpg"]
+    assert rows["empty.jpg"] == {"path": str(tmp_path / "empty.jpg"), "error": "empty file (0 bytes)"}
+    assert "truncated" in rows["half.jpg"]["error"]
+    assert "decompression bomb" in rows["bomb.png"]["error"]
+    assert "not a supported image" in rows["text.jpg"]["error"]
+
+
+def test_missing_path_is_an_error_not_a_crash(tmp_path):
+    out = run_cli("classify", "--json", str(tmp_path / "nope.jpg"))
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["error"] == "no such file"
+
+
+def test_human_output(real_photo):
+    out = run_cli("classify", str(real_photo))
+    assert out.returncode == 0
+    assert out.stdout.startswith(f"{real_photo}: ") and " ms]" in out.stdout
+
+
+def test_tampered_store_stops_classify_with_a_clear_error(real_photo, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(default_store_path(), store)
+    onnx = store / EngineStore(store).current() / "model.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:-100] + b"\x00" * 100)
+    out = run_cli("classify", "--store", str(store), str(real_photo))
+    assert out.returncode == 2
+    assert "does not match manifest" in out.stderr and "refusing" in out.stderr
+
+
+def test_engine_list_show_rollback(tiny_store, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    s = EngineStore(store)
+    v1 = s.open()
+    s.publish({n: v1.path / n for n in v1.manifest["files"]}, {k: v for k, v in v1.manifest.items() if k != "parent"})
+    out = run_cli("engine", "list", "--store", str(store))
+    assert out.returncode == 0 and "* v0002" in out.stdout and "  v0001" in out.stdout
+    shown = json.loads(run_cli("engine", "show", "--store", str(store), "v0001").stdout)
+    assert shown["verified"] and shown["version"] == "v0001"
+    out = run_cli("engine", "rollback", "--store", str(store))
+    assert out.returncode == 0 and "v0002 -> v0001" in out.stdout
+    assert s.current() == "v0001"
+    out = run_cli("engine", "rollback", "--store", str(store))
+    assert out.returncode == 2 and "no parent" in out.stderr
+
+
+def test_unknown_config_key_stops_the_cli(tmp_path, real_photo):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[classify]\ntopk = 3\n")
+    out = run_cli("classify", "--config", str(cfg), str(real_photo))
+    assert out.returncode == 2 and f"{cfg}: unknown key 'classify.topk'" in out.stderr

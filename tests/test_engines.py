@@ -1,0 +1,178 @@
+"""Engine backends behind one interface, the registry, and the TensorRT plan cache."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from edge_agent.config import load_config, parse_config
+from edge_agent.preprocess import preprocess_bytes
+from engines.base import BackendUnavailable, EngineError, backends, get_backend
+from engines.build.tensorrt_plan import PlanBuildError, PlanKey, load_or_build
+from engines.loader import open_engine
+from engines.store import EngineStore, TamperedError
+
+from .conftest import encode, leaf_image
+
+
+def ort_config(**engine):
+    return parse_config({"engine": {"type": "onnxruntime", **engine}}).engine
+
+
+def test_registry_finds_one_module_per_backend():
+    found = backends()
+    assert {"onnxruntime", "tensorrt"} <= set(found)
+    for name, cls in found.items():
+        assert cls.type == name and cls.Config.model_fields["type"].default == name
+    with pytest.raises(EngineError, match="unknown engine type"):
+        get_backend("tflite")
+
+
+def test_onnxruntime_cpu_fp32(tiny_store):
+    with open_engine(tiny_store, ort_config()) as engine:
+        assert engine.provider == "CPUExecutionProvider" and engine.precision == "fp32"
+        x = np.stack([preprocess_bytes(encode(leaf_image(i))) for i in range(5)])
+        logits = engine.infer(x)
+        assert logits.shape == (5, 3) and logits.dtype == np.float32
+        assert engine.describe()["engine_version"] == "v0001"
+
+
+def test_onnxruntime_int8_variant_runs_and_agrees_mostly(tiny_store):
+    x = np.stack([preprocess_bytes(encode(leaf_image(i))) for i in range(6)])
+    with open_engine(tiny_store, ort_config()) as fp32, open_engine(tiny_store, ort_config(precision="int8")) as int8:
+        assert int8.precision == "int8"
+        a, b = fp32.infer(x), int8.infer(x)
+        assert b.shape == a.shape
+        assert np.abs(a - b).max() < 0.5  # quantised, not identical, but close
+    manifest = EngineStore(tiny_store).open().manifest
+    assert 0.0 <= manifest["metrics"]["int8"]["top1_agreement_with_fp32"] <= 1.0
+
+
+def test_wrong_batch_shape_is_an_error(tiny_store):
+    with open_engine(tiny_store, ort_config()) as engine:
+        with pytest.raises(EngineError, match="does not match input"):
+            engine.infer(np.zeros((1, 3, 64, 64), np.float32))
+        with pytest.raises(EngineError):
+            engine.infer(np.zeros((3, 128, 128), np.float32))
+
+
+def test_requested_gpu_provider_missing_fails_loudly(tiny_store):
+    import onnxruntime as ort
+
+    for provider, name in (("cuda", "CUDAExecutionProvider"), ("tensorrt", "TensorrtExecutionProvider")):
+        if name in ort.get_available_providers():
+            continue
+        with pytest.raises(BackendUnavailable, match=name):
+            open_engine(tiny_store, ort_config(provider=provider))
+
+
+def test_silent_cpu_fallback_is_refused(tiny_store, monkeypatch):
+    """ONNX Runtime may list CUDA as available yet fall back to CPU when the session is built."""
+    import onnxruntime as ort
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    real = ort.InferenceSession
+
+    def session(path, sess_options=None, providers=None):
+        return real(path, sess_options=sess_options, providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    with pytest.raises(BackendUnavailable, match="fell back to CPUExecutionProvider"):
+        open_engine(tiny_store, ort_config(provider="cuda"))
+
+
+def test_tampered_model_refused_by_loader(tiny_store, tmp_path):
+    import shutil
+
+    copy = tmp_path / "store"
+    shutil.copytree(tiny_store, copy)
+    model = copy / "v0001" / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model.write_bytes(bytes(data))
+    with pytest.raises(TamperedError):
+        open_engine(copy, ort_config())
+
+
+def test_manifest_class_count_must_match_model(tiny_store, tmp_path):
+    import json
+    import shutil
+
+    from engines.store import sha256_file
+
+    copy = tmp_path / "store"
+    shutil.copytree(tiny_store, copy)
+    mpath = copy / "v0001" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["classes"] = m["classes"][:2]
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(EngineError, match="3 outputs but the manifest lists 2"):
+        open_engine(copy, ort_config())
+
+
+# ---- TensorRT ---------------------------------------------------------------
+HAVE_TRT = importlib.util.find_spec("tensorrt") is not None and importlib.util.find_spec("pycuda") is not None
+
+
+@pytest.mark.skipif(not HAVE_TRT, reason="TensorRT and pycuda are not installed (Jetson/NVIDIA GPU only); not run here")
+def test_native_tensorrt_fp16_matches_onnxruntime(tiny_store, tmp_path):
+    cfg = parse_config({"engine": {"type": "tensorrt", "cache_dir": str(tmp_path / "plans")}}).engine
+    x = np.stack([preprocess_bytes(encode(leaf_image(i))) for i in range(40)])
+    with open_engine(tiny_store, cfg) as trt_engine, open_engine(tiny_store, ort_config()) as ref:
+        assert trt_engine.precision == "fp16" and trt_engine.built_plan
+        np.testing.assert_allclose(trt_engine.infer(x), ref.infer(x), atol=5e-2)
+    with open_engine(tiny_store, cfg) as again:
+        assert not again.built_plan  # served from the plan cache
+
+
+def test_tensorrt_backend_unavailable_here_says_why(tiny_store):
+    if HAVE_TRT:
+        pytest.skip("TensorRT present: covered by the real test")
+    cfg = parse_config({"engine": {"type": "tensorrt"}}).engine
+    with pytest.raises(BackendUnavailable, match="TensorRT|pycuda|CUDA"):
+        open_engine(tiny_store, cfg)
+
+
+def _key(**kw) -> PlanKey:
+    return PlanKey(**({"onnx_sha256": "ab" * 32, "tensorrt_version": "10.3.0", "gpu_name": "Orin", "precision": "fp16"} | kw))
+
+
+def test_plan_key_changes_with_every_component():
+    base = _key()
+    for change in ({"onnx_sha256": "cd" * 32}, {"tensorrt_version": "8.6.2"}, {"gpu_name": "RTX 4090"}, {"precision": "fp32"}, {"max_batch": 8}):
+        assert _key(**change).filename != base.filename
+
+
+def test_plan_cache_builds_once_then_reuses(tmp_path):
+    builds = []
+    engine, built = load_or_build(_key(), tmp_path, lambda: builds.append(1) or b"PLAN", lambda b: ("engine", b))
+    assert built and engine == ("engine", b"PLAN") and len(builds) == 1
+    engine, built = load_or_build(_key(), tmp_path, lambda: builds.append(1) or b"PLAN", lambda b: ("engine", b))
+    assert not built and len(builds) == 1
+    assert (tmp_path / _key().filename).with_suffix(".json").is_file()
+
+
+@pytest.mark.parametrize("failure", ["none", "raise"])
+def test_stale_plan_is_rebuilt(tmp_path, failure):
+    """After a JetPack upgrade an old plan fails to deserialise: rebuild instead of dying."""
+    (tmp_path / _key().filename).write_bytes(b"OLD")
+
+    def deserialize(blob):
+        if blob == b"OLD":
+            if failure == "raise":
+                raise RuntimeError("Serialization assertion failed: version mismatch")
+            return None
+        return ("engine", blob)
+
+    engine, built = load_or_build(_key(), tmp_path, lambda: b"NEW", deserialize)
+    assert built and engine == ("engine", b"NEW")
+    assert (tmp_path / _key().filename).read_bytes() == b"NEW"
+
+
+def test_plan_that_never_loads_is_an_error(tmp_path):
+    with pytest.raises(PlanBuildError):
+        load_or_build(_key(), tmp_path, lambda: b"BAD", lambda b: None)
+    with pytest.raises(PlanBuildError, match="empty plan"):
+        load_or_build(_key(), tmp_path, lambda: b"", lambda b: None)

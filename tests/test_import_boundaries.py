@@ -1,0 +1,44 @@
+"""The daemon side never imports torch, and imports flow engines <- edge_agent <- trainer."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).parents[1]
+
+
+def test_daemon_side_never_imports_torch():
+    code = (
+        "import sys, pkgutil, importlib\n"
+        "import edge_agent, engines\n"
+        "for pkg in (edge_agent, engines):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
+        "from engines.base import backends; backends()\n"
+        "from edge_agent.cli import main\n"
+        "rc = main(['config', 'show'])\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'trainer', 'torchvision'))\n"
+        "assert not bad, bad\n"
+        "print('OK')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr
+
+
+def _imports(package: str) -> set[str]:
+    found = set()
+    for path in (REPO / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+    return found
+
+
+def test_imports_flow_one_way():
+    assert not _imports("engines") & {"edge_agent", "trainer", "torch"}
+    assert not _imports("edge_agent") & {"trainer", "torch"}

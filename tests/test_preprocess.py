@@ -1,0 +1,161 @@
+"""The one preprocessing path: what it produces, and every way a photo is refused."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import cv2
+import numpy as np
+import pytest
+
+from edge_agent import preprocess as pp
+from edge_agent.imageheader import read_header
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, decode_rgb, preprocess_bytes, preprocess_file
+
+from .conftest import encode, leaf_image, with_exif_orientation
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def png_bomb(side: int = 30000) -> bytes:
+    """A complete, valid 1-bit greyscale PNG of side x side pixels (a few hundred KB on disk)."""
+    row = b"\x00" + b"\x00" * ((side + 7) // 8)
+    comp = zlib.compressobj(9)
+    body = b"".join(comp.compress(row) for _ in range(side)) + comp.flush()
+    ihdr = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", body) + png_chunk(b"IEND", b"")
+
+
+def test_output_tensor_shape_dtype_and_normalisation():
+    img = np.zeros((300, 400, 3), np.uint8)
+    img[:] = (0, 0, 255)  # pure red in BGR
+    x = preprocess_bytes(encode(img, ".png"))
+    assert x.shape == (3, 128, 128) and x.dtype == np.float32 and x.flags["C_CONTIGUOUS"]
+    red = (1.0 - DEFAULT_SPEC.mean[0]) / DEFAULT_SPEC.std[0]
+    green = (0.0 - DEFAULT_SPEC.mean[1]) / DEFAULT_SPEC.std[1]
+    np.testing.assert_allclose(x[0], red, atol=1e-5)  # channel 0 is R: BGR was converted
+    np.testing.assert_allclose(x[1], green, atol=1e-5)
+
+
+def test_resize_uses_area_interpolation_when_shrinking():
+    rgb = np.random.default_rng(1).integers(0, 256, (301, 333, 3), dtype=np.uint8)
+    expected = cv2.resize(rgb, (128, 128), interpolation=cv2.INTER_AREA)
+    np.testing.assert_array_equal(pp.resize(rgb), expected)
+    # a bilinear resize differs on this image: the choice matters and is pinned
+    assert not np.array_equal(pp.resize(rgb), cv2.resize(rgb, (128, 128), interpolation=cv2.INTER_LINEAR))
+
+
+def test_small_images_are_upscaled():
+    x = preprocess_bytes(encode(leaf_image(2, (64, 90)), ".png"))
+    assert x.shape == (3, 128, 128)
+
+
+@pytest.mark.parametrize("orientation,expected_shape", [(1, (40, 80)), (3, (40, 80)), (6, (80, 40)), (8, (80, 40))])
+def test_exif_orientation_is_applied(orientation, expected_shape):
+    img = np.zeros((40, 80, 3), np.uint8)
+    img[:, :40] = 255  # left half white
+    data = with_exif_orientation(encode(img), orientation)
+    assert read_header(data).orientation == orientation
+    rgb = decode_rgb(data)
+    assert rgb.shape[:2] == expected_shape
+    if orientation == 6:  # rotate 90 clockwise: the white left half ends up on top
+        assert rgb[:20].mean() > 200 and rgb[-20:].mean() < 50
+    if orientation == 3:  # 180: white on the right
+        assert rgb[:, -20:].mean() > 200 and rgb[:, :20].mean() < 50
+
+
+def test_decompression_bomb_rejected_before_decoding(tmp_path, monkeypatch):
+    bomb = png_bomb(30000)
+    assert len(bomb) < 5_000_000
+    assert read_header(bomb).pixels == 900_000_000
+
+    def no_decode(*a, **k):
+        raise AssertionError("the bomb reached the decoder")
+
+    monkeypatch.setattr(pp.cv2, "imdecode", no_decode)
+    path = tmp_path / "bomb.png"
+    path.write_bytes(bomb)
+    with pytest.raises(ImageRejected, match="decompression bomb"):
+        preprocess_file(path)
+
+
+def test_jpeg_header_claiming_huge_size_rejected():
+    data = bytearray(encode(leaf_image(3)))
+    sof = data.find(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", 30000, 30000)
+    with pytest.raises(ImageRejected, match="30000x30000"):
+        preprocess_bytes(bytes(data))
+
+
+def test_file_size_cap(tmp_path):
+    spec = PreprocessSpec(max_file_bytes=2048)
+    path = tmp_path / "big.jpg"
+    path.write_bytes(encode(leaf_image(4, (400, 400))))
+    assert path.stat().st_size > 2048
+    with pytest.raises(ImageRejected, match="file too large"):
+        preprocess_file(path, spec)
+
+
+def test_truncated_real_jpeg(real_photo):
+    data = real_photo.read_bytes()
+    for cut in (len(data) // 2, len(data) - 10, 600):
+        with pytest.raises(ImageRejected, match="truncated"):
+            preprocess_bytes(data[:cut])
+
+
+def test_truncated_png():
+    data = encode(leaf_image(5), ".png")
+    with pytest.raises(ImageRejected, match="truncated PNG"):
+        preprocess_bytes(data[: len(data) // 2])
+
+
+def test_zero_byte_file(tmp_path):
+    path = tmp_path / "empty.jpg"
+    path.write_bytes(b"")
+    with pytest.raises(ImageRejected, match="empty file"):
+        preprocess_file(path)
+
+
+@pytest.mark.parametrize("content", [b"hello, not an image\n", b"%PDF-1.4\n" + b"x" * 100, b"\xff\xd8\xff" + b"\x00" * 20])
+def test_non_image_named_jpg(tmp_path, content):
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(content)
+    with pytest.raises(ImageRejected):
+        preprocess_file(path)
+
+
+def test_corrupt_jpeg_scan_data_is_rejected_or_decodes_to_right_size():
+    data = bytearray(encode(leaf_image(6)))
+    sos = data.find(b"\xff\xda")
+    data[sos + 20 : len(data) - 2] = b"\xff" * (len(data) - 2 - sos - 20)  # garbage, end marker kept
+    try:
+        x = preprocess_bytes(bytes(data))
+    except ImageRejected as exc:
+        assert "corrupt" in str(exc) or "undecodable" in str(exc)
+    else:
+        assert x.shape == (3, 128, 128)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ImageRejected, match="no such file"):
+        preprocess_file(tmp_path / "nope.jpg")
+    with pytest.raises(ImageRejected, match="directory"):
+        preprocess_file(tmp_path)
+
+
+@pytest.mark.parametrize("ext", [".png", ".bmp", ".webp", ".jpg"])
+def test_header_dimensions_match_decoder(ext):
+    img = leaf_image(7, (77, 131))
+    h = read_header(encode(img, ext))
+    assert (h.width, h.height) == (131, 77)
+
+
+def test_spec_roundtrips_through_manifest():
+    spec = PreprocessSpec()
+    assert PreprocessSpec.from_manifest(spec.to_manifest()) == spec
+    bad = spec.to_manifest() | {"interpolation": "nearest"}
+    with pytest.raises(ValueError, match="unsupported preprocessing"):
+        PreprocessSpec.from_manifest(bad)

@@ -1,0 +1,181 @@
+"""The versioned engine store: atomic publish, verification, rollback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engines import store as store_mod
+from engines.store import EngineStore, StoreError, TamperedError
+
+STEPS = ["tmpdir", "file", "manifest", "renamed", "current"]
+
+
+def _manifest(classes=("a", "b")) -> dict:
+    return {
+        "classes": list(classes),
+        "input": {"name": "input", "shape": [None, 3, 128, 128], "dtype": "float32"},
+        "preprocess": {"size": 128},
+        "artifacts": {"onnx": "model.onnx"},
+        "metrics": {"val": {"top1": 0.5}},
+    }
+
+
+def _publish(store: EngineStore, tmp_path: Path, payload: bytes = b"onnx-bytes", **kw):
+    src = tmp_path / f"src-{payload[:8].hex()}.onnx"
+    src.write_bytes(payload)
+    return store.publish({"model.onnx": src, "extra.bin": src}, _manifest(), **kw)
+
+
+def test_publish_and_open(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    v1 = _publish(store, tmp_path, b"one")
+    assert v1.name == "v0001" and store.current() == "v0001"
+    v2 = _publish(store, tmp_path, b"two")
+    assert v2.name == "v0002" and store.current() == "v0002"
+    assert v2.manifest["parent"] == "v0001" and v1.manifest["parent"] is None
+    assert store.versions() == ["v0001", "v0002"]
+    opened = store.open()
+    assert opened.artifact("onnx").read_bytes() == b"two"
+    assert set(opened.manifest["files"]) == {"model.onnx", "extra.bin"}
+    assert opened.manifest["created"] and opened.manifest["classes"] == ["a", "b"]
+    assert oct(os.stat(opened.path).st_mode & 0o777) == "0o755"
+
+
+def test_publish_without_switching_current(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    _publish(store, tmp_path, b"one")
+    _publish(store, tmp_path, b"two", make_current=False)
+    assert store.current() == "v0001" and store.versions() == ["v0001", "v0002"]
+
+
+def test_tampered_file_is_refused(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    v = _publish(store, tmp_path, b"original")
+    (v.path / "model.onnx").write_bytes(b"evil")
+    with pytest.raises(TamperedError, match="does not match manifest"):
+        store.open()
+
+
+def test_missing_file_is_refused(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    v = _publish(store, tmp_path)
+    (v.path / "extra.bin").unlink()
+    with pytest.raises(TamperedError, match="missing"):
+        store.open()
+
+
+def test_manifest_problems(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    v = _publish(store, tmp_path)
+    mpath = v.path / "manifest.json"
+    m = json.loads(mpath.read_text())
+    mpath.write_text(json.dumps(m | {"version": "v0009"}))
+    with pytest.raises(StoreError, match="manifest says version"):
+        store.open()
+    mpath.write_text("{not json")
+    with pytest.raises(StoreError, match="unreadable manifest"):
+        store.open()
+    del m["classes"]
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(StoreError, match="lacks 'classes'"):
+        store.open()
+
+
+def test_bad_current_pointer_and_empty_store(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    with pytest.raises(StoreError, match="no current version"):
+        store.current()
+    _publish(store, tmp_path)
+    (store.root / "current").write_text("v0042\n")
+    with pytest.raises(StoreError, match="not a complete version"):
+        store.current()
+
+
+def test_artifact_must_be_among_files(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    src = tmp_path / "m.onnx"
+    src.write_bytes(b"x")
+    with pytest.raises(StoreError, match="not among the files"):
+        store.publish({"other.onnx": src}, _manifest())
+    with pytest.raises(StoreError, match="bad file name"):
+        store.publish({"../escape": src, "model.onnx": src}, _manifest())
+
+
+@pytest.mark.parametrize("fail_at", range(len(STEPS) + 1))
+def test_publish_interrupted_at_each_step_leaves_current_complete(tmp_path, monkeypatch, fail_at):
+    store = EngineStore(tmp_path / "store")
+    _publish(store, tmp_path, b"good")
+    seen = []
+
+    def step(name):
+        seen.append(name)
+        if len(seen) == fail_at + 1:
+            raise KeyboardInterrupt(f"crash at {name}")
+
+    monkeypatch.setattr(store_mod, "_step", step)
+    try:
+        _publish(store, tmp_path, b"new")
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.undo()
+    cur = store.open()  # verifies every sha256
+    assert cur.name in ("v0001", "v0002")
+    assert cur.artifact("onnx").read_bytes() == (b"good" if cur.name == "v0001" else b"new")
+    # the next publish cleans up the leftovers and still works
+    nxt = _publish(store, tmp_path, b"next")
+    assert store.current() == nxt.name
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("kill_at", STEPS)
+def test_publish_killed_with_sigkill_at_each_step(tmp_path, kill_at):
+    store = EngineStore(tmp_path / "store")
+    _publish(store, tmp_path, b"good")
+    src = tmp_path / "new.onnx"
+    src.write_bytes(b"new")
+    code = textwrap.dedent(
+        f"""
+        import os, signal
+        from engines import store as s
+        def step(name):
+            if name == {kill_at!r}:
+                os.kill(os.getpid(), signal.SIGKILL)
+        s._step = step
+        s.EngineStore({str(store.root)!r}).publish({{"model.onnx": {str(src)!r}}}, {_manifest()!r})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1])
+    assert proc.returncode == -signal.SIGKILL
+    cur = store.open()
+    assert cur.name in ("v0001", "v0002")
+    assert cur.artifact("onnx").read_bytes() == (b"good" if cur.name == "v0001" else b"new")
+
+
+def test_rollback(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    _publish(store, tmp_path, b"1")
+    _publish(store, tmp_path, b"2")
+    _publish(store, tmp_path, b"3")
+    assert store.rollback().name == "v0002"
+    assert store.current() == "v0002"
+    assert store.rollback(to="v0001").name == "v0001"
+    with pytest.raises(StoreError, match="no parent and no older version"):
+        store.rollback()
+
+
+def test_rollback_refuses_tampered_target(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    v1 = _publish(store, tmp_path, b"1")
+    _publish(store, tmp_path, b"2")
+    (v1.path / "model.onnx").write_bytes(b"tampered")
+    with pytest.raises(TamperedError):
+        store.rollback()
+    assert store.current() == "v0002"

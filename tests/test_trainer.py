@@ -1,0 +1,138 @@
+"""Supervised training: data discovery, splits, preprocessing parity, augmentation, publish."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is not installed")
+
+from edge_agent.preprocess import preprocess_file  # noqa: E402
+from engines.store import EngineStore  # noqa: E402
+from trainer.augment import Augment  # noqa: E402
+from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split  # noqa: E402
+from trainer.train import TrainSettings, train_supervised  # noqa: E402
+
+from .conftest import make_class_folders  # noqa: E402
+
+ODD_NAMES = ["Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)", "Tomato___Spider_mites Two-spotted_spider_mite"]
+
+
+def test_preprocessing_parity_trainer_equals_daemon_bit_for_bit(plantvillage):
+    photos = sorted((plantvillage / "Tomato___Late_blight").glob("*.jpg"))[:4] + sorted(
+        (plantvillage / "Pepper,_bell___healthy").glob("*.jpg")
+    )[:4]
+    folder = scan_folder(plantvillage)
+    samples = [s for s in folder.samples if s.path in set(photos)]
+    ds = TensorDataset(samples)
+    assert len(ds) == 8
+    for i, s in enumerate(ds.samples):
+        x, y = ds[i]
+        daemon = preprocess_file(s.path)
+        assert x.numpy().tobytes() == daemon.tobytes()  # bit for bit
+        assert folder.classes[int(y)] == s.path.parent.name
+
+
+def test_scan_keeps_odd_class_names_in_sorted_order(tmp_path):
+    root = make_class_folders(tmp_path / "data", ODD_NAMES, 3)
+    (root / ".hidden").mkdir()
+    (root / ODD_NAMES[0] / "notes.txt").write_text("not a photo")
+    folder = scan_folder(root)
+    assert folder.classes == sorted(ODD_NAMES)
+    assert folder.counts() == {n: 3 for n in sorted(ODD_NAMES)}
+
+
+def test_dataset_errors(tmp_path):
+    with pytest.raises(DatasetError, match="not a directory"):
+        scan_folder(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="found 0 class folder"):
+        scan_folder(tmp_path / "empty")
+    root = make_class_folders(tmp_path / "one", ["Only"], 2)
+    with pytest.raises(DatasetError, match="found 1 class folder"):
+        scan_folder(root)
+    root = make_class_folders(tmp_path / "two", ["A", "B"], 2)
+    (root / "C").mkdir()
+    (root / "C" / "readme.txt").write_text("x")
+    with pytest.raises(DatasetError, match="no photos: 'C'"):
+        scan_folder(root)
+
+
+def test_stratified_split_is_deterministic_disjoint_and_stratified(tmp_path):
+    root = make_class_folders(tmp_path / "d", ["A", "B", "C"], 20, size=(32, 32))
+    samples = scan_folder(root).samples
+    a = stratified_split(samples, {"test": 0.1, "val": 0.1}, seed=7)
+    b = stratified_split(samples, {"test": 0.1, "val": 0.1}, seed=7)
+    c = stratified_split(samples, {"test": 0.1, "val": 0.1}, seed=8)
+    assert a == b and a != c
+    paths = [s.path for part in a.values() for s in part]
+    assert len(paths) == len(set(paths)) == 60
+    for part, n in (("test", 2), ("val", 2), ("train", 16)):
+        assert sorted(s.label for s in a[part]) == sorted([0, 1, 2] * n)
+
+
+def test_split_keeps_a_training_photo_for_tiny_classes(tmp_path):
+    root = make_class_folders(tmp_path / "d", ["A", "B"], 1, size=(32, 32))
+    split = stratified_split(scan_folder(root).samples, {"test": 0.5, "val": 0.4}, seed=1)
+    assert len(split["train"]) == 2
+
+
+def test_unreadable_photos_are_skipped_and_reported(tmp_path):
+    root = make_class_folders(tmp_path / "d", ["A", "B"], 2, size=(32, 32))
+    (root / "A" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0garbage")
+    ds = TensorDataset(scan_folder(root).samples)
+    assert len(ds) == 4 and len(ds.skipped) == 1 and "broken.jpg" in ds.skipped[0][0]
+
+
+def test_augmentation_changes_training_batches_only():
+    x = torch.randn(4, 3, 128, 128)
+    aug = Augment()
+    out = aug(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape and not torch.allclose(out, x)
+    again = aug(x, torch.Generator().manual_seed(0))
+    assert torch.equal(out, again)  # reproducible with a seed
+    still = Augment(max_degrees=0, brightness=0, contrast=0, noise_std=0, hflip=False, vflip=False)(x.clamp(-1.5, 1.5))
+    assert torch.allclose(still, x.clamp(-1.5, 1.5), atol=1e-4)  # identity when every jitter is off
+
+
+def test_train_publishes_a_complete_version(tmp_path):
+    root = make_class_folders(tmp_path / "data", ODD_NAMES, 10)
+    settings = TrainSettings(epochs=2, batch_size=8, patience=5, threads=2)
+    version = train_supervised(root, tmp_path / "store", settings, progress=False)
+    m = version.manifest
+    assert m["classes"] == sorted(ODD_NAMES)
+    assert set(m["artifacts"]) == {"onnx", "int8", "torch"}
+    assert m["input"] == {"name": "input", "shape": [None, 3, 128, 128], "dtype": "float32"}
+    assert m["preprocess"]["interpolation"] == "area" and m["preprocess"]["size"] == 128
+    assert m["training"]["split"]["test_photos"] == 3 and m["training"]["split"]["val_photos"] == 3
+    assert m["training"]["epochs_run"] == 2
+    for key in ("val", "test", "int8", "onnx_max_abs_diff"):
+        assert key in m["metrics"]
+    assert m["metrics"]["onnx_max_abs_diff"] < 1e-4
+    assert EngineStore(tmp_path / "store").current() == version.name
+
+
+def test_early_stopping(tmp_path):
+    root = make_class_folders(tmp_path / "data", ["A", "B"], 10, size=(48, 48))
+    settings = TrainSettings(epochs=50, batch_size=8, patience=2, lr=0.0, warmup_epochs=0, int8=False)
+    version = train_supervised(root, tmp_path / "store", settings, progress=False)
+    t = version.manifest["training"]
+    # lr 0: nothing learns, so training stops `patience` epochs after the best one, long before 50
+    assert t["epochs_run"] == t["best_epoch"] + 2 < 10
+
+
+def test_cli_rejects_a_bad_dataset_with_a_clear_message(tmp_path):
+    (tmp_path / "data").mkdir()
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "train", "--data", str(tmp_path / "data"), "--store", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
+    assert out.returncode == 2
+    assert "bad dataset" in out.stderr and "class folder" in out.stderr

@@ -1,0 +1,88 @@
+"""The plant-disease classifier: four conv blocks, global pooling and a small head.
+
+Written as plain composable blocks (the way torchvision/timm write models) so the
+trainer's strategies can reach the backbone and the head separately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["ConvBlock", "LeafNet", "build_model", "count_parameters", "INPUT_SIZE"]
+
+#: Side of the square input the network expects (pixels).
+INPUT_SIZE = 128
+
+
+class ConvBlock(nn.Sequential):
+    """Conv3x3 (same padding) -> BatchNorm -> ReLU -> MaxPool2."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__(
+            nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+
+
+class LeafNet(nn.Module):
+    """Small CNN for 128x128 RGB leaf photos (~465k parameters at 38 classes).
+
+    ``features`` maps [N,3,H,W] to [N,256] embeddings; ``head`` maps those to logits.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        channels: Sequence[int] = (32, 64, 128, 256),
+        hidden: int = 256,
+        dropout: float = 0.3,
+    ) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        blocks: list[nn.Module] = []
+        in_ch = 3
+        for out_ch in channels:
+            blocks.append(ConvBlock(in_ch, out_ch))
+            in_ch = out_ch
+        self.backbone = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.embed = nn.Sequential(nn.Flatten(), nn.Linear(in_ch, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
+        self.head = nn.Linear(hidden, num_classes)
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.out_features
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate embedding [N, hidden] (after ReLU and dropout)."""
+        return self.embed(self.pool(self.backbone(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def grow_head(self, num_classes: int) -> None:
+        """Widen the classifier to ``num_classes`` outputs, keeping the learnt rows."""
+        old = self.head
+        if num_classes < old.out_features:
+            raise ValueError("the head can only grow")
+        new = nn.Linear(old.in_features, num_classes).to(old.weight.device, old.weight.dtype)
+        with torch.no_grad():
+            new.weight[: old.out_features] = old.weight
+            new.bias[: old.out_features] = old.bias
+        self.head = new
+
+
+def build_model(num_classes: int, **kwargs) -> LeafNet:
+    """Create a freshly initialised :class:`LeafNet`."""
+    return LeafNet(num_classes, **kwargs)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

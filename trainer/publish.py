@@ -1,0 +1,93 @@
+"""Turn a trained model into a store version: ONNX, INT8 variant, weights and manifest."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edge_agent.log import get_logger
+from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
+from engines.store import EngineStore, StoreVersion
+from trainer.export import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx
+from trainer.model import LeafNet
+
+__all__ = ["publish_model", "load_weights", "ONNX_FILE", "INT8_FILE", "WEIGHTS_FILE"]
+
+ONNX_FILE = "model.onnx"
+INT8_FILE = "model.int8.onnx"
+WEIGHTS_FILE = "weights.pt"
+
+
+def publish_model(
+    model: LeafNet,
+    classes: list[str],
+    store_dir: str | os.PathLike,
+    *,
+    spec: PreprocessSpec = DEFAULT_SPEC,
+    metrics: dict | None = None,
+    training: dict | None = None,
+    calibration: np.ndarray | None = None,
+    held_out: tuple[np.ndarray, np.ndarray] | None = None,
+    parent: str | None = None,
+    make_current: bool = True,
+) -> StoreVersion:
+    """Export ``model`` and publish it atomically to the store at ``store_dir``.
+
+    With ``calibration`` photos an INT8 variant is built too, and its top-1
+    agreement with FP32 on ``held_out`` photos goes into the manifest.
+    """
+    from engines.build.int8 import quantize_int8, top1_agreement
+
+    log = get_logger("trainer")
+    if len(classes) != model.num_classes:
+        raise ValueError(f"{len(classes)} class names for a model with {model.num_classes} outputs")
+    metrics = dict(metrics or {})
+    with tempfile.TemporaryDirectory(prefix="edge-publish-") as tmp:
+        work = Path(tmp)
+        files = {ONNX_FILE: work / ONNX_FILE, WEIGHTS_FILE: work / WEIGHTS_FILE}
+        artifacts = {"onnx": ONNX_FILE, "torch": WEIGHTS_FILE}
+        metrics["onnx_max_abs_diff"] = export_onnx(model, files[ONNX_FILE], spec.size)
+        torch.save({"state_dict": model.state_dict(), "num_classes": model.num_classes}, files[WEIGHTS_FILE])
+        if calibration is not None and len(calibration):
+            quantize_int8(files[ONNX_FILE], work / INT8_FILE, calibration)
+            files[INT8_FILE] = work / INT8_FILE
+            artifacts["int8"] = INT8_FILE
+            if held_out is not None:
+                rep = top1_agreement(files[ONNX_FILE], files[INT8_FILE], held_out[0], held_out[1])
+                metrics["int8"] = {
+                    "top1_agreement_with_fp32": round(rep.agreement, 4),
+                    "photos": rep.photos,
+                    "fp32_top1": round(rep.fp32_top1, 4),
+                    "int8_top1": round(rep.int8_top1, 4),
+                    "calibration_photos": int(len(calibration)),
+                }
+                log.info("int8_built", **metrics["int8"])
+        manifest = {
+            "classes": list(classes),
+            "input": {"name": INPUT_NAME, "shape": [None, 3, spec.size, spec.size], "dtype": "float32"},
+            "output": {"name": OUTPUT_NAME, "shape": [None, len(classes)], "dtype": "float32"},
+            "preprocess": spec.to_manifest(),
+            "artifacts": artifacts,
+            "model": {"arch": "LeafNet", "opset": OPSET},
+            "training": training or {},
+            "metrics": metrics,
+        }
+        if parent is not None:
+            manifest["parent"] = parent
+        version = EngineStore(store_dir).publish(files, manifest, make_current=make_current)
+    log.info("published", engine_version=version.name, store=str(store_dir))
+    return version
+
+
+def load_weights(version: StoreVersion) -> LeafNet:
+    """Rebuild the torch model of a store version from its verified weights."""
+    from trainer.model import build_model
+
+    blob = torch.load(version.artifact("torch"), map_location="cpu", weights_only=True)
+    model = build_model(int(blob["num_classes"]))
+    model.load_state_dict(blob["state_dict"])
+    return model.eval()

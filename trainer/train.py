@@ -1,0 +1,211 @@
+"""Supervised training from a folder of class folders, published to the engine store."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edge_agent.log import get_logger
+from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
+from engines.store import StoreVersion
+from trainer.augment import Augment
+from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
+from trainer.model import LeafNet, build_model, count_parameters
+from trainer.publish import publish_model
+
+__all__ = ["TrainSettings", "evaluate", "fit", "train_supervised"]
+
+
+@dataclass
+class TrainSettings:
+    epochs: int = 80
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    warmup_epochs: int = 3
+    label_smoothing: float = 0.1
+    patience: int = 20  # epochs without a better validation top-1 before stopping
+    seed: int = 20251120
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    threads: int | None = None
+    int8: bool = True
+
+
+@dataclass
+class Evaluation:
+    top1: float
+    loss: float
+    per_class: list[float]
+    confusion: list[list[int]]
+
+    def summary(self, classes: list[str]) -> dict:
+        return {
+            "top1": round(self.top1, 4),
+            "loss": round(self.loss, 4),
+            "per_class_top1": {c: round(a, 4) for c, a in zip(classes, self.per_class)},
+        }
+
+
+@torch.no_grad()
+def evaluate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Evaluation:
+    """Top-1, mean cross-entropy, per-class recall and confusion matrix (rows: truth)."""
+    model.eval()
+    k = model.num_classes
+    confusion = torch.zeros(k, k, dtype=torch.long)
+    loss = 0.0
+    for i in range(0, len(x), batch):
+        logits = model(x[i : i + batch])
+        loss += F.cross_entropy(logits, y[i : i + batch], reduction="sum").item()
+        pred = logits.argmax(1)
+        confusion.index_put_((y[i : i + batch], pred), torch.ones_like(pred), accumulate=True)
+    n = max(len(x), 1)
+    per_class = (confusion.diag().float() / confusion.sum(1).clamp(min=1).float()).tolist()
+    return Evaluation(confusion.diag().sum().item() / n, loss / n, per_class, confusion.tolist())
+
+
+def fit(
+    model: LeafNet,
+    train: TensorDataset,
+    val: TensorDataset,
+    settings: TrainSettings,
+    progress: bool = True,
+) -> tuple[LeafNet, dict]:
+    """Train with Adam, warm-up + cosine learning rate and early stopping on validation top-1.
+
+    Returns the best model (by validation top-1, then loss) and a history dict.
+    """
+    from tqdm import tqdm
+
+    log = get_logger("trainer")
+    gen = torch.Generator().manual_seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    augment = Augment()
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    steps_per_epoch = max(1, math.ceil(len(train) / settings.batch_size))
+    total = settings.epochs * steps_per_epoch
+    warm = settings.warmup_epochs * steps_per_epoch
+
+    def lr_at(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    best_key, best_state, best_epoch, history = (-1.0, 0.0), None, -1, []
+    bar = tqdm(range(settings.epochs), desc="train", unit="epoch", disable=not progress, dynamic_ncols=True)
+    for epoch in bar:
+        model.train()
+        order = torch.randperm(len(train), generator=gen)
+        t0, running = time.perf_counter(), 0.0
+        for i in range(0, len(order), settings.batch_size):
+            idx = order[i : i + settings.batch_size]
+            if len(idx) < 2:  # BatchNorm needs two samples
+                continue
+            xb = augment(train.x[idx], gen)
+            loss = F.cross_entropy(model(xb), train.y[idx], label_smoothing=settings.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            running += loss.item() * len(idx)
+        ev = evaluate(model, val.x, val.y)
+        row = {
+            "epoch": epoch + 1,
+            "train_loss": round(running / max(len(train), 1), 4),
+            "val_top1": round(ev.top1, 4),
+            "val_loss": round(ev.loss, 4),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        history.append(row)
+        key = (ev.top1, -ev.loss)
+        if key > best_key:
+            best_key, best_state, best_epoch = key, copy.deepcopy(model.state_dict()), epoch
+        bar.set_postfix(loss=row["train_loss"], val=row["val_top1"], best=round(best_key[0], 4))
+        log.info("epoch", **row, best_val_top1=round(best_key[0], 4))
+        if epoch - best_epoch >= settings.patience:
+            log.info("early_stop", epoch=epoch + 1, best_epoch=best_epoch + 1)
+            break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    return model, {"epochs_run": len(history), "best_epoch": best_epoch + 1, "history": history}
+
+
+def train_supervised(
+    data_dir: str | os.PathLike,
+    store_dir: str | os.PathLike,
+    settings: TrainSettings | None = None,
+    spec: PreprocessSpec = DEFAULT_SPEC,
+    progress: bool = True,
+) -> StoreVersion:
+    """Train a fresh model on ``data_dir`` and publish it (ONNX, INT8, weights) to ``store_dir``."""
+    settings = settings or TrainSettings()
+    log = get_logger("trainer", data=str(data_dir))
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    folder = scan_folder(data_dir)
+    splits = stratified_split(folder.samples, {"test": settings.test_fraction, "val": settings.val_fraction}, settings.seed)
+    t0 = time.perf_counter()
+    sets = {name: TensorDataset(items, spec) for name, items in splits.items()}
+    skipped = [s for ds in sets.values() for s in ds.skipped]
+    for path, why in skipped:
+        log.warning("photo_skipped", photo=path, reason=why)
+    if len(sets["train"]) == 0:
+        raise DatasetError(f"{data_dir}: no decodable training photos")
+    if len(sets["val"]) == 0:
+        raise DatasetError(f"{data_dir}: too few photos for a validation split")
+    log.info(
+        "data_loaded",
+        classes=len(folder.classes),
+        **{name: len(ds) for name, ds in sets.items()},
+        skipped=len(skipped),
+        seconds=round(time.perf_counter() - t0, 1),
+    )
+    model = build_model(len(folder.classes))
+    model, fit_info = fit(model, sets["train"], sets["val"], settings, progress)
+    val = evaluate(model, sets["val"].x, sets["val"].y)
+    metrics = {"val": val.summary(folder.classes)}
+    if len(sets["test"]):
+        test = evaluate(model, sets["test"].x, sets["test"].y)
+        metrics["test"] = test.summary(folder.classes) | {"confusion": test.confusion}
+    log.info("trained", val_top1=round(val.top1, 4), test_top1=metrics.get("test", {}).get("top1"))
+    training = {
+        "kind": "supervised",
+        "data": str(Path(data_dir).resolve()),
+        "classes": folder.counts(),
+        "split": {
+            "seed": settings.seed,
+            "test_fraction": settings.test_fraction,
+            "val_fraction": settings.val_fraction,
+            **{f"{name}_photos": len(ds) for name, ds in sets.items()},
+        },
+        "skipped_photos": len(skipped),
+        "settings": asdict(settings),
+        "parameters": count_parameters(model),
+        "epochs_run": fit_info["epochs_run"],
+        "best_epoch": fit_info["best_epoch"],
+        "torch": torch.__version__,
+        "host": platform.node(),
+    }
+    held_out = sets["test"] if len(sets["test"]) else sets["val"]
+    return publish_model(
+        model,
+        folder.classes,
+        store_dir,
+        spec=spec,
+        metrics=metrics,
+        training=training,
+        calibration=sets["train"].x[torch.randperm(len(sets["train"]), generator=torch.Generator().manual_seed(0))[:256]].numpy()
+        if settings.int8
+        else None,
+        held_out=(held_out.x.numpy(), held_out.y.numpy()),
+    )
