@@ -195,8 +195,8 @@ class EngineStore:
         """Publish ``files`` (store name -> source path) as a new version.
 
         ``manifest`` supplies the descriptive fields (classes, input, preprocess,
-        artifacts, metrics, ...); ``version``, ``files``, ``created`` and
-        ``parent`` (unless given) are filled in here.
+        artifacts, metrics, ...); ``version``, ``files`` and ``created`` are
+        filled in here, and ``parent`` (the current version) unless given.
         """
         for fname in files:
             if "/" in fname or fname in (MANIFEST, "") or fname.startswith("."):
@@ -226,7 +226,7 @@ class EngineStore:
                 "version": version,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "parent": parent,
-                **{k: v for k, v in manifest.items() if k not in ("version", "files", "format")},
+                **{k: v for k, v in manifest.items() if k not in ("version", "files", "format", "created", "parent")},
                 "files": entries,
             }
             if "parent" in manifest:

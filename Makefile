@@ -1,0 +1,38 @@
+# Two commands on a fresh machine:  `make run`  and  `make test`.
+# Each creates .venv and installs what it needs from the project's own files.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build of torch; the 'train' extra's range then resolves without downloading CUDA wheels.
+TORCH_SPEC ?= torch==2.13.0
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: run test install install-dev clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e ".[train,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+STATE ?= edge-state
+
+## The main job: the daemon on the hot folder $(STATE)/inbox, shipped default model, ONNX Runtime on CPU.
+run: $(VENV)/.installed
+	@mkdir -p $(STATE)/inbox
+	@echo "edge-agent: drop photos into $(STATE)/inbox (try: cp samples/*.jpg $(STATE)/inbox/); results: $(BIN)/edge-agent results --state-dir $(STATE); Ctrl-C stops."
+	$(BIN)/edge-agent run --state-dir $(STATE)
+
+## The test suite (installs torch CPU + test tools into the same venv).
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmarks (not part of the test run): ``python -m benchmarks --help``."""
