@@ -93,6 +93,145 @@ def _classify(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+# ---- daemon ---------------------------------------------------------------
+def _run(args: argparse.Namespace) -> int:
+    from edge_agent.daemon import Daemon, resolve_state_dir
+
+    cfg = _load(args)
+    if args.store:
+        cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": args.store})})
+    daemon = Daemon(cfg, resolve_state_dir(args.state_dir, cfg), Path(args.inbox) if args.inbox else None)
+    daemon.install_signal_handlers()
+    return daemon.run()
+
+
+def _state_db(args: argparse.Namespace, cfg):
+    from edge_agent.daemon import StateLayout, resolve_state_dir
+    from edge_agent.results import ResultsDB
+
+    state = StateLayout(resolve_state_dir(args.state_dir, cfg))
+    if not state.db.is_file():
+        raise FileNotFoundError(f"{state.root}: no results database (has the daemon run with this --state-dir?)")
+    return state, ResultsDB(state.db, readonly=getattr(args, "readonly", True))
+
+
+def _parse_since(text: str | None) -> float | None:
+    """ISO 8601 time, or a duration back from now: 90s, 15m, 2h, 3d."""
+    import re
+    import time
+    from datetime import datetime, timezone
+
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if m:
+        return time.time() - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise SystemExit(f"edge-agent: --since {text!r}: expected an ISO time (2026-05-01T12:00) or a duration (15m, 2h, 3d)")
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _results(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _, db = _state_db(args, cfg)
+    for row in db.results(_parse_since(args.since)):
+        if args.json:
+            print(json.dumps(row), flush=False)
+        else:
+            print(f"{row['created']}  {row['label']:45} {row['confidence']:.3f}  {row['engine_version']}  {row['path'] or row['source']}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    import time
+
+    cfg = _load(args)
+    state, db = _state_db(args, cfg)
+    live = {}
+    try:
+        live = json.loads(state.status.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    running = False
+    if live.get("pid"):
+        try:
+            os.kill(live["pid"], 0)
+            running = time.time() - live.get("updated", 0) < max(10.0, 5 * cfg.daemon.status_interval_s)
+        except (ProcessLookupError, PermissionError):
+            running = False
+    out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
+    for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox"):
+        if key in live:
+            out[key] = live[key]
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"daemon: {'running' if running else 'not running'}  (state {state.root})")
+    if "engine" in out:
+        e = out["engine"]
+        print(f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}")
+    print(f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
+          f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}")
+    if "queue_depths" in out:
+        lq = out["label_queue"]
+        print(f"in flight {out['in_flight']}  queues {out['queue_depths']}  label queue {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}")
+    for label, n in out["per_class"].items():
+        print(f"  {n:6d}  {label}")
+    for err in out.get("last_errors", [])[-5:]:
+        print(f"  error: {err.get('photo', '')} {err['error']}")
+    return 0
+
+
+def _review_list(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _, db = _state_db(args, cfg)
+    items = db.queued("review")
+    if args.json:
+        for q in items:
+            print(json.dumps({"photo_id": q.photo_id, "sha256": q.sha256, "label": q.label, "confidence": q.confidence, "file": q.file}))
+        return 0
+    if not items:
+        print("review queue is empty")
+    for q in items:
+        print(f"{q.photo_id}  model says {q.label} ({q.confidence:.3f})  {q.file}")
+    return 0
+
+
+def _review_label(args: argparse.Namespace) -> int:
+    from edge_agent.labelqueue import PhotoSpool
+    from engines.store import EngineStore
+
+    cfg = _load(args)
+    args.readonly = False
+    state, db = _state_db(args, cfg)
+    entry = db.find_queued(args.photo)
+    if entry is None or entry.kind not in ("review", "expert"):
+        print(f"edge-agent: no photo {args.photo!r} in the review queue (see `edge-agent review list`)", file=sys.stderr)
+        return 2
+    classes = EngineStore(cfg.store.resolved()).open(verify=False).classes
+    if args.label not in classes and not args.new_class:
+        print(f"edge-agent: {args.label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}", file=sys.stderr)
+        return 2
+    src = Path(entry.file)
+    moved = PhotoSpool(state.queue, cfg.labels.max_queue_mb << 20).move(src, "expert") if src.exists() else src
+    db.mark_expert(entry.sha256, args.label, str(moved))
+    print(f"{entry.photo_id}: labelled {args.label} by an expert; queued for training")
+    return 0
+
+
+def _install_systemd(args: argparse.Namespace) -> int:
+    from edge_agent.units import install
+
+    written = install(Path(args.unit_dir), args.bin_dir, args.user, dry_run=args.dry_run, create_user=not args.no_user)
+    for path in written:
+        print(f"wrote {path}")
+    if written:
+        print("next: sudo systemctl enable --now edge-agent.service edge-trainer.service")
+    return 0
+
+
 # ---- config ---------------------------------------------------------------
 def _config_show(args: argparse.Namespace) -> int:
     from edge_agent.config import dump_toml
@@ -184,6 +323,43 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--store", help="engine store (default: [store] path, else the shipped model)")
     c.set_defaults(func=_classify)
 
+    r = sub.add_parser("run", parents=[common], help="run the daemon (hot folder and/or camera)")
+    r.add_argument("--state-dir", help="results, queues, processed photos (default: $STATE_DIRECTORY or ./edge-state)")
+    r.add_argument("--inbox", help="hot folder (default: [inbox] path, else <state-dir>/inbox)")
+    r.add_argument("--store", help="engine store (default: [store] path, else the shipped model)")
+    r.set_defaults(func=_run)
+
+    st = sub.add_parser("status", parents=[common], help="counts, queues, engine, last errors")
+    st.add_argument("--state-dir")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status)
+
+    res = sub.add_parser("results", parents=[common], help="export stored predictions")
+    res.add_argument("--state-dir")
+    res.add_argument("--since", help="ISO time or a duration back from now (15m, 2h, 3d)")
+    res.add_argument("--json", action="store_true", help="JSON lines")
+    res.set_defaults(func=_results)
+
+    rev = sub.add_parser("review", help="the expert review queue").add_subparsers(dest="action", required=True)
+    rl = rev.add_parser("list", parents=[common], help="photos waiting for an expert")
+    rl.add_argument("--state-dir")
+    rl.add_argument("--json", action="store_true")
+    rl.set_defaults(func=_review_list)
+    rb = rev.add_parser("label", parents=[common], help="give a photo its true class")
+    rb.add_argument("photo", help="photo id (from review list), sha256 prefix, or original path")
+    rb.add_argument("label", help="the true class")
+    rb.add_argument("--new-class", action="store_true", help="allow a class the model does not know yet")
+    rb.add_argument("--state-dir")
+    rb.set_defaults(func=_review_label)
+
+    inst = sub.add_parser("install-systemd", parents=[common], help="install the systemd units for this environment")
+    inst.add_argument("--unit-dir", default="/etc/systemd/system")
+    inst.add_argument("--bin-dir", help="where edge-agent and edge-trainer live (default: this environment's bin)")
+    inst.add_argument("--user", default="edge-agent", help="the service user (created unless --no-user)")
+    inst.add_argument("--no-user", action="store_true", help="do not create the user")
+    inst.add_argument("--dry-run", action="store_true", help="print the units instead of writing them")
+    inst.set_defaults(func=_install_systemd)
+
     cfg = sub.add_parser("config", help="inspect the configuration").add_subparsers(dest="action", required=True)
     show = cfg.add_parser("show", parents=[common], help="print the effective configuration with defaults")
     show.add_argument("--bare", action="store_true", help="no comments")
@@ -215,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, StoreError, EngineError) as exc:
+    except (ConfigError, StoreError, EngineError, FileNotFoundError) as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

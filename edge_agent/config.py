@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from edge_agent.preprocess import IMAGE_EXTENSIONS
 from engines.base import BackendConfig, backends
 
 __all__ = ["AppConfig", "ConfigError", "load_config", "dump_toml", "default_store_path", "CONFIG_ENV"]
@@ -58,22 +59,87 @@ class PreprocessSection(_Section):
     )
 
 
+def _dotted_lower(v: list[str]) -> list[str]:
+    out = []
+    for ext in v:
+        if not ext.startswith(".") or len(ext) < 2:
+            raise ValueError(f"extension {ext!r} must start with a dot, e.g. '.jpg'")
+        out.append(ext.lower())
+    return out
+
+
 class ClassifySection(_Section):
     top_k: int = Field(3, ge=1, le=50, description="How many ranked classes each prediction lists.")
     extensions: list[str] = Field(
-        [".jpg", ".jpeg", ".png", ".bmp", ".webp"],
-        description="File extensions picked up when a folder is classified (case-insensitive).",
+        list(IMAGE_EXTENSIONS), description="File extensions picked up when a folder is classified (case-insensitive)."
+    )
+    _ext = field_validator("extensions")(_dotted_lower)
+
+
+class DaemonSection(_Section):
+    state_dir: str = Field(
+        "", description="Where results, queues and processed photos live; empty means $STATE_DIRECTORY, else ./edge-state."
+    )
+    drain_timeout_s: float = Field(10.0, ge=0, le=600, description="On SIGTERM/SIGINT, how long to finish photos in flight.")
+    status_interval_s: float = Field(2.0, gt=0, le=60, description="How often status.json and systemd's STATUS= are refreshed.")
+    stall_timeout_s: float = Field(
+        30.0, gt=0, description="Photos in flight with no progress for this long make the pipeline unhealthy (no WATCHDOG=1)."
     )
 
-    @field_validator("extensions")
-    @classmethod
-    def _dotted_lower(cls, v: list[str]) -> list[str]:
-        out = []
-        for ext in v:
-            if not ext.startswith(".") or len(ext) < 2:
-                raise ValueError(f"extension {ext!r} must start with a dot, e.g. '.jpg'")
-            out.append(ext.lower())
-        return out
+
+class InboxSection(_Section):
+    enabled: bool = Field(True, description="Watch the hot folder.")
+    path: str = Field("", description="The hot folder; empty means <state_dir>/inbox.")
+    after: Literal["move", "delete", "leave"] = Field(
+        "move", description="What happens to a photo once its result is stored: move to processed/YYYY-MM-DD/, delete, or leave."
+    )
+    extensions: list[str] = Field(list(IMAGE_EXTENSIONS), description="Extensions picked up (others are ignored).")
+    ignore_suffixes: list[str] = Field(
+        [".tmp", ".part", ".partial", ".crdownload", ".swp", "~"],
+        description="Names ending so are temporary files and ignored (hidden files always are).",
+    )
+    recursive: bool = Field(True, description="Watch subfolders too.")
+    settle_s: float = Field(1.0, ge=0, le=600, description="A file must keep its size and mtime this long before it is read.")
+    incomplete_grace_s: float = Field(
+        30.0, ge=0, description="A file that still looks truncated is re-checked until it is this old, then quarantined."
+    )
+    rescan_interval_s: float = Field(10.0, gt=0, description="Full rescans catch events the OS dropped.")
+    _ext = field_validator("extensions")(_dotted_lower)
+
+
+class CameraSection(_Section):
+    enabled: bool = Field(False, description="Capture from a camera.")
+    source: str = Field(
+        "0",
+        description="Device index, /dev/videoN, rtsp:// or http:// (MJPEG) URL, video file, GStreamer pipeline, or 'jetson-csi'.",
+    )
+    interval_s: float = Field(5.0, gt=0, description="Seconds between classified frames.")
+    stale_s: float = Field(10.0, gt=0, description="No frame for this long: the stream is stale and is reopened.")
+    backoff_initial_s: float = Field(1.0, gt=0, description="First wait before reopening; doubles on each failure.")
+    backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between reopen attempts.")
+    jpeg_quality: int = Field(95, ge=50, le=100, description="JPEG quality of frames kept for the label queues.")
+
+
+class PipelineSection(_Section):
+    max_batch: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Most photos per inference batch. 4 suits CPUs (larger batches barely help and keep ~4 MB per photo "
+        "of thread-local buffers resident); use 8-16 with TensorRT on a GPU.",
+    )
+    max_wait_ms: float = Field(20.0, ge=0, le=5000, description="How long a batch waits to fill up.")
+    decode_workers: int = Field(2, ge=1, le=32, description="Threads reading and preprocessing photos.")
+    queue_size: int = Field(32, ge=1, le=4096, description="Capacity of each queue between stages (back-pressure beyond).")
+
+
+class LabelsSection(_Section):
+    pseudo_threshold: float = Field(0.9, gt=0, le=1, description="Confidence at or above which a prediction is queued as a pseudo-label.")
+    per_class_cap: int = Field(500, ge=0, description="Most pseudo-labels queued per class per engine version.")
+    review_threshold: float = Field(0.5, ge=0, le=1, description="Below this confidence a photo goes to the expert review queue.")
+    max_queue_mb: int = Field(
+        2048, ge=1, description="Disk quota for queued photos (MiB). When full: queuing stops, predictions go on, status says so."
+    )
 
 
 class LogSection(_Section):
@@ -97,6 +163,11 @@ class AppConfig(_Section):
     store: StoreSection = Field(default_factory=StoreSection)
     preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
     classify: ClassifySection = Field(default_factory=ClassifySection)
+    daemon: DaemonSection = Field(default_factory=DaemonSection)
+    inbox: InboxSection = Field(default_factory=InboxSection)
+    camera: CameraSection = Field(default_factory=CameraSection)
+    pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    labels: LabelsSection = Field(default_factory=LabelsSection)
     log: LogSection = Field(default_factory=LogSection)
 
     @field_validator("engine", mode="before")

@@ -41,7 +41,11 @@ __all__ = [
     "preprocess_bytes",
     "preprocess_file",
     "read_limited",
+    "IMAGE_EXTENSIONS",
 ]
+
+#: File extensions of the formats the header parser and decoder accept.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -8,6 +8,7 @@ it at import time and the configuration accepts its ``type``.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
@@ -29,7 +30,16 @@ __all__ = [
     "check_batch",
     "check_io",
     "expected_input",
+    "malloc_trim",
 ]
+
+
+def malloc_trim() -> None:
+    """Return free heap memory to the OS (glibc only; elsewhere nothing happens)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class EngineError(RuntimeError):
@@ -83,6 +93,10 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release runtime resources (sessions, device buffers)."""
+
+    def trim(self) -> None:
+        """Give cached memory back to the OS; the daemon calls this when it goes idle."""
+        malloc_trim()
 
     def describe(self) -> dict:
         return {

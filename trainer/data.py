@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, preprocess_file
+from edge_agent.preprocess import DEFAULT_SPEC, IMAGE_EXTENSIONS, ImageRejected, PreprocessSpec, preprocess_file
 
 __all__ = [
     "DatasetError",
@@ -28,9 +28,6 @@ __all__ = [
     "TensorDataset",
     "IMAGE_EXTENSIONS",
 ]
-
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
-
 
 class DatasetError(ValueError):
     """The training data is missing, empty or malformed."""

@@ -1,0 +1,154 @@
+"""End-to-end daemon benchmark, beside engine-only and engine+decode throughput in the same run.
+
+``python -m benchmarks.daemon [--photos N] [--data DIR]``
+
+* engine only: batches of ``max_batch`` preprocessed photos through the engine;
+* engine + decode: read + preprocess (the daemon's decode-worker count in threads) + infer;
+* end to end: the real daemon process; N photos renamed into its inbox at once;
+  sustained rate = photos / (last result - first result), plus drop-to-result latency;
+* start-to-READY (sd_notify READY=1 on a socket we read) over several starts, and steady RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from edge_agent.config import AppConfig, default_store_path
+from edge_agent.preprocess import preprocess_bytes, preprocess_file
+from engines.loader import open_engine
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def engine_only(photos: list[Path], batch: int) -> float:
+    x = np.stack([preprocess_file(p) for p in photos])
+    with open_engine(default_store_path(), AppConfig().engine) as engine:
+        engine.infer(x[:batch])
+        t0 = time.perf_counter()
+        for i in range(0, len(x), batch):
+            engine.infer(x[i : i + batch])
+        return len(x) / (time.perf_counter() - t0)
+
+
+def engine_decode(photos: list[Path], batch: int, workers: int) -> float:
+    with open_engine(default_store_path(), AppConfig().engine) as engine, ThreadPoolExecutor(workers) as pool:
+        engine.infer(np.stack([preprocess_file(photos[0])]))
+        t0 = time.perf_counter()
+        for i in range(0, len(photos), batch):
+            xs = list(pool.map(lambda p: preprocess_bytes(p.read_bytes()), photos[i : i + batch]))
+            engine.infer(np.stack(xs))
+        return len(photos) / (time.perf_counter() - t0)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, float]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify))
+    sock.settimeout(30)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(config), "--state-dir", str(state)],
+        env={**os.environ, "NOTIFY_SOCKET": str(notify)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+    )
+    try:
+        while b"READY=1" not in sock.recv(4096):
+            pass
+    finally:
+        sock.close()
+        notify.unlink()
+    return proc, time.perf_counter() - t0
+
+
+def end_to_end(photos: list[Path], work: Path, starts: int = 5) -> dict:
+    config = work / "bench.toml"
+    config.write_text('[inbox]\nsettle_s = 0.5\n[log]\nlevel = "warning"\nformat = "json"\n')
+    ready = []
+    for i in range(starts):
+        proc, t = _start(work / f"s{i}", config, work / "n.sock")
+        ready.append(t)
+        proc.terminate()
+        proc.wait(30)
+    state = work / "run"
+    proc, _ = _start(state, config, work / "n.sock")
+    staging = state / "inbox" / ".staging"
+    staging.mkdir(parents=True)
+    for i, p in enumerate(photos):
+        shutil.copy(p, staging / f"{i:05d}.jpg")
+    rss_idle = _rss_mb(proc.pid)
+    dropped = time.time()
+    for f in sorted(staging.iterdir()):
+        os.rename(f, state / "inbox" / f.name)
+    db = state / "results.sqlite"
+    peak = rss_idle
+    while True:
+        time.sleep(0.2)
+        peak = max(peak, _rss_mb(proc.pid))
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        n = con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        if n >= len(photos):
+            created = sorted(r[0] for r in con.execute("SELECT created FROM results"))
+            con.close()
+            break
+        con.close()
+    time.sleep(2.0)
+    rss_steady = _rss_mb(proc.pid)
+    proc.terminate()
+    proc.wait(30)
+    lat = [(c - dropped) * 1000 for c in created]
+    return {
+        "end_to_end_photos_per_s": len(photos) / (created[-1] - created[0]),
+        "drop_to_result_ms_p50": statistics.median(lat),
+        "drop_to_result_ms_p99": lat[int(len(lat) * 0.99) - 1],
+        "start_to_ready_s_median": statistics.median(ready),
+        "start_to_ready_s_all": [round(r, 3) for r in ready],
+        "rss_mb_idle": rss_idle,
+        "rss_mb_steady": rss_steady,
+        "rss_mb_peak": peak,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.daemon")
+    ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
+    ap.add_argument("--photos", type=int, default=1000)
+    args = ap.parse_args()
+    photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
+    cfg = AppConfig()
+    batch, workers = cfg.pipeline.max_batch, cfg.pipeline.decode_workers
+    eng = engine_only(photos, batch)
+    dec = engine_decode(photos, batch, workers)
+    with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
+        e2e = end_to_end(photos, Path(tmp))
+    print(f"machine: {os.cpu_count()} CPUs; {len(photos)} real photos; batch {batch}, {workers} decode workers; ONNX Runtime CPU FP32")
+    print("| measure | value |")
+    print("|---|---|")
+    print(f"| engine only | {eng:.1f} photos/s |")
+    print(f"| engine + decode | {dec:.1f} photos/s |")
+    print(f"| end to end (daemon, sustained) | {e2e['end_to_end_photos_per_s']:.1f} photos/s |")
+    print(f"| end to end / (engine + decode) | {e2e['end_to_end_photos_per_s'] / dec:.2f} |")
+    print(f"| drop-to-result latency p50 / p99 ({len(photos)} dropped at once) | {e2e['drop_to_result_ms_p50']:.0f} / {e2e['drop_to_result_ms_p99']:.0f} ms |")
+    print(f"| start to READY=1, median of {len(e2e['start_to_ready_s_all'])} | {e2e['start_to_ready_s_median']:.3f} s {e2e['start_to_ready_s_all']} |")
+    print(f"| RSS idle / steady after the run / peak | {e2e['rss_mb_idle']:.0f} / {e2e['rss_mb_steady']:.0f} / {e2e['rss_mb_peak']:.0f} MB |")
+
+
+if __name__ == "__main__":
+    main()

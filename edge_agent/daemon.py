@@ -1,0 +1,252 @@
+"""``edge-agent run``: the long-running service.
+
+Start-up order: state directories -> results database -> engine (verified) ->
+pipeline -> sources -> READY=1. The main loop then checks health every half
+second: WATCHDOG=1 is sent only while the pipeline is alive and either making
+progress or idle with nothing in flight; a stuck pipeline stops the pings, and
+systemd restarts the service. SIGTERM/SIGINT stop the sources, let photos in
+flight finish (up to ``drain_timeout_s``) and exit 0; unfinished photos stay in
+the inbox for the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.classifier import Classifier
+from edge_agent.config import AppConfig
+from edge_agent.labelqueue import PhotoSpool
+from edge_agent.log import get_logger
+from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
+from edge_agent.results import ResultsDB
+from edge_agent.sources.camera import CameraSettings, CameraSource
+from edge_agent.sources.folder import Arrival, FolderSettings, FolderSource
+from edge_agent.systemd import Notifier
+from engines.base import Engine
+from engines.loader import open_engine
+
+__all__ = ["Daemon", "StateLayout", "resolve_state_dir"]
+
+
+def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
+    """--state-dir, else [daemon] state_dir, else $STATE_DIRECTORY (systemd), else ./edge-state."""
+    if cli_value:
+        return Path(cli_value).expanduser()
+    if cfg.daemon.state_dir:
+        return Path(cfg.daemon.state_dir).expanduser()
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    return Path("edge-state")
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    root: Path
+
+    @property
+    def db(self) -> Path:
+        return self.root / "results.sqlite"
+
+    @property
+    def queue(self) -> Path:
+        return self.root / "queue"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    def create(self) -> None:
+        for d in (self.root, self.root / "processed", self.root / "quarantine", self.queue):
+            d.mkdir(parents=True, exist_ok=True)
+
+
+class Daemon:
+    def __init__(
+        self,
+        cfg: AppConfig,
+        state_dir: Path,
+        inbox: Path | None = None,
+        notifier: Notifier | None = None,
+        engine: Engine | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.state = StateLayout(state_dir)
+        self.inbox = inbox or (Path(cfg.inbox.path).expanduser() if cfg.inbox.path else state_dir / "inbox")
+        self.notifier = notifier or Notifier()
+        self._engine = engine
+        self.log = get_logger("daemon", state_dir=str(state_dir))
+        self._stop = threading.Event()
+        self.started = time.time()
+        self.pipeline: Pipeline | None = None
+        self.folder: FolderSource | None = None
+        self.camera: CameraSource | None = None
+        self.healthy = False
+        self.watchdog_sent = 0
+
+    # ---- set-up -------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg = self.cfg
+        self.state.create()
+        if cfg.inbox.enabled:
+            self.inbox.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        engine = self._engine or open_engine(cfg.store.resolved(), cfg.engine)
+        self.classifier = Classifier(
+            engine, top_k=cfg.classify.top_k, max_file_bytes=cfg.preprocess.max_file_bytes, max_pixels=cfg.preprocess.max_pixels
+        )
+        self.log = self.log.bind(engine_version=engine.engine_version)
+        self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
+        self.db = ResultsDB(self.state.db)
+        self.spool = PhotoSpool(self.state.queue, cfg.labels.max_queue_mb << 20, self.db.queue_bytes())
+        p = cfg.pipeline
+        self.pipeline = Pipeline(
+            self.classifier,
+            self.db,
+            self.spool,
+            self.state.root,
+            PipelineSettings(p.max_batch, p.max_wait_ms, p.decode_workers, p.queue_size, cfg.inbox.after),
+            LabelPolicy(cfg.labels.pseudo_threshold, cfg.labels.per_class_cap, cfg.labels.review_threshold),
+            on_done=self._done,
+            on_retry=self._retry,
+            retry_incomplete=self._retry_incomplete,
+        )
+        self.pipeline.start()
+        if cfg.inbox.enabled:
+            i = cfg.inbox
+            self.folder = FolderSource(
+                self.inbox,
+                FolderSettings(tuple(i.extensions), tuple(i.ignore_suffixes), i.recursive, i.settle_s, i.incomplete_grace_s, i.rescan_interval_s),
+                self._arrived,
+            )
+            self.folder.start()
+        if cfg.camera.enabled:
+            c = cfg.camera
+            self.camera = CameraSource(
+                CameraSettings(c.source, c.interval_s, c.stale_s, c.backoff_initial_s, c.backoff_max_s, c.jpeg_quality),
+                self._frame,
+            )
+            self.camera.start()
+
+    # ---- source -> pipeline glue ------------------------------------------------
+    def _arrived(self, arrival: Arrival) -> None:
+        job = Job(source="inbox", path=arrival.path, error=arrival.refused)
+        while not self.pipeline.submit(job, timeout=0.5):
+            if self._stop.is_set():
+                self.folder.release(arrival.path)
+                return
+
+    def _frame(self, name: str, data: bytes) -> None:
+        if not self.pipeline.submit(Job(source=name, data=data), timeout=1.0):
+            self.log.warning("frame_dropped", source=name, reason="pipeline full")
+
+    def _done(self, job: Job) -> None:
+        if job.path is not None and self.folder is not None:
+            self.folder.release(job.path, keep=self.cfg.inbox.after == "leave")
+
+    def _retry(self, job: Job) -> None:
+        if job.path is not None and self.folder is not None and not self._stop.is_set():
+            self.folder.retry(job.path)
+        elif job.path is not None and self.folder is not None:
+            self.folder.release(job.path)
+
+    def _retry_incomplete(self, job: Job) -> bool:
+        return job.path is not None and self.folder is not None and self.folder.recently_modified(job.path)
+
+    # ---- health, status ------------------------------------------------------------
+    def check_health(self) -> bool:
+        p = self.pipeline
+        sources_ok = all(s.alive() for s in (self.folder, self.camera) if s is not None)
+        stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
+        healthy = p.alive() and sources_ok and not stalled
+        if healthy != self.healthy:
+            (self.log.info if healthy else self.log.error)(
+                "health_changed", healthy=healthy, pipeline_alive=p.alive(), sources_ok=sources_ok, stalled=stalled,
+                in_flight=p.in_flight,
+            )
+        self.healthy = healthy
+        return healthy
+
+    def status(self) -> dict:
+        p = self.pipeline
+        out = {
+            "pid": os.getpid(),
+            "started": self.started,
+            "updated": time.time(),
+            "uptime_s": round(time.time() - self.started, 1),
+            "healthy": self.healthy,
+            "engine": p.classifier.engine.describe(),
+            "inbox": str(self.inbox) if self.folder else None,
+            "counters": dict(p.counters),
+            "in_flight": p.in_flight,
+            "queue_depths": p.depths(),
+            "label_queue": {"bytes": self.spool.used_bytes, "quota_bytes": self.spool.max_bytes, "full": p.queue_full},
+            "last_errors": list(p.last_errors),
+        }
+        if self.folder:
+            out["folder"] = dict(self.folder.counters)
+        if self.camera:
+            out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
+        return out
+
+    def _write_status(self) -> None:
+        st = self.status()
+        tmp = self.state.status.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(st, indent=2) + "\n")
+            os.replace(tmp, self.state.status)
+        except OSError as exc:
+            self.log.error("status_write_failed", error=str(exc))
+        c = st["counters"]
+        self.notifier.status(
+            f"{c['processed']} classified, {c['quarantined']} quarantined, {c['queued_pseudo']} pseudo-labels queued, "
+            f"{st['in_flight']} in flight, engine {st['engine']['engine_version']}"
+        )
+
+    # ---- main loop ----------------------------------------------------------------
+    def request_stop(self, *_args) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def run(self) -> int:
+        t0 = time.perf_counter()
+        self._setup()
+        self.check_health()
+        self.notifier.ready(f"ready, engine {self.classifier.engine.engine_version}")
+        self.log.info(
+            "ready", inbox=str(self.inbox) if self.folder else None, camera=self.cfg.camera.source if self.camera else None,
+            startup_ms=round((time.perf_counter() - t0) * 1000, 1),
+        )
+        next_status = 0.0
+        while not self._stop.is_set():
+            if self.check_health():
+                self.notifier.watchdog()
+                self.watchdog_sent += 1
+            if time.monotonic() >= next_status:
+                self._write_status()
+                next_status = time.monotonic() + self.cfg.daemon.status_interval_s
+            self._stop.wait(0.5)
+        return self._shutdown()
+
+    def _shutdown(self) -> int:
+        self.notifier.stopping()
+        self.log.info("stopping", in_flight=self.pipeline.in_flight)
+        for s in (self.folder, self.camera):
+            if s is not None:
+                s.stop()
+        drained = self.pipeline.drain(self.cfg.daemon.drain_timeout_s)
+        if not drained:
+            self.log.warning("drain_timeout", left_in_inbox=self.pipeline.in_flight)
+        self.pipeline.stop()
+        self._write_status()
+        self.db.close()
+        self.log.info("stopped", drained=drained, **self.pipeline.counters)
+        return 0

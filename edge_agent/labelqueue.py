@@ -1,0 +1,93 @@
+"""Photo bytes for the label queues (pseudo-labels, expert review), kept crash-safely on disk.
+
+Each item is ``<root>/<kind>/<sha256><ext>``, written to a temporary name,
+fsynced, renamed and the directory fsynced, so a file with its final name is
+always complete. The index (label, confidence, engine version) is a row in the
+results database committed in the same transaction as the result; a file is
+named by its content hash, so writing it again after a crash is harmless.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["PhotoSpool", "QueueFull"]
+
+
+class QueueFull(Exception):
+    """The queue's disk quota (or the disk itself) is full; the item was not queued."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PhotoSpool:
+    """Durable photo files under a byte quota."""
+
+    def __init__(self, root: str | Path, max_bytes: int, used_bytes: int = 0) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self._used = used_bytes
+        self._lock = threading.Lock()
+        for kind in ("pseudo", "review"):
+            (self.root / kind).mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob("*/.tmp-*"):
+            stale.unlink(missing_ok=True)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def path_for(self, kind: str, sha256: str, ext: str) -> Path:
+        return self.root / kind / f"{sha256}{ext}"
+
+    def put(self, kind: str, sha256: str, data: bytes, ext: str = ".jpg") -> Path:
+        """Write ``data`` durably; raises :class:`QueueFull` over quota or on a full disk."""
+        final = self.path_for(kind, sha256, ext)
+        if final.exists() and final.stat().st_size == len(data):
+            return final  # already there from before a crash
+        with self._lock:
+            if self._used + len(data) > self.max_bytes:
+                raise QueueFull(f"label queue quota reached ({self._used} + {len(data)} > {self.max_bytes} bytes)")
+            self._used += len(data)
+        tmp = final.with_name(f".tmp-{final.name}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        except OSError as exc:
+            with self._lock:
+                self._used -= len(data)
+            tmp.unlink(missing_ok=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise QueueFull(f"disk full while queuing: {exc}") from None
+            raise
+        return final
+
+    def move(self, src: Path, kind: str) -> Path:
+        """Move an item to another kind's folder (a review item that an expert labelled)."""
+        dst = self.root / kind / src.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+        _fsync_dir(dst.parent)
+        return dst
+
+    def remove(self, path: Path) -> None:
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return
+        with self._lock:
+            self._used = max(0, self._used - size)

@@ -1,0 +1,224 @@
+"""The results store: every prediction in SQLite (WAL), which is also the exactly-once ledger.
+
+A photo is done when its row is committed; the row is keyed by the photo's
+sha256, so a photo seen again after a crash (or a second copy of the same
+bytes) is recognised and never produces a second result. The label queue's
+index lives in the same database, so a result and its queue entry commit
+together.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "iso"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    id INTEGER PRIMARY KEY,
+    sha256 TEXT NOT NULL UNIQUE,
+    photo_id TEXT NOT NULL,
+    path TEXT,
+    source TEXT NOT NULL,
+    label TEXT NOT NULL,
+    confidence REAL NOT NULL,
+    top_k TEXT NOT NULL,
+    engine_version TEXT NOT NULL,
+    timings TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS results_created ON results(created);
+CREATE TABLE IF NOT EXISTS quarantine (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    moved_to TEXT,
+    reason TEXT NOT NULL,
+    source TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS label_queue (
+    sha256 TEXT PRIMARY KEY,
+    photo_id TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('pseudo', 'review', 'expert')),
+    label TEXT,
+    confidence REAL,
+    engine_version TEXT,
+    file TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS label_queue_kind ON label_queue(kind, engine_version, label);
+"""
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class ResultRow:
+    sha256: str
+    photo_id: str
+    path: str | None
+    source: str
+    label: str
+    confidence: float
+    top_k: list
+    engine_version: str
+    timings: dict
+    created: float = field(default_factory=time.time)
+
+
+@dataclass
+class QueueEntry:
+    sha256: str
+    photo_id: str
+    kind: str
+    label: str | None
+    confidence: float | None
+    engine_version: str | None
+    file: str
+    bytes: int
+    created: float = field(default_factory=time.time)
+
+
+class ResultsDB:
+    """Thread-safe access to ``results.sqlite`` (one connection, serialised by a lock)."""
+
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        if readonly:
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a committed result survives a power cut
+            self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- writing ---------------------------------------------------------
+    def commit(self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = ()) -> list[bool]:
+        """Insert results and queue entries in one transaction. Returns, per result, whether it
+        was inserted (False: that photo already had a result, which was left untouched)."""
+        inserted = []
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                for r in results:
+                    cur.execute(
+                        "INSERT OR IGNORE INTO results (sha256, photo_id, path, source, label, confidence, top_k,"
+                        " engine_version, timings, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        (r.sha256, r.photo_id, r.path, r.source, r.label, r.confidence, json.dumps(r.top_k),
+                         r.engine_version, json.dumps(r.timings), r.created),
+                    )
+                    inserted.append(cur.rowcount == 1)
+                for q in queued:
+                    cur.execute(
+                        "INSERT OR IGNORE INTO label_queue (sha256, photo_id, kind, label, confidence, engine_version,"
+                        " file, bytes, created) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created),
+                    )
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+        return inserted
+
+    def add_quarantine(self, path: str, moved_to: str | None, reason: str, source: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO quarantine (path, moved_to, reason, source, created) VALUES (?,?,?,?,?)",
+                (path, moved_to, reason, source, time.time()),
+            )
+
+    def mark_expert(self, sha256: str, label: str, file: str) -> None:
+        """An expert gave a queued photo its true class: it becomes a training label."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE label_queue SET kind = 'expert', label = ?, confidence = 1.0, file = ? WHERE sha256 = ?",
+                (label, file, sha256),
+            )
+
+    def remove_queued(self, sha256s: Iterable[str]) -> None:
+        with self._lock:
+            self._db.executemany("DELETE FROM label_queue WHERE sha256 = ?", [(s,) for s in sha256s])
+
+    # ---- reading ---------------------------------------------------------
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def has(self, sha256: str) -> bool:
+        return bool(self._query("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)))
+
+    def results(self, since: float | None = None) -> Iterator[dict]:
+        rows = self._query(
+            "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created"
+            " FROM results WHERE created >= ? ORDER BY id",
+            (since or 0.0,),
+        )
+        for sha, pid, path, source, label, conf, top_k, ev, timings, created in rows:
+            yield {
+                "photo_id": pid,
+                "path": path,
+                "sha256": sha,
+                "source": source,
+                "label": label,
+                "confidence": conf,
+                "top_k": json.loads(top_k),
+                "engine_version": ev,
+                "timings_ms": json.loads(timings),
+                "created": iso(created),
+            }
+
+    def counts(self) -> dict:
+        q = self._query
+        return {
+            "processed": q("SELECT COUNT(*) FROM results")[0][0],
+            "quarantined": q("SELECT COUNT(*) FROM quarantine")[0][0],
+            "queued_pseudo_labels": q("SELECT COUNT(*) FROM label_queue WHERE kind = 'pseudo'")[0][0],
+            "queued_expert_labels": q("SELECT COUNT(*) FROM label_queue WHERE kind = 'expert'")[0][0],
+            "review_queue": q("SELECT COUNT(*) FROM label_queue WHERE kind = 'review'")[0][0],
+        }
+
+    def per_class(self) -> dict[str, int]:
+        return dict(self._query("SELECT label, COUNT(*) FROM results GROUP BY label ORDER BY label"))
+
+    def pseudo_counts(self, engine_version: str) -> dict[str, int]:
+        return dict(
+            self._query(
+                "SELECT label, COUNT(*) FROM label_queue WHERE kind = 'pseudo' AND engine_version = ? GROUP BY label",
+                (engine_version,),
+            )
+        )
+
+    def queued(self, kind: str | None = None) -> list[QueueEntry]:
+        sql = "SELECT sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created FROM label_queue"
+        rows = self._query(sql + (" WHERE kind = ? ORDER BY created" if kind else " ORDER BY created"), (kind,) if kind else ())
+        return [QueueEntry(*r) for r in rows]
+
+    def queue_bytes(self) -> int:
+        return self._query("SELECT COALESCE(SUM(bytes), 0) FROM label_queue")[0][0]
+
+    def find_queued(self, ref: str) -> QueueEntry | None:
+        """A queue entry by photo id, sha256 prefix, or original path of its result."""
+        rows = self._query(
+            "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created"
+            " FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256"
+            " WHERE q.photo_id = ? OR q.sha256 LIKE ? OR r.path = ?",
+            (ref, ref + "%" if len(ref) >= 8 else "\0", ref),
+        )
+        return QueueEntry(*rows[0]) if len(rows) == 1 else None

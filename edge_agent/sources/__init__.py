@@ -1,0 +1,1 @@
+"""Where photos come from: the hot folder (:mod:`.folder`) and cameras (:mod:`.camera`)."""

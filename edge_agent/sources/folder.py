@@ -1,0 +1,234 @@
+"""Hot-folder source: photos dropped into the inbox, however they arrive.
+
+Candidates come from watchdog events and from a periodic rescan (which also
+catches events the OS dropped, and the backlog at start-up). A file is handed
+on only once its size and mtime have not changed for ``settle_s``; a file that
+still looks truncated after that is given ``incomplete_grace_s`` more before it
+is quarantined (a camera app writing slowly). Hidden files, temporary names
+(rsync's ``.name.XXXXXX``, ``*.part``, ...) and other extensions are ignored.
+A symlink whose target lies outside the inbox is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.log import get_logger
+
+__all__ = ["FolderSource", "FolderSettings", "Arrival"]
+
+
+@dataclass
+class FolderSettings:
+    extensions: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+    ignore_suffixes: tuple[str, ...] = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
+    recursive: bool = True
+    settle_s: float = 1.0
+    incomplete_grace_s: float = 30.0
+    rescan_interval_s: float = 10.0
+    poll_s: float = 0.2
+
+
+@dataclass
+class Arrival:
+    path: Path
+    refused: str | None = None  # reason to quarantine without reading
+
+
+@dataclass
+class _Pending:
+    size: int
+    mtime_ns: int
+    changed: float
+
+
+class FolderSource:
+    """Watches ``inbox`` and calls ``emit(Arrival)`` once per settled photo.
+
+    The consumer calls :meth:`release` when a photo is finished (so a rescan may
+    see the path again, e.g. a new file with the same name) and :meth:`retry`
+    when it should be looked at again later.
+    """
+
+    def __init__(self, inbox: Path, settings: FolderSettings, emit: Callable[[Arrival], None]) -> None:
+        self.inbox = inbox
+        self.real_inbox = Path(os.path.realpath(inbox))
+        self.settings = settings
+        self.emit = emit
+        self.log = get_logger("source.folder", inbox=str(inbox))
+        self._pending: dict[Path, _Pending] = {}
+        self._owned: set[Path] = set()  # emitted, not yet released
+        self._kept: dict[Path, tuple[int, int]] = {}  # finished but left in place: (size, mtime_ns)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._observer = None
+        self._thread: threading.Thread | None = None
+        self.counters = {"seen": 0, "emitted": 0, "ignored": 0, "rescans": 0}
+
+    # ---- filters ----------------------------------------------------------------
+    def wanted(self, path: Path) -> bool:
+        try:
+            rel = path.relative_to(self.inbox)
+        except ValueError:
+            return False
+        if any(part.startswith(".") for part in rel.parts):
+            return False
+        if not self.settings.recursive and len(rel.parts) > 1:
+            return False
+        name = path.name.lower()
+        if any(name.endswith(s) for s in self.settings.ignore_suffixes):
+            return False
+        return path.suffix.lower() in self.settings.extensions
+
+    # ---- candidates ---------------------------------------------------------------
+    def notice(self, path: Path) -> None:
+        """A file may have appeared or changed."""
+        if not self.wanted(path):
+            return
+        with self._lock:
+            if path in self._owned or path in self._pending:
+                return
+            kept = self._kept.get(path)
+        if kept is not None:
+            try:
+                st = path.stat()
+            except OSError:
+                return
+            if (st.st_size, st.st_mtime_ns) == kept:
+                return
+        with self._lock:
+            self._pending[path] = _Pending(-1, -1, time.monotonic())
+            self.counters["seen"] += 1
+
+    def release(self, path: Path, keep: bool = False) -> None:
+        """The consumer is done with ``path``; with ``keep`` (after = "leave") it is not offered again unless it changes."""
+        stat = None
+        if keep:
+            try:
+                st = path.stat()
+                stat = (st.st_size, st.st_mtime_ns)
+            except OSError:
+                pass
+        with self._lock:
+            self._owned.discard(path)
+            if stat is not None:
+                self._kept[path] = stat
+
+    def retry(self, path: Path) -> None:
+        with self._lock:
+            self._owned.discard(path)
+            self._pending[path] = _Pending(-1, -1, time.monotonic())
+
+    def owns(self, path: Path) -> bool:
+        with self._lock:
+            return path in self._owned
+
+    def rescan(self) -> None:
+        self.counters["rescans"] += 1
+        walker = os.walk(self.inbox) if self.settings.recursive else [(str(self.inbox), [], os.listdir(self.inbox))]
+        for root, dirs, files in walker:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for name in files:
+                self.notice(Path(root) / name)
+
+    def _settle(self) -> None:
+        now = time.monotonic()
+        ready: list[Arrival] = []
+        with self._lock:
+            items = list(self._pending.items())
+        for path, p in items:
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                with self._lock:
+                    self._pending.pop(path, None)
+                continue
+            refused = None
+            if path.is_symlink():
+                target = Path(os.path.realpath(path))
+                if not target.is_relative_to(self.real_inbox):
+                    refused = f"symlink points outside the inbox ({target})"
+                else:
+                    try:
+                        st = target.stat()
+                    except FileNotFoundError:
+                        refused = "dangling symlink"
+            if refused is None and not path.is_symlink() and not path.is_file():
+                with self._lock:
+                    self._pending.pop(path, None)
+                continue
+            if refused is None and (st.st_size, st.st_mtime_ns) != (p.size, p.mtime_ns):
+                p.size, p.mtime_ns, p.changed = st.st_size, st.st_mtime_ns, now
+                continue
+            if refused is None and now - p.changed < self.settings.settle_s:
+                continue
+            with self._lock:
+                self._pending.pop(path, None)
+                self._owned.add(path)
+            ready.append(Arrival(path, refused))
+        for arrival in ready:
+            self.counters["emitted"] += 1
+            self.emit(arrival)  # may block: back-pressure from the pipeline
+
+    def recently_modified(self, path: Path) -> bool:
+        """True while a (truncated-looking) file is younger than the grace period."""
+        try:
+            return time.time() - path.stat().st_mtime < self.settings.incomplete_grace_s
+        except OSError:
+            return False
+
+    # ---- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        source = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event):
+                if event.is_directory:
+                    if event.event_type in ("created", "moved"):
+                        source._wake.set()  # a folder moved in: rescan it
+                    return
+                for attr in ("dest_path", "src_path"):
+                    p = getattr(event, attr, None)
+                    if p:
+                        source.notice(Path(os.fsdecode(p)))
+
+        self._wake = threading.Event()
+        self._observer = Observer()
+        self._observer.schedule(Handler(), str(self.inbox), recursive=self.settings.recursive)
+        self._observer.start()
+        self.rescan()  # the backlog present at start-up
+        self._thread = threading.Thread(target=self._run, name="source-folder", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_scan = time.monotonic() + self.settings.rescan_interval_s
+        while not self._stop.is_set():
+            try:
+                if self._wake.is_set() or time.monotonic() >= next_scan:
+                    self._wake.clear()
+                    self.rescan()
+                    next_scan = time.monotonic() + self.settings.rescan_interval_s
+                self._settle()
+            except Exception as exc:  # e.g. the inbox vanished: say so and keep trying
+                self.log.error("folder_source_error", error=repr(exc))
+                time.sleep(1.0)
+            self._stop.wait(self.settings.poll_s)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)

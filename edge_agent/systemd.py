@@ -1,0 +1,63 @@
+"""The sd_notify(3) protocol: READY=1, WATCHDOG=1, STATUS=..., STOPPING=1 over $NOTIFY_SOCKET.
+
+No dependency: one datagram per message to the socket systemd names (an
+abstract-namespace name when it starts with '@'). Outside systemd every call
+does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+__all__ = ["Notifier"]
+
+
+class Notifier:
+    """Sends service notifications to systemd; a no-op when $NOTIFY_SOCKET is unset."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        addr = env.get("NOTIFY_SOCKET", "")
+        if addr.startswith("@"):
+            addr = "\0" + addr[1:]
+        self._addr = addr or None
+        self._sock: socket.socket | None = None
+        usec = env.get("WATCHDOG_USEC", "")
+        pid = env.get("WATCHDOG_PID", "")
+        watchdog_for_us = not pid or pid == str(os.getpid())
+        #: The watchdog timeout systemd expects pings within (seconds), or None.
+        self.watchdog_timeout: float | None = int(usec) / 1e6 if usec.isdigit() and watchdog_for_us else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._addr is not None
+
+    def send(self, *fields: str) -> bool:
+        """Send ``KEY=value`` fields in one datagram; False when not under systemd or on error."""
+        if self._addr is None:
+            return False
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._sock.sendto("\n".join(fields).encode(), self._addr)
+            return True
+        except OSError:
+            return False
+
+    def ready(self, status: str | None = None) -> bool:
+        return self.send("READY=1", *([f"STATUS={status}"] if status else []))
+
+    def watchdog(self) -> bool:
+        return self.send("WATCHDOG=1")
+
+    def status(self, text: str) -> bool:
+        return self.send(f"STATUS={text}")
+
+    def stopping(self) -> bool:
+        return self.send("STOPPING=1")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

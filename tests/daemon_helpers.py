@@ -1,0 +1,146 @@
+"""Running the real daemon as a subprocess in tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAST = {
+    "daemon": {"status_interval_s": 0.5, "drain_timeout_s": 20.0},
+    "inbox": {"settle_s": 0.3, "rescan_interval_s": 1.0, "incomplete_grace_s": 2.0},
+    "log": {"format": "json"},
+}
+
+
+def toml(d: dict) -> str:
+    from edge_agent.config import _toml_value
+
+    out = []
+    for section, values in d.items():
+        out.append(f"[{section}]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
+    return "\n".join(out) + "\n"
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for k, v in extra.items():
+        out.setdefault(k, {}).update(v)
+    return out
+
+
+class DaemonProc:
+    """``edge-agent run`` in a subprocess; its JSON log lines go to ``log``."""
+
+    def __init__(self, state: Path, config: dict | None = None, env: dict | None = None) -> None:
+        self.state = state
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.config_path = state.parent / f"{state.name}.toml"
+        self.config_path.write_text(toml(merge(FAST, config or {})))
+        self.log_path = state.parent / f"{state.name}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def inbox(self) -> Path:
+        return self.state / "inbox"
+
+    def start(self) -> "DaemonProc":
+        self._log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_agent", "run", "--config", str(self.config_path), "--state-dir", str(self.state)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=self.env,
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
+            with open(self.log_path) as f:
+                f.seek(start)
+                if '"event": "ready"' in f.read():
+                    return
+            time.sleep(0.05)
+        raise TimeoutError("daemon never became ready")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout)
+        self._log.close()
+        return rc
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by SIGKILL
+        return out
+
+
+def db_rows(state: Path, sql: str) -> list[tuple]:
+    path = state / "results.sqlite"
+    if not path.exists():
+        return []
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        return con.execute(sql).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def wait_until(cond, timeout: float, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class NotifySocket:
+    """A datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self.messages: list[tuple[float, str]] = []
+
+    def collect(self, seconds: float) -> list[tuple[float, str]]:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                data = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            for line in data.decode().splitlines():
+                self.messages.append((time.monotonic(), line))
+        return self.messages
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,0 +1,250 @@
+"""The daemon end to end, as a real process on real photos."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .daemon_helpers import DaemonProc, NotifySocket, db_rows, wait_until
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def real_photos(plantvillage: Path, n: int) -> list[Path]:
+    photos = sorted(plantvillage.rglob("*.jpg"))
+    step = max(1, len(photos) // n)
+    return photos[::step][:n]
+
+
+def test_500_real_photos_mixed_with_bad_files(plantvillage, tmp_path):
+    d = DaemonProc(tmp_path / "state").start()
+    d.wait_ready()
+    photos = real_photos(plantvillage, 500)
+    assert len(photos) == 500
+    inbox = d.inbox
+    rng = random.Random(5)
+    bad: dict[str, str] = {}
+    for i, p in enumerate(photos):
+        sub = inbox / f"field_{i % 4}"
+        sub.mkdir(exist_ok=True)
+        shutil.copy(p, sub / f"{i:03d}_{p.name}")
+        if i % 25 == 0:  # interleave the bad ones
+            k = i // 25
+            raw = p.read_bytes()
+            (inbox / f"zero_{k}.jpg").write_bytes(b"")
+            bad[f"zero_{k}.jpg"] = "empty file"
+            (inbox / f"text_{k}.jpg").write_text("this is not a photo\n")
+            bad[f"text_{k}.jpg"] = "not a supported image"
+            (inbox / f"corrupt_{k}.jpg").write_bytes(b"\xff\xd8\xff" + bytes(rng.randrange(256) for _ in range(2000)))
+            bad[f"corrupt_{k}.jpg"] = "JPEG"
+            (inbox / f"half_{k}.jpg").write_bytes(raw[: len(raw) // 2])  # a copy that never finished
+            bad[f"half_{k}.jpg"] = "truncated"
+    (inbox / "notes.txt").write_text("ignored: not an image extension")
+    # a photo written slowly, in pieces, that does finish
+    slow = photos[0].read_bytes()
+    slow_path = inbox / "slow_camera_app.jpg"
+    with open(slow_path, "wb") as f:
+        for i in range(0, len(slow), len(slow) // 5 + 1):
+            f.write(slow[i : i + len(slow) // 5 + 1])
+            f.flush()
+            time.sleep(0.25)
+    expected = {sha(p) for p in photos}
+
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] >= len(expected), 180, "all results")
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM quarantine")[0][0] >= len(bad), 60, "all quarantined")
+    time.sleep(1.5)  # a rescan later: nothing more happens
+    assert d.proc.poll() is None, "daemon died"
+
+    got = [r[0] for r in db_rows(d.state, "SELECT sha256 FROM results")]
+    assert len(got) == len(set(got)) == len(expected)  # exactly one result per good photo
+    assert set(got) == expected  # the slow photo is a duplicate of photos[0] by content
+    reasons = {Path(r[0]).name: r[1] for r in db_rows(d.state, "SELECT path, reason FROM quarantine")}
+    assert set(reasons) == set(bad)
+    for name, fragment in bad.items():
+        assert fragment in reasons[name], (name, reasons[name])
+        assert (d.state / "quarantine" / name).exists()
+        assert json.loads((d.state / "quarantine" / f"{name}.reason.json").read_text())["reason"] == reasons[name]
+    assert (inbox / "notes.txt").exists()
+    assert not [p for p in inbox.rglob("*.jpg")]
+    assert d.terminate() == 0
+
+
+def test_sigkill_ten_times_loses_and_duplicates_nothing(plantvillage, tmp_path):
+    photos = real_photos(plantvillage, 240)
+    state = tmp_path / "state"
+    inbox = state / "inbox"
+    inbox.mkdir(parents=True)
+    d = DaemonProc(state, {"pipeline": {"max_batch": 8}})
+    stop_feeding = threading.Event()
+
+    def feed():
+        for i, p in enumerate(photos):  # photos keep arriving the whole time
+            tmp = inbox / f".{i:04d}.tmp"
+            shutil.copy(p, tmp)
+            os.rename(tmp, inbox / f"{i:04d}_{p.name}")
+            time.sleep(0.03)
+            if stop_feeding.is_set():
+                return
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    rng = random.Random(11)
+    kills = 0
+    try:
+        while kills < 10:
+            d.start()
+            d.wait_ready()
+            time.sleep(rng.uniform(0.1, 1.2))
+            d.kill()
+            kills += 1
+    finally:
+        feeder.join()
+    d.start()
+    d.wait_ready()
+    expected = {sha(p) for p in photos}
+    wait_until(lambda: db_rows(state, "SELECT COUNT(*) FROM results")[0][0] >= len(expected), 180, "all results")
+    time.sleep(1.5)
+    assert d.terminate() == 0
+
+    got = [r[0] for r in db_rows(state, "SELECT sha256 FROM results")]
+    assert len(got) == len(set(got)) == len(expected) and set(got) == expected
+    processed = list((state / "processed").rglob("*.jpg"))
+    assert len(processed) == len(photos)  # each photo moved exactly once, none left behind
+    assert not list(inbox.glob("*.jpg"))
+    # pseudo-labels: every confident result queued once, with its file; no file without its entry
+    confident = {r[0] for r in db_rows(state, "SELECT sha256 FROM results WHERE confidence >= 0.9")}
+    queued = db_rows(state, "SELECT sha256, file FROM label_queue WHERE kind = 'pseudo'")
+    assert confident and {q[0] for q in queued} == confident and len(queued) == len(confident)
+    assert all(Path(f).is_file() and sha(Path(f)) == s for s, f in queued)
+    assert {p.name for p in (state / "queue" / "pseudo").iterdir()} == {Path(f).name for _, f in queued}
+    # once the log said "queued", it was never lost
+    logged = {e["photo_id"] for e in d.events() if e.get("event") == "classified" and e.get("queued") == "pseudo"}
+    assert logged <= {s[:16] for s, _ in queued}
+    assert kills >= 10
+
+
+def test_sd_notify_ready_watchdog_status_stopping(tmp_path, tiny_store):
+    sock = NotifySocket(tmp_path / "notify.sock")
+    d = DaemonProc(
+        tmp_path / "state",
+        {"store": {"path": str(tiny_store)}},
+        env={"NOTIFY_SOCKET": str(sock.path), "WATCHDOG_USEC": "2000000"},
+    ).start()
+    try:
+        msgs = sock.collect(4.0)
+        lines = [m for _, m in msgs]
+        assert "READY=1" in lines
+        ready_at = next(t for t, m in msgs if m == "READY=1")
+        assert sum(1 for t, m in msgs if m == "WATCHDOG=1" and t > ready_at) >= 3
+        assert not any(m == "WATCHDOG=1" for t, m in msgs if t < ready_at)  # no pings before READY
+        assert any(m.startswith("STATUS=") and "classified" in m for m in lines)
+        assert d.terminate() == 0
+        assert "STOPPING=1" in [m for _, m in sock.collect(0.5)]
+    finally:
+        sock.close()
+
+
+def test_watchdog_stops_while_the_pipeline_is_stuck(tmp_path, tiny_store):
+    """In-process: an engine that hangs makes the pipeline stall; WATCHDOG=1 must stop, then resume."""
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+    from edge_agent.systemd import Notifier
+    from engines.loader import open_engine
+
+    from .conftest import encode, leaf_image
+    from .test_pipeline import FixedEngine
+
+    sock = NotifySocket(tmp_path / "notify.sock")
+    gate = threading.Event()
+    cfg = parse_config({"daemon": {"stall_timeout_s": 1.0}, "inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}})
+    engine = FixedEngine(open_engine(tiny_store, cfg.engine), block=gate)
+    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({"NOTIFY_SOCKET": str(sock.path)}), engine=engine)
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    try:
+        sock.collect(1.5)
+        assert "READY=1" in [m for _, m in sock.messages]
+        before = sum(1 for _, m in sock.messages if m == "WATCHDOG=1")
+        assert before >= 2  # idle and healthy: pings
+        (tmp_path / "state" / "inbox" / "leaf.jpg").write_bytes(encode(leaf_image(1)))
+        sock.messages.clear()
+        sock.collect(4.0)  # photo stuck in inference for > stall_timeout_s
+        pings = [t for t, m in sock.messages if m == "WATCHDOG=1"]
+        assert pings and max(pings) < time.monotonic() - 2.0, "WATCHDOG=1 kept coming while stuck"
+        assert daemon.healthy is False
+        gate.set()
+        sock.messages.clear()
+        sock.collect(1.5)
+        assert "WATCHDOG=1" in [m for _, m in sock.messages]  # progress again: pings resume
+    finally:
+        gate.set()
+        daemon.request_stop()
+        runner.join(30)
+        sock.close()
+
+
+def test_sigterm_drains_in_flight_and_exits_zero(plantvillage, tmp_path):
+    d = DaemonProc(tmp_path / "state").start()
+    d.wait_ready()
+    photos = real_photos(plantvillage, 60)
+    for i, p in enumerate(photos):
+        shutil.copy(p, d.inbox / f"{i}.jpg")
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] > 0, 60, "first result")
+    t0 = time.monotonic()
+    assert d.terminate() == 0
+    assert time.monotonic() - t0 < 20
+    done = db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0]
+    left = len(list(d.inbox.glob("*.jpg")))
+    assert done + left == len(photos)  # nothing lost: each photo is either done or still in the inbox
+    events = [e["event"] for e in d.events()]
+    assert events[-1] == "stopped"
+
+
+def test_cli_status_results_review(plantvillage, tmp_path, tiny_store):
+    import subprocess
+    import sys
+
+    from .daemon_helpers import REPO
+
+    d = DaemonProc(tmp_path / "state", {"store": {"path": str(tiny_store)}}).start()
+    d.wait_ready()
+    photos = real_photos(plantvillage, 6)
+    for i, p in enumerate(photos):
+        shutil.copy(p, d.inbox / f"{i}.jpg")
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 6, 60, "results")
+    time.sleep(1.0)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "edge_agent", *args, "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
+
+    st = json.loads(cli("status", "--json").stdout)
+    assert st["running"] and st["processed"] == 6 and st["engine"]["engine_version"] == "v0001"
+    assert sum(st["per_class"].values()) == 6 and "queue_depths" in st and st["uptime_s"] > 0
+    rows = [json.loads(line) for line in cli("results", "--json").stdout.splitlines()]
+    assert len(rows) == 6 and {"path", "sha256", "label", "confidence", "engine_version"} <= set(rows[0])
+    assert cli("results", "--json", "--since", "1h").stdout.count("\n") == 6
+    assert cli("results", "--json", "--since", "2999-01-01T00:00").stdout == ""
+    assert "expected an ISO time" in cli("results", "--since", "yesterday-ish").stderr
+    # the untrained tiny model is never confident: everything waits for an expert
+    review = [json.loads(line) for line in cli("review", "list", "--json").stdout.splitlines()]
+    assert len(review) == 6
+    out = cli("review", "label", "--config", str(d.config_path), review[0]["photo_id"], "Tomato___healthy")
+    assert out.returncode == 0, out.stderr
+    assert cli("review", "label", "--config", str(d.config_path), review[1]["photo_id"], "Mango___rust").returncode == 2
+    assert cli("review", "label", "--config", str(d.config_path), review[1]["photo_id"], "Mango___rust", "--new-class").returncode == 0
+    expert = db_rows(d.state, "SELECT label, file FROM label_queue WHERE kind = 'expert' ORDER BY label")
+    assert [e[0] for e in expert] == ["Mango___rust", "Tomato___healthy"]
+    assert all(Path(f).is_file() and "/expert/" in f for _, f in expert)
+    assert d.terminate() == 0
+    assert not json.loads(cli("status", "--json").stdout)["running"]

@@ -1,0 +1,380 @@
+"""The pipeline and the folder source, in-process, with the tiny 3-class store."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.classifier import Classifier
+from edge_agent.config import parse_config
+from edge_agent.labelqueue import PhotoSpool, QueueFull
+from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
+from edge_agent.results import ResultsDB
+from edge_agent.sources.folder import FolderSettings, FolderSource
+from engines.loader import open_engine
+
+from .conftest import encode, leaf_image
+
+
+class FixedEngine:
+    """Wraps a real engine, overriding the logits so confidence is chosen by the test."""
+
+    def __init__(self, engine, confidence_for=None, block: threading.Event | None = None):
+        self._e = engine
+        self.confidence_for = confidence_for or (lambda i: 0.99)
+        self.block = block
+        self.batches: list[int] = []
+        self.n = 0
+
+    def __getattr__(self, name):
+        return getattr(self._e, name)
+
+    def infer(self, batch):
+        if self.block is not None:
+            self.block.wait()
+        self.batches.append(len(batch))
+        out = np.zeros((len(batch), 3), np.float32)
+        for row in out:
+            c = self.confidence_for(self.n)
+            self.n += 1
+            # logits giving softmax c on class (n % 3)
+            k = (self.n - 1) % 3
+            other = (1 - c) / 2
+            row[:] = np.log(max(other, 1e-9))
+            row[k] = np.log(c)
+        return out
+
+
+@pytest.fixture
+def engine(tiny_store):
+    cfg = parse_config({}).engine
+    with open_engine(tiny_store, cfg) as e:
+        yield e
+
+
+def make_pipeline(tmp_path, engine, policy=None, settings=None, quota=1 << 30, **kw):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    spool = PhotoSpool(tmp_path / "queue", quota)
+    done, retried = [], []
+    p = Pipeline(
+        Classifier(engine),
+        db,
+        spool,
+        tmp_path,
+        settings or PipelineSettings(max_batch=4, max_wait_ms=50),
+        policy or LabelPolicy(),
+        on_done=done.append,
+        on_retry=retried.append,
+        **kw,
+    )
+    p.start()
+    return p, db, done, retried
+
+
+def drop(folder: Path, n: int, start: int = 0) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(start, start + n):
+        p = folder / f"leaf_{i:04d}.jpg"
+        p.write_bytes(encode(leaf_image(i)))
+        paths.append(p)
+    return paths
+
+
+def test_results_and_files_moved(tmp_path, engine):
+    p, db, done, _ = make_pipeline(tmp_path, engine)
+    paths = drop(tmp_path / "inbox", 10)
+    for path in paths:
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    rows = list(db.results())
+    assert len(rows) == 10 and len({r["sha256"] for r in rows}) == 10
+    assert all(r["engine_version"] == "v0001" and "total" in r["timings_ms"] for r in rows)
+    assert not any(path.exists() for path in paths)
+    assert len(list((tmp_path / "processed").rglob("*.jpg"))) == 10
+    assert len(done) == 10
+    p.stop()
+
+
+def test_micro_batching_respects_max_batch(tmp_path, engine):
+    fixed = FixedEngine(engine)
+    p, db, *_ = make_pipeline(tmp_path, fixed, settings=PipelineSettings(max_batch=4, max_wait_ms=200))
+    for path in drop(tmp_path / "inbox", 12):
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    assert max(fixed.batches) <= 4 and sum(fixed.batches) == 12
+    assert len(fixed.batches) < 12  # batching happened
+    p.stop()
+
+
+def test_duplicate_content_gives_one_result(tmp_path, engine):
+    p, db, *_ = make_pipeline(tmp_path, engine)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    data = encode(leaf_image(1))
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        (inbox / name).write_bytes(data)
+        p.submit(Job("inbox", inbox / name))
+    assert p.drain(30)
+    assert len(list(db.results())) == 1
+    assert p.counters["duplicates"] == 2 and p.counters["processed"] == 1
+    p.stop()
+
+
+def test_bad_photos_are_quarantined_with_reason(tmp_path, engine):
+    p, db, *_ = make_pipeline(tmp_path, engine)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "empty.jpg").write_bytes(b"")
+    (inbox / "text.jpg").write_text("hello")
+    for name in ("empty.jpg", "text.jpg"):
+        p.submit(Job("inbox", inbox / name))
+    assert p.drain(30)
+    import json
+
+    reasons = {f.name: json.loads(f.read_text())["reason"] for f in (tmp_path / "quarantine").glob("*.reason.json")}
+    assert reasons == {"empty.jpg.reason.json": "empty file (0 bytes)", "text.jpg.reason.json": "not a supported image (expected JPEG, PNG, BMP or WebP)"}
+    assert (tmp_path / "quarantine" / "empty.jpg").exists()
+    assert db.counts()["quarantined"] == 2 and not list(db.results())
+    p.stop()
+
+
+def test_pseudo_label_threshold_cap_and_review(tmp_path, engine):
+    confidences = [0.99, 0.95, 0.91, 0.6, 0.3, 0.99, 0.99, 0.99, 0.2]
+    fixed = FixedEngine(engine, confidence_for=lambda i: confidences[i])
+    p, db, *_ = make_pipeline(tmp_path, fixed, policy=LabelPolicy(0.9, per_class_cap=2, review_threshold=0.5),
+                              settings=PipelineSettings(max_batch=1, max_wait_ms=0))
+    for path in drop(tmp_path / "inbox", len(confidences)):
+        p.submit(Job("inbox", path))
+        assert p.drain(30)  # one at a time, so classes follow the order
+    pseudo = db.queued("pseudo")
+    review = db.queued("review")
+    # class k = i % 3; >= 0.9 at i=0(k0),1(k1),2(k2),5(k2),6(k0),7(k1): caps of 2 per class allow all six
+    assert len(pseudo) == 6
+    assert {q.confidence >= 0.9 for q in pseudo} == {True}
+    assert len(review) == 2 and all(q.confidence < 0.5 for q in review)
+    for q in pseudo + review:
+        assert Path(q.file).read_bytes()[:3] == b"\xff\xd8\xff"
+    p.stop()
+
+
+def test_per_class_cap_stops_queuing(tmp_path, engine):
+    fixed = FixedEngine(engine, confidence_for=lambda i: 0.99)
+    p, db, *_ = make_pipeline(tmp_path, fixed, policy=LabelPolicy(0.9, per_class_cap=1), settings=PipelineSettings(max_batch=1, max_wait_ms=0))
+    for path in drop(tmp_path / "inbox", 9):
+        p.submit(Job("inbox", path))
+        assert p.drain(30)
+    assert len(db.queued("pseudo")) == 3  # one per class
+    assert len(list(db.results())) == 9
+    p.stop()
+
+
+def test_queue_quota_full_keeps_predicting(tmp_path, engine):
+    fixed = FixedEngine(engine, confidence_for=lambda i: 0.99)
+    p, db, *_ = make_pipeline(tmp_path, fixed, quota=12_000)
+    for path in drop(tmp_path / "inbox", 8):
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    assert len(list(db.results())) == 8
+    assert 0 < len(db.queued("pseudo")) < 8
+    assert p.queue_full and p.counters["queue_full_skips"] > 0
+    p.stop()
+
+
+def test_disk_full_on_commit_loses_nothing(tmp_path, engine, monkeypatch):
+    p, db, done, retried = make_pipeline(tmp_path, engine)
+    real = db.commit
+    calls = {"n": 0}
+
+    def failing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, **k)
+
+    monkeypatch.setattr(db, "commit", failing)
+    paths = drop(tmp_path / "inbox", 3)
+    for path in paths:
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    assert retried and all(path.exists() for path in retried_paths(retried))  # kept in the inbox for a retry
+    assert p.counters["sink_errors"] == 1 and "No space" in p.last_errors[-1]["error"]
+    for job in list(retried):  # the source retries them
+        p.submit(Job("inbox", job.path))
+    assert p.drain(30)
+    assert len(list(db.results())) == 3
+    p.stop()
+
+
+def retried_paths(jobs):
+    return [j.path for j in jobs]
+
+
+def test_spool_full_disk_is_queue_full(tmp_path, monkeypatch):
+    spool = PhotoSpool(tmp_path / "q", 1 << 20)
+
+    def nospace(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", nospace)
+    with pytest.raises(QueueFull, match="disk full"):
+        spool.put("pseudo", "ab" * 32, b"x" * 100)
+    assert spool.used_bytes == 0 and not list((tmp_path / "q" / "pseudo").iterdir())
+
+
+def test_inference_failure_retries_photos(tmp_path, engine):
+    class Broken(FixedEngine):
+        def infer(self, batch):
+            raise RuntimeError("GPU fell off the bus")
+
+    p, db, done, retried = make_pipeline(tmp_path, Broken(engine))
+    for path in drop(tmp_path / "inbox", 2):
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    assert len(retried) == 2 and not done and p.alive()
+    assert "GPU fell off the bus" in p.last_errors[-1]["error"]
+    p.stop()
+
+
+def test_back_pressure_bounds_the_queues(tmp_path, engine):
+    gate = threading.Event()
+    p, *_ = make_pipeline(tmp_path, FixedEngine(engine, block=gate), settings=PipelineSettings(max_batch=2, queue_size=2))
+    paths = drop(tmp_path / "inbox", 20)
+    accepted = sum(p.submit(Job("inbox", path), timeout=0.2) for path in paths)
+    assert accepted < 20  # submit blocked: bounded, not buffering everything
+    gate.set()
+    assert p.drain(30)
+    p.stop()
+
+
+# ---- folder source --------------------------------------------------------------
+class Collector:
+    def __init__(self):
+        self.items = []
+
+    def __call__(self, arrival):
+        self.items.append(arrival)
+
+    def names(self):
+        return sorted(a.path.name for a in self.items)
+
+
+def run_source(inbox: Path, **settings) -> tuple[FolderSource, Collector]:
+    c = Collector()
+    s = FolderSource(inbox, FolderSettings(settle_s=0.3, poll_s=0.05, rescan_interval_s=1.0, **settings), c)
+    s.start()
+    return s, c
+
+
+def wait_for(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_folder_backlog_subfolders_and_ignored_files(tmp_path):
+    inbox = tmp_path / "inbox"
+    (inbox / "field_a").mkdir(parents=True)
+    (inbox / "backlog.jpg").write_bytes(b"1")
+    src, c = run_source(inbox)
+    try:
+        (inbox / "field_a" / "leaf.JPG").write_bytes(b"2")
+        (inbox / ".hidden.jpg").write_bytes(b"3")
+        (inbox / "download.jpg.part").write_bytes(b"4")
+        (inbox / "notes.txt").write_text("5")
+        (inbox / ".cache").mkdir()
+        (inbox / ".cache" / "x.jpg").write_bytes(b"6")
+        assert wait_for(lambda: len(c.items) >= 2)
+        time.sleep(1.5)  # one rescan later: nothing more
+        assert c.names() == ["backlog.jpg", "leaf.JPG"]
+    finally:
+        src.stop()
+
+
+def test_rsync_style_temp_then_rename(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src, c = run_source(inbox)
+    try:
+        tmp = inbox / ".photo.jpg.Xy12Ab"
+        tmp.write_bytes(b"partial")
+        time.sleep(0.6)
+        assert c.items == []
+        tmp.rename(inbox / "photo.jpg")
+        assert wait_for(lambda: c.names() == ["photo.jpg"])
+    finally:
+        src.stop()
+
+
+def test_slow_writer_is_not_read_until_settled(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src, c = run_source(inbox)
+    try:
+        path = inbox / "slow.jpg"
+        with open(path, "wb") as f:
+            for _ in range(8):
+                f.write(b"x" * 1000)
+                f.flush()
+                time.sleep(0.15)
+                assert c.items == []  # still growing
+        assert wait_for(lambda: c.names() == ["slow.jpg"])
+        assert path.stat().st_size == 8000
+    finally:
+        src.stop()
+
+
+def test_symlink_out_of_inbox_is_refused(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes(b"x")
+    (inbox / "inside.jpg").write_bytes(b"y")
+    src, c = run_source(inbox)
+    try:
+        (inbox / "evil.jpg").symlink_to(secret)
+        (inbox / "ok_link.jpg").symlink_to(inbox / "inside.jpg")
+        assert wait_for(lambda: len(c.items) == 3)
+        by = {a.path.name: a.refused for a in c.items}
+        assert "outside the inbox" in by["evil.jpg"]
+        assert by["ok_link.jpg"] is None and by["inside.jpg"] is None
+    finally:
+        src.stop()
+
+
+def test_rescan_catches_missed_events(tmp_path, monkeypatch):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    src, c = run_source(inbox)
+    try:
+        src._observer.stop()  # the OS drops every event from now on
+        src._observer.join()
+        (inbox / "missed.jpg").write_bytes(b"x")
+        assert wait_for(lambda: c.names() == ["missed.jpg"], timeout=5)
+    finally:
+        src.stop()
+
+
+def test_release_keep_does_not_offer_again(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "a.jpg").write_bytes(b"x")
+    src, c = run_source(inbox)
+    try:
+        assert wait_for(lambda: len(c.items) == 1)
+        src.release(inbox / "a.jpg", keep=True)
+        time.sleep(1.5)
+        assert len(c.items) == 1
+        (inbox / "a.jpg").write_bytes(b"changed content")
+        assert wait_for(lambda: len(c.items) == 2)
+    finally:
+        src.stop()
