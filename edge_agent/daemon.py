@@ -29,6 +29,7 @@ from edge_agent.sources.camera import CameraSettings, CameraSource
 from edge_agent.sources.folder import Arrival, FolderSettings, FolderSource
 from edge_agent.systemd import Notifier
 from engines.base import Engine
+from engines.durable import atomic_write
 from engines.loader import open_engine
 
 __all__ = ["Daemon", "StateLayout", "resolve_state_dir"]
@@ -93,8 +94,9 @@ class Daemon:
     def _setup(self) -> None:
         cfg = self.cfg
         self.state.create()
-        if cfg.inbox.enabled:
-            self.inbox.mkdir(parents=True, exist_ok=True)
+        if cfg.inbox.enabled and not self.inbox.exists():
+            self.inbox.mkdir(parents=True)
+            os.chmod(self.inbox, 0o2770)  # the service's group may drop photos (setgid keeps the group)
         t0 = time.perf_counter()
         engine = self._engine or open_engine(cfg.store.resolved(), cfg.engine)
         self.classifier = Classifier(
@@ -132,6 +134,7 @@ class Daemon:
                 self._frame,
             )
             self.camera.start()
+            self.camera.first_attempt.wait(15)  # READY only after the camera was tried once
 
     # ---- source -> pipeline glue ------------------------------------------------
     def _arrived(self, arrival: Arrival) -> None:
@@ -196,10 +199,8 @@ class Daemon:
 
     def _write_status(self) -> None:
         st = self.status()
-        tmp = self.state.status.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(st, indent=2) + "\n")
-            os.replace(tmp, self.state.status)
+            atomic_write(self.state.status, (json.dumps(st, indent=2) + "\n").encode(), durable=False)
         except OSError as exc:
             self.log.error("status_write_failed", error=str(exc))
         c = st["counters"]

@@ -14,19 +14,13 @@ import os
 import threading
 from pathlib import Path
 
+from engines.durable import atomic_write, fsync_dir
+
 __all__ = ["PhotoSpool", "QueueFull"]
 
 
 class QueueFull(Exception):
     """The queue's disk quota (or the disk itself) is full; the item was not queued."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PhotoSpool:
@@ -58,18 +52,11 @@ class PhotoSpool:
             if self._used + len(data) > self.max_bytes:
                 raise QueueFull(f"label queue quota reached ({self._used} + {len(data)} > {self.max_bytes} bytes)")
             self._used += len(data)
-        tmp = final.with_name(f".tmp-{final.name}")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            atomic_write(final, data)
         except OSError as exc:
             with self._lock:
                 self._used -= len(data)
-            tmp.unlink(missing_ok=True)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise QueueFull(f"disk full while queuing: {exc}") from None
             raise
@@ -80,7 +67,7 @@ class PhotoSpool:
         dst = self.root / kind / src.name
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(src, dst)
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
         return dst
 
     def remove(self, path: Path) -> None:

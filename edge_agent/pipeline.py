@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import queue
 import shutil
 import threading
@@ -128,6 +127,7 @@ class Pipeline:
         self._pseudo_counts: dict[str, int] = dict(db.pseudo_counts(classifier.engine.engine_version))
         self._threads: list[threading.Thread] = []
         self._swap: Classifier | None = None
+        self._closed = False
 
     # ---- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -173,10 +173,15 @@ class Pipeline:
         return self._in_flight == 0
 
     def stop(self) -> None:
+        """Stop the stages; after a drain timeout a stuck stage is abandoned (its threads are daemons)."""
         for _ in range(self.settings.decode_workers):
-            self._decode_q.put(_STOP)
+            try:
+                self._decode_q.put(_STOP, timeout=1.0)
+            except queue.Full:
+                break
         for t in self._threads:
             t.join(timeout=5)
+        self._closed = True  # anything a stuck stage finishes later stays in the inbox for the next start
 
     def swap_classifier(self, classifier: Classifier) -> None:
         """Use ``classifier`` from the next batch on (never mid-batch)."""
@@ -291,6 +296,8 @@ class Pipeline:
                     self._sink_q.put(nxt)
                     break
                 jobs.append(nxt)
+            if self._closed:
+                continue
             try:
                 self._sink(jobs)
             except Exception as exc:  # disk full, database locked...: keep the photos for a retry

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engines.durable import atomic_write, fsync_dir, fsync_file
+
 __all__ = [
     "EngineStore",
     "StoreVersion",
@@ -59,19 +61,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
 
 
 def _step(name: str) -> None:
@@ -218,7 +207,7 @@ class EngineStore:
             for fname, src in files.items():
                 dst = tmp / fname
                 shutil.copyfile(src, dst)
-                _fsync_file(dst)
+                fsync_file(dst)
                 entries[fname] = {"sha256": sha256_file(dst), "bytes": dst.stat().st_size}
                 _step("file")
             full = {
@@ -233,11 +222,11 @@ class EngineStore:
                 full["parent"] = manifest["parent"]
             mpath = tmp / MANIFEST
             mpath.write_text(json.dumps(full, indent=2, sort_keys=False) + "\n")
-            _fsync_file(mpath)
-            _fsync_dir(tmp)
+            fsync_file(mpath)
+            fsync_dir(tmp)
             _step("manifest")
             os.rename(tmp, self.root / version)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             _step("renamed")
             if make_current:
                 self._write_current(version)
@@ -245,13 +234,7 @@ class EngineStore:
         return self.open(version)
 
     def _write_current(self, version: str) -> None:
-        tmp = self.root / f".tmp-current-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(version + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.root / CURRENT)
-        _fsync_dir(self.root)
+        atomic_write(self.root / CURRENT, f"{version}\n".encode())
 
     def set_current(self, version: str) -> StoreVersion:
         """Put ``version`` in service after verifying it."""

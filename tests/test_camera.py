@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 
 import cv2
 import numpy as np

@@ -7,12 +7,10 @@ import json
 import os
 import random
 import shutil
-import signal
 import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from .daemon_helpers import DaemonProc, NotifySocket, db_rows, wait_until
 
@@ -248,3 +246,34 @@ def test_cli_status_results_review(plantvillage, tmp_path, tiny_store):
     assert all(Path(f).is_file() and "/expert/" in f for _, f in expert)
     assert d.terminate() == 0
     assert not json.loads(cli("status", "--json").stdout)["running"]
+
+
+def test_stop_with_a_stuck_pipeline_still_exits(tmp_path, tiny_store):
+    """SIGTERM while inference hangs: drain gives up after drain_timeout_s, the photo stays in the inbox."""
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+    from edge_agent.systemd import Notifier
+    from engines.loader import open_engine
+
+    from .conftest import encode, leaf_image
+    from .test_pipeline import FixedEngine
+
+    gate = threading.Event()
+    cfg = parse_config({"daemon": {"drain_timeout_s": 1.0}, "inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}})
+    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}), engine=FixedEngine(open_engine(tiny_store, cfg.engine), block=gate))
+    result = {}
+    runner = threading.Thread(target=lambda: result.setdefault("rc", daemon.run()))
+    runner.start()
+    try:
+        wait_until(lambda: daemon.pipeline is not None and daemon.folder is not None, 10, "daemon up")
+        photo = tmp_path / "state" / "inbox" / "leaf.jpg"
+        photo.write_bytes(encode(leaf_image(3)))
+        wait_until(lambda: daemon.pipeline.in_flight == 1, 10, "photo in flight")
+        t0 = time.monotonic()
+        daemon.request_stop()
+        runner.join(20)
+        assert not runner.is_alive() and result["rc"] == 0
+        assert time.monotonic() - t0 < 15
+        assert photo.exists()  # not lost: it is processed at the next start
+    finally:
+        gate.set()

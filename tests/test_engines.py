@@ -7,7 +7,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from edge_agent.config import load_config, parse_config
+from edge_agent.config import parse_config
 from edge_agent.preprocess import preprocess_bytes
 from engines.base import BackendUnavailable, EngineError, backends, get_backend
 from engines.build.tensorrt_plan import PlanBuildError, PlanKey, load_or_build
@@ -100,7 +100,6 @@ def test_manifest_class_count_must_match_model(tiny_store, tmp_path):
     import json
     import shutil
 
-    from engines.store import sha256_file
 
     copy = tmp_path / "store"
     shutil.copytree(tiny_store, copy)

@@ -61,6 +61,8 @@ class CameraSource:
         self.counters = {"frames": 0, "emitted": 0, "reconnects": 0, "open_failures": 0, "stale": 0}
         self.connected = False
         self._stop = threading.Event()
+        #: Set after the first attempt to open the camera, whatever its outcome.
+        self.first_attempt = threading.Event()
         self._thread: threading.Thread | None = None
         self._cap = None
         self._target, self._backend = self._resolve(settings.source)
@@ -112,7 +114,9 @@ class CameraSource:
         next_emit = 0.0
         while not self._stop.is_set():
             if self._cap is None:
-                if not self.open():
+                opened = self.open()
+                self.first_attempt.set()
+                if not opened:
                     self.log.warning("camera_open_failed", retry_in_s=round(backoff, 1), **self.counters)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, self.settings.backoff_max_s)

@@ -1,0 +1,46 @@
+"""Crash-safe file writing shared by the store, the plan cache and the daemon's queues."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["fsync_dir", "fsync_file", "atomic_write"]
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a directory's entries (new names, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def atomic_write(path: str | os.PathLike, data: bytes, durable: bool = True) -> Path:
+    """Write ``data`` to a temporary name beside ``path``, then rename it into place.
+
+    A reader sees the old file or the complete new one. With ``durable`` the
+    data and the rename are fsynced. On failure the temporary file is removed
+    and the error raised.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+    return path
