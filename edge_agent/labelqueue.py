@@ -31,7 +31,7 @@ class PhotoSpool:
         self.max_bytes = max_bytes
         self._used = used_bytes
         self._lock = threading.Lock()
-        for kind in ("pseudo", "review"):
+        for kind in ("pseudo", "review", "expert"):
             (self.root / kind).mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob("*/.tmp-*"):
             stale.unlink(missing_ok=True)

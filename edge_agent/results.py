@@ -210,6 +210,22 @@ class ResultsDB:
         rows = self._query(sql + (" WHERE kind = ? ORDER BY created" if kind else " ORDER BY created"), (kind,) if kind else ())
         return [QueueEntry(*r) for r in rows]
 
+    def queued_for_delivery(self, limit: int) -> list[QueueEntry]:
+        """Pseudo and expert labels waiting for the trainer, oldest first."""
+        rows = self._query(
+            "SELECT sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created FROM label_queue"
+            " WHERE kind IN ('pseudo', 'expert') ORDER BY created LIMIT ?",
+            (limit,),
+        )
+        return [QueueEntry(*r) for r in rows]
+
+    def queue_entry(self, sha256: str) -> QueueEntry | None:
+        rows = self._query(
+            "SELECT sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created FROM label_queue WHERE sha256 = ?",
+            (sha256,),
+        )
+        return QueueEntry(*rows[0]) if rows else None
+
     def queue_bytes(self) -> int:
         return self._query("SELECT COALESCE(SUM(bytes), 0) FROM label_queue")[0][0]
 

@@ -378,3 +378,38 @@ def test_release_keep_does_not_offer_again(tmp_path):
         assert wait_for(lambda: len(c.items) == 2)
     finally:
         src.stop()
+
+
+@pytest.mark.parametrize("after", ["delete", "leave"])
+def test_after_processing_delete_or_leave(tmp_path, engine, after):
+    p, db, done, _ = make_pipeline(tmp_path, engine, settings=PipelineSettings(after=after))
+    paths = drop(tmp_path / "inbox", 3)
+    for path in paths:
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    assert len(list(db.results())) == 3
+    assert all(path.exists() for path in paths) == (after == "leave")
+    assert not (tmp_path / "processed").exists() or not list((tmp_path / "processed").rglob("*.jpg"))
+    # seen again (a restart, or the next rescan): recognised by the ledger, no second result
+    if after == "leave":
+        for path in paths:
+            p.submit(Job("inbox", path))
+        assert p.drain(30)
+        assert len(list(db.results())) == 3 and p.counters["duplicates"] == 3
+    p.stop()
+
+
+def test_cap_holds_within_one_batch(tmp_path, engine):
+    class OneClass(FixedEngine):
+        def infer(self, batch):
+            out = np.full((len(batch), 3), -10.0, np.float32)
+            out[:, 0] = 10.0  # every photo: class 0 at ~1.0
+            return out
+
+    p, db, *_ = make_pipeline(tmp_path, OneClass(engine), policy=LabelPolicy(0.9, per_class_cap=2),
+                              settings=PipelineSettings(max_batch=8, max_wait_ms=500))
+    for path in drop(tmp_path / "inbox", 8):
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    assert len(db.queued("pseudo")) == 2 and len(list(db.results())) == 8
+    p.stop()

@@ -1,0 +1,202 @@
+"""Daemon side of the hand-off: deliver queued labels to the trainer, with acknowledgements.
+
+A queued item (pseudo-label or expert label) leaves the daemon's disk only when
+the trainer has acknowledged it, i.e. stored it durably. Unacknowledged items
+are resent after ``ack_timeout_s``, doubling up to ``backoff_max_s``; ids are the
+photos' sha256, so the trainer stores a resend only once. Heartbeats tell each
+side whether the other is alive; nothing but heartbeats is sent while the
+trainer is silent, so no backlog piles up inside ZeroMQ. Malformed frames are
+counted and logged, never fatal. The same thread listens for engine
+announcements on a SUB socket.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.handoff.protocol import ProtocolError, decode, encode
+from edge_agent.handoff.transport import CurveKeys, client_socket
+from edge_agent.labelqueue import PhotoSpool
+from edge_agent.log import get_logger
+from edge_agent.results import ResultsDB
+
+__all__ = ["Sender", "SenderSettings"]
+
+
+@dataclass
+class SenderSettings:
+    endpoint: str
+    announce_endpoint: str
+    window: int = 16
+    ack_timeout_s: float = 5.0
+    backoff_max_s: float = 60.0
+    heartbeat_s: float = 2.0
+    max_payload: int = 32 * 1024 * 1024
+    curve: CurveKeys | None = None
+
+
+@dataclass
+class _InFlight:
+    sent: float
+    attempts: int
+    file: str
+
+
+class Sender:
+    def __init__(
+        self,
+        db: ResultsDB,
+        spool: PhotoSpool,
+        settings: SenderSettings,
+        on_engine: Callable[[str], None] | None = None,
+    ) -> None:
+        self.db = db
+        self.spool = spool
+        self.settings = settings
+        self.on_engine = on_engine or (lambda version: None)
+        self.log = get_logger("handoff.sender", endpoint=settings.endpoint)
+        self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0}
+        self.trainer_seen = 0.0
+        self._inflight: dict[str, _InFlight] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def trainer_alive(self) -> bool:
+        return time.monotonic() - self.trainer_seen < 3 * self.settings.heartbeat_s
+
+    def status(self) -> dict:
+        return {**self.counters, "trainer_alive": self.trainer_alive, "in_flight": len(self._inflight)}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="handoff-sender", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- loop ---------------------------------------------------------------
+    def _run(self) -> None:
+        import zmq
+
+        ctx = zmq.Context()
+        dealer = client_socket(ctx, zmq.DEALER, self.settings.endpoint, self.settings.curve)
+        sub = client_socket(ctx, zmq.SUB, self.settings.announce_endpoint, self.settings.curve)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(sub, zmq.POLLIN)
+        next_hb = 0.0
+        was_alive = False
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_hb:
+                    self._send(dealer, encode("heartbeat", {"role": "daemon", "time": time.time()}))
+                    next_hb = now + self.settings.heartbeat_s
+                alive = self.trainer_alive
+                if alive != was_alive:
+                    self.log.info("trainer_alive" if alive else "trainer_silent", queued=len(self.db.queued_for_delivery(10**9)))
+                    was_alive = alive
+                if alive:
+                    self._deliver(dealer, now)
+                for sock, _ in poller.poll(200):
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    self._handle(frames)
+        except Exception as exc:  # never take the daemon down; the health check sees the dead thread
+            self.log.error("sender_crashed", error=repr(exc))
+            raise
+        finally:
+            dealer.close(0)
+            sub.close(0)
+            ctx.term()
+
+    def _send(self, sock, frames: list[bytes]) -> bool:
+        import zmq
+
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # no connection yet (IMMEDIATE) or the peer is slow
+            return False
+
+    def _deliver(self, sock, now: float) -> None:
+        s = self.settings
+        for sha, item in list(self._inflight.items()):
+            wait = min(s.ack_timeout_s * 2 ** (item.attempts - 1), s.backoff_max_s)
+            if now - item.sent >= wait:
+                if self._send_item(sock, sha, item.file, resend=True):
+                    item.sent, item.attempts = now, item.attempts + 1
+        room = s.window - len(self._inflight)
+        if room <= 0:
+            return
+        for entry in self.db.queued_for_delivery(room + len(self._inflight)):
+            if entry.sha256 in self._inflight:
+                continue
+            if self._send_item(sock, entry.sha256, entry.file, entry=entry):
+                self._inflight[entry.sha256] = _InFlight(now, 1, entry.file)
+                room -= 1
+                if room == 0:
+                    return
+
+    def _send_item(self, sock, sha: str, file: str, entry=None, resend: bool = False) -> bool:
+        entry = entry or self.db.queue_entry(sha)
+        if entry is None:  # acknowledged meanwhile
+            self._inflight.pop(sha, None)
+            return False
+        try:
+            data = Path(file).read_bytes()
+        except FileNotFoundError:
+            self.log.error("queued_photo_missing", photo_id=entry.photo_id, file=file, action="dropped from queue")
+            self.db.remove_queued([sha])
+            self._inflight.pop(sha, None)
+            return False
+        header = {
+            "id": sha,
+            "kind": entry.kind,
+            "label": entry.label,
+            "confidence": float(entry.confidence if entry.confidence is not None else 1.0),
+            "engine_version": entry.engine_version or "",
+            "ext": Path(file).suffix.lower() or ".jpg",
+        }
+        ok = self._send(sock, encode("sample", header, data))
+        if ok:
+            self.counters["resent" if resend else "sent"] += 1
+        return ok
+
+    def _handle(self, frames: list[bytes]) -> None:
+        try:
+            msg = decode(frames, self.settings.max_payload)
+        except ProtocolError as exc:
+            self.counters["malformed"] += 1
+            self.log.warning("malformed_message", error=str(exc), frames=len(frames))
+            return
+        if msg.kind == "heartbeat":
+            self.counters["heartbeats_in"] += 1
+            self.trainer_seen = time.monotonic()
+        elif msg.kind == "ack":
+            self.trainer_seen = time.monotonic()
+            sha = msg.header["id"]
+            entry = self.db.queue_entry(sha)
+            self._inflight.pop(sha, None)
+            if entry is not None:  # the file first: the row is what says "still queued"
+                self.spool.remove(Path(entry.file))
+                self.db.remove_queued([sha])
+                self.counters["acked"] += 1
+                self.log.debug("delivered", photo_id=entry.photo_id, kind=entry.kind)
+        elif msg.kind == "engine":
+            self.counters["announcements"] += 1
+            self.log.info("engine_announced", version=msg.header["version"])
+            self.on_engine(msg.header["version"])
+        else:
+            self.counters["malformed"] += 1
+            self.log.warning("unexpected_message", kind=msg.kind)

@@ -1,0 +1,172 @@
+"""The ZeroMQ hand-off: acknowledged delivery, idempotent resends, heartbeats, garbage frames."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+from edge_agent.handoff.protocol import MAGIC, ProtocolError, decode, encode  # noqa: E402
+from edge_agent.handoff.sender import Sender, SenderSettings  # noqa: E402
+from edge_agent.handoff.transport import TransportError, client_socket  # noqa: E402
+from edge_agent.labelqueue import PhotoSpool  # noqa: E402
+from edge_agent.results import QueueEntry, ResultsDB  # noqa: E402
+from trainer.receiver import Receiver, ReceiverSettings  # noqa: E402
+from trainer.samples import SampleStore  # noqa: E402
+
+from .conftest import encode as encode_img  # noqa: E402
+from .conftest import leaf_image  # noqa: E402
+from .daemon_helpers import wait_until  # noqa: E402
+
+
+def queue_photos(db: ResultsDB, spool: PhotoSpool, n: int, kind: str = "pseudo", seed: int = 100) -> list[str]:
+    ids, entries = [], []
+    for i in range(n):
+        data = encode_img(leaf_image(seed + i))
+        sha = hashlib.sha256(data).hexdigest()
+        f = spool.put(kind, sha, data)
+        entries.append(QueueEntry(sha, sha[:16], kind, "Tomato___healthy", 0.97, "v0001", str(f), len(data)))
+        ids.append(sha)
+    db.commit([], entries)
+    return ids
+
+
+@pytest.fixture
+def endpoints(tmp_path):
+    run = tmp_path / "run"
+    return f"ipc://{run}/handoff.sock", f"ipc://{run}/engines.sock"
+
+
+def make_sender(tmp_path, endpoints, **kw):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    spool = PhotoSpool(tmp_path / "queue", 1 << 30)
+    announced = []
+    sender = Sender(db, spool, SenderSettings(*endpoints, heartbeat_s=0.2, ack_timeout_s=0.5, **kw), on_engine=announced.append)
+    return sender, db, spool, announced
+
+
+def test_protocol_rejects_garbage():
+    good = encode("sample", {"id": "a" * 64, "kind": "pseudo", "label": "x", "confidence": 0.95, "engine_version": "v1", "ext": ".jpg"}, b"jpeg")
+    assert decode(good).header["label"] == "x"
+    bad = [
+        [b"junk"],
+        [b"NOPE", b"ack", b"{}"],
+        [MAGIC, b"\xff\xfe", b"{}"],
+        [MAGIC, b"launch", b"{}"],
+        [MAGIC, b"ack", b"not json"],
+        [MAGIC, b"ack", b"[1,2]"],
+        [MAGIC, b"ack", b'{"id": "zz"}'],
+        [MAGIC, b"ack", b'{"id": "' + b"a" * 64 + b'"}', b"payload"],
+        good[:3],  # sample without photo
+        [*good[:2], good[2].replace(b"pseudo", b"gossip"), good[3]],
+        [*good[:2], good[2].replace(b"0.95", b"7.5"), good[3]],
+        [*good[:2], good[2].replace(b'"ext":".jpg"', b'"ext":"/../../etc"'), good[3]],
+    ]
+    for frames in bad:
+        with pytest.raises(ProtocolError):
+            decode(frames)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(good, max_payload=2)
+
+
+def test_delivery_with_acks_removes_from_daemon_disk(tmp_path, endpoints):
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    ids = queue_photos(db, spool, 20)
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
+    receiver.start()
+    sender.start()
+    try:
+        wait_until(lambda: not db.queued_for_delivery(100), 20, "all acknowledged")
+        assert {s.id for s in store.all()} == set(ids)
+        assert sender.counters["acked"] == 20
+        assert not list((tmp_path / "queue" / "pseudo").iterdir())  # left the daemon's disk
+        for s in store.all():
+            assert hashlib.sha256(Path(s.file).read_bytes()).hexdigest() == s.id
+        assert sender.trainer_alive
+        assert oct(os.stat(tmp_path / "run").st_mode & 0o777) == "0o700"
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
+def test_daemon_first_trainer_later_and_trainer_restart(tmp_path, endpoints):
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    queue_photos(db, spool, 5)
+    sender.start()
+    try:
+        time.sleep(1.0)
+        assert not sender.trainer_alive and len(db.queued_for_delivery(100)) == 5  # nothing lost while alone
+        store = SampleStore(tmp_path / "trainer")
+        receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
+        receiver.start()
+        wait_until(lambda: not db.queued_for_delivery(100), 20, "delivered once the trainer came")
+        receiver.stop()  # the trainer goes away...
+        wait_until(lambda: not sender.trainer_alive, 5, "trainer seen as silent")
+        queue_photos(db, spool, 3, kind="expert", seed=500)
+        receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))  # ...and restarts
+        receiver.start()
+        wait_until(lambda: not db.queued_for_delivery(100), 20, "delivered after restart")
+        assert store.counts()["pseudo"] == 5 and store.counts()["expert"] == 3
+        receiver.stop()
+    finally:
+        sender.stop()
+
+
+def test_resend_is_stored_once(tmp_path):
+    store = SampleStore(tmp_path / "trainer")
+    header = {"id": "b" * 64, "kind": "pseudo", "label": "x", "confidence": 0.99, "engine_version": "v1", "ext": ".jpg"}
+    assert store.add(header, b"photo") is True
+    assert store.add(header, b"photo") is False
+    assert len(store.all()) == 1
+
+
+def test_garbage_frames_do_not_crash_the_receiver(tmp_path, endpoints):
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, ReceiverSettings(*endpoints, max_payload=1000))
+    receiver.start()
+    ctx = zmq.Context()
+    sock = client_socket(ctx, zmq.DEALER, endpoints[0], None)
+    try:
+        wait_until(lambda: sock.poll(10, zmq.POLLOUT), 5, "connected")
+        for frames in ([b"\x00" * 10], [MAGIC, b"sample", b"{bad"], [MAGIC, b"ack", b"{}"], [os.urandom(64), os.urandom(64)]):
+            sock.send_multipart(frames)
+        big = encode("sample", {"id": "c" * 64, "kind": "pseudo", "label": "x", "confidence": 0.99, "engine_version": "v1", "ext": ".jpg"}, b"x" * 5000)
+        sock.send_multipart(big)
+        wait_until(lambda: receiver.counters["malformed"] == 5, 5, "garbage counted")
+        assert receiver.alive() and not store.all()
+        sock.send_multipart(encode("heartbeat", {"role": "daemon", "time": time.time()}))
+        assert sock.poll(2000) and decode(sock.recv_multipart()).kind == "heartbeat"  # still answering
+    finally:
+        sock.close(0)
+        ctx.term()
+        receiver.stop()
+
+
+def test_engine_announcement_reaches_the_daemon(tmp_path, endpoints):
+    sender, db, spool, announced = make_sender(tmp_path, endpoints)
+    receiver = Receiver(SampleStore(tmp_path / "trainer"), ReceiverSettings(*endpoints))
+    receiver.start()
+    sender.start()
+    try:
+        wait_until(lambda: sender.trainer_alive, 10, "connected")
+        time.sleep(0.3)  # PUB/SUB joins late
+        receiver.announce("v0002")
+        wait_until(lambda: announced == ["v0002"], 10, "announcement")
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
+def test_tcp_without_keys_is_refused():
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(TransportError, match="CURVE"):
+            client_socket(ctx, zmq.DEALER, "tcp://127.0.0.1:5999", None)
+    finally:
+        ctx.term()

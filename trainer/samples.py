@@ -1,0 +1,108 @@
+"""The trainer's durable store of received labels (pseudo-labels and expert labels).
+
+``<trainer state>/samples/<sha256><ext>`` holds each photo (written atomically
+and fsynced) and ``samples.sqlite`` its label; a sample is acknowledged only
+after both are durable. Ids are content hashes, so a resend is stored once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.durable import atomic_write
+
+__all__ = ["SampleStore", "Sample"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS samples (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    label TEXT NOT NULL,
+    confidence REAL NOT NULL,
+    engine_version TEXT NOT NULL,
+    file TEXT NOT NULL,
+    received REAL NOT NULL,
+    generation TEXT
+);
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: str
+    kind: str
+    label: str
+    confidence: float
+    engine_version: str
+    file: str
+    received: float
+    generation: str | None
+
+
+class SampleStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        (self.root / "samples").mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.root / "samples.sqlite", check_same_thread=False, timeout=30, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def has(self, sample_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM samples WHERE id = ?", (sample_id,)).fetchone() is not None
+
+    def add(self, header: dict, photo: bytes) -> bool:
+        """Store a sample durably; False if it was already stored (a resend)."""
+        if self.has(header["id"]):
+            return False
+        path = self.root / "samples" / f"{header['id']}{header['ext']}"
+        atomic_write(path, photo)
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO samples (id, kind, label, confidence, engine_version, file, received) VALUES (?,?,?,?,?,?,?)",
+                (header["id"], header["kind"], header["label"], float(header["confidence"]), header["engine_version"], str(path), time.time()),
+            )
+        return cur.rowcount == 1
+
+    def all(self) -> list[Sample]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, kind, label, confidence, engine_version, file, received, generation FROM samples ORDER BY received").fetchall()
+        return [Sample(*r) for r in rows]
+
+    def unused(self) -> list[Sample]:
+        """Samples no published generation has trained on yet."""
+        return [s for s in self.all() if s.generation is None]
+
+    def mark_used(self, ids: list[str], generation: str) -> None:
+        with self._lock:
+            self._db.executemany("UPDATE samples SET generation = ? WHERE id = ?", [(generation, i) for i in ids])
+
+    def counts(self) -> dict:
+        with self._lock:
+            rows = self._db.execute("SELECT kind, generation IS NULL, COUNT(*) FROM samples GROUP BY 1, 2").fetchall()
+        out = {"pseudo": 0, "expert": 0, "new": 0}
+        for kind, new, n in rows:
+            out[kind] = out.get(kind, 0) + n
+            if new:
+                out["new"] += n
+        return out
+
+    def get_state(self, key: str, default: str | None = None) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_state(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)", (key, value))
