@@ -162,7 +162,7 @@ def _status(args: argparse.Namespace) -> int:
         except (ProcessLookupError, PermissionError):
             running = False
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
-    for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox"):
+    for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox", "handoff", "hotswap"):
         if key in live:
             out[key] = live[key]
     if args.json:

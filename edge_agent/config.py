@@ -42,7 +42,11 @@ class _Section(BaseModel):
 
 
 class StoreSection(_Section):
-    path: str = Field("", description="Engine store directory; empty means the default model shipped with edge-agent.")
+    path: str = Field(
+        "",
+        description="Engine store directory. Empty: `classify` uses the shipped default model; the daemon and the "
+        "trainer share <state_dir>/engines, seeded from it on first start.",
+    )
 
     def resolved(self) -> Path:
         return Path(self.path).expanduser() if self.path else default_store_path()
@@ -142,6 +146,29 @@ class LabelsSection(_Section):
     )
 
 
+class HandoffSection(_Section):
+    enabled: bool = Field(True, description="Deliver queued labels to the trainer over ZeroMQ.")
+    endpoint: str = Field(
+        "", description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run)."
+    )
+    announce_endpoint: str = Field("", description="Trainer's engine announcements (PUB); empty means ipc://<runtime dir>/engines.sock.")
+    curve_secret_key: str = Field("", description="tcp:// only: this side's CURVE secret certificate (*.key_secret).")
+    curve_server_key: str = Field("", description="tcp:// only, daemon: the trainer's public certificate (*.key).")
+    curve_authorized_dir: str = Field("", description="tcp:// only, trainer: folder of the daemons' public certificates it accepts.")
+    window: int = Field(16, ge=1, le=1024, description="Most unacknowledged samples in flight.")
+    ack_timeout_s: float = Field(5.0, gt=0, description="Resend a sample not acknowledged within this; doubles on each resend.")
+    backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between resends.")
+    heartbeat_s: float = Field(2.0, gt=0, description="Heartbeat interval; a peer silent for 3 intervals counts as down.")
+    max_payload_mb: int = Field(32, ge=1, le=1024, description="Larger frames are dropped, counted and logged.")
+
+
+class HotswapSection(_Section):
+    poll_s: float = Field(5.0, gt=0, description="How often the store's current version is checked (announcements wake it earlier).")
+    min_agreement: float = Field(
+        0.5, ge=0, le=1, description="A new engine must agree with the running one on this share of recent confident photos."
+    )
+
+
 class LogSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
     format: Literal["auto", "json", "console"] = Field(
@@ -168,6 +195,8 @@ class AppConfig(_Section):
     camera: CameraSection = Field(default_factory=CameraSection)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     labels: LabelsSection = Field(default_factory=LabelsSection)
+    handoff: HandoffSection = Field(default_factory=HandoffSection)
+    hotswap: HotswapSection = Field(default_factory=HotswapSection)
     log: LogSection = Field(default_factory=LogSection)
 
     @field_validator("engine", mode="before")

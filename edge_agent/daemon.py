@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -20,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.classifier import Classifier
-from edge_agent.config import AppConfig
+from edge_agent.config import AppConfig, default_store_path
+from edge_agent.handoff.sender import Sender, SenderSettings
+from edge_agent.handoff.transport import CurveKeys, default_endpoints
+from edge_agent.hotswap import EngineWatcher
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
@@ -31,8 +35,9 @@ from edge_agent.systemd import Notifier
 from engines.base import Engine
 from engines.durable import atomic_write
 from engines.loader import open_engine
+from engines.store import EngineStore
 
-__all__ = ["Daemon", "StateLayout", "resolve_state_dir"]
+__all__ = ["Daemon", "StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "handoff_endpoints", "curve_keys"]
 
 
 def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
@@ -44,6 +49,43 @@ def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
     if os.environ.get("STATE_DIRECTORY"):
         return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
     return Path("edge-state")
+
+
+def runtime_dir(state_dir: Path) -> Path:
+    """$RUNTIME_DIRECTORY (systemd), else <state>/run: where the hand-off sockets live."""
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0])
+    return state_dir / "run"
+
+
+def resolve_store(cfg: AppConfig, state_dir: Path) -> EngineStore:
+    """[store] path, else <state>/engines, seeded from the shipped default model on first use."""
+    if cfg.store.path:
+        return EngineStore(cfg.store.resolved())
+    store = EngineStore(state_dir / "engines")
+    if not store.versions():
+        seed_store(default_store_path(), store.root)
+    return store
+
+
+def seed_store(src: Path, dst: Path) -> None:
+    """Copy a store (its versions and ``current``) into an empty ``dst``, atomically."""
+    tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".lock", ".tmp-*"))
+    if dst.exists() and not any(dst.iterdir()):
+        dst.rmdir()
+    os.rename(tmp, dst)
+
+
+def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str]:
+    default_handoff, default_announce = default_endpoints(runtime_dir(state_dir))
+    return cfg.handoff.endpoint or default_handoff, cfg.handoff.announce_endpoint or default_announce
+
+
+def curve_keys(cfg: AppConfig) -> CurveKeys | None:
+    h = cfg.handoff
+    return CurveKeys(h.curve_secret_key, h.curve_server_key, h.curve_authorized_dir) if h.curve_secret_key else None
 
 
 @dataclass(frozen=True)
@@ -87,6 +129,8 @@ class Daemon:
         self.pipeline: Pipeline | None = None
         self.folder: FolderSource | None = None
         self.camera: CameraSource | None = None
+        self.sender: Sender | None = None
+        self.watcher: EngineWatcher | None = None
         self.healthy = False
         self.watchdog_sent = 0
 
@@ -98,10 +142,9 @@ class Daemon:
             self.inbox.mkdir(parents=True)
             os.chmod(self.inbox, 0o2770)  # the service's group may drop photos (setgid keeps the group)
         t0 = time.perf_counter()
-        engine = self._engine or open_engine(cfg.store.resolved(), cfg.engine)
-        self.classifier = Classifier(
-            engine, top_k=cfg.classify.top_k, max_file_bytes=cfg.preprocess.max_file_bytes, max_pixels=cfg.preprocess.max_pixels
-        )
+        self.store = resolve_store(cfg, self.state.root)
+        engine = self._engine or open_engine(self.store, cfg.engine)
+        self.classifier = self._make_classifier(engine)
         self.log = self.log.bind(engine_version=engine.engine_version)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
         self.db = ResultsDB(self.state.db)
@@ -119,6 +162,7 @@ class Daemon:
             retry_incomplete=self._retry_incomplete,
         )
         self.pipeline.start()
+        self._start_learning_links()
         if cfg.inbox.enabled:
             i = cfg.inbox
             self.folder = FolderSource(
@@ -135,6 +179,27 @@ class Daemon:
             )
             self.camera.start()
             self.camera.first_attempt.wait(15)  # READY only after the camera was tried once
+
+    def _make_classifier(self, engine: Engine) -> Classifier:
+        cfg = self.cfg
+        return Classifier(engine, top_k=cfg.classify.top_k, max_file_bytes=cfg.preprocess.max_file_bytes, max_pixels=cfg.preprocess.max_pixels)
+
+    def _start_learning_links(self) -> None:
+        cfg = self.cfg
+        self.watcher = EngineWatcher(
+            self.store, cfg.engine, self.pipeline, self._make_classifier, cfg.hotswap.poll_s, cfg.hotswap.min_agreement
+        )
+        self.watcher.start()
+        if cfg.handoff.enabled:
+            h = cfg.handoff
+            endpoint, announce = handoff_endpoints(cfg, self.state.root)
+            self.sender = Sender(
+                self.db,
+                self.spool,
+                SenderSettings(endpoint, announce, h.window, h.ack_timeout_s, h.backoff_max_s, h.heartbeat_s, h.max_payload_mb << 20, curve_keys(cfg)),
+                on_engine=self.watcher.announce,
+            )
+            self.sender.start()
 
     # ---- source -> pipeline glue ------------------------------------------------
     def _arrived(self, arrival: Arrival) -> None:
@@ -164,7 +229,7 @@ class Daemon:
     # ---- health, status ------------------------------------------------------------
     def check_health(self) -> bool:
         p = self.pipeline
-        sources_ok = all(s.alive() for s in (self.folder, self.camera) if s is not None)
+        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.watcher) if s is not None)
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
         healthy = p.alive() and sources_ok and not stalled
         if healthy != self.healthy:
@@ -195,6 +260,10 @@ class Daemon:
             out["folder"] = dict(self.folder.counters)
         if self.camera:
             out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
+        if self.sender:
+            out["handoff"] = self.sender.status()
+        if self.watcher:
+            out["hotswap"] = {"swaps": self.watcher.swaps, "refused": self.watcher.refused}
         return out
 
     def _write_status(self) -> None:
@@ -240,13 +309,15 @@ class Daemon:
     def _shutdown(self) -> int:
         self.notifier.stopping()
         self.log.info("stopping", in_flight=self.pipeline.in_flight)
-        for s in (self.folder, self.camera):
+        for s in (self.folder, self.camera, self.watcher):
             if s is not None:
                 s.stop()
         drained = self.pipeline.drain(self.cfg.daemon.drain_timeout_s)
         if not drained:
             self.log.warning("drain_timeout", left_in_inbox=self.pipeline.in_flight)
         self.pipeline.stop()
+        if self.sender is not None:
+            self.sender.stop()
         self._write_status()
         self.db.close()
         self.log.info("stopped", drained=drained, **self.pipeline.counters)

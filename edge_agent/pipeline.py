@@ -124,7 +124,8 @@ class Pipeline:
         self.last_progress = time.monotonic()
         self.last_errors: deque = deque(maxlen=10)
         self.queue_full = False
-        self._pseudo_counts: dict[str, int] = dict(db.pseudo_counts(classifier.engine.engine_version))
+        self._pseudo_counts: dict[str, dict[str, int]] = {}  # engine version -> label -> queued
+        self._golden: deque = deque(maxlen=16)  # (tensor, class index) of recent confident photos
         self._threads: list[threading.Thread] = []
         self._swap: Classifier | None = None
         self._closed = False
@@ -184,8 +185,22 @@ class Pipeline:
         self._closed = True  # anything a stuck stage finishes later stays in the inbox for the next start
 
     def swap_classifier(self, classifier: Classifier) -> None:
-        """Use ``classifier`` from the next batch on (never mid-batch)."""
+        """Use ``classifier`` from the next batch on (never mid-batch; at once when idle)."""
         self._swap = classifier
+
+    def _apply_swap(self) -> None:
+        if self._swap is not None:
+            self.classifier, self._swap = self._swap, None
+            self._golden.clear()  # golden labels come from the engine in service
+
+    def golden(self) -> list[tuple[np.ndarray, int]]:
+        """Recent confident photos (preprocessed) with the running engine's class index."""
+        return list(self._golden)
+
+    def _counts(self, engine_version: str) -> dict[str, int]:
+        if engine_version not in self._pseudo_counts:
+            self._pseudo_counts[engine_version] = dict(self.db.pseudo_counts(engine_version))
+        return self._pseudo_counts[engine_version]
 
     # ---- stages -------------------------------------------------------------
     def _decode_loop(self) -> None:
@@ -236,6 +251,7 @@ class Pipeline:
             try:
                 first = self._infer_q.get(timeout=self.settings.idle_trim_s)
             except queue.Empty:
+                self._apply_swap()
                 if not trimmed:  # idle: hand the engine's cached memory back once
                     trimmed = True
                     try:
@@ -262,8 +278,7 @@ class Pipeline:
                     self._infer_q.put(item)  # handle after this batch
                     break
                 batch.append(item)
-            if self._swap is not None:
-                self.classifier, self._swap = self._swap, None
+            self._apply_swap()
             try:
                 preds = self.classifier.predict_tensors(np.stack([j.tensor for j in batch]))
             except Exception as exc:
@@ -274,8 +289,11 @@ class Pipeline:
                     self._finish(j, retried=True)
                 continue
             self.counters["batches"] += 1
+            index = {c: i for i, c in enumerate(self.classifier.engine.classes)}
             for j, p in zip(batch, preds):
                 j.prediction = p
+                if p.confidence >= self.policy.pseudo_threshold:
+                    self._golden.append((j.tensor, index[p.label]))
                 j.tensor = None
                 j.timings["infer"] = p.timings_ms["infer"]
                 j.timings["batch"] = len(batch)
@@ -304,7 +322,7 @@ class Pipeline:
                 self.counters["sink_errors"] += 1
                 self.last_errors.append({"time": time.time(), "error": f"could not store results: {exc!r}"})
                 self.log.error("sink_failed", error=repr(exc), photos=len(jobs))
-                self._pseudo_counts = dict(self.db.pseudo_counts(self.classifier.engine.engine_version))
+                self._pseudo_counts.clear()  # recounted from the database
                 for j in jobs:
                     self._finish(j, retried=True)
                 time.sleep(1.0)
@@ -313,7 +331,7 @@ class Pipeline:
     def _label_decision(self, job: Job) -> tuple[str | None, str]:
         p = job.prediction
         if p.confidence >= self.policy.pseudo_threshold:
-            if self._pseudo_counts.get(p.label, 0) >= self.policy.per_class_cap:
+            if self._counts(p.engine_version).get(p.label, 0) >= self.policy.per_class_cap:
                 return None, "class cap reached"
             return "pseudo", ""
         if p.confidence < self.policy.review_threshold:
@@ -338,7 +356,8 @@ class Pipeline:
             self.queue_full = False
             p = j.prediction
             if kind == "pseudo":  # count now, so a batch of one class cannot overshoot the cap
-                self._pseudo_counts[p.label] = self._pseudo_counts.get(p.label, 0) + 1
+                counts = self._counts(p.engine_version)
+                counts[p.label] = counts.get(p.label, 0) + 1
             entries.append(QueueEntry(j.sha256, j.photo_id, kind, p.label, p.confidence, p.engine_version, str(f), len(j.data)))
             queued_kind[j.sha256] = kind
         now = time.time()
@@ -356,7 +375,7 @@ class Pipeline:
                 self._quarantine(j)
             elif j.duplicate or id(j) in late_dupes:
                 if id(j) in late_dupes and queued_kind.get(j.sha256) == "pseudo":
-                    self._pseudo_counts[j.prediction.label] -= 1
+                    self._counts(j.prediction.engine_version)[j.prediction.label] -= 1
                 self.counters["duplicates"] += 1
                 self.log.info("duplicate_photo", photo=j.name, photo_id=j.photo_id, action=self.settings.after)
                 self._finalize_file(j)

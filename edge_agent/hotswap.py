@@ -1,0 +1,148 @@
+"""Hot swap: follow the store's ``current`` version without dropping a photo.
+
+A watcher thread wakes on an engine announcement (ZeroMQ) or every ``poll_s``
+seconds, and when ``current`` names another version it loads that version off
+the hot path and verifies it:
+
+1. every file's sha256 (the store refuses a tampered file);
+2. the same input spec and preprocessing as the running engine;
+3. the running engine's classes are a prefix of the new ones (a head may grow);
+4. a smoke inference gives finite logits of the right shape;
+5. on the recent confident photos ("golden" photos, kept by the pipeline) the
+   new engine agrees with the old one on at least ``min_agreement`` of them.
+
+Only then is it handed to the pipeline, which switches between two batches, so
+no photo is seen by a half-loaded engine and each result records the version
+that produced it. A version that fails is refused (logged once) and the old
+engine keeps running; ``edge-agent engine rollback`` moves ``current`` back and
+the watcher follows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from edge_agent.classifier import Classifier
+from edge_agent.log import get_logger
+from edge_agent.pipeline import Pipeline
+from engines.base import BackendConfig, Engine
+from engines.loader import open_engine
+from engines.store import EngineStore, StoreError
+
+__all__ = ["EngineWatcher", "SwapRefused", "verify_candidate"]
+
+
+class SwapRefused(Exception):
+    """A new engine version failed verification."""
+
+
+def verify_candidate(new: Engine, old: Engine, golden: list[tuple[np.ndarray, int]], min_agreement: float) -> dict:
+    """Checks 2-5 above; returns what was measured, raises :class:`SwapRefused`."""
+    nm, om = new.version.manifest, old.version.manifest
+    if nm["input"] != om["input"] or nm["preprocess"] != om["preprocess"]:
+        raise SwapRefused(f"input or preprocessing differs from {old.engine_version}")
+    if new.classes[: len(old.classes)] != old.classes:
+        raise SwapRefused(f"class list is not an extension of {old.engine_version}'s")
+    shape = nm["input"]["shape"]
+    out = new.infer(np.zeros((1, int(shape[1]), int(shape[2]), int(shape[3])), np.float32))
+    if out.shape != (1, len(new.classes)) or not np.isfinite(out).all():
+        raise SwapRefused(f"smoke inference gave {out.shape} / non-finite logits")
+    measured = {"golden": len(golden)}
+    if golden:
+        x = np.stack([g for g, _ in golden])
+        pred = new.infer(x).argmax(1)
+        agreement = float(np.mean(pred == np.array([label for _, label in golden])))
+        measured["agreement"] = round(agreement, 3)
+        if agreement < min_agreement:
+            raise SwapRefused(f"agrees with {old.engine_version} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")
+    return measured
+
+
+class EngineWatcher:
+    def __init__(
+        self,
+        store: EngineStore,
+        engine_config: BackendConfig,
+        pipeline: Pipeline,
+        make_classifier: Callable[[Engine], Classifier],
+        poll_s: float = 5.0,
+        min_agreement: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.engine_config = engine_config
+        self.pipeline = pipeline
+        self.make_classifier = make_classifier
+        self.poll_s = poll_s
+        self.min_agreement = min_agreement
+        self.log = get_logger("hotswap", store=str(store.root))
+        self.refused: dict[str, str] = {}
+        self.swaps = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def announce(self, version: str) -> None:
+        """A new version was announced: look now instead of at the next poll."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hotswap", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.check()
+            except Exception as exc:  # keep watching; the running engine is untouched
+                self.log.error("hotswap_error", error=repr(exc))
+
+    def check(self) -> bool:
+        """Swap to the store's current version if it is new and verifies; True if swapped."""
+        try:
+            target = self.store.current()
+        except StoreError as exc:
+            self.log.warning("store_unreadable", error=str(exc))
+            return False
+        old = self.pipeline.classifier.engine
+        if target == old.engine_version or target in self.refused:
+            return False
+        t0 = time.perf_counter()
+        new = None
+        try:
+            new = open_engine(self.store, self.engine_config, target)
+            measured = verify_candidate(new, old, self.pipeline.golden(), self.min_agreement)
+        except Exception as exc:  # TamperedError, EngineError, SwapRefused...
+            if new is not None:
+                new.close()
+            self.refused[target] = str(exc)
+            self.log.error("engine_refused", candidate=target, running=old.engine_version, reason=str(exc))
+            return False
+        self.pipeline.swap_classifier(self.make_classifier(new))
+        deadline = time.monotonic() + 30
+        while self.pipeline.classifier.engine is not new and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.02)  # the pipeline takes it between batches (immediately when idle)
+        if self.pipeline.classifier.engine is new:
+            old.close()
+        self.swaps += 1
+        self.log.info(
+            "engine_swapped", previous=old.engine_version, engine_version=target,
+            verify_ms=round((time.perf_counter() - t0) * 1000, 1), **measured,
+        )
+        return True

@@ -1,0 +1,148 @@
+"""Hot swap: a new store version is verified off the hot path and swapped between batches."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+
+from edge_agent.config import parse_config
+from edge_agent.daemon import Daemon
+from edge_agent.systemd import Notifier
+from engines.store import EngineStore
+
+from .conftest import encode, leaf_image
+from .daemon_helpers import db_rows, wait_until
+
+torch = pytest.importorskip("torch", reason="building candidate engines needs the trainer")
+
+
+def republish(store: EngineStore, scale_head: float | None = None, classes: list[str] | None = None, make_current: bool = True) -> str:
+    """Publish a copy of the current model (optionally with its head changed) as a new version."""
+    from trainer.publish import load_weights, publish_model
+
+    cur = store.open()
+    model = load_weights(cur)
+    if scale_head is not None:
+        with torch.no_grad():
+            model.head.weight.mul_(scale_head)
+            model.head.bias.mul_(scale_head)
+    return publish_model(model, classes or cur.classes, store.root, training={"kind": "test"}, make_current=make_current).name
+
+
+@pytest.fixture
+def running(tmp_path, tiny_store):
+    """A daemon (in-process) on a writable copy of the tiny store, polling it every 0.2 s."""
+    root = tmp_path / "store"
+    shutil.copytree(tiny_store, root)
+    cfg = parse_config(
+        {
+            "store": {"path": str(root)},
+            "inbox": {"settle_s": 0.1, "rescan_interval_s": 0.5},
+            "hotswap": {"poll_s": 0.2, "min_agreement": 0.5},
+            "handoff": {"enabled": False},
+            "labels": {"pseudo_threshold": 0.01},  # every photo is "confident": golden photos fill up
+        }
+    )
+    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}))
+    t = threading.Thread(target=daemon.run)
+    t.start()
+    wait_until(lambda: daemon.watcher is not None and daemon.folder is not None, 20, "daemon up")
+    yield daemon, EngineStore(root)
+    daemon.request_stop()
+    t.join(30)
+
+
+def drop(daemon, n, start):
+    for i in range(start, start + n):
+        (daemon.inbox / f"p{i:04d}.jpg").write_bytes(encode(leaf_image(i)))
+
+
+def test_swap_while_photos_keep_arriving_drops_nothing(running):
+    daemon, store = running
+    drop(daemon, 20, 0)
+    wait_until(lambda: daemon.pipeline.counters["processed"] >= 20, 30, "first photos")
+    stop = threading.Event()
+
+    def feed():
+        i = 100
+        while not stop.is_set():
+            drop(daemon, 2, i)
+            i += 2
+            time.sleep(0.05)
+        return i
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    v2 = republish(store)  # same weights: agrees on every golden photo
+    wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 20, "swap")
+    time.sleep(0.5)
+    stop.set()
+    feeder.join()
+    wait_until(lambda: not list(daemon.inbox.glob("*.jpg")) and daemon.pipeline.in_flight == 0, 30, "all processed")
+    rows = db_rows(daemon.state.root, "SELECT engine_version, created FROM results ORDER BY created")
+    dropped = len(list((daemon.state.root / "processed").rglob("*.jpg")))
+    assert len(rows) == dropped  # every photo has a result: none dropped during the swap
+    versions = [v for v, _ in rows]
+    assert versions[0] == "v0001" and versions[-1] == v2
+    first_new = versions.index(v2)
+    assert set(versions[first_new:]) == {v2}  # after the swap, every result carries the new version
+    assert daemon.watcher.swaps == 1
+
+
+def test_tampered_version_is_refused_and_old_keeps_running(running):
+    daemon, store = running
+    drop(daemon, 6, 0)
+    wait_until(lambda: daemon.pipeline.counters["processed"] >= 6, 30, "photos")
+    v2 = republish(store, make_current=False)
+    onnx = store.root / v2 / "model.onnx"
+    data = bytearray(onnx.read_bytes())
+    data[-50] ^= 0xFF
+    onnx.write_bytes(bytes(data))
+    (store.root / "current").write_text(v2 + "\n")  # e.g. a tool that bypassed the store's checks
+    wait_until(lambda: v2 in daemon.watcher.refused, 10, "refusal")
+    assert "does not match manifest" in daemon.watcher.refused[v2]
+    drop(daemon, 3, 50)
+    wait_until(lambda: daemon.pipeline.counters["processed"] >= 9, 30, "still serving")
+    assert {v for (v,) in db_rows(daemon.state.root, "SELECT engine_version FROM results")} == {"v0001"}
+
+
+def test_disagreeing_engine_is_refused(running):
+    daemon, store = running
+    drop(daemon, 12, 0)
+    wait_until(lambda: len(daemon.pipeline.golden()) >= 8, 30, "golden photos")
+    v2 = republish(store, scale_head=-1.0)  # flips the ranking: disagrees everywhere
+    wait_until(lambda: v2 in daemon.watcher.refused, 10, "refusal")
+    assert "golden photos" in daemon.watcher.refused[v2]
+    assert daemon.pipeline.classifier.engine.engine_version == "v0001"
+
+
+def test_class_list_must_extend_the_running_one(running):
+    daemon, store = running
+    v2 = republish(store, classes=["A", "B", "C"])
+    wait_until(lambda: v2 in daemon.watcher.refused, 10, "refusal")
+    assert "class list" in daemon.watcher.refused[v2]
+
+
+def test_rollback_is_followed(running):
+    daemon, store = running
+    drop(daemon, 6, 0)
+    wait_until(lambda: daemon.pipeline.counters["processed"] >= 6, 30, "photos")
+    v2 = republish(store)
+    wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 20, "swap")
+    store.rollback()
+    wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == "v0001", 20, "rolled back")
+    assert daemon.watcher.swaps == 2
+
+
+def test_seeded_store_when_no_path_is_configured(tmp_path):
+    from edge_agent.config import default_store_path
+    from edge_agent.daemon import resolve_store
+
+    store = resolve_store(parse_config({}), tmp_path / "state")
+    assert store.root == tmp_path / "state" / "engines"
+    assert store.versions() == EngineStore(default_store_path()).versions()
+    assert store.open().manifest == EngineStore(default_store_path()).open().manifest
+    assert resolve_store(parse_config({}), tmp_path / "state").root == store.root  # seeded once
