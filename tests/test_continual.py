@@ -1,0 +1,119 @@
+"""Strategies on the shared loop, the ramp-up, and the publish gate (synthetic tensors, fast)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is not installed")
+
+from trainer.continual import ContinualSettings, ramp, train_generation  # noqa: E402
+from trainer.gate import gate  # noqa: E402
+from trainer.model import build_model  # noqa: E402
+from trainer.strategies.base import Generation, get_strategy, strategies  # noqa: E402
+from trainer.strategies.ewc import EWC  # noqa: E402
+from trainer.strategies.lwf import LwF  # noqa: E402
+from trainer.strategies.rehearsal import Rehearsal, select  # noqa: E402
+
+FAST = ContinualSettings(epochs=2, batch_size=8, ramp_epochs=10)
+
+
+def toy(n_per_class=6, classes=3, seed=0) -> Generation:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_per_class * classes, 3, 128, 128, generator=g) * 0.3
+    y = torch.arange(classes).repeat_interleave(n_per_class)
+    for c in range(classes):  # a class-specific colour shift: learnable
+        x[y == c, c % 3] += 1.5
+    return Generation(x, y)
+
+
+def test_ramp_up():
+    values = [ramp(e, 10) for e in range(12)]
+    assert values[0] == pytest.approx(0.0067, abs=1e-3)
+    assert values == sorted(values) and values[10] == values[11] == 1.0
+    assert ramp(0, 0) == 1.0
+
+
+def test_registry_has_the_four_strategies():
+    assert {"finetune", "ewc", "rehearsal", "lwf"} <= set(strategies())
+    with pytest.raises(ValueError, match="unknown strategy"):
+        get_strategy("magic")
+
+
+@pytest.mark.parametrize("name", ["finetune", "ewc", "rehearsal", "lwf"])
+def test_each_strategy_trains_a_generation(tmp_path, name):
+    torch.manual_seed(0)
+    model = build_model(3)
+    data = toy()
+    pseudo = Generation(data.x[:6], data.y[:6], torch.full((6,), 0.95), torch.ones(6, dtype=torch.bool))
+    strategy = get_strategy(name)(tmp_path / name, per_class=2)
+    out = train_generation(model, data + pseudo, strategy, FAST)
+    assert out.num_classes == 3
+    assert not torch.equal(out.head.weight, model.head.weight)  # it learnt
+    if name == "ewc":
+        assert (tmp_path / name / "ewc.pt").is_file()
+    if name == "rehearsal":
+        mem = torch.load(tmp_path / name / "memory.pt", weights_only=True)
+        assert torch.bincount(mem["y"]).tolist() == [2, 2, 2]  # class-balanced, true labels only
+
+
+def test_new_class_grows_the_head(tmp_path):
+    model = build_model(3)
+    data = toy(classes=4)  # an expert labelled a 4th disease
+    out = train_generation(model, data, get_strategy("finetune")(tmp_path), FAST, num_classes=4)
+    assert out.num_classes == 4 and out(data.x[:2]).shape == (2, 4)
+
+
+def test_ewc_penalty_is_zero_at_the_anchor_and_grows_away_from_it(tmp_path):
+    model = build_model(3)
+    ewc = EWC(tmp_path, ewc_lambda=10.0)
+    ewc.before(model, model, toy())
+    x = toy().x[:4]
+    assert float(ewc.penalty(model, x, model(x)).detach()) == pytest.approx(0.0, abs=1e-9)
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.05)
+    assert float(ewc.penalty(moved, x, moved(x)).detach()) > 0
+
+
+def test_lwf_penalty_is_zero_for_the_teacher_itself(tmp_path):
+    model = build_model(3).eval()
+    lwf = LwF(tmp_path, temperature=2.0)
+    lwf.before(model, model, toy())
+    x = toy().x[:4]
+    assert float(lwf.penalty(model, x, model(x)).detach()) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("how", ["herding", "distance"])
+def test_exemplar_selection(how):
+    feats = torch.randn(50, 16, generator=torch.Generator().manual_seed(1))
+    idx = select(feats, 10, how)
+    assert len(idx) == 10 and len(set(idx.tolist())) == 10
+    with pytest.raises(ValueError):
+        select(feats, 3, "vibes")
+
+
+def test_rehearsal_replays_its_memory(tmp_path):
+    model = build_model(3)
+    r = Rehearsal(tmp_path, per_class=3)
+    r.after(model, toy())
+    replay = r.before(model, model, toy(n_per_class=1))
+    assert len(replay) == 3 + 9
+
+
+def test_gate(tmp_path):
+    torch.manual_seed(0)
+    data = toy(n_per_class=8)
+    classes = ["a", "b", "c"]
+    model = train_generation(build_model(3), data, get_strategy("finetune")(tmp_path), ContinualSettings(epochs=4, batch_size=8))
+    same = gate(copy.deepcopy(model), model, data.x, data.y, classes)
+    assert same.publish and same.metrics["candidate_top1"] == same.metrics["current_top1"]
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.head.bias[1] = -1e4  # class "b" can never win: it collapses
+    d = gate(broken, model, data.x, data.y, classes)
+    assert not d.publish and "collapsed" in d.reason and d.metrics["collapsed_classes"] == ["b"]
+    empty = gate(model, model, data.x[:0], data.y[:0], classes)
+    assert not empty.publish and "no validation photos" in empty.reason

@@ -1,0 +1,91 @@
+"""One training loop for every strategy: labelled cross-entropy + ramped, confidence-weighted pseudo-label NLL.
+
+``loss = CE(labelled) + pseudo_lambda * ramp(epoch) * mean(confidence * NLL(pseudo)) + strategy.penalty``,
+with ``ramp`` the sigmoid-shaped ramp-up exp(-5 (1 - t)^2) over the first ``ramp_epochs`` epochs
+(Laine & Aila, 2017), and augmentation on training batches only.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from edge_agent.log import get_logger
+from trainer.augment import Augment
+from trainer.model import LeafNet
+from trainer.strategies.base import Generation, Strategy
+
+__all__ = ["ContinualSettings", "ramp", "train_generation"]
+
+
+@dataclass
+class ContinualSettings:
+    epochs: int = 15
+    batch_size: int = 32
+    lr: float = 5e-4
+    weight_decay: float = 1e-4
+    pseudo_lambda: float = 1.0
+    ramp_epochs: int = 10
+    seed: int = 0
+
+
+def ramp(epoch: int, ramp_epochs: int) -> float:
+    """0 -> 1 over ``ramp_epochs`` epochs, sigmoid-shaped; 1 afterwards."""
+    if ramp_epochs <= 0 or epoch >= ramp_epochs:
+        return 1.0
+    t = epoch / ramp_epochs
+    return math.exp(-5.0 * (1.0 - t) ** 2)
+
+
+def train_generation(
+    previous: LeafNet, data: Generation, strategy: Strategy, settings: ContinualSettings, num_classes: int | None = None,
+    should_stop=lambda: False,
+) -> LeafNet:
+    """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more)."""
+    log = get_logger("trainer.continual", strategy=strategy.name)
+    torch.manual_seed(settings.seed)
+    gen = torch.Generator().manual_seed(settings.seed)
+    previous = copy.deepcopy(previous).eval()
+    model = copy.deepcopy(previous)
+    if num_classes and num_classes > model.num_classes:
+        model.grow_head(num_classes)
+    data = strategy.before(model, previous, data)
+    augment = Augment()
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    for epoch in range(settings.epochs):
+        model.train()
+        w = ramp(epoch, settings.ramp_epochs)
+        order = torch.randperm(len(data), generator=gen)
+        totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0}
+        for i in range(0, len(order), settings.batch_size):
+            idx = order[i : i + settings.batch_size]
+            if len(idx) < 2:
+                continue
+            x = augment(data.x[idx], gen)
+            y, pseudo, conf = data.y[idx], data.pseudo[idx], data.weight[idx]
+            logits = model(x)
+            loss = logits.new_zeros(())
+            if (~pseudo).any():
+                ce = F.cross_entropy(logits[~pseudo], y[~pseudo])
+                loss = loss + ce
+                totals["ce"] += ce.item()
+            if pseudo.any() and w > 0:
+                nll = F.cross_entropy(logits[pseudo], y[pseudo], reduction="none")
+                pl = settings.pseudo_lambda * w * (conf[pseudo] * nll).mean()
+                loss = loss + pl
+                totals["pseudo"] += pl.item()
+            pen = strategy.penalty(model, x, logits)
+            loss = loss + pen
+            totals["penalty"] += float(pen.detach())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if should_stop():
+                raise InterruptedError("training stopped")
+        log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
+    strategy.after(model.eval(), data)
+    return model.eval()

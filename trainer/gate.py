@@ -1,0 +1,57 @@
+"""The publish gate: a candidate replaces the engine in service only if it is not worse.
+
+Both are evaluated on the trainer's validation photos, which it never trains on.
+The candidate passes if its top-1 is at least the current top-1 minus
+``tolerance`` (default 0.005, i.e. 0.5 points) and no class collapses: for every
+class with at least ``min_class_photos`` validation photos, recall may not drop
+by more than ``max_class_drop`` (default 0.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.model import LeafNet
+from trainer.train import evaluate
+
+__all__ = ["GateDecision", "gate"]
+
+
+@dataclass
+class GateDecision:
+    publish: bool
+    reason: str
+    metrics: dict = field(default_factory=dict)
+
+
+def gate(
+    candidate: LeafNet, current: LeafNet, x: torch.Tensor, y: torch.Tensor, classes: list[str],
+    tolerance: float = 0.005, max_class_drop: float = 0.3, min_class_photos: int = 3,
+) -> GateDecision:
+    if len(x) == 0:
+        return GateDecision(False, "no validation photos: cannot check the candidate")
+    known = y < current.num_classes
+    cand = evaluate(candidate, x, y)
+    cur = evaluate(current, x[known], y[known])
+    cand_known = evaluate(candidate, x[known], y[known]) if known.any() else cand
+    metrics = {
+        "validation_photos": int(len(x)),
+        "candidate_top1": round(cand.top1, 4),
+        "current_top1": round(cur.top1, 4),
+        "candidate_top1_on_current_classes": round(cand_known.top1, 4),
+        "tolerance": tolerance,
+    }
+    counts = torch.bincount(y, minlength=candidate.num_classes).tolist()
+    collapsed = [
+        classes[c]
+        for c in range(min(current.num_classes, len(cur.per_class)))
+        if counts[c] >= min_class_photos and cur.per_class[c] - cand.per_class[c] > max_class_drop
+    ]
+    if collapsed:
+        metrics["collapsed_classes"] = collapsed
+        return GateDecision(False, f"class recall collapsed: {', '.join(collapsed)}", metrics)
+    if cand_known.top1 < cur.top1 - tolerance:
+        return GateDecision(False, f"top-1 {cand_known.top1:.4f} < current {cur.top1:.4f} - {tolerance}", metrics)
+    return GateDecision(True, "candidate is not worse", metrics)

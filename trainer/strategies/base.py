@@ -1,0 +1,94 @@
+"""The interface every continual-learning strategy implements, and their registry.
+
+A strategy is one module in :mod:`trainer.strategies` with a :class:`Strategy`
+subclass decorated with :func:`register`. The shared training loop
+(:mod:`trainer.continual`) calls its hooks:
+
+* :meth:`Strategy.before` once, with the model in service (a frozen copy) and
+  the new generation's data: to snapshot a teacher, add replay data, ...;
+* :meth:`Strategy.penalty` every step: a term added to the loss;
+* :meth:`Strategy.after` once the candidate is trained: to update what it
+  keeps across generations (Fisher information, a memory), saved under its
+  state directory so it survives restarts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from trainer.model import LeafNet
+
+__all__ = ["Strategy", "Generation", "register", "strategies", "get_strategy"]
+
+
+class Generation:
+    """The data of one training round: photos, labels, and for pseudo-labels their confidence.
+
+    ``pseudo`` marks pseudo-labelled rows; ``weight`` is their confidence (1.0 for true labels).
+    """
+
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None, pseudo: torch.Tensor | None = None,
+        sample_ids: list[str] | None = None,
+    ) -> None:
+        self.x, self.y = x, y
+        self.weight = weight if weight is not None else torch.ones(len(y))
+        self.pseudo = pseudo if pseudo is not None else torch.zeros(len(y), dtype=torch.bool)
+        self.sample_ids = sample_ids or []
+
+    def __add__(self, other: "Generation") -> "Generation":
+        return Generation(
+            torch.cat([self.x, other.x]), torch.cat([self.y, other.y]), torch.cat([self.weight, other.weight]),
+            torch.cat([self.pseudo, other.pseudo]), self.sample_ids + other.sample_ids,
+        )
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+class Strategy:
+    name: ClassVar[str]
+
+    def __init__(self, state_dir: Path, **options) -> None:
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.options = options
+
+    def before(self, model: LeafNet, previous: LeafNet, data: Generation) -> Generation:
+        """Called before training; may return extra data to train on (replay)."""
+        return data
+
+    def penalty(self, model: LeafNet, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return logits.new_zeros(())
+
+    def after(self, model: LeafNet, data: Generation) -> None:
+        """Called after training the accepted candidate."""
+
+
+_REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def strategies() -> dict[str, type[Strategy]]:
+    import trainer.strategies as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name != "base" and not info.name.startswith("_"):
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    return dict(_REGISTRY)
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    found = strategies()
+    if name not in found:
+        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(sorted(found))})")
+    return found[name]

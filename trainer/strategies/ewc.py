@@ -1,0 +1,69 @@
+"""Online Elastic Weight Consolidation (Kirkpatrick et al., 2017; Schwarz et al., 2018).
+
+After each accepted generation the diagonal Fisher information is estimated on
+that generation's data and folded into a running estimate (decay ``gamma``);
+training then pulls parameters towards the previous solution in proportion to
+it: ``ewc_lambda / 2 * sum(F * (theta - theta_old)^2)``. Fisher and anchor are
+saved under the strategy's state directory, so they survive restarts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainer.strategies.base import Generation, Strategy, register
+
+
+@register
+class EWC(Strategy):
+    name = "ewc"
+
+    @property
+    def _path(self):
+        return self.state_dir / "ewc.pt"
+
+    def before(self, model, previous, data):
+        self.fisher, self.anchor = {}, {}
+        if self._path.exists():
+            blob = torch.load(self._path, map_location="cpu", weights_only=True)
+            self.fisher, self.anchor = blob["fisher"], blob["anchor"]
+        if not self.fisher:  # first generation under EWC: estimate on the data the previous model knew
+            self.fisher = fisher_information(previous, data)
+            self.anchor = {n: p.detach().clone() for n, p in previous.named_parameters()}
+        return data
+
+    def penalty(self, model, x, logits):
+        lam = float(self.options.get("ewc_lambda", 100.0))
+        total = logits.new_zeros(())
+        for n, p in model.named_parameters():
+            if n in self.fisher and self.fisher[n].shape == p.shape:
+                total = total + (self.fisher[n] * (p - self.anchor[n]) ** 2).sum()
+        return lam / 2 * total
+
+    def after(self, model, data):
+        gamma = float(self.options.get("gamma", 0.9))
+        new = fisher_information(model, data)
+        merged = {n: gamma * self.fisher[n] + f if n in self.fisher and self.fisher[n].shape == f.shape else f for n, f in new.items()}
+        anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
+        torch.save({"fisher": merged, "anchor": anchor}, self._path)
+
+
+def fisher_information(model, data: Generation, batch: int = 32, max_samples: int = 512) -> dict[str, torch.Tensor]:
+    """Diagonal empirical Fisher: mean squared gradient of the log-likelihood of the given labels."""
+    model.eval()
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    fisher = {n: torch.zeros_like(p) for n, p in params.items()}
+    n = min(len(data), max_samples)
+    for i in range(0, n, batch):
+        x, y = data.x[i : min(i + batch, n)], data.y[i : min(i + batch, n)]
+        keep = y < model.num_classes
+        if not keep.any():
+            continue
+        model.zero_grad(set_to_none=True)
+        F.nll_loss(F.log_softmax(model(x[keep]), 1), y[keep], reduction="sum").backward()
+        for name, p in params.items():
+            if p.grad is not None:
+                fisher[name] += p.grad.detach() ** 2 / max(int(keep.sum()), 1)
+    model.zero_grad(set_to_none=True)
+    return {k: v / max(1, -(-n // batch)) for k, v in fisher.items()}

@@ -1,0 +1,32 @@
+"""Learning without Forgetting (Li & Hoiem, 2016): distil the previous model's outputs on new data."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from trainer.strategies.base import Generation, Strategy, register
+
+
+@register
+class LwF(Strategy):
+    """``temperature`` (default 2.0) softens both distributions; ``lwf_lambda`` (default 1.0) weighs the term."""
+
+    name = "lwf"
+
+    def before(self, model, previous, data: Generation) -> Generation:
+        self.teacher = copy.deepcopy(previous).eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        return data
+
+    def penalty(self, model, x, logits):
+        t = float(self.options.get("temperature", 2.0))
+        with torch.no_grad():
+            old = self.teacher(x)
+        k = old.shape[1]  # only the classes the teacher knows
+        return float(self.options.get("lwf_lambda", 1.0)) * (t * t) * F.kl_div(
+            F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(old / t, dim=1), reduction="batchmean"
+        )

@@ -1,0 +1,80 @@
+"""Rehearsal: a class-balanced memory of past photos replayed with each new generation.
+
+The memory (``per_class`` photos per class, default 20) is kept on disk as
+tensors under the strategy's state directory. ``selection``: ``random``;
+``herding`` (iCaRL: greedily the photos whose running mean best matches the
+class mean in feature space); ``distance`` (the photos nearest the class mean).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.strategies.base import Generation, Strategy, register
+
+
+@register
+class Rehearsal(Strategy):
+    name = "rehearsal"
+
+    @property
+    def _path(self):
+        return self.state_dir / "memory.pt"
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self._path.exists():
+            return None
+        blob = torch.load(self._path, map_location="cpu", weights_only=True)
+        return blob["x"], blob["y"]
+
+    def before(self, model, previous, data: Generation) -> Generation:
+        memory = self._load()
+        if memory is None:
+            return data
+        mx, my = memory
+        return data + Generation(mx, my)
+
+    def after(self, model, data: Generation) -> None:
+        per_class = int(self.options.get("per_class", 20))
+        how = str(self.options.get("selection", "herding"))
+        memory = self._load()
+        xs, ys = [data.x[~data.pseudo]], [data.y[~data.pseudo]]  # remember true labels only
+        if memory is not None:
+            xs.append(memory[0])
+            ys.append(memory[1])
+        x, y = torch.cat(xs), torch.cat(ys)
+        keep = []
+        gen = torch.Generator().manual_seed(int(self.options.get("seed", 0)))
+        with torch.no_grad():
+            model.eval()
+            feats = torch.cat([model.features(x[i : i + 128]) for i in range(0, len(x), 128)]) if how != "random" else None
+        for c in torch.unique(y).tolist():
+            idx = torch.nonzero(y == c).flatten()
+            if len(idx) <= per_class:
+                keep.append(idx)
+            elif how == "random":
+                keep.append(idx[torch.randperm(len(idx), generator=gen)[:per_class]])
+            else:
+                keep.append(idx[select(feats[idx], per_class, how)])
+        order = torch.cat(keep)
+        torch.save({"x": x[order].clone(), "y": y[order].clone()}, self._path)
+
+
+def select(feats: torch.Tensor, k: int, how: str) -> torch.Tensor:
+    """Indices of ``k`` exemplars by herding or by distance to the class mean."""
+    f = torch.nn.functional.normalize(feats, dim=1)
+    mean = f.mean(0)
+    if how == "distance":
+        return torch.argsort(((f - mean) ** 2).sum(1))[:k]
+    if how != "herding":
+        raise ValueError(f"unknown rehearsal selection {how!r}")
+    chosen: list[int] = []
+    running = torch.zeros_like(mean)
+    for i in range(k):
+        cand = ((mean - (running + f) / (i + 1)) ** 2).sum(1)
+        if chosen:
+            cand[chosen] = float("inf")
+        j = int(torch.argmin(cand))
+        chosen.append(j)
+        running += f[j]
+    return torch.tensor(chosen)
