@@ -169,6 +169,33 @@ class HotswapSection(_Section):
     )
 
 
+class TrainerSection(_Section):
+    state_dir: str = Field("", description="Trainer's samples, strategy state and status; empty means <state_dir>/trainer.")
+    labelled_data: str = Field(
+        "",
+        description="Folder of <Class>/<photo> with true labels (e.g. the data the shipped model was trained on): "
+        "replayed in every retrain and split for the gate's validation set. Empty: only expert labels serve.",
+    )
+    retrain_threshold: int = Field(200, ge=1, description="Retrain once this many new samples have arrived.")
+    strategy: Literal["finetune", "ewc", "rehearsal", "lwf"] = Field("ewc", description="How forgetting is fought.")
+    epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
+    batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
+    lr: float = Field(5e-4, gt=0, le=1, description="AdamW learning rate for fine-tuning.")
+    pseudo_lambda: float = Field(1.0, ge=0, description="Weight of the confidence-weighted pseudo-label loss.")
+    ramp_epochs: int = Field(10, ge=0, description="Epochs over which the pseudo-label weight ramps up from ~0 to 1.")
+    ewc_lambda: float = Field(100.0, ge=0, description="EWC: strength of the pull towards earlier solutions.")
+    lwf_temperature: float = Field(2.0, gt=0, description="LwF: distillation temperature.")
+    rehearsal_per_class: int = Field(20, ge=1, description="Rehearsal: photos kept per class in the memory.")
+    rehearsal_selection: Literal["random", "herding", "distance"] = Field("herding", description="Rehearsal: how the memory is chosen.")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the labelled data held out for the gate (never trained on).")
+    gate_tolerance: float = Field(0.005, ge=0, le=1, description="Publish only if top-1 >= current top-1 minus this (0.005 = 0.5 points).")
+    gate_max_class_drop: float = Field(0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this.")
+    threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
+    nice: int = Field(10, ge=0, le=19, description="Added niceness of the trainer process (inference first).")
+    int8: bool = Field(True, description="Also build the INT8 ONNX Runtime variant when publishing.")
+    seed: int = Field(20251120, description="Seed for splits, initialisation and augmentation.")
+
+
 class LogSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
     format: Literal["auto", "json", "console"] = Field(
@@ -197,6 +224,7 @@ class AppConfig(_Section):
     labels: LabelsSection = Field(default_factory=LabelsSection)
     handoff: HandoffSection = Field(default_factory=HandoffSection)
     hotswap: HotswapSection = Field(default_factory=HotswapSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
     log: LogSection = Field(default_factory=LogSection)
 
     @field_validator("engine", mode="before")

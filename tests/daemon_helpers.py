@@ -99,8 +99,8 @@ class DaemonProc:
         return out
 
 
-def db_rows(state: Path, sql: str) -> list[tuple]:
-    path = state / "results.sqlite"
+def db_rows(state: Path, sql: str, name: str = "results.sqlite") -> list[tuple]:
+    path = state / name
     if not path.exists():
         return []
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)

@@ -48,7 +48,9 @@ def test_each_strategy_trains_a_generation(tmp_path, name):
     data = toy()
     pseudo = Generation(data.x[:6], data.y[:6], torch.full((6,), 0.95), torch.ones(6, dtype=torch.bool))
     strategy = get_strategy(name)(tmp_path / name, per_class=2)
-    out = train_generation(model, data + pseudo, strategy, FAST)
+    out, used = train_generation(model, data + pseudo, strategy, FAST)
+    assert not list((tmp_path / name).iterdir())  # nothing kept until the candidate is accepted
+    strategy.after(out, used)
     assert out.num_classes == 3
     assert not torch.equal(out.head.weight, model.head.weight)  # it learnt
     if name == "ewc":
@@ -61,7 +63,7 @@ def test_each_strategy_trains_a_generation(tmp_path, name):
 def test_new_class_grows_the_head(tmp_path):
     model = build_model(3)
     data = toy(classes=4)  # an expert labelled a 4th disease
-    out = train_generation(model, data, get_strategy("finetune")(tmp_path), FAST, num_classes=4)
+    out, _ = train_generation(model, data, get_strategy("finetune")(tmp_path), FAST, num_classes=4)
     assert out.num_classes == 4 and out(data.x[:2]).shape == (2, 4)
 
 
@@ -107,7 +109,7 @@ def test_gate(tmp_path):
     torch.manual_seed(0)
     data = toy(n_per_class=8)
     classes = ["a", "b", "c"]
-    model = train_generation(build_model(3), data, get_strategy("finetune")(tmp_path), ContinualSettings(epochs=4, batch_size=8))
+    model, _ = train_generation(build_model(3), data, get_strategy("finetune")(tmp_path), ContinualSettings(epochs=4, batch_size=8))
     same = gate(copy.deepcopy(model), model, data.x, data.y, classes)
     assert same.publish and same.metrics["candidate_top1"] == same.metrics["current_top1"]
     broken = copy.deepcopy(model)

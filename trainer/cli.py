@@ -34,11 +34,95 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service_config(args: argparse.Namespace):
+    from edge_agent.config import load_config
+    from edge_agent.daemon import resolve_state_dir
+
+    cfg = load_config(getattr(args, "config", None))
+    if getattr(args, "retrain_threshold", None):
+        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"retrain_threshold": args.retrain_threshold})})
+    return cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from trainer.service import TrainerService
+
+    cfg, state = _service_config(args)
+    service = TrainerService(cfg, state)
+    signal.signal(signal.SIGTERM, service.request_stop)
+    signal.signal(signal.SIGINT, service.request_stop)
+    return service.run()
+
+
+def _running(status_file) -> dict | None:
+    import json
+    import os
+    import time
+
+    try:
+        st = json.loads(status_file.read_text())
+        os.kill(st["pid"], 0)
+    except (FileNotFoundError, ValueError, KeyError, ProcessLookupError, PermissionError):
+        return None
+    return st if time.time() - st.get("updated", 0) < 30 else None
+
+
+def _retrain(args: argparse.Namespace) -> int:
+    from edge_agent.daemon import resolve_store
+    from trainer.samples import SampleStore
+    from trainer.service import retrain, trainer_state_dir
+
+    cfg, state = _service_config(args)
+    root = trainer_state_dir(cfg, state)
+    if _running(root / "status.json"):
+        (root / "retrain.request").touch()
+        print(f"asked the running trainer to retrain (see `edge-trainer status --state-dir {state}`)")
+        return 0
+    result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy")
+    print(f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)")
+    return 0 if result.published else 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from trainer.service import trainer_state_dir
+
+    cfg, state = _service_config(args)
+    path = trainer_state_dir(cfg, state) / "status.json"
+    live = _running(path)
+    try:
+        st = json.loads(path.read_text())
+    except FileNotFoundError:
+        print(f"edge-trainer: no status at {path} (has the trainer run with this --state-dir?)", file=sys.stderr)
+        return 2
+    st["running"] = live is not None
+    print(json.dumps(st, indent=2) if args.json else
+          f"trainer: {'running, ' + st['state'] if live else 'not running'}; samples {st['samples']}; "
+          f"threshold {st['retrain_threshold']}; last retrain: {st['last_retrain'] and st['last_retrain']['reason']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-trainer", description="Train and publish edge-agent models.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
     sub = parser.add_subparsers(dest="command", required=True)
+    for name, func, helptext in (
+        ("serve", _serve, "receive labels from the daemon, retrain, gate, publish (the service)"),
+        ("retrain", _retrain, "retrain now (asks a running `serve`, else runs here)"),
+        ("status", _status, "samples, state, last retrain"),
+    ):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
+        sp.add_argument("--state-dir", help="the daemon's state dir (default: $STATE_DIRECTORY or ./edge-state)")
+        if name == "serve":
+            sp.add_argument("--retrain-threshold", type=int, help="overrides [trainer] retrain_threshold")
+        if name == "status":
+            sp.add_argument("--json", action="store_true")
+        sp.set_defaults(func=func)
     t = sub.add_parser("train", help="supervised training from a folder of class folders")
     t.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     t.add_argument("--store", required=True, help="engine store to publish to (created if missing)")
@@ -56,9 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from edge_agent.log import configure_logging
 
+    from edge_agent.config import ConfigError
+    from engines.store import StoreError
+
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ConfigError, StoreError) as exc:
+        print(f"edge-trainer: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

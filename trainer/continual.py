@@ -44,8 +44,12 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 def train_generation(
     previous: LeafNet, data: Generation, strategy: Strategy, settings: ContinualSettings, num_classes: int | None = None,
     should_stop=lambda: False,
-) -> LeafNet:
-    """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more)."""
+) -> tuple[LeafNet, Generation]:
+    """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more).
+
+    Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
+    only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
+    """
     log = get_logger("trainer.continual", strategy=strategy.name)
     torch.manual_seed(settings.seed)
     gen = torch.Generator().manual_seed(settings.seed)
@@ -87,5 +91,4 @@ def train_generation(
             if should_stop():
                 raise InterruptedError("training stopped")
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
-    strategy.after(model.eval(), data)
-    return model.eval()
+    return model.eval(), data

@@ -1,0 +1,180 @@
+"""The learning loop end to end: daemon and trainer processes, real photos, retrain, publish, hot swap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from engines.store import EngineStore
+
+from .daemon_helpers import REPO, DaemonProc, db_rows, merge, toml, wait_until
+
+pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
+
+
+def split_photos(plantvillage: Path, labelled_per_class: int = 10):
+    """A small labelled folder for the trainer, and the other photos for the field."""
+    labelled, field = {}, []
+    for cls in sorted(p for p in plantvillage.iterdir() if p.is_dir()):
+        photos = sorted(cls.glob("*.jpg"))
+        labelled[cls.name] = photos[:labelled_per_class]
+        field.extend(photos[labelled_per_class:])
+    return labelled, field
+
+
+def make_labelled(tmp_path: Path, labelled: dict) -> Path:
+    root = tmp_path / "labelled"
+    for cls, photos in labelled.items():
+        (root / cls).mkdir(parents=True)
+        for p in photos:
+            shutil.copy(p, root / cls / p.name)
+    return root
+
+
+def loop_config(tmp_path: Path, labelled_dir: Path, **trainer) -> dict:
+    return {
+        "handoff": {"heartbeat_s": 0.3, "ack_timeout_s": 1.0},
+        "hotswap": {"poll_s": 0.5},
+        "trainer": {
+            "labelled_data": str(labelled_dir), "retrain_threshold": 20, "epochs": 1, "int8": False,
+            "strategy": "ewc", "gate_tolerance": 0.05, "nice": 0, **trainer,
+        },
+    }
+
+
+class TrainerProc:
+    def __init__(self, state: Path, config: dict) -> None:
+        self.state = state
+        self.config_path = state.parent / "trainer.toml"
+        from .daemon_helpers import FAST
+
+        self.config_path.write_text(toml(merge(FAST, config)))
+        self.log_path = state.parent / "trainer.log"
+        self.proc = None
+
+    def start(self) -> "TrainerProc":
+        self._log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "--log-format", "json", "serve", "--config", str(self.config_path), "--state-dir", str(self.state)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+        )
+        return self
+
+    def logged(self, event: str) -> bool:
+        return f'"event": "{event}"' in self.log_path.read_text() if self.log_path.exists() else False
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(30)
+        self._log.close()
+        return rc
+
+
+def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_path):
+    labelled, field = split_photos(plantvillage)
+    cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled))
+    state = tmp_path / "state"
+    d = DaemonProc(state, cfg).start()
+    t = TrainerProc(state, cfg).start()
+    try:
+        d.wait_ready()
+        batch1 = field[::12][:60]
+        for i, p in enumerate(batch1):
+            shutil.copy(p, d.inbox / f"a{i:03d}.jpg")
+        wait_until(lambda: t.logged("retrain_published"), 240, "a retrain that publishes")
+        store = EngineStore(state / "engines")
+        assert store.current() == "v0002" and store.open().manifest["parent"] == "v0001"
+        wait_until(lambda: '"engine_swapped"' in d.log_path.read_text(), 60, "hot swap in the daemon")
+        batch2 = field[5::12][:20]
+        for i, p in enumerate(batch2):
+            shutil.copy(p, d.inbox / f"b{i:03d}.jpg")
+        total = len(batch1) + len(batch2)
+        wait_until(lambda: db_rows(state, "SELECT COUNT(*) FROM results")[0][0] >= total, 120, "all results")
+        rows = db_rows(state, "SELECT path, engine_version FROM results")
+        assert len(rows) == total  # no photo dropped
+        after = [v for path, v in rows if Path(path).name.startswith("b")]
+        assert set(after) == {"v0002"}  # results after the swap carry the new version
+        delivered = db_rows(state / "trainer", "SELECT COUNT(*) FROM samples", "samples.sqlite")[0][0]
+        assert delivered >= 20
+        assert d.terminate() == 0 and t.terminate() == 0
+    finally:
+        for proc in (d, t):
+            if proc.proc and proc.proc.poll() is None:
+                proc.proc.kill()
+
+
+@pytest.mark.parametrize("moment", ["retrain_started", "gate"])
+def test_trainer_sigkill_during_training_and_publishing(plantvillage, tmp_path, moment):
+    """Samples are already stored; kill the trainer mid-retrain (or right after the gate, while publishing)."""
+    from trainer.samples import SampleStore
+
+    labelled, field = split_photos(plantvillage)
+    cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=True)
+    state = tmp_path / "state"
+    samples = SampleStore(state / "trainer")
+    import hashlib
+
+    for p in field[::40][:25]:
+        data = p.read_bytes()
+        samples.add({"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": p.parent.name, "confidence": 1.0,
+                     "engine_version": "v0001", "ext": ".jpg"}, data)
+    samples.close()
+    t = TrainerProc(state, cfg).start()
+    wait_until(lambda: t.logged(moment), 240, moment)
+    t.kill()
+    store = EngineStore(state / "engines")
+    cur = store.open()  # verifies every file: complete, never half-written
+    assert cur.name in ("v0001", "v0002")
+    t = TrainerProc(state, cfg).start()  # resumes from its stored samples
+    try:
+        wait_until(lambda: store.current() != "v0001" and t.logged("retrain_published"), 240, "publish after restart")
+        assert store.open().manifest["training"]["samples"]["expert"] == 25
+    finally:
+        t.terminate()
+
+
+def test_trainer_down_while_2000_photos_arrive(plantvillage, tmp_path):
+    photos = sorted(plantvillage.rglob("*.jpg"))
+    state = tmp_path / "state"
+    cfg = {"handoff": {"heartbeat_s": 0.3, "ack_timeout_s": 1.0, "window": 64}, "trainer": {"retrain_threshold": 100000, "nice": 0}}
+    d = DaemonProc(state, cfg).start()
+    d.wait_ready()
+    staging = d.inbox / ".staging"
+    staging.mkdir()
+    for i in range(2000):
+        src = photos[i % len(photos)]
+        if i < len(photos):
+            shutil.copy(src, staging / f"{i:04d}.jpg")
+        else:  # a mirrored copy: new bytes, still a real leaf
+            img = cv2.imread(str(src))
+            cv2.imwrite(str(staging / f"{i:04d}.jpg"), np.ascontiguousarray(img[:, ::-1]))
+    for f in sorted(staging.iterdir()):
+        os.rename(f, d.inbox / f.name)
+    wait_until(lambda: db_rows(state, "SELECT COUNT(*) FROM results")[0][0] >= 2000, 300, "2000 results")
+    queued = {r[0] for r in db_rows(state, "SELECT sha256 FROM label_queue WHERE kind = 'pseudo'")}
+    assert len(queued) > 100  # held on disk while the trainer is down
+    time.sleep(1.0)
+    assert len(db_rows(state, "SELECT sha256 FROM label_queue WHERE kind = 'pseudo'")) == len(queued)
+    t = TrainerProc(state, cfg).start()
+    try:
+        wait_until(lambda: not db_rows(state, "SELECT COUNT(*) FROM label_queue WHERE kind = 'pseudo'")[0][0], 300, "queue drained")
+        stored = [r[0] for r in db_rows(state / "trainer", "SELECT id FROM samples", "samples.sqlite")]
+        assert len(stored) == len(set(stored)) == len(queued) and set(stored) == queued  # no loss, no duplicate
+        assert not list((state / "queue" / "pseudo").iterdir())
+    finally:
+        t.terminate()
+        d.terminate()
