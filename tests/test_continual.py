@@ -119,3 +119,14 @@ def test_gate(tmp_path):
     assert not d.publish and "collapsed" in d.reason and d.metrics["collapsed_classes"] == ["b"]
     empty = gate(model, model, data.x[:0], data.y[:0], classes)
     assert not empty.publish and "no validation photos" in empty.reason
+
+
+def test_ewc_state_accumulates_across_generations(tmp_path):
+    model = build_model(3)
+    ewc = EWC(tmp_path, gamma=0.5)
+    ewc.after(model, toy())  # seeded without before(): e.g. on the data of the first task
+    first = torch.load(tmp_path / "ewc.pt", weights_only=True)["fisher"]
+    ewc.after(model, toy())
+    second = torch.load(tmp_path / "ewc.pt", weights_only=True)["fisher"]
+    name = "head.weight"
+    assert torch.allclose(second[name], 1.5 * first[name], rtol=1e-4, atol=1e-9)  # 0.5 * old + new (same data)

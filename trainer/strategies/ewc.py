@@ -23,11 +23,14 @@ class EWC(Strategy):
     def _path(self):
         return self.state_dir / "ewc.pt"
 
+    def _load(self) -> tuple[dict, dict]:
+        if not self._path.exists():
+            return {}, {}
+        blob = torch.load(self._path, map_location="cpu", weights_only=True)
+        return blob["fisher"], blob["anchor"]
+
     def before(self, model, previous, data):
-        self.fisher, self.anchor = {}, {}
-        if self._path.exists():
-            blob = torch.load(self._path, map_location="cpu", weights_only=True)
-            self.fisher, self.anchor = blob["fisher"], blob["anchor"]
+        self.fisher, self.anchor = self._load()
         if not self.fisher:  # first generation under EWC: estimate on the data the previous model knew
             self.fisher = fisher_information(previous, data)
             self.anchor = {n: p.detach().clone() for n, p in previous.named_parameters()}
@@ -43,8 +46,9 @@ class EWC(Strategy):
 
     def after(self, model, data):
         gamma = float(self.options.get("gamma", 0.9))
+        old, _ = self._load()
         new = fisher_information(model, data)
-        merged = {n: gamma * self.fisher[n] + f if n in self.fisher and self.fisher[n].shape == f.shape else f for n, f in new.items()}
+        merged = {n: gamma * old[n] + f if n in old and old[n].shape == f.shape else f for n, f in new.items()}
         anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
         torch.save({"fisher": merged, "anchor": anchor}, self._path)
 
