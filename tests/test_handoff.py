@@ -43,6 +43,7 @@ def endpoints(tmp_path):
 
 
 def make_sender(tmp_path, endpoints, **kw):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     db = ResultsDB(tmp_path / "results.sqlite")
     spool = PhotoSpool(tmp_path / "queue", 1 << 30)
     announced = []
@@ -170,3 +171,44 @@ def test_tcp_without_keys_is_refused():
             client_socket(ctx, zmq.DEALER, "tcp://127.0.0.1:5999", None)
     finally:
         ctx.term()
+
+
+def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
+    import socket as pysocket
+    import subprocess
+    import sys
+
+    from edge_agent.handoff.transport import CurveKeys
+
+    keys = tmp_path / "keys"
+    out = subprocess.run([sys.executable, "-m", "trainer", "keys", "--out", str(keys)], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr
+    with pysocket.socket() as s1, pysocket.socket() as s2:  # two free loopback ports
+        s1.bind(("127.0.0.1", 0))
+        s2.bind(("127.0.0.1", 0))
+        p1, p2 = s1.getsockname()[1], s2.getsockname()[1]
+    endpoints = (f"tcp://127.0.0.1:{p1}", f"tcp://127.0.0.1:{p2}")
+    server_keys = CurveKeys(str(keys / "trainer" / "trainer.key_secret"), authorized_dir=str(keys / "authorized"))
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2, curve=server_keys))
+    receiver.start()
+    good = CurveKeys(str(keys / "daemon" / "daemon.key_secret"), server_public=str(keys / "daemon" / "trainer.key"))
+    (tmp_path / "stranger").mkdir()
+    zmq.auth.create_certificates(tmp_path / "stranger", "stranger")
+    bad = CurveKeys(str(tmp_path / "stranger" / "stranger.key_secret"), server_public=str(keys / "daemon" / "trainer.key"))
+    stranger, sdb, sspool, _ = make_sender(tmp_path / "s", endpoints, curve=bad)
+    queue_photos(sdb, sspool, 2, seed=900)
+    sender, db, spool, _ = make_sender(tmp_path / "g", endpoints, curve=good)
+    ids = queue_photos(db, spool, 4)
+    stranger.start()
+    sender.start()
+    try:
+        wait_until(lambda: not db.queued_for_delivery(100), 20, "authorized daemon delivered")
+        assert {s.id for s in store.all()} == set(ids)
+        time.sleep(1.0)
+        assert not stranger.trainer_alive and len(sdb.queued_for_delivery(100)) == 2  # refused: nothing accepted
+    finally:
+        sender.stop()
+        stranger.stop()
+        receiver.stop()

@@ -105,6 +105,27 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    """CURVE certificates for a tcp:// hand-off: trainer/, daemon/ and authorized/ (the daemon keys the trainer accepts)."""
+    import shutil
+    from pathlib import Path
+
+    import zmq.auth
+
+    out = Path(args.out)
+    for name in ("trainer", "daemon", "authorized"):
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name).chmod(0o700)
+    trainer_pub, trainer_sec = zmq.auth.create_certificates(out / "trainer", "trainer")
+    daemon_pub, daemon_sec = zmq.auth.create_certificates(out / "daemon", "daemon")
+    shutil.copy(daemon_pub, out / "authorized" / "daemon.key")
+    shutil.copy(trainer_pub, out / "daemon" / "trainer.key")
+    print(f"trainer: [handoff] curve_secret_key = \"{trainer_sec}\", curve_authorized_dir = \"{out / 'authorized'}\"")
+    print(f"daemon:  [handoff] curve_secret_key = \"{daemon_sec}\", curve_server_key = \"{out / 'daemon' / 'trainer.key'}\"")
+    print("copy the daemon/ folder to the device; keep trainer.key_secret on the trainer only")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-trainer", description="Train and publish edge-agent models.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -123,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "status":
             sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=func)
+    k = sub.add_parser("keys", help="create CURVE certificates for a tcp:// hand-off")
+    k.add_argument("--out", required=True, help="folder to write trainer/, daemon/ and authorized/ into")
+    k.set_defaults(func=_keys)
     t = sub.add_parser("train", help="supervised training from a folder of class folders")
     t.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     t.add_argument("--store", required=True, help="engine store to publish to (created if missing)")
