@@ -136,3 +136,16 @@ def test_cli_rejects_a_bad_dataset_with_a_clear_message(tmp_path):
     )
     assert out.returncode == 2
     assert "bad dataset" in out.stderr and "class folder" in out.stderr
+
+
+def test_init_from_a_store_version(tmp_path):
+    root = make_class_folders(tmp_path / "data", ODD_NAMES, 6, size=(48, 48))
+    settings = TrainSettings(epochs=1, batch_size=8, int8=False)
+    first = train_supervised(root, tmp_path / "a", settings, progress=False)
+    settings.init = f"{tmp_path / 'a'}:{first.name}"
+    second = train_supervised(root, tmp_path / "b", settings, progress=False)
+    init = second.manifest["training"]["init"]
+    assert init["version"] == "v0001" and init["onnx_sha256"] == first.manifest["files"]["model.onnx"]["sha256"]
+    other = make_class_folders(tmp_path / "other", ["X", "Y"], 4, size=(48, 48))
+    with pytest.raises(DatasetError, match="classes differ"):
+        train_supervised(other, tmp_path / "c", settings, progress=False)

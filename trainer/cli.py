@@ -19,6 +19,9 @@ def _train(args: argparse.Namespace) -> int:
         settings.epochs = args.epochs
     if args.patience is not None:
         settings.patience = args.patience
+    if args.lr is not None:
+        settings.lr = args.lr
+    settings.init = args.init
     try:
         version = train_supervised(args.data, args.store, settings, progress=not args.no_progress)
     except DatasetError as exc:
@@ -80,6 +83,10 @@ def _retrain(args: argparse.Namespace) -> int:
         (root / "retrain.request").touch()
         print(f"asked the running trainer to retrain (see `edge-trainer status --state-dir {state}`)")
         return 0
+    if cfg.trainer.nice:
+        import os
+
+        os.nice(cfg.trainer.nice)  # inference first, here too
     result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy")
     print(f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)")
     return 0 if result.published else 1
@@ -153,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=int, default=None, help="maximum epochs (default 80)")
     t.add_argument("--patience", type=int, default=None, help="early-stopping patience in epochs (default 20)")
     t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
+    t.add_argument("--init", metavar="STORE[:VERSION]", help="start from a store version's weights (same classes) instead of scratch")
     t.add_argument("--seed", type=int, default=20251120, help="seed for the split, initialisation and augmentation")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-int8", action="store_true", help="skip the INT8 ONNX Runtime variant")

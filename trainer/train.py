@@ -38,6 +38,7 @@ class TrainSettings:
     test_fraction: float = 0.1
     threads: int | None = None
     int8: bool = True
+    init: str | None = None  # "STORE" or "STORE:VERSION": start from those weights instead of scratch
 
 
 @dataclass
@@ -139,6 +140,20 @@ def fit(
     return model, {"epochs_run": len(history), "best_epoch": best_epoch + 1, "history": history}
 
 
+def _initial_weights(spec: str, classes: list[str]) -> tuple[LeafNet, dict]:
+    """Weights of a store version ("STORE" or "STORE:VERSION"); its classes must be the data's."""
+    from engines.store import EngineStore
+    from trainer.publish import load_weights
+
+    root, _, version = spec.partition(":")
+    opened = EngineStore(root).open(version or None)
+    if opened.classes != classes:
+        raise DatasetError(f"--init {spec}: its classes differ from the data's class folders")
+    return load_weights(opened).train(), {
+        "store": str(Path(root).resolve()), "version": opened.name, "onnx_sha256": opened.manifest["files"]["model.onnx"]["sha256"],
+    }
+
+
 def train_supervised(
     data_dir: str | os.PathLike,
     store_dir: str | os.PathLike,
@@ -169,7 +184,11 @@ def train_supervised(
         skipped=len(skipped),
         seconds=round(time.perf_counter() - t0, 1),
     )
-    model = build_model(len(folder.classes))
+    init_info = None
+    if settings.init:
+        model, init_info = _initial_weights(settings.init, folder.classes)
+    else:
+        model = build_model(len(folder.classes))
     model, fit_info = fit(model, sets["train"], sets["val"], settings, progress)
     val = evaluate(model, sets["val"].x, sets["val"].y)
     metrics = {"val": val.summary(folder.classes)}
@@ -194,6 +213,7 @@ def train_supervised(
         "best_epoch": fit_info["best_epoch"],
         "torch": torch.__version__,
         "host": platform.node(),
+        "init": init_info,
     }
     held_out = sets["test"] if len(sets["test"]) else sets["val"]
     return publish_model(
