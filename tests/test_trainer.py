@@ -146,6 +146,6 @@ def test_init_from_a_store_version(tmp_path):
     second = train_supervised(root, tmp_path / "b", settings, progress=False)
     init = second.manifest["training"]["init"]
     assert init["version"] == "v0001" and init["onnx_sha256"] == first.manifest["files"]["model.onnx"]["sha256"]
-    other = make_class_folders(tmp_path / "other", ["X", "Y"], 4, size=(48, 48))
+    other = make_class_folders(tmp_path / "other", ["X", "Y"], 10, size=(48, 48))
     with pytest.raises(DatasetError, match="classes differ"):
         train_supervised(other, tmp_path / "c", settings, progress=False)
