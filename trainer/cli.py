@@ -22,6 +22,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.lr is not None:
         settings.lr = args.lr
     settings.init = args.init
+    settings.swa_epochs = args.swa_epochs
     try:
         version = train_supervised(args.data, args.store, settings, progress=not args.no_progress)
     except DatasetError as exc:
@@ -161,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--patience", type=int, default=None, help="early-stopping patience in epochs (default 20)")
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
+    t.add_argument("--swa-epochs", type=int, default=0, help="average the weights of the last N epochs (SWA); kept only if validation prefers it")
     t.add_argument("--init", metavar="STORE[:VERSION]", help="start from a store version's weights (same classes) instead of scratch")
     t.add_argument("--seed", type=int, default=20251120, help="seed for the split, initialisation and augmentation")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

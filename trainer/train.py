@@ -38,6 +38,7 @@ class TrainSettings:
     test_fraction: float = 0.1
     threads: int | None = None
     int8: bool = True
+    swa_epochs: int = 0  # average the weights of the last N epochs (Stochastic Weight Averaging); 0 = off
     init: str | None = None  # "STORE" or "STORE:VERSION": start from those weights instead of scratch
 
 
@@ -95,13 +96,21 @@ def fit(
     total = settings.epochs * steps_per_epoch
     warm = settings.warmup_epochs * steps_per_epoch
 
+    # Warm-up, then cosine to 0 - or, with SWA, cosine to a floor held constant while weights are averaged.
+    floor = 0.25 if settings.swa_epochs > 0 else 0.0
+    end = (settings.epochs - settings.swa_epochs) * steps_per_epoch if settings.swa_epochs > 0 else total
+
     def lr_at(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
-        return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+        if step >= end:
+            return floor
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, end - warm)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     best_key, best_state, best_epoch, history = (-1.0, 0.0), None, -1, []
+    swa = torch.optim.swa_utils.AveragedModel(model) if settings.swa_epochs > 0 else None
+    swa_from = settings.epochs - settings.swa_epochs
     bar = tqdm(range(settings.epochs), desc="train", unit="epoch", disable=not progress, dynamic_ncols=True)
     for epoch in bar:
         model.train()
@@ -118,6 +127,8 @@ def fit(
             opt.step()
             sched.step()
             running += loss.item() * len(idx)
+        if swa is not None and epoch >= swa_from:
+            swa.update_parameters(model)
         ev = evaluate(model, val.x, val.y)
         row = {
             "epoch": epoch + 1,
@@ -135,9 +146,33 @@ def fit(
         if epoch - best_epoch >= settings.patience:
             log.info("early_stop", epoch=epoch + 1, best_epoch=best_epoch + 1)
             break
+    info = {"epochs_run": len(history), "best_epoch": best_epoch + 1, "history": history}
     if best_state is not None:
         model.load_state_dict(best_state)
-    return model, {"epochs_run": len(history), "best_epoch": best_epoch + 1, "history": history}
+    if swa is not None and swa.n_averaged.item() > 0:
+        averaged = _swa_model(swa, train, settings.batch_size)
+        ev = evaluate(averaged, val.x, val.y)
+        info["swa"] = {"epochs_averaged": int(swa.n_averaged.item()), "val_top1": round(ev.top1, 4), "best_single_val_top1": round(best_key[0], 4)}
+        log.info("swa", **info["swa"])
+        if (ev.top1, -ev.loss) >= best_key:  # chosen by validation, like any checkpoint
+            info["selected"] = "swa"
+            return averaged, info
+    info["selected"] = f"epoch {best_epoch + 1}"
+    return model, info
+
+
+def _swa_model(swa, train: TensorDataset, batch_size: int) -> LeafNet:
+    """The averaged weights as a plain LeafNet, with BatchNorm statistics recomputed on the training photos."""
+    model = copy.deepcopy(swa.module)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the pass
+    model.train()
+    with torch.no_grad():
+        for i in range(0, len(train), batch_size):
+            model(train.x[i : i + batch_size])
+    return model.eval()
 
 
 def _initial_weights(spec: str, classes: list[str]) -> tuple[LeafNet, dict]:
@@ -211,6 +246,8 @@ def train_supervised(
         "parameters": count_parameters(model),
         "epochs_run": fit_info["epochs_run"],
         "best_epoch": fit_info["best_epoch"],
+        "selected": fit_info["selected"],
+        "swa": fit_info.get("swa"),
         "torch": torch.__version__,
         "host": platform.node(),
         "init": init_info,
