@@ -78,9 +78,13 @@ def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, f
     return proc, time.perf_counter() - t0
 
 
-def end_to_end(photos: list[Path], work: Path, starts: int = 5) -> dict:
+def end_to_end(photos: list[Path], work: Path, starts: int = 5, extra: dict | None = None) -> dict:
     config = work / "bench.toml"
-    config.write_text('[inbox]\nsettle_s = 0.5\n[log]\nlevel = "warning"\nformat = "json"\n')
+    sections = {"inbox": {"settle_s": "0.5"}, "log": {"level": '"warning"', "format": '"json"'}}
+    for key, value in (extra or {}).items():
+        section, _, name = key.partition(".")
+        sections.setdefault(section, {})[name] = value
+    config.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) for s, kv in sections.items()))
     ready = []
     for i in range(starts):
         proc, t = _start(work / f"s{i}", config, work / "n.sock")
@@ -130,15 +134,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.daemon")
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--photos", type=int, default=1000)
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="daemon config override (TOML value)")
     args = ap.parse_args()
+    extra = dict(item.split("=", 1) for item in args.set)
     photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
-    cfg = AppConfig()
+    from edge_agent.config import parse_config
+    import tomllib
+
+    overrides: dict = {}
+    for key, value in extra.items():
+        section, _, name = key.partition(".")
+        overrides.setdefault(section, {})[name] = tomllib.loads(f"v = {value}")["v"]
+    cfg = parse_config(overrides)
     batch, workers = cfg.pipeline.max_batch, cfg.pipeline.decode_workers
     eng = engine_only(photos, batch)
     dec = engine_decode(photos, batch, workers)
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
-        e2e = end_to_end(photos, Path(tmp))
-    print(f"machine: {os.cpu_count()} CPUs; {len(photos)} real photos; batch {batch}, {workers} decode workers; ONNX Runtime CPU FP32")
+        e2e = end_to_end(photos, Path(tmp), extra=extra)
+    print(f"machine: {os.cpu_count()} CPUs; {len(photos)} real photos; batch {batch}, {workers} decode workers; ONNX Runtime CPU FP32; overrides {extra or 'none'}")
     print("| measure | value |")
     print("|---|---|")
     print(f"| engine only | {eng:.1f} photos/s |")

@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from engines.durable import atomic_write, fsync_dir
+from engines.durable import atomic_write, fsync_dir, sync_filesystem
 
 __all__ = ["PhotoSpool", "QueueFull"]
 
@@ -61,6 +61,41 @@ class PhotoSpool:
                 raise QueueFull(f"disk full while queuing: {exc}") from None
             raise
         return final
+
+    def put_many(self, items: list[tuple[str, str, bytes, str]]) -> list[Path | None]:
+        """Write (kind, sha256, data, ext) items with one durability barrier for the whole batch.
+
+        Items are taken in order while they fit the quota; the rest get ``None``. A full
+        disk keeps nothing of the batch and raises :class:`QueueFull`."""
+        out: list[Path | None] = []
+        written: list[Path] = []
+        reserved = 0
+        try:
+            for kind, sha, data, ext in items:
+                final = self.path_for(kind, sha, ext)
+                if final in written or (final.exists() and final.stat().st_size == len(data)):
+                    out.append(final)  # a repeat in the batch, or already there from before a crash
+                    continue
+                with self._lock:
+                    if self._used + len(data) > self.max_bytes:
+                        out.append(None)
+                        continue
+                    self._used += len(data)
+                reserved += len(data)
+                atomic_write(final, data, durable=False)
+                written.append(final)
+                out.append(final)
+            if written:
+                sync_filesystem(self.root, written)
+        except OSError as exc:
+            with self._lock:
+                self._used -= reserved
+            for f in written:
+                f.unlink(missing_ok=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise QueueFull(f"disk full while queuing: {exc}") from None
+            raise
+        return out
 
     def move(self, src: Path, kind: str) -> Path:
         """Move an item to another kind's folder (a review item that an expert labelled)."""

@@ -341,25 +341,36 @@ class Pipeline:
     def _sink(self, jobs: list[Job]) -> None:
         results, entries, queued_kind = [], [], {}
         classified = [j for j in jobs if j.prediction is not None and not j.duplicate and j.error is None]
+        wanted = []
         for j in classified:
             kind, _ = self._label_decision(j)
-            if kind is None:
-                continue
-            try:
-                f = self.spool.put(kind, j.sha256, j.data, j.ext)
+            if kind is not None:
+                wanted.append((j, kind))
+                if kind == "pseudo":  # count now, so a batch of one class cannot overshoot the cap
+                    counts = self._counts(j.prediction.engine_version)
+                    counts[j.prediction.label] = counts.get(j.prediction.label, 0) + 1
+        if wanted:
+            try:  # one durability barrier for the batch's queue files, before the commit that lists them
+                files = self.spool.put_many([(kind, j.sha256, j.data, j.ext) for j, kind in wanted])
             except QueueFull as exc:
-                self.counters["queue_full_skips"] += 1
+                files, reason = [None] * len(wanted), str(exc)
+            else:
+                reason = "label queue quota reached"
+            skipped = [(j, kind) for (j, kind), f in zip(wanted, files) if f is None]
+            for j, kind in skipped:
+                if kind == "pseudo":
+                    self._counts(j.prediction.engine_version)[j.prediction.label] -= 1
+            if skipped:
+                self.counters["queue_full_skips"] += len(skipped)
                 if not self.queue_full:
-                    self.log.warning("label_queue_full", reason=str(exc), policy="predictions continue, queuing paused")
-                self.queue_full = True
-                continue
-            self.queue_full = False
-            p = j.prediction
-            if kind == "pseudo":  # count now, so a batch of one class cannot overshoot the cap
-                counts = self._counts(p.engine_version)
-                counts[p.label] = counts.get(p.label, 0) + 1
-            entries.append(QueueEntry(j.sha256, j.photo_id, kind, p.label, p.confidence, p.engine_version, str(f), len(j.data)))
-            queued_kind[j.sha256] = kind
+                    self.log.warning("label_queue_full", reason=reason, policy="predictions continue, queuing paused")
+            self.queue_full = bool(skipped)
+            for (j, kind), f in zip(wanted, files):
+                if f is None:
+                    continue
+                p = j.prediction
+                entries.append(QueueEntry(j.sha256, j.photo_id, kind, p.label, p.confidence, p.engine_version, str(f), len(j.data)))
+                queued_kind[j.sha256] = kind
         now = time.time()
         for j in classified:
             p = j.prediction

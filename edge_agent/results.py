@@ -95,6 +95,7 @@ class ResultsDB:
     def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._readers = threading.local()  # per-thread read connections: WAL lets them read while a commit fsyncs
         if readonly:
             self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
         else:
@@ -162,7 +163,11 @@ class ResultsDB:
             return self._db.execute(sql, args).fetchall()
 
     def has(self, sha256: str) -> bool:
-        return bool(self._query("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)))
+        """Whether a photo already has a result (the exactly-once ledger); never waits for a commit."""
+        con = getattr(self._readers, "con", None)
+        if con is None:
+            con = self._readers.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
+        return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
     def results(self, since: float | None = None) -> Iterator[dict]:
         rows = self._query(
