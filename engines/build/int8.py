@@ -1,0 +1,80 @@
+"""ONNX Runtime INT8: static QDQ quantisation calibrated on real photos.
+
+Needs the ``onnx`` package (the ``train`` extra); the daemon only loads the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["quantize_int8", "top1_agreement", "Int8Report"]
+
+
+@dataclass(frozen=True)
+class Int8Report:
+    agreement: float  # share of photos where INT8 top-1 == FP32 top-1
+    photos: int
+    fp32_top1: float | None = None  # against true labels, when given
+    int8_top1: float | None = None
+
+
+class _Reader:
+    """CalibrationDataReader over batches of preprocessed photos."""
+
+    def __init__(self, input_name: str, batches: Iterable[np.ndarray]) -> None:
+        self._it: Iterator[np.ndarray] = iter(batches)
+        self._name = input_name
+
+    def get_next(self):
+        batch = next(self._it, None)
+        return None if batch is None else {self._name: np.ascontiguousarray(batch, np.float32)}
+
+
+def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.ndarray, batch: int = 16) -> None:
+    """Quantise ``onnx_in`` to ``onnx_out`` (QDQ, per-channel INT8 weights, calibrated on
+    ``calibration`` [N,3,H,W] float32 photos preprocessed exactly as for inference)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if len(calibration) == 0:
+        raise ValueError("INT8 calibration needs at least one photo")
+    onnx_in, onnx_out = Path(onnx_in), Path(onnx_out)
+    input_name = ort.InferenceSession(str(onnx_in), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+    prepped = onnx_out.with_suffix(".pre.onnx")
+    try:
+        quant_pre_process(str(onnx_in), str(prepped), skip_symbolic_shape=True)
+        quantize_static(
+            str(prepped),
+            str(onnx_out),
+            _Reader(input_name, (calibration[i : i + batch] for i in range(0, len(calibration), batch))),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+        )
+    finally:
+        prepped.unlink(missing_ok=True)
+
+
+def _logits(path: Path, x: np.ndarray, batch: int = 64) -> np.ndarray:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    return np.concatenate([sess.run(None, {name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def top1_agreement(fp32: str | Path, int8: str | Path, photos: np.ndarray, labels: np.ndarray | None = None) -> Int8Report:
+    """Compare FP32 and INT8 top-1 on held-out ``photos`` (and accuracy, given ``labels``)."""
+    a = _logits(Path(fp32), photos).argmax(1)
+    b = _logits(Path(int8), photos).argmax(1)
+    report = Int8Report(agreement=float((a == b).mean()), photos=len(photos))
+    if labels is not None:
+        report = Int8Report(report.agreement, report.photos, float((a == labels).mean()), float((b == labels).mean()))
+    return report
