@@ -29,6 +29,7 @@ import numpy as np
 from edge_agent.classifier import Classifier
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Pipeline
+from edge_agent.worker import Worker
 from engines.base import BackendConfig, Engine
 from engines.loader import open_engine
 from engines.store import EngineStore, StoreError
@@ -62,7 +63,10 @@ def verify_candidate(new: Engine, old: Engine, golden: list[tuple[np.ndarray, in
     return measured
 
 
-class EngineWatcher:
+class EngineWatcher(Worker):
+    thread_name = "hotswap"
+    join_timeout_s = 10.0
+
     def __init__(
         self,
         store: EngineStore,
@@ -72,6 +76,7 @@ class EngineWatcher:
         poll_s: float = 5.0,
         min_agreement: float = 0.5,
     ) -> None:
+        super().__init__()
         self.store = store
         self.engine_config = engine_config
         self.pipeline = pipeline
@@ -82,25 +87,13 @@ class EngineWatcher:
         self.refused: dict[str, str] = {}
         self.swaps = 0
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def announce(self, version: str) -> None:
         """A new version was announced: look now instead of at the next poll."""
         self._wake.set()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="hotswap", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
+    def _on_stop(self) -> None:
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.is_set():

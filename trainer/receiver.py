@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from edge_agent.handoff.protocol import ProtocolError, decode, encode
 from edge_agent.handoff.transport import Authenticator, CurveKeys, server_socket
 from edge_agent.log import get_logger
+from edge_agent.worker import Worker
 from trainer.samples import SampleStore
 
 __all__ = ["Receiver", "ReceiverSettings"]
@@ -31,32 +32,24 @@ class ReceiverSettings:
     curve: CurveKeys | None = None
 
 
-class Receiver:
+class Receiver(Worker):
+    thread_name = "handoff-receiver"
+
     def __init__(self, store: SampleStore, settings: ReceiverSettings, on_sample: Callable[[], None] | None = None) -> None:
+        super().__init__()
         self.store = store
         self.settings = settings
         self.on_sample = on_sample or (lambda: None)
         self.log = get_logger("handoff.receiver", endpoint=settings.endpoint)
         self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0}
         self.peers: dict[bytes, float] = {}
-        self._stop = threading.Event()
         self._announce: list[str] = []
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._ready = threading.Event()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="handoff-receiver", daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        super().start()
+        self._ready.wait(10)  # bound before the first daemon can connect
 
     def announce(self, version: str) -> None:
         """Tell subscribed daemons that ``version`` is published (sent from the socket thread)."""

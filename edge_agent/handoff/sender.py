@@ -12,7 +12,6 @@ announcements on a SUB socket.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from edge_agent.handoff.transport import CurveKeys, client_socket
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB
+from edge_agent.worker import Worker
 
 __all__ = ["Sender", "SenderSettings"]
 
@@ -46,7 +46,9 @@ class _InFlight:
     file: str
 
 
-class Sender:
+class Sender(Worker):
+    thread_name = "handoff-sender"
+
     def __init__(
         self,
         db: ResultsDB,
@@ -54,6 +56,7 @@ class Sender:
         settings: SenderSettings,
         on_engine: Callable[[str], None] | None = None,
     ) -> None:
+        super().__init__()
         self.db = db
         self.spool = spool
         self.settings = settings
@@ -62,8 +65,6 @@ class Sender:
         self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0}
         self.trainer_seen = 0.0
         self._inflight: dict[str, _InFlight] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def trainer_alive(self) -> bool:
@@ -71,18 +72,6 @@ class Sender:
 
     def status(self) -> dict:
         return {**self.counters, "trainer_alive": self.trainer_alive, "in_flight": len(self._inflight)}
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="handoff-sender", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     # ---- loop ---------------------------------------------------------------
     def _run(self) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import cv2
 
 from edge_agent.log import get_logger
+from edge_agent.worker import Worker
 
 __all__ = ["CameraSource", "CameraSettings", "JETSON_CSI_PIPELINE", "gstreamer_available", "CameraError"]
 
@@ -50,20 +51,22 @@ class CameraSettings:
     jpeg_quality: int = 95
 
 
-class CameraSource:
+class CameraSource(Worker):
     """Captures a frame every ``interval_s`` and calls ``emit(name, jpeg_bytes)``."""
 
+    thread_name = "source-camera"
+    join_timeout_s = 10.0
+
     def __init__(self, settings: CameraSettings, emit: Callable[[str, bytes], None]) -> None:
+        super().__init__()
         self.settings = settings
         self.emit = emit
         self.name = f"camera:{settings.source}"
         self.log = get_logger("source.camera", camera=settings.source)
         self.counters = {"frames": 0, "emitted": 0, "reconnects": 0, "open_failures": 0, "stale": 0}
         self.connected = False
-        self._stop = threading.Event()
         #: Set after the first attempt to open the camera, whatever its outcome.
         self.first_attempt = threading.Event()
-        self._thread: threading.Thread | None = None
         self._cap = None
         self._target, self._backend = self._resolve(settings.source)
 
@@ -105,10 +108,6 @@ class CameraSource:
             self._cap = None
         self.connected = False
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="source-camera", daemon=True)
-        self._thread.start()
-
     def _run(self) -> None:
         backoff = self.settings.backoff_initial_s
         next_emit = 0.0
@@ -146,11 +145,3 @@ class CameraSource:
                     self.counters["emitted"] += 1
                     self.emit(self.name, buf.tobytes())
         self._close()
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.log import get_logger
+from edge_agent.worker import Worker
 
 __all__ = ["FolderSource", "FolderSettings", "Arrival"]
 
@@ -47,7 +48,7 @@ class _Pending:
     changed: float
 
 
-class FolderSource:
+class FolderSource(Worker):
     """Watches ``inbox`` and calls ``emit(Arrival)`` once per settled photo.
 
     The consumer calls :meth:`release` when a photo is finished (so a rescan may
@@ -55,7 +56,10 @@ class FolderSource:
     when it should be looked at again later.
     """
 
+    thread_name = "source-folder"
+
     def __init__(self, inbox: Path, settings: FolderSettings, emit: Callable[[Arrival], None]) -> None:
+        super().__init__()
         self.inbox = inbox
         self.real_inbox = Path(os.path.realpath(inbox))
         self.settings = settings
@@ -65,9 +69,7 @@ class FolderSource:
         self._owned: set[Path] = set()  # emitted, not yet released
         self._kept: dict[Path, tuple[int, int]] = {}  # finished but left in place: (size, mtime_ns)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._observer = None
-        self._thread: threading.Thread | None = None
         self.counters = {"seen": 0, "emitted": 0, "ignored": 0, "rescans": 0}
 
     # ---- filters ----------------------------------------------------------------
@@ -205,8 +207,7 @@ class FolderSource:
         self._observer.schedule(Handler(), str(self.inbox), recursive=self.settings.recursive)
         self._observer.start()
         self.rescan()  # the backlog present at start-up
-        self._thread = threading.Thread(target=self._run, name="source-folder", daemon=True)
-        self._thread.start()
+        super().start()
 
     def _run(self) -> None:
         next_scan = time.monotonic() + self.settings.rescan_interval_s
@@ -222,13 +223,7 @@ class FolderSource:
                 time.sleep(1.0)
             self._stop.wait(self.settings.poll_s)
 
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def stop(self) -> None:
-        self._stop.set()
+    def _on_stop(self) -> None:
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=5)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
