@@ -10,8 +10,10 @@ the repeat into a no-op) or finds it done; nothing is lost or counted twice.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import queue
 import shutil
 import threading
@@ -129,6 +131,7 @@ class Pipeline:
         self._threads: list[threading.Thread] = []
         self._swap: Classifier | None = None
         self._closed = False
+        self._day_dir: Path | None = None
 
     # ---- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -419,10 +422,17 @@ class Pipeline:
             if self.settings.after == "delete":
                 job.path.unlink(missing_ok=True)
             else:
-                day = datetime.now().strftime("%Y-%m-%d")
-                dst = _free_name(self.processed_dir / day / job.path.name)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(job.path), dst)
+                day_dir = self.processed_dir / datetime.now().strftime("%Y-%m-%d")
+                if day_dir != self._day_dir:
+                    day_dir.mkdir(parents=True, exist_ok=True)
+                    self._day_dir = day_dir
+                dst = _free_name(day_dir / job.path.name)
+                try:
+                    os.rename(job.path, dst)  # same filesystem: one syscall
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:
+                        raise
+                    shutil.move(str(job.path), dst)  # the inbox is on another filesystem
         except OSError as exc:
             self.last_errors.append({"time": time.time(), "error": f"could not move {job.path}: {exc}"})
             self.log.error("finalize_failed", photo=job.name, error=str(exc))
