@@ -31,6 +31,7 @@ __all__ = [
     "check_io",
     "expected_input",
     "malloc_trim",
+    "import_plugins",
 ]
 
 
@@ -125,15 +126,20 @@ def register(cls: type[Engine]) -> type[Engine]:
     return cls
 
 
+def import_plugins(package, skip: tuple[str, ...] = ()) -> None:
+    """Import every public submodule of ``package`` (each registers its plugin on import)."""
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_") and info.name not in skip:
+            importlib.import_module(f"{package.__name__}.{info.name}")
+
+
 def _discover() -> None:
     global _DISCOVERED
     if _DISCOVERED:
         return
-    import engines.backends as pkg
+    import engines.backends
 
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    import_plugins(engines.backends)
     _DISCOVERED = True
 
 

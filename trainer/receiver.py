@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edge_agent.handoff.protocol import ProtocolError, decode, encode
+from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import Authenticator, CurveKeys, server_socket
 from edge_agent.log import get_logger
 from edge_agent.worker import Worker
@@ -85,11 +85,8 @@ class Receiver(Worker):
 
     def _handle(self, router, frames: list[bytes]) -> None:
         peer, body = frames[0], frames[1:]
-        try:
-            msg = decode(body, self.settings.max_payload)
-        except ProtocolError as exc:
-            self.counters["malformed"] += 1
-            self.log.warning("malformed_message", error=str(exc), frames=len(body))
+        msg = decode_or_drop(body, self.settings.max_payload, self.counters, self.log)
+        if msg is None:
             return
         self.peers[peer] = time.monotonic()
         if msg.kind == "heartbeat":

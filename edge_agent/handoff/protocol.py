@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MAGIC", "Message", "ProtocolError", "encode", "decode", "MAX_HEADER_BYTES", "DEFAULT_MAX_PAYLOAD"]
+__all__ = ["MAGIC", "Message", "ProtocolError", "encode", "decode", "decode_or_drop", "MAX_HEADER_BYTES", "DEFAULT_MAX_PAYLOAD"]
 
 MAGIC = b"EDGE1"
 MAX_HEADER_BYTES = 16 * 1024
@@ -99,3 +99,14 @@ def decode(frames: list[bytes], max_payload: int = DEFAULT_MAX_PAYLOAD) -> Messa
     if kind == "ack" and not _ID.match(header["id"]):
         raise ProtocolError("ack id is not a sha256 hex digest")
     return Message(kind, header, payload)
+
+
+def decode_or_drop(frames: list[bytes], max_payload: int, counters: dict, log) -> Message | None:
+    """:func:`decode`, or ``None`` for a malformed message, which is counted (``counters["malformed"]``)
+    and logged: garbage never takes a peer down."""
+    try:
+        return decode(frames, max_payload)
+    except ProtocolError as exc:
+        counters["malformed"] += 1
+        log.warning("malformed_message", error=str(exc), frames=len(frames))
+        return None

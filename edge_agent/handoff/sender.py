@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_agent.handoff.protocol import ProtocolError, decode, encode
+from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import CurveKeys, client_socket
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
@@ -163,11 +163,8 @@ class Sender(Worker):
         return ok
 
     def _handle(self, frames: list[bytes]) -> None:
-        try:
-            msg = decode(frames, self.settings.max_payload)
-        except ProtocolError as exc:
-            self.counters["malformed"] += 1
-            self.log.warning("malformed_message", error=str(exc), frames=len(frames))
+        msg = decode_or_drop(frames, self.settings.max_payload, self.counters, self.log)
+        if msg is None:
             return
         if msg.kind == "heartbeat":
             self.counters["heartbeats_in"] += 1

@@ -14,13 +14,12 @@ subclass decorated with :func:`register`. The shared training loop
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
+from engines.base import import_plugins
 from trainer.model import LeafNet
 
 __all__ = ["Strategy", "Generation", "register", "strategies", "get_strategy"]
@@ -79,11 +78,9 @@ def register(cls: type[Strategy]) -> type[Strategy]:
 
 
 def strategies() -> dict[str, type[Strategy]]:
-    import trainer.strategies as pkg
+    import trainer.strategies
 
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    import_plugins(trainer.strategies, skip=("base",))
     return dict(_REGISTRY)
 
 
