@@ -31,6 +31,8 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> No
 
 
 def get_logger(name: str | None = None, **context) -> structlog.typing.FilteringBoundLogger:
-    """A logger with ``context`` bound (photo, engine version, ...)."""
-    log = structlog.get_logger(name)
-    return log.bind(**context) if context else log
+    """A logger with ``context`` bound (photo, engine version, ...).
+
+    The logger is resolved against the configuration in force now (call :func:`configure_logging`
+    first), so a call on the per-photo path costs no lookup, and nothing when its level is filtered."""
+    return structlog.get_logger(name).bind(**context)

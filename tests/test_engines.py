@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -48,6 +51,38 @@ def test_onnxruntime_int8_variant_runs_and_agrees_mostly(tiny_store):
         assert np.abs(a - b).max() < 0.5  # quantised, not identical, but close
     manifest = EngineStore(tiny_store).open().manifest
     assert 0.0 <= manifest["metrics"]["int8"]["top1_agreement_with_fp32"] <= 1.0
+
+
+def test_worker_threads_do_not_spin_unless_asked(tiny_store):
+    def spinning(cfg):
+        with open_engine(tiny_store, parse_config({"engine": cfg}).engine) as engine:
+            return engine._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+    assert spinning({}) == "0"
+    assert spinning({"spin": True}) == "1"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from Linux's /proc")
+def test_idle_trim_hands_a_burst_back_to_the_os(tmp_path):
+    """A burst of large batches grows ONNX Runtime's arena; trim() must give it back (in a clean process)."""
+    script = tmp_path / "burst.py"
+    script.write_text(
+        "import threading, numpy as np\n"
+        "from edge_agent.config import default_store_path, parse_config\n"
+        "from engines.loader import open_engine\n"
+        "rss = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) / 1024\n"
+        "engine = open_engine(default_store_path(), parse_config({}).engine)\n"
+        "before = rss()\n"
+        "x = np.zeros((16, 3, 128, 128), np.float32)\n"
+        "t = threading.Thread(target=lambda: [engine.infer(x) for _ in range(10)]); t.start(); t.join()\n"
+        "peak = rss()\n"
+        "engine.trim()\n"
+        "print(before, peak, rss())\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    before, peak, after = map(float, out.stdout.split())
+    assert peak - before > 40, "the burst should have grown the arena (else this test proves nothing)"
+    assert after - before < 10, f"RSS {before:.0f} MB -> {peak:.0f} MB in the burst -> {after:.0f} MB after trim()"
 
 
 def test_wrong_batch_shape_is_an_error(tiny_store):

@@ -315,6 +315,24 @@ def test_rsync_style_temp_then_rename(tmp_path):
         src.stop()
 
 
+def test_settle_pass_reports_when_to_look_again(tmp_path):
+    """The source sleeps only until the next candidate is due, and not at all after a hand-over,
+    so a burst flows into the pipeline without idle gaps of ``poll_s``."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    c = Collector()
+    src = FolderSource(inbox, FolderSettings(settle_s=0.3, poll_s=5.0), c)
+    (inbox / "a.jpg").write_bytes(b"1")
+    src.notice(inbox / "a.jpg")
+    first = src._settle()  # first look: size recorded, due one settle time later
+    assert 0.25 <= first <= 0.3 and c.items == []
+    time.sleep(0.1)
+    assert 0.1 <= src._settle() <= 0.21  # still settling: due in what is left, not poll_s
+    time.sleep(0.25)
+    assert src._settle() == 0.0 and c.names() == ["a.jpg"]  # handed over: look again at once
+    assert src._settle() == 5.0  # nothing pending: poll_s
+
+
 def test_slow_writer_is_not_read_until_settled(tmp_path):
     inbox = tmp_path / "inbox"
     inbox.mkdir()

@@ -138,9 +138,11 @@ class FolderSource(Worker):
             for name in files:
                 self.notice(Path(root) / name)
 
-    def _settle(self) -> None:
+    def _settle(self) -> float:
+        """Hand on every settled candidate; returns the seconds until the next one could settle."""
         now = time.monotonic()
         ready: list[Arrival] = []
+        next_due = self.settings.poll_s
         with self._lock:
             items = list(self._pending.items())
         for path, p in items:
@@ -166,8 +168,10 @@ class FolderSource(Worker):
                 continue
             if refused is None and (st.st_size, st.st_mtime_ns) != (p.size, p.mtime_ns):
                 p.size, p.mtime_ns, p.changed = st.st_size, st.st_mtime_ns, now
+                next_due = min(next_due, self.settings.settle_s)
                 continue
             if refused is None and now - p.changed < self.settings.settle_s:
+                next_due = min(next_due, p.changed + self.settings.settle_s - now)
                 continue
             with self._lock:
                 self._pending.pop(path, None)
@@ -176,6 +180,7 @@ class FolderSource(Worker):
         for arrival in ready:
             self.counters["emitted"] += 1
             self.emit(arrival)  # may block: back-pressure from the pipeline
+        return 0.0 if ready else next_due  # after a (possibly long) hand-over, look again at once
 
     def recently_modified(self, path: Path) -> bool:
         """True while a (truncated-looking) file is younger than the grace period."""
@@ -217,11 +222,12 @@ class FolderSource(Worker):
                     self._wake.clear()
                     self.rescan()
                     next_scan = time.monotonic() + self.settings.rescan_interval_s
-                self._settle()
+                wait = self._settle()
             except Exception as exc:  # e.g. the inbox vanished: say so and keep trying
                 self.log.error("folder_source_error", error=repr(exc))
-                time.sleep(1.0)
-            self._stop.wait(self.settings.poll_s)
+                wait = 1.0
+            if wait > 0:  # sleep until the next candidate is due (at most poll_s): the pipeline never idles on a timer
+                self._stop.wait(min(wait, self.settings.poll_s))
 
     def _on_stop(self) -> None:
         if self._observer is not None:

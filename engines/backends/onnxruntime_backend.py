@@ -39,6 +39,11 @@ class OnnxRuntimeConfig(BackendConfig):
     )
     device_id: int = Field(0, ge=0, description="GPU index for cuda and tensorrt.")
     intra_op_threads: int = Field(0, ge=0, le=256, description="CPU threads per inference; 0 lets ONNX Runtime choose.")
+    spin: bool = Field(
+        False,
+        description="Let ONNX Runtime's worker threads busy-wait between inferences (its own default): slightly lower "
+        "latency, but they burn CPU the decode workers need and power a battery cannot spare.",
+    )
     cache_dir: str = Field(
         "", description="TensorRT EP engine cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under ort-trt/."
     )
@@ -76,6 +81,7 @@ class OnnxRuntimeEngine(Engine):
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if config.intra_op_threads:
             opts.intra_op_num_threads = config.intra_op_threads
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
         opts.log_severity_level = 3
         providers: list = []
         if config.provider == "tensorrt":
@@ -106,6 +112,13 @@ class OnnxRuntimeEngine(Engine):
         self._input = self._session.get_inputs()[0]
         self._output = self._session.get_outputs()[0]
         check_io(version, self._input.name, self._input.shape, self._output.shape)
+        # Warm up with one photo: the arena's first region is then sized for a single photo, the size the
+        # idle shrink in trim() runs with, so every region a burst adds is fully free and handed back.
+        self._session.run([self._output.name], {self._input.name: self._one_photo()})
+
+    def _one_photo(self) -> np.ndarray:
+        channels, size = expected_input(self.version)
+        return np.zeros((1, channels, size, size), np.float32)
 
     @property
     def provider(self) -> str:
@@ -125,8 +138,7 @@ class OnnxRuntimeEngine(Engine):
 
         opts = ort.RunOptions()
         opts.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        channels, size = expected_input(self.version)
-        self._session.run([self._output.name], {self._input.name: np.zeros((1, channels, size, size), np.float32)}, opts)
+        self._session.run([self._output.name], {self._input.name: self._one_photo()}, opts)
         super().trim()
 
     def close(self) -> None:
