@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -169,7 +171,38 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-int8", action="store_true", help="skip the INT8 ONNX Runtime variant")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
+    m = sub.add_parser("simulate", help="field simulation: supervised-only vs self-training on a stream of real photos")
+    m.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
+    m.add_argument("--out", required=True, help="new folder for report.json, report.md, plots, the store and state")
+    m.add_argument("--mode", choices=["fast", "full"], default="fast",
+                   help="fast: one process; full: the real daemon and trainer processes (inbox, ZeroMQ, hot swaps)")
+    m.add_argument("--days", type=int, default=None, help="days to stream (default: every full day the data holds)")
+    m.add_argument("--day-size", type=int, default=100, help="photos per day")
+    m.add_argument("--epochs", type=int, default=60, help="supervised baseline: maximum epochs")
+    m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
+    m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
+    m.add_argument("--strategy", choices=["finetune", "ewc", "rehearsal", "lwf"], default="ewc")
+    m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    m.add_argument("--seed", type=int, default=20251120)
+    m.set_defaults(func=_simulate)
     return parser
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from trainer.simulate import SimSettings, simulate
+
+    settings = SimSettings(
+        mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
+        retrain_at=args.retrain_at, strategy=args.strategy, threads=args.threads, seed=args.seed,
+    )
+    try:
+        report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (ValueError, FileExistsError, TimeoutError, RuntimeError) as exc:
+        print(f"edge-trainer simulate: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: report[k] for k in ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision", "wall_s")}))
+    print(f"report: {Path(args.out) / 'report.md'}", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

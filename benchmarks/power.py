@@ -1,0 +1,83 @@
+"""Power meters: jtop on a Jetson, Intel RAPL, NVIDIA NVML; otherwise "unavailable" with the reason.
+
+A meter measures the mean watts over a steady window of work and the joules per inference.
+Never an invented figure: a meter that cannot be read says why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["measure_power"]
+
+RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
+
+
+def _jtop(work: Callable[[], int], seconds: float) -> dict:
+    from jtop import jtop  # jetson-stats; talks to the jtop service over /run/jtop.sock
+
+    with jtop() as jetson:
+        if not jetson.ok():
+            raise RuntimeError("jtop service not answering")
+        samples, n, t0 = [], 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            n += work()
+            samples.append(float(jetson.power["tot"]["power"]) / 1000.0)  # mW -> W
+        elapsed = time.perf_counter() - t0
+        watts = sum(samples) / len(samples)
+        return {
+            "meter": "jtop (board total)", "mean_w": round(watts, 2), "joules_per_inference": round(watts * elapsed / n, 5),
+            "nvpmodel": str(jetson.nvpmodel), "jetson_clocks": bool(jetson.jetson_clocks), "window_s": round(elapsed, 1),
+        }
+
+
+def _rapl(work: Callable[[], int], seconds: float) -> dict:
+    e0, t0, n = int(RAPL.read_text()), time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        n += work()
+    e1, elapsed = int(RAPL.read_text()), time.perf_counter() - t0
+    joules = (e1 - e0) / 1e6
+    if joules <= 0:
+        raise RuntimeError("RAPL counter did not advance (wrapped or virtualised)")
+    return {"meter": "Intel RAPL package-0", "mean_w": round(joules / elapsed, 2), "joules_per_inference": round(joules / n, 5),
+            "window_s": round(elapsed, 1)}
+
+
+def _nvml(work: Callable[[], int], seconds: float) -> dict:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        samples, n, t0 = [], 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            n += work()
+            samples.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # mW -> W
+        elapsed = time.perf_counter() - t0
+        watts = sum(samples) / len(samples)
+        return {"meter": "NVML GPU 0 (GPU board only)", "mean_w": round(watts, 2), "joules_per_inference": round(watts * elapsed / n, 5),
+                "window_s": round(elapsed, 1)}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def measure_power(work: Callable[[], int], seconds: float = 10.0, gpu: bool = False) -> dict:
+    """Run ``work`` (returns inferences done) for ``seconds`` under the first meter that can be read."""
+    reasons = []
+    meters = [("jtop", _jtop), ("RAPL", _rapl)] + ([("NVML", _nvml)] if gpu else [])
+    for name, meter in meters:
+        try:
+            return meter(work, seconds)
+        except ImportError as exc:
+            reasons.append(f"{name}: {exc.name or exc} not installed")
+        except PermissionError:
+            reasons.append(f"{name}: no permission to read the counter (root only on this kernel)")
+        except FileNotFoundError:
+            reasons.append(f"{name}: {RAPL} absent (not an Intel CPU, or a VM)")
+        except Exception as exc:
+            reasons.append(f"{name}: {exc}")
+    if not gpu:
+        reasons.append("NVML: not tried for a CPU engine (it reads GPU board power only)")
+    return {"meter": None, "unavailable": "; ".join(reasons)}

@@ -1,0 +1,109 @@
+"""The field simulation (fast mode on a few real photos) and the benchmark suite's pieces."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the simulation trains: the 'train' extra")
+
+from trainer.simulate import SimSettings, simulate, split_photos  # noqa: E402
+
+CLASSES = ["Tomato___healthy", "Potato___Early_blight", "Apple___Black_rot"]
+
+
+@pytest.fixture(scope="module")
+def small_field(plantvillage, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("field")
+    for c in CLASSES:
+        (root / c).mkdir()
+        for p in sorted((plantvillage / c).glob("*.jpg"))[:30]:
+            shutil.copy(p, root / c / p.name)
+    return root
+
+
+def test_splits_are_disjoint_stratified_and_drop_duplicates(small_field, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(small_field, data)
+    dup = next((data / CLASSES[0]).iterdir())
+    shutil.copy(dup, data / CLASSES[1] / "same-bytes-other-class.jpg")  # one photo filed twice
+    s = split_photos(data, SimSettings())
+    parts = [s.test, s.val, s.labelled, s.stream]
+    paths = [str(x.path) for part in parts for x in part]
+    assert len(paths) == len(set(paths)) == 90 and s.duplicates == 1
+    for part in (s.test, s.val, s.labelled):
+        assert {x.label for x in part} == {0, 1, 2}  # every class in every split
+    assert len(s.test) == len(s.val) == 9 and len(s.labelled) == 15
+
+
+def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path):
+    s = SimSettings(day_size=10, days=3, epochs=4, patience=4, retrain_epochs=1, retrain_at=5, tau=0.4)
+    report = simulate(small_field, tmp_path / "out", s)
+    for key in ("supervised_top1", "ssl_top1", "pseudo_label_precision", "days"):
+        assert key in report
+    assert [d["day"] for d in report["days"]] == [1, 2, 3]
+    accepted = sum(d["accepted"] for d in report["days"])
+    assert accepted > 0, "tau 0.4 on 3 classes must accept some pseudo-labels"
+    correct = sum(d["accepted_correct"] for d in report["days"])
+    assert report["pseudo_label_precision"] == round(correct / accepted, 4)
+    assert any(d["retrain"] for d in report["days"])  # 5 new samples trigger a retrain
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["ssl_top1"] == report["ssl_top1"] == report["days"][-1]["test_top1"]
+    for name in ("report.md", "accuracy.png", "precision.png", "confusion.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_simulation_refuses_bad_requests(small_field, tmp_path):
+    with pytest.raises(ValueError, match="full days"):
+        simulate(small_field, tmp_path / "a", SimSettings(day_size=10, days=50, epochs=1))
+    (tmp_path / "b" / "store").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="earlier simulation"):
+        simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, epochs=1))
+    cli = subprocess.run(
+        [sys.executable, "-m", "trainer", "simulate", "--data", str(small_field), "--out", str(tmp_path / "c"), "--day-size", "500"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert cli.returncode == 2 and "too few photos for one day of 500" in cli.stderr
+
+
+# ---- benchmark suite pieces -----------------------------------------------------------
+def test_model_flops_match_the_architecture(tiny_store):
+    from benchmarks.floor import model_flops
+
+    version = next(p for p in tiny_store.iterdir() if p.name.startswith("v"))
+    convs = [(3, 32, 128), (32, 64, 64), (64, 128, 32), (128, 256, 16)]  # cin, cout, output side (same padding)
+    macs = sum(cin * cout * 9 * side * side for cin, cout, side in convs) + 256 * 256 + 256 * 3
+    assert model_flops(version / "model.onnx") == 2 * macs
+
+
+def test_power_says_why_when_no_meter_can_be_read(monkeypatch, tmp_path):
+    import benchmarks.power as power
+
+    monkeypatch.setattr(power, "RAPL", tmp_path / "absent")
+    monkeypatch.setitem(sys.modules, "jtop", None)  # import fails like on a laptop
+    r = power.measure_power(lambda: 1, 0.05)
+    assert r["meter"] is None and "jtop" in r["unavailable"] and "RAPL" in r["unavailable"]
+    assert "mean_w" not in r  # never an invented figure
+
+
+def test_power_from_a_rapl_counter(monkeypatch, tmp_path):
+    import benchmarks.power as power
+
+    counter = tmp_path / "energy_uj"
+    counter.write_text("1000000")
+    monkeypatch.setattr(power, "RAPL", counter)
+    monkeypatch.setitem(sys.modules, "jtop", None)
+    calls = []
+
+    def work():  # each inference costs 0.5 J on this fake counter
+        calls.append(1)
+        counter.write_text(str(1000000 + 500000 * len(calls)))
+        return 1
+
+    r = power.measure_power(work, 0.05)
+    assert r["meter"].startswith("Intel RAPL") and r["joules_per_inference"] == pytest.approx(0.5)

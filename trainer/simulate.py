@@ -1,0 +1,378 @@
+"""Field simulation: does learning from the field's own photos help?
+
+The seed's self-training protocol on real photos. Splits (stratified, seeded; exact duplicate photos
+dropped first): test 10 %, validation 10 %, a labelled pool of 20 % of the rest, and the remainder
+streamed in days of ``day_size`` photos, shuffled across classes as a field would see them.
+
+* **Supervised only**: the model trained on the labelled pool (validation for early stopping),
+  published as the store's first version; its test top-1 is the baseline.
+* **Each day**: the engine in service classifies the day's photos; a prediction at or above ``tau``
+  whose class is under its cap (per engine version) becomes a pseudo-label; once ``retrain_at`` new
+  samples have arrived the trainer retrains (:func:`trainer.service.retrain`: labelled cross-entropy plus
+  the ramped, confidence-weighted pseudo-label loss, the gate, publishing). The day ends with the test
+  top-1 of the engine in service, the pseudo-labels accepted and their precision against the truth.
+
+``fast`` runs those pieces in one process (the same classifier, sample store and retrain function);
+``full`` drives the real ``edge-agent run`` and ``edge-trainer serve`` processes: photos copied into the
+inbox, pseudo-labels handed over ZeroMQ, engines hot-swapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edge_agent.classifier import Classifier
+from edge_agent.config import parse_config
+from edge_agent.log import get_logger
+from edge_agent.preprocess import preprocess_file
+from engines.loader import open_engine
+from engines.store import EngineStore
+from trainer.data import Sample, TensorDataset, scan_folder, stratified_split
+from trainer.model import build_model
+from trainer.publish import publish_model
+from trainer.samples import SampleStore
+from trainer.service import retrain
+from trainer.train import TrainSettings, fit
+
+__all__ = ["SimSettings", "Split", "split_photos", "simulate"]
+
+
+@dataclass
+class SimSettings:
+    mode: str = "fast"  # fast | full
+    days: int | None = None  # None: every full day the stream holds
+    day_size: int = 100
+    test_fraction: float = 0.1
+    val_fraction: float = 0.1
+    labelled_fraction: float = 0.2
+    tau: float = 0.9
+    cap: int = 500
+    retrain_at: int = 200
+    epochs: int = 60  # supervised baseline (early stopping on validation)
+    patience: int = 20
+    retrain_epochs: int = 15
+    strategy: str = "ewc"
+    threads: int = 2
+    seed: int = 20251120
+    day_timeout_s: float = 1800.0  # full mode: longest wait for one day's photos, hand-over and retrain
+
+
+@dataclass
+class Split:
+    classes: list[str]
+    test: list[Sample]
+    val: list[Sample]
+    labelled: list[Sample]
+    stream: list[Sample]
+    duplicates: int = 0
+    truth: dict[str, int] = field(default_factory=dict)  # sha256 -> class index
+
+    def sizes(self) -> dict:
+        return {"test": len(self.test), "val": len(self.val), "labelled": len(self.labelled), "stream": len(self.stream),
+                "duplicates_dropped": self.duplicates}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def split_photos(data: str | os.PathLike, s: SimSettings) -> Split:
+    """The protocol's splits; photos whose bytes repeat (PlantVillage has some) are kept once."""
+    folder = scan_folder(data)
+    seen: dict[str, int] = {}
+    unique = []
+    for sample in folder.samples:
+        sha = _sha(Path(sample.path))
+        if sha not in seen:
+            seen[sha] = sample.label
+            unique.append(sample)
+    parts = stratified_split(unique, {"test": s.test_fraction, "val": s.val_fraction}, s.seed)
+    pool = stratified_split(parts["train"], {"labelled": s.labelled_fraction}, s.seed + 1)
+    stream = sorted(pool["train"], key=lambda x: str(x.path))
+    random.Random(s.seed).shuffle(stream)
+    return Split(folder.classes, parts["test"], parts["val"], pool["labelled"], stream, len(folder.samples) - len(unique), seen)
+
+
+class _Evaluator:
+    """Test top-1 of a store version through the daemon's own classifier (ONNX Runtime CPU)."""
+
+    def __init__(self, store: EngineStore, test: list[Sample]) -> None:
+        self.store = store
+        self.x = np.stack([preprocess_file(t.path) for t in test])
+        self.y = np.array([t.label for t in test])
+
+    def classifier(self, version: str | None = None) -> Classifier:
+        return Classifier(open_engine(self.store, parse_config({}).engine, version), top_k=1)
+
+    def __call__(self, version: str, classes: list[str]) -> tuple[float, list[list[int]]]:
+        clf = self.classifier(version)
+        try:
+            preds = [p for i in range(0, len(self.x), 64) for p in clf.predict_tensors(self.x[i : i + 64])]
+        finally:
+            clf.engine.close()
+        index = {c: i for i, c in enumerate(classes)}
+        pred = np.array([index[p.label] for p in preds])
+        confusion = np.zeros((len(classes), len(classes)), int)
+        np.add.at(confusion, (self.y, pred), 1)
+        return float((pred == self.y).mean()), confusion.tolist()
+
+
+def _train_baseline(split: Split, store_dir: Path, s: SimSettings, log) -> None:
+    torch.set_num_threads(s.threads)
+    train, val = TensorDataset(split.labelled), TensorDataset(split.val)
+    settings = TrainSettings(epochs=s.epochs, patience=s.patience, seed=s.seed, int8=False)
+    model, info = fit(build_model(len(split.classes)), train, val, settings, progress=sys.stderr.isatty())
+    log.info("baseline_trained", labelled=len(train), epochs_run=info["epochs_run"], best_epoch=info["best_epoch"])
+    publish_model(model, split.classes, store_dir, training={"kind": "simulation-baseline", "labelled": len(train)})
+
+
+def _labelled_folder(split: Split, root: Path) -> Path:
+    """The labelled pool as class folders: the trainer's ``labelled_data`` (it holds out part for its gate)."""
+    for sample in split.labelled:
+        dst = root / split.classes[sample.label] / Path(sample.path).name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(sample.path, dst)
+    return root
+
+
+def _config(s: SimSettings, out: Path, labelled: Path) -> dict:
+    """One configuration for both modes (and both processes in ``full``)."""
+    return {
+        "store": {"path": str(out / "store")},
+        "labels": {"pseudo_threshold": s.tau, "per_class_cap": s.cap},
+        "inbox": {"settle_s": 0.5, "rescan_interval_s": 5.0},
+        "hotswap": {"poll_s": 1.0},
+        "log": {"format": "json"},
+        "trainer": {
+            "labelled_data": str(labelled), "retrain_threshold": s.retrain_at, "epochs": s.retrain_epochs,
+            "strategy": s.strategy, "threads": s.threads, "nice": 0, "int8": False, "seed": s.seed,
+        },
+    }
+
+
+class _FastField:
+    """Daemon and trainer in this process: classify, queue, retrain when due."""
+
+    def __init__(self, cfg: dict, s: SimSettings, out: Path, evaluate: _Evaluator) -> None:
+        self.cfg = parse_config(cfg)
+        self.s = s
+        self.store = EngineStore(out / "store")
+        self.samples = SampleStore(out / "fast" / "trainer")
+        self.strategy_dir = out / "fast" / "trainer" / "strategy"
+        self.evaluate = evaluate
+        self.counts: dict[str, dict[str, int]] = {}  # engine version -> label -> queued (the daemon's cap)
+
+    def day(self, photos: list[Sample]) -> dict:
+        version = self.store.current()
+        clf = self.evaluate.classifier(version)
+        try:
+            x = np.stack([preprocess_file(p.path) for p in photos])
+            preds = clf.predict_tensors(x)
+        finally:
+            clf.engine.close()
+        counts = self.counts.setdefault(version, {})
+        for photo, p in zip(photos, preds):
+            if p.confidence >= self.s.tau and counts.get(p.label, 0) < self.s.cap:
+                data = Path(photo.path).read_bytes()
+                header = {"id": hashlib.sha256(data).hexdigest(), "kind": "pseudo", "label": p.label,
+                          "confidence": p.confidence, "engine_version": p.engine_version, "ext": ".jpg"}
+                if self.samples.add(header, data):
+                    counts[p.label] = counts.get(p.label, 0) + 1
+        if self.samples.counts()["new"] < self.s.retrain_at:
+            return {}
+        result = retrain(self.cfg, self.store, self.samples, self.strategy_dir)
+        return {"published": result.published, "reason": result.reason, "seconds": round(result.seconds, 1)}
+
+    def pseudo_labels(self) -> dict[str, str]:
+        return {x.id: x.label for x in self.samples.all() if x.kind == "pseudo"}
+
+    def close(self) -> None:
+        self.samples.close()
+
+
+class _FullField:
+    """The real daemon and trainer processes on one state directory."""
+
+    def __init__(self, cfg: dict, s: SimSettings, out: Path, evaluate: _Evaluator) -> None:
+        from edge_agent.config import _toml_value
+
+        self.s = s
+        self.root = out / "full"
+        self.state = self.root / "state"
+        self.inbox = self.state / "inbox"
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.store = EngineStore(out / "store")
+        config = self.root / "edge-agent.toml"
+        config.write_text("".join(
+            f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) for section, values in cfg.items()
+        ))
+        self.procs = {}
+        for name, argv in (
+            ("daemon", ["-m", "edge_agent", "run", "--config", str(config), "--state-dir", str(self.state)]),
+            ("trainer", ["-m", "trainer", "--log-format", "json", "serve", "--config", str(config), "--state-dir", str(self.state)]),
+        ):
+            log = open(self.root / f"{name}.log", "ab")
+            self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT)
+        self.sent = 0
+        self._wait(lambda: bool(self._json(self.state / "status.json")), "the daemon to start")
+
+    @staticmethod
+    def _json(path: Path) -> dict:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _db(self, path: Path, sql: str) -> list:
+        if not path.exists():
+            return []
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            return con.execute(sql).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        finally:
+            con.close()
+
+    def _wait(self, cond, what: str) -> None:
+        deadline = time.monotonic() + self.s.day_timeout_s
+        while not cond():
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the {name} exited ({proc.returncode}) while waiting for {what}; see {self.root / name}.log")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gave up waiting for {what} after {self.s.day_timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def day(self, photos: list[Sample]) -> dict:
+        day_dir = self.inbox / f"day{self.sent // self.s.day_size + 1:03d}"
+        staging = self.inbox / ".staging"
+        staging.mkdir(exist_ok=True)
+        for i, p in enumerate(photos):  # copied next door, then renamed in: whole files only, like a camera app
+            tmp = staging / f"{self.sent + i:05d}.jpg"
+            shutil.copy(p.path, tmp)
+        day_dir.mkdir()
+        for i, _ in enumerate(photos):
+            os.rename(staging / f"{self.sent + i:05d}.jpg", day_dir / f"{self.sent + i:05d}.jpg")
+        self.sent += len(photos)
+        results = self.state / "results.sqlite"
+        self._wait(lambda: (self._db(results, "SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent, "the day's results")
+        self._wait(lambda: not self._db(results, "SELECT 1 FROM label_queue WHERE kind = 'pseudo' LIMIT 1"), "the hand-over")
+        before = self._trainer().get("last_retrain")
+
+        def settled() -> bool:
+            t = self._trainer()
+            if t.get("state") != "idle" or t.get("samples", {}).get("new", 0) >= self.s.retrain_at:
+                return False  # training, or due to start
+            d = self._json(self.state / "status.json")
+            return d.get("engine", {}).get("engine_version") == self.store.current()
+
+        time.sleep(1.5)  # the trainer looks at its samples every 0.5 s
+        self._wait(settled, "the trainer to finish and the daemon to swap")
+        last = self._trainer().get("last_retrain")
+        if last is None or last == before:
+            return {}
+        return {"published": last["published"], "reason": last["reason"], "seconds": round(last["seconds"], 1)}
+
+    def _trainer(self) -> dict:
+        return self._json(self.state / "trainer" / "status.json")
+
+    def pseudo_labels(self) -> dict[str, str]:
+        return dict(self._db(self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"))
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, progress=lambda msg: None) -> dict:
+    """Run the simulation; writes ``report.json``, ``report.md`` and plots into ``out`` and returns the report."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    if (out / "store").exists():
+        raise FileExistsError(f"{out} holds an earlier simulation; give an empty or new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    log = get_logger("trainer.simulate", mode=s.mode)
+    split = split_photos(data, s)
+    days = [split.stream[i : i + s.day_size] for i in range(0, len(split.stream) - s.day_size + 1, s.day_size)]
+    if s.days is not None:
+        if s.days > len(days):
+            raise ValueError(f"--days {s.days}: the stream holds {len(split.stream)} photos, {len(days)} full days of {s.day_size}")
+        days = days[: s.days]
+    if not days:
+        raise ValueError(f"{data}: too few photos for one day of {s.day_size} after the labelled and held-out splits")
+    log.info("split", **split.sizes(), days=len(days))
+    progress(f"split {split.sizes()}; training the supervised baseline on {len(split.labelled)} labelled photos")
+    _train_baseline(split, out / "store", s, log)
+    store = EngineStore(out / "store")
+    evaluate = _Evaluator(store, split.test)
+    baseline = store.current()
+    supervised_top1, confusion = evaluate(baseline, split.classes)
+    log.info("supervised", top1=round(supervised_top1, 4), engine_version=baseline)
+    cfg = _config(s, out, _labelled_folder(split, out / "labelled"))
+    field_ = (_FullField if s.mode == "full" else _FastField)(cfg, s, out, evaluate)
+    rows, accepted_before = [], set()
+    try:
+        for n, photos in enumerate(days, 1):
+            t_day = time.perf_counter()
+            retrained = field_.day(photos)
+            pseudo = field_.pseudo_labels()
+            new = {k: v for k, v in pseudo.items() if k not in accepted_before}
+            accepted_before |= set(new)
+            correct = sum(split.classes[split.truth[k]] == v for k, v in new.items())
+            version = store.current()
+            top1, confusion = evaluate(version, split.classes)
+            rows.append({
+                "day": n, "photos": len(photos), "accepted": len(new), "accepted_correct": correct,
+                "precision": round(correct / len(new), 4) if new else None,
+                "cumulative_accepted": len(pseudo), "test_top1": round(top1, 4), "engine_version": version,
+                "retrain": retrained or None, "seconds": round(time.perf_counter() - t_day, 1),
+            })
+            log.info("day", **{k: v for k, v in rows[-1].items() if k != "retrain"}, retrain=json.dumps(retrained or None))
+            progress(f"day {n}/{len(days)}: top-1 {top1:.4f}, {len(new)} pseudo-labels accepted ({rows[-1]['precision']}), engine {version}")
+    finally:
+        field_.close()
+    accepted = sum(r["accepted"] for r in rows)
+    correct = sum(r["accepted_correct"] for r in rows)
+    report = {
+        "mode": s.mode,
+        "data": str(Path(data).resolve()),
+        "classes": len(split.classes),
+        "split": split.sizes(),
+        "settings": asdict(s),
+        "supervised_top1": round(supervised_top1, 4),
+        "supervised_engine_version": baseline,
+        "ssl_top1": rows[-1]["test_top1"],
+        "ssl_engine_version": rows[-1]["engine_version"],
+        "gain_points": round((rows[-1]["test_top1"] - supervised_top1) * 100, 2) + 0.0,
+        "pseudo_labels_accepted": accepted,
+        "pseudo_label_precision": round(correct / accepted, 4) if accepted else None,
+        "days": rows,
+        "confusion": {"classes": split.classes, "matrix": confusion},
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}",
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    from trainer.simreport import write_markdown, write_plots
+
+    write_markdown(report, out / "report.md")
+    write_plots(report, out)
+    return report
