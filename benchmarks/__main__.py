@@ -97,12 +97,18 @@ def _plot(rows: list[dict], path: Path) -> None:
     names = [r["case"].replace(" (reference)", "") for r in present]
     a.barh(names, [r["mean_ms"] for r in present], color="steelblue")
     a.set(xlabel="batch-1 latency, mean ms", title="Latency (lower is better)")
-    for batch, color in ((1, "lightsteelblue"), (8, "steelblue"), (32, "navy")):
+    batches = sorted({x["batch"] for x in rows if not x["unavailable"]})
+    height = 0.8 / max(len(batches), 1)
+    for k, batch in enumerate(batches):  # grouped bars, one per batch size
         vals = [next((x["images_per_s"] for x in rows if x["case"] == r["case"] and x["batch"] == batch and not x["unavailable"]), 0) for r in present]
-        b.barh([f"{n}" for n in names], vals, color=color, alpha=0.8, label=f"batch {batch}")
+        b.barh([i - 0.4 + height * (k + 0.5) for i in range(len(present))], vals, height=height, label=f"batch {batch}")
+    b.set_yticks(range(len(present)), names)
     b.set(xlabel="images/s", title="Throughput")
     b.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    absent = sorted({r["case"] for r in rows if r["unavailable"]})
+    if absent:
+        fig.text(0.01, 0.01, "absent here (reasons in results.md): " + ", ".join(absent), fontsize=7, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.05 if absent else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

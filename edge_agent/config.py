@@ -176,6 +176,12 @@ class TrainerSection(_Section):
         description="Folder of <Class>/<photo> with true labels (e.g. the data the shipped model was trained on): "
         "replayed in every retrain and split for the gate's validation set. Empty: only expert labels serve.",
     )
+    validation_data: str = Field(
+        "",
+        description="Folder of <Class>/<photo> held out for the gate only (never trained on). Set it when the model in "
+        "service was trained on all of labelled_data, so the gate does not judge it on photos it has seen; "
+        "labelled_data is then replayed whole. Empty: val_fraction of labelled_data is held out.",
+    )
     retrain_threshold: int = Field(200, ge=1, description="Retrain once this many new samples have arrived.")
     strategy: Literal["finetune", "ewc", "rehearsal", "lwf"] = Field("ewc", description="How forgetting is fought.")
     epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")

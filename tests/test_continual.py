@@ -130,3 +130,31 @@ def test_ewc_state_accumulates_across_generations(tmp_path):
     second = torch.load(tmp_path / "ewc.pt", weights_only=True)["fisher"]
     name = "head.weight"
     assert torch.allclose(second[name], 1.5 * first[name], rtol=1e-4, atol=1e-9)  # 0.5 * old + new (same data)
+
+
+def test_easy_classes_cannot_dominate_the_pseudo_labels():
+    from trainer.service import balance_pseudo
+
+    labels = torch.tensor([0, 0, 0, 0, 1, 2, 0, 1])
+    pseudo = torch.tensor([True, True, True, True, True, True, False, False])
+    f = balance_pseudo(labels, pseudo)
+    # pseudo counts: class 0: 4, class 1: 1, class 2: 1 -> median 1: class 0 down to 1/4 each, the rest untouched
+    assert f.tolist() == [0.25, 0.25, 0.25, 0.25, 1.0, 1.0, 1.0, 1.0]
+    assert balance_pseudo(labels, torch.zeros(8, dtype=torch.bool)).tolist() == [1.0] * 8
+
+
+def test_batchnorm_statistics_are_recomputed_on_clean_photos():
+    from trainer.model import build_model
+    from trainer.train import recompute_batchnorm
+
+    torch.manual_seed(0)
+    model = build_model(3)
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    bn.running_mean.fill_(5.0)  # statistics left over from augmented batches
+    seen = []
+    bn.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach()))
+    x = torch.randn(20, 3, 128, 128)
+    recompute_batchnorm(model, x, batch_size=10)  # equal batches: the average of batch means is the mean
+    expected = torch.cat(seen).mean(dim=(0, 2, 3))
+    assert torch.allclose(bn.running_mean, expected, atol=1e-4)
+    assert not model.training and bn.momentum == 0.1

@@ -42,7 +42,7 @@ def test_splits_are_disjoint_stratified_and_drop_duplicates(small_field, tmp_pat
 
 
 def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path):
-    s = SimSettings(day_size=10, days=3, epochs=4, patience=4, retrain_epochs=1, retrain_at=5, tau=0.4)
+    s = SimSettings(day_size=10, days=3, epochs=4, patience=4, swa_epochs=0, retrain_epochs=1, retrain_at=5, tau=0.4)
     report = simulate(small_field, tmp_path / "out", s)
     for key in ("supervised_top1", "ssl_top1", "pseudo_label_precision", "days"):
         assert key in report
@@ -60,10 +60,10 @@ def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path)
 
 def test_simulation_refuses_bad_requests(small_field, tmp_path):
     with pytest.raises(ValueError, match="full days"):
-        simulate(small_field, tmp_path / "a", SimSettings(day_size=10, days=50, epochs=1))
+        simulate(small_field, tmp_path / "a", SimSettings(day_size=10, days=50, epochs=1, swa_epochs=0))
     (tmp_path / "b" / "store").mkdir(parents=True)
     with pytest.raises(FileExistsError, match="earlier simulation"):
-        simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, epochs=1))
+        simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, epochs=1, swa_epochs=0))
     cli = subprocess.run(
         [sys.executable, "-m", "trainer", "simulate", "--data", str(small_field), "--out", str(tmp_path / "c"), "--day-size", "500"],
         capture_output=True, text=True, timeout=120,
@@ -107,3 +107,11 @@ def test_power_from_a_rapl_counter(monkeypatch, tmp_path):
 
     r = power.measure_power(work, 0.05)
     assert r["meter"].startswith("Intel RAPL") and r["joules_per_inference"] == pytest.approx(0.5)
+
+
+def test_baseline_reuse_refuses_another_split(small_field, tmp_path):
+    first = simulate(small_field, tmp_path / "a", SimSettings(day_size=10, days=1, epochs=2, patience=2, swa_epochs=0))
+    again = simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, swa_epochs=0, baseline_from=str(tmp_path / "a")))
+    assert again["supervised_top1"] == first["supervised_top1"]  # the same weights, not retrained
+    with pytest.raises(ValueError, match="other data, splits or seed"):
+        simulate(small_field, tmp_path / "c", SimSettings(day_size=10, days=1, seed=1, baseline_from=str(tmp_path / "a")))

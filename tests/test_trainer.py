@@ -149,3 +149,20 @@ def test_init_from_a_store_version(tmp_path):
     other = make_class_folders(tmp_path / "other", ["X", "Y"], 10, size=(48, 48))
     with pytest.raises(DatasetError, match="classes differ"):
         train_supervised(other, tmp_path / "c", settings, progress=False)
+
+
+def test_gate_validation_folder_is_held_out_whole(tmp_path):
+    """With [trainer] validation_data the whole labelled folder is replayed and the gate judges on the other folder;
+    without it, val_fraction of the labelled folder is held out."""
+    from edge_agent.config import parse_config
+    from trainer.service import _labelled
+
+    names = ["Apple___healthy", "Tomato___healthy"]
+    labelled = make_class_folders(tmp_path / "labelled", names, 10)
+    held_out = make_class_folders(tmp_path / "held-out", names[::-1], 3)  # other order: mapped by name
+    classes = ["Tomato___healthy", "Apple___healthy", "Corn___healthy"]
+    train, val = _labelled(parse_config({"trainer": {"labelled_data": str(labelled), "validation_data": str(held_out)}}), classes)
+    assert len(train) == 20 and len(val) == 6
+    assert sorted(val.y.tolist()) == [0, 0, 0, 1, 1, 1]
+    train, val = _labelled(parse_config({"trainer": {"labelled_data": str(labelled), "val_fraction": 0.2}}), classes)
+    assert len(train) == 16 and len(val) == 4

@@ -178,12 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast: one process; full: the real daemon and trainer processes (inbox, ZeroMQ, hot swaps)")
     m.add_argument("--days", type=int, default=None, help="days to stream (default: every full day the data holds)")
     m.add_argument("--day-size", type=int, default=100, help="photos per day")
-    m.add_argument("--epochs", type=int, default=60, help="supervised baseline: maximum epochs")
+    m.add_argument("--epochs", type=int, default=100, help="supervised baseline: epochs")
+    m.add_argument("--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off")
     m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
+    m.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
     m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
     m.add_argument("--strategy", choices=["finetune", "ewc", "rehearsal", "lwf"], default="ewc")
     m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     m.add_argument("--seed", type=int, default=20251120)
+    m.add_argument("--baseline-from", metavar="DIR", help="reuse the supervised baseline of an earlier simulation (same data and seed)")
     m.set_defaults(func=_simulate)
     return parser
 
@@ -194,6 +198,7 @@ def _simulate(args: argparse.Namespace) -> int:
     settings = SimSettings(
         mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
         retrain_at=args.retrain_at, strategy=args.strategy, threads=args.threads, seed=args.seed,
+        label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
     )
     try:
         report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -18,6 +18,7 @@ from edge_agent.log import get_logger
 from trainer.augment import Augment
 from trainer.model import LeafNet
 from trainer.strategies.base import Generation, Strategy
+from trainer.train import recompute_batchnorm
 
 __all__ = ["ContinualSettings", "ramp", "train_generation"]
 
@@ -60,6 +61,10 @@ def train_generation(
     data = strategy.before(model, previous, data)
     augment = Augment()
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    # Cosine decay to zero over the round: the candidate is the last epoch's weights (there is no validation
+    # set to pick a checkpoint with; the gate's photos stay unseen), so end on a small step, not a noisy one.
+    total = max(1, settings.epochs * math.ceil(len(data) / settings.batch_size))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total)))
     for epoch in range(settings.epochs):
         model.train()
         w = ramp(epoch, settings.ramp_epochs)
@@ -88,7 +93,8 @@ def train_generation(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            sched.step()
             if should_stop():
                 raise InterruptedError("training stopped")
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
-    return model.eval(), data
+    return recompute_batchnorm(model, data.x, settings.batch_size), data

@@ -51,16 +51,28 @@ class RetrainResult:
 
 
 def _labelled(cfg: AppConfig, classes: list[str]) -> tuple[Generation, Generation]:
-    """(train, validation) from [trainer] labelled_data, labelled with the engine's class indices."""
+    """(train, validation) from [trainer] labelled_data (and validation_data), with the engine's class indices."""
     empty = Generation(torch.zeros(0, 3, 128, 128), torch.zeros(0, dtype=torch.long))
-    if not cfg.trainer.labelled_data:
+
+    def load(folder_path: str) -> list:
+        folder = scan_folder(folder_path)
+        remap = {i: classes.index(name) for i, name in enumerate(folder.classes) if name in classes}
+        return [type(s)(s.path, remap[s.label]) for s in folder.samples if s.label in remap]
+
+    def tensors(samples: list) -> Generation:
+        if not samples:
+            return empty
+        ds = TensorDataset(samples)
+        return Generation(ds.x, ds.y)
+
+    tc = cfg.trainer
+    train = load(tc.labelled_data) if tc.labelled_data else []
+    if tc.validation_data:
+        return tensors(train), tensors(load(tc.validation_data))
+    if not train:
         return empty, empty
-    folder = scan_folder(cfg.trainer.labelled_data)
-    remap = {i: classes.index(name) for i, name in enumerate(folder.classes) if name in classes}
-    samples = [type(s)(s.path, remap[s.label]) for s in folder.samples if s.label in remap]
-    parts = stratified_split(samples, {"val": cfg.trainer.val_fraction}, cfg.trainer.seed)
-    train, val = TensorDataset(parts["train"]), TensorDataset(parts["val"])
-    return Generation(train.x, train.y), Generation(val.x, val.y)
+    parts = stratified_split(train, {"val": tc.val_fraction}, tc.seed)
+    return tensors(parts["train"]), tensors(parts["val"])
 
 
 def _received(samples: SampleStore, classes: list[str]) -> tuple[Generation, list[str], list[str]]:
@@ -85,7 +97,26 @@ def _received(samples: SampleStore, classes: list[str]) -> tuple[Generation, lis
         ids.append(s.id)
     if not xs:
         return Generation(torch.zeros(0, 3, 128, 128), torch.zeros(0, dtype=torch.long)), ids, new_classes
-    return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), ids), ids, new_classes
+    weights = torch.tensor(ws) * balance_pseudo(torch.tensor(ys), torch.tensor(ps))
+    return Generation(torch.stack(xs), torch.tensor(ys), weights, torch.tensor(ps), ids), ids, new_classes
+
+
+def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
+    """Per-row factor that keeps the easy classes from dominating the pseudo-labels.
+
+    A model is confident mostly on the classes it already knows well, so their pseudo-labels pile up and
+    a retrain drifts towards them until harder classes' recall collapses (self-training's confirmation
+    bias). A class with more pseudo-labels than the median class is down-weighted to the median's total
+    weight; rarer classes are left as they are (never up-weighted: few pseudo-labels may be wrong ones).
+    True labels keep factor 1."""
+    factor = torch.ones(len(labels))
+    if not pseudo.any():
+        return factor
+    classes, counts = labels[pseudo].unique(return_counts=True)
+    median = counts.float().median()
+    for c, n in zip(classes.tolist(), counts.tolist()):
+        factor[pseudo & (labels == c)] = min(1.0, float(median) / n)
+    return factor
 
 
 def retrain(cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_dir: Path, announce=lambda v: None) -> RetrainResult:

@@ -61,12 +61,17 @@ class SimSettings:
     tau: float = 0.9
     cap: int = 500
     retrain_at: int = 200
-    epochs: int = 60  # supervised baseline (early stopping on validation)
-    patience: int = 20
+    epochs: int = 100  # supervised baseline (early stopping on validation)
+    patience: int = 100
+    # No label smoothing for the baseline: smoothing 0.1 over 23 classes caps the trained softmax near 0.90,
+    # right at tau, so almost nothing would ever be confident enough to become a pseudo-label.
+    label_smoothing: float = 0.0
+    swa_epochs: int = 20  # baseline: average the last N epochs' weights (kept only if validation prefers it)
     retrain_epochs: int = 15
     strategy: str = "ewc"
     threads: int = 2
     seed: int = 20251120
+    baseline_from: str | None = None  # an earlier simulation's folder: reuse its baseline (same data and seed)
     day_timeout_s: float = 1800.0  # full mode: longest wait for one day's photos, hand-over and retrain
 
 
@@ -132,23 +137,34 @@ class _Evaluator:
 
 def _train_baseline(split: Split, store_dir: Path, s: SimSettings, log) -> None:
     torch.set_num_threads(s.threads)
+    if s.baseline_from:
+        from trainer.publish import load_weights
+
+        earlier = EngineStore(Path(s.baseline_from) / "store").open("v0001")
+        report = json.loads((Path(s.baseline_from) / "report.json").read_text())
+        if earlier.classes != split.classes or report["split"] != split.sizes() or report["settings"]["seed"] != s.seed:
+            raise ValueError(f"--baseline-from {s.baseline_from}: made from other data, splits or seed")
+        publish_model(load_weights(earlier), split.classes, store_dir, training={**earlier.manifest.get("training", {}), "reused_from": str(s.baseline_from)})
+        log.info("baseline_reused", source=str(s.baseline_from))
+        return
     train, val = TensorDataset(split.labelled), TensorDataset(split.val)
-    settings = TrainSettings(epochs=s.epochs, patience=s.patience, seed=s.seed, int8=False)
+    settings = TrainSettings(epochs=s.epochs, patience=s.patience, seed=s.seed, int8=False, label_smoothing=s.label_smoothing,
+                             swa_epochs=s.swa_epochs)
     model, info = fit(build_model(len(split.classes)), train, val, settings, progress=sys.stderr.isatty())
     log.info("baseline_trained", labelled=len(train), epochs_run=info["epochs_run"], best_epoch=info["best_epoch"])
     publish_model(model, split.classes, store_dir, training={"kind": "simulation-baseline", "labelled": len(train)})
 
 
-def _labelled_folder(split: Split, root: Path) -> Path:
-    """The labelled pool as class folders: the trainer's ``labelled_data`` (it holds out part for its gate)."""
-    for sample in split.labelled:
+def _class_folders(split: Split, samples: list[Sample], root: Path) -> Path:
+    """Photos as <Class>/<photo> folders, the layout the trainer reads."""
+    for sample in samples:
         dst = root / split.classes[sample.label] / Path(sample.path).name
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(sample.path, dst)
     return root
 
 
-def _config(s: SimSettings, out: Path, labelled: Path) -> dict:
+def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict:
     """One configuration for both modes (and both processes in ``full``)."""
     return {
         "store": {"path": str(out / "store")},
@@ -157,7 +173,7 @@ def _config(s: SimSettings, out: Path, labelled: Path) -> dict:
         "hotswap": {"poll_s": 1.0},
         "log": {"format": "json"},
         "trainer": {
-            "labelled_data": str(labelled), "retrain_threshold": s.retrain_at, "epochs": s.retrain_epochs,
+            "labelled_data": str(labelled), "validation_data": str(validation), "retrain_threshold": s.retrain_at, "epochs": s.retrain_epochs,
             "strategy": s.strategy, "threads": s.threads, "nice": 0, "int8": False, "seed": s.seed,
         },
     }
@@ -327,7 +343,9 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
     baseline = store.current()
     supervised_top1, confusion = evaluate(baseline, split.classes)
     log.info("supervised", top1=round(supervised_top1, 4), engine_version=baseline)
-    cfg = _config(s, out, _labelled_folder(split, out / "labelled"))
+    # The trainer replays the whole labelled pool and gates on the validation split: photos the baseline
+    # chose its checkpoint with but never trained on (gating on photos it had trained on would favour it).
+    cfg = _config(s, out, _class_folders(split, split.labelled, out / "labelled"), _class_folders(split, split.val, out / "validation"))
     field_ = (_FullField if s.mode == "full" else _FastField)(cfg, s, out, evaluate)
     rows, accepted_before = [], set()
     try:

@@ -12,6 +12,7 @@ A symlink whose target lies outside the inbox is refused.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -147,13 +148,14 @@ class FolderSource(Worker):
             items = list(self._pending.items())
         for path, p in items:
             try:
-                st = path.lstat()
+                st = os.lstat(path)
             except FileNotFoundError:
                 with self._lock:
                     self._pending.pop(path, None)
                 continue
             refused = None
-            if path.is_symlink():
+            link = stat.S_ISLNK(st.st_mode)
+            if link:
                 target = Path(os.path.realpath(path))
                 if not target.is_relative_to(self.real_inbox):
                     refused = f"symlink points outside the inbox ({target})"
@@ -162,7 +164,7 @@ class FolderSource(Worker):
                         st = target.stat()
                     except FileNotFoundError:
                         refused = "dangling symlink"
-            if refused is None and not path.is_symlink() and not path.is_file():
+            if refused is None and not link and not stat.S_ISREG(st.st_mode):
                 with self._lock:
                     self._pending.pop(path, None)
                 continue
