@@ -15,7 +15,6 @@ import argparse
 import os
 import shutil
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import numpy as np
 
 from edge_agent.config import default_store_path
 from edge_agent.preprocess import preprocess_bytes, preprocess_file
+from edge_agent.results import query_readonly
 from engines.loader import open_engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,13 +125,9 @@ def end_to_end(photos: list[Path], work: Path, extra: dict | None = None) -> dic
     while True:
         time.sleep(0.2)
         peak = max(peak, _rss_mb(proc.pid))
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        n = con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-        if n >= len(photos):
-            created = sorted(r[0] for r in con.execute("SELECT created FROM results"))
-            con.close()
+        if (query_readonly(db, "SELECT COUNT(*) FROM results") or [(0,)])[0][0] >= len(photos):
+            created = sorted(r[0] for r in query_readonly(db, "SELECT created FROM results"))
             break
-        con.close()
     time.sleep(2.0)
     rss_steady = _rss_mb(proc.pid)
     proc.terminate()

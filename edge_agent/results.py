@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "iso"]
+__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "iso", "query_readonly"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -56,6 +56,19 @@ CREATE TABLE IF NOT EXISTS label_queue (
 );
 CREATE INDEX IF NOT EXISTS label_queue_kind ON label_queue(kind, engine_version, label);
 """
+
+
+def query_readonly(path: str | Path, sql: str, timeout: float = 30.0) -> list[tuple]:
+    """Rows of ``sql`` on a database another process is writing (read-only; [] while it does not exist yet)."""
+    if not Path(path).exists():
+        return []
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
+    try:
+        return con.execute(sql).fetchall()
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return []
+    finally:
+        con.close()
 
 
 def iso(ts: float) -> str:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -100,16 +99,9 @@ class DaemonProc:
 
 
 def db_rows(state: Path, sql: str, name: str = "results.sqlite") -> list[tuple]:
-    path = state / name
-    if not path.exists():
-        return []
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        return con.execute(sql).fetchall()
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        con.close()
+    from edge_agent.results import query_readonly
+
+    return query_readonly(state / name, sql, timeout=10)
 
 
 def wait_until(cond, timeout: float, what: str = "condition") -> None:

@@ -24,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from edge_agent.classifier import Classifier
 from edge_agent.config import parse_config
 from edge_agent.log import get_logger
 from edge_agent.preprocess import preprocess_file
+from edge_agent.results import query_readonly
 from engines.loader import open_engine
 from engines.store import EngineStore
 from trainer.data import Sample, TensorDataset, scan_folder, stratified_split
@@ -252,17 +252,6 @@ class _FullField:
         except (OSError, ValueError):
             return {}
 
-    def _db(self, path: Path, sql: str) -> list:
-        if not path.exists():
-            return []
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-        try:
-            return con.execute(sql).fetchall()
-        except sqlite3.OperationalError:
-            return []
-        finally:
-            con.close()
-
     def _wait(self, cond, what: str) -> None:
         deadline = time.monotonic() + self.s.day_timeout_s
         while not cond():
@@ -285,8 +274,8 @@ class _FullField:
             os.rename(staging / f"{self.sent + i:05d}.jpg", day_dir / f"{self.sent + i:05d}.jpg")
         self.sent += len(photos)
         results = self.state / "results.sqlite"
-        self._wait(lambda: (self._db(results, "SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent, "the day's results")
-        self._wait(lambda: not self._db(results, "SELECT 1 FROM label_queue WHERE kind = 'pseudo' LIMIT 1"), "the hand-over")
+        self._wait(lambda: (query_readonly(results, "SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent, "the day's results")
+        self._wait(lambda: not query_readonly(results, "SELECT 1 FROM label_queue WHERE kind = 'pseudo' LIMIT 1"), "the hand-over")
         before = self._trainer().get("last_retrain")
 
         def settled() -> bool:
@@ -307,7 +296,7 @@ class _FullField:
         return self._json(self.state / "trainer" / "status.json")
 
     def pseudo_labels(self) -> dict[str, str]:
-        return dict(self._db(self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"))
+        return dict(query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"))
 
     def close(self) -> None:
         for proc in self.procs.values():
