@@ -61,8 +61,7 @@ def _dist_size(name: str) -> int | None:
     return sum(f.locate().stat().st_size for f in files if f.locate().is_file())
 
 
-def install_sizes(store: Path) -> dict:
-    version = sorted(p for p in store.iterdir() if p.is_dir() and p.name.startswith("v"))[-1]
+def install_sizes(version: Path) -> dict:
     out = {"model": {f.name: f.stat().st_size for f in sorted(version.iterdir())}}
     packages = ["onnxruntime", "onnxruntime-gpu", "opencv-python-headless", "opencv-python", "numpy", "pyzmq", "watchdog",
                 "structlog", "pydantic", "pydantic-core", "torch", "onnx", "tensorrt", "pycuda"]
@@ -191,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             present.append(case)
     bar.set_postfix_str("FLOP floor")
-    version = sorted(p for p in store.iterdir() if p.is_dir() and p.name.startswith("v"))[-1]
+    from engines.store import EngineStore
+
+    version = EngineStore(store).open().path  # the version the daemon would serve
     flops, gemm_n = model_flops(version / "model.onnx"), 1024
     gemm = gemm_gflops(gemm_n, 1.0 if args.quick else 3.0)
     floor_ms = flops / (gemm * 1e9) * 1000
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         e2e = end_to_end(photos[:n], Path(tmp) / "e2e")
     bar.update(1)
     bar.set_postfix_str("install sizes")
-    sizes = install_sizes(store)
+    sizes = install_sizes(version)
     bar.update(1)
     bar.close()
     import onnxruntime

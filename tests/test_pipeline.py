@@ -431,3 +431,22 @@ def test_cap_holds_within_one_batch(tmp_path, engine):
     assert p.drain(30)
     assert len(db.queued("pseudo")) == 2 and len(list(db.results())) == 8
     p.stop()
+
+
+def test_folder_source_backs_off_a_second_after_an_error(tmp_path, monkeypatch):
+    """A failing pass (e.g. the inbox vanished) is logged and retried once a second, not every poll."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    calls = []
+
+    def broken(self):
+        calls.append(time.monotonic())
+        raise OSError("inbox vanished")
+
+    monkeypatch.setattr(FolderSource, "_settle", broken)
+    src, _ = run_source(inbox)  # poll_s 0.05
+    try:
+        time.sleep(1.5)
+    finally:
+        src.stop()
+    assert 1 <= len(calls) <= 3, f"{len(calls)} failing passes in 1.5 s"

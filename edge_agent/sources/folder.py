@@ -228,8 +228,8 @@ class FolderSource(Worker):
             except Exception as exc:  # e.g. the inbox vanished: say so and keep trying
                 self.log.error("folder_source_error", error=repr(exc))
                 wait = 1.0
-            if wait > 0:  # sleep until the next candidate is due (at most poll_s): the pipeline never idles on a timer
-                self._stop.wait(min(wait, self.settings.poll_s))
+            if wait > 0:  # until the next candidate is due (_settle caps it at poll_s), or 1 s after an error
+                self._stop.wait(wait)
 
     def _on_stop(self) -> None:
         if self._observer is not None:
