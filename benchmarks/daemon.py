@@ -112,7 +112,7 @@ def end_to_end(photos: list[Path], work: Path, extra: dict | None = None) -> dic
     config = _write_config(work, extra)
     state = work / "run"
     proc, _ = _start(state, config, work / "n.sock")
-    staging = state / "inbox" / ".staging"
+    staging = work / "staging"  # outside the watched inbox (same filesystem): copying it costs the daemon nothing
     staging.mkdir(parents=True)
     for i, p in enumerate(photos):
         shutil.copy(p, staging / f"{i:05d}.jpg")

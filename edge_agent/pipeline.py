@@ -16,6 +16,7 @@ import json
 import os
 import queue
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.classifier import Classifier, Prediction
-from edge_agent.labelqueue import PhotoSpool, QueueFull
+from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
 from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
@@ -52,6 +53,7 @@ class Job:
     duplicate: bool = False
     timings: dict = field(default_factory=dict)
     ext: str = ".jpg"
+    origin: Origin | None = None  # the inbox file as read, when the queue may hard-link it
 
     @property
     def photo_id(self) -> str:
@@ -226,6 +228,7 @@ class Pipeline:
         t0 = time.perf_counter()
         try:
             if job.data is None:
+                job.origin = self._origin(job.path)
                 job.data = read_limited(job.path, spec)
                 job.ext = job.path.suffix.lower() or ".jpg"
             job.sha256 = hashlib.sha256(job.data).hexdigest()
@@ -245,6 +248,17 @@ class Pipeline:
             self._sink_q.put(job)
             return
         self._infer_q.put(job)
+
+    def _origin(self, path: Path) -> Origin | None:
+        """The file's identity before reading it, when the label queue may link it: only a regular file
+        that the daemon moves or deletes afterwards (with "leave" the owner may still change it in place)."""
+        if self.settings.after == "leave":
+            return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None  # read_limited says why
+        return Origin(path, st.st_ino, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
 
     def _infer_loop(self) -> None:
         stops = 0
@@ -354,7 +368,7 @@ class Pipeline:
                     counts[j.prediction.label] = counts.get(j.prediction.label, 0) + 1
         if wanted:
             try:  # one durability barrier for the batch's queue files, before the commit that lists them
-                files = self.spool.put_many([(kind, j.sha256, j.data, j.ext) for j, kind in wanted])
+                files = self.spool.put_many([SpoolItem(kind, j.sha256, j.data, j.ext, j.origin) for j, kind in wanted])
             except QueueFull as exc:
                 files, reason = [None] * len(wanted), str(exc)
             else:

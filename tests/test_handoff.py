@@ -96,6 +96,28 @@ def test_delivery_with_acks_removes_from_daemon_disk(tmp_path, endpoints):
         receiver.stop()
 
 
+def test_queued_photo_changed_or_missing_on_disk_is_dropped_not_sent(tmp_path, endpoints):
+    """A queued photo whose file no longer matches its hash (changed in place through a hard link) or is gone
+    is never delivered under the wrong content; the rest still arrive."""
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    ids = queue_photos(db, spool, 4)
+    files = {q.sha256: Path(q.file) for q in db.queued("pseudo")}
+    files[ids[0]].write_bytes(b"overwritten in place")
+    files[ids[1]].unlink()
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
+    receiver.start()
+    sender.start()
+    try:
+        wait_until(lambda: not db.queued_for_delivery(100), 20, "queue settled")
+        assert {s.id for s in store.all()} == set(ids[2:])
+        for s in store.all():
+            assert hashlib.sha256(Path(s.file).read_bytes()).hexdigest() == s.id
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
 def test_daemon_first_trainer_later_and_trainer_restart(tmp_path, endpoints):
     sender, db, spool, _ = make_sender(tmp_path, endpoints)
     queue_photos(db, spool, 5)

@@ -13,7 +13,7 @@ import pytest
 
 from edge_agent.classifier import Classifier
 from edge_agent.config import parse_config
-from edge_agent.labelqueue import PhotoSpool, QueueFull
+from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
 from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
 from edge_agent.results import ResultsDB
 from edge_agent.sources.folder import FolderSettings, FolderSource
@@ -450,3 +450,34 @@ def test_folder_source_backs_off_a_second_after_an_error(tmp_path, monkeypatch):
     finally:
         src.stop()
     assert 1 <= len(calls) <= 3, f"{len(calls)} failing passes in 1.5 s"
+
+
+@pytest.mark.parametrize("after,linked", [("move", True), ("delete", True), ("leave", False)])
+def test_queued_photo_is_hard_linked_only_when_the_daemon_owns_the_file(tmp_path, engine, after, linked):
+    fixed = FixedEngine(engine, confidence_for=lambda i: 0.99)
+    p, db, *_ = make_pipeline(tmp_path, fixed, settings=PipelineSettings(max_batch=1, max_wait_ms=0, after=after))
+    (path,) = drop(tmp_path / "inbox", 1)
+    ino, data = path.stat().st_ino, path.read_bytes()
+    p.submit(Job("inbox", path))
+    assert p.drain(30)
+    (q,) = db.queued("pseudo")
+    st = os.stat(q.file)
+    assert (st.st_ino == ino) == linked
+    assert Path(q.file).read_bytes() == data
+    assert st.st_nlink == (2 if after == "move" else 1)  # move: processed/ and the queue share one copy
+    p.stop()
+
+
+def test_spool_writes_the_bytes_read_when_the_file_changed_since(tmp_path):
+    spool = PhotoSpool(tmp_path / "q", 1 << 20)
+    photo = tmp_path / "a.jpg"
+    photo.write_bytes(b"old bytes")
+    st = os.lstat(photo)
+    origin = Origin(photo, st.st_ino, st.st_mtime_ns)
+    photo.write_bytes(b"new bytes")  # rewritten in place after the read
+    os.utime(photo, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    (f,) = spool.put_many([SpoolItem("pseudo", "ab" * 32, b"old bytes", ".jpg", origin)])
+    assert f.read_bytes() == b"old bytes" and f.stat().st_ino != st.st_ino
+    gone = Origin(tmp_path / "vanished.jpg", 1, 1)  # the origin vanished: the bytes are written
+    (g,) = spool.put_many([SpoolItem("review", "cd" * 32, b"kept", ".jpg", gone)])
+    assert g.read_bytes() == b"kept"

@@ -12,6 +12,7 @@ announcements on a SUB socket.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,7 +146,10 @@ class Sender(Worker):
         try:
             data = Path(file).read_bytes()
         except FileNotFoundError:
-            self.log.error("queued_photo_missing", photo_id=entry.photo_id, file=file, action="dropped from queue")
+            data = None
+        if data is None or hashlib.sha256(data).hexdigest() != sha:  # gone, or changed on disk since it was queued
+            self.log.error("queued_photo_missing" if data is None else "queued_photo_changed", photo_id=entry.photo_id,
+                           file=file, action="dropped from queue")
             self.db.remove_queued([sha])
             self._inflight.pop(sha, None)
             return False
