@@ -67,6 +67,24 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far per kernel thread name (digits dropped: decode-0 and decode-1 are "decode"); threads
+    without a name of their own (the main thread, ONNX Runtime's pool) are "main+onnxruntime"."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        name = name.rstrip("0123456789").rstrip("-") or name
+        if name.startswith("python"):
+            name = "main+onnxruntime"
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / hz
+    return out
+
+
 def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, float]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(notify))
@@ -117,6 +135,7 @@ def end_to_end(photos: list[Path], work: Path, extra: dict | None = None) -> dic
     for i, p in enumerate(photos):
         shutil.copy(p, staging / f"{i:05d}.jpg")
     rss_idle = _rss_mb(proc.pid)
+    cpu_before = _thread_cpu_s(proc.pid)
     dropped = time.time()
     for f in sorted(staging.iterdir()):
         os.rename(f, state / "inbox" / f.name)
@@ -127,6 +146,7 @@ def end_to_end(photos: list[Path], work: Path, extra: dict | None = None) -> dic
         peak = max(peak, _rss_mb(proc.pid))
         if (query_readonly(db, "SELECT COUNT(*) FROM results") or [(0,)])[0][0] >= len(photos):
             created = sorted(r[0] for r in query_readonly(db, "SELECT created FROM results"))
+            cpu_after = _thread_cpu_s(proc.pid)
             break
     time.sleep(2.0)
     rss_steady = _rss_mb(proc.pid)
@@ -140,6 +160,7 @@ def end_to_end(photos: list[Path], work: Path, extra: dict | None = None) -> dic
         "rss_mb_idle": rss_idle,
         "rss_mb_steady": rss_steady,
         "rss_mb_peak": peak,
+        "cpu_ms_per_photo": {k: (v - cpu_before.get(k, 0.0)) * 1000 / len(photos) for k, v in cpu_after.items()},
     }
 
 
@@ -175,8 +196,8 @@ def main() -> None:
                          "ratio_overlapped": e2e["end_to_end_photos_per_s"] / over})
             print(f"run {i + 1}/{args.runs}: ratio {rows[-1]['ratio']:.2f}", file=sys.stderr)
 
-    def med(key: str) -> str:
-        digits = 2 if key.startswith("ratio") else 0
+    def med(key: str, digits: int | None = None) -> str:
+        digits = digits if digits is not None else 2 if key.startswith("ratio") else 0
         values = [r[key] for r in rows]
         return f"{statistics.median(values):.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
 
@@ -196,6 +217,14 @@ def main() -> None:
     print(f"| RSS idle (MB) | {med('rss_mb_idle')} |")
     print(f"| RSS steady, 2 s after the burst (MB) | {med('rss_mb_steady')} |")
     print(f"| RSS peak during the burst (MB) | {med('rss_mb_peak')} |")
+    names = sorted({k for r in rows for k in r["cpu_ms_per_photo"]}, key=lambda k: -statistics.median(r["cpu_ms_per_photo"].get(k, 0) for r in rows))
+    for r in rows:
+        r["cpu_total"] = sum(r["cpu_ms_per_photo"].values())
+        for k in names:
+            r[f"cpu {k}"] = r["cpu_ms_per_photo"].get(k, 0.0)
+    print(f"| daemon CPU per photo, all threads (ms) | {med('cpu_total', 2)} |")
+    for k in names:
+        print(f"| - of which {k} (ms) | {med(f'cpu {k}', 2)} |")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
 from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.worker import spawn
 
 __all__ = ["Job", "Pipeline", "PipelineSettings", "LabelPolicy"]
 
@@ -143,9 +144,7 @@ class Pipeline:
         self._spawn(self._sink_loop, "sink")
 
     def _spawn(self, target, name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
-        t.start()
-        self._threads.append(t)
+        self._threads.append(spawn(target, name))
 
     def alive(self) -> bool:
         return all(t.is_alive() for t in self._threads)

@@ -1,10 +1,49 @@
-"""A background thread with start / stop / alive, shared by the sources, the hand-off and the hot-swap watcher."""
+"""Background threads: :func:`spawn` (named for the OS too) and :class:`Worker` with start / stop / alive,
+shared by the pipeline stages, the sources, the hand-off and the hot-swap watcher."""
 
 from __future__ import annotations
 
+import sys
 import threading
+from collections.abc import Callable
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "name_threads", "spawn"]
+
+_PR_SET_NAME = 15
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` in the kernel too (``top -H``, ``ps -L``, /proc/PID/task/*/comm)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def name_threads(threads: list[threading.Thread], name: str) -> None:
+    """Name other threads of this process in the kernel (threads a library started, e.g. watchdog's)."""
+    for t in threads:
+        try:
+            with open(f"/proc/self/task/{t.native_id}/comm", "w") as f:
+                f.write(name[:15])
+        except (OSError, TypeError):
+            pass
+
+
+def spawn(target: Callable[[], None], name: str) -> threading.Thread:
+    """Start a daemon thread running ``target``, named ``name`` in Python and in the kernel."""
+
+    def run() -> None:
+        _name_os_thread(name)
+        target()
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    return t
 
 
 class Worker:
@@ -18,8 +57,7 @@ class Worker:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
-        self._thread.start()
+        self._thread = spawn(self._run, self.thread_name)
 
     def _run(self) -> None:
         raise NotImplementedError

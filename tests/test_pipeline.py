@@ -481,3 +481,36 @@ def test_spool_writes_the_bytes_read_when_the_file_changed_since(tmp_path):
     gone = Origin(tmp_path / "vanished.jpg", 1, 1)  # the origin vanished: the bytes are written
     (g,) = spool.put_many([SpoolItem("review", "cd" * 32, b"kept", ".jpg", gone)])
     assert g.read_bytes() == b"kept"
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a second filesystem (/dev/shm)")
+def test_spool_copies_a_photo_from_another_filesystem(tmp_path):
+    """An inbox on a USB stick or a network share: no hard link across filesystems, the bytes are written."""
+    import tempfile
+
+    spool = PhotoSpool(tmp_path / "q", 1 << 20)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        photo = Path(other) / "a.jpg"
+        photo.write_bytes(b"jpeg bytes")
+        if os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+            pytest.skip("/dev/shm is on the same filesystem here")
+        st = os.lstat(photo)
+        (f,) = spool.put_many([SpoolItem("pseudo", "ef" * 32, b"jpeg bytes", ".jpg", Origin(photo, st.st_ino, st.st_mtime_ns))])
+        assert f.read_bytes() == b"jpeg bytes" and os.stat(f).st_dev != st.st_dev
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="kernel thread names are read from /proc (Linux)")
+def test_stage_threads_carry_their_names_in_the_kernel(tmp_path, engine):
+    """``top -H`` on a Jetson shows which stage eats the CPU; the daemon benchmark's CPU breakdown relies on it."""
+
+    def kernel_names() -> set[str]:
+        return {Path(f"/proc/self/task/{tid}/comm").read_text().strip() for tid in os.listdir("/proc/self/task")}
+
+    p, *_ = make_pipeline(tmp_path, engine, settings=PipelineSettings(decode_workers=2))
+    (tmp_path / "inbox").mkdir()
+    source, _ = run_source(tmp_path / "inbox")
+    try:
+        assert {"decode-0", "decode-1", "infer", "sink", "source-folder", "watchdog"} <= kernel_names()
+    finally:
+        source.stop()
+        p.stop()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.log import get_logger
-from edge_agent.worker import Worker
+from edge_agent.worker import Worker, name_threads
 
 __all__ = ["FolderSource", "FolderSettings", "Arrival"]
 
@@ -212,7 +212,9 @@ class FolderSource(Worker):
         self._wake = threading.Event()
         self._observer = Observer()
         self._observer.schedule(Handler(), str(self.inbox), recursive=self.settings.recursive)
+        before = set(threading.enumerate())
         self._observer.start()
+        name_threads([t for t in threading.enumerate() if t not in before], "watchdog")
         self.rescan()  # the backlog present at start-up
         super().start()
 
