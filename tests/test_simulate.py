@@ -115,3 +115,35 @@ def test_baseline_reuse_refuses_another_split(small_field, tmp_path):
     assert again["supervised_top1"] == first["supervised_top1"]  # the same weights, not retrained
     with pytest.raises(ValueError, match="other data, splits or seed"):
         simulate(small_field, tmp_path / "c", SimSettings(day_size=10, days=1, seed=1, baseline_from=str(tmp_path / "a")))
+
+
+def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
+    """benchmarks.seeds: a seed with a finished report is not run again; an interrupted one is; mean and sd."""
+    from benchmarks import seeds
+
+    def report(sup, ssl, prec, retrain=None):
+        days = [{"day": 1, "retrain": retrain}, {"day": 2, "retrain": None}]
+        return {"supervised_top1": sup, "ssl_top1": ssl, "gain_points": round((ssl - sup) * 100, 1), "pseudo_label_precision": prec,
+                "pseudo_labels_accepted": 500, "wall_s": 10.0, "days": days}
+
+    (tmp_path / "seed-1").mkdir()
+    (tmp_path / "seed-1" / "report.json").write_text(json.dumps(report(0.70, 0.74, 0.93, {"published": "v0002"})))
+    (tmp_path / "seed-2").mkdir()  # interrupted: no report; its leftovers are cleared and the seed runs again
+    (tmp_path / "seed-2" / "junk").write_text("x")
+    ran = []
+
+    def fake_run(cmd, check, cwd):
+        out = Path(cmd[cmd.index("--out") + 1])
+        assert not out.exists()
+        ran.append(int(cmd[cmd.index("--seed") + 1]))
+        out.mkdir()
+        (out / "report.json").write_text(json.dumps(report(0.80, 0.78, 0.95, {"published": None})))
+
+    monkeypatch.setattr(seeds.subprocess, "run", fake_run)
+    assert seeds.main(["--out", str(tmp_path), "--seeds", "1", "2", "--data", "unused"]) == 0
+    assert ran == [2]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["gain_points"]["mean"] == pytest.approx(1.0)
+    assert summary["gain_points"]["sd"] == pytest.approx(4.2426, abs=1e-3)
+    assert [r["published"] for r in summary["runs"]] == [1, 0]
+    assert "| mean |" in (tmp_path / "summary.md").read_text()
