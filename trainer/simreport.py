@@ -35,6 +35,19 @@ def write_markdown(report: dict, path: Path) -> None:
             f"| {d['day']} | {d['accepted']} | {d['precision'] if d['precision'] is not None else '-'} | "
             f"{d['cumulative_accepted']} | {d['test_top1']:.4f} | {d['engine_version']} | {retrain} |"
         )
+    sweep = report.get("threshold_sweep")
+    if sweep:
+        lines += [
+            "",
+            f"Pseudo-labels the supervised model ({sweep['engine_version']}) would give all {sweep['photos']} stream photos "
+            "at other thresholds (`[labels] pseudo_threshold`):",
+            "",
+            "| tau | accepted | share of photos | precision |",
+            "|---|---|---|---|",
+        ]
+        for r in sweep["rows"]:
+            prec = f"{r['precision']:.4f}" if r["precision"] is not None else "-"
+            lines.append(f"| {r['tau']} | {r['accepted']} | {r['share']:.2f} | {prec} |")
     path.write_text("\n".join(lines) + "\n")
 
 

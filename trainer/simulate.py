@@ -111,6 +111,9 @@ def split_photos(data: str | os.PathLike, s: SimSettings) -> Split:
     return Split(folder.classes, parts["test"], parts["val"], pool["labelled"], stream, len(folder.samples) - len(unique), seen)
 
 
+THRESHOLDS = (0.5, 0.8, 0.9, 0.95, 0.97, 0.99)
+
+
 class _Evaluator:
     """Test top-1 of a store version through the daemon's own classifier (ONNX Runtime CPU)."""
 
@@ -121,6 +124,24 @@ class _Evaluator:
 
     def classifier(self, version: str | None = None) -> Classifier:
         return Classifier(open_engine(self.store, parse_config({}).engine, version), top_k=1)
+
+    def threshold_sweep(self, version: str, photos: list[Sample], classes: list[str], taus=THRESHOLDS) -> list[dict]:
+        """Precision and count of pseudo-labels ``version`` would give the whole stream at each threshold: what
+        raising ``[labels] pseudo_threshold`` buys in precision and costs in pseudo-labels."""
+        clf = self.classifier(version)
+        try:
+            preds = [p for i in range(0, len(photos), 64)
+                     for p in clf.predict_tensors(np.stack([preprocess_file(t.path) for t in photos[i : i + 64]]))]
+        finally:
+            clf.engine.close()
+        right = np.array([p.label == classes[t.label] for p, t in zip(preds, photos)])
+        conf = np.array([p.confidence for p in preds])
+        rows = []
+        for tau in taus:
+            keep = conf >= tau
+            rows.append({"tau": tau, "accepted": int(keep.sum()), "share": round(float(keep.mean()), 4),
+                         "precision": round(float(right[keep].mean()), 4) if keep.any() else None})
+        return rows
 
     def __call__(self, version: str, classes: list[str]) -> tuple[float, list[list[int]]]:
         clf = self.classifier(version)
@@ -332,6 +353,7 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
     baseline = store.current()
     supervised_top1, confusion = evaluate(baseline, split.classes)
     log.info("supervised", top1=round(supervised_top1, 4), engine_version=baseline)
+    sweep = evaluate.threshold_sweep(baseline, split.stream, split.classes)
     # The trainer replays the whole labelled pool and gates on the validation split: photos the baseline
     # chose its checkpoint with but never trained on (gating on photos it had trained on would favour it).
     cfg = _config(s, out, _class_folders(split, split.labelled, out / "labelled"), _class_folders(split, split.val, out / "validation"))
@@ -373,6 +395,7 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
         "pseudo_labels_accepted": accepted,
         "pseudo_label_precision": round(correct / accepted, 4) if accepted else None,
         "days": rows,
+        "threshold_sweep": {"engine_version": baseline, "photos": len(split.stream), "rows": sweep},
         "confusion": {"classes": split.classes, "matrix": confusion},
         "wall_s": round(time.perf_counter() - t0, 1),
         "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}",
