@@ -8,8 +8,9 @@ the hot path and verifies it:
 2. the same input spec and preprocessing as the running engine;
 3. the running engine's classes are a prefix of the new ones (a head may grow);
 4. a smoke inference gives finite logits of the right shape;
-5. on the recent confident photos ("golden" photos, kept by the pipeline) the
-   new engine agrees with the old one on at least ``min_agreement`` of them.
+5. on the recent confident photos ("golden" photos, kept by the pipeline, and
+   kept across restarts in ``<state>/golden.npz`` for the engine that labelled
+   them) the new engine agrees with the old one on at least ``min_agreement``.
 
 Only then is it handed to the pipeline, which switches between two batches, so
 no photo is seen by a half-loaded engine and each result records the version

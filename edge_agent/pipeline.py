@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import queue
@@ -33,6 +34,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.worker import spawn
+from engines.durable import atomic_write
 
 __all__ = ["Job", "Pipeline", "PipelineSettings", "LabelPolicy"]
 
@@ -131,6 +133,9 @@ class Pipeline:
         self.queue_full = False
         self._pseudo_counts: dict[str, dict[str, int]] = {}  # engine version -> label -> queued
         self._golden: deque = deque(maxlen=16)  # (tensor, class index) of recent confident photos
+        self.golden_file = state_dir / "golden.npz"  # kept across restarts, so a swap right after a start is checked too
+        self._golden_saved = True
+        self._load_golden()
         self._threads: list[threading.Thread] = []
         self._swap: Classifier | None = None
         self._closed = False
@@ -186,6 +191,7 @@ class Pipeline:
                 break
         for t in self._threads:
             t.join(timeout=5)
+        self._save_golden()
         self._closed = True  # anything a stuck stage finishes later stays in the inbox for the next start
 
     def swap_classifier(self, classifier: Classifier) -> None:
@@ -196,10 +202,40 @@ class Pipeline:
         if self._swap is not None:
             self.classifier, self._swap = self._swap, None
             self._golden.clear()  # golden labels come from the engine in service
+            self._golden_saved = False
 
     def golden(self) -> list[tuple[np.ndarray, int]]:
         """Recent confident photos (preprocessed) with the running engine's class index."""
         return list(self._golden)
+
+    def _save_golden(self) -> None:
+        """Write the golden photos (float16) with the engine version they were labelled by; once per change."""
+        golden = list(self._golden)
+        if self._golden_saved or not golden:
+            return
+        buf = io.BytesIO()
+        np.savez(buf, x=np.stack([g for g, _ in golden]).astype(np.float16), y=np.array([c for _, c in golden], np.int64),
+                 version=np.array(self.classifier.engine.engine_version))
+        try:
+            atomic_write(self.golden_file, buf.getvalue(), durable=False)
+            self._golden_saved = True
+        except OSError as exc:  # a full disk: the check just starts empty after the next restart
+            self.log.warning("golden_save_failed", error=str(exc))
+
+    def _load_golden(self) -> None:
+        """Golden photos of the engine now in service from before a restart; anything else is ignored."""
+        if not self.golden_file.exists():
+            return
+        try:
+            with np.load(self.golden_file, allow_pickle=False) as f:
+                version, x, y = str(f["version"]), f["x"].astype(np.float32), f["y"]
+            if x.ndim != 4 or x.shape[1:] != (3, self.classifier.spec.size, self.classifier.spec.size) or len(x) != len(y):
+                raise ValueError(f"shape {x.shape} / {len(y)} labels")
+        except Exception as exc:  # truncated or tampered: not worth refusing to start over
+            self.log.warning("golden_file_ignored", file=str(self.golden_file), error=repr(exc))
+            return
+        if version == self.classifier.engine.engine_version:
+            self._golden.extend(zip(x, (int(c) for c in y)))
 
     def _counts(self, engine_version: str) -> dict[str, int]:
         if engine_version not in self._pseudo_counts:
@@ -268,8 +304,9 @@ class Pipeline:
                 first = self._infer_q.get(timeout=self.settings.idle_trim_s)
             except queue.Empty:
                 self._apply_swap()
-                if not trimmed:  # idle: hand the engine's cached memory back once
+                if not trimmed:  # idle: hand the engine's cached memory back once, keep the golden photos
                     trimmed = True
+                    self._save_golden()
                     try:
                         self.classifier.engine.trim()
                     except Exception as exc:
@@ -310,6 +347,7 @@ class Pipeline:
                 j.prediction = p
                 if p.confidence >= self.policy.pseudo_threshold:
                     self._golden.append((j.tensor, index[p.label]))
+                    self._golden_saved = False
                 j.tensor = None
                 j.timings["infer"] = p.timings_ms["infer"]
                 j.timings["batch"] = len(batch)

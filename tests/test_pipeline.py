@@ -514,3 +514,41 @@ def test_stage_threads_carry_their_names_in_the_kernel(tmp_path, engine):
     finally:
         source.stop()
         p.stop()
+
+
+def test_golden_photos_survive_a_restart_for_the_same_engine_only(tmp_path, engine):
+    """The hot-swap agreement check has photos to compare on right after a restart (saved when idle and at stop)."""
+    fixed = FixedEngine(engine, confidence_for=lambda i: 0.99)
+    p, *_ = make_pipeline(tmp_path, fixed, settings=PipelineSettings(max_batch=2, max_wait_ms=0, idle_trim_s=0.2))
+    for path in drop(tmp_path / "inbox", 5):
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    wait_for(lambda: (tmp_path / "golden.npz").exists(), 5)  # written once the pipeline went idle
+    before = p.golden()
+    p.stop()
+    assert len(before) == 5
+
+    again, *_ = make_pipeline(tmp_path, FixedEngine(engine))
+    after = again.golden()
+    assert [c for _, c in after] == [c for _, c in before]
+    assert all(np.allclose(a, b, atol=2e-3) and a.dtype == np.float32 for (a, _), (b, _) in zip(after, before))
+    again.stop()
+
+    class Newer(FixedEngine):
+        engine_version = "v0099"
+
+    other, *_ = make_pipeline(tmp_path, Newer(engine))
+    assert other.golden() == []  # labelled by another engine: not evidence for this one
+    other.stop()
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 not really a zip", None])
+def test_damaged_golden_file_is_ignored(tmp_path, engine, content):
+    f = tmp_path / "golden.npz"
+    if content is None:  # a valid archive with the wrong shapes
+        np.savez(f, x=np.zeros((2, 3, 8, 8), np.float16), y=np.zeros(2, np.int64), version=np.array("v0001"))
+    else:
+        f.write_bytes(content)
+    p, *_ = make_pipeline(tmp_path, engine)
+    assert p.golden() == [] and p.alive()
+    p.stop()
