@@ -166,3 +166,15 @@ def test_gate_validation_folder_is_held_out_whole(tmp_path):
     assert sorted(val.y.tolist()) == [0, 0, 0, 1, 1, 1]
     train, val = _labelled(parse_config({"trainer": {"labelled_data": str(labelled), "val_fraction": 0.2}}), classes)
     assert len(train) == 16 and len(val) == 4
+
+
+def test_cli_logging_options_go_before_or_after_the_subcommand():
+    from trainer.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["--log-level", "debug", "status"]).log_level == "debug"
+    assert p.parse_args(["status", "--log-level", "error", "--log-format", "json"]).log_level == "error"
+    assert p.parse_args(["--log-format", "console", "serve"]).log_format == "console"
+    assert p.parse_args(["retrain"]).log_level == "info"
+    with pytest.raises(SystemExit):
+        p.parse_args(["status", "--log-level", "loud"])

@@ -140,13 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-trainer", description="Train and publish edge-agent models.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
+    # The same options after the subcommand too (`edge-trainer serve --log-level debug`); SUPPRESS keeps a value
+    # given before the subcommand when none is given after it.
+    logging_opts = argparse.ArgumentParser(add_help=False)
+    logging_opts.add_argument("--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"])
+    logging_opts.add_argument("--log-format", default=argparse.SUPPRESS, choices=["auto", "json", "console"])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, func, helptext in (
         ("serve", _serve, "receive labels from the daemon, retrain, gate, publish (the service)"),
         ("retrain", _retrain, "retrain now (asks a running `serve`, else runs here)"),
         ("status", _status, "samples, state, last retrain"),
     ):
-        sp = sub.add_parser(name, help=helptext)
+        sp = sub.add_parser(name, parents=[logging_opts], help=helptext)
         sp.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
         sp.add_argument("--state-dir", help="the daemon's state dir (default: $STATE_DIRECTORY or ./edge-state)")
         if name == "serve":
@@ -154,10 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "status":
             sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=func)
-    k = sub.add_parser("keys", help="create CURVE certificates for a tcp:// hand-off")
+    k = sub.add_parser("keys", parents=[logging_opts], help="create CURVE certificates for a tcp:// hand-off")
     k.add_argument("--out", required=True, help="folder to write trainer/, daemon/ and authorized/ into")
     k.set_defaults(func=_keys)
-    t = sub.add_parser("train", help="supervised training from a folder of class folders")
+    t = sub.add_parser("train", parents=[logging_opts], help="supervised training from a folder of class folders")
     t.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     t.add_argument("--store", required=True, help="engine store to publish to (created if missing)")
     t.add_argument("--epochs", type=int, default=None, help="maximum epochs (default 80)")
@@ -171,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-int8", action="store_true", help="skip the INT8 ONNX Runtime variant")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
-    m = sub.add_parser("simulate", help="field simulation: supervised-only vs self-training on a stream of real photos")
+    m = sub.add_parser("simulate", parents=[logging_opts], help="field simulation: supervised-only vs self-training on a stream of real photos")
     m.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     m.add_argument("--out", required=True, help="new folder for report.json, report.md, plots, the store and state")
     m.add_argument("--mode", choices=["fast", "full"], default="fast",
