@@ -188,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
     m.add_argument("--label-smoothing", type=float, default=0.0,
                    help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
+    m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")
     m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
     m.add_argument("--strategy", choices=["finetune", "ewc", "rehearsal", "lwf"], default="ewc")
     m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -202,7 +203,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     settings = SimSettings(
         mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
-        retrain_at=args.retrain_at, strategy=args.strategy, threads=args.threads, seed=args.seed,
+        retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
         label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
     )
     try:
