@@ -126,11 +126,12 @@ class CameraSection(_Section):
 
 class PipelineSection(_Section):
     max_batch: int = Field(
-        4,
+        16,
         ge=1,
         le=256,
-        description="Most photos per inference batch. 4 suits CPUs (larger batches barely help and keep ~4 MB per photo "
-        "of thread-local buffers resident); use 8-16 with TensorRT on a GPU.",
+        description="Most photos per inference batch. Under a burst, bigger batches mean fewer engine calls, commits and "
+        "fsyncs per photo (16 vs 4: +10-15 % end to end on 2 CPU cores); the engine's burst memory (~240 MB peak at 16 "
+        "on CPU, ~150 at 4) is handed back once idle. A lone photo waits at most max_wait_ms for company.",
     )
     max_wait_ms: float = Field(20.0, ge=0, le=5000, description="How long a batch waits to fill up.")
     decode_workers: int = Field(2, ge=1, le=32, description="Threads reading and preprocessing photos.")
