@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -51,6 +52,25 @@ def make_sender(tmp_path, endpoints, **kw):
     return sender, db, spool, announced
 
 
+@contextlib.contextmanager
+def delivering(sender, tmp_path, endpoints):
+    """A trainer-side receiver and the sender running; yields the trainer's sample store."""
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
+    receiver.start()
+    sender.start()
+    try:
+        yield store
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
+def assert_intact(store: SampleStore) -> None:
+    for s in store.all():
+        assert hashlib.sha256(Path(s.file).read_bytes()).hexdigest() == s.id
+
+
 def test_protocol_rejects_garbage():
     good = encode("sample", {"id": "a" * 64, "kind": "pseudo", "label": "x", "confidence": 0.95, "engine_version": "v1", "ext": ".jpg"}, b"jpeg")
     assert decode(good).header["label"] == "x"
@@ -78,22 +98,14 @@ def test_protocol_rejects_garbage():
 def test_delivery_with_acks_removes_from_daemon_disk(tmp_path, endpoints):
     sender, db, spool, _ = make_sender(tmp_path, endpoints)
     ids = queue_photos(db, spool, 20)
-    store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
-    receiver.start()
-    sender.start()
-    try:
+    with delivering(sender, tmp_path, endpoints) as store:
         wait_until(lambda: not db.queued_for_delivery(100), 20, "all acknowledged")
         assert {s.id for s in store.all()} == set(ids)
         assert sender.counters["acked"] == 20
         assert not list((tmp_path / "queue" / "pseudo").iterdir())  # left the daemon's disk
-        for s in store.all():
-            assert hashlib.sha256(Path(s.file).read_bytes()).hexdigest() == s.id
+        assert_intact(store)
         assert sender.trainer_alive
         assert oct(os.stat(tmp_path / "run").st_mode & 0o777) == "0o700"
-    finally:
-        sender.stop()
-        receiver.stop()
 
 
 def test_queued_photo_changed_or_missing_on_disk_is_dropped_not_sent(tmp_path, endpoints):
@@ -104,18 +116,10 @@ def test_queued_photo_changed_or_missing_on_disk_is_dropped_not_sent(tmp_path, e
     files = {q.sha256: Path(q.file) for q in db.queued("pseudo")}
     files[ids[0]].write_bytes(b"overwritten in place")
     files[ids[1]].unlink()
-    store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
-    receiver.start()
-    sender.start()
-    try:
+    with delivering(sender, tmp_path, endpoints) as store:
         wait_until(lambda: not db.queued_for_delivery(100), 20, "queue settled")
         assert {s.id for s in store.all()} == set(ids[2:])
-        for s in store.all():
-            assert hashlib.sha256(Path(s.file).read_bytes()).hexdigest() == s.id
-    finally:
-        sender.stop()
-        receiver.stop()
+        assert_intact(store)
 
 
 def test_daemon_first_trainer_later_and_trainer_restart(tmp_path, endpoints):
