@@ -5,9 +5,10 @@ fsynced, renamed and the directory fsynced, so a file with its final name is
 always complete. A photo that came from a file the daemon owns from now on (the
 inbox photo is moved or deleted afterwards) is hard-linked instead of copied when
 it is still the very file that was read (same inode, size and mtime): no second
-copy on the SD card, and far less filesystem work per photo. The index (label, confidence, engine version) is a row in the
-results database committed in the same transaction as the result; a file is
-named by its content hash, so writing it again after a crash is harmless.
+copy on the SD card, and far less filesystem work per photo. The index (label,
+confidence, engine version) is a row in the results database committed in the
+same transaction as the result; a file is named by its content hash, so writing
+it again after a crash is harmless.
 """
 
 from __future__ import annotations
