@@ -3,29 +3,15 @@ shared by the pipeline stages, the sources, the hand-off and the hot-swap watche
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 
 __all__ = ["Worker", "name_threads", "spawn"]
 
-_PR_SET_NAME = 15
-
-
-def _name_os_thread(name: str) -> None:
-    """Give the calling thread ``name`` in the kernel too (``top -H``, ``ps -L``, /proc/PID/task/*/comm)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
 
 def name_threads(threads: list[threading.Thread], name: str) -> None:
-    """Name other threads of this process in the kernel (threads a library started, e.g. watchdog's)."""
+    """Name threads of this process in the kernel too (``top -H``, ``ps -L``); Linux only, a no-op elsewhere.
+    Works for threads a library started (watchdog's) as well as for the calling thread."""
     for t in threads:
         try:
             with open(f"/proc/self/task/{t.native_id}/comm", "w") as f:
@@ -38,7 +24,7 @@ def spawn(target: Callable[[], None], name: str) -> threading.Thread:
     """Start a daemon thread running ``target``, named ``name`` in Python and in the kernel."""
 
     def run() -> None:
-        _name_os_thread(name)
+        name_threads([threading.current_thread()], name)
         target()
 
     t = threading.Thread(target=run, name=name, daemon=True)

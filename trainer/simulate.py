@@ -128,12 +128,8 @@ class _Evaluator:
     def threshold_sweep(self, version: str, photos: list[Sample], classes: list[str], taus=THRESHOLDS) -> list[dict]:
         """Precision and count of pseudo-labels ``version`` would give the whole stream at each threshold: what
         raising ``[labels] pseudo_threshold`` buys in precision and costs in pseudo-labels."""
-        clf = self.classifier(version)
-        try:
-            preds = [p for i in range(0, len(photos), 64)
-                     for p in clf.predict_tensors(np.stack([preprocess_file(t.path) for t in photos[i : i + 64]]))]
-        finally:
-            clf.engine.close()
+        chunks = (np.stack([preprocess_file(t.path) for t in photos[i : i + 64]]) for i in range(0, len(photos), 64))
+        preds = self._predict(version, chunks)
         right = np.array([p.label == classes[t.label] for p, t in zip(preds, photos)])
         conf = np.array([p.confidence for p in preds])
         rows = []
@@ -143,12 +139,16 @@ class _Evaluator:
                          "precision": round(float(right[keep].mean()), 4) if keep.any() else None})
         return rows
 
-    def __call__(self, version: str, classes: list[str]) -> tuple[float, list[list[int]]]:
+    def _predict(self, version: str, batches) -> list:
+        """Predictions of ``version`` for an iterable of preprocessed batches (made lazily: bounded memory)."""
         clf = self.classifier(version)
         try:
-            preds = [p for i in range(0, len(self.x), 64) for p in clf.predict_tensors(self.x[i : i + 64])]
+            return [p for x in batches for p in clf.predict_tensors(x)]
         finally:
             clf.engine.close()
+
+    def __call__(self, version: str, classes: list[str]) -> tuple[float, list[list[int]]]:
+        preds = self._predict(version, (self.x[i : i + 64] for i in range(0, len(self.x), 64)))
         index = {c: i for i, c in enumerate(classes)}
         pred = np.array([index[p.label] for p in preds])
         confusion = np.zeros((len(classes), len(classes)), int)
