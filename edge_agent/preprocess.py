@@ -11,18 +11,20 @@ Steps, in order:
    images over ``max_pixels`` are rejected before anything is allocated.
 2. Decode with OpenCV, ignoring OpenCV's own EXIF handling, then apply the EXIF
    orientation here (OpenCV builds differ in whether ``imdecode`` honours it).
-3. BGR -> RGB.
-4. Resize to ``size`` x ``size`` with ``cv2.INTER_AREA``: the anti-aliased choice
+3. Resize to ``size`` x ``size`` with ``cv2.INTER_AREA``: the anti-aliased choice
    for downscaling (field photos are almost always larger than the input); it
    averages over the source pixels instead of sampling, so fine lesion texture is
    not aliased. Upscaling (rare) uses ``INTER_LINEAR``. No aspect-preserving
    crop: PlantVillage photos are square, and a crop could cut off the lesion.
-5. Scale to [0, 1], subtract ImageNet mean, divide by std, HWC -> CHW float32.
+4. Scale to [0, 1], subtract ImageNet mean, divide by std, HWC -> CHW float32, BGR -> RGB
+   (a lookup table per channel; swapping channels after the resize gives the same tensor as before it).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,7 @@ __all__ = [
     "ImageRejected",
     "DEFAULT_SPEC",
     "decode_rgb",
+    "decode_bgr",
     "resize",
     "normalize",
     "preprocess_bytes",
@@ -131,6 +134,11 @@ def check_header(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> ImageHeade
 
 def decode_rgb(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
     """Checked decode of ``data`` to an upright HxWx3 uint8 RGB array."""
+    return cv2.cvtColor(decode_bgr(data, spec), cv2.COLOR_BGR2RGB)
+
+
+def decode_bgr(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
+    """Checked decode of ``data`` to an upright HxWx3 uint8 array in OpenCV's BGR order."""
     header = check_header(data, spec)
     buf = np.frombuffer(data, np.uint8)
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
@@ -140,8 +148,7 @@ def decode_rgb(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
         raise ImageRejected(
             f"decoded size {img.shape[1]}x{img.shape[0]} does not match header {header.width}x{header.height}"
         )
-    img = _apply_orientation(img, header.orientation)
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    return _apply_orientation(img, header.orientation)
 
 
 def resize(rgb: np.ndarray, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
@@ -154,34 +161,67 @@ def resize(rgb: np.ndarray, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
     return cv2.resize(rgb, (spec.size, spec.size), interpolation=interp)
 
 
-def normalize(rgb: np.ndarray, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
-    """uint8 HxWx3 RGB -> float32 3xHxW, ImageNet-normalised."""
-    x = rgb.astype(np.float32) * np.float32(1.0 / 255.0)
-    x -= np.asarray(spec.mean, np.float32)
-    x /= np.asarray(spec.std, np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1))
+def normalize(img: np.ndarray, spec: PreprocessSpec = DEFAULT_SPEC, order: str = "RGB") -> np.ndarray:
+    """uint8 HxWx3 (``order`` RGB or BGR) -> float32 3xHxW RGB, ImageNet-normalised: ``(v / 255 - mean) / std``.
+
+    A 256-entry table per channel, computed with exactly that float32 arithmetic, turns this into one
+    lookup pass (``cv2.LUT``) with a bit-for-bit identical result: a third of the CPU of computing it."""
+    bgr = order == "BGR"
+    mean, std = (spec.mean[::-1], spec.std[::-1]) if bgr else (spec.mean, spec.std)
+    chw = cv2.LUT(img, _normalize_table(mean, std)).transpose(2, 0, 1)
+    return np.ascontiguousarray(chw[::-1] if bgr else chw)
+
+
+@functools.lru_cache(maxsize=8)
+def _normalize_table(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """[1, 256, 3] float32 (cv2.LUT's layout): byte v in channel c -> (v / 255 - mean[c]) / std[c]."""
+    v = np.arange(256, dtype=np.float32)[:, None].repeat(3, axis=1) * np.float32(1.0 / 255.0)
+    v -= np.asarray(mean, np.float32)
+    v /= np.asarray(std, np.float32)
+    return np.ascontiguousarray(v[None])
 
 
 def preprocess_bytes(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
-    """Photo bytes -> float32 [3, size, size] network input. Raises :class:`ImageRejected`."""
-    return normalize(resize(decode_rgb(data, spec), spec), spec)
+    """Photo bytes -> float32 [3, size, size] network input. Raises :class:`ImageRejected`.
+
+    Exactly ``normalize(resize(decode_rgb(data)))``, with the BGR -> RGB swap folded into the last step: resizing
+    treats channels alike, so swapping after it gives the same tensor without a pass over the full-size photo."""
+    return normalize(resize(decode_bgr(data, spec), spec), spec, order="BGR")
 
 
 def read_limited(path: str | os.PathLike, spec: PreprocessSpec = DEFAULT_SPEC) -> bytes:
-    """Read a photo's bytes, refusing files over the size cap before reading them."""
-    p = Path(path)
+    """Read a regular file's bytes, refusing it over the size cap before reading it.
+
+    One open, one fstat and reads sized from the file (a photo still growing is read to its end, up to
+    the cap), not a cap-sized buffer per photo. A FIFO, device or socket is refused without blocking."""
+    cap = spec.max_file_bytes
     try:
-        size = p.stat().st_size
-        if size > spec.max_file_bytes:
-            raise ImageRejected(f"file too large: {size} bytes > limit {spec.max_file_bytes}")
-        with open(p, "rb") as f:
-            return f.read(spec.max_file_bytes + 1)
-    except IsADirectoryError:
-        raise ImageRejected("is a directory") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ImageRejected("no such file") from None
     except PermissionError:
         raise ImageRejected("permission denied") from None
+    except IsADirectoryError:
+        raise ImageRejected("is a directory") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ImageRejected("is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ImageRejected("not a regular file")
+        if st.st_size > cap:
+            raise ImageRejected(f"file too large: {st.st_size} bytes > limit {cap}")
+        chunks, total, want = [], 0, st.st_size + 1  # +1: the read that finds the end costs nothing extra
+        while total <= cap:
+            chunk = os.read(fd, min(want, cap + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            want = 1 << 20
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def preprocess_file(path: str | os.PathLike, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 
@@ -38,6 +39,46 @@ def test_output_tensor_shape_dtype_and_normalisation():
     green = (0.0 - DEFAULT_SPEC.mean[1]) / DEFAULT_SPEC.std[1]
     np.testing.assert_allclose(x[0], red, atol=1e-5)  # channel 0 is R: BGR was converted
     np.testing.assert_allclose(x[1], green, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [DEFAULT_SPEC, PreprocessSpec(mean=(0.5, 0.25, 0.125), std=(0.5, 0.1, 0.9))])
+def test_normalize_is_bit_for_bit_the_formula(spec):
+    """The lookup-table normalisation equals (v / 255 - mean) / std in float32, exactly, per channel."""
+    rgb = np.random.default_rng(7).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    rgb[0, :3] = [[0, 0, 0], [255, 255, 255], [1, 128, 254]]
+    x = rgb.astype(np.float32) * np.float32(1.0 / 255.0)
+    x -= np.asarray(spec.mean, np.float32)
+    x /= np.asarray(spec.std, np.float32)
+    got = pp.normalize(rgb, spec)
+    assert got.dtype == np.float32 and got.shape == (3, 37, 53) and got.flags["C_CONTIGUOUS"]
+    assert np.array_equal(got, x.transpose(2, 0, 1))
+
+
+def _reference_tensor(data: bytes) -> np.ndarray:
+    """The preprocessing as written in the module docstring, step by step, in RGB from the start."""
+    rgb = decode_rgb(data)
+    x = pp.resize(rgb).astype(np.float32) * np.float32(1.0 / 255.0)
+    x -= np.asarray(DEFAULT_SPEC.mean, np.float32)
+    x /= np.asarray(DEFAULT_SPEC.std, np.float32)
+    return x.transpose(2, 0, 1)
+
+
+@pytest.mark.parametrize("kind", ["real", "wide", "small", "rotated"])
+def test_preprocess_bytes_is_bit_for_bit_the_rgb_reference(kind, real_photo):
+    """Folding BGR -> RGB into the last step changes nothing: shrinking, upscaling, EXIF rotation."""
+    data = {
+        "real": lambda: real_photo.read_bytes(),
+        "wide": lambda: encode(leaf_image(11, (333, 517)), ".png"),
+        "small": lambda: encode(leaf_image(12, (40, 90)), ".png"),
+        "rotated": lambda: with_exif_orientation(encode(leaf_image(13, (200, 300))), 6),
+    }[kind]()
+    assert np.array_equal(preprocess_bytes(data), _reference_tensor(data))
+
+
+def test_normalize_takes_bgr_too():
+    rgb = np.random.default_rng(8).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    assert np.array_equal(pp.normalize(rgb[:, :, ::-1].copy(), order="BGR"), pp.normalize(rgb))
+    assert not np.array_equal(pp.normalize(rgb[:, :, ::-1].copy()), pp.normalize(rgb))
 
 
 def test_resize_uses_area_interpolation_when_shrinking():
@@ -97,6 +138,32 @@ def test_file_size_cap(tmp_path):
     assert path.stat().st_size > 2048
     with pytest.raises(ImageRejected, match="file too large"):
         preprocess_file(path, spec)
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "photo.jpg"
+    os.mkfifo(fifo)  # nobody ever writes: a blocking open would hang the decode worker
+    with pytest.raises(ImageRejected, match="not a regular file"):
+        pp.read_limited(fifo)
+
+
+def test_a_file_that_grew_after_its_size_was_read_is_read_whole_up_to_the_cap(tmp_path, monkeypatch):
+    """A photo still being written is read to its current end; past the cap the extra byte gets it refused."""
+    data = encode(leaf_image(3, (300, 300)))
+    path = tmp_path / "growing.jpg"
+    path.write_bytes(data)
+    real_fstat = os.fstat
+
+    def stale_fstat(fd):  # the size as it was when the writer had written 10 bytes
+        st = real_fstat(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 10, *st[7:10]))
+
+    monkeypatch.setattr(pp.os, "fstat", stale_fstat)
+    assert pp.read_limited(path) == data
+    small = PreprocessSpec(max_file_bytes=len(data) - 100)
+    assert len(pp.read_limited(path, small)) == len(data) - 99
+    with pytest.raises(ImageRejected, match="file too large"):
+        preprocess_file(path, small)
 
 
 def test_truncated_real_jpeg(real_photo):
