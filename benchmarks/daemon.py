@@ -105,7 +105,7 @@ def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, f
 
 def _write_config(work: Path, extra: dict | None) -> Path:
     config = work / "bench.toml"
-    sections = {"inbox": {"settle_s": "0.5"}, "log": {"level": '"warning"', "format": '"json"'}}
+    sections = {"inbox": {"settle_s": "0.5"}, "log": {"format": '"json"'}}  # the default level (info): a log line per photo
     for key, value in (extra or {}).items():
         section, _, name = key.partition(".")
         sections.setdefault(section, {})[name] = value

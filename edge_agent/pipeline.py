@@ -36,7 +36,7 @@ from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.worker import spawn
 from engines.durable import atomic_write
 
-__all__ = ["Job", "Pipeline", "PipelineSettings", "LabelPolicy"]
+__all__ = ["Job", "Pipeline", "PipelineSettings", "LabelPolicy", "move_out"]
 
 _STOP = object()
 
@@ -477,13 +477,7 @@ class Pipeline:
                 if day_dir != self._day_dir:
                     day_dir.mkdir(parents=True, exist_ok=True)
                     self._day_dir = day_dir
-                dst = _free_name(day_dir / job.path.name)
-                try:
-                    os.rename(job.path, dst)  # same filesystem: one syscall
-                except OSError as exc:
-                    if exc.errno != errno.EXDEV:
-                        raise
-                    shutil.move(str(job.path), dst)  # the inbox is on another filesystem
+                move_out(job.path, day_dir)
         except OSError as exc:
             self.last_errors.append({"time": time.time(), "error": f"could not move {job.path}: {exc}"})
             self.log.error("finalize_failed", photo=job.name, error=str(exc))
@@ -520,6 +514,51 @@ class Pipeline:
             self.progress += 1
             self.last_progress = time.monotonic()
         (self.on_retry if retried else self.on_done)(job)
+
+
+#: link(2) errors meaning "no hard link here" (FAT, fs.protected_hardlinks for another user's file, link limit).
+_NO_LINK = {errno.EPERM, errno.EACCES, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
+
+
+def move_out(src: Path, folder: Path) -> Path:
+    """Move ``src`` into ``folder`` under a free name (``name-1.ext``... if taken); returns where it went.
+
+    On the same filesystem this is link + unlink rather than rename: inotify then reports a deletion, which the
+    folder source does not subscribe to, instead of a rename out of the inbox, which watchdog holds for half a
+    second (and scans for on every later rename in) to pair it with a rename in that never comes. A name already
+    linked to ``src`` (a crash between the two steps) is reused. No hard links there: rename; another
+    filesystem: copy and delete."""
+    for i in range(100000):
+        dst = folder / (src.name if i == 0 else f"{src.stem}-{i}{src.suffix}")
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except FileExistsError:
+            if _same_file(src, dst):
+                break
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                dst = _free_name(dst)
+                shutil.move(str(src), dst)
+                return dst
+            if exc.errno in _NO_LINK:
+                dst = _free_name(dst)
+                os.rename(src, dst)
+                return dst
+            raise
+        break
+    else:
+        raise OSError(f"no free name for {src.name} in {folder}")
+    os.unlink(src)
+    return dst
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _free_name(path: Path) -> Path:

@@ -14,7 +14,7 @@ import pytest
 from edge_agent.classifier import Classifier
 from edge_agent.config import parse_config
 from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
-from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
+from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings, move_out
 from edge_agent.results import ResultsDB
 from edge_agent.sources.folder import FolderSettings, FolderSource
 from engines.loader import open_engine
@@ -267,7 +267,7 @@ class Collector:
 
 def run_source(inbox: Path, **settings) -> tuple[FolderSource, Collector]:
     c = Collector()
-    s = FolderSource(inbox, FolderSettings(settle_s=0.3, poll_s=0.05, rescan_interval_s=1.0, **settings), c)
+    s = FolderSource(inbox, FolderSettings(**{"settle_s": 0.3, "poll_s": 0.05, "rescan_interval_s": 1.0, **settings}), c)
     s.start()
     return s, c
 
@@ -552,3 +552,66 @@ def test_damaged_golden_file_is_ignored(tmp_path, engine, content):
     p, *_ = make_pipeline(tmp_path, engine)
     assert p.golden() == [] and p.alive()
     p.stop()
+
+
+def test_the_daemons_own_reads_and_moves_raise_no_folder_events(tmp_path):
+    """Reading a photo and moving it out must not wake the folder source (each event is a dispatch and a stat)."""
+    inbox, processed = tmp_path / "inbox", tmp_path / "processed"
+    inbox.mkdir(), processed.mkdir()
+    src, c = run_source(inbox, rescan_interval_s=60)
+    calls = []
+    real_notice = src.notice
+    src.notice = lambda p: (calls.append(p.name), real_notice(p))
+    try:
+        photo = inbox / "leaf.jpg"
+        photo.write_bytes(encode(leaf_image(1)))
+        assert wait_for(lambda: c.names() == ["leaf.jpg"])
+        time.sleep(0.3)
+        before = len(calls)
+        assert before >= 1  # the arrival itself was an event
+        for _ in range(3):
+            photo.read_bytes()
+        move_out(photo, processed)
+        time.sleep(1.0)  # longer than watchdog's half-second wait to pair a rename out
+        assert calls[before:] == []
+    finally:
+        src.stop()
+
+
+def test_move_out_picks_a_free_name_and_survives_a_crash_between_link_and_unlink(tmp_path):
+    inbox, processed = tmp_path / "inbox", tmp_path / "processed"
+    inbox.mkdir(), processed.mkdir()
+    (processed / "leaf.jpg").write_bytes(b"an older photo of the same name")
+    photo = inbox / "leaf.jpg"
+    photo.write_bytes(b"new")
+    assert move_out(photo, processed) == processed / "leaf-1.jpg"
+    assert not photo.exists() and (processed / "leaf-1.jpg").read_bytes() == b"new"
+    assert (processed / "leaf.jpg").read_bytes() == b"an older photo of the same name"
+    again = inbox / "leaf.jpg"  # linked, then the power went: the same file under both names
+    again.write_bytes(b"newer")
+    os.link(again, processed / "leaf-2.jpg")
+    assert move_out(again, processed) == processed / "leaf-2.jpg"
+    assert not again.exists() and sorted(p.name for p in processed.iterdir()) == ["leaf-1.jpg", "leaf-2.jpg", "leaf.jpg"]
+
+
+@pytest.mark.parametrize("err, how", [(errno.EPERM, "rename"), (errno.EXDEV, "copy")])
+def test_move_out_without_hard_links_or_across_filesystems(tmp_path, monkeypatch, err, how):
+    """FAT or fs.protected_hardlinks (EPERM): rename; the inbox on another filesystem (EXDEV): copy and delete."""
+    import edge_agent.pipeline as pipeline_mod
+
+    inbox, processed = tmp_path / "inbox", tmp_path / "processed"
+    inbox.mkdir(), processed.mkdir()
+    (processed / "leaf.jpg").write_bytes(b"taken")
+    photo = inbox / "leaf.jpg"
+    photo.write_bytes(b"photo")
+    used = []
+
+    def no_link(*a, **k):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(pipeline_mod.os, "link", no_link)
+    real_rename, real_move = pipeline_mod.os.rename, pipeline_mod.shutil.move
+    monkeypatch.setattr(pipeline_mod.os, "rename", lambda *a: (used.append("rename"), real_rename(*a))[1])
+    monkeypatch.setattr(pipeline_mod.shutil, "move", lambda *a: (used.append("copy"), real_move(*a))[1])
+    assert move_out(photo, processed) == processed / "leaf-1.jpg"
+    assert used[0] == how and not photo.exists()  # (shutil.move itself tries a rename first) and (processed / "leaf-1.jpg").read_bytes() == b"photo"

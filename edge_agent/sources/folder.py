@@ -211,7 +211,7 @@ class FolderSource(Worker):
 
         self._wake = threading.Event()
         self._observer = Observer()
-        self._observer.schedule(Handler(), str(self.inbox), recursive=self.settings.recursive)
+        self._observer.schedule(Handler(), str(self.inbox), recursive=self.settings.recursive, event_filter=_arrival_events())
         before = set(threading.enumerate())
         self._observer.start()
         name_threads([t for t in threading.enumerate() if t not in before], "watchdog")
@@ -237,3 +237,13 @@ class FolderSource(Worker):
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=5)
+
+
+def _arrival_events() -> list:
+    """The watchdog events that can mean a photo arrived: created, renamed in (rsync), closed after writing, and
+    folders created or moved in. The daemon's own reads (open / close-without-write), its moves out of the inbox
+    (deletions for inotify, see Pipeline._finalize_file) and every write() of a copy are not asked of the kernel:
+    each would be an event to read, dispatch and stat for nothing. Settling is judged by stat, not by events."""
+    from watchdog.events import DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileCreatedEvent, FileMovedEvent
+
+    return [FileCreatedEvent, FileMovedEvent, FileClosedEvent, DirCreatedEvent, DirMovedEvent]
