@@ -478,7 +478,8 @@ class Pipeline:
                     day_dir.mkdir(parents=True, exist_ok=True)
                     self._day_dir = day_dir
                 move_out(job.path, day_dir)
-        except OSError as exc:
+        except OSError as exc:  # the photo stays in the inbox; a rescan finds it again (as a duplicate: no second result)
+            self._day_dir = None  # someone may have removed processed/: make it again next time
             self.last_errors.append({"time": time.time(), "error": f"could not move {job.path}: {exc}"})
             self.log.error("finalize_failed", photo=job.name, error=str(exc))
 

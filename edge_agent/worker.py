@@ -21,14 +21,10 @@ def name_threads(threads: list[threading.Thread], name: str) -> None:
 
 
 def spawn(target: Callable[[], None], name: str) -> threading.Thread:
-    """Start a daemon thread running ``target``, named ``name`` in Python and in the kernel."""
-
-    def run() -> None:
-        name_threads([threading.current_thread()], name)
-        target()
-
-    t = threading.Thread(target=run, name=name, daemon=True)
-    t.start()
+    """Start a daemon thread running ``target``, named ``name`` in Python and in the kernel (before this returns)."""
+    t = threading.Thread(target=target, name=name, daemon=True)
+    t.start()  # returns once the thread runs, so its native id is known
+    name_threads([t], name)
     return t
 
 

@@ -417,6 +417,32 @@ def test_after_processing_delete_or_leave(tmp_path, engine, after):
     p.stop()
 
 
+def test_processed_folder_removed_while_running(tmp_path, engine):
+    """Someone deletes processed/ (or today's folder) under a running daemon: the next photos recreate it, and a
+    photo whose move failed is moved when it is seen again, with no second result."""
+    import shutil
+
+    p, db, done, _ = make_pipeline(tmp_path, engine)
+    first = drop(tmp_path / "inbox", 2)
+    for path in first:
+        p.submit(Job("inbox", path))
+    assert p.drain(30) and len(list((tmp_path / "processed").rglob("*.jpg"))) == 2
+    shutil.rmtree(tmp_path / "processed")
+    (tmp_path / "processed").write_text("not a folder")  # the move of the next photo fails
+    stuck = drop(tmp_path / "inbox", 1, start=2)
+    p.submit(Job("inbox", stuck[0]))
+    assert p.drain(30) and stuck[0].exists() and "could not move" in p.last_errors[-1]["error"]
+    (tmp_path / "processed").unlink()
+    later = drop(tmp_path / "inbox", 2, start=3)
+    for path in stuck + later:  # the stuck one comes back through the rescan
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    assert not any(path.exists() for path in stuck + later)
+    assert len(list((tmp_path / "processed").rglob("*.jpg"))) == 3
+    assert len(list(db.results())) == 5 and p.counters["duplicates"] == 1
+    p.stop()
+
+
 def test_cap_holds_within_one_batch(tmp_path, engine):
     class OneClass(FixedEngine):
         def infer(self, batch):
