@@ -242,7 +242,7 @@ class FolderSource(Worker):
 def _arrival_events() -> list:
     """The watchdog events that can mean a photo arrived: created, renamed in (rsync), closed after writing, and
     folders created or moved in. The daemon's own reads (open / close-without-write), its moves out of the inbox
-    (deletions for inotify, see Pipeline._finalize_file) and every write() of a copy are not asked of the kernel:
+    (deletions for inotify, see edge_agent.pipeline.move_out) and every write() of a copy are not asked of the kernel:
     each would be an event to read, dispatch and stat for nothing. Settling is judged by stat, not by events."""
     from watchdog.events import DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileCreatedEvent, FileMovedEvent
 
