@@ -196,7 +196,7 @@ def read_limited(path: str | os.PathLike, spec: PreprocessSpec = DEFAULT_SPEC) -
     the cap), not a cap-sized buffer per photo. A FIFO, device or socket is refused without blocking."""
     cap = spec.max_file_bytes
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise ImageRejected("no such file") from None
     except PermissionError:
