@@ -529,8 +529,7 @@ def move_out(src: Path, folder: Path) -> Path:
     second (and scans for on every later rename in) to pair it with a rename in that never comes. A name already
     linked to ``src`` (a crash between the two steps) is reused. No hard links there: rename; another
     filesystem: copy and delete."""
-    for i in range(100000):
-        dst = folder / (src.name if i == 0 else f"{src.stem}-{i}{src.suffix}")
+    for dst in _names(folder / src.name):
         try:
             os.link(src, dst, follow_symlinks=False)
         except FileExistsError:
@@ -548,8 +547,6 @@ def move_out(src: Path, folder: Path) -> Path:
                 return dst
             raise
         break
-    else:
-        raise OSError(f"no free name for {src.name} in {folder}")
     os.unlink(src)
     return dst
 
@@ -562,12 +559,14 @@ def _same_file(a: Path, b: Path) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-def _free_name(path: Path) -> Path:
-    """``path``, or ``name-1.ext``, ``name-2.ext``... if taken."""
-    if not path.exists():
-        return path
+def _names(path: Path):
+    """``path``, then ``name-1.ext``, ``name-2.ext``...; OSError once they run out."""
+    yield path
     for i in range(1, 100000):
-        cand = path.with_name(f"{path.stem}-{i}{path.suffix}")
-        if not cand.exists():
-            return cand
+        yield path.with_name(f"{path.stem}-{i}{path.suffix}")
     raise OSError(f"no free name for {path}")
+
+
+def _free_name(path: Path) -> Path:
+    """The first of :func:`_names` that does not exist."""
+    return next(p for p in _names(path) if not p.exists())
