@@ -187,7 +187,13 @@ class TrainerSection(_Section):
     strategy: Literal["finetune", "ewc", "rehearsal", "lwf"] = Field("ewc", description="How forgetting is fought.")
     epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
     batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
-    lr: float = Field(5e-4, gt=0, le=1, description="AdamW learning rate for fine-tuning.")
+    lr: float = Field(2e-3, gt=0, le=1, description="AdamW peak learning rate for fine-tuning (cosine decay after it).")
+    swa_epochs: int = Field(
+        10, ge=0, le=500,
+        description="Average the weights of the last N epochs of a retrain (SWA; the learning rate is held at a quarter "
+        "of lr while averaging): a retrain ending on one epoch's weights loses the flatter solution an SWA-trained model "
+        "in service has, and with it the gate. 0: the last epoch's weights after a cosine decay to zero.",
+    )
     pseudo_lambda: float = Field(1.0, ge=0, description="Weight of the confidence-weighted pseudo-label loss.")
     ramp_epochs: int = Field(10, ge=0, description="Epochs over which the pseudo-label weight ramps up from ~0 to 1.")
     ewc_lambda: float = Field(100.0, ge=0, description="EWC: strength of the pull towards earlier solutions.")
@@ -200,6 +206,11 @@ class TrainerSection(_Section):
     threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
     nice: int = Field(10, ge=0, le=19, description="Added niceness of the trainer process (inference first).")
     int8: bool = Field(True, description="Also build the INT8 ONNX Runtime variant when publishing.")
+    calibrate: bool = Field(
+        True,
+        description="Fit a softmax temperature on the gate's validation photos and fold it into the published model, so "
+        "that a confidence of 0.9 is right about 90 % of the time (pseudo_threshold relies on it).",
+    )
     seed: int = Field(20251120, description="Seed for splits, initialisation and augmentation.")
 
 

@@ -158,3 +158,34 @@ def test_batchnorm_statistics_are_recomputed_on_clean_photos():
     expected = torch.cat(seen).mean(dim=(0, 2, 3))
     assert torch.allclose(bn.running_mean, expected, atol=1e-4)
     assert not model.training and bn.momentum == 0.1
+
+
+def test_lr_schedule_warms_up_decays_and_holds_the_swa_floor():
+    from trainer.train import lr_schedule
+
+    plain = lr_schedule(100)
+    assert plain(0) == 1.0 and plain(50) == pytest.approx(0.5) and plain(100) == 0.0
+    warm = lr_schedule(100, warmup=10)
+    assert warm(0) == pytest.approx(0.1) and warm(9) == 1.0 and warm(10) == 1.0
+    swa = lr_schedule(100, swa=30)
+    assert swa(0) == 1.0 and swa(69) > 0.25 and all(swa(s) == 0.25 for s in range(70, 120))
+
+
+def test_retrain_with_swa_returns_the_average_of_its_last_epochs(tmp_path, monkeypatch):
+    """[trainer] swa_epochs: the candidate's weights are the mean of the last N epochs' weights (BatchNorm recomputed)."""
+    seen = []
+
+    class Recording(torch.optim.swa_utils.AveragedModel):
+        def update_parameters(self, model):
+            seen.append(model.head.weight.detach().clone())
+            super().update_parameters(model)
+
+    monkeypatch.setattr(torch.optim.swa_utils, "AveragedModel", Recording)
+    settings = ContinualSettings(epochs=4, batch_size=8, swa_epochs=3)
+    model, _ = train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), settings)
+    assert len(seen) == 3
+    torch.testing.assert_close(model.head.weight, torch.stack(seen).mean(0))
+    assert not torch.equal(seen[0], seen[-1])  # the average is not just one epoch's weights
+    seen.clear()
+    train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), ContinualSettings(epochs=4, batch_size=8))
+    assert seen == []  # swa_epochs 0: the last epoch's weights, nothing averaged

@@ -98,6 +98,8 @@ def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_pa
         wait_until(lambda: t.logged("retrain_published"), 240, "a retrain that publishes")
         store = EngineStore(state / "engines")
         assert store.current() == "v0002" and store.open().manifest["parent"] == "v0001"
+        calibration = store.open().manifest["metrics"]["calibration"]  # [trainer] calibrate, on by default
+        assert calibration["skipped"] is None and calibration["photos"] == 46 and calibration["temperature"] > 0
         wait_until(lambda: '"engine_swapped"' in d.log_path.read_text(), 60, "hot swap in the daemon")
         batch2 = field[5::12][:20]
         for i, p in enumerate(batch2):

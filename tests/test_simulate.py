@@ -61,6 +61,8 @@ def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path)
     counts = [r["accepted"] for r in sweep["rows"]]
     assert counts == sorted(counts, reverse=True) and counts[0] <= sweep["photos"]
     assert all(r["precision"] is None or 0 <= r["precision"] <= 1 for r in sweep["rows"])
+    assert 0 <= sweep["ece"] <= 1
+    assert "expected calibration error" in (tmp_path / "out" / "report.md").read_text()
     assert "| tau | accepted |" in (tmp_path / "out" / "report.md").read_text()
 
 

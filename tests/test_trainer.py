@@ -113,6 +113,39 @@ def test_train_publishes_a_complete_version(tmp_path):
         assert key in m["metrics"]
     assert m["metrics"]["onnx_max_abs_diff"] < 1e-4
     assert EngineStore(tmp_path / "store").current() == version.name
+    assert "3 held-out photos" in m["metrics"]["calibration"]["skipped"]  # too few to fit a temperature on
+
+
+def _noisy_classes(root: Path) -> Path:
+    """Three classes of 70 photos, every third filed under the next class: no model can be sure of all of them."""
+    make_class_folders(root, ["A", "B", "C"], 70, size=(40, 40))
+    for i, name in enumerate("ABC"):
+        for photo in sorted((root / name).iterdir())[::3]:
+            photo.rename(root / "ABC"[(i + 1) % 3] / f"moved-{photo.name}")
+    return root
+
+
+def test_train_folds_the_temperature_fitted_on_validation(tmp_path):
+    """The published ONNX's softmax is the trained model's divided by the fitted temperature; top-1 is unchanged."""
+    from trainer.calibrate import fit_temperature
+    from trainer.publish import load_weights
+
+    root = _noisy_classes(tmp_path / "data")
+    settings = TrainSettings(epochs=1, batch_size=16, int8=False, threads=2)
+    plain = train_supervised(root, tmp_path / "plain", TrainSettings(**{**settings.__dict__, "calibrate": False}), progress=False)
+    scaled = train_supervised(root, tmp_path / "scaled", settings, progress=False)
+    assert "calibration" not in plain.manifest["metrics"]
+    cal = scaled.manifest["metrics"]["calibration"]
+    assert cal["skipped"] is None and cal["photos"] == 21 and cal["nll_after"] <= cal["nll_before"]
+    folder = scan_folder(root)
+    val = TensorDataset(stratified_split(folder.samples, {"test": 0.1, "val": 0.1}, settings.seed)["val"])
+    with torch.no_grad():
+        raw, folded = load_weights(plain)(val.x), load_weights(scaled)(val.x)
+    # CPU training is not bit-reproducible, so compare each run with its own fit rather than the two runs.
+    assert fit_temperature(folded, val.y) == pytest.approx(1.0, rel=0.02)  # nothing left to fit
+    assert fit_temperature(raw, val.y) != pytest.approx(1.0, rel=0.1)  # an untrained-ish model is not calibrated
+    assert cal["temperature"] != pytest.approx(1.0, rel=0.1)
+    assert scaled.manifest["metrics"]["val"]["top1"] == pytest.approx((folded.argmax(1) == val.y).float().mean().item(), abs=1e-4)
 
 
 def test_early_stopping(tmp_path, monkeypatch):
@@ -178,3 +211,40 @@ def test_cli_logging_options_go_before_or_after_the_subcommand():
     assert p.parse_args(["retrain"]).log_level == "info"
     with pytest.raises(SystemExit):
         p.parse_args(["status", "--log-level", "loud"])
+
+
+def test_calibrate_publishes_a_calibrated_child_of_an_older_version(tmp_path):
+    """`edge-trainer calibrate`: for versions published before calibration (e.g. the shipped one)."""
+    from trainer.publish import load_weights, publish_model
+    from trainer.train import recalibrate
+
+    root = _noisy_classes(tmp_path / "data")
+    old = train_supervised(root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, threads=2, calibrate=False), progress=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "calibrate", "--data", str(root), "--store", str(tmp_path / "store")],
+        capture_output=True, text=True, cwd=Path(__file__).parents[1],
+    )
+    assert out.returncode == 0, out.stderr
+    assert "published v0002 (from v0001)" in out.stdout and "temperature" in out.stdout
+    new = EngineStore(tmp_path / "store").open()
+    assert new.name == "v0002" and new.manifest["parent"] == "v0001"
+    assert new.manifest["training"]["recalibrated_from"] == "v0001"
+    assert new.manifest["training"]["split"] == old.manifest["training"]["split"]  # the held-out photos stay known
+    assert set(new.manifest["artifacts"]) == {"onnx", "int8", "torch"}
+    cal = new.manifest["metrics"]["calibration"]
+    assert cal["photos"] == 21 and cal["nll_after"] <= cal["nll_before"]
+    assert new.manifest["metrics"]["val"]["top1"] == old.manifest["metrics"]["val"]["top1"]  # same predictions
+    x = TensorDataset(scan_folder(root).samples[:12]).x
+    with torch.no_grad():
+        before, after = load_weights(old)(x), load_weights(new)(x)
+    torch.testing.assert_close(after, before / cal["temperature"], rtol=1e-4, atol=1e-5)
+
+    other = make_class_folders(tmp_path / "other", ["X", "Y", "Z"], 10, size=(40, 40))
+    with pytest.raises(DatasetError, match="class folders differ"):
+        recalibrate(other, tmp_path / "store")
+    bare = publish_model(load_weights(old), ["A", "B", "C"], tmp_path / "bare")  # no training split recorded
+    with pytest.raises(DatasetError, match="no training split"):
+        recalibrate(root, tmp_path / "bare", bare.name)
+    few = make_class_folders(tmp_path / "few", ["A", "B", "C"], 10, size=(40, 40))
+    with pytest.raises(DatasetError, match="held-out photos"):
+        recalibrate(few, tmp_path / "store", "v0001")

@@ -25,6 +25,7 @@ def _train(args: argparse.Namespace) -> int:
         settings.lr = args.lr
     settings.init = args.init
     settings.swa_epochs = args.swa_epochs
+    settings.calibrate = not args.no_calibrate
     try:
         version = train_supervised(args.data, args.store, settings, progress=not args.no_progress)
     except DatasetError as exc:
@@ -37,6 +38,21 @@ def _train(args: argparse.Namespace) -> int:
     if "int8" in m:
         line += f", INT8 agreement {m['int8']['top1_agreement_with_fp32']:.4f}"
     print(line)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from trainer.data import DatasetError
+    from trainer.train import recalibrate
+
+    try:
+        version = recalibrate(args.data, args.store, args.version)
+    except DatasetError as exc:
+        print(f"edge-trainer: cannot calibrate: {exc}", file=sys.stderr)
+        return 2
+    c = version.manifest["metrics"]["calibration"]
+    print(f"published {version.name} (from {version.manifest['parent']}) to {args.store}: temperature {c['temperature']:.3f}, "
+          f"validation ECE {c['ece_before']:.3f} -> {c['ece_after']:.3f} on {c['photos']} photos")
     return 0
 
 
@@ -174,8 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=20251120, help="seed for the split, initialisation and augmentation")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-int8", action="store_true", help="skip the INT8 ONNX Runtime variant")
+    t.add_argument("--no-calibrate", action="store_true",
+                   help="publish the model as trained, without the softmax temperature fitted on the validation split")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
+    c = sub.add_parser("calibrate", parents=[logging_opts],
+                       help="fold a softmax temperature, fitted on a version's validation photos, into a new version")
+    c.add_argument("--data", required=True, help="the folder of <Class name>/<photo> folders the version was trained on")
+    c.add_argument("--store", required=True, help="engine store holding the version; the calibrated child is published there")
+    c.add_argument("--version", help="version to calibrate (default: current)")
+    c.set_defaults(func=_calibrate)
     m = sub.add_parser("simulate", parents=[logging_opts], help="field simulation: supervised-only vs self-training on a stream of real photos")
     m.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     m.add_argument("--out", required=True, help="new folder for report.json, report.md, plots, the store and state")
@@ -183,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast: one process; full: the real daemon and trainer processes (inbox, ZeroMQ, hot swaps)")
     m.add_argument("--days", type=int, default=None, help="days to stream (default: every full day the data holds)")
     m.add_argument("--day-size", type=int, default=100, help="photos per day")
-    m.add_argument("--epochs", type=int, default=100, help="supervised baseline: epochs")
+    m.add_argument("--epochs", type=int, default=200, help="supervised baseline: epochs")
     m.add_argument("--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off")
     m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
     m.add_argument("--label-smoothing", type=float, default=0.0,
@@ -193,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--strategy", choices=["finetune", "ewc", "rehearsal", "lwf"], default="ewc")
     m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     m.add_argument("--seed", type=int, default=20251120)
+    m.add_argument("--no-calibrate", action="store_true",
+                   help="publish models as trained, without the softmax temperature fitted on the validation split")
     m.add_argument("--baseline-from", metavar="DIR", help="reuse the supervised baseline of an earlier simulation (same data and seed)")
     m.set_defaults(func=_simulate)
     return parser
@@ -205,6 +231,7 @@ def _simulate(args: argparse.Namespace) -> int:
         mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
         retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
         label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
+        calibrate=not args.no_calibrate,
     )
     try:
         report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))

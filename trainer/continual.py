@@ -18,7 +18,7 @@ from edge_agent.log import get_logger
 from trainer.augment import Augment
 from trainer.model import LeafNet
 from trainer.strategies.base import Generation, Strategy
-from trainer.train import recompute_batchnorm
+from trainer.train import lr_schedule, recompute_batchnorm
 
 __all__ = ["ContinualSettings", "ramp", "train_generation"]
 
@@ -32,6 +32,7 @@ class ContinualSettings:
     pseudo_lambda: float = 1.0
     ramp_epochs: int = 10
     seed: int = 0
+    swa_epochs: int = 0  # average the weights of the last N epochs (learning rate held at a quarter of its peak)
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -61,10 +62,14 @@ def train_generation(
     data = strategy.before(model, previous, data)
     augment = Augment()
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    # Cosine decay to zero over the round: the candidate is the last epoch's weights (there is no validation
-    # set to pick a checkpoint with; the gate's photos stay unseen), so end on a small step, not a noisy one.
-    total = max(1, settings.epochs * math.ceil(len(data) / settings.batch_size))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total)))
+    # There is no validation set to pick a checkpoint with (the gate's photos stay unseen), so the candidate is
+    # the last epoch's weights after a cosine decay to zero - or, with swa_epochs, the average of the last
+    # epochs' weights (Stochastic Weight Averaging): a flatter solution, as the baseline's own SWA finds, which a
+    # retrain ending on one point of its trajectory would otherwise lose at the gate.
+    steps = math.ceil(len(data) / settings.batch_size)
+    swa_epochs = min(settings.swa_epochs, settings.epochs)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(max(1, settings.epochs * steps), swa=swa_epochs * steps))
+    swa = torch.optim.swa_utils.AveragedModel(model) if swa_epochs > 0 else None
     for epoch in range(settings.epochs):
         model.train()
         w = ramp(epoch, settings.ramp_epochs)
@@ -96,5 +101,9 @@ def train_generation(
             sched.step()
             if should_stop():
                 raise InterruptedError("training stopped")
+        if swa is not None and epoch >= settings.epochs - swa_epochs:
+            swa.update_parameters(model)
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
+    if swa is not None:
+        model = copy.deepcopy(swa.module)
     return recompute_batchnorm(model, data.x, settings.batch_size), data

@@ -26,6 +26,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, preprocess_file
 from engines.durable import atomic_write
 from engines.store import EngineStore
+from trainer.calibrate import calibrate
 from trainer.continual import ContinualSettings, train_generation
 from trainer.data import TensorDataset, scan_folder, stratified_split
 from trainer.gate import gate
@@ -138,7 +139,7 @@ def retrain(cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_d
         "selection": tc.rehearsal_selection, "seed": tc.seed,
     }
     strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
-    settings = ContinualSettings(tc.epochs, tc.batch_size, tc.lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed)
+    settings = ContinualSettings(tc.epochs, tc.batch_size, tc.lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs)
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes))
     decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop)
     metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}}
@@ -146,6 +147,9 @@ def retrain(cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_d
     if not decision.publish:
         samples.mark_used(ids, f"refused:{int(time.time())}")
         return RetrainResult(None, decision.reason, metrics, len(ids), time.perf_counter() - t0)
+    if tc.calibrate:  # before the strategy keeps its anchor: the next retrain starts from the published weights
+        metrics["calibration"] = calibrate(candidate, val.x, val.y).summary()
+        log.info("calibrated", **metrics["calibration"])
     strategy.after(candidate, used)
     counts = {"labelled": len(train), "expert": int((~received.pseudo).sum()), "pseudo": int(received.pseudo.sum())}
     training = {

@@ -35,12 +35,22 @@ def write_markdown(report: dict, path: Path) -> None:
             f"| {d['day']} | {d['accepted']} | {d['precision'] if d['precision'] is not None else '-'} | "
             f"{d['cumulative_accepted']} | {d['test_top1']:.4f} | {d['engine_version']} | {retrain} |"
         )
+    scaled = {v: c for v, c in (report.get("calibration") or {}).items() if c}
+    if scaled:
+        lines += ["", "Softmax temperature fitted on the validation split and folded into each published model "
+                  "(`[trainer] calibrate`; expected calibration error on those photos before -> after):", ""]
+        lines += [
+            f"- {v}: " + (f"not fitted ({c['skipped']})" if c.get("skipped") else
+                          f"T = {c['temperature']:.3f}, ECE {c['ece_before']:.3f} -> {c['ece_after']:.3f} on {c['photos']} photos")
+            for v, c in scaled.items()
+        ]
     sweep = report.get("threshold_sweep")
     if sweep:
         lines += [
             "",
             f"Pseudo-labels the supervised model ({sweep['engine_version']}) would give all {sweep['photos']} stream photos "
-            "at other thresholds (`[labels] pseudo_threshold`):",
+            "at other thresholds (`[labels] pseudo_threshold`)"
+            + (f"; its expected calibration error on those photos is {sweep['ece']:.3f}:" if "ece" in sweep else ":"),
             "",
             "| tau | accepted | share of photos | precision |",
             "|---|---|---|---|",

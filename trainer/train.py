@@ -17,11 +17,12 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from engines.store import StoreVersion
 from trainer.augment import Augment
+from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
 from trainer.model import LeafNet, build_model, count_parameters
 from trainer.publish import publish_model
 
-__all__ = ["TrainSettings", "evaluate", "fit", "recompute_batchnorm", "train_supervised"]
+__all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "recompute_batchnorm", "train_supervised"]
 
 
 @dataclass
@@ -40,6 +41,7 @@ class TrainSettings:
     int8: bool = True
     swa_epochs: int = 0  # average the weights of the last N epochs (Stochastic Weight Averaging); 0 = off
     init: str | None = None  # "STORE" or "STORE:VERSION": start from those weights instead of scratch
+    calibrate: bool = True  # fold a softmax temperature fitted on the validation split into the model
 
 
 @dataclass
@@ -48,30 +50,34 @@ class Evaluation:
     loss: float
     per_class: list[float]
     confusion: list[list[int]]
+    ece: float | None = None  # expected calibration error of the softmax
 
     def summary(self, classes: list[str]) -> dict:
         return {
             "top1": round(self.top1, 4),
             "loss": round(self.loss, 4),
+            **({"ece": round(self.ece, 4)} if self.ece is not None else {}),
             "per_class_top1": {c: round(a, 4) for c, a in zip(classes, self.per_class)},
         }
 
 
 @torch.no_grad()
 def evaluate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Evaluation:
-    """Top-1, mean cross-entropy, per-class recall and confusion matrix (rows: truth)."""
+    """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error."""
     model.eval()
     k = model.num_classes
     confusion = torch.zeros(k, k, dtype=torch.long)
-    loss = 0.0
+    loss, all_logits = 0.0, []
     for i in range(0, len(x), batch):
         logits = model(x[i : i + batch])
+        all_logits.append(logits)
         loss += F.cross_entropy(logits, y[i : i + batch], reduction="sum").item()
         pred = logits.argmax(1)
         confusion.index_put_((y[i : i + batch], pred), torch.ones_like(pred), accumulate=True)
     n = max(len(x), 1)
     per_class = (confusion.diag().float() / confusion.sum(1).clamp(min=1).float()).tolist()
-    return Evaluation(confusion.diag().sum().item() / n, loss / n, per_class, confusion.tolist())
+    ece = expected_calibration_error(torch.cat(all_logits), y) if all_logits else None
+    return Evaluation(confusion.diag().sum().item() / n, loss / n, per_class, confusion.tolist(), ece)
 
 
 def fit(
@@ -93,21 +99,9 @@ def fit(
     augment = Augment()
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     steps_per_epoch = max(1, math.ceil(len(train) / settings.batch_size))
-    total = settings.epochs * steps_per_epoch
-    warm = settings.warmup_epochs * steps_per_epoch
-
-    # Warm-up, then cosine to 0 - or, with SWA, cosine to a floor held constant while weights are averaged.
-    floor = 0.25 if settings.swa_epochs > 0 else 0.0
-    end = (settings.epochs - settings.swa_epochs) * steps_per_epoch if settings.swa_epochs > 0 else total
-
-    def lr_at(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        if step >= end:
-            return floor
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, end - warm)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_schedule(settings.epochs * steps_per_epoch, settings.warmup_epochs * steps_per_epoch, settings.swa_epochs * steps_per_epoch)
+    )
     best_key, best_state, best_epoch, history = (-1.0, 0.0), None, -1, []
     swa = torch.optim.swa_utils.AveragedModel(model) if settings.swa_epochs > 0 else None
     swa_from = settings.epochs - settings.swa_epochs
@@ -161,6 +155,22 @@ def fit(
     return model, info
 
 
+def lr_schedule(total: int, warmup: int = 0, swa: int = 0, floor: float = 0.25):
+    """Learning-rate factor per step: linear warm-up, then cosine to 0 - or, with ``swa`` averaging steps at
+    the end, cosine to ``floor``, held there while the weights are averaged."""
+    floor = floor if swa > 0 else 0.0
+    end = total - swa
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if step >= end:
+            return floor
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, end - warmup)))
+
+    return factor
+
+
 def _swa_model(swa, train: TensorDataset, batch_size: int) -> LeafNet:
     """The averaged weights as a plain LeafNet, with BatchNorm statistics recomputed on the training photos."""
     return recompute_batchnorm(copy.deepcopy(swa.module), train.x, batch_size)
@@ -211,36 +221,16 @@ def train_supervised(
     log = get_logger("trainer", data=str(data_dir))
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    folder = scan_folder(data_dir)
-    splits = stratified_split(folder.samples, {"test": settings.test_fraction, "val": settings.val_fraction}, settings.seed)
-    t0 = time.perf_counter()
-    sets = {name: TensorDataset(items, spec) for name, items in splits.items()}
-    skipped = [s for ds in sets.values() for s in ds.skipped]
-    for path, why in skipped:
-        log.warning("photo_skipped", photo=path, reason=why)
-    if len(sets["train"]) == 0:
-        raise DatasetError(f"{data_dir}: no decodable training photos")
-    if len(sets["val"]) == 0:
-        raise DatasetError(f"{data_dir}: too few photos for a validation split")
-    log.info(
-        "data_loaded",
-        classes=len(folder.classes),
-        **{name: len(ds) for name, ds in sets.items()},
-        skipped=len(skipped),
-        seconds=round(time.perf_counter() - t0, 1),
-    )
+    folder, sets, skipped = _load_splits(data_dir, settings.seed, settings.test_fraction, settings.val_fraction, spec, log)
     init_info = None
     if settings.init:
         model, init_info = _initial_weights(settings.init, folder.classes)
     else:
         model = build_model(len(folder.classes))
     model, fit_info = fit(model, sets["train"], sets["val"], settings, progress)
-    val = evaluate(model, sets["val"].x, sets["val"].y)
-    metrics = {"val": val.summary(folder.classes)}
-    if len(sets["test"]):
-        test = evaluate(model, sets["test"].x, sets["test"].y)
-        metrics["test"] = test.summary(folder.classes) | {"confusion": test.confusion}
-    log.info("trained", val_top1=round(val.top1, 4), test_top1=metrics.get("test", {}).get("top1"))
+    scaling = calibrate(model, sets["val"].x, sets["val"].y).summary() if settings.calibrate else None
+    metrics = _held_out_metrics(model, sets, folder.classes) | ({"calibration": scaling} if scaling else {})
+    log.info("trained", val_top1=metrics["val"]["top1"], test_top1=metrics.get("test", {}).get("top1"))
     training = {
         "kind": "supervised",
         "data": str(Path(data_dir).resolve()),
@@ -262,16 +252,70 @@ def train_supervised(
         "host": platform.node(),
         "init": init_info,
     }
-    held_out = sets["test"] if len(sets["test"]) else sets["val"]
+    return publish_model(model, folder.classes, store_dir, spec=spec, metrics=metrics, training=training, **_int8_inputs(sets, settings.int8))
+
+
+def recalibrate(data_dir: str | os.PathLike, store_dir: str | os.PathLike, version: str | None = None) -> StoreVersion:
+    """Fold a temperature into a published version and publish the result as a new version (its child).
+
+    The temperature is fitted on the validation split the version was trained with, recomputed from
+    ``data_dir`` and the manifest's split (seed and fractions), so the photos are ones it was never trained
+    on. For models published before ``calibrate`` existed, such as one trained with label smoothing, whose
+    softmax rarely reaches the pseudo-label threshold however right it is."""
+    from engines.store import EngineStore
+    from trainer.publish import load_weights
+
+    log = get_logger("trainer", data=str(data_dir))
+    opened = EngineStore(store_dir).open(version)
+    split = opened.manifest.get("training", {}).get("split")
+    if not split:
+        raise DatasetError(f"{opened.name}: its manifest records no training split, so its validation photos are unknown")
+    spec = PreprocessSpec.from_manifest(opened.manifest["preprocess"])
+    folder, sets, _ = _load_splits(data_dir, split["seed"], split["test_fraction"], split["val_fraction"], spec, log)
+    if folder.classes != opened.classes:
+        raise DatasetError(f"{data_dir}: its class folders differ from {opened.name}'s classes")
+    model = load_weights(opened)
+    scaling = calibrate(model, sets["val"].x, sets["val"].y)
+    if scaling.skipped:
+        raise DatasetError(f"cannot calibrate {opened.name}: {scaling.skipped}")
+    metrics = {**opened.manifest.get("metrics", {}), **_held_out_metrics(model, sets, folder.classes), "calibration": scaling.summary()}
+    log.info("recalibrated", parent=opened.name, **scaling.summary())
     return publish_model(
-        model,
-        folder.classes,
-        store_dir,
-        spec=spec,
-        metrics=metrics,
-        training=training,
-        calibration=sets["train"].x[torch.randperm(len(sets["train"]), generator=torch.Generator().manual_seed(0))[:256]].numpy()
-        if settings.int8
-        else None,
-        held_out=(held_out.x.numpy(), held_out.y.numpy()),
+        model, folder.classes, store_dir, spec=spec, metrics=metrics, parent=opened.name,
+        training={**opened.manifest.get("training", {}), "recalibrated_from": opened.name},
+        **_int8_inputs(sets, "int8" in opened.manifest["artifacts"]),
     )
+
+
+def _load_splits(data_dir, seed: int, test_fraction: float, val_fraction: float, spec: PreprocessSpec, log):
+    """The class folders, their seeded test/val/train split as tensors, and the photos that could not be decoded."""
+    folder = scan_folder(data_dir)
+    splits = stratified_split(folder.samples, {"test": test_fraction, "val": val_fraction}, seed)
+    t0 = time.perf_counter()
+    sets = {name: TensorDataset(items, spec) for name, items in splits.items()}
+    skipped = [s for ds in sets.values() for s in ds.skipped]
+    for path, why in skipped:
+        log.warning("photo_skipped", photo=path, reason=why)
+    if len(sets["train"]) == 0:
+        raise DatasetError(f"{data_dir}: no decodable training photos")
+    if len(sets["val"]) == 0:
+        raise DatasetError(f"{data_dir}: too few photos for a validation split")
+    log.info("data_loaded", classes=len(folder.classes), **{name: len(ds) for name, ds in sets.items()}, skipped=len(skipped),
+             seconds=round(time.perf_counter() - t0, 1))
+    return folder, sets, skipped
+
+
+def _held_out_metrics(model: LeafNet, sets: dict, classes: list[str]) -> dict:
+    metrics = {"val": evaluate(model, sets["val"].x, sets["val"].y).summary(classes)}
+    if len(sets["test"]):
+        test = evaluate(model, sets["test"].x, sets["test"].y)
+        metrics["test"] = test.summary(classes) | {"confusion": test.confusion}
+    return metrics
+
+
+def _int8_inputs(sets: dict, int8: bool) -> dict:
+    """publish_model's INT8 arguments: 256 training photos (seeded) to calibrate on, the test photos to compare on."""
+    held_out = sets["test"] if len(sets["test"]) else sets["val"]
+    train = sets["train"]
+    photos = train.x[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:256]].numpy() if int8 else None
+    return {"calibration": photos, "held_out": (held_out.x.numpy(), held_out.y.numpy())}
