@@ -118,9 +118,13 @@ def test_power_from_a_rapl_counter(monkeypatch, tmp_path):
 
 
 def test_baseline_reuse_refuses_another_split(small_field, tmp_path):
-    first = simulate(small_field, tmp_path / "a", SimSettings(day_size=10, days=1, epochs=2, patience=2, swa_epochs=0))
-    again = simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, swa_epochs=0, baseline_from=str(tmp_path / "a")))
+    s = dict(day_size=10, days=1, epochs=2, patience=2, swa_epochs=0, val_fraction=0.25)  # 24 validation photos: calibrated
+    first = simulate(small_field, tmp_path / "a", SimSettings(**s))
+    again = simulate(small_field, tmp_path / "b", SimSettings(**s, baseline_from=str(tmp_path / "a")))
     assert again["supervised_top1"] == first["supervised_top1"]  # the same weights, not retrained
+    fitted = first["calibration"]["v0001"]
+    assert fitted["skipped"] is None and fitted["photos"] == 24
+    assert again["calibration"]["v0001"] == fitted  # its temperature kept, not fitted a second time (that would say T = 1)
     with pytest.raises(ValueError, match="other data, splits or seed"):
         simulate(small_field, tmp_path / "c", SimSettings(day_size=10, days=1, seed=1, baseline_from=str(tmp_path / "a")))
 
