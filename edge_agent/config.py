@@ -191,8 +191,8 @@ class TrainerSection(_Section):
     swa_epochs: int = Field(
         10, ge=0, le=500,
         description="Average the weights of the last N epochs of a retrain (SWA; the learning rate is held at a quarter "
-        "of lr while averaging): a retrain ending on one epoch's weights loses the flatter solution an SWA-trained model "
-        "in service has, and with it the gate. 0: the last epoch's weights after a cosine decay to zero.",
+        "of lr while averaging), like the SWA-trained models it replaces. 0: the last epoch's weights after a cosine "
+        "decay to zero.",
     )
     pseudo_lambda: float = Field(1.0, ge=0, description="Weight of the confidence-weighted pseudo-label loss.")
     ramp_epochs: int = Field(10, ge=0, description="Epochs over which the pseudo-label weight ramps up from ~0 to 1.")

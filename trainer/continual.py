@@ -64,8 +64,8 @@ def train_generation(
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     # There is no validation set to pick a checkpoint with (the gate's photos stay unseen), so the candidate is
     # the last epoch's weights after a cosine decay to zero - or, with swa_epochs, the average of the last
-    # epochs' weights (Stochastic Weight Averaging): a flatter solution, as the baseline's own SWA finds, which a
-    # retrain ending on one point of its trajectory would otherwise lose at the gate.
+    # epochs' weights (Stochastic Weight Averaging), the same kind of solution as an SWA-trained model in service
+    # (in the field simulation the two gave candidates within the gate's noise of each other).
     steps = math.ceil(len(data) / settings.batch_size)
     swa_epochs = min(settings.swa_epochs, settings.epochs)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(max(1, settings.epochs * steps), swa=swa_epochs * steps))
