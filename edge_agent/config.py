@@ -211,6 +211,12 @@ class TrainerSection(_Section):
         description="Fit a softmax temperature on the gate's validation photos and fold it into the published model, so "
         "that a confidence of 0.9 is right about 90 % of the time (pseudo_threshold relies on it).",
     )
+    recheck_pseudo: bool = Field(
+        True,
+        description="Before each retrain, let the engine in service look again at every pseudo-labelled photo, as it is "
+        "and in its three mirror images: train on the class it now gives, where that class keeps a probability of at "
+        "least [labels] pseudo_threshold in all four views; hold the photo back otherwise (until a later engine).",
+    )
     seed: int = Field(20251120, description="Seed for splits, initialisation and augmentation.")
 
 

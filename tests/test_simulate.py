@@ -52,6 +52,8 @@ def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path)
     correct = sum(d["accepted_correct"] for d in report["days"])
     assert report["pseudo_label_precision"] == round(correct / accepted, 4)
     assert any(d["retrain"] for d in report["days"])  # 5 new samples trigger a retrain
+    assert 0 <= report["pseudo_labels_trained"] <= accepted  # the last retrain's pseudo-labels, after its recheck
+    assert report["trained_pseudo_label_precision"] is None or 0 <= report["trained_pseudo_label_precision"] <= 1
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["ssl_top1"] == report["ssl_top1"] == report["days"][-1]["test_top1"]
     for name in ("report.md", "accuracy.png", "precision.png", "confusion.png"):
@@ -159,3 +161,58 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
     assert summary["gain_points"]["sd"] == pytest.approx(4.2426, abs=1e-3)
     assert [r["published"] for r in summary["runs"]] == [1, 0]
     assert "| mean |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def small_simulation(small_field, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bounds") / "sim"
+    simulate(small_field, out, SimSettings(day_size=10, days=1, epochs=3, patience=3, swa_epochs=0, tau=0.34, calibrate=False))
+    return out
+
+
+def test_ssl_bounds_fine_tunes_every_arm_on_the_simulations_splits(small_simulation):
+    from benchmarks import ssl_bounds
+
+    result = ssl_bounds.run(small_simulation, list(ssl_bounds.ARMS), epochs=1, lr=1e-3, threads=1)
+    report = json.loads((small_simulation / "report.json").read_text())
+    assert result["split"] == report["split"]
+    rows = {r["arm"]: r for r in result["rows"]}
+    assert list(rows) == ["baseline", *ssl_bounds.ARMS]
+    labelled, stream, sure = report["split"]["labelled"], report["split"]["stream"], result["stream"]["confident"]
+    assert 0 < sure < stream, "tau 0.34 over 3 classes: some stream photos confident, not all"
+    assert rows["labelled"]["photos"] == labelled
+    assert rows["pseudo"]["photos"] == rows["confident-true"]["photos"] == labelled + sure
+    assert rows["all-true"]["photos"] == rows["consistency"]["photos"] == labelled + stream
+    assert all(0 <= r["val"] <= 1 and 0 <= r["test"] <= 1 for r in rows.values())
+    text = ssl_bounds.markdown(result)
+    assert text.count("\n| ") == len(rows) + 1 and f"{sure} at softmax >= 0.34" in text
+
+
+def test_ssl_bounds_refuses_unknown_arms_and_changed_photos(small_simulation, small_field, tmp_path):
+    from benchmarks import ssl_bounds
+
+    with pytest.raises(SystemExit, match="unknown arm.*oracle"):
+        ssl_bounds.run(small_simulation, ["labelled", "oracle"], epochs=1, lr=1e-3, threads=1)
+    moved = tmp_path / "data"
+    shutil.copytree(small_field, moved)
+    next((moved / CLASSES[0]).iterdir()).unlink()  # one photo fewer: other splits
+    with pytest.raises(SystemExit, match="no longer give that simulation's splits"):
+        ssl_bounds.run(small_simulation, ["labelled"], epochs=1, lr=1e-3, threads=1, data=str(moved))
+
+
+def test_consistency_loss_counts_only_confident_weak_views():
+    import torch
+
+    from benchmarks.ssl_bounds import consistency_loss, strong_augment
+
+    weak = torch.tensor([[0.95, 0.05], [0.6, 0.4], [0.02, 0.98]])
+    strong = torch.tensor([[0.0, 2.0], [5.0, -5.0], [0.0, 2.0]], requires_grad=True)
+    loss = consistency_loss(strong, weak, 0.9)
+    ce = torch.nn.functional.cross_entropy(strong.detach(), torch.tensor([0, 0, 1]), reduction="none")
+    assert loss.item() == pytest.approx((ce[0] + ce[2]).item() / 3)  # row 1 is unsure: zero, still in the mean
+    loss.backward()
+    assert strong.grad[1].abs().sum() == 0 and strong.grad[0].abs().sum() > 0
+    assert consistency_loss(strong, weak, 1.01).item() == 0
+    x = torch.randn(4, 3, 128, 128, generator=torch.Generator().manual_seed(0))
+    out = strong_augment()(x, torch.Generator().manual_seed(1))
+    assert out.shape == x.shape and (out == 0).float().mean() > 0.01  # cutout blanks a square

@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=20251120)
     m.add_argument("--no-calibrate", action="store_true",
                    help="publish models as trained, without the softmax temperature fitted on the validation split")
+    m.add_argument("--no-recheck", action="store_true",
+                   help="retrains train on the pseudo-labels as received, without the engine in service looking again ([trainer] recheck_pseudo)")
     m.add_argument("--baseline-from", metavar="DIR", help="reuse the supervised baseline of an earlier simulation (same data and seed)")
     m.set_defaults(func=_simulate)
     return parser
@@ -231,14 +233,15 @@ def _simulate(args: argparse.Namespace) -> int:
         mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
         retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
         label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
-        calibrate=not args.no_calibrate,
+        calibrate=not args.no_calibrate, recheck=not args.no_recheck,
     )
     try:
         report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except (ValueError, FileExistsError, TimeoutError, RuntimeError) as exc:
         print(f"edge-trainer simulate: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: report[k] for k in ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision", "wall_s")}))
+    print(json.dumps({k: report[k] for k in ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision",
+                                                    "trained_pseudo_label_precision", "wall_s")}))
     print(f"report: {Path(args.out) / 'report.md'}", file=sys.stderr)
     return 0
 

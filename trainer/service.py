@@ -32,6 +32,7 @@ from trainer.data import TensorDataset, scan_folder, stratified_split
 from trainer.gate import gate
 from trainer.publish import load_weights, publish_model
 from trainer.receiver import Receiver, ReceiverSettings
+from trainer.recheck import recheck
 from trainer.samples import SampleStore
 from trainer.strategies.base import Generation, get_strategy
 
@@ -77,7 +78,8 @@ def _labelled(cfg: AppConfig, classes: list[str]) -> tuple[Generation, Generatio
 
 
 def _received(samples: SampleStore, classes: list[str]) -> tuple[Generation, list[str], list[str]]:
-    """Expert labels (true) and pseudo-labels (weighted by confidence); grows ``classes`` for new expert classes."""
+    """Expert labels (true, weight 1) and pseudo-labels (weight: their confidence); grows ``classes`` for new
+    expert classes."""
     xs, ys, ws, ps, ids = [], [], [], [], []
     new_classes = []
     for s in samples.all():
@@ -98,8 +100,18 @@ def _received(samples: SampleStore, classes: list[str]) -> tuple[Generation, lis
         ids.append(s.id)
     if not xs:
         return Generation(torch.zeros(0, 3, 128, 128), torch.zeros(0, dtype=torch.long)), ids, new_classes
-    weights = torch.tensor(ws) * balance_pseudo(torch.tensor(ys), torch.tensor(ps))
-    return Generation(torch.stack(xs), torch.tensor(ys), weights, torch.tensor(ps), ids), ids, new_classes
+    return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), ids), ids, new_classes
+
+
+def _recheck_pseudo(teacher, received: Generation, tau: float) -> tuple[Generation, dict]:
+    """The received samples with every pseudo-label scored again by ``teacher`` (:mod:`trainer.recheck`):
+    relabelled with its class and confidence, or left out where it is below ``tau``."""
+    rows = received.pseudo.nonzero().squeeze(1)
+    checked = recheck(teacher, received.x[rows], tau)
+    summary = checked.summary(received.y[rows])
+    y, weight, keep = received.y.clone(), received.weight.clone(), torch.ones(len(received), dtype=torch.bool)
+    y[rows], weight[rows], keep[rows] = checked.labels, checked.confidence, checked.keep
+    return Generation(received.x, y, weight, received.pseudo, received.sample_ids).subset(keep), summary
 
 
 def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
@@ -129,6 +141,14 @@ def retrain(cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_d
     previous = load_weights(current)
     classes = list(current.classes)
     received, ids, new_classes = _received(samples, classes)
+    rechecked = None
+    if tc.recheck_pseudo and received.pseudo.any():
+        received, rechecked = _recheck_pseudo(previous, received, cfg.labels.pseudo_threshold)
+        log.info("pseudo_labels_rechecked", teacher=current.name, **rechecked)
+    received.weight = received.weight * balance_pseudo(received.y, received.pseudo)
+    samples.set_state("last_retrain_pseudo", json.dumps(
+        {i: classes[int(y)] for i, y, p in zip(received.sample_ids, received.y, received.pseudo) if p}
+    ))
     train, val = _labelled(cfg, classes)
     data = train + received
     log.info("retrain_started", parent=current.name, labelled=len(train), received=len(received), validation=len(val), new_classes=new_classes)
@@ -143,6 +163,8 @@ def retrain(cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_d
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes))
     decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop)
     metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}}
+    if rechecked:
+        metrics["pseudo_recheck"] = rechecked
     log.info("gate", publish=decision.publish, reason=decision.reason, **decision.metrics)
     if not decision.publish:
         samples.mark_used(ids, f"refused:{int(time.time())}")
@@ -154,7 +176,7 @@ def retrain(cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_d
     counts = {"labelled": len(train), "expert": int((~received.pseudo).sum()), "pseudo": int(received.pseudo.sum())}
     training = {
         "kind": "continual", "strategy": tc.strategy, "settings": asdict(settings), "samples": counts,
-        "new_classes": new_classes, "torch": torch.__version__,
+        "new_classes": new_classes, "pseudo_recheck": rechecked, "torch": torch.__version__,
     }
     calib = train.x if len(train) else received.x
     version = publish_model(

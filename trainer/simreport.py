@@ -23,7 +23,9 @@ def write_markdown(report: dict, path: Path) -> None:
         f"| gain | {report['gain_points']:+.2f} points |",
         "",
         f"Pseudo-labels accepted: {report['pseudo_labels_accepted']}, precision against the true labels: "
-        f"{report['pseudo_label_precision']}.",
+        f"{report['pseudo_label_precision']}. The last retrain trained on {report.get('pseudo_labels_trained', '-')} of them "
+        f"(`[trainer] recheck_pseudo`: {'on' if s.get('recheck', False) else 'off'}), precision "
+        f"{report.get('trained_pseudo_label_precision', '-')}.",
         "",
         "| day | accepted | precision | cumulative | test top-1 | engine | retrain |",
         "|---|---|---|---|---|---|---|",

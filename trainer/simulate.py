@@ -69,6 +69,7 @@ class SimSettings:
     label_smoothing: float = 0.0
     swa_epochs: int = 20  # baseline: average the last N epochs' weights (kept only if validation prefers it)
     calibrate: bool = True  # temperature scaling on the validation split, for the baseline and every retrain
+    recheck: bool = True  # retrains score the pseudo-labels again with the engine in service ([trainer] recheck_pseudo)
     retrain_epochs: int = 15
     strategy: str = "ewc"
     threads: int = 2
@@ -208,6 +209,7 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
         "trainer": {
             "labelled_data": str(labelled), "validation_data": str(validation), "retrain_threshold": s.retrain_at, "epochs": s.retrain_epochs,
             "strategy": s.strategy, "threads": s.threads, "nice": 0, "int8": False, "seed": s.seed, "calibrate": s.calibrate,
+            "recheck_pseudo": s.recheck,
         },
     }
 
@@ -247,6 +249,10 @@ class _FastField:
 
     def pseudo_labels(self) -> dict[str, str]:
         return {x.id: x.label for x in self.samples.all() if x.kind == "pseudo"}
+
+    def trained_pseudo_labels(self) -> dict[str, str]:
+        """The pseudo-labels the last retrain trained on (after the recheck), id -> class."""
+        return json.loads(self.samples.get_state("last_retrain_pseudo") or "{}")
 
     def close(self) -> None:
         self.samples.close()
@@ -331,6 +337,10 @@ class _FullField:
     def pseudo_labels(self) -> dict[str, str]:
         return dict(query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"))
 
+    def trained_pseudo_labels(self) -> dict[str, str]:
+        rows = query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT value FROM state WHERE key = 'last_retrain_pseudo'")
+        return json.loads(rows[0][0]) if rows else {}
+
     def close(self) -> None:
         for proc in self.procs.values():
             proc.terminate()
@@ -389,8 +399,10 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
             })
             log.info("day", **{k: v for k, v in rows[-1].items() if k != "retrain"}, retrain=json.dumps(retrained or None))
             progress(f"day {n}/{len(days)}: top-1 {top1:.4f}, {len(new)} pseudo-labels accepted ({rows[-1]['precision']}), engine {version}")
+        trained = field_.trained_pseudo_labels()
     finally:
         field_.close()
+    trained_right = sum(split.classes[split.truth[k]] == v for k, v in trained.items())
     accepted = sum(r["accepted"] for r in rows)
     correct = sum(r["accepted_correct"] for r in rows)
     report = {
@@ -406,6 +418,9 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
         "gain_points": round((rows[-1]["test_top1"] - supervised_top1) * 100, 2) + 0.0,
         "pseudo_labels_accepted": accepted,
         "pseudo_label_precision": round(correct / accepted, 4) if accepted else None,
+        # what the last retrain trained on: the pseudo-labels it kept after the recheck, with the labels it gave them
+        "pseudo_labels_trained": len(trained),
+        "trained_pseudo_label_precision": round(trained_right / len(trained), 4) if trained else None,
         "days": rows,
         "threshold_sweep": {"engine_version": baseline, "photos": len(split.stream), **sweep},
         "calibration": {v: store.read_manifest(v).get("metrics", {}).get("calibration") for v in store.versions()},

@@ -49,6 +49,11 @@ class Generation:
     def __len__(self) -> int:
         return len(self.x)
 
+    def subset(self, keep: torch.Tensor) -> "Generation":
+        """The rows where the boolean mask ``keep`` is true."""
+        ids = [i for i, k in zip(self.sample_ids, keep.tolist()) if k] if self.sample_ids else []
+        return Generation(self.x[keep], self.y[keep], self.weight[keep], self.pseudo[keep], ids)
+
 
 class Strategy:
     name: ClassVar[str]
