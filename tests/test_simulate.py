@@ -135,10 +135,10 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
     """benchmarks.seeds: a seed with a finished report is not run again; an interrupted one is; mean and sd."""
     from benchmarks import seeds
 
-    def report(sup, ssl, prec, retrain=None):
+    def report(sup, ssl, prec, retrain=None, trained=None):
         days = [{"day": 1, "retrain": retrain}, {"day": 2, "retrain": None}]
         return {"supervised_top1": sup, "ssl_top1": ssl, "gain_points": round((ssl - sup) * 100, 1), "pseudo_label_precision": prec,
-                "pseudo_labels_accepted": 500, "wall_s": 10.0, "days": days}
+                "pseudo_labels_accepted": 500, "wall_s": 10.0, "days": days, **({"trained_pseudo_label_precision": trained} if trained else {})}
 
     (tmp_path / "seed-1").mkdir()
     (tmp_path / "seed-1" / "report.json").write_text(json.dumps(report(0.70, 0.74, 0.93, {"published": "v0002"})))
@@ -151,7 +151,7 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
         assert not out.exists()
         ran.append(int(cmd[cmd.index("--seed") + 1]))
         out.mkdir()
-        (out / "report.json").write_text(json.dumps(report(0.80, 0.78, 0.95, {"published": None})))
+        (out / "report.json").write_text(json.dumps(report(0.80, 0.78, 0.95, {"published": None}, trained=0.97)))
 
     monkeypatch.setattr(seeds.subprocess, "run", fake_run)
     assert seeds.main(["--out", str(tmp_path), "--seeds", "1", "2", "--data", "unused"]) == 0
@@ -160,7 +160,9 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
     assert summary["gain_points"]["mean"] == pytest.approx(1.0)
     assert summary["gain_points"]["sd"] == pytest.approx(4.2426, abs=1e-3)
     assert [r["published"] for r in summary["runs"]] == [1, 0]
-    assert "| mean |" in (tmp_path / "summary.md").read_text()
+    assert summary["trained_pseudo_label_precision"] == {"mean": 0.97, "sd": 0.0, "runs": 1}  # seed 1's older report has none
+    text = (tmp_path / "summary.md").read_text()
+    assert "| mean |" in text and "| 0.9300 | - |" in text and "| 0.9700 +- 0.0000 |" in text
 
 
 @pytest.fixture(scope="module")
