@@ -9,7 +9,8 @@ learning rate and seed) on the labelled pool plus part of the stream, then repor
 
 * ``labelled``: the labelled pool alone (what more training alone is worth);
 * ``pseudo``: plus the stream photos the baseline is confident about (softmax >= tau), with its
-  pseudo-labels and the confidence-weighted, ramped pseudo-label loss (what self-training can use);
+  pseudo-labels and the confidence-weighted, ramped pseudo-label loss (what self-training can use; without the
+  service's class balancing, recheck and gate, which the simulation itself measures);
 * ``confident-true``: plus the same photos with their true labels (self-training with perfect precision);
 * ``all-true``: plus every stream photo with its true label (the ceiling: a fully labelled stream);
 * ``consistency``: FixMatch-style (Sohn et al., 2020) over the whole stream, no labels: each step the model
