@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision", "pseudo_labels_accepted", "wall_s")
-OPTIONAL = ("trained_pseudo_label_precision",)  # absent from older reports, None where no retrain ran
+TRAINED = "trained_pseudo_label_precision"  # absent from older reports, None where no retrain ran
 
 
 def run_seed(data: str, out: Path, seed: int, mode: str, extra: list[str]) -> dict:
@@ -33,7 +33,7 @@ def run_seed(data: str, out: Path, seed: int, mode: str, extra: list[str]) -> di
         subprocess.run(cmd, check=True, cwd=REPO)
     full = json.loads(report.read_text())
     retrains = [d["retrain"] for d in full["days"] if d.get("retrain")]
-    return {"seed": seed, **{k: full[k] for k in KEYS}, **{k: full.get(k) for k in OPTIONAL}, "retrains": len(retrains),
+    return {"seed": seed, **{k: full[k] for k in KEYS}, TRAINED: full.get(TRAINED), "retrains": len(retrains),
             "published": sum(1 for r in retrains if r.get("published"))}
 
 
@@ -42,9 +42,8 @@ def summarise(rows: list[dict]) -> dict:
     for k in KEYS:
         values = [r[k] for r in rows]
         out[k] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
-    for k in OPTIONAL:
-        values = [r[k] for r in rows if r.get(k) is not None]
-        out[k] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": len(values)} if values else None
+    values = [r[TRAINED] for r in rows if r.get(TRAINED) is not None]
+    out[TRAINED] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": len(values)} if values else None
     return out
 
 
@@ -60,7 +59,7 @@ def markdown(summary: dict, mode: str) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['seed']} | {r['supervised_top1']:.4f} | {r['ssl_top1']:.4f} | {r['gain_points']:+.1f} | "
-                     f"{r['pseudo_labels_accepted']} | {r['pseudo_label_precision']:.4f} | {_maybe(r.get(OPTIONAL[0]))} | "
+                     f"{r['pseudo_labels_accepted']} | {r['pseudo_label_precision']:.4f} | {_maybe(r.get(TRAINED))} | "
                      f"{r['published']} of {r['retrains']} | {r['wall_s']:.0f} |")
 
     def ms(k: str, fmt: str) -> str:
@@ -68,7 +67,7 @@ def markdown(summary: dict, mode: str) -> str:
 
     lines.append(f"| mean | {ms('supervised_top1', '.4f')} | {ms('ssl_top1', '.4f')} | {ms('gain_points', '+.1f')} | "
                  f"{ms('pseudo_labels_accepted', '.0f')} | {ms('pseudo_label_precision', '.4f')} | "
-                 f"{ms(OPTIONAL[0], '.4f') if summary.get(OPTIONAL[0]) else '-'} | | {ms('wall_s', '.0f')} |")
+                 f"{ms(TRAINED, '.4f') if summary.get(TRAINED) else '-'} | | {ms('wall_s', '.0f')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -104,21 +104,9 @@ def run(sim: Path, arms: list[str], epochs: int, lr: float, threads: int, data: 
 def strong_augment():
     """The labelled photos' augmentation, stronger (rotation 30 degrees, jitter 0.4, noise 0.04), then cutout:
     one square of 25-50 % of the side set to the mean colour."""
-    import torch
-
     from trainer.augment import Augment
 
-    base = Augment(max_degrees=30, brightness=0.4, contrast=0.4, noise_std=0.04)
-
-    def apply(x, gen):
-        x = base(x, gen)
-        n, _, h, w = x.shape
-        half = ((torch.rand(n, generator=gen) * 0.25 + 0.25) * h / 2).view(n, 1, 1)
-        cy, cx = (torch.rand(n, generator=gen) * h).view(n, 1, 1), (torch.rand(n, generator=gen) * w).view(n, 1, 1)
-        inside = ((torch.arange(h).view(1, h, 1) - cy).abs() < half) & ((torch.arange(w).view(1, 1, w) - cx).abs() < half)
-        return x.masked_fill(inside.unsqueeze(1), 0.0)  # 0 after normalisation is the dataset's mean colour
-
-    return apply
+    return Augment(max_degrees=30, brightness=0.4, contrast=0.4, noise_std=0.04, cutout=(0.25, 0.5))
 
 
 def consistency_loss(strong_logits, weak_probs, tau: float):

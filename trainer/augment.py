@@ -20,7 +20,8 @@ __all__ = ["Augment"]
 
 @dataclass
 class Augment:
-    """Random flips, rotation up to ``max_degrees``, brightness/contrast jitter and light noise."""
+    """Random flips, rotation up to ``max_degrees``, brightness/contrast jitter and light noise; optionally
+    cutout: one square, its side a random share of the image in ``cutout`` (low, high), set to the mean colour."""
 
     max_degrees: float = 20.0
     brightness: float = 0.2
@@ -29,6 +30,7 @@ class Augment:
     hflip: bool = True
     vflip: bool = True
     spec: PreprocessSpec = DEFAULT_SPEC
+    cutout: tuple[float, float] | None = None
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         n = x.shape[0]
@@ -61,4 +63,13 @@ class Augment:
         if self.noise_std > 0:
             pix = pix + torch.randn(pix.shape, generator=g).to(dev) * self.noise_std
         pix = pix.clamp(0.0, 1.0)
-        return (pix - mean) / std
+        out = (pix - mean) / std
+        return self._cutout(out, g) if self.cutout else out
+
+    def _cutout(self, x: torch.Tensor, g: torch.Generator | None) -> torch.Tensor:
+        n, _, h, w = x.shape
+        low, high = self.cutout
+        half = ((torch.rand(n, generator=g) * (high - low) + low) * h / 2).view(n, 1, 1)
+        cy, cx = (torch.rand(n, generator=g) * h).view(n, 1, 1), (torch.rand(n, generator=g) * w).view(n, 1, 1)
+        inside = ((torch.arange(h).view(1, h, 1) - cy).abs() < half) & ((torch.arange(w).view(1, 1, w) - cx).abs() < half)
+        return x.masked_fill(inside.unsqueeze(1).to(x.device), 0.0)  # 0 after normalisation is the dataset's mean colour
