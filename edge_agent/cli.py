@@ -185,38 +185,46 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _review_list(args: argparse.Namespace) -> int:
+    from edge_agent.review.queue import left_today, to_ask
+
     cfg = _load(args)
     _, db = _state_db(args, cfg)
-    items = db.queued("review")
+    items = to_ask(db, cfg.labels.review_per_day, everything=args.all)
     if args.json:
-        for q in items:
-            print(json.dumps({"photo_id": q.photo_id, "sha256": q.sha256, "label": q.label, "confidence": q.confidence, "file": q.file}))
+        for it in items:
+            q = it.entry
+            print(json.dumps({"photo_id": q.photo_id, "sha256": q.sha256, "label": q.label, "confidence": q.confidence,
+                              "margin": round(it.margin, 4), "top_k": it.top_k, "file": q.file}))
         return 0
+    left = left_today(db, cfg.labels.review_per_day)
     if not items:
-        print("review queue is empty")
-    for q in items:
-        print(f"{q.photo_id}  model says {q.label} ({q.confidence:.3f})  {q.file}")
+        print("nothing to ask today: today's budget is used ([labels] review_per_day; --all shows the pool)" if left == 0
+              else "review queue is empty")
+    for it in items:
+        q = it.entry
+        alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
+        print(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {q.file}")
+    if left is not None and not args.all:
+        print(f"-- best first; {left} of today's {cfg.labels.review_per_day} questions left", file=sys.stderr)
     return 0
 
 
 def _review_label(args: argparse.Namespace) -> int:
-    from edge_agent.labelqueue import PhotoSpool
+    from edge_agent.review.queue import LabelError, label_photo
     from engines.store import EngineStore
 
     cfg = _load(args)
     args.readonly = False
     state, db = _state_db(args, cfg)
-    entry = db.find_queued(args.photo)
-    if entry is None or entry.kind not in ("review", "expert"):
-        print(f"edge-agent: no photo {args.photo!r} in the review queue (see `edge-agent review list`)", file=sys.stderr)
+    store = EngineStore(cfg.store.resolved()) if cfg.store.path else EngineStore(state.root / "engines")
+    if not store.versions():
+        store = EngineStore(cfg.store.resolved())
+    try:
+        entry = label_photo(db, state.queue, cfg.labels.max_queue_mb << 20, store.open(verify=False).classes,
+                            args.photo, args.label, args.new_class)
+    except LabelError as exc:
+        print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
-    classes = EngineStore(cfg.store.resolved()).open(verify=False).classes
-    if args.label not in classes and not args.new_class:
-        print(f"edge-agent: {args.label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}", file=sys.stderr)
-        return 2
-    src = Path(entry.file)
-    moved = PhotoSpool(state.queue, cfg.labels.max_queue_mb << 20).move(src, "expert") if src.exists() else src
-    db.mark_expert(entry.sha256, args.label, str(moved))
     print(f"{entry.photo_id}: labelled {args.label} by an expert; queued for training")
     return 0
 
@@ -344,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl = rev.add_parser("list", parents=[common], help="photos waiting for an expert")
     rl.add_argument("--state-dir")
     rl.add_argument("--json", action="store_true")
+    rl.add_argument("--all", action="store_true", help="the whole pool, ranked (not only today's budget)")
     rl.set_defaults(func=_review_list)
     rb = rev.add_parser("label", parents=[common], help="give a photo its true class")
     rb.add_argument("photo", help="photo id (from review list), sha256 prefix, or original path")

@@ -295,7 +295,7 @@ class Daemon:
             "ready", inbox=str(self.inbox) if self.folder else None, camera=self.cfg.camera.source if self.camera else None,
             startup_ms=round((time.perf_counter() - t0) * 1000, 1),
         )
-        next_status = 0.0
+        next_status = next_prune = 0.0
         while not self._stop.is_set():
             if self.check_health():
                 self.notifier.watchdog()
@@ -303,8 +303,22 @@ class Daemon:
             if time.monotonic() >= next_status:
                 self._write_status()
                 next_status = time.monotonic() + self.cfg.daemon.status_interval_s
+            if time.monotonic() >= next_prune:
+                self._prune_review_pool()
+                next_prune = time.monotonic() + 60.0
             self._stop.wait(0.5)
         return self._shutdown()
+
+    def _prune_review_pool(self) -> None:
+        from edge_agent.review.queue import prune_pool
+
+        try:
+            dropped = prune_pool(self.db, self.spool, self.cfg.labels.review_pool)
+        except Exception as exc:  # a locked database: try again next time
+            self.log.warning("review_pool_prune_failed", error=repr(exc))
+            return
+        if dropped:
+            self.log.info("review_pool_pruned", dropped=dropped, kept=self.cfg.labels.review_pool)
 
     def _shutdown(self) -> int:
         self.notifier.stopping()

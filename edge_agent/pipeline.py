@@ -81,7 +81,7 @@ class PipelineSettings:
 class LabelPolicy:
     pseudo_threshold: float = 0.9
     per_class_cap: int = 500
-    review_threshold: float = 0.5
+    review_threshold: float = 0.9
 
 
 class Pipeline:

@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS label_queue (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS label_queue_kind ON label_queue(kind, engine_version, label);
+CREATE TABLE IF NOT EXISTS expert_labels (
+    sha256 TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    labelled REAL NOT NULL
+);
 """
 
 
@@ -161,10 +166,30 @@ class ResultsDB:
     def mark_expert(self, sha256: str, label: str, file: str) -> None:
         """An expert gave a queued photo its true class: it becomes a training label."""
         with self._lock:
-            self._db.execute(
-                "UPDATE label_queue SET kind = 'expert', label = ?, confidence = 1.0, file = ? WHERE sha256 = ?",
-                (label, file, sha256),
-            )
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute(
+                    "UPDATE label_queue SET kind = 'expert', label = ?, confidence = 1.0, file = ? WHERE sha256 = ?",
+                    (label, file, sha256),
+                )
+                cur.execute("INSERT OR REPLACE INTO expert_labels (sha256, label, labelled) VALUES (?,?,?)", (sha256, label, time.time()))
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+    def expert_labels_since(self, since: float) -> int:
+        """How many photos an expert labelled since ``since`` (the per-day review budget)."""
+        return self._query("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ?", (since,))[0][0]
+
+    def review_pool(self) -> list[tuple[QueueEntry, list]]:
+        """Photos waiting for review, each with the top-k of its prediction."""
+        rows = self._query(
+            "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
+            " COALESCE(r.top_k, '[]') FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
+        )
+        return [(QueueEntry(*r[:9]), json.loads(r[9])) for r in rows]
 
     def remove_queued(self, sha256s: Iterable[str]) -> None:
         with self._lock:

@@ -180,3 +180,76 @@ def test_trainer_down_while_2000_photos_arrive(plantvillage, tmp_path):
     finally:
         t.terminate()
         d.terminate()
+
+
+def _store_expert_samples(state: Path, photos: list[Path]) -> None:
+    import hashlib
+
+    from trainer.samples import SampleStore
+
+    samples = SampleStore(state / "trainer")
+    for p in photos:
+        data = p.read_bytes()
+        samples.add({"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": p.parent.name, "confidence": 1.0,
+                     "engine_version": "v0001", "ext": ".jpg"}, data)
+    samples.close()
+
+
+def test_sigterm_during_a_retrain_exits_within_5_s_and_keeps_every_sample(plantvillage, tmp_path):
+    """No labelled data configured: the shipped photos serve. SIGTERM mid-training: exit 0 within 5 s, candidate
+    abandoned (nothing published), every sample kept and still new, and the next start retrains on them."""
+    state = tmp_path / "state"
+    _, field = split_photos(plantvillage)
+    _store_expert_samples(state, field[::40][:25])
+    cfg = {"trainer": {"retrain_threshold": 20, "epochs": 200, "int8": False, "nice": 0}}
+    t = TrainerProc(state, cfg).start()
+    wait_until(lambda: t.logged("generation_epoch"), 240, "training under way")
+    t0 = time.monotonic()
+    t.proc.send_signal(signal.SIGTERM)
+    rc = t.proc.wait(30)
+    took = time.monotonic() - t0
+    t._log.close()
+    assert rc == 0 and took < 5.0, (rc, took)
+    assert t.logged("retrain_abandoned")
+    assert EngineStore(state / "engines").current() == "v0001"
+    rows = db_rows(state / "trainer", "SELECT generation FROM samples", "samples.sqlite")
+    assert len(rows) == 25 and all(g is None for (g,) in rows)  # kept, and still new for the next start
+
+
+def test_no_validation_photos_no_retrain_and_it_says_so(plantvillage, tmp_path):
+    import json
+
+    state = tmp_path / "state"
+    _, field = split_photos(plantvillage)
+    _store_expert_samples(state, field[::40][:25])
+    t = TrainerProc(state, {"trainer": {"retrain_threshold": 20, "nice": 0, "shipped_data": False}}).start()
+    try:
+        wait_until(lambda: t.logged("no_validation_photos"), 60, "the warning at start-up")
+        status = state / "trainer" / "status.json"
+        wait_until(lambda: status.exists() and json.loads(status.read_text()).get("blocked"), 30, "blocked in the status")
+        time.sleep(2.0)
+        assert not t.logged("retrain_started")
+        out = subprocess.run([sys.executable, "-m", "trainer", "status", "--state-dir", str(state)], capture_output=True,
+                             text=True, cwd=REPO, env={**os.environ, "EDGE_AGENT_CONFIG": str(t.config_path)})
+        assert "NOT RETRAINING: no validation photos" in out.stdout
+    finally:
+        assert t.terminate() == 0
+
+
+def test_a_failed_retrain_waits_for_new_samples(tmp_path, monkeypatch):
+    from edge_agent.config import parse_config
+    from trainer import service
+
+    svc = service.TrainerService(parse_config({"trainer": {"retrain_threshold": 1}}), tmp_path)
+    svc.samples.add({"id": "a" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"}, b"x")
+
+    def boom(*a, **k):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(service, "retrain", boom)
+    assert svc._due()
+    svc._retrain_once()
+    assert svc.last.reason.startswith("failed") and not svc._due()  # not again on the same samples
+    svc.samples.add({"id": "b" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"}, b"y")
+    assert svc._due()
+    svc.samples.close()

@@ -184,11 +184,17 @@ def test_init_from_a_store_version(tmp_path):
         train_supervised(other, tmp_path / "c", settings, progress=False)
 
 
+def _labelled(cfg, classes):
+    from trainer.labelled import labelled_sources, load_labelled
+
+    got = load_labelled(labelled_sources(cfg, classes))
+    return got.train, got.val
+
+
 def test_gate_validation_folder_is_held_out_whole(tmp_path):
     """With [trainer] validation_data the whole labelled folder is replayed and the gate judges on the other folder;
     without it, val_fraction of the labelled folder is held out."""
     from edge_agent.config import parse_config
-    from trainer.service import _labelled
 
     names = ["Apple___healthy", "Tomato___healthy"]
     labelled = make_class_folders(tmp_path / "labelled", names, 10)
@@ -199,6 +205,29 @@ def test_gate_validation_folder_is_held_out_whole(tmp_path):
     assert sorted(val.y.tolist()) == [0, 0, 0, 1, 1, 1]
     train, val = _labelled(parse_config({"trainer": {"labelled_data": str(labelled), "val_fraction": 0.2}}), classes)
     assert len(train) == 16 and len(val) == 4
+
+
+def test_no_configuration_uses_the_shipped_photos(tmp_path):
+    """With no labelled_data / validation_data the shipped gate (the shipped model's 184 test photos) and replay
+    photos serve; a user's own folder replaces its half; shipped_data = false leaves nothing to gate on."""
+    import json
+
+    from edge_agent.config import default_data_path, default_store_path, parse_config
+    from engines.store import EngineStore
+    from trainer.labelled import labelled_sources
+
+    classes = EngineStore(default_store_path()).open(verify=False).classes
+    src = labelled_sources(parse_config({}), classes)
+    assert (src.origin, len(src.val), len(src.train)) == ("shipped", 184, 184)
+    manifest = json.loads((default_data_path() / "manifest.json").read_text())
+    assert manifest["model_version"] == "v0001" and len(manifest["files"]) == 368
+    assert (default_data_path() / "NOTICE").read_text().count("CC BY 4.0") >= 1
+    own = make_class_folders(tmp_path / "val", classes[:2], 3)
+    src = labelled_sources(parse_config({"trainer": {"validation_data": str(own)}}), classes)
+    assert (src.origin, len(src.val), len(src.train)) == ("configured+shipped", 6, 184)
+    assert labelled_sources(parse_config({"trainer": {"shipped_data": False}}), classes).val == []
+    # an engine with other classes finds none of the shipped photos usable
+    assert labelled_sources(parse_config({}), ["Corn___healthy", "Wheat___rust"]).val == []
 
 
 def test_cli_logging_options_go_before_or_after_the_subcommand():

@@ -125,9 +125,20 @@ def _status(args: argparse.Namespace) -> int:
         print(f"edge-trainer: no status at {path} (has the trainer run with this --state-dir?)", file=sys.stderr)
         return 2
     st["running"] = live is not None
-    print(json.dumps(st, indent=2) if args.json else
-          f"trainer: {'running, ' + st['state'] if live else 'not running'}; samples {st['samples']}; "
-          f"threshold {st['retrain_threshold']}; last retrain: {st['last_retrain'] and st['last_retrain']['reason']}")
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    last = st.get("last_retrain")
+    print(f"trainer: {'running, ' + st['state'] if live else 'not running'}; samples {st['samples']}; "
+          f"threshold {st['retrain_threshold']}; last retrain: "
+          + (f"{'published ' + last['published'] if last['published'] else 'not published'}: {last['reason']}" if last else "none"))
+    if st.get("labelled"):
+        lab = st["labelled"]
+        print(f"true labels: {lab.get('replay_photos', 0)} to replay, {lab.get('validation_photos', 0)} for the gate ({lab.get('origin')})")
+    if st.get("blocked"):
+        print(f"NOT RETRAINING: {st['blocked']}")
+    elif st.get("waiting_for_new_samples"):
+        print("the last retrain failed: waiting for new samples before the next")
     return 0
 
 

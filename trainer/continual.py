@@ -1,6 +1,7 @@
 """One training loop for every strategy: labelled cross-entropy + ramped, confidence-weighted pseudo-label NLL.
 
-``loss = CE(labelled) + pseudo_lambda * ramp(epoch) * mean(confidence * NLL(pseudo)) + strategy.penalty``,
+``loss = mean(weight * CE(true labels)) + pseudo_lambda * ramp(epoch) * mean(confidence * NLL(pseudo)) + strategy.penalty``,
+with ``weight`` 1 for labelled photos and ``[trainer] expert_weight`` for an expert's labels,
 with ``ramp`` the sigmoid-shaped ramp-up exp(-5 (1 - t)^2) over the first ``ramp_epochs`` epochs
 (Laine & Aila, 2017), and augmentation on training batches only.
 """
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from edge_agent.log import get_logger
 from trainer.augment import Augment
 from trainer.model import LeafNet
+from trainer.stop import check
 from trainer.strategies.base import Generation, Strategy
 from trainer.train import lr_schedule, recompute_batchnorm
 
@@ -84,7 +86,7 @@ def train_generation(
             logits = model(x)
             loss = logits.new_zeros(())
             if (~pseudo).any():
-                ce = F.cross_entropy(logits[~pseudo], y[~pseudo])
+                ce = (conf[~pseudo] * F.cross_entropy(logits[~pseudo], y[~pseudo], reduction="none")).mean()
                 loss = loss + ce
                 totals["ce"] += ce.item()
             if pseudo.any() and w > 0:
@@ -99,8 +101,7 @@ def train_generation(
             loss.backward()
             opt.step()
             sched.step()
-            if should_stop():
-                raise InterruptedError("training stopped")
+            check(should_stop, "while training")
         if swa is not None and epoch >= settings.epochs - swa_epochs:
             swa.update_parameters(model)
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})

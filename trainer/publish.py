@@ -14,6 +14,7 @@ from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from engines.store import EngineStore, StoreVersion
 from trainer.export import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx
 from trainer.model import LeafNet
+from trainer.stop import check
 
 __all__ = ["publish_model", "load_weights", "ONNX_FILE", "INT8_FILE", "WEIGHTS_FILE"]
 
@@ -34,11 +35,13 @@ def publish_model(
     held_out: tuple[np.ndarray, np.ndarray] | None = None,
     parent: str | None = None,
     make_current: bool = True,
+    should_stop=lambda: False,
 ) -> StoreVersion:
     """Export ``model`` and publish it atomically to the store at ``store_dir``.
 
     With ``calibration`` photos an INT8 variant is built too, and its top-1
-    agreement with FP32 on ``held_out`` photos goes into the manifest.
+    agreement with FP32 on ``held_out`` photos goes into the manifest. ``should_stop`` is asked between the
+    steps; once the store's own publish has begun it runs to the end (it is atomic and takes milliseconds).
     """
     from engines.build.int8 import quantize_int8, top1_agreement
 
@@ -52,6 +55,7 @@ def publish_model(
         artifacts = {"onnx": ONNX_FILE, "torch": WEIGHTS_FILE}
         metrics["onnx_max_abs_diff"] = export_onnx(model, files[ONNX_FILE], spec.size)
         torch.save({"state_dict": model.state_dict(), "num_classes": model.num_classes}, files[WEIGHTS_FILE])
+        check(should_stop, "before the INT8 build")
         if calibration is not None and len(calibration):
             quantize_int8(files[ONNX_FILE], work / INT8_FILE, calibration)
             files[INT8_FILE] = work / INT8_FILE
@@ -78,6 +82,7 @@ def publish_model(
         }
         if parent is not None:
             manifest["parent"] = parent
+        check(should_stop, "before publishing")
         version = EngineStore(store_dir).publish(files, manifest, make_current=make_current)
     log.info("published", engine_version=version.name, store=str(store_dir))
     return version

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.model import LeafNet
+from trainer.stop import check
 
 __all__ = ["MIRRORS", "Recheck", "recheck"]
 
@@ -46,11 +47,12 @@ class Recheck:
 
 
 @torch.no_grad()
-def recheck(model: LeafNet, x: torch.Tensor, tau: float, batch: int = 64) -> Recheck:
+def recheck(model: LeafNet, x: torch.Tensor, tau: float, batch: int = 64, should_stop=lambda: False) -> Recheck:
     """Score the preprocessed photos ``x`` with ``model`` (eval mode) over :data:`MIRRORS`."""
     model.eval()
     labels, confidence = [], []
     for i in range(0, len(x), batch):
+        check(should_stop, "while rechecking pseudo-labels")
         chunk = x[i : i + batch]
         probs = torch.stack([F.softmax(model(view(chunk)), 1) for view in MIRRORS])  # views x photos x classes
         label = probs[0].argmax(1)

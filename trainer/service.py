@@ -1,12 +1,10 @@
-"""``edge-trainer serve``: receive labels, retrain when enough are new, gate, publish, announce.
+"""``edge-trainer serve``: receive labels, retrain when enough are new (:mod:`trainer.retrain`), announce.
 
-One retrain: the engine in service (its torch weights) is fine-tuned with the
-configured strategy on the labelled data's training split + every expert label
-+ every pseudo-label received so far; the candidate is gated on the labelled
-data's validation split (never trained on); if it passes it is exported,
-published atomically to the shared store and announced. Samples are marked
-with the generation that first used them only after the decision, so a trainer
-killed mid-way retrains on the same samples when it comes back.
+The service checks at start-up that its gate has validation photos (:mod:`trainer.labelled`); without any,
+no candidate could ever be published, so it starts no retrain and says so in the log and in its status.
+A retrain that fails or is refused is not repeated on the same samples: the next waits for new ones.
+SIGTERM or SIGINT during a retrain abandons the candidate within a training step and exits; every
+received sample stays stored and unmarked, so the next start retrains on them.
 """
 
 from __future__ import annotations
@@ -15,179 +13,24 @@ import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-
-import torch
 
 from edge_agent.config import AppConfig
 from edge_agent.daemon import curve_keys, handoff_endpoints, resolve_store
 from edge_agent.log import get_logger
-from edge_agent.preprocess import ImageRejected, preprocess_file
 from engines.durable import atomic_write
-from engines.store import EngineStore
-from trainer.calibrate import calibrate
-from trainer.continual import ContinualSettings, train_generation
-from trainer.data import TensorDataset, scan_folder, stratified_split
-from trainer.gate import gate
-from trainer.publish import load_weights, publish_model
+from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver, ReceiverSettings
-from trainer.recheck import recheck
+from trainer.retrain import RetrainResult, balance_pseudo, retrain
 from trainer.samples import SampleStore
-from trainer.strategies.base import Generation, get_strategy
+from trainer.stop import Stopped
 
-__all__ = ["TrainerService", "retrain", "RetrainResult", "trainer_state_dir"]
+__all__ = ["TrainerService", "retrain", "RetrainResult", "balance_pseudo", "trainer_state_dir"]
 
 
 def trainer_state_dir(cfg: AppConfig, state_dir: Path) -> Path:
     return Path(cfg.trainer.state_dir).expanduser() if cfg.trainer.state_dir else state_dir / "trainer"
-
-
-@dataclass
-class RetrainResult:
-    published: str | None
-    reason: str
-    metrics: dict
-    samples: int
-    seconds: float
-
-
-def _labelled(cfg: AppConfig, classes: list[str]) -> tuple[Generation, Generation]:
-    """(train, validation) from [trainer] labelled_data (and validation_data), with the engine's class indices."""
-    empty = Generation(torch.zeros(0, 3, 128, 128), torch.zeros(0, dtype=torch.long))
-
-    def load(folder_path: str) -> list:
-        folder = scan_folder(folder_path)
-        remap = {i: classes.index(name) for i, name in enumerate(folder.classes) if name in classes}
-        return [type(s)(s.path, remap[s.label]) for s in folder.samples if s.label in remap]
-
-    def tensors(samples: list) -> Generation:
-        if not samples:
-            return empty
-        ds = TensorDataset(samples)
-        return Generation(ds.x, ds.y)
-
-    tc = cfg.trainer
-    train = load(tc.labelled_data) if tc.labelled_data else []
-    if tc.validation_data:
-        return tensors(train), tensors(load(tc.validation_data))
-    if not train:
-        return empty, empty
-    parts = stratified_split(train, {"val": tc.val_fraction}, tc.seed)
-    return tensors(parts["train"]), tensors(parts["val"])
-
-
-def _received(samples: SampleStore, classes: list[str]) -> tuple[Generation, list[str], list[str]]:
-    """Expert labels (true, weight 1) and pseudo-labels (weight: their confidence); grows ``classes`` for new
-    expert classes."""
-    xs, ys, ws, ps, ids = [], [], [], [], []
-    new_classes = []
-    for s in samples.all():
-        if s.label not in classes:
-            if s.kind != "expert":
-                continue  # a pseudo-label can only name a known class
-            classes.append(s.label)
-            new_classes.append(s.label)
-        try:
-            x = preprocess_file(s.file)
-        except ImageRejected:
-            continue
-        xs.append(torch.from_numpy(x))
-        ys.append(classes.index(s.label))
-        pseudo = s.kind == "pseudo"
-        ws.append(float(s.confidence) if pseudo else 1.0)
-        ps.append(pseudo)
-        ids.append(s.id)
-    if not xs:
-        return Generation(torch.zeros(0, 3, 128, 128), torch.zeros(0, dtype=torch.long)), ids, new_classes
-    return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), ids), ids, new_classes
-
-
-def _recheck_pseudo(teacher, received: Generation, tau: float) -> tuple[Generation, dict]:
-    """The received samples with every pseudo-label scored again by ``teacher`` (:mod:`trainer.recheck`):
-    relabelled with its class and confidence, or left out where it is below ``tau``."""
-    rows = received.pseudo.nonzero().squeeze(1)
-    checked = recheck(teacher, received.x[rows], tau)
-    summary = checked.summary(received.y[rows])
-    y, weight, keep = received.y.clone(), received.weight.clone(), torch.ones(len(received), dtype=torch.bool)
-    y[rows], weight[rows], keep[rows] = checked.labels, checked.confidence, checked.keep
-    return Generation(received.x, y, weight, received.pseudo, received.sample_ids).subset(keep), summary
-
-
-def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
-    """Per-row factor that keeps the easy classes from dominating the pseudo-labels.
-
-    A model is confident mostly on the classes it already knows well, so their pseudo-labels pile up and
-    a retrain drifts towards them until harder classes' recall collapses (self-training's confirmation
-    bias). A class with more pseudo-labels than the median class is down-weighted to the median's total
-    weight; rarer classes are left as they are (never up-weighted: few pseudo-labels may be wrong ones).
-    True labels keep factor 1."""
-    factor = torch.ones(len(labels))
-    if not pseudo.any():
-        return factor
-    classes, counts = labels[pseudo].unique(return_counts=True)
-    median = counts.float().median()
-    for c, n in zip(classes.tolist(), counts.tolist()):
-        factor[pseudo & (labels == c)] = min(1.0, float(median) / n)
-    return factor
-
-
-def retrain(cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_dir: Path, announce=lambda v: None) -> RetrainResult:
-    t0 = time.perf_counter()
-    tc = cfg.trainer
-    log = get_logger("trainer.retrain", strategy=tc.strategy)
-    torch.set_num_threads(tc.threads)
-    current = store.open()
-    previous = load_weights(current)
-    classes = list(current.classes)
-    received, ids, new_classes = _received(samples, classes)
-    rechecked = None
-    if tc.recheck_pseudo and received.pseudo.any():
-        received, rechecked = _recheck_pseudo(previous, received, cfg.labels.pseudo_threshold)
-        log.info("pseudo_labels_rechecked", teacher=current.name, **rechecked)
-    received.weight = received.weight * balance_pseudo(received.y, received.pseudo)
-    samples.set_state("last_retrain_pseudo", json.dumps(
-        {i: classes[int(y)] for i, y, p in zip(received.sample_ids, received.y, received.pseudo) if p}
-    ))
-    train, val = _labelled(cfg, classes)
-    data = train + received
-    log.info("retrain_started", parent=current.name, labelled=len(train), received=len(received), validation=len(val), new_classes=new_classes)
-    if len(data) < 2:
-        return RetrainResult(None, "not enough data to train on", {}, len(ids), time.perf_counter() - t0)
-    options = {
-        "ewc_lambda": tc.ewc_lambda, "temperature": tc.lwf_temperature, "per_class": tc.rehearsal_per_class,
-        "selection": tc.rehearsal_selection, "seed": tc.seed,
-    }
-    strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
-    settings = ContinualSettings(tc.epochs, tc.batch_size, tc.lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs)
-    candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes))
-    decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop)
-    metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}}
-    if rechecked:
-        metrics["pseudo_recheck"] = rechecked
-    log.info("gate", publish=decision.publish, reason=decision.reason, **decision.metrics)
-    if not decision.publish:
-        samples.mark_used(ids, f"refused:{int(time.time())}")
-        return RetrainResult(None, decision.reason, metrics, len(ids), time.perf_counter() - t0)
-    if tc.calibrate:  # before the strategy keeps its anchor: the next retrain starts from the published weights
-        metrics["calibration"] = calibrate(candidate, val.x, val.y).summary()
-        log.info("calibrated", **metrics["calibration"])
-    strategy.after(candidate, used)
-    counts = {"labelled": len(train), "expert": int((~received.pseudo).sum()), "pseudo": int(received.pseudo.sum())}
-    training = {
-        "kind": "continual", "strategy": tc.strategy, "settings": asdict(settings), "samples": counts,
-        "new_classes": new_classes, "pseudo_recheck": rechecked, "torch": torch.__version__,
-    }
-    calib = train.x if len(train) else received.x
-    version = publish_model(
-        candidate, classes, store.root, metrics=metrics, training=training, parent=current.name,
-        calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
-        held_out=(val.x.numpy(), val.y.numpy()) if len(val) else None,
-    )
-    samples.mark_used(ids, version.name)
-    announce(version.name)
-    log.info("retrain_published", engine_version=version.name, parent=current.name, seconds=round(time.perf_counter() - t0, 1))
-    return RetrainResult(version.name, decision.reason, metrics, len(ids), time.perf_counter() - t0)
 
 
 class TrainerService:
@@ -206,6 +49,9 @@ class TrainerService:
         self.state = "idle"
         self.last: RetrainResult | None = None
         self.started = time.time()
+        self.blocked: str | None = None  # why no retrain can be published, if none can
+        self.labelled: dict = {}
+        self._hold: int | None = None  # after a failed retrain: the sample count it failed on
 
     @property
     def request_file(self) -> Path:
@@ -218,10 +64,26 @@ class TrainerService:
     def request_stop(self, *_a) -> None:
         self._stop.set()
 
+    def check_validation(self) -> str | None:
+        """Why no retrain could be published (no validation photos for the engine's classes), or None."""
+        try:
+            classes = self.store.open(verify=False).classes
+        except Exception as exc:  # no engine yet, or an unreadable one: the retrain will say more
+            return f"no engine in the store: {exc}"
+        sources = labelled_sources(self.cfg, classes)
+        self.labelled = sources.describe()
+        if sources.val:
+            return None
+        return ("no validation photos: no candidate could be checked, so no retrain starts. Set [trainer] "
+                "validation_data (or labelled_data) to a folder of <Class>/<photo> the model never trained on"
+                + ("" if self.cfg.trainer.shipped_data else ", or turn [trainer] shipped_data back on")
+                + (f" ({'; '.join(sources.problems)})" if sources.problems else ""))
+
     def status(self) -> dict:
         return {
             "pid": os.getpid(), "updated": time.time(), "uptime_s": round(time.time() - self.started, 1), "state": self.state,
             "samples": self.samples.counts(), "retrain_threshold": self.cfg.trainer.retrain_threshold,
+            "blocked": self.blocked, "labelled": self.labelled, "waiting_for_new_samples": self._hold is not None,
             "receiver": dict(self.receiver.counters), "daemons_seen": len(self.receiver.peers),
             "last_retrain": asdict(self.last) if self.last else None, "store": str(self.store.root),
         }
@@ -229,29 +91,57 @@ class TrainerService:
     def _write_status(self) -> None:
         atomic_write(self.status_file, (json.dumps(self.status(), indent=2) + "\n").encode(), durable=False)
 
+    def _due(self) -> bool:
+        counts = self.samples.counts()
+        total = counts["pseudo"] + counts["expert"]
+        if self._hold is not None and total <= self._hold:
+            return False  # the last retrain failed on exactly these samples: wait for new ones
+        self._hold = None
+        return counts["new"] >= self.cfg.trainer.retrain_threshold
+
+    def _retrain_once(self) -> None:
+        self.blocked = self.check_validation()
+        if self.blocked:
+            self.log.warning("retrain_not_started", reason=self.blocked)
+            self.last = RetrainResult(None, self.blocked, {}, 0, 0.0)
+            return
+        self.state = "training"
+        self._write_status()
+        try:
+            self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self.receiver.announce,
+                                should_stop=self._stop.is_set)
+        except Stopped as exc:
+            self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
+        except Exception as exc:
+            counts = self.samples.counts()
+            self._hold = counts["pseudo"] + counts["expert"]
+            self.log.error("retrain_failed", error=repr(exc), next="waits for new samples")
+            self.last = RetrainResult(None, f"failed: {exc!r}", {}, 0, 0.0)
+        finally:
+            self.state = "idle"
+
     def run(self) -> int:
         if self.cfg.trainer.nice:
             os.nice(self.cfg.trainer.nice)  # inference first
+        self.blocked = self.check_validation()
         self.receiver.start()
-        self.log.info("serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold)
+        self.log.info("serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled)
+        if self.blocked:
+            self.log.warning("no_validation_photos", reason=self.blocked)
         next_status = 0.0
         while not self._stop.is_set():
-            due = self.samples.counts()["new"] >= self.cfg.trainer.retrain_threshold
-            if due or self.request_file.exists():
+            requested = self.request_file.exists()
+            if requested or (self._due() and not self.blocked):
                 self.request_file.unlink(missing_ok=True)
-                self.state = "training"
-                self._write_status()
-                try:
-                    self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self.receiver.announce)
-                except Exception as exc:
-                    self.log.error("retrain_failed", error=repr(exc))
-                    self.last = RetrainResult(None, f"failed: {exc!r}", {}, 0, 0.0)
-                self.state = "idle"
+                self._retrain_once()
             if time.monotonic() >= next_status:
+                if self.blocked and not self.state == "training":
+                    self.blocked = self.check_validation()  # the user may have added photos since
                 self._write_status()
                 next_status = time.monotonic() + 2.0
             self._stop.wait(0.5)
         self.receiver.stop()
         self._write_status()
         self.samples.close()
+        self.log.info("stopped")
         return 0

@@ -28,7 +28,8 @@ __all__ = ["Strategy", "Generation", "register", "strategies", "get_strategy"]
 class Generation:
     """The data of one training round: photos, labels, and for pseudo-labels their confidence.
 
-    ``pseudo`` marks pseudo-labelled rows; ``weight`` is their confidence (1.0 for true labels).
+    ``pseudo`` marks pseudo-labelled rows; ``weight`` is their confidence, and for a true label its weight in the
+    cross-entropy (1.0 for labelled photos, ``[trainer] expert_weight`` for an expert's).
     """
 
     def __init__(

@@ -1,0 +1,88 @@
+"""The review queue as the expert meets it: what to ask today, best first; labelling one photo; pruning the pool.
+
+The daemon puts every photo below ``[labels] review_threshold`` into the pool (``<state>/queue/review``). The
+expert is shown the pool ranked by :func:`edge_agent.review.rank.rank`, at most what is left of today's
+``review_per_day`` budget (local days). A label moves the photo to the expert queue, which the hand-off
+delivers to the trainer as a true label, exactly as the command line and the web page do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.labelqueue import PhotoSpool
+from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.review.rank import Candidate, margin, rank
+
+__all__ = ["ReviewItem", "LabelError", "to_ask", "left_today", "label_photo", "prune_pool"]
+
+
+@dataclass(frozen=True)
+class ReviewItem:
+    entry: QueueEntry
+    top_k: list
+    margin: float
+
+
+class LabelError(ValueError):
+    """The photo is not in the review queue, or the class is unknown (and not declared new)."""
+
+
+def _start_of_today() -> float:
+    return dt.datetime.combine(dt.date.today(), dt.time()).timestamp()
+
+
+def left_today(db: ResultsDB, per_day: int) -> int | None:
+    """Questions left in today's budget (None: no budget)."""
+    if per_day <= 0:
+        return None
+    return max(0, per_day - db.expert_labels_since(_start_of_today()))
+
+
+def _pool(db: ResultsDB) -> list[ReviewItem]:
+    out = []
+    for entry, top_k in db.review_pool():
+        top_k = top_k or [[entry.label, entry.confidence or 0.0]]
+        out.append(ReviewItem(entry, top_k, margin(top_k)))
+    return out
+
+
+def to_ask(db: ResultsDB, per_day: int, everything: bool = False) -> list[ReviewItem]:
+    """The pool, best first: what to ask today (``everything``: the whole pool, ranked)."""
+    pool = {item.entry.sha256: item for item in _pool(db)}
+    limit = None if everything else left_today(db, per_day)
+    order = rank((Candidate(sha, item.top_k) for sha, item in pool.items()), limit)
+    return [pool[c.id] for c in order]
+
+
+def label_photo(db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list[str], ref: str, label: str,
+                new_class: bool = False) -> QueueEntry:
+    """Give a photo of the review queue its true class; it joins the expert queue for the trainer.
+
+    ``ref`` is a photo id, a sha256 prefix (8+ characters) or the photo's original path. Raises :class:`LabelError`."""
+    label = label.strip()
+    entry = db.find_queued(ref)
+    if entry is None or entry.kind not in ("review", "expert"):
+        raise LabelError(f"no photo {ref!r} in the review queue (see `edge-agent review list`)")
+    if not label:
+        raise LabelError("an empty class name")
+    if label not in classes and not new_class:
+        raise LabelError(f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}")
+    src = Path(entry.file)
+    moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
+    db.mark_expert(entry.sha256, label, str(moved))
+    return entry
+
+
+def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int) -> int:
+    """Drop the least informative photos beyond ``keep`` from the pool; returns how many left."""
+    pool = _pool(db)
+    if len(pool) <= keep:
+        return 0
+    drop = sorted(pool, key=lambda item: item.margin)[keep:]
+    db.remove_queued([item.entry.sha256 for item in drop])
+    for item in drop:
+        spool.remove(Path(item.entry.file))
+    return len(drop)

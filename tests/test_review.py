@@ -1,0 +1,95 @@
+"""The review queue: ranked by what a label would teach, spread over classes, capped per day; labelling; pruning."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from edge_agent.labelqueue import PhotoSpool
+from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.review.queue import LabelError, label_photo, left_today, prune_pool, to_ask
+from edge_agent.review.rank import Candidate, margin, rank
+
+
+def test_margin():
+    assert margin([["a", 0.5], ["b", 0.4], ["c", 0.1]]) == pytest.approx(0.1)
+    assert margin([["a", 0.8]]) == pytest.approx(0.6)
+    assert margin([]) == 1.0
+
+
+def test_rank_prefers_small_margins_and_spreads_over_classes():
+    cands = [Candidate(f"a{i}", [["A", 0.50 + i * 0.001], ["B", 0.49 - i * 0.001]]) for i in range(5)]
+    cands += [Candidate("c0", [["C", 0.6], ["A", 0.3]]), Candidate("d0", [["D", 0.9], ["A", 0.05]])]
+    order = [c.id for c in rank(cands)]
+    assert order[0] == "a0"  # smallest margin first
+    assert order.index("c0") < order.index("a3")  # a second class before the fourth photo of the first
+    assert order[-1] == "d0" or order.index("d0") > order.index("c0")
+    assert [c.id for c in rank(cands, limit=2)] == order[:2]
+
+
+def test_rank_puts_near_duplicates_last():
+    same = [["A", 0.5], ["B", 0.45], ["C", 0.05]]
+    cands = [Candidate(f"dup{i}", same) for i in range(10)] + [Candidate("other", [["A", 0.7], ["C", 0.2], ["B", 0.1]])]
+    order = [c.id for c in rank(cands)]
+    assert order[:2] == ["dup0", "other"]  # ten identical photos are not all asked about first
+
+
+def _db_with_pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool]:
+    db = ResultsDB(tmp_path / "results.sqlite")
+    spool = PhotoSpool(tmp_path / "queue", 1 << 30)
+    results, entries = [], []
+    for i in range(n):
+        sha = f"{i:064x}"
+        p1 = 0.4 + i * 0.04
+        top_k = [["Apple___healthy", p1], ["Tomato___healthy", 1 - p1 - 0.01]]
+        f = spool.put("review", sha, b"jpeg", ".jpg")
+        results.append(ResultRow(sha, f"p{i}", f"/in/{i}.jpg", "folder", top_k[0][0], p1, top_k, "v0001", {}))
+        entries.append(QueueEntry(sha, f"p{i}", "review", top_k[0][0], p1, "v0001", str(f), 4))
+    db.commit(results, entries)
+    return db, spool
+
+
+def test_budget_per_day_and_labelling(tmp_path):
+    db, _ = _db_with_pool(tmp_path, 6)
+    classes = ["Apple___healthy", "Tomato___healthy"]
+    assert [i.entry.photo_id for i in to_ask(db, per_day=3)] == ["p0", "p1", "p2"]
+    assert len(to_ask(db, per_day=0)) == 6  # no budget
+    label_photo(db, tmp_path / "queue", 1 << 30, classes, "p0", "Tomato___healthy")
+    assert left_today(db, 3) == 2
+    assert [i.entry.photo_id for i in to_ask(db, per_day=3)] == ["p1", "p2"]
+    assert len(to_ask(db, per_day=3, everything=True)) == 5
+    entry = db.queue_entry(f"{0:064x}")
+    assert entry.kind == "expert" and entry.label == "Tomato___healthy" and (tmp_path / "queue/expert").exists()
+    with pytest.raises(LabelError, match="no photo"):
+        label_photo(db, tmp_path / "queue", 1 << 30, classes, "nope", "Apple___healthy")
+    with pytest.raises(LabelError, match="not a known class"):
+        label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "Wheat___rust")
+    with pytest.raises(LabelError, match="empty"):
+        label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "  ")
+    label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "Wheat___rust", new_class=True)
+    assert db.queue_entry(f"{1:064x}").label == "Wheat___rust"
+    assert left_today(db, 3) == 1
+
+
+def test_prune_drops_the_least_informative(tmp_path):
+    db, spool = _db_with_pool(tmp_path, 6)
+    assert prune_pool(db, spool, keep=4) == 2
+    kept = {i.entry.photo_id for i in to_ask(db, per_day=0)}
+    assert kept == {"p0", "p1", "p2", "p3"}  # p4, p5 had the largest margins
+    assert len(list((tmp_path / "queue/review").iterdir())) == 4
+    assert prune_pool(db, spool, keep=4) == 0
+
+
+def test_cli_review_list_best_first(tmp_path, capsys):
+    from edge_agent.cli import main
+
+    db, _ = _db_with_pool(tmp_path / "state", 4)
+    db.close()
+    assert main(["review", "list", "--state-dir", str(tmp_path / "state"), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["photo_id"] for r in rows] == ["p0", "p1", "p2", "p3"]
+    assert rows[0]["margin"] < rows[1]["margin"] and len(rows[0]["top_k"]) == 2
+    assert main(["review", "label", "--state-dir", str(tmp_path / "state"), "p9", "Apple___healthy"]) == 2
+    assert "no photo 'p9'" in capsys.readouterr().err

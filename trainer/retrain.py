@@ -1,0 +1,178 @@
+"""One retrain: fine-tune the engine in service on what the field taught it, gate, calibrate, publish.
+
+The engine in service (its torch weights) is fine-tuned with the configured strategy on the replayed true
+labels (:mod:`trainer.labelled`) + every expert label (weight ``expert_weight``) + every pseudo-label received so
+far (checked again by the engine in service, :mod:`trainer.recheck`); the candidate is gated on photos it never
+trained on; if it passes it is calibrated, exported, published atomically and announced. Samples are marked
+with the generation that used them only after the decision (a refused candidate marks them too, so the next
+retrain waits for new ones), so a trainer stopped or killed mid-way retrains on the same samples when it comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from edge_agent.config import AppConfig
+from edge_agent.log import get_logger
+from edge_agent.preprocess import ImageRejected, preprocess_file
+from engines.store import EngineStore
+from trainer.calibrate import calibrate
+from trainer.continual import ContinualSettings, train_generation
+from trainer.gate import gate
+from trainer.labelled import empty_generation, labelled_sources, load_labelled
+from trainer.publish import load_weights, publish_model
+from trainer.recheck import recheck
+from trainer.samples import SampleStore
+from trainer.stop import check
+from trainer.strategies.base import Generation, get_strategy
+
+__all__ = ["RetrainResult", "retrain", "balance_pseudo"]
+
+
+@dataclass
+class RetrainResult:
+    published: str | None
+    reason: str
+    metrics: dict
+    samples: int
+    seconds: float
+
+
+def _received(
+    samples: SampleStore, classes: list[str], expert_weight: float, exclude: set[str], should_stop
+) -> tuple[Generation, list[str], list[str]]:
+    """Expert labels (true, weight ``expert_weight``) and pseudo-labels (weight: their confidence), leaving out the
+    photos in ``exclude`` (the gate's); grows ``classes`` for new expert classes. Returns the data, the ids of
+    every sample considered, and the new classes."""
+    xs, ys, ws, ps, ids, used = [], [], [], [], [], []
+    new_classes = []
+    for s in samples.all():
+        check(should_stop, "while reading samples")
+        ids.append(s.id)
+        if s.id in exclude:
+            continue  # the same bytes as a gate photo: training on it would flatter the candidate
+        if s.label not in classes:
+            if s.kind != "expert":
+                continue  # a pseudo-label can only name a known class
+            classes.append(s.label)
+            new_classes.append(s.label)
+        try:
+            x = preprocess_file(s.file)
+        except (ImageRejected, OSError):
+            continue
+        xs.append(torch.from_numpy(x))
+        ys.append(classes.index(s.label))
+        pseudo = s.kind == "pseudo"
+        ws.append(float(s.confidence) if pseudo else expert_weight)
+        ps.append(pseudo)
+        used.append(s.id)
+    if not xs:
+        return empty_generation(), ids, new_classes
+    return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), used), ids, new_classes
+
+
+def _recheck_pseudo(teacher, received: Generation, tau: float, should_stop) -> tuple[Generation, dict]:
+    """The received samples with every pseudo-label scored again by ``teacher`` (:mod:`trainer.recheck`):
+    relabelled with its class and confidence, or left out where it is below ``tau``."""
+    rows = received.pseudo.nonzero().squeeze(1)
+    checked = recheck(teacher, received.x[rows], tau, should_stop=should_stop)
+    summary = checked.summary(received.y[rows])
+    y, weight, keep = received.y.clone(), received.weight.clone(), torch.ones(len(received), dtype=torch.bool)
+    y[rows], weight[rows], keep[rows] = checked.labels, checked.confidence, checked.keep
+    return Generation(received.x, y, weight, received.pseudo, received.sample_ids).subset(keep), summary
+
+
+def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
+    """Per-row factor that keeps the easy classes from dominating the pseudo-labels.
+
+    A model is confident mostly on the classes it already knows well, so their pseudo-labels pile up and
+    a retrain drifts towards them until harder classes' recall collapses (self-training's confirmation
+    bias). A class with more pseudo-labels than the median class is down-weighted to the median's total
+    weight; rarer classes are left as they are (never up-weighted: few pseudo-labels may be wrong ones).
+    True labels keep factor 1."""
+    factor = torch.ones(len(labels))
+    if not pseudo.any():
+        return factor
+    classes, counts = labels[pseudo].unique(return_counts=True)
+    median = counts.float().median()
+    for c, n in zip(classes.tolist(), counts.tolist()):
+        factor[pseudo & (labels == c)] = min(1.0, float(median) / n)
+    return factor
+
+
+def retrain(
+    cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_dir: Path, announce=lambda v: None,
+    should_stop=lambda: False,
+) -> RetrainResult:
+    """Run one retrain. Raises :class:`trainer.stop.Stopped` (nothing marked, nothing published) once
+    ``should_stop()`` is true."""
+    t0 = time.perf_counter()
+    tc = cfg.trainer
+    log = get_logger("trainer.retrain", strategy=tc.strategy)
+    torch.set_num_threads(tc.threads)
+    current = store.open()
+    previous = load_weights(current)
+    classes = list(current.classes)
+    sources = labelled_sources(cfg, classes)
+    labelled = load_labelled(sources, should_stop)
+    received, ids, new_classes = _received(samples, classes, tc.expert_weight, labelled.gate_ids, should_stop)
+    train, val = labelled.train, labelled.val
+    if len(val) == 0:  # nothing could ever be published: say so, and keep the samples for when there is
+        return RetrainResult(None, "no validation photos: cannot check the candidate", {"labelled": sources.describe()},
+                             len(ids), time.perf_counter() - t0)
+    rechecked = None
+    if tc.recheck_pseudo and received.pseudo.any():
+        received, rechecked = _recheck_pseudo(previous, received, cfg.labels.pseudo_threshold, should_stop)
+        log.info("pseudo_labels_rechecked", teacher=current.name, **rechecked)
+    received.weight = received.weight * balance_pseudo(received.y, received.pseudo)
+    samples.set_state("last_retrain_pseudo", json.dumps(
+        {i: classes[int(y)] for i, y, p in zip(received.sample_ids, received.y, received.pseudo) if p}
+    ))
+    data = train + received
+    counts = {"labelled": len(train), "expert": int((~received.pseudo).sum()), "pseudo": int(received.pseudo.sum()),
+              "left_out_as_gate_photos": sum(1 for i in ids if i in labelled.gate_ids)}
+    log.info("retrain_started", parent=current.name, validation=len(val), new_classes=new_classes,
+             labelled_from=sources.origin, **counts)
+    if len(data) < 2:
+        return RetrainResult(None, "not enough data to train on", {}, len(ids), time.perf_counter() - t0)
+    options = {
+        "ewc_lambda": tc.ewc_lambda, "temperature": tc.lwf_temperature, "per_class": tc.rehearsal_per_class,
+        "selection": tc.rehearsal_selection, "seed": tc.seed,
+    }
+    strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
+    settings = ContinualSettings(tc.epochs, tc.batch_size, tc.lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs)
+    candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop)
+    check(should_stop, "before the gate")
+    decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop)
+    metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}, "samples": counts}
+    if rechecked:
+        metrics["pseudo_recheck"] = rechecked
+    log.info("gate", publish=decision.publish, reason=decision.reason, **decision.metrics)
+    if not decision.publish:
+        samples.mark_used(ids, f"refused:{int(time.time())}")
+        return RetrainResult(None, decision.reason, metrics, len(ids), time.perf_counter() - t0)
+    if tc.calibrate:  # before the strategy keeps its anchor: the next retrain starts from the published weights
+        metrics["calibration"] = calibrate(candidate, val.x, val.y).summary()
+        log.info("calibrated", **metrics["calibration"])
+    check(should_stop, "before publishing")
+    training = {
+        "kind": "continual", "strategy": tc.strategy, "settings": asdict(settings), "samples": counts,
+        "expert_weight": tc.expert_weight, "labelled": sources.describe(),
+        "new_classes": new_classes, "pseudo_recheck": rechecked, "torch": torch.__version__,
+    }
+    calib = train.x if len(train) else received.x
+    version = publish_model(
+        candidate, classes, store.root, metrics=metrics, training=training, parent=current.name,
+        calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
+        held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop,
+    )
+    strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
+    samples.mark_used(ids, version.name)
+    announce(version.name)
+    log.info("retrain_published", engine_version=version.name, parent=current.name, seconds=round(time.perf_counter() - t0, 1))
+    return RetrainResult(version.name, decision.reason, metrics, len(ids), time.perf_counter() - t0)

@@ -1,0 +1,119 @@
+"""Build the labelled photos shipped beside the default model (``edge_agent/default_data``).
+
+A retrain needs two sets of true labels, and a new device has neither:
+
+* ``gate/``: the photos the publish gate judges candidates on. They are the shipped model's **test split**:
+  never trained on and never used to pick its checkpoint or temperature, so the model in service is judged
+  on them as fairly as any candidate (on its validation split it scores higher than it deserves, because
+  that split chose it, and every honest candidate would be refused).
+* ``replay/``: a small class-balanced memory from the shipped model's training split, chosen by herding on
+  its own features (iCaRL's exemplar selection), replayed in every retrain so it does not drift away from
+  the classes the field has not shown lately.
+
+``python -m trainer.shipped_data --data ../shared/data/plantvillage`` rebuilds both from the split recorded
+in the shipped version's manifest and writes ``manifest.json`` (which photo, its sha256, its source) and a
+``NOTICE`` with the photos' sources and licences. The photos are the original bytes, never re-encoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from edge_agent.config import default_data_path, default_store_path
+from engines.store import EngineStore
+from trainer.data import TensorDataset, scan_folder, stratified_split
+from trainer.publish import load_weights
+from trainer.strategies.rehearsal import select
+
+__all__ = ["build"]
+
+NOTICE = """\
+Photos in this folder (gate/ and replay/) are original, unmodified PlantVillage leaf photos, taken from
+the development subset described in shared/data/plantvillage/SOURCE.md. manifest.json lists every file
+with its sha256 and the file it was copied from.
+
+Sources, as SOURCE.md states them:
+- T061202/Plant_village (commit 08d9dcbe0b422a104d6f2f893fe9c5397dfca6e9), Data/raw/: Pepper bell healthy,
+  Potato x3, Tomato x10. No LICENSE and no README: no licence is stated.
+- ai-agriculture-circuits-and-systems/plant_Village_Apple, Plant_Village_Blueberry, Plant_Village_Orange,
+  Plant_Village_Raspberry, Plant_Village_Strawberry (data/origin/<Class>/color/): CC BY 4.0, as each
+  repository's LICENSE and README state; they credit Kaggle abdallahalidev/plantvillage-dataset and ask
+  users to check the original dataset's terms.
+- The canonical spMohanty/PlantVillage-Dataset gives no licence and asks to be cited.
+None of these sources states CC BY-SA or CC0. Treat the terms as unverified and attribute the original authors:
+
+Hughes, D. P. & Salathe, M. (2015). An open access repository of images on plant health to enable the
+development of mobile disease diagnostics. arXiv:1511.08060.
+Mohanty, S. P., Hughes, D. P. & Salathe, M. (2016). Using deep learning for image-based plant disease
+detection. Frontiers in Plant Science 7:1419. doi:10.3389/fpls.2016.01419.
+"""
+
+
+def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -> dict:
+    """Write ``out/gate``, ``out/replay``, ``out/manifest.json`` and ``out/NOTICE``; return the manifest."""
+    version = EngineStore(store).open()
+    split_info = version.manifest["training"]["split"]
+    folder = scan_folder(data)
+    if folder.classes != version.classes:
+        raise ValueError(f"{data}: classes differ from the shipped model's")
+    parts = stratified_split(
+        folder.samples, {"test": split_info["test_fraction"], "val": split_info["val_fraction"]}, split_info["seed"]
+    )
+    if len(parts["test"]) != split_info["test_photos"] or len(parts["train"]) != split_info["train_photos"]:
+        raise ValueError(f"{data}: does not give the split recorded in {version.name}'s manifest")
+    model = load_weights(version)
+    train = TensorDataset(parts["train"])
+    with torch.no_grad():
+        feats = torch.cat([model.features(train.x[i : i + 128]) for i in range(0, len(train), 128)])
+    replay = []
+    for c in range(len(folder.classes)):
+        idx = torch.nonzero(train.y == c).flatten()
+        replay.extend(train.samples[int(i)] for i in idx[select(feats[idx], replay_per_class, "herding")])
+    shutil.rmtree(out / "gate", ignore_errors=True)
+    shutil.rmtree(out / "replay", ignore_errors=True)
+    files = []
+    for kind, samples in (("gate", parts["test"]), ("replay", replay)):
+        for s in samples:
+            name = folder.classes[s.label]
+            dst = out / kind / name / Path(s.path).name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(s.path, dst)
+            files.append({"file": str(dst.relative_to(out)), "class": name, "set": kind,
+                          "sha256": hashlib.sha256(dst.read_bytes()).hexdigest(),
+                          "source": str(Path(s.path).relative_to(folder.root))})
+    manifest = {
+        "model_version": version.name,
+        "model_sha256": version.manifest["files"]["model.onnx"]["sha256"],
+        "split": split_info,
+        "gate": {"photos": len(parts["test"]), "what": "the shipped model's test split: never trained on, never used for selection"},
+        "replay": {"photos": len(replay), "per_class": replay_per_class, "selection": "herding on the shipped model's features",
+                   "from": "the shipped model's training split"},
+        "files": files,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / "NOTICE").write_text(NOTICE)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.shipped_data", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="the folder the shipped model was trained from")
+    ap.add_argument("--out", default=str(default_data_path()))
+    ap.add_argument("--store", default=str(default_store_path()))
+    ap.add_argument("--replay-per-class", type=int, default=8)
+    args = ap.parse_args(argv)
+    m = build(args.data, Path(args.out), Path(args.store), args.replay_per_class)
+    size = sum((Path(args.out) / f["file"]).stat().st_size for f in m["files"])
+    print(f"{args.out}: {m['gate']['photos']} gate photos, {m['replay']['photos']} replay photos, {size / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
