@@ -68,6 +68,23 @@ def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path)
     assert "| tau | accepted |" in (tmp_path / "out" / "report.md").read_text()
 
 
+@pytest.mark.parametrize("choice", ["device", "random"])
+def test_expert_arm_labels_k_a_day_within_the_budget(small_field, tmp_path, choice):
+    """The expert labels K photos a day from the review pool (below tau), never more than the budget; the labels
+    reach the trainer as expert samples with their true class."""
+    from trainer.samples import SampleStore
+
+    s = SimSettings(day_size=10, days=3, epochs=2, patience=2, swa_epochs=0, retrain_epochs=1, retrain_at=1000, tau=0.99,
+                    expert_per_day=2, expert_choice=choice, expert_budget=5, calibrate=False)
+    report = simulate(small_field, tmp_path / "out", s)
+    assert [d["expert_labels"] for d in report["days"]] == [2, 2, 1] and report["expert_labels"] == 5
+    split = split_photos(small_field, s)
+    experts = [x for x in SampleStore(tmp_path / "out" / "fast" / "trainer").all() if x.kind == "expert"]
+    assert len(experts) == 5 and all(x.label == split.classes[split.truth[x.id]] for x in experts)
+    with pytest.raises(ValueError, match="fast mode only"):
+        simulate(small_field, tmp_path / "full", SimSettings(mode="full", day_size=10, days=1, expert_per_day=2))
+
+
 def test_simulation_refuses_bad_requests(small_field, tmp_path):
     with pytest.raises(ValueError, match="full days"):
         simulate(small_field, tmp_path / "a", SimSettings(day_size=10, days=50, epochs=1, swa_epochs=0))

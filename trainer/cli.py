@@ -225,7 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
     m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")
     m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
-    m.add_argument("--strategy", choices=["finetune", "ewc", "rehearsal", "lwf"], default="ewc")
+    m.add_argument("--strategy", choices=["finetune", "ewc", "rehearsal", "lwf"], default="rehearsal")
+    m.add_argument("--expert-per-day", type=int, default=0, metavar="K",
+                   help="an expert labels K photos a day from the review pool (photos below tau), fast mode (default 0: none)")
+    m.add_argument("--expert-choice", choices=["device", "random"], default="device",
+                   help="device: the review queue's ranking (edge-agent review list); random: K at random from the same pool")
+    m.add_argument("--expert-budget", type=int, default=100, help="most expert labels in the whole run")
     m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     m.add_argument("--seed", type=int, default=20251120)
     m.add_argument("--no-calibrate", action="store_true",
@@ -245,6 +250,7 @@ def _simulate(args: argparse.Namespace) -> int:
         retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
         label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
         calibrate=not args.no_calibrate, recheck=not args.no_recheck,
+        expert_per_day=args.expert_per_day, expert_choice=args.expert_choice, expert_budget=args.expert_budget,
     )
     try:
         report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))

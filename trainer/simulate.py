@@ -38,6 +38,7 @@ from edge_agent.config import parse_config
 from edge_agent.log import get_logger
 from edge_agent.preprocess import preprocess_file
 from edge_agent.results import query_readonly
+from edge_agent.review.rank import Candidate, rank
 from engines.loader import open_engine
 from engines.store import EngineStore
 from trainer.calibrate import calibrate, calibration_error
@@ -71,7 +72,10 @@ class SimSettings:
     calibrate: bool = True  # temperature scaling on the validation split, for the baseline and every retrain
     recheck: bool = True  # retrains score the pseudo-labels again with the engine in service ([trainer] recheck_pseudo)
     retrain_epochs: int = 15
-    strategy: str = "ewc"
+    strategy: str = "rehearsal"
+    expert_per_day: int = 0  # an expert labels this many photos a day from the review pool (fast mode)
+    expert_choice: str = "device"  # device: the review queue's ranking; random: at random from the same pool
+    expert_budget: int = 100  # most expert labels in the whole run
     threads: int = 2
     seed: int = 20251120
     baseline_from: str | None = None  # an earlier simulation's folder: reuse its baseline (same data and seed)
@@ -125,8 +129,8 @@ class _Evaluator:
         self.x = np.stack([preprocess_file(t.path) for t in test])
         self.y = np.array([t.label for t in test])
 
-    def classifier(self, version: str | None = None) -> Classifier:
-        return Classifier(open_engine(self.store, parse_config({}).engine, version), top_k=1)
+    def classifier(self, version: str | None = None, top_k: int = 1) -> Classifier:
+        return Classifier(open_engine(self.store, parse_config({}).engine, version), top_k=top_k)
 
     def threshold_sweep(self, version: str, photos: list[Sample], classes: list[str], taus=THRESHOLDS) -> dict:
         """Precision and count of pseudo-labels ``version`` would give the whole stream at each threshold (what
@@ -225,10 +229,30 @@ class _FastField:
         self.strategy_dir = out / "fast" / "trainer" / "strategy"
         self.evaluate = evaluate
         self.counts: dict[str, dict[str, int]] = {}  # engine version -> label -> queued (the daemon's cap)
+        self.review: dict[str, tuple[Sample, list]] = {}  # the review pool: sha256 -> (photo, top-k when it arrived)
+        self.expert_labels = 0
+        self.rng = random.Random(s.seed)
 
-    def day(self, photos: list[Sample]) -> dict:
+    def _ask_expert(self, classes: list[str], truth: dict[str, int]) -> int:
+        """The expert labels the day's photos from the review pool, chosen as the daemon ranks them or at random."""
+        k = min(self.s.expert_per_day, self.s.expert_budget - self.expert_labels, len(self.review))
+        if k <= 0:
+            return 0
+        if self.s.expert_choice == "device":
+            chosen = [c.id for c in rank((Candidate(sha, top_k) for sha, (_, top_k) in self.review.items()), k)]
+        else:
+            chosen = self.rng.sample(sorted(self.review), k)
+        for sha in chosen:
+            photo, _ = self.review.pop(sha)
+            header = {"id": sha, "kind": "expert", "label": classes[truth[sha]], "confidence": 1.0,
+                      "engine_version": self.store.current(), "ext": ".jpg"}
+            self.samples.add(header, Path(photo.path).read_bytes())
+        self.expert_labels += k
+        return k
+
+    def day(self, photos: list[Sample], classes: list[str] | None = None, truth: dict[str, int] | None = None) -> dict:
         version = self.store.current()
-        clf = self.evaluate.classifier(version)
+        clf = self.evaluate.classifier(version, top_k=3)
         try:
             x = np.stack([preprocess_file(p.path) for p in photos])
             preds = clf.predict_tensors(x)
@@ -242,6 +266,10 @@ class _FastField:
                           "confidence": p.confidence, "engine_version": p.engine_version, "ext": ".jpg"}
                 if self.samples.add(header, data):
                     counts[p.label] = counts.get(p.label, 0) + 1
+            elif p.confidence < self.s.tau and self.s.expert_per_day:
+                self.review[hashlib.sha256(Path(photo.path).read_bytes()).hexdigest()] = (photo, [list(t) for t in p.top_k])
+        if self.s.expert_per_day:
+            self._ask_expert(classes, truth)
         if self.samples.counts()["new"] < self.s.retrain_at:
             return {}
         result = retrain(self.cfg, self.store, self.samples, self.strategy_dir)
@@ -301,7 +329,9 @@ class _FullField:
                 raise TimeoutError(f"gave up waiting for {what} after {self.s.day_timeout_s:.0f} s")
             time.sleep(0.5)
 
-    def day(self, photos: list[Sample]) -> dict:
+    expert_labels = 0
+
+    def day(self, photos: list[Sample], classes: list[str] | None = None, truth: dict[str, int] | None = None) -> dict:
         day_dir = self.inbox / f"day{self.sent // self.s.day_size + 1:03d}"
         staging = self.inbox / ".staging"
         staging.mkdir(exist_ok=True)
@@ -367,6 +397,8 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
         days = days[: s.days]
     if not days:
         raise ValueError(f"{data}: too few photos for one day of {s.day_size} after the labelled and held-out splits")
+    if s.expert_per_day and s.mode != "fast":
+        raise ValueError("--expert-per-day: the expert arms run in fast mode only")
     log.info("split", **split.sizes(), days=len(days))
     progress(f"split {split.sizes()}; training the supervised baseline on {len(split.labelled)} labelled photos")
     _train_baseline(split, out / "store", s, log)
@@ -384,7 +416,8 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
     try:
         for n, photos in enumerate(days, 1):
             t_day = time.perf_counter()
-            retrained = field_.day(photos)
+            experts_before = field_.expert_labels
+            retrained = field_.day(photos, split.classes, split.truth)
             pseudo = field_.pseudo_labels()
             new = {k: v for k, v in pseudo.items() if k not in accepted_before}
             accepted_before |= set(new)
@@ -394,7 +427,8 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
             rows.append({
                 "day": n, "photos": len(photos), "accepted": len(new), "accepted_correct": correct,
                 "precision": round(correct / len(new), 4) if new else None,
-                "cumulative_accepted": len(pseudo), "test_top1": round(top1, 4), "engine_version": version,
+                "cumulative_accepted": len(pseudo), "expert_labels": field_.expert_labels - experts_before,
+                "test_top1": round(top1, 4), "engine_version": version,
                 "retrain": retrained or None, "seconds": round(time.perf_counter() - t_day, 1),
             })
             log.info("day", **{k: v for k, v in rows[-1].items() if k != "retrain"}, retrain=json.dumps(retrained or None))
@@ -417,6 +451,7 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
         "ssl_engine_version": rows[-1]["engine_version"],
         "gain_points": round((rows[-1]["test_top1"] - supervised_top1) * 100, 2) + 0.0,
         "pseudo_labels_accepted": accepted,
+        "expert_labels": field_.expert_labels,
         "pseudo_label_precision": round(correct / accepted, 4) if accepted else None,
         # what the last retrain trained on: the pseudo-labels it kept after the recheck, with the labels it gave them
         "pseudo_labels_trained": len(trained),
