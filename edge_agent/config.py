@@ -238,7 +238,12 @@ class TrainerSection(_Section):
     rehearsal_per_class: int = Field(20, ge=1, description="Rehearsal: photos kept per class in the memory.")
     rehearsal_selection: Literal["random", "herding", "distance"] = Field("herding", description="Rehearsal: how the memory is chosen.")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the labelled data held out for the gate (never trained on).")
-    gate_tolerance: float = Field(0.005, ge=0, le=1, description="Publish only if top-1 >= current top-1 minus this (0.005 = 0.5 points).")
+    gate_tolerance: float = Field(
+        0.02, ge=0, le=1,
+        description="Publish only if the candidate's top-1 is at least the current engine's minus this, and at least the "
+        "first version's (the root of the lineage: drift cannot add up) minus this (0.02 = 2 points). Two equally good "
+        "models differ by 2-4 of the 184 shipped gate photos; a tighter tolerance refuses them at random.",
+    )
     gate_max_class_drop: float = Field(0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
     nice: int = Field(10, ge=0, le=19, description="Added niceness of the trainer process (inference first).")

@@ -277,3 +277,23 @@ def test_calibrate_publishes_a_calibrated_child_of_an_older_version(tmp_path):
     few = make_class_folders(tmp_path / "few", ["A", "B", "C"], 10, size=(40, 40))
     with pytest.raises(DatasetError, match="held-out photos"):
         recalibrate(few, tmp_path / "store", "v0001")
+
+
+def test_gate_refuses_a_candidate_below_the_first_version_even_if_close_to_the_current(monkeypatch):
+    """Each generation a little worse than the last must not add up: the lineage's root is a floor too."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainer import gate as gate_mod
+    from trainer.model import build_model
+
+    root, current, candidate = build_model(3), build_model(3), build_model(3)
+    scores = {id(root): 0.94, id(current): 0.93, id(candidate): 0.915}
+    monkeypatch.setattr(gate_mod, "evaluate", lambda m, x, y: SimpleNamespace(top1=scores[id(m)], per_class=[scores[id(m)]] * 3))
+    x, y = torch.zeros(9, 3, 128, 128), torch.tensor([0, 1, 2] * 3)
+    assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02).publish
+    d = gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root)
+    assert not d.publish and "first version's 0.9400" in d.reason and d.metrics["root_top1"] == 0.94
+    scores[id(candidate)] = 0.925
+    assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root).publish

@@ -2,7 +2,8 @@
 
 Both are evaluated on the trainer's validation photos, which it never trains on.
 The candidate passes if its top-1 is at least the current top-1 minus
-``tolerance`` (default 0.005, i.e. 0.5 points) and no class collapses: for every
+``tolerance`` (``[trainer] gate_tolerance``, 2 points by default), and at least the lineage's first version's
+minus the same (so small losses cannot add up over generations), and no class collapses: for every
 class with at least ``min_class_photos`` validation photos, recall may not drop
 by more than ``max_class_drop`` (default 0.3).
 """
@@ -28,8 +29,10 @@ class GateDecision:
 
 def gate(
     candidate: LeafNet, current: LeafNet, x: torch.Tensor, y: torch.Tensor, classes: list[str],
-    tolerance: float = 0.005, max_class_drop: float = 0.3, min_class_photos: int = 3,
+    tolerance: float = 0.005, max_class_drop: float = 0.3, min_class_photos: int = 3, root: LeafNet | None = None,
 ) -> GateDecision:
+    """``root``: the first version of the lineage; the candidate must not be more than ``tolerance`` below it
+    either, so a series of candidates each a little worse than the last cannot add up to a real loss."""
     if len(x) == 0:
         return GateDecision(False, "no validation photos: cannot check the candidate")
     known = y < current.num_classes
@@ -54,4 +57,11 @@ def gate(
         return GateDecision(False, f"class recall collapsed: {', '.join(collapsed)}", metrics)
     if cand_known.top1 < cur.top1 - tolerance:
         return GateDecision(False, f"top-1 {cand_known.top1:.4f} < current {cur.top1:.4f} - {tolerance}", metrics)
+    if root is not None and root is not current:
+        known_root = y < root.num_classes
+        base = evaluate(root, x[known_root], y[known_root]).top1
+        cand_root = evaluate(candidate, x[known_root], y[known_root]).top1
+        metrics["root_top1"] = round(base, 4)
+        if cand_root < base - tolerance:
+            return GateDecision(False, f"top-1 {cand_root:.4f} < first version's {base:.4f} - {tolerance}", metrics)
     return GateDecision(True, "candidate is not worse", metrics)

@@ -105,6 +105,16 @@ def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
     return factor
 
 
+def _root(store: EngineStore, version) -> str:
+    """The first version of ``version``'s lineage (following ``parent`` while the store still holds it)."""
+    name, seen, manifest = version.name, set(), version.manifest
+    while manifest.get("parent") and manifest["parent"] in store.versions() and name not in seen:
+        seen.add(name)
+        name = manifest["parent"]
+        manifest = store.read_manifest(name)
+    return name
+
+
 def retrain(
     cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_dir: Path, announce=lambda v: None,
     should_stop=lambda: False,
@@ -148,7 +158,9 @@ def retrain(
     settings = ContinualSettings(tc.epochs, tc.batch_size, tc.lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs)
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop)
     check(should_stop, "before the gate")
-    decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop)
+    root_name = _root(store, current)
+    root = previous if root_name == current.name else load_weights(store.open(root_name))
+    decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root)
     metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}, "samples": counts}
     if rechecked:
         metrics["pseudo_recheck"] = rechecked

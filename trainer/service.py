@@ -107,6 +107,7 @@ class TrainerService:
             return
         self.state = "training"
         self._write_status()
+        self.log.info("retrain_due", **self.samples.counts())
         try:
             self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self.receiver.announce,
                                 should_stop=self._stop.is_set)
