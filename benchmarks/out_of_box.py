@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--photos", type=int, default=300)
+    ap.add_argument("--config", help="a configuration for both processes (default: none, as a new user)")
     ap.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (the target is 15 minutes)")
     args = ap.parse_args(argv)
 
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     photos = pool[: args.photos]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("EDGE_AGENT_CONFIG", None)
+    if args.config:
+        env["EDGE_AGENT_CONFIG"] = str(Path(args.config).resolve())
     logs = {name: out / f"{name}.log" for name in ("daemon", "trainer")}
     procs = {
         "daemon": subprocess.Popen([sys.executable, "-m", "edge_agent", "run", "--state-dir", str(state)],
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                                     stdout=open(logs["trainer"], "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env),
     }
     store = EngineStore(state / "engines")
-    report: dict = {"photos": len(photos), "machine": f"{os.cpu_count()} CPUs"}
+    report: dict = {"photos": len(photos), "machine": f"{os.cpu_count()} CPUs", "config": args.config}
     try:
         while not (state / "status.json").exists():
             time.sleep(0.2)
