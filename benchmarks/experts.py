@@ -109,13 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--k", type=int, nargs="+", default=[5, 10])
     ap.add_argument("--arms", nargs="+", help="only these arms (none, device-K, random-K)")
+    ap.add_argument("--summarise-only", action="store_true", help="run nothing: summarise the runs already in --out")
     args = ap.parse_args(argv)
     out = Path(args.out)
     arms = args.arms or ["none"] + [f"{c}-{k}" for k in args.k for c in ("device", "random")]
     runs = {arm: [] for arm in arms}
     for seed in args.seeds:
         for arm in arms:
-            runs[arm].append(run_arm(args.data, out / arm / f"seed-{seed}", Path(args.baselines) / f"base-{seed}", seed, arm))
+            run = out / arm / f"seed-{seed}"
+            if args.summarise_only:
+                if (run / "report.json").exists():
+                    runs[arm].append(json.loads((run / "report.json").read_text()))
+                continue
+            runs[arm].append(run_arm(args.data, run, Path(args.baselines) / f"base-{seed}", seed, arm))
+    runs = {arm: reports for arm, reports in runs.items() if reports}
     summary = summarise(runs)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "summary.md").write_text(markdown(summary))

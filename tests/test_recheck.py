@@ -44,7 +44,7 @@ CLASSES = ["Tomato___healthy", "Pepper,_bell___healthy", "Orange___Haunglongbing
 def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_store, tmp_path, monkeypatch, enabled):
     from edge_agent.config import parse_config
     from engines.store import EngineStore
-    from trainer import service
+    from trainer import retrain as service
     from trainer.samples import SampleStore
 
     store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
@@ -58,7 +58,7 @@ def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_stor
         time.sleep(0.01)  # distinct arrival times: the order the trainer reads them in
     teacher = Recheck(torch.tensor([1, 0, 2, 1]), torch.tensor([0.95, 0.5, 0.99, 0.97]), torch.tensor([True, False, True, True]))
     seen = []
-    monkeypatch.setattr(service, "recheck", lambda model, x, tau: seen.append((len(x), tau)) or teacher)
+    monkeypatch.setattr(service, "recheck", lambda model, x, tau, should_stop=None: seen.append((len(x), tau)) or teacher)
     cfg = parse_config({
         "labels": {"pseudo_threshold": 0.9},
         "trainer": {"labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)), "epochs": 1, "int8": False,

@@ -235,3 +235,20 @@ def test_consistency_loss_counts_only_confident_weak_views():
     x = torch.randn(4, 3, 128, 128, generator=torch.Generator().manual_seed(0))
     out = strong_augment()(x, torch.Generator().manual_seed(1))
     assert out.shape == x.shape and (out == 0).float().mean() > 0.01  # cutout blanks a square
+
+
+def test_expert_arms_summary_has_the_issue_keys():
+    from benchmarks.experts import markdown, summarise
+
+    def report(seed, sup, top1, experts):
+        days = [{"day": 1, "test_top1": sup, "retrain": None}, {"day": 2, "test_top1": top1, "retrain": {"published": "v0002"}}]
+        return {"settings": {"seed": seed}, "supervised_top1": sup, "ssl_top1": top1, "gain_points": round((top1 - sup) * 100, 2),
+                "pseudo_label_precision": 0.97, "pseudo_labels_accepted": 300, "expert_labels": experts, "days": days}
+
+    s = summarise({"none": [report(1, 0.70, 0.70, 0), report(2, 0.72, 0.73, 0)],
+                   "device-10": [report(1, 0.70, 0.78, 100), report(2, 0.72, 0.80, 100)]})
+    assert s["expert_labels"] == {"none": 0, "device-10": 100}
+    arm = s["arms"]["device-10"]
+    assert arm["top1_mean"] == pytest.approx(0.79) and arm["gain_mean"] == pytest.approx(8.0) and arm["top1_sd"] > 0
+    assert arm["days_top1_mean"] == pytest.approx([0.71, 0.79]) and arm["retrains_published"] == 2
+    assert "| device-10 | 2 |" in markdown(s)
