@@ -210,17 +210,14 @@ def _review_list(args: argparse.Namespace) -> int:
 
 
 def _review_label(args: argparse.Namespace) -> int:
+    from edge_agent.daemon import resolve_store
     from edge_agent.review.queue import LabelError, label_photo
-    from engines.store import EngineStore
 
     cfg = _load(args)
     args.readonly = False
     state, db = _state_db(args, cfg)
-    store = EngineStore(cfg.store.resolved()) if cfg.store.path else EngineStore(state.root / "engines")
-    if not store.versions():
-        store = EngineStore(cfg.store.resolved())
-    try:
-        entry = label_photo(db, state.queue, cfg.labels.max_queue_mb << 20, store.open(verify=False).classes,
+    try:  # the classes of the store the daemon and trainer share (it may have grown new ones)
+        entry = label_photo(db, state.queue, cfg.labels.max_queue_mb << 20, resolve_store(cfg, state.root).open(verify=False).classes,
                             args.photo, args.label, args.new_class)
     except LabelError as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)

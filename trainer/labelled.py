@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from edge_agent.config import AppConfig, default_data_path
-from edge_agent.preprocess import ImageRejected, preprocess_file
+from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
 from trainer.data import DatasetError, Sample, scan_folder, stratified_split
 from trainer.stop import check
 from trainer.strategies.base import Generation
@@ -95,8 +95,8 @@ def _tensors(samples: list[Sample], should_stop) -> tuple[Generation, set[str]]:
     for s in samples:
         check(should_stop, "while reading labelled photos")
         try:
-            data = Path(s.path).read_bytes()
-            xs.append(torch.from_numpy(preprocess_file(s.path)))
+            data = read_limited(s.path)  # read once: hashed, and preprocessed as the daemon would
+            xs.append(torch.from_numpy(preprocess_bytes(data)))
         except (OSError, ImageRejected):
             continue
         ys.append(s.label)
