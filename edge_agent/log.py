@@ -10,9 +10,27 @@ import structlog
 __all__ = ["configure_logging", "get_logger"]
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging was configured.
+
+    A logger bound earlier keeps working after ``sys.stderr`` is replaced (and the old one
+    closed), as it is by test runners and by code that redirects output."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> None:
-    """Set up structlog. ``fmt`` is ``"json"``, ``"console"`` or ``"auto"`` (console on a TTY)."""
-    stream = stream or sys.stderr
+    """Set up structlog. ``fmt`` is ``"json"``, ``"console"`` or ``"auto"`` (console on a TTY).
+
+    Lines go to ``stream``, or to the current ``sys.stderr`` when none is given."""
+    stream = stream or _Stderr()
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     renderer = structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
