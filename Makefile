@@ -17,6 +17,12 @@ $(VENV)/.installed: pyproject.toml
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install "$(TORCH_SPEC)"
 	$(PIP) install -e ".[train,dev]"
+	@# The web page's browser test drives Debian's chromium; as root, install it (else that test says why it skips).
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q chromium chromium-driver >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; } \
+	      || echo "note: could not install chromium; the browser test will be skipped"; \
+	  else echo "note: install chromium and chromium-driver (apt) to run the browser test"; fi; fi
 	touch $@
 
 install: $(VENV)/.installed

@@ -106,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _state_db(args: argparse.Namespace, cfg):
-    from edge_agent.daemon import StateLayout, resolve_state_dir
+    from edge_agent.state import StateLayout, resolve_state_dir
     from edge_agent.results import ResultsDB
 
     state = StateLayout(resolve_state_dir(args.state_dir, cfg))
@@ -145,22 +145,11 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import time
+    from edge_agent.state import live_status
 
     cfg = _load(args)
     state, db = _state_db(args, cfg)
-    live = {}
-    try:
-        live = json.loads(state.status.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        pass
-    running = False
-    if live.get("pid"):
-        try:
-            os.kill(live["pid"], 0)
-            running = time.time() - live.get("updated", 0) < max(10.0, 5 * cfg.daemon.status_interval_s)
-        except (ProcessLookupError, PermissionError):
-            running = False
+    live, running = live_status(state.status, max(10.0, 5 * cfg.daemon.status_interval_s))
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
     for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox", "handoff", "hotswap"):
         if key in live:
@@ -210,7 +199,7 @@ def _review_list(args: argparse.Namespace) -> int:
 
 
 def _review_label(args: argparse.Namespace) -> int:
-    from edge_agent.daemon import resolve_store
+    from edge_agent.state import resolve_store
     from edge_agent.review.queue import LabelError, label_photo
 
     cfg = _load(args)
@@ -226,6 +215,26 @@ def _review_label(args: argparse.Namespace) -> int:
     return 0
 
 
+def _web(args: argparse.Namespace) -> int:
+    from edge_agent.state import resolve_state_dir
+    from edge_agent.web import WebError, new_token, serve
+
+    cfg = _load(args)
+    state_dir = resolve_state_dir(args.state_dir, cfg)
+    if args.new_token:
+        token = new_token(state_dir)
+        port = args.port or cfg.web.port
+        print(f"token: {token}\nopen once from a phone or laptop (then it is kept in a cookie):\n"
+              f"  http://<this device's address>:{port}/?token={token}\n"
+              f"serve it with: edge-agent web --state-dir {state_dir} --bind 0.0.0.0")
+        return 0
+    try:
+        return serve(cfg, state_dir, args.bind, args.port)
+    except WebError as exc:
+        print(f"edge-agent: {exc}", file=sys.stderr)
+        return 2
+
+
 def _install_systemd(args: argparse.Namespace) -> int:
     from edge_agent.units import install
 
@@ -233,7 +242,7 @@ def _install_systemd(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     if written:
-        print("next: sudo systemctl enable --now edge-agent.service edge-trainer.service")
+        print("next: sudo systemctl enable --now edge-agent.service edge-trainer.service edge-web.service")
     return 0
 
 
@@ -357,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--new-class", action="store_true", help="allow a class the model does not know yet")
     rb.add_argument("--state-dir")
     rb.set_defaults(func=_review_label)
+
+    web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
+    web.add_argument("--state-dir")
+    web.add_argument("--bind", help="address to listen on (default: [web] bind, 127.0.0.1); others need --new-token first")
+    web.add_argument("--port", type=int, help="port (default: [web] port, 8080)")
+    web.add_argument("--new-token", action="store_true", help="print a new access token for other machines and exit")
+    web.set_defaults(func=_web)
 
     inst = sub.add_parser("install-systemd", parents=[common], help="install the systemd units for this environment")
     inst.add_argument("--unit-dir", default="/etc/systemd/system")

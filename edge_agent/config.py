@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edge_agent.preprocess import IMAGE_EXTENSIONS
+from edge_agent.imageheader import IMAGE_EXTENSIONS
 from engines.base import BackendConfig, backends
 
 __all__ = ["AppConfig", "ConfigError", "load_config", "dump_toml", "default_store_path", "default_data_path", "CONFIG_ENV"]
@@ -262,6 +262,16 @@ class TrainerSection(_Section):
     seed: int = Field(20251120, description="Seed for splits, initialisation and augmentation.")
 
 
+class WebSection(_Section):
+    bind: str = Field(
+        "127.0.0.1",
+        description="Address `edge-agent web` listens on. Any address other than loopback requires a token "
+        "(`edge-agent web --new-token`); 0.0.0.0 opens the page to the farm's network.",
+    )
+    port: int = Field(8080, ge=1, le=65535, description="Port of the web page.")
+    page_size: int = Field(48, ge=1, le=500, description="Photos per page on the recent-photos page.")
+
+
 class LogSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
     format: Literal["auto", "json", "console"] = Field(
@@ -291,6 +301,7 @@ class AppConfig(_Section):
     handoff: HandoffSection = Field(default_factory=HandoffSection)
     hotswap: HotswapSection = Field(default_factory=HotswapSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    web: WebSection = Field(default_factory=WebSection)
     log: LogSection = Field(default_factory=LogSection)
 
     @field_validator("engine", mode="before")

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.classifier import Classifier
-from edge_agent.config import AppConfig, default_store_path
+from edge_agent.config import AppConfig
 from edge_agent.handoff.sender import Sender, SenderSettings
 from edge_agent.handoff.transport import CurveKeys, default_endpoints
 from edge_agent.hotswap import EngineWatcher
@@ -31,51 +29,13 @@ from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
 from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSettings, CameraSource
 from edge_agent.sources.folder import Arrival, FolderSettings, FolderSource
+from edge_agent.state import StateLayout, inbox_dir, resolve_state_dir, resolve_store, runtime_dir
 from edge_agent.systemd import Notifier
 from engines.base import Engine
 from engines.durable import atomic_write
 from engines.loader import open_engine
-from engines.store import EngineStore
 
 __all__ = ["Daemon", "StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "handoff_endpoints", "curve_keys"]
-
-
-def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
-    """--state-dir, else [daemon] state_dir, else $STATE_DIRECTORY (systemd), else ./edge-state."""
-    if cli_value:
-        return Path(cli_value).expanduser()
-    if cfg.daemon.state_dir:
-        return Path(cfg.daemon.state_dir).expanduser()
-    if os.environ.get("STATE_DIRECTORY"):
-        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
-    return Path("edge-state")
-
-
-def runtime_dir(state_dir: Path) -> Path:
-    """$RUNTIME_DIRECTORY (systemd), else <state>/run: where the hand-off sockets live."""
-    if os.environ.get("RUNTIME_DIRECTORY"):
-        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0])
-    return state_dir / "run"
-
-
-def resolve_store(cfg: AppConfig, state_dir: Path) -> EngineStore:
-    """[store] path, else <state>/engines, seeded from the shipped default model on first use."""
-    if cfg.store.path:
-        return EngineStore(cfg.store.resolved())
-    store = EngineStore(state_dir / "engines")
-    if not store.versions():
-        seed_store(default_store_path(), store.root)
-    return store
-
-
-def seed_store(src: Path, dst: Path) -> None:
-    """Copy a store (its versions and ``current``) into an empty ``dst``, atomically."""
-    tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".lock", ".tmp-*"))
-    if dst.exists() and not any(dst.iterdir()):
-        dst.rmdir()
-    os.rename(tmp, dst)
 
 
 def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str]:
@@ -86,27 +46,6 @@ def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str]:
 def curve_keys(cfg: AppConfig) -> CurveKeys | None:
     h = cfg.handoff
     return CurveKeys(h.curve_secret_key, h.curve_server_key, h.curve_authorized_dir) if h.curve_secret_key else None
-
-
-@dataclass(frozen=True)
-class StateLayout:
-    root: Path
-
-    @property
-    def db(self) -> Path:
-        return self.root / "results.sqlite"
-
-    @property
-    def queue(self) -> Path:
-        return self.root / "queue"
-
-    @property
-    def status(self) -> Path:
-        return self.root / "status.json"
-
-    def create(self) -> None:
-        for d in (self.root, self.root / "processed", self.root / "quarantine", self.queue):
-            d.mkdir(parents=True, exist_ok=True)
 
 
 class Daemon:
@@ -120,7 +59,7 @@ class Daemon:
     ) -> None:
         self.cfg = cfg
         self.state = StateLayout(state_dir)
-        self.inbox = inbox or (Path(cfg.inbox.path).expanduser() if cfg.inbox.path else state_dir / "inbox")
+        self.inbox = inbox or inbox_dir(cfg, state_dir)
         self.notifier = notifier or Notifier()
         self._engine = engine
         self.log = get_logger("daemon", state_dir=str(state_dir))

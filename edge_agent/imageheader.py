@@ -10,11 +10,18 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["ImageHeader", "HeaderError", "read_header"]
+__all__ = ["ImageHeader", "HeaderError", "ImageRejected", "read_header", "check_image", "IMAGE_EXTENSIONS"]
+
+#: File extensions of the formats the header parser and decoder accept.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 class HeaderError(ValueError):
     """The bytes are not a complete image in a supported format."""
+
+
+class ImageRejected(ValueError):
+    """A photo that cannot or must not be classified; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,25 @@ def read_header(data: bytes) -> ImageHeader:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return _webp(data)
     raise HeaderError("not a supported image (expected JPEG, PNG, BMP or WebP)")
+
+
+def check_image(data: bytes, max_file_bytes: int, max_pixels: int) -> ImageHeader:
+    """Apply the size and pixel caps and the completeness checks; return the header.
+
+    Every way in (the hot folder, the camera, an upload through the web page) passes here before a pixel is
+    decoded. Raises :class:`ImageRejected` with the reason."""
+    if len(data) > max_file_bytes:
+        raise ImageRejected(f"file too large: {len(data)} bytes > limit {max_file_bytes}")
+    try:
+        header = read_header(data)
+    except HeaderError as exc:
+        raise ImageRejected(str(exc)) from None
+    if header.pixels > max_pixels:
+        raise ImageRejected(
+            f"image too large: {header.width}x{header.height} = {header.pixels} pixels "
+            f"> limit {max_pixels} (decompression bomb?)"
+        )
+    return header
 
 
 # JPEG start-of-frame markers that carry the dimensions (not DHT C4, JPG C8, DAC CC).

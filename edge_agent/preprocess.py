@@ -26,12 +26,11 @@ import functools
 import os
 import stat
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import cv2
 import numpy as np
 
-from edge_agent.imageheader import HeaderError, ImageHeader, read_header
+from edge_agent.imageheader import IMAGE_EXTENSIONS, ImageHeader, ImageRejected, check_image
 
 __all__ = [
     "PreprocessSpec",
@@ -47,15 +46,8 @@ __all__ = [
     "IMAGE_EXTENSIONS",
 ]
 
-#: File extensions of the formats the header parser and decoder accept.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class ImageRejected(ValueError):
-    """A photo that cannot or must not be classified; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -118,18 +110,7 @@ def _apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
 
 def check_header(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> ImageHeader:
     """Apply the size and pixel caps and the completeness checks; return the header."""
-    if len(data) > spec.max_file_bytes:
-        raise ImageRejected(f"file too large: {len(data)} bytes > limit {spec.max_file_bytes}")
-    try:
-        header = read_header(data)
-    except HeaderError as exc:
-        raise ImageRejected(str(exc)) from None
-    if header.pixels > spec.max_pixels:
-        raise ImageRejected(
-            f"image too large: {header.width}x{header.height} = {header.pixels} pixels "
-            f"> limit {spec.max_pixels} (decompression bomb?)"
-        )
-    return header
+    return check_image(data, spec.max_file_bytes, spec.max_pixels)
 
 
 def decode_rgb(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:

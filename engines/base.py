@@ -12,12 +12,14 @@ import ctypes
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from engines.store import StoreVersion
+
+if TYPE_CHECKING:  # numpy is imported where a batch is handled, so reading the config stays light
+    import numpy as np
 
 __all__ = [
     "BackendConfig",
@@ -164,6 +166,8 @@ def expected_input(version: StoreVersion) -> tuple[int, int]:
 
 def check_batch(batch: np.ndarray, version: StoreVersion) -> np.ndarray:
     """Validate a batch against the manifest's input spec; returns it as contiguous float32."""
+    import numpy as np
+
     channels, size = expected_input(version)
     if batch.ndim != 4 or batch.shape[1:] != (channels, size, size) or batch.shape[0] < 1:
         raise EngineError(f"batch shape {tuple(batch.shape)} does not match input [N,{channels},{size},{size}]")

@@ -40,7 +40,7 @@ def test_units_verify_without_warnings(units_here):
 
 
 @needs_systemd
-@pytest.mark.parametrize("name", ["edge-agent.service", "edge-trainer.service"])
+@pytest.mark.parametrize("name", ["edge-agent.service", "edge-trainer.service", "edge-web.service"])
 def test_security_exposure_at_most_2(units_here, name):
     proc = subprocess.run(["systemd-analyze", "security", "--offline=true", str(units_here[name])], capture_output=True, text=True)
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", proc.stdout + proc.stderr)
@@ -55,6 +55,11 @@ def test_unit_contents():
         assert line in agent
     for line in ("Nice=19", "IOSchedulingClass=idle", "MemoryMax=", "Restart=on-failure"):
         assert line in trainer
+    web = render()["edge-web.service"]
+    for line in ("ExecStart=/opt/edge-agent/.venv/bin/edge-agent web", "MemoryMax=", "Restart=on-failure", "StateDirectory=edge-agent",
+                 "ProtectSystem=strict", "NoNewPrivileges=yes"):
+        assert line in web
+    assert "Requires=" not in web and "BindsTo=" not in web  # the page's failures never stop the daemon
 
 
 def test_install_systemd_writes_units_for_this_environment(tmp_path):
@@ -66,3 +71,4 @@ def test_install_systemd_writes_units_for_this_environment(tmp_path):
     text = (tmp_path / "edge-agent.service").read_text()
     assert f"ExecStart={Path(sys.executable).parent}/edge-agent run" in text
     assert (tmp_path / "edge-trainer.service").is_file()
+    assert f"ExecStart={Path(sys.executable).parent}/edge-agent web" in (tmp_path / "edge-web.service").read_text()

@@ -19,6 +19,7 @@ from pathlib import Path
 from edge_agent.config import AppConfig
 from edge_agent.daemon import curve_keys, handoff_endpoints, resolve_store
 from edge_agent.log import get_logger
+from edge_agent.state import trainer_state_dir
 from engines.durable import atomic_write
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver, ReceiverSettings
@@ -27,10 +28,6 @@ from trainer.samples import SampleStore
 from trainer.stop import Stopped
 
 __all__ = ["TrainerService", "retrain", "RetrainResult", "balance_pseudo", "trainer_state_dir"]
-
-
-def trainer_state_dir(cfg: AppConfig, state_dir: Path) -> Path:
-    return Path(cfg.trainer.state_dir).expanduser() if cfg.trainer.state_dir else state_dir / "trainer"
 
 
 class TrainerService:

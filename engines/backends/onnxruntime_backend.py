@@ -7,14 +7,16 @@ to run on anything but the one asked for.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
 from pydantic import Field, model_validator
 
 from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, expected_input, register
 from engines.cache import cache_dir
 from engines.store import StoreVersion
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["OnnxRuntimeConfig", "OnnxRuntimeEngine", "PROVIDER_NAMES"]
 
@@ -117,6 +119,8 @@ class OnnxRuntimeEngine(Engine):
         self._session.run([self._output.name], {self._input.name: self._one_photo()})
 
     def _one_photo(self) -> np.ndarray:
+        import numpy as np
+
         channels, size = expected_input(self.version)
         return np.zeros((1, channels, size, size), np.float32)
 

@@ -8,15 +8,17 @@ in 10) and the older binding indices (TensorRT 8.0-8.4).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
 import structlog
 from pydantic import Field, model_validator
 
 from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, register
 from engines.cache import cache_dir
 from engines.store import StoreVersion, sha256_file
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["TensorRTConfig", "TensorRTEngine"]
 
@@ -105,6 +107,8 @@ class TensorRTEngine(Engine):
 
     # ---- TensorRT 8/10 binding differences --------------------------------
     def _io(self) -> list[tuple[str, bool, np.dtype]]:
+        import numpy as np
+
         trt, e = self._trt, self._engine
         if self._named:
             return [
@@ -137,6 +141,8 @@ class TensorRTEngine(Engine):
             self._context.set_tensor_address(self._out_name, int(self._dev_out))
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         cuda, k = self._cuda, len(batch)
         self._host_in[:k] = batch
         cuda.memcpy_htod_async(self._dev_in, self._host_in[:k], self._stream)
@@ -166,6 +172,8 @@ class TensorRTEngine(Engine):
         return self.config.precision
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         batch = check_batch(batch, self.version)
         step = self.config.max_batch
         self._ctx.push()

@@ -1,0 +1,106 @@
+"""Where a state directory keeps things, and how it and the engine store are found.
+
+Light on purpose (no engine, no OpenCV): the daemon, the command line, the web page and the trainer all use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.config import AppConfig, default_store_path
+from engines.store import EngineStore
+
+__all__ = ["StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "seed_store", "trainer_state_dir", "inbox_dir", "live_status"]
+
+
+def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
+    """--state-dir, else [daemon] state_dir, else $STATE_DIRECTORY (systemd), else ./edge-state."""
+    if cli_value:
+        return Path(cli_value).expanduser()
+    if cfg.daemon.state_dir:
+        return Path(cfg.daemon.state_dir).expanduser()
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    return Path("edge-state")
+
+
+def runtime_dir(state_dir: Path) -> Path:
+    """$RUNTIME_DIRECTORY (systemd), else <state>/run: where the hand-off sockets live."""
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0])
+    return state_dir / "run"
+
+
+def resolve_store(cfg: AppConfig, state_dir: Path) -> EngineStore:
+    """[store] path, else <state>/engines, seeded from the shipped default model on first use."""
+    if cfg.store.path:
+        return EngineStore(cfg.store.resolved())
+    store = EngineStore(state_dir / "engines")
+    if not store.versions():
+        seed_store(default_store_path(), store.root)
+    return store
+
+
+def seed_store(src: Path, dst: Path) -> None:
+    """Copy a store (its versions and ``current``) into an empty ``dst``, atomically."""
+    tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".lock", ".tmp-*"))
+    if dst.exists() and not any(dst.iterdir()):
+        dst.rmdir()
+    os.rename(tmp, dst)
+
+
+def inbox_dir(cfg: AppConfig, state_dir: Path) -> Path:
+    """[inbox] path, else <state>/inbox: the hot folder."""
+    return Path(cfg.inbox.path).expanduser() if cfg.inbox.path else state_dir / "inbox"
+
+
+def trainer_state_dir(cfg: AppConfig, state_dir: Path) -> Path:
+    """[trainer] state_dir, else <state>/trainer: the trainer's samples, strategy state and status.json."""
+    return Path(cfg.trainer.state_dir).expanduser() if cfg.trainer.state_dir else state_dir / "trainer"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    root: Path
+
+    @property
+    def db(self) -> Path:
+        return self.root / "results.sqlite"
+
+    @property
+    def queue(self) -> Path:
+        return self.root / "queue"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    def create(self) -> None:
+        for d in (self.root, self.root / "processed", self.root / "quarantine", self.queue):
+            d.mkdir(parents=True, exist_ok=True)
+
+
+def live_status(path: Path, stale_s: float | None = None) -> tuple[dict, bool]:
+    """A service's ``status.json`` and whether the service is running: its pid is alive and, with ``stale_s``,
+    the file was refreshed within that many seconds. ({}, False) when there is no readable file."""
+    try:
+        live = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}, False
+    pid = live.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return live, False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return live, False
+    except PermissionError:  # alive, but another user's
+        pass
+    return live, stale_s is None or time.time() - float(live.get("updated", 0)) < stale_s

@@ -1,0 +1,70 @@
+"""``edge-agent web``: the local web page for the farmer and the expert.
+
+A separate process from the daemon: it reads the state directory the daemon and trainer write (SQLite in
+WAL mode, status files, the engine store) and never holds a lock the daemon waits on, so a crash or a
+slow page cannot touch classification. Server-rendered pages, every asset in the package, no CDN.
+
+    edge-agent web --state-dir S                 # http://127.0.0.1:8080, this machine only
+    edge-agent web --state-dir S --new-token     # print a token (stored hashed) for other machines
+    edge-agent web --state-dir S --bind 0.0.0.0  # the farm's network; every request needs the token
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["serve", "new_token", "WebError"]
+
+
+class WebError(RuntimeError):
+    """The page cannot start as asked (an open address without a token)."""
+
+
+def _tokens(state_dir: Path):
+    from edge_agent.web.auth import TokenFile
+
+    return TokenFile(state_dir / "web" / "token.sha256")
+
+
+def new_token(state_dir: Path) -> str:
+    """A new access token for ``state_dir``'s page (the previous one stops working)."""
+    return _tokens(state_dir).new()
+
+
+def serve(cfg, state_dir: Path, bind: str | None = None, port: int | None = None) -> int:
+    """Serve the page until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from edge_agent.log import get_logger
+    from edge_agent.state import StateLayout, inbox_dir
+    from edge_agent.web.app import WebContext, create_app
+    from edge_agent.web.auth import is_local_bind
+
+    bind = bind or cfg.web.bind
+    port = port or cfg.web.port
+    if not is_local_bind(bind) and not _tokens(state_dir).exists():
+        raise WebError(f"--bind {bind} opens the page to other machines: first run `edge-agent web --state-dir {state_dir} "
+                       "--new-token` and keep the link it prints")
+    app = create_app(WebContext(cfg, StateLayout(state_dir), inbox_dir(cfg, state_dir), bind))
+    host = f"[{bind}]" if ":" in bind else bind
+    get_logger("web", state_dir=str(state_dir)).info("web_listening", url=f"http://{host}:{port}/",
+                                                     token_required=not is_local_bind(bind))
+    config = uvicorn.Config(app, host=bind, port=port, lifespan="off", http="h11", loop="asyncio", ws="none",
+                            log_config=None, access_log=False, server_header=False, log_level="warning")
+    _server_class()(config).run()
+    get_logger("web", state_dir=str(state_dir)).info("web_stopped")
+    return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but SIGTERM/SIGINT end it with status 0 (uvicorn re-raises the signal after
+        shutting down), as the daemon and the trainer do."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return Server

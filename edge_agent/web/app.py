@@ -1,0 +1,281 @@
+"""The page's routes: recent photos, the review queue, engines, health, upload.
+
+Everything is rendered on the server from the state directory the daemon and trainer write; the only writes
+are an expert's label (the same :func:`~edge_agent.review.queue.label_photo` as ``edge-agent review label``),
+a rollback (the same :meth:`~engines.store.EngineStore.rollback` as ``edge-agent engine rollback``) and
+photos put into the inbox.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from edge_agent.config import AppConfig
+from edge_agent.imageheader import ImageRejected
+from edge_agent.results import ResultsDB
+from edge_agent.review.queue import LabelError, label_photo, left_today, to_ask
+from edge_agent.state import StateLayout, live_status, resolve_store, trainer_state_dir
+from edge_agent.web import charts
+from edge_agent.web.auth import AccessMiddleware, TokenFile, csrf_ok, is_local_bind
+from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
+from edge_agent.web.queries import Filters, Reader
+from edge_agent.web.upload import store_upload
+from engines.store import StoreError
+
+__all__ = ["create_app", "WebContext"]
+
+HERE = Path(__file__).parent
+MAX_FILES_PER_UPLOAD = 50
+
+
+@dataclass
+class WebContext:
+    """What every request needs: the configuration and where the daemon keeps things."""
+
+    cfg: AppConfig
+    state: StateLayout
+    inbox: Path
+    bind: str
+
+    @property
+    def reader(self) -> Reader:
+        return Reader(self.state.db)
+
+    def store(self):
+        return resolve_store(self.cfg, self.state.root)
+
+    def classes(self) -> list[str]:
+        return self.store().open(verify=False).classes
+
+    def db(self, readonly: bool = True) -> ResultsDB | None:
+        if not self.state.db.is_file():
+            return None
+        return ResultsDB(self.state.db, readonly=readonly)
+
+
+def _day(text: str | None) -> date | None:
+    try:
+        return date.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+
+
+def _int(text: str | None, default: int = 0) -> int:
+    try:
+        return max(0, int(text)) if text else default
+    except ValueError:
+        return default
+
+
+def create_app(ctx: WebContext) -> Starlette:
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
+    files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
+    daemon_stale_s = max(10.0, 5 * ctx.cfg.daemon.status_interval_s)
+
+    def page(request: Request, template: str, status: int = 200, **context) -> Response:
+        db = ctx.db()
+        review_n = 0
+        if db is not None:
+            try:
+                review_n = len(to_ask(db, ctx.cfg.labels.review_per_day))
+            finally:
+                db.close()
+        return templates.TemplateResponse(request, template, {"csrf": request.state.csrf, "nav_review": review_n, **context},
+                                          status_code=status)
+
+    def problem(request: Request, status: int, message: str) -> Response:
+        return page(request, "problem.html", status=status, message=message, code=status)
+
+    async def form(request: Request):
+        data = await request.form(max_files=0, max_fields=20)
+        if not csrf_ok(request, data.get("csrf")):
+            return None
+        return data
+
+    # ---- recent photos ------------------------------------------------------
+    async def photos(request: Request) -> Response:
+        q = request.query_params
+        filters = Filters(q.get("label", ""), _day(q.get("from")), _day(q.get("to")))
+        pg = _int(q.get("page"))
+        size = ctx.cfg.web.page_size
+        rows, total = ctx.reader.recent(filters, pg, size)
+        return page(request, "photos.html", photos=rows, total=total, page=pg, pages=max(1, -(-total // size)),
+                    filters=filters, labels=ctx.reader.labels(), query=q)
+
+    async def photo(request: Request) -> Response:
+        sha = request.path_params["sha"]
+        if not is_sha256(sha):
+            return problem(request, 404, "no such photo")
+        found = ctx.reader.photo(sha)
+        queued = ctx.reader.queue_file(sha)
+        name = request.query_params.get("name", "")
+        quarantined = ctx.reader.quarantined(name) if name and found is None else None
+        return page(request, "photo.html", sha=sha, photo=found, queued=queued[0] if queued else None,
+                    quarantined=quarantined, name=name)
+
+    async def image(request: Request) -> Response:
+        size, sha = request.path_params["size"], request.path_params["sha"]
+        if size not in SIZES or not is_sha256(sha):
+            return Response("no such image\n", 404, media_type="text/plain")
+        try:
+            data = await run_in_threadpool(files.image, sha, size)
+        except (ImageRejected, OSError) as exc:
+            return Response(f"{exc}\n", 422, media_type="text/plain")
+        if data is None:
+            return Response("the daemon kept no copy of this photo\n", 404, media_type="text/plain")
+        return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=86400"})
+
+    # ---- review -------------------------------------------------------------
+    async def review(request: Request) -> Response:
+        db = ctx.db()
+        items, left = [], None
+        if db is not None:
+            try:
+                items = to_ask(db, ctx.cfg.labels.review_per_day)
+                left = left_today(db, ctx.cfg.labels.review_per_day)
+            finally:
+                db.close()
+        i = min(_int(request.query_params.get("i")), max(0, len(items) - 1))
+        return page(request, "review.html", item=items[i] if items else None, i=i, n=len(items), left=left,
+                    per_day=ctx.cfg.labels.review_per_day, classes=ctx.classes(), done=request.query_params.get("done"))
+
+    async def review_label(request: Request) -> Response:
+        data = await form(request)
+        if data is None:
+            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        sha, label = str(data.get("photo", "")), str(data.get("label", ""))
+        new_class = data.get("new_class") == "1"
+        db = ctx.db(readonly=False)
+        if db is None:
+            return problem(request, 404, "no results yet: has the daemon run with this state directory?")
+        try:
+            entry = label_photo(db, ctx.state.queue, ctx.cfg.labels.max_queue_mb << 20, ctx.classes(), sha, label, new_class)
+        except LabelError as exc:
+            return problem(request, 404 if str(exc).startswith("no photo") else 400, str(exc))
+        finally:
+            db.close()
+        return RedirectResponse(f"/review?i={_int(data.get('i'))}&done={entry.photo_id}", status_code=303)
+
+    # ---- engines ------------------------------------------------------------
+    async def engines(request: Request) -> Response:
+        store = ctx.store()
+        try:
+            current = store.current()
+        except StoreError:
+            current = None
+        versions = [{"name": v, **store.read_manifest(v)} for v in reversed(store.versions())]
+        trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+        return page(request, "engines.html", versions=versions, current=current, trainer=trainer, trainer_up=trainer_up,
+                    rolled=request.query_params.get("rolled"))
+
+    async def rollback(request: Request) -> Response:
+        data = await form(request)
+        if data is None:
+            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        to = str(data.get("to", ""))
+        if data.get("confirm") != "yes":
+            return problem(request, 400, "a rollback must be confirmed")
+        store = ctx.store()
+        if to not in store.versions():
+            return problem(request, 404, f"no engine version {to!r} in {store.root}")
+        try:
+            await run_in_threadpool(store.rollback, to)  # verifies every file's sha256 first
+        except StoreError as exc:
+            return problem(request, 409, f"cannot put {to} in service: {exc}")
+        return RedirectResponse(f"/engines?rolled={to}", status_code=303)
+
+    # ---- health -------------------------------------------------------------
+    async def health(request: Request) -> Response:
+        daemon, daemon_up = live_status(ctx.state.status, daemon_stale_s)
+        trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+        reader = ctx.reader
+        db = ctx.db()
+        counts = {}
+        if db is not None:
+            try:
+                counts = {**db.counts(), "queue_bytes": db.queue_bytes()}
+            finally:
+                db.close()
+        disk = shutil.disk_usage(ctx.state.root if ctx.state.root.exists() else Path("."))
+        store = ctx.store()
+        try:
+            current = store.current()
+        except StoreError:
+            current = None
+        points = []
+        for v in store.versions():
+            m = store.read_manifest(v).get("metrics", {})
+            val = (m.get("gate") or {}).get("candidate_top1", (m.get("val") or {}).get("top1"))
+            points.append((v, val, v == current))
+        now = time.time()
+        per_day = reader.per_day_per_class(14)
+        totals: dict[str, int] = {}
+        for day in per_day.values():
+            for label, n in day.items():
+                totals[label] = totals.get(label, 0) + n
+        return page(request, "health.html", legend=sorted(totals.items(), key=lambda kv: -kv[1]), daemon=daemon, daemon_up=daemon_up, trainer=trainer, trainer_up=trainer_up,
+                    counts=counts, quota=ctx.cfg.labels.max_queue_mb << 20, disk=disk,
+                    last_hour=reader.photos_since(now - 3600), last_day=reader.photos_since(now - 86400),
+                    per_day_svg=charts.photos_per_day(per_day, 14),
+                    top1_svg=charts.top1_per_version(points), quarantine=reader.recent_quarantine(), now=now)
+
+    # ---- upload -------------------------------------------------------------
+    async def upload_page(request: Request) -> Response:
+        return page(request, "upload.html", cap=ctx.cfg.preprocess.max_file_bytes, outcomes=None)
+
+    async def upload(request: Request) -> Response:
+        cap = ctx.cfg.preprocess.max_file_bytes
+        length = request.headers.get("content-length")
+        if length is None:
+            return problem(request, 411, "an upload must say its length (Content-Length)")
+        if not length.isdigit() or int(length) > MAX_FILES_PER_UPLOAD * cap + (1 << 20):
+            return problem(request, 413, f"upload too large: at most {MAX_FILES_PER_UPLOAD} photos of {cap} bytes each")
+        data = await request.form(max_files=MAX_FILES_PER_UPLOAD, max_fields=5)
+        if not csrf_ok(request, data.get("csrf")):
+            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        outcomes = []
+        for f in data.getlist("photos"):
+            if not hasattr(f, "read"):
+                continue
+            body = await f.read(cap + 1)
+            outcomes.append(await run_in_threadpool(store_upload, f.filename or "", body, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels))
+            await f.close()
+        if not outcomes:
+            return problem(request, 400, "no photo in the upload (field 'photos')")
+        stored = [o for o in outcomes if o.status == 201]
+        status = 201 if stored else outcomes[0].status
+        return page(request, "upload.html", status=status, cap=cap, outcomes=outcomes)
+
+    async def root(request: Request) -> Response:
+        return RedirectResponse("/photos", status_code=302)
+
+    routes = [
+        Route("/", root),
+        Route("/photos", photos),
+        Route("/photo/{sha}", photo),
+        Route("/img/{size}/{sha}", image),
+        Route("/review", review),
+        Route("/review/label", review_label, methods=["POST"]),
+        Route("/engines", engines),
+        Route("/engines/rollback", rollback, methods=["POST"]),
+        Route("/health", health),
+        Route("/upload", upload_page),
+        Route("/upload", upload, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    tokens = TokenFile(ctx.state.root / "web" / "token.sha256")
+    return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind))])

@@ -1,0 +1,130 @@
+"""What the pages read from the results database: read-only, one short connection per request.
+
+The daemon keeps writing while the page reads (SQLite WAL): nothing here takes a write lock, so the daemon
+never waits for the page.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from pathlib import Path
+
+__all__ = ["Photo", "Filters", "Reader"]
+
+_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, created"
+
+
+@dataclass(frozen=True)
+class Photo:
+    sha256: str
+    photo_id: str
+    path: str | None
+    source: str
+    label: str
+    confidence: float
+    top_k: list
+    engine_version: str
+    created: float
+
+    @property
+    def when(self) -> str:
+        return datetime.fromtimestamp(self.created).strftime("%Y-%m-%d %H:%M:%S")
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name if self.path else self.source
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The recent-photos page's filters: a class, and a range of local days (inclusive)."""
+
+    label: str = ""
+    day_from: date | None = None
+    day_to: date | None = None
+
+    def where(self) -> tuple[str, list]:
+        clauses, args = [], []
+        if self.label:
+            clauses.append("label = ?")
+            args.append(self.label)
+        if self.day_from:
+            clauses.append("created >= ?")
+            args.append(datetime.combine(self.day_from, time()).timestamp())
+        if self.day_to:
+            clauses.append("created < ?")
+            args.append(datetime.combine(self.day_to + timedelta(days=1), time()).timestamp())
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+
+def _photo(row: tuple) -> Photo:
+    sha, pid, path, source, label, conf, top_k, ev, created = row
+    return Photo(sha, pid, path, source, label, conf, json.loads(top_k), ev, created)
+
+
+class Reader:
+    """Read-only queries on ``results.sqlite`` (an absent database reads as empty)."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.path = db_path
+
+    def _rows(self, sql: str, args: tuple | list = ()) -> list[tuple]:
+        if not self.path.exists():
+            return []
+        con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
+        try:
+            return con.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise
+        finally:
+            con.close()
+
+    def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[Photo], int]:
+        """One page of results, newest first, and how many match in all."""
+        where, args = filters.where()
+        total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
+        rows = self._rows(f"SELECT {_COLUMNS} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?",
+                          [*args, page_size, page * page_size])
+        return [_photo(r) for r in rows], (total[0][0] if total else 0)
+
+    def photo(self, sha256: str) -> Photo | None:
+        rows = self._rows(f"SELECT {_COLUMNS} FROM results WHERE sha256 = ?", (sha256,))
+        return _photo(rows[0]) if rows else None
+
+    def queue_file(self, sha256: str) -> tuple[str, str] | None:
+        """(kind, file) of the photo's label-queue entry, if it has one."""
+        rows = self._rows("SELECT kind, file FROM label_queue WHERE sha256 = ?", (sha256,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def quarantined(self, name: str) -> str | None:
+        """The reason a photo named ``name`` (as it arrived) was quarantined, if it was."""
+        rows = self._rows("SELECT reason FROM quarantine WHERE path = ? OR path LIKE ? ORDER BY id DESC LIMIT 1",
+                          (name, "%/" + name))
+        return rows[0][0] if rows else None
+
+    def labels(self) -> list[str]:
+        return [r[0] for r in self._rows("SELECT DISTINCT label FROM results ORDER BY label")]
+
+    def per_day_per_class(self, days: int) -> dict[str, dict[str, int]]:
+        """{local day: {class: photos}} for the last ``days`` days."""
+        since = datetime.combine(date.today() - timedelta(days=days - 1), time()).timestamp()
+        rows = self._rows(
+            "SELECT date(created, 'unixepoch', 'localtime') AS day, label, COUNT(*) FROM results"
+            " WHERE created >= ? GROUP BY day, label ORDER BY day", (since,))
+        out: dict[str, dict[str, int]] = defaultdict(dict)
+        for day, label, n in rows:
+            out[day][label] = n
+        return dict(out)
+
+    def photos_since(self, since: float) -> int:
+        rows = self._rows("SELECT COUNT(*) FROM results WHERE created >= ?", (since,))
+        return rows[0][0] if rows else 0
+
+    def recent_quarantine(self, limit: int = 10) -> list[tuple[str, str, float]]:
+        return self._rows("SELECT path, reason, created FROM quarantine ORDER BY id DESC LIMIT ?", (limit,))

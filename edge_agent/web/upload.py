@@ -1,0 +1,62 @@
+"""Photos dropped on the page go into the inbox, as if copied there, after the checks any arriving file meets.
+
+The name a browser sends is never used as a path: the file is stored as ``upload-<time>-<sha256[:12]>.<ext>``,
+the extension taken from the format its header declares. It is written under a hidden ``.part`` name (which
+the hot folder ignores) and renamed when complete, so the daemon never reads half an upload. What the header
+check refuses (too large, too many pixels, not an image, truncated) is refused at once with the reason;
+what passes and still fails to decode is quarantined by the daemon, with its reason, like any other file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.imageheader import ImageRejected, check_image
+
+__all__ = ["Outcome", "store_upload", "EXTENSIONS"]
+
+EXTENSIONS = {"jpeg": ".jpg", "png": ".png", "bmp": ".bmp", "webp": ".webp"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str  # as the browser named it (shown, never used as a path)
+    status: int  # 201 stored, 413 too large, 415 not an image we take, 507 no room
+    sha256: str | None = None
+    stored_as: str | None = None
+    error: str | None = None
+
+
+def store_upload(name: str, data: bytes, inbox: Path, max_file_bytes: int, max_pixels: int) -> Outcome:
+    """Check one uploaded file and put it into ``inbox``; the outcome says where it went or why not."""
+    shown = (name or "unnamed").replace("\\", "/").rsplit("/", 1)[-1][:120]
+    if len(data) > max_file_bytes:
+        return Outcome(shown, 413, error=f"file too large: more than {max_file_bytes} bytes (the [preprocess] max_file_bytes cap)")
+    try:
+        header = check_image(data, max_file_bytes, max_pixels)
+    except ImageRejected as exc:
+        status = 413 if str(exc).startswith("image too large") else 415
+        return Outcome(shown, status, error=str(exc))
+    sha = hashlib.sha256(data).hexdigest()
+    final = inbox / f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{sha[:12]}{EXTENSIONS[header.format]}"
+    part = inbox / f".{final.name}.part"
+    try:
+        inbox.mkdir(parents=True, exist_ok=True)
+        part.unlink(missing_ok=True)  # left by a crash mid-upload
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(part, final)
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        return Outcome(shown, 507, sha, error=f"could not store the photo: {exc.strerror or exc}")
+    return Outcome(shown, 201, sha, final.name)

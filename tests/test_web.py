@@ -1,0 +1,434 @@
+"""The web page's endpoints, each with the ways it fails: access, CSRF, labels, rollback, upload, images."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+import httpx  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from edge_agent.config import AppConfig  # noqa: E402
+from edge_agent.results import QueueEntry, ResultRow, ResultsDB  # noqa: E402
+from edge_agent.state import StateLayout, resolve_store  # noqa: E402
+from edge_agent.web.app import WebContext, create_app  # noqa: E402
+from edge_agent.web.auth import TokenFile  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+GATE = REPO / "edge_agent" / "default_data" / "gate"
+LOCAL = ("127.0.0.1", 50000)
+REMOTE = ("192.168.1.23", 50000)
+
+
+def _photos(n: int) -> list[Path]:
+    return sorted(GATE.glob("*/*.jpg"))[:n]
+
+
+@pytest.fixture
+def state(tmp_path) -> Path:
+    """A state directory as the daemon leaves it: 6 results, 2 in the review pool (files in the queue), the shipped store."""
+    root = tmp_path / "state"
+    layout = StateLayout(root)
+    layout.create()
+    cfg = AppConfig()
+    store = resolve_store(cfg, root)
+    classes = store.open(verify=False).classes
+    db = ResultsDB(layout.db)
+    rows, queued = [], []
+    for i, src in enumerate(_photos(6)):
+        data = src.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        inbox_path = root / "inbox" / src.name
+        if i < 2:  # unsure: a copy waits in the review pool
+            dst = layout.queue / "review" / f"{sha[:16]}.jpg"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+            top_k = [[classes[0], 0.4 + 0.1 * i], [classes[1], 0.3], [classes[2], 0.1]]
+            queued.append(QueueEntry(sha, f"p{i}", "review", classes[0], top_k[0][1], "v0001", str(dst), len(data)))
+        else:  # processed: moved to processed/<day>/ by the daemon
+            day = root / "processed" / time.strftime("%Y-%m-%d")
+            day.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, day / src.name)
+            top_k = [[src.parent.name, 0.97], [classes[1], 0.02], [classes[2], 0.01]]
+        rows.append(ResultRow(sha, f"p{i}", str(inbox_path), "folder", top_k[0][0], top_k[0][1], top_k, "v0001", {"total": 5.0}))
+    db.commit(rows, queued)
+    db.close()
+    return root
+
+
+def app_for(state: Path, bind: str = "127.0.0.1", **preprocess) -> TestClient:
+    cfg = AppConfig()
+    if preprocess:
+        cfg = cfg.model_copy(update={"preprocess": cfg.preprocess.model_copy(update=preprocess)})
+    return create_app(WebContext(cfg, StateLayout(state), state / "inbox", bind))
+
+
+def client(state: Path, who=LOCAL, **kw) -> TestClient:
+    return TestClient(app_for(state, **kw), client=who, follow_redirects=False)
+
+
+def csrf_of(c: TestClient) -> str:
+    c.get("/upload")
+    return c.cookies["edge_csrf"]
+
+
+def sha_of(state: Path, photo_id: str) -> str:
+    con = ResultsDB(state / "results.sqlite", readonly=True)
+    try:
+        return con.find_queued(photo_id).sha256 if con.find_queued(photo_id) else next(
+            r["sha256"] for r in con.results() if r["photo_id"] == photo_id)
+    finally:
+        con.close()
+
+
+# ---- pages ------------------------------------------------------------------
+def test_every_page_renders_for_a_local_client(state):
+    c = client(state)
+    assert c.get("/").headers["location"] == "/photos"
+    r = c.get("/photos")
+    assert r.status_code == 200 and r.text.count('class="card"') == 6
+    assert "edge_csrf" in c.cookies  # set on the first response
+    r = c.get("/review")
+    assert r.status_code == 200 and 'data-key="1"' in r.text and "p0" in r.text  # the least sure photo first
+    r = c.get("/engines")
+    assert r.status_code == 200 and "v0001" in r.text and "in service" in r.text
+    r = c.get("/health")
+    assert r.status_code == 200 and "<svg" in r.text and "down" in r.text  # no daemon running here
+    assert c.get("/upload").status_code == 200
+    assert c.get("/static/style.css").status_code == 200
+
+
+def test_photos_filter_by_class_and_day_and_page(state):
+    c = client(state)
+    label = ResultsDB(state / "results.sqlite", readonly=True).per_class()
+    some = next(iter(label))
+    r = c.get("/photos", params={"label": some})
+    assert r.text.count('class="card"') == label[some]
+    assert c.get("/photos", params={"from": "2001-01-01", "to": "2001-01-02"}).text.count('class="card"') == 0
+    today = time.strftime("%Y-%m-%d")
+    assert c.get("/photos", params={"from": today, "to": today}).text.count('class="card"') == 6
+    assert c.get("/photos", params={"from": "not-a-date", "page": "x"}).status_code == 200  # bad filters are ignored
+
+
+def test_a_page_of_a_fresh_state_directory_says_there_is_nothing_yet(tmp_path):
+    c = client(tmp_path / "empty")
+    assert "No photos yet" in c.get("/photos").text
+    assert "review queue is empty" in c.get("/review").text
+    assert c.get("/health").status_code == 200
+
+
+# ---- access -----------------------------------------------------------------
+def test_a_remote_client_without_a_token_gets_401_everywhere(state):
+    c = client(state, REMOTE)
+    for path in ("/", "/photos", "/review", "/engines", "/health", "/upload", "/static/style.css"):
+        r = c.get(path)
+        assert r.status_code == 401, path
+        assert "edge-agent web --new-token" in r.text
+    assert c.post("/review/label", data={"photo": "p0", "label": "x"}).status_code == 401
+
+
+def test_a_remote_client_with_the_token_gets_in_and_keeps_it_in_a_cookie(state):
+    token = TokenFile(state / "web" / "token.sha256").new()
+    c = client(state, REMOTE)
+    assert c.get("/photos", params={"token": "wrong"}).status_code == 401
+    assert c.get("/photos", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    r = c.get("/photos", params={"token": token, "label": ""})
+    assert r.status_code == 303 and "token" not in r.headers["location"]
+    assert c.get("/photos").status_code == 200  # the cookie now
+    fresh = client(state, REMOTE)
+    assert fresh.get("/health", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def test_a_page_bound_to_another_address_wants_the_token_even_from_loopback(state):
+    token = TokenFile(state / "web" / "token.sha256").new()
+    c = client(state, LOCAL, bind="0.0.0.0")
+    assert c.get("/photos").status_code == 401
+    assert c.get("/photos", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def test_the_token_is_stored_hashed_and_private(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "edge_agent", "web", "--state-dir", str(tmp_path / "s"), "--new-token"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    token = proc.stdout.split("token: ", 1)[1].split()[0]
+    stored = tmp_path / "s" / "web" / "token.sha256"
+    assert token not in stored.read_text() and stored.read_text().strip() == hashlib.sha256(token.encode()).hexdigest()
+    assert stored.stat().st_mode & 0o777 == 0o600
+    assert f"?token={token}" in proc.stdout
+
+
+def test_binding_an_open_address_without_a_token_refuses_to_start(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "edge_agent", "web", "--state-dir", str(tmp_path / "s"), "--bind", "0.0.0.0",
+                           "--port", str(_free_port())], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2
+    assert "--new-token" in proc.stderr
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(host: str, port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else proc.returncode
+        try:
+            socket.create_connection((host, port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError("web page never listened")
+
+
+def test_a_real_server_on_a_second_loopback_address_refuses_requests_without_the_token(state):
+    """127.0.0.2 is 'another address': every request needs the token; and a server on 127.0.0.1 refuses a
+    client whose address is 127.0.0.2."""
+    token = TokenFile(state / "web" / "token.sha256").new()
+    port = _free_port("127.0.0.2")
+    proc = subprocess.Popen([sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--bind", "127.0.0.2",
+                             "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_listening("127.0.0.2", port, proc)
+        base = f"http://127.0.0.2:{port}"
+        assert httpx.get(base + "/photos").status_code == 401
+        assert httpx.get(base + "/photos", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert httpx.get(base + "/photos", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--port", str(port)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_listening("127.0.0.1", port, proc)
+        from_second = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        assert from_second.get(f"http://127.0.0.1:{port}/photos").status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/photos").status_code == 200
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+
+
+# ---- CSRF -------------------------------------------------------------------
+@pytest.mark.parametrize("path, data", [
+    ("/review/label", {"photo": "p0", "label": "Apple___healthy"}),
+    ("/engines/rollback", {"to": "v0001", "confirm": "yes"}),
+])
+def test_a_post_without_the_csrf_token_is_refused(state, path, data):
+    c = client(state)
+    assert c.post(path, data=data).status_code == 403  # no cookie at all
+    csrf_of(c)
+    assert c.post(path, data=data).status_code == 403  # cookie, but no field
+    assert c.post(path, data={**data, "csrf": "forged"}).status_code == 403
+    assert ResultsDB(state / "results.sqlite", readonly=True).counts()["queued_expert_labels"] == 0
+
+
+def test_an_upload_without_the_csrf_token_is_refused(state):
+    c = client(state)
+    csrf_of(c)
+    r = c.post("/upload", files={"photos": ("a.jpg", _photos(1)[0].read_bytes(), "image/jpeg")})
+    assert r.status_code == 403
+    assert not any((state / "inbox").glob("*")) if (state / "inbox").exists() else True
+
+
+# ---- labels -----------------------------------------------------------------
+def test_labelling_takes_the_path_of_review_label_into_the_trainers_queue(state):
+    c = client(state)
+    token = csrf_of(c)
+    sha = sha_of(state, "p0")
+    r = c.post("/review/label", data={"csrf": token, "photo": sha, "label": "Apple___healthy", "i": "0"})
+    assert r.status_code == 303 and "done=p0" in r.headers["location"]
+    db = ResultsDB(state / "results.sqlite", readonly=True)
+    entry = db.queue_entry(sha)
+    assert entry.kind == "expert" and entry.label == "Apple___healthy" and "/expert/" in entry.file
+    assert Path(entry.file).is_file()
+    assert [q.photo_id for q in db.queued_for_delivery(10)] == ["p0"]  # what the hand-off sends to the trainer
+    assert "p0" not in c.get("/review").text.split("question")[0]
+
+
+def test_labelling_an_unknown_photo_or_class_says_why(state):
+    c = client(state)
+    token = csrf_of(c)
+    r = c.post("/review/label", data={"csrf": token, "photo": "0" * 64, "label": "Apple___healthy"})
+    assert r.status_code == 404 and "no photo" in r.text
+    sha = sha_of(state, "p1")
+    r = c.post("/review/label", data={"csrf": token, "photo": sha, "label": "Banana___black_sigatoka"})
+    assert r.status_code == 400 and "not a known class" in r.text
+    assert ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha).kind == "review"
+    r = c.post("/review/label", data={"csrf": token, "photo": sha, "label": "Banana___black_sigatoka", "new_class": "1"})
+    assert r.status_code == 303
+    assert ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha).label == "Banana___black_sigatoka"
+
+
+# ---- engines ----------------------------------------------------------------
+def _second_version(state: Path) -> None:
+    store = resolve_store(AppConfig(), state)
+    v1 = store.open("v0001")
+    manifest = {k: v for k, v in v1.manifest.items() if k not in ("version", "files", "created", "parent")}
+    store.publish({name: v1.path / name for name in v1.manifest["files"]}, manifest)
+
+
+def test_rollback_needs_confirmation_and_an_existing_version(state):
+    _second_version(state)
+    c = client(state)
+    token = csrf_of(c)
+    assert "Roll back to v0001" in c.get("/engines").text
+    r = c.post("/engines/rollback", data={"csrf": token, "to": "v0009", "confirm": "yes"})
+    assert r.status_code == 404 and "v0009" in r.text
+    assert c.post("/engines/rollback", data={"csrf": token, "to": "v0001"}).status_code == 400
+    store = resolve_store(AppConfig(), state)
+    assert store.current() == "v0002"
+    r = c.post("/engines/rollback", data={"csrf": token, "to": "v0001", "confirm": "yes"})
+    assert r.status_code == 303 and store.current() == "v0001"
+
+
+def test_rollback_to_a_tampered_version_is_refused(state):
+    _second_version(state)
+    store = resolve_store(AppConfig(), state)
+    store.set_current("v0002")
+    with open(store.root / "v0001" / "model.onnx", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\x00\x01\x02")
+    c = client(state)
+    r = c.post("/engines/rollback", data={"csrf": csrf_of(c), "to": "v0001", "confirm": "yes"})
+    assert r.status_code == 409 and store.current() == "v0002"
+
+
+# ---- upload -----------------------------------------------------------------
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that claims ``width`` x ``height`` pixels (a decompression bomb's header) and ends properly."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
+
+
+def _upload(c: TestClient, *files: tuple[str, bytes]):
+    return c.post("/upload", data={"csrf": csrf_of(c)}, files=[("photos", (n, b, "application/octet-stream")) for n, b in files])
+
+
+def test_an_upload_lands_in_the_inbox_under_a_safe_name_and_links_to_its_result(state):
+    c = client(state)
+    data = _photos(8)[7].read_bytes()
+    r = _upload(c, ("../../../etc/evil name.jpg", data))
+    assert r.status_code == 201
+    stored = list((state / "inbox").iterdir())
+    assert len(stored) == 1 and stored[0].name.startswith("upload-") and stored[0].suffix == ".jpg"
+    assert stored[0].read_bytes() == data and not (state.parent / "etc").exists()
+    sha = hashlib.sha256(data).hexdigest()
+    assert f"/photo/{sha}?name={stored[0].name}" in r.text and "evil name.jpg" in r.text
+    page = c.get(f"/photo/{sha}", params={"name": stored[0].name})
+    assert "Waiting for the daemon" in page.text and 'http-equiv="refresh"' in page.text
+
+
+def test_an_oversized_upload_is_refused_and_nothing_is_stored(state):
+    c = client(state, max_file_bytes=20_000)
+    big = next(p for p in GATE.glob("*/*.jpg") if p.stat().st_size > 20_000)
+    r = _upload(c, ("big.jpg", big.read_bytes()))
+    assert r.status_code == 413 and "too large" in r.text
+    assert not (state / "inbox").exists() or not any((state / "inbox").iterdir())
+
+
+def test_a_non_image_or_a_decompression_bomb_is_refused_with_the_reason(state):
+    c = client(state)
+    r = _upload(c, ("notes.jpg", b"these are not pixels" * 50))
+    assert r.status_code == 415 and "not a supported image" in r.text
+    r = _upload(c, ("bomb.png", _png_header(30000, 30000)))
+    assert r.status_code == 413 and "decompression bomb" in r.text
+    r = _upload(c, ("empty.jpg", b""))
+    assert r.status_code == 415 and "empty file" in r.text
+    half = _photos(1)[0].read_bytes()
+    r = _upload(c, ("half.jpg", half[: len(half) // 2]))
+    assert r.status_code == 415
+    assert not (state / "inbox").exists() or not any((state / "inbox").iterdir())
+
+
+def test_an_upload_of_several_photos_stores_the_good_ones_and_says_why_not_the_others(state):
+    c = client(state)
+    r = _upload(c, ("a.jpg", _photos(8)[6].read_bytes()), ("b.txt", b"hello"), ("c.jpg", _photos(8)[7].read_bytes()))
+    assert r.status_code == 201
+    assert r.text.count("see its result") == 2 and r.text.count("refused: not a supported image") == 1
+    assert len(list((state / "inbox").iterdir())) == 2
+
+
+def test_an_upload_onto_a_full_disk_says_so_and_leaves_no_part_file(state, monkeypatch):
+    import errno
+
+    import edge_agent.web.upload as upload
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(upload.os, "write", full)
+    c = client(state)
+    r = _upload(c, ("a.jpg", _photos(8)[7].read_bytes()))
+    assert r.status_code == 507 and "No space left" in r.text
+    assert list((state / "inbox").iterdir()) == []
+
+
+def test_an_upload_with_no_file_is_a_clear_error(state):
+    c = client(state)
+    r = c.post("/upload", data={"csrf": csrf_of(c)})
+    assert r.status_code == 400 and "no photo" in r.text
+
+
+# ---- photos -----------------------------------------------------------------
+def test_images_are_served_by_sha256_from_the_state_directory_only(state):
+    c = client(state)
+    for pid in ("p0", "p3"):  # one in the review pool, one moved to processed/
+        r = c.get(f"/img/thumb/{sha_of(state, pid)}")
+        assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg" and r.content[:3] == b"\xff\xd8\xff"
+    assert (state / "web" / "thumbs" / "thumb").is_dir()  # cached
+    for bad in ("/img/thumb/..%2F..%2Fresults.sqlite", "/img/thumb/" + "g" * 64, "/img/huge/" + sha_of(state, "p0"),
+                "/img/thumb/../../results.sqlite", "/photo/..%2Fresults.sqlite"):
+        assert c.get(bad).status_code == 404, bad
+
+
+def test_a_result_pointing_outside_the_state_directory_is_not_served(state, tmp_path):
+    """A photo the daemon left outside the state directory and the inbox (a symlink target, a moved inbox) is not
+    served, even though its result names the file and the bytes match."""
+    outside = tmp_path / "secret.jpg"
+    shutil.copy(_photos(10)[9], outside)
+    sha = hashlib.sha256(outside.read_bytes()).hexdigest()
+    db = ResultsDB(state / "results.sqlite")
+    assert db.commit([ResultRow(sha, "px", str(outside), "folder", "a", 0.9, [["a", 0.9]], "v0001", {})]) == [True]
+    db.close()
+    c = client(state)
+    assert c.get(f"/img/thumb/{sha}").status_code == 404
+    (state / "inbox").mkdir(exist_ok=True)
+    (state / "inbox" / "secret.jpg").symlink_to(outside)  # a link from inside pointing out is not followed out
+    db = ResultsDB(state / "results.sqlite")
+    db._db.execute("UPDATE results SET path = ? WHERE sha256 = ?", (str(state / "inbox" / "secret.jpg"), sha))
+    db.close()
+    assert c.get(f"/img/thumb/{sha}").status_code == 404
+    shutil.copy(outside, state / "processed" / time.strftime("%Y-%m-%d") / "secret.jpg")  # moved in by the daemon
+    assert c.get(f"/img/thumb/{sha}").status_code == 200
+
+
+def test_a_quarantined_upload_shows_its_reason(state):
+    db = ResultsDB(state / "results.sqlite")
+    db.add_quarantine("upload-20261122-101010-abcdef012345.jpg", None, "undecodable JPEG (corrupt image data)", "folder")
+    db.close()
+    c = client(state)
+    r = c.get("/photo/" + "a" * 64, params={"name": "upload-20261122-101010-abcdef012345.jpg"})
+    assert "Quarantined" in r.text and "undecodable JPEG" in r.text
+
+
+def test_the_web_process_imports_neither_opencv_nor_onnxruntime_nor_torch():
+    code = ("import sys, edge_agent.web.app, edge_agent.cli; "
+            "print(json.dumps(sorted(m for m in ('cv2', 'onnxruntime', 'torch', 'numpy') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert json.loads(out.stdout) == []
