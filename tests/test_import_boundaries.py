@@ -42,3 +42,17 @@ def _imports(package: str) -> set[str]:
 def test_imports_flow_one_way():
     assert not _imports("engines") & {"edge_agent", "trainer", "torch"}
     assert not _imports("edge_agent") & {"trainer", "torch"}
+
+
+def test_the_daemon_never_loads_the_web_page():
+    """The page is a separate process: the daemon's start-up and memory do not pay for it."""
+    code = (
+        "import sys\n"
+        "import edge_agent.daemon, edge_agent.cli\n"
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & {'starlette', 'uvicorn', 'jinja2', 'multipart', 'PIL'}"
+        " | {m for m in sys.modules if m.startswith('edge_agent.web')})\n"
+        "assert not bad, bad\n"
+        "print('OK')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr

@@ -66,6 +66,11 @@ class WebContext:
         return ResultsDB(self.state.db, readonly=readonly)
 
 
+def pretty_class(label: str) -> str:
+    """``Tomato___Early_blight`` as people read it: ``Tomato · Early blight``."""
+    return label.replace("___", " · ").replace("_", " ")
+
+
 def _day(text: str | None) -> date | None:
     try:
         return date.fromisoformat(text) if text else None
@@ -83,6 +88,7 @@ def _int(text: str | None, default: int = 0) -> int:
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
+    templates.env.filters["pretty"] = pretty_class
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
     daemon_stale_s = max(10.0, 5 * ctx.cfg.daemon.status_interval_s)
 

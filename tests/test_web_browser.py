@@ -1,0 +1,141 @@
+"""End to end in a real headless browser: the daemon fed real photos, the page beside it.
+
+The photos page shows what arrived, a key press on the review page puts a label into the queue the hand-off
+delivers to the trainer, and a photo uploaded through the page gets its result. Each page is saved as a PNG
+(``$EDGE_AGENT_SCREENSHOTS``, else the test's temporary folder) for a reviewer to look at; the README's
+screenshots are these.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_helpers import DaemonProc, db_rows, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+GATE = REPO / "edge_agent" / "default_data" / "gate"
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                       reason="Debian's chromium and chromium-driver are not installed (make install-dev installs them as root)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the 'dev' extra)")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1200,900"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    out = Path(os.environ.get("EDGE_AGENT_SCREENSHOTS") or tmp_path / "screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _images_loaded(driver) -> bool:
+    """Every picture in view has loaded (those below the fold load lazily, when scrolled to)."""
+    return driver.execute_script("return Array.from(document.images).filter(i => i.getBoundingClientRect().top < innerHeight)"
+                                 ".every(i => i.complete && i.naturalWidth > 0)")
+
+
+def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    photos = sorted(GATE.glob("*/*.jpg"))
+    held_back = photos.pop(len(photos) // 2)  # uploaded through the page later
+    daemon = DaemonProc(tmp_path / "state").start()
+    web = None
+    try:
+        daemon.wait_ready()
+        for p in photos:
+            shutil.copy(p, daemon.inbox / p.name)
+        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == len(photos), 120, "every photo classified")
+        port = _free_port()
+        web = subprocess.Popen([sys.executable, "-m", "edge_agent", "web", "--config", str(daemon.config_path),
+                                "--state-dir", str(daemon.state), "--port", str(port)],
+                               cwd=REPO, stdout=open(tmp_path / "web.log", "w"), stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _listening(port), 30, "the web page listening")
+        wait = WebDriverWait(browser, 30)
+
+        # recent photos: what was dropped into the inbox, newest first
+        browser.get(base + "/photos")
+        cards = browser.find_elements(By.CSS_SELECTOR, "#photos .card")
+        assert len(cards) == 48 and f"({len(photos)})" in browser.find_element(By.TAG_NAME, "h1").text
+        wait.until(_images_loaded)
+        browser.save_screenshot(str(shots / "photos.png"))
+
+        # the review queue: press "1" and the label reaches the queue the trainer is fed from
+        browser.get(base + "/review")
+        wait.until(_images_loaded)
+        browser.save_screenshot(str(shots / "review.png"))
+        review = browser.find_element(By.CSS_SELECTOR, ".review")
+        photo_id = review.get_attribute("data-photo")
+        first_class = browser.find_element(By.CSS_SELECTOR, 'button[data-key="1"]').get_attribute("value")
+        ActionChains(browser).send_keys("1").perform()
+        wait.until(lambda d: "done=" in d.current_url)
+        assert photo_id in browser.find_element(By.ID, "done").text
+        rows = db_rows(daemon.state, f"SELECT kind, label FROM label_queue WHERE photo_id = '{photo_id}'")
+        sent = db_rows(daemon.state, f"SELECT label FROM expert_labels")
+        assert rows in ([("expert", first_class)], []) and sent == [(first_class,)]  # [] once already delivered and acknowledged
+
+        # upload a photo the daemon has not seen; follow the link until its result is there
+        browser.get(base + "/upload")
+        browser.find_element(By.ID, "upload-input").send_keys(str(held_back))
+        browser.find_element(By.CSS_SELECTOR, "#upload-form button").click()
+        wait.until(lambda d: d.find_elements(By.ID, "outcomes"))
+        browser.save_screenshot(str(shots / "upload.png"))
+        browser.find_element(By.LINK_TEXT, "see its result").click()
+        WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "result"))
+        wait.until(_images_loaded)
+        browser.save_screenshot(str(shots / "photo.png"))
+        assert db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == len(photos) + 1
+
+        for page in ("engines", "health"):
+            browser.get(f"{base}/{page}")
+            assert browser.find_elements(By.CSS_SELECTOR, "#engines, #daemon")
+            browser.save_screenshot(str(shots / f"{page}.png"))
+        assert "running" in browser.find_element(By.ID, "daemon").text
+    finally:
+        if web is not None:
+            web.terminate()
+            assert web.wait(15) == 0
+        assert daemon.terminate() == 0
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False
