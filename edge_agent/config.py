@@ -234,7 +234,12 @@ class TrainerSection(_Section):
     )
     ramp_epochs: int = Field(10, ge=0, description="Epochs over which the pseudo-label weight ramps up from ~0 to 1.")
     ewc_lambda: float = Field(100.0, ge=0, description="EWC: strength of the pull towards earlier solutions.")
-    lwf_temperature: float = Field(2.0, gt=0, description="LwF: distillation temperature.")
+    lwf_temperature: float = Field(2.0, gt=0, description="LwF and `distill`: distillation temperature.")
+    distill: float = Field(
+        0.0, ge=0, le=100,
+        description="Weight of a distillation term from the engine in service (its softened outputs on every training "
+        "batch), beside any strategy: it keeps a retrain close to what the model already knew. 0 turns it off.",
+    )
     rehearsal_per_class: int = Field(20, ge=1, description="Rehearsal: photos kept per class in the memory.")
     rehearsal_selection: Literal["random", "herding", "distance"] = Field("herding", description="Rehearsal: how the memory is chosen.")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the labelled data held out for the gate (never trained on).")

@@ -189,3 +189,26 @@ def test_retrain_with_swa_returns_the_average_of_its_last_epochs(tmp_path, monke
     seen.clear()
     train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), ContinualSettings(epochs=4, batch_size=8))
     assert seen == []  # swa_epochs 0: the last epoch's weights, nothing averaged
+
+
+def test_distillation_keeps_a_retrain_closer_to_the_model_in_service(tmp_path):
+    """``[trainer] distill``: beside any strategy, the candidate's outputs stay nearer the teacher's."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    previous = build_model(3).eval()
+    data = toy(seed=3)
+    data = Generation(data.x, (data.y + 1) % 3)  # labels the teacher disagrees with: fine-tuning pulls away from it
+    probe = toy(seed=4).x
+    with torch.no_grad():
+        teacher = F.log_softmax(previous(probe), 1)
+
+    def drift(distill: float) -> float:
+        s = dataclasses.replace(FAST, epochs=3, lr=5e-3, distill=distill)
+        cand, _ = train_generation(previous, data, get_strategy("finetune")(tmp_path / f"d{distill}"), s)
+        with torch.no_grad():
+            return float(F.kl_div(F.log_softmax(cand.eval()(probe), 1), teacher, log_target=True, reduction="batchmean"))
+
+    assert drift(10.0) < drift(0.0)

@@ -109,6 +109,15 @@ def test_every_page_renders_for_a_local_client(state):
     assert c.get("/static/style.css").status_code == 200
 
 
+def test_skip_moves_to_the_next_question_and_past_the_last_offers_to_start_again(state):
+    c = client(state)
+    first = c.get("/review").text
+    second = c.get("/review", params={"i": 1}).text
+    assert 'data-photo="p0"' in first and 'data-photo="p1"' in second
+    done = c.get("/review", params={"i": 2}).text
+    assert "You skipped the 2 remaining questions" in done and "data-photo" not in done
+
+
 def test_photos_filter_by_class_and_day_and_page(state):
     c = client(state)
     label = ResultsDB(state / "results.sqlite", readonly=True).per_class()

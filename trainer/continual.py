@@ -20,6 +20,7 @@ from trainer.augment import Augment
 from trainer.model import LeafNet
 from trainer.stop import check
 from trainer.strategies.base import Generation, Strategy
+from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule, recompute_batchnorm
 
 __all__ = ["ContinualSettings", "ramp", "train_generation"]
@@ -35,6 +36,8 @@ class ContinualSettings:
     ramp_epochs: int = 10
     seed: int = 0
     swa_epochs: int = 0  # average the weights of the last N epochs (learning rate held at a quarter of its peak)
+    distill: float = 0.0  # weight of distillation from the model in service on every batch (0: off), whatever the strategy
+    distill_temperature: float = 2.0
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -76,7 +79,7 @@ def train_generation(
         model.train()
         w = ramp(epoch, settings.ramp_epochs)
         order = torch.randperm(len(data), generator=gen)
-        totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0}
+        totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0, "distill": 0.0}
         for i in range(0, len(order), settings.batch_size):
             idx = order[i : i + settings.batch_size]
             if len(idx) < 2:
@@ -94,6 +97,12 @@ def train_generation(
                 pl = settings.pseudo_lambda * w * (conf[pseudo] * nll).mean()
                 loss = loss + pl
                 totals["pseudo"] += pl.item()
+            if settings.distill > 0:
+                with torch.no_grad():
+                    teacher = previous(x)
+                dl = settings.distill * distill_loss(logits, teacher, settings.distill_temperature)
+                loss = loss + dl
+                totals["distill"] += dl.item()
             pen = strategy.penalty(model, x, logits)
             loss = loss + pen
             totals["penalty"] += float(pen.detach())

@@ -155,8 +155,8 @@ def create_app(ctx: WebContext) -> Starlette:
                 left = left_today(db, ctx.cfg.labels.review_per_day)
             finally:
                 db.close()
-        i = min(_int(request.query_params.get("i")), max(0, len(items) - 1))
-        return page(request, "review.html", item=items[i] if items else None, i=i, n=len(items), left=left,
+        i = _int(request.query_params.get("i"))
+        return page(request, "review.html", item=items[i] if i < len(items) else None, i=i, n=len(items), left=left,
                     per_day=ctx.cfg.labels.review_per_day, classes=ctx.classes(), done=request.query_params.get("done"))
 
     async def review_label(request: Request) -> Response:

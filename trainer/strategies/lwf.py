@@ -10,6 +10,13 @@ import torch.nn.functional as F
 from trainer.strategies.base import Generation, Strategy, register
 
 
+def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) at ``temperature``, scaled by T^2, over the classes the teacher knows."""
+    k = teacher_logits.shape[1]
+    t = float(temperature)
+    return (t * t) * F.kl_div(F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(teacher_logits / t, dim=1), reduction="batchmean")
+
+
 @register
 class LwF(Strategy):
     """``temperature`` (default 2.0) softens both distributions; ``lwf_lambda`` (default 1.0) weighs the term."""
@@ -23,10 +30,6 @@ class LwF(Strategy):
         return data
 
     def penalty(self, model, x, logits):
-        t = float(self.options.get("temperature", 2.0))
         with torch.no_grad():
             old = self.teacher(x)
-        k = old.shape[1]  # only the classes the teacher knows
-        return float(self.options.get("lwf_lambda", 1.0)) * (t * t) * F.kl_div(
-            F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(old / t, dim=1), reduction="batchmean"
-        )
+        return float(self.options.get("lwf_lambda", 1.0)) * distill_loss(logits, old, self.options.get("temperature", 2.0))
