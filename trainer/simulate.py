@@ -215,6 +215,7 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
             "strategy": s.strategy, "threads": s.threads, "nice": 0, "int8": False, "seed": s.seed, "calibrate": s.calibrate,
             "recheck_pseudo": s.recheck,
             "gate_tolerance": 0.005,  # the strict gate every earlier simulation used, so their figures compare
+            "distill": 0.0,  # as every simulation so far (the expert arms among them) ran; the service's default is 1.0
         },
     }
 
