@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.web [--results 10000] [--out benchmarks/results/web]``
 
-A state directory gets N results (synthetic rows, then the shipped gate photos as the newest, real files in
+A state directory gets N results and a full review pool of 2000 (synthetic rows, then the shipped gate photos as the newest, real files in
 ``processed/``: the page's HTML cost depends on the rows, not on the pixels). ``edge-agent web`` runs as
 its own process; each page is fetched repeatedly over loopback (client-side wall time, sequential). RSS is
 read from /proc: idle after start, after the pages, after the first page's 48 thumbnails were made, and
@@ -30,7 +30,7 @@ GATE = REPO / "edge_agent" / "default_data" / "gate"
 
 
 def fill_state(state: Path, n: int) -> None:
-    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.results import QueueEntry, ResultRow, ResultsDB
     from edge_agent.state import StateLayout
 
     layout = StateLayout(state)
@@ -48,10 +48,14 @@ def fill_state(state: Path, n: int) -> None:
             sha, label, path = hashlib.sha256(src.read_bytes()).hexdigest(), src.parent.name, str(state / "inbox" / src.name)
         else:
             sha, label, path = hashlib.sha256(f"synthetic-{i}".encode()).hexdigest(), photos[i % len(photos)].parent.name, None
-        top_k = [[label, 0.95], ["Apple___healthy", 0.03], ["Tomato___healthy", 0.02]]
+        top_k = [[label, 0.95], ["Apple___healthy", 0.03], ["Tomato___healthy", 0.02]] if i >= 2000 else \
+            [[label, 0.5], ["Apple___healthy", 0.3 + i * 1e-4], ["Tomato___healthy", 0.1]]  # the review pool's
         rows.append(ResultRow(sha, sha[:16], path, "folder", label, 0.95, top_k, "v0001", {"total": 9.0},
                               now - (n - i) * 30))  # one every 30 s: 10,000 span three and a half days
-    db.commit(rows)
+    # and a full review pool ([labels] review_pool, 2000): every page counts it for the Review badge
+    queued = [QueueEntry(r.sha256, r.photo_id, "review", r.label, 0.5, "v0001", str(state / "queue" / "review" / "x.jpg"), 1000)
+              for r in rows[:2000]]
+    db.commit(rows, queued)
     db.close()
 
 

@@ -95,9 +95,11 @@ def create_app(ctx: WebContext) -> Starlette:
     def page(request: Request, template: str, status: int = 200, **context) -> Response:
         db = ctx.db()
         review_n = 0
-        if db is not None:
+        if db is not None:  # what the review page would ask today: the pool, capped by what is left of the budget
             try:
-                review_n = len(to_ask(db, ctx.cfg.labels.review_per_day))
+                left = left_today(db, ctx.cfg.labels.review_per_day)
+                pool = db.counts()["review_queue"]
+                review_n = pool if left is None else min(pool, left)
             finally:
                 db.close()
         return templates.TemplateResponse(request, template, {"csrf": request.state.csrf, "nav_review": review_n, **context},
