@@ -97,6 +97,10 @@ class Split:
                 "duplicates_dropped": self.duplicates}
 
 
+#: Every simulation so far classified in FP32; the figures compare only if it stays so.
+FP32 = {"type": "onnxruntime", "precision": "fp32"}
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -130,7 +134,7 @@ class _Evaluator:
         self.y = np.array([t.label for t in test])
 
     def classifier(self, version: str | None = None, top_k: int = 1) -> Classifier:
-        return Classifier(open_engine(self.store, parse_config({}).engine, version), top_k=top_k)
+        return Classifier(open_engine(self.store, parse_config({"engine": FP32}).engine, version), top_k=top_k)
 
     def threshold_sweep(self, version: str, photos: list[Sample], classes: list[str], taus=THRESHOLDS) -> dict:
         """Precision and count of pseudo-labels ``version`` would give the whole stream at each threshold (what
@@ -206,6 +210,7 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
     """One configuration for both modes (and both processes in ``full``)."""
     return {
         "store": {"path": str(out / "store")},
+        "engine": FP32,
         "labels": {"pseudo_threshold": s.tau, "per_class_cap": s.cap},
         "inbox": {"settle_s": 0.5, "rescan_interval_s": 5.0},
         "hotswap": {"poll_s": 1.0},
