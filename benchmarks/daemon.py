@@ -29,6 +29,7 @@ from edge_agent.config import default_store_path
 from edge_agent.preprocess import preprocess_bytes, preprocess_file
 from edge_agent.results import query_readonly
 from engines.loader import open_engine
+from engines.store import EngineStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -201,8 +202,11 @@ def main() -> None:
         values = [r[key] for r in rows]
         return f"{statistics.median(values):.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
 
+    with open_engine(EngineStore(default_store_path()), cfg.engine) as engine:
+        running = f"{engine.type} {engine.provider} {engine.precision.upper()}"
+        why = engine.describe().get("precision_reason", "")
     print(f"machine: {os.cpu_count()} CPUs; {len(photos)} real photos; batch {batch}, {workers} decode workers; "
-          f"ONNX Runtime CPU FP32; overrides {extra or 'none'}; median of {args.runs} runs [each run]")
+          f"{running}{f' ({why})' if why else ''}; overrides {extra or 'none'}; median of {args.runs} runs [each run]")
     print("| measure | value |")
     print("|---|---|")
     print(f"| engine only (photos/s) | {med('engine')} |")

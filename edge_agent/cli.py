@@ -161,11 +161,17 @@ def _status(args: argparse.Namespace) -> int:
     if "engine" in out:
         e = out["engine"]
         print(f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}")
+        if e.get("precision_reason"):
+            print(f"precision: {e['precision']} ({e['precision_reason']})")
     print(f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
           f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}")
     if "queue_depths" in out:
         lq = out["label_queue"]
         print(f"in flight {out['in_flight']}  queues {out['queue_depths']}  label queue {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}")
+    unsupported = out.get("folder", {}).get("unsupported") or {}
+    if unsupported:
+        print("ignored (not a format the daemon reads; left in the inbox): "
+              + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items())))
     for label, n in out["per_class"].items():
         print(f"  {n:6d}  {label}")
     for err in out.get("last_errors", [])[-5:]:

@@ -196,7 +196,7 @@ class Daemon:
             "last_errors": list(p.last_errors),
         }
         if self.folder:
-            out["folder"] = dict(self.folder.counters)
+            out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported)}
         if self.camera:
             out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
         if self.sender:

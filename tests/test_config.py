@@ -18,7 +18,7 @@ def write(tmp_path, text: str):
 def test_defaults_without_a_file(monkeypatch):
     monkeypatch.delenv("EDGE_AGENT_CONFIG", raising=False)
     cfg = load_config(None)
-    assert cfg.engine.type == "onnxruntime" and cfg.engine.provider == "cpu" and cfg.engine.precision == "fp32"
+    assert cfg.engine.type == "onnxruntime" and cfg.engine.provider == "cpu" and cfg.engine.precision == "auto"  # INT8 on CPU where the manifest vouches for it
     assert cfg.store.resolved() == default_store_path()
     assert cfg.classify.top_k == 3
 

@@ -226,6 +226,18 @@ def test_cli_status_results_review(plantvillage, tmp_path, tiny_store):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "edge_agent", *args, "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
 
+    # files the daemon does not read are never dropped silently: counted per extension, logged once each
+    for name in ("notes.xyz", "scan.XYZ", "photo.heic"):
+        (d.inbox / name).write_bytes(b"not read")
+    (d.inbox / "copying.jpg.part").write_bytes(b"half")  # a temporary name: its final name comes later
+    wait_until(lambda: json.loads(cli("status", "--json").stdout).get("folder", {}).get("unsupported") == {".xyz": 2, ".heic": 1},
+               30, "unsupported files counted")
+    time.sleep(2.5)  # past a rescan: still logged once each
+    ignored = [e for e in d.events() if e.get("event") == "file_ignored"]
+    assert sorted(Path(e["photo"]).name for e in ignored) == ["notes.xyz", "photo.heic", "scan.XYZ"]
+    assert "ignored (not a format the daemon reads; left in the inbox): 1 .heic file, 2 .xyz files" in cli("status").stdout
+    assert (d.inbox / "notes.xyz").exists()
+
     st = json.loads(cli("status", "--json").stdout)
     assert st["running"] and st["processed"] == 6 and st["engine"]["engine_version"] == "v0001"
     assert sum(st["per_class"].values()) == 6 and "queue_depths" in st and st["uptime_s"] > 0

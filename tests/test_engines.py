@@ -21,7 +21,8 @@ from .conftest import encode, leaf_image
 
 
 def ort_config(**engine):
-    return parse_config({"engine": {"type": "onnxruntime", **engine}}).engine
+    """An ONNX Runtime engine config; FP32 unless ``precision`` says otherwise (the default "auto" may pick INT8)."""
+    return parse_config({"engine": {"type": "onnxruntime", "precision": "fp32", **engine}}).engine
 
 
 def test_registry_finds_one_module_per_backend():
@@ -63,7 +64,8 @@ def test_worker_threads_do_not_spin_unless_asked(tiny_store):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from Linux's /proc")
-def test_idle_trim_hands_a_burst_back_to_the_os(tmp_path):
+@pytest.mark.parametrize("precision, batch", [("fp32", 16), ("int8", 32)])  # INT8's arena grows less per photo
+def test_idle_trim_hands_a_burst_back_to_the_os(tmp_path, precision, batch):
     """A burst of large batches grows ONNX Runtime's arena; trim() must give it back (in a clean process)."""
     script = tmp_path / "burst.py"
     script.write_text(
@@ -71,9 +73,9 @@ def test_idle_trim_hands_a_burst_back_to_the_os(tmp_path):
         "from edge_agent.config import default_store_path, parse_config\n"
         "from engines.loader import open_engine\n"
         "rss = lambda: int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) / 1024\n"
-        "engine = open_engine(default_store_path(), parse_config({}).engine)\n"
+        f"engine = open_engine(default_store_path(), parse_config({{'engine': {{'precision': '{precision}'}}}}).engine)\n"
         "before = rss()\n"
-        "x = np.zeros((16, 3, 128, 128), np.float32)\n"
+        f"x = np.zeros(({batch}, 3, 128, 128), np.float32)\n"
         "t = threading.Thread(target=lambda: [engine.infer(x) for _ in range(10)]); t.start(); t.join()\n"
         "peak = rss()\n"
         "engine.trim()\n"
@@ -210,3 +212,39 @@ def test_plan_that_never_loads_is_an_error(tmp_path):
         load_or_build(_key(), tmp_path, lambda: b"BAD", lambda b: None)
     with pytest.raises(PlanBuildError, match="empty plan"):
         load_or_build(_key(), tmp_path, lambda: b"", lambda b: None)
+
+
+def test_auto_precision_runs_int8_on_cpu_where_the_manifest_vouches_for_it(tmp_path):
+    """``precision = "auto"`` (the default): INT8 on CPU when its recorded agreement with FP32 is high enough,
+    FP32 when the variant is missing or its agreement too low, and the reason says which."""
+    import json
+    import shutil
+
+    from edge_agent.config import default_store_path, parse_config
+    from engines.backends.onnxruntime_backend import choose_precision
+    from engines.loader import open_engine
+    from engines.store import EngineStore
+
+    cfg = parse_config({}).engine
+    assert cfg.precision == "auto"
+    shipped = EngineStore(default_store_path())
+    engine = open_engine(shipped, cfg)
+    try:
+        assert engine.precision == "int8" and "0.989 of 184" in engine.describe()["precision_reason"]
+    finally:
+        engine.close()
+    version = shipped.open()
+    strict = parse_config({"engine": {"int8_min_agreement": 0.995}}).engine
+    assert choose_precision(strict, version)[0] == "fp32" and "< 0.995" in choose_precision(strict, version)[1]
+    assert choose_precision(parse_config({"engine": {"precision": "fp32"}}).engine, version) == ("fp32", "configured")
+    trt = parse_config({"engine": {"provider": "tensorrt"}}).engine
+    assert choose_precision(trt, version)[0] == "fp16"
+    # a version without an INT8 variant (e.g. published with [trainer] int8 = false) runs FP32
+    store = tmp_path / "store"
+    shutil.copytree(default_store_path(), store)
+    manifest = store / "v0001" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    del m["artifacts"]["int8"]
+    manifest.write_text(json.dumps(m))
+    precision, why = choose_precision(cfg, EngineStore(store).open(verify=False))
+    assert precision == "fp32" and "no INT8 variant" in why

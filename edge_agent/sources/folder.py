@@ -72,6 +72,8 @@ class FolderSource(Worker):
         self._lock = threading.Lock()
         self._observer = None
         self.counters = {"seen": 0, "emitted": 0, "ignored": 0, "rescans": 0}
+        self.unsupported: dict[str, int] = {}  # extension -> files left alone because the daemon cannot read them
+        self._unsupported_seen: set[Path] = set()
 
     # ---- filters ----------------------------------------------------------------
     def wanted(self, path: Path) -> bool:
@@ -85,8 +87,23 @@ class FolderSource(Worker):
             return False
         name = path.name.lower()
         if any(name.endswith(s) for s in self.settings.ignore_suffixes):
-            return False
-        return path.suffix.lower() in self.settings.extensions
+            return False  # a file still being written under a temporary name: its final name comes later
+        if path.suffix.lower() in self.settings.extensions:
+            return True
+        self._unsupported(path)
+        return False
+
+    def _unsupported(self, path: Path) -> None:
+        """A file the daemon will not read: counted per extension, logged once (never silently dropped)."""
+        with self._lock:
+            if path in self._unsupported_seen or len(self._unsupported_seen) >= 100_000 or not path.is_file():
+                return
+            self._unsupported_seen.add(path)
+            ext = path.suffix.lower() or "(none)"
+            self.unsupported[ext] = self.unsupported.get(ext, 0) + 1
+            self.counters["ignored"] += 1
+        self.log.warning("file_ignored", photo=str(path), extension=ext,
+                         reason=f"not a format the daemon reads (it takes {', '.join(self.settings.extensions)}); left in the inbox")
 
     # ---- candidates ---------------------------------------------------------------
     def notice(self, path: Path) -> None:
