@@ -13,7 +13,7 @@ from dataclasses import dataclass
 __all__ = ["ImageHeader", "HeaderError", "ImageRejected", "read_header", "check_image", "IMAGE_EXTENSIONS"]
 
 #: File extensions of the formats the header parser and decoder accept.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
 class HeaderError(ValueError):
@@ -26,7 +26,7 @@ class ImageRejected(ValueError):
 
 @dataclass(frozen=True)
 class ImageHeader:
-    format: str  # "jpeg" | "png" | "bmp" | "webp"
+    format: str  # "jpeg" | "png" | "bmp" | "webp" | "tiff"
     width: int
     height: int
     orientation: int = 1  # EXIF orientation 1..8 (1 = as stored)
@@ -52,7 +52,11 @@ def read_header(data: bytes) -> ImageHeader:
         return _bmp(data)
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return _webp(data)
-    raise HeaderError("not a supported image (expected JPEG, PNG, BMP or WebP)")
+    if data[:4] in (b"II*\x00", b"MM\x00*"):
+        return _tiff(data)
+    if data[:4] in (b"II+\x00", b"MM\x00+"):
+        raise HeaderError("BigTIFF is not supported (save it as an ordinary TIFF, JPEG or PNG)")
+    raise HeaderError("not a supported image (expected JPEG, PNG, BMP, WebP or TIFF)")
 
 
 def check_image(data: bytes, max_file_bytes: int, max_pixels: int) -> ImageHeader:
@@ -142,6 +146,55 @@ def _exif_orientation(tiff: bytes) -> int:
             (value,) = struct.unpack(endian + "H", entry[8:10])
             return value if 1 <= value <= 8 else 1
     return 1
+
+
+_TIFF_SIZES = {3: 2, 4: 4}  # SHORT, LONG: the types the tags read here use
+
+
+def _tiff_values(data: bytes, endian: str, entry: bytes) -> list[int]:
+    """The values of one IFD entry (inline when they fit in 4 bytes, else at the offset it holds)."""
+    _tag, typ, count = struct.unpack(endian + "HHI", entry[:8])
+    size = _TIFF_SIZES.get(typ)
+    if size is None or count == 0 or count > 1 << 20:
+        return []
+    if size * count <= 4:
+        raw = entry[8 : 8 + size * count]
+    else:
+        (offset,) = struct.unpack(endian + "I", entry[8:12])
+        raw = data[offset : offset + size * count]
+        if len(raw) < size * count:
+            raise HeaderError("truncated TIFF (a tag's values lie past the end of the file)")
+    return list(struct.unpack(endian + ("H" if size == 2 else "I") * count, raw))
+
+
+def _tiff(data: bytes) -> ImageHeader:
+    """First image of a TIFF: width, height, orientation; complete if every strip or tile lies inside the file."""
+    endian = "<" if data[:2] == b"II" else ">"
+    if len(data) < 8:
+        raise HeaderError("truncated TIFF header")
+    (ifd,) = struct.unpack(endian + "I", data[4:8])
+    if ifd < 8 or ifd + 2 > len(data):
+        raise HeaderError("truncated TIFF (no image directory)")
+    (count,) = struct.unpack(endian + "H", data[ifd : ifd + 2])
+    if ifd + 2 + 12 * count > len(data):
+        raise HeaderError("truncated TIFF (image directory cut off)")
+    tags: dict[int, list[int]] = {}
+    for i in range(min(count, 1024)):
+        entry = data[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
+        (tag,) = struct.unpack(endian + "H", entry[:2])
+        if tag in (256, 257, 273, 274, 279, 324, 325):
+            tags[tag] = _tiff_values(data, endian, entry)
+    width, height = (tags.get(256) or [0])[0], (tags.get(257) or [0])[0]
+    if width == 0 or height == 0:
+        raise HeaderError("corrupt TIFF (no width or height)")
+    offsets, counts = tags.get(273) or tags.get(324) or [], tags.get(279) or tags.get(325) or []
+    if not offsets or len(offsets) != len(counts):
+        raise HeaderError("corrupt TIFF (no image data offsets)")
+    end = max(o + c for o, c in zip(offsets, counts))
+    if end > len(data):
+        raise HeaderError(f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)")
+    orientation = (tags.get(274) or [1])[0]
+    return ImageHeader("tiff", width, height, orientation if 1 <= orientation <= 8 else 1)
 
 
 def _png(data: bytes) -> ImageHeader:

@@ -125,11 +125,13 @@ def decode_bgr(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if img is None or img.ndim != 3 or img.shape[2] != 3:
         raise ImageRejected(f"undecodable {header.format.upper()} (corrupt image data)")
-    if (img.shape[1], img.shape[0]) != (header.width, header.height):
-        raise ImageRejected(
-            f"decoded size {img.shape[1]}x{img.shape[0]} does not match header {header.width}x{header.height}"
-        )
-    return _apply_orientation(img, header.orientation)
+    # OpenCV's TIFF decoder (libtiff's RGBA reader) turns the image upright itself, whatever the flags; for the other
+    # formats the orientation is applied here, so every build gives the same pixels (tests pin both, orientations 1-8).
+    upright_already = header.format == "tiff"
+    w, h = (header.height, header.width) if upright_already and header.orientation >= 5 else (header.width, header.height)
+    if (img.shape[1], img.shape[0]) != (w, h):
+        raise ImageRejected(f"decoded size {img.shape[1]}x{img.shape[0]} does not match header {w}x{h}")
+    return img if upright_already else _apply_orientation(img, header.orientation)
 
 
 def resize(rgb: np.ndarray, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:

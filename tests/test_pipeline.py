@@ -139,7 +139,7 @@ def test_bad_photos_are_quarantined_with_reason(tmp_path, engine):
     import json
 
     reasons = {f.name: json.loads(f.read_text())["reason"] for f in (tmp_path / "quarantine").glob("*.reason.json")}
-    assert reasons == {"empty.jpg.reason.json": "empty file (0 bytes)", "text.jpg.reason.json": "not a supported image (expected JPEG, PNG, BMP or WebP)"}
+    assert reasons == {"empty.jpg.reason.json": "empty file (0 bytes)", "text.jpg.reason.json": "not a supported image (expected JPEG, PNG, BMP, WebP or TIFF)"}
     assert (tmp_path / "quarantine" / "empty.jpg").exists()
     assert db.counts()["quarantined"] == 2 and not list(db.results())
     p.stop()
@@ -288,14 +288,16 @@ def test_folder_backlog_subfolders_and_ignored_files(tmp_path):
     src, c = run_source(inbox)
     try:
         (inbox / "field_a" / "leaf.JPG").write_bytes(b"2")
+        (inbox / "scan.tif").write_bytes(b"7")  # a scanner's TIFF is read like any photo
         (inbox / ".hidden.jpg").write_bytes(b"3")
         (inbox / "download.jpg.part").write_bytes(b"4")
         (inbox / "notes.txt").write_text("5")
         (inbox / ".cache").mkdir()
         (inbox / ".cache" / "x.jpg").write_bytes(b"6")
-        assert wait_for(lambda: len(c.items) >= 2)
+        assert wait_for(lambda: len(c.items) >= 3)
         time.sleep(1.5)  # one rescan later: nothing more
-        assert c.names() == ["backlog.jpg", "leaf.JPG"]
+        assert c.names() == ["backlog.jpg", "leaf.JPG", "scan.tif"]
+        assert src.unsupported == {".txt": 1}  # counted once, although rescanned; hidden and temporary files are not
     finally:
         src.stop()
 

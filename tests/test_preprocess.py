@@ -226,3 +226,45 @@ def test_spec_roundtrips_through_manifest():
     bad = spec.to_manifest() | {"interpolation": "nearest"}
     with pytest.raises(ValueError, match="unsupported preprocessing"):
         PreprocessSpec.from_manifest(bad)
+
+
+def _tiff(img_bgr: np.ndarray, **save) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(img_bgr[:, :, ::-1]).save(out, "TIFF", **save)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_tiff_gives_the_tensor_of_a_png_of_the_same_upright_pixels(orientation):
+    """A scanner's TIFF (any EXIF orientation, plain or LZW) is read as the same upright pixels as a PNG of them."""
+    img = np.random.default_rng(orientation).integers(0, 256, (90, 120, 3), dtype=np.uint8)
+    upright = pp._apply_orientation(img, orientation)
+    png = encode(upright, ".png")
+    for tiff in (_tiff(img, tiffinfo={274: orientation}), _tiff(img, tiffinfo={274: orientation}, compression="tiff_lzw")):
+        header = read_header(tiff)
+        assert (header.format, header.width, header.height, header.orientation) == ("tiff", 120, 90, orientation)
+        np.testing.assert_array_equal(preprocess_bytes(tiff), preprocess_bytes(png))
+
+
+def test_a_truncated_or_huge_or_bigtiff_is_refused_with_the_reason():
+    tiff = _tiff(np.zeros((64, 64, 3), np.uint8))
+    with pytest.raises(ImageRejected, match="truncated TIFF"):
+        preprocess_bytes(tiff[: len(tiff) - 100])
+    with pytest.raises(ImageRejected, match="BigTIFF"):
+        preprocess_bytes(b"II+\x00" + b"\x00" * 64)
+    # a header claiming 30000 x 30000 pixels is refused before any decoding
+    big = bytearray(tiff)
+    endian = "<" if big[:2] == b"II" else ">"
+    (ifd,) = struct.unpack(endian + "I", big[4:8])
+    (count,) = struct.unpack(endian + "H", big[ifd : ifd + 2])
+    for i in range(count):
+        at = ifd + 2 + 12 * i
+        tag, typ = struct.unpack(endian + "HH", big[at : at + 4])
+        if tag in (256, 257):
+            big[at + 8 : at + 12] = struct.pack(endian + ("HH" if typ == 3 else "I"), *((30000, 0) if typ == 3 else (30000,)))
+    with pytest.raises(ImageRejected, match="decompression bomb"):
+        preprocess_bytes(bytes(big))

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent.imageheader import IMAGE_EXTENSIONS
 from edge_agent.log import get_logger
 from edge_agent.worker import Worker, name_threads
 
@@ -27,7 +28,7 @@ __all__ = ["FolderSource", "FolderSettings", "Arrival"]
 
 @dataclass
 class FolderSettings:
-    extensions: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+    extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     ignore_suffixes: tuple[str, ...] = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
     recursive: bool = True
     settle_s: float = 1.0

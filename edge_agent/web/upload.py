@@ -19,7 +19,7 @@ from edge_agent.imageheader import ImageRejected, check_image
 
 __all__ = ["Outcome", "store_upload", "EXTENSIONS"]
 
-EXTENSIONS = {"jpeg": ".jpg", "png": ".png", "bmp": ".bmp", "webp": ".webp"}
+EXTENSIONS = {"jpeg": ".jpg", "png": ".png", "bmp": ".bmp", "webp": ".webp", "tiff": ".tif"}
 
 
 @dataclass(frozen=True)
