@@ -99,6 +99,10 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         browser.get(base + "/review")
         wait.until(_images_loaded)
         browser.save_screenshot(str(shots / "review.png"))
+        browser.set_window_size(390, 844)  # a phone
+        wait.until(_images_loaded)
+        browser.save_screenshot(str(shots / "review-phone.png"))
+        browser.set_window_size(1200, 900)
         review = browser.find_element(By.CSS_SELECTOR, ".review")
         photo_id = review.get_attribute("data-photo")
         first_class = browser.find_element(By.CSS_SELECTOR, 'button[data-key="1"]').get_attribute("value")
