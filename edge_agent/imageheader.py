@@ -13,7 +13,7 @@ from dataclasses import dataclass
 __all__ = ["ImageHeader", "HeaderError", "ImageRejected", "read_header", "check_image", "IMAGE_EXTENSIONS"]
 
 #: File extensions of the formats the header parser and decoder accept.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".heic", ".heif")
 
 
 class HeaderError(ValueError):
@@ -26,7 +26,7 @@ class ImageRejected(ValueError):
 
 @dataclass(frozen=True)
 class ImageHeader:
-    format: str  # "jpeg" | "png" | "bmp" | "webp" | "tiff"
+    format: str  # "jpeg" | "png" | "bmp" | "webp" | "tiff" | "heif"
     width: int
     height: int
     orientation: int = 1  # EXIF orientation 1..8 (1 = as stored)
@@ -54,9 +54,11 @@ def read_header(data: bytes) -> ImageHeader:
         return _webp(data)
     if data[:4] in (b"II*\x00", b"MM\x00*"):
         return _tiff(data)
+    if data[4:8] == b"ftyp":
+        return _heif(data)
     if data[:4] in (b"II+\x00", b"MM\x00+"):
         raise HeaderError("BigTIFF is not supported (save it as an ordinary TIFF, JPEG or PNG)")
-    raise HeaderError("not a supported image (expected JPEG, PNG, BMP, WebP or TIFF)")
+    raise HeaderError("not a supported image (expected JPEG, PNG, BMP, WebP, TIFF or HEIC)")
 
 
 def check_image(data: bytes, max_file_bytes: int, max_pixels: int) -> ImageHeader:
@@ -195,6 +197,60 @@ def _tiff(data: bytes) -> ImageHeader:
         raise HeaderError(f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)")
     orientation = (tags.get(274) or [1])[0]
     return ImageHeader("tiff", width, height, orientation if 1 <= orientation <= 8 else 1)
+
+
+#: ftyp brands of HEIF stills coded with HEVC (an iPhone's HEIC) that libheif decodes.
+HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1"}
+
+
+def _boxes(data: bytes, start: int, end: int):
+    """(type, payload start, payload end) of the ISO-BMFF boxes in data[start:end]; a box past ``end`` is truncation."""
+    i = start
+    while i + 8 <= end:
+        size, kind = struct.unpack(">I4s", data[i : i + 8])
+        head = 8
+        if size == 1:
+            if i + 16 > end:
+                raise HeaderError("truncated HEIF (box header cut off)")
+            (size,) = struct.unpack(">Q", data[i + 8 : i + 16])
+            head = 16
+        elif size == 0:
+            size = end - i
+        if size < head or i + size > end:
+            raise HeaderError(f"truncated HEIF ({kind.decode('latin-1')} box ends past the end of the file: file incomplete?)")
+        yield kind, i + head, i + size
+        i += size
+    if i != end:
+        raise HeaderError("truncated HEIF (a box header cut off at the end)")
+
+
+def _heif(data: bytes) -> ImageHeader:
+    """HEIC/HEIF: every top-level box complete; the size is the largest image extent (``ispe``) it declares, so the
+    pixel cap holds whichever image is decoded. Rotation and mirroring (``irot``/``imir``) are applied by the decoder."""
+    boxes = list(_boxes(data, 0, len(data)))
+    kind, start, end = boxes[0]
+    brands = {data[start : start + 4]} | {data[j : j + 4] for j in range(start + 8, end - 3, 4)}
+    if kind != b"ftyp" or not brands & HEIF_BRANDS:
+        raise HeaderError("not a supported image (an ISO media file, but not a HEIC/HEIF still image)")
+    meta = next(((s, e) for k, s, e in boxes if k == b"meta"), None)
+    if meta is None or not any(k == b"mdat" for k, _, _ in boxes):
+        raise HeaderError("corrupt HEIF (no meta or no mdat box)")
+    extents = []
+    for k, s, e in _boxes(data, meta[0] + 4, meta[1]):  # meta is a full box: 4 bytes of version and flags
+        if k != b"iprp":
+            continue
+        for k2, s2, e2 in _boxes(data, s, e):
+            if k2 != b"ipco":
+                continue
+            for k3, s3, e3 in _boxes(data, s2, e2):
+                if k3 == b"ispe" and e3 - s3 >= 12:
+                    extents.append(struct.unpack(">II", data[s3 + 4 : s3 + 12]))
+    if not extents:
+        raise HeaderError("corrupt HEIF (no image size)")
+    width, height = max(extents, key=lambda wh: wh[0] * wh[1])
+    if width == 0 or height == 0:
+        raise HeaderError("corrupt HEIF (zero width or height)")
+    return ImageHeader("heif", width, height)
 
 
 def _png(data: bytes) -> ImageHeader:

@@ -121,6 +121,8 @@ def decode_rgb(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
 def decode_bgr(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
     """Checked decode of ``data`` to an upright HxWx3 uint8 array in OpenCV's BGR order."""
     header = check_header(data, spec)
+    if header.format == "heif":
+        return _decode_heif(data, header)
     buf = np.frombuffer(data, np.uint8)
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     if img is None or img.ndim != 3 or img.shape[2] != 3:
@@ -132,6 +134,24 @@ def decode_bgr(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
     if (img.shape[1], img.shape[0]) != (w, h):
         raise ImageRejected(f"decoded size {img.shape[1]}x{img.shape[0]} does not match header {w}x{h}")
     return img if upright_already else _apply_orientation(img, header.orientation)
+
+
+def _decode_heif(data: bytes, header: ImageHeader) -> np.ndarray:
+    """HEIC/HEIF through libheif (pillow-heif), upright as its irot/imir boxes say, 8 bits, BGR."""
+    try:
+        import pillow_heif
+    except ImportError:
+        raise ImageRejected("HEIC/HEIF needs pillow-heif (pip install pillow-heif); or export the photo as JPEG") from None
+    try:
+        heif = pillow_heif.open_heif(data, convert_hdr_to_8bit=True)
+        rgb = np.asarray(heif)
+    except Exception as exc:  # libheif reports corrupt data as ValueError/RuntimeError
+        raise ImageRejected(f"undecodable HEIF ({exc})") from None
+    if rgb.ndim != 3 or rgb.shape[2] not in (3, 4):
+        raise ImageRejected(f"undecodable HEIF (unexpected {heif.mode} image)")
+    if rgb.shape[0] * rgb.shape[1] > header.pixels:
+        raise ImageRejected(f"decoded size {rgb.shape[1]}x{rgb.shape[0]} exceeds the header's {header.width}x{header.height}")
+    return np.ascontiguousarray(rgb[:, :, 2::-1])
 
 
 def resize(rgb: np.ndarray, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:

@@ -227,15 +227,15 @@ def test_cli_status_results_review(plantvillage, tmp_path, tiny_store):
         return subprocess.run([sys.executable, "-m", "edge_agent", *args, "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
 
     # files the daemon does not read are never dropped silently: counted per extension, logged once each
-    for name in ("notes.xyz", "scan.XYZ", "photo.heic"):
+    for name in ("notes.xyz", "scan.XYZ", "clip.mov"):
         (d.inbox / name).write_bytes(b"not read")
     (d.inbox / "copying.jpg.part").write_bytes(b"half")  # a temporary name: its final name comes later
-    wait_until(lambda: json.loads(cli("status", "--json").stdout).get("folder", {}).get("unsupported") == {".xyz": 2, ".heic": 1},
+    wait_until(lambda: json.loads(cli("status", "--json").stdout).get("folder", {}).get("unsupported") == {".xyz": 2, ".mov": 1},
                30, "unsupported files counted")
     time.sleep(2.5)  # past a rescan: still logged once each
     ignored = [e for e in d.events() if e.get("event") == "file_ignored"]
-    assert sorted(Path(e["photo"]).name for e in ignored) == ["notes.xyz", "photo.heic", "scan.XYZ"]
-    assert "ignored (not a format the daemon reads; left in the inbox): 1 .heic file, 2 .xyz files" in cli("status").stdout
+    assert sorted(Path(e["photo"]).name for e in ignored) == ["clip.mov", "notes.xyz", "scan.XYZ"]
+    assert "ignored (not a format the daemon reads; left in the inbox): 1 .mov file, 2 .xyz files" in cli("status").stdout
     assert (d.inbox / "notes.xyz").exists()
 
     st = json.loads(cli("status", "--json").stdout)
@@ -289,3 +289,37 @@ def test_stop_with_a_stuck_pipeline_still_exits(tmp_path, tiny_store):
         assert photo.exists()  # not lost: it is processed at the next start
     finally:
         gate.set()
+
+
+def test_a_phone_heic_and_a_scanner_tiff_get_results_and_an_unknown_file_is_counted(tmp_path):
+    """The same real photo as HEIC (an iPhone's format) and as TIFF gets the label its JPEG gets; a .xyz file
+    is left alone and shows in status."""
+    import io
+    import subprocess
+    import sys
+
+    import cv2
+    import pillow_heif
+    from PIL import Image
+
+    from .daemon_helpers import REPO
+
+    sample = REPO / "samples" / "apple_scab.jpg"
+    rgb = cv2.cvtColor(cv2.imread(str(sample)), cv2.COLOR_BGR2RGB)
+    heic, tiff = io.BytesIO(), io.BytesIO()
+    pillow_heif.from_pillow(Image.fromarray(rgb)).save(heic, quality=-1, chroma=444)
+    Image.fromarray(rgb).save(tiff, "TIFF", compression="tiff_lzw")
+    d = DaemonProc(tmp_path / "state").start()
+    d.wait_ready()
+    (d.inbox / "IMG_0001.HEIC").write_bytes(heic.getvalue())
+    (d.inbox / "scan.tif").write_bytes(tiff.getvalue())
+    (d.inbox / "notes.xyz").write_bytes(b"?")
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 2, 60, "two results")
+    rows = db_rows(d.state, "SELECT path, label, confidence FROM results ORDER BY path")
+    assert [(Path(p).name, label) for p, label, _ in rows] == [("IMG_0001.HEIC", "Apple___Apple_scab"), ("scan.tif", "Apple___Apple_scab")]
+    assert all(conf > 0.9 for _, _, conf in rows)
+    time.sleep(1.0)
+    st = json.loads(subprocess.run([sys.executable, "-m", "edge_agent", "status", "--json", "--state-dir", str(d.state)],
+                                   capture_output=True, text=True, cwd=REPO).stdout)
+    assert st["folder"]["unsupported"] == {".xyz": 1} and st["quarantined"] == 0
+    assert d.terminate() == 0

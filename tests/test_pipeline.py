@@ -139,7 +139,7 @@ def test_bad_photos_are_quarantined_with_reason(tmp_path, engine):
     import json
 
     reasons = {f.name: json.loads(f.read_text())["reason"] for f in (tmp_path / "quarantine").glob("*.reason.json")}
-    assert reasons == {"empty.jpg.reason.json": "empty file (0 bytes)", "text.jpg.reason.json": "not a supported image (expected JPEG, PNG, BMP, WebP or TIFF)"}
+    assert reasons == {"empty.jpg.reason.json": "empty file (0 bytes)", "text.jpg.reason.json": "not a supported image (expected JPEG, PNG, BMP, WebP, TIFF or HEIC)"}
     assert (tmp_path / "quarantine" / "empty.jpg").exists()
     assert db.counts()["quarantined"] == 2 and not list(db.results())
     p.stop()

@@ -268,3 +268,37 @@ def test_a_truncated_or_huge_or_bigtiff_is_refused_with_the_reason():
             big[at + 8 : at + 12] = struct.pack(endian + ("HH" if typ == 3 else "I"), *((30000, 0) if typ == 3 else (30000,)))
     with pytest.raises(ImageRejected, match="decompression bomb"):
         preprocess_bytes(bytes(big))
+
+
+def _heic(rgb: np.ndarray) -> bytes:
+    import io
+
+    pillow_heif = pytest.importorskip("pillow_heif", reason="pillow-heif is not installed")
+    from PIL import Image
+
+    out = io.BytesIO()
+    pillow_heif.from_pillow(Image.fromarray(rgb)).save(out, quality=-1, chroma=444)
+    return out.getvalue()
+
+
+def test_a_heic_gives_the_tensor_of_a_png_of_the_same_pixels_up_to_its_colour_conversion():
+    rgb = np.random.default_rng(5).integers(0, 256, (90, 120, 3), dtype=np.uint8)
+    heic = _heic(rgb)
+    header = read_header(heic)
+    assert (header.format, header.width, header.height) == ("heif", 120, 90)
+    png = encode(rgb[:, :, ::-1].copy(), ".png")
+    diff = np.abs(preprocess_bytes(heic) - preprocess_bytes(png))
+    assert diff.max() < 0.1 and diff.mean() < 0.02  # lossless HEVC, but RGB -> YCbCr -> RGB rounds by a level or two
+
+
+def test_a_truncated_or_huge_heic_or_another_iso_media_file_is_refused_with_the_reason():
+    heic = _heic(np.zeros((64, 64, 3), np.uint8))
+    with pytest.raises(ImageRejected, match="truncated HEIF"):
+        preprocess_bytes(heic[: len(heic) - 50])
+    mp4 = struct.pack(">I4s4sI4s", 20, b"ftyp", b"isom", 0, b"mp42") + struct.pack(">I4s", 8, b"mdat")
+    with pytest.raises(ImageRejected, match="not a HEIC/HEIF still image"):
+        preprocess_bytes(mp4)
+    at = heic.index(b"ispe")  # claim 30000 x 30000 pixels: refused before decoding
+    bomb = heic[: at + 8] + struct.pack(">II", 30000, 30000) + heic[at + 16 :]
+    with pytest.raises(ImageRejected, match="decompression bomb"):
+        preprocess_bytes(bomb)

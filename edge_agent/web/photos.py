@@ -116,7 +116,10 @@ def shrink(data: bytes, longest: int, max_file_bytes: int, max_pixels: int) -> b
     """A JPEG of ``data`` upright (EXIF) and at most ``longest`` pixels a side, after the same caps as classifying."""
     from PIL import Image, ImageOps  # only when a picture is first asked for
 
-    check_image(data, max_file_bytes, max_pixels)
+    if check_image(data, max_file_bytes, max_pixels).format == "heif":
+        import pillow_heif
+
+        pillow_heif.register_heif_opener()
     Image.MAX_IMAGE_PIXELS = max_pixels
     try:
         with Image.open(io.BytesIO(data)) as im:

@@ -19,7 +19,7 @@ from edge_agent.imageheader import ImageRejected, check_image
 
 __all__ = ["Outcome", "store_upload", "EXTENSIONS"]
 
-EXTENSIONS = {"jpeg": ".jpg", "png": ".png", "bmp": ".bmp", "webp": ".webp", "tiff": ".tif"}
+EXTENSIONS = {"jpeg": ".jpg", "png": ".png", "bmp": ".bmp", "webp": ".webp", "tiff": ".tif", "heif": ".heic"}
 
 
 @dataclass(frozen=True)
