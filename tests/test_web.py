@@ -441,3 +441,27 @@ def test_the_web_process_imports_neither_opencv_nor_onnxruntime_nor_torch():
             "print(json.dumps(sorted(m for m in ('cv2', 'onnxruntime', 'torch', 'numpy') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, cwd=REPO, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_a_heic_upload_is_stored_as_heic_and_its_thumbnail_is_made(state):
+    import io
+
+    import numpy as np
+    pillow_heif = pytest.importorskip("pillow_heif", reason="pillow-heif is not installed")
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(_photos(9)[8]).convert("RGB"))
+    out = io.BytesIO()
+    pillow_heif.from_pillow(Image.fromarray(rgb)).save(out, quality=90)
+    c = client(state)
+    r = _upload(c, ("IMG_0042.HEIC", out.getvalue()))
+    assert r.status_code == 201
+    stored = next((state / "inbox").iterdir())
+    assert stored.suffix == ".heic"
+    # once the daemon has a result for it, the page shows it like any photo
+    sha = hashlib.sha256(out.getvalue()).hexdigest()
+    db = ResultsDB(state / "results.sqlite")
+    db.commit([ResultRow(sha, "ph", str(stored), "folder", "Apple___healthy", 0.9, [["Apple___healthy", 0.9]], "v0001", {})])
+    db.close()
+    thumb = c.get(f"/img/thumb/{sha}")
+    assert thumb.status_code == 200 and thumb.content[:3] == b"\xff\xd8\xff"
