@@ -63,13 +63,14 @@ CREATE TABLE IF NOT EXISTS expert_labels (
 """
 
 
-def query_readonly(path: str | Path, sql: str, timeout: float = 30.0) -> list[tuple]:
-    """Rows of ``sql`` on a database another process is writing (read-only; [] while it does not exist yet)."""
+def query_readonly(path: str | Path, sql: str, args: tuple | list = (), timeout: float = 30.0) -> list[tuple]:
+    """Rows of ``sql`` (with ``args``) on a database another process is writing (read-only; [] while it does not
+    exist yet). Takes no write lock: the writer never waits for a reader."""
     if not Path(path).exists():
         return []
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
     try:
-        return con.execute(sql).fetchall()
+        return con.execute(sql, args).fetchall()
     except sqlite3.OperationalError:  # the schema is not there yet
         return []
     finally:

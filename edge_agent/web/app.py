@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -71,6 +71,15 @@ def pretty_class(label: str) -> str:
     return label.replace("___", " · ").replace("_", " ")
 
 
+def local_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def shown_name(row) -> str:
+    """A result's photo as people know it: the file name it arrived under, else its source (a camera)."""
+    return Path(row.path).name if row.path else row.source
+
+
 def _day(text: str | None) -> date | None:
     try:
         return date.fromisoformat(text) if text else None
@@ -88,7 +97,7 @@ def _int(text: str | None, default: int = 0) -> int:
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
-    templates.env.filters["pretty"] = pretty_class
+    templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name)
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
     daemon_stale_s = max(10.0, 5 * ctx.cfg.daemon.status_interval_s)
 

@@ -7,36 +7,16 @@ never waits for the page.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
 
-__all__ = ["Photo", "Filters", "Reader"]
+from edge_agent.results import ResultRow, query_readonly
 
-_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, created"
+__all__ = ["Filters", "Reader"]
 
-
-@dataclass(frozen=True)
-class Photo:
-    sha256: str
-    photo_id: str
-    path: str | None
-    source: str
-    label: str
-    confidence: float
-    top_k: list
-    engine_version: str
-    created: float
-
-    @property
-    def when(self) -> str:
-        return datetime.fromtimestamp(self.created).strftime("%Y-%m-%d %H:%M:%S")
-
-    @property
-    def name(self) -> str:
-        return Path(self.path).name if self.path else self.source
+_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created"
 
 
 @dataclass(frozen=True)
@@ -61,9 +41,9 @@ class Filters:
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
-def _photo(row: tuple) -> Photo:
-    sha, pid, path, source, label, conf, top_k, ev, created = row
-    return Photo(sha, pid, path, source, label, conf, json.loads(top_k), ev, created)
+def _photo(row: tuple) -> ResultRow:
+    sha, pid, path, source, label, conf, top_k, ev, timings, created = row
+    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created)
 
 
 class Reader:
@@ -73,19 +53,9 @@ class Reader:
         self.path = db_path
 
     def _rows(self, sql: str, args: tuple | list = ()) -> list[tuple]:
-        if not self.path.exists():
-            return []
-        con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
-        try:
-            return con.execute(sql, args).fetchall()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return []
-            raise
-        finally:
-            con.close()
+        return query_readonly(self.path, sql, args, timeout=5)
 
-    def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[Photo], int]:
+    def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all."""
         where, args = filters.where()
         total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
@@ -93,7 +63,7 @@ class Reader:
                           [*args, page_size, page * page_size])
         return [_photo(r) for r in rows], (total[0][0] if total else 0)
 
-    def photo(self, sha256: str) -> Photo | None:
+    def photo(self, sha256: str) -> ResultRow | None:
         rows = self._rows(f"SELECT {_COLUMNS} FROM results WHERE sha256 = ?", (sha256,))
         return _photo(rows[0]) if rows else None
 
