@@ -79,16 +79,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _running(status_file) -> dict | None:
-    import json
-    import os
-    import time
+    """The status of a running `serve` (pid alive, refreshed within 30 s), else None."""
+    from edge_agent.state import live_status
 
-    try:
-        st = json.loads(status_file.read_text())
-        os.kill(st["pid"], 0)
-    except (FileNotFoundError, ValueError, KeyError, ProcessLookupError, PermissionError):
-        return None
-    return st if time.time() - st.get("updated", 0) < 30 else None
+    st, running = live_status(status_file, 30)
+    return st if running else None
 
 
 def _retrain(args: argparse.Namespace) -> int:
