@@ -10,6 +10,12 @@ from pathlib import Path
 REPO = Path(__file__).parents[1]
 
 
+def _runs_clean(code: str) -> None:
+    """``code`` (which prints OK last) succeeds in a fresh interpreter: nothing imported before it."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr
+
+
 def test_daemon_side_never_imports_torch():
     code = (
         "import sys, pkgutil, importlib\n"
@@ -24,8 +30,7 @@ def test_daemon_side_never_imports_torch():
         "assert not bad, bad\n"
         "print('OK')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr
+    _runs_clean(code)
 
 
 def _imports(package: str) -> set[str]:
@@ -54,5 +59,4 @@ def test_the_daemon_never_loads_the_web_page():
         "assert not bad, bad\n"
         "print('OK')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr
+    _runs_clean(code)
