@@ -1,6 +1,6 @@
 """The learning loop as a new user meets it: no configuration file, a fresh state directory, real photos.
 
-``python -m benchmarks.out_of_box --out DIR [--photos 300]``
+``python -m benchmarks.out_of_box --out DIR [--photos 300] [--seed 0]``
 
 Starts ``edge-agent run --state-dir DIR/state`` and ``edge-trainer serve --state-dir DIR/state`` (nothing else:
 the defaults, the shipped model and its shipped gate and replay photos), copies ``--photos`` real PlantVillage
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--photos", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0, help="which photos are dropped (a different sample per seed)")
     ap.add_argument("--config", help="a configuration for both processes (default: none, as a new user)")
     ap.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (the target is 15 minutes)")
     args = ap.parse_args(argv)
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = stratified_split(scan_folder(args.data).samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])
     held_out = parts["val"]
     pool = [s.path for s in parts["train"] if hashlib.sha256(Path(s.path).read_bytes()).hexdigest() not in shipped]
-    random.Random(0).shuffle(pool)
+    random.Random(args.seed).shuffle(pool)
     photos = pool[: args.photos]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("EDGE_AGENT_CONFIG", None)
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                     stdout=open(logs["trainer"], "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env),
     }
     store = EngineStore(state / "engines")
-    report: dict = {"photos": len(photos), "machine": f"{os.cpu_count()} CPUs", "config": args.config}
+    report: dict = {"photos": len(photos), "seed": args.seed, "machine": f"{os.cpu_count()} CPUs", "config": args.config}
     try:
         while not (state / "status.json").exists():
             time.sleep(0.2)
