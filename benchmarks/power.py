@@ -15,22 +15,48 @@ __all__ = ["measure_power"]
 RAPL = Path("/sys/class/powercap/intel-rapl:0/energy_uj")
 
 
-def _jtop(work: Callable[[], int], seconds: float) -> dict:
+def _jtop(work: Callable[[], int], seconds: float, interval: float = 0.5) -> dict:
+    """Board total power from jetson-stats' jtop service (4.2+ and 7.x): ``jetson.power['tot']['power']`` is in mW.
+
+    jtop refreshes its stats every ``interval`` seconds in its own thread; an observer registered with
+    ``attach`` takes each new sample (reading ``jetson.power`` in the work loop would count one sample many
+    times). The nvpmodel mode and whether jetson_clocks is on are recorded: both change the figures.
+    """
     from jtop import jtop  # jetson-stats; talks to the jtop service over /run/jtop.sock
 
-    with jtop() as jetson:
+    watts: list[float] = []
+
+    def observer(jetson) -> None:
+        total = (jetson.power or {}).get("tot") or {}
+        if "power" in total:
+            watts.append(float(total["power"]) / 1000.0)  # mW -> W
+
+    with jtop(interval=interval) as jetson:
         if not jetson.ok():
             raise RuntimeError("jtop service not answering")
-        samples, n, t0 = [], 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            n += work()
-            samples.append(float(jetson.power["tot"]["power"]) / 1000.0)  # mW -> W
-        elapsed = time.perf_counter() - t0
-        watts = sum(samples) / len(samples)
-        return {
-            "meter": "jtop (board total)", "mean_w": round(watts, 2), "joules_per_inference": round(watts * elapsed / n, 5),
-            "nvpmodel": str(jetson.nvpmodel), "jetson_clocks": bool(jetson.jetson_clocks), "window_s": round(elapsed, 1),
-        }
+        total = (jetson.power or {}).get("tot")
+        if not total:
+            raise RuntimeError("jtop found no power sensor on this board")
+        nvpmodel, clocks = jetson.nvpmodel, jetson.jetson_clocks
+        jetson.attach(observer)
+        try:
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                n += work()
+            elapsed = time.perf_counter() - t0
+        finally:
+            jetson.detach(observer)
+    if not watts:
+        raise RuntimeError(f"jtop delivered no sample in {elapsed:.1f} s (interval {interval} s): lengthen the window")
+    if n <= 0:
+        raise RuntimeError("no inference ran in the window")
+    mean_w = sum(watts) / len(watts)
+    return {
+        "meter": f"jtop {total.get('name', 'total')} (board total)", "mean_w": round(mean_w, 3),
+        "joules_per_inference": round(mean_w * elapsed / n, 6), "samples": len(watts), "inferences": n,
+        "nvpmodel": None if nvpmodel is None else str(nvpmodel),
+        "jetson_clocks": None if clocks is None else bool(clocks), "window_s": round(elapsed, 1),
+    }
 
 
 def _rapl(work: Callable[[], int], seconds: float) -> dict:

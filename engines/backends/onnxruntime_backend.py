@@ -18,7 +18,7 @@ from engines.store import StoreVersion
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["OnnxRuntimeConfig", "OnnxRuntimeEngine", "PROVIDER_NAMES", "choose_precision"]
+__all__ = ["OnnxRuntimeConfig", "OnnxRuntimeEngine", "PROVIDER_NAMES", "choose_precision", "provider_chain"]
 
 PROVIDER_NAMES = {
     "cpu": "CPUExecutionProvider",
@@ -55,6 +55,9 @@ class OnnxRuntimeConfig(BackendConfig):
         "", description="TensorRT EP engine cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under ort-trt/."
     )
     trt_workspace_mb: int = Field(1024, ge=64, description="TensorRT EP builder workspace (MiB).")
+    trt_max_batch: int = Field(
+        32, ge=1, le=1024, description="TensorRT EP: largest batch of the engine's shape profile; bigger batches are split."
+    )
 
     @model_validator(mode="after")
     def _precision_fits_provider(self) -> "OnnxRuntimeConfig":
@@ -84,6 +87,34 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
     return "int8", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos"
 
 
+def provider_chain(config: OnnxRuntimeConfig, precision: str, version: StoreVersion) -> list:
+    """The ``providers`` argument of ``InferenceSession``: the configured provider with its documented options
+    (https://onnxruntime.ai/docs/execution-providers/), then the providers ONNX Runtime may hand unsupported
+    nodes to. The TensorRT EP gets an explicit shape profile (batch 1..trt_max_batch), so it builds one engine
+    up front instead of one per new batch size, and caches engines and kernel timings on disk."""
+    if config.provider == "cpu":
+        return ["CPUExecutionProvider"]
+    cuda = ("CUDAExecutionProvider", {"device_id": config.device_id, "arena_extend_strategy": "kSameAsRequested"})
+    if config.provider == "cuda":
+        return [cuda, "CPUExecutionProvider"]
+    name = version.manifest["input"]["name"]
+    dims = "x".join(str(int(v)) for v in version.manifest["input"]["shape"][1:])
+    cache = str(cache_dir(config.cache_dir, "ort-trt"))
+    trt = {
+        "device_id": config.device_id,
+        "trt_fp16_enable": precision == "fp16",
+        "trt_max_workspace_size": config.trt_workspace_mb << 20,
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": cache,
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": cache,
+        "trt_profile_min_shapes": f"{name}:1x{dims}",
+        "trt_profile_opt_shapes": f"{name}:{min(8, config.trt_max_batch)}x{dims}",
+        "trt_profile_max_shapes": f"{name}:{config.trt_max_batch}x{dims}",
+    }
+    return [("TensorrtExecutionProvider", trt), cuda, "CPUExecutionProvider"]
+
+
 @register
 class OnnxRuntimeEngine(Engine):
     """An ``onnxruntime.InferenceSession`` on the configured provider."""
@@ -110,23 +141,8 @@ class OnnxRuntimeEngine(Engine):
             opts.intra_op_num_threads = config.intra_op_threads
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if config.spin else "0")
         opts.log_severity_level = 3
-        providers: list = []
-        if config.provider == "tensorrt":
-            providers.append(
-                (
-                    wanted,
-                    {
-                        "device_id": config.device_id,
-                        "trt_fp16_enable": self._precision == "fp16",
-                        "trt_engine_cache_enable": True,
-                        "trt_engine_cache_path": str(cache_dir(config.cache_dir, "ort-trt")),
-                        "trt_max_workspace_size": config.trt_workspace_mb << 20,
-                    },
-                )
-            )
-        if config.provider in ("tensorrt", "cuda"):
-            providers.append(("CUDAExecutionProvider", {"device_id": config.device_id}))
-        providers.append("CPUExecutionProvider")
+        providers = provider_chain(config, self._precision, version)
+        self._max_batch = config.trt_max_batch if config.provider == "tensorrt" else None
         try:
             self._session = ort.InferenceSession(str(model), sess_options=opts, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -162,7 +178,13 @@ class OnnxRuntimeEngine(Engine):
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         batch = check_batch(batch, self.version)
-        return self._session.run([self._output.name], {self._input.name: batch})[0]
+        step = self._max_batch or len(batch)
+        if len(batch) <= step:
+            return self._session.run([self._output.name], {self._input.name: batch})[0]
+        import numpy as np
+
+        return np.concatenate([self._session.run([self._output.name], {self._input.name: batch[i : i + step]})[0]
+                               for i in range(0, len(batch), step)])
 
     def trim(self) -> None:
         """Shrink ONNX Runtime's CPU arena (kept for speed under load) with one tiny run, then trim the heap."""

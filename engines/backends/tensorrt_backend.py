@@ -2,8 +2,13 @@
 
 The plan is cached per ONNX sha256 + TensorRT version + GPU + precision (see
 :mod:`engines.build.tensorrt_plan`) and rebuilt when it no longer deserialises.
-Both binding APIs are handled: named I/O tensors (TensorRT >= 8.5, the only API
-in 10) and the older binding indices (TensorRT 8.0-8.4).
+It uses TensorRT's named I/O tensor API (``num_io_tensors``, ``set_tensor_address``,
+``set_input_shape``, ``execute_async_v3``): TensorRT 8.5 and later, so JetPack 5.1
+(8.5), JetPack 6.0 (8.6) and JetPack 6.1/6.2 (10.3). Older TensorRT is refused with
+the reason. Inference runs in a pipeline worker thread, not the thread that built
+the engine, so every CUDA call is made with the device's primary context pushed
+onto the calling thread (CUDA context stacks are per thread). The API calls are
+listed in docs/jetson-api.md with the tests that cover them.
 """
 
 from __future__ import annotations
@@ -43,11 +48,21 @@ class TensorRTConfig(BackendConfig):
         return self
 
 
+#: The oldest TensorRT with the named I/O tensor API this backend calls.
+MIN_TENSORRT = (8, 5)
+
+
 def _import_runtime():
     try:
         import tensorrt as trt
     except ImportError as exc:
         raise BackendUnavailable(f"TensorRT Python bindings not importable ({exc}); install JetPack's python3-libnvinfer") from exc
+    version = tuple(int(p) for p in trt.__version__.split(".")[:2])
+    if version < MIN_TENSORRT:
+        raise BackendUnavailable(
+            f"TensorRT {trt.__version__} predates the named I/O tensor API (8.5+) this backend uses; "
+            "use JetPack 5.1 or later, or the ONNX Runtime backend"
+        )
     try:
         import pycuda.driver as cuda
     except ImportError as exc:
@@ -77,6 +92,7 @@ class TensorRTEngine(Engine):
         device = cuda.Device(config.device_id)
         self._ctx = device.retain_primary_context()
         self._ctx.push()
+        self._dev_in = self._dev_out = self._stream = self._context = self._engine = None
         try:
             onnx = version.artifact("onnx")
             spec = version.manifest["input"]
@@ -100,27 +116,26 @@ class TensorRTEngine(Engine):
                 log=structlog.get_logger("engines").bind(engine_version=version.name),
             )
             self._context = self._engine.create_execution_context()
-            self._named = hasattr(self._engine, "num_io_tensors")
-            self._setup_buffers(spec["name"], shape)
-        finally:
-            self._ctx.pop()
+            self._setup_buffers(shape)
+        except BaseException:
+            self._release()
+            self._cuda.Context.pop()
+            self._ctx.detach()
+            self._ctx = None
+            raise
+        self._cuda.Context.pop()
 
-    # ---- TensorRT 8/10 binding differences --------------------------------
+    # ---- buffers and one run (called with the context pushed) ------------
     def _io(self) -> list[tuple[str, bool, np.dtype]]:
         import numpy as np
 
         trt, e = self._trt, self._engine
-        if self._named:
-            return [
-                (n, e.get_tensor_mode(n) == trt.TensorIOMode.INPUT, np.dtype(trt.nptype(e.get_tensor_dtype(n))))
-                for n in (e.get_tensor_name(i) for i in range(e.num_io_tensors))
-            ]
         return [
-            (e.get_binding_name(i), e.binding_is_input(i), np.dtype(trt.nptype(e.get_binding_dtype(i))))
-            for i in range(e.num_bindings)
+            (n, e.get_tensor_mode(n) == trt.TensorIOMode.INPUT, np.dtype(trt.nptype(e.get_tensor_dtype(n))))
+            for n in (e.get_tensor_name(i) for i in range(e.num_io_tensors))
         ]
 
-    def _setup_buffers(self, input_name: str, shape: tuple[int, int, int]) -> None:
+    def _setup_buffers(self, shape: tuple[int, int, int]) -> None:
         cuda, n = self._cuda, self.config.max_batch
         io = self._io()
         inputs = [x for x in io if x[1]]
@@ -131,36 +146,36 @@ class TensorRTEngine(Engine):
         self._out_name, _, out_dtype = outputs[0]
         classes = len(self.version.classes)
         check_io(self.version, self._in_name, (n, *shape), (n, classes))
+        # The plan's I/O may be FP16 even though the ONNX is FP32: the buffers take the plan's dtypes.
         self._host_in = cuda.pagelocked_empty((n, *shape), in_dtype)
         self._host_out = cuda.pagelocked_empty((n, classes), out_dtype)
         self._dev_in = cuda.mem_alloc(self._host_in.nbytes)
         self._dev_out = cuda.mem_alloc(self._host_out.nbytes)
         self._stream = cuda.Stream()
-        if self._named:
-            self._context.set_tensor_address(self._in_name, int(self._dev_in))
-            self._context.set_tensor_address(self._out_name, int(self._dev_out))
+        for name, mem in ((self._in_name, self._dev_in), (self._out_name, self._dev_out)):
+            if not self._context.set_tensor_address(name, int(mem)):
+                raise EngineError(f"TensorRT refused the device address of tensor {name!r}")
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
         import numpy as np
 
         cuda, k = self._cuda, len(batch)
-        self._host_in[:k] = batch
+        self._host_in[:k] = batch  # casts to the plan's input dtype
+        if not self._context.set_input_shape(self._in_name, tuple(batch.shape)):
+            raise EngineError(f"TensorRT refused input shape {tuple(batch.shape)} (outside the plan's profile?)")
         cuda.memcpy_htod_async(self._dev_in, self._host_in[:k], self._stream)
-        if self._named:
-            self._context.set_input_shape(self._in_name, batch.shape)
-            ok = self._context.execute_async_v3(stream_handle=self._stream.handle)
-        else:
-            e = self._engine
-            bindings = [0] * e.num_bindings
-            bindings[e.get_binding_index(self._in_name)] = int(self._dev_in)
-            bindings[e.get_binding_index(self._out_name)] = int(self._dev_out)
-            self._context.set_binding_shape(e.get_binding_index(self._in_name), batch.shape)
-            ok = self._context.execute_async_v2(bindings=bindings, stream_handle=self._stream.handle)
-        if not ok:
-            raise EngineError("TensorRT execution failed")
+        if not self._context.execute_async_v3(stream_handle=self._stream.handle):
+            raise EngineError("TensorRT execution failed (see its log)")
         cuda.memcpy_dtoh_async(self._host_out[:k], self._dev_out, self._stream)
         self._stream.synchronize()
         return np.array(self._host_out[:k], dtype=np.float32)
+
+    def _release(self) -> None:
+        """Free the device buffers and the stream while the context is current, then let go of TensorRT's objects."""
+        for mem in (self._dev_in, self._dev_out):
+            if mem is not None:
+                mem.free()
+        self._dev_in = self._dev_out = self._stream = self._context = self._engine = None
 
     # ---- Engine interface ---------------------------------------------------
     @property
@@ -180,16 +195,14 @@ class TensorRTEngine(Engine):
         try:
             return np.concatenate([self._run(batch[i : i + step]) for i in range(0, len(batch), step)])
         finally:
-            self._ctx.pop()
+            self._cuda.Context.pop()
 
     def close(self) -> None:
         if getattr(self, "_ctx", None) is not None:
             self._ctx.push()
             try:
-                self._dev_in.free()
-                self._dev_out.free()
-                self._context = self._engine = None
+                self._release()
             finally:
-                self._ctx.pop()
+                self._cuda.Context.pop()
                 self._ctx.detach()
                 self._ctx = None

@@ -93,12 +93,20 @@ def build_plan(
     max_batch: int = 32,
     workspace_mb: int = 1024,
 ) -> bytes:
-    """Build a serialised TensorRT plan from ONNX (TensorRT 8.x or 10.x Python API)."""
+    """Build a serialised TensorRT plan from ONNX (TensorRT 8.5-8.6 or 10.x Python API).
+
+    TensorRT 8 parses ONNX only into an explicit-batch network (the flag must be given); in 10 every network is
+    explicit-batch and the flag is deprecated. ``platform_has_fast_fp16`` is consulted before 10 only (deprecated in
+    10.5). TensorRT 11 removes ``BuilderFlag.FP16`` (strongly typed networks): refused with the reason.
+    """
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     major = int(trt.__version__.split(".")[0])
+    if precision == "fp16" and not hasattr(trt.BuilderFlag, "FP16"):
+        raise PlanBuildError(f"TensorRT {trt.__version__} has no BuilderFlag.FP16 (strongly typed networks only): "
+                             "configure precision 'fp32' or use TensorRT 8.5-10")
     flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
@@ -108,7 +116,7 @@ def build_plan(
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     if precision == "fp16":
-        if not getattr(builder, "platform_has_fast_fp16", True):
+        if major < 10 and not builder.platform_has_fast_fp16:
             raise PlanBuildError("this GPU has no fast FP16; configure precision 'fp32'")
         config.set_flag(trt.BuilderFlag.FP16)
     elif precision != "fp32":
