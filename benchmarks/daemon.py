@@ -175,7 +175,7 @@ def main() -> None:
     extra = dict(item.split("=", 1) for item in args.set)
     photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
     from edge_agent.config import parse_config
-    import tomllib
+    from edge_agent.config import tomllib
 
     overrides: dict = {}
     for key, value in extra.items():

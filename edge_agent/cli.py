@@ -244,7 +244,8 @@ def _web(args: argparse.Namespace) -> int:
 def _install_systemd(args: argparse.Namespace) -> int:
     from edge_agent.units import install
 
-    written = install(Path(args.unit_dir), args.bin_dir, args.user, dry_run=args.dry_run, create_user=not args.no_user)
+    written = install(Path(args.unit_dir), args.bin_dir, args.user, dry_run=args.dry_run, create_user=not args.no_user,
+                      jetson=args.jetson)
     for path in written:
         print(f"wrote {path}")
     if written:
@@ -386,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--user", default="edge-agent", help="the service user (created unless --no-user)")
     inst.add_argument("--no-user", action="store_true", help="do not create the user")
     inst.add_argument("--dry-run", action="store_true", help="print the units instead of writing them")
+    inst.add_argument("--jetson", action="store_true", help="also the daemon's drop-in that lets it reach a Jetson's GPU")
     inst.set_defaults(func=_install_systemd)
 
     cfg = sub.add_parser("config", help="inspect the configuration").add_subparsers(dest="action", required=True)

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (JetPack 6): the same parser, from PyPI
+    import tomli as tomllib
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 

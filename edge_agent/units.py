@@ -11,9 +11,9 @@ cameras and a remote trainer); no privileges, capabilities, or new namespaces.
 Relaxations, each needed for one feature:
 
 * ``DeviceAllow=char-video4linux rw`` + ``PrivateDevices=no``: USB/CSI cameras
-  (/dev/video*). On a Jetson, the GPU device nodes for TensorRT as well:
-  ``DeviceAllow=/dev/nvhost-* rw``, ``/dev/nvmap rw`` and ``SupplementaryGroups=video``
-  (see ``JETSON_DROPIN``). PrivateDevices would hide them all.
+  (/dev/video*). On a Jetson the GPU's nodes as well: ``install-systemd --jetson``
+  adds a drop-in (``JETSON_DROPIN``) that lifts the device allow-list and joins the
+  video and render groups. PrivateDevices would hide them all.
 * ``RestrictAddressFamilies=AF_INET AF_INET6``: RTSP/HTTP cameras and a trainer
   on another machine over ZeroMQ/CURVE. ``IPAddressDeny`` is left open for the same reason.
 * ``MemoryDenyWriteExecute`` is left off for the trainer only (PyTorch JITs kernels).
@@ -170,16 +170,15 @@ WantedBy=multi-user.target
 
 #: Drop-in for a Jetson running the native TensorRT backend (GPU device nodes).
 JETSON_DROPIN = """\
-# /etc/systemd/system/edge-agent.service.d/jetson.conf
+# edge-agent.service.d/jetson.conf (written by `edge-agent install-systemd --jetson`)
 [Service]
+# CUDA on a Jetson opens the integrated GPU's nodes (JetPack 6: /dev/nvgpu/igpu0/*, /dev/nvmap, /dev/host1x-fence;
+# older releases /dev/nvhost-*): they differ between JetPack releases, so the daemon's device allow-list is lifted
+# here rather than guessed (DevicePolicy=auto with no DeviceAllow= entries allows every device node), and the
+# service user joins the groups that own them. Every other hardening line of the unit stays.
 SupplementaryGroups=video render
-DeviceAllow=/dev/nvhost-ctrl rw
-DeviceAllow=/dev/nvhost-ctrl-gpu rw
-DeviceAllow=/dev/nvhost-prof-gpu rw
-DeviceAllow=/dev/nvmap rw
-DeviceAllow=/dev/nvgpu/igpu0/ctrl rw
-DeviceAllow=char-nvidia-frontend rw
-DeviceAllow=char-nvidia-uvm rw
+DeviceAllow=
+DevicePolicy=auto
 """
 
 
@@ -192,11 +191,15 @@ def render(bin_dir: str = DEFAULT_BIN, user: str = USER, docs: str = "/opt/edge-
     }
 
 
-def install(unit_dir: Path, bin_dir: str | None = None, user: str = USER, dry_run: bool = False, create_user: bool = True) -> list[Path]:
-    """Write both units for the environment ``bin_dir`` (default: this one), create the user, reload systemd."""
+def install(unit_dir: Path, bin_dir: str | None = None, user: str = USER, dry_run: bool = False, create_user: bool = True,
+            jetson: bool = False) -> list[Path]:
+    """Write the units for the environment ``bin_dir`` (default: this one), create the user, reload systemd.
+    ``jetson``: also the daemon's drop-in that lets it reach the GPU (:data:`JETSON_DROPIN`)."""
     bin_dir = bin_dir or str(Path(sys.executable).parent)
     docs = str(Path(__file__).resolve().parents[1] / "README.md")
     units = render(bin_dir, user, docs)
+    if jetson:
+        units["edge-agent.service.d/jetson.conf"] = JETSON_DROPIN
     if dry_run:
         for name, text in units.items():
             print(f"# ---- {unit_dir / name}\n{text}")
@@ -205,6 +208,7 @@ def install(unit_dir: Path, bin_dir: str | None = None, user: str = USER, dry_ru
     unit_dir.mkdir(parents=True, exist_ok=True)
     for name, text in units.items():
         path = unit_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
     if create_user and shutil.which("useradd"):

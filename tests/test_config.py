@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import tomllib
+from edge_agent.config import tomllib
 
 import pytest
 

@@ -72,3 +72,18 @@ def test_install_systemd_writes_units_for_this_environment(tmp_path):
     assert f"ExecStart={Path(sys.executable).parent}/edge-agent run" in text
     assert (tmp_path / "edge-trainer.service").is_file()
     assert f"ExecStart={Path(sys.executable).parent}/edge-agent web" in (tmp_path / "edge-web.service").read_text()
+
+
+def test_install_systemd_jetson_adds_the_gpu_drop_in(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "install-systemd", "--unit-dir", str(tmp_path), "--no-user", "--jetson"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    dropin = (tmp_path / "edge-agent.service.d" / "jetson.conf").read_text()
+    assert "DevicePolicy=auto" in dropin and "SupplementaryGroups=video render" in dropin
+    assert not (tmp_path / "edge-trainer.service.d").exists()
+    if shutil.which("systemd-analyze"):  # the drop-in is read with the unit, and every key in it is known
+        check = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "edge-agent.service")], capture_output=True,
+                               text=True, env={"SYSTEMD_UNIT_PATH": f"{tmp_path}:", "PATH": "/usr/bin:/bin"})
+        assert "jetson.conf" not in check.stderr, check.stderr
