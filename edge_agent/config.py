@@ -56,6 +56,18 @@ class StoreSection(_Section):
         description="Engine store directory. Empty: `classify` uses the shipped default model; the daemon and the "
         "trainer share <state_dir>/engines, seeded from it on first start.",
     )
+    trusted_keys: list[str] = Field(
+        [],
+        description="Public keys (64 hex characters, or .pub files) of trainers whose engines this daemon serves, beside "
+        "the two it always trusts: the edge-agent project's (it signs the shipped model) and the key of a trainer on the "
+        "same state directory (<trainer state>/signing.pub, made on the trainer's first start). A version signed by no "
+        "trusted key is refused, from the wire and from disk alike. `edge-trainer signing-key` prints a trainer's key.",
+    )
+    require_signature: bool = Field(
+        True,
+        description="Refuse engine versions without a valid signature from a trusted key. false serves unsigned versions "
+        "(stores made before signing existed); anyone who can write the store can then choose the model.",
+    )
 
     def resolved(self) -> Path:
         return Path(self.path).expanduser() if self.path else default_store_path()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from edge_agent.classifier import Classifier
-from edge_agent.config import AppConfig
+from edge_agent.config import AppConfig, default_store_path
 from edge_agent.handoff.sender import Sender, SenderSettings
 from edge_agent.handoff.transport import CurveKeys, default_endpoints
 from edge_agent.hotswap import EngineWatcher
@@ -33,7 +33,7 @@ from edge_agent.state import StateLayout, inbox_dir, resolve_state_dir, resolve_
 from edge_agent.systemd import Notifier
 from engines.base import Engine
 from engines.durable import atomic_write
-from engines.loader import open_engine
+from edge_agent.trust import adopt_shipped_signatures, daemon_trust, open_trusted
 
 __all__ = ["Daemon", "StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "handoff_endpoints", "curve_keys"]
 
@@ -82,7 +82,12 @@ class Daemon:
             os.chmod(self.inbox, 0o2770)  # the service's group may drop photos (setgid keeps the group)
         t0 = time.perf_counter()
         self.store = resolve_store(cfg, self.state.root)
-        engine = self._engine or open_engine(self.store, cfg.engine)
+        self.trust = daemon_trust(cfg, self.state.root)
+        if self.trust is not None:
+            adopt_shipped_signatures(self.store, default_store_path(), self.log)
+        engine, self._refused_at_start = self._engine, {}
+        if engine is None:
+            engine, self._refused_at_start = open_trusted(self.store, cfg.engine, self.trust, self.log)
         self.classifier = self._make_classifier(engine)
         self.log = self.log.bind(engine_version=engine.engine_version)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
@@ -126,7 +131,8 @@ class Daemon:
     def _start_learning_links(self) -> None:
         cfg = self.cfg
         self.watcher = EngineWatcher(
-            self.store, cfg.engine, self.pipeline, self._make_classifier, cfg.hotswap.poll_s, cfg.hotswap.min_agreement
+            self.store, cfg.engine, self.pipeline, self._make_classifier, cfg.hotswap.poll_s, cfg.hotswap.min_agreement,
+            trust=self.trust, refused=self._refused_at_start,
         )
         self.watcher.start()
         if cfg.handoff.enabled:

@@ -76,8 +76,11 @@ class EngineWatcher(Worker):
         make_classifier: Callable[[Engine], Classifier],
         poll_s: float = 5.0,
         min_agreement: float = 0.5,
+        trust=None,
+        refused: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
+        self.trust = trust
         self.store = store
         self.engine_config = engine_config
         self.pipeline = pipeline
@@ -85,9 +88,20 @@ class EngineWatcher(Worker):
         self.poll_s = poll_s
         self.min_agreement = min_agreement
         self.log = get_logger("hotswap", store=str(store.root))
-        self.refused: dict[str, str] = {}
+        self.refused: dict[str, str] = dict(refused or {})
+        self._refused_sig = {v: self._signature_stamp(v) for v in self.refused}
         self.swaps = 0
         self._wake = threading.Event()
+
+    def _signature_stamp(self, version: str) -> float | None:
+        """When the version's signature file last changed (a refused version is looked at again once it does:
+        a trainer signing its older versions at start, a key now trusted after a restart of this daemon)."""
+        from engines.signing import SIGNATURE
+
+        try:
+            return (self.store.root / version / SIGNATURE).stat().st_mtime_ns
+        except OSError:
+            return None
 
     def announce(self, version: str) -> None:
         """A new version was announced: look now instead of at the next poll."""
@@ -115,17 +129,22 @@ class EngineWatcher(Worker):
             self.log.warning("store_unreadable", error=str(exc))
             return False
         old = self.pipeline.classifier.engine
-        if target == old.engine_version or target in self.refused:
+        if target == old.engine_version:
             return False
+        if target in self.refused:
+            if self._signature_stamp(target) == self._refused_sig.get(target):
+                return False
+            del self.refused[target]  # newly signed: try it again
         t0 = time.perf_counter()
         new = None
         try:
-            new = open_engine(self.store, self.engine_config, target)
+            new = open_engine(self.store, self.engine_config, target, trust=self.trust)
             measured = verify_candidate(new, old, self.pipeline.golden(), self.min_agreement)
         except Exception as exc:  # TamperedError, EngineError, SwapRefused...
             if new is not None:
                 new.close()
             self.refused[target] = str(exc)
+            self._refused_sig[target] = self._signature_stamp(target)
             self.log.error("engine_refused", candidate=target, running=old.engine_version, reason=str(exc))
             return False
         self.pipeline.swap_classifier(self.make_classifier(new))

@@ -11,10 +11,11 @@ __all__ = ["open_engine"]
 
 
 def open_engine(
-    store: EngineStore | str | os.PathLike, config: BackendConfig, version: str | None = None
+    store: EngineStore | str | os.PathLike, config: BackendConfig, version: str | None = None, trust=None
 ) -> Engine:
-    """Verify ``version`` (default: current) of ``store`` and load it with the backend ``config.type`` names."""
+    """Verify ``version`` (default: current) of ``store`` (its files, and with ``trust`` its signature) and load it
+    with the backend ``config.type`` names."""
     if not isinstance(store, EngineStore):
         store = EngineStore(store)
-    opened: StoreVersion = store.open(version)
+    opened: StoreVersion = store.open(version, trust=trust)
     return get_backend(config.type)(opened, config)

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"  # see engines.signing
 CURRENT = "current"
 MANIFEST_FORMAT = 1
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
@@ -137,11 +138,14 @@ class EngineStore:
             raise StoreError(f"{path}: manifest says version {manifest['version']!r}, directory is {version!r}")
         return manifest
 
-    def open(self, version: str | None = None, verify: bool = True) -> StoreVersion:
-        """Open ``version`` (default: current), checking every file's sha256."""
+    def open(self, version: str | None = None, verify: bool = True, trust=None) -> StoreVersion:
+        """Open ``version`` (default: current), checking every file's sha256, and with ``trust`` (an
+        :class:`engines.signing.TrustedKeys`) that a trusted key signed it."""
         name = version or self.current()
         manifest = self.read_manifest(name)
         vdir = self.root / name
+        if trust is not None:
+            trust.check(vdir)
         if verify:
             for fname, meta in manifest["files"].items():
                 fpath = vdir / fname
@@ -180,12 +184,14 @@ class EngineStore:
         files: Mapping[str, str | os.PathLike],
         manifest: Mapping,
         make_current: bool = True,
+        sign=None,
     ) -> StoreVersion:
         """Publish ``files`` (store name -> source path) as a new version.
 
         ``manifest`` supplies the descriptive fields (classes, input, preprocess,
         artifacts, metrics, ...); ``version``, ``files`` and ``created`` are
         filled in here, and ``parent`` (the current version) unless given.
+        ``sign`` (manifest bytes -> ``manifest.sig`` bytes) signs it before it appears.
         """
         for fname in files:
             if "/" in fname or fname in (MANIFEST, "") or fname.startswith("."):
@@ -223,6 +229,10 @@ class EngineStore:
             mpath = tmp / MANIFEST
             mpath.write_text(json.dumps(full, indent=2, sort_keys=False) + "\n")
             fsync_file(mpath)
+            if sign is not None:
+                spath = tmp / SIGNATURE_FILE
+                spath.write_bytes(sign(mpath.read_bytes()))
+                fsync_file(spath)
             fsync_dir(tmp)
             _step("manifest")
             os.rename(tmp, self.root / version)

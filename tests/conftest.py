@@ -71,8 +71,21 @@ def make_class_folders(root: Path, names: list[str], per_class: int, size=(140, 
 
 
 @pytest.fixture(scope="session")
-def tiny_store(tmp_path_factory) -> Path:
-    """A store with one version of an untrained 3-class model (ONNX, INT8, weights)."""
+def signing_key(tmp_path_factory):
+    """The key the test stores are signed with (daemons trust it through ``trusted_store``)."""
+    from engines.signing import load_or_create_key
+
+    return load_or_create_key(tmp_path_factory.mktemp("keys") / "test-signing.key")
+
+
+def trusted_store(path, key) -> dict:
+    """The ``[store]`` section of a daemon serving ``path``, whose versions ``key`` signed."""
+    return {"path": str(path), "trusted_keys": [key.public_hex]}
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory, signing_key) -> Path:
+    """A store with one version of an untrained 3-class model (ONNX, INT8, weights), signed with ``signing_key``."""
     torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is needed to build a model")
     from edge_agent.preprocess import preprocess_bytes
     from trainer.model import build_model
@@ -89,5 +102,6 @@ def tiny_store(tmp_path_factory) -> Path:
         calibration=calib,
         held_out=(calib, np.array([0, 1, 2, 0, 1, 2, 0, 1])),
         training={"kind": "test-fixture"},
+        signing_key=signing_key,
     )
     return root

@@ -11,6 +11,7 @@ from edge_agent.sources.camera import CameraError, CameraSettings, CameraSource,
 
 from .daemon_helpers import DaemonProc, db_rows, wait_until
 from .mjpeg_server import MjpegServer
+from .conftest import trusted_store
 
 
 @pytest.fixture
@@ -87,13 +88,13 @@ def test_gstreamer_pipeline_without_gstreamer_says_so():
         CameraSource(CameraSettings("jetson-csi"), lambda *a: None)
 
 
-def test_daemon_classifies_camera_frames(frames, tmp_path, tiny_store):
+def test_daemon_classifies_camera_frames(frames, tmp_path, tiny_store, signing_key):
     server = MjpegServer(frames, fps=10).start()
     try:
         d = DaemonProc(
             tmp_path / "state",
             {
-                "store": {"path": str(tiny_store)},
+                "store": trusted_store(tiny_store, signing_key),
                 "inbox": {"enabled": False},
                 "camera": {"enabled": True, "source": server.url, "interval_s": 0.3},
             },

@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 from .daemon_helpers import DaemonProc, NotifySocket, db_rows, wait_until
+from .conftest import trusted_store
 
 
 def sha(path: Path) -> str:
@@ -132,11 +133,11 @@ def test_sigkill_ten_times_loses_and_duplicates_nothing(plantvillage, tmp_path):
     assert kills >= 10
 
 
-def test_sd_notify_ready_watchdog_status_stopping(tmp_path, tiny_store):
+def test_sd_notify_ready_watchdog_status_stopping(tmp_path, tiny_store, signing_key):
     sock = NotifySocket(tmp_path / "notify.sock")
     d = DaemonProc(
         tmp_path / "state",
-        {"store": {"path": str(tiny_store)}},
+        {"store": trusted_store(tiny_store, signing_key)},
         env={"NOTIFY_SOCKET": str(sock.path), "WATCHDOG_USEC": "2000000"},
     ).start()
     try:
@@ -209,13 +210,13 @@ def test_sigterm_drains_in_flight_and_exits_zero(plantvillage, tmp_path):
     assert events[-1] == "stopped"
 
 
-def test_cli_status_results_review(plantvillage, tmp_path, tiny_store):
+def test_cli_status_results_review(plantvillage, tmp_path, tiny_store, signing_key):
     import subprocess
     import sys
 
     from .daemon_helpers import REPO
 
-    d = DaemonProc(tmp_path / "state", {"store": {"path": str(tiny_store)}}).start()
+    d = DaemonProc(tmp_path / "state", {"store": trusted_store(tiny_store, signing_key)}).start()
     d.wait_ready()
     photos = real_photos(plantvillage, 6)
     for i, p in enumerate(photos):

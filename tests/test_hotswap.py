@@ -13,13 +13,13 @@ from edge_agent.daemon import Daemon
 from edge_agent.systemd import Notifier
 from engines.store import EngineStore
 
-from .conftest import encode, leaf_image
+from .conftest import encode, leaf_image, trusted_store
 from .daemon_helpers import db_rows, wait_until
 
 torch = pytest.importorskip("torch", reason="building candidate engines needs the trainer")
 
 
-def republish(store: EngineStore, scale_head: float | None = None, classes: list[str] | None = None, make_current: bool = True) -> str:
+def republish(store: EngineStore, key, scale_head: float | None = None, classes: list[str] | None = None, make_current: bool = True) -> str:
     """Publish a copy of the current model (optionally with its head changed) as a new version."""
     from trainer.publish import load_weights, publish_model
 
@@ -29,17 +29,18 @@ def republish(store: EngineStore, scale_head: float | None = None, classes: list
         with torch.no_grad():
             model.head.weight.mul_(scale_head)
             model.head.bias.mul_(scale_head)
-    return publish_model(model, classes or cur.classes, store.root, training={"kind": "test"}, make_current=make_current).name
+    return publish_model(model, classes or cur.classes, store.root, training={"kind": "test"}, make_current=make_current,
+                         signing_key=key).name
 
 
 @pytest.fixture
-def running(tmp_path, tiny_store):
+def running(tmp_path, tiny_store, signing_key):
     """A daemon (in-process) on a writable copy of the tiny store, polling it every 0.2 s."""
     root = tmp_path / "store"
     shutil.copytree(tiny_store, root)
     cfg = parse_config(
         {
-            "store": {"path": str(root)},
+            "store": trusted_store(root, signing_key),
             "inbox": {"settle_s": 0.1, "rescan_interval_s": 0.5},
             "hotswap": {"poll_s": 0.2, "min_agreement": 0.5},
             "handoff": {"enabled": False},
@@ -60,7 +61,7 @@ def drop(daemon, n, start):
         (daemon.inbox / f"p{i:04d}.jpg").write_bytes(encode(leaf_image(i)))
 
 
-def test_swap_while_photos_keep_arriving_drops_nothing(running):
+def test_swap_while_photos_keep_arriving_drops_nothing(running, signing_key):
     daemon, store = running
     drop(daemon, 20, 0)
     wait_until(lambda: daemon.pipeline.counters["processed"] >= 20, 30, "first photos")
@@ -76,7 +77,7 @@ def test_swap_while_photos_keep_arriving_drops_nothing(running):
 
     feeder = threading.Thread(target=feed)
     feeder.start()
-    v2 = republish(store)  # same weights: agrees on every golden photo
+    v2 = republish(store, signing_key)  # same weights: agrees on every golden photo
     wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 20, "swap")
     time.sleep(0.5)
     stop.set()
@@ -92,11 +93,11 @@ def test_swap_while_photos_keep_arriving_drops_nothing(running):
     assert daemon.watcher.swaps == 1
 
 
-def test_tampered_version_is_refused_and_old_keeps_running(running):
+def test_tampered_version_is_refused_and_old_keeps_running(running, signing_key):
     daemon, store = running
     drop(daemon, 6, 0)
     wait_until(lambda: daemon.pipeline.counters["processed"] >= 6, 30, "photos")
-    v2 = republish(store, make_current=False)
+    v2 = republish(store, signing_key, make_current=False)
     onnx = store.root / v2 / "model.onnx"
     data = bytearray(onnx.read_bytes())
     data[-50] ^= 0xFF
@@ -109,28 +110,28 @@ def test_tampered_version_is_refused_and_old_keeps_running(running):
     assert {v for (v,) in db_rows(daemon.state.root, "SELECT engine_version FROM results")} == {"v0001"}
 
 
-def test_disagreeing_engine_is_refused(running):
+def test_disagreeing_engine_is_refused(running, signing_key):
     daemon, store = running
     drop(daemon, 12, 0)
     wait_until(lambda: len(daemon.pipeline.golden()) >= 8, 30, "golden photos")
-    v2 = republish(store, scale_head=-1.0)  # flips the ranking: disagrees everywhere
+    v2 = republish(store, signing_key, scale_head=-1.0)  # flips the ranking: disagrees everywhere
     wait_until(lambda: v2 in daemon.watcher.refused, 10, "refusal")
     assert "golden photos" in daemon.watcher.refused[v2]
     assert daemon.pipeline.classifier.engine.engine_version == "v0001"
 
 
-def test_class_list_must_extend_the_running_one(running):
+def test_class_list_must_extend_the_running_one(running, signing_key):
     daemon, store = running
-    v2 = republish(store, classes=["A", "B", "C"])
+    v2 = republish(store, signing_key, classes=["A", "B", "C"])
     wait_until(lambda: v2 in daemon.watcher.refused, 10, "refusal")
     assert "class list" in daemon.watcher.refused[v2]
 
 
-def test_rollback_is_followed(running):
+def test_rollback_is_followed(running, signing_key):
     daemon, store = running
     drop(daemon, 6, 0)
     wait_until(lambda: daemon.pipeline.counters["processed"] >= 6, 30, "photos")
-    v2 = republish(store)
+    v2 = republish(store, signing_key)
     wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 20, "swap")
     store.rollback()
     wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == "v0001", 20, "rolled back")

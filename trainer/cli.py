@@ -101,7 +101,11 @@ def _retrain(args: argparse.Namespace) -> int:
         import os
 
         os.nice(cfg.trainer.nice)  # inference first, here too
-    result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy")
+    from edge_agent.trust import SIGNING_KEY_FILE
+    from engines.signing import load_or_create_key
+
+    result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy",
+                     signing_key=load_or_create_key(root / SIGNING_KEY_FILE))
     print(f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)")
     return 0 if result.published else 1
 
@@ -158,6 +162,38 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _signing_key(args: argparse.Namespace) -> int:
+    """This trainer's engine-signing key (made if missing): the public half goes into each daemon's trusted_keys."""
+    from edge_agent.trust import SIGNING_KEY_FILE
+    from engines.signing import load_or_create_key
+    from trainer.service import trainer_state_dir
+
+    cfg, state = _service_config(args)
+    key = load_or_create_key(trainer_state_dir(cfg, state) / SIGNING_KEY_FILE)
+    print(f"public key: {key.public_hex}")
+    print(f"file:       {key.path.with_suffix('.pub')}")
+    print("daemons that take engines from this trainer: [store] trusted_keys = [\"<the public key or a copy of the file>\"]")
+    print("(a daemon on this same state directory trusts it already)")
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    """Sign an existing store version with a key (release use: the shipped model and the project's key)."""
+    from pathlib import Path
+
+    from engines.durable import atomic_write
+    from engines.signing import SIGNATURE, TrustedKeys, load_or_create_key, sign_manifest
+    from engines.store import MANIFEST, EngineStore
+
+    key = load_or_create_key(args.key)
+    store = EngineStore(args.store)
+    version = store.open(args.version)  # the files must match the manifest before it is vouched for
+    atomic_write(version.path / SIGNATURE, sign_manifest((version.path / MANIFEST).read_bytes(), key))
+    TrustedKeys({key.public_hex: "this key"}).check(Path(version.path))
+    print(f"signed {store.root}/{version.name} with {key.public_hex}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-trainer", description="Train and publish edge-agent models.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -172,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", _serve, "receive labels from the daemon, retrain, gate, publish (the service)"),
         ("retrain", _retrain, "retrain now (asks a running `serve`, else runs here)"),
         ("status", _status, "samples, state, last retrain"),
+        ("signing-key", _signing_key, "print this trainer's engine-signing public key (made on first use)"),
     ):
         sp = sub.add_parser(name, parents=[logging_opts], help=helptext)
         sp.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
@@ -184,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keys", parents=[logging_opts], help="create CURVE certificates for a tcp:// hand-off")
     k.add_argument("--out", required=True, help="folder to write trainer/, daemon/ and authorized/ into")
     k.set_defaults(func=_keys)
+    sg = sub.add_parser("sign", parents=[logging_opts], help="sign a store version with a key (release use)")
+    sg.add_argument("--key", required=True, help="secret key file (*.key; made if missing, its .pub beside it)")
+    sg.add_argument("--store", required=True)
+    sg.add_argument("--version", help="default: the current version")
+    sg.set_defaults(func=_sign)
     t = sub.add_parser("train", parents=[logging_opts], help="supervised training from a folder of class folders")
     t.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     t.add_argument("--store", required=True, help="engine store to publish to (created if missing)")

@@ -36,12 +36,14 @@ def publish_model(
     parent: str | None = None,
     make_current: bool = True,
     should_stop=lambda: False,
+    signing_key=None,
 ) -> StoreVersion:
     """Export ``model`` and publish it atomically to the store at ``store_dir``.
 
     With ``calibration`` photos an INT8 variant is built too, and its top-1
     agreement with FP32 on ``held_out`` photos goes into the manifest. ``should_stop`` is asked between the
     steps; once the store's own publish has begun it runs to the end (it is atomic and takes milliseconds).
+    ``signing_key`` (:class:`engines.signing.SigningKey`) signs the version, as daemons require.
     """
     from engines.build.int8 import quantize_int8, top1_agreement
 
@@ -83,7 +85,12 @@ def publish_model(
         if parent is not None:
             manifest["parent"] = parent
         check(should_stop, "before publishing")
-        version = EngineStore(store_dir).publish(files, manifest, make_current=make_current)
+        sign = None
+        if signing_key is not None:
+            from engines.signing import sign_manifest
+
+            sign = lambda data: sign_manifest(data, signing_key)  # noqa: E731
+        version = EngineStore(store_dir).publish(files, manifest, make_current=make_current, sign=sign)
     log.info("published", engine_version=version.name, store=str(store_dir))
     return version
 

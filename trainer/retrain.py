@@ -117,10 +117,10 @@ def _root(store: EngineStore, version) -> str:
 
 def retrain(
     cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_dir: Path, announce=lambda v: None,
-    should_stop=lambda: False,
+    should_stop=lambda: False, signing_key=None,
 ) -> RetrainResult:
     """Run one retrain. Raises :class:`trainer.stop.Stopped` (nothing marked, nothing published) once
-    ``should_stop()`` is true."""
+    ``should_stop()`` is true. ``signing_key`` signs the published version (daemons serve only signed ones)."""
     t0 = time.perf_counter()
     tc = cfg.trainer
     log = get_logger("trainer.retrain", strategy=tc.strategy)
@@ -182,7 +182,7 @@ def retrain(
     version = publish_model(
         candidate, classes, store.root, metrics=metrics, training=training, parent=current.name,
         calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
-        held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop,
+        held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop, signing_key=signing_key,
     )
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     samples.mark_used(ids, version.name)

@@ -20,7 +20,9 @@ from edge_agent.config import AppConfig
 from edge_agent.daemon import curve_keys, handoff_endpoints, resolve_store
 from edge_agent.log import get_logger
 from edge_agent.state import trainer_state_dir
+from edge_agent.trust import SIGNING_KEY_FILE
 from engines.durable import atomic_write
+from engines.signing import load_or_create_key
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver, ReceiverSettings
 from trainer.retrain import RetrainResult, balance_pseudo, retrain
@@ -38,7 +40,9 @@ class TrainerService:
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = get_logger("trainer.service", state_dir=str(self.root))
         self.samples = SampleStore(self.root)
+        self.signing_key = load_or_create_key(self.root / SIGNING_KEY_FILE)  # daemons on this state dir trust it
         self.store = resolve_store(cfg, state_dir)
+        self._sign_unsigned_versions()
         endpoint, announce = handoff_endpoints(cfg, state_dir)
         h = cfg.handoff
         self.receiver = Receiver(self.samples, ReceiverSettings(endpoint, announce, h.heartbeat_s, h.max_payload_mb << 20, curve_keys(cfg)))
@@ -49,6 +53,25 @@ class TrainerService:
         self.blocked: str | None = None  # why no retrain can be published, if none can
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
+
+    def _sign_unsigned_versions(self) -> None:
+        """Versions in this trainer's store from before versions were signed (its own, or a model the user trained):
+        signed once their files verify, so the daemon on this state directory keeps serving them after an upgrade.
+        A version someone else signed is left as it is."""
+        from engines.signing import SIGNATURE, sign_manifest
+        from engines.store import MANIFEST, StoreError
+
+        for version in self.store.versions():
+            vdir = self.store.root / version
+            if (vdir / SIGNATURE).exists():
+                continue
+            try:
+                self.store.open(version)
+            except StoreError as exc:
+                self.log.warning("unsigned_version_left_unsigned", engine_version=version, reason=str(exc))
+                continue
+            atomic_write(vdir / SIGNATURE, sign_manifest((vdir / MANIFEST).read_bytes(), self.signing_key))
+            self.log.info("signed_existing_version", engine_version=version, key=self.signing_key.public_hex[:16])
 
     @property
     def request_file(self) -> Path:
@@ -107,7 +130,7 @@ class TrainerService:
         self.log.info("retrain_due", **self.samples.counts())
         try:
             self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self.receiver.announce,
-                                should_stop=self._stop.is_set)
+                                should_stop=self._stop.is_set, signing_key=self.signing_key)
         except Stopped as exc:
             self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
         except Exception as exc:

@@ -1,0 +1,147 @@
+"""Ed25519 signatures on engine versions: who published a version, checked before a daemon serves it.
+
+A version is signed by signing its ``manifest.json`` bytes; the manifest lists every file's sha256, so the
+signature covers every file. The signature sits beside the manifest in ``manifest.sig``::
+
+    {"format": 1, "key": "<public key, 64 hex>", "signature": "<128 hex>"}
+
+Keys are files of hex text: ``<name>.key`` holds the 32-byte secret seed (mode 0600), ``<name>.pub`` the public
+key. The trainer makes its key on first start; the project's public key is :data:`PROJECT_KEY` (its secret half
+is kept out of the repository and signs the shipped default model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engines.durable import atomic_write
+from engines.store import MANIFEST, SIGNATURE_FILE, TamperedError
+
+__all__ = [
+    "SIGNATURE", "PROJECT_KEY", "UntrustedVersion", "SigningKey", "TrustedKeys", "load_or_create_key", "sign_manifest",
+    "signature_of", "read_public_key",
+]
+
+SIGNATURE = SIGNATURE_FILE
+PROJECT_KEY = Path(__file__).resolve().parent / "keys" / "edge-agent-project.pub"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class UntrustedVersion(TamperedError):
+    """A version without a valid signature from a trusted key."""
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An Ed25519 secret key and where it came from."""
+
+    seed: bytes = field(repr=False)
+    path: Path | None = None
+
+    @property
+    def public_hex(self) -> str:
+        import nacl.signing
+
+        return nacl.signing.SigningKey(self.seed).verify_key.encode().hex()
+
+    def sign(self, data: bytes) -> bytes:
+        import nacl.signing
+
+        return nacl.signing.SigningKey(self.seed).sign(data).signature
+
+
+def load_or_create_key(path: str | os.PathLike) -> SigningKey:
+    """The secret key at ``path`` (``*.key``), made (0600, with its ``.pub`` beside it) if missing."""
+    path = Path(path)
+    if path.is_file():
+        text = path.read_text().strip()
+        if not _HEX64.match(text):
+            raise ValueError(f"{path}: not an edge-agent signing key (64 hex characters expected)")
+        return SigningKey(bytes.fromhex(text), path)
+    import nacl.signing
+
+    seed = bytes(nacl.signing.SigningKey.generate())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(seed.hex() + "\n")
+    key = SigningKey(seed, path)
+    atomic_write(path.with_suffix(".pub"), (key.public_hex + "\n").encode(), durable=False)
+    return key
+
+
+def read_public_key(value: str | os.PathLike) -> str:
+    """A public key given as 64 hex characters or as a ``.pub`` file holding them."""
+    text = str(value).strip()
+    if _HEX64.match(text):
+        return text
+    try:
+        text = Path(text).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"trusted key {value!r}: neither 64 hex characters nor a readable key file ({exc})") from None
+    if not _HEX64.match(text):
+        raise ValueError(f"{value}: not an edge-agent public key (64 hex characters expected)")
+    return text
+
+
+def sign_manifest(manifest: bytes, key: SigningKey) -> bytes:
+    """The ``manifest.sig`` document for ``manifest`` (the exact bytes of manifest.json)."""
+    doc = {"format": 1, "key": key.public_hex, "signature": key.sign(manifest).hex()}
+    return (json.dumps(doc) + "\n").encode()
+
+
+def signature_of(vdir: Path) -> dict | None:
+    try:
+        doc = json.loads((vdir / SIGNATURE).read_text())
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+@dataclass
+class TrustedKeys:
+    """The public keys a daemon accepts versions from: hex key -> where the trust came from."""
+
+    keys: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def default(cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True) -> "TrustedKeys":
+        """The project's key, the key of a trainer on the same state directory (if it made one), and the configured ones."""
+        keys: dict[str, str] = {}
+        if project and PROJECT_KEY.is_file():
+            keys[read_public_key(PROJECT_KEY)] = "the edge-agent project"
+        if local_trainer_key is not None and local_trainer_key.is_file():
+            keys.setdefault(read_public_key(local_trainer_key), f"the trainer on this state directory ({local_trainer_key})")
+        for value in configured:
+            keys.setdefault(read_public_key(value), f"configured ({value})")
+        return cls(keys)
+
+    def check(self, vdir: Path, manifest: bytes | None = None) -> str:
+        """Who signed the version in ``vdir`` (a trusted key's description); :class:`UntrustedVersion` otherwise."""
+        import nacl.exceptions
+        import nacl.signing
+
+        name = vdir.name
+        doc = signature_of(vdir)
+        if doc is None:
+            raise UntrustedVersion(f"{name}: not signed (no {SIGNATURE}); refusing to serve it")
+        key, sig = doc.get("key"), doc.get("signature")
+        if not isinstance(key, str) or not _HEX64.match(key) or not isinstance(sig, str) or not re.fullmatch(r"[0-9a-f]{128}", sig):
+            raise UntrustedVersion(f"{name}: {SIGNATURE} is malformed; refusing to serve it")
+        if key not in self.keys:
+            raise UntrustedVersion(f"{name}: signed by key {key[:16]}..., which this device does not trust "
+                                   f"(add it to [store] trusted_keys); refusing to serve it")
+        data = manifest if manifest is not None else (vdir / MANIFEST).read_bytes()
+        try:
+            nacl.signing.VerifyKey(bytes.fromhex(key)).verify(data, bytes.fromhex(sig))
+        except nacl.exceptions.BadSignatureError:
+            raise UntrustedVersion(f"{name}: the signature does not match its manifest (altered after signing); "
+                                   "refusing to serve it") from None
+        return self.keys[key]
