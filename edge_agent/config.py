@@ -196,6 +196,14 @@ class HandoffSection(_Section):
     backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between resends.")
     heartbeat_s: float = Field(2.0, gt=0, description="Heartbeat interval; a peer silent for 3 intervals counts as down.")
     max_payload_mb: int = Field(32, ge=1, le=1024, description="Larger frames are dropped, counted and logged.")
+    delivery_endpoint: str = Field(
+        "",
+        description="Trainer's engine-transfer socket (new engine versions come to the daemon through it, verified and "
+        "resumable); empty means ipc://<runtime dir>/delivery.sock. tcp:// uses the same CURVE keys as `endpoint`.",
+    )
+    name: str = Field("", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name.")
+    transfer_chunk_kb: int = Field(1024, ge=16, le=4096, description="Engine transfer: bytes asked for per request (KiB).")
+    transfer_window: int = Field(4, ge=1, le=64, description="Engine transfer: most chunk requests outstanding (flow control).")
 
 
 class HotswapSection(_Section):
@@ -257,6 +265,11 @@ class TrainerSection(_Section):
         "batch), beside any strategy: it keeps a retrain close to what the model already knew. Out of the box (300 "
         "photos the shipped model knew) the second version scored 0.9511 with it and 0.9293 without, against the "
         "first's 0.9565, on photos neither trained on. 0 turns it off.",
+    )
+    interpolate: float = Field(
+        1.0, gt=0, le=1,
+        description="The candidate's weights: the engine in service's plus this share of what the retrain changed "
+        "(weight-space ensembling, WiSE-FT). 1 keeps the retrained weights as they are.",
     )
     rehearsal_per_class: int = Field(20, ge=1, description="Rehearsal: photos kept per class in the memory.")
     rehearsal_selection: Literal["random", "herding", "distance"] = Field("herding", description="Rehearsal: how the memory is chosen.")

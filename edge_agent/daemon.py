@@ -23,6 +23,7 @@ from edge_agent.config import AppConfig, default_store_path
 from edge_agent.handoff.sender import Sender, SenderSettings
 from edge_agent.handoff.transport import CurveKeys, default_endpoints
 from edge_agent.hotswap import EngineWatcher
+from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
@@ -35,12 +36,22 @@ from engines.base import Engine
 from engines.durable import atomic_write
 from edge_agent.trust import adopt_shipped_signatures, daemon_trust, open_trusted
 
-__all__ = ["Daemon", "StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "handoff_endpoints", "curve_keys"]
+__all__ = ["Daemon", "StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "handoff_endpoints", "curve_keys",
+           "device_name"]
 
 
-def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str]:
-    default_handoff, default_announce = default_endpoints(runtime_dir(state_dir))
-    return cfg.handoff.endpoint or default_handoff, cfg.handoff.announce_endpoint or default_announce
+def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str, str]:
+    """(hand-off, announcements, engine transfer): configured, else ipc:// sockets in the runtime directory."""
+    h = cfg.handoff
+    default_handoff, default_announce, default_delivery = default_endpoints(runtime_dir(state_dir))
+    return h.endpoint or default_handoff, h.announce_endpoint or default_announce, h.delivery_endpoint or default_delivery
+
+
+def device_name(cfg: AppConfig) -> str:
+    """[handoff] name, else the host name: how the trainer's fleet list names this daemon."""
+    import socket
+
+    return (cfg.handoff.name or socket.gethostname() or "daemon")[:64]
 
 
 def curve_keys(cfg: AppConfig) -> CurveKeys | None:
@@ -69,6 +80,7 @@ class Daemon:
         self.folder: FolderSource | None = None
         self.camera: CameraSource | None = None
         self.sender: Sender | None = None
+        self.fetcher: EngineFetcher | None = None
         self.watcher: EngineWatcher | None = None
         self.healthy = False
         self.watchdog_sent = 0
@@ -137,14 +149,24 @@ class Daemon:
         self.watcher.start()
         if cfg.handoff.enabled:
             h = cfg.handoff
-            endpoint, announce = handoff_endpoints(cfg, self.state.root)
+            endpoint, announce, delivery = handoff_endpoints(cfg, self.state.root)
+            name = device_name(cfg)
             self.sender = Sender(
                 self.db,
                 self.spool,
-                SenderSettings(endpoint, announce, h.window, h.ack_timeout_s, h.backoff_max_s, h.heartbeat_s, h.max_payload_mb << 20, curve_keys(cfg)),
+                SenderSettings(endpoint, announce, h.window, h.ack_timeout_s, h.backoff_max_s, h.heartbeat_s, h.max_payload_mb << 20,
+                               curve_keys(cfg), device=name),
                 on_engine=self.watcher.announce,
             )
             self.sender.start()
+            self.fetcher = EngineFetcher(
+                self.store, self.trust,
+                FetcherSettings(delivery, name, curve_keys(cfg), h.heartbeat_s, h.transfer_chunk_kb << 10, h.transfer_window),
+                serving=lambda: self.pipeline.classifier.engine.engine_version,
+                queue_depth=self.db.queue_length,
+                on_installed=self.watcher.announce,
+            )
+            self.fetcher.start()
 
     # ---- source -> pipeline glue ------------------------------------------------
     def _arrived(self, arrival: Arrival) -> None:
@@ -174,7 +196,7 @@ class Daemon:
     # ---- health, status ------------------------------------------------------------
     def check_health(self) -> bool:
         p = self.pipeline
-        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.watcher) if s is not None)
+        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher) if s is not None)
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
         healthy = p.alive() and sources_ok and not stalled
         if healthy != self.healthy:
@@ -207,6 +229,8 @@ class Daemon:
             out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
         if self.sender:
             out["handoff"] = self.sender.status()
+        if self.fetcher:
+            out["transfer"] = self.fetcher.status()
         if self.watcher:
             out["hotswap"] = {"swaps": self.watcher.swaps, "refused": self.watcher.refused}
         return out
@@ -275,6 +299,8 @@ class Daemon:
         if not drained:
             self.log.warning("drain_timeout", left_in_inbox=self.pipeline.in_flight)
         self.pipeline.stop()
+        if self.fetcher is not None:
+            self.fetcher.stop()
         if self.sender is not None:
             self.sender.stop()
         self._write_status()

@@ -93,15 +93,19 @@ class EngineWatcher(Worker):
         self.swaps = 0
         self._wake = threading.Event()
 
-    def _signature_stamp(self, version: str) -> float | None:
-        """When the version's signature file last changed (a refused version is looked at again once it does:
-        a trainer signing its older versions at start, a key now trusted after a restart of this daemon)."""
+    def _signature_stamp(self, version: str) -> tuple:
+        """When the version's signature file and the local trainer's key file last changed: a refused version is
+        looked at again once either does (a trainer signing its older versions, or making its key, after this
+        daemon started)."""
         from engines.signing import SIGNATURE
 
-        try:
-            return (self.store.root / version / SIGNATURE).stat().st_mtime_ns
-        except OSError:
-            return None
+        stamps = []
+        for path in (self.store.root / version / SIGNATURE, getattr(self.trust, "later", None)):
+            try:
+                stamps.append(path.stat().st_mtime_ns if path is not None else None)
+            except OSError:
+                stamps.append(None)
+        return tuple(stamps)
 
     def announce(self, version: str) -> None:
         """A new version was announced: look now instead of at the next poll."""

@@ -270,6 +270,10 @@ class ResultsDB:
         )
         return QueueEntry(*rows[0]) if rows else None
 
+    def queue_length(self) -> int:
+        """Pseudo and expert labels not yet delivered to the trainer."""
+        return self._query("SELECT COUNT(*) FROM label_queue WHERE kind IN ('pseudo', 'expert')")[0][0]
+
     def queue_bytes(self) -> int:
         return self._query("SELECT COALESCE(SUM(bytes), 0) FROM label_queue")[0][0]
 

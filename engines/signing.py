@@ -110,6 +110,16 @@ class TrustedKeys:
     """The public keys a daemon accepts versions from: hex key -> where the trust came from."""
 
     keys: dict[str, str] = field(default_factory=dict)
+    #: A key file that may appear later (the trainer on the same state directory makes its key on its first start,
+    #: perhaps after the daemon started): read when a version signed by an unknown key is checked.
+    later: Path | None = None
+
+    def _load_later(self) -> None:
+        if self.later is not None and self.later.is_file():
+            try:
+                self.keys.setdefault(read_public_key(self.later), f"the trainer on this state directory ({self.later})")
+            except ValueError:
+                pass
 
     @classmethod
     def default(cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True) -> "TrustedKeys":
@@ -117,11 +127,11 @@ class TrustedKeys:
         keys: dict[str, str] = {}
         if project and PROJECT_KEY.is_file():
             keys[read_public_key(PROJECT_KEY)] = "the edge-agent project"
-        if local_trainer_key is not None and local_trainer_key.is_file():
-            keys.setdefault(read_public_key(local_trainer_key), f"the trainer on this state directory ({local_trainer_key})")
         for value in configured:
             keys.setdefault(read_public_key(value), f"configured ({value})")
-        return cls(keys)
+        trust = cls(keys, later=local_trainer_key)
+        trust._load_later()
+        return trust
 
     def check(self, vdir: Path, manifest: bytes | None = None) -> str:
         """Who signed the version in ``vdir`` (a trusted key's description); :class:`UntrustedVersion` otherwise."""
@@ -135,6 +145,8 @@ class TrustedKeys:
         key, sig = doc.get("key"), doc.get("signature")
         if not isinstance(key, str) or not _HEX64.match(key) or not isinstance(sig, str) or not re.fullmatch(r"[0-9a-f]{128}", sig):
             raise UntrustedVersion(f"{name}: {SIGNATURE} is malformed; refusing to serve it")
+        if key not in self.keys:
+            self._load_later()
         if key not in self.keys:
             raise UntrustedVersion(f"{name}: signed by key {key[:16]}..., which this device does not trust "
                                    f"(add it to [store] trusted_keys); refusing to serve it")

@@ -243,6 +243,47 @@ class EngineStore:
             _step("current")
         return self.open(version)
 
+    # ---- versions that arrive from elsewhere (engine transfer) ---------------
+    def incoming(self, version: str) -> Path:
+        """Where a version being received is assembled (kept across restarts, so a transfer resumes)."""
+        if not _VERSION_RE.match(version):
+            raise StoreError(f"bad version name {version!r}")
+        return self.root / ".incoming" / version
+
+    def install(self, version: str, make_current: bool = True) -> StoreVersion:
+        """Move the complete, verified ``incoming(version)`` into the store under its own name, atomically, and
+        put it in service. A version the store already holds is only put in service."""
+        with self._locked():
+            src, dst = self.incoming(version), self.root / version
+            if not dst.exists():
+                manifest = self.read_manifest_at(src)
+                if manifest.get("version") != version:
+                    raise StoreError(f"{src}: manifest says {manifest.get('version')!r}, expected {version!r}")
+                for fname, meta in manifest["files"].items():
+                    if sha256_file(src / fname) != meta["sha256"]:
+                        raise TamperedError(f"{version}/{fname}: sha256 does not match the manifest")
+                for f in src.iterdir():
+                    if f.name not in manifest["files"] and f.name not in (MANIFEST, SIGNATURE_FILE):
+                        f.unlink()  # leftovers of an interrupted transfer
+                    else:
+                        fsync_file(f)
+                fsync_dir(src)
+                os.chmod(src, 0o755)
+                os.rename(src, dst)
+                fsync_dir(self.root)
+            if make_current:
+                self._write_current(version)
+        return self.open(version)
+
+    def read_manifest_at(self, vdir: Path) -> dict:
+        try:
+            manifest = json.loads((vdir / MANIFEST).read_text())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{vdir}: unreadable manifest ({exc})") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise StoreError(f"{vdir}: manifest lacks 'files'")
+        return manifest
+
     def _write_current(self, version: str) -> None:
         atomic_write(self.root / CURRENT, f"{version}\n".encode())
 

@@ -219,3 +219,20 @@ def test_the_trainer_signs_its_store_s_unsigned_versions_at_start(tmp_path, tiny
     cfg = parse_config({})
     TrainerService(cfg, state)
     assert daemon_trust(cfg, state).check(state / "engines" / "v0001").startswith("the trainer on this state directory")
+
+
+def test_a_trainer_key_made_after_the_daemon_started_is_trusted_then(store, signing_key, tmp_path):
+    """systemd starts both services at once: the daemon may look before the trainer on its state directory has made
+    its key. A version that trainer signs is refused at first, and served once the key file appears."""
+    daemon, t = _daemon(tmp_path, trusted_store(store.root, signing_key))
+    try:
+        local = tmp_path / "state" / "trainer" / "signing.key"
+        v2 = _republish(store, load_or_create_key(tmp_path / "elsewhere" / "signing.key"))  # not yet where it belongs
+        wait_until(lambda: v2 in daemon.watcher.refused, 20, "refused while the key is unknown")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / "elsewhere" / "signing.key", local)
+        shutil.copy(tmp_path / "elsewhere" / "signing.pub", local.with_suffix(".pub"))
+        wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 30, "served once the key appeared")
+    finally:
+        daemon.request_stop()
+        t.join(30)

@@ -162,6 +162,35 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet(args: argparse.Namespace) -> int:
+    """The daemons this trainer serves: name, address, last seen, engine version, samples, queue."""
+    import json
+    import time
+
+    from trainer.service import trainer_state_dir
+
+    cfg, state = _service_config(args)
+    path = trainer_state_dir(cfg, state) / "status.json"
+    live = _running(path)
+    if live is None:
+        print(f"edge-trainer: no running trainer at {path}", file=sys.stderr)
+        return 2
+    fleet = live.get("fleet", [])
+    if args.json:
+        print(json.dumps(fleet, indent=2))
+        return 0
+    print(f"{'name':20} {'address':16} {'last seen':>10} {'engine':8} {'samples':>8} {'queue':>6}  note")
+    for d in fleet:
+        ago = f"{time.time() - d['last_seen']:.0f} s ago"
+        note = "; ".join(f"refused {v}: {r}" for v, r in d["refused"].items())
+        if not note and d.get("last_result") and not d["last_result"]["ok"]:
+            note = d["last_result"]["reason"]
+        print(f"{d['name'][:20]:20} {d['address'][:16]:16} {ago:>10} {d['engine_version']:8} {d['samples_received']:>8} {d['queue']:>6}  {note}")
+    if not fleet:
+        print("(no daemon has connected yet)")
+    return 0
+
+
 def _signing_key(args: argparse.Namespace) -> int:
     """This trainer's engine-signing key (made if missing): the public half goes into each daemon's trusted_keys."""
     from edge_agent.trust import SIGNING_KEY_FILE
@@ -209,13 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("retrain", _retrain, "retrain now (asks a running `serve`, else runs here)"),
         ("status", _status, "samples, state, last retrain"),
         ("signing-key", _signing_key, "print this trainer's engine-signing public key (made on first use)"),
+        ("fleet", _fleet, "the daemons this trainer serves: name, address, last seen, engine, samples, queue"),
     ):
         sp = sub.add_parser(name, parents=[logging_opts], help=helptext)
         sp.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
         sp.add_argument("--state-dir", help="the daemon's state dir (default: $STATE_DIRECTORY or ./edge-state)")
         if name == "serve":
             sp.add_argument("--retrain-threshold", type=int, help="overrides [trainer] retrain_threshold")
-        if name == "status":
+        if name in ("status", "fleet"):
             sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=func)
     k = sub.add_parser("keys", parents=[logging_opts], help="create CURVE certificates for a tcp:// hand-off")

@@ -38,6 +38,7 @@ class ContinualSettings:
     swa_epochs: int = 0  # average the weights of the last N epochs (learning rate held at a quarter of its peak)
     distill: float = 0.0  # weight of distillation from the model in service on every batch (0: off), whatever the strategy
     distill_temperature: float = 2.0
+    interpolate: float = 1.0  # keep previous + interpolate x (trained - previous) (WiSE-FT); 1: the trained weights
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -116,4 +117,19 @@ def train_generation(
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
     if swa is not None:
         model = copy.deepcopy(swa.module)
+    if settings.interpolate < 1.0:
+        interpolate_weights(model, previous, settings.interpolate)
     return recompute_batchnorm(model, data.x, settings.batch_size), data
+
+
+def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha: float) -> None:
+    """``model`` <- ``previous`` + ``alpha`` x (``model`` - ``previous``), in place, for every floating-point tensor
+    of the same shape (a head grown for new classes keeps its trained rows). Weight-space ensembling of a fine-tuned
+    model with the one it started from (WiSE-FT, Wortsman et al. 2022) keeps most of what fine-tuning gained while
+    giving back less of what the starting model knew."""
+    before = previous.state_dict()
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            old = before.get(name)
+            if old is not None and old.shape == value.shape and value.dtype.is_floating_point:
+                value.copy_(old + alpha * (value - old))

@@ -43,6 +43,7 @@ class Receiver(Worker):
         self.log = get_logger("handoff.receiver", endpoint=settings.endpoint)
         self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0}
         self.peers: dict[bytes, float] = {}
+        self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
         self._announce: list[str] = []
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -101,6 +102,8 @@ class Receiver(Worker):
             self.counters["received" if new else "duplicates"] += 1
             router.send_multipart([peer, *encode("ack", {"id": msg.header["id"]})])
             if new:
+                device = msg.header.get("device") or "?"
+                self.by_device[device] = self.by_device.get(device, 0) + 1
                 self.log.debug("sample_stored", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"])
                 self.on_sample()
         else:

@@ -156,7 +156,8 @@ def retrain(
     }
     strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
     settings = ContinualSettings(tc.epochs, tc.batch_size, tc.lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
-                                 distill=tc.distill, distill_temperature=tc.lwf_temperature)
+                                 distill=tc.distill, distill_temperature=tc.lwf_temperature,
+                                 interpolate=tc.interpolate)
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop)
     check(should_stop, "before the gate")
     root_name = _root(store, current)

@@ -23,6 +23,7 @@ from edge_agent.state import trainer_state_dir
 from edge_agent.trust import SIGNING_KEY_FILE
 from engines.durable import atomic_write
 from engines.signing import load_or_create_key
+from trainer.delivery import DeliverySettings, EngineServer
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver, ReceiverSettings
 from trainer.retrain import RetrainResult, balance_pseudo, retrain
@@ -43,9 +44,10 @@ class TrainerService:
         self.signing_key = load_or_create_key(self.root / SIGNING_KEY_FILE)  # daemons on this state dir trust it
         self.store = resolve_store(cfg, state_dir)
         self._sign_unsigned_versions()
-        endpoint, announce = handoff_endpoints(cfg, state_dir)
+        endpoint, announce, delivery = handoff_endpoints(cfg, state_dir)
         h = cfg.handoff
         self.receiver = Receiver(self.samples, ReceiverSettings(endpoint, announce, h.heartbeat_s, h.max_payload_mb << 20, curve_keys(cfg)))
+        self.server = EngineServer(self.store, DeliverySettings(delivery, curve_keys(cfg)))
         self._stop = threading.Event()
         self.state = "idle"
         self.last: RetrainResult | None = None
@@ -105,8 +107,14 @@ class TrainerService:
             "samples": self.samples.counts(), "retrain_threshold": self.cfg.trainer.retrain_threshold,
             "blocked": self.blocked, "labelled": self.labelled, "waiting_for_new_samples": self._hold is not None,
             "receiver": dict(self.receiver.counters), "daemons_seen": len(self.receiver.peers),
+            "fleet": self.server.fleet(dict(self.receiver.by_device)), "transfer": dict(self.server.counters),
             "last_retrain": asdict(self.last) if self.last else None, "store": str(self.store.root),
         }
+
+    def _announce(self, version: str) -> None:
+        """A version was published: wake the daemons on this machine and offer it to every connected daemon."""
+        self.receiver.announce(version)
+        self.server.announce(version)
 
     def _write_status(self) -> None:
         atomic_write(self.status_file, (json.dumps(self.status(), indent=2) + "\n").encode(), durable=False)
@@ -129,7 +137,7 @@ class TrainerService:
         self._write_status()
         self.log.info("retrain_due", **self.samples.counts())
         try:
-            self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self.receiver.announce,
+            self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self._announce,
                                 should_stop=self._stop.is_set, signing_key=self.signing_key)
         except Stopped as exc:
             self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
@@ -146,6 +154,7 @@ class TrainerService:
             os.nice(self.cfg.trainer.nice)  # inference first
         self.blocked = self.check_validation()
         self.receiver.start()
+        self.server.start()
         self.log.info("serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled)
         if self.blocked:
             self.log.warning("no_validation_photos", reason=self.blocked)
@@ -162,6 +171,7 @@ class TrainerService:
                 next_status = time.monotonic() + 2.0
             self._stop.wait(0.5)
         self.receiver.stop()
+        self.server.stop()
         self._write_status()
         self.samples.close()
         self.log.info("stopped")

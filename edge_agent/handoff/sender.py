@@ -38,6 +38,7 @@ class SenderSettings:
     heartbeat_s: float = 2.0
     max_payload: int = 32 * 1024 * 1024
     curve: CurveKeys | None = None
+    device: str = ""  # this daemon's name, sent with each sample (the trainer's fleet list counts them by it)
 
 
 @dataclass
@@ -161,6 +162,8 @@ class Sender(Worker):
             "engine_version": entry.engine_version or "",
             "ext": Path(file).suffix.lower() or ".jpg",
         }
+        if self.settings.device:
+            header["device"] = self.settings.device
         ok = self._send(sock, encode("sample", header, data))
         if ok:
             self.counters["resent" if resend else "sent"] += 1

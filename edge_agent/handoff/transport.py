@@ -30,9 +30,10 @@ class CurveKeys:
     authorized_dir: str = ""
 
 
-def default_endpoints(runtime_dir: Path) -> tuple[str, str]:
-    """(hand-off, announcements) as ipc:// sockets in ``runtime_dir``."""
-    return f"ipc://{runtime_dir / 'handoff.sock'}", f"ipc://{runtime_dir / 'engines.sock'}"
+def default_endpoints(runtime_dir: Path) -> tuple[str, str, str]:
+    """(hand-off, announcements, engine transfer) as ipc:// sockets in ``runtime_dir``."""
+    return (f"ipc://{runtime_dir / 'handoff.sock'}", f"ipc://{runtime_dir / 'engines.sock'}",
+            f"ipc://{runtime_dir / 'delivery.sock'}")
 
 
 def _prepare(endpoint: str, curve: CurveKeys | None) -> None:

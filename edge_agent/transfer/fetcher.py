@@ -1,0 +1,283 @@
+"""Daemon side of engine transfer: take the trainer's newest engine version, verified, into the local store.
+
+Every heartbeat the daemon says hello (its name, the version it serves, its undelivered queue, the versions it
+refused). When the trainer offers a version, the manifest's signature is checked against the trusted keys
+before a single byte is asked for; then the files are fetched in chunks, at most ``window`` requests
+outstanding, into ``<store>/.incoming/<version>/``, each file checked against the signed manifest's sha256 once
+complete. A complete version is moved into the store atomically and put in service; the hot-swap watcher then
+loads it with its own checks. After a disconnect, a restart of either side or a kill, the transfer resumes
+from the bytes already on disk. A version already in the store (a trainer on the same state directory) costs
+no transfer: the same offer, answered at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge_agent.handoff.protocol import decode_or_drop
+from edge_agent.handoff.transport import CurveKeys, client_socket
+from edge_agent.log import get_logger
+from edge_agent.transfer.protocol import decode, encode
+from edge_agent.worker import Worker
+from engines.durable import fsync_file
+from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError
+
+__all__ = ["EngineFetcher", "FetcherSettings"]
+
+
+@dataclass
+class FetcherSettings:
+    endpoint: str
+    name: str
+    curve: CurveKeys | None = None
+    heartbeat_s: float = 2.0
+    chunk_bytes: int = 1 << 20
+    window: int = 4
+    stall_s: float = 10.0
+
+
+@dataclass
+class _Download:
+    version: str
+    signature: str
+    files: list[tuple[str, int, str]]  # name, bytes, sha256 (manifest order)
+    dir: Path
+    next: dict[str, int] = field(default_factory=dict)  # file -> next offset to request
+    outstanding: deque = field(default_factory=deque)  # (file, offset, length) requested, in order
+    last_progress: float = 0.0
+    resumed_bytes: int = 0
+    received_bytes: int = 0
+
+
+class EngineFetcher(Worker):
+    thread_name = "engine-fetcher"
+
+    def __init__(
+        self,
+        store: EngineStore,
+        trust,
+        settings: FetcherSettings,
+        serving: Callable[[], str],
+        queue_depth: Callable[[], int] = lambda: 0,
+        on_installed: Callable[[str], None] = lambda version: None,
+    ) -> None:
+        super().__init__()
+        self.store, self.trust, self.settings = store, trust, settings
+        self.serving, self.queue_depth, self.on_installed = serving, queue_depth, on_installed
+        self.log = get_logger("transfer.fetcher", endpoint=settings.endpoint, device=settings.name)
+        self.counters = {"offers": 0, "installed": 0, "refused": 0, "chunks": 0, "bytes": 0, "resumed_bytes": 0,
+                         "malformed": 0, "stalls": 0}
+        self.refused: dict[str, str] = {}
+        self._refused_sig: dict[str, str] = {}
+        self.trainer_seen = 0.0
+        self._job: _Download | None = None
+
+    def status(self) -> dict:
+        job = self._job
+        return {**self.counters, "refused": dict(self.refused),
+                "downloading": None if job is None else {"version": job.version, "bytes": job.received_bytes + job.resumed_bytes,
+                                                         "of": sum(b for _, b, _ in job.files)}}
+
+    # ---- loop -----------------------------------------------------------------
+    def _run(self) -> None:
+        import zmq
+
+        ctx = zmq.Context()
+        sock = client_socket(ctx, zmq.DEALER, self.settings.endpoint, self.settings.curve)
+        next_hello = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_hello:
+                    self._send(sock, encode("hello", {"name": self.settings.name, "engine_version": self.serving(),
+                                                      "queue": int(self.queue_depth()), "refused": self.refused}))
+                    next_hello = now + self.settings.heartbeat_s
+                job = self._job
+                if job is not None and now - job.last_progress > self.settings.stall_s:
+                    self.counters["stalls"] += 1
+                    self.log.warning("transfer_stalled", engine_version=job.version, action="asking again")
+                    for f, off, _ in job.outstanding:  # ask again from the first byte not yet written
+                        job.next[f] = min(job.next[f], off)
+                    job.outstanding.clear()
+                    job.last_progress = now
+                    self._fill(sock)
+                if sock.poll(200):
+                    self._handle(sock, sock.recv_multipart())
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    def _send(self, sock, frames: list[bytes]) -> bool:
+        import zmq
+
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _handle(self, sock, frames: list[bytes]) -> None:
+        msg = decode_or_drop(frames, self.settings.chunk_bytes, self.counters, self.log, decoder=decode)
+        if msg is None:
+            return
+        self.trainer_seen = time.monotonic()
+        if msg.kind == "offer":
+            self._on_offer(sock, msg.header["version"], msg.header["signature"], msg.payload)
+        elif msg.kind == "chunk":
+            self._on_chunk(sock, msg.header, msg.payload)
+        elif msg.kind == "missing":
+            if self._job is not None and self._job.version == msg.header["version"]:
+                self.log.warning("transfer_abandoned", engine_version=msg.header["version"], reason=msg.header["reason"])
+                self._job = None
+        else:
+            self.counters["malformed"] += 1
+            self.log.warning("unexpected_message", kind=msg.kind)
+
+    # ---- an offer ---------------------------------------------------------------
+    def _on_offer(self, sock, version: str, signature: str, manifest: bytes) -> None:
+        self.counters["offers"] += 1
+        if self._job is not None and self._job.version == version:
+            return
+        if self._refused_sig.get(version) == signature:
+            return  # refused before, and nothing changed
+        if version in self.store.versions():
+            try:
+                if self.store.current() != version:
+                    self.store.install(version)
+                    self.on_installed(version)
+                self._send(sock, encode("result", {"version": version, "ok": True, "reason": "already in the store"}))
+            except StoreError as exc:
+                self._refuse(sock, version, signature, str(exc))
+            return
+        incoming = self.store.incoming(version)
+        try:
+            doc = json.loads(manifest)
+            if not isinstance(doc, dict) or doc.get("version") != version or not isinstance(doc.get("files"), dict):
+                raise ValueError("the manifest does not describe this version")
+            files = [(str(n), int(m["bytes"]), str(m["sha256"])) for n, m in doc["files"].items()]
+            if any("/" in n or n.startswith(".") or n in (MANIFEST, SIGNATURE_FILE) for n, _, _ in files):
+                raise ValueError("the manifest names a file outside the version")
+        except (ValueError, KeyError, TypeError) as exc:
+            self._refuse(sock, version, signature, f"{version}: unusable manifest ({exc})")
+            return
+        incoming.mkdir(parents=True, exist_ok=True)
+        if not (incoming / MANIFEST).is_file() or (incoming / MANIFEST).read_bytes() != manifest:
+            for f in incoming.iterdir():  # another manifest under this name: start over
+                f.unlink()
+            (incoming / MANIFEST).write_bytes(manifest)
+        (incoming / SIGNATURE_FILE).write_text(signature)
+        if self.trust is not None:
+            try:
+                signer = self.trust.check(incoming, manifest)
+            except StoreError as exc:
+                self._refuse(sock, version, signature, str(exc))
+                return
+            self.log.info("engine_offered", engine_version=version, signed_by=signer)
+        job = _Download(version, signature, files, incoming, last_progress=time.monotonic())
+        for name, size, _ in files:
+            part = incoming / name
+            have = part.stat().st_size if part.is_file() else 0
+            have = min(have - have % self.settings.chunk_bytes, size)
+            if part.is_file():
+                os.truncate(part, have)
+            job.next[name] = have
+            job.resumed_bytes += have
+        self.counters["resumed_bytes"] += job.resumed_bytes
+        if job.resumed_bytes:
+            self.log.info("transfer_resumed", engine_version=version, bytes_on_disk=job.resumed_bytes)
+        self._job = job
+        self._fill(sock)
+        self._maybe_finish(sock)
+
+    def _fill(self, sock) -> None:
+        job = self._job
+        if job is None:
+            return
+        for name, size, _ in job.files:
+            while len(job.outstanding) < self.settings.window and job.next[name] < size:
+                off = job.next[name]
+                length = min(self.settings.chunk_bytes, size - off)
+                if not self._send(sock, encode("fetch", {"version": job.version, "file": name, "offset": off, "length": length})):
+                    return  # not connected: the stall timer asks again
+                job.outstanding.append((name, off, length))
+                job.next[name] = off + length
+            if len(job.outstanding) >= self.settings.window:
+                return
+
+    # ---- a chunk ------------------------------------------------------------------
+    def _on_chunk(self, sock, header: dict, data: bytes) -> None:
+        job = self._job
+        if job is None or header["version"] != job.version or not job.outstanding:
+            return  # late, for an abandoned or finished transfer
+        name, off, length = job.outstanding[0]
+        if (header["file"], header["offset"]) != (name, off) or len(data) != length:
+            return  # stale (asked again after a stall): the in-order answer comes later
+        job.outstanding.popleft()
+        part = job.dir / name
+        with open(part, "r+b" if part.exists() else "wb") as fh:
+            fh.seek(off)
+            fh.write(data)
+        job.received_bytes += len(data)
+        job.last_progress = time.monotonic()
+        self.counters["chunks"] += 1
+        self.counters["bytes"] += len(data)
+        size, sha = next((b, h) for n, b, h in job.files if n == name)
+        if off + length == size:
+            fsync_file(part)
+            digest = _sha256(part)
+            if digest != sha:
+                part.unlink()
+                self._refuse(sock, job.version, job.signature,
+                             f"{job.version}/{name}: sha256 {digest[:12]}... of the received file does not match the "
+                             f"signed manifest ({sha[:12]}...): altered in transit; refusing the version")
+                return
+        self._fill(sock)
+        self._maybe_finish(sock)
+
+    def _maybe_finish(self, sock) -> None:
+        job = self._job
+        if job is None or job.outstanding or any(job.next[n] < b for n, b, _ in job.files):
+            return
+        for name, size, sha in job.files:  # a resumed file may have been complete already: check each
+            part = job.dir / name
+            if not part.is_file() or part.stat().st_size != size or _sha256(part) != sha:
+                if part.exists():
+                    part.unlink()
+                self._refuse(sock, job.version, job.signature, f"{job.version}/{name}: incomplete or altered on disk")
+                return
+        try:
+            self.store.install(job.version)
+        except StoreError as exc:
+            self._refuse(sock, job.version, job.signature, str(exc))
+            return
+        self._job = None
+        self.counters["installed"] += 1
+        self.log.info("engine_received", engine_version=job.version, bytes=job.received_bytes, resumed_bytes=job.resumed_bytes)
+        self._send(sock, encode("result", {"version": job.version, "ok": True, "reason": "installed"}))
+        self.on_installed(job.version)
+
+    def _refuse(self, sock, version: str, signature: str, reason: str) -> None:
+        self.refused[version] = reason
+        self._refused_sig[version] = signature
+        self.counters["refused"] += 1
+        self.log.error("engine_refused", candidate=version, reason=reason, source="transfer")
+        if self._job is not None and self._job.version == version:
+            self._job = None
+        shutil.rmtree(self.store.incoming(version), ignore_errors=True)
+        self._send(sock, encode("result", {"version": version, "ok": False, "reason": reason[:500]}))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,210 @@
+"""Engines over the wire: one trainer, several daemons, tcp:// on 127.0.0.1 with CURVE, signed versions."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_agent.handoff.transport import CurveKeys
+from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
+from edge_agent.transfer.protocol import ProtocolError, decode, encode
+from engines.signing import SIGNATURE, TrustedKeys, load_or_create_key
+from engines.store import MANIFEST, EngineStore
+from trainer.delivery import DeliverySettings, EngineServer
+
+from .daemon_helpers import wait_until
+
+torch = pytest.importorskip("torch", reason="publishing a second version needs the trainer")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def curve(tmp_path_factory) -> dict:
+    import zmq.auth
+
+    root = tmp_path_factory.mktemp("curve")
+    for name in ("trainer", "daemon", "authorized"):
+        (root / name).mkdir()
+    tpub, tsec = zmq.auth.create_certificates(root / "trainer", "trainer")
+    dpub, dsec = zmq.auth.create_certificates(root / "daemon", "daemon")
+    shutil.copy(dpub, root / "authorized" / "daemon.key")
+    return {"server": CurveKeys(secret=str(tsec), authorized_dir=str(root / "authorized")),
+            "client": CurveKeys(secret=str(dsec), server_public=str(tpub))}
+
+
+def publish_v2(store: EngineStore, key) -> str:
+    from trainer.publish import load_weights, publish_model
+
+    cur = store.open()
+    model = load_weights(cur)
+    with torch.no_grad():
+        model.head.bias.add_(0.01)
+    return publish_model(model, cur.classes, store.root, training={"kind": "test"}, signing_key=key).name
+
+
+@pytest.fixture
+def farm(tmp_path, tiny_store, signing_key, curve):
+    """A trainer store holding v0001 and v0002 (signed) behind an EngineServer; daemons' stores hold v0001."""
+    shutil.copytree(tiny_store, tmp_path / "trainer")
+    trainer_store = EngineStore(tmp_path / "trainer")
+    v2 = publish_v2(trainer_store, signing_key)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    servers, fetchers = [], []
+
+    def server(cls=EngineServer):
+        s = cls(trainer_store, DeliverySettings(endpoint, curve["server"], offer_every_s=0.5))
+        s.start()
+        servers.append(s)
+        return s
+
+    def daemon(name: str, trust=None, cls=EngineFetcher, **kw) -> EngineFetcher:
+        root = tmp_path / name
+        if not root.exists():
+            shutil.copytree(tiny_store, root)
+        settings = FetcherSettings(endpoint, name, curve["client"], heartbeat_s=0.2, **kw)
+        f = cls(EngineStore(root), trust or TrustedKeys({signing_key.public_hex: "test trainer"}), settings,
+                          serving=lambda: EngineStore(root).current())
+        f.start()
+        fetchers.append(f)
+        return f
+
+    yield type("Farm", (), {"server": staticmethod(server), "daemon": staticmethod(daemon), "v2": v2, "store": trainer_store,
+                            "servers": servers})
+    for w in fetchers + servers:
+        w.stop()
+
+
+def test_every_daemon_gets_the_new_version_and_the_fleet_lists_them(farm):
+    server = farm.server()
+    daemons = [farm.daemon(f"device-{i}") for i in range(3)]
+    for d in daemons:
+        wait_until(lambda d=d: d.store.current() == farm.v2, 30, f"{d.settings.name} on {farm.v2}")
+        assert d.counters["installed"] == 1 and d.refused == {}
+        d.store.open(farm.v2, trust=d.trust)  # installed whole, signature and every file verified
+    wait_until(lambda: all(r["engine_version"] == farm.v2 for r in server.fleet()), 10, "fleet reports the new version")
+    fleet = server.fleet()
+    assert [r["name"] for r in fleet] == ["device-0", "device-1", "device-2"]
+    assert all(r["address"] == "127.0.0.1" and r["last_result"]["ok"] for r in fleet)
+    size = sum(m["bytes"] for m in farm.store.read_manifest(farm.v2)["files"].values())
+    assert all(r["bytes_sent"] == size for r in fleet)
+
+
+def test_a_daemon_that_was_offline_catches_up_with_only_the_newest(farm, signing_key):
+    v3 = publish_v2(farm.store, signing_key)  # v0002 and v0003 published while the daemon was away
+    farm.server()
+    d = farm.daemon("late")
+    wait_until(lambda: d.store.current() == v3, 30, "caught up")
+    assert farm.v2 not in d.store.versions() and d.counters["installed"] == 1
+
+
+class DyingFetcher(EngineFetcher):
+    """Dies (like kill -9: no cleanup, the partial files stay in .incoming) after its fifth chunk."""
+
+    def _on_chunk(self, sock, header, data):
+        if self.counters["chunks"] >= 5:
+            self._stop.set()
+            return
+        super()._on_chunk(sock, header, data)
+
+
+def test_a_transfer_cut_in_the_middle_resumes(farm):
+    farm.server()
+    first = farm.daemon("cut", cls=DyingFetcher, chunk_bytes=64 * 1024, window=1)
+    wait_until(lambda: first._stop.is_set(), 30, "part of the transfer, then death")
+    first._thread.join(10)
+    done_before = first.counters["bytes"]
+    assert first.store.current() == "v0001"
+    again = farm.daemon("cut", chunk_bytes=64 * 1024, window=1)
+    wait_until(lambda: again.store.current() == farm.v2, 30, "resumed transfer done")
+    size = sum(m["bytes"] for m in farm.store.read_manifest(farm.v2)["files"].values())
+    assert again.counters["resumed_bytes"] > 0 and again.counters["bytes"] <= size - again.counters["resumed_bytes"] + 64 * 1024
+    assert done_before + again.counters["bytes"] < 2 * size  # not started over
+    again.store.open(farm.v2, trust=again.trust)
+
+
+class AlteringServer(EngineServer):
+    def _payload(self, data: bytes, request: dict) -> bytes:
+        if request["file"] == "model.onnx" and request["offset"] == 0:
+            return bytes([data[0] ^ 0xFF]) + data[1:]
+        return data
+
+
+def test_a_chunk_altered_in_flight_is_refused_and_the_engine_stays(farm):
+    server = farm.server(AlteringServer)
+    d = farm.daemon("victim")
+    wait_until(lambda: farm.v2 in d.refused, 30, "refusal")
+    assert "altered in transit" in d.refused[farm.v2]
+    assert d.store.current() == "v0001" and farm.v2 not in d.store.versions()
+    assert not d.store.incoming(farm.v2).exists()
+    wait_until(lambda: farm.v2 in server.fleet()[0]["refused"], 10, "the trainer knows")
+
+
+@pytest.mark.parametrize("case, reason", [("bad signature", "does not match its manifest"),
+                                          ("untrusted key", "does not trust")])
+def test_a_version_with_a_bad_or_untrusted_signature_is_refused_before_any_byte(farm, tmp_path, case, reason):
+    vdir = farm.store.root / farm.v2
+    if case == "bad signature":
+        m = (vdir / MANIFEST).read_text().replace('"kind": "test"', '"kind": "evil"')
+        (vdir / MANIFEST).write_text(m)
+        trust = None
+    else:
+        trust = TrustedKeys({load_or_create_key(tmp_path / "other.key").public_hex: "someone else"})
+    farm.server()
+    d = farm.daemon("careful", trust=trust)
+    wait_until(lambda: farm.v2 in d.refused, 30, "refusal")
+    assert reason in d.refused[farm.v2]
+    assert d.counters["chunks"] == 0 and d.store.current() == "v0001"
+
+
+def test_an_unsigned_version_is_not_offered(farm):
+    (farm.store.root / farm.v2 / SIGNATURE).unlink()
+    server = farm.server()
+    d = farm.daemon("waiting")
+    wait_until(lambda: server.counters["hellos"] >= 3, 10, "hellos")
+    assert server.counters["offers"] == 0 and d.store.current() == "v0001"
+
+
+def test_garbage_frames_are_counted_not_fatal(farm, curve):
+    import zmq
+
+    from edge_agent.handoff.transport import client_socket
+
+    server = farm.server()
+    ctx = zmq.Context()
+    sock = client_socket(ctx, zmq.DEALER, server.settings.endpoint, curve["client"])
+    try:
+        time.sleep(0.3)
+        for frames in ([b"junk"], [b"EDGEX1", b"fetch", b"{not json"], encode("fetch", {"version": "v0002", "file": "../x", "offset": 0, "length": 1})[:2] + [b"{}"]):
+            sock.send_multipart(frames)
+        sock.send_multipart(encode("fetch", {"version": farm.v2, "file": "secret.txt", "offset": 0, "length": 10}))
+        assert sock.poll(5000)
+        reply = decode(sock.recv_multipart())
+        assert reply.kind == "missing" and "no file" in reply.header["reason"]
+        wait_until(lambda: server.counters["malformed"] >= 3, 10, "malformed counted")
+    finally:
+        sock.close(0)
+        ctx.term()
+    d = farm.daemon("after-garbage")
+    wait_until(lambda: d.store.current() == farm.v2, 30, "still serving")
+
+
+def test_the_protocol_refuses_what_it_must():
+    for frames, why in (
+        (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": -1, "length": 5}), "negative offset"),
+        (encode("fetch", {"version": "v0002", "file": "../../etc/passwd", "offset": 0, "length": 5}), "bad file name"),
+        (encode("fetch", {"version": "latest", "file": "model.onnx", "offset": 0, "length": 5}), "bad version"),
+        (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": 0, "length": 10**9}), "length outside"),
+        (encode("chunk", {"version": "v0002", "file": "model.onnx", "offset": 0}), "without payload"),
+        (encode("result", {"version": "v0002", "ok": 1, "reason": ""}), "wrong type"),
+    ):
+        with pytest.raises(ProtocolError, match=why):
+            decode(frames)

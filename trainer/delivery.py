@@ -1,0 +1,200 @@
+"""Trainer side of engine transfer: offer the newest signed engine version to every daemon, serve its chunks,
+and keep the fleet list.
+
+A ROUTER socket takes ``hello`` from any number of daemons (see :mod:`edge_agent.transfer.protocol`). A daemon
+whose version is not the newest, and that has not refused it, gets an ``offer`` (at once after a publish, else at
+most every ``offer_every_s``); it then asks for the files chunk by chunk and this side only answers, so a slow
+daemon is never flooded. Only signed versions are offered. Malformed frames are dropped, counted and logged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from edge_agent.handoff.protocol import decode_or_drop
+from edge_agent.handoff.transport import Authenticator, CurveKeys, server_socket
+from edge_agent.log import get_logger
+from edge_agent.transfer.protocol import CHUNK_MAX, decode, encode
+from edge_agent.worker import Worker
+from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError
+
+__all__ = ["EngineServer", "DeliverySettings", "Peer"]
+
+
+@dataclass
+class DeliverySettings:
+    endpoint: str
+    curve: CurveKeys | None = None
+    offer_every_s: float = 10.0
+
+
+@dataclass
+class Peer:
+    name: str
+    identity: bytes = b""
+    address: str = ""
+    last_seen: float = 0.0
+    engine_version: str = ""
+    queue: int = 0
+    refused: dict = field(default_factory=dict)
+    offered: dict = field(default_factory=dict)  # version -> monotonic time of the last offer
+    bytes_sent: int = 0
+    last_result: dict | None = None
+
+    def describe(self, samples: int = 0) -> dict:
+        return {"name": self.name, "address": self.address, "last_seen": round(self.last_seen, 1),
+                "engine_version": self.engine_version, "queue": self.queue, "samples_received": samples,
+                "refused": self.refused, "bytes_sent": self.bytes_sent, "last_result": self.last_result}
+
+
+class EngineServer(Worker):
+    thread_name = "engine-server"
+
+    def __init__(self, store: EngineStore, settings: DeliverySettings) -> None:
+        super().__init__()
+        self.store, self.settings = store, settings
+        self.log = get_logger("transfer.server", endpoint=settings.endpoint)
+        self.counters = {"hellos": 0, "offers": 0, "chunks": 0, "bytes": 0, "malformed": 0, "missing": 0}
+        self.peers: dict[str, Peer] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._offer_now = threading.Event()
+        self._unsigned_logged: set[str] = set()
+
+    def start(self) -> None:
+        super().start()
+        self._ready.wait(10)
+
+    def announce(self, version: str) -> None:
+        """A version was published: offer it to every daemon now."""
+        self._offer_now.set()
+
+    def fleet(self, samples_by_device: dict[str, int] | None = None) -> list[dict]:
+        samples_by_device = samples_by_device or {}
+        now_wall, now = time.time(), time.monotonic()
+        with self._lock:
+            rows = [p.describe(samples_by_device.get(p.name, 0)) | {"last_seen": round(now_wall - (now - p.last_seen), 1)}
+                    for p in self.peers.values()]
+        return sorted(rows, key=lambda r: r["name"])
+
+    # ---- loop -----------------------------------------------------------------
+    def _run(self) -> None:
+        import zmq
+
+        ctx = zmq.Context()
+        s = self.settings
+        auth = Authenticator(ctx, s.curve.authorized_dir) if s.curve and s.endpoint.startswith("tcp://") else None
+        router = server_socket(ctx, zmq.ROUTER, s.endpoint, s.curve)
+        router.setsockopt(zmq.SNDHWM, 1000)
+        self._ready.set()
+        self.log.info("listening")
+        try:
+            while not self._stop.is_set():
+                if self._offer_now.is_set():
+                    self._offer_now.clear()
+                    with self._lock:
+                        for peer in self.peers.values():
+                            peer.offered.clear()
+                            self._maybe_offer(router, peer)
+                if router.poll(200):
+                    frames = router.recv_multipart(copy=False)
+                    self._handle(router, frames)
+        finally:
+            router.close(0)
+            if auth is not None:
+                auth.stop()
+            ctx.term()
+
+    def _newest(self) -> tuple[str, bytes, str] | None:
+        """The version in service, its manifest bytes and its signature text; None if it cannot be offered."""
+        try:
+            version = self.store.current()
+        except StoreError:
+            return None
+        vdir = self.store.root / version
+        try:
+            return version, (vdir / MANIFEST).read_bytes(), (vdir / SIGNATURE_FILE).read_text()
+        except FileNotFoundError:
+            if version not in self._unsigned_logged:
+                self._unsigned_logged.add(version)
+                self.log.warning("not_offered", engine_version=version, reason="unsigned: daemons would refuse it")
+            return None
+
+    def _maybe_offer(self, router, peer: Peer) -> None:
+        newest = self._newest()
+        if newest is None or not peer.identity:
+            return
+        version, manifest, signature = newest
+        if peer.engine_version == version or version in peer.refused:
+            return
+        if time.monotonic() - peer.offered.get(version, -1e9) < self.settings.offer_every_s:
+            return
+        peer.offered[version] = time.monotonic()
+        router.send_multipart([peer.identity, *encode("offer", {"version": version, "signature": signature}, manifest)])
+        self.counters["offers"] += 1
+        self.log.info("engine_offered", engine_version=version, device=peer.name, running=peer.engine_version)
+
+    def _handle(self, router, frames) -> None:
+        identity = frames[0].bytes
+        try:
+            address = frames[1].get("Peer-Address")
+        except Exception:  # ipc:// peers have none
+            address = ""
+        msg = decode_or_drop([f.bytes for f in frames[1:]], CHUNK_MAX, self.counters, self.log, decoder=decode)
+        if msg is None:
+            return
+        h = msg.header
+        if msg.kind == "hello":
+            self.counters["hellos"] += 1
+            with self._lock:
+                peer = self.peers.get(h["name"])
+                if peer is None:
+                    peer = self.peers[h["name"]] = Peer(h["name"])
+                    self.log.info("daemon_joined", device=h["name"], address=address, engine_version=h["engine_version"])
+                peer.identity, peer.address, peer.last_seen = identity, address or peer.address, time.monotonic()
+                peer.engine_version, peer.queue = h["engine_version"], h["queue"]
+                peer.refused = {str(k): str(v)[:300] for k, v in list(h["refused"].items())[:20]}
+                self._maybe_offer(router, peer)
+        elif msg.kind == "fetch":
+            self._serve(router, identity, h)
+        elif msg.kind == "result":
+            with self._lock:
+                peer = next((p for p in self.peers.values() if p.identity == identity), None)
+                if peer is not None:
+                    peer.last_result = {"version": h["version"], "ok": h["ok"], "reason": h["reason"][:300]}
+            log = self.log.info if h["ok"] else self.log.warning
+            log("engine_delivery_result", engine_version=h["version"], device=peer.name if peer else "?", ok=h["ok"],
+                reason=h["reason"][:300])
+        else:
+            self.counters["malformed"] += 1
+            self.log.warning("unexpected_message", kind=msg.kind)
+
+    def _serve(self, router, identity: bytes, h: dict) -> None:
+        version, name, offset, length = h["version"], h["file"], h["offset"], h["length"]
+        try:
+            manifest = self.store.read_manifest(version)
+            meta = manifest["files"].get(name)
+            if meta is None:
+                raise StoreError(f"{version} has no file {name!r}")
+            if offset >= meta["bytes"]:
+                raise StoreError(f"offset {offset} beyond {name}'s {meta['bytes']} bytes")
+            with open(self.store.root / version / name, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(length)
+        except (StoreError, OSError) as exc:
+            self.counters["missing"] += 1
+            router.send_multipart([identity, *encode("missing", {"version": version, "reason": str(exc)[:300]})])
+            return
+        router.send_multipart([identity, *encode("chunk", {"version": version, "file": name, "offset": offset}, self._payload(data, h))])
+        self.counters["chunks"] += 1
+        self.counters["bytes"] += len(data)
+        with self._lock:
+            peer = next((p for p in self.peers.values() if p.identity == identity), None)
+            if peer is not None:
+                peer.bytes_sent += len(data)
+
+    def _payload(self, data: bytes, request: dict) -> bytes:
+        """The chunk as sent (a seam for the tests that alter one in flight)."""
+        return data
