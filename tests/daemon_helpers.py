@@ -136,3 +136,34 @@ class NotifySocket:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class TrainerProc:
+    def __init__(self, state: Path, config: dict) -> None:
+        self.state = state
+        self.config_path = state.parent / "trainer.toml"
+        self.config_path.write_text(toml(merge(FAST, config)))
+        self.log_path = state.parent / "trainer.log"
+        self.proc = None
+
+    def start(self) -> "TrainerProc":
+        self._log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "--log-format", "json", "serve", "--config", str(self.config_path), "--state-dir", str(self.state)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+        )
+        return self
+
+    def logged(self, event: str) -> bool:
+        return f'"event": "{event}"' in self.log_path.read_text() if self.log_path.exists() else False
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(30)
+        self._log.close()
+        return rc

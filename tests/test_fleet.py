@@ -208,3 +208,74 @@ def test_the_protocol_refuses_what_it_must():
     ):
         with pytest.raises(ProtocolError, match=why):
             decode(frames)
+
+
+# ---- the whole farm as processes ---------------------------------------------------
+
+@pytest.mark.slow
+def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve):
+    """Three daemons (their own state directories) and one trainer on 127.0.0.1 with CURVE: photos dropped into each
+    inbox, a retrain, and every daemon answers with the new version; one stopped during the publish catches up."""
+    import json
+    import subprocess
+    import sys
+
+    from .daemon_helpers import REPO, DaemonProc, TrainerProc, db_rows
+
+    ports = {k: free_port() for k in ("handoff", "announce", "delivery")}
+    endpoints = {"endpoint": f"tcp://127.0.0.1:{ports['handoff']}", "announce_endpoint": f"tcp://127.0.0.1:{ports['announce']}",
+                 "delivery_endpoint": f"tcp://127.0.0.1:{ports['delivery']}", "heartbeat_s": 0.3, "ack_timeout_s": 1.0}
+    trainer_state = tmp_path / "trainer-host"
+    out = subprocess.run([sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(trainer_state)],
+                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    trainer_pub = out.split("file:")[1].split()[0]
+    t = TrainerProc(trainer_state, {
+        "handoff": {**endpoints, "curve_secret_key": curve["server"].secret, "curve_authorized_dir": curve["server"].authorized_dir},
+        "trainer": {"retrain_threshold": 30, "epochs": 1, "int8": False, "calibrate": False, "gate_tolerance": 1.0, "nice": 0,
+                    "recheck_pseudo": False},
+    }).start()
+
+    def device(i: int) -> DaemonProc:
+        return DaemonProc(tmp_path / f"device-{i}", {
+            "handoff": {**endpoints, "curve_secret_key": curve["client"].secret, "curve_server_key": curve["client"].server_public,
+                        "name": f"device-{i}"},
+            "store": {"trusted_keys": [trainer_pub]},
+            "hotswap": {"poll_s": 0.5},
+        })
+
+    daemons = []
+    photos = sorted(plantvillage.glob("*/*.jpg"))[::37]
+    try:
+        for i in range(3):
+            daemons.append(device(i).start())
+            daemons[-1].wait_ready()
+        for i, d in enumerate(daemons):
+            for j, p in enumerate(photos[i::3][:14]):
+                shutil.copy(p, d.inbox / f"{i}-{j}.jpg")
+        wait_until(lambda: t.logged("retrain_due"), 120, "enough samples from the three daemons for a retrain")
+        assert daemons[2].terminate() == 0  # away while the new version is published
+        wait_until(lambda: t.logged("retrain_published"), 240, "the retrain published")
+        for d in daemons[:2]:
+            wait_until(lambda d=d: '"engine_swapped"' in d.log_path.read_text(), 60, f"{d.state.name} swapped")
+            shutil.copy(photos[-1], d.inbox / "after.jpg")
+            wait_until(lambda d=d: db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'") == [("v0002",)],
+                       30, f"{d.state.name} answers with v0002")
+        late = device(2).start()
+        daemons[2] = late
+        late.wait_ready()
+        wait_until(lambda: '"engine_swapped"' in late.log_path.read_text().split('"event": "ready"')[-1], 60, "the late one catches up")
+        fleet = json.loads(subprocess.run([sys.executable, "-m", "trainer", "fleet", "--json", "--config", str(t.config_path),
+                                           "--state-dir", str(trainer_state)], capture_output=True, text=True, cwd=REPO).stdout)
+        assert sorted(r["name"] for r in fleet) == ["device-0", "device-1", "device-2"]
+        assert all(r["address"] == "127.0.0.1" for r in fleet)
+        assert sum(r["samples_received"] for r in fleet) >= 30
+        wait_until(lambda: all(r["engine_version"] == "v0002" for r in json.loads(subprocess.run(
+            [sys.executable, "-m", "trainer", "fleet", "--json", "--config", str(t.config_path), "--state-dir", str(trainer_state)],
+            capture_output=True, text=True, cwd=REPO).stdout)), 20, "the fleet list shows everyone on v0002")
+        for d in daemons:
+            assert d.terminate() == 0
+        assert t.terminate() == 0
+    finally:
+        for proc in (*daemons, t):
+            if proc.proc and proc.proc.poll() is None:
+                proc.proc.kill()
