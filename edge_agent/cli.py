@@ -151,7 +151,8 @@ def _status(args: argparse.Namespace) -> int:
     state, db = _state_db(args, cfg)
     live, running = live_status(state.status, max(10.0, 5 * cfg.daemon.status_interval_s))
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
-    for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox", "handoff", "hotswap"):
+    for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox", "handoff", "hotswap",
+                "transfer"):
         if key in live:
             out[key] = live[key]
     if args.json:
@@ -172,6 +173,12 @@ def _status(args: argparse.Namespace) -> int:
     if unsupported:
         print("ignored (not a format the daemon reads; left in the inbox): "
               + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items())))
+    refused = {**(out.get("hotswap") or {}).get("refused", {}), **(out.get("transfer") or {}).get("refused", {})}
+    for version, why in sorted(refused.items()):
+        print(f"REFUSED engine {version}: {why}")
+    downloading = (out.get("transfer") or {}).get("downloading")
+    if downloading:
+        print(f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB")
     for label, n in out["per_class"].items():
         print(f"  {n:6d}  {label}")
     for err in out.get("last_errors", [])[-5:]:

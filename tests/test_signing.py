@@ -114,6 +114,12 @@ def test_daemon_refuses_a_version_from_an_untrusted_key_and_keeps_serving(store,
         assert "does not trust" in daemon.watcher.refused[v2]
         assert daemon.pipeline.classifier.engine.engine_version == "v0001"
         assert v2 in daemon.status()["hotswap"]["refused"]
+
+        def cli_status() -> str:
+            return subprocess.run([sys.executable, "-m", "edge_agent", "status", "--state-dir", str(tmp_path / "state")],
+                                  capture_output=True, text=True, cwd=REPO).stdout
+
+        wait_until(lambda: f"REFUSED engine {v2}: {v2}: signed by key" in cli_status(), 20, "status says why")
         v3 = _republish(store, signing_key)  # the trusted trainer's next version is taken
         wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v3, 30, "swap to the trusted version")
     finally:
