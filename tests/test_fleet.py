@@ -131,6 +131,29 @@ def test_a_transfer_cut_in_the_middle_resumes(farm):
     again.store.open(farm.v2, trust=again.trust)
 
 
+class DyingServer(EngineServer):
+    """Stops answering (a trainer restarting) after its fifth chunk."""
+
+    def _serve(self, router, identity, h):
+        if self.counters["chunks"] >= 5:
+            self._stop.set()
+            return
+        super()._serve(router, identity, h)
+
+
+def test_a_transfer_survives_a_restart_of_the_trainer(farm):
+    dying = farm.server(DyingServer)
+    d = farm.daemon("patient", chunk_bytes=64 * 1024, window=2, stall_s=1.0)
+    wait_until(lambda: dying._stop.is_set(), 30, "the trainer goes away mid-transfer")
+    dying._thread.join(10)
+    assert d.store.current() == "v0001"
+    farm.server()  # back on the same address
+    wait_until(lambda: d.store.current() == farm.v2, 30, "transfer finished after the restart")
+    assert d.counters["stalls"] >= 1
+    size = sum(m["bytes"] for m in farm.store.read_manifest(farm.v2)["files"].values())
+    assert d.counters["bytes"] < size + 4 * 64 * 1024  # carried on from where it was, nothing fetched twice over
+
+
 class AlteringServer(EngineServer):
     def _payload(self, data: bytes, request: dict) -> bytes:
         if request["file"] == "model.onnx" and request["offset"] == 0:
