@@ -194,7 +194,11 @@ def _train_baseline(split: Split, store_dir: Path, s: SimSettings, log) -> None:
     elif s.calibrate:
         metrics["calibration"] = calibrate(model, val.x, val.y).summary()
         log.info("baseline_calibrated", **metrics["calibration"])
-    publish_model(model, split.classes, store_dir, training=training, metrics=metrics)
+    from engines.signing import load_or_create_key
+
+    # signed like any version a trainer publishes; the simulated daemon trusts this key (see _config)
+    publish_model(model, split.classes, store_dir, training=training, metrics=metrics,
+                  signing_key=load_or_create_key(store_dir.parent / "signing.key"))
 
 
 def _class_folders(split: Split, samples: list[Sample], root: Path) -> Path:
@@ -209,7 +213,7 @@ def _class_folders(split: Split, samples: list[Sample], root: Path) -> Path:
 def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict:
     """One configuration for both modes (and both processes in ``full``)."""
     return {
-        "store": {"path": str(out / "store")},
+        "store": {"path": str(out / "store"), "trusted_keys": [str(out / "signing.pub")]},
         "engine": FP32,
         "labels": {"pseudo_threshold": s.tau, "per_class_cap": s.cap},
         "inbox": {"settle_s": 0.5, "rescan_interval_s": 5.0},
@@ -221,6 +225,7 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
             "recheck_pseudo": s.recheck,
             "gate_tolerance": 0.005,  # the strict gate every earlier simulation used, so their figures compare
             "distill": 0.0,  # as every simulation so far (the expert arms among them) ran; the service's default is 1.0
+            "lr": 2e-3, "interpolate": 1.0,  # likewise: the settings the recorded arms ran with, whatever the defaults
         },
     }
 
