@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.handoff.protocol import decode_or_drop, encode
-from edge_agent.handoff.transport import CurveKeys, client_socket
+from edge_agent.handoff.transport import CurveKeys, client_socket, send_nowait
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB
@@ -112,13 +112,7 @@ class Sender(Worker):
             ctx.term()
 
     def _send(self, sock, frames: list[bytes]) -> bool:
-        import zmq
-
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-            return True
-        except zmq.Again:  # no connection yet (IMMEDIATE) or the peer is slow
-            return False
+        return send_nowait(sock, frames)
 
     def _deliver(self, sock, now: float) -> None:
         s = self.settings

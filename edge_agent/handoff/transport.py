@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CurveKeys", "client_socket", "server_socket", "default_endpoints", "TransportError", "Authenticator"]
+__all__ = ["CurveKeys", "client_socket", "server_socket", "default_endpoints", "TransportError", "Authenticator", "send_nowait"]
 
 
 class TransportError(RuntimeError):
@@ -106,3 +106,14 @@ def server_socket(ctx, kind: int, endpoint: str, curve: CurveKeys | None):
         Path(endpoint[len("ipc://") :]).unlink(missing_ok=True)  # a stale socket file from a crash
     sock.bind(endpoint)
     return sock
+
+
+def send_nowait(sock, frames: list[bytes]) -> bool:
+    """Send without blocking; False when there is no connection yet (IMMEDIATE) or the peer is slow."""
+    import zmq
+
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False

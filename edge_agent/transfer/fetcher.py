@@ -12,7 +12,6 @@ no transfer: the same offer, answered at once.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_agent.handoff.protocol import decode_or_drop
-from edge_agent.handoff.transport import CurveKeys, client_socket
+from edge_agent.handoff.transport import CurveKeys, client_socket, send_nowait
 from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import decode, encode
 from edge_agent.worker import Worker
 from engines.durable import fsync_file
-from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError
+from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError, sha256_file
 
 __all__ = ["EngineFetcher", "FetcherSettings"]
 
@@ -116,13 +115,7 @@ class EngineFetcher(Worker):
             ctx.term()
 
     def _send(self, sock, frames: list[bytes]) -> bool:
-        import zmq
-
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
+        return send_nowait(sock, frames)
 
     def _handle(self, sock, frames: list[bytes]) -> None:
         msg = decode_or_drop(frames, self.settings.chunk_bytes, self.counters, self.log, decoder=decode)
@@ -232,7 +225,7 @@ class EngineFetcher(Worker):
         size, sha = next((b, h) for n, b, h in job.files if n == name)
         if off + length == size:
             fsync_file(part)
-            digest = _sha256(part)
+            digest = sha256_file(part)
             if digest != sha:
                 part.unlink()
                 self._refuse(sock, job.version, job.signature,
@@ -248,7 +241,7 @@ class EngineFetcher(Worker):
             return
         for name, size, sha in job.files:  # a resumed file may have been complete already: check each
             part = job.dir / name
-            if not part.is_file() or part.stat().st_size != size or _sha256(part) != sha:
+            if not part.is_file() or part.stat().st_size != size or sha256_file(part) != sha:
                 if part.exists():
                     part.unlink()
                 self._refuse(sock, job.version, job.signature, f"{job.version}/{name}: incomplete or altered on disk")
@@ -274,10 +267,3 @@ class EngineFetcher(Worker):
         shutil.rmtree(self.store.incoming(version), ignore_errors=True)
         self._send(sock, encode("result", {"version": version, "ok": False, "reason": reason[:500]}))
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
