@@ -142,7 +142,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    """CURVE certificates for a tcp:// hand-off: trainer/, daemon/ and authorized/ (the daemon keys the trainer accepts)."""
+    """CURVE certificates for a tcp:// hand-off: trainer/, daemon/ and authorized/ (the daemon keys the trainer accepts);
+    then the trainer's engine-signing key (made if missing) and what to tell the devices."""
     import shutil
     from pathlib import Path
 
@@ -159,7 +160,8 @@ def _keys(args: argparse.Namespace) -> int:
     print(f"trainer: [handoff] curve_secret_key = \"{trainer_sec}\", curve_authorized_dir = \"{out / 'authorized'}\"")
     print(f"daemon:  [handoff] curve_secret_key = \"{daemon_sec}\", curve_server_key = \"{out / 'daemon' / 'trainer.key'}\"")
     print("copy the daemon/ folder to the device; keep trainer.key_secret on the trainer only")
-    return 0
+    print()
+    return _signing_key(args)  # and the key engines are signed with, which each device must trust
 
 
 def _fleet(args: argparse.Namespace) -> int:
@@ -250,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
     k = sub.add_parser("keys", parents=[logging_opts], help="create CURVE certificates for a tcp:// hand-off")
     k.add_argument("--out", required=True, help="folder to write trainer/, daemon/ and authorized/ into")
+    k.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
+    k.add_argument("--state-dir", help="the trainer's state dir, where its engine-signing key is made (default as for serve)")
     k.set_defaults(func=_keys)
     sg = sub.add_parser("sign", parents=[logging_opts], help="sign a store version with a key (release use)")
     sg.add_argument("--key", required=True, help="secret key file (*.key; made if missing, its .pub beside it)")
