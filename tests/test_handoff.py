@@ -207,9 +207,10 @@ def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
     from edge_agent.handoff.transport import CurveKeys
 
     keys = tmp_path / "keys"
-    out = subprocess.run([sys.executable, "-m", "trainer", "keys", "--out", str(keys)], capture_output=True, text=True,
-                         cwd=Path(__file__).parents[1])
+    out = subprocess.run([sys.executable, "-m", "trainer", "keys", "--out", str(keys), "--state-dir", str(tmp_path / "state")],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr
+    assert (tmp_path / "state" / "trainer" / "signing.pub").read_text().strip() in out.stdout  # the key devices must trust
     with pysocket.socket() as s1, pysocket.socket() as s2:  # two free loopback ports
         s1.bind(("127.0.0.1", 0))
         s2.bind(("127.0.0.1", 0))
