@@ -66,7 +66,9 @@ def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_pa
         store = EngineStore(state / "engines")
         assert store.current() == "v0002" and store.open().manifest["parent"] == "v0001"
         calibration = store.open().manifest["metrics"]["calibration"]  # [trainer] calibrate, on by default
-        assert calibration["skipped"] is None and calibration["photos"] == 46 and calibration["temperature"] > 0
+        assert calibration["photos"] == 46 and calibration["temperature"] > 0
+        # fitted, or (when the candidate is never wrong on these photos) refused for that reason, not sharpened to T = 0.1
+        assert calibration["skipped"] is None or "mistakes on 46 held-out photos" in calibration["skipped"]
         wait_until(lambda: '"engine_swapped"' in d.log_path.read_text(), 60, "hot swap in the daemon")
         batch2 = field[5::12][:20]
         for i, p in enumerate(batch2):

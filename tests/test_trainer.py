@@ -297,3 +297,24 @@ def test_gate_refuses_a_candidate_below_the_first_version_even_if_close_to_the_c
     assert not d.publish and "first version's 0.9400" in d.reason and d.metrics["root_top1"] == 0.94
     scores[id(candidate)] = 0.925
     assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root).publish
+
+
+def test_no_temperature_is_fitted_where_the_model_is_never_wrong():
+    """On held-out photos it gets all right, minimising the NLL only sharpens the softmax (to T = 0.1): refused."""
+    import torch
+
+    from trainer.calibrate import calibrate
+    from trainer.model import build_model
+
+    torch.manual_seed(0)
+    model = build_model(3).eval()
+    x = torch.randn(30, 3, 128, 128)
+    with torch.no_grad():
+        y = model(x).argmax(1)  # the model's own answers: no mistakes
+    before = model.head.weight.clone()
+    cal = calibrate(model, x, y)
+    assert cal.temperature == 1.0 and "0 mistakes on 30 held-out photos" in cal.skipped
+    assert torch.equal(model.head.weight, before)
+    y_wrong = y.clone()
+    y_wrong[:5] = (y_wrong[:5] + 1) % 3  # five mistakes: fitted
+    assert calibrate(model, x, y_wrong).skipped is None

@@ -22,6 +22,7 @@ __all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibratio
 
 #: Fewest held-out photos a temperature is fitted on; below it the model is published as trained.
 MIN_PHOTOS = 20
+MIN_MISTAKES = 3  # fewer wrong answers among the held-out photos: no temperature is fitted
 #: The temperature is searched in [1/T_LIMIT, T_LIMIT].
 T_LIMIT = 10.0
 
@@ -101,12 +102,17 @@ def fold_temperature(model: LeafNet, temperature: float) -> LeafNet:
 def calibrate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Calibration:
     """Fit a temperature on held-out photos ``x``/``y`` and fold it into ``model`` (in place).
 
-    With fewer than :data:`MIN_PHOTOS` photos (or fewer than two classes among them) nothing is folded and
-    ``skipped`` says why: a temperature fitted on a handful of photos would be noise."""
+    With fewer than :data:`MIN_PHOTOS` photos (or fewer than two classes among them), or fewer than
+    :data:`MIN_MISTAKES` wrong answers among them, nothing is folded and ``skipped`` says why: a temperature fitted on
+    a handful of photos would be noise, and one fitted where the model is never wrong only sharpens it."""
     model.eval()
     logits = torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else torch.zeros(0, model.num_classes)
-    if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2:
-        why = f"{len(x)} held-out photos in {len(torch.unique(y))} classes (need {MIN_PHOTOS} in 2 or more)"
+    mistakes = int((logits.argmax(1) != y).sum()) if len(x) else 0
+    if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 or mistakes < MIN_MISTAKES:
+        why = (f"{len(x)} held-out photos in {len(torch.unique(y))} classes (need {MIN_PHOTOS} in 2 or more)"
+               if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 else
+               f"{mistakes} mistakes on {len(x)} held-out photos (need {MIN_MISTAKES}): with (almost) none the fit only "
+               "sharpens the softmax towards its floor, which says nothing about photos to come")
         nll = F.cross_entropy(logits, y).item() if len(x) else float("nan")
         ece = expected_calibration_error(logits, y) if len(x) else float("nan")
         return Calibration(1.0, len(x), nll, nll, ece, ece, skipped=why)

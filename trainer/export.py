@@ -25,7 +25,8 @@ def export_onnx(model: torch.nn.Module, path: str | Path, size: int = 128, toler
 
     Input ``input`` [N,3,size,size] float32, output ``logits`` [N,classes]. The
     file is then run with ONNX Runtime on a random batch and compared with torch;
-    returns the max abs difference, raising :class:`ExportMismatch` above ``tolerance``.
+    returns the max abs difference, raising :class:`ExportMismatch` above ``tolerance`` times the largest logit
+    (at least 1).
     """
     import onnxruntime as ort
 
@@ -51,6 +52,7 @@ def export_onnx(model: torch.nn.Module, path: str | Path, size: int = 128, toler
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run([OUTPUT_NAME], {INPUT_NAME: probe.numpy()})[0]
     diff = float(np.abs(got - expected).max())
-    if diff > tolerance:
-        raise ExportMismatch(f"ONNX output differs from torch by {diff:.2e} (> {tolerance:.0e})")
+    scale = max(1.0, float(np.abs(expected).max()))  # float32 rounding grows with the logits' size
+    if diff > tolerance * scale:
+        raise ExportMismatch(f"ONNX output differs from torch by {diff:.2e} (> {tolerance:.0e} x {scale:.3g})")
     return diff
