@@ -138,10 +138,12 @@ class EngineServer(Worker):
 
     def _handle(self, router, frames) -> None:
         identity = frames[0].bytes
-        try:
-            address = frames[1].get("Peer-Address")
-        except Exception:  # ipc:// peers have none
-            address = ""
+        address = "this machine (ipc)"
+        if not self.settings.endpoint.startswith("ipc://"):
+            try:
+                address = frames[1].get("Peer-Address")
+            except Exception:  # a transport without one
+                address = ""
         msg = decode_or_drop([f.bytes for f in frames[1:]], CHUNK_MAX, self.counters, self.log, decoder=decode)
         if msg is None:
             return
