@@ -292,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--epochs", type=int, default=200, help="supervised baseline: epochs")
     m.add_argument("--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off")
     m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
+    m.add_argument("--retrain-lr", type=float, default=2e-3,
+                   help="retrain learning rate (default: 2e-3, as every recorded arm ran; the service's default is 5e-4)")
+    m.add_argument("--interpolate", type=float, default=1.0,
+                   help="retrain WiSE-FT interpolation (default 1: as the recorded arms ran; the service's default is 0.5)")
     m.add_argument("--label-smoothing", type=float, default=0.0,
                    help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
     m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")
@@ -318,6 +322,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     settings = SimSettings(
         mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
+        retrain_lr=args.retrain_lr, interpolate=args.interpolate,
         retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
         label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
         calibrate=not args.no_calibrate, recheck=not args.no_recheck,
