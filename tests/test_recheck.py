@@ -79,3 +79,30 @@ def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_stor
         assert manifest["pseudo_recheck"] is None and manifest["samples"]["pseudo"] == 4
     assert samples.counts()["new"] == 0  # held back or not, every sample was considered by this generation
     samples.close()
+
+
+@pytest.mark.parametrize("expert", [False, True])
+def test_a_retrain_on_pseudo_labels_alone_takes_the_cautious_step(tiny_store, tmp_path, monkeypatch, expert):
+    """Pseudo-labels alone carry little (the measured bound): lr and interpolation of pseudo_only_*; with an expert's
+    label among the samples, the full step of lr and interpolate."""
+    from edge_agent.config import parse_config
+    from engines.store import EngineStore
+    from trainer import retrain as service
+    from trainer.samples import SampleStore
+
+    store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
+    samples = SampleStore(tmp_path / "trainer")
+    for i in range(4):
+        kind = "expert" if expert and i == 0 else "pseudo"
+        samples.add({"id": f"{i:064x}", "kind": kind, "label": CLASSES[i % 3], "confidence": 0.95, "engine_version": "v0001",
+                     "ext": ".jpg"}, encode(leaf_image(700 + i)))
+    used = []
+    real = service.train_generation
+    monkeypatch.setattr(service, "train_generation", lambda prev, data, strategy, settings, **kw: used.append(settings) or real(prev, data, strategy, settings, **kw))
+    cfg = parse_config({"trainer": {"labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)), "epochs": 1,
+                                    "int8": False, "gate_tolerance": 1.0, "gate_max_class_drop": 1.0, "calibrate": False,
+                                    "recheck_pseudo": False, "lr": 3e-3, "interpolate": 0.9, "pseudo_only_lr": 4e-4,
+                                    "pseudo_only_interpolate": 0.4}})
+    assert service.retrain(cfg, store, samples, tmp_path / "strategy").published
+    assert (used[0].lr, used[0].interpolate) == ((3e-3, 0.9) if expert else (4e-4, 0.4))
+    samples.close()

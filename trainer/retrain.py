@@ -155,9 +155,12 @@ def retrain(
         "selection": tc.rehearsal_selection, "seed": tc.seed,
     }
     strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
-    settings = ContinualSettings(tc.epochs, tc.batch_size, tc.lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
-                                 distill=tc.distill, distill_temperature=tc.lwf_temperature,
-                                 interpolate=tc.interpolate)
+    # Something new to learn (an expert's labels, a new class): the full step. Pseudo-labels alone: a cautious one.
+    learning = counts["expert"] > 0 or bool(new_classes)
+    lr, interpolate = (tc.lr, tc.interpolate) if learning else (tc.pseudo_only_lr, tc.pseudo_only_interpolate)
+    log.info("retrain_step", kind="expert labels or new classes" if learning else "pseudo-labels only", lr=lr, interpolate=interpolate)
+    settings = ContinualSettings(tc.epochs, tc.batch_size, lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
+                                 distill=tc.distill, distill_temperature=tc.lwf_temperature, interpolate=interpolate)
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop)
     check(should_stop, "before the gate")
     root_name = _root(store, current)
