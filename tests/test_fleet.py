@@ -302,3 +302,57 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         for proc in (*daemons, t):
             if proc.proc and proc.proc.poll() is None:
                 proc.proc.kill()
+
+
+class SlowServer(EngineServer):
+    """Answers each chunk after a pause, so a transfer lasts long enough to kill the daemon in the middle of it."""
+
+    def _payload(self, data: bytes, request: dict) -> bytes:
+        time.sleep(0.01)
+        return data
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_path, signing_key, curve):
+    import json
+
+    from edge_agent.config import default_store_path
+
+    from .daemon_helpers import DaemonProc
+
+    shutil.copytree(default_store_path(), tmp_path / "trainer")
+    trainer_store = EngineStore(tmp_path / "trainer")
+    v2 = publish_v2(trainer_store, signing_key)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = SlowServer(trainer_store, DeliverySettings(endpoint, curve["server"], offer_every_s=0.5))
+    server.start()
+    unused = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]  # no trainer hand-off in this test
+    config = {"handoff": {"endpoint": unused[0], "announce_endpoint": unused[1], "delivery_endpoint": endpoint,
+                          "curve_secret_key": curve["client"].secret, "curve_server_key": curve["client"].server_public,
+                          "heartbeat_s": 0.3, "transfer_chunk_kb": 16, "transfer_window": 1, "name": "kill-me"},
+              "store": {"trusted_keys": [signing_key.public_hex]}, "hotswap": {"poll_s": 0.5}}
+    state = tmp_path / "device"
+    incoming = state / "engines" / ".incoming" / v2
+    d = DaemonProc(state, config).start()
+    try:
+        d.wait_ready()
+        wait_until(lambda: incoming.is_dir() and sum(f.stat().st_size for f in incoming.glob("model*")) > 256 * 1024, 60,
+                   "part of the engine on disk")
+        d.kill()  # SIGKILL in the middle of the transfer
+        partial = sum(f.stat().st_size for f in incoming.glob("model*"))
+        size = sum(m["bytes"] for m in trainer_store.read_manifest(v2)["files"].values())
+        assert 0 < partial < size and EngineStore(state / "engines").current() == "v0001"
+        sent_before = server.counters["bytes"]
+        d = DaemonProc(state, config).start()
+        d.wait_ready()
+        wait_until(lambda: '"engine_swapped"' in d.log_path.read_text(), 120, "the engine, after the restart")
+        resumed = [e for e in d.events() if e.get("event") == "transfer_resumed"]
+        assert resumed and resumed[-1]["bytes_on_disk"] > 0
+        assert server.counters["bytes"] - sent_before <= size - resumed[-1]["bytes_on_disk"] + 64 * 1024  # not started over
+        EngineStore(state / "engines").open(v2, trust=TrustedKeys({signing_key.public_hex: "test"}))
+        wait_until(lambda: json.loads((state / "status.json").read_text())["engine"]["engine_version"] == v2, 10, "status")
+        assert d.terminate() == 0
+    finally:
+        if d.proc and d.proc.poll() is None:
+            d.proc.kill()
+        server.stop()
