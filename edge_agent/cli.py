@@ -331,8 +331,11 @@ def _engine_show(args: argparse.Namespace) -> int:
 def _engine_rollback(args: argparse.Namespace) -> int:
     cfg = _load(args)
     store = _store(args, cfg)
+    from edge_agent.state import resolve_state_dir
+    from edge_agent.trust import daemon_trust
+
     before = store.current()
-    after = store.rollback(args.to)
+    after = store.rollback(args.to, trust=daemon_trust(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)))
     print(f"{store.root}: current {before} -> {after.name}")
     return 0
 
@@ -416,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("version", nargs="?", help="default: current")
         if name == "rollback":
             p.add_argument("--to", metavar="VERSION", help="version to switch to")
+            p.add_argument("--state-dir", help="the daemon's state dir, whose trainer key is trusted (default: $STATE_DIRECTORY or ./edge-state)")
         p.set_defaults(func=func)
     return parser
 

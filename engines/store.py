@@ -287,15 +287,16 @@ class EngineStore:
     def _write_current(self, version: str) -> None:
         atomic_write(self.root / CURRENT, f"{version}\n".encode())
 
-    def set_current(self, version: str) -> StoreVersion:
-        """Put ``version`` in service after verifying it."""
-        opened = self.open(version)
+    def set_current(self, version: str, trust=None) -> StoreVersion:
+        """Put ``version`` in service after verifying it (and with ``trust``, that a trusted key signed it)."""
+        opened = self.open(version, trust=trust)
         with self._locked():
             self._write_current(version)
         return opened
 
-    def rollback(self, to: str | None = None) -> StoreVersion:
-        """Switch back to ``to``, or else to the current version's parent (or the previous one)."""
+    def rollback(self, to: str | None = None, trust=None) -> StoreVersion:
+        """Switch back to ``to``, or else to the current version's parent (or the previous one); with ``trust``, only
+        to a version a trusted key signed (the daemon would refuse any other)."""
         if to is None:
             cur = self.current()
             to = self.read_manifest(cur).get("parent")
@@ -304,4 +305,4 @@ class EngineStore:
                 if not older:
                     raise StoreError(f"{cur} has no parent and no older version to roll back to")
                 to = older[-1]
-        return self.set_current(to)
+        return self.set_current(to, trust=trust)

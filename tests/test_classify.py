@@ -134,20 +134,24 @@ def test_tampered_store_stops_classify_with_a_clear_error(real_photo, tmp_path):
     assert "does not match manifest" in out.stderr and "refusing" in out.stderr
 
 
-def test_engine_list_show_rollback(tiny_store, tmp_path):
+def test_engine_list_show_rollback(tiny_store, tmp_path, signing_key):
     store = tmp_path / "store"
     shutil.copytree(tiny_store, store)
     s = EngineStore(store)
     v1 = s.open()
     s.publish({n: v1.path / n for n in v1.manifest["files"]}, {k: v for k, v in v1.manifest.items() if k != "parent"})
+    cfg = tmp_path / "trust.toml"
+    out = run_cli("engine", "rollback", "--store", str(store), "--state-dir", str(tmp_path / "state"))
+    assert out.returncode == 2 and "does not trust" in out.stderr and s.current() == "v0002"  # only to a signed version
+    cfg.write_text(f'[store]\ntrusted_keys = ["{signing_key.public_hex}"]\n')
     out = run_cli("engine", "list", "--store", str(store))
     assert out.returncode == 0 and "* v0002" in out.stdout and "  v0001" in out.stdout
     shown = json.loads(run_cli("engine", "show", "--store", str(store), "v0001").stdout)
     assert shown["verified"] and shown["version"] == "v0001"
-    out = run_cli("engine", "rollback", "--store", str(store))
+    out = run_cli("engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state"))
     assert out.returncode == 0 and "v0002 -> v0001" in out.stdout
     assert s.current() == "v0001"
-    out = run_cli("engine", "rollback", "--store", str(store))
+    out = run_cli("engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state"))
     assert out.returncode == 2 and "no parent" in out.stderr
 
 

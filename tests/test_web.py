@@ -316,6 +316,15 @@ def test_rollback_to_a_tampered_version_is_refused(state):
     assert r.status_code == 409 and store.current() == "v0002"
 
 
+def test_rollback_to_a_version_no_trusted_key_signed_is_refused(state):
+    _second_version(state)  # published without a signature
+    store = resolve_store(AppConfig(), state)
+    store.set_current("v0001")
+    c = client(state)
+    r = c.post("/engines/rollback", data={"csrf": csrf_of(c), "to": "v0002", "confirm": "yes"})
+    assert r.status_code == 409 and "not signed" in r.text and store.current() == "v0001"
+
+
 # ---- upload -----------------------------------------------------------------
 def _png_header(width: int, height: int) -> bytes:
     """A PNG that claims ``width`` x ``height`` pixels (a decompression bomb's header) and ends properly."""

@@ -210,7 +210,10 @@ def create_app(ctx: WebContext) -> Starlette:
         if to not in store.versions():
             return problem(request, 404, f"no engine version {to!r} in {store.root}")
         try:
-            await run_in_threadpool(store.rollback, to)  # verifies every file's sha256 first
+            from edge_agent.trust import daemon_trust
+
+            trust = daemon_trust(ctx.cfg, ctx.state.root)
+            await run_in_threadpool(store.rollback, to, trust)  # every file's sha256 and the signature first
         except StoreError as exc:
             return problem(request, 409, f"cannot put {to} in service: {exc}")
         return RedirectResponse(f"/engines?rolled={to}", status_code=303)
