@@ -56,6 +56,37 @@ class TamperedError(StoreError):
     """A file of a version does not match the sha256 in its manifest."""
 
 
+def _read_manifest(vdir: Path, version: str) -> dict:
+    """The manifest of the version in ``vdir``, checked for the fields every reader needs and for naming ``version``."""
+    path = vdir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StoreError(f"{vdir.parent}: no version {version!r}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path}: unreadable manifest ({exc})") from None
+    for key in ("version", "files", "classes", "artifacts", "input", "preprocess"):
+        if key not in manifest:
+            raise StoreError(f"{path}: manifest lacks {key!r}")
+    if manifest["version"] != version:
+        raise StoreError(f"{path}: manifest says version {manifest['version']!r}, directory is {version!r}")
+    return manifest
+
+
+def _check_files(vdir: Path, name: str, manifest: dict) -> None:
+    """Every file the manifest lists is in ``vdir`` with its sha256 (:class:`TamperedError` otherwise)."""
+    for fname, meta in manifest["files"].items():
+        fpath = vdir / fname
+        if not fpath.is_file():
+            raise TamperedError(f"{name}/{fname}: missing")
+        digest = sha256_file(fpath)
+        if digest != meta["sha256"]:
+            raise TamperedError(
+                f"{name}/{fname}: sha256 {digest[:12]}... does not match manifest "
+                f"{meta['sha256'][:12]}... (file modified or corrupt); refusing to load it"
+            )
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -124,19 +155,7 @@ class EngineStore:
         return name
 
     def read_manifest(self, version: str) -> dict:
-        path = self.root / version / MANIFEST
-        try:
-            manifest = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise StoreError(f"{self.root}: no version {version!r}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{path}: unreadable manifest ({exc})") from None
-        for key in ("version", "files", "classes", "artifacts", "input", "preprocess"):
-            if key not in manifest:
-                raise StoreError(f"{path}: manifest lacks {key!r}")
-        if manifest["version"] != version:
-            raise StoreError(f"{path}: manifest says version {manifest['version']!r}, directory is {version!r}")
-        return manifest
+        return _read_manifest(self.root / version, version)
 
     def open(self, version: str | None = None, verify: bool = True, trust=None) -> StoreVersion:
         """Open ``version`` (default: current), checking every file's sha256, and with ``trust`` (an
@@ -147,16 +166,7 @@ class EngineStore:
         if trust is not None:
             trust.check(vdir)
         if verify:
-            for fname, meta in manifest["files"].items():
-                fpath = vdir / fname
-                if not fpath.is_file():
-                    raise TamperedError(f"{name}/{fname}: missing")
-                digest = sha256_file(fpath)
-                if digest != meta["sha256"]:
-                    raise TamperedError(
-                        f"{name}/{fname}: sha256 {digest[:12]}... does not match manifest "
-                        f"{meta['sha256'][:12]}... (file modified or corrupt); refusing to load it"
-                    )
+            _check_files(vdir, name, manifest)
         return StoreVersion(name, vdir, manifest)
 
     # ---- writing -------------------------------------------------------
@@ -251,17 +261,15 @@ class EngineStore:
         return self.root / ".incoming" / version
 
     def install(self, version: str, make_current: bool = True) -> StoreVersion:
-        """Move the complete, verified ``incoming(version)`` into the store under its own name, atomically, and
-        put it in service. A version the store already holds is only put in service."""
+        """Move ``incoming(version)`` into the store under its own name, atomically, once every file matches its
+        manifest, and put it in service. A version the store already holds is only put in service."""
         with self._locked():
             src, dst = self.incoming(version), self.root / version
-            if not dst.exists():
-                manifest = self.read_manifest_at(src)
-                if manifest.get("version") != version:
-                    raise StoreError(f"{src}: manifest says {manifest.get('version')!r}, expected {version!r}")
-                for fname, meta in manifest["files"].items():
-                    if sha256_file(src / fname) != meta["sha256"]:
-                        raise TamperedError(f"{version}/{fname}: sha256 does not match the manifest")
+            if dst.exists():
+                manifest = self.read_manifest(version)
+            else:
+                manifest = _read_manifest(src, version)
+                _check_files(src, version, manifest)
                 for f in src.iterdir():
                     if f.name not in manifest["files"] and f.name not in (MANIFEST, SIGNATURE_FILE):
                         f.unlink()  # leftovers of an interrupted transfer
@@ -273,16 +281,7 @@ class EngineStore:
                 fsync_dir(self.root)
             if make_current:
                 self._write_current(version)
-        return self.open(version)
-
-    def read_manifest_at(self, vdir: Path) -> dict:
-        try:
-            manifest = json.loads((vdir / MANIFEST).read_text())
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"{vdir}: unreadable manifest ({exc})") from None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-            raise StoreError(f"{vdir}: manifest lacks 'files'")
-        return manifest
+        return StoreVersion(version, dst, manifest)
 
     def _write_current(self, version: str) -> None:
         atomic_write(self.root / CURRENT, f"{version}\n".encode())

@@ -239,15 +239,8 @@ class EngineFetcher(Worker):
         job = self._job
         if job is None or job.outstanding or any(job.next[n] < b for n, b, _ in job.files):
             return
-        for name, size, sha in job.files:  # a resumed file may have been complete already: check each
-            part = job.dir / name
-            if not part.is_file() or part.stat().st_size != size or sha256_file(part) != sha:
-                if part.exists():
-                    part.unlink()
-                self._refuse(sock, job.version, job.signature, f"{job.version}/{name}: incomplete or altered on disk")
-                return
         try:
-            self.store.install(job.version)
+            self.store.install(job.version)  # checks every file against the manifest first (resumed ones included)
         except StoreError as exc:
             self._refuse(sock, job.version, job.signature, str(exc))
             return
