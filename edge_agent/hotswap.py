@@ -93,19 +93,10 @@ class EngineWatcher(Worker):
         self.swaps = 0
         self._wake = threading.Event()
 
-    def _signature_stamp(self, version: str) -> tuple:
-        """When the version's signature file and the local trainer's key file last changed: a refused version is
-        looked at again once either does (a trainer signing its older versions, or making its key, after this
-        daemon started)."""
-        from engines.signing import SIGNATURE
-
-        stamps = []
-        for path in (self.store.root / version / SIGNATURE, getattr(self.trust, "later", None)):
-            try:
-                stamps.append(path.stat().st_mtime_ns if path is not None else None)
-            except OSError:
-                stamps.append(None)
-        return tuple(stamps)
+    def _signature_stamp(self, version: str) -> tuple | None:
+        """A refused version is looked at again once this changes (a trainer signing its older versions, or making
+        its key, after this daemon started); see :meth:`engines.signing.TrustedKeys.stamp`."""
+        return self.trust.stamp(self.store.root / version) if self.trust is not None else None
 
     def announce(self, version: str) -> None:
         """A new version was announced: look now instead of at the next poll."""

@@ -121,6 +121,17 @@ class TrustedKeys:
             except ValueError:
                 pass
 
+    def stamp(self, vdir: Path) -> tuple:
+        """When what decides ``vdir``'s trust last changed: its signature file and the key file that may appear
+        later. A refused version is worth checking again only once this differs."""
+        stamps = []
+        for path in (vdir / SIGNATURE, self.later):
+            try:
+                stamps.append(path.stat().st_mtime_ns if path is not None else None)
+            except OSError:
+                stamps.append(None)
+        return tuple(stamps)
+
     @classmethod
     def default(cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True) -> "TrustedKeys":
         """The project's key, the key of a trainer on the same state directory (if it made one), and the configured ones."""

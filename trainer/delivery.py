@@ -62,6 +62,7 @@ class EngineServer(Worker):
         self._ready = threading.Event()
         self._offer_now = threading.Event()
         self._unsigned_logged: set[str] = set()
+        self._manifests: dict[str, dict] = {}  # version -> manifest, read once (a version never changes)
 
     def start(self) -> None:
         super().start()
@@ -107,15 +108,11 @@ class EngineServer(Worker):
                 auth.stop()
             ctx.term()
 
-    def _newest(self) -> tuple[str, bytes, str] | None:
-        """The version in service, its manifest bytes and its signature text; None if it cannot be offered."""
-        try:
-            version = self.store.current()
-        except StoreError:
-            return None
+    def _offer_of(self, version: str) -> tuple[bytes, str] | None:
+        """``version``'s manifest bytes and signature text; None if it is unsigned (daemons would refuse it)."""
         vdir = self.store.root / version
         try:
-            return version, (vdir / MANIFEST).read_bytes(), (vdir / SIGNATURE_FILE).read_text()
+            return (vdir / MANIFEST).read_bytes(), (vdir / SIGNATURE_FILE).read_text()
         except FileNotFoundError:
             if version not in self._unsigned_logged:
                 self._unsigned_logged.add(version)
@@ -123,14 +120,20 @@ class EngineServer(Worker):
             return None
 
     def _maybe_offer(self, router, peer: Peer) -> None:
-        newest = self._newest()
-        if newest is None or not peer.identity:
+        """Offer the version in service to ``peer`` unless it runs it, refused it, or had it offered lately (checked
+        on every hello, so the files are read only once an offer is due)."""
+        try:
+            version = self.store.current()
+        except StoreError:
             return
-        version, manifest, signature = newest
-        if peer.engine_version == version or version in peer.refused:
+        if not peer.identity or peer.engine_version == version or version in peer.refused:
             return
         if time.monotonic() - peer.offered.get(version, -1e9) < self.settings.offer_every_s:
             return
+        offer = self._offer_of(version)
+        if offer is None:
+            return
+        manifest, signature = offer
         peer.offered[version] = time.monotonic()
         router.send_multipart([peer.identity, *encode("offer", {"version": version, "signature": signature}, manifest)])
         self.counters["offers"] += 1
@@ -176,7 +179,7 @@ class EngineServer(Worker):
     def _serve(self, router, identity: bytes, h: dict) -> None:
         version, name, offset, length = h["version"], h["file"], h["offset"], h["length"]
         try:
-            manifest = self.store.read_manifest(version)
+            manifest = self._manifests.get(version) or self._manifests.setdefault(version, self.store.read_manifest(version))
             meta = manifest["files"].get(name)
             if meta is None:
                 raise StoreError(f"{version} has no file {name!r}")
