@@ -11,18 +11,19 @@ from engines.loader import open_engine
 from engines.signing import TrustedKeys
 from engines.store import EngineStore, StoreError
 
-__all__ = ["daemon_trust", "open_trusted", "adopt_shipped_signatures", "SIGNING_KEY_FILE"]
+__all__ = ["daemon_trust", "open_trusted", "adopt_shipped_signatures", "trainer_key_path"]
 
-#: The trainer's secret key, in its state directory (the public half beside it, ``signing.pub``).
-SIGNING_KEY_FILE = "signing.key"
+
+def trainer_key_path(cfg: AppConfig, state_dir: Path) -> Path:
+    """The secret key of the trainer on ``state_dir`` (``signing.key`` in its state directory; ``signing.pub`` beside)."""
+    return trainer_state_dir(cfg, state_dir) / "signing.key"
 
 
 def daemon_trust(cfg: AppConfig, state_dir: Path) -> TrustedKeys | None:
     """The keys this daemon trusts, or None when ``[store] require_signature`` is off."""
     if not cfg.store.require_signature:
         return None
-    local = trainer_state_dir(cfg, state_dir) / Path(SIGNING_KEY_FILE).with_suffix(".pub")
-    return TrustedKeys.default(cfg.store.trusted_keys, local_trainer_key=local)
+    return TrustedKeys.default(cfg.store.trusted_keys, local_trainer_key=trainer_key_path(cfg, state_dir).with_suffix(".pub"))
 
 
 def open_trusted(store: EngineStore, config: BackendConfig, trust: TrustedKeys | None, log) -> tuple[Engine, dict[str, str]]:

@@ -24,7 +24,7 @@ from engines.store import MANIFEST, SIGNATURE_FILE, TamperedError
 
 __all__ = [
     "SIGNATURE", "PROJECT_KEY", "UntrustedVersion", "SigningKey", "TrustedKeys", "load_or_create_key", "sign_manifest",
-    "signature_of", "read_public_key",
+    "signature_of", "read_public_key", "sign_version",
 ]
 
 SIGNATURE = SIGNATURE_FILE
@@ -93,6 +93,11 @@ def sign_manifest(manifest: bytes, key: SigningKey) -> bytes:
     """The ``manifest.sig`` document for ``manifest`` (the exact bytes of manifest.json)."""
     doc = {"format": 1, "key": key.public_hex, "signature": key.sign(manifest).hex()}
     return (json.dumps(doc) + "\n").encode()
+
+
+def sign_version(vdir: Path, key: SigningKey) -> None:
+    """Write ``manifest.sig`` for the version in ``vdir`` (whose files the caller has verified)."""
+    atomic_write(vdir / SIGNATURE, sign_manifest((vdir / MANIFEST).read_bytes(), key))
 
 
 def signature_of(vdir: Path) -> dict | None:

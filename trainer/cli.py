@@ -101,11 +101,11 @@ def _retrain(args: argparse.Namespace) -> int:
         import os
 
         os.nice(cfg.trainer.nice)  # inference first, here too
-    from edge_agent.trust import SIGNING_KEY_FILE
+    from edge_agent.trust import trainer_key_path
     from engines.signing import load_or_create_key
 
     result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy",
-                     signing_key=load_or_create_key(root / SIGNING_KEY_FILE))
+                     signing_key=load_or_create_key(trainer_key_path(cfg, state)))
     print(f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)")
     return 0 if result.published else 1
 
@@ -195,12 +195,11 @@ def _fleet(args: argparse.Namespace) -> int:
 
 def _signing_key(args: argparse.Namespace) -> int:
     """This trainer's engine-signing key (made if missing): the public half goes into each daemon's trusted_keys."""
-    from edge_agent.trust import SIGNING_KEY_FILE
+    from edge_agent.trust import trainer_key_path
     from engines.signing import load_or_create_key
-    from trainer.service import trainer_state_dir
 
     cfg, state = _service_config(args)
-    key = load_or_create_key(trainer_state_dir(cfg, state) / SIGNING_KEY_FILE)
+    key = load_or_create_key(trainer_key_path(cfg, state))
     print(f"public key: {key.public_hex}")
     print(f"file:       {key.path.with_suffix('.pub')}")
     print("daemons that take engines from this trainer: [store] trusted_keys = [\"<the public key or a copy of the file>\"]")
@@ -210,17 +209,14 @@ def _signing_key(args: argparse.Namespace) -> int:
 
 def _sign(args: argparse.Namespace) -> int:
     """Sign an existing store version with a key (release use: the shipped model and the project's key)."""
-    from pathlib import Path
-
-    from engines.durable import atomic_write
-    from engines.signing import SIGNATURE, TrustedKeys, load_or_create_key, sign_manifest
-    from engines.store import MANIFEST, EngineStore
+    from engines.signing import TrustedKeys, load_or_create_key, sign_version
+    from engines.store import EngineStore
 
     key = load_or_create_key(args.key)
     store = EngineStore(args.store)
     version = store.open(args.version)  # the files must match the manifest before it is vouched for
-    atomic_write(version.path / SIGNATURE, sign_manifest((version.path / MANIFEST).read_bytes(), key))
-    TrustedKeys({key.public_hex: "this key"}).check(Path(version.path))
+    sign_version(version.path, key)
+    TrustedKeys({key.public_hex: "this key"}).check(version.path)
     print(f"signed {store.root}/{version.name} with {key.public_hex}")
     return 0
 

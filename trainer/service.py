@@ -20,7 +20,7 @@ from edge_agent.config import AppConfig
 from edge_agent.daemon import curve_keys, handoff_endpoints, resolve_store
 from edge_agent.log import get_logger
 from edge_agent.state import trainer_state_dir
-from edge_agent.trust import SIGNING_KEY_FILE
+from edge_agent.trust import trainer_key_path
 from engines.durable import atomic_write
 from engines.signing import load_or_create_key
 from trainer.delivery import DeliverySettings, EngineServer
@@ -41,7 +41,7 @@ class TrainerService:
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = get_logger("trainer.service", state_dir=str(self.root))
         self.samples = SampleStore(self.root)
-        self.signing_key = load_or_create_key(self.root / SIGNING_KEY_FILE)  # daemons on this state dir trust it
+        self.signing_key = load_or_create_key(trainer_key_path(cfg, state_dir))  # daemons on this state dir trust it
         self.store = resolve_store(cfg, state_dir)
         self._sign_unsigned_versions()
         endpoint, announce, delivery = handoff_endpoints(cfg, state_dir)
@@ -60,8 +60,8 @@ class TrainerService:
         """Versions in this trainer's store from before versions were signed (its own, or a model the user trained):
         signed once their files verify, so the daemon on this state directory keeps serving them after an upgrade.
         A version someone else signed is left as it is."""
-        from engines.signing import SIGNATURE, sign_manifest
-        from engines.store import MANIFEST, StoreError
+        from engines.signing import SIGNATURE, sign_version
+        from engines.store import StoreError
 
         for version in self.store.versions():
             vdir = self.store.root / version
@@ -72,7 +72,7 @@ class TrainerService:
             except StoreError as exc:
                 self.log.warning("unsigned_version_left_unsigned", engine_version=version, reason=str(exc))
                 continue
-            atomic_write(vdir / SIGNATURE, sign_manifest((vdir / MANIFEST).read_bytes(), self.signing_key))
+            sign_version(vdir, self.signing_key)
             self.log.info("signed_existing_version", engine_version=version, key=self.signing_key.public_hex[:16])
 
     @property
