@@ -128,7 +128,8 @@ def consistency_finetune(baseline, labelled, unlabelled, tau: float, epochs: int
     import torch.nn.functional as F
 
     from trainer.augment import Augment
-    from trainer.train import lr_schedule, recompute_batchnorm
+    from trainer.batchnorm import recompute_batchnorm
+    from trainer.train import lr_schedule
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)

@@ -143,21 +143,51 @@ def test_easy_classes_cannot_dominate_the_pseudo_labels():
     assert balance_pseudo(labels, torch.zeros(8, dtype=torch.bool)).tolist() == [1.0] * 8
 
 
-def test_batchnorm_statistics_are_recomputed_on_clean_photos():
+def _batchnorm_inputs(model, x):
+    """Each BatchNorm layer's input over ``x`` in eval mode (so with the statistics the layers before it have)."""
+    seen: dict = {}
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    hooks = [bn.register_forward_pre_hook(lambda m, inp, i=i: seen.setdefault(i, []).append(inp[0].detach())) for i, bn in enumerate(bns)]
+    with torch.no_grad():
+        model.eval()(x)
+    for h in hooks:
+        h.remove()
+    return bns, {i: torch.cat(v) for i, v in seen.items()}
+
+
+def test_batchnorm_statistics_are_the_exact_ones_over_clean_photos_in_class_order():
+    """Photos in class order (a labelled folder, the replay memory): averaging per-batch statistics would miss the
+    spread between classes; the recomputed statistics are the population mean and variance of every layer's input."""
+    from trainer.batchnorm import recompute_batchnorm
     from trainer.model import build_model
-    from trainer.train import recompute_batchnorm
 
     torch.manual_seed(0)
     model = build_model(3)
-    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
-    bn.running_mean.fill_(5.0)  # statistics left over from augmented batches
-    seen = []
-    bn.register_forward_hook(lambda m, inp, out: seen.append(inp[0].detach()))
-    x = torch.randn(20, 3, 128, 128)
-    recompute_batchnorm(model, x, batch_size=10)  # equal batches: the average of batch means is the mean
-    expected = torch.cat(seen).mean(dim=(0, 2, 3))
-    assert torch.allclose(bn.running_mean, expected, atol=1e-4)
-    assert not model.training and bn.momentum == 0.1
+    for bn in model.modules():
+        if isinstance(bn, torch.nn.BatchNorm2d):
+            bn.running_mean.fill_(5.0)  # statistics left over from augmented batches
+            bn.running_var.fill_(9.0)
+    x = torch.cat([torch.randn(10, 3, 32, 32) + 2.0 * k for k in range(3)])  # three "classes", in order
+    recompute_batchnorm(model, x, batch_size=10)  # one class per batch
+    bns, inputs = _batchnorm_inputs(model, x)
+    for i, bn in enumerate(bns):
+        t = inputs[i].transpose(0, 1).reshape(bn.num_features, -1)
+        assert torch.allclose(bn.running_mean, t.mean(1), atol=1e-4, rtol=1e-4)
+        assert torch.allclose(bn.running_var, t.var(1), rtol=1e-3)
+    assert not model.training
+    first = bns[0].running_var.clone()
+    recompute_batchnorm(model, x[torch.randperm(len(x))], batch_size=7)  # order and batch size do not matter
+    assert torch.allclose(bns[0].running_var, first, rtol=1e-5)
+
+
+def test_batchnorm_recompute_leaves_a_model_alone_with_fewer_than_two_photos():
+    from trainer.batchnorm import recompute_batchnorm
+    from trainer.model import build_model
+
+    model = build_model(3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    recompute_batchnorm(model, torch.randn(1, 3, 32, 32))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_lr_schedule_warms_up_decays_and_holds_the_swa_floor():

@@ -21,7 +21,8 @@ from trainer.model import LeafNet
 from trainer.stop import check
 from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
-from trainer.train import lr_schedule, recompute_batchnorm
+from trainer.batchnorm import recompute_batchnorm
+from trainer.train import lr_schedule
 
 __all__ = ["ContinualSettings", "ramp", "train_generation"]
 

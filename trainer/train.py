@@ -17,12 +17,13 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from engines.store import StoreVersion
 from trainer.augment import Augment
+from trainer.batchnorm import recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
 from trainer.model import LeafNet, build_model, count_parameters
 from trainer.publish import publish_model
 
-__all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "recompute_batchnorm", "train_supervised"]
+__all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised"]
 
 
 @dataclass
@@ -174,25 +175,6 @@ def lr_schedule(total: int, warmup: int = 0, swa: int = 0, floor: float = 0.25):
 def _swa_model(swa, train: TensorDataset, batch_size: int) -> LeafNet:
     """The averaged weights as a plain LeafNet, with BatchNorm statistics recomputed on the training photos."""
     return recompute_batchnorm(copy.deepcopy(swa.module), train.x, batch_size)
-
-
-@torch.no_grad()
-def recompute_batchnorm(model: LeafNet, x: torch.Tensor, batch_size: int = 32) -> LeafNet:
-    """Replace BatchNorm's running statistics by exact ones over ``x`` (un-augmented photos), in place.
-
-    Training batches are augmented (brightness, contrast, noise), so the running statistics a training run
-    ends with describe photos the model never sees in service; on clean photos that costs several points."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average over the pass
-    model.train()
-    for i in range(0, len(x), batch_size):
-        model(x[i : i + batch_size])
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.momentum = 0.1
-    return model.eval()
 
 
 def _initial_weights(spec: str, classes: list[str]) -> tuple[LeafNet, dict]:
