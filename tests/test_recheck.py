@@ -83,8 +83,8 @@ def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_stor
 
 @pytest.mark.parametrize("expert", [False, True])
 def test_a_retrain_on_pseudo_labels_alone_takes_the_cautious_step(tiny_store, tmp_path, monkeypatch, expert):
-    """Pseudo-labels alone carry little (the measured bound): lr and interpolation of pseudo_only_*; with an expert's
-    label among the samples, the full step of lr and interpolate."""
+    """Pseudo-labels alone carry little (the measured bound): pseudo_only_lr and a step among pseudo_only_steps; with
+    an expert's label among the samples, the full step of lr and interpolate."""
     from edge_agent.config import parse_config
     from engines.store import EngineStore
     from trainer import retrain as service
@@ -102,7 +102,11 @@ def test_a_retrain_on_pseudo_labels_alone_takes_the_cautious_step(tiny_store, tm
     cfg = parse_config({"trainer": {"labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)), "epochs": 1,
                                     "int8": False, "gate_tolerance": 1.0, "gate_max_class_drop": 1.0, "calibrate": False,
                                     "recheck_pseudo": False, "lr": 3e-3, "interpolate": 0.9, "pseudo_only_lr": 4e-4,
-                                    "pseudo_only_interpolate": 0.4}})
-    assert service.retrain(cfg, store, samples, tmp_path / "strategy").published
-    assert (used[0].lr, used[0].interpolate) == ((3e-3, 0.9) if expert else (4e-4, 0.4))
+                                    "pseudo_only_steps": [0.4]}})
+    result = service.retrain(cfg, store, samples, tmp_path / "strategy")
+    assert result.published
+    if expert:
+        assert (used[0].lr, used[0].interpolate) == (3e-3, 0.9) and "step" not in result.metrics
+    else:  # trained all the way, then the step chosen among pseudo_only_steps (here only one)
+        assert (used[0].lr, used[0].interpolate) == (4e-4, 1.0) and result.metrics["step"]["step"] == 0.4
     samples.close()

@@ -28,6 +28,7 @@ from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import SampleStore
+from trainer.step import choose_step
 from trainer.stop import check
 from trainer.strategies.base import Generation, get_strategy
 
@@ -157,11 +158,16 @@ def retrain(
     strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
     # Something new to learn (an expert's labels, a new class): the full step. Pseudo-labels alone: a cautious one.
     learning = counts["expert"] > 0 or bool(new_classes)
-    lr, interpolate = (tc.lr, tc.interpolate) if learning else (tc.pseudo_only_lr, tc.pseudo_only_interpolate)
-    log.info("retrain_step", kind="expert labels or new classes" if learning else "pseudo-labels only", lr=lr, interpolate=interpolate)
+    lr, interpolate = (tc.lr, tc.interpolate) if learning else (tc.pseudo_only_lr, 1.0)
+    log.info("retrain_step", kind="expert labels or new classes" if learning else "pseudo-labels only", lr=lr,
+             interpolate=interpolate if learning else tc.pseudo_only_steps)
     settings = ContinualSettings(tc.epochs, tc.batch_size, lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
                                  distill=tc.distill, distill_temperature=tc.lwf_temperature, interpolate=interpolate)
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop)
+    step = None
+    if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
+        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop)
+        log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
     root_name = _root(store, current)
     root = previous if root_name == current.name else load_weights(store.open(root_name))
@@ -169,6 +175,8 @@ def retrain(
     metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}, "samples": counts}
     if rechecked:
         metrics["pseudo_recheck"] = rechecked
+    if step is not None:
+        metrics["step"] = step.summary()
     log.info("gate", publish=decision.publish, reason=decision.reason, **decision.metrics)
     if not decision.publish:
         samples.mark_used(ids, f"refused:{int(time.time())}")

@@ -73,7 +73,7 @@ class SimSettings:
     recheck: bool = True  # retrains score the pseudo-labels again with the engine in service ([trainer] recheck_pseudo)
     retrain_epochs: int = 15
     retrain_lr: float = 2e-3  # every recorded arm ran with it, with or without experts (the service: 5e-4 without)
-    interpolate: float = 1.0  # likewise (the service: 0.5 for a retrain on pseudo-labels alone)
+    interpolate: float = 1.0  # likewise (the service chooses the step of a retrain on pseudo-labels alone: trainer.step)
     strategy: str = "rehearsal"
     expert_per_day: int = 0  # an expert labels this many photos a day from the review pool (fast mode)
     expert_choice: str = "device"  # device: the review queue's ranking; random: at random from the same pool
@@ -228,7 +228,7 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
             "gate_tolerance": 0.005,  # the strict gate every earlier simulation used, so their figures compare
             "distill": 0.0,  # as every simulation so far (the expert arms among them) ran; the service's default is 1.0
             # the recorded arms' settings unless asked otherwise, with and without expert labels alike
-            "lr": s.retrain_lr, "interpolate": s.interpolate, "pseudo_only_lr": s.retrain_lr, "pseudo_only_interpolate": s.interpolate,
+            "lr": s.retrain_lr, "interpolate": s.interpolate, "pseudo_only_lr": s.retrain_lr, "pseudo_only_steps": [s.interpolate],
         },
     }
 

@@ -1,0 +1,69 @@
+"""trainer.step: a retrain on pseudo-labels alone keeps the step with the lowest log-loss on the gate photos."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from trainer.batchnorm import recompute_batchnorm
+from trainer.model import build_model
+from trainer.step import choose_step
+
+STEPS = [1.0, 0.5, 0.0]
+
+
+def _pair():
+    torch.manual_seed(0)
+    previous = build_model(4)
+    trained = copy.deepcopy(previous)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.5 * torch.randn_like(p))  # somewhere else entirely
+    x = torch.randn(24, 3, 32, 32)
+    return previous, trained, x
+
+
+def _labels_of(model, x):
+    m = recompute_batchnorm(copy.deepcopy(model), x)
+    with torch.no_grad():
+        return m(x).argmax(1)
+
+
+@pytest.mark.parametrize("right", ["previous", "trained"])
+def test_the_step_towards_the_model_that_is_right_on_the_gate_photos_wins(right):
+    previous, trained, x = _pair()
+    y = _labels_of(previous if right == "previous" else trained, x)
+    model, choice = choose_step(trained, previous, STEPS, x, x, y)
+    assert choice.step == (0.0 if right == "previous" else 1.0)
+    assert [t["step"] for t in choice.tried] == [1.0, 0.5, 0.0]
+    best = min(choice.tried, key=lambda t: t["gate_log_loss"])
+    assert best["step"] == choice.step
+    # the candidate's weights really are previous + step x (trained - previous)
+    prev_w, trained_w = dict(previous.named_parameters()), dict(trained.named_parameters())
+    for name, w in model.named_parameters():
+        assert torch.allclose(w, prev_w[name] + choice.step * (trained_w[name] - prev_w[name]), atol=1e-6)
+    assert not model.training
+
+
+def test_a_single_step_is_taken_as_it_is_and_inputs_are_left_alone():
+    previous, trained, x = _pair()
+    before = {k: v.clone() for k, v in trained.state_dict().items()}
+    _, choice = choose_step(trained, previous, [0.25], x, x, torch.zeros(len(x), dtype=torch.long))
+    assert choice.step == 0.25 and len(choice.tried) == 1
+    assert all(torch.equal(before[k], v) for k, v in trained.state_dict().items())
+
+
+def test_ties_keep_the_larger_step():
+    previous, _, x = _pair()
+    _, choice = choose_step(copy.deepcopy(previous), previous, [0.0, 1.0, 0.5], x, x, torch.zeros(len(x), dtype=torch.long))
+    assert choice.step == 1.0  # the same weights everywhere: nothing to choose between
+
+
+def test_no_steps_or_no_gate_photos_is_an_error():
+    previous, trained, x = _pair()
+    with pytest.raises(ValueError, match="no step"):
+        choose_step(trained, previous, [], x, x, torch.zeros(len(x), dtype=torch.long))
+    with pytest.raises(ValueError, match="no validation photos"):
+        choose_step(trained, previous, [1.0], x, x[:0], torch.zeros(0, dtype=torch.long))
