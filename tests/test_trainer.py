@@ -242,6 +242,31 @@ def test_cli_logging_options_go_before_or_after_the_subcommand():
         p.parse_args(["status", "--log-level", "loud"])
 
 
+def test_calibrate_with_batchnorm_sets_the_exact_statistics_over_the_training_split(tmp_path):
+    """`edge-trainer calibrate --batchnorm`: how the shipped model is brought up to exact BatchNorm statistics."""
+    from trainer.batchnorm import recompute_batchnorm
+    from trainer.publish import load_weights
+
+    root = _noisy_classes(tmp_path / "data")
+    old = train_supervised(root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, threads=2, calibrate=False), progress=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "calibrate", "--batchnorm", "--data", str(root), "--store", str(tmp_path / "store")],
+        capture_output=True, text=True, cwd=Path(__file__).parents[1],
+    )
+    assert out.returncode == 0, out.stderr
+    new = EngineStore(tmp_path / "store").open()
+    split = old.manifest["training"]["split"]
+    train = stratified_split(scan_folder(root).samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])["train"]
+    assert new.manifest["training"]["batchnorm"] == f"exact statistics over the {len(train)} training photos"
+    expected = recompute_batchnorm(load_weights(old), TensorDataset(train).x)
+    got = load_weights(new)
+    for name, buf in expected.named_buffers():
+        if name.endswith(("running_mean", "running_var")):
+            torch.testing.assert_close(dict(got.named_buffers())[name], buf, rtol=1e-4, atol=1e-5)
+    assert any(not torch.allclose(a, b) for (n, a), (_, b) in zip(load_weights(old).named_buffers(), got.named_buffers())
+               if n.endswith("running_var"))  # they did change
+
+
 def test_calibrate_publishes_a_calibrated_child_of_an_older_version(tmp_path):
     """`edge-trainer calibrate`: for versions published before calibration (e.g. the shipped one)."""
     from trainer.publish import load_weights, publish_model

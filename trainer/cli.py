@@ -46,7 +46,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from trainer.train import recalibrate
 
     try:
-        version = recalibrate(args.data, args.store, args.version)
+        version = recalibrate(args.data, args.store, args.version, batchnorm=args.batchnorm)
     except DatasetError as exc:
         print(f"edge-trainer: cannot calibrate: {exc}", file=sys.stderr)
         return 2
@@ -277,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--data", required=True, help="the folder of <Class name>/<photo> folders the version was trained on")
     c.add_argument("--store", required=True, help="engine store holding the version; the calibrated child is published there")
     c.add_argument("--version", help="version to calibrate (default: current)")
+    c.add_argument("--batchnorm", action="store_true",
+                   help="first set its BatchNorm statistics to the exact ones over its training split (versions published "
+                   "before they were exact, such as the shipped v0001, averaged per-batch statistics)")
     c.set_defaults(func=_calibrate)
     m = sub.add_parser("simulate", parents=[logging_opts], help="field simulation: supervised-only vs self-training on a stream of real photos")
     m.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")

@@ -237,8 +237,12 @@ def train_supervised(
     return publish_model(model, folder.classes, store_dir, spec=spec, metrics=metrics, training=training, **_int8_inputs(sets, settings.int8))
 
 
-def recalibrate(data_dir: str | os.PathLike, store_dir: str | os.PathLike, version: str | None = None) -> StoreVersion:
+def recalibrate(
+    data_dir: str | os.PathLike, store_dir: str | os.PathLike, version: str | None = None, batchnorm: bool = False,
+) -> StoreVersion:
     """Fold a temperature into a published version and publish the result as a new version (its child).
+    With ``batchnorm``, first set its BatchNorm statistics to the exact ones over its training split
+    (:mod:`trainer.batchnorm`: versions published before they were exact averaged per-batch statistics).
 
     The temperature is fitted on the validation split the version was trained with, recomputed from
     ``data_dir`` and the manifest's split (seed and fractions), so the photos are ones it was never trained
@@ -257,6 +261,8 @@ def recalibrate(data_dir: str | os.PathLike, store_dir: str | os.PathLike, versi
     if folder.classes != opened.classes:
         raise DatasetError(f"{data_dir}: its class folders differ from {opened.name}'s classes")
     model = load_weights(opened)
+    if batchnorm:
+        recompute_batchnorm(model, sets["train"].x)
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     if scaling.skipped:
         raise DatasetError(f"cannot calibrate {opened.name}: {scaling.skipped}")
@@ -264,7 +270,8 @@ def recalibrate(data_dir: str | os.PathLike, store_dir: str | os.PathLike, versi
     log.info("recalibrated", parent=opened.name, **scaling.summary())
     return publish_model(
         model, folder.classes, store_dir, spec=spec, metrics=metrics, parent=opened.name,
-        training={**opened.manifest.get("training", {}), "recalibrated_from": opened.name},
+        training={**opened.manifest.get("training", {}), "recalibrated_from": opened.name,
+                  **({"batchnorm": f"exact statistics over the {len(sets['train'])} training photos"} if batchnorm else {})},
         **_int8_inputs(sets, "int8" in opened.manifest["artifacts"]),
     )
 
