@@ -37,9 +37,9 @@ def test_the_step_towards_the_model_that_is_right_on_the_gate_photos_wins(right)
     y = _labels_of(previous if right == "previous" else trained, x)
     model, choice = choose_step(trained, previous, STEPS, x, x, y)
     assert choice.step == (0.0 if right == "previous" else 1.0)
-    assert [t["step"] for t in choice.tried] == [1.0, 0.5, 0.0]
+    assert [t["step"] for t in choice.tried] == [0.0, 0.5, 1.0]
     best = min(choice.tried, key=lambda t: t["gate_log_loss"])
-    assert best["step"] == choice.step
+    assert best["step"] == choice.step and best["above_lowest"] == 0.0
     # the candidate's weights really are previous + step x (trained - previous)
     prev_w, trained_w = dict(previous.named_parameters()), dict(trained.named_parameters())
     for name, w in model.named_parameters():
@@ -55,10 +55,28 @@ def test_a_single_step_is_taken_as_it_is_and_inputs_are_left_alone():
     assert all(torch.equal(before[k], v) for k, v in trained.state_dict().items())
 
 
-def test_ties_keep_the_larger_step():
+def test_ties_keep_the_smaller_step():
     previous, _, x = _pair()
     _, choice = choose_step(copy.deepcopy(previous), previous, [0.0, 1.0, 0.5], x, x, torch.zeros(len(x), dtype=torch.long))
-    assert choice.step == 1.0  # the same weights everywhere: nothing to choose between
+    assert choice.step == 0.0  # the same weights everywhere: nothing to choose between, so the least change
+
+
+@pytest.mark.parametrize("gain, spread, expected", [(0.01, 0.5, 0.0), (0.2, 0.05, 1.0)])
+def test_a_larger_step_must_be_better_by_more_than_one_standard_error(monkeypatch, gain, spread, expected):
+    """Step 1 has the lowest mean log-loss in both cases; it is taken only where the gain stands out of the noise."""
+    import trainer.step as step
+
+    previous, trained, x = _pair()
+    g = torch.Generator().manual_seed(1)
+    base = torch.rand(100, generator=g, dtype=torch.float64) + 0.5
+    noise = spread * torch.randn(100, generator=g, dtype=torch.float64)
+    fake = iter([(base, 0.9), (base - gain + noise - noise.mean(), 0.9)])  # steps ascending: 0, then 1
+    monkeypatch.setattr(step, "_losses", lambda model, vx, vy: next(fake))
+    _, choice = choose_step(trained, previous, [1.0, 0.0], x, x, torch.zeros(len(x), dtype=torch.long))
+    assert choice.step == expected
+    one = choice.tried[1]
+    assert one["gate_log_loss"] < choice.tried[0]["gate_log_loss"]
+    assert (choice.tried[0]["above_lowest"] <= choice.tried[0]["standard_error"]) == (expected == 0.0)
 
 
 def test_no_steps_or_no_gate_photos_is_an_error():
@@ -67,3 +85,14 @@ def test_no_steps_or_no_gate_photos_is_an_error():
         choose_step(trained, previous, [], x, x, torch.zeros(len(x), dtype=torch.long))
     with pytest.raises(ValueError, match="no validation photos"):
         choose_step(trained, previous, [1.0], x, x[:0], torch.zeros(0, dtype=torch.long))
+
+
+def test_the_search_may_sample_photos_but_the_chosen_candidate_gets_statistics_over_all_of_them():
+    previous, trained, x = _pair()
+    y = _labels_of(previous, x)
+    model, choice = choose_step(trained, previous, [1.0, 0.0], x, x, y, search_photos=8)
+    exact = recompute_batchnorm(copy.deepcopy(previous), x)  # step 0: previous's weights, statistics over all 24
+    for (name, got), (_, want) in zip(model.named_buffers(), exact.named_buffers()):
+        if name.endswith(("running_mean", "running_var")):
+            torch.testing.assert_close(got, want)
+    assert choice.step == 0.0

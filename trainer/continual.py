@@ -52,9 +52,10 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 
 def train_generation(
     previous: LeafNet, data: Generation, strategy: Strategy, settings: ContinualSettings, num_classes: int | None = None,
-    should_stop=lambda: False,
+    should_stop=lambda: False, batchnorm: bool = True,
 ) -> tuple[LeafNet, Generation]:
-    """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more).
+    """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more). Its BatchNorm
+    statistics are recomputed on the data unless ``batchnorm`` is false (the caller does it: :mod:`trainer.step`).
 
     Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
     only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
@@ -120,7 +121,7 @@ def train_generation(
         model = copy.deepcopy(swa.module)
     if settings.interpolate < 1.0:
         interpolate_weights(model, previous, settings.interpolate)
-    return recompute_batchnorm(model, data.x, settings.batch_size), data
+    return (recompute_batchnorm(model, data.x) if batchnorm else model.eval()), data
 
 
 def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha: float) -> None:

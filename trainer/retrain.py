@@ -163,10 +163,11 @@ def retrain(
              interpolate=interpolate if learning else tc.pseudo_only_steps)
     settings = ContinualSettings(tc.epochs, tc.batch_size, lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
                                  distill=tc.distill, distill_temperature=tc.lwf_temperature, interpolate=interpolate)
-    candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop)
+    candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop,
+                                       batchnorm=learning)
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
-        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop)
+        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed)
         log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
     root_name = _root(store, current)

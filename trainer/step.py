@@ -5,10 +5,11 @@ Pseudo-labels are the model's own confident answers, so a retrain on them alone 
 the weights drift away from what the engine in service learned from its whole training set. The trainer
 therefore tries several points on the line from the engine in service to the retrained weights
 (``previous + a x (trained - previous)``, WiSE-FT), each with its BatchNorm statistics recomputed on the photos
-the retrain used, and keeps the one with the lowest log-loss (mean cross-entropy) on the gate's validation photos.
-Log-loss rather than top-1: on 184 photos top-1 moves in steps of one photo, while the log-loss sees every
-photo's margin, so it ranks steps that top-1 cannot tell apart. ``a = 0`` keeps the weights and adapts only the
-BatchNorm statistics to the photos the device has seen. The gate then judges the chosen candidate as any other.
+the retrain used, and keeps the smallest step whose log-loss (mean cross-entropy) on the gate's validation photos is
+within one standard error of the lowest: a step further from the engine in service must be better by more than 184
+photos can measure. Log-loss rather than top-1: top-1 moves in steps of one photo, the log-loss sees every photo's
+margin. ``a = 0`` keeps the weights and adapts only the BatchNorm statistics to the photos the device has seen.
+The gate then judges the chosen candidate as any other.
 """
 
 from __future__ import annotations
@@ -30,42 +31,62 @@ __all__ = ["StepChoice", "choose_step"]
 @dataclass
 class StepChoice:
     step: float
-    tried: list[dict]  # per step: {"step", "gate_log_loss", "gate_top1"}
+    tried: list[dict]  # per step: gate_log_loss, gate_top1, above_lowest (mean), standard_error
 
     def summary(self) -> dict:
         return {"step": self.step, "tried": self.tried}
 
 
 @torch.no_grad()
-def _score(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> tuple[float, float]:
+def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> tuple[torch.Tensor, float]:
+    """Per-photo cross-entropy and top-1."""
     model.eval()
-    loss, right = 0.0, 0
+    losses, right = [], 0
     for i in range(0, len(x), batch):
         logits = model(x[i : i + batch])
-        loss += F.cross_entropy(logits, y[i : i + batch], reduction="sum").item()
+        losses.append(F.cross_entropy(logits, y[i : i + batch], reduction="none").double())
         right += int((logits.argmax(1) == y[i : i + batch]).sum())
-    return loss / len(x), right / len(x)
+    return torch.cat(losses), right / len(x)
 
 
 def choose_step(
     trained: LeafNet, previous: LeafNet, steps: list[float], bn_x: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor,
-    should_stop=lambda: False,
+    should_stop=lambda: False, search_photos: int = 256, seed: int = 0,
 ) -> tuple[LeafNet, StepChoice]:
-    """The candidate ``previous + a x (trained - previous)`` for the ``a`` in ``steps`` with the lowest log-loss on
-    ``val_x``/``val_y`` (ties: the larger step), its BatchNorm statistics recomputed on ``bn_x``."""
+    """The candidate ``previous + a x (trained - previous)`` for the smallest ``a`` in ``steps`` whose log-loss on
+    ``val_x``/``val_y`` is within one standard error of the lowest (the one-standard-error rule: a larger step must
+    be better by more than the gate photos can measure), its BatchNorm statistics recomputed on ``bn_x``.
+
+    The standard error is that of the mean per-photo difference from the lowest-loss step (paired: the same photos).
+    While searching, the statistics come from at most ``search_photos`` of ``bn_x`` (seeded sample); the chosen
+    candidate gets them from all of ``bn_x``."""
     if not steps:
         raise ValueError("no step to try")
     if len(val_x) == 0:
         raise ValueError("no validation photos to choose a step on")
-    best, tried = None, []
-    for a in sorted(set(steps), reverse=True):
-        check(should_stop, "while choosing the step")
+    sample = bn_x
+    if len(bn_x) > search_photos:
+        sample = bn_x[torch.randperm(len(bn_x), generator=torch.Generator().manual_seed(seed))[:search_photos]]
+
+    def at(a: float, x: torch.Tensor) -> LeafNet:
         model = copy.deepcopy(trained)
         if a < 1.0:
             interpolate_weights(model, previous, a)
-        recompute_batchnorm(model, bn_x)
-        loss, top1 = _score(model, val_x, val_y)
-        tried.append({"step": a, "gate_log_loss": round(loss, 4), "gate_top1": round(top1, 4)})
-        if best is None or loss < best[0]:
-            best = (loss, a, model)
-    return best[2], StepChoice(best[1], tried)
+        return recompute_batchnorm(model, x)
+
+    scored = {}
+    for a in sorted(set(steps)):
+        check(should_stop, "while choosing the step")
+        scored[a] = _losses(at(a, sample), val_x, val_y)
+    best = min(scored, key=lambda a: float(scored[a][0].mean()))
+    tried, chosen = [], None
+    for a, (losses, top1) in scored.items():
+        diff = losses - scored[best][0]
+        se = float(diff.std() / len(diff) ** 0.5) if len(diff) > 1 else 0.0
+        within = float(diff.mean()) <= se
+        if within and chosen is None:
+            chosen = a  # steps ascending: the smallest within one standard error
+        tried.append({"step": a, "gate_log_loss": round(float(losses.mean()), 4), "gate_top1": round(top1, 4),
+                      "above_lowest": round(float(diff.mean()), 4), "standard_error": round(se, 4)})
+    check(should_stop, "while choosing the step")
+    return at(chosen, bn_x), StepChoice(chosen, tried)
