@@ -253,7 +253,7 @@ class TrainerSection(_Section):
         5e-4, gt=0, le=1,
         description="Learning rate of a retrain on pseudo-labels alone (no expert label, no new class): such labels carry "
         "at most +1.6 points on this data (the measured bound), and out of the box (the shipped model, 300 photos) a "
-        "retrain at 2e-3 lost 2.6 +- 0.8 points on unseen photos; at 5e-4 with pseudo_only_interpolate 0.5, 0.5 points.",
+        "retrain at 2e-3 lost 2.6 +- 0.8 points on unseen photos. The step actually taken is chosen: pseudo_only_steps.",
     )
     swa_epochs: int = Field(
         10, ge=0, le=500,
@@ -286,9 +286,11 @@ class TrainerSection(_Section):
     pseudo_only_steps: list[float] = Field(
         [1.0, 0.5, 0.25, 0.125, 0.0625, 0.0], min_length=1,
         description="A retrain on pseudo-labels alone tries these points between the engine in service (0) and the "
-        "retrained weights (1), each with BatchNorm statistics recomputed on the photos it trained on, and keeps the one "
-        "with the lowest log-loss on the gate photos (0: only the BatchNorm statistics adapt to the photos seen). A fixed "
-        "half-way step lost 1 of 184 unseen photos on every seed out of the box. One value fixes the step.",
+        "retrained weights (1), each with BatchNorm statistics recomputed on the photos it trained on, and keeps the "
+        "smallest whose log-loss on the gate photos is within one standard error of the lowest (a bigger change must be "
+        "better by more than the gate photos can measure; 0: the weights stay, only the BatchNorm statistics adapt to the "
+        "photos seen). A fixed half-way step lost 1 of 184 unseen photos on every seed out of the box. One value fixes "
+        "the step.",
     )
 
     @field_validator("pseudo_only_steps")

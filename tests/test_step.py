@@ -71,7 +71,7 @@ def test_a_larger_step_must_be_better_by_more_than_one_standard_error(monkeypatc
     base = torch.rand(100, generator=g, dtype=torch.float64) + 0.5
     noise = spread * torch.randn(100, generator=g, dtype=torch.float64)
     fake = iter([(base, 0.9), (base - gain + noise - noise.mean(), 0.9)])  # steps ascending: 0, then 1
-    monkeypatch.setattr(step, "_losses", lambda model, vx, vy: next(fake))
+    monkeypatch.setattr(step, "_losses", lambda model, vx, vy, should_stop: next(fake))
     _, choice = choose_step(trained, previous, [1.0, 0.0], x, x, torch.zeros(len(x), dtype=torch.long))
     assert choice.step == expected
     one = choice.tried[1]
@@ -96,3 +96,19 @@ def test_the_search_may_sample_photos_but_the_chosen_candidate_gets_statistics_o
         if name.endswith(("running_mean", "running_var")):
             torch.testing.assert_close(got, want)
     assert choice.step == 0.0
+
+
+def test_a_stop_request_is_seen_inside_the_search():
+    """SIGTERM must end a retrain within 5 s: the search checks between batches, not only between steps."""
+    from trainer.stop import Stopped
+
+    previous, trained, x = _pair()
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        return len(calls) > 3  # during the first step's BatchNorm pass
+
+    with pytest.raises(Stopped):
+        choose_step(trained, previous, [1.0, 0.0], x, x, torch.zeros(len(x), dtype=torch.long), should_stop=should_stop)
+    assert len(calls) == 4

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.stop import check
+
 __all__ = ["recompute_batchnorm"]
 
 
@@ -24,9 +26,10 @@ class _Collected(Exception):
 
 
 @torch.no_grad()
-def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64) -> torch.nn.Module:
+def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64, should_stop=lambda: False) -> torch.nn.Module:
     """Replace every BatchNorm layer's running statistics by the exact ones over ``x`` (un-augmented photos), in
-    place; returns ``model`` in eval mode. ``batch_size`` only bounds memory."""
+    place; returns ``model`` in eval mode. ``batch_size`` only bounds memory. Raises :class:`trainer.stop.Stopped`
+    between batches once ``should_stop()`` is true."""
     model.eval()
     if len(x) < 2:
         return model
@@ -48,6 +51,7 @@ def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int
         hook = bn.register_forward_pre_hook(collect)
         try:
             for i in range(0, len(x), batch_size):
+                check(should_stop, "while recomputing BatchNorm statistics")
                 try:
                     model(x[i : i + batch_size])
                 except _Collected:

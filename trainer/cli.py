@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--retrain-lr", type=float, default=2e-3,
                    help="retrain learning rate, every retrain (default 2e-3, as every recorded arm ran; the service uses 5e-4 without expert labels)")
     m.add_argument("--interpolate", type=float, default=1.0,
-                   help="retrain WiSE-FT interpolation, every retrain (default 1, as the recorded arms ran; the service uses 0.5 without expert labels)")
+                   help="retrain WiSE-FT interpolation, every retrain (default 1, as the recorded arms ran; the service chooses the step of a retrain without expert labels on the gate photos)")
     m.add_argument("--label-smoothing", type=float, default=0.0,
                    help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
     m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")

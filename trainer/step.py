@@ -38,11 +38,12 @@ class StepChoice:
 
 
 @torch.no_grad()
-def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> tuple[torch.Tensor, float]:
+def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64) -> tuple[torch.Tensor, float]:
     """Per-photo cross-entropy and top-1."""
     model.eval()
     losses, right = [], 0
     for i in range(0, len(x), batch):
+        check(should_stop, "while choosing the step")
         logits = model(x[i : i + batch])
         losses.append(F.cross_entropy(logits, y[i : i + batch], reduction="none").double())
         right += int((logits.argmax(1) == y[i : i + batch]).sum())
@@ -72,12 +73,12 @@ def choose_step(
         model = copy.deepcopy(trained)
         if a < 1.0:
             interpolate_weights(model, previous, a)
-        return recompute_batchnorm(model, x)
+        return recompute_batchnorm(model, x, should_stop=should_stop)
 
     scored = {}
     for a in sorted(set(steps)):
         check(should_stop, "while choosing the step")
-        scored[a] = _losses(at(a, sample), val_x, val_y)
+        scored[a] = _losses(at(a, sample), val_x, val_y, should_stop)
     best = min(scored, key=lambda a: float(scored[a][0].mean()))
     tried, chosen = [], None
     for a, (losses, top1) in scored.items():
