@@ -284,7 +284,7 @@ class TrainerSection(_Section):
         "weights as they are.",
     )
     pseudo_only_steps: list[float] = Field(
-        [1.0, 0.5, 0.25, 0.125, 0.0625, 0.0], min_length=1,
+        [1.0, 0.5, 0.25, 0.125, 0.0], min_length=1,
         description="A retrain on pseudo-labels alone tries these points between the engine in service (0) and the "
         "retrained weights (1), each with BatchNorm statistics recomputed on the photos it trained on, and keeps the "
         "smallest whose log-loss on the gate photos is within one standard error of the lowest (a bigger change must be "

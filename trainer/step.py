@@ -52,7 +52,7 @@ def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda
 
 def choose_step(
     trained: LeafNet, previous: LeafNet, steps: list[float], bn_x: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor,
-    should_stop=lambda: False, search_photos: int = 256, seed: int = 0,
+    should_stop=lambda: False, search_photos: int = 192, seed: int = 0,
 ) -> tuple[LeafNet, StepChoice]:
     """The candidate ``previous + a x (trained - previous)`` for the smallest ``a`` in ``steps`` whose log-loss on
     ``val_x``/``val_y`` is within one standard error of the lowest (the one-standard-error rule: a larger step must
