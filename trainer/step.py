@@ -25,7 +25,7 @@ from trainer.continual import interpolate_weights
 from trainer.model import LeafNet
 from trainer.stop import check
 
-__all__ = ["StepChoice", "choose_step"]
+__all__ = ["StepChoice", "at_step", "choose_step"]
 
 
 @dataclass
@@ -50,6 +50,14 @@ def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda
     return torch.cat(losses), right / len(x)
 
 
+def at_step(trained: LeafNet, previous: LeafNet, a: float, bn_x: torch.Tensor, should_stop=lambda: False) -> LeafNet:
+    """A copy of ``previous + a x (trained - previous)`` with its BatchNorm statistics recomputed on ``bn_x``."""
+    model = copy.deepcopy(trained)
+    if a < 1.0:
+        interpolate_weights(model, previous, a)
+    return recompute_batchnorm(model, bn_x, should_stop=should_stop)
+
+
 def choose_step(
     trained: LeafNet, previous: LeafNet, steps: list[float], bn_x: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor,
     should_stop=lambda: False, search_photos: int = 192, seed: int = 0,
@@ -65,20 +73,16 @@ def choose_step(
         raise ValueError("no step to try")
     if len(val_x) == 0:
         raise ValueError("no validation photos to choose a step on")
+    if len(set(steps)) == 1:  # nothing to choose between
+        return at_step(trained, previous, steps[0], bn_x, should_stop), StepChoice(steps[0], [{"step": steps[0]}])
     sample = bn_x
     if len(bn_x) > search_photos:
         sample = bn_x[torch.randperm(len(bn_x), generator=torch.Generator().manual_seed(seed))[:search_photos]]
 
-    def at(a: float, x: torch.Tensor) -> LeafNet:
-        model = copy.deepcopy(trained)
-        if a < 1.0:
-            interpolate_weights(model, previous, a)
-        return recompute_batchnorm(model, x, should_stop=should_stop)
-
     scored = {}
     for a in sorted(set(steps)):
         check(should_stop, "while choosing the step")
-        scored[a] = _losses(at(a, sample), val_x, val_y, should_stop)
+        scored[a] = _losses(at_step(trained, previous, a, sample, should_stop), val_x, val_y, should_stop)
     best = min(scored, key=lambda a: float(scored[a][0].mean()))
     tried, chosen = [], None
     for a, (losses, top1) in scored.items():
@@ -90,4 +94,4 @@ def choose_step(
         tried.append({"step": a, "gate_log_loss": round(float(losses.mean()), 4), "gate_top1": round(top1, 4),
                       "above_lowest": round(float(diff.mean()), 4), "standard_error": round(se, 4)})
     check(should_stop, "while choosing the step")
-    return at(chosen, bn_x), StepChoice(chosen, tried)
+    return at_step(trained, previous, chosen, bn_x, should_stop), StepChoice(chosen, tried)
