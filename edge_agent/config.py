@@ -388,12 +388,20 @@ def validate_engine(table: Any) -> BackendConfig:
     return found[kind].Config.model_validate(table)
 
 
+#: Keys an earlier release accepted, and what took their place (said with the unknown-key error).
+REPLACED_KEYS = {
+    "trainer.pseudo_only_interpolate": "replaced by trainer.pseudo_only_steps, the steps a retrain on pseudo-labels "
+    "chooses from; pseudo_only_steps = [x] keeps one fixed step",
+}
+
+
 def _describe(errors: list[dict], source: str) -> str:
     lines = []
     for err in errors:
         key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key '{key}'")
+            why = f" ({REPLACED_KEYS[key]})" if key in REPLACED_KEYS else ""
+            lines.append(f"{source}: unknown key '{key}'{why}")
         else:
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})")

@@ -98,3 +98,10 @@ def test_example_config_in_repo_is_current():
 
     example = Path(__file__).parents[1] / "edge-agent.example.toml"
     assert example.read_text() == dump_toml(AppConfig()), "regenerate with: edge-agent config show > edge-agent.example.toml"
+
+
+def test_a_key_an_earlier_release_accepted_says_what_replaced_it():
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"trainer": {"pseudo_only_interpolate": 0.5}}, source="edge-agent.toml")
+    assert "edge-agent.toml: unknown key 'trainer.pseudo_only_interpolate' (replaced by trainer.pseudo_only_steps" in str(exc.value)
+    assert parse_config({"trainer": {"pseudo_only_steps": [0.5]}}).trainer.pseudo_only_steps == [0.5]
