@@ -131,6 +131,11 @@ def _status(args: argparse.Namespace) -> int:
     print(f"trainer: {'running, ' + st['state'] if live else 'not running'}; samples {st['samples']}; "
           f"threshold {st['retrain_threshold']}; last retrain: "
           + (f"{'published ' + last['published'] if last['published'] else 'not published'}: {last['reason']}" if last else "none"))
+    step = (last or {}).get("metrics", {}).get("step")
+    if step:
+        what = ("the weights kept, only the BatchNorm statistics recomputed on the photos seen" if step["step"] == 0
+                else f"{step['step']:g} of the way from the engine in service to the retrained weights")
+        print(f"pseudo-labels only: step {step['step']:g} chosen of {[t['step'] for t in step['tried']]} on the gate photos: {what}")
     if st.get("labelled"):
         lab = st["labelled"]
         print(f"true labels: {lab.get('replay_photos', 0)} to replay, {lab.get('validation_photos', 0)} for the gate ({lab.get('origin')})")
