@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from edge_agent.log import get_logger
 from trainer.augment import Augment
 from trainer.model import LeafNet
+from trainer.step import at_step
 from trainer.stop import check
 from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
-from trainer.batchnorm import recompute_batchnorm
 from trainer.train import lr_schedule
 
 __all__ = ["ContinualSettings", "ramp", "train_generation"]
@@ -55,7 +55,8 @@ def train_generation(
     should_stop=lambda: False, batchnorm: bool = True,
 ) -> tuple[LeafNet, Generation]:
     """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more). Its BatchNorm
-    statistics are recomputed on the data unless ``batchnorm`` is false (the caller does it: :mod:`trainer.step`).
+    statistics are recomputed on the data unless ``batchnorm`` is false (the caller does it: :mod:`trainer.step`);
+    otherwise its weights are ``settings.interpolate`` of the way from ``previous`` (:func:`trainer.step.at_step`).
 
     Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
     only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
@@ -119,19 +120,6 @@ def train_generation(
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
     if swa is not None:
         model = copy.deepcopy(swa.module)
-    if settings.interpolate < 1.0:
-        interpolate_weights(model, previous, settings.interpolate)
-    return (recompute_batchnorm(model, data.x) if batchnorm else model.eval()), data
-
-
-def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha: float) -> None:
-    """``model`` <- ``previous`` + ``alpha`` x (``model`` - ``previous``), in place, for every floating-point tensor
-    of the same shape (a head grown for new classes keeps its trained rows). Weight-space ensembling of a fine-tuned
-    model with the one it started from (WiSE-FT, Wortsman et al. 2022) keeps most of what fine-tuning gained while
-    giving back less of what the starting model knew."""
-    before = previous.state_dict()
-    with torch.no_grad():
-        for name, value in model.state_dict().items():
-            old = before.get(name)
-            if old is not None and old.shape == value.shape and value.dtype.is_floating_point:
-                value.copy_(old + alpha * (value - old))
+    if not batchnorm:  # the caller chooses the step and recomputes the statistics (trainer.step)
+        return model.eval(), data
+    return at_step(model, previous, settings.interpolate, data.x), data

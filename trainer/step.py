@@ -21,11 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
-from trainer.continual import interpolate_weights
 from trainer.model import LeafNet
 from trainer.stop import check
 
-__all__ = ["StepChoice", "at_step", "choose_step"]
+__all__ = ["StepChoice", "at_step", "choose_step", "interpolate_weights"]
 
 
 @dataclass
@@ -35,6 +34,19 @@ class StepChoice:
 
     def summary(self) -> dict:
         return {"step": self.step, "tried": self.tried}
+
+
+def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha: float) -> None:
+    """``model`` <- ``previous`` + ``alpha`` x (``model`` - ``previous``), in place, for every floating-point tensor
+    of the same shape (a head grown for new classes keeps its trained rows). Weight-space ensembling of a fine-tuned
+    model with the one it started from (WiSE-FT, Wortsman et al. 2022) keeps most of what fine-tuning gained while
+    giving back less of what the starting model knew."""
+    before = previous.state_dict()
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            old = before.get(name)
+            if old is not None and old.shape == value.shape and value.dtype.is_floating_point:
+                value.copy_(old + alpha * (value - old))
 
 
 @torch.no_grad()
@@ -93,5 +105,4 @@ def choose_step(
             chosen = a  # steps ascending: the smallest within one standard error
         tried.append({"step": a, "gate_log_loss": round(float(losses.mean()), 4), "gate_top1": round(top1, 4),
                       "above_lowest": round(float(diff.mean()), 4), "standard_error": round(se, 4)})
-    check(should_stop, "while choosing the step")
     return at_step(trained, previous, chosen, bn_x, should_stop), StepChoice(chosen, tried)
