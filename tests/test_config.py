@@ -105,3 +105,11 @@ def test_a_key_an_earlier_release_accepted_says_what_replaced_it():
         parse_config({"trainer": {"pseudo_only_interpolate": 0.5}}, source="edge-agent.toml")
     assert "edge-agent.toml: unknown key 'trainer.pseudo_only_interpolate' (replaced by trainer.pseudo_only_steps" in str(exc.value)
     assert parse_config({"trainer": {"pseudo_only_steps": [0.5]}}).trainer.pseudo_only_steps == [0.5]
+
+
+@pytest.mark.parametrize("steps, fragment", [([1.5], "every step must lie between 0 and 1"), ([-0.1, 0.5], "between 0 and 1"),
+                                             ([], "at least 1 item")])
+def test_pseudo_only_steps_outside_0_to_1_or_empty_are_refused(steps, fragment):
+    with pytest.raises(ConfigError, match=fragment) as exc:
+        parse_config({"trainer": {"pseudo_only_steps": steps}})
+    assert "trainer.pseudo_only_steps" in str(exc.value)
