@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test install install-dev clean
+.PHONY: run test install install-dev release clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ run: $(VENV)/.installed
 ## The test suite (installs torch CPU + test tools into the same venv).
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
+
+## The shipped model's release (docs/model.md): train (resumable), calibrate, INT8, sign with the release key, write
+## edge_agent/default_store, then the gate and replay photos beside it. About 75 minutes of training on 2 CPU cores.
+DATA ?= ../shared/data/plantvillage
+RELEASE_KEY ?= ../shared/release/edge-agent-release.key
+release: $(VENV)/.installed-dev
+	$(BIN)/edge-trainer release --data $(DATA) --key $(RELEASE_KEY) --out edge_agent/default_store --work train-work/release
+	$(BIN)/python -m trainer.shipped_data --data $(DATA)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edge_agent.preprocess import PreprocessSpec, preprocess_bytes, read_limited
+from edge_agent.verdict import Judge, VerdictSpec
 from engines.base import Engine
 
 __all__ = ["Classifier", "Prediction", "softmax"]
@@ -27,6 +28,8 @@ class Prediction:
     top_k: list[tuple[str, float]]
     engine_version: str
     timings_ms: dict[str, float] = field(default_factory=dict)
+    verdict: str = "unsure"  # confident | unsure | unknown (edge_agent.verdict)
+    verdict_reason: str = ""
 
     @property
     def ms(self) -> float:
@@ -34,22 +37,34 @@ class Prediction:
 
 
 class Classifier:
-    """An engine together with the preprocessing its manifest prescribes."""
+    """An engine together with the preprocessing its manifest prescribes and the verdict its statistics allow.
 
-    def __init__(self, engine: Engine, top_k: int = 3, max_file_bytes: int | None = None, max_pixels: int | None = None) -> None:
+    ``confident_probability`` is the least softmax a ``confident`` verdict needs ([labels] pseudo_threshold)."""
+
+    def __init__(self, engine: Engine, top_k: int = 3, max_file_bytes: int | None = None, max_pixels: int | None = None,
+                 confident_probability: float = 0.9) -> None:
         caps = {k: v for k, v in {"max_file_bytes": max_file_bytes, "max_pixels": max_pixels}.items() if v is not None}
         self.engine = engine
         self.spec = PreprocessSpec.from_manifest(engine.version.manifest["preprocess"], **caps)
         self.top_k = min(top_k, len(engine.classes))
+        self.judge = Judge(VerdictSpec.from_manifest(engine.version.manifest), confident_probability, self.spec.mean, self.spec.std)
+
+    @classmethod
+    def configured(cls, engine: Engine, cfg) -> "Classifier":
+        """The classifier as the configuration (:class:`edge_agent.config.AppConfig`) sets it up."""
+        return cls(engine, top_k=cfg.classify.top_k, max_file_bytes=cfg.preprocess.max_file_bytes,
+                   max_pixels=cfg.preprocess.max_pixels, confident_probability=cfg.labels.pseudo_threshold)
 
     def predict_tensors(self, batch: np.ndarray) -> list[Prediction]:
-        """Predictions for a preprocessed batch [N,3,H,W]."""
+        """Predictions for a preprocessed batch [N,3,H,W], each with its verdict."""
         t0 = time.perf_counter()
-        probs = softmax(self.engine.infer(batch).astype(np.float64))
+        logits = self.engine.infer(batch).astype(np.float64)
+        probs = softmax(logits)
+        verdicts = self.judge.judge(logits, probs, batch)
         infer_ms = (time.perf_counter() - t0) * 1000 / len(batch)
         classes = self.engine.classes
         out = []
-        for row in probs:
+        for row, v in zip(probs, verdicts):
             order = np.argsort(-row)[: self.top_k]
             out.append(
                 Prediction(
@@ -58,6 +73,8 @@ class Classifier:
                     top_k=[(classes[i], round(float(row[i]), 6)) for i in order],
                     engine_version=self.engine.engine_version,
                     timings_ms={"infer": round(infer_ms, 3)},
+                    verdict=v.verdict,
+                    verdict_reason=v.reason,
                 )
             )
         return out

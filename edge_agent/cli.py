@@ -55,11 +55,12 @@ def _classify(args: argparse.Namespace) -> int:
     from edge_agent.classifier import Classifier
     from edge_agent.log import get_logger
     from edge_agent.preprocess import ImageRejected
+    from edge_agent.verdict import phrase
     from engines.loader import open_engine
 
     cfg = _load(args)
     engine = open_engine(_store(args, cfg), cfg.engine)
-    clf = Classifier(engine, top_k=cfg.classify.top_k, max_file_bytes=cfg.preprocess.max_file_bytes, max_pixels=cfg.preprocess.max_pixels)
+    clf = Classifier.configured(engine, cfg)
     log = get_logger("classify", engine_version=engine.engine_version)
     log.debug("engine_loaded", **engine.describe())
     failures = 0
@@ -79,6 +80,8 @@ def _classify(args: argparse.Namespace) -> int:
                 "path": str(path),
                 "label": pred.label,
                 "confidence": round(pred.confidence, 6),
+                "verdict": pred.verdict,
+                "verdict_reason": pred.verdict_reason,
                 "top_k": [[c, p] for c, p in pred.top_k],
                 "engine_version": pred.engine_version,
                 "ms": pred.ms,
@@ -86,8 +89,10 @@ def _classify(args: argparse.Namespace) -> int:
             print(json.dumps(row), flush=True)
         else:
             others = ", ".join(f"{c} {p:.3f}" for c, p in pred.top_k[1:])
+            why = f" - {pred.verdict_reason}" if pred.verdict_reason else ""
             print(
-                f"{path}: {pred.label} ({pred.confidence:.3f})  next: {others}  [{pred.engine_version}, {pred.ms:.1f} ms]",
+                f"{path}: {phrase(pred.verdict, pred.label)} ({pred.confidence:.3f}, {pred.verdict}{why})  next: {others}  "
+                f"[{pred.engine_version}, {pred.ms:.1f} ms]",
                 flush=True,
             )
     return 1 if failures else 0
@@ -134,13 +139,16 @@ def _parse_since(text: str | None) -> float | None:
 
 
 def _results(args: argparse.Namespace) -> int:
+    from edge_agent.verdict import phrase
+
     cfg = _load(args)
     _, db = _state_db(args, cfg)
     for row in db.results(_parse_since(args.since)):
         if args.json:
             print(json.dumps(row), flush=False)
         else:
-            print(f"{row['created']}  {row['label']:45} {row['confidence']:.3f}  {row['engine_version']}  {row['path'] or row['source']}")
+            print(f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
+                  f"{row['engine_version']}  {row['path'] or row['source']}")
     return 0
 
 
@@ -164,6 +172,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}")
         if e.get("precision_reason"):
             print(f"precision: {e['precision']} ({e['precision_reason']})")
+        print(f"signed by: {e.get('signed_by') or 'not checked ([store] require_signature = false)'}")
+        if e.get("verdict"):
+            print(f"verdict: {e['verdict']}")
     print(f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
           f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}")
     if "queue_depths" in out:

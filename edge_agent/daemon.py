@@ -138,7 +138,7 @@ class Daemon:
 
     def _make_classifier(self, engine: Engine) -> Classifier:
         cfg = self.cfg
-        return Classifier(engine, top_k=cfg.classify.top_k, max_file_bytes=cfg.preprocess.max_file_bytes, max_pixels=cfg.preprocess.max_pixels)
+        return Classifier.configured(engine, cfg)
 
     def _start_learning_links(self) -> None:
         cfg = self.cfg
@@ -215,7 +215,7 @@ class Daemon:
             "updated": time.time(),
             "uptime_s": round(time.time() - self.started, 1),
             "healthy": self.healthy,
-            "engine": p.classifier.engine.describe(),
+            "engine": p.classifier.engine.describe() | {"verdict": p.classifier.judge.mode},
             "inbox": str(self.inbox) if self.folder else None,
             "counters": dict(p.counters),
             "in_flight": p.in_flight,

@@ -345,7 +345,7 @@ class Pipeline:
             index = {c: i for i, c in enumerate(self.classifier.engine.classes)}
             for j, p in zip(batch, preds):
                 j.prediction = p
-                if p.confidence >= self.policy.pseudo_threshold:
+                if p.verdict == "confident":
                     self._golden.append((j.tensor, index[p.label]))
                     self._golden_saved = False
                 j.tensor = None
@@ -383,13 +383,15 @@ class Pipeline:
 
     # ---- the sink -------------------------------------------------------------
     def _label_decision(self, job: Job) -> tuple[str | None, str]:
+        """Only a ``confident`` verdict becomes a pseudo-label; ``unknown`` always goes to review (a new class may be
+        born there), and so does ``unsure`` below the review threshold or refused ``confident`` for its distance."""
         p = job.prediction
-        if p.confidence >= self.policy.pseudo_threshold:
+        if p.verdict == "confident" and p.confidence >= self.policy.pseudo_threshold:
             if self._counts(p.engine_version).get(p.label, 0) >= self.policy.per_class_cap:
                 return None, "class cap reached"
             return "pseudo", ""
-        if p.confidence < self.policy.review_threshold:
-            return "review", ""
+        if p.verdict == "unknown" or p.confidence < self.policy.review_threshold or p.confidence >= self.policy.pseudo_threshold:
+            return "review", ""  # the last: sure by the softmax, but too far from the training photos to be trusted
         return None, ""
 
     def _sink(self, jobs: list[Job]) -> None:
@@ -431,7 +433,7 @@ class Pipeline:
             j.timings["total"] = round((now - j.detected) * 1000, 3)
             results.append(
                 ResultRow(j.sha256, j.photo_id, str(j.path) if j.path else None, j.source, p.label, p.confidence,
-                          [list(t) for t in p.top_k], p.engine_version, j.timings, now)
+                          [list(t) for t in p.top_k], p.engine_version, j.timings, now, p.verdict)
             )
         inserted = self.db.commit(results, entries) if results or entries else []
         late_dupes = {id(j) for j, ok in zip(classified, inserted) if not ok}
@@ -459,6 +461,7 @@ class Pipeline:
                     photo_id=j.photo_id,
                     label=p.label,
                     confidence=round(p.confidence, 4),
+                    verdict=p.verdict,
                     engine_version=p.engine_version,
                     timings_ms=j.timings,
                     **({"queued": kind} if kind else {}),

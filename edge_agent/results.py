@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS results (
     top_k TEXT NOT NULL,
     engine_version TEXT NOT NULL,
     timings TEXT NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    verdict TEXT
 );
 CREATE INDEX IF NOT EXISTS results_created ON results(created);
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -93,6 +94,7 @@ class ResultRow:
     engine_version: str
     timings: dict
     created: float = field(default_factory=time.time)
+    verdict: str | None = None  # confident | unsure | unknown; None for results stored before verdicts existed
 
 
 @dataclass
@@ -123,6 +125,9 @@ class ResultsDB:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a committed result survives a power cut
             self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
+            if "verdict" not in columns:  # a ledger from before verdicts: its rows keep NULL
+                self._db.execute("ALTER TABLE results ADD COLUMN verdict TEXT")
 
     def close(self) -> None:
         with self._lock:
@@ -140,9 +145,9 @@ class ResultsDB:
                 for r in results:
                     cur.execute(
                         "INSERT OR IGNORE INTO results (sha256, photo_id, path, source, label, confidence, top_k,"
-                        " engine_version, timings, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        " engine_version, timings, created, verdict) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                         (r.sha256, r.photo_id, r.path, r.source, r.label, r.confidence, json.dumps(r.top_k),
-                         r.engine_version, json.dumps(r.timings), r.created),
+                         r.engine_version, json.dumps(r.timings), r.created, r.verdict),
                     )
                     inserted.append(cur.rowcount == 1)
                 for q in queued:
@@ -186,11 +191,15 @@ class ResultsDB:
 
     def review_pool(self) -> list[tuple[QueueEntry, list]]:
         """Photos waiting for review, each with the top-k of its prediction."""
+        return [(entry, top_k) for entry, top_k, _ in self.review_pool_verdicts()]
+
+    def review_pool_verdicts(self) -> list[tuple[QueueEntry, list, str | None]]:
+        """Photos waiting for review, each with the top-k and the verdict of its prediction."""
         rows = self._query(
             "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
-            " COALESCE(r.top_k, '[]') FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
+            " COALESCE(r.top_k, '[]'), r.verdict FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
         )
-        return [(QueueEntry(*r[:9]), json.loads(r[9])) for r in rows]
+        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10]) for r in rows]
 
     def remove_queued(self, sha256s: Iterable[str]) -> None:
         with self._lock:
@@ -210,11 +219,11 @@ class ResultsDB:
 
     def results(self, since: float | None = None) -> Iterator[dict]:
         rows = self._query(
-            "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created"
+            "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict"
             " FROM results WHERE created >= ? ORDER BY id",
             (since or 0.0,),
         )
-        for sha, pid, path, source, label, conf, top_k, ev, timings, created in rows:
+        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict in rows:
             yield {
                 "photo_id": pid,
                 "path": path,
@@ -222,6 +231,7 @@ class ResultsDB:
                 "source": source,
                 "label": label,
                 "confidence": conf,
+                "verdict": verdict,
                 "top_k": json.loads(top_k),
                 "engine_version": ev,
                 "timings_ms": json.loads(timings),

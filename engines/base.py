@@ -107,6 +107,7 @@ class Engine(ABC):
             "engine_version": self.engine_version,
             "provider": self.provider,
             "precision": self.precision,
+            "signed_by": self.version.signed_by,
         }
 
     def __enter__(self) -> "Engine":

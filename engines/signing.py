@@ -23,12 +23,19 @@ from engines.durable import atomic_write
 from engines.store import MANIFEST, SIGNATURE_FILE, TamperedError
 
 __all__ = [
-    "SIGNATURE", "PROJECT_KEY", "UntrustedVersion", "SigningKey", "TrustedKeys", "load_or_create_key", "sign_manifest",
+    "SIGNATURE", "PROJECT_KEY", "PROJECT_KEYS", "UntrustedVersion", "SigningKey", "TrustedKeys", "load_or_create_key", "sign_manifest",
     "signature_of", "read_public_key", "sign_version",
 ]
 
 SIGNATURE = SIGNATURE_FILE
-PROJECT_KEY = Path(__file__).resolve().parent / "keys" / "edge-agent-project.pub"
+#: The project's release key (signs the shipped model since the 38-class release; its secret half is kept outside
+#: the repository, ../shared/release/), and the earlier project key, whose secret half was lost: still trusted, so
+#: state directories made before keep serving what it signed.
+PROJECT_KEY = Path(__file__).resolve().parent / "keys" / "edge-agent-release.pub"
+PROJECT_KEYS = {
+    PROJECT_KEY: "the edge-agent project (release key)",
+    PROJECT_KEY.with_name("edge-agent-project.pub"): "the edge-agent project (earlier key, before the 38-class release)",
+}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -141,8 +148,9 @@ class TrustedKeys:
     def default(cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True) -> "TrustedKeys":
         """The project's key, the key of a trainer on the same state directory (if it made one), and the configured ones."""
         keys: dict[str, str] = {}
-        if project and PROJECT_KEY.is_file():
-            keys[read_public_key(PROJECT_KEY)] = "the edge-agent project"
+        for path, who in PROJECT_KEYS.items() if project else ():
+            if path.is_file():
+                keys[read_public_key(path)] = who
         for value in configured:
             keys.setdefault(read_public_key(value), f"configured ({value})")
         trust = cls(keys, later=local_trainer_key)

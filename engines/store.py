@@ -106,6 +106,7 @@ class StoreVersion:
     name: str
     path: Path
     manifest: dict
+    signed_by: str | None = None  # the trusted key that signed it, where the signature was checked
 
     def file(self, name: str) -> Path:
         """Path of a file listed in the manifest."""
@@ -163,11 +164,10 @@ class EngineStore:
         name = version or self.current()
         manifest = self.read_manifest(name)
         vdir = self.root / name
-        if trust is not None:
-            trust.check(vdir)
+        signer = trust.check(vdir) if trust is not None else None
         if verify:
             _check_files(vdir, name, manifest)
-        return StoreVersion(name, vdir, manifest)
+        return StoreVersion(name, vdir, manifest, signer)
 
     # ---- writing -------------------------------------------------------
     @contextlib.contextmanager
@@ -195,8 +195,10 @@ class EngineStore:
         manifest: Mapping,
         make_current: bool = True,
         sign=None,
+        version: str | None = None,
     ) -> StoreVersion:
-        """Publish ``files`` (store name -> source path) as a new version.
+        """Publish ``files`` (store name -> source path) as a new version (named ``version``, which must be newer
+        than every version in the store, else the next number).
 
         ``manifest`` supplies the descriptive fields (classes, input, preprocess,
         artifacts, metrics, ...); ``version``, ``files`` and ``created`` are
@@ -211,7 +213,11 @@ class EngineStore:
                 raise StoreError(f"artifact {kind!r} names {fname!r}, which is not among the files")
         with self._locked():
             self._clean_partial()
-            version = self._next_version()
+            nxt = self._next_version()
+            if version is None:
+                version = nxt
+            elif not _VERSION_RE.match(version) or int(version[1:]) < int(nxt[1:]):
+                raise StoreError(f"cannot publish as {version!r}: the store's next version is {nxt}")
             try:
                 parent = self.current()
             except StoreError:

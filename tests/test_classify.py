@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import default_store_path
+from engines.signing import TrustedKeys
 from engines.store import EngineStore
 
 REPO = Path(__file__).parents[1]
@@ -21,23 +22,20 @@ def run_cli(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
 
 
 def held_out_photos(plantvillage: Path) -> list[tuple[Path, str]]:
-    """The test split of the shipped model (never trained on), recomputed from its manifest."""
-    from trainer.data import scan_folder, stratified_split
+    """The test split of the shipped model (never trained on), as its split.json lists it: the folder may grow."""
+    from trainer.data import recorded_split
 
-    m = EngineStore(default_store_path()).open().manifest
-    split = m["training"]["split"]
-    folder = scan_folder(plantvillage)
-    parts = stratified_split(folder.samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])
-    return [(s.path, folder.classes[s.label]) for s in parts["test"]]
+    version = EngineStore(default_store_path()).open()
+    return [(s.path, version.classes[s.label]) for s in recorded_split(version, plantvillage)["test"]]
 
 
 def test_shipped_store_is_complete_and_verifies():
     store = EngineStore(default_store_path())
     version = store.open()  # checks every sha256
     m = version.manifest
-    assert len(m["classes"]) == 23
-    assert {"onnx", "int8"} <= set(m["artifacts"])
-    assert m["metrics"]["test"]["top1"] >= 0.90
+    assert len(m["classes"]) == 38 and version.name == "v1000"
+    assert {"onnx", "int8", "split"} <= set(m["artifacts"]) and "verdict" in m
+    assert TrustedKeys.default().check(version.path) == "the edge-agent project (release key)"
 
 
 def test_classify_real_photos_json(plantvillage, tmp_path):
@@ -51,7 +49,8 @@ def test_classify_real_photos_json(plantvillage, tmp_path):
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(rows) == len(photos)
     for row in rows:
-        assert set(row) == {"path", "label", "confidence", "top_k", "engine_version", "ms"}
+        assert set(row) == {"path", "label", "confidence", "verdict", "verdict_reason", "top_k", "engine_version", "ms"}
+        assert row["verdict"] in ("confident", "unsure", "unknown") and (row["verdict_reason"] == "") == (row["verdict"] == "confident")
         assert len(row["top_k"]) == 3 and row["top_k"][0][0] == row["label"]
         assert 0 < row["confidence"] <= 1 and row["ms"] > 0 and row["engine_version"].startswith("v")
 

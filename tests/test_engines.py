@@ -64,7 +64,7 @@ def test_worker_threads_do_not_spin_unless_asked(tiny_store):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from Linux's /proc")
-@pytest.mark.parametrize("precision, batch", [("fp32", 16), ("int8", 32)])  # INT8's arena grows less per photo
+@pytest.mark.parametrize("precision, batch", [("fp32", 16), ("int8", 64)])  # INT8's arena grows less per photo
 def test_idle_trim_hands_a_burst_back_to_the_os(tmp_path, precision, batch):
     """A burst of large batches grows ONNX Runtime's arena; trim() must give it back (in a clean process)."""
     script = tmp_path / "burst.py"
@@ -229,8 +229,10 @@ def test_auto_precision_runs_int8_on_cpu_where_the_manifest_vouches_for_it(tmp_p
     assert cfg.precision == "auto"
     shipped = EngineStore(default_store_path())
     engine = open_engine(shipped, cfg)
-    try:
-        assert engine.precision == "int8" and "0.989 of 184" in engine.describe()["precision_reason"]
+    check = shipped.open().manifest["metrics"]["int8"]
+    try:  # the release's INT8 must be good enough to run: that is where the CPU latency budget is met
+        assert engine.precision == "int8"
+        assert f"{check['top1_agreement_with_fp32']:.3f} of {check['photos']}" in engine.describe()["precision_reason"]
     finally:
         engine.close()
     version = shipped.open()
@@ -242,7 +244,7 @@ def test_auto_precision_runs_int8_on_cpu_where_the_manifest_vouches_for_it(tmp_p
     # a version without an INT8 variant (e.g. published with [trainer] int8 = false) runs FP32
     store = tmp_path / "store"
     shutil.copytree(default_store_path(), store)
-    manifest = store / "v0001" / "manifest.json"
+    manifest = store / shipped.current() / "manifest.json"
     m = json.loads(manifest.read_text())
     del m["artifacts"]["int8"]
     manifest.write_text(json.dumps(m))

@@ -74,8 +74,10 @@ def test_the_shipped_model_is_signed_by_the_project():
     from edge_agent.config import default_store_path
 
     trust = TrustedKeys.default()
-    assert PROJECT_KEY.is_file() and len(trust.keys) == 1
-    assert trust.check(default_store_path() / "v0001") == "the edge-agent project"
+    assert PROJECT_KEY.is_file() and len(trust.keys) == 2  # the release key, and the earlier key for what it signed
+    assert trust.check(default_store_path() / "v1000") == "the edge-agent project (release key)"
+    assert read_public_key(PROJECT_KEY) == (REPO.parent / "shared/release/edge-agent-release.pub").read_text().strip() or \
+        not (REPO.parent / "shared/release").is_dir()
 
 
 def test_a_bad_trusted_key_is_a_clear_error(tmp_path):
@@ -205,13 +207,14 @@ def test_a_state_directory_seeded_before_signing_adopts_the_shipped_signature(tm
     from edge_agent.trust import adopt_shipped_signatures
 
     shutil.copytree(default_store_path(), tmp_path / "engines")
-    (tmp_path / "engines" / "v0001" / SIGNATURE).unlink()
-    assert adopt_shipped_signatures(EngineStore(tmp_path / "engines"), default_store_path()) == ["v0001"]
-    assert TrustedKeys.default().check(tmp_path / "engines" / "v0001") == "the edge-agent project"
-    m = json.loads((tmp_path / "engines" / "v0001" / MANIFEST).read_text())  # a different manifest: nothing adopted
-    (tmp_path / "engines" / "v0001" / SIGNATURE).unlink()
+    v = EngineStore(default_store_path()).current()
+    (tmp_path / "engines" / v / SIGNATURE).unlink()
+    assert adopt_shipped_signatures(EngineStore(tmp_path / "engines"), default_store_path()) == [v]
+    assert TrustedKeys.default().check(tmp_path / "engines" / v) == "the edge-agent project (release key)"
+    m = json.loads((tmp_path / "engines" / v / MANIFEST).read_text())  # a different manifest: nothing adopted
+    (tmp_path / "engines" / v / SIGNATURE).unlink()
     m["metrics"] = {"changed": True}
-    (tmp_path / "engines" / "v0001" / MANIFEST).write_text(json.dumps(m))
+    (tmp_path / "engines" / v / MANIFEST).write_text(json.dumps(m))
     assert adopt_shipped_signatures(EngineStore(tmp_path / "engines"), default_store_path()) == []
 
 
@@ -242,3 +245,13 @@ def test_a_trainer_key_made_after_the_daemon_started_is_trusted_then(store, sign
     finally:
         daemon.request_stop()
         t.join(30)
+
+
+def test_what_the_earlier_project_key_signed_is_still_trusted_after_the_key_changed():
+    """The 23-class v0001's manifest and signature as shipped until the 38-class release (tests/fixtures/v0001): state
+    directories made before keep serving it, and a manifest altered since is refused."""
+    fixture = REPO / "tests" / "fixtures" / "v0001"
+    trust = TrustedKeys.default()
+    assert trust.check(fixture) == "the edge-agent project (earlier key, before the 38-class release)"
+    with pytest.raises(UntrustedVersion, match="does not match its manifest"):
+        trust.check(fixture, fixture.joinpath(MANIFEST).read_bytes().replace(b"LeafNet", b"LeafNex"))

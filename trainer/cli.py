@@ -226,6 +226,29 @@ def _sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _release(args: argparse.Namespace) -> int:
+    """Train, calibrate, build INT8, sign and write the shipped model's store (the release; resumable)."""
+    import shutil
+    import time
+
+    from trainer.release import ReleaseSettings, release
+
+    out = Path(args.out)
+    staging = out.with_name(f".{out.name}.release-tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    settings = ReleaseSettings(**({"epochs": args.epochs} if args.epochs else {}))
+    t0 = time.perf_counter()
+    version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty())
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    m = version.manifest
+    print(f"{out}/{version.name}: test top-1 {m['metrics']['test']['top1']}, {m['metrics']['verdict']['share_confident']:.3f} "
+          f"of test photos confident ({m['metrics']['verdict']['confident_top1']} of those right); "
+          f"{time.perf_counter() - t0:.0f} s in all, {m['training']['train_seconds']:.0f} s of training")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-trainer", description="Train and publish edge-agent models.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -261,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     sg.add_argument("--store", required=True)
     sg.add_argument("--version", help="default: the current version")
     sg.set_defaults(func=_sign)
+    r = sub.add_parser("release", parents=[logging_opts], help="train and write the shipped model's store, signed (make release)")
+    r.add_argument("--data", required=True, help="the lab photos (../shared/data/plantvillage)")
+    r.add_argument("--key", required=True, help="the project's release key (../shared/release/edge-agent-release.key)")
+    r.add_argument("--out", default="edge_agent/default_store", help="the store to write (replaced once the release is done)")
+    r.add_argument("--work", default="train-work/release", help="checkpoints: a run that finds one resumes from it")
+    r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 55)")
+    r.set_defaults(func=_release)
     t = sub.add_parser("train", parents=[logging_opts], help="supervised training from a folder of class folders")
     t.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     t.add_argument("--store", required=True, help="engine store to publish to (created if missing)")

@@ -25,6 +25,7 @@ __all__ = [
     "LabelledFolder",
     "scan_folder",
     "stratified_split",
+    "recorded_split",
     "TensorDataset",
     "IMAGE_EXTENSIONS",
 ]
@@ -106,6 +107,35 @@ def stratified_split(
     return out
 
 
+def recorded_split(version, data_dir: str | os.PathLike) -> dict[str, list[Sample]]:
+    """The photos a store version was trained, validated and tested on, found in ``data_dir``.
+
+    From the version's ``split.json`` (photo paths relative to the training folder) where it has one, so the split
+    stays the same when the folder grows; labels are indices into the version's classes. Versions published before
+    it are recomputed from the folder with the manifest's seed and fractions, which is their split only while the
+    folder holds exactly the photos they were trained from. Raises :class:`DatasetError` for a photo listed but missing."""
+    base = Path(data_dir)
+    classes = list(version.manifest["classes"])
+    if "split" in version.manifest.get("artifacts", {}):
+        import json
+
+        listed = json.loads(version.artifact("split").read_text())
+        out: dict[str, list[Sample]] = {}
+        for name, paths in listed.items():
+            out[name] = []
+            for rel in paths:
+                path = base / rel
+                if not path.is_file():
+                    raise DatasetError(f"{path}: listed in {version.name}'s split.json but not found (is {base} the folder it was trained from?)")
+                out[name].append(Sample(path, classes.index(Path(rel).parts[0])))
+        return out
+    split = version.manifest["training"]["split"]
+    folder = scan_folder(base)
+    if folder.classes != classes:
+        raise DatasetError(f"{base}: its class folders differ from {version.name}'s classes")
+    return stratified_split(folder.samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])
+
+
 class TensorDataset(Dataset):
     """Preprocessed photos held in memory as one float32 array (decoded once, in parallel).
 
@@ -127,6 +157,13 @@ class TensorDataset(Dataset):
         shape = (len(keep), 3, spec.size, spec.size)
         self.x = torch.from_numpy(np.stack([results[i] for i in keep]) if keep else np.zeros(shape, np.float32))
         self.y = torch.tensor([samples[i].label for i in keep], dtype=torch.long)
+
+    @classmethod
+    def of(cls, samples: list[Sample], x: torch.Tensor | None, y: torch.Tensor) -> "TensorDataset":
+        """A dataset of tensors already made (``x`` may be None where batches are composed from elsewhere)."""
+        ds = cls.__new__(cls)
+        ds.samples, ds.x, ds.y, ds.skipped = samples, x, y, []
+        return ds
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["ConvBlock", "LeafNet", "build_model", "count_parameters", "INPUT_SIZE"]
+__all__ = ["ARCHS", "ConvBlock", "LeafNet", "build_model", "count_parameters", "INPUT_SIZE"]
 
 #: Side of the square input the network expects (pixels).
 INPUT_SIZE = 128
@@ -29,10 +29,22 @@ class ConvBlock(nn.Sequential):
         )
 
 
+class StridedStem(nn.Sequential):
+    """Conv3x3 with stride 2 -> BatchNorm -> ReLU: halves the side at a quarter of a full-resolution block's cost."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__(
+            nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=2, padding=1),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(inplace=True),
+        )
+
+
 class LeafNet(nn.Module):
     """Small CNN for 128x128 RGB leaf photos (~465k parameters at 38 classes).
 
-    ``features`` maps [N,3,H,W] to [N,256] embeddings; ``head`` maps those to logits.
+    ``features`` maps [N,3,H,W] to [N,hidden] embeddings; ``head`` maps those to logits. ``stem=True`` makes the
+    first block a strided convolution (:class:`StridedStem`) and every later one a :class:`ConvBlock`.
     """
 
     def __init__(
@@ -41,19 +53,21 @@ class LeafNet(nn.Module):
         channels: Sequence[int] = (32, 64, 128, 256),
         hidden: int = 256,
         dropout: float = 0.3,
+        stem: bool = False,
     ) -> None:
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         blocks: list[nn.Module] = []
         in_ch = 3
-        for out_ch in channels:
-            blocks.append(ConvBlock(in_ch, out_ch))
+        for i, out_ch in enumerate(channels):
+            blocks.append(StridedStem(in_ch, out_ch) if stem and i == 0 else ConvBlock(in_ch, out_ch))
             in_ch = out_ch
         self.backbone = nn.Sequential(*blocks)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.embed = nn.Sequential(nn.Flatten(), nn.Linear(in_ch, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout))
         self.head = nn.Linear(hidden, num_classes)
+        self.arch = "LeafNet"  # the ARCHS name it was built as (build_model sets it)
 
     @property
     def num_classes(self) -> int:
@@ -78,9 +92,21 @@ class LeafNet(nn.Module):
         self.head = new
 
 
-def build_model(num_classes: int, **kwargs) -> LeafNet:
-    """Create a freshly initialised :class:`LeafNet`."""
-    return LeafNet(num_classes, **kwargs)
+#: Named architectures (a manifest's ``model.arch``): the seed's LeafNet, and LeafNet5 (strided stem, five
+#: stages to 384 channels; chosen by measurement for the 38-class release, ``docs/model.md``).
+ARCHS: dict[str, dict] = {
+    "LeafNet": {},
+    "LeafNet5": {"channels": (32, 64, 128, 256, 384), "hidden": 256, "stem": True},
+}
+
+
+def build_model(num_classes: int, arch: str = "LeafNet", **kwargs) -> LeafNet:
+    """Create a freshly initialised model of architecture ``arch`` (a name in :data:`ARCHS`)."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
+    model = LeafNet(num_classes, **(ARCHS[arch] | kwargs))
+    model.arch = arch
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:

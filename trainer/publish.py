@@ -16,8 +16,9 @@ from trainer.export import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx
 from trainer.model import LeafNet
 from trainer.stop import check
 
-__all__ = ["publish_model", "load_weights", "ONNX_FILE", "INT8_FILE", "WEIGHTS_FILE"]
+__all__ = ["publish_model", "load_weights", "ONNX_FILE", "INT8_FILE", "WEIGHTS_FILE", "SPLIT_FILE"]
 
+SPLIT_FILE = "split.json"
 ONNX_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
 WEIGHTS_FILE = "weights.pt"
@@ -37,15 +38,23 @@ def publish_model(
     make_current: bool = True,
     should_stop=lambda: False,
     signing_key=None,
+    verdict: dict | None = None,
+    split: dict | None = None,
+    version: str | None = None,
 ) -> StoreVersion:
     """Export ``model`` and publish it atomically to the store at ``store_dir``.
 
     With ``calibration`` photos an INT8 variant is built too, and its top-1
     agreement with FP32 on ``held_out`` photos goes into the manifest. ``should_stop`` is asked between the
     steps; once the store's own publish has begun it runs to the end (it is atomic and takes milliseconds).
-    ``signing_key`` (:class:`engines.signing.SigningKey`) signs the version, as daemons require.
+    ``signing_key`` (:class:`engines.signing.SigningKey`) signs the version, as daemons require. ``verdict`` is the
+    manifest's verdict section (:mod:`trainer.verdict_fit`); with an INT8 variant, how often INT8's verdict agrees
+    with FP32's on ``held_out`` is recorded beside the top-1 agreement. ``split`` (split name -> photo paths relative
+    to the training folder) is written as ``split.json``: which photos the model was and was not trained on.
     """
-    from engines.build.int8 import quantize_int8, top1_agreement
+    import json
+
+    from engines.build.int8 import logits_of_onnx, quantize_int8, top1_agreement
 
     log = get_logger("trainer")
     if len(classes) != model.num_classes:
@@ -56,7 +65,7 @@ def publish_model(
         files = {ONNX_FILE: work / ONNX_FILE, WEIGHTS_FILE: work / WEIGHTS_FILE}
         artifacts = {"onnx": ONNX_FILE, "torch": WEIGHTS_FILE}
         metrics["onnx_max_abs_diff"] = export_onnx(model, files[ONNX_FILE], spec.size)
-        torch.save({"state_dict": model.state_dict(), "num_classes": model.num_classes}, files[WEIGHTS_FILE])
+        torch.save({"state_dict": model.state_dict(), "num_classes": model.num_classes, "arch": model.arch}, files[WEIGHTS_FILE])
         check(should_stop, "before the INT8 build")
         if calibration is not None and len(calibration):
             quantize_int8(files[ONNX_FILE], work / INT8_FILE, calibration)
@@ -71,16 +80,28 @@ def publish_model(
                     "int8_top1": round(rep.int8_top1, 4),
                     "calibration_photos": int(len(calibration)),
                 }
+                if verdict is not None:
+                    from trainer.verdict_fit import verdicts_of
+
+                    x = held_out[0]
+                    a = verdicts_of(verdict, list(classes), logits_of_onnx(files[ONNX_FILE], x), x, spec)
+                    b = verdicts_of(verdict, list(classes), logits_of_onnx(files[INT8_FILE], x), x, spec)
+                    metrics["int8"]["verdict_agreement_with_fp32"] = round(float(np.mean([u == v for u, v in zip(a, b)])), 4)
                 log.info("int8_built", **metrics["int8"])
+        if split is not None:
+            files[SPLIT_FILE] = work / SPLIT_FILE
+            files[SPLIT_FILE].write_text(json.dumps(split, indent=0, sort_keys=True) + "\n")
+            artifacts["split"] = SPLIT_FILE
         manifest = {
             "classes": list(classes),
             "input": {"name": INPUT_NAME, "shape": [None, 3, spec.size, spec.size], "dtype": "float32"},
             "output": {"name": OUTPUT_NAME, "shape": [None, len(classes)], "dtype": "float32"},
             "preprocess": spec.to_manifest(),
             "artifacts": artifacts,
-            "model": {"arch": "LeafNet", "opset": OPSET},
+            "model": {"arch": model.arch, "opset": OPSET},
             "training": training or {},
             "metrics": metrics,
+            **({"verdict": verdict} if verdict is not None else {}),
         }
         if parent is not None:
             manifest["parent"] = parent
@@ -90,7 +111,7 @@ def publish_model(
             from engines.signing import sign_manifest
 
             sign = lambda data: sign_manifest(data, signing_key)  # noqa: E731
-        version = EngineStore(store_dir).publish(files, manifest, make_current=make_current, sign=sign)
+        version = EngineStore(store_dir).publish(files, manifest, make_current=make_current, sign=sign, version=version)
     log.info("published", engine_version=version.name, store=str(store_dir))
     return version
 
@@ -100,6 +121,6 @@ def load_weights(version: StoreVersion) -> LeafNet:
     from trainer.model import build_model
 
     blob = torch.load(version.artifact("torch"), map_location="cpu", weights_only=True)
-    model = build_model(int(blob["num_classes"]))
+    model = build_model(int(blob["num_classes"]), str(blob.get("arch", "LeafNet")))
     model.load_state_dict(blob["state_dict"])
     return model.eval()

@@ -25,6 +25,7 @@ from trainer.calibrate import calibrate
 from trainer.continual import ContinualSettings, train_generation
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
+from trainer.lineage import adopt_strategy_state, lineage_root
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import SampleStore
@@ -108,12 +109,7 @@ def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
 
 def _root(store: EngineStore, version) -> str:
     """The first version of ``version``'s lineage (following ``parent`` while the store still holds it)."""
-    name, seen, manifest = version.name, set(), version.manifest
-    while manifest.get("parent") and manifest["parent"] in store.versions() and name not in seen:
-        seen.add(name)
-        name = manifest["parent"]
-        manifest = store.read_manifest(name)
-    return name
+    return lineage_root(store, version.name)
 
 
 def retrain(
@@ -155,6 +151,7 @@ def retrain(
         "ewc_lambda": tc.ewc_lambda, "temperature": tc.lwf_temperature, "per_class": tc.rehearsal_per_class,
         "selection": tc.rehearsal_selection, "seed": tc.seed,
     }
+    adopt_strategy_state(store, _root(store, current), classes, strategy_dir, log)  # after an upgrade to a new release
     strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
     # Something new to learn (an expert's labels, a new class): the full step. Pseudo-labels alone: a cautious one.
     learning = counts["expert"] > 0 or bool(new_classes)

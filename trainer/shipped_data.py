@@ -28,7 +28,7 @@ import torch
 
 from edge_agent.config import default_data_path, default_store_path
 from engines.store import EngineStore
-from trainer.data import TensorDataset, scan_folder, stratified_split
+from trainer.data import TensorDataset, recorded_split
 from trainer.publish import load_weights
 from trainer.strategies.rehearsal import select
 
@@ -46,6 +46,11 @@ Sources, as SOURCE.md states them:
   Plant_Village_Raspberry, Plant_Village_Strawberry (data/origin/<Class>/color/): CC BY 4.0, as each
   repository's LICENSE and README state; they credit Kaggle abdallahalidev/plantvillage-dataset and ask
   users to check the original dataset's terms.
+- ai-agriculture-circuits-and-systems/Plant_Village_Corn and Plant_Village_Pepper (data/origin/.../color/): 4 Corn
+  classes and Pepper bell bacterial spot; CC BY 4.0, as each repository's LICENSE and README state.
+- JLG-96/milestone-project-mildew-detection-in-cherry-leaves (2 Cherry classes), sinchana1408/grape-disease-detection
+  (4 Grape classes), AnjaneyuluChinni/Plant-Disease-Detection (Peach x2, Soybean, Squash): no licence stated; the
+  images are PlantVillage originals.
 - The canonical spMohanty/PlantVillage-Dataset gives no licence and asks to be cited.
 None of these sources states CC BY-SA or CC0. Treat the terms as unverified and attribute the original authors:
 
@@ -60,12 +65,8 @@ def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -
     """Write ``out/gate``, ``out/replay``, ``out/manifest.json`` and ``out/NOTICE``; return the manifest."""
     version = EngineStore(store).open()
     split_info = version.manifest["training"]["split"]
-    folder = scan_folder(data)
-    if folder.classes != version.classes:
-        raise ValueError(f"{data}: classes differ from the shipped model's")
-    parts = stratified_split(
-        folder.samples, {"test": split_info["test_fraction"], "val": split_info["val_fraction"]}, split_info["seed"]
-    )
+    classes = list(version.classes)
+    parts = recorded_split(version, data)
     if len(parts["test"]) != split_info["test_photos"] or len(parts["train"]) != split_info["train_photos"]:
         raise ValueError(f"{data}: does not give the split recorded in {version.name}'s manifest")
     model = load_weights(version)
@@ -73,7 +74,7 @@ def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -
     with torch.no_grad():
         feats = torch.cat([model.features(train.x[i : i + 128]) for i in range(0, len(train), 128)])
     replay = []
-    for c in range(len(folder.classes)):
+    for c in range(len(classes)):
         idx = torch.nonzero(train.y == c).flatten()
         replay.extend(train.samples[int(i)] for i in idx[select(feats[idx], replay_per_class, "herding")])
     shutil.rmtree(out / "gate", ignore_errors=True)
@@ -81,13 +82,13 @@ def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -
     files = []
     for kind, samples in (("gate", parts["test"]), ("replay", replay)):
         for s in samples:
-            name = folder.classes[s.label]
+            name = classes[s.label]
             dst = out / kind / name / Path(s.path).name
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(s.path, dst)
             files.append({"file": str(dst.relative_to(out)), "class": name, "set": kind,
                           "sha256": hashlib.sha256(dst.read_bytes()).hexdigest(),
-                          "source": str(Path(s.path).relative_to(folder.root))})
+                          "source": str(Path(s.path).relative_to(Path(data)))})
     manifest = {
         "model_version": version.name,
         "model_sha256": version.manifest["files"]["model.onnx"]["sha256"],

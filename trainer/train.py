@@ -87,17 +87,27 @@ def fit(
     val: TensorDataset,
     settings: TrainSettings,
     progress: bool = True,
+    batches=None,
+    checkpoint: str | os.PathLike | None = None,
+    watch: dict | None = None,
+    bn_x: torch.Tensor | None = None,
 ) -> tuple[LeafNet, dict]:
     """Train with Adam, warm-up + cosine learning rate and early stopping on validation top-1.
 
-    Returns the best model (by validation top-1, then loss) and a history dict.
+    ``batches(indices, generator)`` makes a training batch from photo indices (default: :class:`Augment` on the
+    stored tensors). With ``checkpoint`` (a file), the whole state is saved after every epoch and a run that finds
+    it resumes after its last epoch. ``watch`` (name -> (x, y)) is evaluated each epoch for the history only; it
+    never chooses anything. ``bn_x``: the clean training photos for the SWA model's BatchNorm statistics (default
+    ``train.x``). Returns the best model (by validation top-1, then loss) and a history dict.
     """
     from tqdm import tqdm
 
     log = get_logger("trainer")
     gen = torch.Generator().manual_seed(settings.seed)
     torch.manual_seed(settings.seed)
-    augment = Augment()
+    if batches is None:
+        augment = Augment()
+        batches = lambda idx, g: augment(train.x[idx], g)  # noqa: E731
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     steps_per_epoch = max(1, math.ceil(len(train) / settings.batch_size))
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -106,7 +116,19 @@ def fit(
     best_key, best_state, best_epoch, history = (-1.0, 0.0), None, -1, []
     swa = torch.optim.swa_utils.AveragedModel(model) if settings.swa_epochs > 0 else None
     swa_from = settings.epochs - settings.swa_epochs
-    bar = tqdm(range(settings.epochs), desc="train", unit="epoch", disable=not progress, dynamic_ncols=True)
+    start = 0
+    if checkpoint is not None and Path(checkpoint).exists():
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        sched.load_state_dict(saved["sched"])
+        gen.set_state(saved["gen"])
+        if swa is not None and saved.get("swa") is not None:
+            swa.load_state_dict(saved["swa"])
+        best_key, best_state, best_epoch, history = tuple(saved["best_key"]), saved["best_state"], saved["best_epoch"], saved["history"]
+        start = len(history)
+        log.info("resumed", checkpoint=str(checkpoint), epoch=start)
+    bar = tqdm(range(start, settings.epochs), desc="train", unit="epoch", disable=not progress, dynamic_ncols=True)
     for epoch in bar:
         model.train()
         order = torch.randperm(len(train), generator=gen)
@@ -115,7 +137,7 @@ def fit(
             idx = order[i : i + settings.batch_size]
             if len(idx) < 2:  # BatchNorm needs two samples
                 continue
-            xb = augment(train.x[idx], gen)
+            xb = batches(idx, gen)
             loss = F.cross_entropy(model(xb), train.y[idx], label_smoothing=settings.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -132,12 +154,20 @@ def fit(
             "val_loss": round(ev.loss, 4),
             "seconds": round(time.perf_counter() - t0, 1),
         }
+        for name, (wx, wy) in (watch or {}).items():
+            row[f"{name}_top1"] = round(evaluate(model, wx, wy).top1, 4)
         history.append(row)
         key = (ev.top1, -ev.loss)
         if key > best_key:
             best_key, best_state, best_epoch = key, copy.deepcopy(model.state_dict()), epoch
         bar.set_postfix(loss=row["train_loss"], val=row["val_top1"], best=round(best_key[0], 4))
         log.info("epoch", **row, best_val_top1=round(best_key[0], 4))
+        if checkpoint is not None:
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(), "gen": gen.get_state(),
+                     "swa": swa.state_dict() if swa is not None else None, "best_key": best_key, "best_state": best_state,
+                     "best_epoch": best_epoch, "history": history}
+            torch.save(state, f"{checkpoint}.tmp")
+            os.replace(f"{checkpoint}.tmp", checkpoint)
         if epoch - best_epoch >= settings.patience:
             log.info("early_stop", epoch=epoch + 1, best_epoch=best_epoch + 1)
             break
@@ -145,7 +175,7 @@ def fit(
     if best_state is not None:
         model.load_state_dict(best_state)
     if swa is not None and swa.n_averaged.item() > 0:
-        averaged = _swa_model(swa, train, settings.batch_size)
+        averaged = _swa_model(swa, train.x if bn_x is None else bn_x, settings.batch_size)
         ev = evaluate(averaged, val.x, val.y)
         info["swa"] = {"epochs_averaged": int(swa.n_averaged.item()), "val_top1": round(ev.top1, 4), "best_single_val_top1": round(best_key[0], 4)}
         log.info("swa", **info["swa"])
@@ -172,9 +202,9 @@ def lr_schedule(total: int, warmup: int = 0, swa: int = 0, floor: float = 0.25):
     return factor
 
 
-def _swa_model(swa, train: TensorDataset, batch_size: int) -> LeafNet:
-    """The averaged weights as a plain LeafNet, with BatchNorm statistics recomputed on the training photos."""
-    return recompute_batchnorm(copy.deepcopy(swa.module), train.x, batch_size)
+def _swa_model(swa, x: torch.Tensor, batch_size: int) -> LeafNet:
+    """The averaged weights as a plain LeafNet, with BatchNorm statistics recomputed on the training photos ``x``."""
+    return recompute_batchnorm(copy.deepcopy(swa.module), x, batch_size)
 
 
 def _initial_weights(spec: str, classes: list[str]) -> tuple[LeafNet, dict]:

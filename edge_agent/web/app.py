@@ -66,6 +66,13 @@ class WebContext:
         return ResultsDB(self.state.db, readonly=readonly)
 
 
+def verdict_text(verdict: str | None) -> str:
+    """What the farmer reads for a verdict that is not ``confident``."""
+    from edge_agent.verdict import PHRASES
+
+    return PHRASES.get(verdict or "", "").capitalize()
+
+
 def pretty_class(label: str) -> str:
     """``Tomato___Early_blight`` as people read it: ``Tomato · Early blight``."""
     return label.replace("___", " · ").replace("_", " ")
@@ -97,7 +104,7 @@ def _int(text: str | None, default: int = 0) -> int:
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
-    templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name)
+    templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text)
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
     daemon_stale_s = max(10.0, 5 * ctx.cfg.daemon.status_interval_s)
 

@@ -16,7 +16,7 @@ from edge_agent.results import ResultRow, query_readonly
 
 __all__ = ["Filters", "Reader"]
 
-_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created"
+_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict"
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ class Filters:
 
 
 def _photo(row: tuple) -> ResultRow:
-    sha, pid, path, source, label, conf, top_k, ev, timings, created = row
-    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created)
+    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict = row
+    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict)
 
 
 class Reader:

@@ -42,7 +42,7 @@ class OnnxRuntimeConfig(BackendConfig):
         "the TensorRT EP use half precision (tensorrt only).",
     )
     int8_min_agreement: float = Field(
-        0.98, ge=0, le=1, description="auto: the least top-1 agreement with FP32 (recorded in the manifest) that INT8 needs."
+        0.98, ge=0, le=1, description="auto: the least agreement with FP32 (top-1, and verdict where the manifest has one; recorded in the manifest) that INT8 needs."
     )
     device_id: int = Field(0, ge=0, description="GPU index for cuda and tensorrt.")
     intra_op_threads: int = Field(0, ge=0, le=256, description="CPU threads per inference; 0 lets ONNX Runtime choose.")
@@ -84,6 +84,13 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
         return "fp32", f"auto: {version.name}'s INT8 variant has no recorded agreement with FP32"
     if agreement < config.int8_min_agreement:
         return "fp32", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of its check photos < {config.int8_min_agreement}"
+    if "verdict" in version.manifest:
+        verdicts = check.get("verdict_agreement_with_fp32")
+        if not isinstance(verdicts, (int, float)):
+            return "fp32", f"auto: {version.name}'s INT8 variant has no recorded verdict agreement with FP32"
+        if verdicts < config.int8_min_agreement:
+            return "fp32", (f"auto: {version.name}'s INT8 gives FP32's verdict on {verdicts:.3f} of its check photos "
+                            f"< {config.int8_min_agreement}")
     return "int8", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos"
 
 

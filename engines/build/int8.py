@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["quantize_int8", "top1_agreement", "Int8Report"]
+__all__ = ["quantize_int8", "top1_agreement", "logits_of_onnx", "Int8Report"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.nda
         prepped.unlink(missing_ok=True)
 
 
-def _logits(path: Path, x: np.ndarray, batch: int = 64) -> np.ndarray:
+def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 64) -> np.ndarray:
+    """An ONNX model's outputs for ``x`` (ONNX Runtime, CPU)."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -72,8 +73,8 @@ def _logits(path: Path, x: np.ndarray, batch: int = 64) -> np.ndarray:
 
 def top1_agreement(fp32: str | Path, int8: str | Path, photos: np.ndarray, labels: np.ndarray | None = None) -> Int8Report:
     """Compare FP32 and INT8 top-1 on held-out ``photos`` (and accuracy, given ``labels``)."""
-    a = _logits(Path(fp32), photos).argmax(1)
-    b = _logits(Path(int8), photos).argmax(1)
+    a = logits_of_onnx(Path(fp32), photos).argmax(1)
+    b = logits_of_onnx(Path(int8), photos).argmax(1)
     report = Int8Report(agreement=float((a == b).mean()), photos=len(photos))
     if labels is not None:
         report = Int8Report(report.agreement, report.photos, float((a == labels).mean()), float((b == labels).mean()))

@@ -1,0 +1,146 @@
+"""Every answer carries a verdict: ``confident``, ``unsure`` or ``unknown``, computed from what the engine returns.
+
+A softmax alone cannot say "this is not a plant I know": a network trained on lab photos answers a field photo, an
+unknown disease or a dark frame with a probability like any other, and often a high one. So the verdict also asks
+how far the photo's logit vector lies from those of the photos the model was trained on: the squared Mahalanobis
+distance to the nearest class mean, with one covariance shared by the classes (Lee et al. 2018, on the logits,
+which every backend returns, rather than on hidden features). The means, the covariance's inverse and the distance
+thresholds (fitted on held-out lab photos) are in the manifest's ``verdict`` section (``trainer/verdict_fit.py``).
+
+- ``unknown``: the photo is nearly one colour, too dark, too bright or blurred, or its distance is beyond
+  ``unknown_distance``: unlike anything trained on (another crop, a disease no class names, not a leaf).
+- ``confident``: softmax at least the pseudo-label threshold *and* distance within ``confident_distance``: only
+  these become pseudo-labels.
+- ``unsure``: everything else; it goes to the expert.
+
+A manifest without a ``verdict`` section (versions published before it existed) gets the documented fallback:
+the image checks, and ``confident`` from the softmax alone; :attr:`Judge.mode` says which applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["PHRASES", "VERDICTS", "Judge", "Verdict", "VerdictSpec", "VerdictSpecError", "image_checks", "phrase"]
+
+VERDICTS = ("confident", "unsure", "unknown")
+#: What a farmer reads for each verdict (the class name alone for ``confident``).
+PHRASES = {"confident": "", "unsure": "not sure: ask an expert", "unknown": "not a plant I know"}
+
+
+def phrase(verdict: str | None, label: str) -> str:
+    """The answer as a farmer reads it: the class for ``confident``, else what the verdict means and the best guess."""
+    if verdict in (None, "confident"):
+        return label
+    return f"{PHRASES.get(verdict, verdict)} (best guess {label})"
+
+
+class VerdictSpecError(ValueError):
+    """A manifest's ``verdict`` section is malformed (wrong shapes, not finite, thresholds out of order)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One photo's verdict, why (empty for ``confident``), and its distance (None in the fallback)."""
+
+    verdict: str
+    reason: str
+    distance: float | None
+
+
+@dataclass(frozen=True)
+class VerdictSpec:
+    """The manifest's ``verdict`` section, checked."""
+
+    means: np.ndarray  # [K, K]: each class's mean logit vector
+    precision: np.ndarray  # [K, K]: inverse of the shared covariance
+    confident_distance: float
+    unknown_distance: float
+    min_contrast: float
+    min_brightness: float
+    max_brightness: float
+    min_sharpness: float
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "VerdictSpec | None":
+        """None where the manifest has no ``verdict`` section; :class:`VerdictSpecError` where it is malformed."""
+        section = manifest.get("verdict")
+        if section is None:
+            return None
+        k = len(manifest.get("classes", []))
+        try:
+            means = np.asarray(section["means"], np.float64)
+            precision = np.asarray(section["precision"], np.float64)
+            spec = cls(means, precision, float(section["confident_distance"]), float(section["unknown_distance"]),
+                       **{key: float(section["image"][key]) for key in ("min_contrast", "min_brightness", "max_brightness", "min_sharpness")})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise VerdictSpecError(f"manifest 'verdict' section: {exc!r} (fix: republish the version with edge-trainer)") from None
+        if means.shape != (k, k) or precision.shape != (k, k):
+            raise VerdictSpecError(f"manifest 'verdict' section: means {means.shape} and precision {precision.shape} must be ({k}, {k})")
+        values = [spec.confident_distance, spec.unknown_distance, spec.min_contrast, spec.min_brightness, spec.max_brightness, spec.min_sharpness]
+        if not (np.isfinite(means).all() and np.isfinite(precision).all() and np.isfinite(values).all()):
+            raise VerdictSpecError("manifest 'verdict' section: values must be finite numbers")
+        if not 0 < spec.confident_distance <= spec.unknown_distance:
+            raise VerdictSpecError("manifest 'verdict' section: need 0 < confident_distance <= unknown_distance")
+        return spec
+
+
+def image_checks(batch: np.ndarray, mean, std) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per photo of a normalised batch [N,3,H,W]: contrast (std of luminance), brightness (mean luminance), both in
+    [0,1] pixel units, and sharpness (variance of the luminance's 4-neighbour Laplacian)."""
+    px = batch * np.asarray(std, np.float32).reshape(1, 3, 1, 1) + np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
+    lum = 0.299 * px[:, 0] + 0.587 * px[:, 1] + 0.114 * px[:, 2]
+    lap = 4 * lum[:, 1:-1, 1:-1] - lum[:, :-2, 1:-1] - lum[:, 2:, 1:-1] - lum[:, 1:-1, :-2] - lum[:, 1:-1, 2:]
+    return lum.std(axis=(1, 2)), lum.mean(axis=(1, 2)), lap.var(axis=(1, 2))
+
+
+class Judge:
+    """Turns a batch's logits (and its input, for the image checks) into verdicts."""
+
+    def __init__(self, spec: VerdictSpec | None, confident_probability: float, mean, std) -> None:
+        self.spec = spec
+        self.p = confident_probability
+        self.mean, self.std = mean, std
+        if spec is not None:
+            self._pm = spec.means @ spec.precision  # [K, K]: rows mu_c P
+            self._mpm = np.einsum("ck,ck->c", self._pm, spec.means)  # mu_c P mu_c
+
+    @property
+    def mode(self) -> str:
+        if self.spec is None:
+            return f"softmax >= {self.p} only (the manifest has no verdict statistics)"
+        return f"softmax >= {self.p} and distance to the training photos <= {self.spec.confident_distance:g} (unknown beyond {self.spec.unknown_distance:g})"
+
+    def distances(self, logits: np.ndarray) -> np.ndarray:
+        """Squared Mahalanobis distance of each logit vector to its nearest class mean."""
+        z = logits.astype(np.float64)
+        zpz = np.einsum("nk,kj,nj->n", z, self.spec.precision, z)
+        return np.maximum(zpz[:, None] - 2 * z @ self._pm.T + self._mpm[None], 0).min(axis=1)
+
+    def judge(self, logits: np.ndarray, probs: np.ndarray, batch: np.ndarray) -> list[Verdict]:
+        contrast, brightness, sharpness = image_checks(batch, self.mean, self.std)
+        d = self.distances(logits) if self.spec is not None else [None] * len(logits)
+        s = self.spec
+        lim = (s.min_contrast, s.min_brightness, s.max_brightness, s.min_sharpness) if s else (0.02, 0.06, 0.97, 0.0)
+        out = []
+        for i in range(len(logits)):
+            dist = None if d[i] is None else float(d[i])
+            if contrast[i] < lim[0]:
+                out.append(Verdict("unknown", "the photo is nearly one colour", dist))
+            elif brightness[i] < lim[1]:
+                out.append(Verdict("unknown", "the photo is too dark", dist))
+            elif brightness[i] > lim[2]:
+                out.append(Verdict("unknown", "the photo is overexposed", dist))
+            elif sharpness[i] < lim[3]:
+                out.append(Verdict("unknown", "the photo is blurred", dist))
+            elif dist is not None and dist > s.unknown_distance:
+                out.append(Verdict("unknown", "unlike the photos the model was trained on", dist))
+            elif probs[i].max() < self.p:
+                out.append(Verdict("unsure", f"probability {probs[i].max():.2f} below {self.p}", dist))
+            elif dist is not None and dist > s.confident_distance:
+                out.append(Verdict("unsure", "further from the training photos than a confident answer may be", dist))
+            else:
+                out.append(Verdict("confident", "", dist))
+        return out

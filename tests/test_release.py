@@ -1,0 +1,152 @@
+"""The release: one command trains, calibrates, builds INT8, signs and writes the store; upgrades install it once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines.signing import TrustedKeys, load_or_create_key
+from engines.store import EngineStore
+
+from .conftest import REPO, make_class_folders
+
+NAMES = ["Tomato___healthy", "Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)"]
+
+
+def release(data: Path, out: Path, key: Path, work: Path, epochs: int = 1):
+    return subprocess.run([sys.executable, "-m", "trainer", "release", "--data", str(data), "--key", str(key), "--out", str(out),
+                           "--work", str(work), "--epochs", str(epochs)], capture_output=True, text=True, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("release")
+    data = make_class_folders(root / "data", NAMES, 40)
+    key = load_or_create_key(root / "keys" / "release.key")
+    out = release(data, root / "store", key.path, root / "work")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root, data, key, out
+
+
+def test_the_release_command_writes_a_signed_store_with_its_split_and_verdict(released):
+    root, data, key, out = released
+    store = EngineStore(root / "store")
+    v = store.open(trust=TrustedKeys({key.public_hex: "release key"}))
+    assert v.name == "v1000" and v.signed_by == "release key" and store.versions() == ["v1000"]
+    m = v.manifest
+    assert m["model"]["arch"] == "LeafNet5" and m["classes"] == sorted(NAMES)
+    assert {"onnx", "int8", "torch", "split"} <= set(m["artifacts"]) and "verdict_agreement_with_fp32" in m["metrics"]["int8"]
+    assert m["verdict"]["confident_distance"] <= m["verdict"]["unknown_distance"]
+    split = json.loads(v.artifact("split").read_text())
+    assert sum(map(len, split.values())) == 120 and not set(split["test"]) & set(split["train"])
+    assert "test top-1" in out.stdout and "s of training" in out.stdout
+
+
+def test_a_release_run_resumes_from_its_checkpoint(released, tmp_path):
+    root, data, key, _ = released
+    ckpt = root / "work" / "checkpoint.pt"
+    assert ckpt.is_file()
+    work = tmp_path / "work"
+    shutil.copytree(root / "work", work)
+    out = release(data, tmp_path / "store", key.path, work, epochs=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '"resumed"' in out.stderr or "resumed" in out.stderr
+    history = EngineStore(tmp_path / "store").open().manifest["training"]["history"]
+    assert [h["epoch"] for h in history] == [1, 2]
+
+
+def test_a_release_without_the_key_file_stops_before_training_a_thing(tmp_path):
+    data = make_class_folders(tmp_path / "data", NAMES, 12)
+    out = release(data, tmp_path / "store", tmp_path / "nowhere.key", tmp_path / "work")
+    assert out.returncode != 0 and "nowhere.key: no release key there" in out.stderr
+    assert not (tmp_path / "store").exists() and not (tmp_path / "nowhere.key").exists()
+
+
+def test_recorded_split_reads_the_split_file_and_names_a_missing_photo(released, tmp_path):
+    from trainer.data import DatasetError, recorded_split
+
+    root, data, _, _ = released
+    v = EngineStore(root / "store").open()
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    (copy / "Tomato___healthy" / "extra.jpg").write_bytes((copy / "Tomato___healthy" / "img_000.jpg").read_bytes())  # the folder grew
+    parts = recorded_split(v, copy)
+    assert sorted(map(len, parts.values())) == sorted(map(len, json.loads(v.artifact("split").read_text()).values()))
+    assert all(v.classes[s.label] == s.path.parent.name for s in parts["test"])
+    gone = copy / json.loads(v.artifact("split").read_text())["test"][0]
+    gone.unlink()
+    with pytest.raises(DatasetError, match=f"{gone.name}: listed in v1000's split.json but not found"):
+        recorded_split(v, copy)
+
+
+# ---- upgrading a state directory made with an earlier release ------------------------------------------
+
+def _store_with(path: Path, versions: list[str], key) -> EngineStore:
+    """A store holding copies of the tiny model under ``versions``, each signed."""
+    import numpy as np
+    import torch
+
+    from trainer.model import build_model
+    from trainer.publish import publish_model
+
+    torch.manual_seed(0)
+    x = np.zeros((2, 3, 128, 128), np.float32)
+    for v in versions:
+        publish_model(build_model(3).eval(), NAMES, path, held_out=(x, np.array([0, 1])), signing_key=key, version=v)
+    return EngineStore(path)
+
+
+def test_an_upgrade_installs_the_shipped_release_once_and_keeps_the_devices_own_versions(tmp_path, signing_key):
+    pytest.importorskip("torch")
+    from edge_agent.state import adopt_shipped_release
+
+    shipped = _store_with(tmp_path / "shipped", ["v1000"], signing_key)
+    device = _store_with(tmp_path / "state" / "engines", ["v0001", "v0002"], signing_key)
+    assert device.current() == "v0002"
+    assert adopt_shipped_release(device, shipped.root) == "v1000"
+    assert device.versions() == ["v0001", "v0002", "v1000"] and device.current() == "v1000"
+    device.open("v1000", trust=TrustedKeys({signing_key.public_hex: "k"}))  # the signature survives the copy
+    device.set_current("v0002")  # the farmer rolls back to the device's own version: it stays
+    assert adopt_shipped_release(device, shipped.root) is None and device.current() == "v0002"
+    _store_with(device.root, [None], signing_key)  # the device's next retrain follows the release
+    assert device.versions()[-1] == "v1001"
+
+
+def test_publishing_under_a_name_older_than_the_store_is_refused(tmp_path, signing_key):
+    pytest.importorskip("torch")
+    from engines.store import StoreError
+
+    store = _store_with(tmp_path / "s", ["v0005"], signing_key)
+    with pytest.raises(StoreError, match="next version is v0006"):
+        _store_with(store.root, ["v0003"], signing_key)
+
+
+def test_after_an_upgrade_the_rehearsal_memory_is_relabelled_by_class_name_and_other_state_set_aside(tmp_path, signing_key):
+    torch = pytest.importorskip("torch")
+    from edge_agent.log import get_logger
+    from trainer.lineage import adopt_strategy_state
+
+    old = _store_with(tmp_path / "engines", ["v0001", "v0002"], signing_key)  # the device's own lineage: NAMES
+    strategy = tmp_path / "strategy"
+    (strategy / "rehearsal").mkdir(parents=True)
+    (strategy / "ewc").mkdir()
+    (strategy / "ewc" / "ewc.pt").write_bytes(b"old parameters")
+    torch.save({"x": torch.zeros(3, 3, 8, 8), "y": torch.tensor([0, 1, 2])}, strategy / "rehearsal" / "memory.pt")
+    shipped = _store_with(tmp_path / "shipped", ["v1000"], signing_key)
+    from edge_agent.state import adopt_shipped_release
+
+    adopt_shipped_release(old, shipped.root)
+    new_classes = ["Apple___healthy", *sorted(NAMES)[:2]]  # a release whose classes differ: one dropped, one new, reordered
+    done = adopt_strategy_state(old, "v1000", new_classes, strategy, get_logger("test"))
+    assert done is not None and "2 rehearsal photos relabelled by class name, 1 dropped" in done
+    memory = torch.load(strategy / "rehearsal" / "memory.pt", weights_only=True)
+    names = [NAMES[i] for i in (0, 1, 2)]
+    assert [new_classes[int(i)] for i in memory["y"]] == [n for n in names if n in new_classes]
+    assert (strategy / "ewc.before-v0001" / "ewc.pt").read_bytes() == b"old parameters" and not (strategy / "ewc").exists()
+    assert adopt_strategy_state(old, "v1000", new_classes, strategy, get_logger("test")) is None  # once

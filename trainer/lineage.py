@@ -1,0 +1,75 @@
+"""A strategy's saved state belongs to one model lineage; a new release starts a new one.
+
+The rehearsal memory stores labels as indices into the class list of the model it was made with, and EWC's anchor
+and Fisher information are that model's parameters. When the engine in service descends from another first version
+(a package upgrade installed a new release, say the 38-class v1000 over a device's 23-class v0001 -> v0002), the
+state is carried over where it keeps its meaning and set aside (kept on disk) where it does not:
+
+- the rehearsal memory's photos are true labels: they are relabelled by class name into the new class list (the
+  38 classes extend the 23 by name), and any whose class the new model lacks are dropped;
+- any other state (EWC's parameters) is moved to ``<strategy>.before-<root>``.
+
+``lineage.json`` beside the strategies records the root and its classes. State from before this file existed is
+taken to belong to the newest version outside the current lineage (the device's own last version before the upgrade).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from engines.store import EngineStore
+
+__all__ = ["adopt_strategy_state", "lineage_root"]
+
+
+def lineage_root(store: EngineStore, name: str) -> str:
+    """The first version of ``name``'s lineage (following ``parent`` while the store still holds it)."""
+    seen = set()
+    while name not in seen:
+        seen.add(name)
+        parent = store.read_manifest(name).get("parent")
+        if not parent or parent not in store.versions():
+            return name
+        name = parent
+    return name
+
+
+def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], strategy_dir: Path, log) -> str | None:
+    """Make ``strategy_dir``'s state fit the lineage rooted at ``root`` with ``classes``; returns what was done."""
+    marker = strategy_dir / "lineage.json"
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if recorded is not None and recorded.get("root") == root:
+        return None
+    done = None
+    states = [p for p in strategy_dir.iterdir() if p.is_dir() and ".before-" not in p.name] if strategy_dir.is_dir() else []
+    if states:
+        if recorded is not None:
+            old_root, old_classes = recorded.get("root"), list(recorded.get("classes", []))
+        else:
+            others = [v for v in store.versions() if lineage_root(store, v) != root]
+            old_root = lineage_root(store, others[-1]) if others else None
+            old_classes = store.read_manifest(others[-1])["classes"] if others else []
+        kept, dropped = 0, 0
+        for state in states:
+            memory = state / "memory.pt"
+            if memory.is_file() and old_classes:
+                blob = torch.load(memory, map_location="cpu", weights_only=True)
+                names = [old_classes[int(i)] if int(i) < len(old_classes) else None for i in blob["y"]]
+                keep = torch.tensor([n in classes for n in names], dtype=torch.bool)
+                y = torch.tensor([classes.index(n) for n in names if n in classes], dtype=torch.long)
+                torch.save({"x": blob["x"][keep].clone(), "y": y}, memory)
+                kept, dropped = kept + int(keep.sum()), dropped + int((~keep).sum())
+                continue
+            shutil.move(str(state), str(state.with_name(f"{state.name}.before-{old_root or 'upgrade'}")))
+        done = f"strategy state of lineage {old_root} adopted for {root}: {kept} rehearsal photos relabelled by class name, {dropped} dropped"
+        log.warning("strategy_state_adopted", old_root=old_root, root=root, relabelled=kept, dropped=dropped)
+    strategy_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"root": root, "classes": classes}) + "\n")
+    return done

@@ -1,0 +1,221 @@
+"""The shipped model's release, reproducible end to end: train for the field, calibrate, build INT8, sign, write.
+
+``edge-trainer release --data ../shared/data/plantvillage --key ../shared/release/edge-agent-release.key --out DIR``
+(``make release``) trains on the lab photos with field augmentation (:mod:`trainer.fieldaug`), checkpointing every
+epoch into ``--work`` so an interrupted run resumes; then exact BatchNorm statistics, a fitted temperature, the
+verdict's statistics (:mod:`trainer.verdict_fit`), ONNX + INT8, the photo lists of the split (``split.json``), and a
+store at ``--out`` signed with the release key. Field photos are never read here: they only measure the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from edge_agent.log import get_logger
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, decode_rgb, normalize, read_limited, resize
+from trainer.data import Sample, scan_folder, stratified_split
+from trainer.fieldaug import FieldAugSettings, FieldComposer, leaf_mask
+
+__all__ = ["RELEASE_VERSION", "ReleaseSettings", "LabPhotos", "finish_release", "load_lab_photos", "release", "train_release"]
+
+#: Releases are numbered apart from a device's own versions (which count up from the release they started on).
+RELEASE_VERSION = "v1000"
+
+
+@dataclass
+class ReleaseSettings:
+    """How the release is trained (recorded in its manifest)."""
+
+    arch: str = "LeafNet5"
+    epochs: int = 55
+    batch_size: int = 64
+    lr: float = 2e-3
+    weight_decay: float = 5e-4
+    warmup_epochs: int = 2
+    label_smoothing: float = 0.1
+    swa_epochs: int = 8
+    seed: int = 20251120
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    threads: int = 2
+
+
+@dataclass
+class LabPhotos:
+    """One split's photos: pixels (uint8 [N,S,S,3] RGB), leaf masks (float32 [N,S,S]) and labels."""
+
+    samples: list[Sample]
+    pixels: np.ndarray
+    masks: np.ndarray
+
+    def tensors(self, spec: PreprocessSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised network inputs (exactly :func:`edge_agent.preprocess.preprocess_bytes`) and labels."""
+        x = np.stack([normalize(p, spec) for p in self.pixels]) if len(self.pixels) else np.zeros((0, 3, spec.size, spec.size), np.float32)
+        return torch.from_numpy(x), torch.tensor([s.label for s in self.samples], dtype=torch.long)
+
+
+def load_lab_photos(samples: list[Sample], spec: PreprocessSpec = DEFAULT_SPEC, workers: int = 2) -> LabPhotos:
+    """Decode each photo once: its resized pixels and its leaf mask (photos that cannot be decoded are left out)."""
+
+    def one(s: Sample):
+        try:
+            rgb = decode_rgb(read_limited(s.path, spec), spec)
+        except ImageRejected:
+            return None
+        mask = cv2.resize(leaf_mask(rgb), (spec.size, spec.size), interpolation=cv2.INTER_AREA)
+        return resize(rgb, spec), mask
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        got = list(pool.map(one, samples))
+    keep = [i for i, r in enumerate(got) if r is not None]
+    return LabPhotos(
+        [samples[i] for i in keep],
+        np.stack([got[i][0] for i in keep]),
+        np.stack([got[i][1] for i in keep]).astype(np.float32),
+    )
+
+
+def split_photos(data_dir: str | os.PathLike, settings: ReleaseSettings):
+    """The class folders and their seeded test / val / train split."""
+    folder = scan_folder(data_dir)
+    return folder, stratified_split(folder.samples, {"test": settings.test_fraction, "val": settings.val_fraction}, settings.seed)
+
+
+def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings: ReleaseSettings | None = None,
+                  watch: dict | None = None, progress: bool = True):
+    """Train the release model (resuming from ``work/checkpoint.pt``); returns (model, fit info, folder, splits)."""
+    from trainer.model import build_model
+    from trainer.train import TrainSettings, fit
+    from trainer.data import TensorDataset
+
+    settings = settings or ReleaseSettings()
+    log = get_logger("release")
+    torch.set_num_threads(settings.threads)
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    folder, splits = split_photos(data_dir, settings)
+    t0 = time.perf_counter()
+    photos = {name: load_lab_photos(items) for name, items in splits.items()}
+    log.info("photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1))
+    train = photos["train"]
+    composer = FieldComposer(
+        torch.from_numpy(train.pixels).permute(0, 3, 1, 2).float().div(255).contiguous(),
+        torch.from_numpy(train.masks)[:, None].contiguous(),
+        FieldAugSettings(),
+    )
+    train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
+    val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors())
+    model = build_model(len(folder.classes), settings.arch).to(memory_format=torch.channels_last)
+    ts = TrainSettings(epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr, weight_decay=settings.weight_decay,
+                       warmup_epochs=settings.warmup_epochs, label_smoothing=settings.label_smoothing, patience=settings.epochs,
+                       seed=settings.seed, swa_epochs=settings.swa_epochs)
+    t0 = time.perf_counter()
+    model, info = fit(model, train_ds, val_ds, ts, progress=progress,
+                      batches=lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last),
+                      checkpoint=work / "checkpoint.pt", watch=watch, bn_x=train.tensors()[0])
+    info["train_seconds"] = round(time.perf_counter() - t0, 1)
+    model = model.to(memory_format=torch.contiguous_format)
+    torch.save({"state_dict": model.state_dict(), "arch": settings.arch, "classes": folder.classes, "info": info,
+                "settings": asdict(settings)}, work / "trained.pt")
+    return model, info, folder, photos
+
+
+def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLike, key_path: str | os.PathLike | None,
+                   settings: ReleaseSettings, version: str = RELEASE_VERSION):
+    """Exact BatchNorm statistics, a fitted temperature, the verdict's statistics, metrics, ONNX + INT8, the split
+    and the signature: the store at ``out`` (made; must not hold a version yet) with the release as its current."""
+    from engines.signing import load_or_create_key
+    from trainer.batchnorm import recompute_batchnorm
+    from trainer.calibrate import calibrate
+    from trainer.data import TensorDataset
+    from trainer.model import count_parameters
+    from trainer.publish import publish_model
+    from trainer.train import _held_out_metrics
+    from trainer.verdict_fit import fit_verdict, logits_of, verdicts_of
+
+    log = get_logger("release")
+    key = None
+    if key_path is not None:
+        key_path = Path(key_path)
+        if not key_path.is_file():
+            raise FileNotFoundError(f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)")
+        key = load_or_create_key(key_path)  # it exists: loaded, never made
+    sets = {name: TensorDataset.of(p.samples, *p.tensors()) for name, p in photos.items()}
+    recompute_batchnorm(model, sets["train"].x)
+    scaling = calibrate(model, sets["val"].x, sets["val"].y)
+    metrics = _held_out_metrics(model, sets, folder.classes) | {"calibration": scaling.summary()}
+    train_logits = logits_of(model, sets["train"].x)
+    verdict = fit_verdict(train_logits, sets["train"].y.numpy(), logits_of(model, sets["val"].x), sets["val"].x.numpy(), DEFAULT_SPEC)
+    test_x, test_y = sets["test"].x, sets["test"].y.numpy()
+    test_logits = logits_of(model, test_x)
+    v = np.array(verdicts_of(verdict, folder.classes, test_logits, test_x.numpy(), DEFAULT_SPEC))
+    right = test_logits.argmax(1) == test_y
+    metrics["verdict"] = {
+        "test_photos": int(len(v)),
+        **{f"share_{k}": round(float((v == k).mean()), 4) for k in ("confident", "unsure", "unknown")},
+        "confident_top1": round(float(right[v == "confident"].mean()), 4) if (v == "confident").any() else None,
+    }
+    log.info("release_metrics", test_top1=metrics["test"]["top1"], val_top1=metrics["val"]["top1"], **metrics["verdict"])
+    root = Path(folder.root)
+    split = {name: sorted(str(Path(s.path).relative_to(root)) for s in p.samples) for name, p in photos.items()}
+    training = {
+        "kind": "release",
+        "data": root.name,
+        "classes": folder.counts(),
+        "split": {"seed": settings.seed, "test_fraction": settings.test_fraction, "val_fraction": settings.val_fraction,
+                  **{f"{name}_photos": len(p.samples) for name, p in photos.items()}, "files": "split.json"},
+        "settings": asdict(settings),
+        "augmentation": asdict(FieldAugSettings()),
+        "parameters": count_parameters(model),
+        "epochs_run": info["epochs_run"],
+        "selected": info["selected"],
+        "swa": info.get("swa"),
+        "train_seconds": info.get("train_seconds"),
+        "history": info["history"],
+        "torch": torch.__version__,
+    }
+    calib = sets["train"].x[torch.randperm(len(sets["train"].x), generator=torch.Generator().manual_seed(0))[:256]].numpy()
+    return publish_model(model, folder.classes, out, spec=DEFAULT_SPEC, metrics=metrics, training=training, calibration=calib,
+                         held_out=(test_x.numpy(), test_y), signing_key=key, verdict=verdict, split=split, version=version)
+
+
+def release(data_dir, out, key_path, work, settings: ReleaseSettings | None = None, progress: bool = True):
+    """The whole release (:func:`train_release`, then :func:`finish_release`); returns the published version."""
+    settings = settings or ReleaseSettings()
+    t0 = time.perf_counter()
+    model, info, folder, photos = train_release(data_dir, work, settings, progress=progress)
+    version = finish_release(model, info, folder, photos, out, key_path, settings)
+    get_logger("release").info("release_done", version=version.name, seconds=round(time.perf_counter() - t0, 1))
+    return version
+
+
+def field_watch(field_dir: str | os.PathLike, classes: list[str]) -> dict:
+    """Field photos whose folder names a class, as (x, y), for the training history only."""
+    from edge_agent.preprocess import preprocess_file
+
+    xs, ys = [], []
+    for sub in ("apple-orchard", "corn-field"):
+        for cls_dir in sorted((Path(field_dir) / sub).iterdir()):
+            if cls_dir.name in classes:
+                for f in sorted(cls_dir.iterdir()):
+                    xs.append(preprocess_file(f))
+                    ys.append(classes.index(cls_dir.name))
+    return {"field": (torch.from_numpy(np.stack(xs)), torch.tensor(ys))}
+
+
+if __name__ == "__main__":  # the training phase alone: python -m trainer.release DATA WORK [FIELD]
+    import sys
+
+    folder = scan_folder(sys.argv[1])
+    w = field_watch(sys.argv[3], folder.classes) if len(sys.argv) > 3 else None
+    model, info, _, _ = train_release(sys.argv[1], sys.argv[2], watch=w)
+    print(json.dumps({k: v for k, v in info.items() if k != "history"}))
