@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plantvillage", default=str(SHARED / "plantvillage"))
     ap.add_argument("--field", default=str(SHARED / "field"))
     ap.add_argument("--engines", default="auto,fp32", help="comma-separated precisions to measure")
+    ap.add_argument("--crops", default="", help="comma-separated [classify] crops (e.g. 'Apple,Corn_(maize)'); default: none")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         engine = open_engine(args.store, parse_config({"engine": {"precision": precision}}).engine, version.name)
         name = f"{precision} ({engine.precision})"
         engines[name] = engine.describe()
-        clf = Classifier.configured(engine, parse_config({}))
+        crops = [c for c in args.crops.split(",") if c]
+        clf = Classifier.configured(engine, parse_config({"classify": {"crops": crops}}))
+        name += f", crops {'+'.join(crops)}" if crops else ""
         t0 = time.perf_counter()
         results[name] = {k: evaluate_set(clf, v) for k, v in sets.items()}
         print(f"{name}: " + ", ".join(f"{k} top-1 {r.get('top1', '-')} confident {r['share_confident']}" for k, r in results[name].items())

@@ -99,6 +99,10 @@ class ClassifySection(_Section):
         list(IMAGE_EXTENSIONS), description="File extensions picked up when a folder is classified (case-insensitive)."
     )
     _ext = field_validator("extensions")(_dotted_lower)
+    crops: list[str] = Field(
+        [], description="The crops grown here, as the class names begin (\"Apple\", \"Corn_(maize)\"): answers are chosen "
+        "among their classes only; empty: every class the model knows.",
+    )
 
 
 class DaemonSection(_Section):
@@ -160,12 +164,17 @@ class PipelineSection(_Section):
 
 
 class LabelsSection(_Section):
-    pseudo_threshold: float = Field(0.9, gt=0, le=1, description="Confidence at or above which a prediction is queued as a pseudo-label.")
+    pseudo_threshold: float = Field(
+        0.9, gt=0, le=1,
+        description="The least confidence of a `confident` verdict (which also needs the photo near the training photos); "
+        "only confident answers are queued as pseudo-labels.",
+    )
     per_class_cap: int = Field(500, ge=0, description="Most pseudo-labels queued per class per engine version.")
     review_threshold: float = Field(
         0.9, ge=0, le=1,
         description="Below this confidence a photo joins the pool the expert is asked from (ranked by how much its label "
-        "would teach, `edge-agent review list`). The default takes every photo not confident enough to be a pseudo-label.",
+        "would teach, `edge-agent review list`); `unknown` photos, and sure ones too far from the training photos, join "
+        "it too. The default takes every photo whose verdict is not `confident`.",
     )
     review_per_day: int = Field(
         10, ge=0, le=10000,

@@ -189,11 +189,7 @@ class ResultsDB:
         """How many photos an expert labelled since ``since`` (the per-day review budget)."""
         return self._query("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ?", (since,))[0][0]
 
-    def review_pool(self) -> list[tuple[QueueEntry, list]]:
-        """Photos waiting for review, each with the top-k of its prediction."""
-        return [(entry, top_k) for entry, top_k, _ in self.review_pool_verdicts()]
-
-    def review_pool_verdicts(self) -> list[tuple[QueueEntry, list, str | None]]:
+    def review_pool(self) -> list[tuple[QueueEntry, list, str | None]]:
         """Photos waiting for review, each with the top-k and the verdict of its prediction."""
         rows = self._query(
             "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"

@@ -113,15 +113,17 @@ class Judge:
             return f"softmax >= {self.p} only (the manifest has no verdict statistics)"
         return f"softmax >= {self.p} and distance to the training photos <= {self.spec.confident_distance:g} (unknown beyond {self.spec.unknown_distance:g})"
 
-    def distances(self, logits: np.ndarray) -> np.ndarray:
-        """Squared Mahalanobis distance of each logit vector to its nearest class mean."""
+    def distances(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+        """Squared Mahalanobis distance of each logit vector to its nearest class mean (among ``allowed`` classes)."""
         z = logits.astype(np.float64)
         zpz = np.einsum("nk,kj,nj->n", z, self.spec.precision, z)
-        return np.maximum(zpz[:, None] - 2 * z @ self._pm.T + self._mpm[None], 0).min(axis=1)
+        d = np.maximum(zpz[:, None] - 2 * z @ self._pm.T + self._mpm[None], 0)
+        return (d if allowed is None else d[:, allowed]).min(axis=1)
 
-    def judge(self, logits: np.ndarray, probs: np.ndarray, batch: np.ndarray) -> list[Verdict]:
+    def judge(self, logits: np.ndarray, probs: np.ndarray, batch: np.ndarray, allowed: np.ndarray | None = None) -> list[Verdict]:
+        """Verdicts for the logits the engine returned, ``probs`` as answered (over the ``allowed`` classes, if only some)."""
         contrast, brightness, sharpness = image_checks(batch, self.mean, self.std)
-        d = self.distances(logits) if self.spec is not None else [None] * len(logits)
+        d = self.distances(logits, allowed) if self.spec is not None else [None] * len(logits)
         s = self.spec
         lim = (s.min_contrast, s.min_brightness, s.max_brightness, s.min_sharpness) if s else (0.02, 0.06, 0.97, 0.0)
         out = []

@@ -204,3 +204,17 @@ def test_results_from_before_verdicts_keep_their_rows_and_gain_the_column(tmp_pa
     con.close()
     rows = list(ResultsDB(path).results())
     assert rows[0]["label"] == "Tomato___healthy" and rows[0]["verdict"] is None
+
+
+def test_crops_restrict_the_answers_to_their_classes_and_a_crop_the_model_lacks_is_refused(tiny_store):
+    from edge_agent.classifier import Classifier
+    from edge_agent.config import parse_config
+    from engines.loader import open_engine
+
+    engine = open_engine(tiny_store, parse_config({"engine": {"precision": "fp32"}}).engine)
+    clf = Classifier.configured(engine, parse_config({"classify": {"crops": ["Pepper,_bell", "Orange"]}}))
+    preds = [clf.predict_bytes(encode(leaf_image(i))) for i in range(6)]
+    assert {p.label.split("___")[0] for p in preds} <= {"Pepper,_bell", "Orange"}
+    assert all(len(p.top_k) == 2 and abs(sum(v for _, v in p.top_k) - 1) < 1e-5 for p in preds)
+    with pytest.raises(ValueError, match=r"crops = \['Apple'\] names none of v0001's classes"):
+        Classifier.configured(engine, parse_config({"classify": {"crops": ["Apple"]}}))

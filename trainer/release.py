@@ -140,7 +140,7 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
     from trainer.model import count_parameters
     from trainer.publish import publish_model
     from trainer.train import _held_out_metrics
-    from trainer.verdict_fit import fit_verdict, logits_of, verdicts_of
+    from trainer.verdict_fit import fit_verdict_for, logits_of, verdicts_of
 
     log = get_logger("release")
     key = None
@@ -153,8 +153,7 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
     recompute_batchnorm(model, sets["train"].x)
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     metrics = _held_out_metrics(model, sets, folder.classes) | {"calibration": scaling.summary()}
-    train_logits = logits_of(model, sets["train"].x)
-    verdict = fit_verdict(train_logits, sets["train"].y.numpy(), logits_of(model, sets["val"].x), sets["val"].x.numpy(), DEFAULT_SPEC)
+    verdict = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, DEFAULT_SPEC)
     test_x, test_y = sets["test"].x, sets["test"].y.numpy()
     test_logits = logits_of(model, test_x)
     v = np.array(verdicts_of(verdict, folder.classes, test_logits, test_x.numpy(), DEFAULT_SPEC))

@@ -19,13 +19,14 @@ import torch
 
 from edge_agent.config import AppConfig
 from edge_agent.log import get_logger
-from edge_agent.preprocess import ImageRejected, preprocess_file
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, preprocess_file
 from engines.store import EngineStore
 from trainer.calibrate import calibrate
 from trainer.continual import ContinualSettings, train_generation
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
+from trainer.verdict_fit import fit_verdict_for
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import SampleStore
@@ -189,10 +190,12 @@ def retrain(
         "new_classes": new_classes, "pseudo_recheck": rechecked, "torch": torch.__version__,
     }
     calib = train.x if len(train) else received.x
+    truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos
+    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC) if len(val) >= 10 and truth.any() else None
     version = publish_model(
         candidate, classes, store.root, metrics=metrics, training=training, parent=current.name,
         calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
-        held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop, signing_key=signing_key,
+        held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop, signing_key=signing_key, verdict=verdict,
     )
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     samples.mark_used(ids, version.name)

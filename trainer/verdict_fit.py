@@ -20,7 +20,7 @@ import torch
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import Judge, VerdictSpec, image_checks
 
-__all__ = ["fit_verdict", "logits_of", "verdicts_of"]
+__all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 
 
 @torch.no_grad()
@@ -70,6 +70,12 @@ def fit_verdict(train_logits: np.ndarray, train_y: np.ndarray, held_logits: np.n
                          "confident_quantile": confident_quantile, "unknown_quantile": unknown_quantile,
                          "unknown_factor": unknown_factor, "shrinkage": shrinkage}
     return section
+
+
+def fit_verdict_for(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, held_x: torch.Tensor,
+                    spec: PreprocessSpec) -> dict:
+    """:func:`fit_verdict` for a torch model: its logits on clean training photos (true labels) and held-out photos."""
+    return fit_verdict(logits_of(model, train_x), train_y.numpy(), logits_of(model, held_x), held_x.numpy(), spec)
 
 
 def verdicts_of(section: dict, classes: list[str], logits: np.ndarray, x: np.ndarray, spec: PreprocessSpec,

@@ -24,6 +24,7 @@ class ReviewItem:
     entry: QueueEntry
     top_k: list
     margin: float
+    verdict: str | None = None  # "unknown": unlike anything the model knows (a new class may be born here)
 
 
 class LabelError(ValueError):
@@ -43,9 +44,9 @@ def left_today(db: ResultsDB, per_day: int) -> int | None:
 
 def _pool(db: ResultsDB) -> list[ReviewItem]:
     out = []
-    for entry, top_k in db.review_pool():
+    for entry, top_k, verdict in db.review_pool():
         top_k = top_k or [[entry.label, entry.confidence or 0.0]]
-        out.append(ReviewItem(entry, top_k, margin(top_k)))
+        out.append(ReviewItem(entry, top_k, margin(top_k), verdict))
     return out
 
 
