@@ -11,7 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+from edge_agent.config import default_store_path
+from engines.store import EngineStore
+
 REPO = Path(__file__).resolve().parents[1]
+#: The shipped store's version, and the one a first retrain publishes after it.
+SHIPPED = EngineStore(default_store_path()).current()
+SHIPPED_NEXT = f"v{int(SHIPPED[1:]) + 1:04d}"
 
 FAST = {
     "daemon": {"status_interval_s": 0.5, "drain_timeout_s": 20.0},

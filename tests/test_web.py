@@ -25,6 +25,8 @@ from edge_agent.state import StateLayout, resolve_store  # noqa: E402
 from edge_agent.web.app import WebContext, create_app  # noqa: E402
 from edge_agent.web.auth import TokenFile  # noqa: E402
 
+from .daemon_helpers import SHIPPED, SHIPPED_NEXT  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 GATE = REPO / "edge_agent" / "default_data" / "gate"
 LOCAL = ("127.0.0.1", 50000)
@@ -102,7 +104,7 @@ def test_every_page_renders_for_a_local_client(state):
     r = c.get("/review")
     assert r.status_code == 200 and 'data-key="1"' in r.text and "p0" in r.text  # the least sure photo first
     r = c.get("/engines")
-    assert r.status_code == 200 and "v0001" in r.text and "in service" in r.text
+    assert r.status_code == 200 and SHIPPED in r.text and "in service" in r.text
     r = c.get("/health")
     assert r.status_code == 200 and "<svg" in r.text and "down" in r.text  # no daemon running here
     assert c.get("/upload").status_code == 200
@@ -234,7 +236,7 @@ def test_a_real_server_on_a_second_loopback_address_refuses_requests_without_the
 # ---- CSRF -------------------------------------------------------------------
 @pytest.mark.parametrize("path, data", [
     ("/review/label", {"photo": "p0", "label": "Apple___healthy"}),
-    ("/engines/rollback", {"to": "v0001", "confirm": "yes"}),
+    ("/engines/rollback", {"to": SHIPPED, "confirm": "yes"}),
 ])
 def test_a_post_without_the_csrf_token_is_refused(state, path, data):
     c = client(state)
@@ -285,7 +287,7 @@ def test_labelling_an_unknown_photo_or_class_says_why(state):
 # ---- engines ----------------------------------------------------------------
 def _second_version(state: Path) -> None:
     store = resolve_store(AppConfig(), state)
-    v1 = store.open("v0001")
+    v1 = store.open(SHIPPED)
     manifest = {k: v for k, v in v1.manifest.items() if k not in ("version", "files", "created", "parent")}
     store.publish({name: v1.path / name for name in v1.manifest["files"]}, manifest)
 
@@ -294,35 +296,35 @@ def test_rollback_needs_confirmation_and_an_existing_version(state):
     _second_version(state)
     c = client(state)
     token = csrf_of(c)
-    assert "Roll back to v0001" in c.get("/engines").text
+    assert f"Roll back to {SHIPPED}" in c.get("/engines").text
     r = c.post("/engines/rollback", data={"csrf": token, "to": "v0009", "confirm": "yes"})
     assert r.status_code == 404 and "v0009" in r.text
-    assert c.post("/engines/rollback", data={"csrf": token, "to": "v0001"}).status_code == 400
+    assert c.post("/engines/rollback", data={"csrf": token, "to": SHIPPED}).status_code == 400
     store = resolve_store(AppConfig(), state)
-    assert store.current() == "v0002"
-    r = c.post("/engines/rollback", data={"csrf": token, "to": "v0001", "confirm": "yes"})
-    assert r.status_code == 303 and store.current() == "v0001"
+    assert store.current() == SHIPPED_NEXT
+    r = c.post("/engines/rollback", data={"csrf": token, "to": SHIPPED, "confirm": "yes"})
+    assert r.status_code == 303 and store.current() == SHIPPED
 
 
 def test_rollback_to_a_tampered_version_is_refused(state):
     _second_version(state)
     store = resolve_store(AppConfig(), state)
-    store.set_current("v0002")
-    with open(store.root / "v0001" / "model.onnx", "r+b") as f:
+    store.set_current(SHIPPED_NEXT)
+    with open(store.root / SHIPPED / "model.onnx", "r+b") as f:
         f.seek(1000)
         f.write(b"\x00\x01\x02")
     c = client(state)
-    r = c.post("/engines/rollback", data={"csrf": csrf_of(c), "to": "v0001", "confirm": "yes"})
-    assert r.status_code == 409 and store.current() == "v0002"
+    r = c.post("/engines/rollback", data={"csrf": csrf_of(c), "to": SHIPPED, "confirm": "yes"})
+    assert r.status_code == 409 and store.current() == SHIPPED_NEXT
 
 
 def test_rollback_to_a_version_no_trusted_key_signed_is_refused(state):
     _second_version(state)  # published without a signature
     store = resolve_store(AppConfig(), state)
-    store.set_current("v0001")
+    store.set_current(SHIPPED)
     c = client(state)
-    r = c.post("/engines/rollback", data={"csrf": csrf_of(c), "to": "v0002", "confirm": "yes"})
-    assert r.status_code == 409 and "not signed" in r.text and store.current() == "v0001"
+    r = c.post("/engines/rollback", data={"csrf": csrf_of(c), "to": SHIPPED_NEXT, "confirm": "yes"})
+    assert r.status_code == 409 and "not signed" in r.text and store.current() == SHIPPED
 
 
 # ---- upload -----------------------------------------------------------------
@@ -474,3 +476,23 @@ def test_a_heic_upload_is_stored_as_heic_and_its_thumbnail_is_made(state):
     db.close()
     thumb = c.get(f"/img/thumb/{sha}")
     assert thumb.status_code == 200 and thumb.content[:3] == b"\xff\xd8\xff"
+
+
+def test_an_unsure_or_unknown_answer_reads_as_such_not_as_a_disease_name(state):
+    db = ResultsDB(StateLayout(state).db)
+    classes = resolve_store(AppConfig(), state).open(verify=False).classes
+    src = _photos(8)
+    rows = []
+    for i, verdict in ((6, "unsure"), (7, "unknown")):
+        sha = hashlib.sha256(src[i].read_bytes() + b"v").hexdigest()
+        rows.append(ResultRow(sha, f"v{i}", str(src[i]), "folder", classes[3], 0.93, [[classes[3], 0.93]], "v1000", {}, verdict=verdict))
+    db.commit(rows, [])
+    db.close()
+    c = client(state)
+    page = c.get("/photos").text
+    assert 'class="verdict unsure">Not sure: ask an expert<' in page and 'class="verdict unknown">Not a plant I know<' in page
+    assert page.count("best guess: ") == 2  # the class is only a guess there; the six confident-era rows show their class
+    photo = c.get(f"/photo/{rows[1].sha256}").text
+    assert "Not a plant I know" in photo and "Best guess:" in photo and '<dd id="verdict">unknown</dd>' in photo
+    old = c.get(f"/photo/{sha_of(state, 'p3')}").text  # a result stored before verdicts existed
+    assert "not recorded (before verdicts)" in old and "Best guess" not in old

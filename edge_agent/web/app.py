@@ -70,7 +70,8 @@ def verdict_text(verdict: str | None) -> str:
     """What the farmer reads for a verdict that is not ``confident``."""
     from edge_agent.verdict import PHRASES
 
-    return PHRASES.get(verdict or "", "").capitalize()
+    text = PHRASES.get(verdict or "", "")
+    return text[:1].upper() + text[1:]
 
 
 def pretty_class(label: str) -> str:
