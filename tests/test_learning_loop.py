@@ -16,7 +16,7 @@ import pytest
 
 from engines.store import EngineStore
 
-from .daemon_helpers import REPO, DaemonProc, TrainerProc, db_rows, merge, toml, wait_until
+from .daemon_helpers import REPO, SHIPPED, SHIPPED_NEXT, DaemonProc, TrainerProc, db_rows, merge, toml, wait_until
 
 pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
 
@@ -64,11 +64,12 @@ def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_pa
             shutil.copy(p, d.inbox / f"a{i:03d}.jpg")
         wait_until(lambda: t.logged("retrain_published"), 240, "a retrain that publishes")
         store = EngineStore(state / "engines")
-        assert store.current() == "v0002" and store.open().manifest["parent"] == "v0001"
+        assert store.current() == SHIPPED_NEXT and store.open().manifest["parent"] == SHIPPED
         calibration = store.open().manifest["metrics"]["calibration"]  # [trainer] calibrate, on by default
-        assert calibration["photos"] == 46 and calibration["temperature"] > 0
+        held = 2 * len(labelled)  # two validation photos of each class's ten
+        assert calibration["photos"] == held and calibration["temperature"] > 0
         # fitted, or (when the candidate is never wrong on these photos) refused for that reason, not sharpened to T = 0.1
-        assert calibration["skipped"] is None or "mistakes on 46 held-out photos" in calibration["skipped"]
+        assert calibration["skipped"] is None or f"mistakes on {held} held-out photos" in calibration["skipped"]
         wait_until(lambda: '"engine_swapped"' in d.log_path.read_text(), 60, "hot swap in the daemon")
         batch2 = field[5::12][:20]
         for i, p in enumerate(batch2):
@@ -78,7 +79,7 @@ def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_pa
         rows = db_rows(state, "SELECT path, engine_version FROM results")
         assert len(rows) == total  # no photo dropped
         after = [v for path, v in rows if Path(path).name.startswith("b")]
-        assert set(after) == {"v0002"}  # results after the swap carry the new version
+        assert set(after) == {SHIPPED_NEXT}  # results after the swap carry the new version
         delivered = db_rows(state / "trainer", "SELECT COUNT(*) FROM samples", "samples.sqlite")[0][0]
         assert delivered >= 20
         assert d.terminate() == 0 and t.terminate() == 0
@@ -109,10 +110,10 @@ def test_trainer_sigkill_during_training_and_publishing(plantvillage, tmp_path, 
     t.kill()
     store = EngineStore(state / "engines")
     cur = store.open()  # verifies every file: complete, never half-written
-    assert cur.name in ("v0001", "v0002")
+    assert cur.name in (SHIPPED, SHIPPED_NEXT)
     t = TrainerProc(state, cfg).start()  # resumes from its stored samples
     try:
-        wait_until(lambda: store.current() != "v0001" and t.logged("retrain_published"), 240, "publish after restart")
+        wait_until(lambda: store.current() != SHIPPED and t.logged("retrain_published"), 240, "publish after restart")
         assert store.open().manifest["training"]["samples"]["expert"] == 25
     finally:
         t.terminate()
@@ -180,7 +181,7 @@ def test_sigterm_during_a_retrain_exits_within_5_s_and_keeps_every_sample(plantv
     t._log.close()
     assert rc == 0 and took < 5.0, (rc, took)
     assert t.logged("retrain_abandoned")
-    assert EngineStore(state / "engines").current() == "v0001"
+    assert EngineStore(state / "engines").current() == SHIPPED
     rows = db_rows(state / "trainer", "SELECT generation FROM samples", "samples.sqlite")
     assert len(rows) == 25 and all(g is None for (g,) in rows)  # kept, and still new for the next start
 

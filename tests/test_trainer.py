@@ -208,8 +208,8 @@ def test_gate_validation_folder_is_held_out_whole(tmp_path):
 
 
 def test_no_configuration_uses_the_shipped_photos(tmp_path):
-    """With no labelled_data / validation_data the shipped gate (the shipped model's 184 test photos) and replay
-    photos serve; a user's own folder replaces its half; shipped_data = false leaves nothing to gate on."""
+    """With no labelled_data / validation_data the shipped gate (the shipped model's 672 test photos) and replay
+    photos (8 a class) serve; a user's own folder replaces its half; shipped_data = false leaves nothing to gate on."""
     import json
 
     from edge_agent.config import default_data_path, default_store_path, parse_config
@@ -218,13 +218,13 @@ def test_no_configuration_uses_the_shipped_photos(tmp_path):
 
     classes = EngineStore(default_store_path()).open(verify=False).classes
     src = labelled_sources(parse_config({}), classes)
-    assert (src.origin, len(src.val), len(src.train)) == ("shipped", 184, 184)
+    assert (src.origin, len(src.val), len(src.train)) == ("shipped", 672, 8 * 38)
     manifest = json.loads((default_data_path() / "manifest.json").read_text())
-    assert manifest["model_version"] == "v0001" and len(manifest["files"]) == 368
+    assert manifest["model_version"] == EngineStore(default_store_path()).current() and len(manifest["files"]) == 672 + 8 * 38
     assert (default_data_path() / "NOTICE").read_text().count("CC BY 4.0") >= 1
     own = make_class_folders(tmp_path / "val", classes[:2], 3)
     src = labelled_sources(parse_config({"trainer": {"validation_data": str(own)}}), classes)
-    assert (src.origin, len(src.val), len(src.train)) == ("configured+shipped", 6, 184)
+    assert (src.origin, len(src.val), len(src.train)) == ("configured+shipped", 6, 8 * 38)
     assert labelled_sources(parse_config({"trainer": {"shipped_data": False}}), classes).val == []
     # an engine with other classes finds none of the shipped photos usable
     assert labelled_sources(parse_config({}), ["Corn___healthy", "Wheat___rust"]).val == []

@@ -125,6 +125,23 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         browser.save_screenshot(str(shots / "photo.png"))
         assert db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == len(photos) + 1
 
+        # photos unlike the lab ones: a blank frame (always "not a plant I know") and, where the field photos are
+        # beside the repository, a few of them; the page must say so instead of naming a disease
+        import cv2
+        import numpy as np
+
+        cv2.imwrite(str(daemon.inbox / "blank-frame.jpg"), np.full((300, 300, 3), 128, np.uint8))
+        field = sorted((REPO.parent / "shared" / "data" / "field").glob("*/*/*.jpg"))[::97][:11]
+        for p in field:
+            shutil.copy(p, daemon.inbox / f"field-{p.name}")
+        total = len(photos) + 2 + len(field)
+        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == total, 60, "the field photos classified")
+        browser.get(base + "/photos")
+        wait.until(_images_loaded)
+        marks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#photos .verdict")]
+        assert "Not a plant I know" in marks
+        browser.save_screenshot(str(shots / "verdicts.png"))
+
         for page in ("engines", "health"):
             browser.get(f"{base}/{page}")
             assert browser.find_elements(By.CSS_SELECTOR, "#engines, #daemon")

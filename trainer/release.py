@@ -24,6 +24,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, decode_rgb, normalize, read_limited, resize
 from trainer.data import Sample, scan_folder, stratified_split
 from trainer.fieldaug import FieldAugSettings, FieldComposer, leaf_mask
+from trainer.train import TrainSettings
 
 __all__ = ["RELEASE_VERSION", "ReleaseSettings", "LabPhotos", "finish_release", "load_lab_photos", "release", "train_release"]
 
@@ -32,21 +33,17 @@ RELEASE_VERSION = "v1000"
 
 
 @dataclass
-class ReleaseSettings:
-    """How the release is trained (recorded in its manifest)."""
+class ReleaseSettings(TrainSettings):
+    """:class:`~trainer.train.TrainSettings` with the release's values, and the architecture (recorded in its manifest)."""
 
     arch: str = "LeafNet5"
     epochs: int = 55
     batch_size: int = 64
-    lr: float = 2e-3
     weight_decay: float = 5e-4
     warmup_epochs: int = 2
-    label_smoothing: float = 0.1
+    patience: int = 10_000  # no early stop: the schedule runs to its end, SWA over its last epochs
     swa_epochs: int = 8
-    seed: int = 20251120
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    threads: int = 2
+    threads: int | None = 2
 
 
 @dataclass
@@ -93,13 +90,13 @@ def split_photos(data_dir: str | os.PathLike, settings: ReleaseSettings):
 def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings: ReleaseSettings | None = None,
                   watch: dict | None = None, progress: bool = True):
     """Train the release model (resuming from ``work/checkpoint.pt``); returns (model, fit info, folder, splits)."""
-    from trainer.model import build_model
-    from trainer.train import TrainSettings, fit
     from trainer.data import TensorDataset
+    from trainer.model import build_model
+    from trainer.train import fit
 
     settings = settings or ReleaseSettings()
     log = get_logger("release")
-    torch.set_num_threads(settings.threads)
+    torch.set_num_threads(settings.threads or torch.get_num_threads())
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     folder, splits = split_photos(data_dir, settings)
@@ -115,11 +112,8 @@ def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings
     train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
     val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors())
     model = build_model(len(folder.classes), settings.arch).to(memory_format=torch.channels_last)
-    ts = TrainSettings(epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr, weight_decay=settings.weight_decay,
-                       warmup_epochs=settings.warmup_epochs, label_smoothing=settings.label_smoothing, patience=settings.epochs,
-                       seed=settings.seed, swa_epochs=settings.swa_epochs)
     t0 = time.perf_counter()
-    model, info = fit(model, train_ds, val_ds, ts, progress=progress,
+    model, info = fit(model, train_ds, val_ds, settings, progress=progress,
                       batches=lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last),
                       checkpoint=work / "checkpoint.pt", watch=watch, bn_x=train.tensors()[0])
     info["train_seconds"] = round(time.perf_counter() - t0, 1)
