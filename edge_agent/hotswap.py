@@ -6,7 +6,7 @@ the hot path and verifies it:
 
 1. every file's sha256 (the store refuses a tampered file);
 2. the same input spec and preprocessing as the running engine;
-3. the running engine's classes are a prefix of the new ones (a head may grow);
+3. the new engine knows every class the running one knows, by name (a head may grow; a release may reorder);
 4. a smoke inference gives finite logits of the right shape;
 5. on the recent confident photos ("golden" photos, kept by the pipeline, and
    kept across restarts in ``<state>/golden.npz`` for the engine that labelled
@@ -47,8 +47,10 @@ def verify_candidate(new: Engine, old: Engine, golden: list[tuple[np.ndarray, in
     nm, om = new.version.manifest, old.version.manifest
     if nm["input"] != om["input"] or nm["preprocess"] != om["preprocess"]:
         raise SwapRefused(f"input or preprocessing differs from {old.engine_version}")
-    if new.classes[: len(old.classes)] != old.classes:
-        raise SwapRefused(f"class list is not an extension of {old.engine_version}'s")
+    index = {c: i for i, c in enumerate(new.classes)}
+    dropped = [c for c in old.classes if c not in index]
+    if dropped:
+        raise SwapRefused(f"class list is not an extension of {old.engine_version}'s (it lacks {', '.join(dropped[:3])})")
     shape = nm["input"]["shape"]
     out = new.infer(np.zeros((1, int(shape[1]), int(shape[2]), int(shape[3])), np.float32))
     if out.shape != (1, len(new.classes)) or not np.isfinite(out).all():
@@ -57,7 +59,7 @@ def verify_candidate(new: Engine, old: Engine, golden: list[tuple[np.ndarray, in
     if golden:
         x = np.stack([g for g, _ in golden])
         pred = new.infer(x).argmax(1)
-        agreement = float(np.mean(pred == np.array([label for _, label in golden])))
+        agreement = float(np.mean(pred == np.array([index[old.classes[label]] for _, label in golden])))
         measured["agreement"] = round(agreement, 3)
         if agreement < min_agreement:
             raise SwapRefused(f"agrees with {old.engine_version} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")

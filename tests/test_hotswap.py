@@ -6,6 +6,7 @@ import shutil
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from edge_agent.config import parse_config
@@ -147,3 +148,27 @@ def test_seeded_store_when_no_path_is_configured(tmp_path):
     assert store.versions() == EngineStore(default_store_path()).versions()
     assert store.open().manifest == EngineStore(default_store_path()).open().manifest
     assert resolve_store(parse_config({}), tmp_path / "state").root == store.root  # seeded once
+
+
+def test_a_release_that_reorders_and_extends_the_classes_is_checked_by_class_name():
+    """23 -> 38 classes: the new list holds every old class by name, in another order; golden labels are mapped by name."""
+    import types
+
+    from edge_agent.hotswap import SwapRefused, verify_candidate
+
+    manifest = {"input": {"shape": [None, 3, 4, 4]}, "preprocess": {"size": 4}}
+
+    def engine(classes, answer):
+        def infer(x):
+            out = np.zeros((len(x), len(classes)), np.float32)
+            out[:, classes.index(answer)] = 1
+            return out
+        return types.SimpleNamespace(version=types.SimpleNamespace(manifest=manifest), classes=classes, engine_version="v", infer=infer)
+
+    old = engine(["b", "c"], "c")
+    golden = [(np.zeros((3, 4, 4), np.float32), 1)] * 4  # index 1 of the old list: "c"
+    assert verify_candidate(engine(["a", "b", "c"], "c"), old, golden, 0.9)["agreement"] == 1.0
+    with pytest.raises(SwapRefused, match="agrees with v on 0%"):
+        verify_candidate(engine(["a", "b", "c"], "b"), old, golden, 0.9)
+    with pytest.raises(SwapRefused, match="it lacks c"):
+        verify_candidate(engine(["a", "b"], "b"), old, golden, 0.9)
