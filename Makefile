@@ -44,8 +44,10 @@ test: $(VENV)/.installed-dev
 ## edge_agent/default_store, then the gate and replay photos beside it. About 75 minutes of training on 2 CPU cores.
 DATA ?= ../shared/data/plantvillage
 RELEASE_KEY ?= ../shared/release/edge-agent-release.key
+FIELD ?= ../shared/data/field
 release: $(VENV)/.installed-dev
-	$(BIN)/edge-trainer release --data $(DATA) --key $(RELEASE_KEY) --out edge_agent/default_store --work train-work/release
+	$(BIN)/edge-trainer release --data $(DATA) --key $(RELEASE_KEY) --out edge_agent/default_store --work train-work/release \
+	  $(if $(wildcard $(FIELD)),--watch-field $(FIELD))
 	$(BIN)/python -m trainer.shipped_data --data $(DATA)
 
 clean:

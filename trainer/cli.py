@@ -238,7 +238,7 @@ def _release(args: argparse.Namespace) -> int:
     shutil.rmtree(staging, ignore_errors=True)
     settings = ReleaseSettings(**({"epochs": args.epochs} if args.epochs else {}))
     t0 = time.perf_counter()
-    version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty())
+    version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty(), watch_field=args.watch_field)
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)
@@ -290,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="edge_agent/default_store", help="the store to write (replaced once the release is done)")
     r.add_argument("--work", default="train-work/release", help="checkpoints: a run that finds one resumes from it")
     r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 55)")
+    r.add_argument("--watch-field", default=None, help="field photos (../shared/data/field) scored after every epoch, for the "
+                   "training history only: they never choose anything")
     r.set_defaults(func=_release)
     t = sub.add_parser("train", parents=[logging_opts], help="supervised training from a folder of class folders")
     t.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")

@@ -181,11 +181,14 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
                          held_out=(test_x.numpy(), test_y), signing_key=key, verdict=verdict, split=split, version=version)
 
 
-def release(data_dir, out, key_path, work, settings: ReleaseSettings | None = None, progress: bool = True):
-    """The whole release (:func:`train_release`, then :func:`finish_release`); returns the published version."""
+def release(data_dir, out, key_path, work, settings: ReleaseSettings | None = None, progress: bool = True,
+            watch_field: str | os.PathLike | None = None):
+    """The whole release (:func:`train_release`, then :func:`finish_release`); returns the published version.
+    ``watch_field``: a field-photo folder evaluated after every epoch for the training history only."""
     settings = settings or ReleaseSettings()
     t0 = time.perf_counter()
-    model, info, folder, photos = train_release(data_dir, work, settings, progress=progress)
+    watch = field_watch(watch_field, scan_folder(data_dir).classes) if watch_field else None
+    model, info, folder, photos = train_release(data_dir, work, settings, watch=watch, progress=progress)
     version = finish_release(model, info, folder, photos, out, key_path, settings)
     get_logger("release").info("release_done", version=version.name, seconds=round(time.perf_counter() - t0, 1))
     return version
@@ -203,12 +206,3 @@ def field_watch(field_dir: str | os.PathLike, classes: list[str]) -> dict:
                     xs.append(preprocess_file(f))
                     ys.append(classes.index(cls_dir.name))
     return {"field": (torch.from_numpy(np.stack(xs)), torch.tensor(ys))}
-
-
-if __name__ == "__main__":  # the training phase alone: python -m trainer.release DATA WORK [FIELD]
-    import sys
-
-    folder = scan_folder(sys.argv[1])
-    w = field_watch(sys.argv[3], folder.classes) if len(sys.argv) > 3 else None
-    model, info, _, _ = train_release(sys.argv[1], sys.argv[2], watch=w)
-    print(json.dumps({k: v for k, v in info.items() if k != "history"}))
