@@ -124,6 +124,32 @@ def confusion_png(result: dict, classes: list[str], path: Path, title: str) -> N
     plt.close(fig)
 
 
+def history_png(version, path: Path) -> bool:
+    """Validation (lab) and field top-1 after each training epoch, where the release recorded them (--watch-field)."""
+    history = version.manifest.get("training", {}).get("history") or []
+    if not history or "field_top1" not in history[0]:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    epochs = [h["epoch"] for h in history]
+    ax.plot(epochs, [h["val_top1"] for h in history], label="lab validation (672)")
+    ax.plot(epochs, [h["field_top1"] for h in history], label="field: apple orchard + corn (1,382)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("top-1 (running BatchNorm statistics)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{version.name}: training history (field never chooses anything)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _check(result: dict, target) -> tuple[bool | None, float | None]:
     _, which, key, op, value = target
     got = result.get(which, {}).get(key)
@@ -186,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("lab", "field"):
         if name in results[first]:
             confusion_png(results[first][name], version.classes, out / f"confusion-{name}.png", f"{name}: {version.name}, {first}")
+    history_png(version, out / "training-history.png")
     import platform
     from datetime import datetime, timezone
 

@@ -70,9 +70,9 @@ def test_shipped_model_accuracy_on_held_out_real_photos(plantvillage):
 
 
 def test_shipped_model_confidence_is_calibrated_on_held_out_real_photos(plantvillage):
-    """The daemon queues softmax >= 0.9 as pseudo-labels: on photos never trained on, that has to mean >= 90 % right,
-    and a well-calibrated model should pass most of its (94 % right) predictions. The model as first trained with
-    label smoothing passed only 58 % of the test photos at 0.9 (ECE 0.10); the shipped one has a fitted temperature."""
+    """A softmax >= 0.9 has to mean >= 90 % right on photos never trained on, and a calibrated model passes most of its
+    (91 % right) answers; the verdict's `confident` (softmax and distance) is the stricter one the daemon queues as
+    pseudo-labels. Trained with label smoothing, the release had ECE 0.12 before its fitted temperature (0.02 after)."""
     import torch
 
     from edge_agent.classifier import Classifier
@@ -87,7 +87,9 @@ def test_shipped_model_confidence_is_calibrated_on_held_out_real_photos(plantvil
     conf = torch.tensor([p.confidence for p in preds])
     sure = conf >= 0.9
     assert calibration_error(conf, right) < 0.05
-    assert sure.float().mean() >= 0.75 and right[sure].float().mean() >= 0.97
+    assert sure.float().mean() >= 0.70 and right[sure].float().mean() >= 0.97
+    confident = torch.tensor([p.verdict == "confident" for p in preds])
+    assert confident.float().mean() >= 0.55 and right[confident].float().mean() >= 0.98
     assert EngineStore(default_store_path()).open().manifest["metrics"]["calibration"]["temperature"] < 1  # label smoothing: under-confident
 
 

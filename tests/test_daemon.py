@@ -122,7 +122,7 @@ def test_sigkill_ten_times_loses_and_duplicates_nothing(plantvillage, tmp_path):
     assert len(processed) == len(photos)  # each photo moved exactly once, none left behind
     assert not list(inbox.glob("*.jpg"))
     # pseudo-labels: every confident result queued once, with its file; no file without its entry
-    confident = {r[0] for r in db_rows(state, "SELECT sha256 FROM results WHERE confidence >= 0.9")}
+    confident = {r[0] for r in db_rows(state, "SELECT sha256 FROM results WHERE verdict = 'confident'")}
     queued = db_rows(state, "SELECT sha256, file FROM label_queue WHERE kind = 'pseudo'")
     assert confident and {q[0] for q in queued} == confident and len(queued) == len(confident)
     assert all(Path(f).is_file() and sha(Path(f)) == s for s, f in queued)

@@ -17,7 +17,7 @@ from edge_agent.config import default_store_path
 from engines.store import MANIFEST, EngineStore
 from trainer.delivery import DeliverySettings, EngineServer
 
-from .daemon_helpers import wait_until
+from .daemon_helpers import SHIPPED, SHIPPED_NEXT, wait_until
 
 torch = pytest.importorskip("torch", reason="publishing a second version needs the trainer")
 
@@ -283,8 +283,8 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         for d in daemons[:2]:
             wait_until(lambda d=d: '"engine_swapped"' in d.log_path.read_text(), 60, f"{d.state.name} swapped")
             shutil.copy(photos[-1], d.inbox / "after.jpg")
-            wait_until(lambda d=d: db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'") == [("v0002",)],
-                       30, f"{d.state.name} answers with v0002")
+            wait_until(lambda d=d: db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'") == [(SHIPPED_NEXT,)],
+                       30, f"{d.state.name} answers with {SHIPPED_NEXT}")
         late = device(2).start()
         daemons[2] = late
         late.wait_ready()
@@ -294,9 +294,9 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         assert sorted(r["name"] for r in fleet) == ["device-0", "device-1", "device-2"]
         assert all(r["address"] == "127.0.0.1" for r in fleet)
         assert sum(r["samples_received"] for r in fleet) >= 30
-        wait_until(lambda: all(r["engine_version"] == "v0002" for r in json.loads(subprocess.run(
+        wait_until(lambda: all(r["engine_version"] == SHIPPED_NEXT for r in json.loads(subprocess.run(
             [sys.executable, "-m", "trainer", "fleet", "--json", "--config", str(t.config_path), "--state-dir", str(trainer_state)],
-            capture_output=True, text=True, cwd=REPO).stdout)), 20, "the fleet list shows everyone on v0002")
+            capture_output=True, text=True, cwd=REPO).stdout)), 20, f"the fleet list shows everyone on {SHIPPED_NEXT}")
         for d in daemons:
             assert d.terminate() == 0
         assert t.terminate() == 0
@@ -343,7 +343,7 @@ def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_pat
         d.kill()  # SIGKILL in the middle of the transfer
         partial = sum(f.stat().st_size for f in incoming.glob("model*"))
         size = sum(m["bytes"] for m in trainer_store.read_manifest(v2)["files"].values())
-        assert 0 < partial < size and EngineStore(state / "engines").current() == "v0001"
+        assert 0 < partial < size and EngineStore(state / "engines").current() == SHIPPED
         sent_before = server.counters["bytes"]
         d = DaemonProc(state, config).start()
         d.wait_ready()

@@ -119,6 +119,12 @@ class FieldComposer:
             out = _jpeg(out, torch.rand(n, generator=g) < s.jpeg, g)
         return (out - self.mean) / self.std
 
+    def sample(self, passes: int, seed: int, batch: int = 64) -> torch.Tensor:
+        """Every photo composed ``passes`` times (seeded): the training distribution, for exact BatchNorm statistics."""
+        g = torch.Generator().manual_seed(seed)
+        n = len(self.pixels)
+        return torch.cat([self(torch.arange(i, min(i + batch, n)), g) for _ in range(passes) for i in range(0, n, batch)])
+
     def _backgrounds(self, n: int, g: torch.Generator) -> torch.Tensor:
         size = self.pixels.shape[-1]
         foliage = self._foliage(n, g)

@@ -30,6 +30,9 @@ __all__ = ["RELEASE_VERSION", "ReleaseSettings", "LabPhotos", "finish_release", 
 
 #: Releases are numbered apart from a device's own versions (which count up from the release they started on).
 RELEASE_VERSION = "v1000"
+#: BatchNorm statistics are exact over this many composed passes of the training photos: the distribution the network
+#: was trained on. Exact statistics over the clean lab photos instead cost 5.5 points of validation top-1 (0.894 -> 0.839).
+BN_PASSES = 2
 
 
 @dataclass
@@ -112,14 +115,15 @@ def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings
     train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
     val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors())
     model = build_model(len(folder.classes), settings.arch).to(memory_format=torch.channels_last)
-    t0 = time.perf_counter()
+    bn_x = composer.sample(BN_PASSES, settings.seed)
     model, info = fit(model, train_ds, val_ds, settings, progress=progress,
                       batches=lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last),
-                      checkpoint=work / "checkpoint.pt", watch=watch, bn_x=train.tensors()[0])
-    info["train_seconds"] = round(time.perf_counter() - t0, 1)
+                      checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x)
+    info["train_seconds"] = round(sum(h["seconds"] for h in info["history"]), 1)  # every epoch, across resumed runs
+    info["bn_x"] = bn_x
     model = model.to(memory_format=torch.contiguous_format)
-    torch.save({"state_dict": model.state_dict(), "arch": settings.arch, "classes": folder.classes, "info": info,
-                "settings": asdict(settings)}, work / "trained.pt")
+    torch.save({"state_dict": model.state_dict(), "arch": settings.arch, "classes": folder.classes,
+                "info": {k: v for k, v in info.items() if k != "bn_x"}, "settings": asdict(settings)}, work / "trained.pt")
     return model, info, folder, photos
 
 
@@ -144,7 +148,7 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
             raise FileNotFoundError(f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)")
         key = load_or_create_key(key_path)  # it exists: loaded, never made
     sets = {name: TensorDataset.of(p.samples, *p.tensors()) for name, p in photos.items()}
-    recompute_batchnorm(model, sets["train"].x)
+    recompute_batchnorm(model, info.pop("bn_x"))  # exact, over the composed training batches (BN_PASSES)
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     metrics = _held_out_metrics(model, sets, folder.classes) | {"calibration": scaling.summary()}
     verdict = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, DEFAULT_SPEC)
@@ -172,6 +176,7 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
         "epochs_run": info["epochs_run"],
         "selected": info["selected"],
         "swa": info.get("swa"),
+        "batchnorm": f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos",
         "train_seconds": info.get("train_seconds"),
         "history": info["history"],
         "torch": torch.__version__,
