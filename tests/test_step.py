@@ -134,23 +134,3 @@ def test_trainer_status_says_which_step_the_last_retrain_took(tmp_path, step, sa
                          text=True, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr
     assert f"pseudo-labels only: step {step:g} chosen of [0.0, 0.25, 1.0] on the gate photos: {says}" in out.stdout
-
-
-def test_a_release_trained_on_composed_batches_keeps_its_batchnorm_statistics_through_a_retrain(tmp_path):
-    """keep_batchnorm: the statistics are neither updated while fine-tuning nor recomputed after it, at any step; the
-    v1000 release lost 5 points of validation top-1 when a retrain recomputed them over clean photos."""
-    from trainer.continual import ContinualSettings, train_generation
-    from trainer.strategies.base import Generation, get_strategy
-
-    previous, _, x = _pair()
-    previous = recompute_batchnorm(previous, x * 3 + 1)  # statistics of another distribution than the retrain's photos
-    stats = {n: b.clone() for n, b in previous.named_buffers() if "running" in n}
-    data = Generation(x, torch.arange(len(x)) % 4)
-    settings = ContinualSettings(epochs=1, batch_size=8, lr=1e-2)
-    kept, _ = train_generation(previous, data, get_strategy("finetune")(tmp_path / "a"), settings, keep_batchnorm=True)
-    assert all(torch.equal(b, stats[n]) for n, b in kept.named_buffers() if "running" in n)
-    assert any(not torch.equal(p, q) for p, q in zip(kept.parameters(), previous.parameters()))  # the weights did train
-    stepped, choice = choose_step(kept, previous, STEPS, None, x, data.y)
-    assert all(torch.equal(b, stats[n]) for n, b in stepped.named_buffers() if "running" in n)
-    recomputed, _ = train_generation(previous, data, get_strategy("finetune")(tmp_path / "b"), settings)  # the default recomputes
-    assert not all(torch.equal(b, stats[n]) for n, b in recomputed.named_buffers() if "running" in n)

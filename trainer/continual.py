@@ -52,15 +52,11 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 
 def train_generation(
     previous: LeafNet, data: Generation, strategy: Strategy, settings: ContinualSettings, num_classes: int | None = None,
-    should_stop=lambda: False, batchnorm: bool = True, keep_batchnorm: bool = False,
+    should_stop=lambda: False, batchnorm: bool = True,
 ) -> tuple[LeafNet, Generation]:
     """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more). Its BatchNorm
     statistics are recomputed on the data unless ``batchnorm`` is false (the caller does it: :mod:`trainer.step`);
     otherwise its weights are ``settings.interpolate`` of the way from ``previous`` (:func:`trainer.step.at_step`).
-
-    ``keep_batchnorm``: the BatchNorm layers keep ``previous``'s statistics throughout (they normalise in eval mode
-    while the weights train, and nothing is recomputed): for a release whose statistics describe its composed
-    training batches, which clean photos would replace with worse ones (``docs/model.md``).
 
     Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
     only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
@@ -85,10 +81,6 @@ def train_generation(
     swa = torch.optim.swa_utils.AveragedModel(model) if swa_epochs > 0 else None
     for epoch in range(settings.epochs):
         model.train()
-        if keep_batchnorm:
-            for m in model.modules():
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                    m.eval()
         w = ramp(epoch, settings.ramp_epochs)
         order = torch.randperm(len(data), generator=gen)
         totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0, "distill": 0.0}
@@ -130,4 +122,4 @@ def train_generation(
         model = copy.deepcopy(swa.module)
     if not batchnorm:  # the caller chooses the step and recomputes the statistics (trainer.step)
         return model.eval(), data
-    return at_step(model, previous, settings.interpolate, None if keep_batchnorm else data.x), data
+    return at_step(model, previous, settings.interpolate, data.x), data

@@ -176,8 +176,7 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
         "epochs_run": info["epochs_run"],
         "selected": info["selected"],
         "swa": info.get("swa"),
-        "batchnorm": {"statistics": f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos",
-                      "retrains": "keep"},  # clean photos would give worse ones: retrains keep these (trainer.continual)
+        "batchnorm": f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos",
         "train_seconds": info.get("train_seconds"),
         "history": info["history"],
         "torch": torch.__version__,

@@ -161,14 +161,11 @@ def retrain(
              interpolate=interpolate if learning else tc.pseudo_only_steps)
     settings = ContinualSettings(tc.epochs, tc.batch_size, lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
                                  distill=tc.distill, distill_temperature=tc.lwf_temperature, interpolate=interpolate)
-    policy = current.manifest.get("training", {}).get("batchnorm")
-    keep_bn = isinstance(policy, dict) and policy.get("retrains") == "keep"  # a release trained on composed batches
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop,
-                                       batchnorm=learning, keep_batchnorm=keep_bn)
+                                       batchnorm=learning)
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
-        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, None if keep_bn else used.x, val.x, val.y,
-                                      should_stop, seed=tc.seed)
+        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed)
         log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
     root_name = _root(store, current)
@@ -191,7 +188,6 @@ def retrain(
         "kind": "continual", "strategy": tc.strategy, "settings": asdict(settings), "samples": counts,
         "expert_weight": tc.expert_weight, "labelled": sources.describe(),
         "new_classes": new_classes, "pseudo_recheck": rechecked, "torch": torch.__version__,
-        **({"batchnorm": policy} if keep_bn else {}),  # the next retrain keeps them too
     }
     calib = train.x if len(train) else received.x
     truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos

@@ -62,13 +62,12 @@ def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda
     return torch.cat(losses), right / len(x)
 
 
-def at_step(trained: LeafNet, previous: LeafNet, a: float, bn_x: torch.Tensor | None, should_stop=lambda: False) -> LeafNet:
-    """A copy of ``previous + a x (trained - previous)`` with its BatchNorm statistics recomputed on ``bn_x`` (None:
-    kept as they are, for a model whose statistics describe batches a retrain cannot reproduce)."""
+def at_step(trained: LeafNet, previous: LeafNet, a: float, bn_x: torch.Tensor, should_stop=lambda: False) -> LeafNet:
+    """A copy of ``previous + a x (trained - previous)`` with its BatchNorm statistics recomputed on ``bn_x``."""
     model = copy.deepcopy(trained)
     if a < 1.0:
         interpolate_weights(model, previous, a)
-    return recompute_batchnorm(model, bn_x, should_stop=should_stop) if bn_x is not None else model.eval()
+    return recompute_batchnorm(model, bn_x, should_stop=should_stop)
 
 
 def choose_step(
@@ -89,7 +88,7 @@ def choose_step(
     if len(set(steps)) == 1:  # nothing to choose between
         return at_step(trained, previous, steps[0], bn_x, should_stop), StepChoice(steps[0], [{"step": steps[0]}])
     sample = bn_x
-    if bn_x is not None and len(bn_x) > search_photos:
+    if len(bn_x) > search_photos:
         sample = bn_x[torch.randperm(len(bn_x), generator=torch.Generator().manual_seed(seed))[:search_photos]]
 
     scored = {}
