@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.field import SHARED, field_sets
+from edge_agent.classifier import softmax
 from edge_agent.config import default_store_path, parse_config
 from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, preprocess_file
 from edge_agent.verdict import Judge, VerdictSpec
@@ -43,11 +44,6 @@ def _logits(engine, photos) -> tuple[np.ndarray, np.ndarray, list]:
     return np.concatenate([engine.infer(x[i : i + 32]) for i in range(0, len(x), 32)]).astype(np.float64), x, truth
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(1, keepdims=True))
-    return e / e.sum(1, keepdims=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.verdicts", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -67,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     softmax_only = Judge(None, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std)
 
     def rules(z, x):
-        p = _softmax(z)
+        p = softmax(z)
         sure = np.array([v.verdict == "confident" for v in softmax_only.judge(z, p, x)])
         return {
             "softmax >= 0.9": sure,

@@ -9,7 +9,6 @@ store at ``--out`` signed with the release key. Field photos are never read here
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from edge_agent.classifier import softmax
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import Judge, VerdictSpec, image_checks
 
@@ -82,7 +83,6 @@ def fit_verdict_for(model: torch.nn.Module, train_x: torch.Tensor, train_y: torc
 def verdicts_of(section: dict, classes: list[str], logits: np.ndarray, x: np.ndarray, spec: PreprocessSpec,
                 confident_probability: float = 0.9) -> list[str]:
     """The verdicts a device would give these logits (for the manifest's figures and the INT8 check)."""
-    z = logits - logits.max(1, keepdims=True)
-    probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    probs = softmax(logits)
     judge = Judge(VerdictSpec.from_manifest({"classes": classes, "verdict": section}), confident_probability, spec.mean, spec.std)
     return [v.verdict for v in judge.judge(logits, probs, x)]
