@@ -59,3 +59,54 @@ def test_keeping_the_lab_background_keeps_the_photo_when_every_other_part_is_off
 def test_a_composer_needs_two_photos_each_with_a_mask():
     with pytest.raises(ValueError, match="at least two photos"):
         FieldComposer(torch.zeros(1, 3, 8, 8), torch.ones(1, 1, 8, 8))
+
+
+def test_the_settings_a_manifest_records_come_back_as_settings_whatever_keys_it_adds_or_lacks():
+    from dataclasses import asdict
+
+    record = asdict(FieldAugSettings(shadow=0.1))
+    record["scale"] = list(record["scale"])  # as JSON gives it back
+    assert FieldAugSettings.from_record(record) == FieldAugSettings(shadow=0.1)
+    assert FieldAugSettings.from_record({"blur": 0.0, "from_a_later_version": 1}) == FieldAugSettings(blur=0.0)
+
+
+def test_lab_photos_that_cannot_be_read_or_decoded_are_left_out(tmp_path):
+    from trainer.data import Sample
+    from trainer.fieldaug import load_lab_photos
+
+    good = [tmp_path / f"{i}.png" for i in range(2)]
+    for i, p in enumerate(good):
+        cv2.imwrite(str(p), leaf_image(i, (96, 96)))
+    (tmp_path / "half.jpg").write_bytes(b"\xff\xd8\xff\xe0 not the rest")
+    samples = [Sample(str(good[0]), 0), Sample(str(tmp_path / "half.jpg"), 1), Sample(str(tmp_path / "gone.png"), 1), Sample(str(good[1]), 2)]
+    photos = load_lab_photos(samples)
+    assert [s.label for s in photos.samples] == [0, 2]
+    assert photos.pixels.shape[0] == photos.masks.shape[0] == 2 and photos.pixels.dtype == np.uint8
+    assert load_lab_photos(samples[1:3]).pixels.shape[0] == 0
+
+
+def test_batchnorm_photos_for_a_field_trained_version_are_composed_lab_photos_plus_the_others_as_they_are(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    import trainer.batchnorm as bn
+    from trainer.data import Sample
+
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.png")
+        cv2.imwrite(str(paths[-1]), leaf_image(i, (96, 96)))
+    lab = [Sample(str(p), i) for i, p in enumerate(paths)]
+    others = torch.zeros(3, 3, 128, 128)
+    release = {"augmentation": asdict(FieldAugSettings())}
+
+    x, how = bn.batchnorm_photos(release, lab, others, seed=0)
+    assert x.shape == (bn.BN_PASSES * 5 + 3, 3, 128, 128) and torch.equal(x[-3:], others)
+    assert not torch.equal(x[:5], x[5:10])  # each pass composed anew
+    assert torch.equal(x, bn.batchnorm_photos(release, lab, others, seed=0)[0])  # reproducible from its seed
+    assert "composed passes of 5 lab photos and 3 others" in how
+
+    assert bn.batchnorm_photos({"kind": "supervised"}, lab, others, seed=0) == (None, "exact over the photos it trained on")
+    none, why = bn.batchnorm_photos(release, [Sample(str(tmp_path / "gone.png"), 0)], others, seed=0)
+    assert none is None and "no lab photos to compose" in why
+    monkeypatch.setattr(bn, "BN_MAX_LAB_PHOTOS", 3)  # a large labelled folder: a seeded share of it
+    assert bn.batchnorm_photos(release, lab, others, seed=0)[0].shape[0] == bn.BN_PASSES * 3 + 3

@@ -304,6 +304,28 @@ def test_calibrate_publishes_a_calibrated_child_of_an_older_version(tmp_path):
         recalibrate(few, tmp_path / "store", "v0001")
 
 
+def test_calibrate_with_batchnorm_composes_the_photos_of_a_field_trained_version(tmp_path):
+    """A release trained on composed field-like batches keeps statistics of that distribution: recomputing them over
+    its clean training photos would cost it 5 points (v1000), so ``--batchnorm`` composes them as it was trained."""
+    from dataclasses import asdict
+
+    from trainer.fieldaug import BN_PASSES, FieldAugSettings
+    from trainer.publish import load_weights, publish_model
+    from trainer.train import recalibrate
+
+    root = _noisy_classes(tmp_path / "data")
+    old = train_supervised(root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, int8=False, threads=2), progress=False)
+    training = {**old.manifest["training"], "augmentation": asdict(FieldAugSettings())}
+    release = publish_model(load_weights(old), ["A", "B", "C"], tmp_path / "store", training=training, parent=old.name)
+    field = recalibrate(root, tmp_path / "store", release.name, batchnorm=True)
+    how = field.manifest["training"]["batchnorm"]
+    assert how.startswith(f"exact over {BN_PASSES} composed passes of ") and "lab photos" in how
+    plain = recalibrate(root, tmp_path / "store", old.name, batchnorm=True)
+    assert plain.manifest["training"]["batchnorm"].startswith("exact statistics over the ")
+    bn = [k for k in load_weights(field).state_dict() if k.endswith("running_mean")]
+    assert any(not torch.equal(load_weights(field).state_dict()[k], load_weights(plain).state_dict()[k]) for k in bn)
+
+
 def test_gate_refuses_a_candidate_below_the_first_version_even_if_close_to_the_current(monkeypatch):
     """Each generation a little worse than the last must not add up: the lineage's root is a floor too."""
     from types import SimpleNamespace

@@ -52,11 +52,12 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 
 def train_generation(
     previous: LeafNet, data: Generation, strategy: Strategy, settings: ContinualSettings, num_classes: int | None = None,
-    should_stop=lambda: False, batchnorm: bool = True,
+    should_stop=lambda: False, batchnorm: bool = True, bn_x: torch.Tensor | None = None,
 ) -> tuple[LeafNet, Generation]:
     """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more). Its BatchNorm
-    statistics are recomputed on the data unless ``batchnorm`` is false (the caller does it: :mod:`trainer.step`);
-    otherwise its weights are ``settings.interpolate`` of the way from ``previous`` (:func:`trainer.step.at_step`).
+    statistics are recomputed on ``bn_x`` (default: the data) unless ``batchnorm`` is false (the caller does it:
+    :mod:`trainer.step`); otherwise its weights are ``settings.interpolate`` of the way from ``previous``
+    (:func:`trainer.step.at_step`).
 
     Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
     only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
@@ -122,4 +123,4 @@ def train_generation(
         model = copy.deepcopy(swa.module)
     if not batchnorm:  # the caller chooses the step and recomputes the statistics (trainer.step)
         return model.eval(), data
-    return at_step(model, previous, settings.interpolate, data.x), data
+    return at_step(model, previous, settings.interpolate, data.x if bn_x is None else bn_x), data

@@ -18,16 +18,22 @@ through the same normalisation as :func:`edge_agent.preprocess.normalize`. Which
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
 
 import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, decode_rgb, normalize, read_limited, resize
+from trainer.data import Sample
 
-__all__ = ["FieldAugSettings", "FieldComposer", "leaf_mask"]
+__all__ = ["BN_PASSES", "FieldAugSettings", "FieldComposer", "LabPhotos", "leaf_mask", "load_lab_photos"]
+
+#: BatchNorm statistics are exact over this many composed passes of the training photos: the distribution the network
+#: was trained on. Exact statistics over the clean lab photos instead cost 5.5 points of validation top-1 (0.894 -> 0.839).
+BN_PASSES = 2
 
 
 def leaf_mask(rgb: np.ndarray) -> np.ndarray:
@@ -69,6 +75,50 @@ class FieldAugSettings:
     noise_std: float = 0.03
     color: float = 1.0  # 0 turns brightness, contrast, saturation and colour temperature off
 
+    @classmethod
+    def from_record(cls, record: dict) -> "FieldAugSettings":
+        """The settings a manifest's ``training.augmentation`` records (as :func:`dataclasses.asdict` wrote them);
+        keys this version does not know are ignored, missing ones take their defaults."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in record.items() if k in known}
+        if "scale" in values:
+            values["scale"] = tuple(float(v) for v in values["scale"])
+        return cls(**values)
+
+
+@dataclass
+class LabPhotos:
+    """Lab photos decoded once: pixels (uint8 [N,S,S,3] RGB), leaf masks (float32 [N,S,S]) and their samples."""
+
+    samples: list[Sample]
+    pixels: np.ndarray
+    masks: np.ndarray
+
+    def tensors(self, spec: PreprocessSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised network inputs (exactly :func:`edge_agent.preprocess.preprocess_bytes`) and labels."""
+        x = np.stack([normalize(p, spec) for p in self.pixels]) if len(self.pixels) else np.zeros((0, 3, spec.size, spec.size), np.float32)
+        return torch.from_numpy(x), torch.tensor([s.label for s in self.samples], dtype=torch.long)
+
+
+def load_lab_photos(samples: list[Sample], spec: PreprocessSpec = DEFAULT_SPEC, workers: int = 2) -> LabPhotos:
+    """Decode each photo once: its resized pixels and its leaf mask (photos that cannot be read or decoded are left out)."""
+
+    def one(s: Sample):
+        try:
+            rgb = decode_rgb(read_limited(s.path, spec), spec)
+        except (ImageRejected, OSError):
+            return None
+        mask = cv2.resize(leaf_mask(rgb), (spec.size, spec.size), interpolation=cv2.INTER_AREA)
+        return resize(rgb, spec), mask
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        got = list(pool.map(one, samples))
+    keep = [i for i, r in enumerate(got) if r is not None]
+    if not keep:
+        return LabPhotos([], np.zeros((0, spec.size, spec.size, 3), np.uint8), np.zeros((0, spec.size, spec.size), np.float32))
+    return LabPhotos([samples[i] for i in keep], np.stack([got[i][0] for i in keep]),
+                     np.stack([got[i][1] for i in keep]).astype(np.float32))
+
 
 _PALETTES = {  # RGB in [0,1]: base colours of non-foliage backgrounds
     "soil": [(0.35, 0.25, 0.16), (0.45, 0.34, 0.22), (0.25, 0.18, 0.12), (0.55, 0.45, 0.33)],
@@ -92,6 +142,12 @@ class FieldComposer:
         self.settings = settings or FieldAugSettings()
         self.mean = torch.tensor(spec.mean).view(1, 3, 1, 1)
         self.std = torch.tensor(spec.std).view(1, 3, 1, 1)
+
+    @classmethod
+    def of(cls, photos: LabPhotos, settings: FieldAugSettings | None = None, spec: PreprocessSpec = DEFAULT_SPEC) -> "FieldComposer":
+        """A composer over ``photos`` (decoded by :func:`load_lab_photos`)."""
+        return cls(torch.from_numpy(photos.pixels).permute(0, 3, 1, 2).float().div(255).contiguous(),
+                   torch.from_numpy(photos.masks)[:, None].contiguous(), settings, spec)
 
     def __call__(self, idx: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         s = self.settings

@@ -17,7 +17,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from engines.store import StoreVersion
 from trainer.augment import Augment
-from trainer.batchnorm import recompute_batchnorm
+from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
 from trainer.model import LeafNet, build_model, count_parameters
@@ -271,8 +271,9 @@ def recalibrate(
     data_dir: str | os.PathLike, store_dir: str | os.PathLike, version: str | None = None, batchnorm: bool = False,
 ) -> StoreVersion:
     """Fold a temperature into a published version and publish the result as a new version (its child).
-    With ``batchnorm``, first set its BatchNorm statistics to the exact ones over its training split
-    (:mod:`trainer.batchnorm`: versions published before they were exact averaged per-batch statistics).
+    With ``batchnorm``, first set its BatchNorm statistics to the exact ones over its training split (composed as it
+    was trained, for a field-trained release; :mod:`trainer.batchnorm`: versions published before they were exact
+    averaged per-batch statistics).
 
     The temperature is fitted on the validation split the version was trained with, recomputed from
     ``data_dir`` and the manifest's split (seed and fractions), so the photos are ones it was never trained
@@ -291,8 +292,12 @@ def recalibrate(
     if folder.classes != opened.classes:
         raise DatasetError(f"{data_dir}: its class folders differ from {opened.name}'s classes")
     model = load_weights(opened)
-    if batchnorm:
-        recompute_batchnorm(model, sets["train"].x)
+    how = None
+    if batchnorm:  # a field-trained release: over composed passes of its training photos (trainer.batchnorm)
+        bn_x, how = batchnorm_photos(opened.manifest.get("training", {}), sets["train"].samples, sets["train"].x[:0], split["seed"])
+        if bn_x is None:
+            bn_x, how = sets["train"].x, f"exact statistics over the {len(sets['train'])} training photos"
+        recompute_batchnorm(model, bn_x)
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     if scaling.skipped:
         raise DatasetError(f"cannot calibrate {opened.name}: {scaling.skipped}")
@@ -301,7 +306,7 @@ def recalibrate(
     return publish_model(
         model, folder.classes, store_dir, spec=spec, metrics=metrics, parent=opened.name,
         training={**opened.manifest.get("training", {}), "recalibrated_from": opened.name,
-                  **({"batchnorm": f"exact statistics over the {len(sets['train'])} training photos"} if batchnorm else {})},
+                  **({"batchnorm": how} if how else {})},
         **_int8_inputs(sets, "int8" in opened.manifest["artifacts"]),
     )
 
