@@ -223,10 +223,10 @@ def test_garbage_frames_are_counted_not_fatal(farm, curve):
 
 def test_the_protocol_refuses_what_it_must():
     for frames, why in (
-        (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": -1, "length": 5}), "negative offset"),
-        (encode("fetch", {"version": "v0002", "file": "../../etc/passwd", "offset": 0, "length": 5}), "bad file name"),
-        (encode("fetch", {"version": "latest", "file": "model.onnx", "offset": 0, "length": 5}), "bad version"),
-        (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": 0, "length": 10**9}), "length outside"),
+        (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": -1, "length": 5}), "'offset' outside"),
+        (encode("fetch", {"version": "v0002", "file": "../../etc/passwd", "offset": 0, "length": 5}), "'file' is not a valid"),
+        (encode("fetch", {"version": "latest", "file": "model.onnx", "offset": 0, "length": 5}), "'version' is not a valid"),
+        (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": 0, "length": 10**9}), "'length' outside"),
         (encode("chunk", {"version": "v0002", "file": "model.onnx", "offset": 0}), "without payload"),
         (encode("result", {"version": "v0002", "ok": 1, "reason": ""}), "wrong type"),
     ):

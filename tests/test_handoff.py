@@ -95,6 +95,121 @@ def test_protocol_rejects_garbage():
         decode(good, max_payload=2)
 
 
+SAMPLE = {"id": "a" * 64, "kind": "pseudo", "label": "x", "confidence": 0.95, "engine_version": "v1000", "ext": ".jpg"}
+
+#: Frames that once took a peer down (red team, issue 22): numbers too big to parse, and numbers out of any range.
+HOSTILE = [
+    [MAGIC, b"heartbeat", b'{"role":"daemon","time":' + b"9" * 5000 + b"}"],
+    [MAGIC, b"sample", b'{"id":"' + b"a" * 64 + b'","kind":"pseudo","label":"x","confidence":1' + b"0" * 400
+     + b',"engine_version":"v1000","ext":".jpg"}', b"jpeg"],
+    [MAGIC, b"heartbeat", b'{"role":"daemon","time":1e400}'],
+    [MAGIC, b"heartbeat", b'{"role":"daemon","time":NaN}'],
+    [MAGIC, b"heartbeat", b'{"role":"daemon","time":-Infinity}'],
+    [MAGIC, b"heartbeat", b"[" * 10000 + b"]" * 10000],
+    [MAGIC, b"heartbeat", b'{"role":"' + b"r" * 5000 + b'","time":1}'],
+    [MAGIC, b"engine", b'{"version":"../../v0002"}'],
+    [MAGIC, b"ack", b'{"id":' + b"1" * 64 + b"}"],
+]
+
+
+def test_numbers_too_big_to_parse_or_out_of_range_are_protocol_errors_not_crashes():
+    for frames in HOSTILE:
+        with pytest.raises(ProtocolError):
+            decode(frames)
+    header = decode(encode("sample", {**SAMPLE, "confidence": 1, "extra": "x" * 100}, b"jpeg")).header
+    assert header["confidence"] == 1.0 and isinstance(header["confidence"], float)  # typed as declared
+    assert "extra" not in header  # fields the kind does not name never reach a handler
+
+
+def test_random_and_mutated_frames_only_ever_raise_protocol_errors():
+    """A bounded fuzz of the parser: random bytes, and valid frames with bytes flipped, cut, repeated or numbers
+    swapped for huge ones. Anything but a message or a ProtocolError is a peer taken down."""
+    import random
+
+    from edge_agent.transfer.protocol import decode as decode_transfer, encode as encode_transfer
+
+    rng = random.Random(22)
+    valid = [encode("sample", SAMPLE, b"jpeg"), encode("ack", {"id": "b" * 64}), encode("heartbeat", {"role": "trainer", "time": 1.5}),
+             encode("engine", {"version": "v1001"})]
+    transfer = [encode_transfer("hello", {"name": "d", "engine_version": "v1000", "queue": 3, "refused": {"v1001": "bad"}}),
+                encode_transfer("fetch", {"version": "v1001", "file": "model.onnx", "offset": 0, "length": 10}),
+                encode_transfer("result", {"version": "v1001", "ok": True, "reason": "installed"})]
+    numbers = [b"9" * 400, b"1e999", b"-1e999", b"NaN", b"-0", b"1.7976931348623157e309", b"18446744073709551616"]
+
+    def mutate(frames: list[bytes]) -> list[bytes]:
+        frames = list(frames)
+        i = rng.randrange(len(frames))
+        b = bytearray(frames[i])
+        op = rng.randrange(5)
+        if op == 0 and b:
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        elif op == 1:
+            b = b[: rng.randrange(len(b) + 1)]
+        elif op == 2:
+            b = b * rng.randrange(2, 50)
+        elif op == 3:
+            for d in b"0123456789":
+                b = b.replace(bytes([d]), rng.choice(numbers), 1) if rng.random() < 0.2 else b
+        else:
+            b = bytearray(os.urandom(rng.randrange(64)))
+        frames[i] = bytes(b)
+        return frames
+
+    outcomes = {"parsed": 0, "refused": 0}
+    for n in range(6000):
+        for pool, parse in ((valid, decode), (transfer, decode_transfer)):
+            frames = mutate(rng.choice(pool)) if n % 10 else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
+            try:
+                parse(frames)
+                outcomes["parsed"] += 1
+            except ProtocolError:
+                outcomes["refused"] += 1
+    assert outcomes["refused"] > 1000 and outcomes["parsed"] > 100  # both ways were exercised
+
+
+def test_hostile_frames_leave_the_receiver_answering(tmp_path, endpoints):
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, ReceiverSettings(*endpoints))
+    receiver.start()
+    ctx = zmq.Context()
+    sock = client_socket(ctx, zmq.DEALER, endpoints[0], None)
+    try:
+        wait_until(lambda: sock.poll(10, zmq.POLLOUT), 5, "connected")
+        for frames in HOSTILE:
+            sock.send_multipart(frames)
+        wait_until(lambda: receiver.counters["malformed"] == len(HOSTILE), 10, "hostile frames counted")
+        sock.send_multipart(encode("heartbeat", {"role": "daemon", "time": time.time()}))
+        assert sock.poll(5000) and decode(sock.recv_multipart()).kind == "heartbeat"
+        assert receiver.alive() and not store.all()
+    finally:
+        sock.close(0)
+        ctx.term()
+        receiver.stop()
+
+
+def test_a_hostile_trainer_cannot_stop_the_daemons_sender(tmp_path, endpoints):
+    """The same frames from the trainer's side of the socket: the daemon's sender counts them and stays healthy."""
+    from edge_agent.handoff.transport import server_socket
+
+    sender, db, spool, announced = make_sender(tmp_path, endpoints)
+    ctx = zmq.Context()
+    router = server_socket(ctx, zmq.ROUTER, endpoints[0], None)
+    sender.start()
+    try:
+        assert router.poll(10_000), "the daemon's heartbeat"
+        peer = router.recv_multipart()[0]
+        for frames in HOSTILE:
+            router.send_multipart([peer, *frames])
+        wait_until(lambda: sender.counters["malformed"] >= len(HOSTILE), 10, "hostile frames counted")
+        router.send_multipart([peer, *encode("engine", {"version": "v1001"})])
+        wait_until(lambda: announced == ["v1001"], 10, "a real announcement still heard")
+        assert sender.alive()
+    finally:
+        sender.stop()
+        router.close(0)
+        ctx.term()
+
+
 def test_delivery_with_acks_removes_from_daemon_disk(tmp_path, endpoints):
     sender, db, spool, _ = make_sender(tmp_path, endpoints)
     ids = queue_photos(db, spool, 20)

@@ -17,22 +17,61 @@ Kinds:
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MAGIC", "Message", "ProtocolError", "encode", "decode", "decode_or_drop", "parse_frames", "MAX_HEADER_BYTES", "DEFAULT_MAX_PAYLOAD"]
+__all__ = ["MAGIC", "Field", "Message", "ProtocolError", "encode", "decode", "decode_or_drop", "parse_frames", "MAX_HEADER_BYTES",
+           "DEFAULT_MAX_PAYLOAD", "VERSION"]
 
 MAGIC = b"EDGE1"
 MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_MAX_PAYLOAD = 32 * 1024 * 1024
+#: Integers on the wire have at most this many digits (a 5,000-digit one is a frame to drop, not a number to parse).
+MAX_INT_DIGITS = 15
 _ID = re.compile(r"^[0-9a-f]{64}$")
 _EXT = re.compile(r"^\.[a-z0-9]{1,5}$")
+VERSION = re.compile(r"^v\d{4,9}$")
 
-_REQUIRED = {
-    "sample": {"id": str, "kind": str, "label": str, "confidence": (int, float), "engine_version": str, "ext": str},
-    "ack": {"id": str},
-    "heartbeat": {"role": str, "time": (int, float)},
-    "engine": {"version": str},
+
+@dataclass(frozen=True)
+class Field:
+    """One header field: its JSON type and bounds (numbers in ``[lo, hi]``; strings and objects at most ``max_len``
+    characters or entries, matching ``pattern`` or one of ``choices``)."""
+
+    type: type
+    required: bool = True
+    lo: float | None = None
+    hi: float | None = None
+    max_len: int | None = None
+    pattern: re.Pattern | None = None
+    choices: tuple[str, ...] | None = None
+
+    def check(self, kind: str, name: str, value) -> object:
+        """``value`` as this field's type, or :class:`ProtocolError` naming the kind and field."""
+        if isinstance(value, bool) != (self.type is bool) or not isinstance(value, (int, float) if self.type is float else self.type):
+            raise ProtocolError(f"{kind}: field {name!r} missing or of the wrong type")
+        if self.type in (int, float):
+            value = self.type(value)
+            if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+                raise ProtocolError(f"{kind}: field {name!r} outside [{self.lo}, {self.hi}]")
+        if self.max_len is not None and isinstance(value, (str, dict)) and len(value) > self.max_len:
+            raise ProtocolError(f"{kind}: field {name!r} longer than {self.max_len}")
+        if isinstance(value, str):
+            if self.pattern is not None and not self.pattern.match(value):
+                raise ProtocolError(f"{kind}: field {name!r} is not a valid value")
+            if self.choices is not None and value not in self.choices:
+                raise ProtocolError(f"{kind}: field {name!r} is not one of {', '.join(self.choices)}")
+        return value
+
+
+_SCHEMAS = {
+    "sample": {"id": Field(str, pattern=_ID), "kind": Field(str, choices=("pseudo", "expert")), "label": Field(str, max_len=200),
+               "confidence": Field(float, lo=0.0, hi=1.0), "engine_version": Field(str, max_len=32), "ext": Field(str, pattern=_EXT),
+               "device": Field(str, required=False, max_len=64)},
+    "ack": {"id": Field(str, pattern=_ID)},
+    "heartbeat": {"role": Field(str, max_len=32), "time": Field(float, lo=0.0, hi=1e11)},
+    "engine": {"version": Field(str, pattern=VERSION)},
 }
 
 
@@ -49,7 +88,7 @@ class Message:
 
 def encode(kind: str, header: dict, payload: bytes | None = None, magic: bytes = MAGIC, kinds: dict | None = None) -> list[bytes]:
     """The frames of a message (``magic`` and ``kinds``: another protocol's, e.g. engine transfer's)."""
-    if kind not in (kinds if kinds is not None else _REQUIRED):
+    if kind not in (kinds if kinds is not None else _SCHEMAS):
         raise ProtocolError(f"unknown message kind {kind!r}")
     frames = [magic, kind.encode(), json.dumps(header, separators=(",", ":")).encode()]
     if payload is not None:
@@ -57,9 +96,27 @@ def encode(kind: str, header: dict, payload: bytes | None = None, magic: bytes =
     return frames
 
 
-def parse_frames(frames: list[bytes], magic: bytes, required: dict[str, dict], max_payload: int) -> Message:
-    """The checks every edge-agent protocol shares: 3 or 4 frames, the magic, a known kind, a JSON object header with
-    the kind's required fields of the right types, a payload within ``max_payload`` (raises :class:`ProtocolError`)."""
+def _no_constant(name: str):
+    raise ProtocolError(f"header holds {name}, not a finite number")
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ProtocolError(f"header holds an integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError("header holds a number too large for a float")
+    return value
+
+
+def parse_frames(frames: list[bytes], magic: bytes, schemas: dict[str, dict[str, Field]], max_payload: int) -> Message:
+    """The checks every edge-agent protocol shares: 3 or 4 frames, the magic, a known kind, a JSON object header whose
+    fields each pass their :class:`Field` (type and bounds; fields the kind does not name are dropped), a payload
+    within ``max_payload``. Raises :class:`ProtocolError`, whatever the bytes: no other exception leaves here."""
     if len(frames) < 3 or len(frames) > 4:
         raise ProtocolError(f"expected 3 or 4 frames, got {len(frames)}")
     if frames[0] != magic:
@@ -68,19 +125,22 @@ def parse_frames(frames: list[bytes], magic: bytes, required: dict[str, dict], m
         kind = bytes(frames[1]).decode("ascii")
     except UnicodeDecodeError:
         raise ProtocolError("message kind is not ASCII") from None
-    if kind not in required:
+    if kind not in schemas:
         raise ProtocolError(f"unknown message kind {kind[:32]!r}")
     if len(frames[2]) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {len(frames[2])} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(bytes(frames[2]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
+        raw = json.loads(bytes(frames[2]), parse_int=_int, parse_float=_float, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so is int()'s
+        raise ProtocolError(f"header is not JSON: {str(exc)[:120]}") from None
+    if not isinstance(raw, dict):
         raise ProtocolError("header is not a JSON object")
-    for key, typ in required[kind].items():
-        if not isinstance(header.get(key), typ) or isinstance(header.get(key), bool) and typ is not bool:
-            raise ProtocolError(f"{kind}: field {key!r} missing or of the wrong type")
+    header = {}
+    for name, spec in schemas[kind].items():
+        if name in raw:
+            header[name] = spec.check(kind, name, raw[name])
+        elif spec.required:
+            raise ProtocolError(f"{kind}: field {name!r} missing or of the wrong type")
     payload = bytes(frames[3]) if len(frames) == 4 else None
     if payload is not None and len(payload) > max_payload:
         raise ProtocolError(f"{kind} of {len(payload)} bytes exceeds the {max_payload}-byte limit")
@@ -89,27 +149,14 @@ def parse_frames(frames: list[bytes], magic: bytes, required: dict[str, dict], m
 
 def decode(frames: list[bytes], max_payload: int = DEFAULT_MAX_PAYLOAD) -> Message:
     """Parse and validate a multipart message (raises :class:`ProtocolError`)."""
-    msg = parse_frames(frames, MAGIC, _REQUIRED, max_payload)
-    kind, header, payload = msg.kind, msg.header, msg.payload
-    if kind == "sample":
-        if payload is None or not payload:
+    msg = parse_frames(frames, MAGIC, _SCHEMAS, max_payload)
+    if msg.kind == "sample":
+        if not msg.payload:
             raise ProtocolError("sample without photo bytes")
-        if not _ID.match(header["id"]):
-            raise ProtocolError("sample id is not a sha256 hex digest")
-        if header["kind"] not in ("pseudo", "expert"):
-            raise ProtocolError(f"sample kind {header['kind'][:16]!r} is not pseudo or expert")
-        if not _EXT.match(header["ext"]):
-            raise ProtocolError("bad file extension")
-        if not 0.0 <= float(header["confidence"]) <= 1.0:
-            raise ProtocolError("confidence outside [0, 1]")
-        if not header["label"] or len(header["label"]) > 200:
-            raise ProtocolError("bad label")
-        if not isinstance(header.get("device", ""), str) or len(header.get("device", "")) > 64:
-            raise ProtocolError("bad device name")
-    elif payload is not None:
-        raise ProtocolError(f"{kind} carries no payload")
-    if kind == "ack" and not _ID.match(header["id"]):
-        raise ProtocolError("ack id is not a sha256 hex digest")
+        if not msg.header["label"].strip():
+            raise ProtocolError("sample: empty label")
+    elif msg.payload is not None:
+        raise ProtocolError(f"{msg.kind} carries no payload")
     return msg
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from edge_agent.handoff.protocol import decode_or_drop
 from edge_agent.handoff.transport import CurveKeys, client_socket, send_nowait
 from edge_agent.log import get_logger
-from edge_agent.transfer.protocol import decode, encode
+from edge_agent.transfer.protocol import MAX_REFUSED, decode, encode
 from edge_agent.worker import Worker
 from engines.durable import fsync_file
 from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError, sha256_file
@@ -97,7 +97,8 @@ class EngineFetcher(Worker):
                 now = time.monotonic()
                 if now >= next_hello:
                     self._send(sock, encode("hello", {"name": self.settings.name, "engine_version": self.serving(),
-                                                      "queue": int(self.queue_depth()), "refused": self.refused}))
+                                                      "queue": int(self.queue_depth()),
+                                                      "refused": dict(list(self.refused.items())[-MAX_REFUSED:])}))
                     next_hello = now + self.settings.heartbeat_s
                 job = self._job
                 if job is not None and now - job.last_progress > self.settings.stall_s:
@@ -251,7 +252,7 @@ class EngineFetcher(Worker):
         self.on_installed(job.version)
 
     def _refuse(self, sock, version: str, signature: str, reason: str) -> None:
-        self.refused[version] = reason
+        self.refused[version] = reason[:500]
         self._refused_sig[version] = signature
         self.counters["refused"] += 1
         self.log.error("engine_refused", candidate=version, reason=reason, source="transfer")

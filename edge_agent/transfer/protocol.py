@@ -17,23 +17,27 @@ from __future__ import annotations
 
 import re
 
-from edge_agent.handoff.protocol import Message, ProtocolError, encode as _encode, parse_frames
+from edge_agent.handoff.protocol import VERSION, Field, Message, ProtocolError, encode as _encode, parse_frames
 
 __all__ = ["MAGIC", "KINDS", "CHUNK_MAX", "encode", "decode", "Message", "ProtocolError"]
 
 MAGIC = b"EDGEX1"
 CHUNK_MAX = 4 * 1024 * 1024
 MANIFEST_MAX = 1024 * 1024
-_VERSION = re.compile(r"^v\d{4,}$")
 _FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: A hello lists at most this many refused versions (the daemon sends its newest).
+MAX_REFUSED = 64
+_OFFSET = Field(int, lo=0, hi=2**40)
 
 KINDS = {
-    "hello": {"name": str, "engine_version": str, "queue": int, "refused": dict},
-    "offer": {"version": str, "signature": str},
-    "fetch": {"version": str, "file": str, "offset": int, "length": int},
-    "chunk": {"version": str, "file": str, "offset": int},
-    "missing": {"version": str, "reason": str},
-    "result": {"version": str, "ok": bool, "reason": str},
+    "hello": {"name": Field(str, max_len=64), "engine_version": Field(str, max_len=32), "queue": Field(int, lo=0, hi=2**40),
+              "refused": Field(dict, max_len=MAX_REFUSED)},
+    "offer": {"version": Field(str, pattern=VERSION), "signature": Field(str, max_len=1024)},
+    "fetch": {"version": Field(str, pattern=VERSION), "file": Field(str, pattern=_FILE), "offset": _OFFSET,
+              "length": Field(int, lo=1, hi=CHUNK_MAX)},
+    "chunk": {"version": Field(str, pattern=VERSION), "file": Field(str, pattern=_FILE), "offset": _OFFSET},
+    "missing": {"version": Field(str, pattern=VERSION), "reason": Field(str, max_len=500)},
+    "result": {"version": Field(str, pattern=VERSION), "ok": Field(bool), "reason": Field(str, max_len=500)},
 }
 
 
@@ -45,16 +49,11 @@ def decode(frames: list[bytes], max_payload: int = CHUNK_MAX) -> Message:
     """Parse and validate a transfer message (raises :class:`ProtocolError`)."""
     msg = parse_frames(frames, MAGIC, KINDS, max(max_payload, MANIFEST_MAX))
     h = msg.header
-    if "version" in h and not _VERSION.match(h["version"]):
-        raise ProtocolError(f"{msg.kind}: bad version name {h['version'][:16]!r}")
-    if "file" in h and not _FILE.match(h["file"]):
-        raise ProtocolError(f"{msg.kind}: bad file name")
-    if msg.kind in ("fetch", "chunk") and h["offset"] < 0:
-        raise ProtocolError(f"{msg.kind}: negative offset")
-    if msg.kind == "fetch" and not 0 < h["length"] <= CHUNK_MAX:
-        raise ProtocolError(f"fetch: length outside 1..{CHUNK_MAX}")
-    if msg.kind == "hello" and (len(h["name"]) > 64 or not h["name"]):
-        raise ProtocolError("hello: bad name")
+    if msg.kind == "hello":
+        if not h["name"]:
+            raise ProtocolError("hello: empty name")
+        if not all(isinstance(k, str) and VERSION.match(k) and isinstance(v, str) and len(v) <= 500 for k, v in h["refused"].items()):
+            raise ProtocolError("hello: 'refused' must map version names to reasons of at most 500 characters")
     if msg.kind in ("offer", "chunk"):
         if not msg.payload:
             raise ProtocolError(f"{msg.kind} without payload")
