@@ -245,6 +245,9 @@ class TrainerSection(_Section):
         "then starts none and says so.",
     )
     retrain_threshold: int = Field(200, ge=1, description="Retrain once this many new samples have arrived.")
+    fleet_new_classes: bool = Field(
+        False, description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon."
+    )
     strategy: Literal["finetune", "ewc", "rehearsal", "lwf"] = Field(
         "rehearsal",
         description="How forgetting is fought. rehearsal (a class-balanced memory of true labels replayed in every "

@@ -354,3 +354,46 @@ def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
         sender.stop()
         stranger.stop()
         receiver.stop()
+
+
+def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_photo_aside(tmp_path, endpoints):
+    """Pseudo-labels name one of the engine's classes; a new class comes only from an expert on a sender allowed to
+    create one. The daemon moves a refused photo out of its delivery queue into ``refused/``, with the reason."""
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    known = ["Tomato___healthy", "Apple___Apple_scab"]
+    pseudo = queue_photos(db, spool, 2, "pseudo", seed=300)  # labelled Tomato___healthy: known
+    strangers = []
+    for i, (kind, label) in enumerate([("pseudo", "Made_up___class"), ("expert", "Made_up___class"), ("expert", "bad\x00name")]):
+        data = encode_img(leaf_image(400 + i))
+        sha = hashlib.sha256(data).hexdigest()
+        db.commit([], [QueueEntry(sha, sha[:16], kind, label, 1.0, "v1000", str(spool.put(kind, sha, data)), len(data))])
+        strangers.append(sha)
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2, new_classes=False), classes=lambda: known)
+    receiver.start()
+    sender.start()
+    try:
+        wait_until(lambda: db.queue_length() == 0, 20, "every sample answered")
+        assert sorted(s.id for s in store.all()) == sorted(pseudo)
+        assert receiver.counters["refused"] == 3 and sender.counters["refused"] == 3 and receiver.alive() and sender.alive()
+        rows = db._query("SELECT moved_to, reason, source FROM quarantine ORDER BY reason")
+        assert len(rows) == 3 and {r[2] for r in rows} == {"trainer"}
+        assert all(Path(r[0]).parent.name == "refused" and Path(r[0]).exists() for r in rows)  # nothing lost
+        reasons = " | ".join(r[1] for r in rows)
+        assert "must name one of the engine's 2 classes" in reasons and "fleet_new_classes" in reasons
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
+def test_a_new_class_from_an_allowed_sender_is_taken_if_it_is_a_class_name():
+    from trainer.receiver import class_name_problem
+
+    receiver = Receiver(None, ReceiverSettings("ipc:///nowhere", "ipc:///nowhere2"), classes=lambda: ["A"])
+    header = {"id": "d" * 64, "kind": "expert", "label": "Apple___powdery_mildew", "confidence": 1.0, "engine_version": "v1000", "ext": ".jpg"}
+    assert receiver._refusal(header) is None
+    assert receiver._refusal({**header, "kind": "pseudo"}).startswith("a pseudo-label must name")
+    for bad, why in (("a/b", "path separator"), (" padded", "spaces"), ("x" * 101, "100 characters"), ("tab\there", "control"),
+                     ("zero\u200bwidth", "invisible")):
+        assert why in class_name_problem(bad) and why in receiver._refusal({**header, "label": bad})
+    assert Receiver(None, ReceiverSettings("a", "b"))._refusal({**header, "kind": "pseudo"}) is None  # no engine: not checked

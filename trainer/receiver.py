@@ -5,13 +5,19 @@ durably (:class:`~trainer.samples.SampleStore`) before its ``ack`` goes back.
 Heartbeats are answered, so a daemon knows the trainer is alive. Malformed or
 oversized frames are dropped, counted and logged. A PUB socket announces each
 published engine version.
+
+A sample's label must name a class of the engine in service, except an expert's label for a new class, which is
+taken only where ``new_classes`` allows it (the trainer allows it on its local socket, where the sender is the
+daemon on the same machine, and over TCP only with ``[trainer] fleet_new_classes``); anything else is answered
+``refused`` with the reason, never stored.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+import unicodedata
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from edge_agent.handoff.protocol import decode_or_drop, encode
@@ -30,18 +36,35 @@ class ReceiverSettings:
     heartbeat_s: float = 2.0
     max_payload: int = 32 * 1024 * 1024
     curve: CurveKeys | None = None
+    new_classes: bool = True  # an expert's label may name a class the engine does not know yet
+
+
+def class_name_problem(label: str) -> str | None:
+    """Why ``label`` cannot be a class name (control or invisible characters, a path separator, spaces around it,
+    over 100 characters), or None."""
+    if len(label) > 100:
+        return "longer than 100 characters"
+    if label != label.strip() or not label:
+        return "empty, or spaces around it"
+    if "/" in label or "\\" in label:
+        return "holds a path separator"
+    if any(unicodedata.category(ch)[0] == "C" for ch in label):
+        return "holds control or invisible characters"
+    return None
 
 
 class Receiver(Worker):
     thread_name = "handoff-receiver"
 
-    def __init__(self, store: SampleStore, settings: ReceiverSettings, on_sample: Callable[[], None] | None = None) -> None:
+    def __init__(self, store: SampleStore, settings: ReceiverSettings, on_sample: Callable[[], None] | None = None,
+                 classes: Callable[[], Collection[str]] | None = None) -> None:
         super().__init__()
         self.store = store
         self.settings = settings
         self.on_sample = on_sample or (lambda: None)
+        self.classes = classes  # the engine in service's classes (None: labels are not checked)
         self.log = get_logger("handoff.receiver", endpoint=settings.endpoint)
-        self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0}
+        self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0, "refused": 0}
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
         self._announce: list[str] = []
@@ -93,6 +116,13 @@ class Receiver(Worker):
         if msg.kind == "heartbeat":
             router.send_multipart([peer, *encode("heartbeat", {"role": "trainer", "time": time.time()})])
         elif msg.kind == "sample":
+            why = self._refusal(msg.header)
+            if why is not None:
+                self.counters["refused"] += 1
+                self.log.warning("sample_refused", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"][:100],
+                                 device=msg.header.get("device"), reason=why)
+                router.send_multipart([peer, *encode("refused", {"id": msg.header["id"], "reason": why})])
+                return
             try:
                 new = self.store.add(msg.header, msg.payload)
             except Exception as exc:  # disk full...: no ack, the daemon keeps it and resends
@@ -109,3 +139,22 @@ class Receiver(Worker):
         else:
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
+
+    def _refusal(self, header: dict) -> str | None:
+        """Why a sample's label cannot be taken, or None."""
+        if self.classes is None:
+            return None
+        label = header["label"]
+        try:
+            known = self.classes()
+        except Exception as exc:  # no engine to check against: take it, as before there were checks
+            self.log.warning("classes_unavailable", error=repr(exc))
+            return None
+        if label in known:
+            return None
+        if header["kind"] != "expert":
+            return f"a pseudo-label must name one of the engine's {len(known)} classes"
+        if not self.settings.new_classes:
+            return "new classes are taken from the trainer's own device only ([trainer] fleet_new_classes = true allows the fleet)"
+        problem = class_name_problem(label)
+        return f"not a class name: {problem}" if problem else None

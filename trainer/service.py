@@ -46,7 +46,12 @@ class TrainerService:
         self._sign_unsigned_versions()
         endpoint, announce, delivery = handoff_endpoints(cfg, state_dir)
         h = cfg.handoff
-        self.receiver = Receiver(self.samples, ReceiverSettings(endpoint, announce, h.heartbeat_s, h.max_payload_mb << 20, curve_keys(cfg)))
+        self.receiver = Receiver(
+            self.samples,
+            ReceiverSettings(endpoint, announce, h.heartbeat_s, h.max_payload_mb << 20, curve_keys(cfg),
+                             new_classes=not endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes),
+            classes=self._classes,
+        )
         self.server = EngineServer(self.store, DeliverySettings(delivery, curve_keys(cfg)))
         self._stop = threading.Event()
         self.state = "idle"
@@ -110,6 +115,13 @@ class TrainerService:
             "fleet": self.server.fleet(dict(self.receiver.by_device)), "transfer": dict(self.server.counters),
             "last_retrain": asdict(self.last) if self.last else None, "store": str(self.store.root),
         }
+
+    def _classes(self) -> list[str]:
+        """The classes of the engine in service (read again only when the current version changes)."""
+        current = self.store.current()
+        if getattr(self, "_classes_of", (None, None))[0] != current:
+            self._classes_of = (current, list(self.store.open(current, verify=False).classes))
+        return self._classes_of[1]
 
     def _announce(self, version: str) -> None:
         """A version was published: wake the daemons on this machine and offer it to every connected daemon."""

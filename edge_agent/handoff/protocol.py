@@ -10,6 +10,8 @@ Kinds:
 * ``sample`` (daemon -> trainer): ``{"id", "kind": "pseudo"|"expert", "label", "confidence", "engine_version", "ext"}``
   and optionally ``"device"`` (the daemon's name) + photo
 * ``ack`` (trainer -> daemon): ``{"id"}``, sent only after the sample is stored durably
+* ``refused`` (trainer -> daemon): ``{"id", "reason"}``, a sample the trainer will never take (its label names a
+  class it cannot accept); the daemon keeps the photo aside, out of the delivery queue
 * ``heartbeat`` (both ways): ``{"role", "time"}``
 * ``engine`` (trainer PUB -> daemon SUB): ``{"version"}``, a new engine was published
 """
@@ -70,6 +72,7 @@ _SCHEMAS = {
                "confidence": Field(float, lo=0.0, hi=1.0), "engine_version": Field(str, max_len=32), "ext": Field(str, pattern=_EXT),
                "device": Field(str, required=False, max_len=64)},
     "ack": {"id": Field(str, pattern=_ID)},
+    "refused": {"id": Field(str, pattern=_ID), "reason": Field(str, max_len=300)},
     "heartbeat": {"role": Field(str, max_len=32), "time": Field(float, lo=0.0, hi=1e11)},
     "engine": {"version": Field(str, pattern=VERSION)},
 }

@@ -64,7 +64,7 @@ class Sender(Worker):
         self.settings = settings
         self.on_engine = on_engine or (lambda version: None)
         self.log = get_logger("handoff.sender", endpoint=settings.endpoint)
-        self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0}
+        self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0, "refused": 0}
         self.trainer_seen = 0.0
         self._inflight: dict[str, _InFlight] = {}
 
@@ -180,6 +180,9 @@ class Sender(Worker):
                 self.db.remove_queued([sha])
                 self.counters["acked"] += 1
                 self.log.debug("delivered", photo_id=entry.photo_id, kind=entry.kind)
+        elif msg.kind == "refused":
+            self.trainer_seen = time.monotonic()
+            self._refused(msg.header["id"], msg.header["reason"])
         elif msg.kind == "engine":
             self.counters["announcements"] += 1
             self.log.info("engine_announced", version=msg.header["version"])
@@ -187,3 +190,20 @@ class Sender(Worker):
         else:
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
+
+    def _refused(self, sha: str, reason: str) -> None:
+        """The trainer will never take this sample: its photo is kept in the spool's ``refused/`` folder, recorded
+        with the reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue."""
+        self._inflight.pop(sha, None)
+        entry = self.db.queue_entry(sha)
+        if entry is None:
+            return
+        why = f"the trainer refused the {entry.kind} label {entry.label!r}: {reason}"
+        try:
+            kept = str(self.spool.move(Path(entry.file), "refused"))
+        except OSError as exc:
+            kept, why = None, f"{why} (the photo could not be moved aside: {exc})"
+        self.db.add_quarantine(entry.file, kept, why, source="trainer")
+        self.db.remove_queued([sha])
+        self.counters["refused"] += 1
+        self.log.warning("sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept)
