@@ -31,9 +31,13 @@ def _load(args: argparse.Namespace):
 
 
 def _store(args: argparse.Namespace, cfg):
+    """``--store``, else the daemon's own store (``[store] path``, else ``<state>/engines``), as the daemon resolves it."""
+    from edge_agent.state import resolve_state_dir, resolve_store
     from engines.store import EngineStore
 
-    return EngineStore(Path(args.store) if getattr(args, "store", None) else cfg.store.resolved())
+    if getattr(args, "store", None):
+        return EngineStore(Path(args.store))
+    return resolve_store(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg))
 
 
 # ---- classify -------------------------------------------------------------
@@ -163,6 +167,12 @@ def _status(args: argparse.Namespace) -> int:
                 "transfer"):
         if key in live:
             out[key] = live[key]
+    try:
+        from edge_agent.state import resolve_store
+
+        out["pinned"] = resolve_store(cfg, state.root).pin()
+    except Exception:  # noqa: BLE001 - no store to read: status still reports the rest
+        out["pinned"] = None
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -184,6 +194,10 @@ def _status(args: argparse.Namespace) -> int:
     if unsupported:
         print("ignored (not a format the daemon reads; left in the inbox): "
               + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items())))
+    if out["pinned"]:
+        pin = out["pinned"]
+        print(f"PINNED to {pin['version']} by a rollback from {pin['from']} ({pin.get('at')}): offers of {pin['from']} or older "
+              f"are refused until a newer version arrives; edge-agent engine unpin lifts it" + (f" ({pin['problem']})" if pin.get("problem") else ""))
     refused = {**(out.get("hotswap") or {}).get("refused", {}), **(out.get("transfer") or {}).get("refused", {})}
     for version, why in sorted(refused.items()):
         print(f"REFUSED engine {version}: {why}")
@@ -348,6 +362,19 @@ def _engine_rollback(args: argparse.Namespace) -> int:
     before = store.current()
     after = store.rollback(args.to, trust=daemon_trust(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)))
     print(f"{store.root}: current {before} -> {after.name}")
+    pin = store.pin()
+    if pin is not None:
+        print(f"pinned to {pin['version']}: offers of {pin['from']} or older are refused until a newer version arrives "
+              "(edge-agent engine unpin lifts it)")
+    return 0
+
+
+def _engine_unpin(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    store = _store(args, cfg)
+    pin = store.pin()
+    store.unpin()
+    print(f"{store.root}: " + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned"))
     return 0
 
 
@@ -416,21 +443,22 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--bare", action="store_true", help="no comments")
     show.set_defaults(func=_config_show)
 
-    eng = sub.add_parser("engine", help="engine store: list, show, rollback").add_subparsers(dest="action", required=True)
+    eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(dest="action", required=True)
     for name, func, helptext in (
         ("list", _engine_list, "list versions (* marks current)"),
         ("show", _engine_show, "verify a version and print its manifest"),
-        ("rollback", _engine_rollback, "switch current back to the parent (or --to VERSION)"),
+        ("rollback", _engine_rollback, "switch current back to the parent (or --to VERSION) and pin it there"),
+        ("unpin", _engine_unpin, "lift a rollback's pin: the trainer's newer versions are taken again"),
     ):
         p = eng.add_parser(name, parents=[common], help=helptext)
-        p.add_argument("--store", help="engine store (default: [store] path, else the shipped model)")
+        p.add_argument("--store", help="engine store (default: the daemon's: [store] path, else <state-dir>/engines)")
         if name == "list":
             p.add_argument("--json", action="store_true")
         if name == "show":
             p.add_argument("version", nargs="?", help="default: current")
         if name == "rollback":
             p.add_argument("--to", metavar="VERSION", help="version to switch to")
-            p.add_argument("--state-dir", help="the daemon's state dir, whose trainer key is trusted (default: $STATE_DIRECTORY or ./edge-state)")
+        p.add_argument("--state-dir", help="the daemon's state dir: its store, and the trainer key it trusts (default: $STATE_DIRECTORY or ./edge-state)")
         p.set_defaults(func=func)
     return parser
 

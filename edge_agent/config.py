@@ -455,6 +455,10 @@ def load_config(path: str | os.PathLike | None = None) -> AppConfig:
         data = tomllib.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: configuration file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory; --config takes a TOML file (edge-agent config show > edge-agent.toml)") from None
+    except PermissionError:
+        raise ConfigError(f"{p}: not readable by this user") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     return parse_config(data, str(p))

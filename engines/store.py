@@ -44,6 +44,7 @@ __all__ = [
 MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"  # see engines.signing
 CURRENT = "current"
+PIN = "pinned"  # a local rollback's pin: {"version", "from", "at"} (JSON)
 MANIFEST_FORMAT = 1
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
 
@@ -287,6 +288,9 @@ class EngineStore:
                 fsync_dir(self.root)
             if make_current:
                 self._write_current(version)
+                pin = self.pin()
+                if pin is not None and "problem" not in pin and int(version[1:]) > int(pin["from"][1:]):
+                    self.unpin()  # a version newer than the one rolled back from: the pin has done its job
         return StoreVersion(version, dst, manifest)
 
     def _write_current(self, version: str) -> None:
@@ -301,13 +305,55 @@ class EngineStore:
 
     def rollback(self, to: str | None = None, trust=None) -> StoreVersion:
         """Switch back to ``to``, or else to the current version's parent (or the previous one); with ``trust``, only
-        to a version a trusted key signed (the daemon would refuse any other)."""
+        to a version a trusted key signed (the daemon would refuse any other). The device is then pinned there
+        (:meth:`pin`): offers of the version rolled back from, or any older one, are refused until a newer one
+        arrives or :meth:`unpin` lifts it."""
+        cur = self.current()
         if to is None:
-            cur = self.current()
             to = self.read_manifest(cur).get("parent")
             if not to:
                 older = [v for v in self.versions() if int(v[1:]) < int(cur[1:])]
                 if not older:
                     raise StoreError(f"{cur} has no parent and no older version to roll back to")
                 to = older[-1]
-        return self.set_current(to, trust=trust)
+        opened = self.set_current(to, trust=trust)
+        if to != cur:
+            newest = max((cur, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))
+            atomic_write(self.root / PIN, json.dumps({"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
+        return opened
+
+    def pin(self) -> dict | None:
+        """The pin a rollback left (``version``: pinned to, ``from``: the newest version rolled back from), or None."""
+        try:
+            pin = json.loads((self.root / PIN).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is unreadable: delete it to unpin"}
+        if not isinstance(pin, dict) or not _VERSION_RE.match(str(pin.get("from", ""))):
+            return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is malformed: delete it to unpin"}
+        return pin
+
+    def unpin(self) -> None:
+        """Lift a rollback's pin: offers of newer versions are taken again."""
+        (self.root / PIN).unlink(missing_ok=True)
+        fsync_dir(self.root)
+
+    def offer_refusal(self, version: str) -> str | None:
+        """Why an offered ``version`` must not be put in service here, or None: offers never move a device to an older
+        version, nor, while a rollback pins it, to the version it was rolled back from or any older one. A version
+        newer than the pin's lifts it (:meth:`install`)."""
+        if not _VERSION_RE.match(version):
+            return f"bad version name {version!r}"
+        try:
+            cur = self.current()
+        except StoreError:
+            cur = None
+        if cur is not None and int(version[1:]) < int(cur[1:]):
+            return f"older than {cur} in service: offers never move a device back (edge-agent engine rollback does)"
+        pin = self.pin()
+        if pin is not None and int(version[1:]) <= int(pin["from"][1:]):
+            return (pin.get("problem") or
+                    f"pinned to {pin['version']} by a rollback from {pin['from']}: only a newer version moves it "
+                    "(edge-agent engine unpin lifts the pin)")
+        return None

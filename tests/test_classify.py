@@ -156,6 +156,34 @@ def test_engine_list_show_rollback(tiny_store, tmp_path, signing_key):
     assert out.returncode == 2 and "no parent" in out.stderr
 
 
+def test_engine_commands_act_on_the_daemons_store_and_never_on_the_package(tmp_path):
+    """`engine list|rollback|unpin` without --store: the daemon's <state>/engines, as `run` resolves it."""
+    import hashlib
+
+    from .daemon_helpers import SHIPPED
+
+    def digest(root: Path) -> str:
+        return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())).hexdigest()
+
+    package = digest(default_store_path())
+    state = tmp_path / "state"
+    out = run_cli("engine", "list", "--state-dir", str(state))
+    assert out.returncode == 0 and f"store: {state / 'engines'}" in out.stdout and f"* {SHIPPED}" in out.stdout
+    s = EngineStore(state / "engines")
+    v = s.open()
+    s.publish({n: v.path / n for n in v.manifest["files"]}, {k: x for k, x in v.manifest.items() if k not in ("parent", "version")},
+              version="v1001")
+    (s.root / "v1001" / "manifest.sig").write_bytes((v.path / "manifest.sig").read_bytes())  # not a valid signature
+    out = run_cli("engine", "rollback", "--state-dir", str(state), "--to", SHIPPED)
+    assert out.returncode == 0 and f"v1001 -> {SHIPPED}" in out.stdout and "pinned to " + SHIPPED in out.stdout
+    assert s.current() == SHIPPED and s.pin()["from"] == "v1001"
+    out = run_cli("engine", "unpin", "--state-dir", str(state))
+    assert out.returncode == 0 and "lifted" in out.stdout and s.pin() is None
+    assert digest(default_store_path()) == package  # nothing written into the installed package
+    out = run_cli("engine", "list", "--config", str(tmp_path))
+    assert out.returncode == 2 and "is a directory" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_unknown_config_key_stops_the_cli(tmp_path, real_photo):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[classify]\ntopk = 3\n")

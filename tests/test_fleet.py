@@ -107,6 +107,41 @@ def test_a_daemon_that_was_offline_catches_up_with_only_the_newest(farm, signing
     assert farm.v2 not in d.store.versions() and d.counters["installed"] == 1
 
 
+def test_a_local_rollback_stays_until_a_newer_version_arrives(farm, signing_key):
+    """The trainer keeps offering its newest version; a device rolled back from it is pinned and refuses it (the
+    fleet lists why) until a version newer than the one it left is published, which lifts the pin."""
+    server = farm.server()
+    d = farm.daemon("pinned")
+    wait_until(lambda: d.store.current() == farm.v2, 30, "on v2")
+    d.store.rollback("v0001", trust=d.trust)
+    assert d.store.pin()["from"] == farm.v2
+    wait_until(lambda: farm.v2 in d.refused, 10, "the offer of v2 refused")
+    time.sleep(2)  # several more offers (every 0.5 s): still on v0001
+    assert d.store.current() == "v0001" and "pinned to v0001" in d.refused[farm.v2]
+    wait_until(lambda: "pinned" in str(next(r for r in server.fleet() if r["name"] == "pinned").get("refused")), 10, "fleet shows the pin")
+    v3 = publish_v2(farm.store, signing_key)
+    wait_until(lambda: d.store.current() == v3, 30, "a newer version moves it")
+    assert d.store.pin() is None
+
+
+def test_an_offer_never_moves_a_device_back(farm):
+    """A replayed old offer (or a forged one: the daemon never reads its signature for a version it holds) of a
+    version older than the one in service is refused."""
+    farm.server()
+    d = farm.daemon("forward-only")
+    wait_until(lambda: d.store.current() == farm.v2, 30, "on v2")
+    farm.servers[0].stop()
+    manifest = (d.store.root / "v0001" / "manifest.json").read_bytes()
+
+    sent = []
+    d._send = lambda sock, frames: sent.append(decode(frames))
+    d._on_offer(None, "v0001", "not-a-signature", manifest)
+    assert d.store.current() == farm.v2 and "never move a device back" in d.refused["v0001"]
+    assert sent[-1].kind == "result" and sent[-1].header["ok"] is False
+    d._on_offer(None, farm.v2, "not-a-signature", b"{}")  # the version in service: nothing to do, nothing refused
+    assert d.store.current() == farm.v2 and farm.v2 not in d.refused
+
+
 class DyingFetcher(EngineFetcher):
     """Dies (like kill -9: no cleanup, the partial files stay in .incoming) after its fifth chunk."""
 

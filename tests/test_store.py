@@ -179,3 +179,38 @@ def test_rollback_refuses_tampered_target(tmp_path):
     with pytest.raises(TamperedError):
         store.rollback()
     assert store.current() == "v0002"
+
+
+def test_a_rollback_pins_the_store_until_a_newer_version_than_the_one_left_is_installed(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    for b in (b"1", b"2", b"3"):
+        _publish(store, tmp_path, b)
+    assert store.pin() is None and store.offer_refusal("v0004") is None
+    assert "never move a device back" in store.offer_refusal("v0002")
+    store.rollback()  # v0003 -> v0002
+    store.rollback()  # v0002 -> v0001: still pinned from the newest left, v0003
+    pin = store.pin()
+    assert pin["version"] == "v0001" and pin["from"] == "v0003"
+    assert "rollback from v0003" in store.offer_refusal("v0003") and "rollback from v0003" in store.offer_refusal("v0002")
+    assert store.offer_refusal("v0004") is None
+    store.install("v0002")  # an older one put back in service (by a person, not an offer) keeps the pin
+    assert store.pin() is not None
+    incoming = store.incoming("v0004")
+    incoming.mkdir(parents=True)
+    src = store.root / "v0003"
+    for f in src.iterdir():
+        (incoming / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((incoming / "manifest.json").read_text())
+    manifest["version"] = "v0004"
+    (incoming / "manifest.json").write_text(json.dumps(manifest))
+    store.install("v0004")
+    assert store.current() == "v0004" and store.pin() is None
+
+
+def test_an_unreadable_pin_refuses_offers_and_says_how_to_lift_it(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    _publish(store, tmp_path, b"1")
+    (store.root / "pinned").write_text("{half")
+    assert "unreadable: delete it to unpin" in store.offer_refusal("v0002")
+    store.unpin()
+    assert store.offer_refusal("v0002") is None

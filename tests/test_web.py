@@ -304,6 +304,11 @@ def test_rollback_needs_confirmation_and_an_existing_version(state):
     assert store.current() == SHIPPED_NEXT
     r = c.post("/engines/rollback", data={"csrf": token, "to": SHIPPED, "confirm": "yes"})
     assert r.status_code == 303 and store.current() == SHIPPED
+    page = c.get("/engines").text
+    assert f"Pinned to {SHIPPED}" in page and f"rollback from {SHIPPED_NEXT}" in page  # offers of it are refused now
+    assert c.post("/engines/unpin", data={"csrf": "forged"}).status_code == 403 and store.pin() is not None
+    assert c.post("/engines/unpin", data={"csrf": token}).status_code == 303 and store.pin() is None
+    assert "Pinned to" not in c.get("/engines").text
 
 
 def test_rollback_to_a_tampered_version_is_refused(state):

@@ -76,6 +76,7 @@ class EngineFetcher(Worker):
                          "malformed": 0, "stalls": 0}
         self.refused: dict[str, str] = {}
         self._refused_sig: dict[str, str] = {}
+        self._held_back: set[str] = set()  # refused by policy (older, or pinned): offered again once that changes
         self.trainer_seen = 0.0
         self._job: _Download | None = None
 
@@ -96,6 +97,7 @@ class EngineFetcher(Worker):
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_hello:
+                    self._release_held_back()
                     self._send(sock, encode("hello", {"name": self.settings.name, "engine_version": self.serving(),
                                                       "queue": int(self.queue_depth()),
                                                       "refused": dict(list(self.refused.items())[-MAX_REFUSED:])}))
@@ -142,11 +144,23 @@ class EngineFetcher(Worker):
             return
         if self._refused_sig.get(version) == signature:
             return  # refused before, and nothing changed
-        if version in self.store.versions():
+        try:
+            serving = self.store.current()
+        except StoreError:
+            serving = None
+        if version == serving:
+            self._send(sock, encode("result", {"version": version, "ok": True, "reason": "in service"}))
+            return
+        why = self.store.offer_refusal(version)
+        if why is not None:  # a downgrade, or a version a local rollback turned away
+            self._refuse(sock, version, signature, why)
+            self._held_back.add(version)
+            return
+        if version in self.store.versions():  # newer, already here: verified (signature included) before it serves
             try:
-                if self.store.current() != version:
-                    self.store.install(version)
-                    self.on_installed(version)
+                self.store.set_current(version, trust=self.trust)
+                self.store.install(version)  # lifts a pin it is newer than
+                self.on_installed(version)
                 self._send(sock, encode("result", {"version": version, "ok": True, "reason": "already in the store"}))
             except StoreError as exc:
                 self._refuse(sock, version, signature, str(exc))
@@ -250,6 +264,15 @@ class EngineFetcher(Worker):
         self.log.info("engine_received", engine_version=job.version, bytes=job.received_bytes, resumed_bytes=job.resumed_bytes)
         self._send(sock, encode("result", {"version": job.version, "ok": True, "reason": "installed"}))
         self.on_installed(job.version)
+
+    def _release_held_back(self) -> None:
+        """Versions refused by policy that the store would now take (a pin lifted, a rollback further back): no
+        longer listed as refused, so the trainer offers them again."""
+        for version in list(self._held_back):
+            if self.store.offer_refusal(version) is None:
+                self._held_back.discard(version)
+                self.refused.pop(version, None)
+                self._refused_sig.pop(version, None)
 
     def _refuse(self, sock, version: str, signature: str, reason: str) -> None:
         self.refused[version] = reason[:500]

@@ -205,7 +205,7 @@ def create_app(ctx: WebContext) -> Starlette:
         versions = [{"name": v, **store.read_manifest(v)} for v in reversed(store.versions())]
         trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
         return page(request, "engines.html", versions=versions, current=current, trainer=trainer, trainer_up=trainer_up,
-                    rolled=request.query_params.get("rolled"))
+                    rolled=request.query_params.get("rolled"), pin=store.pin())
 
     async def rollback(request: Request) -> Response:
         data = await form(request)
@@ -225,6 +225,12 @@ def create_app(ctx: WebContext) -> Starlette:
         except StoreError as exc:
             return problem(request, 409, f"cannot put {to} in service: {exc}")
         return RedirectResponse(f"/engines?rolled={to}", status_code=303)
+
+    async def unpin(request: Request) -> Response:
+        if await form(request) is None:
+            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        await run_in_threadpool(ctx.store().unpin)
+        return RedirectResponse("/engines", status_code=303)
 
     # ---- health -------------------------------------------------------------
     async def health(request: Request) -> Response:
@@ -300,6 +306,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/review/label", review_label, methods=["POST"]),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
+        Route("/engines/unpin", unpin, methods=["POST"]),
         Route("/health", health),
         Route("/upload", upload_page),
         Route("/upload", upload, methods=["POST"]),
