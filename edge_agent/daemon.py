@@ -99,7 +99,8 @@ class Daemon:
             adopt_shipped_signatures(self.store, default_store_path(), self.log)
         engine, self._refused_at_start = self._engine, {}
         if engine is None:
-            engine, self._refused_at_start = open_trusted(self.store, cfg.engine, self.trust, self.log)
+            engine, self._refused_at_start = open_trusted(self.store, cfg.engine, self.trust, self.log,
+                                                          self.state.root / "golden.npz", cfg.hotswap.min_agreement)
         self.classifier = self._make_classifier(engine)
         self.log = self.log.bind(engine_version=engine.engine_version)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))

@@ -35,35 +35,46 @@ from engines.base import BackendConfig, Engine
 from engines.loader import open_engine
 from engines.store import EngineStore, StoreError
 
-__all__ = ["EngineWatcher", "SwapRefused", "verify_candidate"]
+__all__ = ["EngineWatcher", "SwapRefused", "smoke_test", "verify_candidate"]
 
 
 class SwapRefused(Exception):
     """A new engine version failed verification."""
 
 
-def verify_candidate(new: Engine, old: Engine, golden: list[tuple[np.ndarray, int]], min_agreement: float) -> dict:
-    """Checks 2-5 above; returns what was measured, raises :class:`SwapRefused`."""
-    nm, om = new.version.manifest, old.version.manifest
-    if nm["input"] != om["input"] or nm["preprocess"] != om["preprocess"]:
-        raise SwapRefused(f"input or preprocessing differs from {old.engine_version}")
+def verify_candidate(new: Engine, reference: dict, reference_name: str, golden: list[tuple[np.ndarray, int]], min_agreement: float) -> dict:
+    """Checks 2-5 above against ``reference`` (the manifest of the version ``reference_name`` whose place it takes,
+    and whose classes label ``golden``); returns what was measured, raises :class:`SwapRefused`. The one check for
+    every way a version comes to serve: a hot swap (reference: the engine running) and a start
+    (:func:`edge_agent.trust.open_trusted`; reference: the version that labelled the golden photos)."""
+    nm = new.version.manifest
+    if nm["input"] != reference["input"] or nm["preprocess"] != reference["preprocess"]:
+        raise SwapRefused(f"input or preprocessing differs from {reference_name}")
     index = {c: i for i, c in enumerate(new.classes)}
-    dropped = [c for c in old.classes if c not in index]
+    dropped = [c for c in reference["classes"] if c not in index]
     if dropped:
-        raise SwapRefused(f"class list is not an extension of {old.engine_version}'s (it lacks {', '.join(dropped[:3])})")
-    shape = nm["input"]["shape"]
-    out = new.infer(np.zeros((1, int(shape[1]), int(shape[2]), int(shape[3])), np.float32))
-    if out.shape != (1, len(new.classes)) or not np.isfinite(out).all():
-        raise SwapRefused(f"smoke inference gave {out.shape} / non-finite logits")
+        raise SwapRefused(f"class list is not an extension of {reference_name}'s (it lacks {', '.join(dropped[:3])})")
+    smoke_test(new)
     measured = {"golden": len(golden)}
     if golden:
+        if any(not 0 <= label < len(reference["classes"]) for _, label in golden):
+            raise SwapRefused(f"golden photos name classes {reference_name} does not have")
         x = np.stack([g for g, _ in golden])
         pred = new.infer(x).argmax(1)
-        agreement = float(np.mean(pred == np.array([index[old.classes[label]] for _, label in golden])))
+        agreement = float(np.mean(pred == np.array([index[reference["classes"][label]] for _, label in golden])))
         measured["agreement"] = round(agreement, 3)
         if agreement < min_agreement:
-            raise SwapRefused(f"agrees with {old.engine_version} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")
+            raise SwapRefused(f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")
     return measured
+
+
+def smoke_test(engine: Engine) -> None:
+    """One all-zero photo gives finite logits, one per class of the manifest (a network that does not match its
+    manifest's class list fails here); raises :class:`SwapRefused`."""
+    shape = engine.version.manifest["input"]["shape"]
+    out = engine.infer(np.zeros((1, int(shape[1]), int(shape[2]), int(shape[3])), np.float32))
+    if out.shape != (1, len(engine.classes)) or not np.isfinite(out).all():
+        raise SwapRefused(f"smoke inference gave {out.shape} / non-finite logits for {len(engine.classes)} classes")
 
 
 class EngineWatcher(Worker):
@@ -136,7 +147,7 @@ class EngineWatcher(Worker):
         new = None
         try:
             new = open_engine(self.store, self.engine_config, target, trust=self.trust)
-            measured = verify_candidate(new, old, self.pipeline.golden(), self.min_agreement)
+            measured = verify_candidate(new, old.version.manifest, old.engine_version, self.pipeline.golden(), self.min_agreement)
         except Exception as exc:  # TamperedError, EngineError, SwapRefused...
             if new is not None:
                 new.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import json
 import os
 import queue
@@ -29,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.classifier import Classifier, Prediction
+from edge_agent.golden import load_golden, save_golden
 from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
 from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.worker import spawn
-from engines.durable import atomic_write
 
 __all__ = ["Job", "Pipeline", "PipelineSettings", "LabelPolicy", "move_out"]
 
@@ -209,33 +208,25 @@ class Pipeline:
         return list(self._golden)
 
     def _save_golden(self) -> None:
-        """Write the golden photos (float16) with the engine version they were labelled by; once per change."""
+        """Write the golden photos with the engine version they were labelled by; once per change."""
         golden = list(self._golden)
         if self._golden_saved or not golden:
             return
-        buf = io.BytesIO()
-        np.savez(buf, x=np.stack([g for g, _ in golden]).astype(np.float16), y=np.array([c for _, c in golden], np.int64),
-                 version=np.array(self.classifier.engine.engine_version))
         try:
-            atomic_write(self.golden_file, buf.getvalue(), durable=False)
+            save_golden(self.golden_file, golden, self.classifier.engine.engine_version)
             self._golden_saved = True
         except OSError as exc:  # a full disk: the check just starts empty after the next restart
             self.log.warning("golden_save_failed", error=str(exc))
 
     def _load_golden(self) -> None:
         """Golden photos of the engine now in service from before a restart; anything else is ignored."""
-        if not self.golden_file.exists():
-            return
         try:
-            with np.load(self.golden_file, allow_pickle=False) as f:
-                version, x, y = str(f["version"]), f["x"].astype(np.float32), f["y"]
-            if x.ndim != 4 or x.shape[1:] != (3, self.classifier.spec.size, self.classifier.spec.size) or len(x) != len(y):
-                raise ValueError(f"shape {x.shape} / {len(y)} labels")
-        except Exception as exc:  # truncated or tampered: not worth refusing to start over
-            self.log.warning("golden_file_ignored", file=str(self.golden_file), error=repr(exc))
+            found = load_golden(self.golden_file, self.classifier.spec.size)
+        except ValueError as exc:  # truncated or tampered: not worth refusing to start over
+            self.log.warning("golden_file_ignored", file=str(self.golden_file), error=str(exc))
             return
-        if version == self.classifier.engine.engine_version:
-            self._golden.extend(zip(x, (int(c) for c in y)))
+        if found is not None and found[0] == self.classifier.engine.engine_version:
+            self._golden.extend(found[1])
 
     def _counts(self, engine_version: str) -> dict[str, int]:
         if engine_version not in self._pseudo_counts:

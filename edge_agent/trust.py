@@ -26,15 +26,40 @@ def daemon_trust(cfg: AppConfig, state_dir: Path) -> TrustedKeys | None:
     return TrustedKeys.default(cfg.store.trusted_keys, local_trainer_key=trainer_key_path(cfg, state_dir).with_suffix(".pub"))
 
 
-def open_trusted(store: EngineStore, config: BackendConfig, trust: TrustedKeys | None, log) -> tuple[Engine, dict[str, str]]:
-    """The current version if it verifies and is trusted; else the newest one that is (the refusals, version ->
-    reason, are returned and logged). Raises the current version's error when no version qualifies."""
+def open_trusted(store: EngineStore, config: BackendConfig, trust: TrustedKeys | None, log, golden_file: Path | None = None,
+                 min_agreement: float = 0.5) -> tuple[Engine, dict[str, str]]:
+    """The current version if it passes every check; else the newest one that does (the refusals, version -> reason,
+    are returned and logged). Raises the current version's error when no version qualifies.
+
+    The checks are a hot swap's (:func:`edge_agent.hotswap.verify_candidate`), so a version is not served after a
+    restart that a swap refused: files and signature; a smoke inference (its network matches its class list); and
+    against the version that labelled the golden photos in ``golden_file`` (where that is another version the store
+    holds: the one served before; for the current version only, so an older one can still stand in), else against its
+    parent: the same input and preprocessing, every class kept by name, and agreement on the golden photos."""
+    from edge_agent.golden import load_golden
+    from edge_agent.hotswap import smoke_test, verify_candidate
+
     refused: dict[str, str] = {}
     current = store.current()
+    try:
+        golden = load_golden(golden_file) if golden_file is not None else None
+    except ValueError as exc:
+        log.warning("golden_file_ignored", file=str(golden_file), error=str(exc))
+        golden = None
+    held = set(store.versions())
     for version in [current] + [v for v in reversed(store.versions()) if v != current]:
+        engine = None
         try:
             engine = open_engine(store, config, version, trust=trust)
-        except StoreError as exc:  # TamperedError, UntrustedVersion
+            smoke_test(engine)
+            if version == current and golden is not None and golden[0] != version and golden[0] in held:
+                verify_candidate(engine, store.read_manifest(golden[0]), golden[0], golden[1], min_agreement)
+            elif engine.version.manifest.get("parent") in held:  # a fallback, or nothing served before
+                parent = engine.version.manifest["parent"]
+                verify_candidate(engine, store.read_manifest(parent), parent, [], min_agreement)
+        except Exception as exc:  # noqa: BLE001 - TamperedError, UntrustedVersion, SwapRefused, a model its runtime rejects
+            if engine is not None:
+                engine.close()
             refused[version] = str(exc)
             log.error("engine_refused", candidate=version, reason=str(exc))
             continue

@@ -47,6 +47,8 @@ CURRENT = "current"
 PIN = "pinned"  # a local rollback's pin: {"version", "from", "at"} (JSON)
 MANIFEST_FORMAT = 1
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
+#: No file of a version may be larger (a model here is a few MB; TensorRT plans are built on the device, not stored).
+MAX_FILE_BYTES = 512 << 20
 
 
 class StoreError(RuntimeError):
@@ -80,6 +82,8 @@ def _check_files(vdir: Path, name: str, manifest: dict) -> None:
         fpath = vdir / fname
         if not fpath.is_file():
             raise TamperedError(f"{name}/{fname}: missing")
+        if fpath.stat().st_size > MAX_FILE_BYTES:
+            raise TamperedError(f"{name}/{fname}: larger than {MAX_FILE_BYTES >> 20} MiB; refusing to load it")
         digest = sha256_file(fpath)
         if digest != meta["sha256"]:
             raise TamperedError(
@@ -114,6 +118,23 @@ class StoreVersion:
         if name not in self.manifest["files"]:
             raise StoreError(f"{self.name}: no file {name!r} in manifest")
         return self.path / name
+
+    def read_verified(self, name: str) -> bytes:
+        """The bytes of a file the manifest lists, read once and checked against its sha256 and size cap: what the
+        caller loads is exactly what was checked (:class:`TamperedError` otherwise)."""
+        path, meta = self.file(name), self.manifest["files"][name]
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise TamperedError(f"{self.name}/{name}: unreadable ({exc})") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise TamperedError(f"{self.name}/{name}: larger than {MAX_FILE_BYTES >> 20} MiB; refusing to load it")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != meta["sha256"]:
+            raise TamperedError(f"{self.name}/{name}: sha256 {digest[:12]}... does not match manifest {meta['sha256'][:12]}... "
+                                "(file modified or corrupt); refusing to load it")
+        return data
 
     def artifact(self, kind: str) -> Path:
         """Path of an artifact by kind (``onnx``, ``int8``, ...), as the manifest names it."""

@@ -133,6 +133,34 @@ def test_tampered_model_refused_by_loader(tiny_store, tmp_path):
         open_engine(copy, ort_config())
 
 
+def test_a_model_replaced_between_its_check_and_its_load_is_never_served(tiny_store, tmp_path):
+    """Check then use: the version is verified, then its model file is swapped for another valid network (the INT8
+    one) before the runtime opens it. The runtime gets the bytes that were hashed, so the swap is refused."""
+    import shutil
+
+    from engines.backends.onnxruntime_backend import OnnxRuntimeEngine
+
+    copy = tmp_path / "store"
+    shutil.copytree(tiny_store, copy)
+    opened = EngineStore(copy).open()  # every sha256 checked here
+    model = opened.artifact("onnx")
+    model.write_bytes(opened.artifact("int8").read_bytes())  # a valid ONNX model, not the one the manifest names
+    with pytest.raises(TamperedError, match="does not match manifest"):
+        OnnxRuntimeEngine(opened, ort_config())
+
+
+def test_a_model_file_over_the_size_cap_is_refused(tiny_store, tmp_path, monkeypatch):
+    import shutil
+
+    from engines import store as store_mod
+
+    copy = tmp_path / "store"
+    shutil.copytree(tiny_store, copy)
+    monkeypatch.setattr(store_mod, "MAX_FILE_BYTES", 1000)
+    with pytest.raises(TamperedError, match="larger than"):
+        open_engine(copy, ort_config())
+
+
 def test_manifest_class_count_must_match_model(tiny_store, tmp_path):
     import json
     import shutil

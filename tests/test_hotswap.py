@@ -52,6 +52,7 @@ def running(tmp_path, tiny_store, signing_key):
     t = threading.Thread(target=daemon.run)
     t.start()
     wait_until(lambda: daemon.watcher is not None and daemon.folder is not None, 20, "daemon up")
+    daemon.test_thread = t  # for the tests that restart it
     yield daemon, EngineStore(root)
     daemon.request_stop()
     t.join(30)
@@ -165,10 +166,61 @@ def test_a_release_that_reorders_and_extends_the_classes_is_checked_by_class_nam
             return out
         return types.SimpleNamespace(version=types.SimpleNamespace(manifest=manifest), classes=classes, engine_version="v", infer=infer)
 
-    old = engine(["b", "c"], "c")
+    old = {**manifest, "classes": ["b", "c"]}
     golden = [(np.zeros((3, 4, 4), np.float32), 1)] * 4  # index 1 of the old list: "c"
-    assert verify_candidate(engine(["a", "b", "c"], "c"), old, golden, 0.9)["agreement"] == 1.0
+    assert verify_candidate(engine(["a", "b", "c"], "c"), old, "v", golden, 0.9)["agreement"] == 1.0
     with pytest.raises(SwapRefused, match="agrees with v on 0%"):
-        verify_candidate(engine(["a", "b", "c"], "b"), old, golden, 0.9)
+        verify_candidate(engine(["a", "b", "c"], "b"), old, "v", golden, 0.9)
     with pytest.raises(SwapRefused, match="it lacks c"):
-        verify_candidate(engine(["a", "b"], "b"), old, golden, 0.9)
+        verify_candidate(engine(["a", "b"], "b"), old, "v", golden, 0.9)
+
+
+def _restarted(tmp_path, root, signing_key, daemon):
+    """Stop ``daemon`` (its golden photos are saved) and start another on the same state directory and store."""
+    daemon.request_stop()
+    daemon.test_thread.join(30)
+    cfg = parse_config({"store": trusted_store(root, signing_key), "handoff": {"enabled": False},
+                        "hotswap": {"poll_s": 0.2, "min_agreement": 0.5}})
+    again = Daemon(cfg, tmp_path / "state", notifier=Notifier({}))
+    t = threading.Thread(target=again.run)
+    t.start()
+    wait_until(lambda: again.watcher is not None, 20, "restarted daemon up")
+    return again, t
+
+
+def test_a_version_a_swap_refused_is_refused_after_a_restart_too(running, signing_key, tmp_path):
+    """Its class list reversed (signed by a trusted key): the golden photos catch it at the swap, and at the next
+    start, where the version they came from serves instead."""
+    daemon, store = running
+    drop(daemon, 12, 0)
+    wait_until(lambda: len(daemon.pipeline.golden()) >= 8, 30, "golden photos")
+    v2 = republish(store, signing_key, classes=list(reversed(store.open().classes)))
+    wait_until(lambda: v2 in daemon.watcher.refused, 10, "refused at the swap")
+    again, t = _restarted(tmp_path, store.root, signing_key, daemon)
+    try:
+        assert again.classifier.engine.engine_version == "v0001" and store.current() == v2
+        assert "golden photos" in again._refused_at_start[v2]
+    finally:
+        again.request_stop()
+        t.join(30)
+
+
+def test_a_signed_version_whose_network_does_not_match_its_manifest_does_not_stop_the_daemon(running, signing_key, tmp_path):
+    import json
+
+    from engines.signing import sign_version
+
+    daemon, store = running
+    v2 = republish(store, signing_key, make_current=False)
+    manifest = json.loads((store.root / v2 / "manifest.json").read_text())
+    manifest["classes"] = manifest["classes"] + ["Not_in_the_network"]
+    (store.root / v2 / "manifest.json").write_text(json.dumps(manifest))
+    sign_version(store.root / v2, signing_key)  # a trusted key signed it: only loading the network can tell
+    (store.root / "current").write_text(v2 + "\n")
+    again, t = _restarted(tmp_path, store.root, signing_key, daemon)
+    try:
+        assert again.classifier.engine.engine_version == "v0001"
+        assert "outputs but the manifest lists" in again._refused_at_start[v2]
+    finally:
+        again.request_stop()
+        t.join(30)

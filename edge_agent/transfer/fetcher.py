@@ -173,6 +173,8 @@ class EngineFetcher(Worker):
             files = [(str(n), int(m["bytes"]), str(m["sha256"])) for n, m in doc["files"].items()]
             if any("/" in n or n.startswith(".") or n in (MANIFEST, SIGNATURE_FILE) for n, _, _ in files):
                 raise ValueError("the manifest names a file outside the version")
+            if any(not 0 <= size <= MAX_FILE_BYTES for _, size, _ in files):
+                raise ValueError(f"a file is larger than {MAX_FILE_BYTES >> 20} MiB, the most a version's file may be")
         except (ValueError, KeyError, TypeError) as exc:
             self._refuse(sock, version, signature, f"{version}: unusable manifest ({exc})")
             return

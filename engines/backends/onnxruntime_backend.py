@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, expected_input, register
 from engines.cache import cache_dir
-from engines.store import StoreVersion
+from engines.store import StoreError, StoreVersion
 
 if TYPE_CHECKING:
     import numpy as np
@@ -151,7 +151,10 @@ class OnnxRuntimeEngine(Engine):
         providers = provider_chain(config, self._precision, version)
         self._max_batch = config.trt_max_batch if config.provider == "tensorrt" else None
         try:
-            self._session = ort.InferenceSession(str(model), sess_options=opts, providers=providers)
+            # From the bytes whose sha256 was just checked, not the path: a file replaced after the check is never loaded.
+            self._session = ort.InferenceSession(version.read_verified(model.name), sess_options=opts, providers=providers)
+        except StoreError:
+            raise
         except Exception as exc:  # onnxruntime raises its own exception types
             raise EngineError(f"{version.name}: ONNX Runtime could not load {model.name}: {exc}") from exc
         active = self._session.get_providers()

@@ -13,6 +13,7 @@ listed in docs/jetson-api.md with the tests that cover them.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Literal
 
 import structlog
@@ -20,7 +21,7 @@ from pydantic import Field, model_validator
 
 from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, register
 from engines.cache import cache_dir
-from engines.store import StoreVersion, sha256_file
+from engines.store import StoreVersion
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,11 +95,11 @@ class TensorRTEngine(Engine):
         self._ctx.push()
         self._dev_in = self._dev_out = self._stream = self._context = self._engine = None
         try:
-            onnx = version.artifact("onnx")
+            onnx = version.read_verified(version.artifact("onnx").name)  # read once: the bytes hashed are the bytes built
             spec = version.manifest["input"]
             shape = tuple(int(v) for v in spec["shape"][1:])
             key = PlanKey(
-                onnx_sha256=sha256_file(onnx),
+                onnx_sha256=hashlib.sha256(onnx).hexdigest(),
                 tensorrt_version=trt.__version__,
                 gpu_name=device.name(),
                 precision=config.precision,

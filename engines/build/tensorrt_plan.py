@@ -84,7 +84,7 @@ def load_or_build(
 
 
 def build_plan(
-    onnx_path: str | Path,
+    onnx_path: str | Path | bytes,
     input_name: str,
     input_shape: tuple[int, int, int],
     precision: str = "fp16",
@@ -93,7 +93,8 @@ def build_plan(
     max_batch: int = 32,
     workspace_mb: int = 1024,
 ) -> bytes:
-    """Build a serialised TensorRT plan from ONNX (TensorRT 8.5-8.6 or 10.x Python API).
+    """Build a serialised TensorRT plan from ONNX (a file, or its bytes already read and verified: the bytes
+    hashed are the bytes built), with the TensorRT 8.5-8.6 or 10.x Python API.
 
     TensorRT 8 parses ONNX only into an explicit-batch network (the flag must be given); in 10 every network is
     explicit-batch and the flag is deprecated. ``platform_has_fast_fp16`` is consulted before 10 only (deprecated in
@@ -110,9 +111,10 @@ def build_plan(
     flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse(Path(onnx_path).read_bytes()):
+    model = onnx_path if isinstance(onnx_path, bytes) else Path(onnx_path).read_bytes()
+    if not parser.parse(model):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise PlanBuildError(f"TensorRT could not parse {onnx_path}: {errors}")
+        raise PlanBuildError(f"TensorRT could not parse {'the ONNX model' if isinstance(onnx_path, bytes) else onnx_path}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     if precision == "fp16":

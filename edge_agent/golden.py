@@ -1,0 +1,44 @@
+"""The golden photos: recent confident photos and the class the engine in service gave them, kept across restarts.
+
+A new engine version must agree with them before it serves (:func:`edge_agent.hotswap.verify_candidate`), at a hot
+swap and at start-up alike, so a version whose class list does not match its network (reversed, swapped, renamed)
+is refused however it arrives. ``<state>/golden.npz`` holds the photos (float16), their class indices and the
+version that labelled them.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from engines.durable import atomic_write
+
+__all__ = ["Golden", "load_golden", "save_golden"]
+
+#: (network input, class index of the version that labelled it)
+Golden = list[tuple[np.ndarray, int]]
+
+
+def save_golden(path: Path, golden: Golden, version: str) -> None:
+    """Write ``golden`` labelled by ``version`` (raises OSError: a full disk only means the next start checks less)."""
+    buf = io.BytesIO()
+    np.savez(buf, x=np.stack([g for g, _ in golden]).astype(np.float16), y=np.array([c for _, c in golden], np.int64),
+             version=np.array(version))
+    atomic_write(path, buf.getvalue(), durable=False)
+
+
+def load_golden(path: Path, size: int | None = None) -> tuple[str, Golden] | None:
+    """The version and photos in ``path`` (None if there is none), photos ``size`` pixels square if given. Raises
+    ValueError for a truncated or malformed file."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            version, x, y = str(f["version"]), f["x"].astype(np.float32), f["y"]
+    except Exception as exc:  # noqa: BLE001 - zip, pickle and key errors alike: a file not to trust
+        raise ValueError(f"{path}: unreadable ({exc!r})") from None
+    if x.ndim != 4 or x.shape[1] != 3 or (size is not None and x.shape[2:] != (size, size)) or len(x) != len(y) or y.ndim != 1 or (y < 0).any():
+        raise ValueError(f"{path}: shape {x.shape} / {len(y)} labels")
+    return version, list(zip(x, (int(c) for c in y)))
