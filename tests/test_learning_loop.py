@@ -111,10 +111,15 @@ def test_trainer_sigkill_during_training_and_publishing(plantvillage, tmp_path, 
     store = EngineStore(state / "engines")
     cur = store.open()  # verifies every file: complete, never half-written
     assert cur.name in (SHIPPED, SHIPPED_NEXT)
-    t = TrainerProc(state, cfg).start()  # resumes from its stored samples
+    t = TrainerProc(state, cfg).start()  # resumes from its stored samples, or finds them published
     try:
-        wait_until(lambda: store.current() != SHIPPED and t.logged("retrain_published"), 240, "publish after restart")
+        wait_until(lambda: store.current() != SHIPPED and (t.logged("retrain_published") or t.logged("pending_samples_settled")),
+                   240, "published, before or after the restart")
+        time.sleep(2)
+        assert store.versions()[-1] == SHIPPED_NEXT  # one version from one set of samples, however the kill fell
         assert store.open().manifest["training"]["samples"]["expert"] == 25
+        left = SampleStore(state / "trainer")
+        assert left.counts()["new"] == 0 and {s.generation for s in left.all()} == {SHIPPED_NEXT}
     finally:
         t.terminate()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -365,3 +366,31 @@ def test_no_temperature_is_fitted_where_the_model_is_never_wrong():
     y_wrong = y.clone()
     y_wrong[:5] = (y_wrong[:5] + 1) % 3  # five mistakes: fitted
     assert calibrate(model, x, y_wrong).skipped is None
+
+
+def test_samples_a_stopped_publish_left_pending_are_settled_on_the_next_start(tmp_path, tiny_store):
+    """Marked pending (with a tag the manifest records) before the publish: a trainer killed after the version became
+    visible finds them used by it; killed before, finds them new again. Never the same samples in two versions."""
+    import shutil
+
+    from trainer.retrain import settle_published
+    from trainer.samples import SampleStore
+
+    shutil.copytree(tiny_store, tmp_path / "store")
+    store = EngineStore(tmp_path / "store")
+    samples = SampleStore(tmp_path / "trainer")
+    ids = []
+    for i in range(4):
+        data = f"photo {i}".encode()
+        ids.append(hashlib.sha256(data).hexdigest())
+        samples.add({"id": ids[-1], "ext": ".jpg", "kind": "expert", "label": "A", "confidence": 1.0, "engine_version": "v0001"}, data)
+    samples.mark_pending(ids[:2], "v0001-1")  # this publish went through before the kill
+    samples.mark_pending(ids[2:], "v0001-2")  # this one did not
+    v1 = store.open()
+    manifest = {k: v for k, v in v1.manifest.items() if k not in ("version", "files", "created", "parent")}
+    published = store.publish({n: v1.path / n for n in v1.manifest["files"]}, {**manifest, "training": {"sample_batch": "v0001-1"}})
+    assert samples.counts()["new"] == 0  # pending samples are not new: nothing retrains them meanwhile
+    assert settle_published(store, samples) == {"v0001-1": published.name, "v0001-2": None}
+    gens = {s.id: s.generation for s in samples.all()}
+    assert [gens[i] for i in ids] == [published.name, published.name, None, None]
+    assert settle_published(store, samples) == {}  # settled once

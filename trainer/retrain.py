@@ -34,7 +34,7 @@ from trainer.step import choose_step
 from trainer.stop import check
 from trainer.strategies.base import Generation, get_strategy
 
-__all__ = ["RetrainResult", "retrain", "balance_pseudo"]
+__all__ = ["RetrainResult", "retrain", "balance_pseudo", "settle_published"]
 
 
 @dataclass
@@ -106,6 +106,18 @@ def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
     for c, n in zip(classes.tolist(), counts.tolist()):
         factor[pseudo & (labels == c)] = min(1.0, float(median) / n)
     return factor
+
+
+def settle_published(store: EngineStore, samples: SampleStore) -> dict[str, str | None]:
+    """Samples left pending by a publish that was stopped: marked with the version whose manifest records their tag,
+    or new again where none does (:meth:`trainer.samples.SampleStore.settle_pending`)."""
+    def published_with(tag: str) -> str | None:
+        for name in reversed(store.versions()):
+            if store.read_manifest(name).get("training", {}).get("sample_batch") == tag:
+                return name
+        return None
+
+    return samples.settle_pending(published_with)
 
 
 def _root(store: EngineStore, version) -> str:
@@ -192,13 +204,21 @@ def retrain(
     calib = train.x if len(train) else received.x
     truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos
     verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC) if len(val) >= 10 and truth.any() else None
-    version = publish_model(
-        candidate, classes, store.root, metrics=metrics, training=training, parent=current.name,
-        calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
-        held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop, signing_key=signing_key, verdict=verdict,
-    )
-    strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
+    # The samples are marked pending with a tag the manifest records, before the publish makes the version visible:
+    # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
+    tag = f"{current.name}-{time.time_ns()}"
+    samples.mark_pending(ids, tag)
+    try:
+        version = publish_model(
+            candidate, classes, store.root, metrics=metrics, training={**training, "sample_batch": tag}, parent=current.name,
+            calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
+            held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop, signing_key=signing_key, verdict=verdict,
+        )
+    except BaseException:
+        settle_published(store, samples)
+        raise
     samples.mark_used(ids, version.name)
+    strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
     log.info("retrain_published", engine_version=version.name, parent=current.name, seconds=round(time.perf_counter() - t0, 1))
     return RetrainResult(version.name, decision.reason, metrics, len(ids), time.perf_counter() - t0)

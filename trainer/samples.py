@@ -10,12 +10,13 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.durable import atomic_write
 
-__all__ = ["SampleStore", "Sample"]
+__all__ = ["PENDING", "SampleStore", "Sample"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (
@@ -42,6 +43,10 @@ class Sample:
     file: str
     received: float
     generation: str | None
+
+
+#: The generation of samples a publish is under way with (``pending:<tag>``); see :meth:`SampleStore.settle_pending`.
+PENDING = "pending:"
 
 
 class SampleStore:
@@ -87,6 +92,24 @@ class SampleStore:
     def mark_used(self, ids: list[str], generation: str) -> None:
         with self._lock:
             self._db.executemany("UPDATE samples SET generation = ? WHERE id = ?", [(generation, i) for i in ids])
+
+    def mark_pending(self, ids: list[str], tag: str) -> None:
+        """Mark ``ids`` as being published with ``tag`` (written into that version's manifest) before the publish, so
+        a trainer stopped at any point afterwards can tell, on its next start, whether they were (:meth:`settle_pending`)."""
+        self.mark_used(ids, PENDING + tag)
+
+    def settle_pending(self, published_with: Callable[[str], str | None]) -> dict[str, str | None]:
+        """Samples a stopped publish left pending: marked with the version published with their tag
+        (``published_with(tag)``), or new again where none was. Returns tag -> version (None: made new again)."""
+        with self._lock:
+            tags = [g[len(PENDING):] for (g,) in self._db.execute(
+                "SELECT DISTINCT generation FROM samples WHERE generation LIKE ?", (PENDING + "%",)).fetchall()]
+        settled = {}
+        for tag in tags:
+            settled[tag] = published_with(tag)
+            with self._lock:
+                self._db.execute("UPDATE samples SET generation = ? WHERE generation = ?", (settled[tag], PENDING + tag))
+        return settled
 
     def counts(self) -> dict:
         with self._lock:

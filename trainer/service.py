@@ -26,7 +26,7 @@ from engines.signing import load_or_create_key
 from trainer.delivery import DeliverySettings, EngineServer
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver, ReceiverSettings
-from trainer.retrain import RetrainResult, balance_pseudo, retrain
+from trainer.retrain import RetrainResult, balance_pseudo, retrain, settle_published
 from trainer.samples import SampleStore
 from trainer.stop import Stopped
 
@@ -44,6 +44,8 @@ class TrainerService:
         self.signing_key = load_or_create_key(trainer_key_path(cfg, state_dir))  # daemons on this state dir trust it
         self.store = resolve_store(cfg, state_dir)
         self._sign_unsigned_versions()
+        for tag, version in settle_published(self.store, self.samples).items():  # a publish stopped last time
+            self.log.info("pending_samples_settled", tag=tag, published=version or "no: the samples are new again")
         endpoint, announce, delivery = handoff_endpoints(cfg, state_dir)
         h = cfg.handoff
         self.receiver = Receiver(
