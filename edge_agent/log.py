@@ -7,7 +7,7 @@ import sys
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger"]
+__all__ = ["configure_logging", "get_logger", "display_name"]
 
 
 class _Stderr:
@@ -54,3 +54,11 @@ def get_logger(name: str | None = None, **context) -> structlog.typing.Filtering
     The logger is resolved against the configuration in force now (call :func:`configure_logging`
     first), so a call on the per-photo path costs no lookup, and nothing when its level is filtered."""
     return structlog.get_logger(name).bind(**context)
+
+
+def display_name(path) -> str:
+    """``path`` as text any log line, JSON document or database takes: file-name bytes that are not UTF-8 (a Latin-1
+    name from a camera card) shown as ``\\xNN`` instead of failing to encode."""
+    import os
+
+    return os.fsencode(path).decode("utf-8", "backslashreplace")

@@ -30,7 +30,7 @@ import numpy as np
 from edge_agent.classifier import Classifier, Prediction
 from edge_agent.golden import load_golden, save_golden
 from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
-from edge_agent.log import get_logger
+from edge_agent.log import display_name, get_logger
 from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.worker import spawn
@@ -63,7 +63,8 @@ class Job:
 
     @property
     def name(self) -> str:
-        return str(self.path) if self.path is not None else self.source
+        """The photo's path as text a log or the database takes (non-UTF-8 bytes escaped), or its source."""
+        return display_name(self.path) if self.path is not None else self.source
 
 
 @dataclass
@@ -423,7 +424,7 @@ class Pipeline:
             p = j.prediction
             j.timings["total"] = round((now - j.detected) * 1000, 3)
             results.append(
-                ResultRow(j.sha256, j.photo_id, str(j.path) if j.path else None, j.source, p.label, p.confidence,
+                ResultRow(j.sha256, j.photo_id, j.name if j.path else None, j.source, p.label, p.confidence,
                           [list(t) for t in p.top_k], p.engine_version, j.timings, now, p.verdict)
             )
         inserted = self.db.commit(results, entries) if results or entries else []
@@ -474,13 +475,15 @@ class Pipeline:
                 move_out(job.path, day_dir)
         except OSError as exc:  # the photo stays in the inbox; a rescan finds it again (as a duplicate: no second result)
             self._day_dir = None  # someone may have removed processed/: make it again next time
-            self.last_errors.append({"time": time.time(), "error": f"could not move {job.path}: {exc}"})
+            self.last_errors.append({"time": time.time(), "error": f"could not move {job.name}: {exc}"})
             self.log.error("finalize_failed", photo=job.name, error=str(exc))
 
     def _quarantine(self, job: Job) -> None:
         moved_to = None
         try:
             name = job.path.name if job.path is not None else f"{job.source.replace('/', '_')}-{int(job.detected)}{job.ext}"
+            if len(os.fsencode(name)) > 180:  # room for "-N" and ".reason.json" under the 255-byte name limit
+                name = os.fsdecode(os.fsencode(name)[:120]) + f"-{job.photo_id if job.sha256 else int(job.detected)}{Path(name).suffix[:10]}"
             dst = _free_name(self.quarantine_dir / name)
             dst.parent.mkdir(parents=True, exist_ok=True)
             reason = {"photo": job.name, "reason": job.error, "source": job.source, "time": time.time()}

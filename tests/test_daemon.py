@@ -324,3 +324,34 @@ def test_a_phone_heic_and_a_scanner_tiff_get_results_and_an_unknown_file_is_coun
                                    capture_output=True, text=True, cwd=REPO).stdout)
     assert st["folder"]["unsupported"] == {".xyz": 1} and st["quarantined"] == 0
     assert d.terminate() == 0
+
+
+def test_names_that_are_not_utf8_or_too_long_and_a_symlink_loop_cost_no_photo(tmp_path):
+    """A Latin-1 file name (a camera card), a 250-byte name of a file that is no image, and a symlink loop in the
+    inbox: the photo gets its result, the others are quarantined once (moved out, with the reason), and photos
+    dropped afterwards still get results."""
+    import os
+
+    from .daemon_helpers import REPO
+
+    photo = (REPO / "samples" / "apple_scab.jpg").read_bytes()
+    d = DaemonProc(tmp_path / "state").start()
+    d.wait_ready()
+    inbox = os.fsencode(d.inbox)
+    with open(inbox + b"/feuille-\xe9t\xe9.jpg", "wb") as f:  # Latin-1: not valid UTF-8
+        f.write(photo)
+    long_name = "x" * 246 + ".jpg"
+    (d.inbox / long_name).write_bytes(b"not an image at all, and a very long name")
+    os.symlink(d.inbox / "loop-b.jpg", d.inbox / "loop-a.jpg")
+    os.symlink(d.inbox / "loop-a.jpg", d.inbox / "loop-b.jpg")
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 60, "the Latin-1 photo's result")
+    (d.inbox / "after.jpg").write_bytes((REPO / "samples" / "corn_common_rust.jpg").read_bytes())
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 2, 60, "a later photo's result")
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM quarantine")[0][0] >= 3, 30, "three quarantined (two links, one file)")
+    time.sleep(2)  # rescans: nothing is quarantined twice
+    rows = db_rows(d.state, "SELECT path, moved_to FROM quarantine")
+    assert len(rows) == 3 and all(moved for _, moved in rows), rows
+    paths = [p for (p,) in db_rows(d.state, "SELECT path FROM results")]
+    assert any("\\xe9t\\xe9" in p for p in paths)
+    assert not (d.inbox / long_name).exists() and not os.path.lexists(d.inbox / "loop-a.jpg")
+    assert d.terminate() == 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.imageheader import IMAGE_EXTENSIONS
-from edge_agent.log import get_logger
+from edge_agent.log import display_name, get_logger
 from edge_agent.worker import Worker, name_threads
 
 __all__ = ["FolderSource", "FolderSettings", "Arrival"]
@@ -103,7 +103,7 @@ class FolderSource(Worker):
             ext = path.suffix.lower() or "(none)"
             self.unsupported[ext] = self.unsupported.get(ext, 0) + 1
             self.counters["ignored"] += 1
-        self.log.warning("file_ignored", photo=str(path), extension=ext,
+        self.log.warning("file_ignored", photo=display_name(path), extension=ext,
                          reason=f"not a format the daemon reads (it takes {', '.join(self.settings.extensions)}); left in the inbox")
 
     # ---- candidates ---------------------------------------------------------------
@@ -167,9 +167,11 @@ class FolderSource(Worker):
         for path, p in items:
             try:
                 st = os.lstat(path)
-            except FileNotFoundError:
+            except OSError as exc:  # gone; or unreadable (a name too long, no permission): dropped, said once
                 with self._lock:
                     self._pending.pop(path, None)
+                if not isinstance(exc, FileNotFoundError):
+                    self.log.warning("inbox_entry_unreadable", file=display_name(path), error=exc.strerror)
                 continue
             refused = None
             link = stat.S_ISLNK(st.st_mode)
@@ -182,6 +184,8 @@ class FolderSource(Worker):
                         st = target.stat()
                     except FileNotFoundError:
                         refused = "dangling symlink"
+                    except OSError as exc:  # a symlink loop (ELOOP), a target it may not read
+                        refused = f"unusable symlink ({exc.strerror})"
             if refused is None and not link and not stat.S_ISREG(st.st_mode):
                 with self._lock:
                     self._pending.pop(path, None)
