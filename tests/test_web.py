@@ -129,7 +129,7 @@ def test_photos_filter_by_class_and_day_and_page(state):
     assert c.get("/photos", params={"from": "2001-01-01", "to": "2001-01-02"}).text.count('class="card"') == 0
     today = time.strftime("%Y-%m-%d")
     assert c.get("/photos", params={"from": today, "to": today}).text.count('class="card"') == 6
-    assert c.get("/photos", params={"from": "not-a-date", "page": "x"}).status_code == 200  # bad filters are ignored
+    assert c.get("/photos", params={"from": "not-a-date", "page": "x"}).status_code == 400  # a bad filter says why
 
 
 def test_a_page_of_a_fresh_state_directory_says_there_is_nothing_yet(tmp_path):
@@ -501,3 +501,13 @@ def test_an_unsure_or_unknown_answer_reads_as_such_not_as_a_disease_name(state):
     assert "Not a plant I know" in photo and "Best guess:" in photo and '<dd id="verdict">unknown</dd>' in photo
     old = c.get(f"/photo/{sha_of(state, 'p3')}").text  # a result stored before verdicts existed
     assert "not recorded (before verdicts)" in old and "Best guess" not in old
+
+
+def test_query_parameters_out_of_range_are_a_400_with_the_reason_not_a_500(state):
+    c = client(state)
+    for query, why in (("page=99999999999999999999", "not a number"), ("page=-3", "not a number"), ("to=9999-12-31", "9999-12-31"),
+                       ("from=yesterday", "not a day"), ("from=0001-01-01", "0001-01-01")):
+        r = c.get(f"/photos?{query}")
+        assert r.status_code == 400 and why in r.text, query
+    assert c.get("/review?i=99999999999999999999").status_code == 400
+    assert c.get("/photos?page=2&from=2026-01-01&to=2026-12-31").status_code == 200

@@ -88,18 +88,30 @@ def shown_name(row) -> str:
     return Path(row.path).name if row.path else row.source
 
 
+class BadParameter(ValueError):
+    """A query or form parameter out of its range: answered 400 with the reason."""
+
+
 def _day(text: str | None) -> date | None:
-    try:
-        return date.fromisoformat(text) if text else None
-    except ValueError:
+    """A day from ``YYYY-MM-DD`` between 2000 and 2999 (None when empty); raises :class:`BadParameter`."""
+    if not text:
         return None
-
-
-def _int(text: str | None, default: int = 0) -> int:
     try:
-        return max(0, int(text)) if text else default
+        day = date.fromisoformat(text[:10])
     except ValueError:
+        raise BadParameter(f"not a day (YYYY-MM-DD): {text[:20]!r}") from None
+    if not 2000 <= day.year <= 2999:
+        raise BadParameter(f"no photos can be from {day.isoformat()}")
+    return day
+
+
+def _int(text: str | None, default: int = 0, hi: int = 1_000_000) -> int:
+    """A whole number in 0..``hi`` (``default`` when empty); raises :class:`BadParameter`."""
+    if not text:
         return default
+    if len(text) > 12 or not text.strip().isdigit() or int(text) > hi:
+        raise BadParameter(f"not a number from 0 to {hi}: {text[:20]!r}")
+    return int(text)
 
 
 def create_app(ctx: WebContext) -> Starlette:
@@ -313,4 +325,8 @@ def create_app(ctx: WebContext) -> Starlette:
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     tokens = TokenFile(ctx.state.root / "web" / "token.sha256")
-    return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind))])
+    async def bad_parameter(request: Request, exc: BadParameter) -> Response:
+        return problem(request, 400, str(exc))
+
+    return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind))],
+                     exception_handlers={BadParameter: bad_parameter})
