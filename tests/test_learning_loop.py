@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -179,6 +180,15 @@ def test_sigterm_during_a_retrain_exits_within_5_s_and_keeps_every_sample(plantv
     cfg = {"trainer": {"retrain_threshold": 20, "epochs": 200, "int8": False, "nice": 0}}
     t = TrainerProc(state, cfg).start()
     wait_until(lambda: t.logged("generation_epoch"), 240, "training under way")
+    status = state / "trainer" / "status.json"
+
+    def retraining() -> dict:
+        return json.loads(status.read_text()).get("retraining") or {}
+
+    wait_until(lambda: retraining().get("epoch", 0) >= 1, 20, "status says which epoch")  # fresh while it trains
+    st = json.loads(status.read_text())
+    assert st["state"] == "training" and st["retraining"]["phase"] == "training" and st["retraining"]["epochs"] == 200
+    assert time.time() - st["updated"] < 10  # never "not running" while it works
     t0 = time.monotonic()
     t.proc.send_signal(signal.SIGTERM)
     rc = t.proc.wait(30)

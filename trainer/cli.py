@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 __all__ = ["main"]
@@ -131,6 +132,10 @@ def _status(args: argparse.Namespace) -> int:
     print(f"trainer: {'running, ' + st['state'] if live else 'not running'}; samples {st['samples']}; "
           f"threshold {st['retrain_threshold']}; last retrain: "
           + (f"{'published ' + last['published'] if last['published'] else 'not published'}: {last['reason']}" if last else "none"))
+    r = st.get("retraining")
+    if live and r:
+        epoch = f" epoch {r['epoch']} of {r['epochs']}" if "epoch" in r else ""
+        print(f"retraining: {r['phase']}{epoch} ({time.time() - r['since']:.0f} s in)")
     step = (last or {}).get("metrics", {}).get("step")
     if step:
         what = ("the weights kept, only the BatchNorm statistics recomputed on the photos seen" if step["step"] == 0

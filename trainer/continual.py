@@ -52,7 +52,7 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 
 def train_generation(
     previous: LeafNet, data: Generation, strategy: Strategy, settings: ContinualSettings, num_classes: int | None = None,
-    should_stop=lambda: False, batchnorm: bool = True, bn_x: torch.Tensor | None = None,
+    should_stop=lambda: False, batchnorm: bool = True, bn_x: torch.Tensor | None = None, on_epoch=lambda epoch, epochs: None,
 ) -> tuple[LeafNet, Generation]:
     """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more). Its BatchNorm
     statistics are recomputed on ``bn_x`` (default: the data) unless ``batchnorm`` is false (the caller does it:
@@ -118,6 +118,7 @@ def train_generation(
             check(should_stop, "while training")
         if swa is not None and epoch >= settings.epochs - swa_epochs:
             swa.update_parameters(model)
+        on_epoch(epoch + 1, settings.epochs)
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
     if swa is not None:
         model = copy.deepcopy(swa.module)

@@ -127,10 +127,11 @@ def _root(store: EngineStore, version) -> str:
 
 def retrain(
     cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_dir: Path, announce=lambda v: None,
-    should_stop=lambda: False, signing_key=None,
+    should_stop=lambda: False, signing_key=None, progress=lambda phase, **info: None,
 ) -> RetrainResult:
     """Run one retrain. Raises :class:`trainer.stop.Stopped` (nothing marked, nothing published) once
-    ``should_stop()`` is true. ``signing_key`` signs the published version (daemons serve only signed ones)."""
+    ``should_stop()`` is true. ``signing_key`` signs the published version (daemons serve only signed ones).
+    ``progress(phase, **info)`` is told each step (for the trainer's status while it works)."""
     t0 = time.perf_counter()
     tc = cfg.trainer
     log = get_logger("trainer.retrain", strategy=tc.strategy)
@@ -139,6 +140,7 @@ def retrain(
     previous = load_weights(current)
     classes = list(current.classes)
     sources = labelled_sources(cfg, classes)
+    progress("reading photos")
     labelled = load_labelled(sources, should_stop)
     received, ids, new_classes = _received(samples, classes, tc.expert_weight, labelled.gate_ids, should_stop)
     train, val = labelled.train, labelled.val
@@ -174,12 +176,14 @@ def retrain(
     settings = ContinualSettings(tc.epochs, tc.batch_size, lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
                                  distill=tc.distill, distill_temperature=tc.lwf_temperature, interpolate=interpolate)
     candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop,
-                                       batchnorm=learning)
+                                       batchnorm=learning, on_epoch=lambda e, n: progress("training", epoch=e, epochs=n))
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
+        progress("choosing the step")
         candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed)
         log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
+    progress("gate")
     root_name = _root(store, current)
     root = previous if root_name == current.name else load_weights(store.open(root_name))
     decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root)
@@ -206,6 +210,7 @@ def retrain(
     verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC) if len(val) >= 10 and truth.any() else None
     # The samples are marked pending with a tag the manifest records, before the publish makes the version visible:
     # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
+    progress("publishing")
     tag = f"{current.name}-{time.time_ns()}"
     samples.mark_pending(ids, tag)
     try:

@@ -62,6 +62,7 @@ class TrainerService:
         self.blocked: str | None = None  # why no retrain can be published, if none can
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
+        self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
 
     def _sign_unsigned_versions(self) -> None:
         """Versions in this trainer's store from before versions were signed (its own, or a model the user trained):
@@ -116,6 +117,7 @@ class TrainerService:
             "receiver": dict(self.receiver.counters), "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)), "transfer": dict(self.server.counters),
             "last_retrain": asdict(self.last) if self.last else None, "store": str(self.store.root),
+            "retraining": self.retraining,
         }
 
     def _classes(self) -> list[str]:
@@ -129,6 +131,17 @@ class TrainerService:
         """A version was published: wake the daemons on this machine and offer it to every connected daemon."""
         self.receiver.announce(version)
         self.server.announce(version)
+
+    def _progress(self, phase: str, **info) -> None:
+        self.retraining = {"phase": phase, "since": (self.retraining or {}).get("since", time.time()), **info}
+
+    def _status_while_training(self, done: threading.Event) -> None:
+        """Status stays fresh while a retrain runs (its phase and epoch): the trainer is "training", never "down"."""
+        while not done.wait(2.0):
+            try:
+                self._write_status()
+            except Exception as exc:  # noqa: BLE001 - a full disk: the next write may work; the retrain goes on
+                self.log.warning("status_write_failed", error=repr(exc))
 
     def _write_status(self) -> None:
         atomic_write(self.status_file, (json.dumps(self.status(), indent=2) + "\n").encode(), durable=False)
@@ -150,9 +163,12 @@ class TrainerService:
         self.state = "training"
         self._write_status()
         self.log.info("retrain_due", **self.samples.counts())
+        self.retraining = {"phase": "starting", "since": time.time()}
+        heartbeat = threading.Event()
+        threading.Thread(target=self._status_while_training, args=(heartbeat,), name="trainer-status", daemon=True).start()
         try:
             self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self._announce,
-                                should_stop=self._stop.is_set, signing_key=self.signing_key)
+                                should_stop=self._stop.is_set, signing_key=self.signing_key, progress=self._progress)
         except Stopped as exc:
             self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
         except Exception as exc:
@@ -161,7 +177,9 @@ class TrainerService:
             self.log.error("retrain_failed", error=repr(exc), next="waits for new samples")
             self.last = RetrainResult(None, f"failed: {exc!r}", {}, 0, 0.0)
         finally:
+            heartbeat.set()
             self.state = "idle"
+            self.retraining = None
 
     def run(self) -> int:
         if self.cfg.trainer.nice:
