@@ -164,7 +164,7 @@ def _status(args: argparse.Namespace) -> int:
     live, running = live_status(state.status, max(10.0, 5 * cfg.daemon.status_interval_s))
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
     for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox", "handoff", "hotswap",
-                "transfer"):
+                "transfer", "ledger"):
         if key in live:
             out[key] = live[key]
     try:
@@ -194,6 +194,8 @@ def _status(args: argparse.Namespace) -> int:
     if unsupported:
         print("ignored (not a format the daemon reads; left in the inbox): "
               + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items())))
+    if out.get("ledger"):
+        print(f"LEDGER: {out['ledger']}")
     if out["pinned"]:
         pin = out["pinned"]
         print(f"PINNED to {pin['version']} by a rollback from {pin['from']} ({pin.get('at')}): offers of {pin['from']} or older "
@@ -464,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sqlite3
+
     from edge_agent.config import ConfigError
     from engines.base import EngineError
     from engines.store import StoreError
@@ -473,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, StoreError, EngineError, FileNotFoundError) as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
+        return 2
+    except sqlite3.DatabaseError as exc:  # a truncated ledger (a failing SD card): one line, not a traceback
+        print(f"edge-agent: the results database is unreadable ({exc}); the daemon keeps it aside and starts a new "
+              "one at its next start (edge-agent status then says so)", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -104,7 +104,10 @@ class Daemon:
         self.classifier = self._make_classifier(engine)
         self.log = self.log.bind(engine_version=engine.engine_version)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
-        self.db = ResultsDB(self.state.db)
+        processed = self.state.root / "processed"
+        self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=processed.is_dir() and any(processed.iterdir()))
+        if self.ledger_note:
+            self.log.error("ledger_set_aside", note=self.ledger_note)
         self.spool = PhotoSpool(self.state.queue, cfg.labels.max_queue_mb << 20, self.db.queue_bytes())
         p = cfg.pipeline
         self.pipeline = Pipeline(
@@ -223,6 +226,7 @@ class Daemon:
             "queue_depths": p.depths(),
             "label_queue": {"bytes": self.spool.used_bytes, "quota_bytes": self.spool.max_bytes, "full": p.queue_full},
             "last_errors": list(p.last_errors),
+            "ledger": self.ledger_note,
         }
         if self.folder:
             out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported)}

@@ -10,6 +10,7 @@ together.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -121,13 +122,49 @@ class ResultsDB:
             self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")  # a committed result survives a power cut
-            self._db.executescript(SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
+            self._db = self._open_writable()
+
+    def _open_writable(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")  # a committed result survives a power cut
+            db.executescript(SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
             if "verdict" not in columns:  # a ledger from before verdicts: its rows keep NULL
-                self._db.execute("ALTER TABLE results ADD COLUMN verdict TEXT")
+                db.execute("ALTER TABLE results ADD COLUMN verdict TEXT")
+            check = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a truncated file can pass the steps above
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {check}")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    @classmethod
+    def open_or_recover(cls, path: str | Path, expected: bool = False) -> tuple["ResultsDB", str | None]:
+        """The ledger at ``path``; one that SQLite cannot read (truncated, as after a failing SD card), or an empty
+        file where a ledger was ``expected`` (photos were processed), is moved aside (kept, with its -wal and -shm)
+        and a new one made. Returns the ledger and what happened (None when nothing did), for ``status``."""
+        path = Path(path)
+        existed = path.exists()
+        try:
+            db = cls(path)
+            if not (expected and existed and db.counts()["processed"] == 0):
+                return db, None
+            db.close()
+            why = "empty, although photos were processed"
+        except sqlite3.DatabaseError as exc:
+            why = f"unreadable ({exc})"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(f"{path}{suffix}")
+            if src.exists():
+                os.replace(src, Path(f"{aside}{suffix}"))
+        note = (f"{path.name} was {why}: kept as {aside.name}, a new ledger was started; results from before are "
+                "not listed (their photos stay in processed/)")
+        return cls(path), note
 
     def close(self) -> None:
         with self._lock:
@@ -158,9 +195,18 @@ class ResultsDB:
                     )
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                self._rollback()
                 raise
         return inserted
+
+    def _rollback(self) -> None:
+        """Roll back if a transaction is still open: SQLite has already rolled back after some errors (a full disk),
+        and a ROLLBACK then would replace the error that says why with "no transaction is active"."""
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
 
     def add_quarantine(self, path: str, moved_to: str | None, reason: str, source: str) -> None:
         with self._lock:
@@ -182,7 +228,7 @@ class ResultsDB:
                 cur.execute("INSERT OR REPLACE INTO expert_labels (sha256, label, labelled) VALUES (?,?,?)", (sha256, label, time.time()))
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                self._rollback()
                 raise
 
     def expert_labels_since(self, since: float) -> int:

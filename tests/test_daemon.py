@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 
 from .daemon_helpers import DaemonProc, NotifySocket, db_rows, wait_until
 from .conftest import trusted_store
@@ -354,4 +355,41 @@ def test_names_that_are_not_utf8_or_too_long_and_a_symlink_loop_cost_no_photo(tm
     paths = [p for (p,) in db_rows(d.state, "SELECT path FROM results")]
     assert any("\\xe9t\\xe9" in p for p in paths)
     assert not (d.inbox / long_name).exists() and not os.path.lexists(d.inbox / "loop-a.jpg")
+    assert d.terminate() == 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied"])
+def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_path, damage):
+    """A results.sqlite cut short (a failing SD card) or left empty although photos were processed: the daemon starts,
+    keeps the old file beside the new one, says so in status, and photos get results again."""
+    import subprocess
+    import sys
+
+    from .daemon_helpers import REPO
+
+    d = DaemonProc(tmp_path / "state").start()
+    d.wait_ready()
+    (d.inbox / "a.jpg").write_bytes((REPO / "samples" / "apple_scab.jpg").read_bytes())
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 60, "a result")
+    assert d.terminate() == 0
+    ledger = d.state / "results.sqlite"
+    import sqlite3
+
+    with sqlite3.connect(ledger) as con:  # the rows into the main file, as after any checkpoint
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = ledger.stat().st_size
+    ledger.write_bytes(ledger.read_bytes()[: size // 3] if damage == "truncated" else b"")
+    for extra in ("results.sqlite-wal", "results.sqlite-shm"):
+        (d.state / extra).unlink(missing_ok=True)
+    if damage == "truncated":
+        out = subprocess.run([sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
+        assert out.returncode == 2 and "unreadable" in out.stderr and "Traceback" not in out.stderr
+    d.start()
+    d.wait_ready()
+    assert list(d.state.glob("results.sqlite.corrupt-*"))  # kept, not deleted
+    (d.inbox / "b.jpg").write_bytes((REPO / "samples" / "corn_common_rust.jpg").read_bytes())
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 60, "a result in the new ledger")
+    time.sleep(1.5)
+    out = subprocess.run([sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and "LEDGER: results.sqlite was " in out.stdout and "kept as results.sqlite.corrupt-" in out.stdout
     assert d.terminate() == 0
