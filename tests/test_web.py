@@ -81,8 +81,10 @@ def client(state: Path, who=LOCAL, **kw) -> TestClient:
 
 
 def csrf_of(c: TestClient) -> str:
-    c.get("/upload")
-    return c.cookies["edge_csrf"]
+    """The CSRF token the page renders for this client's session (never in a cookie a script could read)."""
+    import re
+
+    return re.search(r'name="csrf" value="([^"]+)"', c.get("/upload").text).group(1)
 
 
 def sha_of(state: Path, photo_id: str) -> str:
@@ -97,10 +99,12 @@ def sha_of(state: Path, photo_id: str) -> str:
 # ---- pages ------------------------------------------------------------------
 def test_every_page_renders_for_a_local_client(state):
     c = client(state)
-    assert c.get("/").headers["location"] == "/photos"
+    first = c.get("/")
+    assert first.headers["location"] == "/photos"
+    assert "edge_session" in c.cookies  # set on the first response, out of reach of scripts and of other sites
+    assert "httponly" in first.headers["set-cookie"].lower() and "samesite=strict" in first.headers["set-cookie"].lower()
     r = c.get("/photos")
     assert r.status_code == 200 and r.text.count('class="card"') == 6
-    assert "edge_csrf" in c.cookies  # set on the first response
     r = c.get("/review")
     assert r.status_code == 200 and 'data-key="1"' in r.text and "p0" in r.text  # the least sure photo first
     r = c.get("/engines")
@@ -511,3 +515,21 @@ def test_query_parameters_out_of_range_are_a_400_with_the_reason_not_a_500(state
         assert r.status_code == 400 and why in r.text, query
     assert c.get("/review?i=99999999999999999999").status_code == 400
     assert c.get("/photos?page=2&from=2026-01-01&to=2026-12-31").status_code == 200
+
+
+def test_a_page_on_another_port_cannot_forge_a_csrf_token_by_tossing_a_cookie(state):
+    """Cookies are not isolated by port: another page on this host can set ``edge_session`` to a value it knows (and
+    could read a script-visible cookie). The token is an HMAC of the session with this installation's secret, so it
+    can neither read nor compute the one that goes with it."""
+    import hashlib
+    import hmac
+
+    victim = client(state)
+    token = csrf_of(victim)
+    attacker = client(state)
+    attacker.cookies.set("edge_session", "attacker-chosen-session-value")
+    for guess in ("attacker-chosen-session-value", token, hmac.new(b"", b"attacker-chosen-session-value", hashlib.sha256).hexdigest()[:40]):
+        r = attacker.post("/engines/unpin", data={"csrf": guess})
+        assert r.status_code == 403, guess
+    assert victim.post("/engines/unpin", data={"csrf": token}).status_code == 303  # the session's own token works
+    assert (state / "web" / "csrf.key").stat().st_mode & 0o077 == 0  # the secret is the owner's alone

@@ -29,7 +29,7 @@ from edge_agent.results import ResultsDB
 from edge_agent.review.queue import LabelError, label_photo, left_today, to_ask
 from edge_agent.state import StateLayout, live_status, resolve_store, trainer_state_dir
 from edge_agent.web import charts
-from edge_agent.web.auth import AccessMiddleware, TokenFile, csrf_ok, is_local_bind
+from edge_agent.web.auth import AccessMiddleware, TokenFile, csrf_ok, csrf_secret, is_local_bind
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.queries import Filters, Reader
 from edge_agent.web.upload import store_upload
@@ -328,5 +328,6 @@ def create_app(ctx: WebContext) -> Starlette:
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:
         return problem(request, 400, str(exc))
 
-    return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind))],
+    return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind),
+                                                         secret=csrf_secret(ctx.state.root / "web" / "csrf.key"))],
                      exception_handlers={BadParameter: bad_parameter})

@@ -2,8 +2,11 @@
 
 The token is never stored, only its sha256 (``<state>/web/token.sha256``, mode 0600). A browser presents
 it once as ``?token=`` (the link ``edge-agent web --new-token`` prints) and keeps it in an HttpOnly cookie.
-State-changing requests are POSTs carrying the ``csrf`` field (or ``X-CSRF-Token`` header) equal to the
-``edge_csrf`` cookie (a double-submit token; both cookies are SameSite=Strict).
+State-changing requests are POSTs carrying the ``csrf`` field (or ``X-CSRF-Token`` header): an HMAC, with this
+installation's secret (``<state>/web/csrf.key``, 0600), of the browser's session (the ``edge_session`` cookie: random,
+HttpOnly, SameSite=Strict). Cookies are not isolated by port, so a page on another port of the same host can read a
+script-visible cookie or set one of its own; it can do neither with the session cookie's HMAC, which only the
+pages this server renders carry.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["TokenFile", "is_local_bind", "AccessMiddleware", "csrf_ok", "TOKEN_COOKIE", "CSRF_COOKIE"]
+__all__ = ["TokenFile", "is_local_bind", "AccessMiddleware", "csrf_ok", "csrf_secret", "TOKEN_COOKIE", "SESSION_COOKIE"]
 
 TOKEN_COOKIE = "edge_token"
-CSRF_COOKIE = "edge_csrf"
+SESSION_COOKIE = "edge_session"
 _LOCAL_CLIENTS = {"127.0.0.1", "::1"}
 
 
@@ -60,6 +63,27 @@ class TokenFile:
         return hmac.compare_digest(stored, _digest(token))
 
 
+def csrf_secret(path: Path) -> bytes:
+    """This installation's CSRF secret at ``path`` (made once, 0600)."""
+    try:
+        secret = path.read_bytes()
+        if len(secret) >= 32:
+            return secret
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+    os.replace(tmp, path)
+    return path.read_bytes()
+
+
+def _csrf_of(secret: bytes, session: str) -> str:
+    return hmac.new(secret, session.encode(), hashlib.sha256).hexdigest()[:40]
+
+
 def is_local_bind(host: str) -> bool:
     """Whether ``host`` is the default, this-machine-only address (127.0.0.1, ::1, localhost)."""
     return host in ("127.0.0.1", "::1", "localhost")
@@ -69,10 +93,11 @@ class AccessMiddleware:
     """401 without a valid token unless both the server and the client are on 127.0.0.1/::1;
     403 for a POST without the CSRF token. Sets ``request.state.csrf`` for the templates."""
 
-    def __init__(self, app: ASGIApp, tokens: TokenFile, local_bind: bool) -> None:
+    def __init__(self, app: ASGIApp, tokens: TokenFile, local_bind: bool, secret: bytes) -> None:
         self.app = app
         self.tokens = tokens
         self.local_bind = local_bind
+        self.secret = secret
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,20 +121,21 @@ class AccessMiddleware:
                 resp.set_cookie(TOKEN_COOKIE, token_in_url, max_age=365 * 86400, httponly=True, samesite="strict")
                 await resp(scope, receive, send)
                 return
-        csrf = request.cookies.get(CSRF_COOKIE)
-        if request.method == "POST":
-            # the field is read by the endpoint (the body is consumed once); here only the header or a missing cookie
-            if not csrf:
-                await PlainTextResponse("403 Forbidden: missing CSRF cookie; reload the page and try again\n",
-                                        status_code=403)(scope, receive, send)
-                return
-        fresh = None if csrf else secrets.token_urlsafe(18)
-        scope.setdefault("state", {})["csrf"] = csrf or fresh
+        session = request.cookies.get(SESSION_COOKIE)
+        if request.method == "POST" and not session:
+            # the field is read by the endpoint (the body is consumed once); here only a missing session
+            await PlainTextResponse("403 Forbidden: no session cookie; reload the page and try again\n",
+                                    status_code=403)(scope, receive, send)
+            return
+        fresh = None if session and 16 <= len(session) <= 64 else secrets.token_urlsafe(24)
+        state = scope.setdefault("state", {})
+        state["csrf"] = _csrf_of(self.secret, fresh or session)
+        state["csrf_expected"] = None if fresh else state["csrf"]  # a POST is checked against the session it came with
 
         async def send_with_cookie(message):
             if fresh and message["type"] == "http.response.start":
                 r = Response()
-                r.set_cookie(CSRF_COOKIE, fresh, httponly=False, samesite="strict")
+                r.set_cookie(SESSION_COOKIE, fresh, httponly=True, samesite="strict")
                 message.setdefault("headers", [])
                 message["headers"] = list(message["headers"]) + [
                     (k, v) for k, v in r.raw_headers if k == b"set-cookie"
@@ -120,7 +146,7 @@ class AccessMiddleware:
 
 
 def csrf_ok(request: Request, submitted: str | None) -> bool:
-    """Whether a POST carries the CSRF token of its cookie (form field ``csrf`` or header ``X-CSRF-Token``)."""
-    cookie = request.cookies.get(CSRF_COOKIE)
+    """Whether a POST carries its session's CSRF token (form field ``csrf`` or header ``X-CSRF-Token``)."""
+    expected = getattr(request.state, "csrf_expected", None)
     given = submitted or request.headers.get("x-csrf-token")
-    return bool(cookie and given and hmac.compare_digest(cookie, given))
+    return bool(expected and given and hmac.compare_digest(expected, str(given)))
