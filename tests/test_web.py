@@ -533,3 +533,33 @@ def test_a_page_on_another_port_cannot_forge_a_csrf_token_by_tossing_a_cookie(st
         assert r.status_code == 403, guess
     assert victim.post("/engines/unpin", data={"csrf": token}).status_code == 303  # the session's own token works
     assert (state / "web" / "csrf.key").stat().st_mode & 0o077 == 0  # the secret is the owner's alone
+
+
+def test_a_body_that_lies_about_its_length_is_cut_off_at_the_cap_as_it_streams(state):
+    """``Content-Length: 1000`` with a chunked body of 300 MiB: the bytes are counted as they arrive; past the upload
+    cap (50 photos of 20 kB + 1 MiB here) nothing more is read and the answer is 413."""
+    import asyncio
+
+    from edge_agent.web.app import MAX_FILES_PER_UPLOAD
+
+    app = app_for(state, max_file_bytes=20_000)
+    chunk = b"x" * (1 << 16)
+    pulled, sent = [0], []
+
+    head = b'--zzz\r\nContent-Disposition: form-data; name="photos"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+
+    async def receive():  # one file part that never ends
+        pulled[0] += 1
+        return {"type": "http.request", "body": (head if pulled[0] == 1 else b"") + chunk, "more_body": pulled[0] < 300 * 16}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/upload", "raw_path": b"/upload", "query_string": b"", "root_path": "",
+             "headers": [(b"content-length", b"1000"), (b"transfer-encoding", b"chunked"), (b"cookie", b"edge_session=" + b"s" * 32),
+                         (b"content-type", b"multipart/form-data; boundary=zzz")],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080), "scheme": "http", "http_version": "1.1"}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
+    assert pulled[0] * len(chunk) <= MAX_FILES_PER_UPLOAD * 20_000 + (1 << 20) + len(chunk)  # at the cap, not 300 MiB later
+    assert not (state / "inbox").exists() or not any((state / "inbox").iterdir())

@@ -29,6 +29,7 @@ from edge_agent.results import ResultsDB
 from edge_agent.review.queue import LabelError, label_photo, left_today, to_ask
 from edge_agent.state import StateLayout, live_status, resolve_store, trainer_state_dir
 from edge_agent.web import charts
+from edge_agent.web._limits import BodyLimit
 from edge_agent.web.auth import AccessMiddleware, TokenFile, csrf_ok, csrf_secret, is_local_bind
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.queries import Filters, Reader
@@ -328,6 +329,8 @@ def create_app(ctx: WebContext) -> Starlette:
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:
         return problem(request, 400, str(exc))
 
-    return Starlette(routes=routes, middleware=[Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind),
+    return Starlette(routes=routes, middleware=[Middleware(BodyLimit, default=1 << 20,
+                                                         paths={"/upload": MAX_FILES_PER_UPLOAD * ctx.cfg.preprocess.max_file_bytes + (1 << 20)}),
+                                              Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind),
                                                          secret=csrf_secret(ctx.state.root / "web" / "csrf.key"))],
                      exception_handlers={BadParameter: bad_parameter})
