@@ -347,6 +347,12 @@ class WebSection(_Section):
     )
     port: int = Field(8080, ge=1, le=65535, description="Port of the web page.")
     page_size: int = Field(48, ge=1, le=500, description="Photos per page on the recent-photos page.")
+    max_connections: int = Field(
+        200, ge=8, le=10000, description="Open connections the page keeps; more are closed at once (a small device stays answering)."
+    )
+    idle_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="A connection that has not sent a whole request in this many seconds is closed."
+    )
 
 
 class LogSection(_Section):

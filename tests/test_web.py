@@ -563,3 +563,44 @@ def test_a_body_that_lies_about_its_length_is_cut_off_at_the_cap_as_it_streams(s
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
     assert pulled[0] * len(chunk) <= MAX_FILES_PER_UPLOAD * 20_000 + (1 << 20) + len(chunk)  # at the cap, not 300 MiB later
     assert not (state / "inbox").exists() or not any((state / "inbox").iterdir())
+
+
+def test_hundreds_of_idle_connections_neither_take_the_page_down_nor_flood_the_log(state, tmp_path):
+    """600 connections that never send a request (the cap is 200 here: the longest idle make room): the page still
+    answers within 1 s, idle ones
+    are closed after the first-request deadline, and what was refused is one log line, not a traceback each."""
+    cfg = tmp_path / "web.toml"
+    cfg.write_text("[web]\nmax_connections = 200\nidle_timeout_s = 2.0\n")
+    port = _free_port()
+    log = tmp_path / "web.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "edge_agent", "web", "--config", str(cfg), "--state-dir", str(state),
+                                 "--port", str(port)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    idle = []
+    try:
+        _wait_listening("127.0.0.1", port, proc)
+        for _ in range(600):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", port), 2))
+            except OSError:
+                break
+        t0 = time.monotonic()
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        assert time.monotonic() - t0 < 1.0
+        time.sleep(3.0)  # past the deadline: every idle connection was closed by the server
+        closed = 0
+        for s in idle:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed == len(idle)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    finally:
+        for s in idle:
+            s.close()
+        proc.terminate()
+        assert proc.wait(10) == 0
+    text = log.read_text()
+    assert "Traceback" not in text and text.count("connections_closed") <= 2 and len(text) < 20_000

@@ -49,7 +49,13 @@ def serve(cfg, state_dir: Path, bind: str | None = None, port: int | None = None
     host = f"[{bind}]" if ":" in bind else bind
     get_logger("web", state_dir=str(state_dir)).info("web_listening", url=f"http://{host}:{port}/",
                                                      token_required=not is_local_bind(bind))
-    config = uvicorn.Config(app, host=bind, port=port, lifespan="off", http="h11", loop="asyncio", ws="none",
+    from edge_agent.web._limits import guarded_protocol, raise_file_limit
+
+    log = get_logger("web", state_dir=str(state_dir))
+    raise_file_limit(cfg.web.max_connections + 256)  # the connections, and room for the database and photos
+    config = uvicorn.Config(app, host=bind, port=port, lifespan="off", ws="none", loop="asyncio",
+                            http=guarded_protocol(cfg.web.max_connections, cfg.web.idle_timeout_s, log),
+                            timeout_keep_alive=5, backlog=128, h11_max_incomplete_event_size=16 * 1024,
                             log_config=None, access_log=False, server_header=False, log_level="warning")
     _server_class()(config).run()
     get_logger("web", state_dir=str(state_dir)).info("web_stopped")
