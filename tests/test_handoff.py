@@ -122,43 +122,20 @@ def test_numbers_too_big_to_parse_or_out_of_range_are_protocol_errors_not_crashe
 
 
 def test_random_and_mutated_frames_only_ever_raise_protocol_errors():
-    """A bounded fuzz of the parser: random bytes, and valid frames with bytes flipped, cut, repeated or numbers
-    swapped for huge ones. Anything but a message or a ProtocolError is a peer taken down."""
+    """A bounded fuzz of the parsers (the mutations of ``python -m benchmarks.fuzz``): valid frames with bytes flipped,
+    cut, repeated or numbers swapped for huge ones, and random bytes. Anything but a message or a ProtocolError is a
+    peer taken down."""
     import random
 
-    from edge_agent.transfer.protocol import decode as decode_transfer, encode as encode_transfer
+    from benchmarks.fuzz import mutate, seed_frames
+    from edge_agent.transfer.protocol import decode as decode_transfer
 
     rng = random.Random(22)
-    valid = [encode("sample", SAMPLE, b"jpeg"), encode("ack", {"id": "b" * 64}), encode("heartbeat", {"role": "trainer", "time": 1.5}),
-             encode("engine", {"version": "v1001"})]
-    transfer = [encode_transfer("hello", {"name": "d", "engine_version": "v1000", "queue": 3, "refused": {"v1001": "bad"}}),
-                encode_transfer("fetch", {"version": "v1001", "file": "model.onnx", "offset": 0, "length": 10}),
-                encode_transfer("result", {"version": "v1001", "ok": True, "reason": "installed"})]
-    numbers = [b"9" * 400, b"1e999", b"-1e999", b"NaN", b"-0", b"1.7976931348623157e309", b"18446744073709551616"]
-
-    def mutate(frames: list[bytes]) -> list[bytes]:
-        frames = list(frames)
-        i = rng.randrange(len(frames))
-        b = bytearray(frames[i])
-        op = rng.randrange(5)
-        if op == 0 and b:
-            b[rng.randrange(len(b))] = rng.randrange(256)
-        elif op == 1:
-            b = b[: rng.randrange(len(b) + 1)]
-        elif op == 2:
-            b = b * rng.randrange(2, 50)
-        elif op == 3:
-            for d in b"0123456789":
-                b = b.replace(bytes([d]), rng.choice(numbers), 1) if rng.random() < 0.2 else b
-        else:
-            b = bytearray(os.urandom(rng.randrange(64)))
-        frames[i] = bytes(b)
-        return frames
-
     outcomes = {"parsed": 0, "refused": 0}
-    for n in range(6000):
-        for pool, parse in ((valid, decode), (transfer, decode_transfer)):
-            frames = mutate(rng.choice(pool)) if n % 10 else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
+    pool = seed_frames()
+    for n in range(12000):
+        frames = mutate(rng.choice(pool), rng) if n % 10 else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
+        for parse in (decode, decode_transfer):
             try:
                 parse(frames)
                 outcomes["parsed"] += 1

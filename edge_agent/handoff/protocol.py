@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from dataclasses import dataclass, field
 
 __all__ = ["MAGIC", "Field", "Message", "ProtocolError", "encode", "decode", "decode_or_drop", "parse_frames", "MAX_HEADER_BYTES",
@@ -163,12 +164,23 @@ def decode(frames: list[bytes], max_payload: int = DEFAULT_MAX_PAYLOAD) -> Messa
     return msg
 
 
+#: A peer's malformed frames are logged at most once in this many seconds (with how many came since).
+LOG_INTERVAL_S = 10.0
+_last_logged: dict[int, list] = {}  # id(counters) -> [time logged, frames since]
+
+
 def decode_or_drop(frames: list[bytes], max_payload: int, counters: dict, log, decoder=None) -> Message | None:
     """``decoder`` (default :func:`decode`), or ``None`` for a malformed message, which is counted
-    (``counters["malformed"]``) and logged: garbage never takes a peer down."""
+    (``counters["malformed"]``) and logged at most once per :data:`LOG_INTERVAL_S`: garbage never takes a peer down,
+    nor floods its log."""
     try:
         return (decoder or decode)(frames, max_payload)
     except ProtocolError as exc:
         counters["malformed"] += 1
-        log.warning("malformed_message", error=str(exc), frames=len(frames))
+        seen = _last_logged.setdefault(id(counters), [float("-inf"), 0])
+        seen[1] += 1
+        now = time.monotonic()
+        if now - seen[0] >= LOG_INTERVAL_S:
+            log.warning("malformed_message", error=str(exc), frames=len(frames), malformed_since_last_logged=seen[1])
+            seen[0], seen[1] = now, 0
         return None

@@ -101,8 +101,12 @@ class Sender(Worker):
                 if alive:
                     self._deliver(dealer, now)
                 for sock, _ in poller.poll(200):
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                    self._handle(frames)
+                    for _ in range(500):  # what is waiting, in one go (a flood of garbage must not starve real messages)
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
         except Exception as exc:  # never take the daemon down; the health check sees the dead thread
             self.log.error("sender_crashed", error=repr(exc))
             raise
