@@ -194,6 +194,8 @@ def _status(args: argparse.Namespace) -> int:
     if unsupported:
         print("ignored (not a format the daemon reads; left in the inbox): "
               + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items())))
+    if (out.get("folder") or {}).get("missing"):
+        print(f"INBOX MISSING: {out.get('inbox')} is gone; photos dropped into it are picked up once it is back")
     if out.get("ledger"):
         print(f"LEDGER: {out['ledger']}")
     if out["pinned"]:

@@ -229,7 +229,7 @@ class Daemon:
             "ledger": self.ledger_note,
         }
         if self.folder:
-            out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported)}
+            out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported), "missing": self.folder.missing}
         if self.camera:
             out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
         if self.sender:

@@ -393,3 +393,26 @@ def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_pat
     out = subprocess.run([sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and "LEDGER: results.sqlite was " in out.stdout and "kept as results.sqlite.corrupt-" in out.stdout
     assert d.terminate() == 0
+
+
+def test_an_inbox_removed_and_made_again_is_said_and_watched_again_within_seconds(tmp_path):
+    import subprocess
+    import sys
+
+    from .daemon_helpers import REPO
+
+    d = DaemonProc(tmp_path / "state").start()
+    d.wait_ready()
+    shutil.rmtree(d.inbox)
+    wait_until(lambda: '"inbox_missing"' in d.log_path.read_text(), 5, "the missing inbox logged")
+    time.sleep(1.5)
+    out = subprocess.run([sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
+    assert "INBOX MISSING" in out.stdout and d.log_path.read_text().count('"inbox_missing"') == 1  # said once
+    d.inbox.mkdir()
+    time.sleep(0.1)
+    (d.inbox / "back.jpg").write_bytes((REPO / "samples" / "apple_scab.jpg").read_bytes())
+    t0 = time.monotonic()
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 10, "a result from the inbox made again")
+    assert time.monotonic() - t0 < 3.0  # the watch is back, not the 10 s rescan
+    assert '"inbox_back"' in d.log_path.read_text()
+    assert d.terminate() == 0

@@ -216,7 +216,6 @@ class FolderSource(Worker):
     # ---- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
         from watchdog.events import FileSystemEventHandler
-        from watchdog.observers import Observer
 
         source = self
 
@@ -232,17 +231,53 @@ class FolderSource(Worker):
                         source.notice(Path(os.fsdecode(p)))
 
         self._wake = threading.Event()
+        self._handler = Handler()
+        self._missing = False
+        self._watch()
+        self.rescan()  # the backlog present at start-up
+        super().start()
+
+    def _watch(self) -> None:
+        """(Re)start the inotify watch on the inbox: a watch dies with the folder it watched."""
+        from watchdog.observers import Observer
+
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
         self._observer = Observer()
-        self._observer.schedule(Handler(), str(self.inbox), recursive=self.settings.recursive, event_filter=_arrival_events())
+        self._observer.schedule(self._handler, str(self.inbox), recursive=self.settings.recursive, event_filter=_arrival_events())
         before = set(threading.enumerate())
         self._observer.start()
         name_threads([t for t in threading.enumerate() if t not in before], "watchdog")
-        self.rescan()  # the backlog present at start-up
-        super().start()
+
+    @property
+    def missing(self) -> bool:
+        """Whether the inbox folder is gone (since the last look)."""
+        return getattr(self, "_missing", False)
+
+    def _inbox_present(self) -> bool:
+        """Whether the inbox is there; says so once when it goes and once when it comes back (then watched anew)."""
+        present = self.inbox.is_dir()
+        if not present and not self._missing:
+            self._missing = True
+            self.counters["inbox_missing"] = self.counters.get("inbox_missing", 0) + 1
+            self.log.error("inbox_missing", action="photos dropped in are picked up once it is back")
+        elif present and self._missing:
+            self._missing = False
+            self.log.info("inbox_back")
+            try:
+                self._watch()
+            except OSError as exc:  # gone again already: the next look says so
+                self.log.warning("inbox_watch_failed", error=str(exc))
+            self._wake.set()
+        return present
 
     def _run(self) -> None:
         next_scan = time.monotonic() + self.settings.rescan_interval_s
         while not self._stop.is_set():
+            if not self._inbox_present():
+                self._stop.wait(0.5)
+                continue
             try:
                 if self._wake.is_set() or time.monotonic() >= next_scan:
                     self._wake.clear()
