@@ -164,7 +164,7 @@ def _status(args: argparse.Namespace) -> int:
     live, running = live_status(state.status, max(10.0, 5 * cfg.daemon.status_interval_s))
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
     for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox", "handoff", "hotswap",
-                "transfer", "ledger"):
+                "transfer", "ledger", "disk_full"):
         if key in live:
             out[key] = live[key]
     try:
@@ -177,6 +177,8 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"daemon: {'running' if running else 'not running'}  (state {state.root})")
+    if out.get("disk_full"):
+        print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
     if "engine" in out:
         e = out["engine"]
         print(f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}")

@@ -11,7 +11,6 @@ the inbox for the next start.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -30,10 +29,9 @@ from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
 from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSettings, CameraSource
 from edge_agent.sources.folder import Arrival, FolderSettings, FolderSource
-from edge_agent.state import StateLayout, inbox_dir, resolve_state_dir, resolve_store, runtime_dir
+from edge_agent.state import StateLayout, inbox_dir, resolve_state_dir, resolve_store, runtime_dir, write_status
 from edge_agent.systemd import Notifier
 from engines.base import Engine
-from engines.durable import atomic_write
 from edge_agent.trust import adopt_shipped_signatures, daemon_trust, open_trusted
 
 __all__ = ["Daemon", "StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "handoff_endpoints", "curve_keys",
@@ -84,6 +82,7 @@ class Daemon:
         self.watcher: EngineWatcher | None = None
         self.healthy = False
         self.watchdog_sent = 0
+        self._status_trouble: str | None = None
 
     # ---- set-up -------------------------------------------------------------
     def _setup(self) -> None:
@@ -243,9 +242,12 @@ class Daemon:
     def _write_status(self) -> None:
         st = self.status()
         try:
-            atomic_write(self.state.status, (json.dumps(st, indent=2) + "\n").encode(), durable=False)
+            trouble = write_status(self.state.status, st)
         except OSError as exc:
-            self.log.error("status_write_failed", error=str(exc))
+            trouble = str(exc)
+        if trouble != self._status_trouble:  # said once when it starts and once when it ends
+            self.log.error("status_write_failed", error=trouble) if trouble else self.log.info("status_write_recovered")
+            self._status_trouble = trouble
         c = st["counters"]
         self.notifier.status(
             f"{c['processed']} classified, {c['quarantined']} quarantined, {c['queued_pseudo']} pseudo-labels queued, "

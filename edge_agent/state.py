@@ -5,6 +5,7 @@ Light on purpose (no engine, no OpenCV): the daemon, the command line, the web p
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -15,7 +16,11 @@ from pathlib import Path
 from edge_agent.config import AppConfig, default_store_path
 from engines.store import EngineStore
 
-__all__ = ["StateLayout", "adopt_shipped_release", "resolve_state_dir", "resolve_store", "runtime_dir", "seed_store", "trainer_state_dir", "inbox_dir", "live_status"]
+__all__ = ["StateLayout", "adopt_shipped_release", "resolve_state_dir", "resolve_store", "runtime_dir", "seed_store", "trainer_state_dir", "inbox_dir",
+           "live_status", "write_status", "STATUS_SLOT_BYTES"]
+
+#: A status file is padded to this size, so that on a full disk it can still be overwritten in place.
+STATUS_SLOT_BYTES = 64 * 1024
 
 
 def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
@@ -114,13 +119,44 @@ class StateLayout:
             d.mkdir(parents=True, exist_ok=True)
 
 
+def write_status(path: Path, doc: dict) -> str | None:
+    """Write a service's status: atomically (a new file renamed over), padded to :data:`STATUS_SLOT_BYTES`; where
+    that fails for want of space, in place into the blocks the file already holds, with ``disk_full`` set, so that
+    ``status`` and the Health page still see a running service and why it is in trouble. Returns the error of the
+    atomic write (None when it worked); raises OSError only when neither way could write."""
+    from engines.durable import atomic_write
+
+    body = json.dumps(doc, indent=2).encode() + b"\n"
+    try:
+        atomic_write(path, body.ljust(STATUS_SLOT_BYTES), durable=False)
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        why = f"disk full: {exc.strerror}"
+    doc = {**doc, "disk_full": why}
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    if len(body) > STATUS_SLOT_BYTES - 1:  # the essentials only
+        keep = ("pid", "started", "updated", "uptime_s", "healthy", "state", "engine", "counters", "disk_full")
+        body = json.dumps({k: doc[k] for k in keep if k in doc}, separators=(",", ":")).encode()
+    with open(path, "r+b") as f:  # no new blocks: the file is STATUS_SLOT_BYTES already
+        f.write(body.ljust(STATUS_SLOT_BYTES))
+    return why
+
+
 def live_status(path: Path, stale_s: float | None = None) -> tuple[dict, bool]:
     """A service's ``status.json`` and whether the service is running: its pid is alive and, with ``stale_s``,
     the file was refreshed within that many seconds. ({}, False) when there is no readable file."""
-    try:
-        live = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}, False
+    for attempt in range(2):  # an in-place write (a full disk) may be caught half done: look once more
+        try:
+            live = json.loads(path.read_text())
+            break
+        except ValueError:
+            if attempt:
+                return {}, False
+            time.sleep(0.05)
+        except OSError:
+            return {}, False
     pid = live.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return live, False

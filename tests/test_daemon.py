@@ -416,3 +416,26 @@ def test_an_inbox_removed_and_made_again_is_said_and_watched_again_within_second
     assert time.monotonic() - t0 < 3.0  # the watch is back, not the 10 s rescan
     assert '"inbox_back"' in d.log_path.read_text()
     assert d.terminate() == 0
+
+
+def test_on_a_full_disk_the_status_is_still_written_and_says_why(tmp_path, monkeypatch):
+    """The status file is padded to a fixed slot; when a new file cannot be made (ENOSPC) the slot is overwritten in
+    place, so `status` and the Health page see a running daemon and the reason, not "not running"."""
+    import errno
+
+    import edge_agent.state as state_mod
+    from engines import durable
+
+    path = tmp_path / "status.json"
+    doc = {"pid": os.getpid(), "updated": time.time(), "healthy": True, "counters": {"processed": 3}}
+    assert state_mod.write_status(path, doc) is None and path.stat().st_size == state_mod.STATUS_SLOT_BYTES
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(durable, "atomic_write", full)
+    doc = {**doc, "updated": time.time(), "counters": {"processed": 4}, "big": "x" * (2 * state_mod.STATUS_SLOT_BYTES)}
+    assert "disk full" in state_mod.write_status(path, doc)
+    live, running = state_mod.live_status(path, 10)
+    assert running and live["counters"]["processed"] == 4 and "No space left" in live["disk_full"] and "big" not in live
+    assert path.stat().st_size == state_mod.STATUS_SLOT_BYTES  # not one block more

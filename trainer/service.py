@@ -9,7 +9,6 @@ received sample stays stored and unmarked, so the next start retrains on them.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -19,9 +18,8 @@ from pathlib import Path
 from edge_agent.config import AppConfig
 from edge_agent.daemon import curve_keys, handoff_endpoints, resolve_store
 from edge_agent.log import get_logger
-from edge_agent.state import trainer_state_dir
+from edge_agent.state import trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
-from engines.durable import atomic_write
 from engines.signing import load_or_create_key
 from trainer.delivery import DeliverySettings, EngineServer
 from trainer.labelled import labelled_sources
@@ -144,7 +142,7 @@ class TrainerService:
                 self.log.warning("status_write_failed", error=repr(exc))
 
     def _write_status(self) -> None:
-        atomic_write(self.status_file, (json.dumps(self.status(), indent=2) + "\n").encode(), durable=False)
+        write_status(self.status_file, self.status())
 
     def _due(self) -> bool:
         counts = self.samples.counts()
