@@ -80,6 +80,8 @@ def _check_files(vdir: Path, name: str, manifest: dict) -> None:
     """Every file the manifest lists is in ``vdir`` with its sha256 (:class:`TamperedError` otherwise)."""
     for fname, meta in manifest["files"].items():
         fpath = vdir / fname
+        if fpath.is_symlink():
+            raise TamperedError(f"{name}/{fname}: a link (a version's files are its own); refusing to load it")
         if not fpath.is_file():
             raise TamperedError(f"{name}/{fname}: missing")
         if fpath.stat().st_size > MAX_FILE_BYTES:
@@ -124,7 +126,7 @@ class StoreVersion:
         caller loads is exactly what was checked (:class:`TamperedError` otherwise)."""
         path, meta = self.file(name), self.manifest["files"][name]
         try:
-            with open(path, "rb") as f:
+            with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as f:
                 data = f.read(MAX_FILE_BYTES + 1)
         except OSError as exc:
             raise TamperedError(f"{self.name}/{name}: unreadable ({exc})") from None

@@ -214,3 +214,15 @@ def test_an_unreadable_pin_refuses_offers_and_says_how_to_lift_it(tmp_path):
     assert "unreadable: delete it to unpin" in store.offer_refusal("v0002")
     store.unpin()
     assert store.offer_refusal("v0002") is None
+
+
+def test_a_file_of_a_version_that_is_a_link_out_of_the_store_is_refused(tmp_path):
+    v = _publish(EngineStore(tmp_path / "store"), tmp_path, b"1")
+    outside = tmp_path / "elsewhere.onnx"
+    outside.write_bytes((v.path / "model.onnx").read_bytes())  # the same bytes: the sha256 alone would pass
+    (v.path / "model.onnx").unlink()
+    os.symlink(outside, v.path / "model.onnx")
+    with pytest.raises(TamperedError, match="a link"):
+        EngineStore(tmp_path / "store").open()
+    with pytest.raises(TamperedError, match="unreadable"):
+        v.read_verified("model.onnx")
