@@ -185,7 +185,10 @@ class Daemon:
 
     def _done(self, job: Job) -> None:
         if job.path is not None and self.folder is not None:
-            self.folder.release(job.path, keep=self.cfg.inbox.after == "leave")
+            # Still there although it should have moved (a file the daemon may not move or delete): recorded once
+            # (finalize_failed, or the quarantine row), then not offered again unless it changes.
+            stuck = self.cfg.inbox.after != "leave" and os.path.lexists(job.path)
+            self.folder.release(job.path, keep=self.cfg.inbox.after == "leave" or stuck)
 
     def _retry(self, job: Job) -> None:
         if job.path is not None and self.folder is not None and not self._stop.is_set():

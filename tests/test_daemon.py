@@ -439,3 +439,38 @@ def test_on_a_full_disk_the_status_is_still_written_and_says_why(tmp_path, monke
     live, running = state_mod.live_status(path, 10)
     assert running and live["counters"]["processed"] == 4 and "No space left" in live["disk_full"] and "big" not in live
     assert path.stat().st_size == state_mod.STATUS_SLOT_BYTES  # not one block more
+
+
+def test_a_photo_that_cannot_be_moved_out_is_recorded_once_and_not_offered_again(tmp_path, monkeypatch, tiny_store, signing_key):
+    """A file the daemon may not move (another user's, a read-only card): one result, one error, and the rescans
+    that still see it in the inbox leave it alone until it changes."""
+    import errno
+
+    from edge_agent import pipeline as pipeline_mod
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+    from edge_agent.systemd import Notifier
+
+    def refuse(src, folder):
+        raise PermissionError(errno.EACCES, "Permission denied", str(src))
+
+    monkeypatch.setattr(pipeline_mod, "move_out", refuse)
+    shutil.copytree(tiny_store, tmp_path / "store")
+    cfg = parse_config({"store": trusted_store(tmp_path / "store", signing_key), "handoff": {"enabled": False},
+                        "inbox": {"settle_s": 0.1, "rescan_interval_s": 0.3}})
+    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}))
+    t = threading.Thread(target=daemon.run)
+    t.start()
+    try:
+        wait_until(lambda: daemon.folder is not None, 20, "daemon up")
+        from .conftest import encode, leaf_image
+
+        (daemon.inbox / "stuck.jpg").write_bytes(encode(leaf_image(7)))
+        wait_until(lambda: daemon.pipeline.counters["processed"] == 1, 30, "its result")
+        time.sleep(2.0)  # several rescans see it still there
+        errors = [e for e in daemon.pipeline.last_errors if "could not move" in e.get("error", "")]
+        assert len(errors) == 1 and daemon.pipeline.counters["duplicates"] == 0
+        assert (daemon.inbox / "stuck.jpg").exists()
+    finally:
+        daemon.request_stop()
+        t.join(30)
