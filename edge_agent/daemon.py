@@ -106,6 +106,7 @@ class Daemon:
         processed = self.state.root / "processed"
         self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=processed.is_dir() and any(processed.iterdir()))
         if self.ledger_note:
+            self.ledger_note += self._reindex_queue()
             self.log.error("ledger_set_aside", note=self.ledger_note)
         self.spool = PhotoSpool(self.state.queue, cfg.labels.max_queue_mb << 20, self.db.queue_bytes())
         p = cfg.pipeline
@@ -138,6 +139,24 @@ class Daemon:
             )
             self.camera.start()
             self.camera.first_attempt.wait(15)  # READY only after the camera was tried once
+
+    def _reindex_queue(self) -> str:
+        """After a ledger was set aside: every photo still in the label queue's folders goes back in the queue, for the
+        expert's review (its label was in the lost ledger), so none is lost. Returns what was done, for status."""
+        import re
+
+        from edge_agent.results import QueueEntry
+
+        entries = []
+        for kind in ("pseudo", "review", "expert"):
+            for f in sorted((self.state.queue / kind).glob("*")):
+                if f.is_file() and re.fullmatch(r"[0-9a-f]{64}", f.stem):
+                    entries.append(QueueEntry(f.stem, f.stem[:16], "review", None, None, None, str(f), f.stat().st_size))
+        if entries:
+            self.db.commit([], entries)
+        processed = sum(1 for f in (self.state.root / "processed").rglob("*") if f.is_file())
+        return (f"; {len(entries)} photos found in the label queue were queued again for the expert's review (their labels "
+                f"were in the lost ledger); {processed} photos in processed/ have no result row")
 
     def _make_classifier(self, engine: Engine) -> Classifier:
         cfg = self.cfg

@@ -373,6 +373,8 @@ def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_pat
     wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 60, "a result")
     assert d.terminate() == 0
     ledger = d.state / "results.sqlite"
+    queued = [f for f in (d.state / "queue").glob("*/*") if f.is_file()]
+    assert queued  # the photo waits in the label queue (no trainer here)
     import sqlite3
 
     with sqlite3.connect(ledger) as con:  # the rows into the main file, as after any checkpoint
@@ -387,11 +389,13 @@ def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_pat
     d.start()
     d.wait_ready()
     assert list(d.state.glob("results.sqlite.corrupt-*"))  # kept, not deleted
+    assert db_rows(d.state, "SELECT COUNT(*) FROM label_queue WHERE kind = 'review'")[0][0] == len(queued)  # none lost
     (d.inbox / "b.jpg").write_bytes((REPO / "samples" / "corn_common_rust.jpg").read_bytes())
     wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 60, "a result in the new ledger")
     time.sleep(1.5)
     out = subprocess.run([sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and "LEDGER: results.sqlite was " in out.stdout and "kept as results.sqlite.corrupt-" in out.stdout
+    assert "photos in processed/ have no result row" in out.stdout
     assert d.terminate() == 0
 
 
