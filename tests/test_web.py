@@ -565,9 +565,9 @@ def test_a_body_that_lies_about_its_length_is_cut_off_at_the_cap_as_it_streams(s
     assert not (state / "inbox").exists() or not any((state / "inbox").iterdir())
 
 
-def test_hundreds_of_idle_connections_neither_take_the_page_down_nor_flood_the_log(state, tmp_path):
-    """600 connections that never send a request (the cap is 200 here: the longest idle make room): the page still
-    answers within 1 s, idle ones
+def test_a_thousand_idle_connections_neither_take_the_page_down_nor_flood_the_log(state, tmp_path):
+    """1,100 connections that never send a request (the cap is 200 here: the longest idle make room): the page still
+    answers within 1 s at p95, idle ones
     are closed after the first-request deadline, and what was refused is one log line, not a traceback each."""
     cfg = tmp_path / "web.toml"
     cfg.write_text("[web]\nmax_connections = 200\nidle_timeout_s = 2.0\n")
@@ -579,14 +579,17 @@ def test_hundreds_of_idle_connections_neither_take_the_page_down_nor_flood_the_l
     idle = []
     try:
         _wait_listening("127.0.0.1", port, proc)
-        for _ in range(600):
+        for _ in range(1100):
             try:
                 idle.append(socket.create_connection(("127.0.0.1", port), 2))
             except OSError:
                 break
-        t0 = time.monotonic()
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-        assert time.monotonic() - t0 < 1.0
+        took = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+            took.append(time.monotonic() - t0)
+        assert sorted(took)[18] < 1.0, took  # p95
         time.sleep(3.0)  # past the deadline: every idle connection was closed by the server
         closed = 0
         for s in idle:
