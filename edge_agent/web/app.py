@@ -94,14 +94,14 @@ class BadParameter(ValueError):
 
 
 def _day(text: str | None) -> date | None:
-    """A day from ``YYYY-MM-DD`` between 2000 and 2999 (None when empty); raises :class:`BadParameter`."""
+    """A day from ``YYYY-MM-DD`` between 1970 (a board without a clock) and 2999 (None when empty); raises :class:`BadParameter`."""
     if not text:
         return None
     try:
         day = date.fromisoformat(text[:10])
     except ValueError:
         raise BadParameter(f"not a day (YYYY-MM-DD): {text[:20]!r}") from None
-    if not 2000 <= day.year <= 2999:
+    if not 1970 <= day.year <= 2999:
         raise BadParameter(f"no photos can be from {day.isoformat()}")
     return day
 
