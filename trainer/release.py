@@ -51,8 +51,10 @@ def split_photos(data_dir: str | os.PathLike, settings: ReleaseSettings):
 
 
 def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings: ReleaseSettings | None = None,
-                  watch: dict | None = None, progress: bool = True):
-    """Train the release model (resuming from ``work/checkpoint.pt``); returns (model, fit info, folder, splits)."""
+                  watch: dict | None = None, progress: bool = True, augmentation: FieldAugSettings | None = FieldAugSettings()):
+    """Train the release model (resuming from ``work/checkpoint.pt``); returns (model, fit info, folder, splits).
+    ``augmentation``: the field augmentation (None: the lab photos with :class:`trainer.train.Augment` only, the
+    reference the field augmentation is measured against)."""
     from trainer.data import TensorDataset
     from trainer.model import build_model
     from trainer.train import fit
@@ -67,16 +69,20 @@ def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings
     photos = {name: load_lab_photos(items) for name, items in splits.items()}
     log.info("photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1))
     train = photos["train"]
-    composer = FieldComposer.of(train, FieldAugSettings())
-    train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
     val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors())
     model = build_model(len(folder.classes), settings.arch).to(memory_format=torch.channels_last)
-    bn_x = composer.sample(BN_PASSES, settings.seed)
-    model, info = fit(model, train_ds, val_ds, settings, progress=progress,
-                      batches=lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last),
+    if augmentation is None:
+        train_ds = TensorDataset.of(train.samples, *train.tensors())
+        batches, bn_x = None, train_ds.x
+    else:
+        composer = FieldComposer.of(train, augmentation)
+        train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
+        batches, bn_x = (lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last)), composer.sample(BN_PASSES, settings.seed)
+    model, info = fit(model, train_ds, val_ds, settings, progress=progress, batches=batches,
                       checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x)
     info["train_seconds"] = round(sum(h["seconds"] for h in info["history"]), 1)  # every epoch, across resumed runs
     info["bn_x"] = bn_x
+    info["augmentation"] = asdict(augmentation) if augmentation is not None else None
     model = model.to(memory_format=torch.contiguous_format)
     torch.save({"state_dict": model.state_dict(), "arch": settings.arch, "classes": folder.classes,
                 "info": {k: v for k, v in info.items() if k != "bn_x"}, "settings": asdict(settings)}, work / "trained.pt")
@@ -127,12 +133,13 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
         "split": {"seed": settings.seed, "test_fraction": settings.test_fraction, "val_fraction": settings.val_fraction,
                   **{f"{name}_photos": len(p.samples) for name, p in photos.items()}, "files": "split.json"},
         "settings": asdict(settings),
-        "augmentation": asdict(FieldAugSettings()),
+        "augmentation": info.get("augmentation", asdict(FieldAugSettings())),
         "parameters": count_parameters(model),
         "epochs_run": info["epochs_run"],
         "selected": info["selected"],
         "swa": info.get("swa"),
-        "batchnorm": f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos",
+        "batchnorm": (f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos"
+                      if info.get("augmentation", True) else f"exact over the {len(photos['train'].samples)} training photos"),
         "train_seconds": info.get("train_seconds"),
         "history": info["history"],
         "torch": torch.__version__,
