@@ -150,3 +150,20 @@ def test_after_an_upgrade_the_rehearsal_memory_is_relabelled_by_class_name_and_o
     assert [new_classes[int(i)] for i in memory["y"]] == [n for n in names if n in new_classes]
     assert (strategy / "ewc.before-v0001" / "ewc.pt").read_bytes() == b"old parameters" and not (strategy / "ewc").exists()
     assert adopt_strategy_state(old, "v1000", new_classes, strategy, get_logger("test")) is None  # once
+
+
+def test_a_release_trained_without_field_augmentation_records_so_and_its_retrains_do_not_compose(tmp_path):
+    """The lab recipe (the ablation's reference): ``augmentation`` None trains on the clean photos, the manifest says
+    so, and BatchNorm statistics for its descendants come from the photos they train on."""
+    torch = pytest.importorskip("torch")
+    from trainer.batchnorm import batchnorm_photos
+    from trainer.release import ReleaseSettings, finish_release, train_release
+
+    data = make_class_folders(tmp_path / "data", NAMES, 40)
+    settings = ReleaseSettings(epochs=1, swa_epochs=0, batch_size=16, threads=2)
+    model, info, folder, photos = train_release(data, tmp_path / "work", settings, progress=False, augmentation=None)
+    assert info["augmentation"] is None and info["bn_x"].shape[0] == len(photos["train"].samples)
+    version = finish_release(model, info, folder, photos, tmp_path / "store", None, settings)
+    training = version.manifest["training"]
+    assert training["augmentation"] is None and training["batchnorm"].startswith("exact over the ")
+    assert batchnorm_photos(training, photos["train"].samples, torch.zeros(0, 3, 128, 128), 0)[0] is None

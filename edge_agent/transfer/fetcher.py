@@ -27,7 +27,7 @@ from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import MAX_REFUSED, decode, encode
 from edge_agent.worker import Worker
 from engines.durable import fsync_file
-from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError, sha256_file
+from engines.store import MANIFEST, MAX_FILE_BYTES, SIGNATURE_FILE, EngineStore, StoreError, sha256_file
 
 __all__ = ["EngineFetcher", "FetcherSettings"]
 
