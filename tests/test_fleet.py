@@ -393,3 +393,22 @@ def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_pat
         if d.proc and d.proc.poll() is None:
             d.proc.kill()
         server.stop()
+
+
+class FlakyFetcher(EngineFetcher):
+    """Its first offer fails inside the handler (a bug, an I/O error)."""
+
+    failed = False
+
+    def _on_offer(self, sock, version, signature, manifest):
+        if not FlakyFetcher.failed:
+            FlakyFetcher.failed = True
+            raise OSError("simulated failure while handling an offer")
+        super()._on_offer(sock, version, signature, manifest)
+
+
+def test_a_message_that_fails_in_its_handler_does_not_stop_the_fetcher(farm):
+    farm.server()
+    d = farm.daemon("flaky", cls=FlakyFetcher)
+    wait_until(lambda: d.store.current() == farm.v2, 30, "installed at the next offer")
+    assert FlakyFetcher.failed and d.alive() and d.counters["errors"] == 1

@@ -112,7 +112,13 @@ class EngineFetcher(Worker):
                     job.last_progress = now
                     self._fill(sock)
                 if sock.poll(200):
-                    self._handle(sock, sock.recv_multipart())
+                    frames = sock.recv_multipart()
+                    try:
+                        self._handle(sock, frames)
+                    except Exception as exc:  # noqa: BLE001 - one message's bug or I/O error must not stop transfers
+                        self.counters["errors"] = self.counters.get("errors", 0) + 1
+                        self.log.error("transfer_message_failed", error=repr(exc))
+                        self._job = None  # start the transfer over at the next offer
         finally:
             sock.close(0)
             ctx.term()
