@@ -17,7 +17,7 @@ import pytest
 
 from engines.store import EngineStore
 
-from .daemon_helpers import REPO, SHIPPED, SHIPPED_NEXT, DaemonProc, TrainerProc, db_rows, merge, toml, wait_until
+from .daemon_helpers import REPO, SHIPPED, SHIPPED_NEXT, DaemonProc, TrainerProc, db_rows, wait_until
 
 pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
 
