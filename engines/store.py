@@ -86,12 +86,14 @@ def _check_files(vdir: Path, name: str, manifest: dict) -> None:
             raise TamperedError(f"{name}/{fname}: missing")
         if fpath.stat().st_size > MAX_FILE_BYTES:
             raise TamperedError(f"{name}/{fname}: larger than {MAX_FILE_BYTES >> 20} MiB; refusing to load it")
-        digest = sha256_file(fpath)
-        if digest != meta["sha256"]:
-            raise TamperedError(
-                f"{name}/{fname}: sha256 {digest[:12]}... does not match manifest "
-                f"{meta['sha256'][:12]}... (file modified or corrupt); refusing to load it"
-            )
+        _check_digest(f"{name}/{fname}", sha256_file(fpath), meta["sha256"])
+
+
+def _check_digest(what: str, digest: str, expected: str) -> None:
+    """:class:`TamperedError` naming ``what`` unless its sha256 ``digest`` is the manifest's ``expected``."""
+    if digest != expected:
+        raise TamperedError(f"{what}: sha256 {digest[:12]}... does not match manifest {expected[:12]}... "
+                            "(file modified or corrupt); refusing to load it")
 
 
 def sha256_file(path: Path) -> str:
@@ -132,10 +134,7 @@ class StoreVersion:
             raise TamperedError(f"{self.name}/{name}: unreadable ({exc})") from None
         if len(data) > MAX_FILE_BYTES:
             raise TamperedError(f"{self.name}/{name}: larger than {MAX_FILE_BYTES >> 20} MiB; refusing to load it")
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != meta["sha256"]:
-            raise TamperedError(f"{self.name}/{name}: sha256 {digest[:12]}... does not match manifest {meta['sha256'][:12]}... "
-                                "(file modified or corrupt); refusing to load it")
+        _check_digest(f"{self.name}/{name}", hashlib.sha256(data).hexdigest(), meta["sha256"])
         return data
 
     def artifact(self, kind: str) -> Path:
@@ -311,13 +310,14 @@ class EngineStore:
                 fsync_dir(self.root)
             if make_current:
                 self._write_current(version)
-                pin = self.pin()
-                if pin is not None and "problem" not in pin and int(version[1:]) > int(pin["from"][1:]):
-                    self.unpin()  # a version newer than the one rolled back from: the pin has done its job
         return StoreVersion(version, dst, manifest)
 
     def _write_current(self, version: str) -> None:
+        """Put ``version`` in service; one newer than a rollback's pin was made from lifts the pin (it has done its job)."""
         atomic_write(self.root / CURRENT, f"{version}\n".encode())
+        pin = self.pin()
+        if pin is not None and "problem" not in pin and int(version[1:]) > int(pin["from"][1:]):
+            self.unpin()
 
     def set_current(self, version: str, trust=None) -> StoreVersion:
         """Put ``version`` in service after verifying it (and with ``trust``, that a trusted key signed it)."""

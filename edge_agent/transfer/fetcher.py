@@ -73,7 +73,7 @@ class EngineFetcher(Worker):
         self.serving, self.queue_depth, self.on_installed = serving, queue_depth, on_installed
         self.log = get_logger("transfer.fetcher", endpoint=settings.endpoint, device=settings.name)
         self.counters = {"offers": 0, "installed": 0, "refused": 0, "chunks": 0, "bytes": 0, "resumed_bytes": 0,
-                         "malformed": 0, "stalls": 0}
+                         "malformed": 0, "stalls": 0, "errors": 0}
         self.refused: dict[str, str] = {}
         self._refused_sig: dict[str, str] = {}
         self._held_back: set[str] = set()  # refused by policy (older, or pinned): offered again once that changes
@@ -116,7 +116,7 @@ class EngineFetcher(Worker):
                     try:
                         self._handle(sock, frames)
                     except Exception as exc:  # noqa: BLE001 - one message's bug or I/O error must not stop transfers
-                        self.counters["errors"] = self.counters.get("errors", 0) + 1
+                        self.counters["errors"] += 1
                         self.log.error("transfer_message_failed", error=repr(exc))
                         self._job = None  # start the transfer over at the next offer
         finally:
@@ -164,8 +164,7 @@ class EngineFetcher(Worker):
             return
         if version in self.store.versions():  # newer, already here: verified (signature included) before it serves
             try:
-                self.store.set_current(version, trust=self.trust)
-                self.store.install(version)  # lifts a pin it is newer than
+                self.store.set_current(version, trust=self.trust)  # lifts a pin it is newer than
                 self.on_installed(version)
                 self._send(sock, encode("result", {"version": version, "ok": True, "reason": "already in the store"}))
             except StoreError as exc:
