@@ -19,8 +19,9 @@ from engines.store import EngineStore
 __all__ = ["StateLayout", "adopt_shipped_release", "resolve_state_dir", "resolve_store", "runtime_dir", "seed_store", "trainer_state_dir", "inbox_dir",
            "live_status", "write_status", "STATUS_SLOT_BYTES"]
 
-#: A status file is padded to this size, so that on a full disk it can still be overwritten in place.
-STATUS_SLOT_BYTES = 64 * 1024
+#: A status file is padded to at least this size (one filesystem block: no more written than an unpadded one), so that
+#: on a full disk it can still be overwritten in place.
+STATUS_SLOT_BYTES = 4096
 
 
 def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
@@ -135,12 +136,15 @@ def write_status(path: Path, doc: dict) -> str | None:
             raise
         why = f"disk full: {exc.strerror}"
     doc = {**doc, "disk_full": why}
-    body = json.dumps(doc, separators=(",", ":")).encode()
-    if len(body) > STATUS_SLOT_BYTES - 1:  # the essentials only
-        keep = ("pid", "started", "updated", "uptime_s", "healthy", "state", "engine", "counters", "disk_full")
-        body = json.dumps({k: doc[k] for k in keep if k in doc}, separators=(",", ":")).encode()
-    with open(path, "r+b") as f:  # no new blocks: the file is STATUS_SLOT_BYTES already
-        f.write(body.ljust(STATUS_SLOT_BYTES))
+    with open(path, "r+b") as f:  # no new blocks: only the bytes the file already has (at least the slot)
+        room = os.fstat(f.fileno()).st_size
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        if len(body) > room:  # the essentials only
+            keep = ("pid", "started", "updated", "uptime_s", "healthy", "state", "engine", "counters", "disk_full")
+            body = json.dumps({k: doc[k] for k in keep if k in doc}, separators=(",", ":")).encode()
+        if len(body) > room:
+            raise OSError(errno.ENOSPC, f"{why}, and {path} is too small to hold even the essentials")
+        f.write(body.ljust(room))
     return why
 
 
