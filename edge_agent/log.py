@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
@@ -59,6 +60,4 @@ def get_logger(name: str | None = None, **context) -> structlog.typing.Filtering
 def display_name(path) -> str:
     """``path`` as text any log line, JSON document or database takes: file-name bytes that are not UTF-8 (a Latin-1
     name from a camera card) shown as ``\\xNN`` instead of failing to encode."""
-    import os
-
     return os.fsencode(path).decode("utf-8", "backslashreplace")

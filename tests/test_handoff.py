@@ -144,24 +144,31 @@ def test_random_and_mutated_frames_only_ever_raise_protocol_errors():
     assert outcomes["refused"] > 1000 and outcomes["parsed"] > 100  # both ways were exercised
 
 
-def test_hostile_frames_leave_the_receiver_answering(tmp_path, endpoints):
+@contextlib.contextmanager
+def peer_of_receiver(tmp_path, endpoints, **settings):
+    """A trainer-side receiver running and a DEALER connected to it; yields (receiver, its sample store, the socket)."""
     store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints))
+    receiver = Receiver(store, ReceiverSettings(*endpoints, **settings))
     receiver.start()
     ctx = zmq.Context()
     sock = client_socket(ctx, zmq.DEALER, endpoints[0], None)
     try:
         wait_until(lambda: sock.poll(10, zmq.POLLOUT), 5, "connected")
+        yield receiver, store, sock
+    finally:
+        sock.close(0)
+        ctx.term()
+        receiver.stop()
+
+
+def test_hostile_frames_leave_the_receiver_answering(tmp_path, endpoints):
+    with peer_of_receiver(tmp_path, endpoints) as (receiver, store, sock):
         for frames in HOSTILE:
             sock.send_multipart(frames)
         wait_until(lambda: receiver.counters["malformed"] == len(HOSTILE), 10, "hostile frames counted")
         sock.send_multipart(encode("heartbeat", {"role": "daemon", "time": time.time()}))
         assert sock.poll(5000) and decode(sock.recv_multipart()).kind == "heartbeat"
         assert receiver.alive() and not store.all()
-    finally:
-        sock.close(0)
-        ctx.term()
-        receiver.stop()
 
 
 def test_a_hostile_trainer_cannot_stop_the_daemons_sender(tmp_path, endpoints):
@@ -246,13 +253,7 @@ def test_resend_is_stored_once(tmp_path):
 
 
 def test_garbage_frames_do_not_crash_the_receiver(tmp_path, endpoints):
-    store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints, max_payload=1000))
-    receiver.start()
-    ctx = zmq.Context()
-    sock = client_socket(ctx, zmq.DEALER, endpoints[0], None)
-    try:
-        wait_until(lambda: sock.poll(10, zmq.POLLOUT), 5, "connected")
+    with peer_of_receiver(tmp_path, endpoints, max_payload=1000) as (receiver, store, sock):
         for frames in ([b"\x00" * 10], [MAGIC, b"sample", b"{bad"], [MAGIC, b"ack", b"{}"], [os.urandom(64), os.urandom(64)]):
             sock.send_multipart(frames)
         big = encode("sample", {"id": "c" * 64, "kind": "pseudo", "label": "x", "confidence": 0.99, "engine_version": "v1", "ext": ".jpg"}, b"x" * 5000)
@@ -261,10 +262,6 @@ def test_garbage_frames_do_not_crash_the_receiver(tmp_path, endpoints):
         assert receiver.alive() and not store.all()
         sock.send_multipart(encode("heartbeat", {"role": "daemon", "time": time.time()}))
         assert sock.poll(2000) and decode(sock.recv_multipart()).kind == "heartbeat"  # still answering
-    finally:
-        sock.close(0)
-        ctx.term()
-        receiver.stop()
 
 
 def test_engine_announcement_reaches_the_daemon(tmp_path, endpoints):

@@ -9,8 +9,9 @@ of the 184 unseen photos (0.9565 -> 0.9674 with exact statistics) and raised the
 
 :func:`recompute_batchnorm` sets each BatchNorm layer in turn (earlier layers already fixed, so each sees the
 inputs it will see in service) to the population mean and unbiased variance of its input over all of ``x`` (each
-batch's in float32, the batches combined in float64); the result does not depend on the photos' order or the batch size. :func:`batchnorm_photos` chooses the photos: for
-a model trained on composed field-like batches (the release), composed passes of lab photos, not the clean ones.
+batch's in float32, the batches combined in float64); the result does not depend on the photos' order or the batch size.
+:func:`batchnorm_photos` chooses the photos for a recompute without training: for a model trained on composed
+field-like batches (the release), composed passes of lab photos, not the clean ones.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ class TrainerService:
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
+        self._classes_of: tuple[str | None, list[str]] = (None, [])  # the current version and its classes
 
     def _sign_unsigned_versions(self) -> None:
         """Versions in this trainer's store from before versions were signed (its own, or a model the user trained):
@@ -121,7 +122,7 @@ class TrainerService:
     def _classes(self) -> list[str]:
         """The classes of the engine in service (read again only when the current version changes)."""
         current = self.store.current()
-        if getattr(self, "_classes_of", (None, None))[0] != current:
+        if self._classes_of[0] != current:
             self._classes_of = (current, list(self.store.open(current, verify=False).classes))
         return self._classes_of[1]
 

@@ -72,7 +72,8 @@ class FolderSource(Worker):
         self._kept: dict[Path, tuple[int, int]] = {}  # finished but left in place: (size, mtime_ns)
         self._lock = threading.Lock()
         self._observer = None
-        self.counters = {"seen": 0, "emitted": 0, "ignored": 0, "rescans": 0}
+        self._missing = False  # the inbox folder is gone (since the last look)
+        self.counters = {"seen": 0, "emitted": 0, "ignored": 0, "rescans": 0, "inbox_missing": 0}
         self.unsupported: dict[str, int] = {}  # extension -> files left alone because the daemon cannot read them
         self._unsupported_seen: set[Path] = set()
 
@@ -232,7 +233,6 @@ class FolderSource(Worker):
 
         self._wake = threading.Event()
         self._handler = Handler()
-        self._missing = False
         self._watch()
         self.rescan()  # the backlog present at start-up
         super().start()
@@ -253,14 +253,14 @@ class FolderSource(Worker):
     @property
     def missing(self) -> bool:
         """Whether the inbox folder is gone (since the last look)."""
-        return getattr(self, "_missing", False)
+        return self._missing
 
     def _inbox_present(self) -> bool:
         """Whether the inbox is there; says so once when it goes and once when it comes back (then watched anew)."""
         present = self.inbox.is_dir()
         if not present and not self._missing:
             self._missing = True
-            self.counters["inbox_missing"] = self.counters.get("inbox_missing", 0) + 1
+            self.counters["inbox_missing"] += 1
             self.log.error("inbox_missing", action="photos dropped in are picked up once it is back")
         elif present and self._missing:
             self._missing = False

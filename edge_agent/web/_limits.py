@@ -67,8 +67,9 @@ def raise_file_limit(wanted: int) -> int:
 
 
 def guarded_protocol(max_connections: int, idle_s: float, log):
-    """uvicorn's h11 protocol with a cap on open connections (beyond it a new one is closed at once) and a deadline for
-    each connection's first whole request (uvicorn times out only idle connections that already made one)."""
+    """uvicorn's h11 protocol with a cap on open connections (beyond it the connection that has waited longest without
+    sending a request is closed to make room, or the new one when none waits) and a deadline for each connection's
+    first whole request (uvicorn times out only idle connections that already made one)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     refused = {"count": 0, "logged": 0.0}
