@@ -104,7 +104,8 @@ def _classify(args: argparse.Namespace) -> int:
 
 # ---- daemon ---------------------------------------------------------------
 def _run(args: argparse.Namespace) -> int:
-    from edge_agent.daemon import Daemon, resolve_state_dir
+    from edge_agent.daemon import Daemon
+    from edge_agent.state import resolve_state_dir
 
     cfg = _load(args)
     if args.store:
@@ -472,14 +473,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import sqlite3
 
-    from edge_agent.config import ConfigError
-    from engines.base import EngineError
-    from engines.store import StoreError
+    from engines.errors import EdgeAgentError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, StoreError, EngineError, FileNotFoundError) as exc:
+    except (EdgeAgentError, FileNotFoundError) as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     except sqlite3.DatabaseError as exc:  # a truncated ledger (a failing SD card): one line, not a traceback

@@ -26,13 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edge_agent.imageheader import IMAGE_EXTENSIONS
 from engines.base import BackendConfig, backends
+from engines.errors import EdgeAgentError
 
 __all__ = ["AppConfig", "ConfigError", "load_config", "dump_toml", "default_store_path", "default_data_path", "CONFIG_ENV"]
 
 CONFIG_ENV = "EDGE_AGENT_CONFIG"
 
 
-class ConfigError(ValueError):
+class ConfigError(EdgeAgentError, ValueError):
     """The configuration file is missing, unreadable or invalid; the message names file and key."""
 
 

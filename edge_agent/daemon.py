@@ -20,7 +20,6 @@ from pathlib import Path
 from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
 from edge_agent.handoff.sender import Sender, SenderSettings
-from edge_agent.handoff.transport import CurveKeys, default_endpoints
 from edge_agent.hotswap import EngineWatcher
 from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.labelqueue import PhotoSpool
@@ -29,32 +28,12 @@ from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
 from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSettings, CameraSource
 from edge_agent.sources.folder import Arrival, FolderSettings, FolderSource
-from edge_agent.state import StateLayout, inbox_dir, resolve_state_dir, resolve_store, runtime_dir, write_status
+from edge_agent.state import StateLayout, curve_keys, device_name, handoff_endpoints, inbox_dir, resolve_store, write_status
 from edge_agent.systemd import Notifier
 from engines.base import Engine
 from edge_agent.trust import adopt_shipped_signatures, daemon_trust, open_trusted
 
-__all__ = ["Daemon", "StateLayout", "resolve_state_dir", "resolve_store", "runtime_dir", "handoff_endpoints", "curve_keys",
-           "device_name"]
-
-
-def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str, str]:
-    """(hand-off, announcements, engine transfer): configured, else ipc:// sockets in the runtime directory."""
-    h = cfg.handoff
-    default_handoff, default_announce, default_delivery = default_endpoints(runtime_dir(state_dir))
-    return h.endpoint or default_handoff, h.announce_endpoint or default_announce, h.delivery_endpoint or default_delivery
-
-
-def device_name(cfg: AppConfig) -> str:
-    """[handoff] name, else the host name: how the trainer's fleet list names this daemon."""
-    import socket
-
-    return (cfg.handoff.name or socket.gethostname() or "daemon")[:64]
-
-
-def curve_keys(cfg: AppConfig) -> CurveKeys | None:
-    h = cfg.handoff
-    return CurveKeys(h.curve_secret_key, h.curve_server_key, h.curve_authorized_dir) if h.curve_secret_key else None
+__all__ = ["Daemon"]
 
 
 class Daemon:

@@ -34,11 +34,12 @@ from edge_agent.worker import Worker
 from engines.base import BackendConfig, Engine
 from engines.loader import open_engine
 from engines.store import EngineStore, StoreError
+from engines.errors import EdgeAgentError
 
 __all__ = ["EngineWatcher", "SwapRefused", "smoke_test", "verify_candidate"]
 
 
-class SwapRefused(Exception):
+class SwapRefused(EdgeAgentError):
     """A new engine version failed verification."""
 
 

@@ -9,19 +9,33 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from engines.errors import EdgeAgentError
 
-__all__ = ["ImageHeader", "HeaderError", "ImageRejected", "read_header", "check_image", "IMAGE_EXTENSIONS"]
+__all__ = ["ImageHeader", "HeaderError", "HeaderTruncated", "ImageRejected", "ImageTruncated", "ImageTooLarge", "read_header",
+           "check_image", "IMAGE_EXTENSIONS"]
 
 #: File extensions of the formats the header parser and decoder accept.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".heic", ".heif")
 
 
-class HeaderError(ValueError):
+class HeaderError(EdgeAgentError, ValueError):
     """The bytes are not a complete image in a supported format."""
 
 
-class ImageRejected(ValueError):
+class HeaderTruncated(HeaderError):
+    """The file ends before its format says it should: it may still be being copied."""
+
+
+class ImageRejected(EdgeAgentError, ValueError):
     """A photo that cannot or must not be classified; the message says why."""
+
+
+class ImageTruncated(ImageRejected):
+    """The photo is incomplete (a copy still in progress, or a cut-off file)."""
+
+
+class ImageTooLarge(ImageRejected):
+    """The photo is over the byte or pixel cap ([preprocess] max_file_bytes, max_pixels)."""
 
 
 @dataclass(frozen=True)
@@ -67,13 +81,15 @@ def check_image(data: bytes, max_file_bytes: int, max_pixels: int) -> ImageHeade
     Every way in (the hot folder, the camera, an upload through the web page) passes here before a pixel is
     decoded. Raises :class:`ImageRejected` with the reason."""
     if len(data) > max_file_bytes:
-        raise ImageRejected(f"file too large: {len(data)} bytes > limit {max_file_bytes}")
+        raise ImageTooLarge(f"file too large: {len(data)} bytes > limit {max_file_bytes}")
     try:
         header = read_header(data)
+    except HeaderTruncated as exc:
+        raise ImageTruncated(str(exc)) from None
     except HeaderError as exc:
         raise ImageRejected(str(exc)) from None
     if header.pixels > max_pixels:
-        raise ImageRejected(
+        raise ImageTooLarge(
             f"image too large: {header.width}x{header.height} = {header.pixels} pixels "
             f"> limit {max_pixels} (decompression bomb?)"
         )
@@ -93,7 +109,7 @@ def _jpeg(data: bytes) -> ImageHeader:
         while pos < n and data[pos] == 0xFF and pos + 1 < n and data[pos + 1] == 0xFF:
             pos += 1
         if pos + 4 > n:
-            raise HeaderError("truncated JPEG (header ends before the image data)")
+            raise HeaderTruncated("truncated JPEG (header ends before the image data)")
         if data[pos] != 0xFF:
             raise HeaderError(f"corrupt JPEG (no marker at byte {pos})")
         marker = data[pos + 1]
@@ -110,7 +126,7 @@ def _jpeg(data: bytes) -> ImageHeader:
             orientation = _exif_orientation(segment[6:])
         elif marker in _SOF:
             if len(segment) < 5:
-                raise HeaderError("truncated JPEG (frame header cut off)")
+                raise HeaderTruncated("truncated JPEG (frame header cut off)")
             height, width = struct.unpack(">HH", segment[1:5])
             size = (width, height)
         elif marker == 0xDA:  # start of scan: entropy-coded data follows
@@ -119,7 +135,7 @@ def _jpeg(data: bytes) -> ImageHeader:
             # 0xFF 0xD9 cannot occur inside entropy-coded data (0xFF is stuffed),
             # so a file without it after the first scan was cut short.
             if data.rfind(b"\xff\xd9", pos + 2 + length) < 0:
-                raise HeaderError("truncated JPEG (no end-of-image marker: file incomplete?)")
+                raise HeaderTruncated("truncated JPEG (no end-of-image marker: file incomplete?)")
             break
         pos += 2 + length
     width, height = size
@@ -165,7 +181,7 @@ def _tiff_values(data: bytes, endian: str, entry: bytes) -> list[int]:
         (offset,) = struct.unpack(endian + "I", entry[8:12])
         raw = data[offset : offset + size * count]
         if len(raw) < size * count:
-            raise HeaderError("truncated TIFF (a tag's values lie past the end of the file)")
+            raise HeaderTruncated("truncated TIFF (a tag's values lie past the end of the file)")
     return list(struct.unpack(endian + ("H" if size == 2 else "I") * count, raw))
 
 
@@ -173,13 +189,13 @@ def _tiff(data: bytes) -> ImageHeader:
     """First image of a TIFF: width, height, orientation; complete if every strip or tile lies inside the file."""
     endian = "<" if data[:2] == b"II" else ">"
     if len(data) < 8:
-        raise HeaderError("truncated TIFF header")
+        raise HeaderTruncated("truncated TIFF header")
     (ifd,) = struct.unpack(endian + "I", data[4:8])
     if ifd < 8 or ifd + 2 > len(data):
-        raise HeaderError("truncated TIFF (no image directory)")
+        raise HeaderTruncated("truncated TIFF (no image directory)")
     (count,) = struct.unpack(endian + "H", data[ifd : ifd + 2])
     if ifd + 2 + 12 * count > len(data):
-        raise HeaderError("truncated TIFF (image directory cut off)")
+        raise HeaderTruncated("truncated TIFF (image directory cut off)")
     tags: dict[int, list[int]] = {}
     for i in range(min(count, 1024)):
         entry = data[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
@@ -194,7 +210,7 @@ def _tiff(data: bytes) -> ImageHeader:
         raise HeaderError("corrupt TIFF (no image data offsets)")
     end = max(o + c for o, c in zip(offsets, counts))
     if end > len(data):
-        raise HeaderError(f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)")
+        raise HeaderTruncated(f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)")
     orientation = (tags.get(274) or [1])[0]
     return ImageHeader("tiff", width, height, orientation if 1 <= orientation <= 8 else 1)
 
@@ -211,17 +227,17 @@ def _boxes(data: bytes, start: int, end: int):
         head = 8
         if size == 1:
             if i + 16 > end:
-                raise HeaderError("truncated HEIF (box header cut off)")
+                raise HeaderTruncated("truncated HEIF (box header cut off)")
             (size,) = struct.unpack(">Q", data[i + 8 : i + 16])
             head = 16
         elif size == 0:
             size = end - i
         if size < head or i + size > end:
-            raise HeaderError(f"truncated HEIF ({kind.decode('latin-1')} box ends past the end of the file: file incomplete?)")
+            raise HeaderTruncated(f"truncated HEIF ({kind.decode('latin-1')} box ends past the end of the file: file incomplete?)")
         yield kind, i + head, i + size
         i += size
     if i != end:
-        raise HeaderError("truncated HEIF (a box header cut off at the end)")
+        raise HeaderTruncated("truncated HEIF (a box header cut off at the end)")
 
 
 def _heif(data: bytes) -> ImageHeader:
@@ -255,18 +271,18 @@ def _heif(data: bytes) -> ImageHeader:
 
 def _png(data: bytes) -> ImageHeader:
     if len(data) < 33 or data[12:16] != b"IHDR":
-        raise HeaderError("truncated PNG (no IHDR header)")
+        raise HeaderTruncated("truncated PNG (no IHDR header)")
     width, height = struct.unpack(">II", data[16:24])
     if width == 0 or height == 0:
         raise HeaderError("corrupt PNG (zero width or height)")
     if data.rfind(b"IEND", len(data) - 64) < 0:
-        raise HeaderError("truncated PNG (no IEND chunk: file incomplete?)")
+        raise HeaderTruncated("truncated PNG (no IEND chunk: file incomplete?)")
     return ImageHeader("png", width, height)
 
 
 def _bmp(data: bytes) -> ImageHeader:
     if len(data) < 26:
-        raise HeaderError("truncated BMP header")
+        raise HeaderTruncated("truncated BMP header")
     (declared,) = struct.unpack("<I", data[2:6])
     (dib,) = struct.unpack("<I", data[14:18])
     if dib == 12:
@@ -277,14 +293,14 @@ def _bmp(data: bytes) -> ImageHeader:
     if width <= 0 or height == 0:
         raise HeaderError("corrupt BMP (zero width or height)")
     if declared and len(data) < declared:
-        raise HeaderError(f"truncated BMP ({len(data)} of {declared} bytes)")
+        raise HeaderTruncated(f"truncated BMP ({len(data)} of {declared} bytes)")
     return ImageHeader("bmp", width, height)
 
 
 def _webp(data: bytes) -> ImageHeader:
     (riff_size,) = struct.unpack("<I", data[4:8])
     if len(data) < riff_size + 8:
-        raise HeaderError(f"truncated WebP ({len(data)} of {riff_size + 8} bytes)")
+        raise HeaderTruncated(f"truncated WebP ({len(data)} of {riff_size + 8} bytes)")
     chunk = data[12:16]
     body = data[20:]
     if chunk == b"VP8X" and len(body) >= 10:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from engines.durable import atomic_write, fsync_dir, sync_filesystem
+from engines.errors import EdgeAgentError
 
 __all__ = ["PhotoSpool", "QueueFull", "SpoolItem", "Origin"]
 
@@ -40,7 +41,7 @@ class SpoolItem(NamedTuple):
     origin: Origin | None = None  # link this file instead of writing ``data``, if it is unchanged
 
 
-class QueueFull(Exception):
+class QueueFull(EdgeAgentError):
     """The queue's disk quota (or the disk itself) is full; the item was not queued."""
 
 
@@ -63,25 +64,6 @@ class PhotoSpool:
 
     def path_for(self, kind: str, sha256: str, ext: str) -> Path:
         return self.root / kind / f"{sha256}{ext}"
-
-    def put(self, kind: str, sha256: str, data: bytes, ext: str = ".jpg") -> Path:
-        """Write ``data`` durably; raises :class:`QueueFull` over quota or on a full disk."""
-        final = self.path_for(kind, sha256, ext)
-        if final.exists() and final.stat().st_size == len(data):
-            return final  # already there from before a crash
-        with self._lock:
-            if self._used + len(data) > self.max_bytes:
-                raise QueueFull(f"label queue quota reached ({self._used} + {len(data)} > {self.max_bytes} bytes)")
-            self._used += len(data)
-        try:
-            atomic_write(final, data)
-        except OSError as exc:
-            with self._lock:
-                self._used -= len(data)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise QueueFull(f"disk full while queuing: {exc}") from None
-            raise
-        return final
 
     def put_many(self, items: list[SpoolItem]) -> list[Path | None]:
         """Write (or link) items with one durability barrier for the whole batch.

@@ -31,7 +31,8 @@ from edge_agent.classifier import Classifier, Prediction
 from edge_agent.golden import load_golden, save_golden
 from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
 from edge_agent.log import display_name, get_logger
-from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
+from edge_agent.imageheader import ImageRejected, ImageTruncated
+from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.worker import spawn
 
@@ -267,10 +268,14 @@ class Pipeline:
             t1 = time.perf_counter()
             job.tensor = preprocess_bytes(job.data, spec)
             job.timings["preprocess"] = round((time.perf_counter() - t1) * 1000, 3)
-        except ImageRejected as exc:
-            if "truncated" in str(exc) and self.retry_incomplete(job):
+        except ImageTruncated as exc:
+            if self.retry_incomplete(job):
                 self._finish(job, retried=True)
                 return
+            job.error = str(exc)
+            self._sink_q.put(job)
+            return
+        except ImageRejected as exc:
             job.error = str(exc)
             self._sink_q.put(job)
             return

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import cv2
 import numpy as np
 
-from edge_agent.imageheader import IMAGE_EXTENSIONS, ImageHeader, ImageRejected, check_image
+from edge_agent.imageheader import IMAGE_EXTENSIONS, ImageHeader, ImageRejected, ImageTooLarge, check_image
 
 __all__ = [
     "PreprocessSpec",
@@ -213,7 +213,7 @@ def read_limited(path: str | os.PathLike, spec: PreprocessSpec = DEFAULT_SPEC) -
         if not stat.S_ISREG(st.st_mode):
             raise ImageRejected("not a regular file")
         if st.st_size > cap:
-            raise ImageRejected(f"file too large: {st.st_size} bytes > limit {cap}")
+            raise ImageTooLarge(f"file too large: {st.st_size} bytes > limit {cap}")
         chunks, total, want = [], 0, st.st_size + 1  # +1: the read that finds the end costs nothing extra
         while total <= cap:
             chunk = os.read(fd, min(want, cap + 1 - total))

@@ -12,11 +12,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge_agent.config import AppConfig, default_store_path
 from engines.store import EngineStore
 
-__all__ = ["StateLayout", "adopt_shipped_release", "resolve_state_dir", "resolve_store", "runtime_dir", "seed_store", "trainer_state_dir", "inbox_dir",
+if TYPE_CHECKING:
+    from edge_agent.handoff.transport import CurveKeys
+
+__all__ = ["StateLayout", "adopt_shipped_release", "curve_keys", "device_name", "handoff_endpoints", "resolve_state_dir", "resolve_store", "runtime_dir", "seed_store", "trainer_state_dir", "inbox_dir",
            "live_status", "write_status", "STATUS_SLOT_BYTES"]
 
 #: A status file is padded to at least this size (one filesystem block: no more written than an unpadded one), so that
@@ -171,3 +175,27 @@ def live_status(path: Path, stale_s: float | None = None) -> tuple[dict, bool]:
     except PermissionError:  # alive, but another user's
         pass
     return live, stale_s is None or time.time() - float(live.get("updated", 0)) < stale_s
+
+
+def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str, str]:
+    """(hand-off, announcements, engine transfer): configured, else ipc:// sockets in the runtime directory."""
+    from edge_agent.handoff.transport import default_endpoints
+
+    h = cfg.handoff
+    default_handoff, default_announce, default_delivery = default_endpoints(runtime_dir(state_dir))
+    return h.endpoint or default_handoff, h.announce_endpoint or default_announce, h.delivery_endpoint or default_delivery
+
+
+def device_name(cfg: AppConfig) -> str:
+    """[handoff] name, else the host name: how the trainer's fleet list names this daemon."""
+    import socket
+
+    return (cfg.handoff.name or socket.gethostname() or "daemon")[:64]
+
+
+def curve_keys(cfg: AppConfig) -> CurveKeys | None:
+    """The CURVE keys [handoff] names for tcp:// links, or None (ipc:// needs none)."""
+    from edge_agent.handoff.transport import CurveKeys
+
+    h = cfg.handoff
+    return CurveKeys(h.curve_secret_key, h.curve_server_key, h.curve_authorized_dir) if h.curve_secret_key else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from engines.errors import EdgeAgentError
 
 __all__ = ["PHRASES", "VERDICTS", "Judge", "Verdict", "VerdictSpec", "VerdictSpecError", "image_checks", "phrase"]
 
@@ -37,7 +38,7 @@ def phrase(verdict: str | None, label: str) -> str:
     return f"{PHRASES.get(verdict, verdict)} (best guess {label})"
 
 
-class VerdictSpecError(ValueError):
+class VerdictSpecError(EdgeAgentError, ValueError):
     """A manifest's ``verdict`` section is malformed (wrong shapes, not finite, thresholds out of order)."""
 
 

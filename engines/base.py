@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from engines.store import StoreVersion
+from engines.errors import EdgeAgentError
 
 if TYPE_CHECKING:  # numpy is imported where a batch is handled, so reading the config stays light
     import numpy as np
@@ -45,7 +46,7 @@ def malloc_trim() -> None:
         pass
 
 
-class EngineError(RuntimeError):
+class EngineError(EdgeAgentError, RuntimeError):
     """An engine could not be built, loaded or run as configured."""
 
 

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from engines.durable import atomic_write, fsync_dir, fsync_file
+from engines.errors import EdgeAgentError
 
 __all__ = [
     "EngineStore",
@@ -51,7 +52,7 @@ _VERSION_RE = re.compile(r"^v(\d{4,})$")
 MAX_FILE_BYTES = 512 << 20
 
 
-class StoreError(RuntimeError):
+class StoreError(EdgeAgentError, RuntimeError):
     """The store or a version in it is missing, malformed or inconsistent."""
 
 

@@ -13,7 +13,7 @@ import pytest
 from edge_agent.config import parse_config
 from edge_agent.preprocess import preprocess_bytes
 from engines.base import BackendUnavailable, EngineError, backends, get_backend
-from engines.build.tensorrt_plan import PlanBuildError, PlanKey, load_or_build
+from engines.backends._tensorrt_plan import PlanBuildError, PlanKey, load_or_build
 from engines.loader import open_engine
 from engines.store import EngineStore, TamperedError
 

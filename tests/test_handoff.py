@@ -15,7 +15,7 @@ zmq = pytest.importorskip("zmq")
 from edge_agent.handoff.protocol import MAGIC, ProtocolError, decode, encode  # noqa: E402
 from edge_agent.handoff.sender import Sender, SenderSettings  # noqa: E402
 from edge_agent.handoff.transport import TransportError, client_socket  # noqa: E402
-from edge_agent.labelqueue import PhotoSpool  # noqa: E402
+from edge_agent.labelqueue import PhotoSpool, SpoolItem  # noqa: E402
 from edge_agent.results import QueueEntry, ResultsDB  # noqa: E402
 from trainer.receiver import Receiver, ReceiverSettings  # noqa: E402
 from trainer.samples import SampleStore  # noqa: E402
@@ -30,7 +30,7 @@ def queue_photos(db: ResultsDB, spool: PhotoSpool, n: int, kind: str = "pseudo",
     for i in range(n):
         data = encode_img(leaf_image(seed + i))
         sha = hashlib.sha256(data).hexdigest()
-        f = spool.put(kind, sha, data)
+        [f] = spool.put_many([SpoolItem(kind, sha, data)])
         entries.append(QueueEntry(sha, sha[:16], kind, "Tomato___healthy", 0.97, "v0001", str(f), len(data)))
         ids.append(sha)
     db.commit([], entries)
@@ -340,7 +340,7 @@ def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_pho
     for i, (kind, label) in enumerate([("pseudo", "Made_up___class"), ("expert", "Made_up___class"), ("expert", "bad\x00name")]):
         data = encode_img(leaf_image(400 + i))
         sha = hashlib.sha256(data).hexdigest()
-        db.commit([], [QueueEntry(sha, sha[:16], kind, label, 1.0, "v1000", str(spool.put(kind, sha, data)), len(data))])
+        db.commit([], [QueueEntry(sha, sha[:16], kind, label, 1.0, "v1000", str(spool.put_many([SpoolItem(kind, sha, data)])[0]), len(data))])
         strangers.append(sha)
     store = SampleStore(tmp_path / "trainer")
     receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2, new_classes=False), classes=lambda: known)

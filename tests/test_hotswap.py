@@ -142,7 +142,7 @@ def test_rollback_is_followed(running, signing_key):
 
 def test_seeded_store_when_no_path_is_configured(tmp_path):
     from edge_agent.config import default_store_path
-    from edge_agent.daemon import resolve_store
+    from edge_agent.state import resolve_store
 
     store = resolve_store(parse_config({}), tmp_path / "state")
     assert store.root == tmp_path / "state" / "engines"

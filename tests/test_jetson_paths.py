@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from edge_agent.config import parse_config
 from edge_agent.preprocess import preprocess_bytes
 from engines.base import BackendUnavailable, EngineError
-from engines.build.tensorrt_plan import PlanBuildError, build_plan
+from engines.backends._tensorrt_plan import PlanBuildError, build_plan
 from engines.loader import open_engine
 from tests import fakes
 from tests.conftest import encode, leaf_image

@@ -224,7 +224,7 @@ def test_spool_full_disk_is_queue_full(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", nospace)
     with pytest.raises(QueueFull, match="disk full"):
-        spool.put("pseudo", "ab" * 32, b"x" * 100)
+        spool.put_many([SpoolItem("pseudo", "ab" * 32, b"x" * 100)])
     assert spool.used_bytes == 0 and not list((tmp_path / "q" / "pseudo").iterdir())
 
 

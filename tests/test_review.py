@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from edge_agent.labelqueue import PhotoSpool
+from edge_agent.labelqueue import PhotoSpool, SpoolItem
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.review.queue import LabelError, label_photo, left_today, prune_pool, to_ask
 from edge_agent.review.rank import Candidate, margin, rank
@@ -44,7 +44,7 @@ def _db_with_pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool]:
         sha = f"{i:064x}"
         p1 = 0.4 + i * 0.04
         top_k = [["Apple___healthy", p1], ["Tomato___healthy", 1 - p1 - 0.01]]
-        f = spool.put("review", sha, b"jpeg", ".jpg")
+        [f] = spool.put_many([SpoolItem("review", sha, b"jpeg", ".jpg")])
         results.append(ResultRow(sha, f"p{i}", f"/in/{i}.jpg", "folder", top_k[0][0], p1, top_k, "v0001", {}))
         entries.append(QueueEntry(sha, f"p{i}", "review", top_k[0][0], p1, "v0001", str(f), 4))
     db.commit(results, entries)

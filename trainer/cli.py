@@ -59,7 +59,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _service_config(args: argparse.Namespace):
     from edge_agent.config import load_config
-    from edge_agent.daemon import resolve_state_dir
+    from edge_agent.state import resolve_state_dir
 
     cfg = load_config(getattr(args, "config", None))
     if getattr(args, "retrain_threshold", None):
@@ -88,7 +88,7 @@ def _running(status_file) -> dict | None:
 
 
 def _retrain(args: argparse.Namespace) -> int:
-    from edge_agent.daemon import resolve_store
+    from edge_agent.state import resolve_store
     from trainer.samples import SampleStore
     from trainer.service import retrain, trainer_state_dir
 
@@ -383,14 +383,13 @@ def _simulate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from edge_agent.log import configure_logging
 
-    from edge_agent.config import ConfigError
-    from engines.store import StoreError
+    from engines.errors import EdgeAgentError
 
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
-    except (ConfigError, StoreError) as exc:
+    except EdgeAgentError as exc:
         print(f"edge-trainer: {exc}", file=sys.stderr)
         return 2
 

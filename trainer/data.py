@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from edge_agent.preprocess import DEFAULT_SPEC, IMAGE_EXTENSIONS, ImageRejected, PreprocessSpec, preprocess_file
+from engines.errors import EdgeAgentError
 
 __all__ = [
     "DatasetError",
@@ -30,7 +31,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
 ]
 
-class DatasetError(ValueError):
+class DatasetError(EdgeAgentError, ValueError):
     """The training data is missing, empty or malformed."""
 
 

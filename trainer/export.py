@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from engines.errors import EdgeAgentError
 
 __all__ = ["export_onnx", "ExportMismatch", "INPUT_NAME", "OUTPUT_NAME", "OPSET"]
 
@@ -16,7 +17,7 @@ OUTPUT_NAME = "logits"
 OPSET = 17
 
 
-class ExportMismatch(RuntimeError):
+class ExportMismatch(EdgeAgentError, RuntimeError):
     """The exported graph does not compute what the torch model computes."""
 
 

@@ -11,10 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["ARCHS", "ConvBlock", "LeafNet", "build_model", "count_parameters", "INPUT_SIZE"]
-
-#: Side of the square input the network expects (pixels).
-INPUT_SIZE = 128
+__all__ = ["ARCHS", "ConvBlock", "LeafNet", "build_model", "count_parameters"]
 
 
 class ConvBlock(nn.Sequential):

@@ -54,7 +54,7 @@ def publish_model(
     """
     import json
 
-    from engines.build.int8 import logits_of_onnx, quantize_int8, top1_agreement
+    from trainer.int8 import logits_of_onnx, quantize_int8, top1_agreement
 
     log = get_logger("trainer")
     if len(classes) != model.num_classes:

@@ -85,10 +85,6 @@ class SampleStore:
             rows = self._db.execute("SELECT id, kind, label, confidence, engine_version, file, received, generation FROM samples ORDER BY received").fetchall()
         return [Sample(*r) for r in rows]
 
-    def unused(self) -> list[Sample]:
-        """Samples no published generation has trained on yet."""
-        return [s for s in self.all() if s.generation is None]
-
     def mark_used(self, ids: list[str], generation: str) -> None:
         with self._lock:
             self._db.executemany("UPDATE samples SET generation = ? WHERE id = ?", [(generation, i) for i in ids])

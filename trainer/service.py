@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.daemon import curve_keys, handoff_endpoints, resolve_store
+from edge_agent.state import curve_keys, handoff_endpoints, resolve_store
 from edge_agent.log import get_logger
 from edge_agent.state import trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from engines.errors import EdgeAgentError
+
 __all__ = ["Stopped", "check"]
 
 
-class Stopped(Exception):
+class Stopped(EdgeAgentError):
     """Training was asked to stop (SIGTERM, SIGINT); the candidate is abandoned and nothing is marked as used."""
 
 

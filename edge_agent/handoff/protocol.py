@@ -23,6 +23,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from engines.errors import EdgeAgentError
 
 __all__ = ["MAGIC", "Field", "Message", "ProtocolError", "encode", "decode", "decode_or_drop", "parse_frames", "MAX_HEADER_BYTES",
            "DEFAULT_MAX_PAYLOAD", "VERSION"]
@@ -79,7 +80,7 @@ _SCHEMAS = {
 }
 
 
-class ProtocolError(ValueError):
+class ProtocolError(EdgeAgentError, ValueError):
     """A message that does not follow the protocol."""
 
 

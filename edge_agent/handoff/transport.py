@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from engines.errors import EdgeAgentError
 
 __all__ = ["CurveKeys", "client_socket", "server_socket", "default_endpoints", "TransportError", "Authenticator", "send_nowait"]
 
 
-class TransportError(RuntimeError):
+class TransportError(EdgeAgentError, RuntimeError):
     """An endpoint or key configuration that cannot be used safely."""
 
 

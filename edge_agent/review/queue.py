@@ -15,8 +15,9 @@ from pathlib import Path
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.rank import Candidate, margin, rank
+from engines.errors import EdgeAgentError
 
-__all__ = ["ReviewItem", "LabelError", "to_ask", "left_today", "label_photo", "prune_pool"]
+__all__ = ["ReviewItem", "LabelError", "PhotoNotQueued", "to_ask", "left_today", "label_photo", "prune_pool"]
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,12 @@ class ReviewItem:
     verdict: str | None = None  # "unknown": unlike anything the model knows (a new class may be born here)
 
 
-class LabelError(ValueError):
+class LabelError(EdgeAgentError, ValueError):
     """The photo is not in the review queue, or the class is unknown (and not declared new)."""
+
+
+class PhotoNotQueued(LabelError):
+    """No photo of the review queue matches the reference given."""
 
 
 def _start_of_today() -> float:
@@ -66,7 +71,7 @@ def label_photo(db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list
     label = label.strip()
     entry = db.find_queued(ref)
     if entry is None or entry.kind not in ("review", "expert"):
-        raise LabelError(f"no photo {ref!r} in the review queue (see `edge-agent review list`)")
+        raise PhotoNotQueued(f"no photo {ref!r} in the review queue (see `edge-agent review list`)")
     if not label:
         raise LabelError("an empty class name")
     if label not in classes and not new_class:

@@ -21,6 +21,7 @@ import cv2
 
 from edge_agent.log import get_logger
 from edge_agent.worker import Worker
+from engines.errors import EdgeAgentError
 
 __all__ = ["CameraSource", "CameraSettings", "JETSON_CSI_PIPELINE", "gstreamer_available", "CameraError"]
 
@@ -31,7 +32,7 @@ JETSON_CSI_PIPELINE = (
 )
 
 
-class CameraError(RuntimeError):
+class CameraError(EdgeAgentError, RuntimeError):
     """The camera cannot be opened for a reason retrying will not fix."""
 
 

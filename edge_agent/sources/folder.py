@@ -146,10 +146,6 @@ class FolderSource(Worker):
             self._owned.discard(path)
             self._pending[path] = _Pending(-1, -1, time.monotonic())
 
-    def owns(self, path: Path) -> bool:
-        with self._lock:
-            return path in self._owned
-
     def rescan(self) -> None:
         self.counters["rescans"] += 1
         walker = os.walk(self.inbox) if self.settings.recursive else [(str(self.inbox), [], os.listdir(self.inbox))]

@@ -12,11 +12,12 @@ slow page cannot touch classification. Server-rendered pages, every asset in the
 from __future__ import annotations
 
 from pathlib import Path
+from engines.errors import EdgeAgentError
 
 __all__ = ["serve", "new_token", "WebError"]
 
 
-class WebError(RuntimeError):
+class WebError(EdgeAgentError, RuntimeError):
     """The page cannot start as asked (an open address without a token)."""
 
 

@@ -26,7 +26,7 @@ from starlette.templating import Jinja2Templates
 from edge_agent.config import AppConfig
 from edge_agent.imageheader import ImageRejected
 from edge_agent.results import ResultsDB
-from edge_agent.review.queue import LabelError, label_photo, left_today, to_ask
+from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
 from edge_agent.state import StateLayout, live_status, resolve_store, trainer_state_dir
 from edge_agent.web import charts
 from edge_agent.web._limits import BodyLimit
@@ -35,6 +35,7 @@ from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.queries import Filters, Reader
 from edge_agent.web.upload import store_upload
 from engines.store import StoreError
+from engines.errors import EdgeAgentError
 
 __all__ = ["create_app", "WebContext"]
 
@@ -89,7 +90,7 @@ def shown_name(row) -> str:
     return Path(row.path).name if row.path else row.source
 
 
-class BadParameter(ValueError):
+class BadParameter(EdgeAgentError, ValueError):
     """A query or form parameter out of its range: answered 400 with the reason."""
 
 
@@ -202,8 +203,10 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 404, "no results yet: has the daemon run with this state directory?")
         try:
             entry = label_photo(db, ctx.state.queue, ctx.cfg.labels.max_queue_mb << 20, ctx.classes(), sha, label, new_class)
+        except PhotoNotQueued as exc:
+            return problem(request, 404, str(exc))
         except LabelError as exc:
-            return problem(request, 404 if str(exc).startswith("no photo") else 400, str(exc))
+            return problem(request, 400, str(exc))
         finally:
             db.close()
         return RedirectResponse(f"/review?i={_int(data.get('i'))}&done={entry.photo_id}", status_code=303)

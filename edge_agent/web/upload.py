@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_agent.imageheader import ImageRejected, check_image
+from edge_agent.imageheader import ImageRejected, ImageTooLarge, check_image
 
 __all__ = ["Outcome", "store_upload", "EXTENSIONS"]
 
@@ -38,9 +38,10 @@ def store_upload(name: str, data: bytes, inbox: Path, max_file_bytes: int, max_p
         return Outcome(shown, 413, error=f"file too large: more than {max_file_bytes} bytes (the [preprocess] max_file_bytes cap)")
     try:
         header = check_image(data, max_file_bytes, max_pixels)
+    except ImageTooLarge as exc:
+        return Outcome(shown, 413, error=str(exc))
     except ImageRejected as exc:
-        status = 413 if str(exc).startswith("image too large") else 415
-        return Outcome(shown, status, error=str(exc))
+        return Outcome(shown, 415, error=str(exc))
     sha = hashlib.sha256(data).hexdigest()
     final = inbox / f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{sha[:12]}{EXTENSIONS[header.format]}"
     part = inbox / f".{final.name}.part"

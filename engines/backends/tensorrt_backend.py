@@ -1,7 +1,7 @@
 """Native TensorRT backend (Jetson): an FP16 plan built from the version's ONNX, run with pycuda.
 
 The plan is cached per ONNX sha256 + TensorRT version + GPU + precision (see
-:mod:`engines.build.tensorrt_plan`) and rebuilt when it no longer deserialises.
+:mod:`engines.backends._tensorrt_plan`) and rebuilt when it no longer deserialises.
 It uses TensorRT's named I/O tensor API (``num_io_tensors``, ``set_tensor_address``,
 ``set_input_shape``, ``execute_async_v3``): TensorRT 8.5 and later, so JetPack 5.1
 (8.5), JetPack 6.0 (8.6) and JetPack 6.1/6.2 (10.3). Older TensorRT is refused with
@@ -88,7 +88,7 @@ class TensorRTEngine(Engine):
         super().__init__(version, config)
         trt, cuda = _import_runtime()
         self._trt, self._cuda = trt, cuda
-        from engines.build.tensorrt_plan import PlanKey, build_plan, load_or_build
+        from engines.backends._tensorrt_plan import PlanKey, build_plan, load_or_build
 
         device = cuda.Device(config.device_id)
         self._ctx = device.retain_primary_context()

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from engines.base import EngineError
 from engines.durable import atomic_write
 
 __all__ = ["PlanKey", "build_plan", "load_or_build", "PlanBuildError"]
@@ -25,7 +26,7 @@ __all__ = ["PlanKey", "build_plan", "load_or_build", "PlanBuildError"]
 T = TypeVar("T")
 
 
-class PlanBuildError(RuntimeError):
+class PlanBuildError(EngineError):
     """TensorRT could not build or load a plan."""
 
 
