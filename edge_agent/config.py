@@ -143,7 +143,7 @@ class CameraSection(_Section):
         "0",
         description="Device index, /dev/videoN, rtsp:// or http:// (MJPEG) URL, video file, GStreamer pipeline, or 'jetson-csi'.",
     )
-    interval_s: float = Field(5.0, gt=0, description="Seconds between classified frames.")
+    interval_s: float = Field(5.0, ge=0, description="Seconds between classified frames (0: every frame).")
     stale_s: float = Field(10.0, gt=0, description="No frame for this long: the stream is stale and is reopened.")
     backoff_initial_s: float = Field(1.0, gt=0, description="First wait before reopening; doubles on each failure.")
     backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between reopen attempts.")
@@ -162,6 +162,9 @@ class PipelineSection(_Section):
     max_wait_ms: float = Field(20.0, ge=0, le=5000, description="How long a batch waits to fill up.")
     decode_workers: int = Field(2, ge=1, le=32, description="Threads reading and preprocessing photos.")
     queue_size: int = Field(32, ge=1, le=4096, description="Capacity of each queue between stages (back-pressure beyond).")
+    idle_trim_s: float = Field(
+        1.0, gt=0, le=600, description="Idle this long, the engine hands its cached memory back and the golden photos are saved."
+    )
 
 
 class LabelsSection(_Section):

@@ -24,10 +24,10 @@ from edge_agent.hotswap import EngineWatcher
 from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
-from edge_agent.pipeline import Job, LabelPolicy, Pipeline, PipelineSettings
+from edge_agent.pipeline import Job, Pipeline
 from edge_agent.results import ResultsDB
-from edge_agent.sources.camera import CameraSettings, CameraSource
-from edge_agent.sources.folder import Arrival, FolderSettings, FolderSource
+from edge_agent.sources.camera import CameraSource
+from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.state import StateLayout, curve_keys, device_name, handoff_endpoints, inbox_dir, resolve_store, write_status
 from edge_agent.systemd import Notifier
 from engines.base import Engine
@@ -88,14 +88,14 @@ class Daemon:
             self.ledger_note += self._reindex_queue()
             self.log.error("ledger_set_aside", note=self.ledger_note)
         self.spool = PhotoSpool(self.state.queue, cfg.labels.max_queue_mb << 20, self.db.queue_bytes())
-        p = cfg.pipeline
         self.pipeline = Pipeline(
             self.classifier,
             self.db,
             self.spool,
             self.state.root,
-            PipelineSettings(p.max_batch, p.max_wait_ms, p.decode_workers, p.queue_size, cfg.inbox.after),
-            LabelPolicy(cfg.labels.pseudo_threshold, cfg.labels.per_class_cap, cfg.labels.review_threshold),
+            cfg.pipeline,
+            cfg.labels,
+            cfg.inbox.after,
             on_done=self._done,
             on_retry=self._retry,
             retry_incomplete=self._retry_incomplete,
@@ -103,19 +103,10 @@ class Daemon:
         self.pipeline.start()
         self._start_learning_links()
         if cfg.inbox.enabled:
-            i = cfg.inbox
-            self.folder = FolderSource(
-                self.inbox,
-                FolderSettings(tuple(i.extensions), tuple(i.ignore_suffixes), i.recursive, i.settle_s, i.incomplete_grace_s, i.rescan_interval_s),
-                self._arrived,
-            )
+            self.folder = FolderSource(self.inbox, cfg.inbox, self._arrived)
             self.folder.start()
         if cfg.camera.enabled:
-            c = cfg.camera
-            self.camera = CameraSource(
-                CameraSettings(c.source, c.interval_s, c.stale_s, c.backoff_initial_s, c.backoff_max_s, c.jpeg_quality),
-                self._frame,
-            )
+            self.camera = CameraSource(cfg.camera, self._frame)
             self.camera.start()
             self.camera.first_attempt.wait(15)  # READY only after the camera was tried once
 

@@ -9,13 +9,15 @@ version that labelled them.
 from __future__ import annotations
 
 import io
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 
+from edge_agent.log import get_logger
 from engines.durable import atomic_write
 
-__all__ = ["Golden", "load_golden", "save_golden"]
+__all__ = ["Golden", "GoldenSet", "load_golden", "save_golden"]
 
 #: (network input, class index of the version that labelled it)
 Golden = list[tuple[np.ndarray, int]]
@@ -42,3 +44,47 @@ def load_golden(path: Path, size: int | None = None) -> tuple[str, Golden] | Non
     if x.ndim != 4 or x.shape[1] != 3 or (size is not None and x.shape[2:] != (size, size)) or len(x) != len(y) or y.ndim != 1 or (y < 0).any():
         raise ValueError(f"{path}: shape {x.shape} / {len(y)} labels")
     return version, list(zip(x, (int(c) for c in y)))
+
+
+class GoldenSet:
+    """The last ``size`` confident photos of the engine in service, written to ``path`` once per change and read back
+    at the next start for that same engine."""
+
+    def __init__(self, path: Path, size: int = 16) -> None:
+        self.path = path
+        self._photos: deque = deque(maxlen=size)
+        self._saved = True
+        self.log = get_logger("golden")
+
+    def photos(self) -> Golden:
+        """Recent confident photos (preprocessed) with the running engine's class index."""
+        return list(self._photos)
+
+    def add(self, tensor: np.ndarray, index: int) -> None:
+        self._photos.append((tensor, index))
+        self._saved = False
+
+    def restart(self) -> None:
+        """A new engine serves: the photos it has not labelled no longer count."""
+        self._photos.clear()
+        self._saved = False
+
+    def load(self, version: str, size: int) -> None:
+        """Photos ``version`` labelled before a restart; a file of another version, or a broken one, is ignored."""
+        try:
+            found = load_golden(self.path, size)
+        except ValueError as exc:  # truncated or tampered: not worth refusing to start over
+            self.log.warning("golden_file_ignored", file=str(self.path), error=str(exc))
+            return
+        if found is not None and found[0] == version:
+            self._photos.extend(found[1])
+
+    def save(self, version: str) -> None:
+        """Write the photos labelled by ``version``, if they changed since the last write."""
+        if self._saved or not self._photos:
+            return
+        try:
+            save_golden(self.path, list(self._photos), version)
+            self._saved = True
+        except OSError as exc:  # a full disk: the check just starts empty after the next restart
+            self.log.warning("golden_save_failed", error=str(exc))

@@ -148,7 +148,7 @@ class EngineWatcher(Worker):
         new = None
         try:
             new = open_engine(self.store, self.engine_config, target, trust=self.trust)
-            measured = verify_candidate(new, old.version.manifest, old.engine_version, self.pipeline.golden(), self.min_agreement)
+            measured = verify_candidate(new, old.version.manifest, old.engine_version, self.pipeline.golden.photos(), self.min_agreement)
         except Exception as exc:  # TamperedError, EngineError, SwapRefused...
             if new is not None:
                 new.close()

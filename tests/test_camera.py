@@ -7,7 +7,8 @@ import cv2
 import numpy as np
 import pytest
 
-from edge_agent.sources.camera import CameraError, CameraSettings, CameraSource, gstreamer_available
+from edge_agent.config import CameraSection
+from edge_agent.sources.camera import CameraError, CameraSource, gstreamer_available
 
 from .daemon_helpers import DaemonProc, db_rows, wait_until
 from .mjpeg_server import MjpegServer
@@ -31,7 +32,7 @@ def test_mjpeg_stream_dies_and_comes_back(frames):
     server = MjpegServer(frames, fps=20).start()
     port = server.port
     sink = Frames()
-    cam = CameraSource(CameraSettings(server.url, interval_s=0.1, stale_s=1.0, backoff_initial_s=0.2, backoff_max_s=0.5), sink)
+    cam = CameraSource(CameraSection(source=server.url, interval_s=0.1, stale_s=1.0, backoff_initial_s=0.2, backoff_max_s=0.5), sink)
     cam.start()
     try:
         wait_until(lambda: len(sink.got) >= 3, 15, "frames from the stream")
@@ -59,7 +60,7 @@ def test_video_file_source(frames, tmp_path):
         writer.write(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR))
     writer.release()
     sink = Frames()
-    cam = CameraSource(CameraSettings(str(path), interval_s=0.0, stale_s=0.5, backoff_initial_s=0.1), sink)
+    cam = CameraSource(CameraSection(source=str(path), interval_s=0.0, stale_s=0.5, backoff_initial_s=0.1), sink)
     cam.start()
     try:
         wait_until(lambda: cam.counters["frames"] >= 20, 10, "frames from the file")
@@ -71,7 +72,7 @@ def test_video_file_source(frames, tmp_path):
 
 def test_unopenable_device_backs_off_and_keeps_trying(tmp_path):
     sink = Frames()
-    cam = CameraSource(CameraSettings(str(tmp_path / "no-such-video0"), backoff_initial_s=0.1, backoff_max_s=0.2), sink)
+    cam = CameraSource(CameraSection(source=str(tmp_path / "no-such-video0"), backoff_initial_s=0.1, backoff_max_s=0.2), sink)
     cam.start()
     try:
         wait_until(lambda: cam.counters["open_failures"] >= 3, 10, "repeated open attempts")
@@ -83,9 +84,9 @@ def test_unopenable_device_backs_off_and_keeps_trying(tmp_path):
 @pytest.mark.skipif(gstreamer_available(), reason="this OpenCV has GStreamer: the error path does not apply")
 def test_gstreamer_pipeline_without_gstreamer_says_so():
     with pytest.raises(CameraError, match="no GStreamer support"):
-        CameraSource(CameraSettings("videotestsrc ! videoconvert ! appsink"), lambda *a: None)
+        CameraSource(CameraSection(source="videotestsrc ! videoconvert ! appsink"), lambda *a: None)
     with pytest.raises(CameraError, match="no GStreamer support"):
-        CameraSource(CameraSettings("jetson-csi"), lambda *a: None)
+        CameraSource(CameraSection(source="jetson-csi"), lambda *a: None)
 
 
 def test_daemon_classifies_camera_frames(frames, tmp_path, tiny_store, signing_key):

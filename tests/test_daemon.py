@@ -450,7 +450,7 @@ def test_a_photo_that_cannot_be_moved_out_is_recorded_once_and_not_offered_again
     that still see it in the inbox leave it alone until it changes."""
     import errno
 
-    from edge_agent import pipeline as pipeline_mod
+    from edge_agent import inbox_files
     from edge_agent.config import parse_config
     from edge_agent.daemon import Daemon
     from edge_agent.systemd import Notifier
@@ -458,7 +458,7 @@ def test_a_photo_that_cannot_be_moved_out_is_recorded_once_and_not_offered_again
     def refuse(src, folder):
         raise PermissionError(errno.EACCES, "Permission denied", str(src))
 
-    monkeypatch.setattr(pipeline_mod, "move_out", refuse)
+    monkeypatch.setattr(inbox_files, "move_out", refuse)
     shutil.copytree(tiny_store, tmp_path / "store")
     cfg = parse_config({"store": trusted_store(tmp_path / "store", signing_key), "handoff": {"enabled": False},
                         "inbox": {"settle_s": 0.1, "rescan_interval_s": 0.3}})

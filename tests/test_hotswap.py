@@ -115,7 +115,7 @@ def test_tampered_version_is_refused_and_old_keeps_running(running, signing_key)
 def test_disagreeing_engine_is_refused(running, signing_key):
     daemon, store = running
     drop(daemon, 12, 0)
-    wait_until(lambda: len(daemon.pipeline.golden()) >= 8, 30, "golden photos")
+    wait_until(lambda: len(daemon.pipeline.golden.photos()) >= 8, 30, "golden photos")
     v2 = republish(store, signing_key, scale_head=-1.0)  # flips the ranking: disagrees everywhere
     wait_until(lambda: v2 in daemon.watcher.refused, 10, "refusal")
     assert "golden photos" in daemon.watcher.refused[v2]
@@ -193,7 +193,7 @@ def test_a_version_a_swap_refused_is_refused_after_a_restart_too(running, signin
     start, where the version they came from serves instead."""
     daemon, store = running
     drop(daemon, 12, 0)
-    wait_until(lambda: len(daemon.pipeline.golden()) >= 8, 30, "golden photos")
+    wait_until(lambda: len(daemon.pipeline.golden.photos()) >= 8, 30, "golden photos")
     v2 = republish(store, signing_key, classes=list(reversed(store.open().classes)))
     wait_until(lambda: v2 in daemon.watcher.refused, 10, "refused at the swap")
     again, t = _restarted(tmp_path, store.root, signing_key, daemon)

@@ -169,25 +169,6 @@ def test_a_manifest_with_a_malformed_verdict_cannot_be_served(tiny_store, tmp_pa
 
 # ---- what each verdict does to the queue ------------------------------------------------------------
 
-@pytest.mark.parametrize("verdict, confidence, queued", [
-    ("confident", 0.97, "pseudo"),
-    ("unsure", 0.97, "review"),  # sure by the softmax, refused for its distance: the expert decides
-    ("unsure", 0.40, "review"),
-    ("unknown", 0.99, "review"),
-])
-def test_only_confident_answers_become_pseudo_labels(verdict, confidence, queued):
-    from edge_agent.classifier import Prediction
-    from edge_agent.pipeline import LabelPolicy, Pipeline
-
-    class Job:
-        prediction = Prediction("a", confidence, [("a", confidence)], "v0001", verdict=verdict)
-
-    p = Pipeline.__new__(Pipeline)
-    p.policy = LabelPolicy()
-    p._counts = lambda version: {}
-    assert p._label_decision(Job())[0] == queued
-
-
 def test_results_from_before_verdicts_keep_their_rows_and_gain_the_column(tmp_path):
     import sqlite3
 

@@ -396,12 +396,12 @@ def test_an_upload_of_several_photos_stores_the_good_ones_and_says_why_not_the_o
 def test_an_upload_onto_a_full_disk_says_so_and_leaves_no_part_file(state, monkeypatch):
     import errno
 
-    import edge_agent.web.upload as upload
+    import edge_agent.inbox_files as inbox_files
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(upload.os, "write", full)
+    monkeypatch.setattr(inbox_files.os, "write", full)
     c = client(state)
     r = _upload(c, ("a.jpg", _photos(8)[7].read_bytes()))
     assert r.status_code == 507 and "No space left" in r.text

@@ -15,15 +15,15 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import cv2
 
+from edge_agent.config import CameraSection
 from edge_agent.log import get_logger
 from edge_agent.worker import Worker
 from engines.errors import EdgeAgentError
 
-__all__ = ["CameraSource", "CameraSettings", "JETSON_CSI_PIPELINE", "gstreamer_available", "CameraError"]
+__all__ = ["CameraSource", "JETSON_CSI_PIPELINE", "gstreamer_available", "CameraError"]
 
 #: nvarguscamerasrc (Jetson CSI camera) -> BGR frames for appsink.
 JETSON_CSI_PIPELINE = (
@@ -42,23 +42,13 @@ def gstreamer_available() -> bool:
     return bool(m) and m.group(1).upper() not in ("NO",)
 
 
-@dataclass
-class CameraSettings:
-    source: str = "0"
-    interval_s: float = 5.0
-    stale_s: float = 10.0
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
-    jpeg_quality: int = 95
-
-
 class CameraSource(Worker):
     """Captures a frame every ``interval_s`` and calls ``emit(name, jpeg_bytes)``."""
 
     thread_name = "source-camera"
     join_timeout_s = 10.0
 
-    def __init__(self, settings: CameraSettings, emit: Callable[[str, bytes], None]) -> None:
+    def __init__(self, settings: CameraSection, emit: Callable[[str, bytes], None]) -> None:
         super().__init__()
         self.settings = settings
         self.emit = emit

@@ -19,22 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_agent.imageheader import IMAGE_EXTENSIONS
+from edge_agent.config import InboxSection
 from edge_agent.log import display_name, get_logger
 from edge_agent.worker import Worker, name_threads
 
-__all__ = ["FolderSource", "FolderSettings", "Arrival"]
-
-
-@dataclass
-class FolderSettings:
-    extensions: tuple[str, ...] = IMAGE_EXTENSIONS
-    ignore_suffixes: tuple[str, ...] = (".tmp", ".part", ".partial", ".crdownload", ".swp", "~")
-    recursive: bool = True
-    settle_s: float = 1.0
-    incomplete_grace_s: float = 30.0
-    rescan_interval_s: float = 10.0
-    poll_s: float = 0.2
+__all__ = ["FolderSource", "Arrival"]
 
 
 @dataclass
@@ -60,11 +49,12 @@ class FolderSource(Worker):
 
     thread_name = "source-folder"
 
-    def __init__(self, inbox: Path, settings: FolderSettings, emit: Callable[[Arrival], None]) -> None:
+    def __init__(self, inbox: Path, settings: InboxSection, emit: Callable[[Arrival], None], poll_s: float = 0.2) -> None:
         super().__init__()
         self.inbox = inbox
         self.real_inbox = Path(os.path.realpath(inbox))
         self.settings = settings
+        self.poll_s = poll_s  # how often settling files are looked at
         self.emit = emit
         self.log = get_logger("source.folder", inbox=str(inbox))
         self._pending: dict[Path, _Pending] = {}
@@ -158,7 +148,7 @@ class FolderSource(Worker):
         """Hand on every settled candidate; returns the seconds until the next one could settle."""
         now = time.monotonic()
         ready: list[Arrival] = []
-        next_due = self.settings.poll_s
+        next_due = self.poll_s
         with self._lock:
             items = list(self._pending.items())
         for path, p in items:

@@ -1,8 +1,9 @@
 """Photos dropped on the page go into the inbox, as if copied there, after the checks any arriving file meets.
 
 The name a browser sends is never used as a path: the file is stored as ``upload-<time>-<sha256[:12]>.<ext>``,
-the extension taken from the format its header declares. It is written under a hidden ``.part`` name (which
-the hot folder ignores) and renamed when complete, so the daemon never reads half an upload. What the header
+the extension taken from the format its header declares. It is written by :func:`edge_agent.inbox_files.place`:
+under a hidden ``.part`` name (which the hot folder ignores), renamed when complete, so the daemon never reads
+half an upload. What the header
 check refuses (too large, too many pixels, not an image, truncated) is refused at once with the reason;
 what passes and still fails to decode is quarantined by the daemon, with its reason, like any other file.
 """
@@ -10,11 +11,11 @@ what passes and still fails to decode is quarantined by the daemon, with its rea
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent.inbox_files import place
 from edge_agent.imageheader import ImageRejected, ImageTooLarge, check_image
 
 __all__ = ["Outcome", "store_upload", "EXTENSIONS"]
@@ -43,21 +44,8 @@ def store_upload(name: str, data: bytes, inbox: Path, max_file_bytes: int, max_p
     except ImageRejected as exc:
         return Outcome(shown, 415, error=str(exc))
     sha = hashlib.sha256(data).hexdigest()
-    final = inbox / f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{sha[:12]}{EXTENSIONS[header.format]}"
-    part = inbox / f".{final.name}.part"
     try:
-        inbox.mkdir(parents=True, exist_ok=True)
-        part.unlink(missing_ok=True)  # left by a crash mid-upload
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(part, final)
+        final = place(inbox, f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{sha[:12]}{EXTENSIONS[header.format]}", data)
     except OSError as exc:
-        part.unlink(missing_ok=True)
         return Outcome(shown, 507, sha, error=f"could not store the photo: {exc.strerror or exc}")
     return Outcome(shown, 201, sha, final.name)

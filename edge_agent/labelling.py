@@ -1,0 +1,123 @@
+"""The label policy: which answers become pseudo-labels, which go to the expert, and how many a class may queue.
+
+:func:`decide` is the policy itself, pure (the daemon and any simulation of it call the same function).
+:class:`LabelQueuer` applies it to a batch of classified photos: it keeps the per-class cap on pseudo-labels of each
+engine version and writes the chosen photos to the spool, the batch's queue files made durable before the caller
+commits the rows that list them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
+from edge_agent.log import get_logger
+from edge_agent.results import QueueEntry, ResultsDB
+
+if TYPE_CHECKING:
+    from edge_agent.classifier import Prediction
+    from edge_agent.config import LabelsSection
+
+__all__ = ["Kind", "decide", "LabelQueuer", "Queued", "Answer"]
+
+#: Where a photo's answer goes: the trainer as a pseudo-label, or the pool the expert is asked from.
+Kind = Literal["pseudo", "review"]
+
+
+def decide(verdict: str, confidence: float, policy: LabelsSection) -> Kind | None:
+    """Only a ``confident`` verdict at ``pseudo_threshold`` or above becomes a pseudo-label; ``unknown`` always goes to
+    review (a new class may be born there), and so does an answer below ``review_threshold``, or one sure by the
+    softmax that the verdict refused for its distance from the training photos; anything else is not queued."""
+    if verdict == "confident" and confidence >= policy.pseudo_threshold:
+        return "pseudo"
+    if verdict == "unknown" or confidence < policy.review_threshold or confidence >= policy.pseudo_threshold:
+        return "review"
+    return None
+
+
+class Answer(Protocol):
+    """A classified photo as the queuer reads it (the pipeline's job)."""
+
+    sha256: str
+    photo_id: str
+    data: bytes
+    ext: str
+    origin: Origin | None
+    prediction: Prediction
+
+
+@dataclass
+class Queued:
+    """What :meth:`LabelQueuer.queue` did with a batch."""
+
+    entries: list[QueueEntry] = field(default_factory=list)  # for the commit that lists the queue files
+    kinds: dict[str, Kind] = field(default_factory=dict)  # sha256 -> where it went
+    skipped: int = 0  # wanted a place, but the quota was reached
+
+
+class LabelQueuer:
+    """Applies :func:`decide` to batches, with the per-class cap on pseudo-labels per engine version and the spool's quota."""
+
+    def __init__(self, db: ResultsDB, spool: PhotoSpool, policy: LabelsSection) -> None:
+        self.db = db
+        self.spool = spool
+        self.policy = policy
+        self.full = False  # the last batch found the quota reached
+        self._counts: dict[str, dict[str, int]] = {}  # engine version -> label -> pseudo-labels queued
+        self.log = get_logger("labelling")
+
+    def _of(self, version: str) -> dict[str, int]:
+        if version not in self._counts:
+            self._counts[version] = dict(self.db.pseudo_counts(version))
+        return self._counts[version]
+
+    def _count(self, p: Prediction, step: int) -> None:
+        counts = self._of(p.engine_version)
+        counts[p.label] = counts.get(p.label, 0) + step
+
+    def queue(self, answers: Sequence[Answer]) -> Queued:
+        """Write the photos the policy queues to the spool (one durability barrier); returns the rows to commit."""
+        wanted: list[tuple[Answer, Kind]] = []
+        for a in answers:
+            p = a.prediction
+            kind = decide(p.verdict, p.confidence, self.policy)
+            if kind == "pseudo":
+                if self._of(p.engine_version).get(p.label, 0) >= self.policy.per_class_cap:
+                    continue  # the class has its share of this version's pseudo-labels
+                self._count(p, +1)  # counted now, so a batch of one class cannot overshoot the cap
+            if kind is not None:
+                wanted.append((a, kind))
+        out = Queued()
+        if not wanted:
+            return out
+        try:
+            files: list[Path | None] = self.spool.put_many([SpoolItem(k, a.sha256, a.data, a.ext, a.origin) for a, k in wanted])
+        except QueueFull as exc:
+            files, reason = [None] * len(wanted), str(exc)
+        else:
+            reason = "label queue quota reached"
+        for (a, kind), f in zip(wanted, files):
+            p = a.prediction
+            if f is None:
+                out.skipped += 1
+                if kind == "pseudo":
+                    self._count(p, -1)
+                continue
+            out.entries.append(QueueEntry(a.sha256, a.photo_id, kind, p.label, p.confidence, p.engine_version, str(f), len(a.data)))
+            out.kinds[a.sha256] = kind
+        if out.skipped and not self.full:
+            self.log.warning("label_queue_full", reason=reason, policy="predictions continue, queuing paused")
+        self.full = bool(out.skipped)
+        return out
+
+    def not_committed(self, answer: Answer, kind: Kind | None) -> None:
+        """``answer`` was queued but its row was not stored (a duplicate found at commit): it no longer counts."""
+        if kind == "pseudo":
+            self._count(answer.prediction, -1)
+
+    def recount(self) -> None:
+        """Forget the counts (a failed commit); they are read again from the results database."""
+        self._counts.clear()
