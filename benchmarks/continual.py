@@ -20,13 +20,14 @@ from pathlib import Path
 
 import torch
 
-from trainer.continual import ContinualSettings, train_generation
+from edge_agent.config import TrainerSection
+from edge_agent.trainer_config import STRATEGY_CONFIGS
+from trainer.continual import train_generation
 from trainer.data import TensorDataset, scan_folder, stratified_split
 from trainer.model import build_model
-from trainer.strategies.base import Generation, get_strategy
+from trainer.strategies.base import STRATEGIES, Generation, get_strategy
 from trainer.train import TrainSettings, evaluate, fit
 
-STRATEGIES = ["finetune", "ewc", "rehearsal", "lwf"]
 
 
 def task_of(name: str) -> str:
@@ -85,12 +86,14 @@ def main() -> None:
     print(f"task A model: top-1 on A = {r_aa:.4f} ({time.time() - t0:.0f} s)", flush=True)
 
     results = {}
-    settings = ContinualSettings(epochs=args.epochs_b, batch_size=32, lr=1e-3, ramp_epochs=0)
-    for name in STRATEGIES:
+    settings = TrainerSection(epochs=args.epochs_b, batch_size=32, ramp_epochs=0, seed=0, swa_epochs=0, distill=0.0)
+    for name in STRATEGIES.names():
         t1 = time.time()
-        strategy = get_strategy(name)(out / "state" / name, ewc_lambda=args.ewc_lambda, per_class=args.per_class, selection="herding", temperature=2.0)
+        options = {"ewc_lambda": args.ewc_lambda, "per_class": args.per_class, "selection": "herding", "temperature": 2.0}
+        config = STRATEGY_CONFIGS[name](**{k: v for k, v in options.items() if k in STRATEGY_CONFIGS[name].model_fields})
+        strategy = get_strategy(name)(out / "state" / name, config)
         strategy.after(copy.deepcopy(model_a), data["train", "A"])  # seed its state on task A
-        model_b, _ = train_generation(model_a, data["train", "B"], strategy, settings, num_classes=len(order))
+        model_b, _ = train_generation(model_a, data["train", "B"], strategy, settings, 1e-3, num_classes=len(order))
         r_ba, r_bb = acc(model_b, "A"), acc(model_b, "B")
         results[name] = {
             "R": {"after_A": {"A": round(r_aa, 4), "B": None}, "after_B": {"A": round(r_ba, 4), "B": round(r_bb, 4)}},

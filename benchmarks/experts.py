@@ -3,7 +3,7 @@
 ``python -m benchmarks.experts --out DIR --baselines DIR [--seeds 1 2 3] [--k 5 10]``
 
 For each seed, every arm reuses the same supervised baseline (``--baselines DIR/base-<seed>``, made by
-``edge-trainer simulate --seed N --days 1 --out DIR/base-N``), so the arms differ only in what the expert is
+``python -m benchmarks.simulate --seed N --days 1 --out DIR/base-N``), so the arms differ only in what the expert is
 asked: ``none`` (self-training alone), ``random-K`` (K photos a day at random from the review pool) and
 ``device-K`` (the K the review queue ranks first, :mod:`edge_agent.review.rank`). At most 100 expert labels a
 run. Writes ``DIR/<arm>/seed-<N>/`` (each run's report), ``summary.json`` (``expert_labels`` and ``arms``, each
@@ -32,7 +32,7 @@ def run_arm(data: str, out: Path, baseline: Path, seed: int, arm: str) -> dict:
     report = out / "report.json"
     if not report.exists():
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [sys.executable, "-m", "trainer", "--log-level", "warning", "simulate", "--data", data, "--out", str(out),
+        cmd = [sys.executable, "-m", "benchmarks.simulate", "--log-level", "warning", "--data", data, "--out", str(out),
                "--mode", "fast", "--seed", str(seed), "--baseline-from", str(baseline)]
         if arm != "none":
             choice, k = arm.split("-")

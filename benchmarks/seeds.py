@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.seeds --out DIR [--seeds 1 2 3] [--mode fast] [-- simulate options...]``
 
-Each seed draws its own splits, initialisation and augmentation; one ``edge-trainer simulate`` per seed
+Each seed draws its own splits, initialisation and augmentation; one ``python -m benchmarks.simulate`` per seed
 (in ``DIR/seed-N``), then ``DIR/summary.md`` and ``summary.json``: per seed and mean +- standard deviation
 of supervised-only top-1, self-training top-1, the gain, pseudo-label precision and wall time. A seed whose
 run already has a ``report.json`` is not run again, so an interrupted series can be resumed.
@@ -27,7 +27,7 @@ def run_seed(data: str, out: Path, seed: int, mode: str, extra: list[str]) -> di
     report = out / "report.json"
     if not report.exists():
         shutil.rmtree(out, ignore_errors=True)  # an interrupted run: start that seed again
-        cmd = [sys.executable, "-m", "trainer", "--log-level", "warning", "simulate", "--data", data, "--out", str(out),
+        cmd = [sys.executable, "-m", "benchmarks.simulate", "--log-level", "warning", "--data", data, "--out", str(out),
                "--mode", mode, "--seed", str(seed), *extra]
         print(f"seed {seed}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, cwd=REPO)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--mode", choices=["fast", "full"], default="fast")
-    ap.add_argument("extra", nargs="*", help="more `edge-trainer simulate` options, after --")
+    ap.add_argument("extra", nargs="*", help="more `python -m benchmarks.simulate` options, after --")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

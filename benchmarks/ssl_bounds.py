@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.ssl_bounds --sim DIR --out DIR [--arms ...] [--epochs 20]``
 
-``--sim`` is an ``edge-trainer simulate`` output folder: its supervised baseline (store version v0001) and
+``--sim`` is a ``python -m benchmarks.simulate`` output folder: its supervised baseline (store version v0001) and
 its settings (seed, fractions), which give back the very same splits. Each *arm* fine-tunes that baseline
 with the retrain's own loop (:func:`trainer.continual.train_generation`, plain fine-tuning, same epochs,
 learning rate and seed) on the labelled pool plus part of the stream, then reports validation and test top-1:
@@ -40,10 +40,11 @@ def run(sim: Path, arms: list[str], epochs: int, lr: float, threads: int, data: 
     import torch.nn.functional as F
 
     from engines.store import EngineStore
-    from trainer.continual import ContinualSettings, train_generation
+    from edge_agent.config import TrainerSection
+    from trainer.continual import train_generation
     from trainer.data import TensorDataset
     from trainer.publish import load_weights
-    from trainer.simulate import SimSettings, split_photos
+    from benchmarks.simulate import SimSettings, split_photos
     from trainer.strategies.base import Generation, get_strategy
     from trainer.train import evaluate
 
@@ -86,7 +87,8 @@ def run(sim: Path, arms: list[str], epochs: int, lr: float, threads: int, data: 
         else:
             with tempfile.TemporaryDirectory() as td:
                 candidate, _ = train_generation(
-                    baseline, data_, get_strategy("finetune")(Path(td)), ContinualSettings(epochs=epochs, lr=lr, seed=s.seed),
+                    baseline, data_, get_strategy("finetune")(Path(td)),
+                    TrainerSection(epochs=epochs, seed=s.seed, ramp_epochs=10, swa_epochs=0, distill=0.0), lr,
                 )
         photos = len(labelled) + len(stream) if arm == "consistency" else len(data_)
         rows.append({"arm": arm, "photos": photos, **scores(candidate), "seconds": round(time.perf_counter() - t0, 1)})
@@ -171,7 +173,7 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ssl_bounds", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sim", required=True, help="an `edge-trainer simulate` output folder")
+    ap.add_argument("--sim", required=True, help="a `python -m benchmarks.simulate` output folder")
     ap.add_argument("--out", required=True)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), help=f"any of {', '.join(ARMS)}")
     ap.add_argument("--epochs", type=int, default=20)

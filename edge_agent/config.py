@@ -1,9 +1,12 @@
 """Typed, validated configuration from one TOML file.
 
 Every option has a default and a description (``edge-agent config show`` prints
-them). An unknown key is an error naming the key and the file. The ``[engine]``
-table is validated by the configuration model of the backend its ``type`` names,
-so each backend documents and checks its own options.
+them). An unknown key is an error naming the key and the file, and a key an
+earlier release took says what replaced it. ``[engine]`` and ``[trainer.strategy]``
+are discriminated unions: their ``type`` picks the plugin's own configuration
+class (Frigate's detectors work the same way), so each plugin documents and
+checks its own options. Components take their section as it is: there is no
+second copy of a setting anywhere.
 
 The file is found at ``--config FILE``, else ``$EDGE_AGENT_CONFIG``; with neither,
 the defaults apply.
@@ -15,20 +18,22 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (JetPack 6): the same parser, from PyPI
     import tomli as tomllib
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
 from edge_agent.imageheader import IMAGE_EXTENSIONS
-from engines.base import BackendConfig, backends
+from edge_agent.trainer_config import STRATEGY_CONFIGS, TrainerSection
+from engines.base import backends
 from engines.errors import EdgeAgentError
 
-__all__ = ["AppConfig", "ConfigError", "load_config", "dump_toml", "default_store_path", "default_data_path", "CONFIG_ENV"]
+__all__ = ["AppConfig", "ConfigError", "load_config", "parse_config", "dump_toml", "default_store_path", "default_data_path",
+           "CONFIG_ENV", "TrainerSection"]
 
 CONFIG_ENV = "EDGE_AGENT_CONFIG"
 
@@ -226,123 +231,6 @@ class HotswapSection(_Section):
     )
 
 
-class TrainerSection(_Section):
-    state_dir: str = Field("", description="Trainer's samples, strategy state and status; empty means <state_dir>/trainer.")
-    labelled_data: str = Field(
-        "",
-        description="Folder of <Class>/<photo> with true labels (e.g. the data the shipped model was trained on): "
-        "replayed in every retrain and split for the gate's validation set. Empty: the replay photos shipped with the "
-        "default model (see shipped_data), else only expert labels serve.",
-    )
-    validation_data: str = Field(
-        "",
-        description="Folder of <Class>/<photo> held out for the gate only (never trained on). Set it when the model in "
-        "service was trained on all of labelled_data, so the gate does not judge it on photos it has seen; "
-        "labelled_data is then replayed whole. Empty: val_fraction of labelled_data is held out, or with no "
-        "labelled_data the gate photos shipped with the default model (see shipped_data).",
-    )
-    shipped_data: bool = Field(
-        True,
-        description="Where labelled_data / validation_data are empty, use the photos shipped with the default model "
-        "(edge_agent/default_data: its 184 test photos for the gate, 8 photos per class to replay), for the classes the "
-        "engine in service knows. Without validation photos from somewhere no retrain can be published, so the trainer "
-        "then starts none and says so.",
-    )
-    retrain_threshold: int = Field(200, ge=1, description="Retrain once this many new samples have arrived.")
-    fleet_new_classes: bool = Field(
-        False, description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon."
-    )
-    strategy: Literal["finetune", "ewc", "rehearsal", "lwf"] = Field(
-        "rehearsal",
-        description="How forgetting is fought. rehearsal (a class-balanced memory of true labels replayed in every "
-        "retrain) forgot 0.11 of task A in the class-incremental benchmark where finetune, ewc and lwf forgot all of it.",
-    )
-    epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
-    batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
-    lr: float = Field(
-        2e-3, gt=0, le=1,
-        description="AdamW peak learning rate for fine-tuning (cosine decay after it), for a retrain with something new "
-        "to learn: an expert's labels or new classes (the field simulation's expert arms: +5.3 points at 2e-3; the "
-        "device-10 arm on seed 1 gained +7.6 at 2e-3 and +3.3 at 5e-4 with interpolate 0.5). See pseudo_only_lr for the other retrains.",
-    )
-    pseudo_only_lr: float = Field(
-        5e-4, gt=0, le=1,
-        description="Learning rate of a retrain on pseudo-labels alone (no expert label, no new class): such labels carry "
-        "at most +1.6 points on this data (the measured bound), and out of the box (the shipped model, 300 photos) a "
-        "retrain at 2e-3 lost 2.6 +- 0.8 points on unseen photos. The step actually taken is chosen: pseudo_only_steps.",
-    )
-    swa_epochs: int = Field(
-        10, ge=0, le=500,
-        description="Average the weights of the last N epochs of a retrain (SWA; the learning rate is held at a quarter "
-        "of lr while averaging), like the SWA-trained models it replaces. 0: the last epoch's weights after a cosine "
-        "decay to zero.",
-    )
-    pseudo_lambda: float = Field(1.0, ge=0, description="Weight of the confidence-weighted pseudo-label loss.")
-    expert_weight: float = Field(
-        2.0, ge=0,
-        description="Weight of an expert's label in the cross-entropy, relative to a photo of labelled_data (1): the "
-        "expert was asked about exactly the photos the model is unsure of.",
-    )
-    ramp_epochs: int = Field(10, ge=0, description="Epochs over which the pseudo-label weight ramps up from ~0 to 1.")
-    ewc_lambda: float = Field(100.0, ge=0, description="EWC: strength of the pull towards earlier solutions.")
-    lwf_temperature: float = Field(2.0, gt=0, description="LwF and `distill`: distillation temperature.")
-    distill: float = Field(
-        1.0, ge=0, le=100,
-        description="Weight of a distillation term from the engine in service (its softened outputs on every training "
-        "batch), beside any strategy: it keeps a retrain close to what the model already knew. Out of the box (300 "
-        "photos the shipped model knew) the second version scored 0.9511 with it and 0.9293 without, against the "
-        "first's 0.9565, on photos neither trained on. 0 turns it off.",
-    )
-    interpolate: float = Field(
-        1.0, gt=0, le=1,
-        description="The candidate's weights: the engine in service's plus this share of what the retrain changed "
-        "(weight-space ensembling, WiSE-FT), for a retrain with expert labels or new classes. 1 keeps the retrained "
-        "weights as they are.",
-    )
-    pseudo_only_steps: list[float] = Field(
-        [1.0, 0.5, 0.25, 0.125, 0.0], min_length=1,
-        description="A retrain on pseudo-labels alone tries these points between the engine in service (0) and the "
-        "retrained weights (1), each with BatchNorm statistics recomputed on the photos it trained on, and keeps the "
-        "smallest whose log-loss on the gate photos is within one standard error of the lowest (a bigger change must be "
-        "better by more than the gate photos can measure; 0: the weights stay, only the BatchNorm statistics adapt to the "
-        "photos seen). A fixed half-way step lost 1 of 184 unseen photos on every seed out of the box. One value fixes "
-        "the step.",
-    )
-
-    @field_validator("pseudo_only_steps")
-    @classmethod
-    def _steps_between_0_and_1(cls, steps: list[float]) -> list[float]:
-        bad = [a for a in steps if not 0.0 <= a <= 1.0]
-        if bad:
-            raise ValueError(f"every step must lie between 0 and 1, got {bad}")
-        return steps
-    rehearsal_per_class: int = Field(20, ge=1, description="Rehearsal: photos kept per class in the memory.")
-    rehearsal_selection: Literal["random", "herding", "distance"] = Field("herding", description="Rehearsal: how the memory is chosen.")
-    val_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the labelled data held out for the gate (never trained on).")
-    gate_tolerance: float = Field(
-        0.02, ge=0, le=1,
-        description="Publish only if the candidate's top-1 is at least the current engine's minus this, and at least the "
-        "first version's (the root of the lineage: drift cannot add up) minus this (0.02 = 2 points). Two equally good "
-        "models differ by 2-4 of the 184 shipped gate photos; a tighter tolerance refuses them at random.",
-    )
-    gate_max_class_drop: float = Field(0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this.")
-    threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
-    nice: int = Field(10, ge=0, le=19, description="Added niceness of the trainer process (inference first).")
-    int8: bool = Field(True, description="Also build the INT8 ONNX Runtime variant when publishing.")
-    calibrate: bool = Field(
-        True,
-        description="Fit a softmax temperature on the gate's validation photos and fold it into the published model, so "
-        "that a confidence of 0.9 is right about 90 % of the time (pseudo_threshold relies on it).",
-    )
-    recheck_pseudo: bool = Field(
-        True,
-        description="Before each retrain, let the engine in service look again at every pseudo-labelled photo, as it is "
-        "and in its three mirror images: train on the class it now gives, where that class keeps a probability of at "
-        "least [labels] pseudo_threshold in all four views; hold the photo back otherwise (until a later engine).",
-    )
-    seed: int = Field(20251120, description="Seed for splits, initialisation and augmentation.")
-
-
 class WebSection(_Section):
     bind: str = Field(
         "127.0.0.1",
@@ -366,16 +254,23 @@ class LogSection(_Section):
     )
 
 
-def _default_engine() -> BackendConfig:
-    return backends()["onnxruntime"].Config()
+def _engine_type(value: Any) -> str | None:
+    """The ``type`` an ``[engine]`` table names; onnxruntime when it names none."""
+    return value.get("type", "onnxruntime") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+#: ``[engine]``: the configuration class of the backend its ``type`` names (the registry's list, engines.base).
+EngineSection = Annotated[
+    Union[tuple(Annotated[cls.Config, Tag(name)] for name, cls in backends().items())], Discriminator(_engine_type)
+]
 
 
 class AppConfig(_Section):
     """The whole configuration."""
 
-    engine: BackendConfig = Field(
-        default_factory=_default_engine,
-        description="Inference backend; 'type' selects it (onnxruntime, tensorrt) and the other keys are its own.",
+    engine: EngineSection = Field(
+        default_factory=lambda: backends()["onnxruntime"].Config(),
+        description="Inference backend; 'type' selects it (" + ", ".join(sorted(backends())) + ") and the other keys are its own.",
     )
     store: StoreSection = Field(default_factory=StoreSection)
     preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
@@ -391,37 +286,31 @@ class AppConfig(_Section):
     web: WebSection = Field(default_factory=WebSection)
     log: LogSection = Field(default_factory=LogSection)
 
-    @field_validator("engine", mode="before")
-    @classmethod
-    def _engine_by_type(cls, value: Any) -> BackendConfig:
-        if isinstance(value, BackendConfig):
-            return value
-        return validate_engine(value)
-
-
-def validate_engine(table: Any) -> BackendConfig:
-    """Validate an ``[engine]`` table with the model of the backend its ``type`` names."""
-    if not isinstance(table, dict):
-        raise ValueError("must be a table")
-    kind = table.get("type", "onnxruntime")
-    found = backends()
-    if kind not in found:
-        raise ValueError(f"unknown engine type {kind!r} (known: {', '.join(sorted(found))})")
-    return found[kind].Config.model_validate(table)
-
 
 #: Keys an earlier release accepted, and what took their place (said with the unknown-key error).
 REPLACED_KEYS = {
     "trainer.pseudo_only_interpolate": "replaced by trainer.pseudo_only_steps, the steps a retrain on pseudo-labels "
     "chooses from; pseudo_only_steps = [x] keeps one fixed step",
+    "trainer.ewc_lambda": 'replaced by ewc_lambda in [trainer.strategy] (with type = "ewc")',
+    "trainer.rehearsal_per_class": 'replaced by per_class in [trainer.strategy] (with type = "rehearsal")',
+    "trainer.rehearsal_selection": 'replaced by selection in [trainer.strategy] (with type = "rehearsal")',
+    "trainer.lwf_temperature": 'replaced by trainer.distill_temperature for distill, and temperature in [trainer.strategy] '
+    '(with type = "lwf") for LwF',
 }
+
+#: Where a discriminated union's tag appears in an error's location: (the key before it, the tags it may be).
+_UNIONS = {"engine": ("engine type", lambda: backends()), "strategy": ("strategy", lambda: STRATEGY_CONFIGS)}
 
 
 def _describe(errors: list[dict], source: str) -> str:
     lines = []
     for err in errors:
-        key = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
+        loc = [p for i, p in enumerate(err["loc"]) if not (i and err["loc"][i - 1] in _UNIONS and p in _UNIONS[err["loc"][i - 1]][1]())]
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "union_tag_invalid":
+            kind, known = _UNIONS[str(loc[-1])]
+            lines.append(f"{source}: {key}: unknown {kind} {err['ctx']['tag']!r} (known: {', '.join(sorted(known()))})")
+        elif err["type"] == "extra_forbidden":
             why = f" ({REPLACED_KEYS[key]})" if key in REPLACED_KEYS else ""
             lines.append(f"{source}: unknown key '{key}'{why}")
         else:
@@ -432,27 +321,10 @@ def _describe(errors: list[dict], source: str) -> str:
 
 def parse_config(data: dict, source: str = "<config>") -> AppConfig:
     """Validate a parsed TOML document; raises :class:`ConfigError`."""
-    data = dict(data)
-    engine = data.pop("engine", None)
-    errors: list[dict] = []
     try:
-        cfg = AppConfig.model_validate(data)
+        return AppConfig.model_validate(data)
     except ValidationError as exc:
-        errors.extend(exc.errors())
-        cfg = None
-    if engine is not None:
-        try:
-            engine_cfg = validate_engine(engine)
-        except ValidationError as exc:
-            errors.extend({**e, "loc": ("engine", *e["loc"])} for e in exc.errors())
-        except ValueError as exc:
-            errors.append({"type": "value_error", "loc": ("engine", "type"), "msg": str(exc), "input": engine.get("type") if isinstance(engine, dict) else engine})
-        else:
-            if cfg is not None:
-                cfg = cfg.model_copy(update={"engine": engine_cfg})
-    if errors:
-        raise ConfigError(_describe(errors, source))
-    return cfg
+        raise ConfigError(_describe(exc.errors(), source)) from None
 
 
 def load_config(path: str | os.PathLike | None = None) -> AppConfig:
@@ -491,14 +363,24 @@ def dump_toml(cfg: AppConfig, comments: bool = True) -> str:
     """The configuration as TOML, each key preceded by its description and default."""
     out: list[str] = []
     for name, section in cfg:
-        model = type(section)
-        if comments and AppConfig.model_fields[name].description:
-            out.append(f"# {AppConfig.model_fields[name].description}")
-        out.append(f"[{name}]")
-        for key, field in model.model_fields.items():
-            if comments:
-                default = field.get_default(call_default_factory=True)
-                out.append(f"# {field.description} Default: {_toml_value(default)}.")
-            out.append(f"{key} = {_toml_value(getattr(section, key))}")
-        out.append("")
+        _table(out, name, section, AppConfig.model_fields[name].description, comments)
     return "\n".join(out)
+
+
+def _table(out: list[str], name: str, section: BaseModel, description: str | None, comments: bool) -> None:
+    """``[name]`` with its keys; a key holding a table (``[trainer.strategy]``) follows as ``[name.key]``."""
+    if comments and description:
+        out.append(f"# {description}")
+    out.append(f"[{name}]")
+    tables = []
+    for key, field in type(section).model_fields.items():
+        value = getattr(section, key)
+        if isinstance(value, BaseModel):
+            tables.append((key, value, field.description))
+            continue
+        if comments:
+            out.append(f"# {field.description} Default: {_toml_value(field.get_default(call_default_factory=True))}.")
+        out.append(f"{key} = {_toml_value(value)}")
+    out.append("")
+    for key, value, desc in tables:
+        _table(out, f"{name}.{key}", value, desc, comments)

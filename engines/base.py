@@ -2,22 +2,22 @@
 
 A backend is one module in :mod:`engines.backends` defining a :class:`BackendConfig`
 subclass with a unique ``type`` literal and an :class:`Engine` subclass decorated
-with :func:`register`. Adding a backend touches no other file: the registry finds
-it at import time and the configuration accepts its ``type``.
+with :func:`register`. Adding a backend touches no other file: the registry
+(:mod:`engines.plugins`, shared with the training strategies) finds it and the
+configuration's ``[engine]`` union accepts its ``type``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from engines.store import StoreVersion
 from engines.errors import EdgeAgentError
+from engines.plugins import Registry
+from engines.store import StoreVersion
 
 if TYPE_CHECKING:  # numpy is imported where a batch is handled, so reading the config stays light
     import numpy as np
@@ -27,6 +27,7 @@ __all__ = [
     "Engine",
     "EngineError",
     "BackendUnavailable",
+    "BACKENDS",
     "register",
     "backends",
     "get_backend",
@@ -34,7 +35,6 @@ __all__ = [
     "check_io",
     "expected_input",
     "malloc_trim",
-    "import_plugins",
 ]
 
 
@@ -118,46 +118,11 @@ class Engine(ABC):
         self.close()
 
 
-_REGISTRY: dict[str, type[Engine]] = {}
-_DISCOVERED = False
-
-
-def register(cls: type[Engine]) -> type[Engine]:
-    """Class decorator adding a backend to the registry under ``cls.type``."""
-    if cls.type in _REGISTRY and _REGISTRY[cls.type] is not cls:
-        raise EngineError(f"two backends claim type {cls.type!r}")
-    _REGISTRY[cls.type] = cls
-    return cls
-
-
-def import_plugins(package, skip: tuple[str, ...] = ()) -> None:
-    """Import every public submodule of ``package`` (each registers its plugin on import)."""
-    for info in pkgutil.iter_modules(package.__path__):
-        if not info.name.startswith("_") and info.name not in skip:
-            importlib.import_module(f"{package.__name__}.{info.name}")
-
-
-def _discover() -> None:
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
-    import engines.backends
-
-    import_plugins(engines.backends)
-    _DISCOVERED = True
-
-
-def backends() -> dict[str, type[Engine]]:
-    """Every registered backend by ``type`` (importing the backend modules, not their runtimes)."""
-    _discover()
-    return dict(_REGISTRY)
-
-
-def get_backend(type_: str) -> type[Engine]:
-    found = backends()
-    if type_ not in found:
-        raise EngineError(f"unknown engine type {type_!r} (known: {', '.join(sorted(found))})")
-    return found[type_]
+#: Every backend, by the ``type`` that selects it in ``[engine]``.
+BACKENDS: Registry[type[Engine]] = Registry("engine type", "engines.backends", error=EngineError)
+register = BACKENDS.register
+backends = BACKENDS.all
+get_backend = BACKENDS.get
 
 
 def expected_input(version: StoreVersion) -> tuple[int, int]:

@@ -113,3 +113,46 @@ def test_pseudo_only_steps_outside_0_to_1_or_empty_are_refused(steps, fragment):
     with pytest.raises(ConfigError, match=fragment) as exc:
         parse_config({"trainer": {"pseudo_only_steps": steps}})
     assert "trainer.pseudo_only_steps" in str(exc.value)
+
+
+# ---- plugins: [engine] and [trainer.strategy] by type ------------------------------------------------------------
+def test_a_strategy_is_chosen_by_type_with_its_own_options():
+    from edge_agent.trainer_config import EwcConfig, RehearsalConfig
+
+    cfg = parse_config({"trainer": {"strategy": {"type": "ewc", "ewc_lambda": 5.0}}})
+    assert cfg.trainer.strategy == EwcConfig(ewc_lambda=5.0)
+    assert parse_config({}).trainer.strategy == RehearsalConfig()
+    assert parse_config({"trainer": {"strategy": "lwf"}}).trainer.strategy.type == "lwf"  # the old form, defaults
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"trainer": {"strategy": {"type": "magic"}}}, "trainer.strategy: unknown strategy 'magic' (known: ewc, finetune, lwf, rehearsal)"),
+    ({"trainer": {"strategy": {"type": "ewc", "per_class": 3}}}, "unknown key 'trainer.strategy.per_class'"),
+    ({"trainer": {"strategy": {"type": "rehearsal", "per_class": 0}}}, "trainer.strategy.per_class: Input should be greater than or equal to 1"),
+    ({"engine": {"type": "tensorrt", "provider": "cpu"}}, "unknown key 'engine.provider'"),
+    ({"engine": {"type": "onnxruntime", "device_id": -1}}, "engine.device_id: Input should be greater than or equal to 0"),
+])
+def test_a_plugins_options_are_checked_by_its_own_class_and_errors_name_the_key_without_the_tag(table, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config(table, "edge-agent.toml")
+    assert f"edge-agent.toml: {message}" in str(err.value)
+
+
+@pytest.mark.parametrize("key, replacement", [
+    ("ewc_lambda", "ewc_lambda in [trainer.strategy]"),
+    ("rehearsal_per_class", "per_class in [trainer.strategy]"),
+    ("rehearsal_selection", "selection in [trainer.strategy]"),
+    ("lwf_temperature", "trainer.distill_temperature"),
+])
+def test_a_strategy_key_of_an_earlier_release_says_what_replaced_it(key, replacement):
+    with pytest.raises(ConfigError, match=f"unknown key 'trainer.{key}' \\(replaced by {replacement.replace('[', '.').replace(']', '.')}"):
+        parse_config({"trainer": {key: 1}}, "edge-agent.toml")
+
+
+def test_config_show_prints_the_strategy_as_its_own_table_and_reads_back_the_same():
+    from edge_agent.config import dump_toml
+
+    cfg = parse_config({"trainer": {"strategy": {"type": "ewc", "ewc_lambda": 7.5}}})
+    text = dump_toml(cfg)
+    assert '[trainer.strategy]\n# Online Elastic Weight Consolidation' in text and "ewc_lambda = 7.5" in text
+    assert parse_config(tomllib.loads(text)) == cfg

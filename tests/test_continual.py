@@ -8,7 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is not installed")
 
-from trainer.continual import ContinualSettings, ramp, train_generation  # noqa: E402
+from edge_agent.config import TrainerSection  # noqa: E402
+from edge_agent.trainer_config import EwcConfig, LwfConfig, RehearsalConfig  # noqa: E402
+from trainer.continual import ramp, train_generation  # noqa: E402
 from trainer.gate import gate  # noqa: E402
 from trainer.model import build_model  # noqa: E402
 from trainer.strategies.base import Generation, get_strategy, strategies  # noqa: E402
@@ -16,7 +18,15 @@ from trainer.strategies.ewc import EWC  # noqa: E402
 from trainer.strategies.lwf import LwF  # noqa: E402
 from trainer.strategies.rehearsal import Rehearsal, select  # noqa: E402
 
-FAST = ContinualSettings(epochs=2, batch_size=8, ramp_epochs=10)
+
+
+def settings(**kw) -> TrainerSection:
+    """[trainer] for a quick loop: no SWA, no distillation, seed 0 (each test says what else it needs)."""
+    return TrainerSection(**{"epochs": 2, "batch_size": 8, "ramp_epochs": 10, "seed": 0, "swa_epochs": 0, "distill": 0.0, **kw})
+
+
+FAST = settings()
+LR = 5e-4
 
 
 def toy(n_per_class=6, classes=3, seed=0) -> Generation:
@@ -35,8 +45,12 @@ def test_ramp_up():
     assert ramp(0, 0) == 1.0
 
 
-def test_registry_has_the_four_strategies():
-    assert {"finetune", "ewc", "rehearsal", "lwf"} <= set(strategies())
+def test_the_registry_and_the_config_know_the_same_strategies_each_with_its_options_class():
+    from edge_agent.trainer_config import STRATEGY_CONFIGS
+
+    found = strategies()
+    assert set(found) == set(STRATEGY_CONFIGS) >= {"finetune", "ewc", "rehearsal", "lwf"}
+    assert all(cls.Config is STRATEGY_CONFIGS[name] for name, cls in found.items())
     with pytest.raises(ValueError, match="unknown strategy"):
         get_strategy("magic")
 
@@ -47,8 +61,8 @@ def test_each_strategy_trains_a_generation(tmp_path, name):
     model = build_model(3)
     data = toy()
     pseudo = Generation(data.x[:6], data.y[:6], torch.full((6,), 0.95), torch.ones(6, dtype=torch.bool))
-    strategy = get_strategy(name)(tmp_path / name, per_class=2)
-    out, used = train_generation(model, data + pseudo, strategy, FAST)
+    strategy = get_strategy(name)(tmp_path / name, RehearsalConfig(per_class=2) if name == "rehearsal" else None)
+    out, used = train_generation(model, data + pseudo, strategy, FAST, LR)
     assert not list((tmp_path / name).iterdir())  # nothing kept until the candidate is accepted
     strategy.after(out, used)
     assert out.num_classes == 3
@@ -63,13 +77,13 @@ def test_each_strategy_trains_a_generation(tmp_path, name):
 def test_new_class_grows_the_head(tmp_path):
     model = build_model(3)
     data = toy(classes=4)  # an expert labelled a 4th disease
-    out, _ = train_generation(model, data, get_strategy("finetune")(tmp_path), FAST, num_classes=4)
+    out, _ = train_generation(model, data, get_strategy("finetune")(tmp_path), FAST, LR, num_classes=4)
     assert out.num_classes == 4 and out(data.x[:2]).shape == (2, 4)
 
 
 def test_ewc_penalty_is_zero_at_the_anchor_and_grows_away_from_it(tmp_path):
     model = build_model(3)
-    ewc = EWC(tmp_path, ewc_lambda=10.0)
+    ewc = EWC(tmp_path, EwcConfig(ewc_lambda=10.0))
     ewc.before(model, model, toy())
     x = toy().x[:4]
     assert float(ewc.penalty(model, x, model(x)).detach()) == pytest.approx(0.0, abs=1e-9)
@@ -82,7 +96,7 @@ def test_ewc_penalty_is_zero_at_the_anchor_and_grows_away_from_it(tmp_path):
 
 def test_lwf_penalty_is_zero_for_the_teacher_itself(tmp_path):
     model = build_model(3).eval()
-    lwf = LwF(tmp_path, temperature=2.0)
+    lwf = LwF(tmp_path, LwfConfig(temperature=2.0))
     lwf.before(model, model, toy())
     x = toy().x[:4]
     assert float(lwf.penalty(model, x, model(x)).detach()) == pytest.approx(0.0, abs=1e-6)
@@ -99,7 +113,7 @@ def test_exemplar_selection(how):
 
 def test_rehearsal_replays_its_memory(tmp_path):
     model = build_model(3)
-    r = Rehearsal(tmp_path, per_class=3)
+    r = Rehearsal(tmp_path, RehearsalConfig(per_class=3))
     r.after(model, toy())
     replay = r.before(model, model, toy(n_per_class=1))
     assert len(replay) == 3 + 9
@@ -109,7 +123,7 @@ def test_gate(tmp_path):
     torch.manual_seed(0)
     data = toy(n_per_class=8)
     classes = ["a", "b", "c"]
-    model, _ = train_generation(build_model(3), data, get_strategy("finetune")(tmp_path), ContinualSettings(epochs=4, batch_size=8))
+    model, _ = train_generation(build_model(3), data, get_strategy("finetune")(tmp_path), settings(epochs=4), LR)
     same = gate(copy.deepcopy(model), model, data.x, data.y, classes)
     assert same.publish and same.metrics["candidate_top1"] == same.metrics["current_top1"]
     broken = copy.deepcopy(model)
@@ -123,7 +137,7 @@ def test_gate(tmp_path):
 
 def test_ewc_state_accumulates_across_generations(tmp_path):
     model = build_model(3)
-    ewc = EWC(tmp_path, gamma=0.5)
+    ewc = EWC(tmp_path, EwcConfig(gamma=0.5))
     ewc.after(model, toy())  # seeded without before(): e.g. on the data of the first task
     first = torch.load(tmp_path / "ewc.pt", weights_only=True)["fisher"]
     ewc.after(model, toy())
@@ -211,20 +225,17 @@ def test_retrain_with_swa_returns_the_average_of_its_last_epochs(tmp_path, monke
             super().update_parameters(model)
 
     monkeypatch.setattr(torch.optim.swa_utils, "AveragedModel", Recording)
-    settings = ContinualSettings(epochs=4, batch_size=8, swa_epochs=3)
-    model, _ = train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), settings)
+    model, _ = train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), settings(epochs=4, swa_epochs=3), LR)
     assert len(seen) == 3
     torch.testing.assert_close(model.head.weight, torch.stack(seen).mean(0))
     assert not torch.equal(seen[0], seen[-1])  # the average is not just one epoch's weights
     seen.clear()
-    train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), ContinualSettings(epochs=4, batch_size=8))
+    train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), settings(epochs=4), LR)
     assert seen == []  # swa_epochs 0: the last epoch's weights, nothing averaged
 
 
 def test_distillation_keeps_a_retrain_closer_to_the_model_in_service(tmp_path):
     """``[trainer] distill``: beside any strategy, the candidate's outputs stay nearer the teacher's."""
-    import dataclasses
-
     import torch.nn.functional as F
 
     torch.manual_seed(0)
@@ -236,8 +247,7 @@ def test_distillation_keeps_a_retrain_closer_to_the_model_in_service(tmp_path):
         teacher = F.log_softmax(previous(probe), 1)
 
     def drift(distill: float) -> float:
-        s = dataclasses.replace(FAST, epochs=3, lr=5e-3, distill=distill)
-        cand, _ = train_generation(previous, data, get_strategy("finetune")(tmp_path / f"d{distill}"), s)
+        cand, _ = train_generation(previous, data, get_strategy("finetune")(tmp_path / f"d{distill}"), settings(epochs=3, distill=distill), 5e-3)
         with torch.no_grad():
             return float(F.kl_div(F.log_softmax(cand.eval()(probe), 1), teacher, log_target=True, reduction="batchmean"))
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the simulation trains: the 'train' extra")
 
-from trainer.simulate import SimSettings, simulate, split_photos  # noqa: E402
+from benchmarks.simulate import SimSettings, simulate, split_photos  # noqa: E402
 
 CLASSES = ["Tomato___healthy", "Potato___Early_blight", "Apple___Black_rot"]
 
@@ -92,7 +92,7 @@ def test_simulation_refuses_bad_requests(small_field, tmp_path):
     with pytest.raises(FileExistsError, match="earlier simulation"):
         simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, epochs=1, swa_epochs=0))
     cli = subprocess.run(
-        [sys.executable, "-m", "trainer", "simulate", "--data", str(small_field), "--out", str(tmp_path / "c"), "--day-size", "500"],
+        [sys.executable, "-m", "benchmarks.simulate", "--data", str(small_field), "--out", str(tmp_path / "c"), "--day-size", "500"],
         capture_output=True, text=True, timeout=120,
     )
     assert cli.returncode == 2 and "too few photos for one day of 500" in cli.stderr

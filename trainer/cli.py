@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -323,61 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first set its BatchNorm statistics to the exact ones over its training split (versions published "
                    "before they were exact, such as the shipped v0001, averaged per-batch statistics)")
     c.set_defaults(func=_calibrate)
-    m = sub.add_parser("simulate", parents=[logging_opts], help="field simulation: supervised-only vs self-training on a stream of real photos")
-    m.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
-    m.add_argument("--out", required=True, help="new folder for report.json, report.md, plots, the store and state")
-    m.add_argument("--mode", choices=["fast", "full"], default="fast",
-                   help="fast: one process; full: the real daemon and trainer processes (inbox, ZeroMQ, hot swaps)")
-    m.add_argument("--days", type=int, default=None, help="days to stream (default: every full day the data holds)")
-    m.add_argument("--day-size", type=int, default=100, help="photos per day")
-    m.add_argument("--epochs", type=int, default=200, help="supervised baseline: epochs")
-    m.add_argument("--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off")
-    m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
-    m.add_argument("--retrain-lr", type=float, default=2e-3,
-                   help="retrain learning rate, every retrain (default 2e-3, as every recorded arm ran; the service uses 5e-4 without expert labels)")
-    m.add_argument("--interpolate", type=float, default=1.0,
-                   help="retrain WiSE-FT interpolation, every retrain (default 1, as the recorded arms ran; the service chooses the step of a retrain without expert labels on the gate photos)")
-    m.add_argument("--label-smoothing", type=float, default=0.0,
-                   help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
-    m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")
-    m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
-    m.add_argument("--strategy", choices=["finetune", "ewc", "rehearsal", "lwf"], default="rehearsal")
-    m.add_argument("--expert-per-day", type=int, default=0, metavar="K",
-                   help="an expert labels K photos a day from the review pool (photos below tau), fast mode (default 0: none)")
-    m.add_argument("--expert-choice", choices=["device", "random"], default="device",
-                   help="device: the review queue's ranking (edge-agent review list); random: K at random from the same pool")
-    m.add_argument("--expert-budget", type=int, default=100, help="most expert labels in the whole run")
-    m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    m.add_argument("--seed", type=int, default=20251120)
-    m.add_argument("--no-calibrate", action="store_true",
-                   help="publish models as trained, without the softmax temperature fitted on the validation split")
-    m.add_argument("--no-recheck", action="store_true",
-                   help="retrains train on the pseudo-labels as received, without the engine in service looking again ([trainer] recheck_pseudo)")
-    m.add_argument("--baseline-from", metavar="DIR", help="reuse the supervised baseline of an earlier simulation (same data and seed)")
-    m.set_defaults(func=_simulate)
     return parser
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    from trainer.simulate import SimSettings, simulate
-
-    settings = SimSettings(
-        mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
-        retrain_lr=args.retrain_lr, interpolate=args.interpolate,
-        retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
-        label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
-        calibrate=not args.no_calibrate, recheck=not args.no_recheck,
-        expert_per_day=args.expert_per_day, expert_choice=args.expert_choice, expert_budget=args.expert_budget,
-    )
-    try:
-        report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except (ValueError, FileExistsError, TimeoutError, RuntimeError) as exc:
-        print(f"edge-trainer simulate: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: report[k] for k in ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision",
-                                                    "trained_pseudo_label_precision", "wall_s")}))
-    print(f"report: {Path(args.out) / 'report.md'}", file=sys.stderr)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

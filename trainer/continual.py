@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from edge_agent.log import get_logger
+from edge_agent.trainer_config import TrainerSection
 from trainer.augment import Augment
 from trainer.model import LeafNet
 from trainer.step import at_step
@@ -24,22 +24,7 @@ from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
 
-__all__ = ["ContinualSettings", "ramp", "train_generation"]
-
-
-@dataclass
-class ContinualSettings:
-    epochs: int = 15
-    batch_size: int = 32
-    lr: float = 5e-4
-    weight_decay: float = 1e-4
-    pseudo_lambda: float = 1.0
-    ramp_epochs: int = 10
-    seed: int = 0
-    swa_epochs: int = 0  # average the weights of the last N epochs (learning rate held at a quarter of its peak)
-    distill: float = 0.0  # weight of distillation from the model in service on every batch (0: off), whatever the strategy
-    distill_temperature: float = 2.0
-    interpolate: float = 1.0  # keep previous + interpolate x (trained - previous) (WiSE-FT); 1: the trained weights
+__all__ = ["ramp", "train_generation"]
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -51,18 +36,20 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 
 
 def train_generation(
-    previous: LeafNet, data: Generation, strategy: Strategy, settings: ContinualSettings, num_classes: int | None = None,
-    should_stop=lambda: False, batchnorm: bool = True, bn_x: torch.Tensor | None = None, on_epoch=lambda epoch, epochs: None,
+    previous: LeafNet, data: Generation, strategy: Strategy, settings: TrainerSection, lr: float, interpolate: float = 1.0,
+    num_classes: int | None = None, should_stop=lambda: False, batchnorm: bool = True, bn_x: torch.Tensor | None = None,
+    on_epoch=lambda epoch, epochs: None,
 ) -> tuple[LeafNet, Generation]:
-    """Train a candidate from ``previous`` on ``data`` (growing the head to ``num_classes`` if more). Its BatchNorm
-    statistics are recomputed on ``bn_x`` (default: the data) unless ``batchnorm`` is false (the caller does it:
-    :mod:`trainer.step`); otherwise its weights are ``settings.interpolate`` of the way from ``previous``
+    """Train a candidate from ``previous`` on ``data`` at peak learning rate ``lr`` (growing the head to ``num_classes``
+    if more), with ``[trainer]`` ``settings`` (epochs, batch size, SWA, distillation, ramp). Its BatchNorm statistics
+    are recomputed on ``bn_x`` (default: the data) unless ``batchnorm`` is false (the caller does it:
+    :mod:`trainer.step`); otherwise its weights are ``interpolate`` of the way from ``previous``
     (:func:`trainer.step.at_step`).
 
     Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
     only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
     """
-    log = get_logger("trainer.continual", strategy=strategy.name)
+    log = get_logger("trainer.continual", strategy=strategy.type)
     torch.manual_seed(settings.seed)
     gen = torch.Generator().manual_seed(settings.seed)
     previous = copy.deepcopy(previous).eval()
@@ -71,7 +58,7 @@ def train_generation(
         model.grow_head(num_classes)
     data = strategy.before(model, previous, data)
     augment = Augment()
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=settings.weight_decay)
     # There is no validation set to pick a checkpoint with (the gate's photos stay unseen), so the candidate is
     # the last epoch's weights after a cosine decay to zero - or, with swa_epochs, the average of the last
     # epochs' weights (Stochastic Weight Averaging), the same kind of solution as an SWA-trained model in service
@@ -124,4 +111,4 @@ def train_generation(
         model = copy.deepcopy(swa.module)
     if not batchnorm:  # the caller chooses the step and recomputes the statistics (trainer.step)
         return model.eval(), data
-    return at_step(model, previous, settings.interpolate, data.x if bn_x is None else bn_x), data
+    return at_step(model, previous, interpolate, data.x if bn_x is None else bn_x), data

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from edge_agent.config import AppConfig
+from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, preprocess_file
 from engines.store import EngineStore
 from trainer.calibrate import calibrate
-from trainer.continual import ContinualSettings, train_generation
+from trainer.continual import train_generation
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
@@ -120,6 +120,12 @@ def settle_published(store: EngineStore, samples: SampleStore) -> dict[str, str 
     return samples.settle_pending(published_with)
 
 
+def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
+    """What the manifest records of how a candidate was trained."""
+    keys = ("epochs", "batch_size", "weight_decay", "pseudo_lambda", "ramp_epochs", "seed", "swa_epochs", "distill", "distill_temperature")
+    return {**tc.model_dump(include=set(keys)), "lr": lr, "interpolate": interpolate}
+
+
 def _root(store: EngineStore, version) -> str:
     """The first version of ``version``'s lineage (following ``parent`` while the store still holds it)."""
     return lineage_root(store, version.name)
@@ -134,7 +140,7 @@ def retrain(
     ``progress(phase, **info)`` is told each step (for the trainer's status while it works)."""
     t0 = time.perf_counter()
     tc = cfg.trainer
-    log = get_logger("trainer.retrain", strategy=tc.strategy)
+    log = get_logger("trainer.retrain", strategy=tc.strategy.type)
     torch.set_num_threads(tc.threads)
     current = store.open()
     previous = load_weights(current)
@@ -162,21 +168,16 @@ def retrain(
              labelled_from=sources.origin, **counts)
     if len(data) < 2:
         return RetrainResult(None, "not enough data to train on", {}, len(ids), time.perf_counter() - t0)
-    options = {
-        "ewc_lambda": tc.ewc_lambda, "temperature": tc.lwf_temperature, "per_class": tc.rehearsal_per_class,
-        "selection": tc.rehearsal_selection, "seed": tc.seed,
-    }
     adopt_strategy_state(store, _root(store, current), classes, strategy_dir, log)  # after an upgrade to a new release
-    strategy = get_strategy(tc.strategy)(strategy_dir / tc.strategy, **options)
+    strategy = get_strategy(tc.strategy.type)(strategy_dir / tc.strategy.type, tc.strategy, seed=tc.seed)
     # Something new to learn (an expert's labels, a new class): the full step. Pseudo-labels alone: a cautious one.
     learning = counts["expert"] > 0 or bool(new_classes)
     lr, interpolate = (tc.lr, tc.interpolate) if learning else (tc.pseudo_only_lr, 1.0)
     log.info("retrain_step", kind="expert labels or new classes" if learning else "pseudo-labels only", lr=lr,
              interpolate=interpolate if learning else tc.pseudo_only_steps)
-    settings = ContinualSettings(tc.epochs, tc.batch_size, lr, 1e-4, tc.pseudo_lambda, tc.ramp_epochs, tc.seed, tc.swa_epochs,
-                                 distill=tc.distill, distill_temperature=tc.lwf_temperature, interpolate=interpolate)
-    candidate, used = train_generation(previous, data, strategy, settings, num_classes=len(classes), should_stop=should_stop,
-                                       batchnorm=learning, on_epoch=lambda e, n: progress("training", epoch=e, epochs=n))
+    candidate, used = train_generation(previous, data, strategy, tc, lr, interpolate, num_classes=len(classes),
+                                       should_stop=should_stop, batchnorm=learning,
+                                       on_epoch=lambda e, n: progress("training", epoch=e, epochs=n))
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
         progress("choosing the step")
@@ -201,7 +202,7 @@ def retrain(
         log.info("calibrated", **metrics["calibration"])
     check(should_stop, "before publishing")
     training = {
-        "kind": "continual", "strategy": tc.strategy, "settings": asdict(settings), "samples": counts,
+        "kind": "continual", "strategy": tc.strategy.model_dump(), "settings": _recorded(tc, lr, interpolate), "samples": counts,
         "expert_weight": tc.expert_weight, "labelled": sources.describe(),
         "new_classes": new_classes, "pseudo_recheck": rechecked, "torch": torch.__version__,
     }

@@ -1,1 +1,1 @@
-"""Continual-learning strategies, one module each (finetune, ewc, rehearsal, lwf); see :mod:`.base`."""
+"""Continual-learning strategies, one module each, found by the registry in :mod:`.base`."""

@@ -1,8 +1,10 @@
 """The interface every continual-learning strategy implements, and their registry.
 
 A strategy is one module in :mod:`trainer.strategies` with a :class:`Strategy`
-subclass decorated with :func:`register`. The shared training loop
-(:mod:`trainer.continual`) calls its hooks:
+subclass decorated with :func:`register`, whose ``Config`` is its options class
+in :mod:`edge_agent.trainer_config` (``[trainer.strategy]``, chosen by ``type``).
+The registry is the engine backends' (:mod:`engines.plugins`). The shared
+training loop (:mod:`trainer.continual`) calls its hooks:
 
 * :meth:`Strategy.before` once, with the model in service (a frozen copy) and
   the new generation's data: to snapshot a teacher, add replay data, ...;
@@ -19,10 +21,11 @@ from typing import ClassVar
 
 import torch
 
-from engines.base import import_plugins
+from edge_agent.trainer_config import StrategyConfig
+from engines.plugins import Registry
 from trainer.model import LeafNet
 
-__all__ = ["Strategy", "Generation", "register", "strategies", "get_strategy"]
+__all__ = ["Strategy", "Generation", "STRATEGIES", "register", "strategies", "get_strategy"]
 
 
 class Generation:
@@ -57,12 +60,18 @@ class Generation:
 
 
 class Strategy:
-    name: ClassVar[str]
+    """A way of fighting forgetting: hooks the training loop calls, with ``config`` its typed options."""
 
-    def __init__(self, state_dir: Path, **options) -> None:
+    #: The ``[trainer.strategy] type`` that selects this strategy.
+    type: ClassVar[str]
+    #: Its options class (edge_agent.trainer_config).
+    Config: ClassVar[type[StrategyConfig]]
+
+    def __init__(self, state_dir: Path, config: StrategyConfig | None = None, seed: int = 0) -> None:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.options = options
+        self.config = config if config is not None else self.Config()
+        self.seed = seed
 
     def before(self, model: LeafNet, previous: LeafNet, data: Generation) -> Generation:
         """Called before training; may return extra data to train on (replay)."""
@@ -75,23 +84,8 @@ class Strategy:
         """Called after training the accepted candidate."""
 
 
-_REGISTRY: dict[str, type[Strategy]] = {}
-
-
-def register(cls: type[Strategy]) -> type[Strategy]:
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def strategies() -> dict[str, type[Strategy]]:
-    import trainer.strategies
-
-    import_plugins(trainer.strategies, skip=("base",))
-    return dict(_REGISTRY)
-
-
-def get_strategy(name: str) -> type[Strategy]:
-    found = strategies()
-    if name not in found:
-        raise ValueError(f"unknown strategy {name!r} (known: {', '.join(sorted(found))})")
-    return found[name]
+#: Every strategy, by the ``type`` that selects it.
+STRATEGIES: Registry[type[Strategy]] = Registry("strategy", "trainer.strategies", skip=("base",))
+register = STRATEGIES.register
+strategies = STRATEGIES.all
+get_strategy = STRATEGIES.get

@@ -12,12 +12,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edge_agent.trainer_config import EwcConfig
 from trainer.strategies.base import Generation, Strategy, register
 
 
 @register
 class EWC(Strategy):
-    name = "ewc"
+    type = "ewc"
+    Config = EwcConfig
+    config: EwcConfig
 
     @property
     def _path(self):
@@ -37,7 +40,7 @@ class EWC(Strategy):
         return data
 
     def penalty(self, model, x, logits):
-        lam = float(self.options.get("ewc_lambda", 100.0))
+        lam = self.config.ewc_lambda
         total = logits.new_zeros(())
         for n, p in model.named_parameters():
             if n in self.fisher and self.fisher[n].shape == p.shape:
@@ -45,7 +48,7 @@ class EWC(Strategy):
         return lam / 2 * total
 
     def after(self, model, data):
-        gamma = float(self.options.get("gamma", 0.9))
+        gamma = self.config.gamma
         old, _ = self._load()
         new = fisher_information(model, data)
         merged = {n: gamma * old[n] + f if n in old and old[n].shape == f.shape else f for n, f in new.items()}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from edge_agent.trainer_config import FinetuneConfig
 from trainer.strategies.base import Strategy, register
 
 
 @register
 class FineTune(Strategy):
-    name = "finetune"
+    type = "finetune"
+    Config = FinetuneConfig

@@ -7,6 +7,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from edge_agent.trainer_config import LwfConfig
 from trainer.strategies.base import Generation, Strategy, register
 
 
@@ -19,9 +20,11 @@ def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature
 
 @register
 class LwF(Strategy):
-    """``temperature`` (default 2.0) softens both distributions; ``lwf_lambda`` (default 1.0) weighs the term."""
+    """``temperature`` softens both distributions; ``weight`` weighs the term."""
 
-    name = "lwf"
+    type = "lwf"
+    Config = LwfConfig
+    config: LwfConfig
 
     def before(self, model, previous, data: Generation) -> Generation:
         self.teacher = copy.deepcopy(previous).eval()
@@ -32,4 +35,4 @@ class LwF(Strategy):
     def penalty(self, model, x, logits):
         with torch.no_grad():
             old = self.teacher(x)
-        return float(self.options.get("lwf_lambda", 1.0)) * distill_loss(logits, old, self.options.get("temperature", 2.0))
+        return self.config.weight * distill_loss(logits, old, self.config.temperature)

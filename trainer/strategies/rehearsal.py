@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import torch
 
+from edge_agent.trainer_config import RehearsalConfig
 from trainer.strategies.base import Generation, Strategy, register
 
 
 @register
 class Rehearsal(Strategy):
-    name = "rehearsal"
+    type = "rehearsal"
+    Config = RehearsalConfig
+    config: RehearsalConfig
 
     @property
     def _path(self):
@@ -35,8 +38,8 @@ class Rehearsal(Strategy):
         return data + Generation(mx, my)
 
     def after(self, model, data: Generation) -> None:
-        per_class = int(self.options.get("per_class", 20))
-        how = str(self.options.get("selection", "herding"))
+        per_class = self.config.per_class
+        how = self.config.selection
         memory = self._load()
         xs, ys = [data.x[~data.pseudo]], [data.y[~data.pseudo]]  # remember true labels only
         if memory is not None:
@@ -44,7 +47,7 @@ class Rehearsal(Strategy):
             ys.append(memory[1])
         x, y = torch.cat(xs), torch.cat(ys)
         keep = []
-        gen = torch.Generator().manual_seed(int(self.options.get("seed", 0)))
+        gen = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
             model.eval()
             feats = torch.cat([model.features(x[i : i + 128]) for i in range(0, len(x), 128)]) if how != "random" else None

@@ -6,13 +6,15 @@ streamed in days of ``day_size`` photos, shuffled across classes as a field woul
 
 * **Supervised only**: the model trained on the labelled pool (validation for early stopping),
   published as the store's first version; its test top-1 is the baseline.
-* **Each day**: the engine in service classifies the day's photos; a prediction at or above ``tau``
-  whose class is under its cap (per engine version) becomes a pseudo-label; once ``retrain_at`` new
+* **Each day**: the engine in service classifies the day's photos; the daemon's label policy
+  (:func:`edge_agent.labelling.decide`, ``pseudo_threshold`` = ``review_threshold`` = ``tau``) makes a
+  pseudo-label of what it queues so, under its class's cap (per engine version); once ``retrain_at`` new
   samples have arrived the trainer retrains (:func:`trainer.service.retrain`: labelled cross-entropy plus
   the ramped, confidence-weighted pseudo-label loss, the gate, publishing). The day ends with the test
   top-1 of the engine in service, the pseudo-labels accepted and their precision against the truth.
 
-``fast`` runs those pieces in one process (the same classifier, sample store and retrain function);
+``python -m benchmarks.simulate --data DIR --out DIR [--mode full]`` (research, not part of the product:
+it lives beside the other benchmarks). ``fast`` runs those pieces in one process (the same classifier, sample store and retrain function);
 ``full`` drives the real ``edge-agent run`` and ``edge-trainer serve`` processes: photos copied into the
 inbox, pseudo-labels handed over ZeroMQ, engines hot-swapped.
 """
@@ -35,6 +37,7 @@ import torch
 
 from edge_agent.classifier import Classifier
 from edge_agent.config import parse_config
+from edge_agent.labelling import decide
 from edge_agent.log import get_logger
 from edge_agent.preprocess import preprocess_file
 from edge_agent.results import query_readonly
@@ -217,7 +220,7 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
     return {
         "store": {"path": str(out / "store"), "trusted_keys": [str(out / "signing.pub")]},
         "engine": FP32,
-        "labels": {"pseudo_threshold": s.tau, "per_class_cap": s.cap},
+        "labels": {"pseudo_threshold": s.tau, "review_threshold": s.tau, "per_class_cap": s.cap},
         "inbox": {"settle_s": 0.5, "rescan_interval_s": 5.0},
         "hotswap": {"poll_s": 1.0},
         "log": {"format": "json"},
@@ -275,13 +278,14 @@ class _FastField:
             clf.engine.close()
         counts = self.counts.setdefault(version, {})
         for photo, p in zip(photos, preds):
-            if p.confidence >= self.s.tau and counts.get(p.label, 0) < self.s.cap:
+            kind = decide(p.verdict, p.confidence, self.cfg.labels)  # the daemon's own policy
+            if kind == "pseudo" and counts.get(p.label, 0) < self.s.cap:
                 data = Path(photo.path).read_bytes()
                 header = {"id": hashlib.sha256(data).hexdigest(), "kind": "pseudo", "label": p.label,
                           "confidence": p.confidence, "engine_version": p.engine_version, "ext": ".jpg"}
                 if self.samples.add(header, data):
                     counts[p.label] = counts.get(p.label, 0) + 1
-            elif p.confidence < self.s.tau and self.s.expert_per_day:
+            elif kind == "review" and self.s.expert_per_day:
                 self.review[hashlib.sha256(Path(photo.path).read_bytes()).hexdigest()] = (photo, [list(t) for t in p.top_k])
         if self.s.expert_per_day:
             self._ask_expert(classes, truth)
@@ -479,8 +483,71 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
         "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}",
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    from trainer.simreport import write_markdown, write_plots
+    from benchmarks.simreport import write_markdown, write_plots
 
     write_markdown(report, out / "report.md")
     write_plots(report, out)
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from edge_agent.log import configure_logging
+    from edge_agent.trainer_config import STRATEGY_CONFIGS
+
+    m = argparse.ArgumentParser(prog="python -m benchmarks.simulate", description=__doc__.split("\n\n")[0])
+    m.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    m.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
+    m.add_argument("--out", required=True, help="new folder for report.json, report.md, plots, the store and state")
+    m.add_argument("--mode", choices=["fast", "full"], default="fast",
+                   help="fast: one process; full: the real daemon and trainer processes (inbox, ZeroMQ, hot swaps)")
+    m.add_argument("--days", type=int, default=None, help="days to stream (default: every full day the data holds)")
+    m.add_argument("--day-size", type=int, default=100, help="photos per day")
+    m.add_argument("--epochs", type=int, default=200, help="supervised baseline: epochs")
+    m.add_argument("--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off")
+    m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
+    m.add_argument("--retrain-lr", type=float, default=2e-3,
+                   help="retrain learning rate, every retrain (default 2e-3, as every recorded arm ran; the service uses 5e-4 without expert labels)")
+    m.add_argument("--interpolate", type=float, default=1.0,
+                   help="retrain WiSE-FT interpolation, every retrain (default 1, as the recorded arms ran; the service chooses the step of a retrain without expert labels on the gate photos)")
+    m.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
+    m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")
+    m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
+    m.add_argument("--strategy", choices=STRATEGY_CONFIGS, default="rehearsal", help="[trainer.strategy] type, with its default options")
+    m.add_argument("--expert-per-day", type=int, default=0, metavar="K",
+                   help="an expert labels K photos a day from the review pool (photos below tau), fast mode (default 0: none)")
+    m.add_argument("--expert-choice", choices=["device", "random"], default="device",
+                   help="device: the review queue's ranking (edge-agent review list); random: K at random from the same pool")
+    m.add_argument("--expert-budget", type=int, default=100, help="most expert labels in the whole run")
+    m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    m.add_argument("--seed", type=int, default=20251120)
+    m.add_argument("--no-calibrate", action="store_true",
+                   help="publish models as trained, without the softmax temperature fitted on the validation split")
+    m.add_argument("--no-recheck", action="store_true",
+                   help="retrains train on the pseudo-labels as received, without the engine in service looking again ([trainer] recheck_pseudo)")
+    m.add_argument("--baseline-from", metavar="DIR", help="reuse the supervised baseline of an earlier simulation (same data and seed)")
+    args = m.parse_args(argv)
+    configure_logging(args.log_level, "auto")
+    settings = SimSettings(
+        mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
+        retrain_lr=args.retrain_lr, interpolate=args.interpolate,
+        retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
+        label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
+        calibrate=not args.no_calibrate, recheck=not args.no_recheck,
+        expert_per_day=args.expert_per_day, expert_choice=args.expert_choice, expert_budget=args.expert_budget,
+    )
+    try:
+        report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (ValueError, FileExistsError, TimeoutError, RuntimeError) as exc:
+        print(f"benchmarks.simulate: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: report[k] for k in ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision",
+                                                    "trained_pseudo_label_precision", "wall_s")}))
+    print(f"report: {Path(args.out) / 'report.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

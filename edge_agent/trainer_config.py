@@ -1,0 +1,152 @@
+"""The ``[trainer]`` section of the one configuration file, and the options of each training strategy.
+
+The daemon and the trainer read the same file, and the daemon never imports the trainer, so the schema of the
+trainer's section lives here, beside the daemon's sections. ``[trainer.strategy]`` is a discriminated union: its
+``type`` picks one of the option classes below, each the ``Config`` of the plugin of that name in
+:mod:`trainer.strategies` (a test keeps the two lists equal). Why each default is what it is: ``docs/learning-loop.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["TrainerSection", "StrategyConfig", "FinetuneConfig", "EwcConfig", "RehearsalConfig", "LwfConfig", "STRATEGY_CONFIGS"]
+
+
+class StrategyConfig(BaseModel):
+    """Base of every strategy's options; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: str
+
+
+class FinetuneConfig(StrategyConfig):
+    type: Literal["finetune"] = Field("finetune", description="Plain fine-tuning: nothing fights forgetting (the baseline).")
+
+
+class EwcConfig(StrategyConfig):
+    type: Literal["ewc"] = Field("ewc", description="Online Elastic Weight Consolidation: a pull towards earlier solutions.")
+    ewc_lambda: float = Field(100.0, ge=0, description="Strength of the pull towards earlier solutions.")
+    gamma: float = Field(0.9, ge=0, le=1, description="Share of the earlier Fisher information kept at each generation.")
+
+
+class RehearsalConfig(StrategyConfig):
+    type: Literal["rehearsal"] = Field("rehearsal", description="A class-balanced memory of true labels replayed in every retrain.")
+    per_class: int = Field(20, ge=1, description="Photos kept per class in the memory.")
+    selection: Literal["random", "herding", "distance"] = Field("herding", description="How the memory's photos are chosen.")
+
+
+class LwfConfig(StrategyConfig):
+    type: Literal["lwf"] = Field("lwf", description="Learning without Forgetting: distil the previous model's outputs.")
+    temperature: float = Field(2.0, gt=0, description="Distillation temperature.")
+    weight: float = Field(1.0, ge=0, description="Weight of the distillation term in the loss.")
+
+
+#: Every strategy's options, by type (the plugins in trainer.strategies take theirs from here).
+STRATEGY_CONFIGS: dict[str, type[StrategyConfig]] = {
+    c.model_fields["type"].default: c for c in (FinetuneConfig, EwcConfig, RehearsalConfig, LwfConfig)
+}
+
+Strategy = Annotated[Union[tuple(STRATEGY_CONFIGS.values())], Field(discriminator="type")]
+
+
+class TrainerSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state_dir: str = Field("", description="Trainer's samples, strategy state and status; empty means <state_dir>/trainer.")
+    labelled_data: str = Field(
+        "",
+        description="Folder of <Class>/<photo> with true labels, replayed in every retrain and split for the gate's "
+        "validation set; empty: the replay photos shipped with the default model (see shipped_data), else only expert labels.",
+    )
+    validation_data: str = Field(
+        "",
+        description="Folder of <Class>/<photo> held out for the gate only (never trained on), for a model trained on all of "
+        "labelled_data; empty: val_fraction of labelled_data, or the gate photos shipped with the default model.",
+    )
+    shipped_data: bool = Field(
+        True,
+        description="Where labelled_data / validation_data are empty, use the photos shipped with the default model "
+        "(edge_agent/default_data) for the classes the engine in service knows; without validation photos no retrain starts.",
+    )
+    retrain_threshold: int = Field(200, ge=1, description="Retrain once this many new samples have arrived.")
+    fleet_new_classes: bool = Field(
+        False, description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon."
+    )
+    strategy: Strategy = Field(
+        default_factory=RehearsalConfig,
+        description="How forgetting is fought: [trainer.strategy] type = " + " | ".join(STRATEGY_CONFIGS)
+        + ", with that strategy's own options (docs/learning-loop.md).",
+    )
+    epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
+    batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
+    lr: float = Field(
+        2e-3, gt=0, le=1,
+        description="AdamW peak learning rate (cosine decay after it) of a retrain with an expert's labels or new classes.",
+    )
+    pseudo_only_lr: float = Field(5e-4, gt=0, le=1, description="Learning rate of a retrain on pseudo-labels alone.")
+    weight_decay: float = Field(1e-4, ge=0, le=1, description="AdamW weight decay of a retrain.")
+    swa_epochs: int = Field(
+        10, ge=0, le=500,
+        description="Average the weights of the last N epochs of a retrain (SWA, learning rate held at a quarter of lr); "
+        "0: the last epoch's weights after a cosine decay to zero.",
+    )
+    pseudo_lambda: float = Field(1.0, ge=0, description="Weight of the confidence-weighted pseudo-label loss.")
+    expert_weight: float = Field(
+        2.0, ge=0, description="Weight of an expert's label in the cross-entropy, relative to a photo of labelled_data (1)."
+    )
+    ramp_epochs: int = Field(10, ge=0, description="Epochs over which the pseudo-label weight ramps up from ~0 to 1.")
+    distill: float = Field(
+        1.0, ge=0, le=100,
+        description="Weight of a distillation term from the engine in service on every training batch, beside any "
+        "strategy; 0 turns it off.",
+    )
+    distill_temperature: float = Field(2.0, gt=0, description="Temperature of the `distill` term.")
+    interpolate: float = Field(
+        1.0, gt=0, le=1,
+        description="A retrain with expert labels or new classes keeps the engine in service's weights plus this share of "
+        "what it changed (WiSE-FT); 1 keeps the retrained weights.",
+    )
+    pseudo_only_steps: list[float] = Field(
+        [1.0, 0.5, 0.25, 0.125, 0.0], min_length=1,
+        description="A retrain on pseudo-labels alone keeps the smallest of these steps from the engine in service (0) to "
+        "the retrained weights (1) whose log-loss on the gate photos is within one standard error of the lowest; one value "
+        "fixes the step.",
+    )
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the labelled data held out for the gate (never trained on).")
+    gate_tolerance: float = Field(
+        0.02, ge=0, le=1,
+        description="Publish only if the candidate's top-1 is at least the current engine's, and the lineage's first "
+        "version's, minus this (0.02 = 2 points).",
+    )
+    gate_max_class_drop: float = Field(0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this.")
+    threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
+    nice: int = Field(10, ge=0, le=19, description="Added niceness of the trainer process (inference first).")
+    int8: bool = Field(True, description="Also build the INT8 ONNX Runtime variant when publishing.")
+    calibrate: bool = Field(
+        True,
+        description="Fit a softmax temperature on the gate's validation photos and fold it into the published model, so "
+        "that a confidence of 0.9 is right about 90 % of the time (pseudo_threshold relies on it).",
+    )
+    recheck_pseudo: bool = Field(
+        True,
+        description="Before each retrain, the engine in service looks again at every pseudo-labelled photo and its three "
+        "mirror images; a photo whose class does not keep pseudo_threshold in all four waits for a later engine.",
+    )
+    seed: int = Field(20251120, description="Seed for splits, initialisation and augmentation.")
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _strategy_by_name(cls, value: Any) -> Any:
+        """``strategy = "ewc"`` (the form before [trainer.strategy] existed) means that strategy with its defaults."""
+        return {"type": value} if isinstance(value, str) else value
+
+    @field_validator("pseudo_only_steps")
+    @classmethod
+    def _steps_between_0_and_1(cls, steps: list[float]) -> list[float]:
+        bad = [a for a in steps if not 0.0 <= a <= 1.0]
+        if bad:
+            raise ValueError(f"every step must lie between 0 and 1, got {bad}")
+        return steps
