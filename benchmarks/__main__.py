@@ -46,9 +46,15 @@ def _torch_case(photos_batch, warmup: int, iters: int, store: Path) -> LatencyRe
                 times.append((time.perf_counter() - t0) * 1000)
     times.sort()
     mean = statistics.fmean(times)
-    return LatencyResult(TORCH.name, len(x), round(mean, 3), round(times[len(times) // 2], 3),
-                         round(times[min(len(times) - 1, int(len(times) * 0.99))], 3), round(len(x) * 1000 / mean, 1),
-                         f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    return LatencyResult(
+        TORCH.name,
+        len(x),
+        round(mean, 3),
+        round(times[len(times) // 2], 3),
+        round(times[min(len(times) - 1, int(len(times) * 0.99))], 3),
+        round(len(x) * 1000 / mean, 1),
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads)",
+    )
 
 
 def _dist_size(name: str) -> int | None:
@@ -63,11 +69,35 @@ def _dist_size(name: str) -> int | None:
 
 def install_sizes(version: Path) -> dict:
     out = {"model": {f.name: f.stat().st_size for f in sorted(version.iterdir())}}
-    packages = ["onnxruntime", "onnxruntime-gpu", "opencv-python-headless", "opencv-python", "numpy", "pyzmq", "watchdog",
-                "structlog", "pydantic", "pydantic-core", "torch", "onnx", "tensorrt", "pycuda"]
+    packages = [
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "opencv-python-headless",
+        "opencv-python",
+        "numpy",
+        "pyzmq",
+        "watchdog",
+        "structlog",
+        "pydantic",
+        "pydantic-core",
+        "torch",
+        "onnx",
+        "tensorrt",
+        "pycuda",
+    ]
     out["packages"] = {p: s for p in packages if (s := _dist_size(p)) is not None}
-    daemon = ["onnxruntime", "onnxruntime-gpu", "opencv-python-headless", "opencv-python", "numpy", "pyzmq", "watchdog",
-              "structlog", "pydantic", "pydantic-core"]
+    daemon = [
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "opencv-python-headless",
+        "opencv-python",
+        "numpy",
+        "pyzmq",
+        "watchdog",
+        "structlog",
+        "pydantic",
+        "pydantic-core",
+    ]
     out["daemon_runtime_total"] = sum(out["packages"].get(p, 0) for p in daemon)
     return out
 
@@ -78,11 +108,14 @@ def _power_for(case: EngineCase, batch, store: Path, seconds: float) -> dict:
     from engines.loader import open_engine
 
     with open_engine(store, parse_config({"engine": case.engine}).engine) as engine:
+
         def work() -> int:
             engine.infer(batch)
             return len(batch)
 
-        return measure_power(work, seconds, gpu=case.engine.get("provider") in ("cuda", "tensorrt") or case.engine["type"] == "tensorrt")
+        return measure_power(
+            work, seconds, gpu=case.engine.get("provider") in ("cuda", "tensorrt") or case.engine["type"] == "tensorrt"
+        )
 
 
 def _plot(rows: list[dict], path: Path) -> None:
@@ -99,7 +132,17 @@ def _plot(rows: list[dict], path: Path) -> None:
     batches = sorted({x["batch"] for x in rows if not x["unavailable"]})
     height = 0.8 / max(len(batches), 1)
     for k, batch in enumerate(batches):  # grouped bars, one per batch size
-        vals = [next((x["images_per_s"] for x in rows if x["case"] == r["case"] and x["batch"] == batch and not x["unavailable"]), 0) for r in present]
+        vals = [
+            next(
+                (
+                    x["images_per_s"]
+                    for x in rows
+                    if x["case"] == r["case"] and x["batch"] == batch and not x["unavailable"]
+                ),
+                0,
+            )
+            for r in present
+        ]
         b.barh([i - 0.4 + height * (k + 0.5) for i in range(len(present))], vals, height=height, label=f"batch {batch}")
     b.set_yticks(range(len(present)), names)
     b.set(xlabel="images/s", title="Throughput")
@@ -113,20 +156,32 @@ def _plot(rows: list[dict], path: Path) -> None:
 
 
 def _markdown(r: dict) -> str:
-    lines = [f"# edge-agent benchmark ({r['machine']['summary']})", "",
-             f"{r['settings']['warmup']} warm-ups then {r['settings']['iters']} timed runs per row; real preprocessed photos.", "",
-             "| engine | batch | mean ms | p50 ms | p99 ms | images/s | x FLOP floor | provider |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# edge-agent benchmark ({r['machine']['summary']})",
+        "",
+        f"{r['settings']['warmup']} warm-ups then {r['settings']['iters']} timed runs per row; real preprocessed photos.",
+        "",
+        "| engine | batch | mean ms | p50 ms | p99 ms | images/s | x FLOP floor | provider |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in r["latency"]:
         if row["unavailable"]:
             lines.append(f"| {row['case']} | - | absent: {row['unavailable']} | | | | | |")
             continue
         floor = f"{row['floor_ratio']:.1f}" if row.get("floor_ratio") else "-"
-        lines.append(f"| {row['case']} | {row['batch']} | {row['mean_ms']} | {row['p50_ms']} | {row['p99_ms']} | {row['images_per_s']} | {floor} | {row['provider']} |")
+        lines.append(
+            f"| {row['case']} | {row['batch']} | {row['mean_ms']} | {row['p50_ms']} | {row['p99_ms']} | {row['images_per_s']} | {floor} | {row['provider']} |"
+        )
     f = r["flop_floor"]
-    lines += ["", f"FLOP floor: {f['model_gflops_per_photo']:.3f} GFLOP per photo; GEMM {f['gemm_gflops']:.0f} GFLOP/s "
-              f"(numpy float32 {f['gemm_n']}x{f['gemm_n']}) -> {f['floor_ms_per_photo']:.3f} ms per photo; 'x FLOP floor' = mean time per "
-              "photo / that floor (below 1 means the engine does less arithmetic than a dense convolution, e.g. Winograd or INT8).", "",
-              "| power | engine | meter | mean W | J / inference | notes |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"FLOP floor: {f['model_gflops_per_photo']:.3f} GFLOP per photo; GEMM {f['gemm_gflops']:.0f} GFLOP/s "
+        f"(numpy float32 {f['gemm_n']}x{f['gemm_n']}) -> {f['floor_ms_per_photo']:.3f} ms per photo; 'x FLOP floor' = mean time per "
+        "photo / that floor (below 1 means the engine does less arithmetic than a dense convolution, e.g. Winograd or INT8).",
+        "",
+        "| power | engine | meter | mean W | J / inference | notes |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in r["power"]:
         if p.get("meter"):
             notes = ", ".join(f"{k} {p[k]}" for k in ("nvpmodel", "jetson_clocks", "window_s") if k in p)
@@ -134,22 +189,30 @@ def _markdown(r: dict) -> str:
         else:
             lines.append(f"| | {p['case']} | unavailable | | | {p['unavailable']} |")
     d = r["daemon"]
-    lines += ["", "| daemon | value |", "|---|---|",
-              f"| start to READY=1, median of {len(d['start_to_ready_s'])} | {d['start_to_ready_s_median']:.3f} s |",
-              f"| RSS idle / 2 s after {d['photos']} photos / peak | {d['rss_mb_idle']:.0f} / {d['rss_mb_steady']:.0f} / {d['rss_mb_peak']:.0f} MB |",
-              f"| end to end, sustained ({d['photos']} photos dropped at once) | {d['end_to_end_photos_per_s']:.0f} photos/s |"]
+    lines += [
+        "",
+        "| daemon | value |",
+        "|---|---|",
+        f"| start to READY=1, median of {len(d['start_to_ready_s'])} | {d['start_to_ready_s_median']:.3f} s |",
+        f"| RSS idle / 2 s after {d['photos']} photos / peak | {d['rss_mb_idle']:.0f} / {d['rss_mb_steady']:.0f} / {d['rss_mb_peak']:.0f} MB |",
+        f"| end to end, sustained ({d['photos']} photos dropped at once) | {d['end_to_end_photos_per_s']:.0f} photos/s |",
+    ]
     s = r["install_sizes"]
     lines += ["", "| install size | MB |", "|---|---|"]
     lines += [f"| model: {k} | {v / 1e6:.2f} |" for k, v in s["model"].items()]
     lines += [f"| package: {k} | {v / 1e6:.1f} |" for k, v in s["packages"].items()]
-    lines.append(f"| daemon runtime (ONNX Runtime, OpenCV, numpy, pyzmq, watchdog, structlog, pydantic) | {s['daemon_runtime_total'] / 1e6:.1f} |")
+    lines.append(
+        f"| daemon runtime (ONNX Runtime, OpenCV, numpy, pyzmq, watchdog, structlog, pydantic) | {s['daemon_runtime_total'] / 1e6:.1f} |"
+    )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for results.json, results.md and latency.png")
-    ap.add_argument("--quick", action="store_true", help="fewer iterations and photos (a smoke run, not for publishing)")
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer iterations and photos (a smoke run, not for publishing)"
+    )
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--store", default=None, help="engine store (default: the shipped model)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
@@ -181,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         for b in args.batch:
             bar.set_postfix_str(f"{case.name}, batch {b}")
-            r = _torch_case(batches[b], args.warmup, args.iters, store) if case is TORCH else measure(case, batches[b], args.warmup, args.iters, store)
+            r = (
+                _torch_case(batches[b], args.warmup, args.iters, store)
+                if case is TORCH
+                else measure(case, batches[b], args.warmup, args.iters, store)
+            )
             rows.append(r.__dict__)
             bar.update(1)
             if r.unavailable:
@@ -223,12 +290,23 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "machine": {
             "summary": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or platform.system()}, "
-                       f"Python {platform.python_version()}, ONNX Runtime {onnxruntime.__version__}",
+            f"Python {platform.python_version()}, ONNX Runtime {onnxruntime.__version__}",
             "node": platform.node(),
         },
-        "settings": {"warmup": args.warmup, "iters": args.iters, "batches": args.batch, "quick": args.quick, "store": str(store)},
+        "settings": {
+            "warmup": args.warmup,
+            "iters": args.iters,
+            "batches": args.batch,
+            "quick": args.quick,
+            "store": str(store),
+        },
         "latency": rows,
-        "flop_floor": {"model_gflops_per_photo": flops / 1e9, "gemm_gflops": gemm, "gemm_n": gemm_n, "floor_ms_per_photo": floor_ms},
+        "flop_floor": {
+            "model_gflops_per_photo": flops / 1e9,
+            "gemm_gflops": gemm,
+            "gemm_n": gemm_n,
+            "floor_ms_per_photo": floor_ms,
+        },
         "power": power,
         "daemon": {"start_to_ready_s": ready, "start_to_ready_s_median": statistics.median(ready), "photos": n, **e2e},
         "install_sizes": sizes,

@@ -29,7 +29,6 @@ from trainer.strategies.base import STRATEGIES, Generation, get_strategy
 from trainer.train import TrainSettings, evaluate, fit
 
 
-
 def task_of(name: str) -> str:
     return "A" if name.startswith(("Tomato", "Potato")) else "B"
 
@@ -80,8 +79,13 @@ def main() -> None:
             return len(self.x)
 
     model_a = build_model(n_a)
-    model_a, _ = fit(model_a, _DS(a_train.x[tr_idx], a_train.y[tr_idx]), _DS(a_train.x[val_idx], a_train.y[val_idx]),
-                     TrainSettings(epochs=args.epochs_a, patience=args.epochs_a), progress=False)
+    model_a, _ = fit(
+        model_a,
+        _DS(a_train.x[tr_idx], a_train.y[tr_idx]),
+        _DS(a_train.x[val_idx], a_train.y[val_idx]),
+        TrainSettings(epochs=args.epochs_a, patience=args.epochs_a),
+        progress=False,
+    )
     r_aa = acc(model_a, "A")
     print(f"task A model: top-1 on A = {r_aa:.4f} ({time.time() - t0:.0f} s)", flush=True)
 
@@ -89,8 +93,15 @@ def main() -> None:
     settings = TrainerSection(epochs=args.epochs_b, batch_size=32, ramp_epochs=0, seed=0, swa_epochs=0, distill=0.0)
     for name in STRATEGIES.names():
         t1 = time.time()
-        options = {"ewc_lambda": args.ewc_lambda, "per_class": args.per_class, "selection": "herding", "temperature": 2.0}
-        config = STRATEGY_CONFIGS[name](**{k: v for k, v in options.items() if k in STRATEGY_CONFIGS[name].model_fields})
+        options = {
+            "ewc_lambda": args.ewc_lambda,
+            "per_class": args.per_class,
+            "selection": "herding",
+            "temperature": 2.0,
+        }
+        config = STRATEGY_CONFIGS[name](
+            **{k: v for k, v in options.items() if k in STRATEGY_CONFIGS[name].model_fields}
+        )
         strategy = get_strategy(name)(out / "state" / name, config)
         strategy.after(copy.deepcopy(model_a), data["train", "A"])  # seed its state on task A
         model_b, _ = train_generation(model_a, data["train", "B"], strategy, settings, 1e-3, num_classes=len(order))
@@ -101,19 +112,32 @@ def main() -> None:
             "forgetting_A": round(r_aa - r_ba, 4),
             "seconds": round(time.time() - t1, 1),
         }
-        print(f"{name:10s} after B: A {r_ba:.4f}  B {r_bb:.4f}  avg {(r_ba + r_bb) / 2:.4f}  forgetting {r_aa - r_ba:.4f}  ({time.time() - t1:.0f} s)", flush=True)
+        print(
+            f"{name:10s} after B: A {r_ba:.4f}  B {r_bb:.4f}  avg {(r_ba + r_bb) / 2:.4f}  forgetting {r_aa - r_ba:.4f}  ({time.time() - t1:.0f} s)",
+            flush=True,
+        )
 
     report = {
         "tasks": {"A": order[:n_a], "B": order[n_a:]},
         "photos": {f"{k[0]}_{k[1]}": len(v) for k, v in data.items()},
-        "settings": {"epochs_a": args.epochs_a, "epochs_b": args.epochs_b, "ewc_lambda": args.ewc_lambda, "rehearsal_per_class": args.per_class},
+        "settings": {
+            "epochs_a": args.epochs_a,
+            "epochs_b": args.epochs_b,
+            "ewc_lambda": args.ewc_lambda,
+            "rehearsal_per_class": args.per_class,
+        },
         "results": results,
         "wall_s": round(time.time() - t0, 1),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["| strategy | A after A | A after B | B after B | average | forgetting of A |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | A after A | A after B | B after B | average | forgetting of A |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
-        lines.append(f"| {name} | {r_aa:.4f} | {r['R']['after_B']['A']:.4f} | {r['R']['after_B']['B']:.4f} | {r['average_accuracy']:.4f} | {r['forgetting_A']:.4f} |")
+        lines.append(
+            f"| {name} | {r_aa:.4f} | {r['R']['after_B']['A']:.4f} | {r['R']['after_B']['B']:.4f} | {r['average_accuracy']:.4f} | {r['forgetting_A']:.4f} |"
+        )
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

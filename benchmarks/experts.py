@@ -32,8 +32,23 @@ def run_arm(data: str, out: Path, baseline: Path, seed: int, arm: str) -> dict:
     report = out / "report.json"
     if not report.exists():
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [sys.executable, "-m", "benchmarks.simulate", "--log-level", "warning", "--data", data, "--out", str(out),
-               "--mode", "fast", "--seed", str(seed), "--baseline-from", str(baseline)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.simulate",
+            "--log-level",
+            "warning",
+            "--data",
+            data,
+            "--out",
+            str(out),
+            "--mode",
+            "fast",
+            "--seed",
+            str(seed),
+            "--baseline-from",
+            str(baseline),
+        ]
         if arm != "none":
             choice, k = arm.split("-")
             cmd += ["--expert-per-day", k, "--expert-choice", choice]
@@ -50,36 +65,65 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
         prec = [r["pseudo_label_precision"] for r in reports if r["pseudo_label_precision"] is not None]
         arms[arm] = {
             "seeds": [r["settings"]["seed"] for r in reports],
-            "top1_mean": _ms(top1)[0], "top1_sd": _ms(top1)[1], "supervised_top1_mean": _ms(sup)[0],
-            "gain_mean": _ms(gain)[0], "gain_sd": _ms(gain)[1],
+            "top1_mean": _ms(top1)[0],
+            "top1_sd": _ms(top1)[1],
+            "supervised_top1_mean": _ms(sup)[0],
+            "gain_mean": _ms(gain)[0],
+            "gain_sd": _ms(gain)[1],
             "expert_labels_mean": _ms([r.get("expert_labels", 0) for r in reports])[0],
             "pseudo_label_precision_mean": _ms(prec)[0] if prec else None,
             "pseudo_labels_mean": _ms([r["pseudo_labels_accepted"] for r in reports])[0],
-            "retrains_published": sum(1 for r in reports for d in r["days"] if d.get("retrain") and d["retrain"].get("published")),
+            "retrains_published": sum(
+                1 for r in reports for d in r["days"] if d.get("retrain") and d["retrain"].get("published")
+            ),
             "retrains": sum(1 for r in reports for d in r["days"] if d.get("retrain")),
-            "days_top1_mean": [statistics.fmean(v) for v in zip(*[[d["test_top1"] for d in r["days"]] for r in reports])],
-            "runs": [{"seed": r["settings"]["seed"], "supervised_top1": r["supervised_top1"], "top1": r["ssl_top1"],
-                      "gain_points": r["gain_points"], "expert_labels": r.get("expert_labels", 0),
-                      "pseudo_labels": r["pseudo_labels_accepted"], "precision": r["pseudo_label_precision"]} for r in reports],
+            "days_top1_mean": [
+                statistics.fmean(v) for v in zip(*[[d["test_top1"] for d in r["days"]] for r in reports])
+            ],
+            "runs": [
+                {
+                    "seed": r["settings"]["seed"],
+                    "supervised_top1": r["supervised_top1"],
+                    "top1": r["ssl_top1"],
+                    "gain_points": r["gain_points"],
+                    "expert_labels": r.get("expert_labels", 0),
+                    "pseudo_labels": r["pseudo_labels_accepted"],
+                    "precision": r["pseudo_label_precision"],
+                }
+                for r in reports
+            ],
         }
     return {"expert_labels": {a: v["expert_labels_mean"] for a, v in arms.items()}, "arms": arms}
 
 
 def markdown(summary: dict) -> str:
-    lines = ["Field simulation (fast mode, rehearsal, the same baseline per seed in every arm); mean +- sd over seeds.", "",
-             "| arm | seeds | supervised top-1 | final top-1 | gain (points) | expert labels | pseudo-labels | precision | retrains published |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "Field simulation (fast mode, rehearsal, the same baseline per seed in every arm); mean +- sd over seeds.",
+        "",
+        "| arm | seeds | supervised top-1 | final top-1 | gain (points) | expert labels | pseudo-labels | precision | retrains published |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm, a in summary["arms"].items():
         prec = f"{a['pseudo_label_precision_mean']:.3f}" if a["pseudo_label_precision_mean"] is not None else "-"
-        lines.append(f"| {arm} | {len(a['seeds'])} | {a['supervised_top1_mean']:.4f} | {a['top1_mean']:.4f} +- {a['top1_sd']:.4f} | "
-                     f"{a['gain_mean']:+.1f} +- {a['gain_sd']:.1f} | {a['expert_labels_mean']:.0f} | {a['pseudo_labels_mean']:.0f} | "
-                     f"{prec} | {a['retrains_published']} of {a['retrains']} |")
-    lines += ["", "Per run:", "", "| arm | seed | supervised | final | gain | expert labels | pseudo-labels | precision |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {arm} | {len(a['seeds'])} | {a['supervised_top1_mean']:.4f} | {a['top1_mean']:.4f} +- {a['top1_sd']:.4f} | "
+            f"{a['gain_mean']:+.1f} +- {a['gain_sd']:.1f} | {a['expert_labels_mean']:.0f} | {a['pseudo_labels_mean']:.0f} | "
+            f"{prec} | {a['retrains_published']} of {a['retrains']} |"
+        )
+    lines += [
+        "",
+        "Per run:",
+        "",
+        "| arm | seed | supervised | final | gain | expert labels | pseudo-labels | precision |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for arm, a in summary["arms"].items():
         for r in a["runs"]:
             prec = f"{r['precision']:.3f}" if r["precision"] is not None else "-"
-            lines.append(f"| {arm} | {r['seed']} | {r['supervised_top1']:.4f} | {r['top1']:.4f} | {r['gain_points']:+.1f} | "
-                         f"{r['expert_labels']} | {r['pseudo_labels']} | {prec} |")
+            lines.append(
+                f"| {arm} | {r['seed']} | {r['supervised_top1']:.4f} | {r['top1']:.4f} | {r['gain_points']:+.1f} | "
+                f"{r['expert_labels']} | {r['pseudo_labels']} | {prec} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -56,8 +56,13 @@ def field_sets(version, plantvillage: Path, field: Path) -> dict[str, list[tuple
     except DatasetError as exc:  # a version from before split.json, trained on an older folder
         print(f"lab set left out: {exc}", file=sys.stderr)
         sets = {}
-    sets["field"] = [(p, d.name) for sub in ("apple-orchard", "corn-field") for d in sorted((field / sub).iterdir()) if d.is_dir()
-                     for p in _photos(d)]
+    sets["field"] = [
+        (p, d.name)
+        for sub in ("apple-orchard", "corn-field")
+        for d in sorted((field / sub).iterdir())
+        if d.is_dir()
+        for p in _photos(d)
+    ]
     sets["unknown"] = [(p, None) for p in _photos(field / "unknown")]
     return sets
 
@@ -71,11 +76,22 @@ def evaluate_set(clf: Classifier, photos: list[tuple[Path, str | None]]) -> dict
         except ImageRejected as exc:
             rows.append({"photo": str(path), "truth": truth, "error": str(exc)})
             continue
-        rows.append({"photo": path.name, "truth": truth, "label": p.label, "confidence": round(p.confidence, 4), "verdict": p.verdict})
+        rows.append(
+            {
+                "photo": path.name,
+                "truth": truth,
+                "label": p.label,
+                "confidence": round(p.confidence, 4),
+                "verdict": p.verdict,
+            }
+        )
     ok = [r for r in rows if "error" not in r]
     verdicts = Counter(r["verdict"] for r in ok)
-    out = {"photos": len(rows), "errors": len(rows) - len(ok),
-           **{f"share_{k}": round(verdicts.get(k, 0) / max(len(ok), 1), 4) for k in ("confident", "unsure", "unknown")}}
+    out = {
+        "photos": len(rows),
+        "errors": len(rows) - len(ok),
+        **{f"share_{k}": round(verdicts.get(k, 0) / max(len(ok), 1), 4) for k in ("confident", "unsure", "unknown")},
+    }
     labelled = [r for r in ok if r["truth"] is not None]
     if labelled:
         right = [r["label"] == r["truth"] for r in labelled]
@@ -87,10 +103,13 @@ def evaluate_set(clf: Classifier, photos: list[tuple[Path, str | None]]) -> dict
         for cls in sorted({r["truth"] for r in labelled}):
             mine = [r for r in labelled if r["truth"] == cls]
             mc = [r for r in mine if r["verdict"] == "confident"]
-            per_class[cls] = {"photos": len(mine), "top1": round(np.mean([r["label"] == cls for r in mine]), 4),
-                              "share_confident": round(len(mc) / len(mine), 4),
-                              "confident_top1": round(np.mean([r["label"] == cls for r in mc]), 4) if mc else None,
-                              "most_said": Counter(r["label"] for r in mine).most_common(1)[0][0]}
+            per_class[cls] = {
+                "photos": len(mine),
+                "top1": round(np.mean([r["label"] == cls for r in mine]), 4),
+                "share_confident": round(len(mc) / len(mine), 4),
+                "confident_top1": round(np.mean([r["label"] == cls for r in mc]), 4) if mc else None,
+                "most_said": Counter(r["label"] for r in mine).most_common(1)[0][0],
+            }
         out["per_class"] = per_class
     out["said"] = dict(Counter(r["label"] for r in ok).most_common(5))
     out["rows"] = rows
@@ -159,13 +178,24 @@ def _check(result: dict, target) -> tuple[bool | None, float | None]:
 
 
 def report_md(results: dict, meta: dict) -> str:
-    lines = [f"# Lab and field: {meta['store']} {meta['version']}", "",
-             f"`{meta['command']}` on {meta['date']} ({meta['host']}).", ""]
+    lines = [
+        f"# Lab and field: {meta['store']} {meta['version']}",
+        "",
+        f"`{meta['command']}` on {meta['date']} ({meta['host']}).",
+        "",
+    ]
     for engine, res in results.items():
-        lines += [f"## {engine}", "", "| set | photos | top-1 | confident | unsure | unknown | right when confident |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {engine}",
+            "",
+            "| set | photos | top-1 | confident | unsure | unknown | right when confident |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, r in res.items():
-            lines.append(f"| {name} | {r['photos']} | {r.get('top1', '-')} | {r['share_confident']} | {r['share_unsure']} | "
-                         f"{r['share_unknown']} | {r.get('confident_top1', '-')} ({r.get('confident_photos', '-')} photos) |")
+            lines.append(
+                f"| {name} | {r['photos']} | {r.get('top1', '-')} | {r['share_confident']} | {r['share_unsure']} | "
+                f"{r['share_unknown']} | {r.get('confident_top1', '-')} ({r.get('confident_photos', '-')} photos) |"
+            )
         lines += ["", "| target | measured | met |", "|---|---|---|"]
         for t in TARGETS:
             ok, got = _check(res, t)
@@ -173,10 +203,16 @@ def report_md(results: dict, meta: dict) -> str:
         lines.append("")
     first = next(iter(results.values()))
     for name in ("lab", "field"):
-        lines += [f"## Per class, {name} ({next(iter(results))})", "", "| class | photos | top-1 | confident | right when confident | said most |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"## Per class, {name} ({next(iter(results))})",
+            "",
+            "| class | photos | top-1 | confident | right when confident | said most |",
+            "|---|---|---|---|---|---|",
+        ]
         for cls, r in first.get(name, {}).get("per_class", {}).items():
-            lines.append(f"| {cls} | {r['photos']} | {r['top1']} | {r['share_confident']} | {r['confident_top1']} | {r['most_said']} |")
+            lines.append(
+                f"| {cls} | {r['photos']} | {r['top1']} | {r['share_confident']} | {r['confident_top1']} | {r['most_said']} |"
+            )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -189,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plantvillage", default=str(SHARED / "plantvillage"))
     ap.add_argument("--field", default=str(SHARED / "field"))
     ap.add_argument("--engines", default="auto,fp32", help="comma-separated precisions to measure")
-    ap.add_argument("--crops", default="", help="comma-separated [classify] crops (e.g. 'Apple,Corn_(maize)'); default: none")
+    ap.add_argument(
+        "--crops", default="", help="comma-separated [classify] crops (e.g. 'Apple,Corn_(maize)'); default: none"
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,20 +243,34 @@ def main(argv: list[str] | None = None) -> int:
         name += f", crops {'+'.join(crops)}" if crops else ""
         t0 = time.perf_counter()
         results[name] = {k: evaluate_set(clf, v) for k, v in sets.items()}
-        print(f"{name}: " + ", ".join(f"{k} top-1 {r.get('top1', '-')} confident {r['share_confident']}" for k, r in results[name].items())
-              + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(
+            f"{name}: "
+            + ", ".join(
+                f"{k} top-1 {r.get('top1', '-')} confident {r['share_confident']}" for k, r in results[name].items()
+            )
+            + f" ({time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+        )
         engine.close()
     first = next(iter(results))
     for name in ("lab", "field"):
         if name in results[first]:
-            confusion_png(results[first][name], version.classes, out / f"confusion-{name}.png", f"{name}: {version.name}, {first}")
+            confusion_png(
+                results[first][name], version.classes, out / f"confusion-{name}.png", f"{name}: {version.name}, {first}"
+            )
     history_png(version, out / "training-history.png")
     import platform
     from datetime import datetime, timezone
 
-    meta = {"store": args.store, "version": version.name, "arch": version.manifest.get("model", {}).get("arch"),
-            "command": "python -m benchmarks.field " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(), "engines": engines}
+    meta = {
+        "store": args.store,
+        "version": version.name,
+        "arch": version.manifest.get("model", {}).get("arch"),
+        "command": "python -m benchmarks.field " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "engines": engines,
+    }
     (out / "field.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     (out / "field.md").write_text(report_md(results, meta))
     print((out / "field.md").read_text())

@@ -41,28 +41,44 @@ def run(name: str, epochs: int, work: Path, data: Path, watch: dict) -> dict:
     augmentation = None if overrides is None else FieldAugSettings(**overrides)
     settings = ReleaseSettings(epochs=epochs, swa_epochs=max(2, epochs // 5), warmup_epochs=1)
     t0 = time.perf_counter()
-    model, info, folder, photos = train_release(data, work / name, settings, watch=watch, progress=False, augmentation=augmentation)
-    if info["selected"] != "swa":  # the averaged model has its exact statistics already; a single epoch's are running ones
+    model, info, folder, photos = train_release(
+        data, work / name, settings, watch=watch, progress=False, augmentation=augmentation
+    )
+    if (
+        info["selected"] != "swa"
+    ):  # the averaged model has its exact statistics already; a single epoch's are running ones
         from trainer.batchnorm import recompute_batchnorm
 
         recompute_batchnorm(model, info["bn_x"])
     vx, vy = photos["val"].tensors()
     fx, fy = watch["field"]
-    return {"variant": name, "augmentation": overrides, "epochs": epochs, "seconds": round(time.perf_counter() - t0),
-            "lab_val_top1": round(evaluate(model, vx, vy).top1, 4), "field_top1": round(evaluate(model, fx, fy).top1, 4),
-            "history": [{k: h[k] for k in ("epoch", "val_top1", "field_top1") if k in h} for h in info["history"]]}
+    return {
+        "variant": name,
+        "augmentation": overrides,
+        "epochs": epochs,
+        "seconds": round(time.perf_counter() - t0),
+        "lab_val_top1": round(evaluate(model, vx, vy).top1, 4),
+        "field_top1": round(evaluate(model, fx, fy).top1, 4),
+        "history": [{k: h[k] for k in ("epoch", "val_top1", "field_top1") if k in h} for h in info["history"]],
+    }
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["# Field augmentation, one part off at a time", "",
-             "`python -m benchmarks.fieldaug_ablation --out DIR --epochs N --variants ...`: LeafNet5, one seed, a short schedule "
-             "(the release trains 55 epochs): the figures rank the parts, they are not the release's. Lab: the release's "
-             "validation split (672 photos, never trained on); field: every apple-orchard + corn-field photo (1,382).", "",
-             "| variant | epochs | lab val top-1 | field top-1 | field top-1 after each epoch, best (running statistics) | minutes |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# Field augmentation, one part off at a time",
+        "",
+        "`python -m benchmarks.fieldaug_ablation --out DIR --epochs N --variants ...`: LeafNet5, one seed, a short schedule "
+        "(the release trains 55 epochs): the figures rank the parts, they are not the release's. Lab: the release's "
+        "validation split (672 photos, never trained on); field: every apple-orchard + corn-field photo (1,382).",
+        "",
+        "| variant | epochs | lab val top-1 | field top-1 | field top-1 after each epoch, best (running statistics) | minutes |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (r["epochs"], list(VARIANTS).index(r["variant"]))):
         best = max((h.get("field_top1", 0) for h in r["history"]), default=0)
-        lines.append(f"| {r['variant']} | {r['epochs']} | {r['lab_val_top1']:.3f} | {r['field_top1']:.3f} | {best:.3f} | {r['seconds'] / 60:.0f} |")
+        lines.append(
+            f"| {r['variant']} | {r['epochs']} | {r['lab_val_top1']:.3f} | {r['field_top1']:.3f} | {best:.3f} | {r['seconds'] / 60:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

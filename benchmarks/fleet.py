@@ -59,7 +59,11 @@ def _proc_sample(pid: int) -> tuple[float, int]:
     """(CPU seconds so far, RSS bytes) of ``pid`` from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
+    rss = next(
+        int(line.split()[1]) * 1024
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS")
+    )
     return cpu, rss
 
 
@@ -87,32 +91,94 @@ def run_fleet(n: int, out: Path) -> dict:
     dpub, dsec = zmq.auth.create_certificates(keys / "daemon", "daemon")
     shutil.copy(dpub, keys / "authorized" / "daemon.key")
     ports = [_port() for _ in range(3)]
-    endpoints = {"endpoint": f"tcp://127.0.0.1:{ports[0]}", "announce_endpoint": f"tcp://127.0.0.1:{ports[1]}",
-                 "delivery_endpoint": f"tcp://127.0.0.1:{ports[2]}", "heartbeat_s": 1.0}
+    endpoints = {
+        "endpoint": f"tcp://127.0.0.1:{ports[0]}",
+        "announce_endpoint": f"tcp://127.0.0.1:{ports[1]}",
+        "delivery_endpoint": f"tcp://127.0.0.1:{ports[2]}",
+        "heartbeat_s": 1.0,
+    }
     tstate = out / "trainer"
-    key = subprocess.run([sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(tstate)], capture_output=True,
-                         text=True, cwd=REPO, check=True).stdout.split("file:")[1].split()[0]
+    key = (
+        subprocess.run(
+            [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(tstate)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        )
+        .stdout.split("file:")[1]
+        .split()[0]
+    )
     tcfg = out / "trainer.toml"
-    tcfg.write_text(_toml({"log": {"format": "json"},
-                           "handoff": {**endpoints, "curve_secret_key": str(tsec), "curve_authorized_dir": str(keys / "authorized")},
-                           "trainer": {"epochs": 1, "int8": False, "calibrate": False, "gate_tolerance": 1.0, "nice": 0,
-                                       "recheck_pseudo": False, "retrain_threshold": 10**6}}))
+    tcfg.write_text(
+        _toml(
+            {
+                "log": {"format": "json"},
+                "handoff": {
+                    **endpoints,
+                    "curve_secret_key": str(tsec),
+                    "curve_authorized_dir": str(keys / "authorized"),
+                },
+                "trainer": {
+                    "epochs": 1,
+                    "int8": False,
+                    "calibrate": False,
+                    "gate_tolerance": 1.0,
+                    "nice": 0,
+                    "recheck_pseudo": False,
+                    "retrain_threshold": 10**6,
+                },
+            }
+        )
+    )
     procs, logs = [], []
     tlog = out / "trainer.log"
-    trainer = subprocess.Popen([sys.executable, "-m", "trainer", "--log-format", "json", "serve", "--config", str(tcfg),
-                                "--state-dir", str(tstate)], stdout=open(tlog, "w"), stderr=subprocess.STDOUT, cwd=REPO)
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--log-format",
+            "json",
+            "serve",
+            "--config",
+            str(tcfg),
+            "--state-dir",
+            str(tstate),
+        ],
+        stdout=open(tlog, "w"),
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
     procs.append(trainer)
     try:
         for i in range(n):
             dstate = out / f"device-{i:02d}"
             cfg = out / f"device-{i:02d}.toml"
-            cfg.write_text(_toml({"log": {"format": "json"}, "hotswap": {"poll_s": 1.0},
-                                  "handoff": {**endpoints, "curve_secret_key": str(dsec), "curve_server_key": str(tpub),
-                                              "name": f"device-{i:02d}"},
-                                  "store": {"trusted_keys": [key]}}))
+            cfg.write_text(
+                _toml(
+                    {
+                        "log": {"format": "json"},
+                        "hotswap": {"poll_s": 1.0},
+                        "handoff": {
+                            **endpoints,
+                            "curve_secret_key": str(dsec),
+                            "curve_server_key": str(tpub),
+                            "name": f"device-{i:02d}",
+                        },
+                        "store": {"trusted_keys": [key]},
+                    }
+                )
+            )
             log = out / f"device-{i:02d}.log"
-            procs.append(subprocess.Popen([sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--state-dir", str(dstate)],
-                                          stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--state-dir", str(dstate)],
+                    stdout=open(log, "w"),
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                )
+            )
             logs.append(log)
         status = tstate / "trainer" / "status.json"
 
@@ -140,13 +206,21 @@ def run_fleet(n: int, out: Path) -> dict:
         received = [_ts(_events(log, "engine_received")[0]) - published for log in logs]
         swapped = [_ts(_events(log, "engine_swapped")[0]) - published for log in logs]
         version = _events(tlog, "published")[0]["engine_version"]
-        size = sum(m["bytes"] for m in json.loads((tstate / "engines" / version / "manifest.json").read_text())["files"].values())
+        size = sum(
+            m["bytes"]
+            for m in json.loads((tstate / "engines" / version / "manifest.json").read_text())["files"].values()
+        )
         return {
-            "daemons": n, "engine_bytes": size, "idle_with_all_connected": idle,
+            "daemons": n,
+            "engine_bytes": size,
+            "idle_with_all_connected": idle,
             "received_s": {"median": round(sorted(received)[len(received) // 2], 2), "max": round(max(received), 2)},
             "swapped_s": {"median": round(sorted(swapped)[len(swapped) // 2], 2), "max": round(max(swapped), 2)},
-            "trainer_during_delivery": {"cpu_seconds": round(cpu_b - cpu_a, 2), "window_s": round(time.time() - t_a, 1),
-                                        "rss_mb": round(rss_b / 2**20, 1)},
+            "trainer_during_delivery": {
+                "cpu_seconds": round(cpu_b - cpu_a, 2),
+                "window_s": round(time.time() - t_a, 1),
+                "rss_mb": round(rss_b / 2**20, 1),
+            },
         }
     finally:
         for p in procs:
@@ -172,16 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fleet.json").write_text(json.dumps(rows, indent=2) + "\n")
-    lines = [f"# Engine delivery to a fleet on loopback ({os.cpu_count()} CPUs, tcp:// + CURVE, one machine)", "",
-             "`python -m benchmarks.fleet --daemons " + " ".join(map(str, args.daemons)) + "`: times from the trainer's "
-             "`published` to each daemon's `engine_received` (verified, installed) and `engine_swapped` (serving).", "",
-             "| daemons | engine | received (median / max) | swapped (median / max) | trainer idle, all connected | trainer during delivery |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Engine delivery to a fleet on loopback ({os.cpu_count()} CPUs, tcp:// + CURVE, one machine)",
+        "",
+        "`python -m benchmarks.fleet --daemons " + " ".join(map(str, args.daemons)) + "`: times from the trainer's "
+        "`published` to each daemon's `engine_received` (verified, installed) and `engine_swapped` (serving).",
+        "",
+        "| daemons | engine | received (median / max) | swapped (median / max) | trainer idle, all connected | trainer during delivery |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         d = r["trainer_during_delivery"]
-        lines.append(f"| {r['daemons']} | {r['engine_bytes'] / 2**20:.1f} MiB | {r['received_s']['median']} / {r['received_s']['max']} s | "
-                     f"{r['swapped_s']['median']} / {r['swapped_s']['max']} s | {r['idle_with_all_connected']['cpu_percent']} % CPU, "
-                     f"{r['idle_with_all_connected']['rss_mb']} MB RSS | {d['cpu_seconds']} CPU s in {d['window_s']} s, {d['rss_mb']} MB RSS |")
+        lines.append(
+            f"| {r['daemons']} | {r['engine_bytes'] / 2**20:.1f} MiB | {r['received_s']['median']} / {r['received_s']['max']} s | "
+            f"{r['swapped_s']['median']} / {r['swapped_s']['max']} s | {r['idle_with_all_connected']['cpu_percent']} % CPU, "
+            f"{r['idle_with_all_connected']['rss_mb']} MB RSS | {d['cpu_seconds']} CPU s in {d['window_s']} s, {d['rss_mb']} MB RSS |"
+        )
     (out / "fleet.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

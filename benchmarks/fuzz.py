@@ -34,13 +34,25 @@ def seed_frames() -> list[list[bytes]]:
     from edge_agent.handoff.protocol import encode
     from edge_agent.transfer.protocol import encode as encode_transfer
 
-    sample = {"id": "a" * 64, "kind": "pseudo", "label": "Apple___Apple_scab", "confidence": 0.95, "engine_version": "v1000",
-              "ext": ".jpg", "device": "d"}
-    return [encode("sample", sample, b"\xff\xd8jpeg\xff\xd9"), encode("ack", {"id": "b" * 64}), encode("heartbeat", {"role": "trainer", "time": 1.5}),
-            encode("engine", {"version": "v1001"}), encode("refused", {"id": "c" * 64, "reason": "no"}),
-            encode_transfer("hello", {"name": "d", "engine_version": "v1000", "queue": 3, "refused": {"v1001": "bad"}}),
-            encode_transfer("fetch", {"version": "v1001", "file": "model.onnx", "offset": 0, "length": 10}),
-            encode_transfer("result", {"version": "v1001", "ok": True, "reason": "installed"})]
+    sample = {
+        "id": "a" * 64,
+        "kind": "pseudo",
+        "label": "Apple___Apple_scab",
+        "confidence": 0.95,
+        "engine_version": "v1000",
+        "ext": ".jpg",
+        "device": "d",
+    }
+    return [
+        encode("sample", sample, b"\xff\xd8jpeg\xff\xd9"),
+        encode("ack", {"id": "b" * 64}),
+        encode("heartbeat", {"role": "trainer", "time": 1.5}),
+        encode("engine", {"version": "v1001"}),
+        encode("refused", {"id": "c" * 64, "reason": "no"}),
+        encode_transfer("hello", {"name": "d", "engine_version": "v1000", "queue": 3, "refused": {"v1001": "bad"}}),
+        encode_transfer("fetch", {"version": "v1001", "file": "model.onnx", "offset": 0, "length": 10}),
+        encode_transfer("result", {"version": "v1001", "ok": True, "reason": "installed"}),
+    ]
 
 
 def mutate(frames: list[bytes], rng: random.Random) -> list[bytes]:
@@ -74,7 +86,11 @@ def mutate(frames: list[bytes], rng: random.Random) -> list[bytes]:
 def _frames(rng: random.Random, n: int):
     pool = seed_frames()
     for k in range(n):
-        yield mutate(rng.choice(pool), rng) if k % 10 else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
+        yield (
+            mutate(rng.choice(pool), rng)
+            if k % 10
+            else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
+        )
 
 
 def _rss_mb() -> float:
@@ -112,8 +128,20 @@ def fuzz_trainer(work: Path, n: int, rng: random.Random) -> dict:
             sock.send_multipart(frames)
         photo = b"\xff\xd8 a real photo \xff\xd9"
         sha = hashlib.sha256(photo).hexdigest()
-        sock.send_multipart(encode("sample", {"id": sha, "kind": "expert", "label": "Apple___Apple_scab", "confidence": 1.0,
-                                              "engine_version": "v1000", "ext": ".jpg"}, photo))
+        sock.send_multipart(
+            encode(
+                "sample",
+                {
+                    "id": sha,
+                    "kind": "expert",
+                    "label": "Apple___Apple_scab",
+                    "confidence": 1.0,
+                    "engine_version": "v1000",
+                    "ext": ".jpg",
+                },
+                photo,
+            )
+        )
         acked = False
         end = time.monotonic() + 60
         while time.monotonic() < end and not acked:
@@ -123,8 +151,14 @@ def fuzz_trainer(work: Path, n: int, rng: random.Random) -> dict:
                     acked = msg.kind == "ack" and msg.header["id"] == sha
                 except Exception:  # noqa: BLE001 - the receiver answers mutated samples too
                     pass
-        return {"frames": n, "seconds": round(time.perf_counter() - t0, 1), "malformed_counted": receiver.counters["malformed"],
-                "refused_labels": receiver.counters["refused"], "alive": receiver.alive(), "real_sample_stored": acked and store.has(sha)}
+        return {
+            "frames": n,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "malformed_counted": receiver.counters["malformed"],
+            "refused_labels": receiver.counters["refused"],
+            "alive": receiver.alive(),
+            "real_sample_stored": acked and store.has(sha),
+        }
     finally:
         sock.close(0)
         ctx.term()
@@ -148,7 +182,9 @@ def fuzz_daemon(work: Path, n: int, rng: random.Random) -> dict:
     sender = Sender(db, spool, SenderSettings(*endpoints, heartbeat_s=0.2), on_engine=heard.append)
     ctx = zmq.Context()
     router = server_socket(ctx, zmq.ROUTER, endpoints[0], None)
-    router.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops what its peer cannot take yet: keep every frame, the last one included
+    router.setsockopt(
+        zmq.SNDHWM, 0
+    )  # a ROUTER drops what its peer cannot take yet: keep every frame, the last one included
     sender.start()
     t0 = time.perf_counter()
     try:
@@ -160,8 +196,13 @@ def fuzz_daemon(work: Path, n: int, rng: random.Random) -> dict:
                 router.recv_multipart()  # the sender's heartbeats
         router.send_multipart([peer, *encode("engine", {"version": "v1042"})])
         ok = _wait(lambda: "v1042" in heard, 600)  # after every frame before it: the queue is worked through in order
-        return {"frames": n, "seconds": round(time.perf_counter() - t0, 1), "malformed_counted": sender.counters["malformed"],
-                "alive": sender.alive(), "real_announcement_heard": ok}
+        return {
+            "frames": n,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "malformed_counted": sender.counters["malformed"],
+            "alive": sender.alive(),
+            "real_announcement_heard": ok,
+        }
     finally:
         sender.stop()
         router.close(0)
@@ -186,10 +227,21 @@ def main(argv: list[str] | None = None) -> int:
         trainer = fuzz_trainer(Path(tmp), args.frames, rng)
         daemon = fuzz_daemon(Path(tmp), args.frames, rng)
     after = _rss_mb()
-    result = {"seed": args.seed, "trainer": trainer, "daemon": daemon, "rss_mb_before": round(before, 1), "rss_mb_after": round(after, 1),
-              "rss_growth_mb": round(after - before, 1)}
-    ok = (trainer["alive"] and trainer["real_sample_stored"] and daemon["alive"] and daemon["real_announcement_heard"]
-          and after - before <= 50)
+    result = {
+        "seed": args.seed,
+        "trainer": trainer,
+        "daemon": daemon,
+        "rss_mb_before": round(before, 1),
+        "rss_mb_after": round(after, 1),
+        "rss_growth_mb": round(after - before, 1),
+    }
+    ok = (
+        trainer["alive"]
+        and trainer["real_sample_stored"]
+        and daemon["alive"]
+        and daemon["real_announcement_heard"]
+        and after - before <= 50
+    )
     result["passed"] = ok
     (out / "fuzz.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "fuzz.md").write_text(
@@ -198,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| trainer (receiver) | {trainer['frames']} | {trainer['malformed_counted']} | {trainer['alive']} | sample stored: {trainer['real_sample_stored']} | {trainer['seconds']} |\n"
         f"| daemon (sender) | {daemon['frames']} | {daemon['malformed_counted']} | {daemon['alive']} | announcement heard: {daemon['real_announcement_heard']} | {daemon['seconds']} |\n\n"
         f"RSS of the process running both: {before:.0f} MB before, {after:.0f} MB after ({after - before:+.0f} MB; target within 50 MB). "
-        f"{'Passed.' if ok else 'FAILED.'}\n")
+        f"{'Passed.' if ok else 'FAILED.'}\n"
+    )
     print(json.dumps(result, indent=1))
     return 0 if ok else 1
 

@@ -52,10 +52,14 @@ def _jtop(work: Callable[[], int], seconds: float, interval: float = 0.5) -> dic
         raise RuntimeError("no inference ran in the window")
     mean_w = sum(watts) / len(watts)
     return {
-        "meter": f"jtop {total.get('name', 'total')} (board total)", "mean_w": round(mean_w, 3),
-        "joules_per_inference": round(mean_w * elapsed / n, 6), "samples": len(watts), "inferences": n,
+        "meter": f"jtop {total.get('name', 'total')} (board total)",
+        "mean_w": round(mean_w, 3),
+        "joules_per_inference": round(mean_w * elapsed / n, 6),
+        "samples": len(watts),
+        "inferences": n,
         "nvpmodel": None if nvpmodel is None else str(nvpmodel),
-        "jetson_clocks": None if clocks is None else bool(clocks), "window_s": round(elapsed, 1),
+        "jetson_clocks": None if clocks is None else bool(clocks),
+        "window_s": round(elapsed, 1),
     }
 
 
@@ -67,8 +71,12 @@ def _rapl(work: Callable[[], int], seconds: float) -> dict:
     joules = (e1 - e0) / 1e6
     if joules <= 0:
         raise RuntimeError("RAPL counter did not advance (wrapped or virtualised)")
-    return {"meter": "Intel RAPL package-0", "mean_w": round(joules / elapsed, 2), "joules_per_inference": round(joules / n, 5),
-            "window_s": round(elapsed, 1)}
+    return {
+        "meter": "Intel RAPL package-0",
+        "mean_w": round(joules / elapsed, 2),
+        "joules_per_inference": round(joules / n, 5),
+        "window_s": round(elapsed, 1),
+    }
 
 
 def _nvml(work: Callable[[], int], seconds: float) -> dict:
@@ -83,8 +91,12 @@ def _nvml(work: Callable[[], int], seconds: float) -> dict:
             samples.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # mW -> W
         elapsed = time.perf_counter() - t0
         watts = sum(samples) / len(samples)
-        return {"meter": "NVML GPU 0 (GPU board only)", "mean_w": round(watts, 2), "joules_per_inference": round(watts * elapsed / n, 5),
-                "window_s": round(elapsed, 1)}
+        return {
+            "meter": "NVML GPU 0 (GPU board only)",
+            "mean_w": round(watts, 2),
+            "joules_per_inference": round(watts * elapsed / n, 5),
+            "window_s": round(elapsed, 1),
+        }
     finally:
         pynvml.nvmlShutdown()
 

@@ -66,17 +66,32 @@ def main() -> None:
         samples = SampleStore(state / "trainer")
         for p in photos[1::9][:150]:
             raw = p.read_bytes()
-            samples.add({"id": hashlib.sha256(raw).hexdigest(), "kind": "pseudo", "label": p.parent.name, "confidence": 0.95,
-                         "engine_version": "v0001", "ext": ".jpg"}, raw)
+            samples.add(
+                {
+                    "id": hashlib.sha256(raw).hexdigest(),
+                    "kind": "pseudo",
+                    "label": p.parent.name,
+                    "confidence": 0.95,
+                    "engine_version": "v0001",
+                    "ext": ".jpg",
+                },
+                raw,
+            )
         samples.close()
         cfg = tmp / "c.toml"
-        cfg.write_text(f'[trainer]\nlabelled_data = "{labelled}"\nepochs = 50\nint8 = false\n[log]\nlevel = "warning"\n')
+        cfg.write_text(
+            f'[trainer]\nlabelled_data = "{labelled}"\nepochs = 50\nint8 = false\n[log]\nlevel = "warning"\n'
+        )
         with open_engine(default_store_path(), AppConfig().engine) as engine:
             for _ in range(20):
                 engine.infer(xs[:1])
             idle = latencies(engine, xs, args.seconds)
-            proc = subprocess.Popen([sys.executable, "-m", "trainer", "retrain", "--config", str(cfg), "--state-dir", str(state)],
-                                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer", "retrain", "--config", str(cfg), "--state-dir", str(state)],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(8.0)  # past data loading: into the training epochs
             busy = latencies(engine, xs, args.seconds, until=lambda: proc.poll() is None)
             proc.kill()

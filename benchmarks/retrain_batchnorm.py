@@ -35,8 +35,12 @@ SHARED = REPO.parent / "shared" / "data"
 
 
 def _field(sub: str, classes: list[str]) -> list[tuple[Path, int]]:
-    return [(p, classes.index(d.name)) for d in sorted((SHARED / "field" / sub).iterdir()) if d.name in classes
-            for p in sorted(d.iterdir())]
+    return [
+        (p, classes.index(d.name))
+        for d in sorted((SHARED / "field" / sub).iterdir())
+        if d.name in classes
+        for p in sorted(d.iterdir())
+    ]
 
 
 def _scenario(name: str, seed: int, v1000, classes: list[str]) -> tuple[list[dict], list, list]:
@@ -59,8 +63,11 @@ def _scenario(name: str, seed: int, v1000, classes: list[str]) -> tuple[list[dic
         with torch.no_grad():
             p = torch.softmax(model(torch.from_numpy(np.stack([preprocess_file(s.path) for s in source]))), 1)
         conf, pred = p.max(1)
-        samples = [{"path": s.path, "kind": "pseudo", "label": classes[int(k)], "confidence": float(c)}
-                   for s, c, k in zip(source, conf, pred) if c >= 0.9]
+        samples = [
+            {"path": s.path, "kind": "pseudo", "label": classes[int(k)], "confidence": float(c)}
+            for s, c, k in zip(source, conf, pred)
+            if c >= 0.9
+        ]
         return samples, [(s.path, s.label) for s in lab_measure], apple + corn
     rng.shuffle(apple)
     picked, rest, per = [], [], {}
@@ -101,7 +108,9 @@ def _compose(cfg, v1000, classes: list[str], handed: list[dict], seed: int) -> N
     bn_x, _ = batchnorm_photos(v1000.manifest["training"], labelled_sources(cfg, classes).train, received, seed)
     train_generation, choose_step = retrain_mod.train_generation, retrain_mod.choose_step
     retrain_mod.train_generation = functools.partial(train_generation, bn_x=bn_x)
-    retrain_mod.choose_step = lambda trained, previous, steps, _x, *a, **k: choose_step(trained, previous, steps, bn_x, *a, **k)
+    retrain_mod.choose_step = lambda trained, previous, steps, _x, *a, **k: choose_step(
+        trained, previous, steps, bn_x, *a, **k
+    )
 
 
 def run_one(work: Path, scenario: str, way: str, seed: int) -> dict:
@@ -123,8 +132,17 @@ def run_one(work: Path, scenario: str, way: str, seed: int) -> dict:
     samples = SampleStore(state / "trainer")
     for s in handed:
         data = Path(s["path"]).read_bytes()
-        samples.add({"id": hashlib.sha256(data).hexdigest(), "ext": Path(s["path"]).suffix, "kind": s["kind"], "label": s["label"],
-                     "confidence": s["confidence"], "engine_version": v1000.name}, data)
+        samples.add(
+            {
+                "id": hashlib.sha256(data).hexdigest(),
+                "ext": Path(s["path"]).suffix,
+                "kind": s["kind"],
+                "label": s["label"],
+                "confidence": s["confidence"],
+                "engine_version": v1000.name,
+            },
+            data,
+        )
     originals = retrain_mod.train_generation, retrain_mod.choose_step
     if way == "composed":
         _compose(cfg, v1000, classes, handed, seed)
@@ -133,9 +151,17 @@ def run_one(work: Path, scenario: str, way: str, seed: int) -> dict:
     finally:
         retrain_mod.train_generation, retrain_mod.choose_step = originals
         samples.close()
-    row = {"scenario": scenario, "way": way, "seed": seed, "handed_over": len(handed), "published": result.published,
-           "gate": {k: result.metrics.get("gate", {}).get(k) for k in ("publish", "reason", "candidate_top1", "current_top1")},
-           "seconds": round(result.seconds, 1)}
+    row = {
+        "scenario": scenario,
+        "way": way,
+        "seed": seed,
+        "handed_over": len(handed),
+        "published": result.published,
+        "gate": {
+            k: result.metrics.get("gate", {}).get(k) for k in ("publish", "reason", "candidate_top1", "current_top1")
+        },
+        "seconds": round(result.seconds, 1),
+    }
     parent = load_weights(v1000)
     row["v1000"] = {"lab": _top1(parent, lab), "field": _top1(parent, field)}
     if result.published:
@@ -145,10 +171,15 @@ def run_one(work: Path, scenario: str, way: str, seed: int) -> dict:
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["# Retrains on v1000: BatchNorm statistics over clean or composed lab photos", "",
-             "`python -m benchmarks.retrain_batchnorm --out DIR`; FP32; change in top-1 from v1000, points, mean +- sd over seeds "
-             "(only published candidates; the gate's own photos are never used to measure).", "",
-             "| scenario | BatchNorm over | published | lab change | field change | gate reasons |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# Retrains on v1000: BatchNorm statistics over clean or composed lab photos",
+        "",
+        "`python -m benchmarks.retrain_batchnorm --out DIR`; FP32; change in top-1 from v1000, points, mean +- sd over seeds "
+        "(only published candidates; the gate's own photos are never used to measure).",
+        "",
+        "| scenario | BatchNorm over | published | lab change | field change | gate reasons |",
+        "|---|---|---|---|---|---|",
+    ]
     for scenario in ("pseudo", "expert"):
         for way in ("clean", "composed"):
             rs = [r for r in rows if r["scenario"] == scenario and r["way"] == way]
@@ -156,11 +187,18 @@ def report(rows: list[dict]) -> str:
                 continue
             pub = [r for r in rs if r.get("candidate")]
 
-            def change(key):
+            def change(key, pub=pub):
                 d = [100 * (r["candidate"][key] - r["v1000"][key]) for r in pub]
-                return f"{statistics.mean(d):+.1f} +- {statistics.stdev(d):.1f}" if len(d) > 1 else (f"{d[0]:+.1f}" if d else "-")
+                return (
+                    f"{statistics.mean(d):+.1f} +- {statistics.stdev(d):.1f}"
+                    if len(d) > 1
+                    else (f"{d[0]:+.1f}" if d else "-")
+                )
+
             reasons = "; ".join(sorted({str(r["gate"]["reason"]) for r in rs}))
-            lines.append(f"| {scenario} | {way} | {len(pub)} of {len(rs)} | {change('lab')} | {change('field')} | {reasons} |")
+            lines.append(
+                f"| {scenario} | {way} | {len(pub)} of {len(rs)} | {change('lab')} | {change('field')} | {reasons} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -44,7 +44,9 @@ def _fresh_state(run: Path, work: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.retrain_variants", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="+", required=True, help="out-of-box run folders")
-    ap.add_argument("--variant", action="append", required=True, help='NAME="key = value; key = value" ([trainer] keys)')
+    ap.add_argument(
+        "--variant", action="append", required=True, help='NAME="key = value; key = value" ([trainer] keys)'
+    )
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -62,12 +64,32 @@ def main(argv: list[str] | None = None) -> int:
             work = out / f"{name}-{run.name}"
             state = _fresh_state(run, work)
             cfg = work / "config.toml"
-            cfg.write_text("[trainer]\ngate_tolerance = 1.0\n" + "\n".join(x.strip() for x in body.split(";") if x.strip()) + "\n")
+            cfg.write_text(
+                "[trainer]\ngate_tolerance = 1.0\n" + "\n".join(x.strip() for x in body.split(";") if x.strip()) + "\n"
+            )
             log = work / "retrain.log"
             with open(log, "w") as fh:
-                subprocess.run([sys.executable, "-m", "trainer", "--log-format", "json", "retrain", "--state-dir", str(state),
-                                "--config", str(cfg)], stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, check=False)
-            gate = [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{") and '"event": "gate"' in ln]
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "trainer",
+                        "--log-format",
+                        "json",
+                        "retrain",
+                        "--state-dir",
+                        str(state),
+                        "--config",
+                        str(cfg),
+                    ],
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                    check=False,
+                )
+            gate = [
+                json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{") and '"event": "gate"' in ln
+            ]
             store = EngineStore(state / "engines")
             row = {"variant": name, "settings": body.strip(), "run": run.name}
             if gate:
@@ -82,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             with open(out / "variants.jsonl", "a") as fh:
                 fh.write(json.dumps(row) + "\n")
             shutil.rmtree(state / "trainer" / "samples", ignore_errors=True)  # keep the folder small
-    lines = ["| variant | settings | runs | held-out change, points (mean +- sd) | per run | gate change, points (mean) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | settings | runs | held-out change, points (mean +- sd) | per run | gate change, points (mean) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == name and "change_points" in r]
         if not mine:
@@ -91,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         ch = [r["change_points"] for r in mine]
         gate = [100 * (r["candidate_top1"] - r["current_top1"]) for r in mine if r.get("candidate_top1") is not None]
         sd = statistics.stdev(ch) if len(ch) > 1 else 0.0
-        lines.append(f"| {name} | `{mine[0]['settings'] or 'defaults'}` | {len(mine)} | {statistics.mean(ch):+.2f} +- {sd:.2f} | "
-                     f"{', '.join(f'{c:+.1f}' for c in ch)} | {statistics.mean(gate):+.2f} |" if gate else "")
+        lines.append(
+            f"| {name} | `{mine[0]['settings'] or 'defaults'}` | {len(mine)} | {statistics.mean(ch):+.2f} +- {sd:.2f} | "
+            f"{', '.join(f'{c:+.1f}' for c in ch)} | {statistics.mean(gate):+.2f} |"
+            if gate
+            else ""
+        )
     (out / "variants.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -27,14 +27,33 @@ def run_seed(data: str, out: Path, seed: int, mode: str, extra: list[str]) -> di
     report = out / "report.json"
     if not report.exists():
         shutil.rmtree(out, ignore_errors=True)  # an interrupted run: start that seed again
-        cmd = [sys.executable, "-m", "benchmarks.simulate", "--log-level", "warning", "--data", data, "--out", str(out),
-               "--mode", mode, "--seed", str(seed), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.simulate",
+            "--log-level",
+            "warning",
+            "--data",
+            data,
+            "--out",
+            str(out),
+            "--mode",
+            mode,
+            "--seed",
+            str(seed),
+            *extra,
+        ]
         print(f"seed {seed}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, cwd=REPO)
     full = json.loads(report.read_text())
     retrains = [d["retrain"] for d in full["days"] if d.get("retrain")]
-    return {"seed": seed, **{k: full[k] for k in KEYS}, TRAINED: full.get(TRAINED), "retrains": len(retrains),
-            "published": sum(1 for r in retrains if r.get("published"))}
+    return {
+        "seed": seed,
+        **{k: full[k] for k in KEYS},
+        TRAINED: full.get(TRAINED),
+        "retrains": len(retrains),
+        "published": sum(1 for r in retrains if r.get("published")),
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -43,7 +62,15 @@ def summarise(rows: list[dict]) -> dict:
         values = [r[k] for r in rows]
         out[k] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
     values = [r[TRAINED] for r in rows if r.get(TRAINED) is not None]
-    out[TRAINED] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": len(values)} if values else None
+    out[TRAINED] = (
+        {
+            "mean": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "runs": len(values),
+        }
+        if values
+        else None
+    )
     return out
 
 
@@ -53,21 +80,28 @@ def _maybe(value: float | None) -> str:
 
 def markdown(summary: dict, mode: str) -> str:
     rows = summary["runs"]
-    lines = [f"Field simulation over {len(rows)} seeds ({mode} mode); mean +- standard deviation in the last row.", "",
-             "| seed | supervised top-1 | self-training top-1 | gain (points) | pseudo-labels | precision | "
-             "precision of the last retrain's pseudo-labels | retrains published | wall s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Field simulation over {len(rows)} seeds ({mode} mode); mean +- standard deviation in the last row.",
+        "",
+        "| seed | supervised top-1 | self-training top-1 | gain (points) | pseudo-labels | precision | "
+        "precision of the last retrain's pseudo-labels | retrains published | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['seed']} | {r['supervised_top1']:.4f} | {r['ssl_top1']:.4f} | {r['gain_points']:+.1f} | "
-                     f"{r['pseudo_labels_accepted']} | {r['pseudo_label_precision']:.4f} | {_maybe(r.get(TRAINED))} | "
-                     f"{r['published']} of {r['retrains']} | {r['wall_s']:.0f} |")
+        lines.append(
+            f"| {r['seed']} | {r['supervised_top1']:.4f} | {r['ssl_top1']:.4f} | {r['gain_points']:+.1f} | "
+            f"{r['pseudo_labels_accepted']} | {r['pseudo_label_precision']:.4f} | {_maybe(r.get(TRAINED))} | "
+            f"{r['published']} of {r['retrains']} | {r['wall_s']:.0f} |"
+        )
 
     def ms(k: str, fmt: str) -> str:
         return f"{summary[k]['mean']:{fmt}} +- {summary[k]['sd']:{fmt.lstrip('+')}}"
 
-    lines.append(f"| mean | {ms('supervised_top1', '.4f')} | {ms('ssl_top1', '.4f')} | {ms('gain_points', '+.1f')} | "
-                 f"{ms('pseudo_labels_accepted', '.0f')} | {ms('pseudo_label_precision', '.4f')} | "
-                 f"{ms(TRAINED, '.4f') if summary.get(TRAINED) else '-'} | | {ms('wall_s', '.0f')} |")
+    lines.append(
+        f"| mean | {ms('supervised_top1', '.4f')} | {ms('ssl_top1', '.4f')} | {ms('gain_points', '+.1f')} | "
+        f"{ms('pseudo_labels_accepted', '.0f')} | {ms('pseudo_label_precision', '.4f')} | "
+        f"{ms(TRAINED, '.4f') if summary.get(TRAINED) else '-'} | | {ms('wall_s', '.0f')} |"
+    )
     return "\n".join(lines) + "\n"
 
 

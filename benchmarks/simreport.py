@@ -32,18 +32,30 @@ def write_markdown(report: dict, path: Path) -> None:
     ]
     for d in report["days"]:
         r = d["retrain"]
-        retrain = "" if not r else (f"published {r['published']} ({r['seconds']} s)" if r["published"] else f"refused: {r['reason']}")
+        retrain = (
+            ""
+            if not r
+            else (f"published {r['published']} ({r['seconds']} s)" if r["published"] else f"refused: {r['reason']}")
+        )
         lines.append(
             f"| {d['day']} | {d['accepted']} | {d['precision'] if d['precision'] is not None else '-'} | "
             f"{d['cumulative_accepted']} | {d['test_top1']:.4f} | {d['engine_version']} | {retrain} |"
         )
     scaled = {v: c for v, c in (report.get("calibration") or {}).items() if c}
     if scaled:
-        lines += ["", "Softmax temperature fitted on the validation split and folded into each published model "
-                  "(`[trainer] calibrate`; expected calibration error on those photos before -> after):", ""]
         lines += [
-            f"- {v}: " + (f"not fitted ({c['skipped']})" if c.get("skipped") else
-                          f"T = {c['temperature']:.3f}, ECE {c['ece_before']:.3f} -> {c['ece_after']:.3f} on {c['photos']} photos")
+            "",
+            "Softmax temperature fitted on the validation split and folded into each published model "
+            "(`[trainer] calibrate`; expected calibration error on those photos before -> after):",
+            "",
+        ]
+        lines += [
+            f"- {v}: "
+            + (
+                f"not fitted ({c['skipped']})"
+                if c.get("skipped")
+                else f"T = {c['temperature']:.3f}, ECE {c['ece_before']:.3f} -> {c['ece_after']:.3f} on {c['photos']} photos"
+            )
             for v, c in scaled.items()
         ]
     sweep = report.get("threshold_sweep")
@@ -74,7 +86,12 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([0, *days], [report["supervised_top1"], *[d["test_top1"] for d in report["days"]]], marker="o", label="engine in service")
+    ax.plot(
+        [0, *days],
+        [report["supervised_top1"], *[d["test_top1"] for d in report["days"]]],
+        marker="o",
+        label="engine in service",
+    )
     ax.axhline(report["supervised_top1"], color="grey", linestyle="--", label="supervised only")
     ax.set(xlabel="day", ylabel="test top-1", title="Accuracy over days")
     ax.legend()
@@ -86,7 +103,13 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     ax.bar(days, [d["accepted"] for d in report["days"]], color="lightsteelblue", label="accepted")
     ax.set(xlabel="day", ylabel="pseudo-labels accepted")
     ax2 = ax.twinx()
-    ax2.plot(days, [d["precision"] if d["precision"] is not None else float("nan") for d in report["days"]], color="darkred", marker="o", label="precision")
+    ax2.plot(
+        days,
+        [d["precision"] if d["precision"] is not None else float("nan") for d in report["days"]],
+        color="darkred",
+        marker="o",
+        label="precision",
+    )
     ax2.set(ylabel="precision", ylim=(0, 1.02))
     ax.set_title("Pseudo-labels per day and their precision")
     written.append(out / "precision.png")

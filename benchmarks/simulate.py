@@ -76,7 +76,9 @@ class SimSettings:
     recheck: bool = True  # retrains score the pseudo-labels again with the engine in service ([trainer] recheck_pseudo)
     retrain_epochs: int = 15
     retrain_lr: float = 2e-3  # every recorded arm ran with it, with or without experts (the service: 5e-4 without)
-    interpolate: float = 1.0  # likewise (the service chooses the step of a retrain on pseudo-labels alone: trainer.step)
+    interpolate: float = (
+        1.0  # likewise (the service chooses the step of a retrain on pseudo-labels alone: trainer.step)
+    )
     strategy: str = "rehearsal"
     expert_per_day: int = 0  # an expert labels this many photos a day from the review pool (fast mode)
     expert_choice: str = "device"  # device: the review queue's ranking; random: at random from the same pool
@@ -98,8 +100,13 @@ class Split:
     truth: dict[str, int] = field(default_factory=dict)  # sha256 -> class index
 
     def sizes(self) -> dict:
-        return {"test": len(self.test), "val": len(self.val), "labelled": len(self.labelled), "stream": len(self.stream),
-                "duplicates_dropped": self.duplicates}
+        return {
+            "test": len(self.test),
+            "val": len(self.val),
+            "labelled": len(self.labelled),
+            "stream": len(self.stream),
+            "duplicates_dropped": self.duplicates,
+        }
 
 
 #: Every simulation so far classified in FP32; the figures compare only if it stays so.
@@ -124,7 +131,9 @@ def split_photos(data: str | os.PathLike, s: SimSettings) -> Split:
     pool = stratified_split(parts["train"], {"labelled": s.labelled_fraction}, s.seed + 1)
     stream = sorted(pool["train"], key=lambda x: str(x.path))
     random.Random(s.seed).shuffle(stream)
-    return Split(folder.classes, parts["test"], parts["val"], pool["labelled"], stream, len(folder.samples) - len(unique), seen)
+    return Split(
+        folder.classes, parts["test"], parts["val"], pool["labelled"], stream, len(folder.samples) - len(unique), seen
+    )
 
 
 THRESHOLDS = (0.5, 0.8, 0.9, 0.95, 0.97, 0.99)
@@ -152,8 +161,14 @@ class _Evaluator:
         rows = []
         for tau in taus:
             keep = conf >= tau
-            rows.append({"tau": tau, "accepted": int(keep.sum()), "share": round(float(keep.mean()), 4),
-                         "precision": round(float(right[keep].mean()), 4) if keep.any() else None})
+            rows.append(
+                {
+                    "tau": tau,
+                    "accepted": int(keep.sum()),
+                    "share": round(float(keep.mean()), 4),
+                    "precision": round(float(right[keep].mean()), 4) if keep.any() else None,
+                }
+            )
         return {"rows": rows, "ece": round(calibration_error(torch.from_numpy(conf), torch.from_numpy(right)), 4)}
 
     def _predict(self, version: str, batches) -> list:
@@ -183,16 +198,32 @@ def _train_baseline(split: Split, store_dir: Path, s: SimSettings, log) -> None:
         report = json.loads((Path(s.baseline_from) / "report.json").read_text())
         if earlier.classes != split.classes or report["split"] != split.sizes() or report["settings"]["seed"] != s.seed:
             raise ValueError(f"--baseline-from {s.baseline_from}: made from other data, splits or seed")
-        model, training = load_weights(earlier), {**earlier.manifest.get("training", {}), "reused_from": str(s.baseline_from)}
+        model, training = (
+            load_weights(earlier),
+            {**earlier.manifest.get("training", {}), "reused_from": str(s.baseline_from)},
+        )
         earlier_calibration = earlier.manifest.get("metrics", {}).get("calibration")
         log.info("baseline_reused", source=str(s.baseline_from))
     else:
-        settings = TrainSettings(epochs=s.epochs, patience=s.patience, seed=s.seed, int8=False, label_smoothing=s.label_smoothing,
-                                 swa_epochs=s.swa_epochs)
-        model, info = fit(build_model(len(split.classes)), TensorDataset(split.labelled), val, settings, progress=sys.stderr.isatty())
+        settings = TrainSettings(
+            epochs=s.epochs,
+            patience=s.patience,
+            seed=s.seed,
+            int8=False,
+            label_smoothing=s.label_smoothing,
+            swa_epochs=s.swa_epochs,
+        )
+        model, info = fit(
+            build_model(len(split.classes)), TensorDataset(split.labelled), val, settings, progress=sys.stderr.isatty()
+        )
         training = {"kind": "simulation-baseline", "labelled": len(split.labelled)}
         earlier_calibration = None
-        log.info("baseline_trained", labelled=len(split.labelled), epochs_run=info["epochs_run"], best_epoch=info["best_epoch"])
+        log.info(
+            "baseline_trained",
+            labelled=len(split.labelled),
+            epochs_run=info["epochs_run"],
+            best_epoch=info["best_epoch"],
+        )
     metrics = {}
     if earlier_calibration:  # already folded in: a second fit would find T = 1 and hide the first
         metrics["calibration"] = earlier_calibration
@@ -202,8 +233,14 @@ def _train_baseline(split: Split, store_dir: Path, s: SimSettings, log) -> None:
     from engines.signing import load_or_create_key
 
     # signed like any version a trainer publishes; the simulated daemon trusts this key (see _config)
-    publish_model(model, split.classes, store_dir, training=training, metrics=metrics,
-                  signing_key=load_or_create_key(store_dir.parent / "signing.key"))
+    publish_model(
+        model,
+        split.classes,
+        store_dir,
+        training=training,
+        metrics=metrics,
+        signing_key=load_or_create_key(store_dir.parent / "signing.key"),
+    )
 
 
 def _class_folders(split: Split, samples: list[Sample], root: Path) -> Path:
@@ -225,13 +262,24 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
         "hotswap": {"poll_s": 1.0},
         "log": {"format": "json"},
         "trainer": {
-            "labelled_data": str(labelled), "validation_data": str(validation), "retrain_threshold": s.retrain_at, "epochs": s.retrain_epochs,
-            "strategy": s.strategy, "threads": s.threads, "nice": 0, "int8": False, "seed": s.seed, "calibrate": s.calibrate,
+            "labelled_data": str(labelled),
+            "validation_data": str(validation),
+            "retrain_threshold": s.retrain_at,
+            "epochs": s.retrain_epochs,
+            "strategy": s.strategy,
+            "threads": s.threads,
+            "nice": 0,
+            "int8": False,
+            "seed": s.seed,
+            "calibrate": s.calibrate,
             "recheck_pseudo": s.recheck,
             "gate_tolerance": 0.005,  # the strict gate every earlier simulation used, so their figures compare
             "distill": 0.0,  # as every simulation so far (the expert arms among them) ran; the service's default is 1.0
             # the recorded arms' settings unless asked otherwise, with and without expert labels alike
-            "lr": s.retrain_lr, "interpolate": s.interpolate, "pseudo_only_lr": s.retrain_lr, "pseudo_only_steps": [s.interpolate],
+            "lr": s.retrain_lr,
+            "interpolate": s.interpolate,
+            "pseudo_only_lr": s.retrain_lr,
+            "pseudo_only_steps": [s.interpolate],
         },
     }
 
@@ -262,8 +310,14 @@ class _FastField:
             chosen = self.rng.sample(sorted(self.review), k)
         for sha in chosen:
             photo, _ = self.review.pop(sha)
-            header = {"id": sha, "kind": "expert", "label": classes[truth[sha]], "confidence": 1.0,
-                      "engine_version": self.store.current(), "ext": ".jpg"}
+            header = {
+                "id": sha,
+                "kind": "expert",
+                "label": classes[truth[sha]],
+                "confidence": 1.0,
+                "engine_version": self.store.current(),
+                "ext": ".jpg",
+            }
             self.samples.add(header, Path(photo.path).read_bytes())
         self.expert_labels += k
         return k
@@ -281,12 +335,21 @@ class _FastField:
             kind = decide(p.verdict, p.confidence, self.cfg.labels)  # the daemon's own policy
             if kind == "pseudo" and counts.get(p.label, 0) < self.s.cap:
                 data = Path(photo.path).read_bytes()
-                header = {"id": hashlib.sha256(data).hexdigest(), "kind": "pseudo", "label": p.label,
-                          "confidence": p.confidence, "engine_version": p.engine_version, "ext": ".jpg"}
+                header = {
+                    "id": hashlib.sha256(data).hexdigest(),
+                    "kind": "pseudo",
+                    "label": p.label,
+                    "confidence": p.confidence,
+                    "engine_version": p.engine_version,
+                    "ext": ".jpg",
+                }
                 if self.samples.add(header, data):
                     counts[p.label] = counts.get(p.label, 0) + 1
             elif kind == "review" and self.s.expert_per_day:
-                self.review[hashlib.sha256(Path(photo.path).read_bytes()).hexdigest()] = (photo, [list(t) for t in p.top_k])
+                self.review[hashlib.sha256(Path(photo.path).read_bytes()).hexdigest()] = (
+                    photo,
+                    [list(t) for t in p.top_k],
+                )
         if self.s.expert_per_day:
             self._ask_expert(classes, truth)
         if self.samples.counts()["new"] < self.s.retrain_at:
@@ -318,13 +381,29 @@ class _FullField:
         self.inbox.mkdir(parents=True, exist_ok=True)
         self.store = EngineStore(out / "store")
         config = self.root / "edge-agent.toml"
-        config.write_text("".join(
-            f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) for section, values in cfg.items()
-        ))
+        config.write_text(
+            "".join(
+                f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+                for section, values in cfg.items()
+            )
+        )
         self.procs = {}
         for name, argv in (
             ("daemon", ["-m", "edge_agent", "run", "--config", str(config), "--state-dir", str(self.state)]),
-            ("trainer", ["-m", "trainer", "--log-format", "json", "serve", "--config", str(config), "--state-dir", str(self.state)]),
+            (
+                "trainer",
+                [
+                    "-m",
+                    "trainer",
+                    "--log-format",
+                    "json",
+                    "serve",
+                    "--config",
+                    str(config),
+                    "--state-dir",
+                    str(self.state),
+                ],
+            ),
         ):
             log = open(self.root / f"{name}.log", "ab")
             self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT)
@@ -343,7 +422,9 @@ class _FullField:
         while not cond():
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"the {name} exited ({proc.returncode}) while waiting for {what}; see {self.root / name}.log")
+                    raise RuntimeError(
+                        f"the {name} exited ({proc.returncode}) while waiting for {what}; see {self.root / name}.log"
+                    )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gave up waiting for {what} after {self.s.day_timeout_s:.0f} s")
             time.sleep(0.5)
@@ -362,8 +443,14 @@ class _FullField:
             os.rename(staging / f"{self.sent + i:05d}.jpg", day_dir / f"{self.sent + i:05d}.jpg")
         self.sent += len(photos)
         results = self.state / "results.sqlite"
-        self._wait(lambda: (query_readonly(results, "SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent, "the day's results")
-        self._wait(lambda: not query_readonly(results, "SELECT 1 FROM label_queue WHERE kind = 'pseudo' LIMIT 1"), "the hand-over")
+        self._wait(
+            lambda: (query_readonly(results, "SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent,
+            "the day's results",
+        )
+        self._wait(
+            lambda: not query_readonly(results, "SELECT 1 FROM label_queue WHERE kind = 'pseudo' LIMIT 1"),
+            "the hand-over",
+        )
         before = self._trainer().get("last_retrain")
 
         def settled() -> bool:
@@ -384,10 +471,16 @@ class _FullField:
         return self._json(self.state / "trainer" / "status.json")
 
     def pseudo_labels(self) -> dict[str, str]:
-        return dict(query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"))
+        return dict(
+            query_readonly(
+                self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"
+            )
+        )
 
     def trained_pseudo_labels(self) -> dict[str, str]:
-        rows = query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT value FROM state WHERE key = 'last_retrain_pseudo'")
+        rows = query_readonly(
+            self.state / "trainer" / "samples.sqlite", "SELECT value FROM state WHERE key = 'last_retrain_pseudo'"
+        )
         return json.loads(rows[0][0]) if rows else {}
 
     def close(self) -> None:
@@ -412,7 +505,9 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
     days = [split.stream[i : i + s.day_size] for i in range(0, len(split.stream) - s.day_size + 1, s.day_size)]
     if s.days is not None:
         if s.days > len(days):
-            raise ValueError(f"--days {s.days}: the stream holds {len(split.stream)} photos, {len(days)} full days of {s.day_size}")
+            raise ValueError(
+                f"--days {s.days}: the stream holds {len(split.stream)} photos, {len(days)} full days of {s.day_size}"
+            )
         days = days[: s.days]
     if not days:
         raise ValueError(f"{data}: too few photos for one day of {s.day_size} after the labelled and held-out splits")
@@ -429,7 +524,12 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
     sweep = evaluate.threshold_sweep(baseline, split.stream, split.classes)
     # The trainer replays the whole labelled pool and gates on the validation split: photos the baseline
     # chose its checkpoint with but never trained on (gating on photos it had trained on would favour it).
-    cfg = _config(s, out, _class_folders(split, split.labelled, out / "labelled"), _class_folders(split, split.val, out / "validation"))
+    cfg = _config(
+        s,
+        out,
+        _class_folders(split, split.labelled, out / "labelled"),
+        _class_folders(split, split.val, out / "validation"),
+    )
     field_ = (_FullField if s.mode == "full" else _FastField)(cfg, s, out, evaluate)
     rows, accepted_before = [], set()
     try:
@@ -443,15 +543,27 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
             correct = sum(split.classes[split.truth[k]] == v for k, v in new.items())
             version = store.current()
             top1, confusion = evaluate(version, split.classes)
-            rows.append({
-                "day": n, "photos": len(photos), "accepted": len(new), "accepted_correct": correct,
-                "precision": round(correct / len(new), 4) if new else None,
-                "cumulative_accepted": len(pseudo), "expert_labels": field_.expert_labels - experts_before,
-                "test_top1": round(top1, 4), "engine_version": version,
-                "retrain": retrained or None, "seconds": round(time.perf_counter() - t_day, 1),
-            })
-            log.info("day", **{k: v for k, v in rows[-1].items() if k != "retrain"}, retrain=json.dumps(retrained or None))
-            progress(f"day {n}/{len(days)}: top-1 {top1:.4f}, {len(new)} pseudo-labels accepted ({rows[-1]['precision']}), engine {version}")
+            rows.append(
+                {
+                    "day": n,
+                    "photos": len(photos),
+                    "accepted": len(new),
+                    "accepted_correct": correct,
+                    "precision": round(correct / len(new), 4) if new else None,
+                    "cumulative_accepted": len(pseudo),
+                    "expert_labels": field_.expert_labels - experts_before,
+                    "test_top1": round(top1, 4),
+                    "engine_version": version,
+                    "retrain": retrained or None,
+                    "seconds": round(time.perf_counter() - t_day, 1),
+                }
+            )
+            log.info(
+                "day", **{k: v for k, v in rows[-1].items() if k != "retrain"}, retrain=json.dumps(retrained or None)
+            )
+            progress(
+                f"day {n}/{len(days)}: top-1 {top1:.4f}, {len(new)} pseudo-labels accepted ({rows[-1]['precision']}), engine {version}"
+            )
         trained = field_.trained_pseudo_labels()
     finally:
         field_.close()
@@ -500,51 +612,121 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     m.add_argument("--data", required=True, help="folder of <Class name>/<photo> folders")
     m.add_argument("--out", required=True, help="new folder for report.json, report.md, plots, the store and state")
-    m.add_argument("--mode", choices=["fast", "full"], default="fast",
-                   help="fast: one process; full: the real daemon and trainer processes (inbox, ZeroMQ, hot swaps)")
+    m.add_argument(
+        "--mode",
+        choices=["fast", "full"],
+        default="fast",
+        help="fast: one process; full: the real daemon and trainer processes (inbox, ZeroMQ, hot swaps)",
+    )
     m.add_argument("--days", type=int, default=None, help="days to stream (default: every full day the data holds)")
     m.add_argument("--day-size", type=int, default=100, help="photos per day")
     m.add_argument("--epochs", type=int, default=200, help="supervised baseline: epochs")
-    m.add_argument("--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off")
+    m.add_argument(
+        "--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off"
+    )
     m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
-    m.add_argument("--retrain-lr", type=float, default=2e-3,
-                   help="retrain learning rate, every retrain (default 2e-3, as every recorded arm ran; the service uses 5e-4 without expert labels)")
-    m.add_argument("--interpolate", type=float, default=1.0,
-                   help="retrain WiSE-FT interpolation, every retrain (default 1, as the recorded arms ran; the service chooses the step of a retrain without expert labels on the gate photos)")
-    m.add_argument("--label-smoothing", type=float, default=0.0,
-                   help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)")
+    m.add_argument(
+        "--retrain-lr",
+        type=float,
+        default=2e-3,
+        help="retrain learning rate, every retrain (default 2e-3, as every recorded arm ran; the service uses 5e-4 without expert labels)",
+    )
+    m.add_argument(
+        "--interpolate",
+        type=float,
+        default=1.0,
+        help="retrain WiSE-FT interpolation, every retrain (default 1, as the recorded arms ran; the service chooses the step of a retrain without expert labels on the gate photos)",
+    )
+    m.add_argument(
+        "--label-smoothing",
+        type=float,
+        default=0.0,
+        help="baseline training (default 0: smoothing caps confidences near tau, starving the pseudo-label queue)",
+    )
     m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")
     m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
-    m.add_argument("--strategy", choices=STRATEGY_CONFIGS, default="rehearsal", help="[trainer.strategy] type, with its default options")
-    m.add_argument("--expert-per-day", type=int, default=0, metavar="K",
-                   help="an expert labels K photos a day from the review pool (photos below tau), fast mode (default 0: none)")
-    m.add_argument("--expert-choice", choices=["device", "random"], default="device",
-                   help="device: the review queue's ranking (edge-agent review list); random: K at random from the same pool")
+    m.add_argument(
+        "--strategy",
+        choices=STRATEGY_CONFIGS,
+        default="rehearsal",
+        help="[trainer.strategy] type, with its default options",
+    )
+    m.add_argument(
+        "--expert-per-day",
+        type=int,
+        default=0,
+        metavar="K",
+        help="an expert labels K photos a day from the review pool (photos below tau), fast mode (default 0: none)",
+    )
+    m.add_argument(
+        "--expert-choice",
+        choices=["device", "random"],
+        default="device",
+        help="device: the review queue's ranking (edge-agent review list); random: K at random from the same pool",
+    )
     m.add_argument("--expert-budget", type=int, default=100, help="most expert labels in the whole run")
     m.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     m.add_argument("--seed", type=int, default=20251120)
-    m.add_argument("--no-calibrate", action="store_true",
-                   help="publish models as trained, without the softmax temperature fitted on the validation split")
-    m.add_argument("--no-recheck", action="store_true",
-                   help="retrains train on the pseudo-labels as received, without the engine in service looking again ([trainer] recheck_pseudo)")
-    m.add_argument("--baseline-from", metavar="DIR", help="reuse the supervised baseline of an earlier simulation (same data and seed)")
+    m.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="publish models as trained, without the softmax temperature fitted on the validation split",
+    )
+    m.add_argument(
+        "--no-recheck",
+        action="store_true",
+        help="retrains train on the pseudo-labels as received, without the engine in service looking again ([trainer] recheck_pseudo)",
+    )
+    m.add_argument(
+        "--baseline-from",
+        metavar="DIR",
+        help="reuse the supervised baseline of an earlier simulation (same data and seed)",
+    )
     args = m.parse_args(argv)
     configure_logging(args.log_level, "auto")
     settings = SimSettings(
-        mode=args.mode, days=args.days, day_size=args.day_size, epochs=args.epochs, retrain_epochs=args.retrain_epochs,
-        retrain_lr=args.retrain_lr, interpolate=args.interpolate,
-        retrain_at=args.retrain_at, tau=args.tau, strategy=args.strategy, threads=args.threads, seed=args.seed,
-        label_smoothing=args.label_smoothing, swa_epochs=args.swa_epochs, patience=args.epochs, baseline_from=args.baseline_from,
-        calibrate=not args.no_calibrate, recheck=not args.no_recheck,
-        expert_per_day=args.expert_per_day, expert_choice=args.expert_choice, expert_budget=args.expert_budget,
+        mode=args.mode,
+        days=args.days,
+        day_size=args.day_size,
+        epochs=args.epochs,
+        retrain_epochs=args.retrain_epochs,
+        retrain_lr=args.retrain_lr,
+        interpolate=args.interpolate,
+        retrain_at=args.retrain_at,
+        tau=args.tau,
+        strategy=args.strategy,
+        threads=args.threads,
+        seed=args.seed,
+        label_smoothing=args.label_smoothing,
+        swa_epochs=args.swa_epochs,
+        patience=args.epochs,
+        baseline_from=args.baseline_from,
+        calibrate=not args.no_calibrate,
+        recheck=not args.no_recheck,
+        expert_per_day=args.expert_per_day,
+        expert_choice=args.expert_choice,
+        expert_budget=args.expert_budget,
     )
     try:
         report = simulate(args.data, args.out, settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except (ValueError, FileExistsError, TimeoutError, RuntimeError) as exc:
         print(f"benchmarks.simulate: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: report[k] for k in ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision",
-                                                    "trained_pseudo_label_precision", "wall_s")}))
+    print(
+        json.dumps(
+            {
+                k: report[k]
+                for k in (
+                    "supervised_top1",
+                    "ssl_top1",
+                    "gain_points",
+                    "pseudo_label_precision",
+                    "trained_pseudo_label_precision",
+                    "wall_s",
+                )
+            }
+        )
+    )
     print(f"report: {Path(args.out) / 'report.md'}", file=sys.stderr)
     return 0
 

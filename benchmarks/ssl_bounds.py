@@ -39,12 +39,12 @@ def run(sim: Path, arms: list[str], epochs: int, lr: float, threads: int, data: 
     import torch
     import torch.nn.functional as F
 
-    from engines.store import EngineStore
+    from benchmarks.simulate import SimSettings, split_photos
     from edge_agent.config import TrainerSection
+    from engines.store import EngineStore
     from trainer.continual import train_generation
     from trainer.data import TensorDataset
     from trainer.publish import load_weights
-    from benchmarks.simulate import SimSettings, split_photos
     from trainer.strategies.base import Generation, get_strategy
     from trainer.train import evaluate
 
@@ -87,18 +87,28 @@ def run(sim: Path, arms: list[str], epochs: int, lr: float, threads: int, data: 
         else:
             with tempfile.TemporaryDirectory() as td:
                 candidate, _ = train_generation(
-                    baseline, data_, get_strategy("finetune")(Path(td)),
-                    TrainerSection(epochs=epochs, seed=s.seed, ramp_epochs=10, swa_epochs=0, distill=0.0), lr,
+                    baseline,
+                    data_,
+                    get_strategy("finetune")(Path(td)),
+                    TrainerSection(epochs=epochs, seed=s.seed, ramp_epochs=10, swa_epochs=0, distill=0.0),
+                    lr,
                 )
         photos = len(labelled) + len(stream) if arm == "consistency" else len(data_)
         rows.append({"arm": arm, "photos": photos, **scores(candidate), "seconds": round(time.perf_counter() - t0, 1)})
         print(f"{arm}: {rows[-1]}", file=sys.stderr, flush=True)
-    right = (pred == stream.y)
+    right = pred == stream.y
     return {
-        "sim": str(sim.resolve()), "tau": s.tau, "epochs": epochs, "lr": lr, "split": split.sizes(),
-        "stream": {"photos": len(stream), "confident": int(sure.sum()),
-                   "confident_right": round(float(right[sure].float().mean()), 4) if sure.any() else None,
-                   "unsure_right": round(float(right[~sure].float().mean()), 4) if (~sure).any() else None},
+        "sim": str(sim.resolve()),
+        "tau": s.tau,
+        "epochs": epochs,
+        "lr": lr,
+        "split": split.sizes(),
+        "stream": {
+            "photos": len(stream),
+            "confident": int(sure.sum()),
+            "confident_right": round(float(right[sure].float().mean()), 4) if sure.any() else None,
+            "unsure_right": round(float(right[~sure].float().mean()), 4) if (~sure).any() else None,
+        },
         "rows": rows,
     }
 
@@ -120,7 +130,9 @@ def consistency_loss(strong_logits, weak_probs, tau: float):
     return (F.cross_entropy(strong_logits, target, reduction="none") * (conf >= tau).float()).mean()
 
 
-def consistency_finetune(baseline, labelled, unlabelled, tau: float, epochs: int, lr: float, seed: int, mu: int = 2, batch: int = 32):
+def consistency_finetune(
+    baseline, labelled, unlabelled, tau: float, epochs: int, lr: float, seed: int, mu: int = 2, batch: int = 32
+):
     """Fine-tune ``baseline`` FixMatch-style: labelled cross-entropy plus, on ``mu`` unlabelled photos per
     labelled one, cross-entropy of the strong view against the weak view's prediction where that is >= tau."""
     import copy
@@ -148,7 +160,9 @@ def consistency_finetune(baseline, labelled, unlabelled, tau: float, epochs: int
             with torch.no_grad():
                 weak_probs = F.softmax(model(weak(unlabelled[ui], gen)), 1)
             logits = model(torch.cat([weak(labelled.x[li], gen), strong(unlabelled[ui], gen)]))
-            loss = F.cross_entropy(logits[: len(li)], labelled.y[li]) + consistency_loss(logits[len(li) :], weak_probs, tau)
+            loss = F.cross_entropy(logits[: len(li)], labelled.y[li]) + consistency_loss(
+                logits[len(li) :], weak_probs, tau
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -162,12 +176,15 @@ def markdown(result: dict) -> str:
     lines = [
         f"Fine-tunes of the baseline in `{result['sim']}` ({result['epochs']} epochs, lr {result['lr']}, plain fine-tuning). "
         f"Stream: {st['photos']} photos, {st['confident']} at softmax >= {result['tau']} ({st['confident_right']} of them right; "
-        f"the baseline gets {st['unsure_right']} of the others right).", "",
+        f"the baseline gets {st['unsure_right']} of the others right).",
+        "",
         "| arm | photos trained on | validation top-1 | test top-1 | test vs baseline (points) | seconds |",
         "|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['arm']} | {r['photos']} | {r['val']:.4f} | {r['test']:.4f} | {(r['test'] - base['test']) * 100:+.1f} | {r['seconds']:.0f} |")
+        lines.append(
+            f"| {r['arm']} | {r['photos']} | {r['val']:.4f} | {r['test']:.4f} | {(r['test'] - base['test']) * 100:+.1f} | {r['seconds']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "softmax >= 0.9": sure,
             "softmax >= 0.9 and energy": sure & (lse(z) >= energy_floor),
-            "softmax >= 0.9 and distance (shipped)": np.array([v.verdict == "confident" for v in shipped.judge(z, p, x)]),
+            "softmax >= 0.9 and distance (shipped)": np.array(
+                [v.verdict == "confident" for v in shipped.judge(z, p, x)]
+            ),
         }
 
     table = {}
@@ -76,15 +78,24 @@ def main(argv: list[str] | None = None) -> int:
         right = np.array([t is not None and version.classes[i] == t for i, t in zip(z.argmax(1), truth)])
         for rule, conf in rules(z, x).items():
             row = table.setdefault(rule, {})
-            row[name] = {"share_confident": round(float(conf.mean()), 4),
-                         "confident_top1": round(float(right[conf].mean()), 4) if conf.any() and truth[0] is not None else None}
-    lines = [f"# Ways to decide `confident`: {version.name}, FP32", "", f"`python -m benchmarks.verdicts --out DIR`; thresholds fitted on "
-             f"the {len(data['val'][2])} validation photos only.", "",
-             "| rule | lab test: confident / right when confident | field: confident / right | unknown disease: confident |",
-             "|---|---|---|---|"]
+            row[name] = {
+                "share_confident": round(float(conf.mean()), 4),
+                "confident_top1": round(float(right[conf].mean()), 4) if conf.any() and truth[0] is not None else None,
+            }
+    lines = [
+        f"# Ways to decide `confident`: {version.name}, FP32",
+        "",
+        f"`python -m benchmarks.verdicts --out DIR`; thresholds fitted on "
+        f"the {len(data['val'][2])} validation photos only.",
+        "",
+        "| rule | lab test: confident / right when confident | field: confident / right | unknown disease: confident |",
+        "|---|---|---|---|",
+    ]
     for rule, row in table.items():
-        lines.append(f"| {rule} | {row['lab']['share_confident']} / {row['lab']['confident_top1']} | "
-                     f"{row['field']['share_confident']} / {row['field']['confident_top1']} | {row['unknown']['share_confident']} |")
+        lines.append(
+            f"| {rule} | {row['lab']['share_confident']} / {row['lab']['confident_top1']} | "
+            f"{row['field']['share_confident']} / {row['field']['confident_top1']} | {row['unknown']['share_confident']} |"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verdicts.json").write_text(json.dumps(table, indent=1) + "\n")

@@ -45,16 +45,32 @@ def fill_state(state: Path, n: int) -> None:
         if i >= first_real:
             src = photos[i - first_real]
             shutil.copy(src, day / src.name)
-            sha, label, path = hashlib.sha256(src.read_bytes()).hexdigest(), src.parent.name, str(state / "inbox" / src.name)
+            sha, label, path = (
+                hashlib.sha256(src.read_bytes()).hexdigest(),
+                src.parent.name,
+                str(state / "inbox" / src.name),
+            )
         else:
-            sha, label, path = hashlib.sha256(f"synthetic-{i}".encode()).hexdigest(), photos[i % len(photos)].parent.name, None
-        top_k = [[label, 0.95], ["Apple___healthy", 0.03], ["Tomato___healthy", 0.02]] if i >= 2000 else \
-            [[label, 0.5], ["Apple___healthy", 0.3 + i * 1e-4], ["Tomato___healthy", 0.1]]  # the review pool's
-        rows.append(ResultRow(sha, sha[:16], path, "folder", label, 0.95, top_k, "v0001", {"total": 9.0},
-                              now - (n - i) * 30))  # one every 30 s: 10,000 span three and a half days
+            sha, label, path = (
+                hashlib.sha256(f"synthetic-{i}".encode()).hexdigest(),
+                photos[i % len(photos)].parent.name,
+                None,
+            )
+        top_k = (
+            [[label, 0.95], ["Apple___healthy", 0.03], ["Tomato___healthy", 0.02]]
+            if i >= 2000
+            else [[label, 0.5], ["Apple___healthy", 0.3 + i * 1e-4], ["Tomato___healthy", 0.1]]
+        )  # the review pool's
+        rows.append(
+            ResultRow(sha, sha[:16], path, "folder", label, 0.95, top_k, "v0001", {"total": 9.0}, now - (n - i) * 30)
+        )  # one every 30 s: 10,000 span three and a half days
     # and a full review pool ([labels] review_pool, 2000): every page counts it for the Review badge
-    queued = [QueueEntry(r.sha256, r.photo_id, "review", r.label, 0.5, "v0001", str(state / "queue" / "review" / "x.jpg"), 1000)
-              for r in rows[:2000]]
+    queued = [
+        QueueEntry(
+            r.sha256, r.photo_id, "review", r.label, 0.5, "v0001", str(state / "queue" / "review" / "x.jpg"), 1000
+        )
+        for r in rows[:2000]
+    ]
     db.commit(rows, queued)
     db.close()
 
@@ -80,16 +96,34 @@ def _timed(client, url: str, repeats: int) -> dict:
         times.append((time.perf_counter() - t0) * 1000)
         assert r.status_code == 200, (url, r.status_code)
     times.sort()
-    return {"p50_ms": round(statistics.median(times), 1), "p95_ms": round(times[int(0.95 * (len(times) - 1))], 1),
-            "max_ms": round(times[-1], 1), "bytes": len(r.content), "repeats": repeats}
+    return {
+        "p50_ms": round(statistics.median(times), 1),
+        "p95_ms": round(times[int(0.95 * (len(times) - 1))], 1),
+        "max_ms": round(times[-1], 1),
+        "bytes": len(r.content),
+        "repeats": repeats,
+    }
 
 
 def measure_web(state: Path, repeats: int) -> dict:
     import httpx
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--port", str(port),
-                             "--log-level", "warning"], cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edge_agent",
+            "web",
+            "--state-dir",
+            str(state),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+    )
     try:
         t0 = time.perf_counter()
         while True:
@@ -132,7 +166,8 @@ def measure_web(state: Path, repeats: int) -> dict:
 
 
 def measure_daemon(work: Path) -> dict:
-    from benchmarks.daemon import _rss_mb as rss, _start, _write_config
+    from benchmarks.daemon import _rss_mb as rss
+    from benchmarks.daemon import _start, _write_config
 
     config = _write_config(work, None)
     ready, idle = [], []
@@ -155,27 +190,42 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "state"
         fill_state(state, args.results)
-        report = {"machine": f"{platform.machine()}, {platform.processor() or platform.system()}, Python {platform.python_version()}",
-                  "results_stored": args.results, "web": measure_web(state, args.repeats), "daemon": measure_daemon(Path(tmp))}
+        report = {
+            "machine": f"{platform.machine()}, {platform.processor() or platform.system()}, Python {platform.python_version()}",
+            "results_stored": args.results,
+            "web": measure_web(state, args.repeats),
+            "daemon": measure_daemon(Path(tmp)),
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "web.json").write_text(json.dumps(report, indent=2) + "\n")
     w = report["web"]
-    lines = [f"# edge-agent web: footprint ({report['results_stored']} results stored)", "",
-             f"Command: `python -m benchmarks.web --results {args.results}`. {report['machine']}.", "",
-             "| page | p50 (ms) | p95 (ms) | max (ms) | size (bytes) |", "|---|---|---|---|---|"]
+    lines = [
+        f"# edge-agent web: footprint ({report['results_stored']} results stored)",
+        "",
+        f"Command: `python -m benchmarks.web --results {args.results}`. {report['machine']}.",
+        "",
+        "| page | p50 (ms) | p95 (ms) | max (ms) | size (bytes) |",
+        "|---|---|---|---|---|",
+    ]
     for name, p in w["pages"].items():
         lines.append(f"| {name} | {p['p50_ms']} | {p['p95_ms']} | {p['max_ms']} | {p['bytes']} |")
     t = w["thumbnails"]
-    lines += ["", "| web process | value |", "|---|---|",
-              f"| start to listening (s) | {w['start_to_listening_s']} |",
-              f"| RSS idle after start (MB) | {w['rss_idle_after_start_mb']} |",
-              f"| RSS after the pages (MB) | {w['rss_after_pages_mb']} |",
-              f"| RSS after making {t['made']} thumbnails (MB) | {w['rss_after_thumbnails_mb']} |",
-              f"| RSS idle after use (MB) | {w['rss_idle_after_use_mb']} |",
-              f"| first page's thumbnails, made / cached (s) | {t['first_time_total_s']} / {t['cached_total_s']} |",
-              "", "| daemon (must not change: the page is another process) | value |", "|---|---|",
-              f"| start to READY=1 (s), median of 5 | {report['daemon']['start_to_ready_s_median']} {report['daemon']['start_to_ready_s']} |",
-              f"| RSS idle (MB) | {report['daemon']['rss_idle_mb']} |"]
+    lines += [
+        "",
+        "| web process | value |",
+        "|---|---|",
+        f"| start to listening (s) | {w['start_to_listening_s']} |",
+        f"| RSS idle after start (MB) | {w['rss_idle_after_start_mb']} |",
+        f"| RSS after the pages (MB) | {w['rss_after_pages_mb']} |",
+        f"| RSS after making {t['made']} thumbnails (MB) | {w['rss_after_thumbnails_mb']} |",
+        f"| RSS idle after use (MB) | {w['rss_idle_after_use_mb']} |",
+        f"| first page's thumbnails, made / cached (s) | {t['first_time_total_s']} / {t['cached_total_s']} |",
+        "",
+        "| daemon (must not change: the page is another process) | value |",
+        "|---|---|",
+        f"| start to READY=1 (s), median of 5 | {report['daemon']['start_to_ready_s_median']} {report['daemon']['start_to_ready_s']} |",
+        f"| RSS idle (MB) | {report['daemon']['rss_idle_mb']} |",
+    ]
     (args.out / "web.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -41,25 +41,42 @@ class Classifier:
 
     ``confident_probability`` is the least softmax a ``confident`` verdict needs ([labels] pseudo_threshold)."""
 
-    def __init__(self, engine: Engine, top_k: int = 3, max_file_bytes: int | None = None, max_pixels: int | None = None,
-                 confident_probability: float = 0.9, crops: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        top_k: int = 3,
+        max_file_bytes: int | None = None,
+        max_pixels: int | None = None,
+        confident_probability: float = 0.9,
+        crops: list[str] | tuple[str, ...] = (),
+    ) -> None:
         caps = {k: v for k, v in {"max_file_bytes": max_file_bytes, "max_pixels": max_pixels}.items() if v is not None}
         self.engine = engine
         self.allowed = None  # with crops: a mask of the classes answers are chosen among
         if crops:
             self.allowed = np.array([any(c.split("___")[0] == crop for crop in crops) for c in engine.classes])
             if not self.allowed.any():
-                raise ValueError(f"[classify] crops = {list(crops)} names none of {engine.engine_version}'s classes "
-                                 f"(crops are class-name prefixes such as {engine.classes[0].split('___')[0]!r})")
+                raise ValueError(
+                    f"[classify] crops = {list(crops)} names none of {engine.engine_version}'s classes "
+                    f"(crops are class-name prefixes such as {engine.classes[0].split('___')[0]!r})"
+                )
         self.spec = PreprocessSpec.from_manifest(engine.version.manifest["preprocess"], **caps)
         self.top_k = min(top_k, len(engine.classes) if self.allowed is None else int(self.allowed.sum()))
-        self.judge = Judge(VerdictSpec.from_manifest(engine.version.manifest), confident_probability, self.spec.mean, self.spec.std)
+        self.judge = Judge(
+            VerdictSpec.from_manifest(engine.version.manifest), confident_probability, self.spec.mean, self.spec.std
+        )
 
     @classmethod
     def configured(cls, engine: Engine, cfg) -> "Classifier":
         """The classifier as the configuration (:class:`edge_agent.config.AppConfig`) sets it up."""
-        return cls(engine, top_k=cfg.classify.top_k, max_file_bytes=cfg.preprocess.max_file_bytes,
-                   max_pixels=cfg.preprocess.max_pixels, confident_probability=cfg.labels.pseudo_threshold, crops=cfg.classify.crops)
+        return cls(
+            engine,
+            top_k=cfg.classify.top_k,
+            max_file_bytes=cfg.preprocess.max_file_bytes,
+            max_pixels=cfg.preprocess.max_pixels,
+            confident_probability=cfg.labels.pseudo_threshold,
+            crops=cfg.classify.crops,
+        )
 
     def predict_tensors(self, batch: np.ndarray) -> list[Prediction]:
         """Predictions for a preprocessed batch [N,3,H,W], each with its verdict."""

@@ -14,9 +14,16 @@ __all__ = ["main", "build_parser"]
 
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file (default: $EDGE_AGENT_CONFIG, else built-in defaults)")
     common.add_argument(
-        "--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"], help="overrides [log] level"
+        "--config",
+        default=argparse.SUPPRESS,
+        help="TOML configuration file (default: $EDGE_AGENT_CONFIG, else built-in defaults)",
+    )
+    common.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=["debug", "info", "warning", "error"],
+        help="overrides [log] level",
     )
     return common
 
@@ -116,8 +123,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _state_db(args: argparse.Namespace, cfg):
-    from edge_agent.state import StateLayout, resolve_state_dir
     from edge_agent.results import ResultsDB
+    from edge_agent.state import StateLayout, resolve_state_dir
 
     state = StateLayout(resolve_state_dir(args.state_dir, cfg))
     if not state.db.is_file():
@@ -139,7 +146,9 @@ def _parse_since(text: str | None) -> float | None:
     try:
         dt = datetime.fromisoformat(text)
     except ValueError:
-        raise SystemExit(f"edge-agent: --since {text!r}: expected an ISO time (2026-05-01T12:00) or a duration (15m, 2h, 3d)")
+        raise SystemExit(
+            f"edge-agent: --since {text!r}: expected an ISO time (2026-05-01T12:00) or a duration (15m, 2h, 3d)"
+        ) from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
@@ -152,8 +161,10 @@ def _results(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(row), flush=False)
         else:
-            print(f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
-                  f"{row['engine_version']}  {row['path'] or row['source']}")
+            print(
+                f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
+                f"{row['engine_version']}  {row['path'] or row['source']}"
+            )
     return 0
 
 
@@ -164,8 +175,24 @@ def _status(args: argparse.Namespace) -> int:
     state, db = _state_db(args, cfg)
     live, running = live_status(state.status, max(10.0, 5 * cfg.daemon.status_interval_s))
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
-    for key in ("uptime_s", "healthy", "engine", "in_flight", "queue_depths", "label_queue", "counters", "last_errors", "camera", "folder", "inbox", "handoff", "hotswap",
-                "transfer", "ledger", "disk_full"):
+    for key in (
+        "uptime_s",
+        "healthy",
+        "engine",
+        "in_flight",
+        "queue_depths",
+        "label_queue",
+        "counters",
+        "last_errors",
+        "camera",
+        "folder",
+        "inbox",
+        "handoff",
+        "hotswap",
+        "transfer",
+        "ledger",
+        "disk_full",
+    ):
         if key in live:
             out[key] = live[key]
     try:
@@ -182,35 +209,48 @@ def _status(args: argparse.Namespace) -> int:
         print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
     if "engine" in out:
         e = out["engine"]
-        print(f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}")
+        print(
+            f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}"
+        )
         if e.get("precision_reason"):
             print(f"precision: {e['precision']} ({e['precision_reason']})")
         print(f"signed by: {e.get('signed_by') or 'not checked ([store] require_signature = false)'}")
         if e.get("verdict"):
             print(f"verdict: {e['verdict']}")
-    print(f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
-          f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}")
+    print(
+        f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
+        f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"
+    )
     if "queue_depths" in out:
         lq = out["label_queue"]
-        print(f"in flight {out['in_flight']}  queues {out['queue_depths']}  label queue {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}")
+        print(
+            f"in flight {out['in_flight']}  queues {out['queue_depths']}  label queue {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}"
+        )
     unsupported = out.get("folder", {}).get("unsupported") or {}
     if unsupported:
-        print("ignored (not a format the daemon reads; left in the inbox): "
-              + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items())))
+        print(
+            "ignored (not a format the daemon reads; left in the inbox): "
+            + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items()))
+        )
     if (out.get("folder") or {}).get("missing"):
         print(f"INBOX MISSING: {out.get('inbox')} is gone; photos dropped into it are picked up once it is back")
     if out.get("ledger"):
         print(f"LEDGER: {out['ledger']}")
     if out["pinned"]:
         pin = out["pinned"]
-        print(f"PINNED to {pin['version']} by a rollback from {pin['from']} ({pin.get('at')}): offers of {pin['from']} or older "
-              f"are refused until a newer version arrives; edge-agent engine unpin lifts it" + (f" ({pin['problem']})" if pin.get("problem") else ""))
+        print(
+            f"PINNED to {pin['version']} by a rollback from {pin['from']} ({pin.get('at')}): offers of {pin['from']} or older "
+            f"are refused until a newer version arrives; edge-agent engine unpin lifts it"
+            + (f" ({pin['problem']})" if pin.get("problem") else "")
+        )
     refused = {**(out.get("hotswap") or {}).get("refused", {}), **(out.get("transfer") or {}).get("refused", {})}
     for version, why in sorted(refused.items()):
         print(f"REFUSED engine {version}: {why}")
     downloading = (out.get("transfer") or {}).get("downloading")
     if downloading:
-        print(f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB")
+        print(
+            f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB"
+        )
     for label, n in out["per_class"].items():
         print(f"  {n:6d}  {label}")
     for err in out.get("last_errors", [])[-5:]:
@@ -227,13 +267,27 @@ def _review_list(args: argparse.Namespace) -> int:
     if args.json:
         for it in items:
             q = it.entry
-            print(json.dumps({"photo_id": q.photo_id, "sha256": q.sha256, "label": q.label, "confidence": q.confidence,
-                              "margin": round(it.margin, 4), "top_k": it.top_k, "file": q.file}))
+            print(
+                json.dumps(
+                    {
+                        "photo_id": q.photo_id,
+                        "sha256": q.sha256,
+                        "label": q.label,
+                        "confidence": q.confidence,
+                        "margin": round(it.margin, 4),
+                        "top_k": it.top_k,
+                        "file": q.file,
+                    }
+                )
+            )
         return 0
     left = left_today(db, cfg.labels.review_per_day)
     if not items:
-        print("nothing to ask today: today's budget is used ([labels] review_per_day; --all shows the pool)" if left == 0
-              else "review queue is empty")
+        print(
+            "nothing to ask today: today's budget is used ([labels] review_per_day; --all shows the pool)"
+            if left == 0
+            else "review queue is empty"
+        )
     for it in items:
         q = it.entry
         alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
@@ -244,15 +298,22 @@ def _review_list(args: argparse.Namespace) -> int:
 
 
 def _review_label(args: argparse.Namespace) -> int:
-    from edge_agent.state import resolve_store
     from edge_agent.review.queue import LabelError, label_photo
+    from edge_agent.state import resolve_store
 
     cfg = _load(args)
     args.readonly = False
     state, db = _state_db(args, cfg)
     try:  # the classes of the store the daemon and trainer share (it may have grown new ones)
-        entry = label_photo(db, state.queue, cfg.labels.max_queue_mb << 20, resolve_store(cfg, state.root).open(verify=False).classes,
-                            args.photo, args.label, args.new_class)
+        entry = label_photo(
+            db,
+            state.queue,
+            cfg.labels.max_queue_mb << 20,
+            resolve_store(cfg, state.root).open(verify=False).classes,
+            args.photo,
+            args.label,
+            args.new_class,
+        )
     except LabelError as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
@@ -269,9 +330,11 @@ def _web(args: argparse.Namespace) -> int:
     if args.new_token:
         token = new_token(state_dir)
         port = args.port or cfg.web.port
-        print(f"token: {token}\nopen once from a phone or laptop (then it is kept in a cookie):\n"
-              f"  http://<this device's address>:{port}/?token={token}\n"
-              f"serve it with: edge-agent web --state-dir {state_dir} --bind 0.0.0.0")
+        print(
+            f"token: {token}\nopen once from a phone or laptop (then it is kept in a cookie):\n"
+            f"  http://<this device's address>:{port}/?token={token}\n"
+            f"serve it with: edge-agent web --state-dir {state_dir} --bind 0.0.0.0"
+        )
         return 0
     try:
         return serve(cfg, state_dir, args.bind, args.port)
@@ -283,8 +346,14 @@ def _web(args: argparse.Namespace) -> int:
 def _install_systemd(args: argparse.Namespace) -> int:
     from edge_agent.units import install
 
-    written = install(Path(args.unit_dir), args.bin_dir, args.user, dry_run=args.dry_run, create_user=not args.no_user,
-                      jetson=args.jetson)
+    written = install(
+        Path(args.unit_dir),
+        args.bin_dir,
+        args.user,
+        dry_run=args.dry_run,
+        create_user=not args.no_user,
+        jetson=args.jetson,
+    )
     for path in written:
         print(f"wrote {path}")
     if written:
@@ -342,7 +411,9 @@ def _engine_list(args: argparse.Namespace) -> int:
             print(json.dumps(r))
         return 0
     print(f"store: {store.root}")
-    print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
+    print(
+        f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts"
+    )
     for r in rows:
         mark = "* " if r["current"] else "  "
         print(
@@ -371,8 +442,10 @@ def _engine_rollback(args: argparse.Namespace) -> int:
     print(f"{store.root}: current {before} -> {after.name}")
     pin = store.pin()
     if pin is not None:
-        print(f"pinned to {pin['version']}: offers of {pin['from']} or older are refused until a newer version arrives "
-              "(edge-agent engine unpin lifts it)")
+        print(
+            f"pinned to {pin['version']}: offers of {pin['from']} or older are refused until a newer version arrives "
+            "(edge-agent engine unpin lifts it)"
+        )
     return 0
 
 
@@ -381,7 +454,10 @@ def _engine_unpin(args: argparse.Namespace) -> int:
     store = _store(args, cfg)
     pin = store.pin()
     store.unpin()
-    print(f"{store.root}: " + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned"))
+    print(
+        f"{store.root}: "
+        + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned")
+    )
     return 0
 
 
@@ -431,7 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
     web.add_argument("--state-dir")
-    web.add_argument("--bind", help="address to listen on (default: [web] bind, 127.0.0.1); others need --new-token first")
+    web.add_argument(
+        "--bind", help="address to listen on (default: [web] bind, 127.0.0.1); others need --new-token first"
+    )
     web.add_argument("--port", type=int, help="port (default: [web] port, 8080)")
     web.add_argument("--new-token", action="store_true", help="print a new access token for other machines and exit")
     web.set_defaults(func=_web)
@@ -442,7 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--user", default="edge-agent", help="the service user (created unless --no-user)")
     inst.add_argument("--no-user", action="store_true", help="do not create the user")
     inst.add_argument("--dry-run", action="store_true", help="print the units instead of writing them")
-    inst.add_argument("--jetson", action="store_true", help="also the daemon's drop-in that lets it reach a Jetson's GPU")
+    inst.add_argument(
+        "--jetson", action="store_true", help="also the daemon's drop-in that lets it reach a Jetson's GPU"
+    )
     inst.set_defaults(func=_install_systemd)
 
     cfg = sub.add_parser("config", help="inspect the configuration").add_subparsers(dest="action", required=True)
@@ -450,7 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--bare", action="store_true", help="no comments")
     show.set_defaults(func=_config_show)
 
-    eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(dest="action", required=True)
+    eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(
+        dest="action", required=True
+    )
     for name, func, helptext in (
         ("list", _engine_list, "list versions (* marks current)"),
         ("show", _engine_show, "verify a version and print its manifest"),
@@ -465,7 +547,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("version", nargs="?", help="default: current")
         if name == "rollback":
             p.add_argument("--to", metavar="VERSION", help="version to switch to")
-        p.add_argument("--state-dir", help="the daemon's state dir: its store, and the trainer key it trusts (default: $STATE_DIRECTORY or ./edge-state)")
+        p.add_argument(
+            "--state-dir",
+            help="the daemon's state dir: its store, and the trainer key it trusts (default: $STATE_DIRECTORY or ./edge-state)",
+        )
         p.set_defaults(func=func)
     return parser
 
@@ -482,8 +567,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     except sqlite3.DatabaseError as exc:  # a truncated ledger (a failing SD card): one line, not a traceback
-        print(f"edge-agent: the results database is unreadable ({exc}); the daemon keeps it aside and starts a new "
-              "one at its next start (edge-agent status then says so)", file=sys.stderr)
+        print(
+            f"edge-agent: the results database is unreadable ({exc}); the daemon keeps it aside and starts a new "
+            "one at its next start (edge-agent status then says so)",
+            file=sys.stderr,
+        )
         return 2
     except BrokenPipeError:
         return 0

@@ -32,8 +32,17 @@ from edge_agent.trainer_config import STRATEGY_CONFIGS, TrainerSection
 from engines.base import backends
 from engines.errors import EdgeAgentError
 
-__all__ = ["AppConfig", "ConfigError", "load_config", "parse_config", "dump_toml", "default_store_path", "default_data_path",
-           "CONFIG_ENV", "TrainerSection"]
+__all__ = [
+    "AppConfig",
+    "ConfigError",
+    "load_config",
+    "parse_config",
+    "dump_toml",
+    "default_store_path",
+    "default_data_path",
+    "CONFIG_ENV",
+    "TrainerSection",
+]
 
 CONFIG_ENV = "EDGE_AGENT_CONFIG"
 
@@ -106,19 +115,27 @@ class ClassifySection(_Section):
     )
     _ext = field_validator("extensions")(_dotted_lower)
     crops: list[str] = Field(
-        [], description="The crops grown here, as the class names begin (\"Apple\", \"Corn_(maize)\"): answers are chosen "
+        [],
+        description='The crops grown here, as the class names begin ("Apple", "Corn_(maize)"): answers are chosen '
         "among their classes only; empty: every class the model knows.",
     )
 
 
 class DaemonSection(_Section):
     state_dir: str = Field(
-        "", description="Where results, queues and processed photos live; empty means $STATE_DIRECTORY, else ./edge-state."
+        "",
+        description="Where results, queues and processed photos live; empty means $STATE_DIRECTORY, else ./edge-state.",
     )
-    drain_timeout_s: float = Field(10.0, ge=0, le=600, description="On SIGTERM/SIGINT, how long to finish photos in flight.")
-    status_interval_s: float = Field(2.0, gt=0, le=60, description="How often status.json and systemd's STATUS= are refreshed.")
+    drain_timeout_s: float = Field(
+        10.0, ge=0, le=600, description="On SIGTERM/SIGINT, how long to finish photos in flight."
+    )
+    status_interval_s: float = Field(
+        2.0, gt=0, le=60, description="How often status.json and systemd's STATUS= are refreshed."
+    )
     stall_timeout_s: float = Field(
-        30.0, gt=0, description="Photos in flight with no progress for this long make the pipeline unhealthy (no WATCHDOG=1)."
+        30.0,
+        gt=0,
+        description="Photos in flight with no progress for this long make the pipeline unhealthy (no WATCHDOG=1).",
     )
 
 
@@ -126,7 +143,8 @@ class InboxSection(_Section):
     enabled: bool = Field(True, description="Watch the hot folder.")
     path: str = Field("", description="The hot folder; empty means <state_dir>/inbox.")
     after: Literal["move", "delete", "leave"] = Field(
-        "move", description="What happens to a photo once its result is stored: move to processed/YYYY-MM-DD/, delete, or leave."
+        "move",
+        description="What happens to a photo once its result is stored: move to processed/YYYY-MM-DD/, delete, or leave.",
     )
     extensions: list[str] = Field(list(IMAGE_EXTENSIONS), description="Extensions picked up (others are ignored).")
     ignore_suffixes: list[str] = Field(
@@ -134,9 +152,13 @@ class InboxSection(_Section):
         description="Names ending so are temporary files and ignored (hidden files always are).",
     )
     recursive: bool = Field(True, description="Watch subfolders too.")
-    settle_s: float = Field(1.0, ge=0, le=600, description="A file must keep its size and mtime this long before it is read.")
+    settle_s: float = Field(
+        1.0, ge=0, le=600, description="A file must keep its size and mtime this long before it is read."
+    )
     incomplete_grace_s: float = Field(
-        30.0, ge=0, description="A file that still looks truncated is re-checked until it is this old, then quarantined."
+        30.0,
+        ge=0,
+        description="A file that still looks truncated is re-checked until it is this old, then quarantined.",
     )
     rescan_interval_s: float = Field(10.0, gt=0, description="Full rescans catch events the OS dropped.")
     _ext = field_validator("extensions")(_dotted_lower)
@@ -166,68 +188,102 @@ class PipelineSection(_Section):
     )
     max_wait_ms: float = Field(20.0, ge=0, le=5000, description="How long a batch waits to fill up.")
     decode_workers: int = Field(2, ge=1, le=32, description="Threads reading and preprocessing photos.")
-    queue_size: int = Field(32, ge=1, le=4096, description="Capacity of each queue between stages (back-pressure beyond).")
+    queue_size: int = Field(
+        32, ge=1, le=4096, description="Capacity of each queue between stages (back-pressure beyond)."
+    )
     idle_trim_s: float = Field(
-        1.0, gt=0, le=600, description="Idle this long, the engine hands its cached memory back and the golden photos are saved."
+        1.0,
+        gt=0,
+        le=600,
+        description="Idle this long, the engine hands its cached memory back and the golden photos are saved.",
     )
 
 
 class LabelsSection(_Section):
     pseudo_threshold: float = Field(
-        0.9, gt=0, le=1,
+        0.9,
+        gt=0,
+        le=1,
         description="The least confidence of a `confident` verdict (which also needs the photo near the training photos); "
         "only confident answers are queued as pseudo-labels.",
     )
     per_class_cap: int = Field(500, ge=0, description="Most pseudo-labels queued per class per engine version.")
     review_threshold: float = Field(
-        0.9, ge=0, le=1,
+        0.9,
+        ge=0,
+        le=1,
         description="Below this confidence a photo joins the pool the expert is asked from (ranked by how much its label "
         "would teach, `edge-agent review list`); `unknown` photos, and sure ones too far from the training photos, join "
         "it too. The default takes every photo whose verdict is not `confident`.",
     )
     review_per_day: int = Field(
-        10, ge=0, le=10000,
+        10,
+        ge=0,
+        le=10000,
         description="Most photos one expert is asked about per day (local time); `review list` shows the best of the pool up "
         "to what is left of today's budget. 0: no budget.",
     )
     review_pool: int = Field(
-        2000, ge=1,
+        2000,
+        ge=1,
         description="Most photos kept waiting for review; beyond it the least informative (largest margin between the two "
         "most probable classes) leave the pool, so it never crowds pseudo-labels out of the disk quota.",
     )
     max_queue_mb: int = Field(
-        2048, ge=1, description="Disk quota for queued photos (MiB). When full: queuing stops, predictions go on, status says so."
+        2048,
+        ge=1,
+        description="Disk quota for queued photos (MiB). When full: queuing stops, predictions go on, status says so.",
     )
 
 
 class HandoffSection(_Section):
     enabled: bool = Field(True, description="Deliver queued labels to the trainer over ZeroMQ.")
     endpoint: str = Field(
-        "", description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run)."
+        "",
+        description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run).",
     )
-    announce_endpoint: str = Field("", description="Trainer's engine announcements (PUB); empty means ipc://<runtime dir>/engines.sock.")
+    announce_endpoint: str = Field(
+        "", description="Trainer's engine announcements (PUB); empty means ipc://<runtime dir>/engines.sock."
+    )
     curve_secret_key: str = Field("", description="tcp:// only: this side's CURVE secret certificate (*.key_secret).")
     curve_server_key: str = Field("", description="tcp:// only, daemon: the trainer's public certificate (*.key).")
-    curve_authorized_dir: str = Field("", description="tcp:// only, trainer: folder of the daemons' public certificates it accepts.")
+    curve_authorized_dir: str = Field(
+        "", description="tcp:// only, trainer: folder of the daemons' public certificates it accepts."
+    )
     window: int = Field(16, ge=1, le=1024, description="Most unacknowledged samples in flight.")
-    ack_timeout_s: float = Field(5.0, gt=0, description="Resend a sample not acknowledged within this; doubles on each resend.")
+    ack_timeout_s: float = Field(
+        5.0, gt=0, description="Resend a sample not acknowledged within this; doubles on each resend."
+    )
     backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between resends.")
-    heartbeat_s: float = Field(2.0, gt=0, description="Heartbeat interval; a peer silent for 3 intervals counts as down.")
+    heartbeat_s: float = Field(
+        2.0, gt=0, description="Heartbeat interval; a peer silent for 3 intervals counts as down."
+    )
     max_payload_mb: int = Field(32, ge=1, le=1024, description="Larger frames are dropped, counted and logged.")
     delivery_endpoint: str = Field(
         "",
         description="Trainer's engine-transfer socket (new engine versions come to the daemon through it, verified and "
         "resumable); empty means ipc://<runtime dir>/delivery.sock. tcp:// uses the same CURVE keys as `endpoint`.",
     )
-    name: str = Field("", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name.")
-    transfer_chunk_kb: int = Field(1024, ge=16, le=4096, description="Engine transfer: bytes asked for per request (KiB).")
-    transfer_window: int = Field(4, ge=1, le=64, description="Engine transfer: most chunk requests outstanding (flow control).")
+    name: str = Field(
+        "", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name."
+    )
+    transfer_chunk_kb: int = Field(
+        1024, ge=16, le=4096, description="Engine transfer: bytes asked for per request (KiB)."
+    )
+    transfer_window: int = Field(
+        4, ge=1, le=64, description="Engine transfer: most chunk requests outstanding (flow control)."
+    )
 
 
 class HotswapSection(_Section):
-    poll_s: float = Field(5.0, gt=0, description="How often the store's current version is checked (announcements wake it earlier).")
+    poll_s: float = Field(
+        5.0, gt=0, description="How often the store's current version is checked (announcements wake it earlier)."
+    )
     min_agreement: float = Field(
-        0.5, ge=0, le=1, description="A new engine must agree with the running one on this share of recent confident photos."
+        0.5,
+        ge=0,
+        le=1,
+        description="A new engine must agree with the running one on this share of recent confident photos.",
     )
 
 
@@ -240,7 +296,10 @@ class WebSection(_Section):
     port: int = Field(8080, ge=1, le=65535, description="Port of the web page.")
     page_size: int = Field(48, ge=1, le=500, description="Photos per page on the recent-photos page.")
     max_connections: int = Field(
-        200, ge=8, le=10000, description="Open connections the page keeps; more are closed at once (a small device stays answering)."
+        200,
+        ge=8,
+        le=10000,
+        description="Open connections the page keeps; more are closed at once (a small device stays answering).",
     )
     idle_timeout_s: float = Field(
         10.0, gt=0, le=600, description="A connection that has not sent a whole request in this many seconds is closed."
@@ -270,7 +329,9 @@ class AppConfig(_Section):
 
     engine: EngineSection = Field(
         default_factory=lambda: backends()["onnxruntime"].Config(),
-        description="Inference backend; 'type' selects it (" + ", ".join(sorted(backends())) + ") and the other keys are its own.",
+        description="Inference backend; 'type' selects it ("
+        + ", ".join(sorted(backends()))
+        + ") and the other keys are its own.",
     )
     store: StoreSection = Field(default_factory=StoreSection)
     preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
@@ -294,7 +355,7 @@ REPLACED_KEYS = {
     "trainer.ewc_lambda": 'replaced by ewc_lambda in [trainer.strategy] (with type = "ewc")',
     "trainer.rehearsal_per_class": 'replaced by per_class in [trainer.strategy] (with type = "rehearsal")',
     "trainer.rehearsal_selection": 'replaced by selection in [trainer.strategy] (with type = "rehearsal")',
-    "trainer.lwf_temperature": 'replaced by trainer.distill_temperature for distill, and temperature in [trainer.strategy] '
+    "trainer.lwf_temperature": "replaced by trainer.distill_temperature for distill, and temperature in [trainer.strategy] "
     '(with type = "lwf") for LwF',
 }
 
@@ -305,7 +366,11 @@ _UNIONS = {"engine": ("engine type", lambda: backends()), "strategy": ("strategy
 def _describe(errors: list[dict], source: str) -> str:
     lines = []
     for err in errors:
-        loc = [p for i, p in enumerate(err["loc"]) if not (i and err["loc"][i - 1] in _UNIONS and p in _UNIONS[err["loc"][i - 1]][1]())]
+        loc = [
+            p
+            for i, p in enumerate(err["loc"])
+            if not (i and err["loc"][i - 1] in _UNIONS and p in _UNIONS[err["loc"][i - 1]][1]())
+        ]
         key = ".".join(str(p) for p in loc)
         if err["type"] == "union_tag_invalid":
             kind, known = _UNIONS[str(loc[-1])]
@@ -338,7 +403,9 @@ def load_config(path: str | os.PathLike | None = None) -> AppConfig:
     except FileNotFoundError:
         raise ConfigError(f"{p}: configuration file not found") from None
     except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory; --config takes a TOML file (edge-agent config show > edge-agent.toml)") from None
+        raise ConfigError(
+            f"{p}: is a directory; --config takes a TOML file (edge-agent config show > edge-agent.toml)"
+        ) from None
     except PermissionError:
         raise ConfigError(f"{p}: not readable by this user") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -21,17 +21,25 @@ from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
 from edge_agent.handoff.sender import Sender, SenderSettings
 from edge_agent.hotswap import EngineWatcher
-from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, Pipeline
 from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSource
 from edge_agent.sources.folder import Arrival, FolderSource
-from edge_agent.state import StateLayout, curve_keys, device_name, handoff_endpoints, inbox_dir, resolve_store, write_status
+from edge_agent.state import (
+    StateLayout,
+    curve_keys,
+    device_name,
+    handoff_endpoints,
+    inbox_dir,
+    resolve_store,
+    write_status,
+)
 from edge_agent.systemd import Notifier
-from engines.base import Engine
+from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.trust import adopt_shipped_signatures, daemon_trust, open_trusted
+from engines.base import Engine
 
 __all__ = ["Daemon"]
 
@@ -77,13 +85,16 @@ class Daemon:
             adopt_shipped_signatures(self.store, default_store_path(), self.log)
         engine, self._refused_at_start = self._engine, {}
         if engine is None:
-            engine, self._refused_at_start = open_trusted(self.store, cfg.engine, self.trust, self.log,
-                                                          self.state.root / "golden.npz", cfg.hotswap.min_agreement)
+            engine, self._refused_at_start = open_trusted(
+                self.store, cfg.engine, self.trust, self.log, self.state.root / "golden.npz", cfg.hotswap.min_agreement
+            )
         self.classifier = self._make_classifier(engine)
         self.log = self.log.bind(engine_version=engine.engine_version)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
         processed = self.state.root / "processed"
-        self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=processed.is_dir() and any(processed.iterdir()))
+        self.db, self.ledger_note = ResultsDB.open_or_recover(
+            self.state.db, expected=processed.is_dir() and any(processed.iterdir())
+        )
         if self.ledger_note:
             self.ledger_note += self._reindex_queue()
             self.log.error("ledger_set_aside", note=self.ledger_note)
@@ -121,12 +132,16 @@ class Daemon:
         for kind in ("pseudo", "review", "expert"):
             for f in sorted((self.state.queue / kind).glob("*")):
                 if f.is_file() and re.fullmatch(r"[0-9a-f]{64}", f.stem):
-                    entries.append(QueueEntry(f.stem, f.stem[:16], "review", None, None, None, str(f), f.stat().st_size))
+                    entries.append(
+                        QueueEntry(f.stem, f.stem[:16], "review", None, None, None, str(f), f.stat().st_size)
+                    )
         if entries:
             self.db.commit([], entries)
         processed = sum(1 for f in (self.state.root / "processed").rglob("*") if f.is_file())
-        return (f"; {len(entries)} photos found in the label queue were queued again for the expert's review (their labels "
-                f"were in the lost ledger); {processed} photos in processed/ have no result row")
+        return (
+            f"; {len(entries)} photos found in the label queue were queued again for the expert's review (their labels "
+            f"were in the lost ledger); {processed} photos in processed/ have no result row"
+        )
 
     def _make_classifier(self, engine: Engine) -> Classifier:
         cfg = self.cfg
@@ -135,8 +150,14 @@ class Daemon:
     def _start_learning_links(self) -> None:
         cfg = self.cfg
         self.watcher = EngineWatcher(
-            self.store, cfg.engine, self.pipeline, self._make_classifier, cfg.hotswap.poll_s, cfg.hotswap.min_agreement,
-            trust=self.trust, refused=self._refused_at_start,
+            self.store,
+            cfg.engine,
+            self.pipeline,
+            self._make_classifier,
+            cfg.hotswap.poll_s,
+            cfg.hotswap.min_agreement,
+            trust=self.trust,
+            refused=self._refused_at_start,
         )
         self.watcher.start()
         if cfg.handoff.enabled:
@@ -146,14 +167,26 @@ class Daemon:
             self.sender = Sender(
                 self.db,
                 self.spool,
-                SenderSettings(endpoint, announce, h.window, h.ack_timeout_s, h.backoff_max_s, h.heartbeat_s, h.max_payload_mb << 20,
-                               curve_keys(cfg), device=name),
+                SenderSettings(
+                    endpoint,
+                    announce,
+                    h.window,
+                    h.ack_timeout_s,
+                    h.backoff_max_s,
+                    h.heartbeat_s,
+                    h.max_payload_mb << 20,
+                    curve_keys(cfg),
+                    device=name,
+                ),
                 on_engine=self.watcher.announce,
             )
             self.sender.start()
             self.fetcher = EngineFetcher(
-                self.store, self.trust,
-                FetcherSettings(delivery, name, curve_keys(cfg), h.heartbeat_s, h.transfer_chunk_kb << 10, h.transfer_window),
+                self.store,
+                self.trust,
+                FetcherSettings(
+                    delivery, name, curve_keys(cfg), h.heartbeat_s, h.transfer_chunk_kb << 10, h.transfer_window
+                ),
                 serving=lambda: self.pipeline.classifier.engine.engine_version,
                 queue_depth=self.db.queue_length,
                 on_installed=self.watcher.announce,
@@ -191,12 +224,18 @@ class Daemon:
     # ---- health, status ------------------------------------------------------------
     def check_health(self) -> bool:
         p = self.pipeline
-        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher) if s is not None)
+        sources_ok = all(
+            s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher) if s is not None
+        )
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
         healthy = p.alive() and sources_ok and not stalled
         if healthy != self.healthy:
             (self.log.info if healthy else self.log.error)(
-                "health_changed", healthy=healthy, pipeline_alive=p.alive(), sources_ok=sources_ok, stalled=stalled,
+                "health_changed",
+                healthy=healthy,
+                pipeline_alive=p.alive(),
+                sources_ok=sources_ok,
+                stalled=stalled,
                 in_flight=p.in_flight,
             )
         self.healthy = healthy
@@ -220,7 +259,11 @@ class Daemon:
             "ledger": self.ledger_note,
         }
         if self.folder:
-            out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported), "missing": self.folder.missing}
+            out["folder"] = {
+                **self.folder.counters,
+                "unsupported": dict(self.folder.unsupported),
+                "missing": self.folder.missing,
+            }
         if self.camera:
             out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
         if self.sender:
@@ -260,7 +303,9 @@ class Daemon:
         self.check_health()
         self.notifier.ready(f"ready, engine {self.classifier.engine.engine_version}")
         self.log.info(
-            "ready", inbox=str(self.inbox) if self.folder else None, camera=self.cfg.camera.source if self.camera else None,
+            "ready",
+            inbox=str(self.inbox) if self.folder else None,
+            camera=self.cfg.camera.source if self.camera else None,
             startup_ms=round((time.perf_counter() - t0) * 1000, 1),
         )
         next_status = next_prune = 0.0

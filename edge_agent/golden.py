@@ -26,8 +26,12 @@ Golden = list[tuple[np.ndarray, int]]
 def save_golden(path: Path, golden: Golden, version: str) -> None:
     """Write ``golden`` labelled by ``version`` (raises OSError: a full disk only means the next start checks less)."""
     buf = io.BytesIO()
-    np.savez(buf, x=np.stack([g for g, _ in golden]).astype(np.float16), y=np.array([c for _, c in golden], np.int64),
-             version=np.array(version))
+    np.savez(
+        buf,
+        x=np.stack([g for g, _ in golden]).astype(np.float16),
+        y=np.array([c for _, c in golden], np.int64),
+        version=np.array(version),
+    )
     atomic_write(path, buf.getvalue(), durable=False)
 
 
@@ -41,7 +45,14 @@ def load_golden(path: Path, size: int | None = None) -> tuple[str, Golden] | Non
             version, x, y = str(f["version"]), f["x"].astype(np.float32), f["y"]
     except Exception as exc:  # noqa: BLE001 - zip, pickle and key errors alike: a file not to trust
         raise ValueError(f"{path}: unreadable ({exc!r})") from None
-    if x.ndim != 4 or x.shape[1] != 3 or (size is not None and x.shape[2:] != (size, size)) or len(x) != len(y) or y.ndim != 1 or (y < 0).any():
+    if (
+        x.ndim != 4
+        or x.shape[1] != 3
+        or (size is not None and x.shape[2:] != (size, size))
+        or len(x) != len(y)
+        or y.ndim != 1
+        or (y < 0).any()
+    ):
         raise ValueError(f"{path}: shape {x.shape} / {len(y)} labels")
     return version, list(zip(x, (int(c) for c in y)))
 

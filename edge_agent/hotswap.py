@@ -32,9 +32,9 @@ from edge_agent.log import get_logger
 from edge_agent.pipeline import Pipeline
 from edge_agent.worker import Worker
 from engines.base import BackendConfig, Engine
+from engines.errors import EdgeAgentError
 from engines.loader import open_engine
 from engines.store import EngineStore, StoreError
-from engines.errors import EdgeAgentError
 
 __all__ = ["EngineWatcher", "SwapRefused", "smoke_test", "verify_candidate"]
 
@@ -43,7 +43,9 @@ class SwapRefused(EdgeAgentError):
     """A new engine version failed verification."""
 
 
-def verify_candidate(new: Engine, reference: dict, reference_name: str, golden: list[tuple[np.ndarray, int]], min_agreement: float) -> dict:
+def verify_candidate(
+    new: Engine, reference: dict, reference_name: str, golden: list[tuple[np.ndarray, int]], min_agreement: float
+) -> dict:
     """Checks 2-5 above against ``reference`` (the manifest of the version ``reference_name`` whose place it takes,
     and whose classes label ``golden``); returns what was measured, raises :class:`SwapRefused`. The one check for
     every way a version comes to serve: a hot swap (reference: the engine running) and a start
@@ -65,7 +67,9 @@ def verify_candidate(new: Engine, reference: dict, reference_name: str, golden: 
         agreement = float(np.mean(pred == np.array([index[reference["classes"][label]] for _, label in golden])))
         measured["agreement"] = round(agreement, 3)
         if agreement < min_agreement:
-            raise SwapRefused(f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")
+            raise SwapRefused(
+                f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})"
+            )
     return measured
 
 
@@ -148,7 +152,9 @@ class EngineWatcher(Worker):
         new = None
         try:
             new = open_engine(self.store, self.engine_config, target, trust=self.trust)
-            measured = verify_candidate(new, old.version.manifest, old.engine_version, self.pipeline.golden.photos(), self.min_agreement)
+            measured = verify_candidate(
+                new, old.version.manifest, old.engine_version, self.pipeline.golden.photos(), self.min_agreement
+            )
         except Exception as exc:  # TamperedError, EngineError, SwapRefused...
             if new is not None:
                 new.close()
@@ -164,7 +170,10 @@ class EngineWatcher(Worker):
             old.close()
         self.swaps += 1
         self.log.info(
-            "engine_swapped", previous=old.engine_version, engine_version=target,
-            verify_ms=round((time.perf_counter() - t0) * 1000, 1), **measured,
+            "engine_swapped",
+            previous=old.engine_version,
+            engine_version=target,
+            verify_ms=round((time.perf_counter() - t0) * 1000, 1),
+            **measured,
         )
         return True

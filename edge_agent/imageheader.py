@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+
 from engines.errors import EdgeAgentError
 
-__all__ = ["ImageHeader", "HeaderError", "HeaderTruncated", "ImageRejected", "ImageTruncated", "ImageTooLarge", "read_header",
-           "check_image", "IMAGE_EXTENSIONS"]
+__all__ = [
+    "ImageHeader",
+    "HeaderError",
+    "HeaderTruncated",
+    "ImageRejected",
+    "ImageTruncated",
+    "ImageTooLarge",
+    "read_header",
+    "check_image",
+    "IMAGE_EXTENSIONS",
+]
 
 #: File extensions of the formats the header parser and decoder accept.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".heic", ".heif")
@@ -210,7 +220,9 @@ def _tiff(data: bytes) -> ImageHeader:
         raise HeaderError("corrupt TIFF (no image data offsets)")
     end = max(o + c for o, c in zip(offsets, counts))
     if end > len(data):
-        raise HeaderTruncated(f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)")
+        raise HeaderTruncated(
+            f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)"
+        )
     orientation = (tags.get(274) or [1])[0]
     return ImageHeader("tiff", width, height, orientation if 1 <= orientation <= 8 else 1)
 
@@ -233,7 +245,9 @@ def _boxes(data: bytes, start: int, end: int):
         elif size == 0:
             size = end - i
         if size < head or i + size > end:
-            raise HeaderTruncated(f"truncated HEIF ({kind.decode('latin-1')} box ends past the end of the file: file incomplete?)")
+            raise HeaderTruncated(
+                f"truncated HEIF ({kind.decode('latin-1')} box ends past the end of the file: file incomplete?)"
+            )
         yield kind, i + head, i + size
         i += size
     if i != end:

@@ -356,8 +356,19 @@ class Pipeline:
             p = j.prediction
             j.timings["total"] = round((now - j.detected) * 1000, 3)
             results.append(
-                ResultRow(j.sha256, j.photo_id, j.name if j.path else None, j.source, p.label, p.confidence,
-                          [list(t) for t in p.top_k], p.engine_version, j.timings, now, p.verdict)
+                ResultRow(
+                    j.sha256,
+                    j.photo_id,
+                    j.name if j.path else None,
+                    j.source,
+                    p.label,
+                    p.confidence,
+                    [list(t) for t in p.top_k],
+                    p.engine_version,
+                    j.timings,
+                    now,
+                    p.verdict,
+                )
             )
         return self.db.commit(results, entries) if results or entries else []
 
@@ -367,8 +378,15 @@ class Pipeline:
             self.counters[f"queued_{kind}"] += 1
         self.counters["processed"] += 1
         self.log.info(
-            "classified", photo=job.name, photo_id=job.photo_id, label=p.label, confidence=round(p.confidence, 4),
-            verdict=p.verdict, engine_version=p.engine_version, timings_ms=job.timings, **({"queued": kind} if kind else {}),
+            "classified",
+            photo=job.name,
+            photo_id=job.photo_id,
+            label=p.label,
+            confidence=round(p.confidence, 4),
+            verdict=p.verdict,
+            engine_version=p.engine_version,
+            timings_ms=job.timings,
+            **({"queued": kind} if kind else {}),
         )
         self._leave_inbox(job)
         self._finish(job)
@@ -384,7 +402,9 @@ class Pipeline:
             return
         try:
             self.files.finish(job.path)
-        except OSError as exc:  # the photo stays in the inbox; a rescan finds it again (as a duplicate: no second result)
+        except (
+            OSError
+        ) as exc:  # the photo stays in the inbox; a rescan finds it again (as a duplicate: no second result)
             self.last_errors.append({"time": time.time(), "error": f"could not move {job.name}: {exc}"})
             self.log.error("finalize_failed", photo=job.name, error=str(exc))
 
@@ -413,4 +433,3 @@ class Pipeline:
             self.progress += 1
             self.last_progress = time.monotonic()
         (self.on_retry if retried else self.on_done)(job)
-

@@ -162,8 +162,10 @@ class ResultsDB:
             src = Path(f"{path}{suffix}")
             if src.exists():
                 os.replace(src, Path(f"{aside}{suffix}"))
-        note = (f"{path.name} was {why}: kept as {aside.name}, a new ledger was started; results from before are "
-                "not listed (their photos stay in processed/)")
+        note = (
+            f"{path.name} was {why}: kept as {aside.name}, a new ledger was started; results from before are "
+            "not listed (their photos stay in processed/)"
+        )
         return cls(path), note
 
     def close(self) -> None:
@@ -183,15 +185,36 @@ class ResultsDB:
                     cur.execute(
                         "INSERT OR IGNORE INTO results (sha256, photo_id, path, source, label, confidence, top_k,"
                         " engine_version, timings, created, verdict) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (r.sha256, r.photo_id, r.path, r.source, r.label, r.confidence, json.dumps(r.top_k),
-                         r.engine_version, json.dumps(r.timings), r.created, r.verdict),
+                        (
+                            r.sha256,
+                            r.photo_id,
+                            r.path,
+                            r.source,
+                            r.label,
+                            r.confidence,
+                            json.dumps(r.top_k),
+                            r.engine_version,
+                            json.dumps(r.timings),
+                            r.created,
+                            r.verdict,
+                        ),
                     )
                     inserted.append(cur.rowcount == 1)
                 for q in queued:
                     cur.execute(
                         "INSERT OR IGNORE INTO label_queue (sha256, photo_id, kind, label, confidence, engine_version,"
                         " file, bytes, created) VALUES (?,?,?,?,?,?,?,?,?)",
-                        (q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created),
+                        (
+                            q.sha256,
+                            q.photo_id,
+                            q.kind,
+                            q.label,
+                            q.confidence,
+                            q.engine_version,
+                            q.file,
+                            q.bytes,
+                            q.created,
+                        ),
                     )
                 cur.execute("COMMIT")
             except BaseException:
@@ -225,7 +248,10 @@ class ResultsDB:
                     "UPDATE label_queue SET kind = 'expert', label = ?, confidence = 1.0, file = ? WHERE sha256 = ?",
                     (label, file, sha256),
                 )
-                cur.execute("INSERT OR REPLACE INTO expert_labels (sha256, label, labelled) VALUES (?,?,?)", (sha256, label, time.time()))
+                cur.execute(
+                    "INSERT OR REPLACE INTO expert_labels (sha256, label, labelled) VALUES (?,?,?)",
+                    (sha256, label, time.time()),
+                )
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()
@@ -303,7 +329,9 @@ class ResultsDB:
 
     def queued(self, kind: str | None = None) -> list[QueueEntry]:
         sql = "SELECT sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created FROM label_queue"
-        rows = self._query(sql + (" WHERE kind = ? ORDER BY created" if kind else " ORDER BY created"), (kind,) if kind else ())
+        rows = self._query(
+            sql + (" WHERE kind = ? ORDER BY created" if kind else " ORDER BY created"), (kind,) if kind else ()
+        )
         return [QueueEntry(*r) for r in rows]
 
     def queued_for_delivery(self, limit: int) -> list[QueueEntry]:

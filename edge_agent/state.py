@@ -20,8 +20,22 @@ from engines.store import EngineStore
 if TYPE_CHECKING:
     from edge_agent.handoff.transport import CurveKeys
 
-__all__ = ["StateLayout", "adopt_shipped_release", "curve_keys", "device_name", "handoff_endpoints", "resolve_state_dir", "resolve_store", "runtime_dir", "seed_store", "trainer_state_dir", "inbox_dir",
-           "live_status", "write_status", "STATUS_SLOT_BYTES"]
+__all__ = [
+    "StateLayout",
+    "adopt_shipped_release",
+    "curve_keys",
+    "device_name",
+    "handoff_endpoints",
+    "resolve_state_dir",
+    "resolve_store",
+    "runtime_dir",
+    "seed_store",
+    "trainer_state_dir",
+    "inbox_dir",
+    "live_status",
+    "write_status",
+    "STATUS_SLOT_BYTES",
+]
 
 #: A status file is padded to at least this size (one filesystem block: no more written than an unpadded one), so that
 #: on a full disk it can still be overwritten in place.
@@ -183,7 +197,11 @@ def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str, str]:
 
     h = cfg.handoff
     default_handoff, default_announce, default_delivery = default_endpoints(runtime_dir(state_dir))
-    return h.endpoint or default_handoff, h.announce_endpoint or default_announce, h.delivery_endpoint or default_delivery
+    return (
+        h.endpoint or default_handoff,
+        h.announce_endpoint or default_announce,
+        h.delivery_endpoint or default_delivery,
+    )
 
 
 def device_name(cfg: AppConfig) -> str:

@@ -95,7 +95,7 @@ class Engine(ABC):
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Logits for ``batch`` (float32, [N,3,H,W])."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: a backend with nothing to release keeps it
         """Release runtime resources (sessions, device buffers)."""
 
     def trim(self) -> None:

@@ -23,8 +23,17 @@ from engines.durable import atomic_write
 from engines.store import MANIFEST, SIGNATURE_FILE, TamperedError
 
 __all__ = [
-    "SIGNATURE", "PROJECT_KEY", "PROJECT_KEYS", "UntrustedVersion", "SigningKey", "TrustedKeys", "load_or_create_key", "sign_manifest",
-    "signature_of", "read_public_key", "sign_version",
+    "SIGNATURE",
+    "PROJECT_KEY",
+    "PROJECT_KEYS",
+    "UntrustedVersion",
+    "SigningKey",
+    "TrustedKeys",
+    "load_or_create_key",
+    "sign_manifest",
+    "signature_of",
+    "read_public_key",
+    "sign_version",
 ]
 
 SIGNATURE = SIGNATURE_FILE
@@ -34,7 +43,9 @@ SIGNATURE = SIGNATURE_FILE
 PROJECT_KEY = Path(__file__).resolve().parent / "keys" / "edge-agent-release.pub"
 PROJECT_KEYS = {
     PROJECT_KEY: "the edge-agent project (release key)",
-    PROJECT_KEY.with_name("edge-agent-project.pub"): "the edge-agent project (earlier key, before the 38-class release)",
+    PROJECT_KEY.with_name(
+        "edge-agent-project.pub"
+    ): "the edge-agent project (earlier key, before the 38-class release)",
 }
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -145,7 +156,9 @@ class TrustedKeys:
         return tuple(stamps)
 
     @classmethod
-    def default(cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True) -> "TrustedKeys":
+    def default(
+        cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True
+    ) -> "TrustedKeys":
         """The project's key, the key of a trainer on the same state directory (if it made one), and the configured ones."""
         keys: dict[str, str] = {}
         for path, who in PROJECT_KEYS.items() if project else ():
@@ -167,17 +180,25 @@ class TrustedKeys:
         if doc is None:
             raise UntrustedVersion(f"{name}: not signed (no {SIGNATURE}); refusing to serve it")
         key, sig = doc.get("key"), doc.get("signature")
-        if not isinstance(key, str) or not _HEX64.match(key) or not isinstance(sig, str) or not re.fullmatch(r"[0-9a-f]{128}", sig):
+        if (
+            not isinstance(key, str)
+            or not _HEX64.match(key)
+            or not isinstance(sig, str)
+            or not re.fullmatch(r"[0-9a-f]{128}", sig)
+        ):
             raise UntrustedVersion(f"{name}: {SIGNATURE} is malformed; refusing to serve it")
         if key not in self.keys:
             self._load_later()
         if key not in self.keys:
-            raise UntrustedVersion(f"{name}: signed by key {key[:16]}..., which this device does not trust "
-                                   f"(add it to [store] trusted_keys); refusing to serve it")
+            raise UntrustedVersion(
+                f"{name}: signed by key {key[:16]}..., which this device does not trust "
+                f"(add it to [store] trusted_keys); refusing to serve it"
+            )
         data = manifest if manifest is not None else (vdir / MANIFEST).read_bytes()
         try:
             nacl.signing.VerifyKey(bytes.fromhex(key)).verify(data, bytes.fromhex(sig))
         except nacl.exceptions.BadSignatureError:
-            raise UntrustedVersion(f"{name}: the signature does not match its manifest (altered after signing); "
-                                   "refusing to serve it") from None
+            raise UntrustedVersion(
+                f"{name}: the signature does not match its manifest (altered after signing); refusing to serve it"
+            ) from None
         return self.keys[key]

@@ -93,8 +93,10 @@ def _check_files(vdir: Path, name: str, manifest: dict) -> None:
 def _check_digest(what: str, digest: str, expected: str) -> None:
     """:class:`TamperedError` naming ``what`` unless its sha256 ``digest`` is the manifest's ``expected``."""
     if digest != expected:
-        raise TamperedError(f"{what}: sha256 {digest[:12]}... does not match manifest {expected[:12]}... "
-                            "(file modified or corrupt); refusing to load it")
+        raise TamperedError(
+            f"{what}: sha256 {digest[:12]}... does not match manifest {expected[:12]}... "
+            "(file modified or corrupt); refusing to load it"
+        )
 
 
 def sha256_file(path: Path) -> str:
@@ -343,7 +345,12 @@ class EngineStore:
         opened = self.set_current(to, trust=trust)
         if to != cur:
             newest = max((cur, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))
-            atomic_write(self.root / PIN, json.dumps({"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
+            atomic_write(
+                self.root / PIN,
+                json.dumps(
+                    {"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                ).encode(),
+            )
         return opened
 
     def pin(self) -> dict | None:
@@ -353,9 +360,19 @@ class EngineStore:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is unreadable: delete it to unpin"}
+            return {
+                "version": "?",
+                "from": "v9999999",
+                "at": "?",
+                "problem": f"{self.root / PIN} is unreadable: delete it to unpin",
+            }
         if not isinstance(pin, dict) or not _VERSION_RE.match(str(pin.get("from", ""))):
-            return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is malformed: delete it to unpin"}
+            return {
+                "version": "?",
+                "from": "v9999999",
+                "at": "?",
+                "problem": f"{self.root / PIN} is malformed: delete it to unpin",
+            }
         return pin
 
     def unpin(self) -> None:
@@ -377,7 +394,9 @@ class EngineStore:
             return f"older than {cur} in service: offers never move a device back (edge-agent engine rollback does)"
         pin = self.pin()
         if pin is not None and int(version[1:]) <= int(pin["from"][1:]):
-            return (pin.get("problem") or
-                    f"pinned to {pin['version']} by a rollback from {pin['from']}: only a newer version moves it "
-                    "(edge-agent engine unpin lifts the pin)")
+            return (
+                pin.get("problem")
+                or f"pinned to {pin['version']} by a rollback from {pin['from']}: only a newer version moves it "
+                "(edge-agent engine unpin lifts the pin)"
+            )
         return None

@@ -39,7 +39,7 @@ def test_shipped_store_is_complete_and_verifies():
 
 
 def test_classify_real_photos_json(plantvillage, tmp_path):
-    photos = [p for p, _ in held_out_photos(plantvillage)][:: 9][:12]
+    photos = [p for p, _ in held_out_photos(plantvillage)][::9][:12]
     folder = tmp_path / "in"
     folder.mkdir()
     for i, p in enumerate(photos):
@@ -50,7 +50,9 @@ def test_classify_real_photos_json(plantvillage, tmp_path):
     assert len(rows) == len(photos)
     for row in rows:
         assert set(row) == {"path", "label", "confidence", "verdict", "verdict_reason", "top_k", "engine_version", "ms"}
-        assert row["verdict"] in ("confident", "unsure", "unknown") and (row["verdict_reason"] == "") == (row["verdict"] == "confident")
+        assert row["verdict"] in ("confident", "unsure", "unknown") and (row["verdict_reason"] == "") == (
+            row["verdict"] == "confident"
+        )
         assert len(row["top_k"]) == 3 and row["top_k"][0][0] == row["label"]
         assert 0 < row["confidence"] <= 1 and row["ms"] > 0 and row["engine_version"].startswith("v")
 
@@ -90,7 +92,9 @@ def test_shipped_model_confidence_is_calibrated_on_held_out_real_photos(plantvil
     assert sure.float().mean() >= 0.70 and right[sure].float().mean() >= 0.97
     confident = torch.tensor([p.verdict == "confident" for p in preds])
     assert confident.float().mean() >= 0.55 and right[confident].float().mean() >= 0.98
-    assert EngineStore(default_store_path()).open().manifest["metrics"]["calibration"]["temperature"] < 1  # label smoothing: under-confident
+    assert (
+        EngineStore(default_store_path()).open().manifest["metrics"]["calibration"]["temperature"] < 1
+    )  # label smoothing: under-confident
 
 
 def test_bad_files_get_an_error_each_and_the_rest_are_classified(real_photo, tmp_path):
@@ -149,10 +153,14 @@ def test_engine_list_show_rollback(tiny_store, tmp_path, signing_key):
     assert out.returncode == 0 and "* v0002" in out.stdout and "  v0001" in out.stdout
     shown = json.loads(run_cli("engine", "show", "--store", str(store), "v0001").stdout)
     assert shown["verified"] and shown["version"] == "v0001"
-    out = run_cli("engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state"))
+    out = run_cli(
+        "engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state")
+    )
     assert out.returncode == 0 and "v0002 -> v0001" in out.stdout
     assert s.current() == "v0001"
-    out = run_cli("engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state"))
+    out = run_cli(
+        "engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state")
+    )
     assert out.returncode == 2 and "no parent" in out.stderr
 
 
@@ -171,8 +179,11 @@ def test_engine_commands_act_on_the_daemons_store_and_never_on_the_package(tmp_p
     assert out.returncode == 0 and f"store: {state / 'engines'}" in out.stdout and f"* {SHIPPED}" in out.stdout
     s = EngineStore(state / "engines")
     v = s.open()
-    s.publish({n: v.path / n for n in v.manifest["files"]}, {k: x for k, x in v.manifest.items() if k not in ("parent", "version")},
-              version="v1001")
+    s.publish(
+        {n: v.path / n for n in v.manifest["files"]},
+        {k: x for k, x in v.manifest.items() if k not in ("parent", "version")},
+        version="v1001",
+    )
     (s.root / "v1001" / "manifest.sig").write_bytes((v.path / "manifest.sig").read_bytes())  # not a valid signature
     out = run_cli("engine", "rollback", "--state-dir", str(state), "--to", SHIPPED)
     assert out.returncode == 0 and f"v1001 -> {SHIPPED}" in out.stdout and "pinned to " + SHIPPED in out.stdout

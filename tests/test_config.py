@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from edge_agent.config import tomllib
-
 import pytest
 
-from edge_agent.config import AppConfig, ConfigError, default_store_path, dump_toml, load_config, parse_config
+from edge_agent.config import AppConfig, ConfigError, default_store_path, dump_toml, load_config, parse_config, tomllib
 
 
 def write(tmp_path, text: str):
@@ -18,7 +16,9 @@ def write(tmp_path, text: str):
 def test_defaults_without_a_file(monkeypatch):
     monkeypatch.delenv("EDGE_AGENT_CONFIG", raising=False)
     cfg = load_config(None)
-    assert cfg.engine.type == "onnxruntime" and cfg.engine.provider == "cpu" and cfg.engine.precision == "auto"  # INT8 on CPU where the manifest vouches for it
+    assert (
+        cfg.engine.type == "onnxruntime" and cfg.engine.provider == "cpu" and cfg.engine.precision == "auto"
+    )  # INT8 on CPU where the manifest vouches for it
     assert cfg.store.resolved() == default_store_path()
     assert cfg.classify.top_k == 3
 
@@ -81,7 +81,7 @@ def test_show_output_is_valid_toml_that_reloads_to_the_same_config(tmp_path):
     cfg = load_config(write(tmp_path, "[engine]\nprecision = 'int8'\n[classify]\ntop_k = 4\n"))
     text = dump_toml(cfg)
     assert parse_config(tomllib.loads(text)) == cfg
-    assert "precision = \"int8\"" in text
+    assert 'precision = "int8"' in text
 
 
 def test_every_option_is_documented_with_its_default():
@@ -97,18 +97,25 @@ def test_example_config_in_repo_is_current():
     from pathlib import Path
 
     example = Path(__file__).parents[1] / "edge-agent.example.toml"
-    assert example.read_text() == dump_toml(AppConfig()), "regenerate with: edge-agent config show > edge-agent.example.toml"
+    assert example.read_text() == dump_toml(AppConfig()), (
+        "regenerate with: edge-agent config show > edge-agent.example.toml"
+    )
 
 
 def test_a_key_an_earlier_release_accepted_says_what_replaced_it():
     with pytest.raises(ConfigError) as exc:
         parse_config({"trainer": {"pseudo_only_interpolate": 0.5}}, source="edge-agent.toml")
-    assert "edge-agent.toml: unknown key 'trainer.pseudo_only_interpolate' (replaced by trainer.pseudo_only_steps" in str(exc.value)
+    assert (
+        "edge-agent.toml: unknown key 'trainer.pseudo_only_interpolate' (replaced by trainer.pseudo_only_steps"
+        in str(exc.value)
+    )
     assert parse_config({"trainer": {"pseudo_only_steps": [0.5]}}).trainer.pseudo_only_steps == [0.5]
 
 
-@pytest.mark.parametrize("steps, fragment", [([1.5], "every step must lie between 0 and 1"), ([-0.1, 0.5], "between 0 and 1"),
-                                             ([], "at least 1 item")])
+@pytest.mark.parametrize(
+    "steps, fragment",
+    [([1.5], "every step must lie between 0 and 1"), ([-0.1, 0.5], "between 0 and 1"), ([], "at least 1 item")],
+)
 def test_pseudo_only_steps_outside_0_to_1_or_empty_are_refused(steps, fragment):
     with pytest.raises(ConfigError, match=fragment) as exc:
         parse_config({"trainer": {"pseudo_only_steps": steps}})
@@ -125,27 +132,45 @@ def test_a_strategy_is_chosen_by_type_with_its_own_options():
     assert parse_config({"trainer": {"strategy": "lwf"}}).trainer.strategy.type == "lwf"  # the old form, defaults
 
 
-@pytest.mark.parametrize("table, message", [
-    ({"trainer": {"strategy": {"type": "magic"}}}, "trainer.strategy: unknown strategy 'magic' (known: ewc, finetune, lwf, rehearsal)"),
-    ({"trainer": {"strategy": {"type": "ewc", "per_class": 3}}}, "unknown key 'trainer.strategy.per_class'"),
-    ({"trainer": {"strategy": {"type": "rehearsal", "per_class": 0}}}, "trainer.strategy.per_class: Input should be greater than or equal to 1"),
-    ({"engine": {"type": "tensorrt", "provider": "cpu"}}, "unknown key 'engine.provider'"),
-    ({"engine": {"type": "onnxruntime", "device_id": -1}}, "engine.device_id: Input should be greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        (
+            {"trainer": {"strategy": {"type": "magic"}}},
+            "trainer.strategy: unknown strategy 'magic' (known: ewc, finetune, lwf, rehearsal)",
+        ),
+        ({"trainer": {"strategy": {"type": "ewc", "per_class": 3}}}, "unknown key 'trainer.strategy.per_class'"),
+        (
+            {"trainer": {"strategy": {"type": "rehearsal", "per_class": 0}}},
+            "trainer.strategy.per_class: Input should be greater than or equal to 1",
+        ),
+        ({"engine": {"type": "tensorrt", "provider": "cpu"}}, "unknown key 'engine.provider'"),
+        (
+            {"engine": {"type": "onnxruntime", "device_id": -1}},
+            "engine.device_id: Input should be greater than or equal to 0",
+        ),
+    ],
+)
 def test_a_plugins_options_are_checked_by_its_own_class_and_errors_name_the_key_without_the_tag(table, message):
     with pytest.raises(ConfigError) as err:
         parse_config(table, "edge-agent.toml")
     assert f"edge-agent.toml: {message}" in str(err.value)
 
 
-@pytest.mark.parametrize("key, replacement", [
-    ("ewc_lambda", "ewc_lambda in [trainer.strategy]"),
-    ("rehearsal_per_class", "per_class in [trainer.strategy]"),
-    ("rehearsal_selection", "selection in [trainer.strategy]"),
-    ("lwf_temperature", "trainer.distill_temperature"),
-])
+@pytest.mark.parametrize(
+    "key, replacement",
+    [
+        ("ewc_lambda", "ewc_lambda in [trainer.strategy]"),
+        ("rehearsal_per_class", "per_class in [trainer.strategy]"),
+        ("rehearsal_selection", "selection in [trainer.strategy]"),
+        ("lwf_temperature", "trainer.distill_temperature"),
+    ],
+)
 def test_a_strategy_key_of_an_earlier_release_says_what_replaced_it(key, replacement):
-    with pytest.raises(ConfigError, match=f"unknown key 'trainer.{key}' \\(replaced by {replacement.replace('[', '.').replace(']', '.')}"):
+    with pytest.raises(
+        ConfigError,
+        match=f"unknown key 'trainer.{key}' \\(replaced by {replacement.replace('[', '.').replace(']', '.')}",
+    ):
         parse_config({"trainer": {key: 1}}, "edge-agent.toml")
 
 
@@ -154,5 +179,5 @@ def test_config_show_prints_the_strategy_as_its_own_table_and_reads_back_the_sam
 
     cfg = parse_config({"trainer": {"strategy": {"type": "ewc", "ewc_lambda": 7.5}}})
     text = dump_toml(cfg)
-    assert '[trainer.strategy]\n# Online Elastic Weight Consolidation' in text and "ewc_lambda = 7.5" in text
+    assert "[trainer.strategy]\n# Online Elastic Weight Consolidation" in text and "ewc_lambda = 7.5" in text
     assert parse_config(tomllib.loads(text)) == cfg

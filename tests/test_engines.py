@@ -12,8 +12,8 @@ import pytest
 
 from edge_agent.config import parse_config
 from edge_agent.preprocess import preprocess_bytes
-from engines.base import BackendUnavailable, EngineError, backends, get_backend
 from engines.backends._tensorrt_plan import PlanBuildError, PlanKey, load_or_build
+from engines.base import BackendUnavailable, EngineError, backends, get_backend
 from engines.loader import open_engine
 from engines.store import EngineStore, TamperedError
 
@@ -165,7 +165,6 @@ def test_manifest_class_count_must_match_model(tiny_store, tmp_path):
     import json
     import shutil
 
-
     copy = tmp_path / "store"
     shutil.copytree(tiny_store, copy)
     mpath = copy / "v0001" / "manifest.json"
@@ -200,12 +199,20 @@ def test_tensorrt_backend_unavailable_here_says_why(tiny_store):
 
 
 def _key(**kw) -> PlanKey:
-    return PlanKey(**({"onnx_sha256": "ab" * 32, "tensorrt_version": "10.3.0", "gpu_name": "Orin", "precision": "fp16"} | kw))
+    return PlanKey(
+        **({"onnx_sha256": "ab" * 32, "tensorrt_version": "10.3.0", "gpu_name": "Orin", "precision": "fp16"} | kw)
+    )
 
 
 def test_plan_key_changes_with_every_component():
     base = _key()
-    for change in ({"onnx_sha256": "cd" * 32}, {"tensorrt_version": "8.6.2"}, {"gpu_name": "RTX 4090"}, {"precision": "fp32"}, {"max_batch": 8}):
+    for change in (
+        {"onnx_sha256": "cd" * 32},
+        {"tensorrt_version": "8.6.2"},
+        {"gpu_name": "RTX 4090"},
+        {"precision": "fp32"},
+        {"max_batch": 8},
+    ):
         assert _key(**change).filename != base.filename
 
 

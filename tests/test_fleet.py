@@ -8,11 +8,11 @@ import time
 
 import pytest
 
+from edge_agent.config import default_store_path
 from edge_agent.handoff.transport import CurveKeys
 from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.transfer.protocol import ProtocolError, decode, encode
 from engines.signing import SIGNATURE, TrustedKeys, load_or_create_key
-from edge_agent.config import default_store_path
 from engines.store import MANIFEST, EngineStore
 from trainer.delivery import DeliverySettings, EngineServer
 
@@ -37,8 +37,10 @@ def curve(tmp_path_factory) -> dict:
     tpub, tsec = zmq.auth.create_certificates(root / "trainer", "trainer")
     dpub, dsec = zmq.auth.create_certificates(root / "daemon", "daemon")
     shutil.copy(dpub, root / "authorized" / "daemon.key")
-    return {"server": CurveKeys(secret=str(tsec), authorized_dir=str(root / "authorized")),
-            "client": CurveKeys(secret=str(dsec), server_public=str(tpub))}
+    return {
+        "server": CurveKeys(secret=str(tsec), authorized_dir=str(root / "authorized")),
+        "client": CurveKeys(secret=str(dsec), server_public=str(tpub)),
+    }
 
 
 def publish_v2(store: EngineStore, key) -> str:
@@ -71,14 +73,27 @@ def farm(tmp_path, tiny_store, signing_key, curve):
         if not root.exists():
             shutil.copytree(tiny_store, root)
         settings = FetcherSettings(endpoint, name, curve["client"], heartbeat_s=0.2, **kw)
-        f = cls(EngineStore(root), trust or TrustedKeys({signing_key.public_hex: "test trainer"}), settings,
-                          serving=lambda: EngineStore(root).current())
+        f = cls(
+            EngineStore(root),
+            trust or TrustedKeys({signing_key.public_hex: "test trainer"}),
+            settings,
+            serving=lambda: EngineStore(root).current(),
+        )
         f.start()
         fetchers.append(f)
         return f
 
-    yield type("Farm", (), {"server": staticmethod(server), "daemon": staticmethod(daemon), "v2": v2, "store": trainer_store,
-                            "servers": servers})
+    yield type(
+        "Farm",
+        (),
+        {
+            "server": staticmethod(server),
+            "daemon": staticmethod(daemon),
+            "v2": v2,
+            "store": trainer_store,
+            "servers": servers,
+        },
+    )
     for w in fetchers + servers:
         w.stop()
 
@@ -117,7 +132,11 @@ def test_a_local_rollback_stays_until_a_newer_version_arrives(farm, signing_key)
     wait_until(lambda: farm.v2 in d.refused, 10, "the offer of v2 refused")
     time.sleep(2)  # several more offers (every 0.5 s): still on v0001
     assert d.store.current() == "v0001" and "pinned to v0001" in d.refused[farm.v2]
-    wait_until(lambda: "pinned" in str(next(r for r in server.fleet() if r["name"] == "pinned").get("refused")), 10, "fleet shows the pin")
+    wait_until(
+        lambda: "pinned" in str(next(r for r in server.fleet() if r["name"] == "pinned").get("refused")),
+        10,
+        "fleet shows the pin",
+    )
     v3 = publish_v2(farm.store, signing_key)
     wait_until(lambda: d.store.current() == v3, 30, "a newer version moves it")
     assert d.store.pin() is None
@@ -161,7 +180,10 @@ def test_a_transfer_cut_in_the_middle_resumes(farm):
     again = farm.daemon("cut", chunk_bytes=64 * 1024, window=1)
     wait_until(lambda: again.store.current() == farm.v2, 30, "resumed transfer done")
     size = sum(m["bytes"] for m in farm.store.read_manifest(farm.v2)["files"].values())
-    assert again.counters["resumed_bytes"] > 0 and again.counters["bytes"] <= size - again.counters["resumed_bytes"] + 64 * 1024
+    assert (
+        again.counters["resumed_bytes"] > 0
+        and again.counters["bytes"] <= size - again.counters["resumed_bytes"] + 64 * 1024
+    )
     assert done_before + again.counters["bytes"] < 2 * size  # not started over
     again.store.open(farm.v2, trust=again.trust)
 
@@ -206,8 +228,9 @@ def test_a_chunk_altered_in_flight_is_refused_and_the_engine_stays(farm):
     wait_until(lambda: farm.v2 in server.fleet()[0]["refused"], 10, "the trainer knows")
 
 
-@pytest.mark.parametrize("case, reason", [("bad signature", "does not match its manifest"),
-                                          ("untrusted key", "does not trust")])
+@pytest.mark.parametrize(
+    "case, reason", [("bad signature", "does not match its manifest"), ("untrusted key", "does not trust")]
+)
 def test_a_version_with_a_bad_or_untrusted_signature_is_refused_before_any_byte(farm, tmp_path, case, reason):
     vdir = farm.store.root / farm.v2
     if case == "bad signature":
@@ -241,7 +264,11 @@ def test_garbage_frames_are_counted_not_fatal(farm, curve):
     sock = client_socket(ctx, zmq.DEALER, server.settings.endpoint, curve["client"])
     try:
         time.sleep(0.3)
-        for frames in ([b"junk"], [b"EDGEX1", b"fetch", b"{not json"], encode("fetch", {"version": "v0002", "file": "../x", "offset": 0, "length": 1})[:2] + [b"{}"]):
+        for frames in (
+            [b"junk"],
+            [b"EDGEX1", b"fetch", b"{not json"],
+            encode("fetch", {"version": "v0002", "file": "../x", "offset": 0, "length": 1})[:2] + [b"{}"],
+        ):
             sock.send_multipart(frames)
         sock.send_multipart(encode("fetch", {"version": farm.v2, "file": "secret.txt", "offset": 0, "length": 10}))
         assert sock.poll(5000)
@@ -258,8 +285,14 @@ def test_garbage_frames_are_counted_not_fatal(farm, curve):
 def test_the_protocol_refuses_what_it_must():
     for frames, why in (
         (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": -1, "length": 5}), "'offset' outside"),
-        (encode("fetch", {"version": "v0002", "file": "../../etc/passwd", "offset": 0, "length": 5}), "'file' is not a valid"),
-        (encode("fetch", {"version": "latest", "file": "model.onnx", "offset": 0, "length": 5}), "'version' is not a valid"),
+        (
+            encode("fetch", {"version": "v0002", "file": "../../etc/passwd", "offset": 0, "length": 5}),
+            "'file' is not a valid",
+        ),
+        (
+            encode("fetch", {"version": "latest", "file": "model.onnx", "offset": 0, "length": 5}),
+            "'version' is not a valid",
+        ),
         (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": 0, "length": 10**9}), "'length' outside"),
         (encode("chunk", {"version": "v0002", "file": "model.onnx", "offset": 0}), "without payload"),
         (encode("result", {"version": "v0002", "ok": 1, "reason": ""}), "wrong type"),
@@ -269,6 +302,7 @@ def test_the_protocol_refuses_what_it_must():
 
 
 # ---- the whole farm as processes ---------------------------------------------------
+
 
 @pytest.mark.slow
 def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve):
@@ -281,25 +315,56 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
     from .daemon_helpers import REPO, DaemonProc, TrainerProc, db_rows
 
     ports = {k: free_port() for k in ("handoff", "announce", "delivery")}
-    endpoints = {"endpoint": f"tcp://127.0.0.1:{ports['handoff']}", "announce_endpoint": f"tcp://127.0.0.1:{ports['announce']}",
-                 "delivery_endpoint": f"tcp://127.0.0.1:{ports['delivery']}", "heartbeat_s": 0.3, "ack_timeout_s": 1.0}
+    endpoints = {
+        "endpoint": f"tcp://127.0.0.1:{ports['handoff']}",
+        "announce_endpoint": f"tcp://127.0.0.1:{ports['announce']}",
+        "delivery_endpoint": f"tcp://127.0.0.1:{ports['delivery']}",
+        "heartbeat_s": 0.3,
+        "ack_timeout_s": 1.0,
+    }
     trainer_state = tmp_path / "trainer-host"
-    out = subprocess.run([sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(trainer_state)],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(trainer_state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
     trainer_pub = out.split("file:")[1].split()[0]
-    t = TrainerProc(trainer_state, {
-        "handoff": {**endpoints, "curve_secret_key": curve["server"].secret, "curve_authorized_dir": curve["server"].authorized_dir},
-        "trainer": {"retrain_threshold": 30, "epochs": 1, "int8": False, "calibrate": False, "gate_tolerance": 1.0, "nice": 0,
-                    "recheck_pseudo": False},
-    }).start()
+    t = TrainerProc(
+        trainer_state,
+        {
+            "handoff": {
+                **endpoints,
+                "curve_secret_key": curve["server"].secret,
+                "curve_authorized_dir": curve["server"].authorized_dir,
+            },
+            "trainer": {
+                "retrain_threshold": 30,
+                "epochs": 1,
+                "int8": False,
+                "calibrate": False,
+                "gate_tolerance": 1.0,
+                "nice": 0,
+                "recheck_pseudo": False,
+            },
+        },
+    ).start()
 
     def device(i: int) -> DaemonProc:
-        return DaemonProc(tmp_path / f"device-{i}", {
-            "handoff": {**endpoints, "curve_secret_key": curve["client"].secret, "curve_server_key": curve["client"].server_public,
-                        "name": f"device-{i}"},
-            "store": {"trusted_keys": [trainer_pub]},
-            "hotswap": {"poll_s": 0.5},
-        })
+        return DaemonProc(
+            tmp_path / f"device-{i}",
+            {
+                "handoff": {
+                    **endpoints,
+                    "curve_secret_key": curve["client"].secret,
+                    "curve_server_key": curve["client"].server_public,
+                    "name": f"device-{i}",
+                },
+                "store": {"trusted_keys": [trainer_pub]},
+                "hotswap": {"poll_s": 0.5},
+            },
+        )
 
     daemons = []
     known = set(EngineStore(default_store_path()).open().classes)  # the folder may hold classes the model lacks
@@ -317,20 +382,68 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         for d in daemons[:2]:
             wait_until(lambda d=d: '"engine_swapped"' in d.log_path.read_text(), 60, f"{d.state.name} swapped")
             shutil.copy(photos[-1], d.inbox / "after.jpg")
-            wait_until(lambda d=d: db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'") == [(SHIPPED_NEXT,)],
-                       30, f"{d.state.name} answers with {SHIPPED_NEXT}")
+            wait_until(
+                lambda d=d: (
+                    db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'")
+                    == [(SHIPPED_NEXT,)]
+                ),
+                30,
+                f"{d.state.name} answers with {SHIPPED_NEXT}",
+            )
         late = device(2).start()
         daemons[2] = late
         late.wait_ready()
-        wait_until(lambda: '"engine_swapped"' in late.log_path.read_text().split('"event": "ready"')[-1], 60, "the late one catches up")
-        fleet = json.loads(subprocess.run([sys.executable, "-m", "trainer", "fleet", "--json", "--config", str(t.config_path),
-                                           "--state-dir", str(trainer_state)], capture_output=True, text=True, cwd=REPO).stdout)
+        wait_until(
+            lambda: '"engine_swapped"' in late.log_path.read_text().split('"event": "ready"')[-1],
+            60,
+            "the late one catches up",
+        )
+        fleet = json.loads(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainer",
+                    "fleet",
+                    "--json",
+                    "--config",
+                    str(t.config_path),
+                    "--state-dir",
+                    str(trainer_state),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            ).stdout
+        )
         assert sorted(r["name"] for r in fleet) == ["device-0", "device-1", "device-2"]
         assert all(r["address"] == "127.0.0.1" for r in fleet)
         assert sum(r["samples_received"] for r in fleet) >= 30
-        wait_until(lambda: all(r["engine_version"] == SHIPPED_NEXT for r in json.loads(subprocess.run(
-            [sys.executable, "-m", "trainer", "fleet", "--json", "--config", str(t.config_path), "--state-dir", str(trainer_state)],
-            capture_output=True, text=True, cwd=REPO).stdout)), 20, f"the fleet list shows everyone on {SHIPPED_NEXT}")
+        wait_until(
+            lambda: all(
+                r["engine_version"] == SHIPPED_NEXT
+                for r in json.loads(
+                    subprocess.run(
+                        [
+                            sys.executable,
+                            "-m",
+                            "trainer",
+                            "fleet",
+                            "--json",
+                            "--config",
+                            str(t.config_path),
+                            "--state-dir",
+                            str(trainer_state),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        cwd=REPO,
+                    ).stdout
+                )
+            ),
+            20,
+            f"the fleet list shows everyone on {SHIPPED_NEXT}",
+        )
         for d in daemons:
             assert d.terminate() == 0
         assert t.terminate() == 0
@@ -363,17 +476,31 @@ def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_pat
     server = SlowServer(trainer_store, DeliverySettings(endpoint, curve["server"], offer_every_s=0.5))
     server.start()
     unused = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]  # no trainer hand-off in this test
-    config = {"handoff": {"endpoint": unused[0], "announce_endpoint": unused[1], "delivery_endpoint": endpoint,
-                          "curve_secret_key": curve["client"].secret, "curve_server_key": curve["client"].server_public,
-                          "heartbeat_s": 0.3, "transfer_chunk_kb": 16, "transfer_window": 1, "name": "kill-me"},
-              "store": {"trusted_keys": [signing_key.public_hex]}, "hotswap": {"poll_s": 0.5}}
+    config = {
+        "handoff": {
+            "endpoint": unused[0],
+            "announce_endpoint": unused[1],
+            "delivery_endpoint": endpoint,
+            "curve_secret_key": curve["client"].secret,
+            "curve_server_key": curve["client"].server_public,
+            "heartbeat_s": 0.3,
+            "transfer_chunk_kb": 16,
+            "transfer_window": 1,
+            "name": "kill-me",
+        },
+        "store": {"trusted_keys": [signing_key.public_hex]},
+        "hotswap": {"poll_s": 0.5},
+    }
     state = tmp_path / "device"
     incoming = state / "engines" / ".incoming" / v2
     d = DaemonProc(state, config).start()
     try:
         d.wait_ready()
-        wait_until(lambda: incoming.is_dir() and sum(f.stat().st_size for f in incoming.glob("model*")) > 256 * 1024, 60,
-                   "part of the engine on disk")
+        wait_until(
+            lambda: incoming.is_dir() and sum(f.stat().st_size for f in incoming.glob("model*")) > 256 * 1024,
+            60,
+            "part of the engine on disk",
+        )
         d.kill()  # SIGKILL in the middle of the transfer
         partial = sum(f.stat().st_size for f in incoming.glob("model*"))
         size = sum(m["bytes"] for m in trainer_store.read_manifest(v2)["files"].values())
@@ -384,9 +511,13 @@ def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_pat
         wait_until(lambda: '"engine_swapped"' in d.log_path.read_text(), 120, "the engine, after the restart")
         resumed = [e for e in d.events() if e.get("event") == "transfer_resumed"]
         assert resumed and resumed[-1]["bytes_on_disk"] > 0
-        assert server.counters["bytes"] - sent_before <= size - resumed[-1]["bytes_on_disk"] + 64 * 1024  # not started over
+        assert (
+            server.counters["bytes"] - sent_before <= size - resumed[-1]["bytes_on_disk"] + 64 * 1024
+        )  # not started over
         EngineStore(state / "engines").open(v2, trust=TrustedKeys({signing_key.public_hex: "test"}))
-        wait_until(lambda: json.loads((state / "status.json").read_text())["engine"]["engine_version"] == v2, 10, "status")
+        wait_until(
+            lambda: json.loads((state / "status.json").read_text())["engine"]["engine_version"] == v2, 10, "status"
+        )
         assert d.terminate() == 0
     finally:
         if d.proc and d.proc.poll() is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-
 from edge_agent.config import InboxSection
 from edge_agent.inbox_files import move_out
 from edge_agent.sources.folder import FolderSource
@@ -200,5 +199,3 @@ def test_the_daemons_own_reads_and_moves_raise_no_folder_events(tmp_path):
         assert calls[before:] == []
     finally:
         src.stop()
-
-

@@ -80,7 +80,11 @@ def test_move_out_picks_a_free_name_and_survives_a_crash_between_link_and_unlink
     again.write_bytes(b"newer")
     os.link(again, processed / "leaf-2.jpg")
     assert move_out(again, processed) == processed / "leaf-2.jpg"
-    assert not again.exists() and sorted(p.name for p in processed.iterdir()) == ["leaf-1.jpg", "leaf-2.jpg", "leaf.jpg"]
+    assert not again.exists() and sorted(p.name for p in processed.iterdir()) == [
+        "leaf-1.jpg",
+        "leaf-2.jpg",
+        "leaf.jpg",
+    ]
 
 
 @pytest.mark.parametrize("err, how", [(errno.EPERM, "rename"), (errno.EXDEV, "copy")])
@@ -101,4 +105,6 @@ def test_move_out_without_hard_links_or_across_filesystems(tmp_path, monkeypatch
     monkeypatch.setattr(inbox_files.os, "rename", lambda *a: (used.append("rename"), real_rename(*a))[1])
     monkeypatch.setattr(inbox_files.shutil, "move", lambda *a: (used.append("copy"), real_move(*a))[1])
     assert move_out(photo, processed) == processed / "leaf-1.jpg"
-    assert used[0] == how and not photo.exists()  # (shutil.move itself tries a rename first) and (processed / "leaf-1.jpg").read_bytes() == b"photo"
+    assert (
+        used[0] == how and not photo.exists()
+    )  # (shutil.move itself tries a rename first) and (processed / "leaf-1.jpg").read_bytes() == b"photo"

@@ -7,8 +7,8 @@ docs/jetson-api.md."""
 from __future__ import annotations
 
 import shutil
-import time
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 
 from edge_agent.config import parse_config
 from edge_agent.preprocess import preprocess_bytes
-from engines.base import BackendUnavailable, EngineError
 from engines.backends._tensorrt_plan import PlanBuildError, build_plan
+from engines.base import BackendUnavailable, EngineError
 from engines.loader import open_engine
 from tests import fakes
 from tests.conftest import encode, leaf_image
@@ -61,7 +61,9 @@ def in_thread(fn):
 
 
 @pytest.mark.parametrize("version", ["10.3.0", "8.6.2", "8.5.2"])
-def test_native_tensorrt_runs_in_a_worker_thread_and_matches_onnxruntime(monkeypatch, tmp_path, tiny_store, photos, reference, version):
+def test_native_tensorrt_runs_in_a_worker_thread_and_matches_onnxruntime(
+    monkeypatch, tmp_path, tiny_store, photos, reference, version
+):
     f = fakes.install(monkeypatch, tensorrt_version=version)
     with open_engine(tiny_store, trt_config(tmp_path)) as engine:
         assert engine.built_plan and engine.precision == "fp16" and engine.provider == f"TensorRT {version}"
@@ -191,6 +193,7 @@ def test_the_fakes_catch_the_misuses_a_jetson_would(monkeypatch):
 
 # ---- ONNX Runtime's GPU providers ---------------------------------------------
 
+
 class _RecordingSession:
     """Stands in for onnxruntime-gpu's InferenceSession: checks the provider options against the names ONNX Runtime
     parses (onnxruntime/core/providers/tensorrt/tensorrt_execution_provider_info.cc and the CUDA EP's), then runs the
@@ -218,14 +221,19 @@ class _RecordingSession:
 def gpu_onnxruntime(monkeypatch):
     import onnxruntime as ort
 
-    monkeypatch.setattr(ort, "get_available_providers",
-                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        ort,
+        "get_available_providers",
+        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    )
     _RecordingSession.seen, _RecordingSession.real = [], ort.InferenceSession
     monkeypatch.setattr(ort, "InferenceSession", _RecordingSession)
     return _RecordingSession
 
 
-def test_tensorrt_ep_gets_documented_options_and_a_shape_profile(gpu_onnxruntime, tiny_store, tmp_path, photos, reference):
+def test_tensorrt_ep_gets_documented_options_and_a_shape_profile(
+    gpu_onnxruntime, tiny_store, tmp_path, photos, reference
+):
     cfg = ort_config(provider="tensorrt", precision="auto", cache_dir=str(tmp_path / "cache"), trt_max_batch=16)
     with open_engine(tiny_store, cfg) as engine:
         assert engine.precision == "fp16" and engine.provider == "TensorrtExecutionProvider"
@@ -243,8 +251,10 @@ def test_tensorrt_ep_gets_documented_options_and_a_shape_profile(gpu_onnxruntime
 def test_cuda_ep_gets_documented_options(gpu_onnxruntime, tiny_store):
     with open_engine(tiny_store, ort_config(provider="cuda", precision="auto")) as engine:
         assert engine.precision == "fp32" and engine.provider == "CUDAExecutionProvider"
-    assert gpu_onnxruntime.seen[0] == [("CUDAExecutionProvider", {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}),
-                                       "CPUExecutionProvider"]
+    assert gpu_onnxruntime.seen[0] == [
+        ("CUDAExecutionProvider", {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}),
+        "CPUExecutionProvider",
+    ]
 
 
 def test_the_provider_check_refuses_what_onnxruntime_refuses():
@@ -253,9 +263,18 @@ def test_the_provider_check_refuses_what_onnxruntime_refuses():
     with pytest.raises(ValueError, match="Unknown provider option: trt_fp16"):
         check_providers([("TensorrtExecutionProvider", {"trt_fp16": True})])
     with pytest.raises(ValueError, match="trt_profile_min_shapes"):
-        check_providers([("TensorrtExecutionProvider", {"trt_profile_min_shapes": "input:1,3,128,128",
-                                                        "trt_profile_max_shapes": "input:8x3x128x128",
-                                                        "trt_profile_opt_shapes": "input:8x3x128x128"})])
+        check_providers(
+            [
+                (
+                    "TensorrtExecutionProvider",
+                    {
+                        "trt_profile_min_shapes": "input:1,3,128,128",
+                        "trt_profile_max_shapes": "input:8x3x128x128",
+                        "trt_profile_opt_shapes": "input:8x3x128x128",
+                    },
+                )
+            ]
+        )
     with pytest.raises(ValueError, match="all three"):
         check_providers([("TensorrtExecutionProvider", {"trt_profile_min_shapes": "input:1x3x128x128"})])
     with pytest.raises(ValueError, match="arena_extend_strategy"):
@@ -263,6 +282,7 @@ def test_the_provider_check_refuses_what_onnxruntime_refuses():
 
 
 # ---- power with jtop ------------------------------------------------------------
+
 
 @pytest.fixture
 def fake_jtop(monkeypatch, tmp_path):
@@ -311,8 +331,9 @@ def test_jtop_without_nvpmodel_or_jetson_clocks_records_none(fake_jtop):
     assert r["nvpmodel"] is None and r["jetson_clocks"] is None and r["mean_w"] == pytest.approx(7.5)
 
 
-@pytest.mark.parametrize("board, reason", [("no service", "jtop.service is not active"),
-                                           ("no sensors", "no power sensor")])
+@pytest.mark.parametrize(
+    "board, reason", [("no service", "jtop.service is not active"), ("no sensors", "no power sensor")]
+)
 def test_jtop_that_cannot_measure_says_why(fake_jtop, board, reason):
     from benchmarks.power import measure_power
 

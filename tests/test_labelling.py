@@ -13,14 +13,21 @@ from edge_agent.labelqueue import PhotoSpool
 from edge_agent.results import ResultsDB
 
 
-@pytest.mark.parametrize("verdict, confidence, queued", [
-    ("confident", 0.97, "pseudo"),
-    ("confident", 0.85, None),  # confident by the verdict, below pseudo_threshold, above review_threshold (0.8 here)
-    ("unsure", 0.97, "review"),  # sure by the softmax, refused for its distance: the expert decides
-    ("unsure", 0.40, "review"),
-    ("unsure", 0.85, None),
-    ("unknown", 0.99, "review"),
-])
+@pytest.mark.parametrize(
+    "verdict, confidence, queued",
+    [
+        ("confident", 0.97, "pseudo"),
+        (
+            "confident",
+            0.85,
+            None,
+        ),  # confident by the verdict, below pseudo_threshold, above review_threshold (0.8 here)
+        ("unsure", 0.97, "review"),  # sure by the softmax, refused for its distance: the expert decides
+        ("unsure", 0.40, "review"),
+        ("unsure", 0.85, None),
+        ("unknown", 0.99, "review"),
+    ],
+)
 def test_only_confident_answers_become_pseudo_labels(verdict, confidence, queued):
     assert decide(verdict, confidence, LabelsSection(pseudo_threshold=0.9, review_threshold=0.8)) == queued
 
@@ -44,8 +51,10 @@ class _Answer:
 
 
 def _answers(labels, confidence=0.99, verdict="confident", start=0):
-    return [_Answer(f"{start + i:064x}", Prediction(label, confidence, [(label, confidence)], "v0001", verdict=verdict))
-            for i, label in enumerate(labels)]
+    return [
+        _Answer(f"{start + i:064x}", Prediction(label, confidence, [(label, confidence)], "v0001", verdict=verdict))
+        for i, label in enumerate(labels)
+    ]
 
 
 @pytest.fixture
@@ -53,6 +62,7 @@ def queuer(tmp_path):
     def make(quota=1 << 20, **policy):
         db = ResultsDB(tmp_path / "results.sqlite")
         return LabelQueuer(db, PhotoSpool(tmp_path / "queue", quota), LabelsSection(**policy)), db
+
     return make
 
 

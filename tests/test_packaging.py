@@ -18,9 +18,17 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 #: (onnxruntime-gpu); see README "On a Jetson".
 NO_AARCH64_ON_PYPI = {"tensorrt", "tensorrt-cu12", "tensorrt-cu11", "onnxruntime-gpu", "nvidia-tensorrt"}
 
-JETPACK_6 = {"platform_machine": "aarch64", "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-             "python_version": "3.10", "python_full_version": "3.10.12", "implementation_name": "cpython",
-             "platform_python_implementation": "CPython", "extra": ""}
+JETPACK_6 = {
+    "platform_machine": "aarch64",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "os_name": "posix",
+    "python_version": "3.10",
+    "python_full_version": "3.10.12",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 RASPBERRY_PI_OS = JETPACK_6 | {"python_version": "3.11", "python_full_version": "3.11.2"}
 
 
@@ -37,7 +45,11 @@ def wanted(group: list[str], env: dict) -> list[str]:
 @pytest.mark.parametrize("env", [JETPACK_6, RASPBERRY_PI_OS], ids=["jetpack6", "raspberry-pi-os"])
 @pytest.mark.parametrize("group", ["dependencies", *PYPROJECT["project"]["optional-dependencies"]])
 def test_nothing_x86_only_is_required_on_aarch64(group, env):
-    reqs = PYPROJECT["project"]["dependencies"] if group == "dependencies" else PYPROJECT["project"]["optional-dependencies"][group]
+    reqs = (
+        PYPROJECT["project"]["dependencies"]
+        if group == "dependencies"
+        else PYPROJECT["project"]["optional-dependencies"][group]
+    )
     assert not set(wanted(reqs, env)) & NO_AARCH64_ON_PYPI
 
 

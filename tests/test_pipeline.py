@@ -141,7 +141,10 @@ def test_bad_photos_are_quarantined_with_reason(tmp_path, engine):
     import json
 
     reasons = {f.name: json.loads(f.read_text())["reason"] for f in (tmp_path / "quarantine").glob("*.reason.json")}
-    assert reasons == {"empty.jpg.reason.json": "empty file (0 bytes)", "text.jpg.reason.json": "not a supported image (expected JPEG, PNG, BMP, WebP, TIFF or HEIC)"}
+    assert reasons == {
+        "empty.jpg.reason.json": "empty file (0 bytes)",
+        "text.jpg.reason.json": "not a supported image (expected JPEG, PNG, BMP, WebP, TIFF or HEIC)",
+    }
     assert (tmp_path / "quarantine" / "empty.jpg").exists()
     assert db.counts()["quarantined"] == 2 and not list(db.results())
     p.stop()
@@ -150,8 +153,12 @@ def test_bad_photos_are_quarantined_with_reason(tmp_path, engine):
 def test_pseudo_label_threshold_cap_and_review(tmp_path, engine):
     confidences = [0.99, 0.95, 0.91, 0.6, 0.3, 0.99, 0.99, 0.99, 0.2]
     fixed = FixedEngine(engine, confidence_for=lambda i: confidences[i])
-    p, db, *_ = make_pipeline(tmp_path, fixed, policy=LabelsSection(pseudo_threshold=0.9, per_class_cap=2, review_threshold=0.5),
-                              settings=PipelineSection(max_batch=1, max_wait_ms=0))
+    p, db, *_ = make_pipeline(
+        tmp_path,
+        fixed,
+        policy=LabelsSection(pseudo_threshold=0.9, per_class_cap=2, review_threshold=0.5),
+        settings=PipelineSection(max_batch=1, max_wait_ms=0),
+    )
     for path in drop(tmp_path / "inbox", len(confidences)):
         p.submit(Job("inbox", path))
         assert p.drain(30)  # one at a time, so classes follow the order
@@ -237,7 +244,9 @@ def test_inference_failure_retries_photos(tmp_path, engine):
 
 def test_back_pressure_bounds_the_queues(tmp_path, engine):
     gate = threading.Event()
-    p, *_ = make_pipeline(tmp_path, FixedEngine(engine, block=gate), settings=PipelineSection(max_batch=2, queue_size=2))
+    p, *_ = make_pipeline(
+        tmp_path, FixedEngine(engine, block=gate), settings=PipelineSection(max_batch=2, queue_size=2)
+    )
     paths = drop(tmp_path / "inbox", 20)
     accepted = sum(p.submit(Job("inbox", path), timeout=0.2) for path in paths)
     assert accepted < 20  # submit blocked: bounded, not buffering everything
@@ -334,7 +343,9 @@ def test_spool_copies_a_photo_from_another_filesystem(tmp_path):
         if os.stat(other).st_dev == os.stat(tmp_path).st_dev:
             pytest.skip("/dev/shm is on the same filesystem here")
         st = os.lstat(photo)
-        (f,) = spool.put_many([SpoolItem("pseudo", "ef" * 32, b"jpeg bytes", ".jpg", Origin(photo, st.st_ino, st.st_mtime_ns))])
+        (f,) = spool.put_many(
+            [SpoolItem("pseudo", "ef" * 32, b"jpeg bytes", ".jpg", Origin(photo, st.st_ino, st.st_mtime_ns))]
+        )
         assert f.read_bytes() == b"jpeg bytes" and os.stat(f).st_dev != st.st_dev
 
 
@@ -363,7 +374,9 @@ def test_golden_photos_survive_a_restart_for_the_same_engine_only(tmp_path, engi
     for path in drop(tmp_path / "inbox", 5):
         p.submit(Job("inbox", path))
     assert p.drain(30)
-    wait_until(lambda: (tmp_path / "golden.npz").exists(), 5, "golden.npz written")  # written once the pipeline went idle
+    wait_until(
+        lambda: (tmp_path / "golden.npz").exists(), 5, "golden.npz written"
+    )  # written once the pipeline went idle
     before = p.golden.photos()
     p.stop()
     assert len(before) == 5

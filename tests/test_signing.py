@@ -35,12 +35,15 @@ def test_a_signed_version_verifies_and_names_its_signer(store, signing_key):
     assert store.open(trust=trust).name == "v0001"
 
 
-@pytest.mark.parametrize("damage, reason", [
-    ("manifest", "does not match its manifest"),
-    ("unsigned", "not signed"),
-    ("garbled", "malformed"),
-    ("other key", "does not trust"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("manifest", "does not match its manifest"),
+        ("unsigned", "not signed"),
+        ("garbled", "malformed"),
+        ("other key", "does not trust"),
+    ],
+)
 def test_what_is_refused_and_why(store, signing_key, tmp_path, damage, reason):
     vdir = store.root / "v0001"
     if damage == "manifest":  # a file swapped and its new sha256 written into the manifest: the signature catches it
@@ -76,8 +79,10 @@ def test_the_shipped_model_is_signed_by_the_project():
     trust = TrustedKeys.default()
     assert PROJECT_KEY.is_file() and len(trust.keys) == 2  # the release key, and the earlier key for what it signed
     assert trust.check(default_store_path() / "v1000") == "the edge-agent project (release key)"
-    assert read_public_key(PROJECT_KEY) == (REPO.parent / "shared/release/edge-agent-release.pub").read_text().strip() or \
-        not (REPO.parent / "shared/release").is_dir()
+    assert (
+        read_public_key(PROJECT_KEY) == (REPO.parent / "shared/release/edge-agent-release.pub").read_text().strip()
+        or not (REPO.parent / "shared/release").is_dir()
+    )
 
 
 def test_a_bad_trusted_key_is_a_clear_error(tmp_path):
@@ -91,8 +96,9 @@ def test_a_bad_trusted_key_is_a_clear_error(tmp_path):
 
 
 def _daemon(tmp_path, store_cfg: dict):
-    cfg = parse_config({"store": store_cfg, "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2},
-                        "inbox": {"settle_s": 0.1}})
+    cfg = parse_config(
+        {"store": store_cfg, "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2}, "inbox": {"settle_s": 0.1}}
+    )
     daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}))
     t = threading.Thread(target=daemon.run)
     t.start()
@@ -118,8 +124,12 @@ def test_daemon_refuses_a_version_from_an_untrusted_key_and_keeps_serving(store,
         assert v2 in daemon.status()["hotswap"]["refused"]
 
         def cli_status() -> str:
-            return subprocess.run([sys.executable, "-m", "edge_agent", "status", "--state-dir", str(tmp_path / "state")],
-                                  capture_output=True, text=True, cwd=REPO).stdout
+            return subprocess.run(
+                [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(tmp_path / "state")],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            ).stdout
 
         wait_until(lambda: f"REFUSED engine {v2}: {v2}: signed by key" in cli_status(), 20, "status says why")
         v3 = _republish(store, signing_key)  # the trusted trainer's next version is taken
@@ -162,8 +172,13 @@ def test_a_daemon_trusts_the_trainer_on_its_own_state_directory_without_being_to
     from edge_agent.trust import daemon_trust
 
     state = tmp_path / "state"
-    out = subprocess.run([sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(state)],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
     public = out.split("public key:")[1].split()[0]
     assert (state / "trainer" / "signing.key").stat().st_mode & 0o777 == 0o600
     trust = daemon_trust(parse_config({}), state)
@@ -174,13 +189,21 @@ def test_a_daemon_trusts_the_trainer_on_its_own_state_directory_without_being_to
 def test_edge_trainer_sign_signs_a_verified_version(store, tmp_path):
     (store.root / "v0001" / SIGNATURE).unlink()
     key = tmp_path / "release.key"
-    subprocess.run([sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     trust = TrustedKeys({read_public_key(key.with_suffix(".pub")): "release"})
     assert trust.check(store.root / "v0001") == "release"
     (store.root / "v0001" / "model.onnx").write_bytes(b"tampered")
-    proc = subprocess.run([sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and "does not match manifest" in proc.stderr  # nothing is vouched for unverified
 
 
@@ -192,9 +215,26 @@ def test_a_refused_unsigned_version_is_served_once_its_trainer_signs_it(store, s
     v2 = publish_model(load_weights(cur), cur.classes, store.root, training={"kind": "test"}).name  # unsigned
     daemon, t = _daemon(tmp_path, trusted_store(store.root, signing_key))
     try:
-        assert daemon.pipeline.classifier.engine.engine_version == "v0001" and "not signed" in daemon.watcher.refused[v2]
-        subprocess.run([sys.executable, "-m", "trainer", "sign", "--key", str(signing_key.path), "--store", str(store.root),
-                        "--version", v2], cwd=REPO, check=True, capture_output=True)
+        assert (
+            daemon.pipeline.classifier.engine.engine_version == "v0001" and "not signed" in daemon.watcher.refused[v2]
+        )
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trainer",
+                "sign",
+                "--key",
+                str(signing_key.path),
+                "--store",
+                str(store.root),
+                "--version",
+                v2,
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 30, "the newly signed version")
         assert v2 not in daemon.status()["hotswap"]["refused"]
     finally:

@@ -59,7 +59,9 @@ def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path)
     for name in ("report.md", "accuracy.png", "precision.png", "confusion.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     sweep = report["threshold_sweep"]
-    assert sweep["engine_version"] == report["supervised_engine_version"] and sweep["photos"] == report["split"]["stream"]
+    assert (
+        sweep["engine_version"] == report["supervised_engine_version"] and sweep["photos"] == report["split"]["stream"]
+    )
     counts = [r["accepted"] for r in sweep["rows"]]
     assert counts == sorted(counts, reverse=True) and counts[0] <= sweep["photos"]
     assert all(r["precision"] is None or 0 <= r["precision"] <= 1 for r in sweep["rows"])
@@ -74,8 +76,20 @@ def test_expert_arm_labels_k_a_day_within_the_budget(small_field, tmp_path, choi
     reach the trainer as expert samples with their true class."""
     from trainer.samples import SampleStore
 
-    s = SimSettings(day_size=10, days=3, epochs=2, patience=2, swa_epochs=0, retrain_epochs=1, retrain_at=1000, tau=0.99,
-                    expert_per_day=2, expert_choice=choice, expert_budget=5, calibrate=False)
+    s = SimSettings(
+        day_size=10,
+        days=3,
+        epochs=2,
+        patience=2,
+        swa_epochs=0,
+        retrain_epochs=1,
+        retrain_at=1000,
+        tau=0.99,
+        expert_per_day=2,
+        expert_choice=choice,
+        expert_budget=5,
+        calibrate=False,
+    )
     report = simulate(small_field, tmp_path / "out", s)
     assert [d["expert_labels"] for d in report["days"]] == [2, 2, 1] and report["expert_labels"] == 5
     split = split_photos(small_field, s)
@@ -92,8 +106,20 @@ def test_simulation_refuses_bad_requests(small_field, tmp_path):
     with pytest.raises(FileExistsError, match="earlier simulation"):
         simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, epochs=1, swa_epochs=0))
     cli = subprocess.run(
-        [sys.executable, "-m", "benchmarks.simulate", "--data", str(small_field), "--out", str(tmp_path / "c"), "--day-size", "500"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.simulate",
+            "--data",
+            str(small_field),
+            "--out",
+            str(tmp_path / "c"),
+            "--day-size",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert cli.returncode == 2 and "too few photos for one day of 500" in cli.stderr
 
@@ -137,15 +163,21 @@ def test_power_from_a_rapl_counter(monkeypatch, tmp_path):
 
 
 def test_baseline_reuse_refuses_another_split(small_field, tmp_path):
-    s = dict(day_size=10, days=1, epochs=2, patience=2, swa_epochs=0, val_fraction=0.25)  # 24 validation photos: calibrated
+    s = dict(
+        day_size=10, days=1, epochs=2, patience=2, swa_epochs=0, val_fraction=0.25
+    )  # 24 validation photos: calibrated
     first = simulate(small_field, tmp_path / "a", SimSettings(**s))
     again = simulate(small_field, tmp_path / "b", SimSettings(**s, baseline_from=str(tmp_path / "a")))
     assert again["supervised_top1"] == first["supervised_top1"]  # the same weights, not retrained
     fitted = first["calibration"]["v0001"]
     assert fitted["skipped"] is None and fitted["photos"] == 24
-    assert again["calibration"]["v0001"] == fitted  # its temperature kept, not fitted a second time (that would say T = 1)
+    assert (
+        again["calibration"]["v0001"] == fitted
+    )  # its temperature kept, not fitted a second time (that would say T = 1)
     with pytest.raises(ValueError, match="other data, splits or seed"):
-        simulate(small_field, tmp_path / "c", SimSettings(day_size=10, days=1, seed=1, baseline_from=str(tmp_path / "a")))
+        simulate(
+            small_field, tmp_path / "c", SimSettings(day_size=10, days=1, seed=1, baseline_from=str(tmp_path / "a"))
+        )
 
 
 def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
@@ -154,8 +186,16 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
 
     def report(sup, ssl, prec, retrain=None, trained=None):
         days = [{"day": 1, "retrain": retrain}, {"day": 2, "retrain": None}]
-        return {"supervised_top1": sup, "ssl_top1": ssl, "gain_points": round((ssl - sup) * 100, 1), "pseudo_label_precision": prec,
-                "pseudo_labels_accepted": 500, "wall_s": 10.0, "days": days, **({"trained_pseudo_label_precision": trained} if trained else {})}
+        return {
+            "supervised_top1": sup,
+            "ssl_top1": ssl,
+            "gain_points": round((ssl - sup) * 100, 1),
+            "pseudo_label_precision": prec,
+            "pseudo_labels_accepted": 500,
+            "wall_s": 10.0,
+            "days": days,
+            **({"trained_pseudo_label_precision": trained} if trained else {}),
+        }
 
     (tmp_path / "seed-1").mkdir()
     (tmp_path / "seed-1" / "report.json").write_text(json.dumps(report(0.70, 0.74, 0.93, {"published": "v0002"})))
@@ -177,7 +217,11 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
     assert summary["gain_points"]["mean"] == pytest.approx(1.0)
     assert summary["gain_points"]["sd"] == pytest.approx(4.2426, abs=1e-3)
     assert [r["published"] for r in summary["runs"]] == [1, 0]
-    assert summary["trained_pseudo_label_precision"] == {"mean": 0.97, "sd": 0.0, "runs": 1}  # seed 1's older report has none
+    assert summary["trained_pseudo_label_precision"] == {
+        "mean": 0.97,
+        "sd": 0.0,
+        "runs": 1,
+    }  # seed 1's older report has none
     text = (tmp_path / "summary.md").read_text()
     assert "| mean |" in text and "| 0.9300 | - |" in text and "| 0.9700 +- 0.0000 |" in text
 
@@ -185,7 +229,11 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def small_simulation(small_field, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bounds") / "sim"
-    simulate(small_field, out, SimSettings(day_size=10, days=1, epochs=3, patience=3, swa_epochs=0, tau=0.34, calibrate=False))
+    simulate(
+        small_field,
+        out,
+        SimSettings(day_size=10, days=1, epochs=3, patience=3, swa_epochs=0, tau=0.34, calibrate=False),
+    )
     return out
 
 
@@ -241,12 +289,27 @@ def test_expert_arms_summary_has_the_issue_keys():
     from benchmarks.experts import markdown, summarise
 
     def report(seed, sup, top1, experts):
-        days = [{"day": 1, "test_top1": sup, "retrain": None}, {"day": 2, "test_top1": top1, "retrain": {"published": "v0002"}}]
-        return {"settings": {"seed": seed}, "supervised_top1": sup, "ssl_top1": top1, "gain_points": round((top1 - sup) * 100, 2),
-                "pseudo_label_precision": 0.97, "pseudo_labels_accepted": 300, "expert_labels": experts, "days": days}
+        days = [
+            {"day": 1, "test_top1": sup, "retrain": None},
+            {"day": 2, "test_top1": top1, "retrain": {"published": "v0002"}},
+        ]
+        return {
+            "settings": {"seed": seed},
+            "supervised_top1": sup,
+            "ssl_top1": top1,
+            "gain_points": round((top1 - sup) * 100, 2),
+            "pseudo_label_precision": 0.97,
+            "pseudo_labels_accepted": 300,
+            "expert_labels": experts,
+            "days": days,
+        }
 
-    s = summarise({"none": [report(1, 0.70, 0.70, 0), report(2, 0.72, 0.73, 0)],
-                   "device-10": [report(1, 0.70, 0.78, 100), report(2, 0.72, 0.80, 100)]})
+    s = summarise(
+        {
+            "none": [report(1, 0.70, 0.70, 0), report(2, 0.72, 0.73, 0)],
+            "device-10": [report(1, 0.70, 0.78, 100), report(2, 0.72, 0.80, 100)],
+        }
+    )
     assert s["expert_labels"] == {"none": 0, "device-10": 100}
     arm = s["arms"]["device-10"]
     assert arm["top1_mean"] == pytest.approx(0.79) and arm["gain_mean"] == pytest.approx(8.0) and arm["top1_sd"] > 0

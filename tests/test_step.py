@@ -57,7 +57,9 @@ def test_a_single_step_is_taken_as_it_is_and_inputs_are_left_alone():
 
 def test_ties_keep_the_smaller_step():
     previous, _, x = _pair()
-    _, choice = choose_step(copy.deepcopy(previous), previous, [0.0, 1.0, 0.5], x, x, torch.zeros(len(x), dtype=torch.long))
+    _, choice = choose_step(
+        copy.deepcopy(previous), previous, [0.0, 1.0, 0.5], x, x, torch.zeros(len(x), dtype=torch.long)
+    )
     assert choice.step == 0.0  # the same weights everywhere: nothing to choose between, so the least change
 
 
@@ -114,8 +116,13 @@ def test_a_stop_request_is_seen_inside_the_search():
     assert len(calls) == 4
 
 
-@pytest.mark.parametrize("step, says", [(0.0, "the weights kept, only the BatchNorm statistics recomputed"),
-                                         (0.25, "0.25 of the way from the engine in service to the retrained weights")])
+@pytest.mark.parametrize(
+    "step, says",
+    [
+        (0.0, "the weights kept, only the BatchNorm statistics recomputed"),
+        (0.25, "0.25 of the way from the engine in service to the retrained weights"),
+    ],
+)
 def test_trainer_status_says_which_step_the_last_retrain_took(tmp_path, step, says):
     import json
     import subprocess
@@ -125,12 +132,27 @@ def test_trainer_status_says_which_step_the_last_retrain_took(tmp_path, step, sa
     status = tmp_path / "trainer" / "status.json"
     status.parent.mkdir(parents=True)
     tried = [{"step": a} for a in (0.0, 0.25, 1.0)]
-    status.write_text(json.dumps({
-        "state": "idle", "samples": {"pseudo": 250}, "retrain_threshold": 200,
-        "last_retrain": {"published": "v0002", "reason": "candidate is not worse", "samples": 250, "seconds": 1.0,
-                         "metrics": {"step": {"step": step, "tried": tried}}},
-    }))
-    out = subprocess.run([sys.executable, "-m", "trainer", "status", "--state-dir", str(tmp_path)], capture_output=True,
-                         text=True, cwd=Path(__file__).parents[1])
+    status.write_text(
+        json.dumps(
+            {
+                "state": "idle",
+                "samples": {"pseudo": 250},
+                "retrain_threshold": 200,
+                "last_retrain": {
+                    "published": "v0002",
+                    "reason": "candidate is not worse",
+                    "samples": 250,
+                    "seconds": 1.0,
+                    "metrics": {"step": {"step": step, "tried": tried}},
+                },
+            }
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "status", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
     assert out.returncode == 0, out.stderr
     assert f"pseudo-labels only: step {step:g} chosen of [0.0, 0.25, 1.0] on the gate photos: {says}" in out.stdout

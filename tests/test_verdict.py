@@ -18,8 +18,13 @@ CLASSES = ["a", "b", "c"]
 
 def section(**over) -> dict:
     """A verdict section whose class means sit at 3 on their own axis, with identity precision."""
-    s = {"means": (np.eye(K) * 3).tolist(), "precision": np.eye(K).tolist(), "confident_distance": 4.0, "unknown_distance": 25.0,
-         "image": {"min_contrast": 0.02, "min_brightness": 0.06, "max_brightness": 0.97, "min_sharpness": 0.0}}
+    s = {
+        "means": (np.eye(K) * 3).tolist(),
+        "precision": np.eye(K).tolist(),
+        "confident_distance": 4.0,
+        "unknown_distance": 25.0,
+        "image": {"min_contrast": 0.02, "min_brightness": 0.06, "max_brightness": 0.97, "min_sharpness": 0.0},
+    }
     s.update(over)
     return s
 
@@ -34,7 +39,12 @@ def probs_of(logits: np.ndarray) -> np.ndarray:
 
 
 def judge(**over) -> Judge:
-    return Judge(VerdictSpec.from_manifest({"classes": CLASSES, "verdict": section(**over)}), 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std)
+    return Judge(
+        VerdictSpec.from_manifest({"classes": CLASSES, "verdict": section(**over)}),
+        0.9,
+        DEFAULT_SPEC.mean,
+        DEFAULT_SPEC.std,
+    )
 
 
 def test_near_a_class_mean_and_sure_is_confident_far_from_every_class_is_unknown_between_is_unsure():
@@ -55,12 +65,20 @@ def test_a_sure_softmax_further_than_the_confident_distance_is_unsure_not_confid
 def test_a_photo_all_one_colour_or_dark_or_blurred_is_unknown_whatever_the_model_says():
     logits = np.array([[3.0, 0.0, 0.0]] * 3)
     flat = normalize(np.full((128, 128, 3), 120, np.uint8))
-    dark = normalize(np.random.default_rng(0).integers(0, 26, (128, 128, 1)).repeat(3, 2).astype(np.uint8))  # a night frame: noise
-    blurred = normalize(np.ascontiguousarray(__import__("cv2").GaussianBlur(leaf_image(2, (128, 128)), (0, 0), 8)[:, :, ::-1]))
+    dark = normalize(
+        np.random.default_rng(0).integers(0, 26, (128, 128, 1)).repeat(3, 2).astype(np.uint8)
+    )  # a night frame: noise
+    blurred = normalize(
+        np.ascontiguousarray(__import__("cv2").GaussianBlur(leaf_image(2, (128, 128)), (0, 0), 8)[:, :, ::-1])
+    )
     j = judge(image={"min_contrast": 0.02, "min_brightness": 0.06, "max_brightness": 0.97, "min_sharpness": 1e-4})
     got = j.judge(logits, probs_of(logits), np.stack([flat, dark, blurred]))
     assert [v.verdict for v in got] == ["unknown"] * 3
-    assert [v.reason for v in got] == ["the photo is nearly one colour", "the photo is too dark", "the photo is blurred"]
+    assert [v.reason for v in got] == [
+        "the photo is nearly one colour",
+        "the photo is too dark",
+        "the photo is blurred",
+    ]
 
 
 def test_a_manifest_without_verdict_statistics_falls_back_to_the_softmax_and_says_so():
@@ -70,12 +88,15 @@ def test_a_manifest_without_verdict_statistics_falls_back_to_the_softmax_and_say
     assert "softmax >= 0.9 only" in j.mode
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"means": np.eye(2).tolist()}, "must be \\(3, 3\\)"),
-    ({"precision": [[float("nan")] * 3] * 3}, "finite"),
-    ({"confident_distance": 30.0}, "confident_distance <= unknown_distance"),
-    ({"image": {}}, "min_contrast"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"means": np.eye(2).tolist()}, "must be \\(3, 3\\)"),
+        ({"precision": [[float("nan")] * 3] * 3}, "finite"),
+        ({"confident_distance": 30.0}, "confident_distance <= unknown_distance"),
+        ({"image": {}}, "min_contrast"),
+    ],
+)
 def test_a_malformed_verdict_section_is_refused_with_what_is_wrong(bad, message):
     with pytest.raises(VerdictSpecError, match=message):
         VerdictSpec.from_manifest({"classes": CLASSES, "verdict": section(**bad)})
@@ -95,6 +116,7 @@ def test_the_farmer_reads_the_class_only_when_confident():
 
 # ---- fitting, INT8 and the engine ------------------------------------------------------------------
 
+
 def test_fit_verdict_takes_thresholds_from_the_held_out_photos_and_refuses_too_few():
     from trainer.verdict_fit import fit_verdict
 
@@ -107,7 +129,10 @@ def test_fit_verdict_takes_thresholds_from_the_held_out_photos_and_refuses_too_f
     d = Judge(spec, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std).distances(held)
     assert (d <= spec.confident_distance).mean() == pytest.approx(0.8, abs=0.03)
     assert spec.unknown_distance > spec.confident_distance
-    assert Judge(spec, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std).distances(np.array([[40.0, 40.0, 40.0]]))[0] > spec.unknown_distance
+    assert (
+        Judge(spec, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std).distances(np.array([[40.0, 40.0, 40.0]]))[0]
+        > spec.unknown_distance
+    )
     with pytest.raises(ValueError, match="at least 10 held-out photos"):
         fit_verdict(train, y, held[:5], photo_batch(5), DEFAULT_SPEC)
 
@@ -122,9 +147,16 @@ def test_auto_precision_runs_fp32_when_int8_verdicts_disagree_with_fp32(tiny_sto
     base = {**version.manifest, "verdict": section()}
     base["metrics"] = {**base["metrics"], "int8": {**base["metrics"]["int8"], "top1_agreement_with_fp32": 1.0}}
     check = base["metrics"]["int8"]
-    for agreement, expected in ((None, "no recorded verdict agreement"), (0.95, "gives FP32's verdict on 0.950"), (0.99, "agrees with FP32")):
+    for agreement, expected in (
+        (None, "no recorded verdict agreement"),
+        (0.95, "gives FP32's verdict on 0.950"),
+        (0.99, "agrees with FP32"),
+    ):
         m = json.loads(json.dumps(base))
-        m["metrics"]["int8"] = {**check, **({"verdict_agreement_with_fp32": agreement} if agreement is not None else {})}
+        m["metrics"]["int8"] = {
+            **check,
+            **({"verdict_agreement_with_fp32": agreement} if agreement is not None else {}),
+        }
         precision, why = choose_precision(cfg, type(version)(version.name, version.path, m))
         assert expected in why and precision == ("int8" if agreement == 0.99 else "fp32")
 
@@ -144,11 +176,21 @@ def test_a_published_version_carries_its_verdict_and_the_int8_verdict_agreement(
     y = np.arange(24) % K
     logits = logits_of(model, torch.from_numpy(x))
     verdict = fit_verdict(logits, y, logits, x, DEFAULT_SPEC)
-    v = publish_model(model, CLASSES, tmp_path, calibration=x[:8], held_out=(x, y), signing_key=signing_key, verdict=verdict,
-                      split={"test": ["a/1.jpg"], "val": [], "train": []})
+    v = publish_model(
+        model,
+        CLASSES,
+        tmp_path,
+        calibration=x[:8],
+        held_out=(x, y),
+        signing_key=signing_key,
+        verdict=verdict,
+        split={"test": ["a/1.jpg"], "val": [], "train": []},
+    )
     assert "verdict_agreement_with_fp32" in v.manifest["metrics"]["int8"]
     assert json.loads(v.artifact("split").read_text())["test"] == ["a/1.jpg"]
-    clf = Classifier.configured(open_engine(tmp_path, parse_config({"engine": {"precision": "fp32"}}).engine), parse_config({}))
+    clf = Classifier.configured(
+        open_engine(tmp_path, parse_config({"engine": {"precision": "fp32"}}).engine), parse_config({})
+    )
     assert clf.judge.spec is not None
     pred = clf.predict_bytes(encode(leaf_image(3)))
     assert pred.verdict in ("confident", "unsure", "unknown")
@@ -168,6 +210,7 @@ def test_a_manifest_with_a_malformed_verdict_cannot_be_served(tiny_store, tmp_pa
 
 
 # ---- what each verdict does to the queue ------------------------------------------------------------
+
 
 def test_results_from_before_verdicts_keep_their_rows_and_gain_the_column(tmp_path):
     import sqlite3

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,17 @@ from tests.daemon_helpers import DaemonProc, db_rows, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 GATE = REPO / "edge_agent" / "default_data" / "gate"
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM, CHROMEDRIVER = (
+    shutil.which("chromium") or "/usr/bin/chromium",
+    shutil.which("chromedriver") or "/usr/bin/chromedriver",
+)
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-                       reason="Debian's chromium and chromium-driver are not installed (make install-dev installs them as root)"),
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="Debian's chromium and chromium-driver are not installed (make install-dev installs them as root)",
+    ),
 ]
 
 
@@ -44,8 +48,17 @@ def browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1200,900"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1200,900",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     driver.set_page_load_timeout(30)
@@ -62,8 +75,10 @@ def shots(tmp_path) -> Path:
 
 def _images_loaded(driver) -> bool:
     """Every picture in view has loaded (those below the fold load lazily, when scrolled to)."""
-    return driver.execute_script("return Array.from(document.images).filter(i => i.getBoundingClientRect().top < innerHeight)"
-                                 ".every(i => i.complete && i.naturalWidth > 0)")
+    return driver.execute_script(
+        "return Array.from(document.images).filter(i => i.getBoundingClientRect().top < innerHeight)"
+        ".every(i => i.complete && i.naturalWidth > 0)"
+    )
 
 
 def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
@@ -79,11 +94,29 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         daemon.wait_ready()
         for p in photos:
             shutil.copy(p, daemon.inbox / p.name)
-        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == len(photos), 120, "every photo classified")
+        wait_until(
+            lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == len(photos),
+            120,
+            "every photo classified",
+        )
         port = _free_port()
-        web = subprocess.Popen([sys.executable, "-m", "edge_agent", "web", "--config", str(daemon.config_path),
-                                "--state-dir", str(daemon.state), "--port", str(port)],
-                               cwd=REPO, stdout=open(tmp_path / "web.log", "w"), stderr=subprocess.STDOUT)
+        web = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "edge_agent",
+                "web",
+                "--config",
+                str(daemon.config_path),
+                "--state-dir",
+                str(daemon.state),
+                "--port",
+                str(port),
+            ],
+            cwd=REPO,
+            stdout=open(tmp_path / "web.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: _listening(port), 30, "the web page listening")
         wait = WebDriverWait(browser, 30)
@@ -110,8 +143,10 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         wait.until(lambda d: "done=" in d.current_url)
         assert photo_id in browser.find_element(By.ID, "done").text
         rows = db_rows(daemon.state, f"SELECT kind, label FROM label_queue WHERE photo_id = '{photo_id}'")
-        sent = db_rows(daemon.state, f"SELECT label FROM expert_labels")
-        assert rows in ([("expert", first_class)], []) and sent == [(first_class,)]  # [] once already delivered and acknowledged
+        sent = db_rows(daemon.state, "SELECT label FROM expert_labels")
+        assert rows in ([("expert", first_class)], []) and sent == [
+            (first_class,)
+        ]  # [] once already delivered and acknowledged
 
         # upload a photo the daemon has not seen; follow the link until its result is there
         browser.get(base + "/upload")
@@ -135,7 +170,11 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         for p in field:
             shutil.copy(p, daemon.inbox / f"field-{p.name}")
         total = len(photos) + 2 + len(field)
-        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == total, 60, "the field photos classified")
+        wait_until(
+            lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == total,
+            60,
+            "the field photos classified",
+        )
         browser.get(base + "/photos")
         wait.until(_images_loaded)
         marks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#photos .verdict")]

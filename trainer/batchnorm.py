@@ -33,7 +33,9 @@ class _Collected(Exception):
 
 
 @torch.no_grad()
-def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64, should_stop=lambda: False) -> torch.nn.Module:
+def recompute_batchnorm(
+    model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64, should_stop=lambda: False
+) -> torch.nn.Module:
     """Replace every BatchNorm layer's running statistics by the exact ones over ``x`` (un-augmented photos), in
     place; returns ``model`` in eval mode. ``batch_size`` only bounds memory. Raises :class:`trainer.stop.Stopped`
     between batches once ``should_stop()`` is true."""
@@ -93,4 +95,5 @@ def batchnorm_photos(
         return None, "exact over the photos it trained on (no lab photos to compose)"
     composed = FieldComposer.of(photos, FieldAugSettings.from_record(augmentation)).sample(BN_PASSES, seed)
     return torch.cat([composed, others]), (
-        f"exact over {BN_PASSES} composed passes of {len(photos.samples)} lab photos and {len(others)} others as they are")
+        f"exact over {BN_PASSES} composed passes of {len(photos.samples)} lab photos and {len(others)} others as they are"
+    )

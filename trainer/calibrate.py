@@ -18,7 +18,14 @@ import torch.nn.functional as F
 
 from trainer.model import LeafNet
 
-__all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibration_error", "fit_temperature", "fold_temperature"]
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "calibration_error",
+    "expected_calibration_error",
+    "fit_temperature",
+    "fold_temperature",
+]
 
 #: Fewest held-out photos a temperature is fitted on; below it the model is published as trained.
 MIN_PHOTOS = 20
@@ -106,19 +113,29 @@ def calibrate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128
     :data:`MIN_MISTAKES` wrong answers among them, nothing is folded and ``skipped`` says why: a temperature fitted on
     a handful of photos would be noise, and one fitted where the model is never wrong only sharpens it."""
     model.eval()
-    logits = torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else torch.zeros(0, model.num_classes)
+    logits = (
+        torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)])
+        if len(x)
+        else torch.zeros(0, model.num_classes)
+    )
     mistakes = int((logits.argmax(1) != y).sum()) if len(x) else 0
     if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 or mistakes < MIN_MISTAKES:
-        why = (f"{len(x)} held-out photos in {len(torch.unique(y))} classes (need {MIN_PHOTOS} in 2 or more)"
-               if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 else
-               f"{mistakes} mistakes on {len(x)} held-out photos (need {MIN_MISTAKES}): with (almost) none the fit only "
-               "sharpens the softmax towards its floor, which says nothing about photos to come")
+        why = (
+            f"{len(x)} held-out photos in {len(torch.unique(y))} classes (need {MIN_PHOTOS} in 2 or more)"
+            if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2
+            else f"{mistakes} mistakes on {len(x)} held-out photos (need {MIN_MISTAKES}): with (almost) none the fit only "
+            "sharpens the softmax towards its floor, which says nothing about photos to come"
+        )
         nll = F.cross_entropy(logits, y).item() if len(x) else float("nan")
         ece = expected_calibration_error(logits, y) if len(x) else float("nan")
         return Calibration(1.0, len(x), nll, nll, ece, ece, skipped=why)
     t = fit_temperature(logits, y)
     fold_temperature(model, t)
     return Calibration(
-        t, len(x), F.cross_entropy(logits.double(), y).item(), F.cross_entropy(logits.double() / t, y).item(),
-        expected_calibration_error(logits, y), expected_calibration_error(logits / t, y),
+        t,
+        len(x),
+        F.cross_entropy(logits.double(), y).item(),
+        F.cross_entropy(logits.double() / t, y).item(),
+        expected_calibration_error(logits, y),
+        expected_calibration_error(logits / t, y),
     )

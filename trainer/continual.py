@@ -36,8 +36,16 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 
 
 def train_generation(
-    previous: LeafNet, data: Generation, strategy: Strategy, settings: TrainerSection, lr: float, interpolate: float = 1.0,
-    num_classes: int | None = None, should_stop=lambda: False, batchnorm: bool = True, bn_x: torch.Tensor | None = None,
+    previous: LeafNet,
+    data: Generation,
+    strategy: Strategy,
+    settings: TrainerSection,
+    lr: float,
+    interpolate: float = 1.0,
+    num_classes: int | None = None,
+    should_stop=lambda: False,
+    batchnorm: bool = True,
+    bn_x: torch.Tensor | None = None,
     on_epoch=lambda epoch, epochs: None,
 ) -> tuple[LeafNet, Generation]:
     """Train a candidate from ``previous`` on ``data`` at peak learning rate ``lr`` (growing the head to ``num_classes``

@@ -31,6 +31,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
 ]
 
+
 class DatasetError(EdgeAgentError, ValueError):
     """The training data is missing, empty or malformed."""
 
@@ -85,9 +86,7 @@ def scan_folder(root: str | os.PathLike) -> LabelledFolder:
     return LabelledFolder(base, classes, samples)
 
 
-def stratified_split(
-    samples: list[Sample], fractions: dict[str, float], seed: int
-) -> dict[str, list[Sample]]:
+def stratified_split(samples: list[Sample], fractions: dict[str, float], seed: int) -> dict[str, list[Sample]]:
     """Split per class with a fixed seed. ``fractions`` maps split name -> share;
     the remainder goes to ``"train"``. Every class keeps at least one training photo."""
     if sum(fractions.values()) >= 1.0:
@@ -127,14 +126,18 @@ def recorded_split(version, data_dir: str | os.PathLike) -> dict[str, list[Sampl
             for rel in paths:
                 path = base / rel
                 if not path.is_file():
-                    raise DatasetError(f"{path}: listed in {version.name}'s split.json but not found (is {base} the folder it was trained from?)")
+                    raise DatasetError(
+                        f"{path}: listed in {version.name}'s split.json but not found (is {base} the folder it was trained from?)"
+                    )
                 out[name].append(Sample(path, classes.index(Path(rel).parts[0])))
         return out
     split = version.manifest["training"]["split"]
     folder = scan_folder(base)
     if folder.classes != classes:
         raise DatasetError(f"{base}: its class folders differ from {version.name}'s classes")
-    return stratified_split(folder.samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])
+    return stratified_split(
+        folder.samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"]
+    )
 
 
 class TensorDataset(Dataset):
@@ -153,7 +156,9 @@ class TensorDataset(Dataset):
         with ThreadPoolExecutor(max_workers=workers) as pool:
             results = list(pool.map(load, samples))
         keep = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
-        self.skipped = [(str(samples[i].path), str(results[i])) for i, r in enumerate(results) if isinstance(r, Exception)]
+        self.skipped = [
+            (str(samples[i].path), str(results[i])) for i, r in enumerate(results) if isinstance(r, Exception)
+        ]
         self.samples = [samples[i] for i in keep]
         shape = (len(keep), 3, spec.size, spec.size)
         self.x = torch.from_numpy(np.stack([results[i] for i in keep]) if keep else np.zeros(shape, np.float32))

@@ -44,9 +44,17 @@ class Peer:
     last_result: dict | None = None
 
     def describe(self, samples: int = 0) -> dict:
-        return {"name": self.name, "address": self.address, "last_seen": round(self.last_seen, 1),
-                "engine_version": self.engine_version, "queue": self.queue, "samples_received": samples,
-                "refused": self.refused, "bytes_sent": self.bytes_sent, "last_result": self.last_result}
+        return {
+            "name": self.name,
+            "address": self.address,
+            "last_seen": round(self.last_seen, 1),
+            "engine_version": self.engine_version,
+            "queue": self.queue,
+            "samples_received": samples,
+            "refused": self.refused,
+            "bytes_sent": self.bytes_sent,
+            "last_result": self.last_result,
+        }
 
 
 class EngineServer(Worker):
@@ -76,8 +84,10 @@ class EngineServer(Worker):
         samples_by_device = samples_by_device or {}
         now_wall, now = time.time(), time.monotonic()
         with self._lock:
-            rows = [p.describe(samples_by_device.get(p.name, 0)) | {"last_seen": round(now_wall - (now - p.last_seen), 1)}
-                    for p in self.peers.values()]
+            rows = [
+                p.describe(samples_by_device.get(p.name, 0)) | {"last_seen": round(now_wall - (now - p.last_seen), 1)}
+                for p in self.peers.values()
+            ]
         return sorted(rows, key=lambda r: r["name"])
 
     # ---- loop -----------------------------------------------------------------
@@ -157,7 +167,9 @@ class EngineServer(Worker):
                 peer = self.peers.get(h["name"])
                 if peer is None:
                     peer = self.peers[h["name"]] = Peer(h["name"])
-                    self.log.info("daemon_joined", device=h["name"], address=address, engine_version=h["engine_version"])
+                    self.log.info(
+                        "daemon_joined", device=h["name"], address=address, engine_version=h["engine_version"]
+                    )
                 peer.identity, peer.address, peer.last_seen = identity, address or peer.address, time.monotonic()
                 peer.engine_version, peer.queue = h["engine_version"], h["queue"]
                 peer.refused = {str(k): str(v)[:300] for k, v in list(h["refused"].items())[:20]}
@@ -170,8 +182,13 @@ class EngineServer(Worker):
                 if peer is not None:
                     peer.last_result = {"version": h["version"], "ok": h["ok"], "reason": h["reason"][:300]}
             log = self.log.info if h["ok"] else self.log.warning
-            log("engine_delivery_result", engine_version=h["version"], device=peer.name if peer else "?", ok=h["ok"],
-                reason=h["reason"][:300])
+            log(
+                "engine_delivery_result",
+                engine_version=h["version"],
+                device=peer.name if peer else "?",
+                ok=h["ok"],
+                reason=h["reason"][:300],
+            )
         else:
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
@@ -179,7 +196,9 @@ class EngineServer(Worker):
     def _serve(self, router, identity: bytes, h: dict) -> None:
         version, name, offset, length = h["version"], h["file"], h["offset"], h["length"]
         try:
-            manifest = self._manifests.get(version) or self._manifests.setdefault(version, self.store.read_manifest(version))
+            manifest = self._manifests.get(version) or self._manifests.setdefault(
+                version, self.store.read_manifest(version)
+            )
             meta = manifest["files"].get(name)
             if meta is None:
                 raise StoreError(f"{version} has no file {name!r}")
@@ -192,7 +211,9 @@ class EngineServer(Worker):
             self.counters["missing"] += 1
             router.send_multipart([identity, *encode("missing", {"version": version, "reason": str(exc)[:300]})])
             return
-        router.send_multipart([identity, *encode("chunk", {"version": version, "file": name, "offset": offset}, self._payload(data, h))])
+        router.send_multipart(
+            [identity, *encode("chunk", {"version": version, "file": name, "offset": offset}, self._payload(data, h))]
+        )
         self.counters["chunks"] += 1
         self.counters["bytes"] += len(data)
         with self._lock:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from engines.errors import EdgeAgentError
 
 __all__ = ["export_onnx", "ExportMismatch", "INPUT_NAME", "OUTPUT_NAME", "OPSET"]

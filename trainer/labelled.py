@@ -44,8 +44,12 @@ class LabelledSources:
     problems: list[str] = field(default_factory=list)
 
     def describe(self) -> dict:
-        return {"replay_photos": len(self.train), "validation_photos": len(self.val), "origin": self.origin,
-                **({"problems": self.problems} if self.problems else {})}
+        return {
+            "replay_photos": len(self.train),
+            "validation_photos": len(self.val),
+            "origin": self.origin,
+            **({"problems": self.problems} if self.problems else {}),
+        }
 
 
 @dataclass
@@ -65,7 +69,9 @@ def _folder(path: str | Path, classes: list[str], problems: list[str]) -> list[S
     index = {name: i for i, name in enumerate(classes)}
     unknown = [name for name in folder.classes if name not in index]
     if unknown:
-        problems.append(f"{path}: {len(unknown)} class folder(s) the engine does not know, left out: {', '.join(unknown[:5])}")
+        problems.append(
+            f"{path}: {len(unknown)} class folder(s) the engine does not know, left out: {', '.join(unknown[:5])}"
+        )
     return [Sample(s.path, index[folder.classes[s.label]]) for s in folder.samples if folder.classes[s.label] in index]
 
 
@@ -85,8 +91,12 @@ def labelled_sources(cfg: AppConfig, classes: list[str]) -> LabelledSources:
         parts = stratified_split(train, {"val": tc.val_fraction}, tc.seed) if train else {"train": [], "val": []}
         return LabelledSources(parts["train"], parts["val"], "configured", problems)
     if use_shipped:
-        return LabelledSources(_folder(shipped / "replay", classes, problems), _folder(shipped / "gate", classes, problems),
-                               "shipped", problems)
+        return LabelledSources(
+            _folder(shipped / "replay", classes, problems),
+            _folder(shipped / "gate", classes, problems),
+            "shipped",
+            problems,
+        )
     return LabelledSources([], [], "none", problems)
 
 

@@ -48,7 +48,9 @@ def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], stra
     if recorded is not None and recorded.get("root") == root:
         return None
     done = None
-    states = [p for p in strategy_dir.iterdir() if p.is_dir() and ".before-" not in p.name] if strategy_dir.is_dir() else []
+    states = (
+        [p for p in strategy_dir.iterdir() if p.is_dir() and ".before-" not in p.name] if strategy_dir.is_dir() else []
+    )
     if states:
         if recorded is not None:
             old_root, old_classes = recorded.get("root"), list(recorded.get("classes", []))

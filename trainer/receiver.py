@@ -56,15 +56,27 @@ def class_name_problem(label: str) -> str | None:
 class Receiver(Worker):
     thread_name = "handoff-receiver"
 
-    def __init__(self, store: SampleStore, settings: ReceiverSettings, on_sample: Callable[[], None] | None = None,
-                 classes: Callable[[], Collection[str]] | None = None) -> None:
+    def __init__(
+        self,
+        store: SampleStore,
+        settings: ReceiverSettings,
+        on_sample: Callable[[], None] | None = None,
+        classes: Callable[[], Collection[str]] | None = None,
+    ) -> None:
         super().__init__()
         self.store = store
         self.settings = settings
         self.on_sample = on_sample or (lambda: None)
         self.classes = classes  # the engine in service's classes (None: labels are not checked)
         self.log = get_logger("handoff.receiver", endpoint=settings.endpoint)
-        self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0, "refused": 0}
+        self.counters = {
+            "received": 0,
+            "duplicates": 0,
+            "malformed": 0,
+            "store_errors": 0,
+            "announced": 0,
+            "refused": 0,
+        }
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
         self._announce: list[str] = []
@@ -119,8 +131,14 @@ class Receiver(Worker):
             why = self._refusal(msg.header)
             if why is not None:
                 self.counters["refused"] += 1
-                self.log.warning("sample_refused", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"][:100],
-                                 device=msg.header.get("device"), reason=why)
+                self.log.warning(
+                    "sample_refused",
+                    id=msg.header["id"][:16],
+                    kind=msg.header["kind"],
+                    label=msg.header["label"][:100],
+                    device=msg.header.get("device"),
+                    reason=why,
+                )
                 router.send_multipart([peer, *encode("refused", {"id": msg.header["id"], "reason": why})])
                 return
             try:
@@ -134,7 +152,9 @@ class Receiver(Worker):
             if new:
                 device = msg.header.get("device") or "?"
                 self.by_device[device] = self.by_device.get(device, 0) + 1
-                self.log.debug("sample_stored", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"])
+                self.log.debug(
+                    "sample_stored", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"]
+                )
                 self.on_sample()
         else:
             self.counters["malformed"] += 1

@@ -41,8 +41,10 @@ class Recheck:
     def summary(self, previous_labels: torch.Tensor) -> dict:
         """Counts for the manifest: kept (of which relabelled: the teacher now names another class) and held back."""
         return {
-            "checked": len(self.keep), "kept": int(self.keep.sum()),
-            "relabelled": int((self.keep & (self.labels != previous_labels)).sum()), "held_back": int((~self.keep).sum()),
+            "checked": len(self.keep),
+            "kept": int(self.keep.sum()),
+            "relabelled": int((self.keep & (self.labels != previous_labels)).sum()),
+            "held_back": int((~self.keep).sum()),
         }
 
 

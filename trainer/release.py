@@ -29,7 +29,6 @@ __all__ = ["RELEASE_VERSION", "ReleaseSettings", "finish_release", "release", "t
 RELEASE_VERSION = "v1000"
 
 
-
 @dataclass
 class ReleaseSettings(TrainSettings):
     """:class:`~trainer.train.TrainSettings` with the release's values, and the architecture (recorded in its manifest)."""
@@ -47,11 +46,23 @@ class ReleaseSettings(TrainSettings):
 def split_photos(data_dir: str | os.PathLike, settings: ReleaseSettings):
     """The class folders and their seeded test / val / train split."""
     folder = scan_folder(data_dir)
-    return folder, stratified_split(folder.samples, {"test": settings.test_fraction, "val": settings.val_fraction}, settings.seed)
+    return folder, stratified_split(
+        folder.samples, {"test": settings.test_fraction, "val": settings.val_fraction}, settings.seed
+    )
 
 
-def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings: ReleaseSettings | None = None,
-                  watch: dict | None = None, progress: bool = True, augmentation: FieldAugSettings | None = FieldAugSettings()):
+#: The release's field augmentation, every part on.
+_FIELD_AUG = FieldAugSettings()
+
+
+def train_release(
+    data_dir: str | os.PathLike,
+    work: str | os.PathLike,
+    settings: ReleaseSettings | None = None,
+    watch: dict | None = None,
+    progress: bool = True,
+    augmentation: FieldAugSettings | None = _FIELD_AUG,
+):
     """Train the release model (resuming from ``work/checkpoint.pt``); returns (model, fit info, folder, splits).
     ``augmentation``: the field augmentation (None: the lab photos with :class:`trainer.train.Augment` only, the
     reference the field augmentation is measured against)."""
@@ -67,7 +78,9 @@ def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings
     folder, splits = split_photos(data_dir, settings)
     t0 = time.perf_counter()
     photos = {name: load_lab_photos(items) for name, items in splits.items()}
-    log.info("photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1))
+    log.info(
+        "photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1)
+    )
     train = photos["train"]
     val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors())
     model = build_model(len(folder.classes), settings.arch).to(memory_format=torch.channels_last)
@@ -77,20 +90,48 @@ def train_release(data_dir: str | os.PathLike, work: str | os.PathLike, settings
     else:
         composer = FieldComposer.of(train, augmentation)
         train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
-        batches, bn_x = (lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last)), composer.sample(BN_PASSES, settings.seed)
-    model, info = fit(model, train_ds, val_ds, settings, progress=progress, batches=batches,
-                      checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x)
+        batches, bn_x = (
+            (lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last)),
+            composer.sample(BN_PASSES, settings.seed),
+        )
+    model, info = fit(
+        model,
+        train_ds,
+        val_ds,
+        settings,
+        progress=progress,
+        batches=batches,
+        checkpoint=work / "checkpoint.pt",
+        watch=watch,
+        bn_x=bn_x,
+    )
     info["train_seconds"] = round(sum(h["seconds"] for h in info["history"]), 1)  # every epoch, across resumed runs
     info["bn_x"] = bn_x
     info["augmentation"] = asdict(augmentation) if augmentation is not None else None
     model = model.to(memory_format=torch.contiguous_format)
-    torch.save({"state_dict": model.state_dict(), "arch": settings.arch, "classes": folder.classes,
-                "info": {k: v for k, v in info.items() if k != "bn_x"}, "settings": asdict(settings)}, work / "trained.pt")
+    torch.save(
+        {
+            "state_dict": model.state_dict(),
+            "arch": settings.arch,
+            "classes": folder.classes,
+            "info": {k: v for k, v in info.items() if k != "bn_x"},
+            "settings": asdict(settings),
+        },
+        work / "trained.pt",
+    )
     return model, info, folder, photos
 
 
-def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLike, key_path: str | os.PathLike | None,
-                   settings: ReleaseSettings, version: str = RELEASE_VERSION):
+def finish_release(
+    model,
+    info: dict,
+    folder,
+    photos: dict,
+    out: str | os.PathLike,
+    key_path: str | os.PathLike | None,
+    settings: ReleaseSettings,
+    version: str = RELEASE_VERSION,
+):
     """Exact BatchNorm statistics, a fitted temperature, the verdict's statistics, metrics, ONNX + INT8, the split
     and the signature: the store at ``out`` (made; must not hold a version yet) with the release as its current."""
     from engines.signing import load_or_create_key
@@ -107,7 +148,9 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
     if key_path is not None:
         key_path = Path(key_path)
         if not key_path.is_file():
-            raise FileNotFoundError(f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)")
+            raise FileNotFoundError(
+                f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)"
+            )
         key = load_or_create_key(key_path)  # it exists: loaded, never made
     sets = {name: TensorDataset.of(p.samples, *p.tensors()) for name, p in photos.items()}
     recompute_batchnorm(model, info.pop("bn_x"))  # exact, over the composed training batches (BN_PASSES)
@@ -123,34 +166,65 @@ def finish_release(model, info: dict, folder, photos: dict, out: str | os.PathLi
         **{f"share_{k}": round(float((v == k).mean()), 4) for k in ("confident", "unsure", "unknown")},
         "confident_top1": round(float(right[v == "confident"].mean()), 4) if (v == "confident").any() else None,
     }
-    log.info("release_metrics", test_top1=metrics["test"]["top1"], val_top1=metrics["val"]["top1"], **metrics["verdict"])
+    log.info(
+        "release_metrics", test_top1=metrics["test"]["top1"], val_top1=metrics["val"]["top1"], **metrics["verdict"]
+    )
     root = Path(folder.root)
     split = {name: sorted(str(Path(s.path).relative_to(root)) for s in p.samples) for name, p in photos.items()}
     training = {
         "kind": "release",
         "data": root.name,
         "classes": folder.counts(),
-        "split": {"seed": settings.seed, "test_fraction": settings.test_fraction, "val_fraction": settings.val_fraction,
-                  **{f"{name}_photos": len(p.samples) for name, p in photos.items()}, "files": "split.json"},
+        "split": {
+            "seed": settings.seed,
+            "test_fraction": settings.test_fraction,
+            "val_fraction": settings.val_fraction,
+            **{f"{name}_photos": len(p.samples) for name, p in photos.items()},
+            "files": "split.json",
+        },
         "settings": asdict(settings),
         "augmentation": info.get("augmentation", asdict(FieldAugSettings())),
         "parameters": count_parameters(model),
         "epochs_run": info["epochs_run"],
         "selected": info["selected"],
         "swa": info.get("swa"),
-        "batchnorm": (f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos"
-                      if info.get("augmentation", True) else f"exact over the {len(photos['train'].samples)} training photos"),
+        "batchnorm": (
+            f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos"
+            if info.get("augmentation", True)
+            else f"exact over the {len(photos['train'].samples)} training photos"
+        ),
         "train_seconds": info.get("train_seconds"),
         "history": info["history"],
         "torch": torch.__version__,
     }
-    calib = sets["train"].x[torch.randperm(len(sets["train"].x), generator=torch.Generator().manual_seed(0))[:256]].numpy()
-    return publish_model(model, folder.classes, out, spec=DEFAULT_SPEC, metrics=metrics, training=training, calibration=calib,
-                         held_out=(test_x.numpy(), test_y), signing_key=key, verdict=verdict, split=split, version=version)
+    calib = (
+        sets["train"].x[torch.randperm(len(sets["train"].x), generator=torch.Generator().manual_seed(0))[:256]].numpy()
+    )
+    return publish_model(
+        model,
+        folder.classes,
+        out,
+        spec=DEFAULT_SPEC,
+        metrics=metrics,
+        training=training,
+        calibration=calib,
+        held_out=(test_x.numpy(), test_y),
+        signing_key=key,
+        verdict=verdict,
+        split=split,
+        version=version,
+    )
 
 
-def release(data_dir, out, key_path, work, settings: ReleaseSettings | None = None, progress: bool = True,
-            watch_field: str | os.PathLike | None = None):
+def release(
+    data_dir,
+    out,
+    key_path,
+    work,
+    settings: ReleaseSettings | None = None,
+    progress: bool = True,
+    watch_field: str | os.PathLike | None = None,
+):
     """The whole release (:func:`train_release`, then :func:`finish_release`); returns the published version.
     ``watch_field``: a field-photo folder evaluated after every epoch for the training history only."""
     settings = settings or ReleaseSettings()

@@ -26,13 +26,13 @@ from trainer.continual import train_generation
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
-from trainer.verdict_fit import fit_verdict_for
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import SampleStore
 from trainer.step import choose_step
 from trainer.stop import check
 from trainer.strategies.base import Generation, get_strategy
+from trainer.verdict_fit import fit_verdict_for
 
 __all__ = ["RetrainResult", "retrain", "balance_pseudo", "settle_published"]
 
@@ -111,6 +111,7 @@ def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
 def settle_published(store: EngineStore, samples: SampleStore) -> dict[str, str | None]:
     """Samples left pending by a publish that was stopped: marked with the version whose manifest records their tag,
     or new again where none does (:meth:`trainer.samples.SampleStore.settle_pending`)."""
+
     def published_with(tag: str) -> str | None:
         for name in reversed(store.versions()):
             if store.read_manifest(name).get("training", {}).get("sample_batch") == tag:
@@ -122,7 +123,17 @@ def settle_published(store: EngineStore, samples: SampleStore) -> dict[str, str 
 
 def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
     """What the manifest records of how a candidate was trained."""
-    keys = ("epochs", "batch_size", "weight_decay", "pseudo_lambda", "ramp_epochs", "seed", "swa_epochs", "distill", "distill_temperature")
+    keys = (
+        "epochs",
+        "batch_size",
+        "weight_decay",
+        "pseudo_lambda",
+        "ramp_epochs",
+        "seed",
+        "swa_epochs",
+        "distill",
+        "distill_temperature",
+    )
     return {**tc.model_dump(include=set(keys)), "lr": lr, "interpolate": interpolate}
 
 
@@ -132,8 +143,14 @@ def _root(store: EngineStore, version) -> str:
 
 
 def retrain(
-    cfg: AppConfig, store: EngineStore, samples: SampleStore, strategy_dir: Path, announce=lambda v: None,
-    should_stop=lambda: False, signing_key=None, progress=lambda phase, **info: None,
+    cfg: AppConfig,
+    store: EngineStore,
+    samples: SampleStore,
+    strategy_dir: Path,
+    announce=lambda v: None,
+    should_stop=lambda: False,
+    signing_key=None,
+    progress=lambda phase, **info: None,
 ) -> RetrainResult:
     """Run one retrain. Raises :class:`trainer.stop.Stopped` (nothing marked, nothing published) once
     ``should_stop()`` is true. ``signing_key`` signs the published version (daemons serve only signed ones).
@@ -151,21 +168,37 @@ def retrain(
     received, ids, new_classes = _received(samples, classes, tc.expert_weight, labelled.gate_ids, should_stop)
     train, val = labelled.train, labelled.val
     if len(val) == 0:  # nothing could ever be published: say so, and keep the samples for when there is
-        return RetrainResult(None, "no validation photos: cannot check the candidate", {"labelled": sources.describe()},
-                             len(ids), time.perf_counter() - t0)
+        return RetrainResult(
+            None,
+            "no validation photos: cannot check the candidate",
+            {"labelled": sources.describe()},
+            len(ids),
+            time.perf_counter() - t0,
+        )
     rechecked = None
     if tc.recheck_pseudo and received.pseudo.any():
         received, rechecked = _recheck_pseudo(previous, received, cfg.labels.pseudo_threshold, should_stop)
         log.info("pseudo_labels_rechecked", teacher=current.name, **rechecked)
     received.weight = received.weight * balance_pseudo(received.y, received.pseudo)
-    samples.set_state("last_retrain_pseudo", json.dumps(
-        {i: classes[int(y)] for i, y, p in zip(received.sample_ids, received.y, received.pseudo) if p}
-    ))
+    samples.set_state(
+        "last_retrain_pseudo",
+        json.dumps({i: classes[int(y)] for i, y, p in zip(received.sample_ids, received.y, received.pseudo) if p}),
+    )
     data = train + received
-    counts = {"labelled": len(train), "expert": int((~received.pseudo).sum()), "pseudo": int(received.pseudo.sum()),
-              "left_out_as_gate_photos": sum(1 for i in ids if i in labelled.gate_ids)}
-    log.info("retrain_started", parent=current.name, validation=len(val), new_classes=new_classes,
-             labelled_from=sources.origin, **counts)
+    counts = {
+        "labelled": len(train),
+        "expert": int((~received.pseudo).sum()),
+        "pseudo": int(received.pseudo.sum()),
+        "left_out_as_gate_photos": sum(1 for i in ids if i in labelled.gate_ids),
+    }
+    log.info(
+        "retrain_started",
+        parent=current.name,
+        validation=len(val),
+        new_classes=new_classes,
+        labelled_from=sources.origin,
+        **counts,
+    )
     if len(data) < 2:
         return RetrainResult(None, "not enough data to train on", {}, len(ids), time.perf_counter() - t0)
     adopt_strategy_state(store, _root(store, current), classes, strategy_dir, log)  # after an upgrade to a new release
@@ -173,15 +206,30 @@ def retrain(
     # Something new to learn (an expert's labels, a new class): the full step. Pseudo-labels alone: a cautious one.
     learning = counts["expert"] > 0 or bool(new_classes)
     lr, interpolate = (tc.lr, tc.interpolate) if learning else (tc.pseudo_only_lr, 1.0)
-    log.info("retrain_step", kind="expert labels or new classes" if learning else "pseudo-labels only", lr=lr,
-             interpolate=interpolate if learning else tc.pseudo_only_steps)
-    candidate, used = train_generation(previous, data, strategy, tc, lr, interpolate, num_classes=len(classes),
-                                       should_stop=should_stop, batchnorm=learning,
-                                       on_epoch=lambda e, n: progress("training", epoch=e, epochs=n))
+    log.info(
+        "retrain_step",
+        kind="expert labels or new classes" if learning else "pseudo-labels only",
+        lr=lr,
+        interpolate=interpolate if learning else tc.pseudo_only_steps,
+    )
+    candidate, used = train_generation(
+        previous,
+        data,
+        strategy,
+        tc,
+        lr,
+        interpolate,
+        num_classes=len(classes),
+        should_stop=should_stop,
+        batchnorm=learning,
+        on_epoch=lambda e, n: progress("training", epoch=e, epochs=n),
+    )
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
         progress("choosing the step")
-        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed)
+        candidate, step = choose_step(
+            candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed
+        )
         log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
     progress("gate")
@@ -202,13 +250,23 @@ def retrain(
         log.info("calibrated", **metrics["calibration"])
     check(should_stop, "before publishing")
     training = {
-        "kind": "continual", "strategy": tc.strategy.model_dump(), "settings": _recorded(tc, lr, interpolate), "samples": counts,
-        "expert_weight": tc.expert_weight, "labelled": sources.describe(),
-        "new_classes": new_classes, "pseudo_recheck": rechecked, "torch": torch.__version__,
+        "kind": "continual",
+        "strategy": tc.strategy.model_dump(),
+        "settings": _recorded(tc, lr, interpolate),
+        "samples": counts,
+        "expert_weight": tc.expert_weight,
+        "labelled": sources.describe(),
+        "new_classes": new_classes,
+        "pseudo_recheck": rechecked,
+        "torch": torch.__version__,
     }
     calib = train.x if len(train) else received.x
     truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos
-    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC) if len(val) >= 10 and truth.any() else None
+    verdict = (
+        fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC)
+        if len(val) >= 10 and truth.any()
+        else None
+    )
     # The samples are marked pending with a tag the manifest records, before the publish makes the version visible:
     # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
     progress("publishing")
@@ -216,9 +274,17 @@ def retrain(
     samples.mark_pending(ids, tag)
     try:
         version = publish_model(
-            candidate, classes, store.root, metrics=metrics, training={**training, "sample_batch": tag}, parent=current.name,
+            candidate,
+            classes,
+            store.root,
+            metrics=metrics,
+            training={**training, "sample_batch": tag},
+            parent=current.name,
             calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
-            held_out=(val.x.numpy(), val.y.numpy()), should_stop=should_stop, signing_key=signing_key, verdict=verdict,
+            held_out=(val.x.numpy(), val.y.numpy()),
+            should_stop=should_stop,
+            signing_key=signing_key,
+            verdict=verdict,
         )
     except BaseException:
         settle_published(store, samples)
@@ -226,5 +292,10 @@ def retrain(
     samples.mark_used(ids, version.name)
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
-    log.info("retrain_published", engine_version=version.name, parent=current.name, seconds=round(time.perf_counter() - t0, 1))
+    log.info(
+        "retrain_published",
+        engine_version=version.name,
+        parent=current.name,
+        seconds=round(time.perf_counter() - t0, 1),
+    )
     return RetrainResult(version.name, decision.reason, metrics, len(ids), time.perf_counter() - t0)

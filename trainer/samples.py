@@ -54,7 +54,9 @@ class SampleStore:
         self.root = Path(root)
         (self.root / "samples").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.root / "samples.sqlite", check_same_thread=False, timeout=30, isolation_level=None)
+        self._db = sqlite3.connect(
+            self.root / "samples.sqlite", check_same_thread=False, timeout=30, isolation_level=None
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
@@ -76,13 +78,23 @@ class SampleStore:
         with self._lock:
             cur = self._db.execute(
                 "INSERT OR IGNORE INTO samples (id, kind, label, confidence, engine_version, file, received) VALUES (?,?,?,?,?,?,?)",
-                (header["id"], header["kind"], header["label"], float(header["confidence"]), header["engine_version"], str(path), time.time()),
+                (
+                    header["id"],
+                    header["kind"],
+                    header["label"],
+                    float(header["confidence"]),
+                    header["engine_version"],
+                    str(path),
+                    time.time(),
+                ),
             )
         return cur.rowcount == 1
 
     def all(self) -> list[Sample]:
         with self._lock:
-            rows = self._db.execute("SELECT id, kind, label, confidence, engine_version, file, received, generation FROM samples ORDER BY received").fetchall()
+            rows = self._db.execute(
+                "SELECT id, kind, label, confidence, engine_version, file, received, generation FROM samples ORDER BY received"
+            ).fetchall()
         return [Sample(*r) for r in rows]
 
     def mark_used(self, ids: list[str], generation: str) -> None:
@@ -98,13 +110,19 @@ class SampleStore:
         """Samples a stopped publish left pending: marked with the version published with their tag
         (``published_with(tag)``), or new again where none was. Returns tag -> version (None: made new again)."""
         with self._lock:
-            tags = [g[len(PENDING):] for (g,) in self._db.execute(
-                "SELECT DISTINCT generation FROM samples WHERE generation LIKE ?", (PENDING + "%",)).fetchall()]
+            tags = [
+                g[len(PENDING) :]
+                for (g,) in self._db.execute(
+                    "SELECT DISTINCT generation FROM samples WHERE generation LIKE ?", (PENDING + "%",)
+                ).fetchall()
+            ]
         settled = {}
         for tag in tags:
             settled[tag] = published_with(tag)
             with self._lock:
-                self._db.execute("UPDATE samples SET generation = ? WHERE generation = ?", (settled[tag], PENDING + tag))
+                self._db.execute(
+                    "UPDATE samples SET generation = ? WHERE generation = ?", (settled[tag], PENDING + tag)
+                )
         return settled
 
     def counts(self) -> dict:

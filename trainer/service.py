@@ -16,9 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.state import curve_keys, handoff_endpoints, resolve_store
 from edge_agent.log import get_logger
-from edge_agent.state import trainer_state_dir, write_status
+from edge_agent.state import curve_keys, handoff_endpoints, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
 from engines.signing import load_or_create_key
 from trainer.delivery import DeliverySettings, EngineServer
@@ -48,8 +47,14 @@ class TrainerService:
         h = cfg.handoff
         self.receiver = Receiver(
             self.samples,
-            ReceiverSettings(endpoint, announce, h.heartbeat_s, h.max_payload_mb << 20, curve_keys(cfg),
-                             new_classes=not endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes),
+            ReceiverSettings(
+                endpoint,
+                announce,
+                h.heartbeat_s,
+                h.max_payload_mb << 20,
+                curve_keys(cfg),
+                new_classes=not endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes,
+            ),
             classes=self._classes,
         )
         self.server = EngineServer(self.store, DeliverySettings(delivery, curve_keys(cfg)))
@@ -103,19 +108,30 @@ class TrainerService:
         self.labelled = sources.describe()
         if sources.val:
             return None
-        return ("no validation photos: no candidate could be checked, so no retrain starts. Set [trainer] "
-                "validation_data (or labelled_data) to a folder of <Class>/<photo> the model never trained on"
-                + ("" if self.cfg.trainer.shipped_data else ", or turn [trainer] shipped_data back on")
-                + (f" ({'; '.join(sources.problems)})" if sources.problems else ""))
+        return (
+            "no validation photos: no candidate could be checked, so no retrain starts. Set [trainer] "
+            "validation_data (or labelled_data) to a folder of <Class>/<photo> the model never trained on"
+            + ("" if self.cfg.trainer.shipped_data else ", or turn [trainer] shipped_data back on")
+            + (f" ({'; '.join(sources.problems)})" if sources.problems else "")
+        )
 
     def status(self) -> dict:
         return {
-            "pid": os.getpid(), "updated": time.time(), "uptime_s": round(time.time() - self.started, 1), "state": self.state,
-            "samples": self.samples.counts(), "retrain_threshold": self.cfg.trainer.retrain_threshold,
-            "blocked": self.blocked, "labelled": self.labelled, "waiting_for_new_samples": self._hold is not None,
-            "receiver": dict(self.receiver.counters), "daemons_seen": len(self.receiver.peers),
-            "fleet": self.server.fleet(dict(self.receiver.by_device)), "transfer": dict(self.server.counters),
-            "last_retrain": asdict(self.last) if self.last else None, "store": str(self.store.root),
+            "pid": os.getpid(),
+            "updated": time.time(),
+            "uptime_s": round(time.time() - self.started, 1),
+            "state": self.state,
+            "samples": self.samples.counts(),
+            "retrain_threshold": self.cfg.trainer.retrain_threshold,
+            "blocked": self.blocked,
+            "labelled": self.labelled,
+            "waiting_for_new_samples": self._hold is not None,
+            "receiver": dict(self.receiver.counters),
+            "daemons_seen": len(self.receiver.peers),
+            "fleet": self.server.fleet(dict(self.receiver.by_device)),
+            "transfer": dict(self.server.counters),
+            "last_retrain": asdict(self.last) if self.last else None,
+            "store": str(self.store.root),
             "retraining": self.retraining,
         }
 
@@ -164,10 +180,20 @@ class TrainerService:
         self.log.info("retrain_due", **self.samples.counts())
         self.retraining = {"phase": "starting", "since": time.time()}
         heartbeat = threading.Event()
-        threading.Thread(target=self._status_while_training, args=(heartbeat,), name="trainer-status", daemon=True).start()
+        threading.Thread(
+            target=self._status_while_training, args=(heartbeat,), name="trainer-status", daemon=True
+        ).start()
         try:
-            self.last = retrain(self.cfg, self.store, self.samples, self.root / "strategy", self._announce,
-                                should_stop=self._stop.is_set, signing_key=self.signing_key, progress=self._progress)
+            self.last = retrain(
+                self.cfg,
+                self.store,
+                self.samples,
+                self.root / "strategy",
+                self._announce,
+                should_stop=self._stop.is_set,
+                signing_key=self.signing_key,
+                progress=self._progress,
+            )
         except Stopped as exc:
             self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
         except Exception as exc:
@@ -186,7 +212,9 @@ class TrainerService:
         self.blocked = self.check_validation()
         self.receiver.start()
         self.server.start()
-        self.log.info("serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled)
+        self.log.info(
+            "serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled
+        )
         if self.blocked:
             self.log.warning("no_validation_photos", reason=self.blocked)
         next_status = 0.0

@@ -86,16 +86,29 @@ def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -
             dst = out / kind / name / Path(s.path).name
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(s.path, dst)
-            files.append({"file": str(dst.relative_to(out)), "class": name, "set": kind,
-                          "sha256": hashlib.sha256(dst.read_bytes()).hexdigest(),
-                          "source": str(Path(s.path).relative_to(Path(data)))})
+            files.append(
+                {
+                    "file": str(dst.relative_to(out)),
+                    "class": name,
+                    "set": kind,
+                    "sha256": hashlib.sha256(dst.read_bytes()).hexdigest(),
+                    "source": str(Path(s.path).relative_to(Path(data))),
+                }
+            )
     manifest = {
         "model_version": version.name,
         "model_sha256": version.manifest["files"]["model.onnx"]["sha256"],
         "split": split_info,
-        "gate": {"photos": len(parts["test"]), "what": "the shipped model's test split: never trained on, never used for selection"},
-        "replay": {"photos": len(replay), "per_class": replay_per_class, "selection": "herding on the shipped model's features",
-                   "from": "the shipped model's training split"},
+        "gate": {
+            "photos": len(parts["test"]),
+            "what": "the shipped model's test split: never trained on, never used for selection",
+        },
+        "replay": {
+            "photos": len(replay),
+            "per_class": replay_per_class,
+            "selection": "herding on the shipped model's features",
+            "from": "the shipped model's training split",
+        },
         "files": files,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -50,7 +50,9 @@ def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha
 
 
 @torch.no_grad()
-def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64) -> tuple[torch.Tensor, float]:
+def _losses(
+    model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64
+) -> tuple[torch.Tensor, float]:
     """Per-photo cross-entropy and top-1."""
     model.eval()
     losses, right = [], 0
@@ -71,8 +73,15 @@ def at_step(trained: LeafNet, previous: LeafNet, a: float, bn_x: torch.Tensor, s
 
 
 def choose_step(
-    trained: LeafNet, previous: LeafNet, steps: list[float], bn_x: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor,
-    should_stop=lambda: False, search_photos: int = 192, seed: int = 0,
+    trained: LeafNet,
+    previous: LeafNet,
+    steps: list[float],
+    bn_x: torch.Tensor,
+    val_x: torch.Tensor,
+    val_y: torch.Tensor,
+    should_stop=lambda: False,
+    search_photos: int = 192,
+    seed: int = 0,
 ) -> tuple[LeafNet, StepChoice]:
     """The candidate ``previous + a x (trained - previous)`` for the smallest ``a`` in ``steps`` whose log-loss on
     ``val_x``/``val_y`` is within one standard error of the lowest (the one-standard-error rule: a larger step must
@@ -103,6 +112,13 @@ def choose_step(
         within = float(diff.mean()) <= se
         if within and chosen is None:
             chosen = a  # steps ascending: the smallest within one standard error
-        tried.append({"step": a, "gate_log_loss": round(float(losses.mean()), 4), "gate_top1": round(top1, 4),
-                      "above_lowest": round(float(diff.mean()), 4), "standard_error": round(se, 4)})
+        tried.append(
+            {
+                "step": a,
+                "gate_log_loss": round(float(losses.mean()), 4),
+                "gate_top1": round(top1, 4),
+                "above_lowest": round(float(diff.mean()), 4),
+                "standard_error": round(se, 4),
+            }
+        )
     return at_step(trained, previous, chosen, bn_x, should_stop), StepChoice(chosen, tried)

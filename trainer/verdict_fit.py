@@ -29,12 +29,24 @@ __all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = 128) -> np.ndarray:
     """The model's logits for ``x`` in eval mode, as float64."""
     model.eval()
-    return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy() if len(x) else np.zeros((0, 0))
+    return (
+        torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy()
+        if len(x)
+        else np.zeros((0, 0))
+    )
 
 
-def fit_verdict(train_logits: np.ndarray, train_y: np.ndarray, held_logits: np.ndarray, held_x: np.ndarray,
-                spec: PreprocessSpec, confident_quantile: float = 0.8, unknown_quantile: float = 0.995,
-                unknown_factor: float = 1.5, shrinkage: float = 0.05) -> dict:
+def fit_verdict(
+    train_logits: np.ndarray,
+    train_y: np.ndarray,
+    held_logits: np.ndarray,
+    held_x: np.ndarray,
+    spec: PreprocessSpec,
+    confident_quantile: float = 0.8,
+    unknown_quantile: float = 0.995,
+    unknown_factor: float = 1.5,
+    shrinkage: float = 0.05,
+) -> dict:
     """The ``verdict`` section: means and precision from (``train_logits``, ``train_y``), thresholds from the
     held-out photos (``held_logits``, their inputs ``held_x`` for the sharpness limit)."""
     k = train_logits.shape[1]
@@ -68,21 +80,35 @@ def fit_verdict(train_logits: np.ndarray, train_y: np.ndarray, held_logits: np.n
     section["unknown_distance"] = round(float(np.quantile(d, unknown_quantile) * unknown_factor), 4)
     sharp = image_checks(held_x, spec.mean, spec.std)[2]
     section["image"]["min_sharpness"] = round(float(np.quantile(sharp, 0.005) / 4), 6)
-    section["fitted"] = {"train_photos": int(len(train_logits)), "held_out_photos": int(len(held_logits)),
-                         "confident_quantile": confident_quantile, "unknown_quantile": unknown_quantile,
-                         "unknown_factor": unknown_factor, "shrinkage": shrinkage}
+    section["fitted"] = {
+        "train_photos": int(len(train_logits)),
+        "held_out_photos": int(len(held_logits)),
+        "confident_quantile": confident_quantile,
+        "unknown_quantile": unknown_quantile,
+        "unknown_factor": unknown_factor,
+        "shrinkage": shrinkage,
+    }
     return section
 
 
-def fit_verdict_for(model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, held_x: torch.Tensor,
-                    spec: PreprocessSpec) -> dict:
+def fit_verdict_for(
+    model: torch.nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, held_x: torch.Tensor, spec: PreprocessSpec
+) -> dict:
     """:func:`fit_verdict` for a torch model: its logits on clean training photos (true labels) and held-out photos."""
     return fit_verdict(logits_of(model, train_x), train_y.numpy(), logits_of(model, held_x), held_x.numpy(), spec)
 
 
-def verdicts_of(section: dict, classes: list[str], logits: np.ndarray, x: np.ndarray, spec: PreprocessSpec,
-                confident_probability: float = 0.9) -> list[str]:
+def verdicts_of(
+    section: dict,
+    classes: list[str],
+    logits: np.ndarray,
+    x: np.ndarray,
+    spec: PreprocessSpec,
+    confident_probability: float = 0.9,
+) -> list[str]:
     """The verdicts a device would give these logits (for the manifest's figures and the INT8 check)."""
     probs = softmax(logits)
-    judge = Judge(VerdictSpec.from_manifest({"classes": classes, "verdict": section}), confident_probability, spec.mean, spec.std)
+    judge = Judge(
+        VerdictSpec.from_manifest({"classes": classes, "verdict": section}), confident_probability, spec.mean, spec.std
+    )
     return [v.verdict for v in judge.judge(logits, probs, x)]

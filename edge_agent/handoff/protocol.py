@@ -23,10 +23,22 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+
 from engines.errors import EdgeAgentError
 
-__all__ = ["MAGIC", "Field", "Message", "ProtocolError", "encode", "decode", "decode_or_drop", "parse_frames", "MAX_HEADER_BYTES",
-           "DEFAULT_MAX_PAYLOAD", "VERSION"]
+__all__ = [
+    "MAGIC",
+    "Field",
+    "Message",
+    "ProtocolError",
+    "encode",
+    "decode",
+    "decode_or_drop",
+    "parse_frames",
+    "MAX_HEADER_BYTES",
+    "DEFAULT_MAX_PAYLOAD",
+    "VERSION",
+]
 
 MAGIC = b"EDGE1"
 MAX_HEADER_BYTES = 16 * 1024
@@ -53,7 +65,9 @@ class Field:
 
     def check(self, kind: str, name: str, value) -> object:
         """``value`` as this field's type, or :class:`ProtocolError` naming the kind and field."""
-        if isinstance(value, bool) != (self.type is bool) or not isinstance(value, (int, float) if self.type is float else self.type):
+        if isinstance(value, bool) != (self.type is bool) or not isinstance(
+            value, (int, float) if self.type is float else self.type
+        ):
             raise ProtocolError(f"{kind}: field {name!r} missing or of the wrong type")
         if self.type in (int, float):
             value = self.type(value)
@@ -70,9 +84,15 @@ class Field:
 
 
 _SCHEMAS = {
-    "sample": {"id": Field(str, pattern=_ID), "kind": Field(str, choices=("pseudo", "expert")), "label": Field(str, max_len=200),
-               "confidence": Field(float, lo=0.0, hi=1.0), "engine_version": Field(str, max_len=32), "ext": Field(str, pattern=_EXT),
-               "device": Field(str, required=False, max_len=64)},
+    "sample": {
+        "id": Field(str, pattern=_ID),
+        "kind": Field(str, choices=("pseudo", "expert")),
+        "label": Field(str, max_len=200),
+        "confidence": Field(float, lo=0.0, hi=1.0),
+        "engine_version": Field(str, max_len=32),
+        "ext": Field(str, pattern=_EXT),
+        "device": Field(str, required=False, max_len=64),
+    },
     "ack": {"id": Field(str, pattern=_ID)},
     "refused": {"id": Field(str, pattern=_ID), "reason": Field(str, max_len=300)},
     "heartbeat": {"role": Field(str, max_len=32), "time": Field(float, lo=0.0, hi=1e11)},
@@ -91,7 +111,9 @@ class Message:
     payload: bytes | None = field(default=None, repr=False)
 
 
-def encode(kind: str, header: dict, payload: bytes | None = None, magic: bytes = MAGIC, kinds: dict | None = None) -> list[bytes]:
+def encode(
+    kind: str, header: dict, payload: bytes | None = None, magic: bytes = MAGIC, kinds: dict | None = None
+) -> list[bytes]:
     """The frames of a message (``magic`` and ``kinds``: another protocol's, e.g. engine transfer's)."""
     if kind not in (kinds if kinds is not None else _SCHEMAS):
         raise ProtocolError(f"unknown message kind {kind!r}")

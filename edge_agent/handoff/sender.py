@@ -64,7 +64,15 @@ class Sender(Worker):
         self.settings = settings
         self.on_engine = on_engine or (lambda version: None)
         self.log = get_logger("handoff.sender", endpoint=settings.endpoint)
-        self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0, "refused": 0}
+        self.counters = {
+            "sent": 0,
+            "resent": 0,
+            "acked": 0,
+            "malformed": 0,
+            "heartbeats_in": 0,
+            "announcements": 0,
+            "refused": 0,
+        }
         self.trainer_seen = 0.0
         self._inflight: dict[str, _InFlight] = {}
 
@@ -96,12 +104,16 @@ class Sender(Worker):
                     next_hb = now + self.settings.heartbeat_s
                 alive = self.trainer_alive
                 if alive != was_alive:
-                    self.log.info("trainer_alive" if alive else "trainer_silent", queued=len(self.db.queued_for_delivery(10**9)))
+                    self.log.info(
+                        "trainer_alive" if alive else "trainer_silent", queued=len(self.db.queued_for_delivery(10**9))
+                    )
                     was_alive = alive
                 if alive:
                     self._deliver(dealer, now)
                 for sock, _ in poller.poll(200):
-                    for _ in range(500):  # what is waiting, in one go (a flood of garbage must not starve real messages)
+                    for _ in range(
+                        500
+                    ):  # what is waiting, in one go (a flood of garbage must not starve real messages)
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
@@ -147,8 +159,12 @@ class Sender(Worker):
         except FileNotFoundError:
             data = None
         if data is None or hashlib.sha256(data).hexdigest() != sha:  # gone, or changed on disk since it was queued
-            self.log.error("queued_photo_missing" if data is None else "queued_photo_changed", photo_id=entry.photo_id,
-                           file=file, action="dropped from queue")
+            self.log.error(
+                "queued_photo_missing" if data is None else "queued_photo_changed",
+                photo_id=entry.photo_id,
+                file=file,
+                action="dropped from queue",
+            )
             self.db.remove_queued([sha])
             self._inflight.pop(sha, None)
             return False
@@ -210,4 +226,6 @@ class Sender(Worker):
         self.db.add_quarantine(entry.file, kept, why, source="trainer")
         self.db.remove_queued([sha])
         self.counters["refused"] += 1
-        self.log.warning("sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept)
+        self.log.warning(
+            "sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept
+        )

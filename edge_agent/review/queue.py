@@ -63,8 +63,9 @@ def to_ask(db: ResultsDB, per_day: int, everything: bool = False) -> list[Review
     return [pool[c.id] for c in order]
 
 
-def label_photo(db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list[str], ref: str, label: str,
-                new_class: bool = False) -> QueueEntry:
+def label_photo(
+    db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list[str], ref: str, label: str, new_class: bool = False
+) -> QueueEntry:
     """Give a photo of the review queue its true class; it joins the expert queue for the trainer.
 
     ``ref`` is a photo id, a sha256 prefix (8+ characters) or the photo's original path. Raises :class:`LabelError`."""
@@ -75,7 +76,9 @@ def label_photo(db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list
     if not label:
         raise LabelError("an empty class name")
     if label not in classes and not new_class:
-        raise LabelError(f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}")
+        raise LabelError(
+            f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}"
+        )
     src = Path(entry.file)
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))

@@ -72,8 +72,17 @@ class EngineFetcher(Worker):
         self.store, self.trust, self.settings = store, trust, settings
         self.serving, self.queue_depth, self.on_installed = serving, queue_depth, on_installed
         self.log = get_logger("transfer.fetcher", endpoint=settings.endpoint, device=settings.name)
-        self.counters = {"offers": 0, "installed": 0, "refused": 0, "chunks": 0, "bytes": 0, "resumed_bytes": 0,
-                         "malformed": 0, "stalls": 0, "errors": 0}
+        self.counters = {
+            "offers": 0,
+            "installed": 0,
+            "refused": 0,
+            "chunks": 0,
+            "bytes": 0,
+            "resumed_bytes": 0,
+            "malformed": 0,
+            "stalls": 0,
+            "errors": 0,
+        }
         self.refused: dict[str, str] = {}
         self._refused_sig: dict[str, str] = {}
         self._held_back: set[str] = set()  # refused by policy (older, or pinned): offered again once that changes
@@ -82,9 +91,17 @@ class EngineFetcher(Worker):
 
     def status(self) -> dict:
         job = self._job
-        return {**self.counters, "refused": dict(self.refused),
-                "downloading": None if job is None else {"version": job.version, "bytes": job.received_bytes + job.resumed_bytes,
-                                                         "of": sum(b for _, b, _ in job.files)}}
+        return {
+            **self.counters,
+            "refused": dict(self.refused),
+            "downloading": None
+            if job is None
+            else {
+                "version": job.version,
+                "bytes": job.received_bytes + job.resumed_bytes,
+                "of": sum(b for _, b, _ in job.files),
+            },
+        }
 
     # ---- loop -----------------------------------------------------------------
     def _run(self) -> None:
@@ -98,9 +115,18 @@ class EngineFetcher(Worker):
                 now = time.monotonic()
                 if now >= next_hello:
                     self._release_held_back()
-                    self._send(sock, encode("hello", {"name": self.settings.name, "engine_version": self.serving(),
-                                                      "queue": int(self.queue_depth()),
-                                                      "refused": dict(list(self.refused.items())[-MAX_REFUSED:])}))
+                    self._send(
+                        sock,
+                        encode(
+                            "hello",
+                            {
+                                "name": self.settings.name,
+                                "engine_version": self.serving(),
+                                "queue": int(self.queue_depth()),
+                                "refused": dict(list(self.refused.items())[-MAX_REFUSED:]),
+                            },
+                        ),
+                    )
                     next_hello = now + self.settings.heartbeat_s
                 job = self._job
                 if job is not None and now - job.last_progress > self.settings.stall_s:
@@ -137,7 +163,9 @@ class EngineFetcher(Worker):
             self._on_chunk(sock, msg.header, msg.payload)
         elif msg.kind == "missing":
             if self._job is not None and self._job.version == msg.header["version"]:
-                self.log.warning("transfer_abandoned", engine_version=msg.header["version"], reason=msg.header["reason"])
+                self.log.warning(
+                    "transfer_abandoned", engine_version=msg.header["version"], reason=msg.header["reason"]
+                )
                 self._job = None
         else:
             self.counters["malformed"] += 1
@@ -220,7 +248,9 @@ class EngineFetcher(Worker):
             while len(job.outstanding) < self.settings.window and job.next[name] < size:
                 off = job.next[name]
                 length = min(self.settings.chunk_bytes, size - off)
-                if not self._send(sock, encode("fetch", {"version": job.version, "file": name, "offset": off, "length": length})):
+                if not self._send(
+                    sock, encode("fetch", {"version": job.version, "file": name, "offset": off, "length": length})
+                ):
                     return  # not connected: the stall timer asks again
                 job.outstanding.append((name, off, length))
                 job.next[name] = off + length
@@ -250,9 +280,13 @@ class EngineFetcher(Worker):
             digest = sha256_file(part)
             if digest != sha:
                 part.unlink()
-                self._refuse(sock, job.version, job.signature,
-                             f"{job.version}/{name}: sha256 {digest[:12]}... of the received file does not match the "
-                             f"signed manifest ({sha[:12]}...): altered in transit; refusing the version")
+                self._refuse(
+                    sock,
+                    job.version,
+                    job.signature,
+                    f"{job.version}/{name}: sha256 {digest[:12]}... of the received file does not match the "
+                    f"signed manifest ({sha[:12]}...): altered in transit; refusing the version",
+                )
                 return
         self._fill(sock)
         self._maybe_finish(sock)
@@ -268,7 +302,9 @@ class EngineFetcher(Worker):
             return
         self._job = None
         self.counters["installed"] += 1
-        self.log.info("engine_received", engine_version=job.version, bytes=job.received_bytes, resumed_bytes=job.resumed_bytes)
+        self.log.info(
+            "engine_received", engine_version=job.version, bytes=job.received_bytes, resumed_bytes=job.resumed_bytes
+        )
         self._send(sock, encode("result", {"version": job.version, "ok": True, "reason": "installed"}))
         self.on_installed(job.version)
 
@@ -290,4 +326,3 @@ class EngineFetcher(Worker):
             self._job = None
         shutil.rmtree(self.store.incoming(version), ignore_errors=True)
         self._send(sock, encode("result", {"version": version, "ok": False, "reason": reason[:500]}))
-

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-from edge_agent.handoff.protocol import VERSION, Field, Message, ProtocolError, encode as _encode, parse_frames
+from edge_agent.handoff.protocol import VERSION, Field, Message, ProtocolError, parse_frames
+from edge_agent.handoff.protocol import encode as _encode
 
 __all__ = ["MAGIC", "KINDS", "CHUNK_MAX", "encode", "decode", "Message", "ProtocolError"]
 
@@ -30,11 +31,19 @@ MAX_REFUSED = 64
 _OFFSET = Field(int, lo=0, hi=2**40)
 
 KINDS = {
-    "hello": {"name": Field(str, max_len=64), "engine_version": Field(str, max_len=32), "queue": Field(int, lo=0, hi=2**40),
-              "refused": Field(dict, max_len=MAX_REFUSED)},
+    "hello": {
+        "name": Field(str, max_len=64),
+        "engine_version": Field(str, max_len=32),
+        "queue": Field(int, lo=0, hi=2**40),
+        "refused": Field(dict, max_len=MAX_REFUSED),
+    },
     "offer": {"version": Field(str, pattern=VERSION), "signature": Field(str, max_len=1024)},
-    "fetch": {"version": Field(str, pattern=VERSION), "file": Field(str, pattern=_FILE), "offset": _OFFSET,
-              "length": Field(int, lo=1, hi=CHUNK_MAX)},
+    "fetch": {
+        "version": Field(str, pattern=VERSION),
+        "file": Field(str, pattern=_FILE),
+        "offset": _OFFSET,
+        "length": Field(int, lo=1, hi=CHUNK_MAX),
+    },
     "chunk": {"version": Field(str, pattern=VERSION), "file": Field(str, pattern=_FILE), "offset": _OFFSET},
     "missing": {"version": Field(str, pattern=VERSION), "reason": Field(str, max_len=500)},
     "result": {"version": Field(str, pattern=VERSION), "ok": Field(bool), "reason": Field(str, max_len=500)},
@@ -52,7 +61,10 @@ def decode(frames: list[bytes], max_payload: int = CHUNK_MAX) -> Message:
     if msg.kind == "hello":
         if not h["name"]:
             raise ProtocolError("hello: empty name")
-        if not all(isinstance(k, str) and VERSION.match(k) and isinstance(v, str) and len(v) <= 500 for k, v in h["refused"].items()):
+        if not all(
+            isinstance(k, str) and VERSION.match(k) and isinstance(v, str) and len(v) <= 500
+            for k, v in h["refused"].items()
+        ):
             raise ProtocolError("hello: 'refused' must map version names to reasons of at most 500 characters")
     if msg.kind in ("offer", "chunk"):
         if not msg.payload:

@@ -12,6 +12,7 @@ slow page cannot touch classification. Server-rendered pages, every asset in the
 from __future__ import annotations
 
 from pathlib import Path
+
 from engines.errors import EdgeAgentError
 
 __all__ = ["serve", "new_token", "WebError"]
@@ -44,20 +45,35 @@ def serve(cfg, state_dir: Path, bind: str | None = None, port: int | None = None
     bind = bind or cfg.web.bind
     port = port or cfg.web.port
     if not is_local_bind(bind) and not _tokens(state_dir).exists():
-        raise WebError(f"--bind {bind} opens the page to other machines: first run `edge-agent web --state-dir {state_dir} "
-                       "--new-token` and keep the link it prints")
+        raise WebError(
+            f"--bind {bind} opens the page to other machines: first run `edge-agent web --state-dir {state_dir} "
+            "--new-token` and keep the link it prints"
+        )
     app = create_app(WebContext(cfg, StateLayout(state_dir), inbox_dir(cfg, state_dir), bind))
     host = f"[{bind}]" if ":" in bind else bind
-    get_logger("web", state_dir=str(state_dir)).info("web_listening", url=f"http://{host}:{port}/",
-                                                     token_required=not is_local_bind(bind))
+    get_logger("web", state_dir=str(state_dir)).info(
+        "web_listening", url=f"http://{host}:{port}/", token_required=not is_local_bind(bind)
+    )
     from edge_agent.web._limits import guarded_protocol, raise_file_limit
 
     log = get_logger("web", state_dir=str(state_dir))
     raise_file_limit(cfg.web.max_connections + 256)  # the connections, and room for the database and photos
-    config = uvicorn.Config(app, host=bind, port=port, lifespan="off", ws="none", loop="asyncio",
-                            http=guarded_protocol(cfg.web.max_connections, cfg.web.idle_timeout_s, log),
-                            timeout_keep_alive=5, backlog=128, h11_max_incomplete_event_size=16 * 1024,
-                            log_config=None, access_log=False, server_header=False, log_level="warning")
+    config = uvicorn.Config(
+        app,
+        host=bind,
+        port=port,
+        lifespan="off",
+        ws="none",
+        loop="asyncio",
+        http=guarded_protocol(cfg.web.max_connections, cfg.web.idle_timeout_s, log),
+        timeout_keep_alive=5,
+        backlog=128,
+        h11_max_incomplete_event_size=16 * 1024,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        log_level="warning",
+    )
     _server_class()(config).run()
     get_logger("web", state_dir=str(state_dir)).info("web_stopped")
     return 0

@@ -51,8 +51,11 @@ class BodyLimit:
             await self.app(scope, counted, tracked)
         except _TooLarge:
             if not started:
-                await PlainTextResponse(f"413 Request Entity Too Large: more than {cap} bytes\n", status_code=413,
-                                        headers={"Connection": "close"})(scope, receive, send)
+                await PlainTextResponse(
+                    f"413 Request Entity Too Large: more than {cap} bytes\n",
+                    status_code=413,
+                    headers={"Connection": "close"},
+                )(scope, receive, send)
 
 
 def raise_file_limit(wanted: int) -> int:

@@ -34,8 +34,8 @@ from edge_agent.web.auth import AccessMiddleware, TokenFile, csrf_ok, csrf_secre
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.queries import Filters, Reader
 from edge_agent.web.upload import store_upload
-from engines.store import StoreError
 from engines.errors import EdgeAgentError
+from engines.store import StoreError
 
 __all__ = ["create_app", "WebContext"]
 
@@ -119,8 +119,12 @@ def _int(text: str | None, default: int = 0, hi: int = 1_000_000) -> int:
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
-    templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text)
-    files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
+    templates.env.filters.update(
+        pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text
+    )
+    files = PhotoFiles(
+        ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels
+    )
     daemon_stale_s = max(10.0, 5 * ctx.cfg.daemon.status_interval_s)
 
     def page(request: Request, template: str, status: int = 200, **context) -> Response:
@@ -133,8 +137,9 @@ def create_app(ctx: WebContext) -> Starlette:
                 review_n = pool if left is None else min(pool, left)
             finally:
                 db.close()
-        return templates.TemplateResponse(request, template, {"csrf": request.state.csrf, "nav_review": review_n, **context},
-                                          status_code=status)
+        return templates.TemplateResponse(
+            request, template, {"csrf": request.state.csrf, "nav_review": review_n, **context}, status_code=status
+        )
 
     def problem(request: Request, status: int, message: str) -> Response:
         return page(request, "problem.html", status=status, message=message, code=status)
@@ -152,8 +157,17 @@ def create_app(ctx: WebContext) -> Starlette:
         pg = _int(q.get("page"))
         size = ctx.cfg.web.page_size
         rows, total = ctx.reader.recent(filters, pg, size)
-        return page(request, "photos.html", photos=rows, total=total, page=pg, pages=max(1, -(-total // size)),
-                    filters=filters, labels=ctx.reader.labels(), query=q)
+        return page(
+            request,
+            "photos.html",
+            photos=rows,
+            total=total,
+            page=pg,
+            pages=max(1, -(-total // size)),
+            filters=filters,
+            labels=ctx.reader.labels(),
+            query=q,
+        )
 
     async def photo(request: Request) -> Response:
         sha = request.path_params["sha"]
@@ -163,8 +177,15 @@ def create_app(ctx: WebContext) -> Starlette:
         queued = ctx.reader.queue_file(sha)
         name = request.query_params.get("name", "")
         quarantined = ctx.reader.quarantined(name) if name and found is None else None
-        return page(request, "photo.html", sha=sha, photo=found, queued=queued[0] if queued else None,
-                    quarantined=quarantined, name=name)
+        return page(
+            request,
+            "photo.html",
+            sha=sha,
+            photo=found,
+            queued=queued[0] if queued else None,
+            quarantined=quarantined,
+            name=name,
+        )
 
     async def image(request: Request) -> Response:
         size, sha = request.path_params["size"], request.path_params["sha"]
@@ -189,8 +210,17 @@ def create_app(ctx: WebContext) -> Starlette:
             finally:
                 db.close()
         i = _int(request.query_params.get("i"))
-        return page(request, "review.html", item=items[i] if i < len(items) else None, i=i, n=len(items), left=left,
-                    per_day=ctx.cfg.labels.review_per_day, classes=ctx.classes(), done=request.query_params.get("done"))
+        return page(
+            request,
+            "review.html",
+            item=items[i] if i < len(items) else None,
+            i=i,
+            n=len(items),
+            left=left,
+            per_day=ctx.cfg.labels.review_per_day,
+            classes=ctx.classes(),
+            done=request.query_params.get("done"),
+        )
 
     async def review_label(request: Request) -> Response:
         data = await form(request)
@@ -202,7 +232,9 @@ def create_app(ctx: WebContext) -> Starlette:
         if db is None:
             return problem(request, 404, "no results yet: has the daemon run with this state directory?")
         try:
-            entry = label_photo(db, ctx.state.queue, ctx.cfg.labels.max_queue_mb << 20, ctx.classes(), sha, label, new_class)
+            entry = label_photo(
+                db, ctx.state.queue, ctx.cfg.labels.max_queue_mb << 20, ctx.classes(), sha, label, new_class
+            )
         except PhotoNotQueued as exc:
             return problem(request, 404, str(exc))
         except LabelError as exc:
@@ -220,8 +252,16 @@ def create_app(ctx: WebContext) -> Starlette:
             current = None
         versions = [{"name": v, **store.read_manifest(v)} for v in reversed(store.versions())]
         trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
-        return page(request, "engines.html", versions=versions, current=current, trainer=trainer, trainer_up=trainer_up,
-                    rolled=request.query_params.get("rolled"), pin=store.pin())
+        return page(
+            request,
+            "engines.html",
+            versions=versions,
+            current=current,
+            trainer=trainer,
+            trainer_up=trainer_up,
+            rolled=request.query_params.get("rolled"),
+            pin=store.pin(),
+        )
 
     async def rollback(request: Request) -> Response:
         data = await form(request)
@@ -277,11 +317,24 @@ def create_app(ctx: WebContext) -> Starlette:
         for day in per_day.values():
             for label, n in day.items():
                 totals[label] = totals.get(label, 0) + n
-        return page(request, "health.html", legend=sorted(totals.items(), key=lambda kv: -kv[1]), daemon=daemon, daemon_up=daemon_up, trainer=trainer, trainer_up=trainer_up,
-                    counts=counts, quota=ctx.cfg.labels.max_queue_mb << 20, disk=disk,
-                    last_hour=reader.photos_since(now - 3600), last_day=reader.photos_since(now - 86400),
-                    per_day_svg=charts.photos_per_day(per_day, 14),
-                    top1_svg=charts.top1_per_version(points), quarantine=reader.recent_quarantine(), now=now)
+        return page(
+            request,
+            "health.html",
+            legend=sorted(totals.items(), key=lambda kv: -kv[1]),
+            daemon=daemon,
+            daemon_up=daemon_up,
+            trainer=trainer,
+            trainer_up=trainer_up,
+            counts=counts,
+            quota=ctx.cfg.labels.max_queue_mb << 20,
+            disk=disk,
+            last_hour=reader.photos_since(now - 3600),
+            last_day=reader.photos_since(now - 86400),
+            per_day_svg=charts.photos_per_day(per_day, 14),
+            top1_svg=charts.top1_per_version(points),
+            quarantine=reader.recent_quarantine(),
+            now=now,
+        )
 
     # ---- upload -------------------------------------------------------------
     async def upload_page(request: Request) -> Response:
@@ -302,7 +355,11 @@ def create_app(ctx: WebContext) -> Starlette:
             if not hasattr(f, "read"):
                 continue
             body = await f.read(cap + 1)
-            outcomes.append(await run_in_threadpool(store_upload, f.filename or "", body, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels))
+            outcomes.append(
+                await run_in_threadpool(
+                    store_upload, f.filename or "", body, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels
+                )
+            )
             await f.close()
         if not outcomes:
             return problem(request, 400, "no photo in the upload (field 'photos')")
@@ -329,11 +386,24 @@ def create_app(ctx: WebContext) -> Starlette:
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     tokens = TokenFile(ctx.state.root / "web" / "token.sha256")
+
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:
         return problem(request, 400, str(exc))
 
-    return Starlette(routes=routes, middleware=[Middleware(BodyLimit, default=1 << 20,
-                                                         paths={"/upload": MAX_FILES_PER_UPLOAD * ctx.cfg.preprocess.max_file_bytes + (1 << 20)}),
-                                              Middleware(AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind),
-                                                         secret=csrf_secret(ctx.state.root / "web" / "csrf.key"))],
-                     exception_handlers={BadParameter: bad_parameter})
+    return Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(
+                BodyLimit,
+                default=1 << 20,
+                paths={"/upload": MAX_FILES_PER_UPLOAD * ctx.cfg.preprocess.max_file_bytes + (1 << 20)},
+            ),
+            Middleware(
+                AccessMiddleware,
+                tokens=tokens,
+                local_bind=is_local_bind(ctx.bind),
+                secret=csrf_secret(ctx.state.root / "web" / "csrf.key"),
+            ),
+        ],
+        exception_handlers={BadParameter: bad_parameter},
+    )

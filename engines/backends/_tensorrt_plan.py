@@ -107,15 +107,19 @@ def build_plan(
     builder = trt.Builder(logger)
     major = int(trt.__version__.split(".")[0])
     if precision == "fp16" and not hasattr(trt.BuilderFlag, "FP16"):
-        raise PlanBuildError(f"TensorRT {trt.__version__} has no BuilderFlag.FP16 (strongly typed networks only): "
-                             "configure precision 'fp32' or use TensorRT 8.5-10")
+        raise PlanBuildError(
+            f"TensorRT {trt.__version__} has no BuilderFlag.FP16 (strongly typed networks only): "
+            "configure precision 'fp32' or use TensorRT 8.5-10"
+        )
     flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     model = onnx_path if isinstance(onnx_path, bytes) else Path(onnx_path).read_bytes()
     if not parser.parse(model):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise PlanBuildError(f"TensorRT could not parse {'the ONNX model' if isinstance(onnx_path, bytes) else onnx_path}: {errors}")
+        raise PlanBuildError(
+            f"TensorRT could not parse {'the ONNX model' if isinstance(onnx_path, bytes) else onnx_path}: {errors}"
+        )
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     if precision == "fp16":

@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, expected_input, register
+from engines.base import (
+    BackendConfig,
+    BackendUnavailable,
+    Engine,
+    EngineError,
+    check_batch,
+    check_io,
+    expected_input,
+    register,
+)
 from engines.cache import cache_dir
 from engines.store import StoreError, StoreVersion
 
@@ -42,7 +51,10 @@ class OnnxRuntimeConfig(BackendConfig):
         "the TensorRT EP use half precision (tensorrt only).",
     )
     int8_min_agreement: float = Field(
-        0.98, ge=0, le=1, description="auto: the least agreement with FP32 (top-1, and verdict where the manifest has one; recorded in the manifest) that INT8 needs."
+        0.98,
+        ge=0,
+        le=1,
+        description="auto: the least agreement with FP32 (top-1, and verdict where the manifest has one; recorded in the manifest) that INT8 needs.",
     )
     device_id: int = Field(0, ge=0, description="GPU index for cuda and tensorrt.")
     intra_op_threads: int = Field(0, ge=0, le=256, description="CPU threads per inference; 0 lets ONNX Runtime choose.")
@@ -56,7 +68,10 @@ class OnnxRuntimeConfig(BackendConfig):
     )
     trt_workspace_mb: int = Field(1024, ge=64, description="TensorRT EP builder workspace (MiB).")
     trt_max_batch: int = Field(
-        32, ge=1, le=1024, description="TensorRT EP: largest batch of the engine's shape profile; bigger batches are split."
+        32,
+        ge=1,
+        le=1024,
+        description="TensorRT EP: largest batch of the engine's shape profile; bigger batches are split.",
     )
 
     @model_validator(mode="after")
@@ -64,7 +79,9 @@ class OnnxRuntimeConfig(BackendConfig):
         if self.precision == "int8" and self.provider != "cpu":
             raise ValueError("precision 'int8' is the CPU engine variant: use provider 'cpu'")
         if self.precision == "fp16" and self.provider != "tensorrt":
-            raise ValueError("precision 'fp16' needs provider 'tensorrt' (ONNX Runtime's CPU and CUDA run the FP32 model)")
+            raise ValueError(
+                "precision 'fp16' needs provider 'tensorrt' (ONNX Runtime's CPU and CUDA run the FP32 model)"
+            )
         return self
 
 
@@ -83,15 +100,23 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
     if not isinstance(agreement, (int, float)):
         return "fp32", f"auto: {version.name}'s INT8 variant has no recorded agreement with FP32"
     if agreement < config.int8_min_agreement:
-        return "fp32", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of its check photos < {config.int8_min_agreement}"
+        return (
+            "fp32",
+            f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of its check photos < {config.int8_min_agreement}",
+        )
     if "verdict" in version.manifest:
         verdicts = check.get("verdict_agreement_with_fp32")
         if not isinstance(verdicts, (int, float)):
             return "fp32", f"auto: {version.name}'s INT8 variant has no recorded verdict agreement with FP32"
         if verdicts < config.int8_min_agreement:
-            return "fp32", (f"auto: {version.name}'s INT8 gives FP32's verdict on {verdicts:.3f} of its check photos "
-                            f"< {config.int8_min_agreement}")
-    return "int8", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos"
+            return "fp32", (
+                f"auto: {version.name}'s INT8 gives FP32's verdict on {verdicts:.3f} of its check photos "
+                f"< {config.int8_min_agreement}"
+            )
+    return (
+        "int8",
+        f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos",
+    )
 
 
 def provider_chain(config: OnnxRuntimeConfig, precision: str, version: StoreVersion) -> list:
@@ -152,7 +177,9 @@ class OnnxRuntimeEngine(Engine):
         self._max_batch = config.trt_max_batch if config.provider == "tensorrt" else None
         try:
             # From the bytes whose sha256 was just checked, not the path: a file replaced after the check is never loaded.
-            self._session = ort.InferenceSession(version.read_verified(model.name), sess_options=opts, providers=providers)
+            self._session = ort.InferenceSession(
+                version.read_verified(model.name), sess_options=opts, providers=providers
+            )
         except StoreError:
             raise
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -193,8 +220,12 @@ class OnnxRuntimeEngine(Engine):
             return self._session.run([self._output.name], {self._input.name: batch})[0]
         import numpy as np
 
-        return np.concatenate([self._session.run([self._output.name], {self._input.name: batch[i : i + step]})[0]
-                               for i in range(0, len(batch), step)])
+        return np.concatenate(
+            [
+                self._session.run([self._output.name], {self._input.name: batch[i : i + step]})[0]
+                for i in range(0, len(batch), step)
+            ]
+        )
 
     def trim(self) -> None:
         """Shrink ONNX Runtime's CPU arena (kept for speed under load) with one tiny run, then trim the heap."""

@@ -57,7 +57,9 @@ def _import_runtime():
     try:
         import tensorrt as trt
     except ImportError as exc:
-        raise BackendUnavailable(f"TensorRT Python bindings not importable ({exc}); install JetPack's python3-libnvinfer") from exc
+        raise BackendUnavailable(
+            f"TensorRT Python bindings not importable ({exc}); install JetPack's python3-libnvinfer"
+        ) from exc
     version = tuple(int(p) for p in trt.__version__.split(".")[:2])
     if version < MIN_TENSORRT:
         raise BackendUnavailable(
@@ -95,7 +97,9 @@ class TensorRTEngine(Engine):
         self._ctx.push()
         self._dev_in = self._dev_out = self._stream = self._context = self._engine = None
         try:
-            onnx = version.read_verified(version.artifact("onnx").name)  # read once: the bytes hashed are the bytes built
+            onnx = version.read_verified(
+                version.artifact("onnx").name
+            )  # read once: the bytes hashed are the bytes built
             spec = version.manifest["input"]
             shape = tuple(int(v) for v in spec["shape"][1:])
             key = PlanKey(
@@ -111,7 +115,14 @@ class TensorRTEngine(Engine):
                 key,
                 cache_dir(config.cache_dir, "trt-plans"),
                 build=lambda: build_plan(
-                    onnx, spec["name"], shape, config.precision, 1, config.opt_batch, config.max_batch, config.workspace_mb
+                    onnx,
+                    spec["name"],
+                    shape,
+                    config.precision,
+                    1,
+                    config.opt_batch,
+                    config.max_batch,
+                    config.workspace_mb,
                 ),
                 deserialize=self._runtime.deserialize_cuda_engine,
                 log=structlog.get_logger("engines").bind(engine_version=version.name),

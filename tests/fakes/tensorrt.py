@@ -70,8 +70,13 @@ class DataType(enum.Enum):
     BOOL = 4
 
 
-_NP = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8, DataType.INT32: np.int32,
-       DataType.BOOL: np.bool_}
+_NP = {
+    DataType.FLOAT: np.float32,
+    DataType.HALF: np.float16,
+    DataType.INT8: np.int8,
+    DataType.INT32: np.int32,
+    DataType.BOOL: np.bool_,
+}
 
 
 def nptype(trt_type: DataType) -> type:
@@ -105,8 +110,10 @@ class BuilderFlag(enum.IntEnum):
 
 def _check(value, kind, what: str) -> None:
     if not isinstance(value, kind):
-        raise TypeError(f"incompatible function arguments: {what} must be {getattr(kind, '__name__', kind)}, "
-                        f"got {type(value).__name__}")
+        raise TypeError(
+            f"incompatible function arguments: {what} must be {getattr(kind, '__name__', kind)}, "
+            f"got {type(value).__name__}"
+        )
 
 
 class ITensor:
@@ -164,8 +171,12 @@ class OnnxParser:
         if not isinstance(model, (bytes, bytearray, memoryview)):
             raise TypeError("parse(model: buffer, path: str = None): model must be the serialised ONNX bytes")
         if not self.network.explicit_batch:
-            self._errors.append(ParserError("ModelImporter.cpp: The ONNX parser only supports networks with an "
-                                            "explicit batch dimension (create it with EXPLICIT_BATCH)"))
+            self._errors.append(
+                ParserError(
+                    "ModelImporter.cpp: The ONNX parser only supports networks with an "
+                    "explicit batch dimension (create it with EXPLICIT_BATCH)"
+                )
+            )
             return False
         import onnxruntime as ort
 
@@ -246,7 +257,9 @@ class Builder:
 
     def create_network(self, flags: int = 0) -> INetworkDefinition:
         _check(flags, int, "flags")
-        return INetworkDefinition(_major() >= 10 or bool(flags & (1 << int(NetworkDefinitionCreationFlag.EXPLICIT_BATCH))))
+        return INetworkDefinition(
+            _major() >= 10 or bool(flags & (1 << int(NetworkDefinitionCreationFlag.EXPLICIT_BATCH)))
+        )
 
     def create_builder_config(self) -> IBuilderConfig:
         return IBuilderConfig()
@@ -273,14 +286,22 @@ class Builder:
             if -1 in t.shape:
                 found = [p.shapes[t.name] for p in config.profiles if t.name in p.shapes]
                 if not found:
-                    self.logger.log(Logger.ERROR, f"Network has dynamic or shape inputs, but no optimization profile "
-                                                  f"has been defined for {t.name}")
+                    self.logger.log(
+                        Logger.ERROR,
+                        f"Network has dynamic or shape inputs, but no optimization profile "
+                        f"has been defined for {t.name}",
+                    )
                     return None
                 profile[t.name] = found[0]
         dtype = "float16" if IO_DTYPE == "float16" else "float32"
-        header = {"version": __version__, "fp16": BuilderFlag.FP16 in config.flags, "io_dtype": dtype,
-                  "inputs": [[t.name, t.shape] for t in network.inputs],
-                  "outputs": [[t.name, t.shape] for t in network.outputs], "profile": profile}
+        header = {
+            "version": __version__,
+            "fp16": BuilderFlag.FP16 in config.flags,
+            "io_dtype": dtype,
+            "inputs": [[t.name, t.shape] for t in network.inputs],
+            "outputs": [[t.name, t.shape] for t in network.outputs],
+            "profile": profile,
+        }
         blob = json.dumps(header).encode()
         return IHostMemory(_MAGIC + len(blob).to_bytes(4, "little") + blob + network.onnx)
 
@@ -295,16 +316,22 @@ class Runtime:
             raise TypeError("deserialize_cuda_engine(serialized_engine: buffer)")
         data = bytes(serialized_engine)
         if not data.startswith(_MAGIC):
-            self.logger.log(Logger.ERROR, "1: [stdArchiveReader.cpp::StdArchiveReader::32] Error Code 1: Serialization "
-                                          "(Serialization assertion magicTagRead == kMAGIC_TAG failed.Magic tag does not match)")
+            self.logger.log(
+                Logger.ERROR,
+                "1: [stdArchiveReader.cpp::StdArchiveReader::32] Error Code 1: Serialization "
+                "(Serialization assertion magicTagRead == kMAGIC_TAG failed.Magic tag does not match)",
+            )
             return None
         n = int.from_bytes(data[8:12], "little")
         header = json.loads(data[12 : 12 + n])
         if header["version"] != __version__:
-            self.logger.log(Logger.ERROR, "1: [stdArchiveReader.cpp::StdArchiveReader::40] Error Code 1: Serialization "
-                                          "(Serialization assertion stdVersionRead == serializationVersion failed. "
-                                          f"The engine plan file is not compatible with this version of TensorRT, "
-                                          f"expecting library version {__version__} got {header['version']})")
+            self.logger.log(
+                Logger.ERROR,
+                "1: [stdArchiveReader.cpp::StdArchiveReader::40] Error Code 1: Serialization "
+                "(Serialization assertion stdVersionRead == serializationVersion failed. "
+                f"The engine plan file is not compatible with this version of TensorRT, "
+                f"expecting library version {__version__} got {header['version']})",
+            )
             return None
         return ICudaEngine(header, data[12 + n :], self.logger)
 
@@ -315,8 +342,9 @@ class ICudaEngine:
 
         self._header, self._logger = header, logger
         self._dtype = DataType.HALF if header["io_dtype"] == "float16" else DataType.FLOAT
-        self._io = [(n, TensorIOMode.INPUT, tuple(s)) for n, s in header["inputs"]] + \
-                   [(n, TensorIOMode.OUTPUT, tuple(s)) for n, s in header["outputs"]]
+        self._io = [(n, TensorIOMode.INPUT, tuple(s)) for n, s in header["inputs"]] + [
+            (n, TensorIOMode.OUTPUT, tuple(s)) for n, s in header["outputs"]
+        ]
         self.session = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"])
         if _major() < 10:  # the binding-index API, deprecated in 8.5 and gone in 10
             self.num_bindings = len(self._io)
@@ -378,8 +406,11 @@ class IExecutionContext:
         dims = tuple(int(d) for d in shape)
         lo, _, hi = self.engine.get_tensor_profile_shape(name, 0)
         if len(dims) != len(lo) or not all(a <= d <= b for a, d, b in zip(lo, dims, hi)):
-            self.engine._logger.log(Logger.ERROR, f"3: [executionContext.cpp::setInputShape] Error Code 3: API Usage "
-                                                  f"Error (Given invalid tensor shape {dims} for {name}: outside the profile {lo}..{hi})")
+            self.engine._logger.log(
+                Logger.ERROR,
+                f"3: [executionContext.cpp::setInputShape] Error Code 3: API Usage "
+                f"Error (Given invalid tensor shape {dims} for {name}: outside the profile {lo}..{hi})",
+            )
             return False
         self._shapes[name] = dims
         return True
@@ -394,13 +425,19 @@ class IExecutionContext:
             return False
         missing = [n for n, _, _ in self.engine._io if n not in self._addresses]
         if missing:
-            log.log(Logger.ERROR, f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (address of "
-                                  f"tensor {missing[0]} was not set)")
+            log.log(
+                Logger.ERROR,
+                f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (address of "
+                f"tensor {missing[0]} was not set)",
+            )
             return False
         (in_name, _, _), (out_name, _, _) = self.engine._io
         if in_name not in self._shapes:
-            log.log(Logger.ERROR, f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (input shape of "
-                                  f"{in_name} was not specified)")
+            log.log(
+                Logger.ERROR,
+                f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (input shape of "
+                f"{in_name} was not specified)",
+            )
             return False
         stream = cuda.stream_for(stream_handle)
         shape, dtype = self._shapes[in_name], nptype(self.engine._dtype)

@@ -36,7 +36,11 @@ class Generation:
     """
 
     def __init__(
-        self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None, pseudo: torch.Tensor | None = None,
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        pseudo: torch.Tensor | None = None,
         sample_ids: list[str] | None = None,
     ) -> None:
         self.x, self.y = x, y
@@ -46,8 +50,11 @@ class Generation:
 
     def __add__(self, other: "Generation") -> "Generation":
         return Generation(
-            torch.cat([self.x, other.x]), torch.cat([self.y, other.y]), torch.cat([self.weight, other.weight]),
-            torch.cat([self.pseudo, other.pseudo]), self.sample_ids + other.sample_ids,
+            torch.cat([self.x, other.x]),
+            torch.cat([self.y, other.y]),
+            torch.cat([self.weight, other.weight]),
+            torch.cat([self.pseudo, other.pseudo]),
+            self.sample_ids + other.sample_ids,
         )
 
     def __len__(self) -> int:
