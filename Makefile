@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: run test install install-dev release clean
+.PHONY: run test lint install install-dev release clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ run: $(VENV)/.installed
 ## The test suite (installs torch CPU + test tools into the same venv).
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
+
+## Formatting and lint (ruff, configured in pyproject.toml); .ci/run runs it after the tests.
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 ## The shipped model's release (docs/model.md): train (resumable), calibrate, INT8, sign with the release key, write
 ## edge_agent/default_store, then the gate and replay photos beside it. About 75 minutes of training on 2 CPU cores.

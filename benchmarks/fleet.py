@@ -94,7 +94,7 @@ def run_fleet(n: int, out: Path) -> dict:
     endpoints = {
         "endpoint": f"tcp://127.0.0.1:{ports[0]}",
         "announce_endpoint": f"tcp://127.0.0.1:{ports[1]}",
-        "delivery_endpoint": f"tcp://127.0.0.1:{ports[2]}",
+        "transfer_endpoint": f"tcp://127.0.0.1:{ports[2]}",
         "heartbeat_s": 1.0,
     }
     tstate = out / "trainer"

@@ -172,8 +172,8 @@ def fuzz_daemon(work: Path, n: int, rng: random.Random) -> dict:
     from edge_agent.handoff.protocol import encode
     from edge_agent.handoff.sender import Sender, SenderSettings
     from edge_agent.handoff.transport import server_socket
-    from edge_agent.labelqueue import PhotoSpool
     from edge_agent.results import ResultsDB
+    from edge_agent.spool import PhotoSpool
 
     endpoints = f"ipc://{work}/d-handoff.sock", f"ipc://{work}/d-engines.sock"
     db = ResultsDB(work / "results.sqlite")

@@ -181,7 +181,7 @@ def _status(args: argparse.Namespace) -> int:
         "engine",
         "in_flight",
         "queue_depths",
-        "label_queue",
+        "spool",
         "counters",
         "last_errors",
         "camera",
@@ -222,9 +222,9 @@ def _status(args: argparse.Namespace) -> int:
         f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"
     )
     if "queue_depths" in out:
-        lq = out["label_queue"]
+        lq = out["spool"]
         print(
-            f"in flight {out['in_flight']}  queues {out['queue_depths']}  label queue {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}"
+            f"in flight {out['in_flight']}  queues {out['queue_depths']}  label spool {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}"
         )
     unsupported = out.get("folder", {}).get("unsupported") or {}
     if unsupported:
@@ -308,7 +308,7 @@ def _review_label(args: argparse.Namespace) -> int:
         entry = label_photo(
             db,
             state.queue,
-            cfg.labels.max_queue_mb << 20,
+            cfg.labels.max_spool_mb << 20,
             resolve_store(cfg, state.root).open(verify=False).classes,
             args.photo,
             args.label,

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from edge_agent.imageheader import IMAGE_EXTENSIONS
 from edge_agent.trainer_config import STRATEGY_CONFIGS, TrainerSection
+from edge_agent.upgrade import REPLACED_KEYS
 from engines.base import backends
 from engines.errors import EdgeAgentError
 
@@ -182,9 +183,8 @@ class PipelineSection(_Section):
         16,
         ge=1,
         le=256,
-        description="Most photos per inference batch. Under a burst, bigger batches mean fewer engine calls, commits and "
-        "fsyncs per photo (16 vs 4: +10-15 % end to end on 2 CPU cores); the engine's burst memory (~240 MB peak at 16 "
-        "on CPU, ~150 at 4) is handed back once idle. A lone photo waits at most max_wait_ms for company.",
+        description="Most photos per inference batch (fewer engine calls, commits and fsyncs per photo under a burst, more "
+        "burst memory); a lone photo waits at most max_wait_ms for company.",
     )
     max_wait_ms: float = Field(20.0, ge=0, le=5000, description="How long a batch waits to fill up.")
     decode_workers: int = Field(2, ge=1, le=32, description="Threads reading and preprocessing photos.")
@@ -229,7 +229,7 @@ class LabelsSection(_Section):
         description="Most photos kept waiting for review; beyond it the least informative (largest margin between the two "
         "most probable classes) leave the pool, so it never crowds pseudo-labels out of the disk quota.",
     )
-    max_queue_mb: int = Field(
+    max_spool_mb: int = Field(
         2048,
         ge=1,
         description="Disk quota for queued photos (MiB). When full: queuing stops, predictions go on, status says so.",
@@ -259,10 +259,10 @@ class HandoffSection(_Section):
         2.0, gt=0, description="Heartbeat interval; a peer silent for 3 intervals counts as down."
     )
     max_payload_mb: int = Field(32, ge=1, le=1024, description="Larger frames are dropped, counted and logged.")
-    delivery_endpoint: str = Field(
+    transfer_endpoint: str = Field(
         "",
         description="Trainer's engine-transfer socket (new engine versions come to the daemon through it, verified and "
-        "resumable); empty means ipc://<runtime dir>/delivery.sock. tcp:// uses the same CURVE keys as `endpoint`.",
+        "resumable); empty means ipc://<runtime dir>/transfer.sock. tcp:// uses the same CURVE keys as `endpoint`.",
     )
     name: str = Field(
         "", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name."
@@ -347,17 +347,6 @@ class AppConfig(_Section):
     web: WebSection = Field(default_factory=WebSection)
     log: LogSection = Field(default_factory=LogSection)
 
-
-#: Keys an earlier release accepted, and what took their place (said with the unknown-key error).
-REPLACED_KEYS = {
-    "trainer.pseudo_only_interpolate": "replaced by trainer.pseudo_only_steps, the steps a retrain on pseudo-labels "
-    "chooses from; pseudo_only_steps = [x] keeps one fixed step",
-    "trainer.ewc_lambda": 'replaced by ewc_lambda in [trainer.strategy] (with type = "ewc")',
-    "trainer.rehearsal_per_class": 'replaced by per_class in [trainer.strategy] (with type = "rehearsal")',
-    "trainer.rehearsal_selection": 'replaced by selection in [trainer.strategy] (with type = "rehearsal")',
-    "trainer.lwf_temperature": "replaced by trainer.distill_temperature for distill, and temperature in [trainer.strategy] "
-    '(with type = "lwf") for LwF',
-}
 
 #: Where a discriminated union's tag appears in an error's location: (the key before it, the tags it may be).
 _UNIONS = {"engine": ("engine type", lambda: backends()), "strategy": ("strategy", lambda: STRATEGY_CONFIGS)}

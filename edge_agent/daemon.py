@@ -21,12 +21,12 @@ from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
 from edge_agent.handoff.sender import Sender, SenderSettings
 from edge_agent.hotswap import EngineWatcher
-from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, Pipeline
 from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSource
 from edge_agent.sources.folder import Arrival, FolderSource
+from edge_agent.spool import PhotoSpool
 from edge_agent.state import (
     StateLayout,
     curve_keys,
@@ -38,7 +38,8 @@ from edge_agent.state import (
 )
 from edge_agent.systemd import Notifier
 from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
-from edge_agent.trust import adopt_shipped_signatures, daemon_trust, open_trusted
+from edge_agent.trust import daemon_trust, open_trusted
+from edge_agent.upgrade import adopt_shipped_signatures
 from engines.base import Engine
 
 __all__ = ["Daemon"]
@@ -98,7 +99,7 @@ class Daemon:
         if self.ledger_note:
             self.ledger_note += self._reindex_queue()
             self.log.error("ledger_set_aside", note=self.ledger_note)
-        self.spool = PhotoSpool(self.state.queue, cfg.labels.max_queue_mb << 20, self.db.queue_bytes())
+        self.spool = PhotoSpool(self.state.queue, cfg.labels.max_spool_mb << 20, self.db.queue_bytes())
         self.pipeline = Pipeline(
             self.classifier,
             self.db,
@@ -162,20 +163,20 @@ class Daemon:
         self.watcher.start()
         if cfg.handoff.enabled:
             h = cfg.handoff
-            endpoint, announce, delivery = handoff_endpoints(cfg, self.state.root)
+            endpoint, announce, transfer = handoff_endpoints(cfg, self.state.root)
             name = device_name(cfg)
             self.sender = Sender(
                 self.db,
                 self.spool,
                 SenderSettings(
-                    endpoint,
-                    announce,
-                    h.window,
-                    h.ack_timeout_s,
-                    h.backoff_max_s,
-                    h.heartbeat_s,
-                    h.max_payload_mb << 20,
-                    curve_keys(cfg),
+                    endpoint=endpoint,
+                    announce_endpoint=announce,
+                    window=h.window,
+                    ack_timeout_s=h.ack_timeout_s,
+                    backoff_max_s=h.backoff_max_s,
+                    heartbeat_s=h.heartbeat_s,
+                    max_payload=h.max_payload_mb << 20,
+                    curve=curve_keys(cfg),
                     device=name,
                 ),
                 on_engine=self.watcher.announce,
@@ -185,7 +186,12 @@ class Daemon:
                 self.store,
                 self.trust,
                 FetcherSettings(
-                    delivery, name, curve_keys(cfg), h.heartbeat_s, h.transfer_chunk_kb << 10, h.transfer_window
+                    endpoint=transfer,
+                    name=name,
+                    curve=curve_keys(cfg),
+                    heartbeat_s=h.heartbeat_s,
+                    chunk_bytes=h.transfer_chunk_kb << 10,
+                    window=h.transfer_window,
                 ),
                 serving=lambda: self.pipeline.classifier.engine.engine_version,
                 queue_depth=self.db.queue_length,
@@ -254,7 +260,7 @@ class Daemon:
             "counters": dict(p.counters),
             "in_flight": p.in_flight,
             "queue_depths": p.depths(),
-            "label_queue": {"bytes": self.spool.used_bytes, "quota_bytes": self.spool.max_bytes, "full": p.queue_full},
+            "spool": {"bytes": self.spool.used_bytes, "quota_bytes": self.spool.max_bytes, "full": p.queue_full},
             "last_errors": list(p.last_errors),
             "ledger": self.ledger_note,
         }

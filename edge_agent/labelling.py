@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
 from edge_agent.log import get_logger
 from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.spool import Origin, PhotoSpool, QueueFull, SpoolItem
 
 if TYPE_CHECKING:
     from edge_agent.classifier import Prediction

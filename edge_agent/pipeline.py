@@ -30,10 +30,10 @@ from edge_agent.golden import GoldenSet
 from edge_agent.imageheader import ImageRejected, ImageTruncated
 from edge_agent.inbox_files import After, InboxFiles
 from edge_agent.labelling import LabelQueuer
-from edge_agent.labelqueue import Origin, PhotoSpool
 from edge_agent.log import display_name, get_logger
 from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.spool import Origin, PhotoSpool
 from edge_agent.worker import spawn
 
 __all__ = ["Job", "Pipeline"]

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StateLayout",
-    "adopt_shipped_release",
     "curve_keys",
     "device_name",
     "handoff_endpoints",
@@ -62,39 +61,17 @@ def runtime_dir(state_dir: Path) -> Path:
 
 def resolve_store(cfg: AppConfig, state_dir: Path) -> EngineStore:
     """[store] path, else <state>/engines, seeded from the shipped default model on first use and given the shipped
-    release once after a package upgrade (:func:`adopt_shipped_release`)."""
+    release once after a package upgrade (:func:`edge_agent.upgrade.adopt_shipped_release`)."""
     if cfg.store.path:
         return EngineStore(cfg.store.resolved())
     store = EngineStore(state_dir / "engines")
     if not store.versions():
         seed_store(default_store_path(), store.root)
     else:
+        from edge_agent.upgrade import adopt_shipped_release
+
         adopt_shipped_release(store, default_store_path())
     return store
-
-
-def adopt_shipped_release(store: EngineStore, shipped: Path) -> str | None:
-    """After a package upgrade: install the shipped store's current version into ``store`` if it lacks it, and put it
-    in service; returns its name, or None when there was nothing to do.
-
-    Releases are numbered apart from a device's own versions (the 38-class release is v1000; a device's retrains
-    count up from the version in service), so the name is free on any device that has retrained fewer than ~1000
-    times since; where it is taken, the device keeps what it has and the release is not installed. The device's own
-    versions stay in the store (``edge-agent engine rollback`` reaches them); labels keep their meaning because
-    they are class names, which a later release extends. Done once: a release the store holds is never re-installed,
-    so a rollback after the upgrade stays."""
-    try:
-        release = EngineStore(shipped).current()
-    except Exception:  # noqa: BLE001 - a package without a shipped store: nothing to adopt
-        return None
-    if (store.root / release).exists():
-        return None
-    incoming = store.incoming(release)
-    shutil.rmtree(incoming, ignore_errors=True)
-    incoming.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(shipped / release, incoming)
-    store.install(release, make_current=True)
-    return release
 
 
 def seed_store(src: Path, dst: Path) -> None:
@@ -196,11 +173,11 @@ def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str, str]:
     from edge_agent.handoff.transport import default_endpoints
 
     h = cfg.handoff
-    default_handoff, default_announce, default_delivery = default_endpoints(runtime_dir(state_dir))
+    default_handoff, default_announce, default_transfer = default_endpoints(runtime_dir(state_dir))
     return (
         h.endpoint or default_handoff,
         h.announce_endpoint or default_announce,
-        h.delivery_endpoint or default_delivery,
+        h.transfer_endpoint or default_transfer,
     )
 
 

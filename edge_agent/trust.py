@@ -11,7 +11,7 @@ from engines.loader import open_engine
 from engines.signing import TrustedKeys
 from engines.store import EngineStore, StoreError
 
-__all__ = ["daemon_trust", "open_trusted", "adopt_shipped_signatures", "trainer_key_path"]
+__all__ = ["daemon_trust", "open_trusted", "trainer_key_path"]
 
 
 def trainer_key_path(cfg: AppConfig, state_dir: Path) -> Path:
@@ -78,24 +78,3 @@ def open_trusted(
         f"no version in {store.root} can be served: {refused[current]} (a trainer's versions are signed "
         "with its key: trust it with [store] trusted_keys, or sign with `edge-trainer sign`)"
     )
-
-
-def adopt_shipped_signatures(store: EngineStore, shipped: Path, log=None) -> list[str]:
-    """Give an unsigned version the shipped store's signature where its manifest is byte for byte the shipped one
-    (a state directory seeded before versions were signed). Safe by construction: the signature is still checked
-    against this manifest, and the files against the manifest, before anything is served."""
-    from engines.durable import atomic_write
-    from engines.signing import SIGNATURE
-    from engines.store import MANIFEST
-
-    adopted = []
-    for version in store.versions():
-        mine, theirs = store.root / version, shipped / version
-        if (mine / SIGNATURE).exists() or not (theirs / SIGNATURE).is_file() or not (theirs / MANIFEST).is_file():
-            continue
-        if (mine / MANIFEST).read_bytes() == (theirs / MANIFEST).read_bytes():
-            atomic_write(mine / SIGNATURE, (theirs / SIGNATURE).read_bytes(), durable=False)
-            adopted.append(version)
-            if log is not None:
-                log.info("shipped_signature_adopted", engine_version=version)
-    return adopted

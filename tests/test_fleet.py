@@ -14,7 +14,7 @@ from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.transfer.protocol import ProtocolError, decode, encode
 from engines.signing import SIGNATURE, TrustedKeys, load_or_create_key
 from engines.store import MANIFEST, EngineStore
-from trainer.delivery import DeliverySettings, EngineServer
+from trainer.transfer import EngineServer, TransferSettings
 
 from .daemon_helpers import SHIPPED, SHIPPED_NEXT, wait_until
 
@@ -63,7 +63,7 @@ def farm(tmp_path, tiny_store, signing_key, curve):
     servers, fetchers = [], []
 
     def server(cls=EngineServer):
-        s = cls(trainer_store, DeliverySettings(endpoint, curve["server"], offer_every_s=0.5))
+        s = cls(trainer_store, TransferSettings(endpoint, curve["server"], offer_every_s=0.5))
         s.start()
         servers.append(s)
         return s
@@ -318,7 +318,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
     endpoints = {
         "endpoint": f"tcp://127.0.0.1:{ports['handoff']}",
         "announce_endpoint": f"tcp://127.0.0.1:{ports['announce']}",
-        "delivery_endpoint": f"tcp://127.0.0.1:{ports['delivery']}",
+        "transfer_endpoint": f"tcp://127.0.0.1:{ports['delivery']}",
         "heartbeat_s": 0.3,
         "ack_timeout_s": 1.0,
     }
@@ -473,14 +473,14 @@ def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_pat
     trainer_store = EngineStore(tmp_path / "trainer")
     v2 = publish_v2(trainer_store, signing_key)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    server = SlowServer(trainer_store, DeliverySettings(endpoint, curve["server"], offer_every_s=0.5))
+    server = SlowServer(trainer_store, TransferSettings(endpoint, curve["server"], offer_every_s=0.5))
     server.start()
     unused = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]  # no trainer hand-off in this test
     config = {
         "handoff": {
             "endpoint": unused[0],
             "announce_endpoint": unused[1],
-            "delivery_endpoint": endpoint,
+            "transfer_endpoint": endpoint,
             "curve_secret_key": curve["client"].secret,
             "curve_server_key": curve["client"].server_public,
             "heartbeat_s": 0.3,

@@ -15,8 +15,8 @@ zmq = pytest.importorskip("zmq")
 from edge_agent.handoff.protocol import MAGIC, ProtocolError, decode, encode  # noqa: E402
 from edge_agent.handoff.sender import Sender, SenderSettings  # noqa: E402
 from edge_agent.handoff.transport import TransportError, client_socket  # noqa: E402
-from edge_agent.labelqueue import PhotoSpool, SpoolItem  # noqa: E402
 from edge_agent.results import QueueEntry, ResultsDB  # noqa: E402
+from edge_agent.spool import PhotoSpool, SpoolItem  # noqa: E402
 from trainer.receiver import Receiver, ReceiverSettings  # noqa: E402
 from trainer.samples import SampleStore  # noqa: E402
 

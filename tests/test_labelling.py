@@ -9,8 +9,8 @@ import pytest
 from edge_agent.classifier import Prediction
 from edge_agent.config import LabelsSection
 from edge_agent.labelling import LabelQueuer, decide
-from edge_agent.labelqueue import PhotoSpool
 from edge_agent.results import ResultsDB
+from edge_agent.spool import PhotoSpool
 
 
 @pytest.mark.parametrize(

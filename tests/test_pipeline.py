@@ -13,10 +13,10 @@ import pytest
 
 from edge_agent.classifier import Classifier
 from edge_agent.config import InboxSection, LabelsSection, PipelineSection, parse_config
-from edge_agent.labelqueue import Origin, PhotoSpool, QueueFull, SpoolItem
 from edge_agent.pipeline import Job, Pipeline
 from edge_agent.results import ResultsDB
 from edge_agent.sources.folder import FolderSource
+from edge_agent.spool import Origin, PhotoSpool, QueueFull, SpoolItem
 from engines.loader import open_engine
 
 from .conftest import encode, leaf_image
@@ -220,9 +220,9 @@ def test_spool_full_disk_is_queue_full(tmp_path, monkeypatch):
     def nospace(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    import edge_agent.labelqueue as labelqueue
+    import edge_agent.spool as spool_mod
 
-    monkeypatch.setattr(labelqueue, "sync_filesystem", nospace)
+    monkeypatch.setattr(spool_mod, "sync_filesystem", nospace)
     with pytest.raises(QueueFull, match="disk full"):
         spool.put_many([SpoolItem("pseudo", "ab" * 32, b"x" * 100)])
     assert spool.used_bytes == 0 and not list((tmp_path / "q" / "pseudo").iterdir())

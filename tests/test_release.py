@@ -128,7 +128,7 @@ def _store_with(path: Path, versions: list[str], key) -> EngineStore:
 
 def test_an_upgrade_installs_the_shipped_release_once_and_keeps_the_devices_own_versions(tmp_path, signing_key):
     pytest.importorskip("torch")
-    from edge_agent.state import adopt_shipped_release
+    from edge_agent.upgrade import adopt_shipped_release
 
     shipped = _store_with(tmp_path / "shipped", ["v1000"], signing_key)
     device = _store_with(tmp_path / "state" / "engines", ["v0001", "v0002"], signing_key)
@@ -165,7 +165,7 @@ def test_after_an_upgrade_the_rehearsal_memory_is_relabelled_by_class_name_and_o
     (strategy / "ewc" / "ewc.pt").write_bytes(b"old parameters")
     torch.save({"x": torch.zeros(3, 3, 8, 8), "y": torch.tensor([0, 1, 2])}, strategy / "rehearsal" / "memory.pt")
     shipped = _store_with(tmp_path / "shipped", ["v1000"], signing_key)
-    from edge_agent.state import adopt_shipped_release
+    from edge_agent.upgrade import adopt_shipped_release
 
     adopt_shipped_release(old, shipped.root)
     new_classes = [

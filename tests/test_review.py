@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from edge_agent.labelqueue import PhotoSpool, SpoolItem
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.review.queue import LabelError, label_photo, left_today, prune_pool, to_ask
 from edge_agent.review.rank import Candidate, margin, rank
+from edge_agent.spool import PhotoSpool, SpoolItem
 
 
 def test_margin():

@@ -244,7 +244,7 @@ def test_a_refused_unsigned_version_is_served_once_its_trainer_signs_it(store, s
 
 def test_a_state_directory_seeded_before_signing_adopts_the_shipped_signature(tmp_path):
     from edge_agent.config import default_store_path
-    from edge_agent.trust import adopt_shipped_signatures
+    from edge_agent.upgrade import adopt_shipped_signatures
 
     shutil.copytree(default_store_path(), tmp_path / "engines")
     v = EngineStore(default_store_path()).current()

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import CurveKeys, client_socket, send_nowait
-from edge_agent.labelqueue import PhotoSpool
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB
+from edge_agent.spool import PhotoSpool
 from edge_agent.worker import Worker
 
 __all__ = ["Sender", "SenderSettings"]

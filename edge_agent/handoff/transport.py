@@ -45,7 +45,7 @@ def default_endpoints(runtime_dir: Path) -> tuple[str, str, str]:
     return (
         f"ipc://{runtime_dir / 'handoff.sock'}",
         f"ipc://{runtime_dir / 'engines.sock'}",
-        f"ipc://{runtime_dir / 'delivery.sock'}",
+        f"ipc://{runtime_dir / 'transfer.sock'}",
     )
 
 

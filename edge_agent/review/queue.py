@@ -12,9 +12,9 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_agent.labelqueue import PhotoSpool
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.rank import Candidate, margin, rank
+from edge_agent.spool import PhotoSpool
 from engines.errors import EdgeAgentError
 
 __all__ = ["ReviewItem", "LabelError", "PhotoNotQueued", "to_ask", "left_today", "label_photo", "prune_pool"]

@@ -233,7 +233,7 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 404, "no results yet: has the daemon run with this state directory?")
         try:
             entry = label_photo(
-                db, ctx.state.queue, ctx.cfg.labels.max_queue_mb << 20, ctx.classes(), sha, label, new_class
+                db, ctx.state.queue, ctx.cfg.labels.max_spool_mb << 20, ctx.classes(), sha, label, new_class
             )
         except PhotoNotQueued as exc:
             return problem(request, 404, str(exc))
@@ -326,7 +326,7 @@ def create_app(ctx: WebContext) -> Starlette:
             trainer=trainer,
             trainer_up=trainer_up,
             counts=counts,
-            quota=ctx.cfg.labels.max_queue_mb << 20,
+            quota=ctx.cfg.labels.max_spool_mb << 20,
             disk=disk,
             last_hour=reader.photos_since(now - 3600),
             last_day=reader.photos_since(now - 86400),

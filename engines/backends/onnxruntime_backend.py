@@ -46,7 +46,7 @@ class OnnxRuntimeConfig(BackendConfig):
     precision: Literal["auto", "fp32", "fp16", "int8"] = Field(
         "auto",
         description="auto: int8 on cpu where the store version's calibrated INT8 variant agreed with FP32 on at least "
-        "`int8_min_agreement` of its check photos (about 2x faster here), fp16 on tensorrt, fp32 otherwise; the choice "
+        "`int8_min_agreement` of its check photos, fp16 on tensorrt, fp32 otherwise; the choice "
         "and its reason are logged and shown by `status`. fp32; int8 runs the INT8 QDQ model (cpu only); fp16 lets "
         "the TensorRT EP use half precision (tensorrt only).",
     )

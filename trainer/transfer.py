@@ -20,11 +20,11 @@ from edge_agent.transfer.protocol import CHUNK_MAX, decode, encode
 from edge_agent.worker import Worker
 from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError
 
-__all__ = ["EngineServer", "DeliverySettings", "Peer"]
+__all__ = ["EngineServer", "TransferSettings", "Peer"]
 
 
 @dataclass
-class DeliverySettings:
+class TransferSettings:
     endpoint: str
     curve: CurveKeys | None = None
     offer_every_s: float = 10.0
@@ -60,7 +60,7 @@ class Peer:
 class EngineServer(Worker):
     thread_name = "engine-server"
 
-    def __init__(self, store: EngineStore, settings: DeliverySettings) -> None:
+    def __init__(self, store: EngineStore, settings: TransferSettings) -> None:
         super().__init__()
         self.store, self.settings = store, settings
         self.log = get_logger("transfer.server", endpoint=settings.endpoint)
