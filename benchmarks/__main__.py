@@ -113,9 +113,7 @@ def _power_for(case: EngineCase, batch, store: Path, seconds: float) -> dict:
             engine.infer(batch)
             return len(batch)
 
-        return measure_power(
-            work, seconds, gpu=case.engine.get("provider") in ("cuda", "tensorrt") or case.engine["type"] == "tensorrt"
-        )
+        return measure_power(work, seconds, gpu=case.engine.get("provider") in ("cuda", "tensorrt") or case.engine["type"] == "tensorrt")
 
 
 def _plot(rows: list[dict], path: Path) -> None:
@@ -133,14 +131,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     height = 0.8 / max(len(batches), 1)
     for k, batch in enumerate(batches):  # grouped bars, one per batch size
         vals = [
-            next(
-                (
-                    x["images_per_s"]
-                    for x in rows
-                    if x["case"] == r["case"] and x["batch"] == batch and not x["unavailable"]
-                ),
-                0,
-            )
+            next((x["images_per_s"] for x in rows if x["case"] == r["case"] and x["batch"] == batch and not x["unavailable"]), 0)
             for r in present
         ]
         b.barh([i - 0.4 + height * (k + 0.5) for i in range(len(present))], vals, height=height, label=f"batch {batch}")
@@ -210,9 +201,7 @@ def _markdown(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for results.json, results.md and latency.png")
-    ap.add_argument(
-        "--quick", action="store_true", help="fewer iterations and photos (a smoke run, not for publishing)"
-    )
+    ap.add_argument("--quick", action="store_true", help="fewer iterations and photos (a smoke run, not for publishing)")
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--store", default=None, help="engine store (default: the shipped model)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
@@ -293,20 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Python {platform.python_version()}, ONNX Runtime {onnxruntime.__version__}",
             "node": platform.node(),
         },
-        "settings": {
-            "warmup": args.warmup,
-            "iters": args.iters,
-            "batches": args.batch,
-            "quick": args.quick,
-            "store": str(store),
-        },
+        "settings": {"warmup": args.warmup, "iters": args.iters, "batches": args.batch, "quick": args.quick, "store": str(store)},
         "latency": rows,
-        "flop_floor": {
-            "model_gflops_per_photo": flops / 1e9,
-            "gemm_gflops": gemm,
-            "gemm_n": gemm_n,
-            "floor_ms_per_photo": floor_ms,
-        },
+        "flop_floor": {"model_gflops_per_photo": flops / 1e9, "gemm_gflops": gemm, "gemm_n": gemm_n, "floor_ms_per_photo": floor_ms},
         "power": power,
         "daemon": {"start_to_ready_s": ready, "start_to_ready_s_median": statistics.median(ready), "photos": n, **e2e},
         "install_sizes": sizes,

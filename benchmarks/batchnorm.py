@@ -38,26 +38,19 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.publish import load_weights
 
     def tensors(samples):
-        return torch.from_numpy(np.stack([preprocess_file(s.path) for s in samples])), torch.tensor(
-            [s.label for s in samples]
-        )
+        return torch.from_numpy(np.stack([preprocess_file(s.path) for s in samples])), torch.tensor([s.label for s in samples])
 
     parts = held_out_split(args.data)
     sets = {"validation (184)": tensors(parts["val"]), "test = shipped gate (184)": tensors(parts["test"])}
     train_x, _ = tensors(parts["train"])
-    replay_x = torch.from_numpy(
-        np.stack([preprocess_file(p) for p in sorted((default_data_path() / "replay").rglob("*.jpg"))])
-    )
+    replay_x = torch.from_numpy(np.stack([preprocess_file(p) for p in sorted((default_data_path() / "replay").rglob("*.jpg"))]))
     shipped = load_weights(EngineStore(default_store_path()).open("v0001", verify=False))
     models = {
         "as shipped (per-batch averages, class order)": shipped,
         f"exact over its {len(train_x)} training photos": recompute_batchnorm(copy.deepcopy(shipped), train_x),
         f"exact over the {len(replay_x)} shipped replay photos": recompute_batchnorm(copy.deepcopy(shipped), replay_x),
     }
-    lines = [
-        "| v0001's BatchNorm statistics | " + " | ".join(f"{k}: top-1, log-loss" for k in sets) + " |",
-        "|---|---|---|",
-    ]
+    lines = ["| v0001's BatchNorm statistics | " + " | ".join(f"{k}: top-1, log-loss" for k in sets) + " |", "|---|---|---|"]
     with torch.no_grad():
         for name, model in models.items():
             cells = []

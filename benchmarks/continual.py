@@ -93,15 +93,8 @@ def main() -> None:
     settings = TrainerSection(epochs=args.epochs_b, batch_size=32, ramp_epochs=0, seed=0, swa_epochs=0, distill=0.0)
     for name in STRATEGIES.names():
         t1 = time.time()
-        options = {
-            "ewc_lambda": args.ewc_lambda,
-            "per_class": args.per_class,
-            "selection": "herding",
-            "temperature": 2.0,
-        }
-        config = STRATEGY_CONFIGS[name](
-            **{k: v for k, v in options.items() if k in STRATEGY_CONFIGS[name].model_fields}
-        )
+        options = {"ewc_lambda": args.ewc_lambda, "per_class": args.per_class, "selection": "herding", "temperature": 2.0}
+        config = STRATEGY_CONFIGS[name](**{k: v for k, v in options.items() if k in STRATEGY_CONFIGS[name].model_fields})
         strategy = get_strategy(name)(out / "state" / name, config)
         strategy.after(copy.deepcopy(model_a), data["train", "A"])  # seed its state on task A
         model_b, _ = train_generation(model_a, data["train", "B"], strategy, settings, 1e-3, num_classes=len(order))
@@ -130,10 +123,7 @@ def main() -> None:
         "wall_s": round(time.time() - t0, 1),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = [
-        "| strategy | A after A | A after B | B after B | average | forgetting of A |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = ["| strategy | A after A | A after B | B after B | average | forgetting of A |", "|---|---|---|---|---|---|"]
     for name, r in results.items():
         lines.append(
             f"| {name} | {r_aa:.4f} | {r['R']['after_B']['A']:.4f} | {r['R']['after_B']['B']:.4f} | {r['average_accuracy']:.4f} | {r['forgetting_A']:.4f} |"

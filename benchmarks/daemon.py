@@ -109,16 +109,11 @@ def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, f
 
 def _write_config(work: Path, extra: dict | None) -> Path:
     config = work / "bench.toml"
-    sections = {
-        "inbox": {"settle_s": "0.5"},
-        "log": {"format": '"json"'},
-    }  # the default level (info): a log line per photo
+    sections = {"inbox": {"settle_s": "0.5"}, "log": {"format": '"json"'}}  # the default level (info): a log line per photo
     for key, value in (extra or {}).items():
         section, _, name = key.partition(".")
         sections.setdefault(section, {})[name] = value
-    config.write_text(
-        "".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) for s, kv in sections.items())
-    )
+    config.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) for s, kv in sections.items()))
     return config
 
 
@@ -178,9 +173,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--photos", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=5, help="end-to-end runs; the table gives medians and every run")
-    ap.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="daemon config override (TOML value)"
-    )
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="daemon config override (TOML value)")
     args = ap.parse_args()
     extra = dict(item.split("=", 1) for item in args.set)
     photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
@@ -230,23 +223,18 @@ def main() -> None:
     print("|---|---|")
     print(f"| engine only (photos/s) | {med('engine')} |")
     print(f"| engine + decode, lock-step: decode a batch, then infer it (photos/s) | {med('decode')} |")
-    print(
-        f"| engine + decode, overlapped: workers decode ahead while the engine runs (photos/s) | {med('overlapped')} |"
-    )
+    print(f"| engine + decode, overlapped: workers decode ahead while the engine runs (photos/s) | {med('overlapped')} |")
     print(f"| end to end, daemon sustained (photos/s) | {med('end_to_end_photos_per_s')} |")
     print(f"| **end to end / (engine + decode, lock-step)** | {med('ratio')} |")
     print(f"| end to end / (engine + decode, overlapped) | {med('ratio_overlapped')} |")
     print(f"| drop-to-result p50 (ms, {len(photos)} dropped at once) | {med('drop_to_result_ms_p50')} |")
     print(f"| drop-to-result p99 (ms) | {med('drop_to_result_ms_p99')} |")
-    print(
-        f"| start to READY=1 (s), median of {len(ready)} | {statistics.median(ready):.3f} {[round(r, 3) for r in ready]} |"
-    )
+    print(f"| start to READY=1 (s), median of {len(ready)} | {statistics.median(ready):.3f} {[round(r, 3) for r in ready]} |")
     print(f"| RSS idle (MB) | {med('rss_mb_idle')} |")
     print(f"| RSS steady, 2 s after the burst (MB) | {med('rss_mb_steady')} |")
     print(f"| RSS peak during the burst (MB) | {med('rss_mb_peak')} |")
     names = sorted(
-        {k for r in rows for k in r["cpu_ms_per_photo"]},
-        key=lambda k: -statistics.median(r["cpu_ms_per_photo"].get(k, 0) for r in rows),
+        {k for r in rows for k in r["cpu_ms_per_photo"]}, key=lambda k: -statistics.median(r["cpu_ms_per_photo"].get(k, 0) for r in rows)
     )
     for r in rows:
         r["cpu_total"] = sum(r["cpu_ms_per_photo"].values())

@@ -73,13 +73,9 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
             "expert_labels_mean": _ms([r.get("expert_labels", 0) for r in reports])[0],
             "pseudo_label_precision_mean": _ms(prec)[0] if prec else None,
             "pseudo_labels_mean": _ms([r["pseudo_labels_accepted"] for r in reports])[0],
-            "retrains_published": sum(
-                1 for r in reports for d in r["days"] if d.get("retrain") and d["retrain"].get("published")
-            ),
+            "retrains_published": sum(1 for r in reports for d in r["days"] if d.get("retrain") and d["retrain"].get("published")),
             "retrains": sum(1 for r in reports for d in r["days"] if d.get("retrain")),
-            "days_top1_mean": [
-                statistics.fmean(v) for v in zip(*[[d["test_top1"] for d in r["days"]] for r in reports])
-            ],
+            "days_top1_mean": [statistics.fmean(v) for v in zip(*[[d["test_top1"] for d in r["days"]] for r in reports])],
             "runs": [
                 {
                     "seed": r["settings"]["seed"],

@@ -57,11 +57,7 @@ def field_sets(version, plantvillage: Path, field: Path) -> dict[str, list[tuple
         print(f"lab set left out: {exc}", file=sys.stderr)
         sets = {}
     sets["field"] = [
-        (p, d.name)
-        for sub in ("apple-orchard", "corn-field")
-        for d in sorted((field / sub).iterdir())
-        if d.is_dir()
-        for p in _photos(d)
+        (p, d.name) for sub in ("apple-orchard", "corn-field") for d in sorted((field / sub).iterdir()) if d.is_dir() for p in _photos(d)
     ]
     sets["unknown"] = [(p, None) for p in _photos(field / "unknown")]
     return sets
@@ -76,15 +72,7 @@ def evaluate_set(clf: Classifier, photos: list[tuple[Path, str | None]]) -> dict
         except ImageRejected as exc:
             rows.append({"photo": str(path), "truth": truth, "error": str(exc)})
             continue
-        rows.append(
-            {
-                "photo": path.name,
-                "truth": truth,
-                "label": p.label,
-                "confidence": round(p.confidence, 4),
-                "verdict": p.verdict,
-            }
-        )
+        rows.append({"photo": path.name, "truth": truth, "label": p.label, "confidence": round(p.confidence, 4), "verdict": p.verdict})
     ok = [r for r in rows if "error" not in r]
     verdicts = Counter(r["verdict"] for r in ok)
     out = {
@@ -178,12 +166,7 @@ def _check(result: dict, target) -> tuple[bool | None, float | None]:
 
 
 def report_md(results: dict, meta: dict) -> str:
-    lines = [
-        f"# Lab and field: {meta['store']} {meta['version']}",
-        "",
-        f"`{meta['command']}` on {meta['date']} ({meta['host']}).",
-        "",
-    ]
+    lines = [f"# Lab and field: {meta['store']} {meta['version']}", "", f"`{meta['command']}` on {meta['date']} ({meta['host']}).", ""]
     for engine, res in results.items():
         lines += [
             f"## {engine}",
@@ -210,9 +193,7 @@ def report_md(results: dict, meta: dict) -> str:
             "|---|---|---|---|---|---|",
         ]
         for cls, r in first.get(name, {}).get("per_class", {}).items():
-            lines.append(
-                f"| {cls} | {r['photos']} | {r['top1']} | {r['share_confident']} | {r['confident_top1']} | {r['most_said']} |"
-            )
+            lines.append(f"| {cls} | {r['photos']} | {r['top1']} | {r['share_confident']} | {r['confident_top1']} | {r['most_said']} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -225,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plantvillage", default=str(SHARED / "plantvillage"))
     ap.add_argument("--field", default=str(SHARED / "field"))
     ap.add_argument("--engines", default="auto,fp32", help="comma-separated precisions to measure")
-    ap.add_argument(
-        "--crops", default="", help="comma-separated [classify] crops (e.g. 'Apple,Corn_(maize)'); default: none"
-    )
+    ap.add_argument("--crops", default="", help="comma-separated [classify] crops (e.g. 'Apple,Corn_(maize)'); default: none")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -245,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {k: evaluate_set(clf, v) for k, v in sets.items()}
         print(
             f"{name}: "
-            + ", ".join(
-                f"{k} top-1 {r.get('top1', '-')} confident {r['share_confident']}" for k, r in results[name].items()
-            )
+            + ", ".join(f"{k} top-1 {r.get('top1', '-')} confident {r['share_confident']}" for k, r in results[name].items())
             + f" ({time.perf_counter() - t0:.0f} s)",
             file=sys.stderr,
         )
@@ -255,9 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     first = next(iter(results))
     for name in ("lab", "field"):
         if name in results[first]:
-            confusion_png(
-                results[first][name], version.classes, out / f"confusion-{name}.png", f"{name}: {version.name}, {first}"
-            )
+            confusion_png(results[first][name], version.classes, out / f"confusion-{name}.png", f"{name}: {version.name}, {first}")
     history_png(version, out / "training-history.png")
     import platform
     from datetime import datetime, timezone

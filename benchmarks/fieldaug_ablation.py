@@ -41,12 +41,8 @@ def run(name: str, epochs: int, work: Path, data: Path, watch: dict) -> dict:
     augmentation = None if overrides is None else FieldAugSettings(**overrides)
     settings = ReleaseSettings(epochs=epochs, swa_epochs=max(2, epochs // 5), warmup_epochs=1)
     t0 = time.perf_counter()
-    model, info, folder, photos = train_release(
-        data, work / name, settings, watch=watch, progress=False, augmentation=augmentation
-    )
-    if (
-        info["selected"] != "swa"
-    ):  # the averaged model has its exact statistics already; a single epoch's are running ones
+    model, info, folder, photos = train_release(data, work / name, settings, watch=watch, progress=False, augmentation=augmentation)
+    if info["selected"] != "swa":  # the averaged model has its exact statistics already; a single epoch's are running ones
         from trainer.batchnorm import recompute_batchnorm
 
         recompute_batchnorm(model, info["bn_x"])

@@ -59,11 +59,7 @@ def _proc_sample(pid: int) -> tuple[float, int]:
     """(CPU seconds so far, RSS bytes) of ``pid`` from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    rss = next(
-        int(line.split()[1]) * 1024
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        if line.startswith("VmRSS")
-    )
+    rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
     return cpu, rss
 
 
@@ -114,11 +110,7 @@ def run_fleet(n: int, out: Path) -> dict:
         _toml(
             {
                 "log": {"format": "json"},
-                "handoff": {
-                    **endpoints,
-                    "curve_secret_key": str(tsec),
-                    "curve_authorized_dir": str(keys / "authorized"),
-                },
+                "handoff": {**endpoints, "curve_secret_key": str(tsec), "curve_authorized_dir": str(keys / "authorized")},
                 "trainer": {
                     "epochs": 1,
                     "int8": False,
@@ -134,18 +126,7 @@ def run_fleet(n: int, out: Path) -> dict:
     procs, logs = [], []
     tlog = out / "trainer.log"
     trainer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "--log-format",
-            "json",
-            "serve",
-            "--config",
-            str(tcfg),
-            "--state-dir",
-            str(tstate),
-        ],
+        [sys.executable, "-m", "trainer", "--log-format", "json", "serve", "--config", str(tcfg), "--state-dir", str(tstate)],
         stdout=open(tlog, "w"),
         stderr=subprocess.STDOUT,
         cwd=REPO,
@@ -160,12 +141,7 @@ def run_fleet(n: int, out: Path) -> dict:
                     {
                         "log": {"format": "json"},
                         "hotswap": {"poll_s": 1.0},
-                        "handoff": {
-                            **endpoints,
-                            "curve_secret_key": str(dsec),
-                            "curve_server_key": str(tpub),
-                            "name": f"device-{i:02d}",
-                        },
+                        "handoff": {**endpoints, "curve_secret_key": str(dsec), "curve_server_key": str(tpub), "name": f"device-{i:02d}"},
                         "store": {"trusted_keys": [key]},
                     }
                 )
@@ -206,10 +182,7 @@ def run_fleet(n: int, out: Path) -> dict:
         received = [_ts(_events(log, "engine_received")[0]) - published for log in logs]
         swapped = [_ts(_events(log, "engine_swapped")[0]) - published for log in logs]
         version = _events(tlog, "published")[0]["engine_version"]
-        size = sum(
-            m["bytes"]
-            for m in json.loads((tstate / "engines" / version / "manifest.json").read_text())["files"].values()
-        )
+        size = sum(m["bytes"] for m in json.loads((tstate / "engines" / version / "manifest.json").read_text())["files"].values())
         return {
             "daemons": n,
             "engine_bytes": size,

@@ -20,10 +20,7 @@ def model_flops(onnx_path: Path) -> int:
     inp.ClearField("dim_param")
     inp.dim_value = 1  # batch 1, so every shape is concrete
     model = shape_inference.infer_shapes(model)
-    shapes = {
-        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-        for v in (*model.graph.value_info, *model.graph.output)
-    }
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in (*model.graph.value_info, *model.graph.output)}
     inits = {i.name: list(i.dims) for i in model.graph.initializer}
     macs = 0
     for node in model.graph.node:

@@ -86,11 +86,7 @@ def mutate(frames: list[bytes], rng: random.Random) -> list[bytes]:
 def _frames(rng: random.Random, n: int):
     pool = seed_frames()
     for k in range(n):
-        yield (
-            mutate(rng.choice(pool), rng)
-            if k % 10
-            else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
-        )
+        yield (mutate(rng.choice(pool), rng) if k % 10 else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))])
 
 
 def _rss_mb() -> float:
@@ -131,14 +127,7 @@ def fuzz_trainer(work: Path, n: int, rng: random.Random) -> dict:
         sock.send_multipart(
             encode(
                 "sample",
-                {
-                    "id": sha,
-                    "kind": "expert",
-                    "label": "Apple___Apple_scab",
-                    "confidence": 1.0,
-                    "engine_version": "v1000",
-                    "ext": ".jpg",
-                },
+                {"id": sha, "kind": "expert", "label": "Apple___Apple_scab", "confidence": 1.0, "engine_version": "v1000", "ext": ".jpg"},
                 photo,
             )
         )
@@ -182,9 +171,7 @@ def fuzz_daemon(work: Path, n: int, rng: random.Random) -> dict:
     sender = Sender(db, spool, SenderSettings(*endpoints, heartbeat_s=0.2), on_engine=heard.append)
     ctx = zmq.Context()
     router = server_socket(ctx, zmq.ROUTER, endpoints[0], None)
-    router.setsockopt(
-        zmq.SNDHWM, 0
-    )  # a ROUTER drops what its peer cannot take yet: keep every frame, the last one included
+    router.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops what its peer cannot take yet: keep every frame, the last one included
     sender.start()
     t0 = time.perf_counter()
     try:

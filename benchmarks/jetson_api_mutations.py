@@ -71,12 +71,7 @@ MUTATIONS = [
         "profile.set_shape(input_name, (max_batch, *input_shape), (opt_batch, *input_shape), (min_batch, *input_shape))",
         "profile min/max swapped",
     ),
-    (
-        "engines/backends/_tensorrt_plan.py",
-        "if not parser.parse(model):",
-        "if not parser.parse(str(onnx_path)):",
-        "parser given a path",
-    ),
+    ("engines/backends/_tensorrt_plan.py", "if not parser.parse(model):", "if not parser.parse(str(onnx_path)):", "parser given a path"),
     (
         "engines/backends/_tensorrt_plan.py",
         "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)",
@@ -152,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (
         "# Jetson API calls: does a wrong call fail a test?\n\n`python -m benchmarks.jetson_api_mutations`: each row "
         "changes one call, runs tests/test_jetson_paths.py against the fakes, and restores the file.\n\n"
-        "| mutation | file | result |\n|---|---|---|\n"
-        + "\n".join(rows)
-        + f"\n\n{len(rows) - missed} of {len(rows)} caught.\n"
+        "| mutation | file | result |\n|---|---|---|\n" + "\n".join(rows) + f"\n\n{len(rows) - missed} of {len(rows)} caught.\n"
     )
     Path(args.out).write_text(text)
     return 1 if missed else 0

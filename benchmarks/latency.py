@@ -50,9 +50,7 @@ def real_batch(photos: list[Path], n: int) -> np.ndarray:
     return np.stack(xs)
 
 
-def measure(
-    case: EngineCase, batch: np.ndarray, warmup: int = 10, iters: int = 100, store: Path | None = None
-) -> LatencyResult:
+def measure(case: EngineCase, batch: np.ndarray, warmup: int = 10, iters: int = 100, store: Path | None = None) -> LatencyResult:
     cfg = parse_config({"engine": case.engine}).engine
     try:
         engine = open_engine(store or default_store_path(), cfg)

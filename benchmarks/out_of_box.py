@@ -54,9 +54,7 @@ def held_out_split(data: str) -> list:
     from trainer.data import scan_folder, stratified_split
 
     split = EngineStore(default_store_path()).open(verify=False).manifest["training"]["split"]
-    parts = stratified_split(
-        scan_folder(data).samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"]
-    )
+    parts = stratified_split(scan_folder(data).samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])
     return parts
 
 
@@ -89,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--photos", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0, help="which photos are dropped (a different sample per seed)")
     ap.add_argument("--config", help="a configuration for both processes (default: none, as a new user)")
-    ap.add_argument(
-        "--timeout", type=float, default=900.0, help="give up after this many seconds (the target is 15 minutes)"
-    )
+    ap.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (the target is 15 minutes)")
     args = ap.parse_args(argv)
 
     from edge_agent.config import default_data_path
@@ -130,12 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     store = EngineStore(state / "engines")
-    report: dict = {
-        "photos": len(photos),
-        "seed": args.seed,
-        "machine": f"{os.cpu_count()} CPUs",
-        "config": args.config,
-    }
+    report: dict = {"photos": len(photos), "seed": args.seed, "machine": f"{os.cpu_count()} CPUs", "config": args.config}
     try:
         while not (state / "status.json").exists():
             time.sleep(0.2)
@@ -158,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             _events(logs["trainer"], "gate"),
             _events(logs["daemon"], "engine_swapped"),
         )
-        report["gate"] = [
-            {k: g.get(k) for k in ("publish", "reason", "candidate_top1", "current_top1", "root_top1")}
-            for g in published
-        ]
+        report["gate"] = [{k: g.get(k) for k in ("publish", "reason", "candidate_top1", "current_top1", "root_top1")} for g in published]
         if swapped:
             report["seconds_to_new_engine"] = round(_ts(swapped[0]) - t0, 1)
             report["cycle_seconds"] = round(_ts(swapped[0]) - _ts(due[-1]), 1)
@@ -179,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             ).stdout.splitlines()
             results = [json.loads(r) for r in rows if r.strip()]
             report["results_by_engine"] = {
-                v: sum(1 for r in results if r["engine_version"] == v)
-                for v in sorted({r["engine_version"] for r in results})
+                v: sum(1 for r in results if r["engine_version"] == v) for v in sorted({r["engine_version"] for r in results})
             }
     finally:
         for proc in procs.values():

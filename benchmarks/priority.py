@@ -79,9 +79,7 @@ def main() -> None:
             )
         samples.close()
         cfg = tmp / "c.toml"
-        cfg.write_text(
-            f'[trainer]\nlabelled_data = "{labelled}"\nepochs = 50\nint8 = false\n[log]\nlevel = "warning"\n'
-        )
+        cfg.write_text(f'[trainer]\nlabelled_data = "{labelled}"\nepochs = 50\nint8 = false\n[log]\nlevel = "warning"\n')
         with open_engine(default_store_path(), AppConfig().engine) as engine:
             for _ in range(20):
                 engine.infer(xs[:1])

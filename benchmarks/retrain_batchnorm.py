@@ -36,10 +36,7 @@ SHARED = REPO.parent / "shared" / "data"
 
 def _field(sub: str, classes: list[str]) -> list[tuple[Path, int]]:
     return [
-        (p, classes.index(d.name))
-        for d in sorted((SHARED / "field" / sub).iterdir())
-        if d.name in classes
-        for p in sorted(d.iterdir())
+        (p, classes.index(d.name)) for d in sorted((SHARED / "field" / sub).iterdir()) if d.name in classes for p in sorted(d.iterdir())
     ]
 
 
@@ -108,9 +105,7 @@ def _compose(cfg, v1000, classes: list[str], handed: list[dict], seed: int) -> N
     bn_x, _ = batchnorm_photos(v1000.manifest["training"], labelled_sources(cfg, classes).train, received, seed)
     train_generation, choose_step = retrain_mod.train_generation, retrain_mod.choose_step
     retrain_mod.train_generation = functools.partial(train_generation, bn_x=bn_x)
-    retrain_mod.choose_step = lambda trained, previous, steps, _x, *a, **k: choose_step(
-        trained, previous, steps, bn_x, *a, **k
-    )
+    retrain_mod.choose_step = lambda trained, previous, steps, _x, *a, **k: choose_step(trained, previous, steps, bn_x, *a, **k)
 
 
 def run_one(work: Path, scenario: str, way: str, seed: int) -> dict:
@@ -157,9 +152,7 @@ def run_one(work: Path, scenario: str, way: str, seed: int) -> dict:
         "seed": seed,
         "handed_over": len(handed),
         "published": result.published,
-        "gate": {
-            k: result.metrics.get("gate", {}).get(k) for k in ("publish", "reason", "candidate_top1", "current_top1")
-        },
+        "gate": {k: result.metrics.get("gate", {}).get(k) for k in ("publish", "reason", "candidate_top1", "current_top1")},
         "seconds": round(result.seconds, 1),
     }
     parent = load_weights(v1000)
@@ -189,16 +182,10 @@ def report(rows: list[dict]) -> str:
 
             def change(key, pub=pub):
                 d = [100 * (r["candidate"][key] - r["v1000"][key]) for r in pub]
-                return (
-                    f"{statistics.mean(d):+.1f} +- {statistics.stdev(d):.1f}"
-                    if len(d) > 1
-                    else (f"{d[0]:+.1f}" if d else "-")
-                )
+                return f"{statistics.mean(d):+.1f} +- {statistics.stdev(d):.1f}" if len(d) > 1 else (f"{d[0]:+.1f}" if d else "-")
 
             reasons = "; ".join(sorted({str(r["gate"]["reason"]) for r in rs}))
-            lines.append(
-                f"| {scenario} | {way} | {len(pub)} of {len(rs)} | {change('lab')} | {change('field')} | {reasons} |"
-            )
+            lines.append(f"| {scenario} | {way} | {len(pub)} of {len(rs)} | {change('lab')} | {change('field')} | {reasons} |")
     return "\n".join(lines) + "\n"
 
 

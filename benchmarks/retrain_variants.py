@@ -44,9 +44,7 @@ def _fresh_state(run: Path, work: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.retrain_variants", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", nargs="+", required=True, help="out-of-box run folders")
-    ap.add_argument(
-        "--variant", action="append", required=True, help='NAME="key = value; key = value" ([trainer] keys)'
-    )
+    ap.add_argument("--variant", action="append", required=True, help='NAME="key = value; key = value" ([trainer] keys)')
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -64,32 +62,17 @@ def main(argv: list[str] | None = None) -> int:
             work = out / f"{name}-{run.name}"
             state = _fresh_state(run, work)
             cfg = work / "config.toml"
-            cfg.write_text(
-                "[trainer]\ngate_tolerance = 1.0\n" + "\n".join(x.strip() for x in body.split(";") if x.strip()) + "\n"
-            )
+            cfg.write_text("[trainer]\ngate_tolerance = 1.0\n" + "\n".join(x.strip() for x in body.split(";") if x.strip()) + "\n")
             log = work / "retrain.log"
             with open(log, "w") as fh:
                 subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "trainer",
-                        "--log-format",
-                        "json",
-                        "retrain",
-                        "--state-dir",
-                        str(state),
-                        "--config",
-                        str(cfg),
-                    ],
+                    [sys.executable, "-m", "trainer", "--log-format", "json", "retrain", "--state-dir", str(state), "--config", str(cfg)],
                     stdout=fh,
                     stderr=subprocess.STDOUT,
                     cwd=REPO,
                     check=False,
                 )
-            gate = [
-                json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{") and '"event": "gate"' in ln
-            ]
+            gate = [json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{") and '"event": "gate"' in ln]
             store = EngineStore(state / "engines")
             row = {"variant": name, "settings": body.strip(), "run": run.name}
             if gate:

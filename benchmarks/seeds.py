@@ -63,11 +63,7 @@ def summarise(rows: list[dict]) -> dict:
         out[k] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
     values = [r[TRAINED] for r in rows if r.get(TRAINED) is not None]
     out[TRAINED] = (
-        {
-            "mean": statistics.fmean(values),
-            "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "runs": len(values),
-        }
+        {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": len(values)}
         if values
         else None
     )

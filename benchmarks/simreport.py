@@ -32,11 +32,7 @@ def write_markdown(report: dict, path: Path) -> None:
     ]
     for d in report["days"]:
         r = d["retrain"]
-        retrain = (
-            ""
-            if not r
-            else (f"published {r['published']} ({r['seconds']} s)" if r["published"] else f"refused: {r['reason']}")
-        )
+        retrain = "" if not r else (f"published {r['published']} ({r['seconds']} s)" if r["published"] else f"refused: {r['reason']}")
         lines.append(
             f"| {d['day']} | {d['accepted']} | {d['precision'] if d['precision'] is not None else '-'} | "
             f"{d['cumulative_accepted']} | {d['test_top1']:.4f} | {d['engine_version']} | {retrain} |"
@@ -86,12 +82,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(
-        [0, *days],
-        [report["supervised_top1"], *[d["test_top1"] for d in report["days"]]],
-        marker="o",
-        label="engine in service",
-    )
+    ax.plot([0, *days], [report["supervised_top1"], *[d["test_top1"] for d in report["days"]]], marker="o", label="engine in service")
     ax.axhline(report["supervised_top1"], color="grey", linestyle="--", label="supervised only")
     ax.set(xlabel="day", ylabel="test top-1", title="Accuracy over days")
     ax.legend()

@@ -76,9 +76,7 @@ class SimSettings:
     recheck: bool = True  # retrains score the pseudo-labels again with the engine in service ([trainer] recheck_pseudo)
     retrain_epochs: int = 15
     retrain_lr: float = 2e-3  # every recorded arm ran with it, with or without experts (the service: 5e-4 without)
-    interpolate: float = (
-        1.0  # likewise (the service chooses the step of a retrain on pseudo-labels alone: trainer.step)
-    )
+    interpolate: float = 1.0  # likewise (the service chooses the step of a retrain on pseudo-labels alone: trainer.step)
     strategy: str = "rehearsal"
     expert_per_day: int = 0  # an expert labels this many photos a day from the review pool (fast mode)
     expert_choice: str = "device"  # device: the review queue's ranking; random: at random from the same pool
@@ -131,9 +129,7 @@ def split_photos(data: str | os.PathLike, s: SimSettings) -> Split:
     pool = stratified_split(parts["train"], {"labelled": s.labelled_fraction}, s.seed + 1)
     stream = sorted(pool["train"], key=lambda x: str(x.path))
     random.Random(s.seed).shuffle(stream)
-    return Split(
-        folder.classes, parts["test"], parts["val"], pool["labelled"], stream, len(folder.samples) - len(unique), seen
-    )
+    return Split(folder.classes, parts["test"], parts["val"], pool["labelled"], stream, len(folder.samples) - len(unique), seen)
 
 
 THRESHOLDS = (0.5, 0.8, 0.9, 0.95, 0.97, 0.99)
@@ -198,32 +194,17 @@ def _train_baseline(split: Split, store_dir: Path, s: SimSettings, log) -> None:
         report = json.loads((Path(s.baseline_from) / "report.json").read_text())
         if earlier.classes != split.classes or report["split"] != split.sizes() or report["settings"]["seed"] != s.seed:
             raise ValueError(f"--baseline-from {s.baseline_from}: made from other data, splits or seed")
-        model, training = (
-            load_weights(earlier),
-            {**earlier.manifest.get("training", {}), "reused_from": str(s.baseline_from)},
-        )
+        model, training = (load_weights(earlier), {**earlier.manifest.get("training", {}), "reused_from": str(s.baseline_from)})
         earlier_calibration = earlier.manifest.get("metrics", {}).get("calibration")
         log.info("baseline_reused", source=str(s.baseline_from))
     else:
         settings = TrainSettings(
-            epochs=s.epochs,
-            patience=s.patience,
-            seed=s.seed,
-            int8=False,
-            label_smoothing=s.label_smoothing,
-            swa_epochs=s.swa_epochs,
+            epochs=s.epochs, patience=s.patience, seed=s.seed, int8=False, label_smoothing=s.label_smoothing, swa_epochs=s.swa_epochs
         )
-        model, info = fit(
-            build_model(len(split.classes)), TensorDataset(split.labelled), val, settings, progress=sys.stderr.isatty()
-        )
+        model, info = fit(build_model(len(split.classes)), TensorDataset(split.labelled), val, settings, progress=sys.stderr.isatty())
         training = {"kind": "simulation-baseline", "labelled": len(split.labelled)}
         earlier_calibration = None
-        log.info(
-            "baseline_trained",
-            labelled=len(split.labelled),
-            epochs_run=info["epochs_run"],
-            best_epoch=info["best_epoch"],
-        )
+        log.info("baseline_trained", labelled=len(split.labelled), epochs_run=info["epochs_run"], best_epoch=info["best_epoch"])
     metrics = {}
     if earlier_calibration:  # already folded in: a second fit would find T = 1 and hide the first
         metrics["calibration"] = earlier_calibration
@@ -346,10 +327,7 @@ class _FastField:
                 if self.samples.add(header, data):
                     counts[p.label] = counts.get(p.label, 0) + 1
             elif kind == "review" and self.s.expert_per_day:
-                self.review[hashlib.sha256(Path(photo.path).read_bytes()).hexdigest()] = (
-                    photo,
-                    [list(t) for t in p.top_k],
-                )
+                self.review[hashlib.sha256(Path(photo.path).read_bytes()).hexdigest()] = (photo, [list(t) for t in p.top_k])
         if self.s.expert_per_day:
             self._ask_expert(classes, truth)
         if self.samples.counts()["new"] < self.s.retrain_at:
@@ -382,28 +360,12 @@ class _FullField:
         self.store = EngineStore(out / "store")
         config = self.root / "edge-agent.toml"
         config.write_text(
-            "".join(
-                f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
-                for section, values in cfg.items()
-            )
+            "".join(f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) for section, values in cfg.items())
         )
         self.procs = {}
         for name, argv in (
             ("daemon", ["-m", "edge_agent", "run", "--config", str(config), "--state-dir", str(self.state)]),
-            (
-                "trainer",
-                [
-                    "-m",
-                    "trainer",
-                    "--log-format",
-                    "json",
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--state-dir",
-                    str(self.state),
-                ],
-            ),
+            ("trainer", ["-m", "trainer", "--log-format", "json", "serve", "--config", str(config), "--state-dir", str(self.state)]),
         ):
             log = open(self.root / f"{name}.log", "ab")
             self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT)
@@ -422,9 +384,7 @@ class _FullField:
         while not cond():
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"the {name} exited ({proc.returncode}) while waiting for {what}; see {self.root / name}.log"
-                    )
+                    raise RuntimeError(f"the {name} exited ({proc.returncode}) while waiting for {what}; see {self.root / name}.log")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gave up waiting for {what} after {self.s.day_timeout_s:.0f} s")
             time.sleep(0.5)
@@ -443,14 +403,8 @@ class _FullField:
             os.rename(staging / f"{self.sent + i:05d}.jpg", day_dir / f"{self.sent + i:05d}.jpg")
         self.sent += len(photos)
         results = self.state / "results.sqlite"
-        self._wait(
-            lambda: (query_readonly(results, "SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent,
-            "the day's results",
-        )
-        self._wait(
-            lambda: not query_readonly(results, "SELECT 1 FROM label_queue WHERE kind = 'pseudo' LIMIT 1"),
-            "the hand-over",
-        )
+        self._wait(lambda: (query_readonly(results, "SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent, "the day's results")
+        self._wait(lambda: not query_readonly(results, "SELECT 1 FROM label_queue WHERE kind = 'pseudo' LIMIT 1"), "the hand-over")
         before = self._trainer().get("last_retrain")
 
         def settled() -> bool:
@@ -471,16 +425,10 @@ class _FullField:
         return self._json(self.state / "trainer" / "status.json")
 
     def pseudo_labels(self) -> dict[str, str]:
-        return dict(
-            query_readonly(
-                self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"
-            )
-        )
+        return dict(query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT id, label FROM samples WHERE kind = 'pseudo'"))
 
     def trained_pseudo_labels(self) -> dict[str, str]:
-        rows = query_readonly(
-            self.state / "trainer" / "samples.sqlite", "SELECT value FROM state WHERE key = 'last_retrain_pseudo'"
-        )
+        rows = query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT value FROM state WHERE key = 'last_retrain_pseudo'")
         return json.loads(rows[0][0]) if rows else {}
 
     def close(self) -> None:
@@ -505,9 +453,7 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
     days = [split.stream[i : i + s.day_size] for i in range(0, len(split.stream) - s.day_size + 1, s.day_size)]
     if s.days is not None:
         if s.days > len(days):
-            raise ValueError(
-                f"--days {s.days}: the stream holds {len(split.stream)} photos, {len(days)} full days of {s.day_size}"
-            )
+            raise ValueError(f"--days {s.days}: the stream holds {len(split.stream)} photos, {len(days)} full days of {s.day_size}")
         days = days[: s.days]
     if not days:
         raise ValueError(f"{data}: too few photos for one day of {s.day_size} after the labelled and held-out splits")
@@ -524,12 +470,7 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
     sweep = evaluate.threshold_sweep(baseline, split.stream, split.classes)
     # The trainer replays the whole labelled pool and gates on the validation split: photos the baseline
     # chose its checkpoint with but never trained on (gating on photos it had trained on would favour it).
-    cfg = _config(
-        s,
-        out,
-        _class_folders(split, split.labelled, out / "labelled"),
-        _class_folders(split, split.val, out / "validation"),
-    )
+    cfg = _config(s, out, _class_folders(split, split.labelled, out / "labelled"), _class_folders(split, split.val, out / "validation"))
     field_ = (_FullField if s.mode == "full" else _FastField)(cfg, s, out, evaluate)
     rows, accepted_before = [], set()
     try:
@@ -558,9 +499,7 @@ def simulate(data: str | os.PathLike, out: str | os.PathLike, s: SimSettings, pr
                     "seconds": round(time.perf_counter() - t_day, 1),
                 }
             )
-            log.info(
-                "day", **{k: v for k, v in rows[-1].items() if k != "retrain"}, retrain=json.dumps(retrained or None)
-            )
+            log.info("day", **{k: v for k, v in rows[-1].items() if k != "retrain"}, retrain=json.dumps(retrained or None))
             progress(
                 f"day {n}/{len(days)}: top-1 {top1:.4f}, {len(new)} pseudo-labels accepted ({rows[-1]['precision']}), engine {version}"
             )
@@ -621,9 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--days", type=int, default=None, help="days to stream (default: every full day the data holds)")
     m.add_argument("--day-size", type=int, default=100, help="photos per day")
     m.add_argument("--epochs", type=int, default=200, help="supervised baseline: epochs")
-    m.add_argument(
-        "--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off"
-    )
+    m.add_argument("--swa-epochs", type=int, default=20, help="supervised baseline: average the last N epochs (SWA); 0 = off")
     m.add_argument("--retrain-epochs", type=int, default=15, help="epochs per retrain")
     m.add_argument(
         "--retrain-lr",
@@ -645,12 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     m.add_argument("--tau", type=float, default=0.9, help="pseudo-label confidence threshold (the protocol's is 0.9)")
     m.add_argument("--retrain-at", type=int, default=200, help="retrain once this many new pseudo-labels arrived")
-    m.add_argument(
-        "--strategy",
-        choices=STRATEGY_CONFIGS,
-        default="rehearsal",
-        help="[trainer.strategy] type, with its default options",
-    )
+    m.add_argument("--strategy", choices=STRATEGY_CONFIGS, default="rehearsal", help="[trainer.strategy] type, with its default options")
     m.add_argument(
         "--expert-per-day",
         type=int,
@@ -677,11 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="retrains train on the pseudo-labels as received, without the engine in service looking again ([trainer] recheck_pseudo)",
     )
-    m.add_argument(
-        "--baseline-from",
-        metavar="DIR",
-        help="reuse the supervised baseline of an earlier simulation (same data and seed)",
-    )
+    m.add_argument("--baseline-from", metavar="DIR", help="reuse the supervised baseline of an earlier simulation (same data and seed)")
     args = m.parse_args(argv)
     configure_logging(args.log_level, "auto")
     settings = SimSettings(

@@ -130,9 +130,7 @@ def consistency_loss(strong_logits, weak_probs, tau: float):
     return (F.cross_entropy(strong_logits, target, reduction="none") * (conf >= tau).float()).mean()
 
 
-def consistency_finetune(
-    baseline, labelled, unlabelled, tau: float, epochs: int, lr: float, seed: int, mu: int = 2, batch: int = 32
-):
+def consistency_finetune(baseline, labelled, unlabelled, tau: float, epochs: int, lr: float, seed: int, mu: int = 2, batch: int = 32):
     """Fine-tune ``baseline`` FixMatch-style: labelled cross-entropy plus, on ``mu`` unlabelled photos per
     labelled one, cross-entropy of the strong view against the weak view's prediction where that is >= tau."""
     import copy
@@ -160,9 +158,7 @@ def consistency_finetune(
             with torch.no_grad():
                 weak_probs = F.softmax(model(weak(unlabelled[ui], gen)), 1)
             logits = model(torch.cat([weak(labelled.x[li], gen), strong(unlabelled[ui], gen)]))
-            loss = F.cross_entropy(logits[: len(li)], labelled.y[li]) + consistency_loss(
-                logits[len(li) :], weak_probs, tau
-            )
+            loss = F.cross_entropy(logits[: len(li)], labelled.y[li]) + consistency_loss(logits[len(li) :], weak_probs, tau)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "softmax >= 0.9": sure,
             "softmax >= 0.9 and energy": sure & (lse(z) >= energy_floor),
-            "softmax >= 0.9 and distance (shipped)": np.array(
-                [v.verdict == "confident" for v in shipped.judge(z, p, x)]
-            ),
+            "softmax >= 0.9 and distance (shipped)": np.array([v.verdict == "confident" for v in shipped.judge(z, p, x)]),
         }
 
     table = {}
@@ -85,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Ways to decide `confident`: {version.name}, FP32",
         "",
-        f"`python -m benchmarks.verdicts --out DIR`; thresholds fitted on "
-        f"the {len(data['val'][2])} validation photos only.",
+        f"`python -m benchmarks.verdicts --out DIR`; thresholds fitted on the {len(data['val'][2])} validation photos only.",
         "",
         "| rule | lab test: confident / right when confident | field: confident / right | unknown disease: confident |",
         "|---|---|---|---|",

@@ -45,17 +45,9 @@ def fill_state(state: Path, n: int) -> None:
         if i >= first_real:
             src = photos[i - first_real]
             shutil.copy(src, day / src.name)
-            sha, label, path = (
-                hashlib.sha256(src.read_bytes()).hexdigest(),
-                src.parent.name,
-                str(state / "inbox" / src.name),
-            )
+            sha, label, path = (hashlib.sha256(src.read_bytes()).hexdigest(), src.parent.name, str(state / "inbox" / src.name))
         else:
-            sha, label, path = (
-                hashlib.sha256(f"synthetic-{i}".encode()).hexdigest(),
-                photos[i % len(photos)].parent.name,
-                None,
-            )
+            sha, label, path = (hashlib.sha256(f"synthetic-{i}".encode()).hexdigest(), photos[i % len(photos)].parent.name, None)
         top_k = (
             [[label, 0.95], ["Apple___healthy", 0.03], ["Tomato___healthy", 0.02]]
             if i >= 2000
@@ -66,9 +58,7 @@ def fill_state(state: Path, n: int) -> None:
         )  # one every 30 s: 10,000 span three and a half days
     # and a full review pool ([labels] review_pool, 2000): every page counts it for the Review badge
     queued = [
-        QueueEntry(
-            r.sha256, r.photo_id, "review", r.label, 0.5, "v0001", str(state / "queue" / "review" / "x.jpg"), 1000
-        )
+        QueueEntry(r.sha256, r.photo_id, "review", r.label, 0.5, "v0001", str(state / "queue" / "review" / "x.jpg"), 1000)
         for r in rows[:2000]
     ]
     db.commit(rows, queued)
@@ -110,19 +100,7 @@ def measure_web(state: Path, repeats: int) -> dict:
 
     port = _free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "web",
-            "--state-dir",
-            str(state),
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO,
+        [sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--port", str(port), "--log-level", "warning"], cwd=REPO
     )
     try:
         t0 = time.perf_counter()

@@ -62,9 +62,7 @@ class Classifier:
                 )
         self.spec = PreprocessSpec.from_manifest(engine.version.manifest["preprocess"], **caps)
         self.top_k = min(top_k, len(engine.classes) if self.allowed is None else int(self.allowed.sum()))
-        self.judge = Judge(
-            VerdictSpec.from_manifest(engine.version.manifest), confident_probability, self.spec.mean, self.spec.std
-        )
+        self.judge = Judge(VerdictSpec.from_manifest(engine.version.manifest), confident_probability, self.spec.mean, self.spec.std)
 
     @classmethod
     def configured(cls, engine: Engine, cfg) -> "Classifier":

@@ -15,15 +15,10 @@ __all__ = ["main", "build_parser"]
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--config",
-        default=argparse.SUPPRESS,
-        help="TOML configuration file (default: $EDGE_AGENT_CONFIG, else built-in defaults)",
+        "--config", default=argparse.SUPPRESS, help="TOML configuration file (default: $EDGE_AGENT_CONFIG, else built-in defaults)"
     )
     common.add_argument(
-        "--log-level",
-        default=argparse.SUPPRESS,
-        choices=["debug", "info", "warning", "error"],
-        help="overrides [log] level",
+        "--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"], help="overrides [log] level"
     )
     return common
 
@@ -146,9 +141,7 @@ def _parse_since(text: str | None) -> float | None:
     try:
         dt = datetime.fromisoformat(text)
     except ValueError:
-        raise SystemExit(
-            f"edge-agent: --since {text!r}: expected an ISO time (2026-05-01T12:00) or a duration (15m, 2h, 3d)"
-        ) from None
+        raise SystemExit(f"edge-agent: --since {text!r}: expected an ISO time (2026-05-01T12:00) or a duration (15m, 2h, 3d)") from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
@@ -248,9 +241,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"REFUSED engine {version}: {why}")
     downloading = (out.get("transfer") or {}).get("downloading")
     if downloading:
-        print(
-            f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB"
-        )
+        print(f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB")
     for label, n in out["per_class"].items():
         print(f"  {n:6d}  {label}")
     for err in out.get("last_errors", [])[-5:]:
@@ -346,14 +337,7 @@ def _web(args: argparse.Namespace) -> int:
 def _install_systemd(args: argparse.Namespace) -> int:
     from edge_agent.units import install
 
-    written = install(
-        Path(args.unit_dir),
-        args.bin_dir,
-        args.user,
-        dry_run=args.dry_run,
-        create_user=not args.no_user,
-        jetson=args.jetson,
-    )
+    written = install(Path(args.unit_dir), args.bin_dir, args.user, dry_run=args.dry_run, create_user=not args.no_user, jetson=args.jetson)
     for path in written:
         print(f"wrote {path}")
     if written:
@@ -411,9 +395,7 @@ def _engine_list(args: argparse.Namespace) -> int:
             print(json.dumps(r))
         return 0
     print(f"store: {store.root}")
-    print(
-        f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts"
-    )
+    print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
     for r in rows:
         mark = "* " if r["current"] else "  "
         print(
@@ -454,19 +436,14 @@ def _engine_unpin(args: argparse.Namespace) -> int:
     store = _store(args, cfg)
     pin = store.pin()
     store.unpin()
-    print(
-        f"{store.root}: "
-        + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned")
-    )
+    print(f"{store.root}: " + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned"))
     return 0
 
 
 # ---- parser ---------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = argparse.ArgumentParser(
-        prog="edge-agent", description="On-device plant-disease recognition.", parents=[common]
-    )
+    parser = argparse.ArgumentParser(prog="edge-agent", description="On-device plant-disease recognition.", parents=[common])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("classify", parents=[common], help="classify photos (files or folders)")
@@ -507,9 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
     web.add_argument("--state-dir")
-    web.add_argument(
-        "--bind", help="address to listen on (default: [web] bind, 127.0.0.1); others need --new-token first"
-    )
+    web.add_argument("--bind", help="address to listen on (default: [web] bind, 127.0.0.1); others need --new-token first")
     web.add_argument("--port", type=int, help="port (default: [web] port, 8080)")
     web.add_argument("--new-token", action="store_true", help="print a new access token for other machines and exit")
     web.set_defaults(func=_web)
@@ -520,9 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     inst.add_argument("--user", default="edge-agent", help="the service user (created unless --no-user)")
     inst.add_argument("--no-user", action="store_true", help="do not create the user")
     inst.add_argument("--dry-run", action="store_true", help="print the units instead of writing them")
-    inst.add_argument(
-        "--jetson", action="store_true", help="also the daemon's drop-in that lets it reach a Jetson's GPU"
-    )
+    inst.add_argument("--jetson", action="store_true", help="also the daemon's drop-in that lets it reach a Jetson's GPU")
     inst.set_defaults(func=_install_systemd)
 
     cfg = sub.add_parser("config", help="inspect the configuration").add_subparsers(dest="action", required=True)
@@ -530,9 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--bare", action="store_true", help="no comments")
     show.set_defaults(func=_config_show)
 
-    eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(
-        dest="action", required=True
-    )
+    eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(dest="action", required=True)
     for name, func, helptext in (
         ("list", _engine_list, "list versions (* marks current)"),
         ("show", _engine_show, "verify a version and print its manifest"),

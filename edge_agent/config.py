@@ -90,13 +90,9 @@ class StoreSection(_Section):
 
 
 class PreprocessSection(_Section):
-    max_file_bytes: int = Field(
-        50 * 1024 * 1024, ge=1024, description="Photos larger than this many bytes are rejected unread."
-    )
+    max_file_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Photos larger than this many bytes are rejected unread.")
     max_pixels: int = Field(
-        50_000_000,
-        ge=128 * 128,
-        description="Photos whose header declares more pixels are rejected before decoding (decompression bombs).",
+        50_000_000, ge=128 * 128, description="Photos whose header declares more pixels are rejected before decoding (decompression bombs)."
     )
 
 
@@ -124,19 +120,12 @@ class ClassifySection(_Section):
 
 class DaemonSection(_Section):
     state_dir: str = Field(
-        "",
-        description="Where results, queues and processed photos live; empty means $STATE_DIRECTORY, else ./edge-state.",
+        "", description="Where results, queues and processed photos live; empty means $STATE_DIRECTORY, else ./edge-state."
     )
-    drain_timeout_s: float = Field(
-        10.0, ge=0, le=600, description="On SIGTERM/SIGINT, how long to finish photos in flight."
-    )
-    status_interval_s: float = Field(
-        2.0, gt=0, le=60, description="How often status.json and systemd's STATUS= are refreshed."
-    )
+    drain_timeout_s: float = Field(10.0, ge=0, le=600, description="On SIGTERM/SIGINT, how long to finish photos in flight.")
+    status_interval_s: float = Field(2.0, gt=0, le=60, description="How often status.json and systemd's STATUS= are refreshed.")
     stall_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        description="Photos in flight with no progress for this long make the pipeline unhealthy (no WATCHDOG=1).",
+        30.0, gt=0, description="Photos in flight with no progress for this long make the pipeline unhealthy (no WATCHDOG=1)."
     )
 
 
@@ -144,8 +133,7 @@ class InboxSection(_Section):
     enabled: bool = Field(True, description="Watch the hot folder.")
     path: str = Field("", description="The hot folder; empty means <state_dir>/inbox.")
     after: Literal["move", "delete", "leave"] = Field(
-        "move",
-        description="What happens to a photo once its result is stored: move to processed/YYYY-MM-DD/, delete, or leave.",
+        "move", description="What happens to a photo once its result is stored: move to processed/YYYY-MM-DD/, delete, or leave."
     )
     extensions: list[str] = Field(list(IMAGE_EXTENSIONS), description="Extensions picked up (others are ignored).")
     ignore_suffixes: list[str] = Field(
@@ -153,13 +141,9 @@ class InboxSection(_Section):
         description="Names ending so are temporary files and ignored (hidden files always are).",
     )
     recursive: bool = Field(True, description="Watch subfolders too.")
-    settle_s: float = Field(
-        1.0, ge=0, le=600, description="A file must keep its size and mtime this long before it is read."
-    )
+    settle_s: float = Field(1.0, ge=0, le=600, description="A file must keep its size and mtime this long before it is read.")
     incomplete_grace_s: float = Field(
-        30.0,
-        ge=0,
-        description="A file that still looks truncated is re-checked until it is this old, then quarantined.",
+        30.0, ge=0, description="A file that still looks truncated is re-checked until it is this old, then quarantined."
     )
     rescan_interval_s: float = Field(10.0, gt=0, description="Full rescans catch events the OS dropped.")
     _ext = field_validator("extensions")(_dotted_lower)
@@ -168,8 +152,7 @@ class InboxSection(_Section):
 class CameraSection(_Section):
     enabled: bool = Field(False, description="Capture from a camera.")
     source: str = Field(
-        "0",
-        description="Device index, /dev/videoN, rtsp:// or http:// (MJPEG) URL, video file, GStreamer pipeline, or 'jetson-csi'.",
+        "0", description="Device index, /dev/videoN, rtsp:// or http:// (MJPEG) URL, video file, GStreamer pipeline, or 'jetson-csi'."
     )
     interval_s: float = Field(5.0, ge=0, description="Seconds between classified frames (0: every frame).")
     stale_s: float = Field(10.0, gt=0, description="No frame for this long: the stream is stale and is reopened.")
@@ -188,14 +171,9 @@ class PipelineSection(_Section):
     )
     max_wait_ms: float = Field(20.0, ge=0, le=5000, description="How long a batch waits to fill up.")
     decode_workers: int = Field(2, ge=1, le=32, description="Threads reading and preprocessing photos.")
-    queue_size: int = Field(
-        32, ge=1, le=4096, description="Capacity of each queue between stages (back-pressure beyond)."
-    )
+    queue_size: int = Field(32, ge=1, le=4096, description="Capacity of each queue between stages (back-pressure beyond).")
     idle_trim_s: float = Field(
-        1.0,
-        gt=0,
-        le=600,
-        description="Idle this long, the engine hands its cached memory back and the golden photos are saved.",
+        1.0, gt=0, le=600, description="Idle this long, the engine hands its cached memory back and the golden photos are saved."
     )
 
 
@@ -230,60 +208,38 @@ class LabelsSection(_Section):
         "most probable classes) leave the pool, so it never crowds pseudo-labels out of the disk quota.",
     )
     max_spool_mb: int = Field(
-        2048,
-        ge=1,
-        description="Disk quota for queued photos (MiB). When full: queuing stops, predictions go on, status says so.",
+        2048, ge=1, description="Disk quota for queued photos (MiB). When full: queuing stops, predictions go on, status says so."
     )
 
 
 class HandoffSection(_Section):
     enabled: bool = Field(True, description="Deliver queued labels to the trainer over ZeroMQ.")
     endpoint: str = Field(
-        "",
-        description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run).",
+        "", description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run)."
     )
-    announce_endpoint: str = Field(
-        "", description="Trainer's engine announcements (PUB); empty means ipc://<runtime dir>/engines.sock."
-    )
+    announce_endpoint: str = Field("", description="Trainer's engine announcements (PUB); empty means ipc://<runtime dir>/engines.sock.")
     curve_secret_key: str = Field("", description="tcp:// only: this side's CURVE secret certificate (*.key_secret).")
     curve_server_key: str = Field("", description="tcp:// only, daemon: the trainer's public certificate (*.key).")
-    curve_authorized_dir: str = Field(
-        "", description="tcp:// only, trainer: folder of the daemons' public certificates it accepts."
-    )
+    curve_authorized_dir: str = Field("", description="tcp:// only, trainer: folder of the daemons' public certificates it accepts.")
     window: int = Field(16, ge=1, le=1024, description="Most unacknowledged samples in flight.")
-    ack_timeout_s: float = Field(
-        5.0, gt=0, description="Resend a sample not acknowledged within this; doubles on each resend."
-    )
+    ack_timeout_s: float = Field(5.0, gt=0, description="Resend a sample not acknowledged within this; doubles on each resend.")
     backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between resends.")
-    heartbeat_s: float = Field(
-        2.0, gt=0, description="Heartbeat interval; a peer silent for 3 intervals counts as down."
-    )
+    heartbeat_s: float = Field(2.0, gt=0, description="Heartbeat interval; a peer silent for 3 intervals counts as down.")
     max_payload_mb: int = Field(32, ge=1, le=1024, description="Larger frames are dropped, counted and logged.")
     transfer_endpoint: str = Field(
         "",
         description="Trainer's engine-transfer socket (new engine versions come to the daemon through it, verified and "
         "resumable); empty means ipc://<runtime dir>/transfer.sock. tcp:// uses the same CURVE keys as `endpoint`.",
     )
-    name: str = Field(
-        "", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name."
-    )
-    transfer_chunk_kb: int = Field(
-        1024, ge=16, le=4096, description="Engine transfer: bytes asked for per request (KiB)."
-    )
-    transfer_window: int = Field(
-        4, ge=1, le=64, description="Engine transfer: most chunk requests outstanding (flow control)."
-    )
+    name: str = Field("", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name.")
+    transfer_chunk_kb: int = Field(1024, ge=16, le=4096, description="Engine transfer: bytes asked for per request (KiB).")
+    transfer_window: int = Field(4, ge=1, le=64, description="Engine transfer: most chunk requests outstanding (flow control).")
 
 
 class HotswapSection(_Section):
-    poll_s: float = Field(
-        5.0, gt=0, description="How often the store's current version is checked (announcements wake it earlier)."
-    )
+    poll_s: float = Field(5.0, gt=0, description="How often the store's current version is checked (announcements wake it earlier).")
     min_agreement: float = Field(
-        0.5,
-        ge=0,
-        le=1,
-        description="A new engine must agree with the running one on this share of recent confident photos.",
+        0.5, ge=0, le=1, description="A new engine must agree with the running one on this share of recent confident photos."
     )
 
 
@@ -296,10 +252,7 @@ class WebSection(_Section):
     port: int = Field(8080, ge=1, le=65535, description="Port of the web page.")
     page_size: int = Field(48, ge=1, le=500, description="Photos per page on the recent-photos page.")
     max_connections: int = Field(
-        200,
-        ge=8,
-        le=10000,
-        description="Open connections the page keeps; more are closed at once (a small device stays answering).",
+        200, ge=8, le=10000, description="Open connections the page keeps; more are closed at once (a small device stays answering)."
     )
     idle_timeout_s: float = Field(
         10.0, gt=0, le=600, description="A connection that has not sent a whole request in this many seconds is closed."
@@ -319,9 +272,7 @@ def _engine_type(value: Any) -> str | None:
 
 
 #: ``[engine]``: the configuration class of the backend its ``type`` names (the registry's list, engines.base).
-EngineSection = Annotated[
-    Union[tuple(Annotated[cls.Config, Tag(name)] for name, cls in backends().items())], Discriminator(_engine_type)
-]
+EngineSection = Annotated[Union[tuple(Annotated[cls.Config, Tag(name)] for name, cls in backends().items())], Discriminator(_engine_type)]
 
 
 class AppConfig(_Section):
@@ -329,9 +280,7 @@ class AppConfig(_Section):
 
     engine: EngineSection = Field(
         default_factory=lambda: backends()["onnxruntime"].Config(),
-        description="Inference backend; 'type' selects it ("
-        + ", ".join(sorted(backends()))
-        + ") and the other keys are its own.",
+        description="Inference backend; 'type' selects it (" + ", ".join(sorted(backends())) + ") and the other keys are its own.",
     )
     store: StoreSection = Field(default_factory=StoreSection)
     preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
@@ -355,11 +304,7 @@ _UNIONS = {"engine": ("engine type", lambda: backends()), "strategy": ("strategy
 def _describe(errors: list[dict], source: str) -> str:
     lines = []
     for err in errors:
-        loc = [
-            p
-            for i, p in enumerate(err["loc"])
-            if not (i and err["loc"][i - 1] in _UNIONS and p in _UNIONS[err["loc"][i - 1]][1]())
-        ]
+        loc = [p for i, p in enumerate(err["loc"]) if not (i and err["loc"][i - 1] in _UNIONS and p in _UNIONS[err["loc"][i - 1]][1]())]
         key = ".".join(str(p) for p in loc)
         if err["type"] == "union_tag_invalid":
             kind, known = _UNIONS[str(loc[-1])]
@@ -392,9 +337,7 @@ def load_config(path: str | os.PathLike | None = None) -> AppConfig:
     except FileNotFoundError:
         raise ConfigError(f"{p}: configuration file not found") from None
     except IsADirectoryError:
-        raise ConfigError(
-            f"{p}: is a directory; --config takes a TOML file (edge-agent config show > edge-agent.toml)"
-        ) from None
+        raise ConfigError(f"{p}: is a directory; --config takes a TOML file (edge-agent config show > edge-agent.toml)") from None
     except PermissionError:
         raise ConfigError(f"{p}: not readable by this user") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -27,15 +27,7 @@ from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSource
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
-from edge_agent.state import (
-    StateLayout,
-    curve_keys,
-    device_name,
-    handoff_endpoints,
-    inbox_dir,
-    resolve_store,
-    write_status,
-)
+from edge_agent.state import StateLayout, curve_keys, device_name, handoff_endpoints, inbox_dir, resolve_store, write_status
 from edge_agent.systemd import Notifier
 from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
 from edge_agent.trust import daemon_trust, open_trusted
@@ -47,12 +39,7 @@ __all__ = ["Daemon"]
 
 class Daemon:
     def __init__(
-        self,
-        cfg: AppConfig,
-        state_dir: Path,
-        inbox: Path | None = None,
-        notifier: Notifier | None = None,
-        engine: Engine | None = None,
+        self, cfg: AppConfig, state_dir: Path, inbox: Path | None = None, notifier: Notifier | None = None, engine: Engine | None = None
     ) -> None:
         self.cfg = cfg
         self.state = StateLayout(state_dir)
@@ -93,9 +80,7 @@ class Daemon:
         self.log = self.log.bind(engine_version=engine.engine_version)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
         processed = self.state.root / "processed"
-        self.db, self.ledger_note = ResultsDB.open_or_recover(
-            self.state.db, expected=processed.is_dir() and any(processed.iterdir())
-        )
+        self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=processed.is_dir() and any(processed.iterdir()))
         if self.ledger_note:
             self.ledger_note += self._reindex_queue()
             self.log.error("ledger_set_aside", note=self.ledger_note)
@@ -133,9 +118,7 @@ class Daemon:
         for kind in ("pseudo", "review", "expert"):
             for f in sorted((self.state.queue / kind).glob("*")):
                 if f.is_file() and re.fullmatch(r"[0-9a-f]{64}", f.stem):
-                    entries.append(
-                        QueueEntry(f.stem, f.stem[:16], "review", None, None, None, str(f), f.stat().st_size)
-                    )
+                    entries.append(QueueEntry(f.stem, f.stem[:16], "review", None, None, None, str(f), f.stat().st_size))
         if entries:
             self.db.commit([], entries)
         processed = sum(1 for f in (self.state.root / "processed").rglob("*") if f.is_file())
@@ -230,19 +213,12 @@ class Daemon:
     # ---- health, status ------------------------------------------------------------
     def check_health(self) -> bool:
         p = self.pipeline
-        sources_ok = all(
-            s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher) if s is not None
-        )
+        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher) if s is not None)
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
         healthy = p.alive() and sources_ok and not stalled
         if healthy != self.healthy:
             (self.log.info if healthy else self.log.error)(
-                "health_changed",
-                healthy=healthy,
-                pipeline_alive=p.alive(),
-                sources_ok=sources_ok,
-                stalled=stalled,
-                in_flight=p.in_flight,
+                "health_changed", healthy=healthy, pipeline_alive=p.alive(), sources_ok=sources_ok, stalled=stalled, in_flight=p.in_flight
             )
         self.healthy = healthy
         return healthy
@@ -265,11 +241,7 @@ class Daemon:
             "ledger": self.ledger_note,
         }
         if self.folder:
-            out["folder"] = {
-                **self.folder.counters,
-                "unsupported": dict(self.folder.unsupported),
-                "missing": self.folder.missing,
-            }
+            out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported), "missing": self.folder.missing}
         if self.camera:
             out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
         if self.sender:

@@ -27,10 +27,7 @@ def save_golden(path: Path, golden: Golden, version: str) -> None:
     """Write ``golden`` labelled by ``version`` (raises OSError: a full disk only means the next start checks less)."""
     buf = io.BytesIO()
     np.savez(
-        buf,
-        x=np.stack([g for g, _ in golden]).astype(np.float16),
-        y=np.array([c for _, c in golden], np.int64),
-        version=np.array(version),
+        buf, x=np.stack([g for g, _ in golden]).astype(np.float16), y=np.array([c for _, c in golden], np.int64), version=np.array(version)
     )
     atomic_write(path, buf.getvalue(), durable=False)
 

@@ -43,9 +43,7 @@ class SwapRefused(EdgeAgentError):
     """A new engine version failed verification."""
 
 
-def verify_candidate(
-    new: Engine, reference: dict, reference_name: str, golden: list[tuple[np.ndarray, int]], min_agreement: float
-) -> dict:
+def verify_candidate(new: Engine, reference: dict, reference_name: str, golden: list[tuple[np.ndarray, int]], min_agreement: float) -> dict:
     """Checks 2-5 above against ``reference`` (the manifest of the version ``reference_name`` whose place it takes,
     and whose classes label ``golden``); returns what was measured, raises :class:`SwapRefused`. The one check for
     every way a version comes to serve: a hot swap (reference: the engine running) and a start
@@ -67,9 +65,7 @@ def verify_candidate(
         agreement = float(np.mean(pred == np.array([index[reference["classes"][label]] for _, label in golden])))
         measured["agreement"] = round(agreement, 3)
         if agreement < min_agreement:
-            raise SwapRefused(
-                f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})"
-            )
+            raise SwapRefused(f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")
     return measured
 
 
@@ -152,9 +148,7 @@ class EngineWatcher(Worker):
         new = None
         try:
             new = open_engine(self.store, self.engine_config, target, trust=self.trust)
-            measured = verify_candidate(
-                new, old.version.manifest, old.engine_version, self.pipeline.golden.photos(), self.min_agreement
-            )
+            measured = verify_candidate(new, old.version.manifest, old.engine_version, self.pipeline.golden.photos(), self.min_agreement)
         except Exception as exc:  # TamperedError, EngineError, SwapRefused...
             if new is not None:
                 new.close()

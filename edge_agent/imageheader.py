@@ -100,8 +100,7 @@ def check_image(data: bytes, max_file_bytes: int, max_pixels: int) -> ImageHeade
         raise ImageRejected(str(exc)) from None
     if header.pixels > max_pixels:
         raise ImageTooLarge(
-            f"image too large: {header.width}x{header.height} = {header.pixels} pixels "
-            f"> limit {max_pixels} (decompression bomb?)"
+            f"image too large: {header.width}x{header.height} = {header.pixels} pixels > limit {max_pixels} (decompression bomb?)"
         )
     return header
 
@@ -220,9 +219,7 @@ def _tiff(data: bytes) -> ImageHeader:
         raise HeaderError("corrupt TIFF (no image data offsets)")
     end = max(o + c for o, c in zip(offsets, counts))
     if end > len(data):
-        raise HeaderTruncated(
-            f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)"
-        )
+        raise HeaderTruncated(f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)")
     orientation = (tags.get(274) or [1])[0]
     return ImageHeader("tiff", width, height, orientation if 1 <= orientation <= 8 else 1)
 
@@ -245,9 +242,7 @@ def _boxes(data: bytes, start: int, end: int):
         elif size == 0:
             size = end - i
         if size < head or i + size > end:
-            raise HeaderTruncated(
-                f"truncated HEIF ({kind.decode('latin-1')} box ends past the end of the file: file incomplete?)"
-            )
+            raise HeaderTruncated(f"truncated HEIF ({kind.decode('latin-1')} box ends past the end of the file: file incomplete?)")
         yield kind, i + head, i + size
         i += size
     if i != end:

@@ -48,9 +48,7 @@ class InboxFiles:
             self._day_dir = None  # someone may have removed processed/: make it again next time
             raise
 
-    def quarantine(
-        self, name: str, tag: str, reason: dict, path: Path | None = None, data: bytes | None = None
-    ) -> Path:
+    def quarantine(self, name: str, tag: str, reason: dict, path: Path | None = None, data: bytes | None = None) -> Path:
         """Move ``path`` (or write ``data``) into quarantine under ``name``, with ``reason`` beside it as JSON; returns
         where it went (raises OSError). A name too long for the reason file's suffix is cut, ``tag`` and the suffix kept."""
         if len(os.fsencode(name)) > 180:  # room for "-N" and ".reason.json" under the 255-byte name limit

@@ -94,9 +94,7 @@ class LabelQueuer:
         if not wanted:
             return out
         try:
-            files: list[Path | None] = self.spool.put_many(
-                [SpoolItem(k, a.sha256, a.data, a.ext, a.origin) for a, k in wanted]
-            )
+            files: list[Path | None] = self.spool.put_many([SpoolItem(k, a.sha256, a.data, a.ext, a.origin) for a, k in wanted])
         except QueueFull as exc:
             files, reason = [None] * len(wanted), str(exc)
         else:
@@ -108,9 +106,7 @@ class LabelQueuer:
                 if kind == "pseudo":
                     self._count(p, -1)
                 continue
-            out.entries.append(
-                QueueEntry(a.sha256, a.photo_id, kind, p.label, p.confidence, p.engine_version, str(f), len(a.data))
-            )
+            out.entries.append(QueueEntry(a.sha256, a.photo_id, kind, p.label, p.confidence, p.engine_version, str(f), len(a.data)))
             out.kinds[a.sha256] = kind
         if out.skipped and not self.full:
             self.log.warning("label_queue_full", reason=reason, policy="predictions continue, queuing paused")

@@ -402,9 +402,7 @@ class Pipeline:
             return
         try:
             self.files.finish(job.path)
-        except (
-            OSError
-        ) as exc:  # the photo stays in the inbox; a rescan finds it again (as a duplicate: no second result)
+        except OSError as exc:  # the photo stays in the inbox; a rescan finds it again (as a duplicate: no second result)
             self.last_errors.append({"time": time.time(), "error": f"could not move {job.name}: {exc}"})
             self.log.error("finalize_failed", photo=job.name, error=str(exc))
 

@@ -131,9 +131,7 @@ def decode_bgr(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
     # OpenCV's TIFF decoder (libtiff's RGBA reader) turns the image upright itself, whatever the flags; for the other
     # formats the orientation is applied here, so every build gives the same pixels (tests pin both, orientations 1-8).
     upright_already = header.format == "tiff"
-    w, h = (
-        (header.height, header.width) if upright_already and header.orientation >= 5 else (header.width, header.height)
-    )
+    w, h = (header.height, header.width) if upright_already and header.orientation >= 5 else (header.width, header.height)
     if (img.shape[1], img.shape[0]) != (w, h):
         raise ImageRejected(f"decoded size {img.shape[1]}x{img.shape[0]} does not match header {w}x{h}")
     return img if upright_already else _apply_orientation(img, header.orientation)
@@ -144,9 +142,7 @@ def _decode_heif(data: bytes, header: ImageHeader) -> np.ndarray:
     try:
         import pillow_heif
     except ImportError:
-        raise ImageRejected(
-            "HEIC/HEIF needs pillow-heif (pip install pillow-heif); or export the photo as JPEG"
-        ) from None
+        raise ImageRejected("HEIC/HEIF needs pillow-heif (pip install pillow-heif); or export the photo as JPEG") from None
     try:
         heif = pillow_heif.open_heif(data, convert_hdr_to_8bit=True)
         rgb = np.asarray(heif)
@@ -155,9 +151,7 @@ def _decode_heif(data: bytes, header: ImageHeader) -> np.ndarray:
     if rgb.ndim != 3 or rgb.shape[2] not in (3, 4):
         raise ImageRejected(f"undecodable HEIF (unexpected {heif.mode} image)")
     if rgb.shape[0] * rgb.shape[1] > header.pixels:
-        raise ImageRejected(
-            f"decoded size {rgb.shape[1]}x{rgb.shape[0]} exceeds the header's {header.width}x{header.height}"
-        )
+        raise ImageRejected(f"decoded size {rgb.shape[1]}x{rgb.shape[0]} exceeds the header's {header.width}x{header.height}")
     return np.ascontiguousarray(rgb[:, :, 2::-1])
 
 
@@ -206,9 +200,7 @@ def read_limited(path: str | os.PathLike, spec: PreprocessSpec = DEFAULT_SPEC) -
     the cap), not a cap-sized buffer per photo. A FIFO, device or socket is refused without blocking."""
     cap = spec.max_file_bytes
     try:
-        fd = os.open(
-            path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-        )
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise ImageRejected("no such file") from None
     except PermissionError:

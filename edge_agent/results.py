@@ -204,17 +204,7 @@ class ResultsDB:
                     cur.execute(
                         "INSERT OR IGNORE INTO label_queue (sha256, photo_id, kind, label, confidence, engine_version,"
                         " file, bytes, created) VALUES (?,?,?,?,?,?,?,?,?)",
-                        (
-                            q.sha256,
-                            q.photo_id,
-                            q.kind,
-                            q.label,
-                            q.confidence,
-                            q.engine_version,
-                            q.file,
-                            q.bytes,
-                            q.created,
-                        ),
+                        (q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created),
                     )
                 cur.execute("COMMIT")
             except BaseException:
@@ -245,13 +235,9 @@ class ResultsDB:
             cur.execute("BEGIN IMMEDIATE")
             try:
                 cur.execute(
-                    "UPDATE label_queue SET kind = 'expert', label = ?, confidence = 1.0, file = ? WHERE sha256 = ?",
-                    (label, file, sha256),
+                    "UPDATE label_queue SET kind = 'expert', label = ?, confidence = 1.0, file = ? WHERE sha256 = ?", (label, file, sha256)
                 )
-                cur.execute(
-                    "INSERT OR REPLACE INTO expert_labels (sha256, label, labelled) VALUES (?,?,?)",
-                    (sha256, label, time.time()),
-                )
+                cur.execute("INSERT OR REPLACE INTO expert_labels (sha256, label, labelled) VALUES (?,?,?)", (sha256, label, time.time()))
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()
@@ -322,16 +308,13 @@ class ResultsDB:
     def pseudo_counts(self, engine_version: str) -> dict[str, int]:
         return dict(
             self._query(
-                "SELECT label, COUNT(*) FROM label_queue WHERE kind = 'pseudo' AND engine_version = ? GROUP BY label",
-                (engine_version,),
+                "SELECT label, COUNT(*) FROM label_queue WHERE kind = 'pseudo' AND engine_version = ? GROUP BY label", (engine_version,)
             )
         )
 
     def queued(self, kind: str | None = None) -> list[QueueEntry]:
         sql = "SELECT sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created FROM label_queue"
-        rows = self._query(
-            sql + (" WHERE kind = ? ORDER BY created" if kind else " ORDER BY created"), (kind,) if kind else ()
-        )
+        rows = self._query(sql + (" WHERE kind = ? ORDER BY created" if kind else " ORDER BY created"), (kind,) if kind else ())
         return [QueueEntry(*r) for r in rows]
 
     def queued_for_delivery(self, limit: int) -> list[QueueEntry]:

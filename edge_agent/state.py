@@ -174,11 +174,7 @@ def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str, str]:
 
     h = cfg.handoff
     default_handoff, default_announce, default_transfer = default_endpoints(runtime_dir(state_dir))
-    return (
-        h.endpoint or default_handoff,
-        h.announce_endpoint or default_announce,
-        h.transfer_endpoint or default_transfer,
-    )
+    return (h.endpoint or default_handoff, h.announce_endpoint or default_announce, h.transfer_endpoint or default_transfer)
 
 
 def device_name(cfg: AppConfig) -> str:

@@ -12,15 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = [
-    "TrainerSection",
-    "StrategyConfig",
-    "FinetuneConfig",
-    "EwcConfig",
-    "RehearsalConfig",
-    "LwfConfig",
-    "STRATEGY_CONFIGS",
-]
+__all__ = ["TrainerSection", "StrategyConfig", "FinetuneConfig", "EwcConfig", "RehearsalConfig", "LwfConfig", "STRATEGY_CONFIGS"]
 
 
 class StrategyConfig(BaseModel):
@@ -31,29 +23,19 @@ class StrategyConfig(BaseModel):
 
 
 class FinetuneConfig(StrategyConfig):
-    type: Literal["finetune"] = Field(
-        "finetune", description="Plain fine-tuning: nothing fights forgetting (the baseline)."
-    )
+    type: Literal["finetune"] = Field("finetune", description="Plain fine-tuning: nothing fights forgetting (the baseline).")
 
 
 class EwcConfig(StrategyConfig):
-    type: Literal["ewc"] = Field(
-        "ewc", description="Online Elastic Weight Consolidation: a pull towards earlier solutions."
-    )
+    type: Literal["ewc"] = Field("ewc", description="Online Elastic Weight Consolidation: a pull towards earlier solutions.")
     ewc_lambda: float = Field(100.0, ge=0, description="Strength of the pull towards earlier solutions.")
-    gamma: float = Field(
-        0.9, ge=0, le=1, description="Share of the earlier Fisher information kept at each generation."
-    )
+    gamma: float = Field(0.9, ge=0, le=1, description="Share of the earlier Fisher information kept at each generation.")
 
 
 class RehearsalConfig(StrategyConfig):
-    type: Literal["rehearsal"] = Field(
-        "rehearsal", description="A class-balanced memory of true labels replayed in every retrain."
-    )
+    type: Literal["rehearsal"] = Field("rehearsal", description="A class-balanced memory of true labels replayed in every retrain.")
     per_class: int = Field(20, ge=1, description="Photos kept per class in the memory.")
-    selection: Literal["random", "herding", "distance"] = Field(
-        "herding", description="How the memory's photos are chosen."
-    )
+    selection: Literal["random", "herding", "distance"] = Field("herding", description="How the memory's photos are chosen.")
 
 
 class LwfConfig(StrategyConfig):
@@ -73,9 +55,7 @@ Strategy = Annotated[Union[tuple(STRATEGY_CONFIGS.values())], Field(discriminato
 class TrainerSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    state_dir: str = Field(
-        "", description="Trainer's samples, strategy state and status; empty means <state_dir>/trainer."
-    )
+    state_dir: str = Field("", description="Trainer's samples, strategy state and status; empty means <state_dir>/trainer.")
     labelled_data: str = Field(
         "",
         description="Folder of <Class>/<photo> with true labels, replayed in every retrain and split for the gate's "
@@ -93,8 +73,7 @@ class TrainerSection(BaseModel):
     )
     retrain_threshold: int = Field(200, ge=1, description="Retrain once this many new samples have arrived.")
     fleet_new_classes: bool = Field(
-        False,
-        description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon.",
+        False, description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon."
     )
     strategy: Strategy = Field(
         default_factory=RehearsalConfig,
@@ -121,9 +100,7 @@ class TrainerSection(BaseModel):
     )
     pseudo_lambda: float = Field(1.0, ge=0, description="Weight of the confidence-weighted pseudo-label loss.")
     expert_weight: float = Field(
-        2.0,
-        ge=0,
-        description="Weight of an expert's label in the cross-entropy, relative to a photo of labelled_data (1).",
+        2.0, ge=0, description="Weight of an expert's label in the cross-entropy, relative to a photo of labelled_data (1)."
     )
     ramp_epochs: int = Field(10, ge=0, description="Epochs over which the pseudo-label weight ramps up from ~0 to 1.")
     distill: float = Field(
@@ -148,9 +125,7 @@ class TrainerSection(BaseModel):
         "the retrained weights (1) whose log-loss on the gate photos is within one standard error of the lowest; one value "
         "fixes the step.",
     )
-    val_fraction: float = Field(
-        0.2, gt=0, lt=1, description="Share of the labelled data held out for the gate (never trained on)."
-    )
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the labelled data held out for the gate (never trained on).")
     gate_tolerance: float = Field(
         0.02,
         ge=0,
@@ -158,9 +133,7 @@ class TrainerSection(BaseModel):
         description="Publish only if the candidate's top-1 is at least the current engine's, and the lineage's first "
         "version's, minus this (0.02 = 2 points).",
     )
-    gate_max_class_drop: float = Field(
-        0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this."
-    )
+    gate_max_class_drop: float = Field(0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
     nice: int = Field(10, ge=0, le=19, description="Added niceness of the trainer process (inference first).")
     int8: bool = Field(True, description="Also build the INT8 ONNX Runtime variant when publishing.")

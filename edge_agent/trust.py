@@ -23,18 +23,11 @@ def daemon_trust(cfg: AppConfig, state_dir: Path) -> TrustedKeys | None:
     """The keys this daemon trusts, or None when ``[store] require_signature`` is off."""
     if not cfg.store.require_signature:
         return None
-    return TrustedKeys.default(
-        cfg.store.trusted_keys, local_trainer_key=trainer_key_path(cfg, state_dir).with_suffix(".pub")
-    )
+    return TrustedKeys.default(cfg.store.trusted_keys, local_trainer_key=trainer_key_path(cfg, state_dir).with_suffix(".pub"))
 
 
 def open_trusted(
-    store: EngineStore,
-    config: BackendConfig,
-    trust: TrustedKeys | None,
-    log,
-    golden_file: Path | None = None,
-    min_agreement: float = 0.5,
+    store: EngineStore, config: BackendConfig, trust: TrustedKeys | None, log, golden_file: Path | None = None, min_agreement: float = 0.5
 ) -> tuple[Engine, dict[str, str]]:
     """The current version if it passes every check; else the newest one that does (the refusals, version -> reason,
     are returned and logged). Raises the current version's error when no version qualifies.

@@ -192,12 +192,7 @@ def render(bin_dir: str = DEFAULT_BIN, user: str = USER, docs: str = "/opt/edge-
 
 
 def install(
-    unit_dir: Path,
-    bin_dir: str | None = None,
-    user: str = USER,
-    dry_run: bool = False,
-    create_user: bool = True,
-    jetson: bool = False,
+    unit_dir: Path, bin_dir: str | None = None, user: str = USER, dry_run: bool = False, create_user: bool = True, jetson: bool = False
 ) -> list[Path]:
     """Write the units for the environment ``bin_dir`` (default: this one), create the user, reload systemd.
     ``jetson``: also the daemon's drop-in that lets it reach the GPU (:data:`JETSON_DROPIN`)."""
@@ -219,10 +214,7 @@ def install(
         written.append(path)
     if create_user and shutil.which("useradd"):
         if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
-            subprocess.run(
-                ["useradd", "--system", "--home-dir", "/var/lib/edge-agent", "--shell", "/usr/sbin/nologin", user],
-                check=True,
-            )
+            subprocess.run(["useradd", "--system", "--home-dir", "/var/lib/edge-agent", "--shell", "/usr/sbin/nologin", user], check=True)
     if shutil.which("systemctl") and unit_dir.resolve() == Path("/etc/systemd/system"):
         subprocess.run(["systemctl", "daemon-reload"], check=False)
     return written

@@ -80,19 +80,12 @@ class VerdictSpec:
                 precision,
                 float(section["confident_distance"]),
                 float(section["unknown_distance"]),
-                **{
-                    key: float(section["image"][key])
-                    for key in ("min_contrast", "min_brightness", "max_brightness", "min_sharpness")
-                },
+                **{key: float(section["image"][key]) for key in ("min_contrast", "min_brightness", "max_brightness", "min_sharpness")},
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise VerdictSpecError(
-                f"manifest 'verdict' section: {exc!r} (fix: republish the version with edge-trainer)"
-            ) from None
+            raise VerdictSpecError(f"manifest 'verdict' section: {exc!r} (fix: republish the version with edge-trainer)") from None
         if means.shape != (k, k) or precision.shape != (k, k):
-            raise VerdictSpecError(
-                f"manifest 'verdict' section: means {means.shape} and precision {precision.shape} must be ({k}, {k})"
-            )
+            raise VerdictSpecError(f"manifest 'verdict' section: means {means.shape} and precision {precision.shape} must be ({k}, {k})")
         values = [
             spec.confident_distance,
             spec.unknown_distance,
@@ -141,9 +134,7 @@ class Judge:
         d = np.maximum(zpz[:, None] - 2 * z @ self._pm.T + self._mpm[None], 0)
         return (d if allowed is None else d[:, allowed]).min(axis=1)
 
-    def judge(
-        self, logits: np.ndarray, probs: np.ndarray, batch: np.ndarray, allowed: np.ndarray | None = None
-    ) -> list[Verdict]:
+    def judge(self, logits: np.ndarray, probs: np.ndarray, batch: np.ndarray, allowed: np.ndarray | None = None) -> list[Verdict]:
         """Verdicts for the logits the engine returned, ``probs`` as answered (over the ``allowed`` classes, if only some)."""
         contrast, brightness, sharpness = image_checks(batch, self.mean, self.std)
         d = self.distances(logits, allowed) if self.spec is not None else [None] * len(logits)

@@ -148,6 +148,4 @@ def check_io(version: StoreVersion, input_name: str, input_shape, output_shape) 
     if input_name != spec["name"] or list(input_shape[1:]) != [channels, size, size]:
         raise EngineError(f"{version.name}: model input {input_name}{input_shape} does not match manifest {spec}")
     if output_shape[-1] != len(version.classes):
-        raise EngineError(
-            f"{version.name}: model has {output_shape[-1]} outputs but the manifest lists {len(version.classes)} classes"
-        )
+        raise EngineError(f"{version.name}: model has {output_shape[-1]} outputs but the manifest lists {len(version.classes)} classes")

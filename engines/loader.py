@@ -10,9 +10,7 @@ from engines.store import EngineStore, StoreVersion
 __all__ = ["open_engine"]
 
 
-def open_engine(
-    store: EngineStore | str | os.PathLike, config: BackendConfig, version: str | None = None, trust=None
-) -> Engine:
+def open_engine(store: EngineStore | str | os.PathLike, config: BackendConfig, version: str | None = None, trust=None) -> Engine:
     """Verify ``version`` (default: current) of ``store`` (its files, and with ``trust`` its signature) and load it
     with the backend ``config.type`` names."""
     if not isinstance(store, EngineStore):

@@ -34,9 +34,7 @@ def import_plugins(package: str, skip: tuple[str, ...] = ()) -> None:
 class Registry(Generic[P]):
     """Plugins of one kind by their ``type``, found by importing the public modules of ``package``."""
 
-    def __init__(
-        self, kind: str, package: str, skip: tuple[str, ...] = (), error: type[Exception] = UnknownPlugin
-    ) -> None:
+    def __init__(self, kind: str, package: str, skip: tuple[str, ...] = (), error: type[Exception] = UnknownPlugin) -> None:
         self.kind = kind  # as an error message names it: "engine type", "strategy"
         self.package = package
         self.skip = skip

@@ -43,9 +43,7 @@ SIGNATURE = SIGNATURE_FILE
 PROJECT_KEY = Path(__file__).resolve().parent / "keys" / "edge-agent-release.pub"
 PROJECT_KEYS = {
     PROJECT_KEY: "the edge-agent project (release key)",
-    PROJECT_KEY.with_name(
-        "edge-agent-project.pub"
-    ): "the edge-agent project (earlier key, before the 38-class release)",
+    PROJECT_KEY.with_name("edge-agent-project.pub"): "the edge-agent project (earlier key, before the 38-class release)",
 }
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -156,9 +154,7 @@ class TrustedKeys:
         return tuple(stamps)
 
     @classmethod
-    def default(
-        cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True
-    ) -> "TrustedKeys":
+    def default(cls, configured: Iterable[str] = (), local_trainer_key: Path | None = None, project: bool = True) -> "TrustedKeys":
         """The project's key, the key of a trainer on the same state directory (if it made one), and the configured ones."""
         keys: dict[str, str] = {}
         for path, who in PROJECT_KEYS.items() if project else ():
@@ -180,12 +176,7 @@ class TrustedKeys:
         if doc is None:
             raise UntrustedVersion(f"{name}: not signed (no {SIGNATURE}); refusing to serve it")
         key, sig = doc.get("key"), doc.get("signature")
-        if (
-            not isinstance(key, str)
-            or not _HEX64.match(key)
-            or not isinstance(sig, str)
-            or not re.fullmatch(r"[0-9a-f]{128}", sig)
-        ):
+        if not isinstance(key, str) or not _HEX64.match(key) or not isinstance(sig, str) or not re.fullmatch(r"[0-9a-f]{128}", sig):
             raise UntrustedVersion(f"{name}: {SIGNATURE} is malformed; refusing to serve it")
         if key not in self.keys:
             self._load_later()

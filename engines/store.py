@@ -33,14 +33,7 @@ from pathlib import Path
 from engines.durable import atomic_write, fsync_dir, fsync_file
 from engines.errors import EdgeAgentError
 
-__all__ = [
-    "EngineStore",
-    "StoreVersion",
-    "StoreError",
-    "TamperedError",
-    "MANIFEST",
-    "sha256_file",
-]
+__all__ = ["EngineStore", "StoreVersion", "StoreError", "TamperedError", "MANIFEST", "sha256_file"]
 
 MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"  # see engines.signing
@@ -94,8 +87,7 @@ def _check_digest(what: str, digest: str, expected: str) -> None:
     """:class:`TamperedError` naming ``what`` unless its sha256 ``digest`` is the manifest's ``expected``."""
     if digest != expected:
         raise TamperedError(
-            f"{what}: sha256 {digest[:12]}... does not match manifest {expected[:12]}... "
-            "(file modified or corrupt); refusing to load it"
+            f"{what}: sha256 {digest[:12]}... does not match manifest {expected[:12]}... (file modified or corrupt); refusing to load it"
         )
 
 
@@ -216,12 +208,7 @@ class EngineStore:
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
     def publish(
-        self,
-        files: Mapping[str, str | os.PathLike],
-        manifest: Mapping,
-        make_current: bool = True,
-        sign=None,
-        version: str | None = None,
+        self, files: Mapping[str, str | os.PathLike], manifest: Mapping, make_current: bool = True, sign=None, version: str | None = None
     ) -> StoreVersion:
         """Publish ``files`` (store name -> source path) as a new version (named ``version``, which must be newer
         than every version in the store, else the next number).
@@ -347,9 +334,7 @@ class EngineStore:
             newest = max((cur, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))
             atomic_write(
                 self.root / PIN,
-                json.dumps(
-                    {"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-                ).encode(),
+                json.dumps({"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode(),
             )
         return opened
 
@@ -360,19 +345,9 @@ class EngineStore:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            return {
-                "version": "?",
-                "from": "v9999999",
-                "at": "?",
-                "problem": f"{self.root / PIN} is unreadable: delete it to unpin",
-            }
+            return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is unreadable: delete it to unpin"}
         if not isinstance(pin, dict) or not _VERSION_RE.match(str(pin.get("from", ""))):
-            return {
-                "version": "?",
-                "from": "v9999999",
-                "at": "?",
-                "problem": f"{self.root / PIN} is malformed: delete it to unpin",
-            }
+            return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is malformed: delete it to unpin"}
         return pin
 
     def unpin(self) -> None:

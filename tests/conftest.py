@@ -15,10 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def plantvillage_dir() -> Path | None:
     env = os.environ.get("EDGE_AGENT_PLANTVILLAGE")
-    for cand in ([Path(env)] if env else []) + [
-        REPO.parent / "shared/data/plantvillage",
-        REPO / "shared/data/plantvillage",
-    ]:
+    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared/data/plantvillage", REPO / "shared/data/plantvillage"]:
         if cand.is_dir():
             return cand
     return None
@@ -28,9 +25,7 @@ def plantvillage_dir() -> Path | None:
 def plantvillage() -> Path:
     d = plantvillage_dir()
     if d is None:
-        pytest.skip(
-            "real PlantVillage photos not found (expected ../shared/data/plantvillage or $EDGE_AGENT_PLANTVILLAGE)"
-        )
+        pytest.skip("real PlantVillage photos not found (expected ../shared/data/plantvillage or $EDGE_AGENT_PLANTVILLAGE)")
     return d
 
 
@@ -61,12 +56,7 @@ def encode(img: np.ndarray, ext: str = ".jpg") -> bytes:
 
 def with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
     """Insert an EXIF APP1 segment carrying ``orientation`` right after SOI."""
-    tiff = (
-        b"MM\x00\x2a\x00\x00\x00\x08"
-        + struct.pack(">H", 1)
-        + struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0)
-        + b"\x00" * 4
-    )
+    tiff = b"MM\x00\x2a\x00\x00\x00\x08" + struct.pack(">H", 1) + struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0) + b"\x00" * 4
     app1 = b"Exif\x00\x00" + tiff
     return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + jpeg[2:]
 

@@ -62,16 +62,7 @@ class DaemonProc:
     def start(self) -> "DaemonProc":
         self._log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "edge_agent",
-                "run",
-                "--config",
-                str(self.config_path),
-                "--state-dir",
-                str(self.state),
-            ],
+            [sys.executable, "-m", "edge_agent", "run", "--config", str(self.config_path), "--state-dir", str(self.state)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -83,9 +74,7 @@ class DaemonProc:
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            assert self.proc.poll() is None, (
-                f"daemon exited {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
-            )
+            assert self.proc.poll() is None, f"daemon exited {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
             with open(self.log_path) as f:
                 f.seek(start)
                 if '"event": "ready"' in f.read():

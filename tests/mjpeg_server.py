@@ -41,9 +41,7 @@ class MjpegServer:
                     while not server._stop.is_set():
                         jpg = server.frames[i % len(server.frames)]
                         self.wfile.write(
-                            f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpg)}\r\n\r\n".encode()
-                            + jpg
-                            + b"\r\n"
+                            f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpg)}\r\n\r\n".encode() + jpg + b"\r\n"
                         )
                         self.wfile.flush()
                         server.served += 1

@@ -8,13 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is not installed")
 
-from trainer.calibrate import (  # noqa: E402
-    calibrate,
-    calibration_error,
-    expected_calibration_error,
-    fit_temperature,
-    fold_temperature,
-)
+from trainer.calibrate import calibrate, calibration_error, expected_calibration_error, fit_temperature, fold_temperature  # noqa: E402
 from trainer.model import build_model  # noqa: E402
 
 
@@ -34,9 +28,7 @@ def test_fit_recovers_the_temperature_the_labels_were_drawn_with(true_t):
 
 def test_fit_stays_in_bounds_and_refuses_no_photos():
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
-    assert fit_temperature(logits, torch.tensor([0, 1])) == pytest.approx(
-        0.1, rel=1e-3
-    )  # always right: sharpest allowed
+    assert fit_temperature(logits, torch.tensor([0, 1])) == pytest.approx(0.1, rel=1e-3)  # always right: sharpest allowed
     assert fit_temperature(logits, torch.tensor([1, 0])) == pytest.approx(10.0, rel=1e-3)  # always wrong: flattest
     with pytest.raises(ValueError, match="no photos"):
         fit_temperature(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long))
@@ -48,12 +40,8 @@ def test_ece_of_an_overconfident_and_a_calibrated_set():
     assert expected_calibration_error(sure, torch.tensor([0, 0, 0, 0])) == pytest.approx(0.0, abs=1e-6)
     logits, labels = _sampled(1.0, n=2000)
     conf, pred = torch.softmax(logits, 1).max(1)
-    assert (
-        calibration_error(conf, pred == labels) == expected_calibration_error(logits, labels) < 0.05
-    )  # drawn calibrated
-    assert calibration_error(torch.tensor([0.3, 0.3]), torch.tensor([False, False])) == pytest.approx(
-        0.3
-    )  # low confidences too
+    assert calibration_error(conf, pred == labels) == expected_calibration_error(logits, labels) < 0.05  # drawn calibrated
+    assert calibration_error(torch.tensor([0.3, 0.3]), torch.tensor([False, False])) == pytest.approx(0.3)  # low confidences too
 
 
 def test_fold_divides_the_logits_and_keeps_every_prediction():

@@ -31,9 +31,7 @@ def test_mjpeg_stream_dies_and_comes_back(frames):
     server = MjpegServer(frames, fps=20).start()
     port = server.port
     sink = Frames()
-    cam = CameraSource(
-        CameraSection(source=server.url, interval_s=0.1, stale_s=1.0, backoff_initial_s=0.2, backoff_max_s=0.5), sink
-    )
+    cam = CameraSource(CameraSection(source=server.url, interval_s=0.1, stale_s=1.0, backoff_initial_s=0.2, backoff_max_s=0.5), sink)
     cam.start()
     try:
         wait_until(lambda: len(sink.got) >= 3, 15, "frames from the stream")
@@ -73,9 +71,7 @@ def test_video_file_source(frames, tmp_path):
 
 def test_unopenable_device_backs_off_and_keeps_trying(tmp_path):
     sink = Frames()
-    cam = CameraSource(
-        CameraSection(source=str(tmp_path / "no-such-video0"), backoff_initial_s=0.1, backoff_max_s=0.2), sink
-    )
+    cam = CameraSource(CameraSection(source=str(tmp_path / "no-such-video0"), backoff_initial_s=0.1, backoff_max_s=0.2), sink)
     cam.start()
     try:
         wait_until(lambda: cam.counters["open_failures"] >= 3, 10, "repeated open attempts")

@@ -50,9 +50,7 @@ def test_classify_real_photos_json(plantvillage, tmp_path):
     assert len(rows) == len(photos)
     for row in rows:
         assert set(row) == {"path", "label", "confidence", "verdict", "verdict_reason", "top_k", "engine_version", "ms"}
-        assert row["verdict"] in ("confident", "unsure", "unknown") and (row["verdict_reason"] == "") == (
-            row["verdict"] == "confident"
-        )
+        assert row["verdict"] in ("confident", "unsure", "unknown") and (row["verdict_reason"] == "") == (row["verdict"] == "confident")
         assert len(row["top_k"]) == 3 and row["top_k"][0][0] == row["label"]
         assert 0 < row["confidence"] <= 1 and row["ms"] > 0 and row["engine_version"].startswith("v")
 
@@ -153,14 +151,10 @@ def test_engine_list_show_rollback(tiny_store, tmp_path, signing_key):
     assert out.returncode == 0 and "* v0002" in out.stdout and "  v0001" in out.stdout
     shown = json.loads(run_cli("engine", "show", "--store", str(store), "v0001").stdout)
     assert shown["verified"] and shown["version"] == "v0001"
-    out = run_cli(
-        "engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state")
-    )
+    out = run_cli("engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state"))
     assert out.returncode == 0 and "v0002 -> v0001" in out.stdout
     assert s.current() == "v0001"
-    out = run_cli(
-        "engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state")
-    )
+    out = run_cli("engine", "rollback", "--store", str(store), "--config", str(cfg), "--state-dir", str(tmp_path / "state"))
     assert out.returncode == 2 and "no parent" in out.stderr
 
 

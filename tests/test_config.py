@@ -97,24 +97,18 @@ def test_example_config_in_repo_is_current():
     from pathlib import Path
 
     example = Path(__file__).parents[1] / "edge-agent.example.toml"
-    assert example.read_text() == dump_toml(AppConfig()), (
-        "regenerate with: edge-agent config show > edge-agent.example.toml"
-    )
+    assert example.read_text() == dump_toml(AppConfig()), "regenerate with: edge-agent config show > edge-agent.example.toml"
 
 
 def test_a_key_an_earlier_release_accepted_says_what_replaced_it():
     with pytest.raises(ConfigError) as exc:
         parse_config({"trainer": {"pseudo_only_interpolate": 0.5}}, source="edge-agent.toml")
-    assert (
-        "edge-agent.toml: unknown key 'trainer.pseudo_only_interpolate' (replaced by trainer.pseudo_only_steps"
-        in str(exc.value)
-    )
+    assert "edge-agent.toml: unknown key 'trainer.pseudo_only_interpolate' (replaced by trainer.pseudo_only_steps" in str(exc.value)
     assert parse_config({"trainer": {"pseudo_only_steps": [0.5]}}).trainer.pseudo_only_steps == [0.5]
 
 
 @pytest.mark.parametrize(
-    "steps, fragment",
-    [([1.5], "every step must lie between 0 and 1"), ([-0.1, 0.5], "between 0 and 1"), ([], "at least 1 item")],
+    "steps, fragment", [([1.5], "every step must lie between 0 and 1"), ([-0.1, 0.5], "between 0 and 1"), ([], "at least 1 item")]
 )
 def test_pseudo_only_steps_outside_0_to_1_or_empty_are_refused(steps, fragment):
     with pytest.raises(ConfigError, match=fragment) as exc:
@@ -135,20 +129,14 @@ def test_a_strategy_is_chosen_by_type_with_its_own_options():
 @pytest.mark.parametrize(
     "table, message",
     [
-        (
-            {"trainer": {"strategy": {"type": "magic"}}},
-            "trainer.strategy: unknown strategy 'magic' (known: ewc, finetune, lwf, rehearsal)",
-        ),
+        ({"trainer": {"strategy": {"type": "magic"}}}, "trainer.strategy: unknown strategy 'magic' (known: ewc, finetune, lwf, rehearsal)"),
         ({"trainer": {"strategy": {"type": "ewc", "per_class": 3}}}, "unknown key 'trainer.strategy.per_class'"),
         (
             {"trainer": {"strategy": {"type": "rehearsal", "per_class": 0}}},
             "trainer.strategy.per_class: Input should be greater than or equal to 1",
         ),
         ({"engine": {"type": "tensorrt", "provider": "cpu"}}, "unknown key 'engine.provider'"),
-        (
-            {"engine": {"type": "onnxruntime", "device_id": -1}},
-            "engine.device_id: Input should be greater than or equal to 0",
-        ),
+        ({"engine": {"type": "onnxruntime", "device_id": -1}}, "engine.device_id: Input should be greater than or equal to 0"),
     ],
 )
 def test_a_plugins_options_are_checked_by_its_own_class_and_errors_name_the_key_without_the_tag(table, message):
@@ -167,10 +155,7 @@ def test_a_plugins_options_are_checked_by_its_own_class_and_errors_name_the_key_
     ],
 )
 def test_a_strategy_key_of_an_earlier_release_says_what_replaced_it(key, replacement):
-    with pytest.raises(
-        ConfigError,
-        match=f"unknown key 'trainer.{key}' \\(replaced by {replacement.replace('[', '.').replace(']', '.')}",
-    ):
+    with pytest.raises(ConfigError, match=f"unknown key 'trainer.{key}' \\(replaced by {replacement.replace('[', '.').replace(']', '.')}"):
         parse_config({"trainer": {key: 1}}, "edge-agent.toml")
 
 

@@ -21,9 +21,7 @@ from trainer.strategies.rehearsal import Rehearsal, select  # noqa: E402
 
 def settings(**kw) -> TrainerSection:
     """[trainer] for a quick loop: no SWA, no distillation, seed 0 (each test says what else it needs)."""
-    return TrainerSection(
-        **{"epochs": 2, "batch_size": 8, "ramp_epochs": 10, "seed": 0, "swa_epochs": 0, "distill": 0.0, **kw}
-    )
+    return TrainerSection(**{"epochs": 2, "batch_size": 8, "ramp_epochs": 10, "seed": 0, "swa_epochs": 0, "distill": 0.0, **kw})
 
 
 FAST = settings()
@@ -162,10 +160,7 @@ def _batchnorm_inputs(model, x):
     """Each BatchNorm layer's input over ``x`` in eval mode (so with the statistics the layers before it have)."""
     seen: dict = {}
     bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    hooks = [
-        bn.register_forward_pre_hook(lambda m, inp, i=i: seen.setdefault(i, []).append(inp[0].detach()))
-        for i, bn in enumerate(bns)
-    ]
+    hooks = [bn.register_forward_pre_hook(lambda m, inp, i=i: seen.setdefault(i, []).append(inp[0].detach())) for i, bn in enumerate(bns)]
     with torch.no_grad():
         model.eval()(x)
     for h in hooks:
@@ -229,9 +224,7 @@ def test_retrain_with_swa_returns_the_average_of_its_last_epochs(tmp_path, monke
             super().update_parameters(model)
 
     monkeypatch.setattr(torch.optim.swa_utils, "AveragedModel", Recording)
-    model, _ = train_generation(
-        build_model(3), toy(), get_strategy("finetune")(tmp_path), settings(epochs=4, swa_epochs=3), LR
-    )
+    model, _ = train_generation(build_model(3), toy(), get_strategy("finetune")(tmp_path), settings(epochs=4, swa_epochs=3), LR)
     assert len(seen) == 3
     torch.testing.assert_close(model.head.weight, torch.stack(seen).mean(0))
     assert not torch.equal(seen[0], seen[-1])  # the average is not just one epoch's weights
@@ -254,15 +247,9 @@ def test_distillation_keeps_a_retrain_closer_to_the_model_in_service(tmp_path):
 
     def drift(distill: float) -> float:
         cand, _ = train_generation(
-            previous,
-            data,
-            get_strategy("finetune")(tmp_path / f"d{distill}"),
-            settings(epochs=3, distill=distill),
-            5e-3,
+            previous, data, get_strategy("finetune")(tmp_path / f"d{distill}"), settings(epochs=3, distill=distill), 5e-3
         )
         with torch.no_grad():
-            return float(
-                F.kl_div(F.log_softmax(cand.eval()(probe), 1), teacher, log_target=True, reduction="batchmean")
-            )
+            return float(F.kl_div(F.log_softmax(cand.eval()(probe), 1), teacher, log_target=True, reduction="batchmean"))
 
     assert drift(10.0) < drift(0.0)

@@ -167,9 +167,7 @@ def test_watchdog_stops_while_the_pipeline_is_stuck(tmp_path, tiny_store):
 
     sock = NotifySocket(tmp_path / "notify.sock")
     gate = threading.Event()
-    cfg = parse_config(
-        {"daemon": {"stall_timeout_s": 1.0}, "inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}}
-    )
+    cfg = parse_config({"daemon": {"stall_timeout_s": 1.0}, "inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}})
     engine = FixedEngine(open_engine(tiny_store, cfg.engine), block=gate)
     daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({"NOTIFY_SOCKET": str(sock.path)}), engine=engine)
     runner = threading.Thread(target=daemon.run)
@@ -229,10 +227,7 @@ def test_cli_status_results_review(plantvillage, tmp_path, tiny_store, signing_k
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "edge_agent", *args, "--state-dir", str(d.state)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
+            [sys.executable, "-m", "edge_agent", *args, "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO
         )
 
     # files the daemon does not read are never dropped silently: counted per extension, logged once each
@@ -240,18 +235,14 @@ def test_cli_status_results_review(plantvillage, tmp_path, tiny_store, signing_k
         (d.inbox / name).write_bytes(b"not read")
     (d.inbox / "copying.jpg.part").write_bytes(b"half")  # a temporary name: its final name comes later
     wait_until(
-        lambda: (
-            json.loads(cli("status", "--json").stdout).get("folder", {}).get("unsupported") == {".xyz": 2, ".mov": 1}
-        ),
+        lambda: json.loads(cli("status", "--json").stdout).get("folder", {}).get("unsupported") == {".xyz": 2, ".mov": 1},
         30,
         "unsupported files counted",
     )
     time.sleep(2.5)  # past a rescan: still logged once each
     ignored = [e for e in d.events() if e.get("event") == "file_ignored"]
     assert sorted(Path(e["photo"]).name for e in ignored) == ["clip.mov", "notes.xyz", "scan.XYZ"]
-    assert (
-        "ignored (not a format the daemon reads; left in the inbox): 1 .mov file, 2 .xyz files" in cli("status").stdout
-    )
+    assert "ignored (not a format the daemon reads; left in the inbox): 1 .mov file, 2 .xyz files" in cli("status").stdout
     assert (d.inbox / "notes.xyz").exists()
 
     st = json.loads(cli("status", "--json").stdout)
@@ -268,12 +259,7 @@ def test_cli_status_results_review(plantvillage, tmp_path, tiny_store, signing_k
     out = cli("review", "label", "--config", str(d.config_path), review[0]["photo_id"], "Tomato___healthy")
     assert out.returncode == 0, out.stderr
     assert cli("review", "label", "--config", str(d.config_path), review[1]["photo_id"], "Mango___rust").returncode == 2
-    assert (
-        cli(
-            "review", "label", "--config", str(d.config_path), review[1]["photo_id"], "Mango___rust", "--new-class"
-        ).returncode
-        == 0
-    )
+    assert cli("review", "label", "--config", str(d.config_path), review[1]["photo_id"], "Mango___rust", "--new-class").returncode == 0
     expert = db_rows(d.state, "SELECT label, file FROM label_queue WHERE kind = 'expert' ORDER BY label")
     assert [e[0] for e in expert] == ["Mango___rust", "Tomato___healthy"]
     assert all(Path(f).is_file() and "/expert/" in f for _, f in expert)
@@ -292,15 +278,8 @@ def test_stop_with_a_stuck_pipeline_still_exits(tmp_path, tiny_store):
     from .test_pipeline import FixedEngine
 
     gate = threading.Event()
-    cfg = parse_config(
-        {"daemon": {"drain_timeout_s": 1.0}, "inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}}
-    )
-    daemon = Daemon(
-        cfg,
-        tmp_path / "state",
-        notifier=Notifier({}),
-        engine=FixedEngine(open_engine(tiny_store, cfg.engine), block=gate),
-    )
+    cfg = parse_config({"daemon": {"drain_timeout_s": 1.0}, "inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}})
+    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}), engine=FixedEngine(open_engine(tiny_store, cfg.engine), block=gate))
     result = {}
     runner = threading.Thread(target=lambda: result.setdefault("rc", daemon.run()))
     runner.start()
@@ -344,18 +323,12 @@ def test_a_phone_heic_and_a_scanner_tiff_get_results_and_an_unknown_file_is_coun
     (d.inbox / "notes.xyz").write_bytes(b"?")
     wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 2, 60, "two results")
     rows = db_rows(d.state, "SELECT path, label, confidence FROM results ORDER BY path")
-    assert [(Path(p).name, label) for p, label, _ in rows] == [
-        ("IMG_0001.HEIC", "Apple___Apple_scab"),
-        ("scan.tif", "Apple___Apple_scab"),
-    ]
+    assert [(Path(p).name, label) for p, label, _ in rows] == [("IMG_0001.HEIC", "Apple___Apple_scab"), ("scan.tif", "Apple___Apple_scab")]
     assert all(conf > 0.9 for _, _, conf in rows)
     time.sleep(1.0)
     st = json.loads(
         subprocess.run(
-            [sys.executable, "-m", "edge_agent", "status", "--json", "--state-dir", str(d.state)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
+            [sys.executable, "-m", "edge_agent", "status", "--json", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO
         ).stdout
     )
     assert st["folder"]["unsupported"] == {".xyz": 1} and st["quarantined"] == 0
@@ -383,11 +356,7 @@ def test_names_that_are_not_utf8_or_too_long_and_a_symlink_loop_cost_no_photo(tm
     wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 60, "the Latin-1 photo's result")
     (d.inbox / "after.jpg").write_bytes((REPO / "samples" / "corn_common_rust.jpg").read_bytes())
     wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 2, 60, "a later photo's result")
-    wait_until(
-        lambda: db_rows(d.state, "SELECT COUNT(*) FROM quarantine")[0][0] >= 3,
-        30,
-        "three quarantined (two links, one file)",
-    )
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM quarantine")[0][0] >= 3, 30, "three quarantined (two links, one file)")
     time.sleep(2)  # rescans: nothing is quarantined twice
     rows = db_rows(d.state, "SELECT path, moved_to FROM quarantine")
     assert len(rows) == 3 and all(moved for _, moved in rows), rows
@@ -424,10 +393,7 @@ def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_pat
         (d.state / extra).unlink(missing_ok=True)
     if damage == "truncated":
         out = subprocess.run(
-            [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
+            [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO
         )
         assert out.returncode == 2 and "unreadable" in out.stderr and "Traceback" not in out.stderr
     d.start()
@@ -438,16 +404,9 @@ def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_pat
     wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 60, "a result in the new ledger")
     time.sleep(1.5)
     out = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+        [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO
     )
-    assert (
-        out.returncode == 0
-        and "LEDGER: results.sqlite was " in out.stdout
-        and "kept as results.sqlite.corrupt-" in out.stdout
-    )
+    assert out.returncode == 0 and "LEDGER: results.sqlite was " in out.stdout and "kept as results.sqlite.corrupt-" in out.stdout
     assert "photos in processed/ have no result row" in out.stdout
     assert d.terminate() == 0
 
@@ -464,19 +423,14 @@ def test_an_inbox_removed_and_made_again_is_said_and_watched_again_within_second
     wait_until(lambda: '"inbox_missing"' in d.log_path.read_text(), 5, "the missing inbox logged")
     time.sleep(1.5)
     out = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+        [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO
     )
     assert "INBOX MISSING" in out.stdout and d.log_path.read_text().count('"inbox_missing"') == 1  # said once
     d.inbox.mkdir()
     time.sleep(0.1)
     (d.inbox / "back.jpg").write_bytes((REPO / "samples" / "apple_scab.jpg").read_bytes())
     t0 = time.monotonic()
-    wait_until(
-        lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 10, "a result from the inbox made again"
-    )
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 10, "a result from the inbox made again")
     assert time.monotonic() - t0 < 3.0  # the watch is back, not the 10 s rescan
     assert '"inbox_back"' in d.log_path.read_text()
     assert d.terminate() == 0
@@ -505,9 +459,7 @@ def test_on_a_full_disk_the_status_is_still_written_and_says_why(tmp_path, monke
     assert path.stat().st_size == state_mod.STATUS_SLOT_BYTES  # not one block more
 
 
-def test_a_photo_that_cannot_be_moved_out_is_recorded_once_and_not_offered_again(
-    tmp_path, monkeypatch, tiny_store, signing_key
-):
+def test_a_photo_that_cannot_be_moved_out_is_recorded_once_and_not_offered_again(tmp_path, monkeypatch, tiny_store, signing_key):
     """A file the daemon may not move (another user's, a read-only card): one result, one error, and the rescans
     that still see it in the inbox leave it alone until it changes."""
     import errno

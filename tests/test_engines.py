@@ -199,9 +199,7 @@ def test_tensorrt_backend_unavailable_here_says_why(tiny_store):
 
 
 def _key(**kw) -> PlanKey:
-    return PlanKey(
-        **({"onnx_sha256": "ab" * 32, "tensorrt_version": "10.3.0", "gpu_name": "Orin", "precision": "fp16"} | kw)
-    )
+    return PlanKey(**({"onnx_sha256": "ab" * 32, "tensorrt_version": "10.3.0", "gpu_name": "Orin", "precision": "fp16"} | kw))
 
 
 def test_plan_key_changes_with_every_component():

@@ -75,9 +75,7 @@ def test_both_command_lines_print_any_edge_agent_error_in_one_line(cli, monkeypa
     parser = module.build_parser()
 
     def fail(_args):
-        raise PlanBuildError(
-            "plan.engine: TensorRT could not build the plan (out of memory); free GPU memory and retry"
-        )
+        raise PlanBuildError("plan.engine: TensorRT could not build the plan (out of memory); free GPU memory and retry")
 
     real = parser.parse_args
     monkeypatch.setattr(module, "build_parser", lambda: parser)

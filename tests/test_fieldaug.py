@@ -29,12 +29,8 @@ def test_a_photo_with_nothing_to_cut_out_keeps_the_whole_photo():
 
 
 def composer(n: int = 6, **settings) -> FieldComposer:
-    pix = torch.stack(
-        [torch.from_numpy(leaf_image(i, (64, 64))[:, :, ::-1].copy()).permute(2, 0, 1).float() / 255 for i in range(n)]
-    )
-    masks = torch.stack(
-        [torch.from_numpy(leaf_mask(leaf_image(i, (64, 64))[:, :, ::-1].copy()))[None] for i in range(n)]
-    )
+    pix = torch.stack([torch.from_numpy(leaf_image(i, (64, 64))[:, :, ::-1].copy()).permute(2, 0, 1).float() / 255 for i in range(n)])
+    masks = torch.stack([torch.from_numpy(leaf_mask(leaf_image(i, (64, 64))[:, :, ::-1].copy()))[None] for i in range(n)])
     return FieldComposer(pix, masks, FieldAugSettings(**settings))
 
 
@@ -94,9 +90,7 @@ def test_lab_photos_that_cannot_be_read_or_decoded_are_left_out(tmp_path):
     assert load_lab_photos(samples[1:3]).pixels.shape[0] == 0
 
 
-def test_batchnorm_photos_for_a_field_trained_version_are_composed_lab_photos_plus_the_others_as_they_are(
-    tmp_path, monkeypatch
-):
+def test_batchnorm_photos_for_a_field_trained_version_are_composed_lab_photos_plus_the_others_as_they_are(tmp_path, monkeypatch):
     from dataclasses import asdict
 
     import trainer.batchnorm as bn
@@ -116,10 +110,7 @@ def test_batchnorm_photos_for_a_field_trained_version_are_composed_lab_photos_pl
     assert torch.equal(x, bn.batchnorm_photos(release, lab, others, seed=0)[0])  # reproducible from its seed
     assert "composed passes of 5 lab photos and 3 others" in how
 
-    assert bn.batchnorm_photos({"kind": "supervised"}, lab, others, seed=0) == (
-        None,
-        "exact over the photos it trained on",
-    )
+    assert bn.batchnorm_photos({"kind": "supervised"}, lab, others, seed=0) == (None, "exact over the photos it trained on")
     none, why = bn.batchnorm_photos(release, [Sample(str(tmp_path / "gone.png"), 0)], others, seed=0)
     assert none is None and "no lab photos to compose" in why
     monkeypatch.setattr(bn, "BN_MAX_LAB_PHOTOS", 3)  # a large labelled folder: a seeded share of it

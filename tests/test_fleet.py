@@ -84,15 +84,7 @@ def farm(tmp_path, tiny_store, signing_key, curve):
         return f
 
     yield type(
-        "Farm",
-        (),
-        {
-            "server": staticmethod(server),
-            "daemon": staticmethod(daemon),
-            "v2": v2,
-            "store": trainer_store,
-            "servers": servers,
-        },
+        "Farm", (), {"server": staticmethod(server), "daemon": staticmethod(daemon), "v2": v2, "store": trainer_store, "servers": servers}
     )
     for w in fetchers + servers:
         w.stop()
@@ -132,11 +124,7 @@ def test_a_local_rollback_stays_until_a_newer_version_arrives(farm, signing_key)
     wait_until(lambda: farm.v2 in d.refused, 10, "the offer of v2 refused")
     time.sleep(2)  # several more offers (every 0.5 s): still on v0001
     assert d.store.current() == "v0001" and "pinned to v0001" in d.refused[farm.v2]
-    wait_until(
-        lambda: "pinned" in str(next(r for r in server.fleet() if r["name"] == "pinned").get("refused")),
-        10,
-        "fleet shows the pin",
-    )
+    wait_until(lambda: "pinned" in str(next(r for r in server.fleet() if r["name"] == "pinned").get("refused")), 10, "fleet shows the pin")
     v3 = publish_v2(farm.store, signing_key)
     wait_until(lambda: d.store.current() == v3, 30, "a newer version moves it")
     assert d.store.pin() is None
@@ -180,10 +168,7 @@ def test_a_transfer_cut_in_the_middle_resumes(farm):
     again = farm.daemon("cut", chunk_bytes=64 * 1024, window=1)
     wait_until(lambda: again.store.current() == farm.v2, 30, "resumed transfer done")
     size = sum(m["bytes"] for m in farm.store.read_manifest(farm.v2)["files"].values())
-    assert (
-        again.counters["resumed_bytes"] > 0
-        and again.counters["bytes"] <= size - again.counters["resumed_bytes"] + 64 * 1024
-    )
+    assert again.counters["resumed_bytes"] > 0 and again.counters["bytes"] <= size - again.counters["resumed_bytes"] + 64 * 1024
     assert done_before + again.counters["bytes"] < 2 * size  # not started over
     again.store.open(farm.v2, trust=again.trust)
 
@@ -228,9 +213,7 @@ def test_a_chunk_altered_in_flight_is_refused_and_the_engine_stays(farm):
     wait_until(lambda: farm.v2 in server.fleet()[0]["refused"], 10, "the trainer knows")
 
 
-@pytest.mark.parametrize(
-    "case, reason", [("bad signature", "does not match its manifest"), ("untrusted key", "does not trust")]
-)
+@pytest.mark.parametrize("case, reason", [("bad signature", "does not match its manifest"), ("untrusted key", "does not trust")])
 def test_a_version_with_a_bad_or_untrusted_signature_is_refused_before_any_byte(farm, tmp_path, case, reason):
     vdir = farm.store.root / farm.v2
     if case == "bad signature":
@@ -285,14 +268,8 @@ def test_garbage_frames_are_counted_not_fatal(farm, curve):
 def test_the_protocol_refuses_what_it_must():
     for frames, why in (
         (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": -1, "length": 5}), "'offset' outside"),
-        (
-            encode("fetch", {"version": "v0002", "file": "../../etc/passwd", "offset": 0, "length": 5}),
-            "'file' is not a valid",
-        ),
-        (
-            encode("fetch", {"version": "latest", "file": "model.onnx", "offset": 0, "length": 5}),
-            "'version' is not a valid",
-        ),
+        (encode("fetch", {"version": "v0002", "file": "../../etc/passwd", "offset": 0, "length": 5}), "'file' is not a valid"),
+        (encode("fetch", {"version": "latest", "file": "model.onnx", "offset": 0, "length": 5}), "'version' is not a valid"),
         (encode("fetch", {"version": "v0002", "file": "model.onnx", "offset": 0, "length": 10**9}), "'length' outside"),
         (encode("chunk", {"version": "v0002", "file": "model.onnx", "offset": 0}), "without payload"),
         (encode("result", {"version": "v0002", "ok": 1, "reason": ""}), "wrong type"),
@@ -334,11 +311,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
     t = TrainerProc(
         trainer_state,
         {
-            "handoff": {
-                **endpoints,
-                "curve_secret_key": curve["server"].secret,
-                "curve_authorized_dir": curve["server"].authorized_dir,
-            },
+            "handoff": {**endpoints, "curve_secret_key": curve["server"].secret, "curve_authorized_dir": curve["server"].authorized_dir},
             "trainer": {
                 "retrain_threshold": 30,
                 "epochs": 1,
@@ -383,34 +356,17 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
             wait_until(lambda d=d: '"engine_swapped"' in d.log_path.read_text(), 60, f"{d.state.name} swapped")
             shutil.copy(photos[-1], d.inbox / "after.jpg")
             wait_until(
-                lambda d=d: (
-                    db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'")
-                    == [(SHIPPED_NEXT,)]
-                ),
+                lambda d=d: db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'") == [(SHIPPED_NEXT,)],
                 30,
                 f"{d.state.name} answers with {SHIPPED_NEXT}",
             )
         late = device(2).start()
         daemons[2] = late
         late.wait_ready()
-        wait_until(
-            lambda: '"engine_swapped"' in late.log_path.read_text().split('"event": "ready"')[-1],
-            60,
-            "the late one catches up",
-        )
+        wait_until(lambda: '"engine_swapped"' in late.log_path.read_text().split('"event": "ready"')[-1], 60, "the late one catches up")
         fleet = json.loads(
             subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainer",
-                    "fleet",
-                    "--json",
-                    "--config",
-                    str(t.config_path),
-                    "--state-dir",
-                    str(trainer_state),
-                ],
+                [sys.executable, "-m", "trainer", "fleet", "--json", "--config", str(t.config_path), "--state-dir", str(trainer_state)],
                 capture_output=True,
                 text=True,
                 cwd=REPO,
@@ -511,13 +467,9 @@ def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_pat
         wait_until(lambda: '"engine_swapped"' in d.log_path.read_text(), 120, "the engine, after the restart")
         resumed = [e for e in d.events() if e.get("event") == "transfer_resumed"]
         assert resumed and resumed[-1]["bytes_on_disk"] > 0
-        assert (
-            server.counters["bytes"] - sent_before <= size - resumed[-1]["bytes_on_disk"] + 64 * 1024
-        )  # not started over
+        assert server.counters["bytes"] - sent_before <= size - resumed[-1]["bytes_on_disk"] + 64 * 1024  # not started over
         EngineStore(state / "engines").open(v2, trust=TrustedKeys({signing_key.public_hex: "test"}))
-        wait_until(
-            lambda: json.loads((state / "status.json").read_text())["engine"]["engine_version"] == v2, 10, "status"
-        )
+        wait_until(lambda: json.loads((state / "status.json").read_text())["engine"]["engine_version"] == v2, 10, "status")
         assert d.terminate() == 0
     finally:
         if d.proc and d.proc.poll() is None:

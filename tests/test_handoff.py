@@ -48,9 +48,7 @@ def make_sender(tmp_path, endpoints, **kw):
     db = ResultsDB(tmp_path / "results.sqlite")
     spool = PhotoSpool(tmp_path / "queue", 1 << 30)
     announced = []
-    sender = Sender(
-        db, spool, SenderSettings(*endpoints, heartbeat_s=0.2, ack_timeout_s=0.5, **kw), on_engine=announced.append
-    )
+    sender = Sender(db, spool, SenderSettings(*endpoints, heartbeat_s=0.2, ack_timeout_s=0.5, **kw), on_engine=announced.append)
     return sender, db, spool, announced
 
 
@@ -75,9 +73,7 @@ def assert_intact(store: SampleStore) -> None:
 
 def test_protocol_rejects_garbage():
     good = encode(
-        "sample",
-        {"id": "a" * 64, "kind": "pseudo", "label": "x", "confidence": 0.95, "engine_version": "v1", "ext": ".jpg"},
-        b"jpeg",
+        "sample", {"id": "a" * 64, "kind": "pseudo", "label": "x", "confidence": 0.95, "engine_version": "v1", "ext": ".jpg"}, b"jpeg"
     )
     assert decode(good).header["label"] == "x"
     bad = [
@@ -109,11 +105,7 @@ HOSTILE = [
     [
         MAGIC,
         b"sample",
-        b'{"id":"'
-        + b"a" * 64
-        + b'","kind":"pseudo","label":"x","confidence":1'
-        + b"0" * 400
-        + b',"engine_version":"v1000","ext":".jpg"}',
+        b'{"id":"' + b"a" * 64 + b'","kind":"pseudo","label":"x","confidence":1' + b"0" * 400 + b',"engine_version":"v1000","ext":".jpg"}',
         b"jpeg",
     ],
     [MAGIC, b"heartbeat", b'{"role":"daemon","time":1e400}'],
@@ -148,11 +140,7 @@ def test_random_and_mutated_frames_only_ever_raise_protocol_errors():
     outcomes = {"parsed": 0, "refused": 0}
     pool = seed_frames()
     for n in range(12000):
-        frames = (
-            mutate(rng.choice(pool), rng)
-            if n % 10
-            else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
-        )
+        frames = mutate(rng.choice(pool), rng) if n % 10 else [os.urandom(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 6))]
         for parse in (decode, decode_transfer):
             try:
                 parse(frames)
@@ -272,12 +260,7 @@ def test_resend_is_stored_once(tmp_path):
 
 def test_garbage_frames_do_not_crash_the_receiver(tmp_path, endpoints):
     with peer_of_receiver(tmp_path, endpoints, max_payload=1000) as (receiver, store, sock):
-        for frames in (
-            [b"\x00" * 10],
-            [MAGIC, b"sample", b"{bad"],
-            [MAGIC, b"ack", b"{}"],
-            [os.urandom(64), os.urandom(64)],
-        ):
+        for frames in ([b"\x00" * 10], [MAGIC, b"sample", b"{bad"], [MAGIC, b"ack", b"{}"], [os.urandom(64), os.urandom(64)]):
             sock.send_multipart(frames)
         big = encode(
             "sample",
@@ -330,9 +313,7 @@ def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
         cwd=Path(__file__).parents[1],
     )
     assert out.returncode == 0, out.stderr
-    assert (
-        tmp_path / "state" / "trainer" / "signing.pub"
-    ).read_text().strip() in out.stdout  # the key devices must trust
+    assert (tmp_path / "state" / "trainer" / "signing.pub").read_text().strip() in out.stdout  # the key devices must trust
     with pysocket.socket() as s1, pysocket.socket() as s2:  # two free loopback ports
         s1.bind(("127.0.0.1", 0))
         s2.bind(("127.0.0.1", 0))
@@ -345,9 +326,7 @@ def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
     good = CurveKeys(str(keys / "daemon" / "daemon.key_secret"), server_public=str(keys / "daemon" / "trainer.key"))
     (tmp_path / "stranger").mkdir()
     zmq.auth.create_certificates(tmp_path / "stranger", "stranger")
-    bad = CurveKeys(
-        str(tmp_path / "stranger" / "stranger.key_secret"), server_public=str(keys / "daemon" / "trainer.key")
-    )
+    bad = CurveKeys(str(tmp_path / "stranger" / "stranger.key_secret"), server_public=str(keys / "daemon" / "trainer.key"))
     stranger, sdb, sspool, _ = make_sender(tmp_path / "s", endpoints, curve=bad)
     queue_photos(sdb, sspool, 2, seed=900)
     sender, db, spool, _ = make_sender(tmp_path / "g", endpoints, curve=good)
@@ -372,25 +351,11 @@ def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_pho
     known = ["Tomato___healthy", "Apple___Apple_scab"]
     pseudo = queue_photos(db, spool, 2, "pseudo", seed=300)  # labelled Tomato___healthy: known
     strangers = []
-    for i, (kind, label) in enumerate(
-        [("pseudo", "Made_up___class"), ("expert", "Made_up___class"), ("expert", "bad\x00name")]
-    ):
+    for i, (kind, label) in enumerate([("pseudo", "Made_up___class"), ("expert", "Made_up___class"), ("expert", "bad\x00name")]):
         data = encode_img(leaf_image(400 + i))
         sha = hashlib.sha256(data).hexdigest()
         db.commit(
-            [],
-            [
-                QueueEntry(
-                    sha,
-                    sha[:16],
-                    kind,
-                    label,
-                    1.0,
-                    "v1000",
-                    str(spool.put_many([SpoolItem(kind, sha, data)])[0]),
-                    len(data),
-                )
-            ],
+            [], [QueueEntry(sha, sha[:16], kind, label, 1.0, "v1000", str(spool.put_many([SpoolItem(kind, sha, data)])[0]), len(data))]
         )
         strangers.append(sha)
     store = SampleStore(tmp_path / "trainer")
@@ -400,12 +365,7 @@ def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_pho
     try:
         wait_until(lambda: db.queue_length() == 0, 20, "every sample answered")
         assert sorted(s.id for s in store.all()) == sorted(pseudo)
-        assert (
-            receiver.counters["refused"] == 3
-            and sender.counters["refused"] == 3
-            and receiver.alive()
-            and sender.alive()
-        )
+        assert receiver.counters["refused"] == 3 and sender.counters["refused"] == 3 and receiver.alive() and sender.alive()
         rows = db._query("SELECT moved_to, reason, source FROM quarantine ORDER BY reason")
         assert len(rows) == 3 and {r[2] for r in rows} == {"trainer"}
         assert all(Path(r[0]).parent.name == "refused" and Path(r[0]).exists() for r in rows)  # nothing lost
@@ -438,6 +398,4 @@ def test_a_new_class_from_an_allowed_sender_is_taken_if_it_is_a_class_name():
         ("zero\u200bwidth", "invisible"),
     ):
         assert why in class_name_problem(bad) and why in receiver._refusal({**header, "label": bad})
-    assert (
-        Receiver(None, ReceiverSettings("a", "b"))._refusal({**header, "kind": "pseudo"}) is None
-    )  # no engine: not checked
+    assert Receiver(None, ReceiverSettings("a", "b"))._refusal({**header, "kind": "pseudo"}) is None  # no engine: not checked

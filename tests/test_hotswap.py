@@ -20,13 +20,7 @@ from .daemon_helpers import db_rows, wait_until
 torch = pytest.importorskip("torch", reason="building candidate engines needs the trainer")
 
 
-def republish(
-    store: EngineStore,
-    key,
-    scale_head: float | None = None,
-    classes: list[str] | None = None,
-    make_current: bool = True,
-) -> str:
+def republish(store: EngineStore, key, scale_head: float | None = None, classes: list[str] | None = None, make_current: bool = True) -> str:
     """Publish a copy of the current model (optionally with its head changed) as a new version."""
     from trainer.publish import load_weights, publish_model
 
@@ -172,9 +166,7 @@ def test_a_release_that_reorders_and_extends_the_classes_is_checked_by_class_nam
             out[:, classes.index(answer)] = 1
             return out
 
-        return types.SimpleNamespace(
-            version=types.SimpleNamespace(manifest=manifest), classes=classes, engine_version="v", infer=infer
-        )
+        return types.SimpleNamespace(version=types.SimpleNamespace(manifest=manifest), classes=classes, engine_version="v", infer=infer)
 
     old = {**manifest, "classes": ["b", "c"]}
     golden = [(np.zeros((3, 4, 4), np.float32), 1)] * 4  # index 1 of the old list: "c"
@@ -190,11 +182,7 @@ def _restarted(tmp_path, root, signing_key, daemon):
     daemon.request_stop()
     daemon.test_thread.join(30)
     cfg = parse_config(
-        {
-            "store": trusted_store(root, signing_key),
-            "handoff": {"enabled": False},
-            "hotswap": {"poll_s": 0.2, "min_agreement": 0.5},
-        }
+        {"store": trusted_store(root, signing_key), "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2, "min_agreement": 0.5}}
     )
     again = Daemon(cfg, tmp_path / "state", notifier=Notifier({}))
     t = threading.Thread(target=again.run)
@@ -220,9 +208,7 @@ def test_a_version_a_swap_refused_is_refused_after_a_restart_too(running, signin
         t.join(30)
 
 
-def test_a_signed_version_whose_network_does_not_match_its_manifest_does_not_stop_the_daemon(
-    running, signing_key, tmp_path
-):
+def test_a_signed_version_whose_network_does_not_match_its_manifest_does_not_stop_the_daemon(running, signing_key, tmp_path):
     import json
 
     from engines.signing import sign_version

@@ -80,11 +80,7 @@ def test_move_out_picks_a_free_name_and_survives_a_crash_between_link_and_unlink
     again.write_bytes(b"newer")
     os.link(again, processed / "leaf-2.jpg")
     assert move_out(again, processed) == processed / "leaf-2.jpg"
-    assert not again.exists() and sorted(p.name for p in processed.iterdir()) == [
-        "leaf-1.jpg",
-        "leaf-2.jpg",
-        "leaf.jpg",
-    ]
+    assert not again.exists() and sorted(p.name for p in processed.iterdir()) == ["leaf-1.jpg", "leaf-2.jpg", "leaf.jpg"]
 
 
 @pytest.mark.parametrize("err, how", [(errno.EPERM, "rename"), (errno.EXDEV, "copy")])

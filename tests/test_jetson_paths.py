@@ -61,9 +61,7 @@ def in_thread(fn):
 
 
 @pytest.mark.parametrize("version", ["10.3.0", "8.6.2", "8.5.2"])
-def test_native_tensorrt_runs_in_a_worker_thread_and_matches_onnxruntime(
-    monkeypatch, tmp_path, tiny_store, photos, reference, version
-):
+def test_native_tensorrt_runs_in_a_worker_thread_and_matches_onnxruntime(monkeypatch, tmp_path, tiny_store, photos, reference, version):
     f = fakes.install(monkeypatch, tensorrt_version=version)
     with open_engine(tiny_store, trt_config(tmp_path)) as engine:
         assert engine.built_plan and engine.precision == "fp16" and engine.provider == f"TensorRT {version}"
@@ -222,18 +220,14 @@ def gpu_onnxruntime(monkeypatch):
     import onnxruntime as ort
 
     monkeypatch.setattr(
-        ort,
-        "get_available_providers",
-        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+        ort, "get_available_providers", lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     )
     _RecordingSession.seen, _RecordingSession.real = [], ort.InferenceSession
     monkeypatch.setattr(ort, "InferenceSession", _RecordingSession)
     return _RecordingSession
 
 
-def test_tensorrt_ep_gets_documented_options_and_a_shape_profile(
-    gpu_onnxruntime, tiny_store, tmp_path, photos, reference
-):
+def test_tensorrt_ep_gets_documented_options_and_a_shape_profile(gpu_onnxruntime, tiny_store, tmp_path, photos, reference):
     cfg = ort_config(provider="tensorrt", precision="auto", cache_dir=str(tmp_path / "cache"), trt_max_batch=16)
     with open_engine(tiny_store, cfg) as engine:
         assert engine.precision == "fp16" and engine.provider == "TensorrtExecutionProvider"
@@ -331,9 +325,7 @@ def test_jtop_without_nvpmodel_or_jetson_clocks_records_none(fake_jtop):
     assert r["nvpmodel"] is None and r["jetson_clocks"] is None and r["mean_w"] == pytest.approx(7.5)
 
 
-@pytest.mark.parametrize(
-    "board, reason", [("no service", "jtop.service is not active"), ("no sensors", "no power sensor")]
-)
+@pytest.mark.parametrize("board, reason", [("no service", "jtop.service is not active"), ("no sensors", "no power sensor")])
 def test_jtop_that_cannot_measure_says_why(fake_jtop, board, reason):
     from benchmarks.power import measure_power
 

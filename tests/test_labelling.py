@@ -17,11 +17,7 @@ from edge_agent.spool import PhotoSpool
     "verdict, confidence, queued",
     [
         ("confident", 0.97, "pseudo"),
-        (
-            "confident",
-            0.85,
-            None,
-        ),  # confident by the verdict, below pseudo_threshold, above review_threshold (0.8 here)
+        ("confident", 0.85, None),  # confident by the verdict, below pseudo_threshold, above review_threshold (0.8 here)
         ("unsure", 0.97, "review"),  # sure by the softmax, refused for its distance: the expert decides
         ("unsure", 0.40, "review"),
         ("unsure", 0.85, None),

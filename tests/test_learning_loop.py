@@ -130,9 +130,7 @@ def test_trainer_sigkill_during_training_and_publishing(plantvillage, tmp_path, 
     t = TrainerProc(state, cfg).start()  # resumes from its stored samples, or finds them published
     try:
         wait_until(
-            lambda: (
-                store.current() != SHIPPED and (t.logged("retrain_published") or t.logged("pending_samples_settled"))
-            ),
+            lambda: store.current() != SHIPPED and (t.logged("retrain_published") or t.logged("pending_samples_settled")),
             240,
             "published, before or after the restart",
         )
@@ -148,10 +146,7 @@ def test_trainer_sigkill_during_training_and_publishing(plantvillage, tmp_path, 
 def test_trainer_down_while_2000_photos_arrive(plantvillage, tmp_path):
     photos = sorted(plantvillage.rglob("*.jpg"))
     state = tmp_path / "state"
-    cfg = {
-        "handoff": {"heartbeat_s": 0.3, "ack_timeout_s": 1.0, "window": 64},
-        "trainer": {"retrain_threshold": 100000, "nice": 0},
-    }
+    cfg = {"handoff": {"heartbeat_s": 0.3, "ack_timeout_s": 1.0, "window": 64}, "trainer": {"retrain_threshold": 100000, "nice": 0}}
     d = DaemonProc(state, cfg).start()
     d.wait_ready()
     staging = d.inbox / ".staging"
@@ -172,11 +167,7 @@ def test_trainer_down_while_2000_photos_arrive(plantvillage, tmp_path):
     assert len(db_rows(state, "SELECT sha256 FROM label_queue WHERE kind = 'pseudo'")) == len(queued)
     t = TrainerProc(state, cfg).start()
     try:
-        wait_until(
-            lambda: not db_rows(state, "SELECT COUNT(*) FROM label_queue WHERE kind = 'pseudo'")[0][0],
-            300,
-            "queue drained",
-        )
+        wait_until(lambda: not db_rows(state, "SELECT COUNT(*) FROM label_queue WHERE kind = 'pseudo'")[0][0], 300, "queue drained")
         stored = [r[0] for r in db_rows(state / "trainer", "SELECT id FROM samples", "samples.sqlite")]
         assert len(stored) == len(set(stored)) == len(queued) and set(stored) == queued  # no loss, no duplicate
         assert not list((state / "queue" / "pseudo").iterdir())
@@ -247,9 +238,7 @@ def test_no_validation_photos_no_retrain_and_it_says_so(plantvillage, tmp_path):
     try:
         wait_until(lambda: t.logged("no_validation_photos"), 60, "the warning at start-up")
         status = state / "trainer" / "status.json"
-        wait_until(
-            lambda: status.exists() and json.loads(status.read_text()).get("blocked"), 30, "blocked in the status"
-        )
+        wait_until(lambda: status.exists() and json.loads(status.read_text()).get("blocked"), 30, "blocked in the status")
         time.sleep(2.0)
         assert not t.logged("retrain_started")
         out = subprocess.run(
@@ -269,10 +258,7 @@ def test_a_failed_retrain_waits_for_new_samples(tmp_path, monkeypatch):
     from trainer import service
 
     svc = service.TrainerService(parse_config({"trainer": {"retrain_threshold": 1}}), tmp_path)
-    svc.samples.add(
-        {"id": "a" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"},
-        b"x",
-    )
+    svc.samples.add({"id": "a" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"}, b"x")
 
     def boom(*a, **k):
         raise RuntimeError("out of memory")
@@ -281,9 +267,6 @@ def test_a_failed_retrain_waits_for_new_samples(tmp_path, monkeypatch):
     assert svc._due()
     svc._retrain_once()
     assert svc.last.reason.startswith("failed") and not svc._due()  # not again on the same samples
-    svc.samples.add(
-        {"id": "b" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"},
-        b"y",
-    )
+    svc.samples.add({"id": "b" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"}, b"y")
     assert svc._due()
     svc.samples.close()

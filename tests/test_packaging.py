@@ -45,11 +45,7 @@ def wanted(group: list[str], env: dict) -> list[str]:
 @pytest.mark.parametrize("env", [JETPACK_6, RASPBERRY_PI_OS], ids=["jetpack6", "raspberry-pi-os"])
 @pytest.mark.parametrize("group", ["dependencies", *PYPROJECT["project"]["optional-dependencies"]])
 def test_nothing_x86_only_is_required_on_aarch64(group, env):
-    reqs = (
-        PYPROJECT["project"]["dependencies"]
-        if group == "dependencies"
-        else PYPROJECT["project"]["optional-dependencies"][group]
-    )
+    reqs = PYPROJECT["project"]["dependencies"] if group == "dependencies" else PYPROJECT["project"]["optional-dependencies"][group]
     assert not set(wanted(reqs, env)) & NO_AARCH64_ON_PYPI
 
 

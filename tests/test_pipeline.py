@@ -244,9 +244,7 @@ def test_inference_failure_retries_photos(tmp_path, engine):
 
 def test_back_pressure_bounds_the_queues(tmp_path, engine):
     gate = threading.Event()
-    p, *_ = make_pipeline(
-        tmp_path, FixedEngine(engine, block=gate), settings=PipelineSection(max_batch=2, queue_size=2)
-    )
+    p, *_ = make_pipeline(tmp_path, FixedEngine(engine, block=gate), settings=PipelineSection(max_batch=2, queue_size=2))
     paths = drop(tmp_path / "inbox", 20)
     accepted = sum(p.submit(Job("inbox", path), timeout=0.2) for path in paths)
     assert accepted < 20  # submit blocked: bounded, not buffering everything
@@ -343,9 +341,7 @@ def test_spool_copies_a_photo_from_another_filesystem(tmp_path):
         if os.stat(other).st_dev == os.stat(tmp_path).st_dev:
             pytest.skip("/dev/shm is on the same filesystem here")
         st = os.lstat(photo)
-        (f,) = spool.put_many(
-            [SpoolItem("pseudo", "ef" * 32, b"jpeg bytes", ".jpg", Origin(photo, st.st_ino, st.st_mtime_ns))]
-        )
+        (f,) = spool.put_many([SpoolItem("pseudo", "ef" * 32, b"jpeg bytes", ".jpg", Origin(photo, st.st_ino, st.st_mtime_ns))])
         assert f.read_bytes() == b"jpeg bytes" and os.stat(f).st_dev != st.st_dev
 
 
@@ -374,9 +370,7 @@ def test_golden_photos_survive_a_restart_for_the_same_engine_only(tmp_path, engi
     for path in drop(tmp_path / "inbox", 5):
         p.submit(Job("inbox", path))
     assert p.drain(30)
-    wait_until(
-        lambda: (tmp_path / "golden.npz").exists(), 5, "golden.npz written"
-    )  # written once the pipeline went idle
+    wait_until(lambda: (tmp_path / "golden.npz").exists(), 5, "golden.npz written")  # written once the pipeline went idle
     before = p.golden.photos()
     p.stop()
     assert len(before) == 5

@@ -12,14 +12,7 @@ import pytest
 
 from edge_agent import preprocess as pp
 from edge_agent.imageheader import read_header
-from edge_agent.preprocess import (
-    DEFAULT_SPEC,
-    ImageRejected,
-    PreprocessSpec,
-    decode_rgb,
-    preprocess_bytes,
-    preprocess_file,
-)
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, decode_rgb, preprocess_bytes, preprocess_file
 
 from .conftest import encode, leaf_image, with_exif_orientation
 
@@ -193,9 +186,7 @@ def test_zero_byte_file(tmp_path):
         preprocess_file(path)
 
 
-@pytest.mark.parametrize(
-    "content", [b"hello, not an image\n", b"%PDF-1.4\n" + b"x" * 100, b"\xff\xd8\xff" + b"\x00" * 20]
-)
+@pytest.mark.parametrize("content", [b"hello, not an image\n", b"%PDF-1.4\n" + b"x" * 100, b"\xff\xd8\xff" + b"\x00" * 20])
 def test_non_image_named_jpg(tmp_path, content):
     path = tmp_path / "photo.jpg"
     path.write_bytes(content)
@@ -253,10 +244,7 @@ def test_a_tiff_gives_the_tensor_of_a_png_of_the_same_upright_pixels(orientation
     img = np.random.default_rng(orientation).integers(0, 256, (90, 120, 3), dtype=np.uint8)
     upright = pp._apply_orientation(img, orientation)
     png = encode(upright, ".png")
-    for tiff in (
-        _tiff(img, tiffinfo={274: orientation}),
-        _tiff(img, tiffinfo={274: orientation}, compression="tiff_lzw"),
-    ):
+    for tiff in (_tiff(img, tiffinfo={274: orientation}), _tiff(img, tiffinfo={274: orientation}, compression="tiff_lzw")):
         header = read_header(tiff)
         assert (header.format, header.width, header.height, header.orientation) == ("tiff", 120, 90, orientation)
         np.testing.assert_array_equal(preprocess_bytes(tiff), preprocess_bytes(png))
@@ -277,9 +265,7 @@ def test_a_truncated_or_huge_or_bigtiff_is_refused_with_the_reason():
         at = ifd + 2 + 12 * i
         tag, typ = struct.unpack(endian + "HH", big[at : at + 4])
         if tag in (256, 257):
-            big[at + 8 : at + 12] = struct.pack(
-                endian + ("HH" if typ == 3 else "I"), *((30000, 0) if typ == 3 else (30000,))
-            )
+            big[at + 8 : at + 12] = struct.pack(endian + ("HH" if typ == 3 else "I"), *((30000, 0) if typ == 3 else (30000,)))
     with pytest.raises(ImageRejected, match="decompression bomb"):
         preprocess_bytes(bytes(big))
 

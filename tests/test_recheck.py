@@ -54,25 +54,11 @@ def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_stor
     for i, label in enumerate(received):
         data = encode(leaf_image(500 + i))
         ids.append(f"{i:064x}")
-        samples.add(
-            {
-                "id": ids[-1],
-                "kind": "pseudo",
-                "label": label,
-                "confidence": 0.95,
-                "engine_version": "v0001",
-                "ext": ".jpg",
-            },
-            data,
-        )
+        samples.add({"id": ids[-1], "kind": "pseudo", "label": label, "confidence": 0.95, "engine_version": "v0001", "ext": ".jpg"}, data)
         time.sleep(0.01)  # distinct arrival times: the order the trainer reads them in
-    teacher = Recheck(
-        torch.tensor([1, 0, 2, 1]), torch.tensor([0.95, 0.5, 0.99, 0.97]), torch.tensor([True, False, True, True])
-    )
+    teacher = Recheck(torch.tensor([1, 0, 2, 1]), torch.tensor([0.95, 0.5, 0.99, 0.97]), torch.tensor([True, False, True, True]))
     seen = []
-    monkeypatch.setattr(
-        service, "recheck", lambda model, x, tau, should_stop=None: seen.append((len(x), tau)) or teacher
-    )
+    monkeypatch.setattr(service, "recheck", lambda model, x, tau, should_stop=None: seen.append((len(x), tau)) or teacher)
     cfg = parse_config(
         {
             "labels": {"pseudo_threshold": 0.9},
@@ -93,16 +79,8 @@ def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_stor
     manifest = store.read_manifest(result.published)["training"]
     if enabled:
         assert seen == [(4, 0.9)]
-        assert trained == {
-            ids[0]: CLASSES[1],
-            ids[2]: CLASSES[2],
-            ids[3]: CLASSES[1],
-        }  # relabelled, held back, kept, kept
-        assert (
-            manifest["pseudo_recheck"]
-            == result.metrics["pseudo_recheck"]
-            == {"checked": 4, "kept": 3, "relabelled": 1, "held_back": 1}
-        )
+        assert trained == {ids[0]: CLASSES[1], ids[2]: CLASSES[2], ids[3]: CLASSES[1]}  # relabelled, held back, kept, kept
+        assert manifest["pseudo_recheck"] == result.metrics["pseudo_recheck"] == {"checked": 4, "kept": 3, "relabelled": 1, "held_back": 1}
         assert manifest["samples"]["pseudo"] == 3
     else:
         assert seen == []
@@ -126,14 +104,7 @@ def test_a_retrain_on_pseudo_labels_alone_takes_the_cautious_step(tiny_store, tm
     for i in range(4):
         kind = "expert" if expert and i == 0 else "pseudo"
         samples.add(
-            {
-                "id": f"{i:064x}",
-                "kind": kind,
-                "label": CLASSES[i % 3],
-                "confidence": 0.95,
-                "engine_version": "v0001",
-                "ext": ".jpg",
-            },
+            {"id": f"{i:064x}", "kind": kind, "label": CLASSES[i % 3], "confidence": 0.95, "engine_version": "v0001", "ext": ".jpg"},
             encode(leaf_image(700 + i)),
         )
     used = []
@@ -141,9 +112,7 @@ def test_a_retrain_on_pseudo_labels_alone_takes_the_cautious_step(tiny_store, tm
     monkeypatch.setattr(
         service,
         "train_generation",
-        lambda prev, data, strategy, settings, **kw: (
-            used.append(settings) or real(prev, data, strategy, settings, **kw)
-        ),
+        lambda prev, data, strategy, settings, **kw: used.append(settings) or real(prev, data, strategy, settings, **kw),
     )
     cfg = parse_config(
         {

@@ -60,9 +60,7 @@ def test_the_release_command_writes_a_signed_store_with_its_split_and_verdict(re
     assert v.name == "v1000" and v.signed_by == "release key" and store.versions() == ["v1000"]
     m = v.manifest
     assert m["model"]["arch"] == "LeafNet5" and m["classes"] == sorted(NAMES)
-    assert {"onnx", "int8", "torch", "split"} <= set(m["artifacts"]) and "verdict_agreement_with_fp32" in m["metrics"][
-        "int8"
-    ]
+    assert {"onnx", "int8", "torch", "split"} <= set(m["artifacts"]) and "verdict_agreement_with_fp32" in m["metrics"]["int8"]
     assert m["verdict"]["confident_distance"] <= m["verdict"]["unknown_distance"]
     split = json.loads(v.artifact("split").read_text())
     assert sum(map(len, split.values())) == 120 and not set(split["test"]) & set(split["train"])
@@ -96,9 +94,7 @@ def test_recorded_split_reads_the_split_file_and_names_a_missing_photo(released,
     v = EngineStore(root / "store").open()
     copy = tmp_path / "data"
     shutil.copytree(data, copy)
-    (copy / "Tomato___healthy" / "extra.jpg").write_bytes(
-        (copy / "Tomato___healthy" / "img_000.jpg").read_bytes()
-    )  # the folder grew
+    (copy / "Tomato___healthy" / "extra.jpg").write_bytes((copy / "Tomato___healthy" / "img_000.jpg").read_bytes())  # the folder grew
     parts = recorded_split(v, copy)
     assert sorted(map(len, parts.values())) == sorted(map(len, json.loads(v.artifact("split").read_text()).values()))
     assert all(v.classes[s.label] == s.path.parent.name for s in parts["test"])
@@ -151,9 +147,7 @@ def test_publishing_under_a_name_older_than_the_store_is_refused(tmp_path, signi
         _store_with(store.root, ["v0003"], signing_key)
 
 
-def test_after_an_upgrade_the_rehearsal_memory_is_relabelled_by_class_name_and_other_state_set_aside(
-    tmp_path, signing_key
-):
+def test_after_an_upgrade_the_rehearsal_memory_is_relabelled_by_class_name_and_other_state_set_aside(tmp_path, signing_key):
     torch = pytest.importorskip("torch")
     from edge_agent.log import get_logger
     from trainer.lineage import adopt_strategy_state
@@ -168,18 +162,13 @@ def test_after_an_upgrade_the_rehearsal_memory_is_relabelled_by_class_name_and_o
     from edge_agent.upgrade import adopt_shipped_release
 
     adopt_shipped_release(old, shipped.root)
-    new_classes = [
-        "Apple___healthy",
-        *sorted(NAMES)[:2],
-    ]  # a release whose classes differ: one dropped, one new, reordered
+    new_classes = ["Apple___healthy", *sorted(NAMES)[:2]]  # a release whose classes differ: one dropped, one new, reordered
     done = adopt_strategy_state(old, "v1000", new_classes, strategy, get_logger("test"))
     assert done is not None and "2 rehearsal photos relabelled by class name, 1 dropped" in done
     memory = torch.load(strategy / "rehearsal" / "memory.pt", weights_only=True)
     names = [NAMES[i] for i in (0, 1, 2)]
     assert [new_classes[int(i)] for i in memory["y"]] == [n for n in names if n in new_classes]
-    assert (strategy / "ewc.before-v0001" / "ewc.pt").read_bytes() == b"old parameters" and not (
-        strategy / "ewc"
-    ).exists()
+    assert (strategy / "ewc.before-v0001" / "ewc.pt").read_bytes() == b"old parameters" and not (strategy / "ewc").exists()
     assert adopt_strategy_state(old, "v1000", new_classes, strategy, get_logger("test")) is None  # once
 
 

@@ -37,12 +37,7 @@ def test_a_signed_version_verifies_and_names_its_signer(store, signing_key):
 
 @pytest.mark.parametrize(
     "damage, reason",
-    [
-        ("manifest", "does not match its manifest"),
-        ("unsigned", "not signed"),
-        ("garbled", "malformed"),
-        ("other key", "does not trust"),
-    ],
+    [("manifest", "does not match its manifest"), ("unsigned", "not signed"), ("garbled", "malformed"), ("other key", "does not trust")],
 )
 def test_what_is_refused_and_why(store, signing_key, tmp_path, damage, reason):
     vdir = store.root / "v0001"
@@ -96,9 +91,7 @@ def test_a_bad_trusted_key_is_a_clear_error(tmp_path):
 
 
 def _daemon(tmp_path, store_cfg: dict):
-    cfg = parse_config(
-        {"store": store_cfg, "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2}, "inbox": {"settle_s": 0.1}}
-    )
+    cfg = parse_config({"store": store_cfg, "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2}, "inbox": {"settle_s": 0.1}})
     daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}))
     t = threading.Thread(target=daemon.run)
     t.start()
@@ -173,11 +166,7 @@ def test_a_daemon_trusts_the_trainer_on_its_own_state_directory_without_being_to
 
     state = tmp_path / "state"
     out = subprocess.run(
-        [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(state)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=True,
+        [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, check=True
     ).stdout
     public = out.split("public key:")[1].split()[0]
     assert (state / "trainer" / "signing.key").stat().st_mode & 0o777 == 0o600
@@ -190,19 +179,13 @@ def test_edge_trainer_sign_signs_a_verified_version(store, tmp_path):
     (store.root / "v0001" / SIGNATURE).unlink()
     key = tmp_path / "release.key"
     subprocess.run(
-        [sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
+        [sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)], cwd=REPO, check=True, capture_output=True
     )
     trust = TrustedKeys({read_public_key(key.with_suffix(".pub")): "release"})
     assert trust.check(store.root / "v0001") == "release"
     (store.root / "v0001" / "model.onnx").write_bytes(b"tampered")
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-m", "trainer", "sign", "--key", str(key), "--store", str(store.root)], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode != 0 and "does not match manifest" in proc.stderr  # nothing is vouched for unverified
 
@@ -215,22 +198,9 @@ def test_a_refused_unsigned_version_is_served_once_its_trainer_signs_it(store, s
     v2 = publish_model(load_weights(cur), cur.classes, store.root, training={"kind": "test"}).name  # unsigned
     daemon, t = _daemon(tmp_path, trusted_store(store.root, signing_key))
     try:
-        assert (
-            daemon.pipeline.classifier.engine.engine_version == "v0001" and "not signed" in daemon.watcher.refused[v2]
-        )
+        assert daemon.pipeline.classifier.engine.engine_version == "v0001" and "not signed" in daemon.watcher.refused[v2]
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trainer",
-                "sign",
-                "--key",
-                str(signing_key.path),
-                "--store",
-                str(store.root),
-                "--version",
-                v2,
-            ],
+            [sys.executable, "-m", "trainer", "sign", "--key", str(signing_key.path), "--store", str(store.root), "--version", v2],
             cwd=REPO,
             check=True,
             capture_output=True,

@@ -59,9 +59,7 @@ def test_fast_simulation_reports_days_precision_and_plots(small_field, tmp_path)
     for name in ("report.md", "accuracy.png", "precision.png", "confusion.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     sweep = report["threshold_sweep"]
-    assert (
-        sweep["engine_version"] == report["supervised_engine_version"] and sweep["photos"] == report["split"]["stream"]
-    )
+    assert sweep["engine_version"] == report["supervised_engine_version"] and sweep["photos"] == report["split"]["stream"]
     counts = [r["accepted"] for r in sweep["rows"]]
     assert counts == sorted(counts, reverse=True) and counts[0] <= sweep["photos"]
     assert all(r["precision"] is None or 0 <= r["precision"] <= 1 for r in sweep["rows"])
@@ -106,17 +104,7 @@ def test_simulation_refuses_bad_requests(small_field, tmp_path):
     with pytest.raises(FileExistsError, match="earlier simulation"):
         simulate(small_field, tmp_path / "b", SimSettings(day_size=10, days=1, epochs=1, swa_epochs=0))
     cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.simulate",
-            "--data",
-            str(small_field),
-            "--out",
-            str(tmp_path / "c"),
-            "--day-size",
-            "500",
-        ],
+        [sys.executable, "-m", "benchmarks.simulate", "--data", str(small_field), "--out", str(tmp_path / "c"), "--day-size", "500"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -163,21 +151,15 @@ def test_power_from_a_rapl_counter(monkeypatch, tmp_path):
 
 
 def test_baseline_reuse_refuses_another_split(small_field, tmp_path):
-    s = dict(
-        day_size=10, days=1, epochs=2, patience=2, swa_epochs=0, val_fraction=0.25
-    )  # 24 validation photos: calibrated
+    s = dict(day_size=10, days=1, epochs=2, patience=2, swa_epochs=0, val_fraction=0.25)  # 24 validation photos: calibrated
     first = simulate(small_field, tmp_path / "a", SimSettings(**s))
     again = simulate(small_field, tmp_path / "b", SimSettings(**s, baseline_from=str(tmp_path / "a")))
     assert again["supervised_top1"] == first["supervised_top1"]  # the same weights, not retrained
     fitted = first["calibration"]["v0001"]
     assert fitted["skipped"] is None and fitted["photos"] == 24
-    assert (
-        again["calibration"]["v0001"] == fitted
-    )  # its temperature kept, not fitted a second time (that would say T = 1)
+    assert again["calibration"]["v0001"] == fitted  # its temperature kept, not fitted a second time (that would say T = 1)
     with pytest.raises(ValueError, match="other data, splits or seed"):
-        simulate(
-            small_field, tmp_path / "c", SimSettings(day_size=10, days=1, seed=1, baseline_from=str(tmp_path / "a"))
-        )
+        simulate(small_field, tmp_path / "c", SimSettings(day_size=10, days=1, seed=1, baseline_from=str(tmp_path / "a")))
 
 
 def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
@@ -217,11 +199,7 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
     assert summary["gain_points"]["mean"] == pytest.approx(1.0)
     assert summary["gain_points"]["sd"] == pytest.approx(4.2426, abs=1e-3)
     assert [r["published"] for r in summary["runs"]] == [1, 0]
-    assert summary["trained_pseudo_label_precision"] == {
-        "mean": 0.97,
-        "sd": 0.0,
-        "runs": 1,
-    }  # seed 1's older report has none
+    assert summary["trained_pseudo_label_precision"] == {"mean": 0.97, "sd": 0.0, "runs": 1}  # seed 1's older report has none
     text = (tmp_path / "summary.md").read_text()
     assert "| mean |" in text and "| 0.9300 | - |" in text and "| 0.9700 +- 0.0000 |" in text
 
@@ -229,11 +207,7 @@ def test_seed_series_resumes_and_summarises(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def small_simulation(small_field, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bounds") / "sim"
-    simulate(
-        small_field,
-        out,
-        SimSettings(day_size=10, days=1, epochs=3, patience=3, swa_epochs=0, tau=0.34, calibrate=False),
-    )
+    simulate(small_field, out, SimSettings(day_size=10, days=1, epochs=3, patience=3, swa_epochs=0, tau=0.34, calibrate=False))
     return out
 
 
@@ -289,10 +263,7 @@ def test_expert_arms_summary_has_the_issue_keys():
     from benchmarks.experts import markdown, summarise
 
     def report(seed, sup, top1, experts):
-        days = [
-            {"day": 1, "test_top1": sup, "retrain": None},
-            {"day": 2, "test_top1": top1, "retrain": {"published": "v0002"}},
-        ]
+        days = [{"day": 1, "test_top1": sup, "retrain": None}, {"day": 2, "test_top1": top1, "retrain": {"published": "v0002"}}]
         return {
             "settings": {"seed": seed},
             "supervised_top1": sup,

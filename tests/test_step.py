@@ -57,9 +57,7 @@ def test_a_single_step_is_taken_as_it_is_and_inputs_are_left_alone():
 
 def test_ties_keep_the_smaller_step():
     previous, _, x = _pair()
-    _, choice = choose_step(
-        copy.deepcopy(previous), previous, [0.0, 1.0, 0.5], x, x, torch.zeros(len(x), dtype=torch.long)
-    )
+    _, choice = choose_step(copy.deepcopy(previous), previous, [0.0, 1.0, 0.5], x, x, torch.zeros(len(x), dtype=torch.long))
     assert choice.step == 0.0  # the same weights everywhere: nothing to choose between, so the least change
 
 

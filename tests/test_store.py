@@ -191,9 +191,7 @@ def test_a_rollback_pins_the_store_until_a_newer_version_than_the_one_left_is_in
     store.rollback()  # v0002 -> v0001: still pinned from the newest left, v0003
     pin = store.pin()
     assert pin["version"] == "v0001" and pin["from"] == "v0003"
-    assert "rollback from v0003" in store.offer_refusal("v0003") and "rollback from v0003" in store.offer_refusal(
-        "v0002"
-    )
+    assert "rollback from v0003" in store.offer_refusal("v0003") and "rollback from v0003" in store.offer_refusal("v0002")
     assert store.offer_refusal("v0004") is None
     store.install("v0002")  # an older one put back in service (by a person, not an offer) keeps the pin
     assert store.pin() is not None

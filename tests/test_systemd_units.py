@@ -42,9 +42,7 @@ def test_units_verify_without_warnings(units_here):
 @needs_systemd
 @pytest.mark.parametrize("name", ["edge-agent.service", "edge-trainer.service", "edge-web.service"])
 def test_security_exposure_at_most_2(units_here, name):
-    proc = subprocess.run(
-        ["systemd-analyze", "security", "--offline=true", str(units_here[name])], capture_output=True, text=True
-    )
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=true", str(units_here[name])], capture_output=True, text=True)
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", proc.stdout + proc.stderr)
     assert m, proc.stdout[-2000:] + proc.stderr
     assert float(m.group(1)) <= 2.0
@@ -53,14 +51,7 @@ def test_security_exposure_at_most_2(units_here, name):
 def test_unit_contents():
     agent = render()["edge-agent.service"]
     trainer = render()["edge-trainer.service"]
-    for line in (
-        "Type=notify",
-        "WatchdogSec=",
-        "Restart=on-failure",
-        "StartLimitBurst=",
-        "StateDirectory=edge-agent",
-        "User=edge-agent",
-    ):
+    for line in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "StartLimitBurst=", "StateDirectory=edge-agent", "User=edge-agent"):
         assert line in agent
     for line in ("Nice=19", "IOSchedulingClass=idle", "MemoryMax=", "Restart=on-failure"):
         assert line in trainer

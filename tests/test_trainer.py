@@ -19,11 +19,7 @@ from trainer.train import TrainSettings, train_supervised  # noqa: E402
 
 from .conftest import make_class_folders  # noqa: E402
 
-ODD_NAMES = [
-    "Pepper,_bell___healthy",
-    "Orange___Haunglongbing_(Citrus_greening)",
-    "Tomato___Spider_mites Two-spotted_spider_mite",
-]
+ODD_NAMES = ["Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)", "Tomato___Spider_mites Two-spotted_spider_mite"]
 
 
 def test_preprocessing_parity_trainer_equals_daemon_bit_for_bit(plantvillage):
@@ -138,9 +134,7 @@ def test_train_folds_the_temperature_fitted_on_validation(tmp_path):
 
     root = _noisy_classes(tmp_path / "data")
     settings = TrainSettings(epochs=1, batch_size=16, int8=False, threads=2)
-    plain = train_supervised(
-        root, tmp_path / "plain", TrainSettings(**{**settings.__dict__, "calibrate": False}), progress=False
-    )
+    plain = train_supervised(root, tmp_path / "plain", TrainSettings(**{**settings.__dict__, "calibrate": False}), progress=False)
     scaled = train_supervised(root, tmp_path / "scaled", settings, progress=False)
     assert "calibration" not in plain.manifest["metrics"]
     cal = scaled.manifest["metrics"]["calibration"]
@@ -153,9 +147,7 @@ def test_train_folds_the_temperature_fitted_on_validation(tmp_path):
     assert fit_temperature(folded, val.y) == pytest.approx(1.0, rel=0.02)  # nothing left to fit
     assert fit_temperature(raw, val.y) != pytest.approx(1.0, rel=0.1)  # an untrained-ish model is not calibrated
     assert cal["temperature"] != pytest.approx(1.0, rel=0.1)
-    assert scaled.manifest["metrics"]["val"]["top1"] == pytest.approx(
-        (folded.argmax(1) == val.y).float().mean().item(), abs=1e-4
-    )
+    assert scaled.manifest["metrics"]["val"]["top1"] == pytest.approx((folded.argmax(1) == val.y).float().mean().item(), abs=1e-4)
 
 
 def test_early_stopping(tmp_path, monkeypatch):
@@ -210,9 +202,7 @@ def test_gate_validation_folder_is_held_out_whole(tmp_path):
     labelled = make_class_folders(tmp_path / "labelled", names, 10)
     held_out = make_class_folders(tmp_path / "held-out", names[::-1], 3)  # other order: mapped by name
     classes = ["Tomato___healthy", "Apple___healthy", "Corn___healthy"]
-    train, val = _labelled(
-        parse_config({"trainer": {"labelled_data": str(labelled), "validation_data": str(held_out)}}), classes
-    )
+    train, val = _labelled(parse_config({"trainer": {"labelled_data": str(labelled), "validation_data": str(held_out)}}), classes)
     assert len(train) == 20 and len(val) == 6
     assert sorted(val.y.tolist()) == [0, 0, 0, 1, 1, 1]
     train, val = _labelled(parse_config({"trainer": {"labelled_data": str(labelled), "val_fraction": 0.2}}), classes)
@@ -232,10 +222,7 @@ def test_no_configuration_uses_the_shipped_photos(tmp_path):
     src = labelled_sources(parse_config({}), classes)
     assert (src.origin, len(src.val), len(src.train)) == ("shipped", 672, 8 * 38)
     manifest = json.loads((default_data_path() / "manifest.json").read_text())
-    assert (
-        manifest["model_version"] == EngineStore(default_store_path()).current()
-        and len(manifest["files"]) == 672 + 8 * 38
-    )
+    assert manifest["model_version"] == EngineStore(default_store_path()).current() and len(manifest["files"]) == 672 + 8 * 38
     assert (default_data_path() / "NOTICE").read_text().count("CC BY 4.0") >= 1
     own = make_class_folders(tmp_path / "val", classes[:2], 3)
     src = labelled_sources(parse_config({"trainer": {"validation_data": str(own)}}), classes)
@@ -263,21 +250,9 @@ def test_calibrate_with_batchnorm_sets_the_exact_statistics_over_the_training_sp
     from trainer.publish import load_weights
 
     root = _noisy_classes(tmp_path / "data")
-    old = train_supervised(
-        root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, threads=2, calibrate=False), progress=False
-    )
+    old = train_supervised(root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, threads=2, calibrate=False), progress=False)
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "calibrate",
-            "--batchnorm",
-            "--data",
-            str(root),
-            "--store",
-            str(tmp_path / "store"),
-        ],
+        [sys.executable, "-m", "trainer", "calibrate", "--batchnorm", "--data", str(root), "--store", str(tmp_path / "store")],
         capture_output=True,
         text=True,
         cwd=Path(__file__).parents[1],
@@ -285,9 +260,9 @@ def test_calibrate_with_batchnorm_sets_the_exact_statistics_over_the_training_sp
     assert out.returncode == 0, out.stderr
     new = EngineStore(tmp_path / "store").open()
     split = old.manifest["training"]["split"]
-    train = stratified_split(
-        scan_folder(root).samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"]
-    )["train"]
+    train = stratified_split(scan_folder(root).samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])[
+        "train"
+    ]
     assert new.manifest["training"]["batchnorm"] == f"exact statistics over the {len(train)} training photos"
     expected = recompute_batchnorm(load_weights(old), TensorDataset(train).x)
     got = load_weights(new)
@@ -307,9 +282,7 @@ def test_calibrate_publishes_a_calibrated_child_of_an_older_version(tmp_path):
     from trainer.train import recalibrate
 
     root = _noisy_classes(tmp_path / "data")
-    old = train_supervised(
-        root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, threads=2, calibrate=False), progress=False
-    )
+    old = train_supervised(root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, threads=2, calibrate=False), progress=False)
     out = subprocess.run(
         [sys.executable, "-m", "trainer", "calibrate", "--data", str(root), "--store", str(tmp_path / "store")],
         capture_output=True,
@@ -352,9 +325,7 @@ def test_calibrate_with_batchnorm_composes_the_photos_of_a_field_trained_version
     from trainer.train import recalibrate
 
     root = _noisy_classes(tmp_path / "data")
-    old = train_supervised(
-        root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, int8=False, threads=2), progress=False
-    )
+    old = train_supervised(root, tmp_path / "store", TrainSettings(epochs=1, batch_size=16, int8=False, threads=2), progress=False)
     training = {**old.manifest["training"], "augmentation": asdict(FieldAugSettings())}
     release = publish_model(load_weights(old), ["A", "B", "C"], tmp_path / "store", training=training, parent=old.name)
     field = recalibrate(root, tmp_path / "store", release.name, batchnorm=True)
@@ -377,9 +348,7 @@ def test_gate_refuses_a_candidate_below_the_first_version_even_if_close_to_the_c
 
     root, current, candidate = build_model(3), build_model(3), build_model(3)
     scores = {id(root): 0.94, id(current): 0.93, id(candidate): 0.915}
-    monkeypatch.setattr(
-        gate_mod, "evaluate", lambda m, x, y: SimpleNamespace(top1=scores[id(m)], per_class=[scores[id(m)]] * 3)
-    )
+    monkeypatch.setattr(gate_mod, "evaluate", lambda m, x, y: SimpleNamespace(top1=scores[id(m)], per_class=[scores[id(m)]] * 3))
     x, y = torch.zeros(9, 3, 128, 128), torch.tensor([0, 1, 2] * 3)
     assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02).publish
     d = gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root)
@@ -424,24 +393,12 @@ def test_samples_a_stopped_publish_left_pending_are_settled_on_the_next_start(tm
     for i in range(4):
         data = f"photo {i}".encode()
         ids.append(hashlib.sha256(data).hexdigest())
-        samples.add(
-            {
-                "id": ids[-1],
-                "ext": ".jpg",
-                "kind": "expert",
-                "label": "A",
-                "confidence": 1.0,
-                "engine_version": "v0001",
-            },
-            data,
-        )
+        samples.add({"id": ids[-1], "ext": ".jpg", "kind": "expert", "label": "A", "confidence": 1.0, "engine_version": "v0001"}, data)
     samples.mark_pending(ids[:2], "v0001-1")  # this publish went through before the kill
     samples.mark_pending(ids[2:], "v0001-2")  # this one did not
     v1 = store.open()
     manifest = {k: v for k, v in v1.manifest.items() if k not in ("version", "files", "created", "parent")}
-    published = store.publish(
-        {n: v1.path / n for n in v1.manifest["files"]}, {**manifest, "training": {"sample_batch": "v0001-1"}}
-    )
+    published = store.publish({n: v1.path / n for n in v1.manifest["files"]}, {**manifest, "training": {"sample_batch": "v0001-1"}})
     assert samples.counts()["new"] == 0  # pending samples are not new: nothing retrains them meanwhile
     assert settle_published(store, samples) == {"v0001-1": published.name, "v0001-2": None}
     gens = {s.id: s.generation for s in samples.all()}

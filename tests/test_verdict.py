@@ -39,12 +39,7 @@ def probs_of(logits: np.ndarray) -> np.ndarray:
 
 
 def judge(**over) -> Judge:
-    return Judge(
-        VerdictSpec.from_manifest({"classes": CLASSES, "verdict": section(**over)}),
-        0.9,
-        DEFAULT_SPEC.mean,
-        DEFAULT_SPEC.std,
-    )
+    return Judge(VerdictSpec.from_manifest({"classes": CLASSES, "verdict": section(**over)}), 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std)
 
 
 def test_near_a_class_mean_and_sure_is_confident_far_from_every_class_is_unknown_between_is_unsure():
@@ -65,20 +60,12 @@ def test_a_sure_softmax_further_than_the_confident_distance_is_unsure_not_confid
 def test_a_photo_all_one_colour_or_dark_or_blurred_is_unknown_whatever_the_model_says():
     logits = np.array([[3.0, 0.0, 0.0]] * 3)
     flat = normalize(np.full((128, 128, 3), 120, np.uint8))
-    dark = normalize(
-        np.random.default_rng(0).integers(0, 26, (128, 128, 1)).repeat(3, 2).astype(np.uint8)
-    )  # a night frame: noise
-    blurred = normalize(
-        np.ascontiguousarray(__import__("cv2").GaussianBlur(leaf_image(2, (128, 128)), (0, 0), 8)[:, :, ::-1])
-    )
+    dark = normalize(np.random.default_rng(0).integers(0, 26, (128, 128, 1)).repeat(3, 2).astype(np.uint8))  # a night frame: noise
+    blurred = normalize(np.ascontiguousarray(__import__("cv2").GaussianBlur(leaf_image(2, (128, 128)), (0, 0), 8)[:, :, ::-1]))
     j = judge(image={"min_contrast": 0.02, "min_brightness": 0.06, "max_brightness": 0.97, "min_sharpness": 1e-4})
     got = j.judge(logits, probs_of(logits), np.stack([flat, dark, blurred]))
     assert [v.verdict for v in got] == ["unknown"] * 3
-    assert [v.reason for v in got] == [
-        "the photo is nearly one colour",
-        "the photo is too dark",
-        "the photo is blurred",
-    ]
+    assert [v.reason for v in got] == ["the photo is nearly one colour", "the photo is too dark", "the photo is blurred"]
 
 
 def test_a_manifest_without_verdict_statistics_falls_back_to_the_softmax_and_says_so():
@@ -129,10 +116,7 @@ def test_fit_verdict_takes_thresholds_from_the_held_out_photos_and_refuses_too_f
     d = Judge(spec, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std).distances(held)
     assert (d <= spec.confident_distance).mean() == pytest.approx(0.8, abs=0.03)
     assert spec.unknown_distance > spec.confident_distance
-    assert (
-        Judge(spec, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std).distances(np.array([[40.0, 40.0, 40.0]]))[0]
-        > spec.unknown_distance
-    )
+    assert Judge(spec, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std).distances(np.array([[40.0, 40.0, 40.0]]))[0] > spec.unknown_distance
     with pytest.raises(ValueError, match="at least 10 held-out photos"):
         fit_verdict(train, y, held[:5], photo_batch(5), DEFAULT_SPEC)
 
@@ -153,10 +137,7 @@ def test_auto_precision_runs_fp32_when_int8_verdicts_disagree_with_fp32(tiny_sto
         (0.99, "agrees with FP32"),
     ):
         m = json.loads(json.dumps(base))
-        m["metrics"]["int8"] = {
-            **check,
-            **({"verdict_agreement_with_fp32": agreement} if agreement is not None else {}),
-        }
+        m["metrics"]["int8"] = {**check, **({"verdict_agreement_with_fp32": agreement} if agreement is not None else {})}
         precision, why = choose_precision(cfg, type(version)(version.name, version.path, m))
         assert expected in why and precision == ("int8" if agreement == 0.99 else "fp32")
 
@@ -188,9 +169,7 @@ def test_a_published_version_carries_its_verdict_and_the_int8_verdict_agreement(
     )
     assert "verdict_agreement_with_fp32" in v.manifest["metrics"]["int8"]
     assert json.loads(v.artifact("split").read_text())["test"] == ["a/1.jpg"]
-    clf = Classifier.configured(
-        open_engine(tmp_path, parse_config({"engine": {"precision": "fp32"}}).engine), parse_config({})
-    )
+    clf = Classifier.configured(open_engine(tmp_path, parse_config({"engine": {"precision": "fp32"}}).engine), parse_config({}))
     assert clf.judge.spec is not None
     pred = clf.predict_bytes(encode(leaf_image(3)))
     assert pred.verdict in ("confident", "unsure", "unknown")

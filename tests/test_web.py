@@ -63,9 +63,7 @@ def state(tmp_path) -> Path:
             day.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, day / src.name)
             top_k = [[src.parent.name, 0.97], [classes[1], 0.02], [classes[2], 0.01]]
-        rows.append(
-            ResultRow(sha, f"p{i}", str(inbox_path), "folder", top_k[0][0], top_k[0][1], top_k, "v0001", {"total": 5.0})
-        )
+        rows.append(ResultRow(sha, f"p{i}", str(inbox_path), "folder", top_k[0][0], top_k[0][1], top_k, "v0001", {"total": 5.0}))
     db.commit(rows, queued)
     db.close()
     return root
@@ -107,9 +105,7 @@ def test_every_page_renders_for_a_local_client(state):
     first = c.get("/")
     assert first.headers["location"] == "/photos"
     assert "edge_session" in c.cookies  # set on the first response, out of reach of scripts and of other sites
-    assert (
-        "httponly" in first.headers["set-cookie"].lower() and "samesite=strict" in first.headers["set-cookie"].lower()
-    )
+    assert "httponly" in first.headers["set-cookie"].lower() and "samesite=strict" in first.headers["set-cookie"].lower()
     r = c.get("/photos")
     assert r.status_code == 200 and r.text.count('class="card"') == 6
     r = c.get("/review")
@@ -196,18 +192,7 @@ def test_the_token_is_stored_hashed_and_private(tmp_path):
 
 def test_binding_an_open_address_without_a_token_refuses_to_start(tmp_path):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "web",
-            "--state-dir",
-            str(tmp_path / "s"),
-            "--bind",
-            "0.0.0.0",
-            "--port",
-            str(_free_port()),
-        ],
+        [sys.executable, "-m", "edge_agent", "web", "--state-dir", str(tmp_path / "s"), "--bind", "0.0.0.0", "--port", str(_free_port())],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -241,18 +226,7 @@ def test_a_real_server_on_a_second_loopback_address_refuses_requests_without_the
     token = TokenFile(state / "web" / "token.sha256").new()
     port = _free_port("127.0.0.2")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "web",
-            "--state-dir",
-            str(state),
-            "--bind",
-            "127.0.0.2",
-            "--port",
-            str(port),
-        ],
+        [sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--bind", "127.0.0.2", "--port", str(port)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -287,11 +261,7 @@ def test_a_real_server_on_a_second_loopback_address_refuses_requests_without_the
 
 # ---- CSRF -------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "path, data",
-    [
-        ("/review/label", {"photo": "p0", "label": "Apple___healthy"}),
-        ("/engines/rollback", {"to": SHIPPED, "confirm": "yes"}),
-    ],
+    "path, data", [("/review/label", {"photo": "p0", "label": "Apple___healthy"}), ("/engines/rollback", {"to": SHIPPED, "confirm": "yes"})]
 )
 def test_a_post_without_the_csrf_token_is_refused(state, path, data):
     c = client(state)
@@ -334,9 +304,7 @@ def test_labelling_an_unknown_photo_or_class_says_why(state):
     r = c.post("/review/label", data={"csrf": token, "photo": sha, "label": "Banana___black_sigatoka"})
     assert r.status_code == 400 and "not a known class" in r.text
     assert ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha).kind == "review"
-    r = c.post(
-        "/review/label", data={"csrf": token, "photo": sha, "label": "Banana___black_sigatoka", "new_class": "1"}
-    )
+    r = c.post("/review/label", data={"csrf": token, "photo": sha, "label": "Banana___black_sigatoka", "new_class": "1"})
     assert r.status_code == 303
     assert ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha).label == "Banana___black_sigatoka"
 
@@ -397,15 +365,11 @@ def _png_header(width: int, height: int) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
 
 
 def _upload(c: TestClient, *files: tuple[str, bytes]):
-    return c.post(
-        "/upload", data={"csrf": csrf_of(c)}, files=[("photos", (n, b, "application/octet-stream")) for n, b in files]
-    )
+    return c.post("/upload", data={"csrf": csrf_of(c)}, files=[("photos", (n, b, "application/octet-stream")) for n, b in files])
 
 
 def test_an_upload_lands_in_the_inbox_under_a_safe_name_and_links_to_its_result(state):
@@ -513,9 +477,7 @@ def test_a_result_pointing_outside_the_state_directory_is_not_served(state, tmp_
 
 def test_a_quarantined_upload_shows_its_reason(state):
     db = ResultsDB(state / "results.sqlite")
-    db.add_quarantine(
-        "upload-20261122-101010-abcdef012345.jpg", None, "undecodable JPEG (corrupt image data)", "folder"
-    )
+    db.add_quarantine("upload-20261122-101010-abcdef012345.jpg", None, "undecodable JPEG (corrupt image data)", "folder")
     db.close()
     c = client(state)
     r = c.get("/photo/" + "a" * 64, params={"name": "upload-20261122-101010-abcdef012345.jpg"})
@@ -527,9 +489,7 @@ def test_the_web_process_imports_neither_opencv_nor_onnxruntime_nor_torch():
         "import sys, edge_agent.web.app, edge_agent.cli; "
         "print(json.dumps(sorted(m for m in ('cv2', 'onnxruntime', 'torch', 'numpy') if m in sys.modules)))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, cwd=REPO, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, cwd=REPO, check=True)
     assert json.loads(out.stdout) == []
 
 
@@ -552,9 +512,7 @@ def test_a_heic_upload_is_stored_as_heic_and_its_thumbnail_is_made(state):
     # once the daemon has a result for it, the page shows it like any photo
     sha = hashlib.sha256(out.getvalue()).hexdigest()
     db = ResultsDB(state / "results.sqlite")
-    db.commit(
-        [ResultRow(sha, "ph", str(stored), "folder", "Apple___healthy", 0.9, [["Apple___healthy", 0.9]], "v0001", {})]
-    )
+    db.commit([ResultRow(sha, "ph", str(stored), "folder", "Apple___healthy", 0.9, [["Apple___healthy", 0.9]], "v0001", {})])
     db.close()
     thumb = c.get(f"/img/thumb/{sha}")
     assert thumb.status_code == 200 and thumb.content[:3] == b"\xff\xd8\xff"
@@ -567,31 +525,13 @@ def test_an_unsure_or_unknown_answer_reads_as_such_not_as_a_disease_name(state):
     rows = []
     for i, verdict in ((6, "unsure"), (7, "unknown")):
         sha = hashlib.sha256(src[i].read_bytes() + b"v").hexdigest()
-        rows.append(
-            ResultRow(
-                sha,
-                f"v{i}",
-                str(src[i]),
-                "folder",
-                classes[3],
-                0.93,
-                [[classes[3], 0.93]],
-                "v1000",
-                {},
-                verdict=verdict,
-            )
-        )
+        rows.append(ResultRow(sha, f"v{i}", str(src[i]), "folder", classes[3], 0.93, [[classes[3], 0.93]], "v1000", {}, verdict=verdict))
     db.commit(rows, [])
     db.close()
     c = client(state)
     page = c.get("/photos").text
-    assert (
-        'class="verdict unsure">Not sure: ask an expert<' in page
-        and 'class="verdict unknown">Not a plant I know<' in page
-    )
-    assert (
-        page.count("best guess: ") == 2
-    )  # the class is only a guess there; the six confident-era rows show their class
+    assert 'class="verdict unsure">Not sure: ask an expert<' in page and 'class="verdict unknown">Not a plant I know<' in page
+    assert page.count("best guess: ") == 2  # the class is only a guess there; the six confident-era rows show their class
     photo = c.get(f"/photo/{rows[1].sha256}").text
     assert "Not a plant I know" in photo and "Best guess:" in photo and '<dd id="verdict">unknown</dd>' in photo
     old = c.get(f"/photo/{sha_of(state, 'p3')}").text  # a result stored before verdicts existed
@@ -624,11 +564,7 @@ def test_a_page_on_another_port_cannot_forge_a_csrf_token_by_tossing_a_cookie(st
     token = csrf_of(victim)
     attacker = client(state)
     attacker.cookies.set("edge_session", "attacker-chosen-session-value")
-    for guess in (
-        "attacker-chosen-session-value",
-        token,
-        hmac.new(b"", b"attacker-chosen-session-value", hashlib.sha256).hexdigest()[:40],
-    ):
+    for guess in ("attacker-chosen-session-value", token, hmac.new(b"", b"attacker-chosen-session-value", hashlib.sha256).hexdigest()[:40]):
         r = attacker.post("/engines/unpin", data={"csrf": guess})
         assert r.status_code == 403, guess
     assert victim.post("/engines/unpin", data={"csrf": token}).status_code == 303  # the session's own token works
@@ -646,17 +582,11 @@ def test_a_body_that_lies_about_its_length_is_cut_off_at_the_cap_as_it_streams(s
     chunk = b"x" * (1 << 16)
     pulled, sent = [0], []
 
-    head = (
-        b'--zzz\r\nContent-Disposition: form-data; name="photos"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
-    )
+    head = b'--zzz\r\nContent-Disposition: form-data; name="photos"; filename="a.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
 
     async def receive():  # one file part that never ends
         pulled[0] += 1
-        return {
-            "type": "http.request",
-            "body": (head if pulled[0] == 1 else b"") + chunk,
-            "more_body": pulled[0] < 300 * 16,
-        }
+        return {"type": "http.request", "body": (head if pulled[0] == 1 else b"") + chunk, "more_body": pulled[0] < 300 * 16}
 
     async def send(message):
         sent.append(message)
@@ -681,9 +611,7 @@ def test_a_body_that_lies_about_its_length_is_cut_off_at_the_cap_as_it_streams(s
     }
     asyncio.run(app(scope, receive, send))
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
-    assert pulled[0] * len(chunk) <= MAX_FILES_PER_UPLOAD * 20_000 + (1 << 20) + len(
-        chunk
-    )  # at the cap, not 300 MiB later
+    assert pulled[0] * len(chunk) <= MAX_FILES_PER_UPLOAD * 20_000 + (1 << 20) + len(chunk)  # at the cap, not 300 MiB later
     assert not (state / "inbox").exists() or not any((state / "inbox").iterdir())
 
 
@@ -697,18 +625,7 @@ def test_a_thousand_idle_connections_neither_take_the_page_down_nor_flood_the_lo
     log = tmp_path / "web.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "edge_agent",
-                "web",
-                "--config",
-                str(cfg),
-                "--state-dir",
-                str(state),
-                "--port",
-                str(port),
-            ],
+            [sys.executable, "-m", "edge_agent", "web", "--config", str(cfg), "--state-dir", str(state), "--port", str(port)],
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -21,10 +21,7 @@ from tests.daemon_helpers import DaemonProc, db_rows, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 GATE = REPO / "edge_agent" / "default_data" / "gate"
-CHROMIUM, CHROMEDRIVER = (
-    shutil.which("chromium") or "/usr/bin/chromium",
-    shutil.which("chromedriver") or "/usr/bin/chromedriver",
-)
+CHROMIUM, CHROMEDRIVER = (shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver")
 
 pytestmark = [
     pytest.mark.slow,
@@ -94,11 +91,7 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         daemon.wait_ready()
         for p in photos:
             shutil.copy(p, daemon.inbox / p.name)
-        wait_until(
-            lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == len(photos),
-            120,
-            "every photo classified",
-        )
+        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == len(photos), 120, "every photo classified")
         port = _free_port()
         web = subprocess.Popen(
             [
@@ -144,9 +137,7 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         assert photo_id in browser.find_element(By.ID, "done").text
         rows = db_rows(daemon.state, f"SELECT kind, label FROM label_queue WHERE photo_id = '{photo_id}'")
         sent = db_rows(daemon.state, "SELECT label FROM expert_labels")
-        assert rows in ([("expert", first_class)], []) and sent == [
-            (first_class,)
-        ]  # [] once already delivered and acknowledged
+        assert rows in ([("expert", first_class)], []) and sent == [(first_class,)]  # [] once already delivered and acknowledged
 
         # upload a photo the daemon has not seen; follow the link until its result is there
         browser.get(base + "/upload")
@@ -170,11 +161,7 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         for p in field:
             shutil.copy(p, daemon.inbox / f"field-{p.name}")
         total = len(photos) + 2 + len(field)
-        wait_until(
-            lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == total,
-            60,
-            "the field photos classified",
-        )
+        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results")[0][0] == total, 60, "the field photos classified")
         browser.get(base + "/photos")
         wait.until(_images_loaded)
         marks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#photos .verdict")]

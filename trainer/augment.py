@@ -49,11 +49,7 @@ class Augment:
         sy = torch.where(rand(n) < 0.5, -1.0, 1.0) if self.vflip else torch.ones(n, device=dev)
         cos, sin = torch.cos(angle), torch.sin(angle)
         theta = torch.stack(
-            [
-                torch.stack([cos * sx, -sin * sy, torch.zeros_like(cos)], 1),
-                torch.stack([sin * sx, cos * sy, torch.zeros_like(cos)], 1),
-            ],
-            1,
+            [torch.stack([cos * sx, -sin * sy, torch.zeros_like(cos)], 1), torch.stack([sin * sx, cos * sy, torch.zeros_like(cos)], 1)], 1
         )
         grid = F.affine_grid(theta, list(pix.shape), align_corners=False)
         pix = F.grid_sample(pix, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
@@ -74,9 +70,5 @@ class Augment:
         low, high = self.cutout
         half = ((torch.rand(n, generator=g) * (high - low) + low) * h / 2).view(n, 1, 1)
         cy, cx = (torch.rand(n, generator=g) * h).view(n, 1, 1), (torch.rand(n, generator=g) * w).view(n, 1, 1)
-        inside = ((torch.arange(h).view(1, h, 1) - cy).abs() < half) & (
-            (torch.arange(w).view(1, 1, w) - cx).abs() < half
-        )
-        return x.masked_fill(
-            inside.unsqueeze(1).to(x.device), 0.0
-        )  # 0 after normalisation is the dataset's mean colour
+        inside = ((torch.arange(h).view(1, h, 1) - cy).abs() < half) & ((torch.arange(w).view(1, 1, w) - cx).abs() < half)
+        return x.masked_fill(inside.unsqueeze(1).to(x.device), 0.0)  # 0 after normalisation is the dataset's mean colour

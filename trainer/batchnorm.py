@@ -33,9 +33,7 @@ class _Collected(Exception):
 
 
 @torch.no_grad()
-def recompute_batchnorm(
-    model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64, should_stop=lambda: False
-) -> torch.nn.Module:
+def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64, should_stop=lambda: False) -> torch.nn.Module:
     """Replace every BatchNorm layer's running statistics by the exact ones over ``x`` (un-augmented photos), in
     place; returns ``model`` in eval mode. ``batch_size`` only bounds memory. Raises :class:`trainer.stop.Stopped`
     between batches once ``should_stop()`` is true."""

@@ -18,14 +18,7 @@ import torch.nn.functional as F
 
 from trainer.model import LeafNet
 
-__all__ = [
-    "Calibration",
-    "calibrate",
-    "calibration_error",
-    "expected_calibration_error",
-    "fit_temperature",
-    "fold_temperature",
-]
+__all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibration_error", "fit_temperature", "fold_temperature"]
 
 #: Fewest held-out photos a temperature is fitted on; below it the model is published as trained.
 MIN_PHOTOS = 20
@@ -113,11 +106,7 @@ def calibrate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128
     :data:`MIN_MISTAKES` wrong answers among them, nothing is folded and ``skipped`` says why: a temperature fitted on
     a handful of photos would be noise, and one fitted where the model is never wrong only sharpens it."""
     model.eval()
-    logits = (
-        torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)])
-        if len(x)
-        else torch.zeros(0, model.num_classes)
-    )
+    logits = torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else torch.zeros(0, model.num_classes)
     mistakes = int((logits.argmax(1) != y).sum()) if len(x) else 0
     if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 or mistakes < MIN_MISTAKES:
         why = (

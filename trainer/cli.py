@@ -62,9 +62,7 @@ def _service_config(args: argparse.Namespace):
 
     cfg = load_config(getattr(args, "config", None))
     if getattr(args, "retrain_threshold", None):
-        cfg = cfg.model_copy(
-            update={"trainer": cfg.trainer.model_copy(update={"retrain_threshold": args.retrain_threshold})}
-        )
+        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"retrain_threshold": args.retrain_threshold})})
     return cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)
 
 
@@ -107,11 +105,7 @@ def _retrain(args: argparse.Namespace) -> int:
     from engines.signing import load_or_create_key
 
     result = retrain(
-        cfg,
-        resolve_store(cfg, state),
-        SampleStore(root),
-        root / "strategy",
-        signing_key=load_or_create_key(trainer_key_path(cfg, state)),
+        cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy", signing_key=load_or_create_key(trainer_key_path(cfg, state))
     )
     print(
         f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)"
@@ -140,11 +134,7 @@ def _status(args: argparse.Namespace) -> int:
     print(
         f"trainer: {'running, ' + st['state'] if live else 'not running'}; samples {st['samples']}; "
         f"threshold {st['retrain_threshold']}; last retrain: "
-        + (
-            f"{'published ' + last['published'] if last['published'] else 'not published'}: {last['reason']}"
-            if last
-            else "none"
-        )
+        + (f"{'published ' + last['published'] if last['published'] else 'not published'}: {last['reason']}" if last else "none")
     )
     r = st.get("retraining")
     if live and r:
@@ -157,14 +147,10 @@ def _status(args: argparse.Namespace) -> int:
             if step["step"] == 0
             else f"{step['step']:g} of the way from the engine in service to the retrained weights"
         )
-        print(
-            f"pseudo-labels only: step {step['step']:g} chosen of {[t['step'] for t in step['tried']]} on the gate photos: {what}"
-        )
+        print(f"pseudo-labels only: step {step['step']:g} chosen of {[t['step'] for t in step['tried']]} on the gate photos: {what}")
     if st.get("labelled"):
         lab = st["labelled"]
-        print(
-            f"true labels: {lab.get('replay_photos', 0)} to replay, {lab.get('validation_photos', 0)} for the gate ({lab.get('origin')})"
-        )
+        print(f"true labels: {lab.get('replay_photos', 0)} to replay, {lab.get('validation_photos', 0)} for the gate ({lab.get('origin')})")
     if st.get("blocked"):
         print(f"NOT RETRAINING: {st['blocked']}")
     elif st.get("waiting_for_new_samples"):
@@ -189,9 +175,7 @@ def _keys(args: argparse.Namespace) -> int:
     shutil.copy(daemon_pub, out / "authorized" / "daemon.key")
     shutil.copy(trainer_pub, out / "daemon" / "trainer.key")
     print(f'trainer: [handoff] curve_secret_key = "{trainer_sec}", curve_authorized_dir = "{out / "authorized"}"')
-    print(
-        f'daemon:  [handoff] curve_secret_key = "{daemon_sec}", curve_server_key = "{out / "daemon" / "trainer.key"}"'
-    )
+    print(f'daemon:  [handoff] curve_secret_key = "{daemon_sec}", curve_server_key = "{out / "daemon" / "trainer.key"}"')
     print("copy the daemon/ folder to the device; keep trainer.key_secret on the trainer only")
     print()
     return _signing_key(args)  # and the key engines are signed with, which each device must trust
@@ -237,9 +221,7 @@ def _signing_key(args: argparse.Namespace) -> int:
     key = load_or_create_key(trainer_key_path(cfg, state))
     print(f"public key: {key.public_hex}")
     print(f"file:       {key.path.with_suffix('.pub')}")
-    print(
-        'daemons that take engines from this trainer: [store] trusted_keys = ["<the public key or a copy of the file>"]'
-    )
+    print('daemons that take engines from this trainer: [store] trusted_keys = ["<the public key or a copy of the file>"]')
     print("(a daemon on this same state directory trusts it already)")
     return 0
 
@@ -270,9 +252,7 @@ def _release(args: argparse.Namespace) -> int:
     shutil.rmtree(staging, ignore_errors=True)
     settings = ReleaseSettings(**({"epochs": args.epochs} if args.epochs else {}))
     t0 = time.perf_counter()
-    version = release(
-        args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty(), watch_field=args.watch_field
-    )
+    version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty(), watch_field=args.watch_field)
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)
@@ -313,30 +293,23 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keys", parents=[logging_opts], help="create CURVE certificates for a tcp:// hand-off")
     k.add_argument("--out", required=True, help="folder to write trainer/, daemon/ and authorized/ into")
     k.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
-    k.add_argument(
-        "--state-dir", help="the trainer's state dir, where its engine-signing key is made (default as for serve)"
-    )
+    k.add_argument("--state-dir", help="the trainer's state dir, where its engine-signing key is made (default as for serve)")
     k.set_defaults(func=_keys)
     sg = sub.add_parser("sign", parents=[logging_opts], help="sign a store version with a key (release use)")
     sg.add_argument("--key", required=True, help="secret key file (*.key; made if missing, its .pub beside it)")
     sg.add_argument("--store", required=True)
     sg.add_argument("--version", help="default: the current version")
     sg.set_defaults(func=_sign)
-    r = sub.add_parser(
-        "release", parents=[logging_opts], help="train and write the shipped model's store, signed (make release)"
-    )
+    r = sub.add_parser("release", parents=[logging_opts], help="train and write the shipped model's store, signed (make release)")
     r.add_argument("--data", required=True, help="the lab photos (../shared/data/plantvillage)")
     r.add_argument("--key", required=True, help="the project's release key (../shared/release/edge-agent-release.key)")
-    r.add_argument(
-        "--out", default="edge_agent/default_store", help="the store to write (replaced once the release is done)"
-    )
+    r.add_argument("--out", default="edge_agent/default_store", help="the store to write (replaced once the release is done)")
     r.add_argument("--work", default="train-work/release", help="checkpoints: a run that finds one resumes from it")
     r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 55)")
     r.add_argument(
         "--watch-field",
         default=None,
-        help="field photos (../shared/data/field) scored after every epoch, for the "
-        "training history only: they never choose anything",
+        help="field photos (../shared/data/field) scored after every epoch, for the training history only: they never choose anything",
     )
     r.set_defaults(func=_release)
     t = sub.add_parser("train", parents=[logging_opts], help="supervised training from a folder of class folders")
@@ -347,16 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
     t.add_argument(
-        "--swa-epochs",
-        type=int,
-        default=0,
-        help="average the weights of the last N epochs (SWA); kept only if validation prefers it",
+        "--swa-epochs", type=int, default=0, help="average the weights of the last N epochs (SWA); kept only if validation prefers it"
     )
-    t.add_argument(
-        "--init",
-        metavar="STORE[:VERSION]",
-        help="start from a store version's weights (same classes) instead of scratch",
-    )
+    t.add_argument("--init", metavar="STORE[:VERSION]", help="start from a store version's weights (same classes) instead of scratch")
     t.add_argument("--seed", type=int, default=20251120, help="seed for the split, initialisation and augmentation")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-int8", action="store_true", help="skip the INT8 ONNX Runtime variant")
@@ -368,16 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_train)
     c = sub.add_parser(
-        "calibrate",
-        parents=[logging_opts],
-        help="fold a softmax temperature, fitted on a version's validation photos, into a new version",
+        "calibrate", parents=[logging_opts], help="fold a softmax temperature, fitted on a version's validation photos, into a new version"
     )
-    c.add_argument(
-        "--data", required=True, help="the folder of <Class name>/<photo> folders the version was trained on"
-    )
-    c.add_argument(
-        "--store", required=True, help="engine store holding the version; the calibrated child is published there"
-    )
+    c.add_argument("--data", required=True, help="the folder of <Class name>/<photo> folders the version was trained on")
+    c.add_argument("--store", required=True, help="engine store holding the version; the calibrated child is published there")
     c.add_argument("--version", help="version to calibrate (default: current)")
     c.add_argument(
         "--batchnorm",

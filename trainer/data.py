@@ -67,16 +67,12 @@ def scan_folder(root: str | os.PathLike) -> LabelledFolder:
         raise DatasetError(f"{base}: not a directory")
     classes = sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
     if len(classes) < 2:
-        raise DatasetError(
-            f"{base}: found {len(classes)} class folder(s); expected at least 2 (layout: {base}/<Class>/<photo>.jpg)"
-        )
+        raise DatasetError(f"{base}: found {len(classes)} class folder(s); expected at least 2 (layout: {base}/<Class>/<photo>.jpg)")
     samples: list[Sample] = []
     empty = []
     for label, name in enumerate(classes):
         files = sorted(
-            p
-            for p in (base / name).rglob("*")
-            if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+            p for p in (base / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
         )
         if not files:
             empty.append(name)
@@ -135,9 +131,7 @@ def recorded_split(version, data_dir: str | os.PathLike) -> dict[str, list[Sampl
     folder = scan_folder(base)
     if folder.classes != classes:
         raise DatasetError(f"{base}: its class folders differ from {version.name}'s classes")
-    return stratified_split(
-        folder.samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"]
-    )
+    return stratified_split(folder.samples, {"test": split["test_fraction"], "val": split["val_fraction"]}, split["seed"])
 
 
 class TensorDataset(Dataset):
@@ -156,9 +150,7 @@ class TensorDataset(Dataset):
         with ThreadPoolExecutor(max_workers=workers) as pool:
             results = list(pool.map(load, samples))
         keep = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
-        self.skipped = [
-            (str(samples[i].path), str(results[i])) for i, r in enumerate(results) if isinstance(r, Exception)
-        ]
+        self.skipped = [(str(samples[i].path), str(results[i])) for i, r in enumerate(results) if isinstance(r, Exception)]
         self.samples = [samples[i] for i in keep]
         shape = (len(keep), 3, spec.size, spec.size)
         self.x = torch.from_numpy(np.stack([results[i] for i in keep]) if keep else np.zeros(shape, np.float32))

@@ -26,15 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edge_agent.preprocess import (
-    DEFAULT_SPEC,
-    ImageRejected,
-    PreprocessSpec,
-    decode_rgb,
-    normalize,
-    read_limited,
-    resize,
-)
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, decode_rgb, normalize, read_limited, resize
 from trainer.data import Sample
 
 __all__ = ["BN_PASSES", "FieldAugSettings", "FieldComposer", "LabPhotos", "leaf_mask", "load_lab_photos"]
@@ -52,9 +44,7 @@ def leaf_mask(rgb: np.ndarray) -> np.ndarray:
     shadow on the background changes lightness, not chroma. Then the largest connected part, its holes filled
     (pale lesions and mildew), and a soft edge. A photo where this finds almost nothing is kept whole."""
     lab = cv2.cvtColor(rgb, cv2.COLOR_RGB2LAB).astype(np.float32)
-    border = np.concatenate(
-        [lab[:4].reshape(-1, 3), lab[-4:].reshape(-1, 3), lab[:, :4].reshape(-1, 3), lab[:, -4:].reshape(-1, 3)]
-    )
+    border = np.concatenate([lab[:4].reshape(-1, 3), lab[-4:].reshape(-1, 3), lab[:, :4].reshape(-1, 3), lab[:, -4:].reshape(-1, 3)])
     ref = np.median(border, axis=0)
     d = np.sqrt((lab[:, :, 1] - ref[1]) ** 2 + (lab[:, :, 2] - ref[2]) ** 2) + 0.15 * np.abs(lab[:, :, 0] - ref[0])
     d8 = cv2.GaussianBlur(np.clip(d * 4, 0, 255).astype(np.uint8), (5, 5), 0)
@@ -106,11 +96,7 @@ class LabPhotos:
 
     def tensors(self, spec: PreprocessSpec = DEFAULT_SPEC) -> tuple[torch.Tensor, torch.Tensor]:
         """The normalised network inputs (exactly :func:`edge_agent.preprocess.preprocess_bytes`) and labels."""
-        x = (
-            np.stack([normalize(p, spec) for p in self.pixels])
-            if len(self.pixels)
-            else np.zeros((0, 3, spec.size, spec.size), np.float32)
-        )
+        x = np.stack([normalize(p, spec) for p in self.pixels]) if len(self.pixels) else np.zeros((0, 3, spec.size, spec.size), np.float32)
         return torch.from_numpy(x), torch.tensor([s.label for s in self.samples], dtype=torch.long)
 
 
@@ -129,13 +115,9 @@ def load_lab_photos(samples: list[Sample], spec: PreprocessSpec = DEFAULT_SPEC, 
         got = list(pool.map(one, samples))
     keep = [i for i, r in enumerate(got) if r is not None]
     if not keep:
-        return LabPhotos(
-            [], np.zeros((0, spec.size, spec.size, 3), np.uint8), np.zeros((0, spec.size, spec.size), np.float32)
-        )
+        return LabPhotos([], np.zeros((0, spec.size, spec.size, 3), np.uint8), np.zeros((0, spec.size, spec.size), np.float32))
     return LabPhotos(
-        [samples[i] for i in keep],
-        np.stack([got[i][0] for i in keep]),
-        np.stack([got[i][1] for i in keep]).astype(np.float32),
+        [samples[i] for i in keep], np.stack([got[i][0] for i in keep]), np.stack([got[i][1] for i in keep]).astype(np.float32)
     )
 
 
@@ -154,11 +136,7 @@ class FieldComposer:
     a batch and returns it normalised as the network sees photos (``spec``'s mean and std)."""
 
     def __init__(
-        self,
-        pixels: torch.Tensor,
-        masks: torch.Tensor,
-        settings: FieldAugSettings | None = None,
-        spec: PreprocessSpec = DEFAULT_SPEC,
+        self, pixels: torch.Tensor, masks: torch.Tensor, settings: FieldAugSettings | None = None, spec: PreprocessSpec = DEFAULT_SPEC
     ) -> None:
         if pixels.shape[0] != masks.shape[0] or pixels.shape[0] < 2:
             raise ValueError("need at least two photos, each with a mask")
@@ -168,9 +146,7 @@ class FieldComposer:
         self.std = torch.tensor(spec.std).view(1, 3, 1, 1)
 
     @classmethod
-    def of(
-        cls, photos: LabPhotos, settings: FieldAugSettings | None = None, spec: PreprocessSpec = DEFAULT_SPEC
-    ) -> "FieldComposer":
+    def of(cls, photos: LabPhotos, settings: FieldAugSettings | None = None, spec: PreprocessSpec = DEFAULT_SPEC) -> "FieldComposer":
         """A composer over ``photos`` (decoded by :func:`load_lab_photos`)."""
         return cls(
             torch.from_numpy(photos.pixels).permute(0, 3, 1, 2).float().div(255).contiguous(),
@@ -197,9 +173,7 @@ class FieldComposer:
         if s.shadow > 0:
             out = _shadow(out, torch.rand(n, generator=g) < s.shadow, g)
         if s.blur > 0:
-            out = _blur(
-                out, torch.where(torch.rand(n, generator=g) < s.blur, torch.rand(n, generator=g) * 1.5 + 0.3, 0.0)
-            )
+            out = _blur(out, torch.where(torch.rand(n, generator=g) < s.blur, torch.rand(n, generator=g) * 1.5 + 0.3, 0.0))
         if s.noise_std > 0:
             out = out + torch.randn(out.shape, generator=g) * (torch.rand(n, 1, 1, 1, generator=g) * s.noise_std)
         out = out.clamp(0, 1)
@@ -211,9 +185,7 @@ class FieldComposer:
         """Every photo composed ``passes`` times (seeded): the training distribution, for exact BatchNorm statistics."""
         g = torch.Generator().manual_seed(seed)
         n = len(self.pixels)
-        return torch.cat(
-            [self(torch.arange(i, min(i + batch, n)), g) for _ in range(passes) for i in range(0, n, batch)]
-        )
+        return torch.cat([self(torch.arange(i, min(i + batch, n)), g) for _ in range(passes) for i in range(0, n, batch)])
 
     def _backgrounds(self, n: int, g: torch.Generator) -> torch.Tensor:
         size = self.pixels.shape[-1]
@@ -293,9 +265,7 @@ def _colour(x: torch.Tensor, g: torch.Generator, strength: float) -> torch.Tenso
 
 def _shadow(x: torch.Tensor, which: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     n, _, h, w = x.shape
-    field = F.interpolate(torch.rand(n, 1, 3, 3, generator=g), size=(h, w), mode="bicubic", align_corners=False).clamp(
-        0, 1
-    )
+    field = F.interpolate(torch.rand(n, 1, 3, 3, generator=g), size=(h, w), mode="bicubic", align_corners=False).clamp(0, 1)
     depth = torch.rand(n, 1, 1, 1, generator=g) * 0.6 * which.view(n, 1, 1, 1)
     return x * (1 - depth * field)
 

@@ -71,9 +71,7 @@ def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 64) -> np.ndarray:
     return np.concatenate([sess.run(None, {name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 
-def top1_agreement(
-    fp32: str | Path, int8: str | Path, photos: np.ndarray, labels: np.ndarray | None = None
-) -> Int8Report:
+def top1_agreement(fp32: str | Path, int8: str | Path, photos: np.ndarray, labels: np.ndarray | None = None) -> Int8Report:
     """Compare FP32 and INT8 top-1 on held-out ``photos`` (and accuracy, given ``labels``)."""
     a = logits_of_onnx(Path(fp32), photos).argmax(1)
     b = logits_of_onnx(Path(int8), photos).argmax(1)

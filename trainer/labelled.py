@@ -69,9 +69,7 @@ def _folder(path: str | Path, classes: list[str], problems: list[str]) -> list[S
     index = {name: i for i, name in enumerate(classes)}
     unknown = [name for name in folder.classes if name not in index]
     if unknown:
-        problems.append(
-            f"{path}: {len(unknown)} class folder(s) the engine does not know, left out: {', '.join(unknown[:5])}"
-        )
+        problems.append(f"{path}: {len(unknown)} class folder(s) the engine does not know, left out: {', '.join(unknown[:5])}")
     return [Sample(s.path, index[folder.classes[s.label]]) for s in folder.samples if folder.classes[s.label] in index]
 
 
@@ -92,10 +90,7 @@ def labelled_sources(cfg: AppConfig, classes: list[str]) -> LabelledSources:
         return LabelledSources(parts["train"], parts["val"], "configured", problems)
     if use_shipped:
         return LabelledSources(
-            _folder(shipped / "replay", classes, problems),
-            _folder(shipped / "gate", classes, problems),
-            "shipped",
-            problems,
+            _folder(shipped / "replay", classes, problems), _folder(shipped / "gate", classes, problems), "shipped", problems
         )
     return LabelledSources([], [], "none", problems)
 

@@ -48,9 +48,7 @@ def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], stra
     if recorded is not None and recorded.get("root") == root:
         return None
     done = None
-    states = (
-        [p for p in strategy_dir.iterdir() if p.is_dir() and ".before-" not in p.name] if strategy_dir.is_dir() else []
-    )
+    states = [p for p in strategy_dir.iterdir() if p.is_dir() and ".before-" not in p.name] if strategy_dir.is_dir() else []
     if states:
         if recorded is not None:
             old_root, old_classes = recorded.get("root"), list(recorded.get("classes", []))
@@ -70,7 +68,9 @@ def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], stra
                 kept, dropped = kept + int(keep.sum()), dropped + int((~keep).sum())
                 continue
             shutil.move(str(state), str(state.with_name(f"{state.name}.before-{old_root or 'upgrade'}")))
-        done = f"strategy state of lineage {old_root} adopted for {root}: {kept} rehearsal photos relabelled by class name, {dropped} dropped"
+        done = (
+            f"strategy state of lineage {old_root} adopted for {root}: {kept} rehearsal photos relabelled by class name, {dropped} dropped"
+        )
         log.warning("strategy_state_adopted", old_root=old_root, root=root, relabelled=kept, dropped=dropped)
     strategy_dir.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"root": root, "classes": classes}) + "\n")

@@ -31,9 +31,7 @@ class StridedStem(nn.Sequential):
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__(
-            nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=2, padding=1),
-            nn.BatchNorm2d(out_channels),
-            nn.ReLU(inplace=True),
+            nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=2, padding=1), nn.BatchNorm2d(out_channels), nn.ReLU(inplace=True)
         )
 
 
@@ -45,12 +43,7 @@ class LeafNet(nn.Module):
     """
 
     def __init__(
-        self,
-        num_classes: int,
-        channels: Sequence[int] = (32, 64, 128, 256),
-        hidden: int = 256,
-        dropout: float = 0.3,
-        stem: bool = False,
+        self, num_classes: int, channels: Sequence[int] = (32, 64, 128, 256), hidden: int = 256, dropout: float = 0.3, stem: bool = False
     ) -> None:
         super().__init__()
         if num_classes < 1:
@@ -91,10 +84,7 @@ class LeafNet(nn.Module):
 
 #: Named architectures (a manifest's ``model.arch``): the seed's LeafNet, and LeafNet5 (strided stem, five
 #: stages to 384 channels; chosen by measurement for the 38-class release, ``docs/model.md``).
-ARCHS: dict[str, dict] = {
-    "LeafNet": {},
-    "LeafNet5": {"channels": (32, 64, 128, 256, 384), "hidden": 256, "stem": True},
-}
+ARCHS: dict[str, dict] = {"LeafNet": {}, "LeafNet5": {"channels": (32, 64, 128, 256, 384), "hidden": 256, "stem": True}}
 
 
 def build_model(num_classes: int, arch: str = "LeafNet", **kwargs) -> LeafNet:

@@ -65,10 +65,7 @@ def publish_model(
         files = {ONNX_FILE: work / ONNX_FILE, WEIGHTS_FILE: work / WEIGHTS_FILE}
         artifacts = {"onnx": ONNX_FILE, "torch": WEIGHTS_FILE}
         metrics["onnx_max_abs_diff"] = export_onnx(model, files[ONNX_FILE], spec.size)
-        torch.save(
-            {"state_dict": model.state_dict(), "num_classes": model.num_classes, "arch": model.arch},
-            files[WEIGHTS_FILE],
-        )
+        torch.save({"state_dict": model.state_dict(), "num_classes": model.num_classes, "arch": model.arch}, files[WEIGHTS_FILE])
         check(should_stop, "before the INT8 build")
         if calibration is not None and len(calibration):
             quantize_int8(files[ONNX_FILE], work / INT8_FILE, calibration)
@@ -89,9 +86,7 @@ def publish_model(
                     x = held_out[0]
                     a = verdicts_of(verdict, list(classes), logits_of_onnx(files[ONNX_FILE], x), x, spec)
                     b = verdicts_of(verdict, list(classes), logits_of_onnx(files[INT8_FILE], x), x, spec)
-                    metrics["int8"]["verdict_agreement_with_fp32"] = round(
-                        float(np.mean([u == v for u, v in zip(a, b)])), 4
-                    )
+                    metrics["int8"]["verdict_agreement_with_fp32"] = round(float(np.mean([u == v for u, v in zip(a, b)])), 4)
                 log.info("int8_built", **metrics["int8"])
         if split is not None:
             files[SPLIT_FILE] = work / SPLIT_FILE

@@ -69,14 +69,7 @@ class Receiver(Worker):
         self.on_sample = on_sample or (lambda: None)
         self.classes = classes  # the engine in service's classes (None: labels are not checked)
         self.log = get_logger("handoff.receiver", endpoint=settings.endpoint)
-        self.counters = {
-            "received": 0,
-            "duplicates": 0,
-            "malformed": 0,
-            "store_errors": 0,
-            "announced": 0,
-            "refused": 0,
-        }
+        self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0, "refused": 0}
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
         self._announce: list[str] = []
@@ -152,9 +145,7 @@ class Receiver(Worker):
             if new:
                 device = msg.header.get("device") or "?"
                 self.by_device[device] = self.by_device.get(device, 0) + 1
-                self.log.debug(
-                    "sample_stored", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"]
-                )
+                self.log.debug("sample_stored", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"])
                 self.on_sample()
         else:
             self.counters["malformed"] += 1

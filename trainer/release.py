@@ -46,9 +46,7 @@ class ReleaseSettings(TrainSettings):
 def split_photos(data_dir: str | os.PathLike, settings: ReleaseSettings):
     """The class folders and their seeded test / val / train split."""
     folder = scan_folder(data_dir)
-    return folder, stratified_split(
-        folder.samples, {"test": settings.test_fraction, "val": settings.val_fraction}, settings.seed
-    )
+    return folder, stratified_split(folder.samples, {"test": settings.test_fraction, "val": settings.val_fraction}, settings.seed)
 
 
 #: The release's field augmentation, every part on.
@@ -78,9 +76,7 @@ def train_release(
     folder, splits = split_photos(data_dir, settings)
     t0 = time.perf_counter()
     photos = {name: load_lab_photos(items) for name, items in splits.items()}
-    log.info(
-        "photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1)
-    )
+    log.info("photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1))
     train = photos["train"]
     val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors())
     model = build_model(len(folder.classes), settings.arch).to(memory_format=torch.channels_last)
@@ -95,15 +91,7 @@ def train_release(
             composer.sample(BN_PASSES, settings.seed),
         )
     model, info = fit(
-        model,
-        train_ds,
-        val_ds,
-        settings,
-        progress=progress,
-        batches=batches,
-        checkpoint=work / "checkpoint.pt",
-        watch=watch,
-        bn_x=bn_x,
+        model, train_ds, val_ds, settings, progress=progress, batches=batches, checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x
     )
     info["train_seconds"] = round(sum(h["seconds"] for h in info["history"]), 1)  # every epoch, across resumed runs
     info["bn_x"] = bn_x
@@ -148,9 +136,7 @@ def finish_release(
     if key_path is not None:
         key_path = Path(key_path)
         if not key_path.is_file():
-            raise FileNotFoundError(
-                f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)"
-            )
+            raise FileNotFoundError(f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)")
         key = load_or_create_key(key_path)  # it exists: loaded, never made
     sets = {name: TensorDataset.of(p.samples, *p.tensors()) for name, p in photos.items()}
     recompute_batchnorm(model, info.pop("bn_x"))  # exact, over the composed training batches (BN_PASSES)
@@ -166,9 +152,7 @@ def finish_release(
         **{f"share_{k}": round(float((v == k).mean()), 4) for k in ("confident", "unsure", "unknown")},
         "confident_top1": round(float(right[v == "confident"].mean()), 4) if (v == "confident").any() else None,
     }
-    log.info(
-        "release_metrics", test_top1=metrics["test"]["top1"], val_top1=metrics["val"]["top1"], **metrics["verdict"]
-    )
+    log.info("release_metrics", test_top1=metrics["test"]["top1"], val_top1=metrics["val"]["top1"], **metrics["verdict"])
     root = Path(folder.root)
     split = {name: sorted(str(Path(s.path).relative_to(root)) for s in p.samples) for name, p in photos.items()}
     training = {
@@ -197,9 +181,7 @@ def finish_release(
         "history": info["history"],
         "torch": torch.__version__,
     }
-    calib = (
-        sets["train"].x[torch.randperm(len(sets["train"].x), generator=torch.Generator().manual_seed(0))[:256]].numpy()
-    )
+    calib = sets["train"].x[torch.randperm(len(sets["train"].x), generator=torch.Generator().manual_seed(0))[:256]].numpy()
     return publish_model(
         model,
         folder.classes,

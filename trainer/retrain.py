@@ -123,17 +123,7 @@ def settle_published(store: EngineStore, samples: SampleStore) -> dict[str, str 
 
 def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
     """What the manifest records of how a candidate was trained."""
-    keys = (
-        "epochs",
-        "batch_size",
-        "weight_decay",
-        "pseudo_lambda",
-        "ramp_epochs",
-        "seed",
-        "swa_epochs",
-        "distill",
-        "distill_temperature",
-    )
+    keys = ("epochs", "batch_size", "weight_decay", "pseudo_lambda", "ramp_epochs", "seed", "swa_epochs", "distill", "distill_temperature")
     return {**tc.model_dump(include=set(keys)), "lr": lr, "interpolate": interpolate}
 
 
@@ -169,11 +159,7 @@ def retrain(
     train, val = labelled.train, labelled.val
     if len(val) == 0:  # nothing could ever be published: say so, and keep the samples for when there is
         return RetrainResult(
-            None,
-            "no validation photos: cannot check the candidate",
-            {"labelled": sources.describe()},
-            len(ids),
-            time.perf_counter() - t0,
+            None, "no validation photos: cannot check the candidate", {"labelled": sources.describe()}, len(ids), time.perf_counter() - t0
         )
     rechecked = None
     if tc.recheck_pseudo and received.pseudo.any():
@@ -181,8 +167,7 @@ def retrain(
         log.info("pseudo_labels_rechecked", teacher=current.name, **rechecked)
     received.weight = received.weight * balance_pseudo(received.y, received.pseudo)
     samples.set_state(
-        "last_retrain_pseudo",
-        json.dumps({i: classes[int(y)] for i, y, p in zip(received.sample_ids, received.y, received.pseudo) if p}),
+        "last_retrain_pseudo", json.dumps({i: classes[int(y)] for i, y, p in zip(received.sample_ids, received.y, received.pseudo) if p})
     )
     data = train + received
     counts = {
@@ -191,14 +176,7 @@ def retrain(
         "pseudo": int(received.pseudo.sum()),
         "left_out_as_gate_photos": sum(1 for i in ids if i in labelled.gate_ids),
     }
-    log.info(
-        "retrain_started",
-        parent=current.name,
-        validation=len(val),
-        new_classes=new_classes,
-        labelled_from=sources.origin,
-        **counts,
-    )
+    log.info("retrain_started", parent=current.name, validation=len(val), new_classes=new_classes, labelled_from=sources.origin, **counts)
     if len(data) < 2:
         return RetrainResult(None, "not enough data to train on", {}, len(ids), time.perf_counter() - t0)
     adopt_strategy_state(store, _root(store, current), classes, strategy_dir, log)  # after an upgrade to a new release
@@ -227,9 +205,7 @@ def retrain(
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
         progress("choosing the step")
-        candidate, step = choose_step(
-            candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed
-        )
+        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed)
         log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
     progress("gate")
@@ -262,11 +238,7 @@ def retrain(
     }
     calib = train.x if len(train) else received.x
     truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos
-    verdict = (
-        fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC)
-        if len(val) >= 10 and truth.any()
-        else None
-    )
+    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC) if len(val) >= 10 and truth.any() else None
     # The samples are marked pending with a tag the manifest records, before the publish makes the version visible:
     # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
     progress("publishing")
@@ -292,10 +264,5 @@ def retrain(
     samples.mark_used(ids, version.name)
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
-    log.info(
-        "retrain_published",
-        engine_version=version.name,
-        parent=current.name,
-        seconds=round(time.perf_counter() - t0, 1),
-    )
+    log.info("retrain_published", engine_version=version.name, parent=current.name, seconds=round(time.perf_counter() - t0, 1))
     return RetrainResult(version.name, decision.reason, metrics, len(ids), time.perf_counter() - t0)

@@ -54,9 +54,7 @@ class SampleStore:
         self.root = Path(root)
         (self.root / "samples").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            self.root / "samples.sqlite", check_same_thread=False, timeout=30, isolation_level=None
-        )
+        self._db = sqlite3.connect(self.root / "samples.sqlite", check_same_thread=False, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
@@ -112,17 +110,13 @@ class SampleStore:
         with self._lock:
             tags = [
                 g[len(PENDING) :]
-                for (g,) in self._db.execute(
-                    "SELECT DISTINCT generation FROM samples WHERE generation LIKE ?", (PENDING + "%",)
-                ).fetchall()
+                for (g,) in self._db.execute("SELECT DISTINCT generation FROM samples WHERE generation LIKE ?", (PENDING + "%",)).fetchall()
             ]
         settled = {}
         for tag in tags:
             settled[tag] = published_with(tag)
             with self._lock:
-                self._db.execute(
-                    "UPDATE samples SET generation = ? WHERE generation = ?", (settled[tag], PENDING + tag)
-                )
+                self._db.execute("UPDATE samples SET generation = ? WHERE generation = ?", (settled[tag], PENDING + tag))
         return settled
 
     def counts(self) -> dict:

@@ -180,9 +180,7 @@ class TrainerService:
         self.log.info("retrain_due", **self.samples.counts())
         self.retraining = {"phase": "starting", "since": time.time()}
         heartbeat = threading.Event()
-        threading.Thread(
-            target=self._status_while_training, args=(heartbeat,), name="trainer-status", daemon=True
-        ).start()
+        threading.Thread(target=self._status_while_training, args=(heartbeat,), name="trainer-status", daemon=True).start()
         try:
             self.last = retrain(
                 self.cfg,
@@ -212,9 +210,7 @@ class TrainerService:
         self.blocked = self.check_validation()
         self.receiver.start()
         self.server.start()
-        self.log.info(
-            "serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled
-        )
+        self.log.info("serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled)
         if self.blocked:
             self.log.warning("no_validation_photos", reason=self.blocked)
         next_status = 0.0

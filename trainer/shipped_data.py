@@ -99,10 +99,7 @@ def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -
         "model_version": version.name,
         "model_sha256": version.manifest["files"]["model.onnx"]["sha256"],
         "split": split_info,
-        "gate": {
-            "photos": len(parts["test"]),
-            "what": "the shipped model's test split: never trained on, never used for selection",
-        },
+        "gate": {"photos": len(parts["test"]), "what": "the shipped model's test split: never trained on, never used for selection"},
         "replay": {
             "photos": len(replay),
             "per_class": replay_per_class,

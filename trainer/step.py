@@ -50,9 +50,7 @@ def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha
 
 
 @torch.no_grad()
-def _losses(
-    model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64
-) -> tuple[torch.Tensor, float]:
+def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64) -> tuple[torch.Tensor, float]:
     """Per-photo cross-entropy and top-1."""
     model.eval()
     losses, right = [], 0

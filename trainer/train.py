@@ -111,12 +111,7 @@ def fit(
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     steps_per_epoch = max(1, math.ceil(len(train) / settings.batch_size))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lr_schedule(
-            settings.epochs * steps_per_epoch,
-            settings.warmup_epochs * steps_per_epoch,
-            settings.swa_epochs * steps_per_epoch,
-        ),
+        opt, lr_schedule(settings.epochs * steps_per_epoch, settings.warmup_epochs * steps_per_epoch, settings.swa_epochs * steps_per_epoch)
     )
     best_key, best_state, best_epoch, history = (-1.0, 0.0), None, -1, []
     swa = torch.optim.swa_utils.AveragedModel(model) if settings.swa_epochs > 0 else None
@@ -130,12 +125,7 @@ def fit(
         gen.set_state(saved["gen"])
         if swa is not None and saved.get("swa") is not None:
             swa.load_state_dict(saved["swa"])
-        best_key, best_state, best_epoch, history = (
-            tuple(saved["best_key"]),
-            saved["best_state"],
-            saved["best_epoch"],
-            saved["history"],
-        )
+        best_key, best_state, best_epoch, history = (tuple(saved["best_key"]), saved["best_state"], saved["best_epoch"], saved["history"])
         start = len(history)
         log.info("resumed", checkpoint=str(checkpoint), epoch=start)
     bar = tqdm(range(start, settings.epochs), desc="train", unit="epoch", disable=not progress, dynamic_ncols=True)
@@ -257,9 +247,7 @@ def train_supervised(
     log = get_logger("trainer", data=str(data_dir))
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    folder, sets, skipped = _load_splits(
-        data_dir, settings.seed, settings.test_fraction, settings.val_fraction, spec, log
-    )
+    folder, sets, skipped = _load_splits(data_dir, settings.seed, settings.test_fraction, settings.val_fraction, spec, log)
     init_info = None
     if settings.init:
         model, init_info = _initial_weights(settings.init, folder.classes)
@@ -291,21 +279,12 @@ def train_supervised(
         "init": init_info,
     }
     return publish_model(
-        model,
-        folder.classes,
-        store_dir,
-        spec=spec,
-        metrics=metrics,
-        training=training,
-        **_int8_inputs(sets, settings.int8),
+        model, folder.classes, store_dir, spec=spec, metrics=metrics, training=training, **_int8_inputs(sets, settings.int8)
     )
 
 
 def recalibrate(
-    data_dir: str | os.PathLike,
-    store_dir: str | os.PathLike,
-    version: str | None = None,
-    batchnorm: bool = False,
+    data_dir: str | os.PathLike, store_dir: str | os.PathLike, version: str | None = None, batchnorm: bool = False
 ) -> StoreVersion:
     """Fold a temperature into a published version and publish the result as a new version (its child).
     With ``batchnorm``, first set its BatchNorm statistics to the exact ones over its training split (composed as it
@@ -323,9 +302,7 @@ def recalibrate(
     opened = EngineStore(store_dir).open(version)
     split = opened.manifest.get("training", {}).get("split")
     if not split:
-        raise DatasetError(
-            f"{opened.name}: its manifest records no training split, so its validation photos are unknown"
-        )
+        raise DatasetError(f"{opened.name}: its manifest records no training split, so its validation photos are unknown")
     spec = PreprocessSpec.from_manifest(opened.manifest["preprocess"])
     folder, sets, _ = _load_splits(data_dir, split["seed"], split["test_fraction"], split["val_fraction"], spec, log)
     if folder.classes != opened.classes:
@@ -333,20 +310,14 @@ def recalibrate(
     model = load_weights(opened)
     how = None
     if batchnorm:  # a field-trained release: over composed passes of its training photos (trainer.batchnorm)
-        bn_x, how = batchnorm_photos(
-            opened.manifest.get("training", {}), sets["train"].samples, sets["train"].x[:0], split["seed"]
-        )
+        bn_x, how = batchnorm_photos(opened.manifest.get("training", {}), sets["train"].samples, sets["train"].x[:0], split["seed"])
         if bn_x is None:
             bn_x, how = sets["train"].x, f"exact statistics over the {len(sets['train'])} training photos"
         recompute_batchnorm(model, bn_x)
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     if scaling.skipped:
         raise DatasetError(f"cannot calibrate {opened.name}: {scaling.skipped}")
-    metrics = {
-        **opened.manifest.get("metrics", {}),
-        **_held_out_metrics(model, sets, folder.classes),
-        "calibration": scaling.summary(),
-    }
+    metrics = {**opened.manifest.get("metrics", {}), **_held_out_metrics(model, sets, folder.classes), "calibration": scaling.summary()}
     log.info("recalibrated", parent=opened.name, **scaling.summary())
     return publish_model(
         model,
@@ -355,11 +326,7 @@ def recalibrate(
         spec=spec,
         metrics=metrics,
         parent=opened.name,
-        training={
-            **opened.manifest.get("training", {}),
-            "recalibrated_from": opened.name,
-            **({"batchnorm": how} if how else {}),
-        },
+        training={**opened.manifest.get("training", {}), "recalibrated_from": opened.name, **({"batchnorm": how} if how else {})},
         **_int8_inputs(sets, "int8" in opened.manifest["artifacts"]),
     )
 
@@ -399,7 +366,5 @@ def _int8_inputs(sets: dict, int8: bool) -> dict:
     """publish_model's INT8 arguments: 256 training photos (seeded) to calibrate on, the test photos to compare on."""
     held_out = sets["test"] if len(sets["test"]) else sets["val"]
     train = sets["train"]
-    photos = (
-        train.x[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:256]].numpy() if int8 else None
-    )
+    photos = train.x[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:256]].numpy() if int8 else None
     return {"calibration": photos, "held_out": (held_out.x.numpy(), held_out.y.numpy())}

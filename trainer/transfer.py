@@ -167,9 +167,7 @@ class EngineServer(Worker):
                 peer = self.peers.get(h["name"])
                 if peer is None:
                     peer = self.peers[h["name"]] = Peer(h["name"])
-                    self.log.info(
-                        "daemon_joined", device=h["name"], address=address, engine_version=h["engine_version"]
-                    )
+                    self.log.info("daemon_joined", device=h["name"], address=address, engine_version=h["engine_version"])
                 peer.identity, peer.address, peer.last_seen = identity, address or peer.address, time.monotonic()
                 peer.engine_version, peer.queue = h["engine_version"], h["queue"]
                 peer.refused = {str(k): str(v)[:300] for k, v in list(h["refused"].items())[:20]}
@@ -196,9 +194,7 @@ class EngineServer(Worker):
     def _serve(self, router, identity: bytes, h: dict) -> None:
         version, name, offset, length = h["version"], h["file"], h["offset"], h["length"]
         try:
-            manifest = self._manifests.get(version) or self._manifests.setdefault(
-                version, self.store.read_manifest(version)
-            )
+            manifest = self._manifests.get(version) or self._manifests.setdefault(version, self.store.read_manifest(version))
             meta = manifest["files"].get(name)
             if meta is None:
                 raise StoreError(f"{version} has no file {name!r}")
@@ -211,9 +207,7 @@ class EngineServer(Worker):
             self.counters["missing"] += 1
             router.send_multipart([identity, *encode("missing", {"version": version, "reason": str(exc)[:300]})])
             return
-        router.send_multipart(
-            [identity, *encode("chunk", {"version": version, "file": name, "offset": offset}, self._payload(data, h))]
-        )
+        router.send_multipart([identity, *encode("chunk", {"version": version, "file": name, "offset": offset}, self._payload(data, h))])
         self.counters["chunks"] += 1
         self.counters["bytes"] += len(data)
         with self._lock:

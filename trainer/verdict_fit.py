@@ -29,11 +29,7 @@ __all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = 128) -> np.ndarray:
     """The model's logits for ``x`` in eval mode, as float64."""
     model.eval()
-    return (
-        torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy()
-        if len(x)
-        else np.zeros((0, 0))
-    )
+    return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy() if len(x) else np.zeros((0, 0))
 
 
 def fit_verdict(
@@ -99,16 +95,9 @@ def fit_verdict_for(
 
 
 def verdicts_of(
-    section: dict,
-    classes: list[str],
-    logits: np.ndarray,
-    x: np.ndarray,
-    spec: PreprocessSpec,
-    confident_probability: float = 0.9,
+    section: dict, classes: list[str], logits: np.ndarray, x: np.ndarray, spec: PreprocessSpec, confident_probability: float = 0.9
 ) -> list[str]:
     """The verdicts a device would give these logits (for the manifest's figures and the INT8 check)."""
     probs = softmax(logits)
-    judge = Judge(
-        VerdictSpec.from_manifest({"classes": classes, "verdict": section}), confident_probability, spec.mean, spec.std
-    )
+    judge = Judge(VerdictSpec.from_manifest({"classes": classes, "verdict": section}), confident_probability, spec.mean, spec.std)
     return [v.verdict for v in judge.judge(logits, probs, x)]

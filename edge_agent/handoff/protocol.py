@@ -65,9 +65,7 @@ class Field:
 
     def check(self, kind: str, name: str, value) -> object:
         """``value`` as this field's type, or :class:`ProtocolError` naming the kind and field."""
-        if isinstance(value, bool) != (self.type is bool) or not isinstance(
-            value, (int, float) if self.type is float else self.type
-        ):
+        if isinstance(value, bool) != (self.type is bool) or not isinstance(value, (int, float) if self.type is float else self.type):
             raise ProtocolError(f"{kind}: field {name!r} missing or of the wrong type")
         if self.type in (int, float):
             value = self.type(value)
@@ -111,9 +109,7 @@ class Message:
     payload: bytes | None = field(default=None, repr=False)
 
 
-def encode(
-    kind: str, header: dict, payload: bytes | None = None, magic: bytes = MAGIC, kinds: dict | None = None
-) -> list[bytes]:
+def encode(kind: str, header: dict, payload: bytes | None = None, magic: bytes = MAGIC, kinds: dict | None = None) -> list[bytes]:
     """The frames of a message (``magic`` and ``kinds``: another protocol's, e.g. engine transfer's)."""
     if kind not in (kinds if kinds is not None else _SCHEMAS):
         raise ProtocolError(f"unknown message kind {kind!r}")

@@ -51,28 +51,14 @@ class _InFlight:
 class Sender(Worker):
     thread_name = "handoff-sender"
 
-    def __init__(
-        self,
-        db: ResultsDB,
-        spool: PhotoSpool,
-        settings: SenderSettings,
-        on_engine: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, db: ResultsDB, spool: PhotoSpool, settings: SenderSettings, on_engine: Callable[[str], None] | None = None) -> None:
         super().__init__()
         self.db = db
         self.spool = spool
         self.settings = settings
         self.on_engine = on_engine or (lambda version: None)
         self.log = get_logger("handoff.sender", endpoint=settings.endpoint)
-        self.counters = {
-            "sent": 0,
-            "resent": 0,
-            "acked": 0,
-            "malformed": 0,
-            "heartbeats_in": 0,
-            "announcements": 0,
-            "refused": 0,
-        }
+        self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0, "refused": 0}
         self.trainer_seen = 0.0
         self._inflight: dict[str, _InFlight] = {}
 
@@ -104,16 +90,12 @@ class Sender(Worker):
                     next_hb = now + self.settings.heartbeat_s
                 alive = self.trainer_alive
                 if alive != was_alive:
-                    self.log.info(
-                        "trainer_alive" if alive else "trainer_silent", queued=len(self.db.queued_for_delivery(10**9))
-                    )
+                    self.log.info("trainer_alive" if alive else "trainer_silent", queued=len(self.db.queued_for_delivery(10**9)))
                     was_alive = alive
                 if alive:
                     self._deliver(dealer, now)
                 for sock, _ in poller.poll(200):
-                    for _ in range(
-                        500
-                    ):  # what is waiting, in one go (a flood of garbage must not starve real messages)
+                    for _ in range(500):  # what is waiting, in one go (a flood of garbage must not starve real messages)
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
@@ -226,6 +208,4 @@ class Sender(Worker):
         self.db.add_quarantine(entry.file, kept, why, source="trainer")
         self.db.remove_queued([sha])
         self.counters["refused"] += 1
-        self.log.warning(
-            "sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept
-        )
+        self.log.warning("sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept)

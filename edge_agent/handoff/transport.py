@@ -15,15 +15,7 @@ from pathlib import Path
 
 from engines.errors import EdgeAgentError
 
-__all__ = [
-    "CurveKeys",
-    "client_socket",
-    "server_socket",
-    "default_endpoints",
-    "TransportError",
-    "Authenticator",
-    "send_nowait",
-]
+__all__ = ["CurveKeys", "client_socket", "server_socket", "default_endpoints", "TransportError", "Authenticator", "send_nowait"]
 
 
 class TransportError(EdgeAgentError, RuntimeError):
@@ -42,11 +34,7 @@ class CurveKeys:
 
 def default_endpoints(runtime_dir: Path) -> tuple[str, str, str]:
     """(hand-off, announcements, engine transfer) as ipc:// sockets in ``runtime_dir``."""
-    return (
-        f"ipc://{runtime_dir / 'handoff.sock'}",
-        f"ipc://{runtime_dir / 'engines.sock'}",
-        f"ipc://{runtime_dir / 'transfer.sock'}",
-    )
+    return (f"ipc://{runtime_dir / 'handoff.sock'}", f"ipc://{runtime_dir / 'engines.sock'}", f"ipc://{runtime_dir / 'transfer.sock'}")
 
 
 def _prepare(endpoint: str, curve: CurveKeys | None) -> None:
@@ -56,9 +44,7 @@ def _prepare(endpoint: str, curve: CurveKeys | None) -> None:
         os.chmod(d, 0o700)  # only this user can reach the socket
     elif endpoint.startswith("tcp://"):
         if curve is None:
-            raise TransportError(
-                f"{endpoint}: tcp:// needs CURVE keys ([handoff] curve_* options); refusing to run unauthenticated"
-            )
+            raise TransportError(f"{endpoint}: tcp:// needs CURVE keys ([handoff] curve_* options); refusing to run unauthenticated")
     elif not endpoint.startswith("inproc://"):
         raise TransportError(f"unsupported endpoint {endpoint!r} (use ipc:// or tcp://)")
 

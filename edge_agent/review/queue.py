@@ -76,9 +76,7 @@ def label_photo(
     if not label:
         raise LabelError("an empty class name")
     if label not in classes and not new_class:
-        raise LabelError(
-            f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}"
-        )
+        raise LabelError(f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}")
     src = Path(entry.file)
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))

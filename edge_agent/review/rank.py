@@ -46,10 +46,7 @@ def _distance(a: Sequence[Sequence], b: Sequence[Sequence]) -> float:
 
 
 def rank(
-    candidates: Iterable[Candidate],
-    limit: int | None = None,
-    class_penalty: float = 0.15,
-    duplicate_l1: float = 0.02,
+    candidates: Iterable[Candidate], limit: int | None = None, class_penalty: float = 0.15, duplicate_l1: float = 0.02
 ) -> list[Candidate]:
     """``candidates`` in the order to ask about them (at most ``limit``)."""
     pool = sorted(((margin(c.top_k), c) for c in candidates), key=lambda mc: (mc[0], mc[1].id))
@@ -58,10 +55,7 @@ def rank(
     per_class: dict[str, int] = {}
     duplicates: list[Candidate] = []
     while pool and len(chosen) < want:
-        best = min(
-            range(len(pool)),
-            key=lambda i: (pool[i][0] + class_penalty * per_class.get(pool[i][1].label, 0), pool[i][1].id),
-        )
+        best = min(range(len(pool)), key=lambda i: (pool[i][0] + class_penalty * per_class.get(pool[i][1].label, 0), pool[i][1].id))
         c = pool.pop(best)[1]
         if any(o.label == c.label and _distance(o.top_k, c.top_k) <= duplicate_l1 for o in chosen):
             duplicates.append(c)

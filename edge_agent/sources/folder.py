@@ -49,9 +49,7 @@ class FolderSource(Worker):
 
     thread_name = "source-folder"
 
-    def __init__(
-        self, inbox: Path, settings: InboxSection, emit: Callable[[Arrival], None], poll_s: float = 0.2
-    ) -> None:
+    def __init__(self, inbox: Path, settings: InboxSection, emit: Callable[[Arrival], None], poll_s: float = 0.2) -> None:
         super().__init__()
         self.inbox = inbox
         self.real_inbox = Path(os.path.realpath(inbox))
@@ -237,9 +235,7 @@ class FolderSource(Worker):
             self._observer.stop()
             self._observer.join(timeout=5)
         self._observer = Observer()
-        self._observer.schedule(
-            self._handler, str(self.inbox), recursive=self.settings.recursive, event_filter=_arrival_events()
-        )
+        self._observer.schedule(self._handler, str(self.inbox), recursive=self.settings.recursive, event_filter=_arrival_events())
         before = set(threading.enumerate())
         self._observer.start()
         name_threads([t for t in threading.enumerate() if t not in before], "watchdog")

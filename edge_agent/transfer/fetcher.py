@@ -96,11 +96,7 @@ class EngineFetcher(Worker):
             "refused": dict(self.refused),
             "downloading": None
             if job is None
-            else {
-                "version": job.version,
-                "bytes": job.received_bytes + job.resumed_bytes,
-                "of": sum(b for _, b, _ in job.files),
-            },
+            else {"version": job.version, "bytes": job.received_bytes + job.resumed_bytes, "of": sum(b for _, b, _ in job.files)},
         }
 
     # ---- loop -----------------------------------------------------------------
@@ -163,9 +159,7 @@ class EngineFetcher(Worker):
             self._on_chunk(sock, msg.header, msg.payload)
         elif msg.kind == "missing":
             if self._job is not None and self._job.version == msg.header["version"]:
-                self.log.warning(
-                    "transfer_abandoned", engine_version=msg.header["version"], reason=msg.header["reason"]
-                )
+                self.log.warning("transfer_abandoned", engine_version=msg.header["version"], reason=msg.header["reason"])
                 self._job = None
         else:
             self.counters["malformed"] += 1
@@ -248,9 +242,7 @@ class EngineFetcher(Worker):
             while len(job.outstanding) < self.settings.window and job.next[name] < size:
                 off = job.next[name]
                 length = min(self.settings.chunk_bytes, size - off)
-                if not self._send(
-                    sock, encode("fetch", {"version": job.version, "file": name, "offset": off, "length": length})
-                ):
+                if not self._send(sock, encode("fetch", {"version": job.version, "file": name, "offset": off, "length": length})):
                     return  # not connected: the stall timer asks again
                 job.outstanding.append((name, off, length))
                 job.next[name] = off + length
@@ -302,9 +294,7 @@ class EngineFetcher(Worker):
             return
         self._job = None
         self.counters["installed"] += 1
-        self.log.info(
-            "engine_received", engine_version=job.version, bytes=job.received_bytes, resumed_bytes=job.resumed_bytes
-        )
+        self.log.info("engine_received", engine_version=job.version, bytes=job.received_bytes, resumed_bytes=job.resumed_bytes)
         self._send(sock, encode("result", {"version": job.version, "ok": True, "reason": "installed"}))
         self.on_installed(job.version)
 

@@ -61,10 +61,7 @@ def decode(frames: list[bytes], max_payload: int = CHUNK_MAX) -> Message:
     if msg.kind == "hello":
         if not h["name"]:
             raise ProtocolError("hello: empty name")
-        if not all(
-            isinstance(k, str) and VERSION.match(k) and isinstance(v, str) and len(v) <= 500
-            for k, v in h["refused"].items()
-        ):
+        if not all(isinstance(k, str) and VERSION.match(k) and isinstance(v, str) and len(v) <= 500 for k, v in h["refused"].items()):
             raise ProtocolError("hello: 'refused' must map version names to reasons of at most 500 characters")
     if msg.kind in ("offer", "chunk"):
         if not msg.payload:

@@ -51,9 +51,7 @@ def serve(cfg, state_dir: Path, bind: str | None = None, port: int | None = None
         )
     app = create_app(WebContext(cfg, StateLayout(state_dir), inbox_dir(cfg, state_dir), bind))
     host = f"[{bind}]" if ":" in bind else bind
-    get_logger("web", state_dir=str(state_dir)).info(
-        "web_listening", url=f"http://{host}:{port}/", token_required=not is_local_bind(bind)
-    )
+    get_logger("web", state_dir=str(state_dir)).info("web_listening", url=f"http://{host}:{port}/", token_required=not is_local_bind(bind))
     from edge_agent.web._limits import guarded_protocol, raise_file_limit
 
     log = get_logger("web", state_dir=str(state_dir))

@@ -52,9 +52,7 @@ class BodyLimit:
         except _TooLarge:
             if not started:
                 await PlainTextResponse(
-                    f"413 Request Entity Too Large: more than {cap} bytes\n",
-                    status_code=413,
-                    headers={"Connection": "close"},
+                    f"413 Request Entity Too Large: more than {cap} bytes\n", status_code=413, headers={"Connection": "close"}
                 )(scope, receive, send)
 
 

@@ -119,12 +119,8 @@ def _int(text: str | None, default: int = 0, hi: int = 1_000_000) -> int:
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
-    templates.env.filters.update(
-        pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text
-    )
-    files = PhotoFiles(
-        ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels
-    )
+    templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text)
+    files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
     daemon_stale_s = max(10.0, 5 * ctx.cfg.daemon.status_interval_s)
 
     def page(request: Request, template: str, status: int = 200, **context) -> Response:
@@ -177,15 +173,7 @@ def create_app(ctx: WebContext) -> Starlette:
         queued = ctx.reader.queue_file(sha)
         name = request.query_params.get("name", "")
         quarantined = ctx.reader.quarantined(name) if name and found is None else None
-        return page(
-            request,
-            "photo.html",
-            sha=sha,
-            photo=found,
-            queued=queued[0] if queued else None,
-            quarantined=quarantined,
-            name=name,
-        )
+        return page(request, "photo.html", sha=sha, photo=found, queued=queued[0] if queued else None, quarantined=quarantined, name=name)
 
     async def image(request: Request) -> Response:
         size, sha = request.path_params["size"], request.path_params["sha"]
@@ -232,9 +220,7 @@ def create_app(ctx: WebContext) -> Starlette:
         if db is None:
             return problem(request, 404, "no results yet: has the daemon run with this state directory?")
         try:
-            entry = label_photo(
-                db, ctx.state.queue, ctx.cfg.labels.max_spool_mb << 20, ctx.classes(), sha, label, new_class
-            )
+            entry = label_photo(db, ctx.state.queue, ctx.cfg.labels.max_spool_mb << 20, ctx.classes(), sha, label, new_class)
         except PhotoNotQueued as exc:
             return problem(request, 404, str(exc))
         except LabelError as exc:
@@ -355,11 +341,7 @@ def create_app(ctx: WebContext) -> Starlette:
             if not hasattr(f, "read"):
                 continue
             body = await f.read(cap + 1)
-            outcomes.append(
-                await run_in_threadpool(
-                    store_upload, f.filename or "", body, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels
-                )
-            )
+            outcomes.append(await run_in_threadpool(store_upload, f.filename or "", body, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels))
             await f.close()
         if not outcomes:
             return problem(request, 400, "no photo in the upload (field 'photos')")
@@ -393,16 +375,9 @@ def create_app(ctx: WebContext) -> Starlette:
     return Starlette(
         routes=routes,
         middleware=[
+            Middleware(BodyLimit, default=1 << 20, paths={"/upload": MAX_FILES_PER_UPLOAD * ctx.cfg.preprocess.max_file_bytes + (1 << 20)}),
             Middleware(
-                BodyLimit,
-                default=1 << 20,
-                paths={"/upload": MAX_FILES_PER_UPLOAD * ctx.cfg.preprocess.max_file_bytes + (1 << 20)},
-            ),
-            Middleware(
-                AccessMiddleware,
-                tokens=tokens,
-                local_bind=is_local_bind(ctx.bind),
-                secret=csrf_secret(ctx.state.root / "web" / "csrf.key"),
+                AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind), secret=csrf_secret(ctx.state.root / "web" / "csrf.key")
             ),
         ],
         exception_handlers={BadParameter: bad_parameter},

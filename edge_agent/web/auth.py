@@ -108,11 +108,7 @@ class AccessMiddleware:
         token_in_url = request.query_params.get("token")
         if not (self.local_bind and client in _LOCAL_CLIENTS):
             bearer = request.headers.get("authorization", "")
-            presented = (
-                token_in_url
-                or request.cookies.get(TOKEN_COOKIE)
-                or (bearer[7:] if bearer.lower().startswith("bearer ") else None)
-            )
+            presented = token_in_url or request.cookies.get(TOKEN_COOKIE) or (bearer[7:] if bearer.lower().startswith("bearer ") else None)
             if not self.tokens.check(presented):
                 why = (
                     "no access token is set: run `edge-agent web --new-token` on the device"
@@ -120,9 +116,7 @@ class AccessMiddleware:
                     else "a valid access token is needed: open the link `edge-agent web --new-token` printed"
                 )
                 await PlainTextResponse(
-                    f"401 Unauthorized: {why}\n",
-                    status_code=401,
-                    headers={"WWW-Authenticate": 'Bearer realm="edge-agent"'},
+                    f"401 Unauthorized: {why}\n", status_code=401, headers={"WWW-Authenticate": 'Bearer realm="edge-agent"'}
                 )(scope, receive, send)
                 return
             if token_in_url:  # keep it in a cookie and take it out of the address bar (and the history)
@@ -134,9 +128,9 @@ class AccessMiddleware:
         session = request.cookies.get(SESSION_COOKIE)
         if request.method == "POST" and not session:
             # the field is read by the endpoint (the body is consumed once); here only a missing session
-            await PlainTextResponse(
-                "403 Forbidden: no session cookie; reload the page and try again\n", status_code=403
-            )(scope, receive, send)
+            await PlainTextResponse("403 Forbidden: no session cookie; reload the page and try again\n", status_code=403)(
+                scope, receive, send
+            )
             return
         fresh = None if session and 16 <= len(session) <= 64 else secrets.token_urlsafe(24)
         state = scope.setdefault("state", {})

@@ -17,9 +17,7 @@ def class_colour(label: str) -> str:
     return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
 
 
-def photos_per_day(
-    per_day: dict[str, dict[str, int]], days: int, today: date | None = None, width: int = 640, height: int = 220
-) -> str:
+def photos_per_day(per_day: dict[str, dict[str, int]], days: int, today: date | None = None, width: int = 640, height: int = 220) -> str:
     """Stacked bars: photos classified per local day, coloured by predicted class."""
     today = today or date.today()
     keys = [(today - timedelta(days=days - 1 - i)).isoformat() for i in range(days)]
@@ -40,9 +38,7 @@ def photos_per_day(
                 f"<title>{escape(k)}: {escape(label)} {n}</title></rect>"
             )
         if days <= 16 or i % 2 == 0:
-            parts.append(
-                f'<text x="{x + bar_w / 2:.1f}" y="{height - 8}" class="axis" text-anchor="middle">{k[5:]}</text>'
-            )
+            parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - 8}" class="axis" text-anchor="middle">{k[5:]}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -59,9 +55,7 @@ def top1_per_version(points: list[tuple[str, float | None, bool]], width: int = 
     def y(v: float) -> float:
         return top_pad + (height - top_pad - bottom) * (hi - v) / max(1e-9, hi - lo)
 
-    parts = [
-        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="validation top-1 per engine version">'
-    ]
+    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="validation top-1 per engine version">']
     for tick in (lo, (lo + hi) / 2, hi):
         parts.append(
             f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>'

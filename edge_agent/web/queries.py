@@ -59,10 +59,7 @@ class Reader:
         """One page of results, newest first, and how many match in all."""
         where, args = filters.where()
         total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
-        rows = self._rows(
-            f"SELECT {_COLUMNS} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?",
-            [*args, page_size, page * page_size],
-        )
+        rows = self._rows(f"SELECT {_COLUMNS} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size])
         return [_photo(r) for r in rows], (total[0][0] if total else 0)
 
     def photo(self, sha256: str) -> ResultRow | None:
@@ -76,9 +73,7 @@ class Reader:
 
     def quarantined(self, name: str) -> str | None:
         """The reason a photo named ``name`` (as it arrived) was quarantined, if it was."""
-        rows = self._rows(
-            "SELECT reason FROM quarantine WHERE path = ? OR path LIKE ? ORDER BY id DESC LIMIT 1", (name, "%/" + name)
-        )
+        rows = self._rows("SELECT reason FROM quarantine WHERE path = ? OR path LIKE ? ORDER BY id DESC LIMIT 1", (name, "%/" + name))
         return rows[0][0] if rows else None
 
     def labels(self) -> list[str]:

@@ -36,9 +36,7 @@ def store_upload(name: str, data: bytes, inbox: Path, max_file_bytes: int, max_p
     """Check one uploaded file and put it into ``inbox``; the outcome says where it went or why not."""
     shown = (name or "unnamed").replace("\\", "/").rsplit("/", 1)[-1][:120]
     if len(data) > max_file_bytes:
-        return Outcome(
-            shown, 413, error=f"file too large: more than {max_file_bytes} bytes (the [preprocess] max_file_bytes cap)"
-        )
+        return Outcome(shown, 413, error=f"file too large: more than {max_file_bytes} bytes (the [preprocess] max_file_bytes cap)")
     try:
         header = check_image(data, max_file_bytes, max_pixels)
     except ImageTooLarge as exc:

@@ -51,11 +51,7 @@ class PlanKey:
 
 
 def load_or_build(
-    key: PlanKey,
-    cache_dir: Path,
-    build: Callable[[], bytes],
-    deserialize: Callable[[bytes], T | None],
-    log: Any = None,
+    key: PlanKey, cache_dir: Path, build: Callable[[], bytes], deserialize: Callable[[bytes], T | None], log: Any = None
 ) -> tuple[T, bool]:
     """Return (engine, built_now). Uses the cached plan for ``key`` when it deserialises,
     else builds one, stores it atomically beside a JSON copy of the key, and loads it."""
@@ -117,9 +113,7 @@ def build_plan(
     model = onnx_path if isinstance(onnx_path, bytes) else Path(onnx_path).read_bytes()
     if not parser.parse(model):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise PlanBuildError(
-            f"TensorRT could not parse {'the ONNX model' if isinstance(onnx_path, bytes) else onnx_path}: {errors}"
-        )
+        raise PlanBuildError(f"TensorRT could not parse {'the ONNX model' if isinstance(onnx_path, bytes) else onnx_path}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     if precision == "fp16":

@@ -11,16 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from engines.base import (
-    BackendConfig,
-    BackendUnavailable,
-    Engine,
-    EngineError,
-    check_batch,
-    check_io,
-    expected_input,
-    register,
-)
+from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, expected_input, register
 from engines.cache import cache_dir
 from engines.store import StoreError, StoreVersion
 
@@ -29,11 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OnnxRuntimeConfig", "OnnxRuntimeEngine", "PROVIDER_NAMES", "choose_precision", "provider_chain"]
 
-PROVIDER_NAMES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 
 
 class OnnxRuntimeConfig(BackendConfig):
@@ -63,15 +50,10 @@ class OnnxRuntimeConfig(BackendConfig):
         description="Let ONNX Runtime's worker threads busy-wait between inferences (its own default): slightly lower "
         "latency, but they burn CPU the decode workers need and power a battery cannot spare.",
     )
-    cache_dir: str = Field(
-        "", description="TensorRT EP engine cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under ort-trt/."
-    )
+    cache_dir: str = Field("", description="TensorRT EP engine cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under ort-trt/.")
     trt_workspace_mb: int = Field(1024, ge=64, description="TensorRT EP builder workspace (MiB).")
     trt_max_batch: int = Field(
-        32,
-        ge=1,
-        le=1024,
-        description="TensorRT EP: largest batch of the engine's shape profile; bigger batches are split.",
+        32, ge=1, le=1024, description="TensorRT EP: largest batch of the engine's shape profile; bigger batches are split."
     )
 
     @model_validator(mode="after")
@@ -79,9 +61,7 @@ class OnnxRuntimeConfig(BackendConfig):
         if self.precision == "int8" and self.provider != "cpu":
             raise ValueError("precision 'int8' is the CPU engine variant: use provider 'cpu'")
         if self.precision == "fp16" and self.provider != "tensorrt":
-            raise ValueError(
-                "precision 'fp16' needs provider 'tensorrt' (ONNX Runtime's CPU and CUDA run the FP32 model)"
-            )
+            raise ValueError("precision 'fp16' needs provider 'tensorrt' (ONNX Runtime's CPU and CUDA run the FP32 model)")
         return self
 
 
@@ -110,13 +90,9 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
             return "fp32", f"auto: {version.name}'s INT8 variant has no recorded verdict agreement with FP32"
         if verdicts < config.int8_min_agreement:
             return "fp32", (
-                f"auto: {version.name}'s INT8 gives FP32's verdict on {verdicts:.3f} of its check photos "
-                f"< {config.int8_min_agreement}"
+                f"auto: {version.name}'s INT8 gives FP32's verdict on {verdicts:.3f} of its check photos < {config.int8_min_agreement}"
             )
-    return (
-        "int8",
-        f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos",
-    )
+    return ("int8", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos")
 
 
 def provider_chain(config: OnnxRuntimeConfig, precision: str, version: StoreVersion) -> list:
@@ -162,9 +138,7 @@ class OnnxRuntimeEngine(Engine):
         available = ort.get_available_providers()
         if wanted not in available:
             hint = " (install onnxruntime-gpu, the 'jetson' extra)" if config.provider != "cpu" else ""
-            raise BackendUnavailable(
-                f"ONNX Runtime {ort.__version__} here has no {wanted}{hint}; available: {', '.join(available)}"
-            )
+            raise BackendUnavailable(f"ONNX Runtime {ort.__version__} here has no {wanted}{hint}; available: {', '.join(available)}")
         self._precision, self.precision_reason = choose_precision(config, version)
         model = version.artifact("int8" if self._precision == "int8" else "onnx")
         opts = ort.SessionOptions()
@@ -177,9 +151,7 @@ class OnnxRuntimeEngine(Engine):
         self._max_batch = config.trt_max_batch if config.provider == "tensorrt" else None
         try:
             # From the bytes whose sha256 was just checked, not the path: a file replaced after the check is never loaded.
-            self._session = ort.InferenceSession(
-                version.read_verified(model.name), sess_options=opts, providers=providers
-            )
+            self._session = ort.InferenceSession(version.read_verified(model.name), sess_options=opts, providers=providers)
         except StoreError:
             raise
         except Exception as exc:  # onnxruntime raises its own exception types
@@ -221,10 +193,7 @@ class OnnxRuntimeEngine(Engine):
         import numpy as np
 
         return np.concatenate(
-            [
-                self._session.run([self._output.name], {self._input.name: batch[i : i + step]})[0]
-                for i in range(0, len(batch), step)
-            ]
+            [self._session.run([self._output.name], {self._input.name: batch[i : i + step]})[0] for i in range(0, len(batch), step)]
         )
 
     def trim(self) -> None:

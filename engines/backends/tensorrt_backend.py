@@ -38,9 +38,7 @@ class TensorRTConfig(BackendConfig):
     max_batch: int = Field(32, ge=1, le=1024, description="Largest batch the plan accepts; bigger batches are split.")
     opt_batch: int = Field(8, ge=1, le=1024, description="Batch size TensorRT tunes kernels for.")
     workspace_mb: int = Field(1024, ge=64, description="Builder workspace (MiB).")
-    cache_dir: str = Field(
-        "", description="Plan cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under trt-plans/."
-    )
+    cache_dir: str = Field("", description="Plan cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under trt-plans/.")
 
     @model_validator(mode="after")
     def _opt_within_max(self) -> "TensorRTConfig":
@@ -57,9 +55,7 @@ def _import_runtime():
     try:
         import tensorrt as trt
     except ImportError as exc:
-        raise BackendUnavailable(
-            f"TensorRT Python bindings not importable ({exc}); install JetPack's python3-libnvinfer"
-        ) from exc
+        raise BackendUnavailable(f"TensorRT Python bindings not importable ({exc}); install JetPack's python3-libnvinfer") from exc
     version = tuple(int(p) for p in trt.__version__.split(".")[:2])
     if version < MIN_TENSORRT:
         raise BackendUnavailable(
@@ -97,9 +93,7 @@ class TensorRTEngine(Engine):
         self._ctx.push()
         self._dev_in = self._dev_out = self._stream = self._context = self._engine = None
         try:
-            onnx = version.read_verified(
-                version.artifact("onnx").name
-            )  # read once: the bytes hashed are the bytes built
+            onnx = version.read_verified(version.artifact("onnx").name)  # read once: the bytes hashed are the bytes built
             spec = version.manifest["input"]
             shape = tuple(int(v) for v in spec["shape"][1:])
             key = PlanKey(
@@ -115,14 +109,7 @@ class TensorRTEngine(Engine):
                 key,
                 cache_dir(config.cache_dir, "trt-plans"),
                 build=lambda: build_plan(
-                    onnx,
-                    spec["name"],
-                    shape,
-                    config.precision,
-                    1,
-                    config.opt_batch,
-                    config.max_batch,
-                    config.workspace_mb,
+                    onnx, spec["name"], shape, config.precision, 1, config.opt_batch, config.max_batch, config.workspace_mb
                 ),
                 deserialize=self._runtime.deserialize_cuda_engine,
                 log=structlog.get_logger("engines").bind(engine_version=version.name),

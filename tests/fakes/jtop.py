@@ -71,21 +71,8 @@ class jtop:  # noqa: N801 - the library's name
         mw = TRACE_MW[self._n % len(TRACE_MW)]
         self._n += 1
         if SENSORS:
-            rail = {
-                "online": True,
-                "type": "INA3221",
-                "status": "ok",
-                "volt": 5000,
-                "curr": mw // 5,
-                "power": mw,
-                "avg": mw,
-            }
-            self._stats = {
-                "power": {
-                    "rail": {"VDD_CPU_GPU_CV": dict(rail, power=mw // 2, avg=mw // 2)},
-                    "tot": dict(rail, name="VDD_IN"),
-                }
-            }
+            rail = {"online": True, "type": "INA3221", "status": "ok", "volt": 5000, "curr": mw // 5, "power": mw, "avg": mw}
+            self._stats = {"power": {"rail": {"VDD_CPU_GPU_CV": dict(rail, power=mw // 2, avg=mw // 2)}, "tot": dict(rail, name="VDD_IN")}}
         self.samples_sent += 1
         for observer in list(self._observers):
             observer(self)

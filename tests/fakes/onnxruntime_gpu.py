@@ -101,20 +101,16 @@ def _tensorrt(options: dict[str, str]) -> None:
 
 def _cuda(options: dict[str, str]) -> None:
     if options.get("arena_extend_strategy", "kNextPowerOfTwo") not in ("kNextPowerOfTwo", "kSameAsRequested"):
-        raise ValueError(
-            f"arena_extend_strategy: {options['arena_extend_strategy']!r} is not kNextPowerOfTwo or kSameAsRequested"
-        )
+        raise ValueError(f"arena_extend_strategy: {options['arena_extend_strategy']!r} is not kNextPowerOfTwo or kSameAsRequested")
 
 
 def check_providers(providers: list) -> None:
     """Raise ValueError for what ``InferenceSession(providers=...)`` of onnxruntime-gpu would refuse."""
     for entry in providers:
         name, options = (entry, {}) if isinstance(entry, str) else entry
-        known = {
-            "TensorrtExecutionProvider": TENSORRT_OPTIONS,
-            "CUDAExecutionProvider": CUDA_OPTIONS,
-            "CPUExecutionProvider": set(),
-        }.get(name)
+        known = {"TensorrtExecutionProvider": TENSORRT_OPTIONS, "CUDAExecutionProvider": CUDA_OPTIONS, "CPUExecutionProvider": set()}.get(
+            name
+        )
         if known is None:
             raise ValueError(f"Unknown Provider Type: {name}")
         text = {str(k): str(v) for k, v in options.items()}  # what the Python binding hands over

@@ -179,19 +179,13 @@ def stream_for(handle: int) -> Stream:
 
 def _device_ptr(value, what: str) -> int:
     if isinstance(value, np.ndarray) or not isinstance(value, (DeviceAllocation, int)):
-        raise TypeError(
-            f"Python argument types did not match C++ signature: {what} must be a device pointer, "
-            f"got {type(value).__name__}"
-        )
+        raise TypeError(f"Python argument types did not match C++ signature: {what} must be a device pointer, got {type(value).__name__}")
     return int(value)
 
 
 def _host(value, what: str) -> np.ndarray:
     if not isinstance(value, np.ndarray):
-        raise TypeError(
-            f"Python argument types did not match C++ signature: {what} must be a host buffer, "
-            f"got {type(value).__name__}"
-        )
+        raise TypeError(f"Python argument types did not match C++ signature: {what} must be a host buffer, got {type(value).__name__}")
     if not value.flags.c_contiguous:
         raise TypeError(f"{what}: host buffer is not contiguous")
     return value

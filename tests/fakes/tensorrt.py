@@ -70,13 +70,7 @@ class DataType(enum.Enum):
     BOOL = 4
 
 
-_NP = {
-    DataType.FLOAT: np.float32,
-    DataType.HALF: np.float16,
-    DataType.INT8: np.int8,
-    DataType.INT32: np.int32,
-    DataType.BOOL: np.bool_,
-}
+_NP = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8, DataType.INT32: np.int32, DataType.BOOL: np.bool_}
 
 
 def nptype(trt_type: DataType) -> type:
@@ -110,10 +104,7 @@ class BuilderFlag(enum.IntEnum):
 
 def _check(value, kind, what: str) -> None:
     if not isinstance(value, kind):
-        raise TypeError(
-            f"incompatible function arguments: {what} must be {getattr(kind, '__name__', kind)}, "
-            f"got {type(value).__name__}"
-        )
+        raise TypeError(f"incompatible function arguments: {what} must be {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
 
 
 class ITensor:
@@ -257,9 +248,7 @@ class Builder:
 
     def create_network(self, flags: int = 0) -> INetworkDefinition:
         _check(flags, int, "flags")
-        return INetworkDefinition(
-            _major() >= 10 or bool(flags & (1 << int(NetworkDefinitionCreationFlag.EXPLICIT_BATCH)))
-        )
+        return INetworkDefinition(_major() >= 10 or bool(flags & (1 << int(NetworkDefinitionCreationFlag.EXPLICIT_BATCH))))
 
     def create_builder_config(self) -> IBuilderConfig:
         return IBuilderConfig()
@@ -287,9 +276,7 @@ class Builder:
                 found = [p.shapes[t.name] for p in config.profiles if t.name in p.shapes]
                 if not found:
                     self.logger.log(
-                        Logger.ERROR,
-                        f"Network has dynamic or shape inputs, but no optimization profile "
-                        f"has been defined for {t.name}",
+                        Logger.ERROR, f"Network has dynamic or shape inputs, but no optimization profile has been defined for {t.name}"
                     )
                     return None
                 profile[t.name] = found[0]
@@ -427,16 +414,14 @@ class IExecutionContext:
         if missing:
             log.log(
                 Logger.ERROR,
-                f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (address of "
-                f"tensor {missing[0]} was not set)",
+                f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (address of tensor {missing[0]} was not set)",
             )
             return False
         (in_name, _, _), (out_name, _, _) = self.engine._io
         if in_name not in self._shapes:
             log.log(
                 Logger.ERROR,
-                f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (input shape of "
-                f"{in_name} was not specified)",
+                f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (input shape of {in_name} was not specified)",
             )
             return False
         stream = cuda.stream_for(stream_handle)

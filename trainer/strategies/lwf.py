@@ -15,9 +15,7 @@ def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature
     """KL(teacher || student) at ``temperature``, scaled by T^2, over the classes the teacher knows."""
     k = teacher_logits.shape[1]
     t = float(temperature)
-    return (t * t) * F.kl_div(
-        F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(teacher_logits / t, dim=1), reduction="batchmean"
-    )
+    return (t * t) * F.kl_div(F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(teacher_logits / t, dim=1), reduction="batchmean")
 
 
 @register

@@ -50,9 +50,7 @@ class Rehearsal(Strategy):
         gen = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
             model.eval()
-            feats = (
-                torch.cat([model.features(x[i : i + 128]) for i in range(0, len(x), 128)]) if how != "random" else None
-            )
+            feats = torch.cat([model.features(x[i : i + 128]) for i in range(0, len(x), 128)]) if how != "random" else None
         for c in torch.unique(y).tolist():
             idx = torch.nonzero(y == c).flatten()
             if len(idx) <= per_class:
