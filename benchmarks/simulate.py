@@ -143,8 +143,10 @@ class _Evaluator:
         self.x = np.stack([preprocess_file(t.path) for t in test])
         self.y = np.array([t.label for t in test])
 
-    def classifier(self, version: str | None = None, top_k: int = 1) -> Classifier:
-        return Classifier(open_engine(self.store, parse_config({"engine": FP32}).engine, version), top_k=top_k)
+    def classifier(self, version: str | None = None, top_k: int = 1, confident: float = 0.9) -> Classifier:
+        """``version`` as the daemon classifies with it, a ``confident`` verdict from softmax ``confident`` up."""
+        engine = open_engine(self.store, parse_config({"engine": FP32}).engine, version)
+        return Classifier(engine, top_k=top_k, confident_probability=confident)
 
     def threshold_sweep(self, version: str, photos: list[Sample], classes: list[str], taus=THRESHOLDS) -> dict:
         """Precision and count of pseudo-labels ``version`` would give the whole stream at each threshold (what
@@ -305,7 +307,7 @@ class _FastField:
 
     def day(self, photos: list[Sample], classes: list[str] | None = None, truth: dict[str, int] | None = None) -> dict:
         version = self.store.current()
-        clf = self.evaluate.classifier(version, top_k=3)
+        clf = self.evaluate.classifier(version, top_k=3, confident=self.cfg.labels.pseudo_threshold)
         try:
             x = np.stack([preprocess_file(p.path) for p in photos])
             preds = clf.predict_tensors(x)
