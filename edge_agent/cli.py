@@ -9,6 +9,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from edge_agent import _cli_engine, _cli_review
+from edge_agent._cli_common import load as _load
+from edge_agent._cli_common import state_db as _state_db
+from edge_agent._cli_common import store_of as _store
+
 __all__ = ["main", "build_parser"]
 
 
@@ -21,25 +26,6 @@ def _common() -> argparse.ArgumentParser:
         "--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"], help="overrides [log] level"
     )
     return common
-
-
-def _load(args: argparse.Namespace):
-    from edge_agent.config import load_config
-    from edge_agent.log import configure_logging
-
-    cfg = load_config(getattr(args, "config", None))
-    configure_logging(getattr(args, "log_level", None) or cfg.log.level, cfg.log.format)
-    return cfg
-
-
-def _store(args: argparse.Namespace, cfg):
-    """``--store``, else the daemon's own store (``[store] path``, else ``<state>/engines``), as the daemon resolves it."""
-    from edge_agent.state import resolve_state_dir, resolve_store
-    from engines.store import EngineStore
-
-    if getattr(args, "store", None):
-        return EngineStore(Path(args.store))
-    return resolve_store(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg))
 
 
 # ---- classify -------------------------------------------------------------
@@ -115,16 +101,6 @@ def _run(args: argparse.Namespace) -> int:
     daemon = Daemon(cfg, resolve_state_dir(args.state_dir, cfg), Path(args.inbox) if args.inbox else None)
     daemon.install_signal_handlers()
     return daemon.run()
-
-
-def _state_db(args: argparse.Namespace, cfg):
-    from edge_agent.results import ResultsDB
-    from edge_agent.state import StateLayout, resolve_state_dir
-
-    state = StateLayout(resolve_state_dir(args.state_dir, cfg))
-    if not state.db.is_file():
-        raise FileNotFoundError(f"{state.root}: no results database (has the daemon run with this --state-dir?)")
-    return state, ResultsDB(state.db, readonly=getattr(args, "readonly", True))
 
 
 def _parse_since(text: str | None) -> float | None:
@@ -249,69 +225,6 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _review_list(args: argparse.Namespace) -> int:
-    from edge_agent.review.queue import left_today, to_ask
-
-    cfg = _load(args)
-    _, db = _state_db(args, cfg)
-    items = to_ask(db, cfg.labels.review_per_day, everything=args.all)
-    if args.json:
-        for it in items:
-            q = it.entry
-            print(
-                json.dumps(
-                    {
-                        "photo_id": q.photo_id,
-                        "sha256": q.sha256,
-                        "label": q.label,
-                        "confidence": q.confidence,
-                        "margin": round(it.margin, 4),
-                        "top_k": it.top_k,
-                        "file": q.file,
-                    }
-                )
-            )
-        return 0
-    left = left_today(db, cfg.labels.review_per_day)
-    if not items:
-        print(
-            "nothing to ask today: today's budget is used ([labels] review_per_day; --all shows the pool)"
-            if left == 0
-            else "review queue is empty"
-        )
-    for it in items:
-        q = it.entry
-        alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
-        print(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {q.file}")
-    if left is not None and not args.all:
-        print(f"-- best first; {left} of today's {cfg.labels.review_per_day} questions left", file=sys.stderr)
-    return 0
-
-
-def _review_label(args: argparse.Namespace) -> int:
-    from edge_agent.review.queue import LabelError, label_photo
-    from edge_agent.state import resolve_store
-
-    cfg = _load(args)
-    args.readonly = False
-    state, db = _state_db(args, cfg)
-    try:  # the classes of the store the daemon and trainer share (it may have grown new ones)
-        entry = label_photo(
-            db,
-            state.queue,
-            cfg.labels.max_spool_mb << 20,
-            resolve_store(cfg, state.root).open(verify=False).classes,
-            args.photo,
-            args.label,
-            args.new_class,
-        )
-    except LabelError as exc:
-        print(f"edge-agent: {exc}", file=sys.stderr)
-        return 2
-    print(f"{entry.photo_id}: labelled {args.label} by an expert; queued for training")
-    return 0
-
-
 def _web(args: argparse.Namespace) -> int:
     from edge_agent.state import resolve_state_dir
     from edge_agent.web import WebError, new_token, serve
@@ -354,92 +267,6 @@ def _config_show(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- engine ---------------------------------------------------------------
-def _metric(m: dict, *keys: str) -> str:
-    for k in keys:
-        if not isinstance(m, dict) or k not in m:
-            return "-"
-        m = m[k]
-    return f"{m:.4f}" if isinstance(m, float) else str(m)
-
-
-def _engine_list(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    store = _store(args, cfg)
-    versions = store.versions()
-    if not versions:
-        print(f"{store.root}: no engine versions", file=sys.stderr)
-        return 1
-    try:
-        current = store.current()
-    except Exception:
-        current = None
-    rows = []
-    for v in versions:
-        m = store.read_manifest(v)
-        rows.append(
-            {
-                "version": v,
-                "current": v == current,
-                "created": m.get("created"),
-                "parent": m.get("parent"),
-                "classes": len(m["classes"]),
-                "val_top1": _metric(m.get("metrics", {}), "val", "top1"),
-                "test_top1": _metric(m.get("metrics", {}), "test", "top1"),
-                "int8_agreement": _metric(m.get("metrics", {}), "int8", "top1_agreement_with_fp32"),
-                "artifacts": sorted(m["artifacts"]),
-            }
-        )
-    if args.json:
-        for r in rows:
-            print(json.dumps(r))
-        return 0
-    print(f"store: {store.root}")
-    print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
-    for r in rows:
-        mark = "* " if r["current"] else "  "
-        print(
-            f"{mark}{r['version']:8} {r['created'] or '-':26} {r['parent'] or '-':7} {r['classes']:>7} "
-            f"{r['val_top1']:>7} {r['test_top1']:>7} {r['int8_agreement']:>8}  {','.join(r['artifacts'])}"
-        )
-    return 0
-
-
-def _engine_show(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    store = _store(args, cfg)
-    version = store.open(args.version)  # verifies every file's sha256
-    print(json.dumps({**version.manifest, "verified": True, "path": str(version.path)}, indent=2))
-    return 0
-
-
-def _engine_rollback(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    store = _store(args, cfg)
-    from edge_agent.state import resolve_state_dir
-    from edge_agent.trust import daemon_trust
-
-    before = store.current()
-    after = store.rollback(args.to, trust=daemon_trust(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)))
-    print(f"{store.root}: current {before} -> {after.name}")
-    pin = store.pin()
-    if pin is not None:
-        print(
-            f"pinned to {pin['version']}: offers of {pin['from']} or older are refused until a newer version arrives "
-            "(edge-agent engine unpin lifts it)"
-        )
-    return 0
-
-
-def _engine_unpin(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    store = _store(args, cfg)
-    pin = store.pin()
-    store.unpin()
-    print(f"{store.root}: " + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned"))
-    return 0
-
-
 # ---- parser ---------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
@@ -474,13 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--state-dir")
     rl.add_argument("--json", action="store_true")
     rl.add_argument("--all", action="store_true", help="the whole pool, ranked (not only today's budget)")
-    rl.set_defaults(func=_review_list)
+    rl.set_defaults(func=_cli_review.review_list)
     rb = rev.add_parser("label", parents=[common], help="give a photo its true class")
     rb.add_argument("photo", help="photo id (from review list), sha256 prefix, or original path")
     rb.add_argument("label", help="the true class")
     rb.add_argument("--new-class", action="store_true", help="allow a class the model does not know yet")
     rb.add_argument("--state-dir")
-    rb.set_defaults(func=_review_label)
+    rb.set_defaults(func=_cli_review.review_label)
 
     web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
     web.add_argument("--state-dir")
@@ -505,10 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(dest="action", required=True)
     for name, func, helptext in (
-        ("list", _engine_list, "list versions (* marks current)"),
-        ("show", _engine_show, "verify a version and print its manifest"),
-        ("rollback", _engine_rollback, "switch current back to the parent (or --to VERSION) and pin it there"),
-        ("unpin", _engine_unpin, "lift a rollback's pin: the trainer's newer versions are taken again"),
+        ("list", _cli_engine.engine_list, "list versions (* marks current)"),
+        ("show", _cli_engine.engine_show, "verify a version and print its manifest"),
+        ("rollback", _cli_engine.engine_rollback, "switch current back to the parent (or --to VERSION) and pin it there"),
+        ("unpin", _cli_engine.engine_unpin, "lift a rollback's pin: the trainer's newer versions are taken again"),
     ):
         p = eng.add_parser(name, parents=[common], help=helptext)
         p.add_argument("--store", help="engine store (default: the daemon's: [store] path, else <state-dir>/engines)")

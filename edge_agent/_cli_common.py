@@ -1,0 +1,38 @@
+"""What the ``edge-agent`` subcommands do first: load the configuration, find the engine store or the results."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["load", "state_db", "store_of"]
+
+
+def load(args: argparse.Namespace):
+    from edge_agent.config import load_config
+    from edge_agent.log import configure_logging
+
+    cfg = load_config(getattr(args, "config", None))
+    configure_logging(getattr(args, "log_level", None) or cfg.log.level, cfg.log.format)
+    return cfg
+
+
+def store_of(args: argparse.Namespace, cfg):
+    """``--store``, else the daemon's own store (``[store] path``, else ``<state>/engines``), as the daemon resolves it."""
+    from edge_agent.state import resolve_state_dir, resolve_store
+    from engines.store import EngineStore
+
+    if getattr(args, "store", None):
+        return EngineStore(Path(args.store))
+    return resolve_store(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg))
+
+
+def state_db(args: argparse.Namespace, cfg):
+    """The state directory (``--state-dir``, else as the daemon finds it) and its results database; FileNotFoundError if none."""
+    from edge_agent.results import ResultsDB
+    from edge_agent.state import StateLayout, resolve_state_dir
+
+    state = StateLayout(resolve_state_dir(args.state_dir, cfg))
+    if not state.db.is_file():
+        raise FileNotFoundError(f"{state.root}: no results database (has the daemon run with this --state-dir?)")
+    return state, ResultsDB(state.db, readonly=getattr(args, "readonly", True))

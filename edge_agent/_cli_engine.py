@@ -1,0 +1,96 @@
+"""``edge-agent engine ...``: list, show, roll back and unpin the versions of the daemon's engine store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from edge_agent._cli_common import load, store_of
+
+__all__ = ["engine_list", "engine_show", "engine_rollback", "engine_unpin"]
+
+
+def _metric(m: dict, *keys: str) -> str:
+    for k in keys:
+        if not isinstance(m, dict) or k not in m:
+            return "-"
+        m = m[k]
+    return f"{m:.4f}" if isinstance(m, float) else str(m)
+
+
+def engine_list(args: argparse.Namespace) -> int:
+    cfg = load(args)
+    store = store_of(args, cfg)
+    versions = store.versions()
+    if not versions:
+        print(f"{store.root}: no engine versions", file=sys.stderr)
+        return 1
+    try:
+        current = store.current()
+    except Exception:
+        current = None
+    rows = []
+    for v in versions:
+        m = store.read_manifest(v)
+        rows.append(
+            {
+                "version": v,
+                "current": v == current,
+                "created": m.get("created"),
+                "parent": m.get("parent"),
+                "classes": len(m["classes"]),
+                "val_top1": _metric(m.get("metrics", {}), "val", "top1"),
+                "test_top1": _metric(m.get("metrics", {}), "test", "top1"),
+                "int8_agreement": _metric(m.get("metrics", {}), "int8", "top1_agreement_with_fp32"),
+                "artifacts": sorted(m["artifacts"]),
+            }
+        )
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(f"store: {store.root}")
+    print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
+    for r in rows:
+        mark = "* " if r["current"] else "  "
+        print(
+            f"{mark}{r['version']:8} {r['created'] or '-':26} {r['parent'] or '-':7} {r['classes']:>7} "
+            f"{r['val_top1']:>7} {r['test_top1']:>7} {r['int8_agreement']:>8}  {','.join(r['artifacts'])}"
+        )
+    return 0
+
+
+def engine_show(args: argparse.Namespace) -> int:
+    cfg = load(args)
+    store = store_of(args, cfg)
+    version = store.open(args.version)  # verifies every file's sha256
+    print(json.dumps({**version.manifest, "verified": True, "path": str(version.path)}, indent=2))
+    return 0
+
+
+def engine_rollback(args: argparse.Namespace) -> int:
+    cfg = load(args)
+    store = store_of(args, cfg)
+    from edge_agent.state import resolve_state_dir
+    from edge_agent.trust import daemon_trust
+
+    before = store.current()
+    after = store.rollback(args.to, trust=daemon_trust(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)))
+    print(f"{store.root}: current {before} -> {after.name}")
+    pin = store.pin()
+    if pin is not None:
+        print(
+            f"pinned to {pin['version']}: offers of {pin['from']} or older are refused until a newer version arrives "
+            "(edge-agent engine unpin lifts it)"
+        )
+    return 0
+
+
+def engine_unpin(args: argparse.Namespace) -> int:
+    cfg = load(args)
+    store = store_of(args, cfg)
+    pin = store.pin()
+    store.unpin()
+    print(f"{store.root}: " + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned"))
+    return 0
