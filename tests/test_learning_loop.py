@@ -104,23 +104,7 @@ def test_trainer_sigkill_during_training_and_publishing(plantvillage, tmp_path, 
     labelled, field = split_photos(plantvillage)
     cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=True)
     state = tmp_path / "state"
-    samples = SampleStore(state / "trainer")
-    import hashlib
-
-    for p in field[::40][:25]:
-        data = p.read_bytes()
-        samples.add(
-            {
-                "id": hashlib.sha256(data).hexdigest(),
-                "kind": "expert",
-                "label": p.parent.name,
-                "confidence": 1.0,
-                "engine_version": "v0001",
-                "ext": ".jpg",
-            },
-            data,
-        )
-    samples.close()
+    _store_expert_samples(state, field[::40][:25])
     t = TrainerProc(state, cfg).start()
     wait_until(lambda: t.logged(moment), 240, moment)
     t.kill()

@@ -23,6 +23,18 @@ class Corner(torch.nn.Module):
         return torch.stack([bright, 1 - bright], 1) * 20
 
 
+def _open_gate(tmp_path) -> dict:
+    """[trainer] for a one-epoch retrain whose gate lets anything through: what is tested is what comes before it."""
+    return {
+        "labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)),
+        "epochs": 1,
+        "int8": False,
+        "gate_tolerance": 1.0,
+        "gate_max_class_drop": 1.0,
+        "calibrate": False,
+    }
+
+
 def test_a_label_must_hold_in_every_mirror_image():
     x = torch.full((3, 3, 128, 128), -1.0)
     x[0] = 1.0  # bright everywhere: class 0 whichever way up
@@ -59,20 +71,7 @@ def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_stor
     teacher = Recheck(torch.tensor([1, 0, 2, 1]), torch.tensor([0.95, 0.5, 0.99, 0.97]), torch.tensor([True, False, True, True]))
     seen = []
     monkeypatch.setattr(service, "recheck", lambda model, x, tau, should_stop=None: seen.append((len(x), tau)) or teacher)
-    cfg = parse_config(
-        {
-            "labels": {"pseudo_threshold": 0.9},
-            "trainer": {
-                "labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)),
-                "epochs": 1,
-                "int8": False,
-                "gate_tolerance": 1.0,
-                "gate_max_class_drop": 1.0,
-                "calibrate": False,
-                "recheck_pseudo": enabled,
-            },
-        }
-    )
+    cfg = parse_config({"labels": {"pseudo_threshold": 0.9}, "trainer": {**_open_gate(tmp_path), "recheck_pseudo": enabled}})
     result = service.retrain(cfg, store, samples, tmp_path / "strategy")
     assert result.published
     trained = json.loads(samples.get_state("last_retrain_pseudo"))
@@ -119,12 +118,7 @@ def test_a_retrain_on_pseudo_labels_alone_takes_the_cautious_step(tiny_store, tm
     cfg = parse_config(
         {
             "trainer": {
-                "labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)),
-                "epochs": 1,
-                "int8": False,
-                "gate_tolerance": 1.0,
-                "gate_max_class_drop": 1.0,
-                "calibrate": False,
+                **_open_gate(tmp_path),
                 "recheck_pseudo": False,
                 "lr": 3e-3,
                 "interpolate": 0.9,

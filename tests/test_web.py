@@ -208,6 +208,21 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def _serve(state, bind: str = "127.0.0.1"):
+    """``edge-agent web`` on ``state`` in a process of its own, listening on a free port of ``bind``."""
+    port = _free_port(bind)
+    argv = [sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--port", str(port)]
+    proc = subprocess.Popen(
+        argv + (["--bind", bind] if bind != "127.0.0.1" else []), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        _wait_listening(bind, port, proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, port
+
+
 def _wait_listening(host: str, port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -224,16 +239,8 @@ def test_a_real_server_on_a_second_loopback_address_refuses_requests_without_the
     """127.0.0.2 is 'another address': every request needs the token; and a server on 127.0.0.1 refuses a
     client whose address is 127.0.0.2."""
     token = TokenFile(state / "web" / "token.sha256").new()
-    port = _free_port("127.0.0.2")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--bind", "127.0.0.2", "--port", str(port)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, port = _serve(state, "127.0.0.2")
     try:
-        _wait_listening("127.0.0.2", port, proc)
         base = f"http://127.0.0.2:{port}"
         assert httpx.get(base + "/photos").status_code == 401
         assert httpx.get(base + "/photos", headers={"Authorization": "Bearer nope"}).status_code == 401
@@ -241,16 +248,8 @@ def test_a_real_server_on_a_second_loopback_address_refuses_requests_without_the
     finally:
         proc.terminate()
         proc.wait(10)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--port", str(port)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, port = _serve(state)
     try:
-        _wait_listening("127.0.0.1", port, proc)
         from_second = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
         assert from_second.get(f"http://127.0.0.1:{port}/photos").status_code == 401
         assert httpx.get(f"http://127.0.0.1:{port}/photos").status_code == 200
