@@ -14,6 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
+from engines.durable import atomic_write
+
 __all__ = ["InboxFiles", "move_out", "free_name", "place"]
 
 After = Literal["move", "delete", "leave"]
@@ -65,26 +67,10 @@ class InboxFiles:
 
 
 def place(folder: Path, name: str, data: bytes) -> Path:
-    """Write ``data`` into ``folder`` as ``name`` (or the next free name), complete or not at all: it is written under
-    a hidden ``.part`` name, which the hot folder ignores, synced and renamed. Raises OSError (nothing is left)."""
+    """Write ``data`` into ``folder`` as ``name`` (or the next free name), complete or not at all: written under a
+    hidden temporary name, which the hot folder ignores, synced and renamed. Raises OSError (nothing is left)."""
     folder.mkdir(parents=True, exist_ok=True)
-    final = free_name(folder / name)
-    part = folder / f".{final.name}.part"
-    try:
-        part.unlink(missing_ok=True)  # left by a crash mid-write
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(part, final)
-    except OSError:
-        part.unlink(missing_ok=True)
-        raise
-    return final
+    return atomic_write(free_name(folder / name), data)
 
 
 def move_out(src: Path, folder: Path) -> Path:

@@ -88,7 +88,6 @@ class Pipeline:
         self.db = db
         self.spool = spool
         self.settings = settings
-        self.after = after
         self.files = InboxFiles(state_dir, after)
         self.labels = LabelQueuer(db, spool, policy)
         self.on_done = on_done or (lambda job: None)
@@ -238,7 +237,7 @@ class Pipeline:
     def _origin(self, path: Path) -> Origin | None:
         """The file's identity before reading it, when the label queue may link it: only a regular file
         that the daemon moves or deletes afterwards (with "leave" the owner may still change it in place)."""
-        if self.after == "leave":
+        if self.files.after == "leave":
             return None
         try:
             st = os.lstat(path)
@@ -393,7 +392,7 @@ class Pipeline:
 
     def _duplicate(self, job: Job) -> None:
         self.counters["duplicates"] += 1
-        self.log.info("duplicate_photo", photo=job.name, photo_id=job.photo_id, action=self.after)
+        self.log.info("duplicate_photo", photo=job.name, photo_id=job.photo_id, action=self.files.after)
         self._leave_inbox(job)
         self._finish(job)
 

@@ -420,10 +420,10 @@ def test_an_upload_onto_a_full_disk_says_so_and_leaves_no_part_file(state, monke
 
     import edge_agent.inbox_files as inbox_files
 
-    def full(fd, data):
+    def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(inbox_files.os, "write", full)
+    monkeypatch.setattr(inbox_files.os, "fsync", full)
     c = client(state)
     r = _upload(c, ("a.jpg", _photos(8)[7].read_bytes()))
     assert r.status_code == 507 and "No space left" in r.text

@@ -2,9 +2,8 @@
 
 The name a browser sends is never used as a path: the file is stored as ``upload-<time>-<sha256[:12]>.<ext>``,
 the extension taken from the format its header declares. It is written by :func:`edge_agent.inbox_files.place`:
-under a hidden ``.part`` name (which the hot folder ignores), renamed when complete, so the daemon never reads
-half an upload. What the header
-check refuses (too large, too many pixels, not an image, truncated) is refused at once with the reason;
+under a hidden temporary name (which the hot folder ignores), renamed when complete, so the daemon never reads
+half an upload. What the header check refuses (too large, too many pixels, not an image, truncated) is refused at once with the reason;
 what passes and still fails to decode is quarantined by the daemon, with its reason, like any other file.
 """
 
