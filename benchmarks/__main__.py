@@ -69,35 +69,10 @@ def _dist_size(name: str) -> int | None:
 
 def install_sizes(version: Path) -> dict:
     out = {"model": {f.name: f.stat().st_size for f in sorted(version.iterdir())}}
-    packages = [
-        "onnxruntime",
-        "onnxruntime-gpu",
-        "opencv-python-headless",
-        "opencv-python",
-        "numpy",
-        "pyzmq",
-        "watchdog",
-        "structlog",
-        "pydantic",
-        "pydantic-core",
-        "torch",
-        "onnx",
-        "tensorrt",
-        "pycuda",
-    ]
+    daemon = ["onnxruntime", "onnxruntime-gpu", "opencv-python-headless", "opencv-python", "numpy", "pyzmq", "watchdog"]
+    daemon += ["structlog", "pydantic", "pydantic-core"]
+    packages = [*daemon, "torch", "onnx", "tensorrt", "pycuda"]
     out["packages"] = {p: s for p in packages if (s := _dist_size(p)) is not None}
-    daemon = [
-        "onnxruntime",
-        "onnxruntime-gpu",
-        "opencv-python-headless",
-        "opencv-python",
-        "numpy",
-        "pyzmq",
-        "watchdog",
-        "structlog",
-        "pydantic",
-        "pydantic-core",
-    ]
     out["daemon_runtime_total"] = sum(out["packages"].get(p, 0) for p in daemon)
     return out
 

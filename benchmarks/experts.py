@@ -15,46 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _ms(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+from benchmarks.seeds import REPO, mean_sd, simulate
 
 
 def run_arm(data: str, out: Path, baseline: Path, seed: int, arm: str) -> dict:
-    report = out / "report.json"
-    if not report.exists():
-        shutil.rmtree(out, ignore_errors=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.simulate",
-            "--log-level",
-            "warning",
-            "--data",
-            data,
-            "--out",
-            str(out),
-            "--mode",
-            "fast",
-            "--seed",
-            str(seed),
-            "--baseline-from",
-            str(baseline),
-        ]
-        if arm != "none":
-            choice, k = arm.split("-")
-            cmd += ["--expert-per-day", k, "--expert-choice", choice]
-        print(f"{arm} seed {seed}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        subprocess.run(cmd, check=True, cwd=REPO)
-    return json.loads(report.read_text())
+    extra = ["--baseline-from", str(baseline)]
+    if arm != "none":
+        choice, k = arm.split("-")
+        extra += ["--expert-per-day", k, "--expert-choice", choice]
+    return simulate(data, out, seed, "fast", extra, label=arm + " seed")
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict:
@@ -65,14 +38,14 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
         prec = [r["pseudo_label_precision"] for r in reports if r["pseudo_label_precision"] is not None]
         arms[arm] = {
             "seeds": [r["settings"]["seed"] for r in reports],
-            "top1_mean": _ms(top1)[0],
-            "top1_sd": _ms(top1)[1],
-            "supervised_top1_mean": _ms(sup)[0],
-            "gain_mean": _ms(gain)[0],
-            "gain_sd": _ms(gain)[1],
-            "expert_labels_mean": _ms([r.get("expert_labels", 0) for r in reports])[0],
-            "pseudo_label_precision_mean": _ms(prec)[0] if prec else None,
-            "pseudo_labels_mean": _ms([r["pseudo_labels_accepted"] for r in reports])[0],
+            "top1_mean": mean_sd(top1)[0],
+            "top1_sd": mean_sd(top1)[1],
+            "supervised_top1_mean": mean_sd(sup)[0],
+            "gain_mean": mean_sd(gain)[0],
+            "gain_sd": mean_sd(gain)[1],
+            "expert_labels_mean": mean_sd([r.get("expert_labels", 0) for r in reports])[0],
+            "pseudo_label_precision_mean": mean_sd(prec)[0] if prec else None,
+            "pseudo_labels_mean": mean_sd([r["pseudo_labels_accepted"] for r in reports])[0],
             "retrains_published": sum(1 for r in reports for d in r["days"] if d.get("retrain") and d["retrain"].get("published")),
             "retrains": sum(1 for r in reports for d in r["days"] if d.get("retrain")),
             "days_top1_mean": [statistics.fmean(v) for v in zip(*[[d["test_top1"] for d in r["days"]] for r in reports])],

@@ -106,14 +106,15 @@ def _wait(cond, timeout: float) -> bool:
 def fuzz_trainer(work: Path, n: int, rng: random.Random) -> dict:
     import zmq
 
+    from edge_agent.config import HandoffSection
     from edge_agent.handoff.protocol import decode, encode
-    from edge_agent.handoff.transport import client_socket
-    from trainer.receiver import Receiver, ReceiverSettings
+    from edge_agent.handoff.transport import Link, client_socket
+    from trainer.receiver import Receiver
     from trainer.samples import SampleStore
 
     endpoints = f"ipc://{work}/handoff.sock", f"ipc://{work}/engines.sock"
     store = SampleStore(work / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints), classes=lambda: ["Apple___Apple_scab"])
+    receiver = Receiver(store, HandoffSection(), Link(*endpoints), classes=lambda: ["Apple___Apple_scab"])
     receiver.start()
     ctx = zmq.Context()
     sock = client_socket(ctx, zmq.DEALER, endpoints[0], None)
@@ -158,9 +159,10 @@ def fuzz_trainer(work: Path, n: int, rng: random.Random) -> dict:
 def fuzz_daemon(work: Path, n: int, rng: random.Random) -> dict:
     import zmq
 
+    from edge_agent.config import HandoffSection
     from edge_agent.handoff.protocol import encode
-    from edge_agent.handoff.sender import Sender, SenderSettings
-    from edge_agent.handoff.transport import server_socket
+    from edge_agent.handoff.sender import Sender
+    from edge_agent.handoff.transport import Link, server_socket
     from edge_agent.results import ResultsDB
     from edge_agent.spool import PhotoSpool
 
@@ -168,7 +170,7 @@ def fuzz_daemon(work: Path, n: int, rng: random.Random) -> dict:
     db = ResultsDB(work / "results.sqlite")
     spool = PhotoSpool(work / "queue", 1 << 30)
     heard: list[str] = []
-    sender = Sender(db, spool, SenderSettings(*endpoints, heartbeat_s=0.2), on_engine=heard.append)
+    sender = Sender(db, spool, HandoffSection(heartbeat_s=0.2), Link(*endpoints), on_engine=heard.append)
     ctx = zmq.Context()
     router = server_socket(ctx, zmq.ROUTER, endpoints[0], None)
     router.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops what its peer cannot take yet: keep every frame, the last one included

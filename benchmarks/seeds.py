@@ -23,29 +23,25 @@ KEYS = ("supervised_top1", "ssl_top1", "gain_points", "pseudo_label_precision", 
 TRAINED = "trained_pseudo_label_precision"  # absent from older reports, None where no retrain ran
 
 
-def run_seed(data: str, out: Path, seed: int, mode: str, extra: list[str]) -> dict:
+def simulate(data: str, out: Path, seed: int, mode: str, extra: list[str], label: str = "") -> dict:
+    """One ``python -m benchmarks.simulate`` run into ``out``, unless its ``report.json`` is there; its report."""
     report = out / "report.json"
     if not report.exists():
-        shutil.rmtree(out, ignore_errors=True)  # an interrupted run: start that seed again
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.simulate",
-            "--log-level",
-            "warning",
-            "--data",
-            data,
-            "--out",
-            str(out),
-            "--mode",
-            mode,
-            "--seed",
-            str(seed),
-            *extra,
-        ]
-        print(f"seed {seed}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        shutil.rmtree(out, ignore_errors=True)  # an interrupted run: start it again
+        cmd = [sys.executable, "-m", "benchmarks.simulate", "--log-level", "warning", "--data", data, "--out", str(out)]
+        cmd += ["--mode", mode, "--seed", str(seed), *extra]
+        print(f"{label or 'seed'} {seed}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, cwd=REPO)
-    full = json.loads(report.read_text())
+    return json.loads(report.read_text())
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """The mean and sample standard deviation (0 for a single value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def run_seed(data: str, out: Path, seed: int, mode: str, extra: list[str]) -> dict:
+    full = simulate(data, out, seed, mode, extra)
     retrains = [d["retrain"] for d in full["days"] if d.get("retrain")]
     return {
         "seed": seed,
@@ -60,13 +56,10 @@ def summarise(rows: list[dict]) -> dict:
     out = {"runs": rows}
     for k in KEYS:
         values = [r[k] for r in rows]
-        out[k] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
+        mean, sd = mean_sd(values)
+        out[k] = {"mean": mean, "sd": sd}
     values = [r[TRAINED] for r in rows if r.get(TRAINED) is not None]
-    out[TRAINED] = (
-        {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": len(values)}
-        if values
-        else None
-    )
+    out[TRAINED] = dict(zip(("mean", "sd"), mean_sd(values)), runs=len(values)) if values else None
     return out
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["load", "state_db", "store_of"]
+__all__ = ["load", "print_rows", "state_db", "store_of"]
 
 
 def load(args: argparse.Namespace):
@@ -36,3 +38,9 @@ def state_db(args: argparse.Namespace, cfg):
     if not state.db.is_file():
         raise FileNotFoundError(f"{state.root}: no results database (has the daemon run with this --state-dir?)")
     return state, ResultsDB(state.db, readonly=getattr(args, "readonly", True))
+
+
+def print_rows(rows: Iterable[dict], as_json: bool, line: Callable[[dict], str], flush: bool = True) -> None:
+    """Each row as one JSON line (``--json``) or as the text ``line(row)`` gives it."""
+    for row in rows:
+        print(json.dumps(row) if as_json else line(row), flush=flush)

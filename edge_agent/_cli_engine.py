@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from edge_agent._cli_common import load, store_of
+from edge_agent._cli_common import load, print_rows, store_of
 
 __all__ = ["engine_list", "engine_show", "engine_rollback", "engine_unpin"]
 
@@ -46,19 +46,18 @@ def engine_list(args: argparse.Namespace) -> int:
                 "artifacts": sorted(m["artifacts"]),
             }
         )
-    if args.json:
-        for r in rows:
-            print(json.dumps(r))
-        return 0
-    print(f"store: {store.root}")
-    print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
-    for r in rows:
-        mark = "* " if r["current"] else "  "
-        print(
-            f"{mark}{r['version']:8} {r['created'] or '-':26} {r['parent'] or '-':7} {r['classes']:>7} "
-            f"{r['val_top1']:>7} {r['test_top1']:>7} {r['int8_agreement']:>8}  {','.join(r['artifacts'])}"
-        )
+    if not args.json:
+        print(f"store: {store.root}")
+        print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
+    print_rows(rows, args.json, _engine_line)
     return 0
+
+
+def _engine_line(r: dict) -> str:
+    return (
+        f"{'* ' if r['current'] else '  '}{r['version']:8} {r['created'] or '-':26} {r['parent'] or '-':7} {r['classes']:>7} "
+        f"{r['val_top1']:>7} {r['test_top1']:>7} {r['int8_agreement']:>8}  {','.join(r['artifacts'])}"
+    )
 
 
 def engine_show(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from edge_agent import _cli_engine, _cli_review
 from edge_agent._cli_common import load as _load
+from edge_agent._cli_common import print_rows
 from edge_agent._cli_common import state_db as _state_db
 from edge_agent._cli_common import store_of as _store
 
@@ -126,14 +127,15 @@ def _results(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     _, db = _state_db(args, cfg)
-    for row in db.results(_parse_since(args.since)):
-        if args.json:
-            print(json.dumps(row), flush=False)
-        else:
-            print(
-                f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
-                f"{row['engine_version']}  {row['path'] or row['source']}"
-            )
+    print_rows(
+        db.results(_parse_since(args.since)),
+        args.json,
+        lambda row: (
+            f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
+            f"{row['engine_version']}  {row['path'] or row['source']}"
+        ),
+        flush=False,
+    )
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
-from edge_agent.handoff.sender import Sender, SenderSettings
+from edge_agent.handoff.sender import Sender
 from edge_agent.hotswap import EngineWatcher
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, Pipeline
@@ -27,9 +27,9 @@ from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSource
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
-from edge_agent.state import StateLayout, curve_keys, device_name, handoff_endpoints, inbox_dir, resolve_store, write_status
+from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store, write_status
 from edge_agent.systemd import Notifier
-from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
+from edge_agent.transfer.fetcher import EngineFetcher
 from edge_agent.trust import daemon_trust, open_trusted
 from edge_agent.upgrade import adopt_shipped_signatures
 from engines.base import Engine
@@ -145,37 +145,15 @@ class Daemon:
         )
         self.watcher.start()
         if cfg.handoff.enabled:
-            h = cfg.handoff
-            endpoint, announce, transfer = handoff_endpoints(cfg, self.state.root)
-            name = device_name(cfg)
-            self.sender = Sender(
-                self.db,
-                self.spool,
-                SenderSettings(
-                    endpoint=endpoint,
-                    announce_endpoint=announce,
-                    window=h.window,
-                    ack_timeout_s=h.ack_timeout_s,
-                    backoff_max_s=h.backoff_max_s,
-                    heartbeat_s=h.heartbeat_s,
-                    max_payload=h.max_payload_mb << 20,
-                    curve=curve_keys(cfg),
-                    device=name,
-                ),
-                on_engine=self.watcher.announce,
-            )
+            link, name = handoff_link(cfg, self.state.root), device_name(cfg)
+            self.sender = Sender(self.db, self.spool, cfg.handoff, link, device=name, on_engine=self.watcher.announce)
             self.sender.start()
             self.fetcher = EngineFetcher(
                 self.store,
                 self.trust,
-                FetcherSettings(
-                    endpoint=transfer,
-                    name=name,
-                    curve=curve_keys(cfg),
-                    heartbeat_s=h.heartbeat_s,
-                    chunk_bytes=h.transfer_chunk_kb << 10,
-                    window=h.transfer_window,
-                ),
+                cfg.handoff,
+                link,
+                name,
                 serving=lambda: self.pipeline.classifier.engine.engine_version,
                 queue_depth=self.db.queue_length,
                 on_installed=self.watcher.announce,

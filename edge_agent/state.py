@@ -18,13 +18,12 @@ from edge_agent.config import AppConfig, default_store_path
 from engines.store import EngineStore
 
 if TYPE_CHECKING:
-    from edge_agent.handoff.transport import CurveKeys
+    from edge_agent.handoff.transport import Link
 
 __all__ = [
     "StateLayout",
-    "curve_keys",
     "device_name",
-    "handoff_endpoints",
+    "handoff_link",
     "resolve_state_dir",
     "resolve_store",
     "runtime_dir",
@@ -168,13 +167,14 @@ def live_status(path: Path, stale_s: float | None = None) -> tuple[dict, bool]:
     return live, stale_s is None or time.time() - float(live.get("updated", 0)) < stale_s
 
 
-def handoff_endpoints(cfg: AppConfig, state_dir: Path) -> tuple[str, str, str]:
-    """(hand-off, announcements, engine transfer): configured, else ipc:// sockets in the runtime directory."""
-    from edge_agent.handoff.transport import default_endpoints
+def handoff_link(cfg: AppConfig, state_dir: Path) -> Link:
+    """[handoff]'s sockets (configured, else ipc:// sockets in the runtime directory) and its CURVE keys for tcp://."""
+    from edge_agent.handoff.transport import CurveKeys, Link, default_endpoints
 
     h = cfg.handoff
     default_handoff, default_announce, default_transfer = default_endpoints(runtime_dir(state_dir))
-    return (h.endpoint or default_handoff, h.announce_endpoint or default_announce, h.transfer_endpoint or default_transfer)
+    curve = CurveKeys(h.curve_secret_key, h.curve_server_key, h.curve_authorized_dir) if h.curve_secret_key else None
+    return Link(h.endpoint or default_handoff, h.announce_endpoint or default_announce, h.transfer_endpoint or default_transfer, curve)
 
 
 def device_name(cfg: AppConfig) -> str:
@@ -182,11 +182,3 @@ def device_name(cfg: AppConfig) -> str:
     import socket
 
     return (cfg.handoff.name or socket.gethostname() or "daemon")[:64]
-
-
-def curve_keys(cfg: AppConfig) -> CurveKeys | None:
-    """The CURVE keys [handoff] names for tcp:// links, or None (ipc:// needs none)."""
-    from edge_agent.handoff.transport import CurveKeys
-
-    h = cfg.handoff
-    return CurveKeys(h.curve_secret_key, h.curve_server_key, h.curve_authorized_dir) if h.curve_secret_key else None

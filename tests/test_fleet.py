@@ -8,13 +8,14 @@ import time
 
 import pytest
 
-from edge_agent.config import default_store_path
-from edge_agent.handoff.transport import CurveKeys
-from edge_agent.transfer.fetcher import EngineFetcher, FetcherSettings
+from benchmarks.fleet import QUICK_TRAINER
+from edge_agent.config import HandoffSection, default_store_path
+from edge_agent.handoff.transport import CurveKeys, Link
+from edge_agent.transfer.fetcher import EngineFetcher
 from edge_agent.transfer.protocol import ProtocolError, decode, encode
 from engines.signing import SIGNATURE, TrustedKeys, load_or_create_key
 from engines.store import MANIFEST, EngineStore
-from trainer.transfer import EngineServer, TransferSettings
+from trainer.transfer import EngineServer
 
 from .daemon_helpers import SHIPPED, SHIPPED_NEXT, wait_until
 
@@ -63,21 +64,23 @@ def farm(tmp_path, tiny_store, signing_key, curve):
     servers, fetchers = [], []
 
     def server(cls=EngineServer):
-        s = cls(trainer_store, TransferSettings(endpoint, curve["server"], offer_every_s=0.5))
+        s = cls(trainer_store, Link("", "", endpoint, curve["server"]), offer_every_s=0.5)
         s.start()
         servers.append(s)
         return s
 
-    def daemon(name: str, trust=None, cls=EngineFetcher, **kw) -> EngineFetcher:
+    def daemon(name: str, trust=None, cls=EngineFetcher, stall_s: float = 10.0, **settings) -> EngineFetcher:
         root = tmp_path / name
         if not root.exists():
             shutil.copytree(tiny_store, root)
-        settings = FetcherSettings(endpoint, name, curve["client"], heartbeat_s=0.2, **kw)
         f = cls(
             EngineStore(root),
             trust or TrustedKeys({signing_key.public_hex: "test trainer"}),
-            settings,
+            HandoffSection(heartbeat_s=0.2, **settings),
+            Link("", "", endpoint, curve["client"]),
+            name,
             serving=lambda: EngineStore(root).current(),
+            stall_s=stall_s,
         )
         f.start()
         fetchers.append(f)
@@ -94,7 +97,7 @@ def test_every_daemon_gets_the_new_version_and_the_fleet_lists_them(farm):
     server = farm.server()
     daemons = [farm.daemon(f"device-{i}") for i in range(3)]
     for d in daemons:
-        wait_until(lambda d=d: d.store.current() == farm.v2, 30, f"{d.settings.name} on {farm.v2}")
+        wait_until(lambda d=d: d.store.current() == farm.v2, 30, f"{d.name} on {farm.v2}")
         assert d.counters["installed"] == 1 and d.refused == {}
         d.store.open(farm.v2, trust=d.trust)  # installed whole, signature and every file verified
     wait_until(lambda: all(r["engine_version"] == farm.v2 for r in server.fleet()), 10, "fleet reports the new version")
@@ -160,12 +163,12 @@ class DyingFetcher(EngineFetcher):
 
 def test_a_transfer_cut_in_the_middle_resumes(farm):
     farm.server()
-    first = farm.daemon("cut", cls=DyingFetcher, chunk_bytes=64 * 1024, window=1)
+    first = farm.daemon("cut", cls=DyingFetcher, transfer_chunk_kb=64, transfer_window=1)
     wait_until(lambda: first._stop.is_set(), 30, "part of the transfer, then death")
     first._thread.join(10)
     done_before = first.counters["bytes"]
     assert first.store.current() == "v0001"
-    again = farm.daemon("cut", chunk_bytes=64 * 1024, window=1)
+    again = farm.daemon("cut", transfer_chunk_kb=64, transfer_window=1)
     wait_until(lambda: again.store.current() == farm.v2, 30, "resumed transfer done")
     size = sum(m["bytes"] for m in farm.store.read_manifest(farm.v2)["files"].values())
     assert again.counters["resumed_bytes"] > 0 and again.counters["bytes"] <= size - again.counters["resumed_bytes"] + 64 * 1024
@@ -185,7 +188,7 @@ class DyingServer(EngineServer):
 
 def test_a_transfer_survives_a_restart_of_the_trainer(farm):
     dying = farm.server(DyingServer)
-    d = farm.daemon("patient", chunk_bytes=64 * 1024, window=2, stall_s=1.0)
+    d = farm.daemon("patient", transfer_chunk_kb=64, transfer_window=2, stall_s=1.0)
     wait_until(lambda: dying._stop.is_set(), 30, "the trainer goes away mid-transfer")
     dying._thread.join(10)
     assert d.store.current() == "v0001"
@@ -244,7 +247,7 @@ def test_garbage_frames_are_counted_not_fatal(farm, curve):
 
     server = farm.server()
     ctx = zmq.Context()
-    sock = client_socket(ctx, zmq.DEALER, server.settings.endpoint, curve["client"])
+    sock = client_socket(ctx, zmq.DEALER, server.link.transfer, curve["client"])
     try:
         time.sleep(0.3)
         for frames in (
@@ -312,15 +315,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         trainer_state,
         {
             "handoff": {**endpoints, "curve_secret_key": curve["server"].secret, "curve_authorized_dir": curve["server"].authorized_dir},
-            "trainer": {
-                "retrain_threshold": 30,
-                "epochs": 1,
-                "int8": False,
-                "calibrate": False,
-                "gate_tolerance": 1.0,
-                "nice": 0,
-                "recheck_pseudo": False,
-            },
+            "trainer": {**QUICK_TRAINER, "retrain_threshold": 30},
         },
     ).start()
 
@@ -421,15 +416,13 @@ class SlowServer(EngineServer):
 def test_kill_9_of_the_daemon_mid_transfer_resumes_without_starting_over(tmp_path, signing_key, curve):
     import json
 
-    from edge_agent.config import default_store_path
-
     from .daemon_helpers import DaemonProc
 
     shutil.copytree(default_store_path(), tmp_path / "trainer")
     trainer_store = EngineStore(tmp_path / "trainer")
     v2 = publish_v2(trainer_store, signing_key)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    server = SlowServer(trainer_store, TransferSettings(endpoint, curve["server"], offer_every_s=0.5))
+    server = SlowServer(trainer_store, Link("", "", endpoint, curve["server"]), offer_every_s=0.5)
     server.start()
     unused = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]  # no trainer hand-off in this test
     config = {

@@ -12,12 +12,13 @@ import pytest
 
 zmq = pytest.importorskip("zmq")
 
+from edge_agent.config import HandoffSection  # noqa: E402
 from edge_agent.handoff.protocol import MAGIC, ProtocolError, decode, encode  # noqa: E402
-from edge_agent.handoff.sender import Sender, SenderSettings  # noqa: E402
-from edge_agent.handoff.transport import TransportError, client_socket  # noqa: E402
+from edge_agent.handoff.sender import Sender  # noqa: E402
+from edge_agent.handoff.transport import Link, TransportError, client_socket  # noqa: E402
 from edge_agent.results import QueueEntry, ResultsDB  # noqa: E402
 from edge_agent.spool import PhotoSpool, SpoolItem  # noqa: E402
-from trainer.receiver import Receiver, ReceiverSettings  # noqa: E402
+from trainer.receiver import Receiver  # noqa: E402
 from trainer.samples import SampleStore  # noqa: E402
 
 from .conftest import encode as encode_img  # noqa: E402
@@ -43,12 +44,14 @@ def endpoints(tmp_path):
     return f"ipc://{run}/handoff.sock", f"ipc://{run}/engines.sock"
 
 
-def make_sender(tmp_path, endpoints, **kw):
+def make_sender(tmp_path, endpoints, curve=None, **kw):
     tmp_path.mkdir(parents=True, exist_ok=True)
     db = ResultsDB(tmp_path / "results.sqlite")
     spool = PhotoSpool(tmp_path / "queue", 1 << 30)
     announced = []
-    sender = Sender(db, spool, SenderSettings(*endpoints, heartbeat_s=0.2, ack_timeout_s=0.5, **kw), on_engine=announced.append)
+    sender = Sender(
+        db, spool, HandoffSection(heartbeat_s=0.2, ack_timeout_s=0.5, **kw), Link(*endpoints, curve=curve), on_engine=announced.append
+    )
     return sender, db, spool, announced
 
 
@@ -56,7 +59,7 @@ def make_sender(tmp_path, endpoints, **kw):
 def delivering(sender, tmp_path, endpoints):
     """A trainer-side receiver and the sender running; yields the trainer's sample store."""
     store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
+    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints))
     receiver.start()
     sender.start()
     try:
@@ -154,7 +157,7 @@ def test_random_and_mutated_frames_only_ever_raise_protocol_errors():
 def peer_of_receiver(tmp_path, endpoints, **settings):
     """A trainer-side receiver running and a DEALER connected to it; yields (receiver, its sample store, the socket)."""
     store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints, **settings))
+    receiver = Receiver(store, HandoffSection(**settings), Link(*endpoints))
     receiver.start()
     ctx = zmq.Context()
     sock = client_socket(ctx, zmq.DEALER, endpoints[0], None)
@@ -235,13 +238,13 @@ def test_daemon_first_trainer_later_and_trainer_restart(tmp_path, endpoints):
         time.sleep(1.0)
         assert not sender.trainer_alive and len(db.queued_for_delivery(100)) == 5  # nothing lost while alone
         store = SampleStore(tmp_path / "trainer")
-        receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))
+        receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints))
         receiver.start()
         wait_until(lambda: not db.queued_for_delivery(100), 20, "delivered once the trainer came")
         receiver.stop()  # the trainer goes away...
         wait_until(lambda: not sender.trainer_alive, 5, "trainer seen as silent")
         queue_photos(db, spool, 3, kind="expert", seed=500)
-        receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2))  # ...and restarts
+        receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints))  # ...and restarts
         receiver.start()
         wait_until(lambda: not db.queued_for_delivery(100), 20, "delivered after restart")
         assert store.counts()["pseudo"] == 5 and store.counts()["expert"] == 3
@@ -259,13 +262,13 @@ def test_resend_is_stored_once(tmp_path):
 
 
 def test_garbage_frames_do_not_crash_the_receiver(tmp_path, endpoints):
-    with peer_of_receiver(tmp_path, endpoints, max_payload=1000) as (receiver, store, sock):
+    with peer_of_receiver(tmp_path, endpoints, max_payload_mb=1) as (receiver, store, sock):
         for frames in ([b"\x00" * 10], [MAGIC, b"sample", b"{bad"], [MAGIC, b"ack", b"{}"], [os.urandom(64), os.urandom(64)]):
             sock.send_multipart(frames)
         big = encode(
             "sample",
             {"id": "c" * 64, "kind": "pseudo", "label": "x", "confidence": 0.99, "engine_version": "v1", "ext": ".jpg"},
-            b"x" * 5000,
+            b"x" * (2 << 20),  # over [handoff] max_payload_mb
         )
         sock.send_multipart(big)
         wait_until(lambda: receiver.counters["malformed"] == 5, 5, "garbage counted")
@@ -276,7 +279,7 @@ def test_garbage_frames_do_not_crash_the_receiver(tmp_path, endpoints):
 
 def test_engine_announcement_reaches_the_daemon(tmp_path, endpoints):
     sender, db, spool, announced = make_sender(tmp_path, endpoints)
-    receiver = Receiver(SampleStore(tmp_path / "trainer"), ReceiverSettings(*endpoints))
+    receiver = Receiver(SampleStore(tmp_path / "trainer"), HandoffSection(), Link(*endpoints))
     receiver.start()
     sender.start()
     try:
@@ -321,7 +324,7 @@ def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
     endpoints = (f"tcp://127.0.0.1:{p1}", f"tcp://127.0.0.1:{p2}")
     server_keys = CurveKeys(str(keys / "trainer" / "trainer.key_secret"), authorized_dir=str(keys / "authorized"))
     store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2, curve=server_keys))
+    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints, curve=server_keys))
     receiver.start()
     good = CurveKeys(str(keys / "daemon" / "daemon.key_secret"), server_public=str(keys / "daemon" / "trainer.key"))
     (tmp_path / "stranger").mkdir()
@@ -359,7 +362,7 @@ def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_pho
         )
         strangers.append(sha)
     store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, ReceiverSettings(*endpoints, heartbeat_s=0.2, new_classes=False), classes=lambda: known)
+    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints), new_classes=False, classes=lambda: known)
     receiver.start()
     sender.start()
     try:
@@ -379,7 +382,7 @@ def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_pho
 def test_a_new_class_from_an_allowed_sender_is_taken_if_it_is_a_class_name():
     from trainer.receiver import class_name_problem
 
-    receiver = Receiver(None, ReceiverSettings("ipc:///nowhere", "ipc:///nowhere2"), classes=lambda: ["A"])
+    receiver = Receiver(None, HandoffSection(), Link("ipc:///nowhere", "ipc:///nowhere2"), classes=lambda: ["A"])
     header = {
         "id": "d" * 64,
         "kind": "expert",
@@ -398,4 +401,4 @@ def test_a_new_class_from_an_allowed_sender_is_taken_if_it_is_a_class_name():
         ("zero\u200bwidth", "invisible"),
     ):
         assert why in class_name_problem(bad) and why in receiver._refusal({**header, "label": bad})
-    assert Receiver(None, ReceiverSettings("a", "b"))._refusal({**header, "kind": "pseudo"}) is None  # no engine: not checked
+    assert Receiver(None, HandoffSection(), Link("a", "b"))._refusal({**header, "kind": "pseudo"}) is None  # no engine: not checked

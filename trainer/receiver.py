@@ -18,25 +18,15 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
+from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
-from edge_agent.handoff.transport import Authenticator, CurveKeys, server_socket
+from edge_agent.handoff.transport import Authenticator, Link, server_socket
 from edge_agent.log import get_logger
 from edge_agent.worker import Worker
 from trainer.samples import SampleStore
 
-__all__ = ["Receiver", "ReceiverSettings"]
-
-
-@dataclass
-class ReceiverSettings:
-    endpoint: str
-    announce_endpoint: str
-    heartbeat_s: float = 2.0
-    max_payload: int = 32 * 1024 * 1024
-    curve: CurveKeys | None = None
-    new_classes: bool = True  # an expert's label may name a class the engine does not know yet
+__all__ = ["Receiver"]
 
 
 def class_name_problem(label: str) -> str | None:
@@ -59,16 +49,18 @@ class Receiver(Worker):
     def __init__(
         self,
         store: SampleStore,
-        settings: ReceiverSettings,
+        settings: HandoffSection,
+        link: Link,
+        new_classes: bool = True,
         on_sample: Callable[[], None] | None = None,
         classes: Callable[[], Collection[str]] | None = None,
     ) -> None:
         super().__init__()
         self.store = store
-        self.settings = settings
+        self.settings, self.link, self.new_classes = settings, link, new_classes
         self.on_sample = on_sample or (lambda: None)
         self.classes = classes  # the engine in service's classes (None: labels are not checked)
-        self.log = get_logger("handoff.receiver", endpoint=settings.endpoint)
+        self.log = get_logger("handoff.receiver", endpoint=link.endpoint)
         self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0, "refused": 0}
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
@@ -89,12 +81,12 @@ class Receiver(Worker):
         import zmq
 
         ctx = zmq.Context()
-        s = self.settings
+        s = self.link
         auth = Authenticator(ctx, s.curve.authorized_dir) if s.curve and s.endpoint.startswith("tcp://") else None
         router = server_socket(ctx, zmq.ROUTER, s.endpoint, s.curve)
-        pub = server_socket(ctx, zmq.PUB, s.announce_endpoint, s.curve)
+        pub = server_socket(ctx, zmq.PUB, s.announce, s.curve)
         self._ready.set()
-        self.log.info("listening", announce=s.announce_endpoint)
+        self.log.info("listening", announce=s.announce)
         try:
             while not self._stop.is_set():
                 with self._lock:
@@ -114,7 +106,7 @@ class Receiver(Worker):
 
     def _handle(self, router, frames: list[bytes]) -> None:
         peer, body = frames[0], frames[1:]
-        msg = decode_or_drop(body, self.settings.max_payload, self.counters, self.log)
+        msg = decode_or_drop(body, self.settings.max_payload_mb << 20, self.counters, self.log)
         if msg is None:
             return
         self.peers[peer] = time.monotonic()
@@ -165,7 +157,7 @@ class Receiver(Worker):
             return None
         if header["kind"] != "expert":
             return f"a pseudo-label must name one of the engine's {len(known)} classes"
-        if not self.settings.new_classes:
+        if not self.new_classes:
             return "new classes are taken from the trainer's own device only ([trainer] fleet_new_classes = true allows the fleet)"
         problem = class_name_problem(label)
         return f"not a class name: {problem}" if problem else None

@@ -17,15 +17,15 @@ from pathlib import Path
 
 from edge_agent.config import AppConfig
 from edge_agent.log import get_logger
-from edge_agent.state import curve_keys, handoff_endpoints, resolve_store, trainer_state_dir, write_status
+from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
 from engines.signing import load_or_create_key
 from trainer.labelled import labelled_sources
-from trainer.receiver import Receiver, ReceiverSettings
+from trainer.receiver import Receiver
 from trainer.retrain import RetrainResult, balance_pseudo, retrain, settle_published
 from trainer.samples import SampleStore
 from trainer.stop import Stopped
-from trainer.transfer import EngineServer, TransferSettings
+from trainer.transfer import EngineServer
 
 __all__ = ["TrainerService", "retrain", "RetrainResult", "balance_pseudo", "trainer_state_dir"]
 
@@ -43,21 +43,10 @@ class TrainerService:
         self._sign_unsigned_versions()
         for tag, version in settle_published(self.store, self.samples).items():  # a publish stopped last time
             self.log.info("pending_samples_settled", tag=tag, published=version or "no: the samples are new again")
-        endpoint, announce, transfer = handoff_endpoints(cfg, state_dir)
-        h = cfg.handoff
-        self.receiver = Receiver(
-            self.samples,
-            ReceiverSettings(
-                endpoint=endpoint,
-                announce_endpoint=announce,
-                heartbeat_s=h.heartbeat_s,
-                max_payload=h.max_payload_mb << 20,
-                curve=curve_keys(cfg),
-                new_classes=not endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes,
-            ),
-            classes=self._classes,
-        )
-        self.server = EngineServer(self.store, TransferSettings(endpoint=transfer, curve=curve_keys(cfg)))
+        link = handoff_link(cfg, state_dir)
+        new_classes = not link.endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes
+        self.receiver = Receiver(self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes)
+        self.server = EngineServer(self.store, link)
         self._stop = threading.Event()
         self.state = "idle"
         self.last: RetrainResult | None = None

@@ -14,20 +14,13 @@ import time
 from dataclasses import dataclass, field
 
 from edge_agent.handoff.protocol import decode_or_drop
-from edge_agent.handoff.transport import Authenticator, CurveKeys, server_socket
+from edge_agent.handoff.transport import Authenticator, Link, server_socket
 from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import CHUNK_MAX, decode, encode
 from edge_agent.worker import Worker
 from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError
 
-__all__ = ["EngineServer", "TransferSettings", "Peer"]
-
-
-@dataclass
-class TransferSettings:
-    endpoint: str
-    curve: CurveKeys | None = None
-    offer_every_s: float = 10.0
+__all__ = ["EngineServer", "Peer"]
 
 
 @dataclass
@@ -60,10 +53,11 @@ class Peer:
 class EngineServer(Worker):
     thread_name = "engine-server"
 
-    def __init__(self, store: EngineStore, settings: TransferSettings) -> None:
+    def __init__(self, store: EngineStore, link: Link, offer_every_s: float = 10.0) -> None:
+        """Serves ``store`` on ``link.transfer``."""
         super().__init__()
-        self.store, self.settings = store, settings
-        self.log = get_logger("transfer.server", endpoint=settings.endpoint)
+        self.store, self.link, self.offer_every_s = store, link, offer_every_s
+        self.log = get_logger("transfer.server", endpoint=link.transfer)
         self.counters = {"hellos": 0, "offers": 0, "chunks": 0, "bytes": 0, "malformed": 0, "missing": 0}
         self.peers: dict[str, Peer] = {}
         self._lock = threading.Lock()
@@ -95,9 +89,9 @@ class EngineServer(Worker):
         import zmq
 
         ctx = zmq.Context()
-        s = self.settings
-        auth = Authenticator(ctx, s.curve.authorized_dir) if s.curve and s.endpoint.startswith("tcp://") else None
-        router = server_socket(ctx, zmq.ROUTER, s.endpoint, s.curve)
+        s = self.link
+        auth = Authenticator(ctx, s.curve.authorized_dir) if s.curve and s.transfer.startswith("tcp://") else None
+        router = server_socket(ctx, zmq.ROUTER, s.transfer, s.curve)
         router.setsockopt(zmq.SNDHWM, 1000)
         self._ready.set()
         self.log.info("listening")
@@ -138,7 +132,7 @@ class EngineServer(Worker):
             return
         if not peer.identity or peer.engine_version == version or version in peer.refused:
             return
-        if time.monotonic() - peer.offered.get(version, -1e9) < self.settings.offer_every_s:
+        if time.monotonic() - peer.offered.get(version, -1e9) < self.offer_every_s:
             return
         offer = self._offer_of(version)
         if offer is None:
@@ -152,7 +146,7 @@ class EngineServer(Worker):
     def _handle(self, router, frames) -> None:
         identity = frames[0].bytes
         address = "this machine (ipc)"
-        if not self.settings.endpoint.startswith("ipc://"):
+        if not self.link.transfer.startswith("ipc://"):
             try:
                 address = frames[1].get("Peer-Address")
             except Exception:  # a transport without one

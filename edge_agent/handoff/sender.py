@@ -18,27 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
-from edge_agent.handoff.transport import CurveKeys, client_socket, send_nowait
+from edge_agent.handoff.transport import Link, client_socket, send_nowait
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB
 from edge_agent.spool import PhotoSpool
 from edge_agent.worker import Worker
 
-__all__ = ["Sender", "SenderSettings"]
-
-
-@dataclass
-class SenderSettings:
-    endpoint: str
-    announce_endpoint: str
-    window: int = 16
-    ack_timeout_s: float = 5.0
-    backoff_max_s: float = 60.0
-    heartbeat_s: float = 2.0
-    max_payload: int = 32 * 1024 * 1024
-    curve: CurveKeys | None = None
-    device: str = ""  # this daemon's name, sent with each sample (the trainer's fleet list counts them by it)
+__all__ = ["Sender"]
 
 
 @dataclass
@@ -51,13 +39,22 @@ class _InFlight:
 class Sender(Worker):
     thread_name = "handoff-sender"
 
-    def __init__(self, db: ResultsDB, spool: PhotoSpool, settings: SenderSettings, on_engine: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        db: ResultsDB,
+        spool: PhotoSpool,
+        settings: HandoffSection,
+        link: Link,
+        device: str = "",
+        on_engine: Callable[[str], None] | None = None,
+    ) -> None:
+        """``device``: this daemon's name, sent with each sample (the trainer's fleet list counts them by it)."""
         super().__init__()
         self.db = db
         self.spool = spool
-        self.settings = settings
+        self.settings, self.link, self.device = settings, link, device
         self.on_engine = on_engine or (lambda version: None)
-        self.log = get_logger("handoff.sender", endpoint=settings.endpoint)
+        self.log = get_logger("handoff.sender", endpoint=link.endpoint)
         self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0, "refused": 0}
         self.trainer_seen = 0.0
         self._inflight: dict[str, _InFlight] = {}
@@ -74,8 +71,8 @@ class Sender(Worker):
         import zmq
 
         ctx = zmq.Context()
-        dealer = client_socket(ctx, zmq.DEALER, self.settings.endpoint, self.settings.curve)
-        sub = client_socket(ctx, zmq.SUB, self.settings.announce_endpoint, self.settings.curve)
+        dealer = client_socket(ctx, zmq.DEALER, self.link.endpoint, self.link.curve)
+        sub = client_socket(ctx, zmq.SUB, self.link.announce, self.link.curve)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
@@ -158,15 +155,15 @@ class Sender(Worker):
             "engine_version": entry.engine_version or "",
             "ext": Path(file).suffix.lower() or ".jpg",
         }
-        if self.settings.device:
-            header["device"] = self.settings.device
+        if self.device:
+            header["device"] = self.device
         ok = self._send(sock, encode("sample", header, data))
         if ok:
             self.counters["resent" if resend else "sent"] += 1
         return ok
 
     def _handle(self, frames: list[bytes]) -> None:
-        msg = decode_or_drop(frames, self.settings.max_payload, self.counters, self.log)
+        msg = decode_or_drop(frames, self.settings.max_payload_mb << 20, self.counters, self.log)
         if msg is None:
             return
         if msg.kind == "heartbeat":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engines.errors import EdgeAgentError
 
-__all__ = ["CurveKeys", "client_socket", "server_socket", "default_endpoints", "TransportError", "Authenticator", "send_nowait"]
+__all__ = ["CurveKeys", "Link", "client_socket", "server_socket", "default_endpoints", "TransportError", "Authenticator", "send_nowait"]
 
 
 class TransportError(EdgeAgentError, RuntimeError):
@@ -30,6 +30,16 @@ class CurveKeys:
     secret: str
     server_public: str = ""
     authorized_dir: str = ""
+
+
+@dataclass(frozen=True)
+class Link:
+    """Where the daemon and the trainer meet: [handoff]'s three sockets, defaults resolved, and its CURVE keys."""
+
+    endpoint: str  # labels, daemon -> trainer (DEALER -> ROUTER)
+    announce: str  # engine announcements, trainer -> daemons (PUB -> SUB)
+    transfer: str = ""  # engine files, trainer -> daemons (ROUTER <- DEALER)
+    curve: CurveKeys | None = None
 
 
 def default_endpoints(runtime_dir: Path) -> tuple[str, str, str]:

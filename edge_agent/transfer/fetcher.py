@@ -21,26 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop
-from edge_agent.handoff.transport import CurveKeys, client_socket, send_nowait
+from edge_agent.handoff.transport import Link, client_socket, send_nowait
 from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import MAX_REFUSED, decode, encode
 from edge_agent.worker import Worker
 from engines.durable import fsync_file
 from engines.store import MANIFEST, MAX_FILE_BYTES, SIGNATURE_FILE, EngineStore, StoreError, sha256_file
 
-__all__ = ["EngineFetcher", "FetcherSettings"]
-
-
-@dataclass
-class FetcherSettings:
-    endpoint: str
-    name: str
-    curve: CurveKeys | None = None
-    heartbeat_s: float = 2.0
-    chunk_bytes: int = 1 << 20
-    window: int = 4
-    stall_s: float = 10.0
+__all__ = ["EngineFetcher"]
 
 
 @dataclass
@@ -63,15 +53,20 @@ class EngineFetcher(Worker):
         self,
         store: EngineStore,
         trust,
-        settings: FetcherSettings,
+        settings: HandoffSection,
+        link: Link,
+        name: str,
         serving: Callable[[], str],
         queue_depth: Callable[[], int] = lambda: 0,
         on_installed: Callable[[str], None] = lambda version: None,
+        stall_s: float = 10.0,
     ) -> None:
+        """``name``: this daemon in the trainer's fleet list; ``stall_s``: a transfer with no chunk for this long asks again."""
         super().__init__()
-        self.store, self.trust, self.settings = store, trust, settings
+        self.store, self.trust, self.settings, self.link, self.name = store, trust, settings, link, name
+        self.chunk_bytes, self.window, self.stall_s = settings.transfer_chunk_kb << 10, settings.transfer_window, stall_s
         self.serving, self.queue_depth, self.on_installed = serving, queue_depth, on_installed
-        self.log = get_logger("transfer.fetcher", endpoint=settings.endpoint, device=settings.name)
+        self.log = get_logger("transfer.fetcher", endpoint=link.transfer, device=name)
         self.counters = {
             "offers": 0,
             "installed": 0,
@@ -104,7 +99,7 @@ class EngineFetcher(Worker):
         import zmq
 
         ctx = zmq.Context()
-        sock = client_socket(ctx, zmq.DEALER, self.settings.endpoint, self.settings.curve)
+        sock = client_socket(ctx, zmq.DEALER, self.link.transfer, self.link.curve)
         next_hello = 0.0
         try:
             while not self._stop.is_set():
@@ -116,7 +111,7 @@ class EngineFetcher(Worker):
                         encode(
                             "hello",
                             {
-                                "name": self.settings.name,
+                                "name": self.name,
                                 "engine_version": self.serving(),
                                 "queue": int(self.queue_depth()),
                                 "refused": dict(list(self.refused.items())[-MAX_REFUSED:]),
@@ -125,7 +120,7 @@ class EngineFetcher(Worker):
                     )
                     next_hello = now + self.settings.heartbeat_s
                 job = self._job
-                if job is not None and now - job.last_progress > self.settings.stall_s:
+                if job is not None and now - job.last_progress > self.stall_s:
                     self.counters["stalls"] += 1
                     self.log.warning("transfer_stalled", engine_version=job.version, action="asking again")
                     for f, off, _ in job.outstanding:  # ask again from the first byte not yet written
@@ -149,7 +144,7 @@ class EngineFetcher(Worker):
         return send_nowait(sock, frames)
 
     def _handle(self, sock, frames: list[bytes]) -> None:
-        msg = decode_or_drop(frames, self.settings.chunk_bytes, self.counters, self.log, decoder=decode)
+        msg = decode_or_drop(frames, self.chunk_bytes, self.counters, self.log, decoder=decode)
         if msg is None:
             return
         self.trainer_seen = time.monotonic()
@@ -222,7 +217,7 @@ class EngineFetcher(Worker):
         for name, size, _ in files:
             part = incoming / name
             have = part.stat().st_size if part.is_file() else 0
-            have = min(have - have % self.settings.chunk_bytes, size)
+            have = min(have - have % self.chunk_bytes, size)
             if part.is_file():
                 os.truncate(part, have)
             job.next[name] = have
@@ -239,14 +234,14 @@ class EngineFetcher(Worker):
         if job is None:
             return
         for name, size, _ in job.files:
-            while len(job.outstanding) < self.settings.window and job.next[name] < size:
+            while len(job.outstanding) < self.window and job.next[name] < size:
                 off = job.next[name]
-                length = min(self.settings.chunk_bytes, size - off)
+                length = min(self.chunk_bytes, size - off)
                 if not self._send(sock, encode("fetch", {"version": job.version, "file": name, "offset": off, "length": length})):
                     return  # not connected: the stall timer asks again
                 job.outstanding.append((name, off, length))
                 job.next[name] = off + length
-            if len(job.outstanding) >= self.settings.window:
+            if len(job.outstanding) >= self.window:
                 return
 
     # ---- a chunk ------------------------------------------------------------------
