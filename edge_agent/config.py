@@ -201,6 +201,23 @@ class LabelsSection(_Section):
         description="Most photos one expert is asked about per day (local time); `review list` shows the best of the pool up "
         "to what is left of today's budget. 0: no budget.",
     )
+    trust_checks: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description="A class's confident answers become pseudo-labels only once the expert has checked at least this many "
+        "of them (and trust_precision holds); until then they go to review too. 0 trusts every class from the start.",
+    )
+    trust_precision: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="The precision a class's checked confident answers must show, counting one standard error against "
+        "it (the Wilson score interval's lower end), to earn pseudo-labels.",
+    )
+    trust_window: int = Field(
+        30, ge=1, le=10000, description="A class's trust is judged on its latest this many checks (older engines' answers fall out)."
+    )
     review_pool: int = Field(
         2000,
         ge=1,

@@ -1,6 +1,8 @@
 """The label policy: which answers become pseudo-labels, which go to the expert, and how many a class may queue.
 
-:func:`decide` is the policy itself, pure (the daemon and any simulation of it call the same function).
+:func:`decide` is the policy itself, pure (the daemon and any simulation of it call the same function): a confident
+answer becomes a pseudo-label only for a class the expert's checks have shown right often enough
+(:mod:`edge_agent.review.checks`); any other class's confident answers go to the expert, as checks.
 :class:`LabelQueuer` applies it to a batch of classified photos: it keeps the per-class cap on pseudo-labels of each
 engine version and writes the chosen photos to the spool, the batch's queue files made durable before the caller
 commits the rows that list them.
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from edge_agent.log import get_logger
 from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.review.checks import TrustBook
 from edge_agent.spool import Origin, PhotoSpool, QueueFull, SpoolItem
 
 if TYPE_CHECKING:
@@ -27,12 +30,13 @@ __all__ = ["Kind", "decide", "LabelQueuer", "Queued", "Answer"]
 Kind = Literal["pseudo", "review"]
 
 
-def decide(verdict: str, confidence: float, policy: LabelsSection) -> Kind | None:
-    """Only a ``confident`` verdict at ``pseudo_threshold`` or above becomes a pseudo-label; ``unknown`` always goes to
-    review (a new class may be born there), and so does an answer below ``review_threshold``, or one sure by the
-    softmax that the verdict refused for its distance from the training photos; anything else is not queued."""
+def decide(verdict: str, confidence: float, policy: LabelsSection, trusted: bool = True) -> Kind | None:
+    """Only a ``confident`` verdict at ``pseudo_threshold`` or above, for a ``trusted`` class, becomes a pseudo-label
+    (an untrusted class's goes to review, for the expert to check); ``unknown`` always goes to review (a new class may
+    be born there), and so does an answer below ``review_threshold``, or one sure by the softmax that the verdict
+    refused for its distance from the training photos; anything else is not queued."""
     if verdict == "confident" and confidence >= policy.pseudo_threshold:
-        return "pseudo"
+        return "pseudo" if trusted else "review"
     if verdict == "unknown" or confidence < policy.review_threshold or confidence >= policy.pseudo_threshold:
         return "review"
     return None
@@ -65,6 +69,7 @@ class LabelQueuer:
         self.db = db
         self.spool = spool
         self.policy = policy
+        self.trust = TrustBook(db, policy)
         self.full = False  # the last batch found the quota reached
         self._counts: dict[str, dict[str, int]] = {}  # engine version -> label -> pseudo-labels queued
         self.log = get_logger("labelling")
@@ -83,7 +88,7 @@ class LabelQueuer:
         wanted: list[tuple[Answer, Kind]] = []
         for a in answers:
             p = a.prediction
-            kind = decide(p.verdict, p.confidence, self.policy)
+            kind = decide(p.verdict, p.confidence, self.policy, self.trust.trusted(p.label))
             if kind == "pseudo":
                 if self._of(p.engine_version).get(p.label, 0) >= self.policy.per_class_cap:
                     continue  # the class has its share of this version's pseudo-labels

@@ -247,6 +247,18 @@ class ResultsDB:
         """How many photos an expert labelled since ``since`` (the per-day review budget)."""
         return self._query("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ?", (since,))[0][0]
 
+    def expert_checks(self) -> list[tuple[str, str | None, str]]:
+        """Every expert label beside the model's answer to that photo: (its class, its verdict, the expert's class),
+        newest label first."""
+        return self._query(
+            "SELECT r.label, r.verdict, e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 ORDER BY e.labelled DESC"
+        )
+
+    def expert_stamp(self) -> tuple[int, float]:
+        """(how many expert labels, the newest's time): changes whenever the expert labels or relabels a photo."""
+        n, newest = self._query("SELECT COUNT(*), COALESCE(MAX(labelled), 0) FROM expert_labels")[0]
+        return int(n), float(newest)
+
     def review_pool(self) -> list[tuple[QueueEntry, list, str | None]]:
         """Photos waiting for review, each with the top-k and the verdict of its prediction."""
         rows = self._query(

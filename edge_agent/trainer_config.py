@@ -72,6 +72,21 @@ class TrainerSection(BaseModel):
         "(edge_agent/default_data) for the classes the engine in service knows; without validation photos no retrain starts.",
     )
     retrain_threshold: int = Field(200, ge=1, description="Retrain once this many new samples have arrived.")
+    expert_threshold: int = Field(
+        10, ge=1, description="Retrain once this many new expert labels have arrived, however few samples else (a day's questions)."
+    )
+    field_check_every: int = Field(
+        4,
+        ge=0,
+        le=100,
+        description="Every Nth expert label of a class is held back, never trained on, to check candidates on this field; "
+        "0: none (candidates are then judged on the lab gate photos alone).",
+    )
+    field_check_min: int = Field(
+        8,
+        ge=1,
+        description="Fewest held-back expert labels the field check judges on; with fewer, once expert labels exist, nothing is published.",
+    )
     fleet_new_classes: bool = Field(
         False, description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon."
     )

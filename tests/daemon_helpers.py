@@ -23,6 +23,11 @@ FAST = {
     "daemon": {"status_interval_s": 0.5, "drain_timeout_s": 20.0},
     "inbox": {"settle_s": 0.3, "rescan_interval_s": 1.0, "incomplete_grace_s": 2.0},
     "log": {"format": "json"},
+    # Every class trusted from the start: these tests are about the road pseudo-labels travel, not whether a class has
+    # earned them (that is tests/test_trust.py, and the default, trust_checks = 10, in test_the_default_daemon_...).
+    "labels": {"trust_checks": 0},
+    # Likewise the field check ([trainer] field_check_every): its gate is tests/test_field_check.py's.
+    "trainer": {"field_check_every": 0},
 }
 
 

@@ -497,3 +497,37 @@ def test_a_photo_that_cannot_be_moved_out_is_recorded_once_and_not_offered_again
     finally:
         daemon.request_stop()
         t.join(30)
+
+
+def test_the_default_daemon_asks_the_expert_about_confident_answers_until_their_class_has_earned_trust(tmp_path):
+    """Out of the box no class is trusted ([labels] trust_checks = 10): a confident answer is not a pseudo-label yet,
+    it joins the review pool as a check; the expert's label is recorded against the model's answer."""
+    import subprocess
+    import sys
+
+    d = DaemonProc(tmp_path / "state", {"labels": {"trust_checks": 10}}).start()
+    try:
+        d.wait_ready()
+        samples = sorted((Path(__file__).parents[1] / "samples").glob("*.jpg"))
+        for p in samples:
+            shutil.copy(p, d.inbox / p.name)
+        wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM label_queue")[0][0] >= len(samples), 60, "every photo queued")
+        assert db_rows(d.state, "SELECT COUNT(*) FROM results WHERE verdict = 'confident'")[0][0] == len(samples)
+        assert db_rows(d.state, "SELECT kind, COUNT(*) FROM label_queue GROUP BY kind") == [("review", len(samples))]
+
+        def cli(*args):
+            return subprocess.run(
+                [sys.executable, "-m", "edge_agent", *args, "--config", str(d.config_path), "--state-dir", str(d.state)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+
+        asked = [json.loads(line) for line in cli("review", "list", "--json").splitlines()]
+        assert len(asked) == len(samples)
+        first = asked[0]
+        cli("review", "label", first["photo_id"], first["label"])  # the expert agrees: one right check
+        said, verdict, expert = db_rows(d.state, "SELECT r.label, r.verdict, e.label FROM expert_labels e JOIN results r USING (sha256)")[0]
+        assert (said, verdict, expert) == (first["label"], "confident", first["label"])
+    finally:
+        d.terminate()

@@ -241,7 +241,7 @@ def test_a_failed_retrain_waits_for_new_samples(tmp_path, monkeypatch):
     from edge_agent.config import parse_config
     from trainer import service
 
-    svc = service.TrainerService(parse_config({"trainer": {"retrain_threshold": 1}}), tmp_path)
+    svc = service.TrainerService(parse_config({"trainer": {"retrain_threshold": 1, "field_check_every": 0}}), tmp_path)
     svc.samples.add({"id": "a" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"}, b"x")
 
     def boom(*a, **k):

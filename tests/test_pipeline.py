@@ -69,7 +69,7 @@ def make_pipeline(tmp_path, engine, policy=None, settings=None, quota=1 << 30, a
         spool,
         tmp_path,
         settings or PipelineSection(max_batch=4, max_wait_ms=50),
-        policy or LabelsSection(),
+        policy or LabelsSection(trust_checks=0),
         after,
         on_done=done.append,
         on_retry=retried.append,
@@ -156,7 +156,7 @@ def test_pseudo_label_threshold_cap_and_review(tmp_path, engine):
     p, db, *_ = make_pipeline(
         tmp_path,
         fixed,
-        policy=LabelsSection(pseudo_threshold=0.9, per_class_cap=2, review_threshold=0.5),
+        policy=LabelsSection(pseudo_threshold=0.9, per_class_cap=2, review_threshold=0.5, trust_checks=0),
         settings=PipelineSection(max_batch=1, max_wait_ms=0),
     )
     for path in drop(tmp_path / "inbox", len(confidences)):

@@ -31,6 +31,7 @@ def _open_gate(tmp_path) -> dict:
         "int8": False,
         "gate_tolerance": 1.0,
         "gate_max_class_drop": 1.0,
+        "field_check_every": 0,
         "calibrate": False,
     }
 

@@ -85,7 +85,7 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
 
     photos = sorted(GATE.glob("*/*.jpg"))
     held_back = photos.pop(len(photos) // 2)  # uploaded through the page later
-    daemon = DaemonProc(tmp_path / "state").start()
+    daemon = DaemonProc(tmp_path / "state", {"labels": {"trust_checks": 10}}).start()  # the default: no class trusted yet
     web = None
     try:
         daemon.wait_ready()
@@ -138,6 +138,15 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         rows = db_rows(daemon.state, f"SELECT kind, label FROM label_queue WHERE photo_id = '{photo_id}'")
         sent = db_rows(daemon.state, "SELECT label FROM expert_labels")
         assert rows in ([("expert", first_class)], []) and sent == [(first_class,)]  # [] once already delivered and acknowledged
+
+        # how far to trust each class: the expert's label read against the model's answer
+        said = db_rows(daemon.state, f"SELECT label FROM results WHERE photo_id = '{photo_id}'")[0][0]
+        browser.get(base + "/trust")
+        row = browser.find_element(By.CSS_SELECTOR, f'#trust tr[data-class="{said}"]')
+        assert "not yet" in row.text  # one check is not enough to earn pseudo-labels
+        cells = browser.find_elements(By.CSS_SELECTOR, f'#confusion tr[data-class="{said}"] td')
+        assert "1" in [c.text for c in cells[1:]]
+        browser.save_screenshot(str(shots / "trust.png"))
 
         # upload a photo the daemon has not seen; follow the link until its result is there
         browser.get(base + "/upload")

@@ -151,6 +151,17 @@ def _status(args: argparse.Namespace) -> int:
     if st.get("labelled"):
         lab = st["labelled"]
         print(f"true labels: {lab.get('replay_photos', 0)} to replay, {lab.get('validation_photos', 0)} for the gate ({lab.get('origin')})")
+    gate = (last or {}).get("metrics", {}).get("gate")
+    if gate and "candidate_top1" in gate:
+        field = gate.get("field") or {}
+        on_field = (
+            f"; field check {field['field_candidate_top1']:.4f} vs {field['field_current_top1']:.4f} on {field['field_photos']} held-back expert labels"
+            if "field_candidate_top1" in field
+            else (f"; field check: {field['reason']}" if field.get("field_photos") else "; no field check (no expert labels yet)")
+        )
+        print(f"last gate: lab {gate['candidate_top1']:.4f} vs {gate['current_top1']:.4f}{on_field}")
+    if st.get("waiting_for_field_check"):
+        print(f"not retraining yet: {st['waiting_for_field_check']}")
     if st.get("blocked"):
         print(f"NOT RETRAINING: {st['blocked']}")
     elif st.get("waiting_for_new_samples"):

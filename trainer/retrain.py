@@ -3,7 +3,9 @@
 The engine in service (its torch weights) is fine-tuned with the configured strategy on the replayed true
 labels (:mod:`trainer.labelled`) + every expert label (weight ``expert_weight``) + every pseudo-label received so
 far (checked again by the engine in service, :mod:`trainer.recheck`); the candidate is gated on photos it never
-trained on; if it passes it is calibrated, exported, published atomically and announced. Samples are marked
+trained on: the lab gate photos and, once the expert has labelled any photo, the expert labels held back as the field
+check set (:mod:`trainer.field_check`, which also decides whether BatchNorm statistics adapted to the field's photos
+are kept); if it passes both it is calibrated, exported, published atomically and announced. Samples are marked
 with the generation that used them only after the decision (a refused candidate marks them too, so the next
 retrain waits for new ones), so a trainer stopped or killed mid-way retrains on the same samples when it comes back.
 """
@@ -23,6 +25,7 @@ from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, preprocess_file
 from engines.store import EngineStore
 from trainer.calibrate import calibrate
 from trainer.continual import train_generation
+from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
@@ -79,6 +82,21 @@ def _received(
     return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), used), ids, new_classes
 
 
+def _field_check(samples: list, check_ids: set[str], classes: list[str], should_stop) -> Generation:
+    """The held-back expert labels as photos and class indices (a class no engine has yet is left out)."""
+    xs, ys = [], []
+    for s in samples:
+        if s.id not in check_ids or s.label not in classes:
+            continue
+        check(should_stop, "while reading the field check set")
+        try:
+            xs.append(torch.from_numpy(preprocess_file(s.file)))
+        except (ImageRejected, OSError):
+            continue
+        ys.append(classes.index(s.label))
+    return Generation(torch.stack(xs), torch.tensor(ys)) if xs else empty_generation()
+
+
 def _recheck_pseudo(teacher, received: Generation, tau: float, should_stop) -> tuple[Generation, dict]:
     """The received samples with every pseudo-label scored again by ``teacher`` (:mod:`trainer.recheck`):
     relabelled with its class and confidence, or left out where it is below ``tau``."""
@@ -121,6 +139,19 @@ def settle_published(store: EngineStore, samples: SampleStore) -> dict[str, str 
     return samples.settle_pending(published_with)
 
 
+def _both(lab, on_field: FieldDecision):
+    """The lab gate's decision and the field check's, as one: published only if both pass; each one's figures."""
+    if not lab.publish:
+        reason = lab.reason
+    elif not on_field.publish:
+        reason = on_field.reason
+    else:
+        reason = lab.reason if not on_field.metrics.get("field_photos") else f"{lab.reason}; {on_field.reason}"
+    lab.publish, lab.reason = lab.publish and on_field.publish, reason
+    lab.metrics = {**lab.metrics, "field": {"publish": on_field.publish, "reason": on_field.reason, **on_field.metrics}}
+    return lab
+
+
 def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
     """What the manifest records of how a candidate was trained."""
     keys = ("epochs", "batch_size", "weight_decay", "pseudo_lambda", "ramp_epochs", "seed", "swa_epochs", "distill", "distill_temperature")
@@ -155,7 +186,11 @@ def retrain(
     sources = labelled_sources(cfg, classes)
     progress("reading photos")
     labelled = load_labelled(sources, should_stop)
-    received, ids, new_classes = _received(samples, classes, tc.expert_weight, labelled.gate_ids, should_stop)
+    stored = samples.all()
+    check_ids = held_back(stored, tc.field_check_every)
+    expert_labels = sum(1 for s in stored if s.kind == "expert")
+    received, ids, new_classes = _received(samples, classes, tc.expert_weight, labelled.gate_ids | check_ids, should_stop)
+    field = _field_check(stored, check_ids, classes, should_stop)
     train, val = labelled.train, labelled.val
     if len(val) == 0:  # nothing could ever be published: say so, and keep the samples for when there is
         return RetrainResult(
@@ -175,6 +210,7 @@ def retrain(
         "expert": int((~received.pseudo).sum()),
         "pseudo": int(received.pseudo.sum()),
         "left_out_as_gate_photos": sum(1 for i in ids if i in labelled.gate_ids),
+        "field_check": len(field),
     }
     log.info("retrain_started", parent=current.name, validation=len(val), new_classes=new_classes, labelled_from=sources.origin, **counts)
     if len(data) < 2:
@@ -208,11 +244,28 @@ def retrain(
         candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed)
         log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
+    variants = [candidate]
+    adapted = None
+    if len(field) >= tc.field_check_min and (~received.pseudo).any():
+        progress("adapting to the field")
+        bn_model, adapted = adapt_batchnorm(candidate, received.x, field.x, field.y, should_stop)
+        log.info("field_batchnorm", **adapted)
+        if adapted["kept"]:
+            variants = [bn_model, candidate]  # the lab gate may still refuse the adapted statistics: then without them
     progress("gate")
     root_name = _root(store, current)
     root = previous if root_name == current.name else load_weights(store.open(root_name))
-    decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root)
+    for candidate in variants:
+        decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root)
+        on_field = field_gate(candidate, previous, field.x, field.y, expert_labels, tc.field_check_every, tc.field_check_min)
+        if decision.publish and on_field.publish:
+            break
+    if adapted is not None:
+        adapted["published_with"] = adapted["kept"] and candidate is variants[0]
+    decision = _both(decision, on_field)
     metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}, "samples": counts}
+    if adapted is not None:
+        metrics["field_batchnorm"] = adapted
     if rechecked:
         metrics["pseudo_recheck"] = rechecked
     if step is not None:

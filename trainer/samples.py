@@ -122,11 +122,12 @@ class SampleStore:
     def counts(self) -> dict:
         with self._lock:
             rows = self._db.execute("SELECT kind, generation IS NULL, COUNT(*) FROM samples GROUP BY 1, 2").fetchall()
-        out = {"pseudo": 0, "expert": 0, "new": 0}
+        out = {"pseudo": 0, "expert": 0, "new": 0, "new_expert": 0}
         for kind, new, n in rows:
             out[kind] = out.get(kind, 0) + n
             if new:
                 out["new"] += n
+                out["new_expert"] += n if kind == "expert" else 0
         return out
 
     def get_state(self, key: str, default: str | None = None) -> str | None:

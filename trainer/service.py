@@ -20,6 +20,7 @@ from edge_agent.log import get_logger
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
 from engines.signing import load_or_create_key
+from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver
 from trainer.retrain import RetrainResult, balance_pseudo, retrain, settle_published
@@ -54,6 +55,7 @@ class TrainerService:
         self.blocked: str | None = None  # why no retrain can be published, if none can
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
+        self._field_wait: tuple[int, str | None] = (-1, None)  # (sample count, why no candidate could be judged yet)
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
         self._classes_of: tuple[str | None, list[str]] = (None, [])  # the current version and its classes
 
@@ -115,6 +117,7 @@ class TrainerService:
             "blocked": self.blocked,
             "labelled": self.labelled,
             "waiting_for_new_samples": self._hold is not None,
+            "waiting_for_field_check": self._field_wait[1],
             "receiver": dict(self.receiver.counters),
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
@@ -156,7 +159,12 @@ class TrainerService:
         if self._hold is not None and total <= self._hold:
             return False  # the last retrain failed on exactly these samples: wait for new ones
         self._hold = None
-        return counts["new"] >= self.cfg.trainer.retrain_threshold
+        tc = self.cfg.trainer
+        if counts["new"] < tc.retrain_threshold and counts["new_expert"] < tc.expert_threshold:
+            return False
+        if self._field_wait[0] != total:  # read the samples again only when new ones have arrived
+            self._field_wait = (total, too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min))
+        return self._field_wait[1] is None  # else a candidate could not be published: no retrain spent on it
 
     def _retrain_once(self) -> None:
         self.blocked = self.check_validation()

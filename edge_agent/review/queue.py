@@ -1,8 +1,11 @@
 """The review queue as the expert meets it: what to ask today, best first; labelling one photo; pruning the pool.
 
-The daemon puts every photo below ``[labels] review_threshold`` into the pool (``<state>/queue/review``). The
-expert is shown the pool ranked by :func:`edge_agent.review.rank.rank`, at most what is left of today's
-``review_per_day`` budget (local days). A label moves the photo to the expert queue, which the hand-off
+The daemon puts every photo below ``[labels] review_threshold`` into the pool (``<state>/queue/review``), and the
+confident answers of classes that have not earned pseudo-labels yet (:mod:`edge_agent.review.checks`). The
+expert is shown, at most what is left of today's ``review_per_day`` budget (local days), those checks and the
+unsure photos in turn, a check first: each list ranked by :func:`edge_agent.review.rank.rank`, which spreads it over
+the classes. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
+answer the expert corrects is also the label that teaches the model most; the other half go where it hesitates. A label moves the photo to the expert queue, which the hand-off
 delivers to the trainer as a true label, exactly as the command line and the web page do.
 """
 
@@ -26,6 +29,11 @@ class ReviewItem:
     top_k: list
     margin: float
     verdict: str | None = None  # "unknown": unlike anything the model knows (a new class may be born here)
+
+    @property
+    def check(self) -> bool:
+        """A confident answer of a class not trusted yet: the expert's label checks it."""
+        return self.verdict == "confident"
 
 
 class LabelError(EdgeAgentError, ValueError):
@@ -59,8 +67,16 @@ def to_ask(db: ResultsDB, per_day: int, everything: bool = False) -> list[Review
     """The pool, best first: what to ask today (``everything``: the whole pool, ranked)."""
     pool = {item.entry.sha256: item for item in _pool(db)}
     limit = None if everything else left_today(db, per_day)
-    order = rank((Candidate(sha, item.top_k) for sha, item in pool.items()), limit)
-    return [pool[c.id] for c in order]
+    checks, unsure = ([Candidate(sha, it.top_k) for sha, it in pool.items() if it.check == c] for c in (True, False))
+    order = _alternate(rank(checks, limit), rank(unsure, limit))
+    return [pool[c.id] for c in order[:limit]]
+
+
+def _alternate(first: list, second: list) -> list:
+    """``first[0], second[0], first[1], ...``; the longer list's rest at the end."""
+    out = [x for pair in zip(first, second) for x in pair]
+    n = min(len(first), len(second))
+    return out + first[n:] + second[n:]
 
 
 def label_photo(
@@ -84,11 +100,14 @@ def label_photo(
 
 
 def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int) -> int:
-    """Drop the least informative photos beyond ``keep`` from the pool; returns how many left."""
+    """Drop the least informative photos beyond ``keep`` from the pool (checks and unsure photos alternately kept, each
+    newest or smallest margin first); returns how many left."""
     pool = _pool(db)
     if len(pool) <= keep:
         return 0
-    drop = sorted(pool, key=lambda item: item.margin)[keep:]
+    checks = sorted((it for it in pool if it.check), key=lambda it: -it.entry.created)
+    unsure = sorted((it for it in pool if not it.check), key=lambda it: it.margin)
+    drop = _alternate(checks, unsure)[keep:]
     db.remove_queued([item.entry.sha256 for item in drop])
     for item in drop:
         spool.remove(Path(item.entry.file))

@@ -1,4 +1,4 @@
-"""The page's routes: recent photos, the review queue, engines, health, upload.
+"""The page's routes: recent photos, the review queue, how far to trust each class, engines, health, upload.
 
 Everything is rendered on the server from the state directory the daemon and trainer write; the only writes
 are an expert's label (the same :func:`~edge_agent.review.queue.label_photo` as ``edge-agent review label``),
@@ -26,6 +26,7 @@ from starlette.templating import Jinja2Templates
 from edge_agent.config import AppConfig
 from edge_agent.imageheader import ImageRejected
 from edge_agent.results import ResultsDB
+from edge_agent.review.checks import trust_table
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
 from edge_agent.state import StateLayout, live_status, resolve_store, trainer_state_dir
 from edge_agent.web import charts
@@ -229,6 +230,17 @@ def create_app(ctx: WebContext) -> Starlette:
             db.close()
         return RedirectResponse(f"/review?i={_int(data.get('i'))}&done={entry.photo_id}", status_code=303)
 
+    async def trust(request: Request) -> Response:
+        db = ctx.db()
+        rows, table, columns = [], {}, []
+        if db is not None:
+            try:
+                rows, table, columns = trust_table(db, ctx.cfg.labels)
+            finally:
+                db.close()
+        labels = sum(r.labelled for r in rows)
+        return page(request, "trust.html", rows=rows, confusion=table, columns=columns, labels=labels, policy=ctx.cfg.labels)
+
     # ---- engines ------------------------------------------------------------
     async def engines(request: Request) -> Response:
         store = ctx.store()
@@ -359,6 +371,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/img/{size}/{sha}", image),
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),
+        Route("/trust", trust),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

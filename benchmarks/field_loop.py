@@ -1,0 +1,509 @@
+"""A device in a new field, learning from an expert's few labels: arms over seeds, field and lab side by side.
+
+``python -m benchmarks.field_loop --out DIR [--field apple-orchard] [--arms device random none] [--seeds 1 2 3]
+[--k 10] [--budget 100] [--mode fast|full] [--days N]``
+
+Protocol. The field folder's photos (``../shared/data/field/<field>``, exact duplicates kept once) are split per seed,
+stratified: 25 % held out as the field test, the rest shuffled and streamed in days of 100. The device starts from
+the shipped model with the shipped configuration (nothing set but the state directory). Each day it classifies the
+day's photos with the daemon's own code (:class:`edge_agent.labelling.LabelQueuer`: the label policy, per-class trust
+from the expert's checks, the spool); the expert then labels ``K`` photos of the review pool with their true class:
+``device``, the first K as ``edge-agent review list`` ranks them; ``random``, K at random from the same pool;
+``none``, no labels. At most ``--budget`` labels in all. What is queued is handed to the trainer, which retrains when
+:meth:`trainer.service.TrainerService` would (``retrain_threshold`` new samples or ``expert_threshold`` new expert
+labels) with :func:`trainer.retrain.retrain`: the lab gate, the field check on the held-back expert labels, publishing.
+
+``fast`` runs the daemon's and trainer's functions in this process; ``full`` runs the real ``edge-agent run`` and
+``edge-trainer serve`` on one state directory, drops the day's photos into its inbox and labels through
+``edge-agent review list/label`` (``device`` arm only). After each day: the field test top-1 and the lab top-1 of the
+engine in service (as the device runs it; lab: the shipped model's validation split, which no retrain trains or is
+gated on), the day's pseudo-labels and their precision, expert labels so far, versions published and refused.
+Writes ``DIR/<arm>/seed-<N>/report.json``; a run with a report is not run again. ``--report`` then writes
+``DIR/summary.json``, ``summary.md`` and ``field-top1.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+__all__ = ["LoopSettings", "split_field", "run", "summarise"]
+
+
+@dataclass
+class LoopSettings:
+    field: str = "apple-orchard"
+    arm: str = "device"  # device | random | none
+    seed: int = 1
+    k: int = 10
+    budget: int = 100
+    day_size: int = 100
+    test_fraction: float = 0.25
+    days: int | None = None  # None: every full day of the stream
+    mode: str = "fast"
+    data: str = str(SHARED / "field")
+    lab: str = str(SHARED / "plantvillage")
+
+
+def split_field(root: Path, classes: list[str], seed: int, test_fraction: float) -> tuple[list, list]:
+    """(test, stream): (path, class index) pairs, stratified by class, the stream shuffled across classes."""
+    rng = random.Random(seed)
+    test, stream, seen = [], [], set()
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name in classes):
+        photos = []
+        for path in sorted(folder.iterdir()):
+            sha = hashlib.sha256(path.read_bytes()).hexdigest()
+            if sha not in seen:
+                seen.add(sha)
+                photos.append((path, classes.index(folder.name)))
+        rng.shuffle(photos)
+        cut = round(len(photos) * test_fraction)
+        test += photos[:cut]
+        stream += photos[cut:]
+    rng.shuffle(stream)
+    return test, stream
+
+
+class _Measure:
+    """Top-1 of a store's engine in service on the field test and the lab photos, as the device runs it."""
+
+    def __init__(self, cfg, test: list, lab: list) -> None:
+        import numpy as np
+
+        from edge_agent.preprocess import preprocess_file
+
+        self.cfg = cfg
+        self.sets = {
+            name: (np.stack([preprocess_file(p) for p, _ in photos]), [y for _, y in photos])
+            for name, photos in (("field", test), ("lab", lab))
+        }
+
+    def __call__(self, store) -> dict:
+        from edge_agent.classifier import Classifier
+        from engines.loader import open_engine
+
+        clf = Classifier.configured(open_engine(store, self.cfg.engine), self.cfg)
+        try:
+            classes = store.open().classes
+            out = {}
+            for name, (x, y) in self.sets.items():
+                preds = [p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])]
+                out[name] = round(sum(classes.index(p.label) == t for p, t in zip(preds, y)) / len(y), 4)
+            return out
+        finally:
+            clf.engine.close()
+
+
+@dataclass
+class _Answer:
+    """A classified photo as :class:`edge_agent.labelling.LabelQueuer` reads it."""
+
+    sha256: str
+    photo_id: str
+    data: bytes
+    prediction: object
+    ext: str = ".jpg"
+    origin: None = None
+
+
+class _FastDevice:
+    """The daemon's labelling, the expert and the trainer, in this process."""
+
+    def __init__(self, s: LoopSettings, out: Path, truth: dict[str, int]) -> None:
+        from edge_agent.config import default_store_path, parse_config
+        from edge_agent.labelling import LabelQueuer
+        from edge_agent.results import ResultsDB
+        from edge_agent.spool import PhotoSpool
+        from engines.store import EngineStore
+        from trainer.samples import SampleStore
+
+        self.s, self.truth = s, truth
+        self.state = out / "state"
+        shutil.rmtree(self.state, ignore_errors=True)
+        self.cfg = parse_config({})  # the shipped configuration
+        self.store = EngineStore(shutil.copytree(default_store_path(), self.state / "engines"))
+        self.db = ResultsDB(self.state / "results.sqlite")
+        self.spool = PhotoSpool(self.state / "queue", self.cfg.labels.max_spool_mb << 20)
+        self.queuer = LabelQueuer(self.db, self.spool, self.cfg.labels)
+        self.samples = SampleStore(self.state / "trainer")
+        self.rng = random.Random(s.seed)
+        self.expert_labels = 0
+
+    def classify(self, photos: list) -> list[tuple[str, str, str]]:
+        """The day's photos through the daemon's policy; (sha256, kind queued or '', label) per photo."""
+        import numpy as np
+
+        from edge_agent.classifier import Classifier
+        from edge_agent.preprocess import preprocess_bytes
+        from edge_agent.results import ResultRow
+        from engines.loader import open_engine
+
+        clf = Classifier.configured(open_engine(self.store, self.cfg.engine), self.cfg)
+        try:
+            datas = [Path(p).read_bytes() for p, _ in photos]
+            x = np.stack([preprocess_bytes(d) for d in datas])
+            preds = [p for i in range(0, len(x), 16) for p in clf.predict_tensors(x[i : i + 16])]
+        finally:
+            clf.engine.close()
+        answers = [_Answer(hashlib.sha256(d).hexdigest(), hashlib.sha256(d).hexdigest()[:16], d, p) for d, p in zip(datas, preds)]
+        queued = self.queuer.queue(answers)
+        rows = [
+            ResultRow(
+                a.sha256,
+                a.photo_id,
+                None,
+                "inbox",
+                p.label,
+                p.confidence,
+                [list(t) for t in p.top_k],
+                p.engine_version,
+                {},
+                verdict=p.verdict,
+            )
+            for a, p in zip(answers, preds)
+        ]
+        self.db.commit(rows, queued.entries)
+        return [(a.sha256, queued.kinds.get(a.sha256, ""), a.prediction.label) for a in answers]
+
+    def ask_expert(self) -> int:
+        from edge_agent.review.queue import label_photo, to_ask
+
+        k = min(self.s.k, self.s.budget - self.expert_labels)
+        if self.s.arm == "none" or k <= 0:
+            return 0
+        if self.s.arm == "device":
+            chosen = [it.entry.sha256 for it in to_ask(self.db, 0, everything=True)[:k]]
+        else:
+            pool = sorted(e.sha256 for e, _, _ in self.db.review_pool())
+            chosen = self.rng.sample(pool, min(k, len(pool)))
+        classes = self.store.open().classes
+        for sha in chosen:
+            label_photo(self.db, self.state / "queue", self.cfg.labels.max_spool_mb << 20, classes, sha, classes[self.truth[sha]])
+        self.expert_labels += len(chosen)
+        return len(chosen)
+
+    def hand_over(self) -> None:
+        """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store."""
+        for e in self.db.queued_for_delivery(10**6):
+            header = {"id": e.sha256, "kind": e.kind, "label": e.label, "confidence": float(e.confidence or 1.0)}
+            header |= {"engine_version": e.engine_version or "", "ext": ".jpg"}
+            self.samples.add(header, Path(e.file).read_bytes())
+            self.db.remove_queued([e.sha256])
+            self.spool.remove(Path(e.file))
+
+    def retrain_if_due(self) -> dict | None:
+        from trainer.retrain import retrain
+
+        counts, tc = self.samples.counts(), self.cfg.trainer
+        if counts["new"] < tc.retrain_threshold and counts["new_expert"] < tc.expert_threshold:
+            return None
+        r = retrain(self.cfg, self.store, self.samples, self.state / "trainer" / "strategy")
+        gate = r.metrics.get("gate", {})
+        return {
+            "published": r.published,
+            "reason": r.reason,
+            "seconds": round(r.seconds, 1),
+            "lab_gate": {k: gate.get(k) for k in ("candidate_top1", "current_top1")},
+            "field_check": gate.get("field"),
+            "field_batchnorm": r.metrics.get("field_batchnorm"),
+        }
+
+    def day(self, photos: list) -> dict:
+        outcome = self.classify(photos)
+        experts = self.ask_expert()
+        self.hand_over()
+        return {"outcome": outcome, "expert": experts, "retrain": self.retrain_if_due()}
+
+    def close(self) -> None:
+        self.samples.close()
+        self.db.close()
+
+
+class _FullDevice:
+    """``edge-agent run`` and ``edge-trainer serve`` on one state directory, no configuration; the expert on the CLI."""
+
+    def __init__(self, s: LoopSettings, out: Path, truth: dict[str, int]) -> None:
+        from engines.store import EngineStore
+
+        self.s, self.truth = s, truth
+        self.state = out / "state"
+        shutil.rmtree(self.state, ignore_errors=True)
+        (self.state / "inbox").mkdir(parents=True)
+        self.procs = {}
+        for name, argv in (("daemon", ["-m", "edge_agent", "run"]), ("trainer", ["-m", "trainer", "--log-format", "json", "serve"])):
+            log = open(out / f"{name}.log", "ab")
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, *argv, "--state-dir", str(self.state)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+            )
+        self._wait(lambda: (self.state / "engines").is_dir() and self._status("status.json"), "the daemon to start", 120)
+        self.store = EngineStore(self.state / "engines")
+        self.sent = 0
+        self.expert_labels = 0
+
+    def _status(self, rel: str) -> dict:
+        try:
+            return json.loads((self.state / rel).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _wait(self, cond, what: str, timeout: float = 1800) -> None:
+        end = time.monotonic() + timeout
+        while not cond():
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the {name} exited ({proc.returncode}) while waiting for {what}")
+            if time.monotonic() > end:
+                raise TimeoutError(f"gave up waiting for {what}")
+            time.sleep(0.5)
+
+    def _cli(self, *args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "edge_agent", *args, "--state-dir", str(self.state)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        ).stdout
+
+    def _rows(self, sql: str) -> list:
+        from edge_agent.results import query_readonly
+
+        return query_readonly(self.state / "results.sqlite", sql)
+
+    def day(self, photos: list) -> dict:
+        staging = self.state / "inbox" / ".staging"
+        staging.mkdir(exist_ok=True)
+        day = self.state / "inbox" / f"day{self.sent // self.s.day_size + 1:03d}"
+        day.mkdir()
+        for i, (p, _) in enumerate(photos):  # whole files only, as a camera app writes them
+            shutil.copy(p, staging / f"{self.sent + i:05d}.jpg")
+            (staging / f"{self.sent + i:05d}.jpg").rename(day / f"{self.sent + i:05d}.jpg")
+        self.sent += len(photos)
+        self._wait(lambda: (self._rows("SELECT COUNT(*) FROM results") or [[0]])[0][0] >= self.sent, "the day's results")
+        shas = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in photos]
+        kinds = dict(self._rows("SELECT sha256, kind FROM label_queue"))
+        said = dict(self._rows("SELECT sha256, label FROM results"))
+        kinds |= {sha: "pseudo" for sha in shas if sha not in kinds and self._trainer_has(sha)}
+        k = min(self.s.k, self.s.budget - self.expert_labels)
+        asked = [json.loads(line) for line in self._cli("review", "list", "--all", "--json").splitlines()][:k] if k > 0 else []
+        classes = self.store.open().classes
+        for item in asked:
+            self._cli("review", "label", item["photo_id"], classes[self.truth[item["sha256"]]])
+        self.expert_labels += len(asked)
+        before = self._status("trainer/status.json").get("last_retrain")
+        self._wait(lambda: not self._rows("SELECT 1 FROM label_queue WHERE kind IN ('pseudo', 'expert') LIMIT 1"), "the hand-over")
+        time.sleep(2.0)  # the trainer looks at its samples every 0.5 s
+
+        def settled() -> bool:
+            t = self._status("trainer/status.json")
+            engine = self._status("status.json").get("engine", {}).get("engine_version")
+            return t.get("state") == "idle" and not t.get("retraining") and engine == self.store.current()
+
+        self._wait(settled, "the trainer to finish and the daemon to swap")
+        last = self._status("trainer/status.json").get("last_retrain")
+        retrain = None
+        if last and last != before:
+            retrain = {"published": last.get("published"), "reason": last.get("reason")}
+        return {"outcome": [(sha, kinds.get(sha, ""), said.get(sha, "")) for sha in shas], "expert": len(asked), "retrain": retrain}
+
+    def _trainer_has(self, sha: str) -> bool:
+        return any((self.state / "trainer" / "samples").glob(f"{sha}.*"))
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            proc.wait(60)
+
+
+def run(s: LoopSettings, out: Path) -> dict:
+    """One arm and seed; writes and returns ``out/report.json``."""
+    from edge_agent.config import default_store_path, parse_config
+    from engines.store import EngineStore
+    from trainer.data import recorded_split
+
+    out.mkdir(parents=True, exist_ok=True)
+    shipped = EngineStore(default_store_path()).open()
+    classes = list(shipped.classes)
+    test, stream = split_field(Path(s.data) / s.field, classes, s.seed, s.test_fraction)
+    lab = [(x.path, x.label) for x in recorded_split(shipped, s.lab)["val"]]
+    truth = {hashlib.sha256(Path(p).read_bytes()).hexdigest(): y for p, y in stream}
+    measure = _Measure(parse_config({}), test, lab)
+    days = len(stream) // s.day_size if s.days is None else s.days
+    device = (_FastDevice if s.mode == "fast" else _FullDevice)(s, out, truth)
+    t0 = time.time()
+    report = {"settings": asdict(s), "classes": classes, "test_photos": len(test), "lab_photos": len(lab), "days": []}
+    try:
+        report["start"] = {"engine": device.store.current(), **measure(device.store)}
+        print(f"{s.arm} seed {s.seed}: start {report['start']}", file=sys.stderr, flush=True)
+        for d in range(days):
+            photos = stream[d * s.day_size : (d + 1) * s.day_size]
+            r = device.day(photos)
+            pseudo = [(sha, label) for sha, kind, label in r["outcome"] if kind == "pseudo"]
+            right = sum(classes.index(label) == truth[sha] for sha, label in pseudo)
+            row = {
+                "day": d + 1,
+                "pseudo_labels": len(pseudo),
+                "pseudo_right": right,
+                "pseudo_precision": round(right / len(pseudo), 4) if pseudo else None,
+                "to_review": sum(kind == "review" for _, kind, _ in r["outcome"]),
+                "expert_labels": device.expert_labels,
+                "retrain": r["retrain"],
+                "engine": device.store.current(),
+                **measure(device.store),
+                "wall_s": round(time.time() - t0, 1),
+            }
+            report["days"].append(row)
+            print(
+                json.dumps(
+                    {k: v for k, v in row.items() if k != "retrain"}
+                    | {"published": (r["retrain"] or {}).get("published"), "reason": (r["retrain"] or {}).get("reason")}
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        device.close()
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _ms(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarise(reports: dict[str, list[dict]]) -> dict:
+    """Per arm, over seeds: field and lab top-1 per day (mean, sd), pseudo-label precision, labels, versions."""
+    arms = {}
+    for arm, runs in reports.items():
+        days = min(len(r["days"]) for r in runs)
+        per_day = []
+        for d in range(days):
+            rows = [r["days"][d] for r in runs]
+            prec = [x["pseudo_precision"] for x in rows if x["pseudo_precision"] is not None]
+            per_day.append(
+                {
+                    "day": d + 1,
+                    "field": _ms([x["field"] for x in rows]),
+                    "lab": _ms([x["lab"] for x in rows]),
+                    "pseudo_labels": statistics.fmean(x["pseudo_labels"] for x in rows),
+                    "pseudo_precision_min": min(prec) if prec else None,
+                    "expert_labels": statistics.fmean(x["expert_labels"] for x in rows),
+                }
+            )
+        retrains = [x["retrain"] for r in runs for x in r["days"] if x["retrain"]]
+        worse = 0
+        for r in runs:  # a published version below the one before it on the field test
+            prev = r["start"]["field"]
+            for x in r["days"]:
+                if x["retrain"] and x["retrain"].get("published"):
+                    worse += x["field"] < prev
+                prev = x["field"]
+        arms[arm] = {
+            "seeds": [r["settings"]["seed"] for r in runs],
+            "start_field": _ms([r["start"]["field"] for r in runs]),
+            "start_lab": _ms([r["start"]["lab"] for r in runs]),
+            "days": per_day,
+            "published": sum(1 for x in retrains if x.get("published")),
+            "refused": sum(1 for x in retrains if not x.get("published")),
+            "published_worse_on_field": worse,
+        }
+    return {"arms": arms}
+
+
+def markdown(summary: dict, command: str) -> str:
+    lines = [
+        f"# The device in a new field\n\n`{command}`; mean +- sd over seeds; field: held-out field test photos; lab: the shipped model's validation split.\n"
+    ]
+    lines.append(
+        "| arm | seeds | field top-1 start -> end | lab top-1 start -> end | expert labels | pseudo-labels (last day) | lowest daily pseudo precision | published / refused | published worse on field |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for arm, a in summary["arms"].items():
+        end = a["days"][-1] if a["days"] else None
+        f = lambda ms: f"{ms[0]:.3f} +- {ms[1]:.3f}"  # noqa: E731
+        precs = [d["pseudo_precision_min"] for d in a["days"] if d["pseudo_precision_min"] is not None]
+        lines.append(
+            f"| {arm} | {len(a['seeds'])} | {f(a['start_field'])} -> {f(end['field']) if end else '-'} | {f(a['start_lab'])} -> {f(end['lab']) if end else '-'} "
+            f"| {end['expert_labels']:.0f} | {end['pseudo_labels']:.1f} | {min(precs) if precs else 'none made'} | {a['published']} / {a['refused']} | {a['published_worse_on_field']} |"
+        )
+    lines.append("\nField top-1 per day (mean):\n")
+    arms = list(summary["arms"])
+    lines.append("| day | " + " | ".join(arms) + " |")
+    lines.append("|---|" + "---|" * len(arms))
+    n = max(len(a["days"]) for a in summary["arms"].values())
+    for d in range(n):
+        cells = [f"{summary['arms'][a]['days'][d]['field'][0]:.3f}" if d < len(summary["arms"][a]["days"]) else "" for a in arms]
+        lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm, a in summary["arms"].items():
+        xs = [0] + [d["day"] for d in a["days"]]
+        ys = [a["start_field"][0]] + [d["field"][0] for d in a["days"]]
+        sd = [a["start_field"][1]] + [d["field"][1] for d in a["days"]]
+        ax.plot(xs, ys, marker="o", label=arm)
+        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15)
+    ax.set_xlabel("day (100 field photos each)")
+    ax.set_ylabel("field top-1 (held-out field photos)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.field_loop", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--field", default="apple-orchard")
+    ap.add_argument("--arms", nargs="+", default=["device", "random", "none"], choices=["device", "random", "none"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--budget", type=int, default=100)
+    ap.add_argument("--days", type=int, default=None)
+    ap.add_argument("--mode", choices=["fast", "full"], default="fast")
+    ap.add_argument("--data", default=str(SHARED / "field"))
+    ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    reports: dict[str, list[dict]] = {}
+    for arm in args.arms:
+        for seed in args.seeds:
+            run_dir = out / f"{arm}-{args.mode}" / f"seed-{seed}"
+            if (run_dir / "report.json").exists():
+                reports.setdefault(arm, []).append(json.loads((run_dir / "report.json").read_text()))
+            elif not args.report:
+                s = LoopSettings(args.field, arm, seed, args.k, args.budget, days=args.days, mode=args.mode, data=args.data)
+                reports.setdefault(arm, []).append(run(s, run_dir))
+    if reports:
+        summary = summarise(reports)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        cmd = "python -m benchmarks.field_loop " + " ".join(argv if argv is not None else sys.argv[1:])
+        (out / "summary.md").write_text(markdown(summary, cmd))
+        plot(summary, out / "field-top1.png")
+        print((out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The field check: expert labels held back, the gate on them, and BatchNorm adapted to the field only where it helps."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
+
+from trainer.field_check import adapt_batchnorm, field_gate, held_back  # noqa: E402
+from trainer.samples import Sample  # noqa: E402
+
+from .conftest import encode, leaf_image  # noqa: E402
+
+
+class Fixed(torch.nn.Module):
+    """Answers ``answers[i]`` for photo i (the photo's first pixel holds i), surely."""
+
+    def __init__(self, answers: list[int], num_classes: int = 3):
+        super().__init__()
+        self.answers, self.num_classes = torch.tensor(answers), num_classes
+
+    def forward(self, x):
+        i = x[:, 0, 0, 0].long()
+        return torch.nn.functional.one_hot(self.answers[i], self.num_classes).float() * 20
+
+
+def _photos(n: int) -> torch.Tensor:
+    x = torch.zeros(n, 3, 4, 4)
+    x[:, 0, 0, 0] = torch.arange(n).float()
+    return x
+
+
+def _expert(i: int, label: str, kind: str = "expert") -> Sample:
+    return Sample(f"{i:064x}", kind, label, 1.0, "v1", f"/s/{i}.jpg", 1000.0 + i, None)
+
+
+def test_every_fourth_expert_label_of_a_class_is_held_back_in_arrival_order():
+    samples = [_expert(i, "A") for i in range(9)] + [_expert(100 + i, "B") for i in range(3)] + [_expert(200, "A", kind="pseudo")]
+    samples.reverse()  # the store's order does not matter: arrival does
+    assert held_back(samples, 4) == {f"{3:064x}", f"{7:064x}"}  # A's 4th and 8th; B has only three; never a pseudo-label
+    assert held_back(samples, 0) == set()
+    assert held_back(samples, 1) == {s.id for s in samples if s.kind == "expert"}
+
+
+def test_without_expert_labels_the_field_check_lets_the_lab_gate_decide():
+    d = field_gate(Fixed([0]), Fixed([0]), _photos(0), torch.zeros(0, dtype=torch.long), expert_labels=0, every=4, min_photos=8)
+    assert d.publish and d.metrics == {"field_photos": 0}
+
+
+def test_a_field_check_set_too_small_to_judge_publishes_nothing_and_says_so():
+    x, y = _photos(5), torch.zeros(5, dtype=torch.long)
+    d = field_gate(Fixed([0] * 5), Fixed([1] * 5), x, y, expert_labels=21, every=4, min_photos=8)
+    assert not d.publish
+    assert "too small to judge: 5 of 8 photos" in d.reason and "every 4th expert label" in d.reason
+    assert d.metrics["field_photos"] == 5 and d.metrics["expert_labels"] == 21
+
+
+def test_one_photo_of_noise_does_not_decide_but_a_real_loss_refuses():
+    y = torch.zeros(10, dtype=torch.long)
+    current = Fixed([0] * 8 + [1, 1])  # 8 of 10 right
+    one_worse = Fixed([0] * 7 + [1, 1, 1])
+    assert field_gate(one_worse, current, _photos(10), y, 40, 4, 8).publish
+    three_worse = Fixed([0] * 5 + [1] * 5)
+    d = field_gate(three_worse, current, _photos(10), y, 40, 4, 8)
+    assert not d.publish and "field check: top-1 0.5000 < current 0.8000" in d.reason
+    assert d.metrics["field_candidate_top1"] == 0.5 and d.metrics["field_current_top1"] == 0.8
+    better = Fixed([0] * 10)
+    assert field_gate(better, current, _photos(10), y, 40, 4, 8).publish
+
+
+def test_a_photo_of_a_class_the_engine_in_service_lacks_counts_against_it_not_the_candidate():
+    y = torch.tensor([0] * 6 + [3] * 4)  # class 3 is new: only the candidate's head has it
+    current = Fixed([0] * 10, num_classes=3)
+    candidate = Fixed([0] * 6 + [3] * 4, num_classes=4)
+    d = field_gate(candidate, current, _photos(10), y, 40, 4, 8)
+    assert d.publish and d.metrics["field_current_top1"] == 0.6 and d.metrics["field_candidate_top1"] == 1.0
+
+
+class Normed(torch.nn.Module):
+    """One BatchNorm before a fixed read-out: right only when its statistics match the photos'."""
+
+    num_classes = 2
+
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(1, affine=False)
+
+    def forward(self, x):
+        z = self.bn(x[:, :1, 0, 0])
+        return torch.cat([-z, z], 1) * 5  # class 1 above the mean, class 0 below
+
+
+def _shifted(n: int, shift: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    x = torch.zeros(n, 3, 2, 2)
+    x[:, 0, 0, 0] = shift + (y.float() * 2 - 1) + 0.3 * torch.randn(n, generator=g)
+    return x, y
+
+
+def test_batchnorm_adapted_to_the_field_is_kept_only_where_the_field_check_shows_it_helps():
+    model = Normed().eval()  # statistics of the lab: mean 0, variance 1
+    field_x, _ = _shifted(64, 6.0, 1)  # the field's photos are brighter
+    check_x, check_y = _shifted(20, 6.0, 2)
+    kept, summary = adapt_batchnorm(model, field_x, check_x, check_y)
+    assert summary["kept"] and kept is not model and summary["log_loss_after"] < summary["log_loss_before"]
+    lab_x, lab_y = _shifted(20, 0.0, 3)  # a check set like the lab: adapting to bright photos would hurt
+    same, summary = adapt_batchnorm(model, field_x, lab_x, lab_y)
+    assert not summary["kept"] and same is model
+    few, summary = adapt_batchnorm(model, field_x[:8], check_x, check_y)
+    assert few is model and not summary["kept"] and "too few" in summary["reason"]
+
+
+def _add(samples, i: int, label: str, kind: str = "expert") -> None:
+    samples.add(
+        {"id": f"{i:064x}", "kind": kind, "label": label, "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"},
+        encode(leaf_image(700 + i)),
+    )
+    time.sleep(0.002)
+
+
+def test_a_retrain_with_too_few_held_back_labels_publishes_nothing_and_keeps_them(tiny_store, tmp_path):
+    from edge_agent.config import parse_config
+    from engines.store import EngineStore
+    from trainer.retrain import retrain
+    from trainer.samples import SampleStore
+
+    from .test_recheck import _open_gate
+
+    store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
+    classes = store.open().classes
+    samples = SampleStore(tmp_path / "trainer")
+    for i in range(8):
+        _add(samples, i, classes[i % 2])  # four of each of two classes: one of each held back
+    cfg = parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4}})
+    result = retrain(cfg, store, samples, tmp_path / "strategy")
+    assert result.published is None
+    assert result.reason.startswith("field check set too small to judge: 2 of 8 photos")
+    field = result.metrics["gate"]["field"]
+    assert field["publish"] is False and field["field_photos"] == 2 and result.metrics["samples"]["field_check"] == 2
+    assert result.metrics["samples"]["expert"] == 6  # the held-back two are never trained on
+    assert {s.kind for s in samples.all()} == {"expert"} and len(samples.all()) == 8  # every label kept
+    for i in range(8, 32):
+        _add(samples, i, classes[i % 2])
+    result = retrain(cfg, store, samples, tmp_path / "strategy")
+    assert result.metrics["gate"]["field"]["field_photos"] == 8 and result.metrics["samples"]["expert"] == 24
+    assert "field_candidate_top1" in result.metrics["gate"]["field"]
+    assert result.published  # not worse on the 8 held-back photos, within one standard error
+    assert store.read_manifest(result.published)["metrics"]["gate"]["field"]["field_photos"] == 8
+    samples.close()
+
+
+def test_the_trainer_spends_no_retrain_on_a_candidate_the_field_check_could_not_judge(tmp_path):
+    from edge_agent.config import parse_config
+    from trainer.field_check import too_few_to_judge
+    from trainer.service import TrainerService
+
+    assert too_few_to_judge([_expert(i, "A", kind="pseudo") for i in range(50)], 4, 8) is None  # no expert labels: the lab decides
+    assert too_few_to_judge([_expert(i, "A") for i in range(32)], 4, 8) is None
+    assert too_few_to_judge([_expert(i, "A") for i in range(32)], 0, 8) is None  # field check turned off
+    assert "holds 7 of the 8 photos" in too_few_to_judge([_expert(i, "A") for i in range(31)], 4, 8)
+
+    svc = TrainerService(parse_config({"trainer": {"expert_threshold": 2}}), tmp_path)
+    for i in range(31):
+        svc.samples.add({"id": f"{i:064x}", "kind": "expert", "label": "A", "confidence": 1.0, "engine_version": "v1", "ext": ".jpg"}, b"x")
+        time.sleep(0.001)
+    assert not svc._due() and "holds 7 of the 8" in svc.status()["waiting_for_field_check"]
+    svc.samples.add({"id": f"{99:064x}", "kind": "expert", "label": "A", "confidence": 1.0, "engine_version": "v1", "ext": ".jpg"}, b"x")
+    assert svc._due() and svc.status()["waiting_for_field_check"] is None
+    svc.samples.close()

@@ -1,0 +1,148 @@
+"""Per-class trust from the expert's checks: which confident answers may become pseudo-labels, and what the expert is asked."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from edge_agent.config import LabelsSection
+from edge_agent.labelling import LabelQueuer, decide
+from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.review import checks
+from edge_agent.review.checks import TrustBook, class_trust, trust_table, wilson_lower
+from edge_agent.review.queue import prune_pool, to_ask
+from edge_agent.spool import PhotoSpool
+
+from .test_labelling import _answers
+
+
+@pytest.fixture
+def db(tmp_path):
+    d = ResultsDB(tmp_path / "results.sqlite")
+    yield d
+    d.close()
+
+
+_n = iter(range(10**6))
+
+
+def _photo(db: ResultsDB, said: str, verdict: str = "confident", expert: str | None = None, review: bool = False, p: float = 0.97) -> str:
+    """A classified photo (the model said ``said``), optionally in the review pool and labelled by the expert."""
+    sha = f"{next(_n):064x}"
+    top_k = [[said, p], ["other", round(1 - p, 4)]]
+    row = ResultRow(sha, sha[:16], None, "inbox", said, p, top_k, "v0001", {}, verdict=verdict)
+    entry = QueueEntry(sha, sha[:16], "review", said, p, "v0001", f"/nowhere/{sha}.jpg", 10)
+    db.commit([row], [entry] if review or expert else [])
+    if expert is not None:
+        db.mark_expert(sha, expert, entry.file)
+        time.sleep(0.002)  # distinct label times: the window keeps the newest
+    return sha
+
+
+def test_the_wilson_lower_bound_needs_nineteen_right_checks_for_95_percent():
+    assert wilson_lower(0, 0) == 0.0
+    assert wilson_lower(18, 18) < 0.95 <= wilson_lower(19, 19)
+    assert wilson_lower(19, 20) < 0.95  # one wrong in twenty: not yet
+    assert 0.0 <= wilson_lower(0, 5) < 0.01
+
+
+def test_an_untrusted_class_sends_its_confident_answers_to_review_and_a_trusted_one_makes_pseudo_labels():
+    policy = LabelsSection()
+    assert decide("confident", 0.97, policy, trusted=False) == "review"
+    assert decide("confident", 0.97, policy, trusted=True) == "pseudo"
+    assert decide("unsure", 0.5, policy, trusted=True) == "review"  # trust changes only confident answers
+
+
+def test_a_class_earns_pseudo_labels_after_enough_right_checks(db):
+    policy = LabelsSection()
+    for _ in range(18):
+        _photo(db, "A", expert="A")
+    assert not class_trust(db, policy)["A"].trusted  # 18 of 18: the lower bound (n / (n + 1)) is still under 0.95
+    _photo(db, "A", expert="A")
+    t = class_trust(db, policy)["A"]
+    assert (t.checks, t.right, t.trusted) == (19, 19, True)
+    _photo(db, "A", verdict="unsure", expert="B")  # an unsure answer the expert corrects is not a check
+    assert class_trust(db, policy)["A"].trusted
+
+
+def test_an_expert_who_labels_against_the_model_every_time_never_lets_a_class_earn_trust(db):
+    policy = LabelsSection()
+    for i in range(60):
+        _photo(db, "A", expert=f"B{i % 3}")
+    t = class_trust(db, policy)["A"]
+    assert (t.checks, t.right, t.trusted, t.precision) == (30, 0, False, 0.0)  # the window: the latest 30
+
+
+def test_old_wrong_checks_fall_out_of_the_window(db):
+    policy = LabelsSection(trust_window=20, trust_checks=10)
+    for _ in range(20):
+        _photo(db, "A", expert="B")  # the engine of long ago was wrong
+    for _ in range(20):
+        _photo(db, "A", expert="A")  # the newer engines are right
+    assert class_trust(db, policy)["A"].trusted
+
+
+def test_trust_checks_0_trusts_every_class_from_the_start(db):
+    assert TrustBook(db, LabelsSection(trust_checks=0)).trusted("never seen")
+    assert not TrustBook(db, LabelsSection()).trusted("never seen")
+
+
+def test_the_trust_book_reads_the_database_again_only_after_a_new_expert_label(db, monkeypatch):
+    calls = []
+    real = checks.class_trust
+    monkeypatch.setattr(checks, "class_trust", lambda d, p: calls.append(1) or real(d, p))
+    book = TrustBook(db, LabelsSection(trust_checks=1, trust_precision=0.5))
+    assert not book.trusted("A") and not book.trusted("A")
+    assert len(calls) == 1
+    _photo(db, "A", expert="A")
+    assert book.trusted("A") and book.trusted("A")
+    assert len(calls) == 2
+
+
+def test_the_queuer_sends_confident_answers_to_review_until_the_class_is_trusted(tmp_path, db):
+    q = LabelQueuer(db, PhotoSpool(tmp_path / "queue", 1 << 20), LabelsSection(trust_checks=2, trust_precision=0.5))
+    first = q.queue(_answers(["A", "A"]))
+    assert list(first.kinds.values()) == ["review", "review"]
+    _photo(db, "A", expert="A")
+    _photo(db, "A", expert="A")
+    second = q.queue(_answers(["A", "B"], start=100))
+    assert [second.kinds[a.sha256] for a in _answers(["A", "B"], start=100)] == ["pseudo", "review"]
+
+
+def test_todays_questions_alternate_checks_and_unsure_photos_a_check_first(db):
+    unsure = [_photo(db, "A", verdict="unsure", review=True, p=0.5 + i / 100) for i in range(4)]
+    sure = [_photo(db, c, review=True) for c in ("A", "B", "C")]
+    asked = to_ask(db, per_day=5)
+    assert [it.check for it in asked] == [True, False, True, False, True]
+    assert {it.entry.sha256 for it in asked if it.check} == set(sure)  # spread over the classes
+    assert asked[1].entry.sha256 == unsure[0]  # the unsure ones by margin, smallest first
+    assert len(to_ask(db, per_day=5, everything=True)) == 7
+
+
+def test_pruning_the_pool_keeps_checks_beside_the_most_informative_unsure_photos(tmp_path, db):
+    for i in range(6):
+        _photo(db, "A", verdict="unsure", review=True, p=0.5 + i / 100)
+    sure = [_photo(db, "B", review=True) for _ in range(6)]
+    assert prune_pool(db, PhotoSpool(tmp_path / "queue", 1 << 20), keep=6) == 6
+    kept = to_ask(db, 0, everything=True)
+    assert sum(it.check for it in kept) == 3 and {it.entry.sha256 for it in kept if it.check} == set(sure[3:])  # the newest
+
+
+def test_the_trust_table_holds_a_confusion_row_per_class_the_model_named(db):
+    policy = LabelsSection(trust_checks=2, trust_precision=0.3)  # 2 of 3 right: lower bound 0.39
+    _photo(db, "A", expert="A")
+    _photo(db, "A", expert="A")
+    _photo(db, "A", expert="B")
+    _photo(db, "B", verdict="unsure", expert="Brand new disease")  # a class the model does not have
+    _photo(db, "C")  # never labelled: not in the table
+    rows, table, columns = trust_table(db, policy)
+    assert [(r.label, r.labelled, r.right, r.checks, r.trusted) for r in rows] == [("A", 3, 2, 3, True), ("B", 1, 0, 0, False)]
+    assert table == {"A": {"A": 2, "B": 1}, "B": {"Brand new disease": 1}}
+    assert columns == ["A", "B", "Brand new disease"]
+    assert trust_table(db, policy)[0][0].right_share == pytest.approx(2 / 3)
+
+
+def test_an_answer_below_the_threshold_is_never_made_a_pseudo_label_by_trust():
+    policy = LabelsSection(pseudo_threshold=0.9, review_threshold=0.8)
+    assert decide("confident", 0.85, policy, trusted=True) is None

@@ -1,0 +1,135 @@
+"""The field check: expert labels held back to judge every candidate on the device's own field.
+
+Every ``[trainer] field_check_every``-th expert label of a class (its 4th, 8th, ... in the order they arrived) is
+never trained on; together those photos are the field check set. Once an expert label exists, a candidate is
+published only if, on that set, its top-1 is not below the engine in service's by more than one standard error of
+the paired difference (and at least one photo's worth, so one photo of noise does not decide), besides passing the
+lab gate. While the set holds fewer than ``field_check_min`` photos no candidate is published: the lab photos alone
+cannot say whether the field got better. Adapting BatchNorm statistics to the field's photos is kept only where
+the same set shows, by log-loss, that it helps.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from trainer.batchnorm import recompute_batchnorm
+from trainer.model import LeafNet
+from trainer.samples import Sample
+
+__all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "too_few_to_judge"]
+
+
+def held_back(samples: Iterable[Sample], every: int) -> set[str]:
+    """The ids of the expert labels kept for the field check: per class, every ``every``-th in arrival order (0: none)."""
+    if every <= 0:
+        return set()
+    seen: dict[str, int] = {}
+    out = set()
+    for s in sorted((s for s in samples if s.kind == "expert"), key=lambda s: (s.received, s.id)):
+        seen[s.label] = seen.get(s.label, 0) + 1
+        if seen[s.label] % every == 0:
+            out.add(s.id)
+    return out
+
+
+def too_few_to_judge(samples: list[Sample], every: int, min_photos: int) -> str | None:
+    """Why no candidate could be published yet (expert labels exist, too few held back to judge on), or None."""
+    if every <= 0 or not any(s.kind == "expert" for s in samples):
+        return None
+    n = len(held_back(samples, every))
+    if n >= min_photos:
+        return None
+    return f"waiting for expert labels: the field check holds {n} of the {min_photos} photos it needs (every {every}th label of a class)"
+
+
+@dataclass
+class FieldDecision:
+    publish: bool
+    reason: str
+    metrics: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def _scores(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per photo: right (0/1) and cross-entropy; a class the model has no output for counts as wrong, loss log(k)."""
+    model.eval()
+    right, loss = [], []
+    k = model.num_classes
+    for i in range(0, len(x), batch):
+        logits, yb = model(x[i : i + batch]), y[i : i + batch]
+        known = yb < k
+        safe = torch.where(known, yb, torch.zeros_like(yb))
+        right.append(((logits.argmax(1) == yb) & known).double())
+        ce = F.cross_entropy(logits, safe, reduction="none").double()
+        loss.append(torch.where(known, ce, torch.full_like(ce, math.log(k))))
+    return torch.cat(right), torch.cat(loss)
+
+
+def _paired(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """Mean of ``a - b`` and its standard error."""
+    d = a - b
+    n = len(d)
+    return float(d.mean()), (float(d.std(unbiased=True)) / math.sqrt(n) if n > 1 else 0.0)
+
+
+def field_gate(
+    candidate: LeafNet, current: LeafNet, x: torch.Tensor, y: torch.Tensor, expert_labels: int, every: int, min_photos: int
+) -> FieldDecision:
+    """Whether ``candidate`` may replace ``current`` as far as the field check set (``x``, ``y``) can tell."""
+    n = len(x)
+    if expert_labels == 0 or every <= 0:
+        why = "no expert labels yet" if every > 0 else "[trainer] field_check_every = 0"
+        return FieldDecision(True, f"{why}: nothing to check the field on", {"field_photos": 0})
+    metrics: dict = {"field_photos": n, "field_photos_needed": min_photos, "expert_labels": expert_labels}
+    if n < min_photos:
+        return FieldDecision(
+            False,
+            f"field check set too small to judge: {n} of {min_photos} photos (every {every}th expert label of a class is "
+            "held back for it); the labels are kept for the next retrain",
+            metrics,
+        )
+    cand_right, _ = _scores(candidate, x, y)
+    cur_right, _ = _scores(current, x, y)
+    diff, se = _paired(cand_right, cur_right)
+    allowed = max(se, 1.0 / n)
+    metrics.update(
+        field_candidate_top1=round(float(cand_right.mean()), 4),
+        field_current_top1=round(float(cur_right.mean()), 4),
+        field_difference=round(diff, 4),
+        field_allowed_drop=round(allowed, 4),
+    )
+    if diff < -allowed:
+        return FieldDecision(
+            False,
+            f"field check: top-1 {metrics['field_candidate_top1']:.4f} < current {metrics['field_current_top1']:.4f} "
+            f"by more than one standard error ({allowed:.4f})",
+            metrics,
+        )
+    return FieldDecision(True, "not worse on the field check set", metrics)
+
+
+def adapt_batchnorm(model: LeafNet, field_x: torch.Tensor, check_x: torch.Tensor, check_y: torch.Tensor, should_stop=lambda: False):
+    """``model``, or a copy with BatchNorm statistics recomputed on ``field_x`` where that lowers the field check set's
+    log-loss by more than one standard error; and what was measured."""
+    if len(field_x) < 16 or len(check_x) == 0:
+        return model, {"kept": False, "reason": "too few field photos to adapt or to check on"}
+    adapted = recompute_batchnorm(copy.deepcopy(model), field_x, should_stop=should_stop)
+    _, before = _scores(model, check_x, check_y)
+    _, after = _scores(adapted, check_x, check_y)
+    gain, se = _paired(before, after)  # > 0: the adapted statistics lower the log-loss
+    kept = gain > se
+    summary = {
+        "kept": kept,
+        "field_photos": int(len(field_x)),
+        "log_loss_before": round(float(before.mean()), 4),
+        "log_loss_after": round(float(after.mean()), 4),
+        "standard_error": round(se, 4),
+    }
+    return (adapted if kept else model), summary
