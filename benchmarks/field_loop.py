@@ -204,11 +204,15 @@ class _FastDevice:
             self.spool.remove(Path(e.file))
 
     def retrain_if_due(self) -> dict | None:
+        from trainer.field_check import too_few_to_judge
         from trainer.retrain import retrain
 
         counts, tc = self.samples.counts(), self.cfg.trainer
         if counts["new"] < tc.retrain_threshold and counts["new_expert"] < tc.expert_threshold:
             return None
+        waiting = too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min)
+        if waiting:  # as the service does: no retrain spent on a candidate the field check could not judge
+            return {"published": None, "reason": waiting, "skipped": True}
         r = retrain(self.cfg, self.store, self.samples, self.state / "trainer" / "strategy")
         gate = r.metrics.get("gate", {})
         return {
@@ -403,7 +407,7 @@ def summarise(reports: dict[str, list[dict]]) -> dict:
                     "expert_labels": statistics.fmean(x["expert_labels"] for x in rows),
                 }
             )
-        retrains = [x["retrain"] for r in runs for x in r["days"] if x["retrain"]]
+        retrains = [x["retrain"] for r in runs for x in r["days"] if x["retrain"] and not x["retrain"].get("skipped")]
         worse = 0
         for r in runs:  # a published version below the one before it on the field test
             prev = r["start"]["field"]
