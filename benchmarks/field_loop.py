@@ -196,10 +196,10 @@ class _FastDevice:
 
     def hand_over(self) -> None:
         """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store."""
+        from edge_agent.handoff.sender import sample_header
+
         for e in self.db.queued_for_delivery(10**6):
-            header = {"id": e.sha256, "kind": e.kind, "label": e.label, "confidence": float(e.confidence or 1.0)}
-            header |= {"engine_version": e.engine_version or "", "ext": ".jpg"}
-            self.samples.add(header, Path(e.file).read_bytes())
+            self.samples.add(sample_header(e, e.file), Path(e.file).read_bytes())
             self.db.remove_queued([e.sha256])
             self.spool.remove(Path(e.file))
 

@@ -86,9 +86,10 @@ class LabelQueuer:
     def queue(self, answers: Sequence[Answer]) -> Queued:
         """Write the photos the policy queues to the spool (one durability barrier); returns the rows to commit."""
         wanted: list[tuple[Answer, Kind]] = []
+        trusted = self.trust.now()  # one look at the expert's checks per batch
         for a in answers:
             p = a.prediction
-            kind = decide(p.verdict, p.confidence, self.policy, self.trust.trusted(p.label))
+            kind = decide(p.verdict, p.confidence, self.policy, trusted(p.label))
             if kind == "pseudo":
                 if self._of(p.engine_version).get(p.label, 0) >= self.policy.per_class_cap:
                     continue  # the class has its share of this version's pseudo-labels

@@ -31,7 +31,7 @@ from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
-from trainer.samples import SampleStore
+from trainer.samples import Sample, SampleStore
 from trainer.step import choose_step
 from trainer.stop import check
 from trainer.strategies.base import Generation, get_strategy
@@ -50,14 +50,14 @@ class RetrainResult:
 
 
 def _received(
-    samples: SampleStore, classes: list[str], expert_weight: float, exclude: set[str], should_stop
+    samples: list[Sample], classes: list[str], expert_weight: float, exclude: set[str], should_stop
 ) -> tuple[Generation, list[str], list[str]]:
     """Expert labels (true, weight ``expert_weight``) and pseudo-labels (weight: their confidence), leaving out the
-    photos in ``exclude`` (the gate's); grows ``classes`` for new expert classes. Returns the data, the ids of
+    photos in ``exclude`` (the gate's and the field check's); grows ``classes`` for new expert classes. Returns the data, the ids of
     every sample considered, and the new classes."""
     xs, ys, ws, ps, ids, used = [], [], [], [], [], []
     new_classes = []
-    for s in samples.all():
+    for s in samples:
         check(should_stop, "while reading samples")
         ids.append(s.id)
         if s.id in exclude:
@@ -82,7 +82,7 @@ def _received(
     return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), used), ids, new_classes
 
 
-def _field_check(samples: list, check_ids: set[str], classes: list[str], should_stop) -> Generation:
+def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str], should_stop) -> Generation:
     """The held-back expert labels as photos and class indices (a class no engine has yet is left out)."""
     xs, ys = [], []
     for s in samples:
@@ -189,7 +189,7 @@ def retrain(
     stored = samples.all()
     check_ids = held_back(stored, tc.field_check_every)
     expert_labels = sum(1 for s in stored if s.kind == "expert")
-    received, ids, new_classes = _received(samples, classes, tc.expert_weight, labelled.gate_ids | check_ids, should_stop)
+    received, ids, new_classes = _received(stored, classes, tc.expert_weight, labelled.gate_ids | check_ids, should_stop)
     field = _field_check(stored, check_ids, classes, should_stop)
     train, val = labelled.train, labelled.val
     if len(val) == 0:  # nothing could ever be published: say so, and keep the samples for when there is

@@ -22,11 +22,11 @@ from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import Link, client_socket, send_nowait
 from edge_agent.log import get_logger
-from edge_agent.results import ResultsDB
+from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.spool import PhotoSpool
 from edge_agent.worker import Worker
 
-__all__ = ["Sender"]
+__all__ = ["Sender", "sample_header"]
 
 
 @dataclass
@@ -34,6 +34,19 @@ class _InFlight:
     sent: float
     attempts: int
     file: str
+
+
+def sample_header(entry: QueueEntry, file: str, device: str = "") -> dict:
+    """The hand-off header of a queued label: what the trainer stores with the photo."""
+    header = {
+        "id": entry.sha256,
+        "kind": entry.kind,
+        "label": entry.label,
+        "confidence": float(entry.confidence if entry.confidence is not None else 1.0),
+        "engine_version": entry.engine_version or "",
+        "ext": Path(file).suffix.lower() or ".jpg",
+    }
+    return {**header, "device": device} if device else header
 
 
 class Sender(Worker):
@@ -147,17 +160,7 @@ class Sender(Worker):
             self.db.remove_queued([sha])
             self._inflight.pop(sha, None)
             return False
-        header = {
-            "id": sha,
-            "kind": entry.kind,
-            "label": entry.label,
-            "confidence": float(entry.confidence if entry.confidence is not None else 1.0),
-            "engine_version": entry.engine_version or "",
-            "ext": Path(file).suffix.lower() or ".jpg",
-        }
-        if self.device:
-            header["device"] = self.device
-        ok = self._send(sock, encode("sample", header, data))
+        ok = self._send(sock, encode("sample", sample_header(entry, file, self.device), data))
         if ok:
             self.counters["resent" if resend else "sent"] += 1
         return ok

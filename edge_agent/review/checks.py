@@ -10,6 +10,7 @@ not, also feeds the confusion table the web page shows (what the model said, wha
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,41 +45,41 @@ class ClassTrust:
     def precision(self) -> float | None:
         return self.right / self.checks if self.checks else None
 
-    def as_dict(self) -> dict:
-        return {
-            "label": self.label,
-            "checks": self.checks,
-            "right": self.right,
-            "precision": None if self.precision is None else round(self.precision, 4),
-            "lower": round(self.lower, 4),
-            "trusted": self.trusted,
-        }
+
+def _standing(label: str, window: list[bool], policy: LabelsSection) -> ClassTrust:
+    """The trust rule, for a class with these checks (none for a class never checked)."""
+    n, right = len(window), sum(window)
+    lower = wilson_lower(right, n)
+    return ClassTrust(label, n, right, lower, policy.trust_checks == 0 or (n >= policy.trust_checks and lower >= policy.trust_precision))
 
 
-def class_trust(db: ResultsDB, policy: LabelsSection) -> dict[str, ClassTrust]:
-    """Every class the expert has checked, with its standing (a class never checked is absent: not trusted)."""
+def _trust(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
     seen: dict[str, list[bool]] = {}
-    for said, verdict, expert in db.expert_checks():  # newest first
+    for said, verdict, expert in checks:  # newest first
         if verdict != "confident":
             continue
         window = seen.setdefault(said, [])
         if len(window) < policy.trust_window:
             window.append(said == expert)
-    out = {}
-    for label, window in seen.items():
-        n, right = len(window), sum(window)
-        lower = wilson_lower(right, n)
-        out[label] = ClassTrust(label, n, right, lower, n >= policy.trust_checks and lower >= policy.trust_precision)
-    return out
+    return {label: _standing(label, window, policy) for label, window in seen.items()}
+
+
+def _confusion(checks: list[tuple]) -> dict[str, dict[str, int]]:
+    table: dict[str, dict[str, int]] = {}
+    for said, _verdict, expert in checks:
+        row = table.setdefault(said, {})
+        row[expert] = row.get(expert, 0) + 1
+    return table
+
+
+def class_trust(db: ResultsDB, policy: LabelsSection) -> dict[str, ClassTrust]:
+    """Every class the expert has checked, with its standing (a class never checked is absent)."""
+    return _trust(db.expert_checks(), policy)
 
 
 def confusion(db: ResultsDB) -> dict[str, dict[str, int]]:
     """What the model said -> what the expert said -> how many photos, over every expert label."""
-    table: dict[str, dict[str, int]] = {}
-    for said, _verdict, expert in db.expert_checks():
-        row = table.setdefault(said, {})
-        row[expert] = row.get(expert, 0) + 1
-    return table
+    return _confusion(db.expert_checks())
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,12 @@ class TrustRow:
 
 def trust_table(db: ResultsDB, policy: LabelsSection) -> tuple[list[TrustRow], dict[str, dict[str, int]], list[str]]:
     """The trust table's rows (most labelled first), the confusion counts and their columns (the expert's classes)."""
-    table = confusion(db)
-    trust = class_trust(db, policy)
+    checks = db.expert_checks()
+    table, trust = _confusion(checks), _trust(checks, policy)
     rows = []
     for label, said in table.items():
-        t = trust.get(label) or ClassTrust(label, 0, 0, 0.0, policy.trust_checks == 0)
-        trusted = t.trusted or policy.trust_checks == 0
-        rows.append(TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, trusted))
+        t = trust.get(label) or _standing(label, [], policy)
+        rows.append(TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, t.trusted))
     rows.sort(key=lambda r: (-r.labelled, r.label))
     named = {c for said in table.values() for c in said}
     columns = [r.label for r in rows if r.label in named] + sorted(named - {r.label for r in rows})
@@ -121,12 +121,16 @@ class TrustBook:
         self._stamp: tuple[int, float] | None = None
         self._trust: dict[str, ClassTrust] = {}
 
-    def trusted(self, label: str) -> bool:
-        """Whether ``label``'s confident answers may become pseudo-labels now."""
-        if self.policy.trust_checks == 0:
-            return True
+    def now(self) -> Callable[[str], bool]:
+        """Whether a class's confident answers may become pseudo-labels, as the checks stand now (one query)."""
+        if self.policy.trust_checks == 0:  # every class trusted: nothing to read
+            return lambda label: True
         stamp = self.db.expert_stamp()
         if stamp != self._stamp:
             self._trust, self._stamp = class_trust(self.db, self.policy), stamp
-        t = self._trust.get(label)
-        return t is not None and t.trusted
+        trust = self._trust
+        return lambda label: label in trust and trust[label].trusted
+
+    def trusted(self, label: str) -> bool:
+        """Whether ``label``'s confident answers may become pseudo-labels now."""
+        return self.now()(label)
