@@ -239,6 +239,7 @@ class _FullDevice:
     """``edge-agent run`` and ``edge-trainer serve`` on one state directory, no configuration; the expert on the CLI."""
 
     def __init__(self, s: LoopSettings, out: Path, truth: dict[str, int]) -> None:
+        from edge_agent.config import parse_config
         from engines.store import EngineStore
 
         self.s, self.truth = s, truth
@@ -253,6 +254,7 @@ class _FullDevice:
             )
         self._wait(lambda: (self.state / "engines").is_dir() and self._status("status.json"), "the daemon to start", 120)
         self.store = EngineStore(self.state / "engines")
+        self.cfg = parse_config({})  # what the services run with: no configuration file
         self.sent = 0
         self.expert_labels = 0
 
@@ -299,7 +301,6 @@ class _FullDevice:
         shas = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in photos]
         kinds = dict(self._rows("SELECT sha256, kind FROM label_queue"))
         said = dict(self._rows("SELECT sha256, label FROM results"))
-        kinds |= {sha: "pseudo" for sha in shas if sha not in kinds and self._trainer_has(sha)}
         k = min(self.s.k, self.s.budget - self.expert_labels)
         asked = [json.loads(line) for line in self._cli("review", "list", "--all", "--json").splitlines()][:k] if k > 0 else []
         classes = self.store.open().classes
@@ -308,22 +309,30 @@ class _FullDevice:
         self.expert_labels += len(asked)
         before = self._status("trainer/status.json").get("last_retrain")
         self._wait(lambda: not self._rows("SELECT 1 FROM label_queue WHERE kind IN ('pseudo', 'expert') LIMIT 1"), "the hand-over")
-        time.sleep(2.0)  # the trainer looks at its samples every 0.5 s
+        handed = time.time()
+        tc = self.cfg.trainer
 
-        def settled() -> bool:
+        def settled() -> bool:  # the trainer has seen the day's samples and has nothing left to do; the daemon swapped
             t = self._status("trainer/status.json")
+            if t.get("updated", 0) < handed + 1 or t.get("state") != "idle" or t.get("retraining"):
+                return False
+            c = t.get("samples", {})
+            due = (c.get("new", 0) >= tc.retrain_threshold or c.get("new_expert", 0) >= tc.expert_threshold) and not t.get(
+                "waiting_for_field_check"
+            )
             engine = self._status("status.json").get("engine", {}).get("engine_version")
-            return t.get("state") == "idle" and not t.get("retraining") and engine == self.store.current()
+            return (not due or t.get("last_retrain") != before) and engine == self.store.current()
 
         self._wait(settled, "the trainer to finish and the daemon to swap")
+        from edge_agent.results import query_readonly
+
+        # a pseudo-label may have left the daemon's queue before it was read: the trainer's store says what it got
+        kinds |= dict(query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT id, kind FROM samples WHERE kind = 'pseudo'"))
         last = self._status("trainer/status.json").get("last_retrain")
         retrain = None
         if last and last != before:
             retrain = {"published": last.get("published"), "reason": last.get("reason")}
         return {"outcome": [(sha, kinds.get(sha, ""), said.get(sha, "")) for sha in shas], "expert": len(asked), "retrain": retrain}
-
-    def _trainer_has(self, sha: str) -> bool:
-        return any((self.state / "trainer" / "samples").glob(f"{sha}.*"))
 
     def close(self) -> None:
         for proc in self.procs.values():

@@ -1,0 +1,87 @@
+"""How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
+
+``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1]``
+
+The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
+what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
+configuration on the first N photos of the loop's field stream (same seed, same split) labelled with their true class,
+all of them trained on (``field_check_every = 0``: no field check to hold any back; the lab gate still decides), then
+measured as the loop measures (the held-out field test and the lab validation split, as the device runs the engine).
+Writes ``DIR/report.json`` and ``DIR/report.md``; a label count already in the report is not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from benchmarks.field_loop import SHARED, _Measure, split_field
+
+__all__ = ["retrain_on"]
+
+
+def retrain_on(n: int, field: str, seed: int, work: Path) -> dict:
+    """The shipped model retrained on ``n`` true-labelled stream photos: field and lab top-1 of what is in service."""
+    from edge_agent.config import default_store_path, parse_config
+    from engines.store import EngineStore
+    from trainer.data import recorded_split
+    from trainer.retrain import retrain
+    from trainer.samples import SampleStore
+
+    shutil.rmtree(work, ignore_errors=True)
+    store = EngineStore(shutil.copytree(default_store_path(), work / "engines"))
+    shipped = store.open()
+    classes = list(shipped.classes)
+    test, stream = split_field(SHARED / "field" / field, classes, seed, 0.25)
+    lab = [(x.path, x.label) for x in recorded_split(shipped, str(SHARED / "plantvillage"))["val"]]
+    cfg = parse_config({"trainer": {"field_check_every": 0}})
+    samples = SampleStore(work / "trainer")
+    for path, y in stream[:n]:
+        data = Path(path).read_bytes()
+        header = {"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": classes[y], "confidence": 1.0}
+        samples.add(header | {"engine_version": shipped.name, "ext": ".jpg"}, data)
+    t0 = time.time()
+    r = retrain(cfg, store, samples, work / "trainer" / "strategy")
+    samples.close()
+    measured = _Measure(parse_config({}), test, lab)(store)
+    return {"labels": n, "published": r.published, "reason": r.reason, "seconds": round(time.time() - t0, 1), **measured}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.field_ceiling", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--field", default="apple-orchard")
+    ap.add_argument("--labels", nargs="+", type=int, default=[90, 300, 900])
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    for n in args.labels:
+        if any(r["labels"] == n for r in rows):
+            continue
+        rows.append(retrain_on(n, args.field, args.seed, out / "work"))
+        print(json.dumps(rows[-1]), flush=True)
+        path.write_text(json.dumps({"field": args.field, "seed": args.seed, "rows": rows}, indent=2) + "\n")
+    shutil.rmtree(out / "work", ignore_errors=True)
+    lines = [
+        f"# Field labels the shipped model needs ({args.field}, seed {args.seed})\n",
+        "| true field labels trained on | published | field top-1 | lab top-1 | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['labels']} | {r['published'] or 'refused: ' + r['reason']} | {r['field']:.3f} | {r['lab']:.3f} | {r['seconds']} |"
+        for r in sorted(rows, key=lambda r: r["labels"])
+    ]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print((out / "report.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
