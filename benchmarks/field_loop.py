@@ -332,6 +332,8 @@ class _FullDevice:
         retrain = None
         if last and last != before:
             retrain = {"published": last.get("published"), "reason": last.get("reason")}
+        elif waiting := self._status("trainer/status.json").get("waiting_for_field_check"):
+            retrain = {"published": None, "reason": waiting, "skipped": True}
         return {"outcome": [(sha, kinds.get(sha, ""), said.get(sha, "")) for sha in shas], "expert": len(asked), "retrain": retrain}
 
     def close(self) -> None:
