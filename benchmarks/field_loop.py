@@ -476,7 +476,7 @@ def plot(summary: dict, path: Path) -> None:
         xs = [0] + [d["day"] for d in a["days"]]
         ys = [a["start_field"][0]] + [d["field"][0] for d in a["days"]]
         sd = [a["start_field"][1]] + [d["field"][1] for d in a["days"]]
-        ax.plot(xs, ys, marker="o", label=arm)
+        ax.plot(xs, ys, marker="o", label=f"{arm} ({len(a['seeds'])} seed{'s' if len(a['seeds']) > 1 else ''})")
         ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15)
     ax.set_xlabel("day (100 field photos each)")
     ax.set_ylabel("field top-1 (held-out field photos)")
