@@ -27,6 +27,8 @@ __all__ = ["retrain_on"]
 def retrain_on(n: int, field: str, seed: int, work: Path) -> dict:
     """The shipped model retrained on ``n`` true-labelled stream photos: field and lab top-1 of what is in service."""
     from edge_agent.config import default_store_path, parse_config
+    from edge_agent.handoff.sender import sample_header
+    from edge_agent.results import QueueEntry
     from engines.store import EngineStore
     from trainer.data import recorded_split
     from trainer.retrain import retrain
@@ -40,10 +42,11 @@ def retrain_on(n: int, field: str, seed: int, work: Path) -> dict:
     lab = [(x.path, x.label) for x in recorded_split(shipped, str(SHARED / "plantvillage"))["val"]]
     cfg = parse_config({"trainer": {"field_check_every": 0}})
     samples = SampleStore(work / "trainer")
-    for path, y in stream[:n]:
+    for path, y in stream[:n]:  # as the expert's labels arrive from the daemon's queue
         data = Path(path).read_bytes()
-        header = {"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": classes[y], "confidence": 1.0}
-        samples.add(header | {"engine_version": shipped.name, "ext": ".jpg"}, data)
+        sha = hashlib.sha256(data).hexdigest()
+        entry = QueueEntry(sha, sha[:16], "expert", classes[y], 1.0, shipped.name, str(path), len(data))
+        samples.add(sample_header(entry, entry.file), data)
     t0 = time.time()
     r = retrain(cfg, store, samples, work / "trainer" / "strategy")
     samples.close()

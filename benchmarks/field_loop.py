@@ -206,9 +206,10 @@ class _FastDevice:
     def retrain_if_due(self) -> dict | None:
         from trainer.field_check import too_few_to_judge
         from trainer.retrain import retrain
+        from trainer.service import enough_new
 
-        counts, tc = self.samples.counts(), self.cfg.trainer
-        if counts["new"] < tc.retrain_threshold and counts["new_expert"] < tc.expert_threshold:
+        tc = self.cfg.trainer
+        if not enough_new(self.samples.counts(), tc):
             return None
         waiting = too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min)
         if waiting:  # as the service does: no retrain spent on a candidate the field check could not judge
@@ -242,7 +243,7 @@ class _FullDevice:
         from edge_agent.config import parse_config
         from engines.store import EngineStore
 
-        self.s, self.truth = s, truth
+        self.s, self.truth, self.out = s, truth, out
         self.state = out / "state"
         shutil.rmtree(self.state, ignore_errors=True)
         (self.state / "inbox").mkdir(parents=True)
@@ -265,14 +266,9 @@ class _FullDevice:
             return {}
 
     def _wait(self, cond, what: str, timeout: float = 1800) -> None:
-        end = time.monotonic() + timeout
-        while not cond():
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the {name} exited ({proc.returncode}) while waiting for {what}")
-            if time.monotonic() > end:
-                raise TimeoutError(f"gave up waiting for {what}")
-            time.sleep(0.5)
+        from benchmarks._procs import wait_for
+
+        wait_for(cond, what, self.procs, timeout, self.out)
 
     def _cli(self, *args: str) -> str:
         return subprocess.run(
@@ -283,12 +279,14 @@ class _FullDevice:
             cwd=REPO,
         ).stdout
 
-    def _rows(self, sql: str) -> list:
+    def _rows(self, sql: str, db: str = "results.sqlite") -> list:
         from edge_agent.results import query_readonly
 
-        return query_readonly(self.state / "results.sqlite", sql)
+        return query_readonly(self.state / db, sql)
 
     def day(self, photos: list) -> dict:
+        from trainer.service import enough_new
+
         staging = self.state / "inbox" / ".staging"
         staging.mkdir(exist_ok=True)
         day = self.state / "inbox" / f"day{self.sent // self.s.day_size + 1:03d}"
@@ -316,23 +314,18 @@ class _FullDevice:
             t = self._status("trainer/status.json")
             if t.get("updated", 0) < handed + 1 or t.get("state") != "idle" or t.get("retraining"):
                 return False
-            c = t.get("samples", {})
-            due = (c.get("new", 0) >= tc.retrain_threshold or c.get("new_expert", 0) >= tc.expert_threshold) and not t.get(
-                "waiting_for_field_check"
-            )
+            due = enough_new(t.get("samples", {}), tc) and not t.get("waiting_for_field_check")
             engine = self._status("status.json").get("engine", {}).get("engine_version")
             return (not due or t.get("last_retrain") != before) and engine == self.store.current()
 
         self._wait(settled, "the trainer to finish and the daemon to swap")
-        from edge_agent.results import query_readonly
-
         # a pseudo-label may have left the daemon's queue before it was read: the trainer's store says what it got
-        kinds |= dict(query_readonly(self.state / "trainer" / "samples.sqlite", "SELECT id, kind FROM samples WHERE kind = 'pseudo'"))
-        last = self._status("trainer/status.json").get("last_retrain")
+        kinds |= dict(self._rows("SELECT id, kind FROM samples WHERE kind = 'pseudo'", "trainer/samples.sqlite"))
+        trainer = self._status("trainer/status.json")
         retrain = None
-        if last and last != before:
-            retrain = {"published": last.get("published"), "reason": last.get("reason")}
-        elif waiting := self._status("trainer/status.json").get("waiting_for_field_check"):
+        if trainer.get("last_retrain") and trainer["last_retrain"] != before:
+            retrain = {"published": trainer["last_retrain"].get("published"), "reason": trainer["last_retrain"].get("reason")}
+        elif waiting := trainer.get("waiting_for_field_check"):
             retrain = {"published": None, "reason": waiting, "skipped": True}
         return {"outcome": [(sha, kinds.get(sha, ""), said.get(sha, "")) for sha in shas], "expert": len(asked), "retrain": retrain}
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._procs import wait_for
 from edge_agent.classifier import Classifier
 from edge_agent.config import parse_config
 from edge_agent.labelling import decide
@@ -382,14 +383,7 @@ class _FullField:
             return {}
 
     def _wait(self, cond, what: str) -> None:
-        deadline = time.monotonic() + self.s.day_timeout_s
-        while not cond():
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the {name} exited ({proc.returncode}) while waiting for {what}; see {self.root / name}.log")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"gave up waiting for {what} after {self.s.day_timeout_s:.0f} s")
-            time.sleep(0.5)
+        wait_for(cond, what, self.procs, self.s.day_timeout_s, self.root)
 
     expert_labels = 0
 

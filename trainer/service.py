@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from edge_agent.config import AppConfig
+from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.log import get_logger
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
@@ -28,7 +28,13 @@ from trainer.samples import SampleStore
 from trainer.stop import Stopped
 from trainer.transfer import EngineServer
 
-__all__ = ["TrainerService", "retrain", "RetrainResult", "balance_pseudo", "trainer_state_dir"]
+__all__ = ["TrainerService", "enough_new", "retrain", "RetrainResult", "balance_pseudo", "trainer_state_dir"]
+
+
+def enough_new(counts: dict, tc: TrainerSection) -> bool:
+    """Enough has arrived since the last retrain to start one: ``retrain_threshold`` new samples or ``expert_threshold``
+    new expert labels (``counts`` as :meth:`trainer.samples.SampleStore.counts` gives them)."""
+    return counts.get("new", 0) >= tc.retrain_threshold or counts.get("new_expert", 0) >= tc.expert_threshold
 
 
 class TrainerService:
@@ -160,7 +166,7 @@ class TrainerService:
             return False  # the last retrain failed on exactly these samples: wait for new ones
         self._hold = None
         tc = self.cfg.trainer
-        if counts["new"] < tc.retrain_threshold and counts["new_expert"] < tc.expert_threshold:
+        if not enough_new(counts, tc):
             return False
         if self._field_wait[0] != total:  # read the samples again only when new ones have arrived
             self._field_wait = (total, too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min))
