@@ -27,6 +27,7 @@ except ModuleNotFoundError:  # Python 3.10 (JetPack 6): the same parser, from Py
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
+from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.imageheader import IMAGE_EXTENSIONS
 from edge_agent.trainer_config import STRATEGY_CONFIGS, TrainerSection
 from edge_agent.upgrade import REPLACED_KEYS
@@ -311,6 +312,9 @@ class AppConfig(_Section):
     hotswap: HotswapSection = Field(default_factory=HotswapSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     web: WebSection = Field(default_factory=WebSection)
+    alerts: AlertsSection = Field(default_factory=AlertsSection)
+    mqtt: MqttSection = Field(default_factory=MqttSection)
+    webhooks: list[WebhookSection] = Field([], description="[[webhooks]] tables: URLs that receive alerts as signed POSTs.")
     log: LogSection = Field(default_factory=LogSection)
 
 

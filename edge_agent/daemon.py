@@ -55,6 +55,7 @@ class Daemon:
         self.sender: Sender | None = None
         self.fetcher: EngineFetcher | None = None
         self.watcher: EngineWatcher | None = None
+        self.alerts = None
         self.healthy = False
         self.watchdog_sent = 0
         self._status_trouble: str | None = None
@@ -98,6 +99,7 @@ class Daemon:
             retry_incomplete=self._retry_incomplete,
         )
         self.pipeline.start()
+        self._start_alerts()
         self._start_learning_links()
         if cfg.inbox.enabled:
             self.folder = FolderSource(self.inbox, cfg.inbox, self._arrived)
@@ -130,6 +132,16 @@ class Daemon:
     def _make_classifier(self, engine: Engine) -> Classifier:
         cfg = self.cfg
         return Classifier.configured(engine, cfg)
+
+    def _start_alerts(self) -> None:
+        cfg = self.cfg
+        if not (cfg.alerts.enabled or cfg.mqtt.host or cfg.webhooks):
+            return
+        from edge_agent import __version__
+        from edge_agent.alerts.worker import AlertWorker
+
+        self.alerts = AlertWorker(cfg.alerts, cfg.mqtt, cfg.webhooks, self.state.db, self.state.root, device_name(cfg), __version__)
+        self.alerts.start()
 
     def _start_learning_links(self) -> None:
         cfg = self.cfg
@@ -191,7 +203,7 @@ class Daemon:
     # ---- health, status ------------------------------------------------------------
     def check_health(self) -> bool:
         p = self.pipeline
-        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher) if s is not None)
+        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts) if s is not None)
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
         healthy = p.alive() and sources_ok and not stalled
         if healthy != self.healthy:
@@ -228,10 +240,17 @@ class Daemon:
             out["transfer"] = self.fetcher.status()
         if self.watcher:
             out["hotswap"] = {"swaps": self.watcher.swaps, "refused": self.watcher.refused}
+        if self.alerts:
+            out["alerts"] = self.alerts.status()
         return out
 
     def _write_status(self) -> None:
         st = self.status()
+        if self.alerts is not None:
+            try:
+                self.alerts.observe(st)
+            except Exception as exc:  # noqa: BLE001 - a locked or full disk: the next status round tries again
+                self.log.warning("alerts_observe_failed", error=repr(exc))
         try:
             trouble = write_status(self.state.status, st)
         except OSError as exc:
@@ -304,6 +323,8 @@ class Daemon:
         if self.sender is not None:
             self.sender.stop()
         self._write_status()
+        if self.alerts is not None:
+            self.alerts.stop()
         self.db.close()
         self.log.info("stopped", drained=drained, **self.pipeline.counters)
         return 0

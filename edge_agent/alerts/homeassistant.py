@@ -1,0 +1,67 @@
+"""Home Assistant MQTT discovery: the device appears with its sensors and an alert event, with no YAML.
+
+Published retained on every (re)connect to ``<discovery_prefix>/<component>/edge_agent_<device>/<key>/config``
+(Home Assistant's documented discovery topic), each entity reading the retained ``<prefix>/<device>/state`` JSON
+or, for the event, ``<prefix>/<device>/alert``; all share the ``available`` topic the last will sets to offline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from edge_agent.alerts.config import MqttSection
+from edge_agent.alerts.messages import Topics
+
+__all__ = ["SENSORS", "discovery", "node_id"]
+
+#: key -> (name, value in the state JSON, extra discovery keys)
+SENSORS = {
+    "last_diagnosis": ("Last diagnosis", "last_diagnosis", {"icon": "mdi:leaf"}),
+    "last_confidence": ("Last confidence", "last_confidence", {"unit_of_measurement": "%", "state_class": "measurement"}),
+    "photos_today": ("Photos today", "photos_today", {"state_class": "total_increasing", "icon": "mdi:camera"}),
+    "alerts_today": ("Alerts today", "alerts_today", {"state_class": "total_increasing", "icon": "mdi:alert"}),
+    "engine_version": ("Engine version", "engine_version", {"entity_category": "diagnostic", "icon": "mdi:chip"}),
+    "queue_depth": ("Label queue", "queue_depth", {"entity_category": "diagnostic", "state_class": "measurement"}),
+}
+
+
+def node_id(device: str) -> str:
+    """The device's id in discovery topics and unique ids (letters, digits, _ and - only)."""
+    return "edge_agent_" + re.sub(r"[^a-zA-Z0-9_-]", "_", device)
+
+
+def discovery(section: MqttSection, device: str, version: str) -> list[tuple[str, bytes, bool]]:
+    """``(topic, payload, retain)`` for every entity of this device."""
+    topics, node = Topics(section.prefix, device), node_id(device)
+    dev = {
+        "identifiers": [node],
+        "name": f"edge-agent {device}",
+        "manufacturer": "edge-agent",
+        "model": "plant disease recogniser",
+        "sw_version": version,
+    }
+    common = {"availability_topic": topics.available, "device": dev, "origin": {"name": "edge-agent", "sw_version": version}}
+    out = []
+    for key, (name, field, extra) in SENSORS.items():
+        payload = {
+            "name": name,
+            "unique_id": f"{node}_{key}",
+            "state_topic": topics.state,
+            "value_template": "{{ value_json.%s }}" % field,
+            **extra,
+            **common,
+        }
+        if key == "last_diagnosis":
+            payload["json_attributes_topic"] = topics.state
+        out.append((f"{section.discovery_prefix}/sensor/{node}/{key}/config", json.dumps(payload).encode(), True))
+    event = {
+        "name": "Disease alert",
+        "unique_id": f"{node}_alert",
+        "state_topic": topics.alert,
+        "event_types": ["disease"],
+        "icon": "mdi:sprout",
+        **common,
+    }
+    out.append((f"{section.discovery_prefix}/event/{node}/alert/config", json.dumps(event).encode(), True))
+    return out

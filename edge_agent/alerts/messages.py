@@ -1,0 +1,80 @@
+"""What is sent: the topics under ``[mqtt] prefix`` and the JSON of an alert, a result, an engine or health event."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+
+from edge_agent.alerts.rules import Candidate
+
+__all__ = ["Topics", "alert_body", "describe_class", "encode", "result_body"]
+
+
+@dataclass(frozen=True)
+class Topics:
+    """``<prefix>/<device>/...``: one topic per kind of message."""
+
+    prefix: str
+    device: str
+
+    def __getattr__(self, name: str) -> str:
+        if name in ("result", "alert", "engine", "health", "available", "state", "digest"):
+            level = re.sub(r"[#+/\x00]", "_", self.device)  # a device name is one topic level
+            return f"{self.prefix}/{level}/{name}"
+        raise AttributeError(name)
+
+
+def describe_class(label: str) -> tuple[str, str]:
+    """(plant, condition) of a class name such as ``Tomato___Late_blight`` -> ("Tomato", "Late blight")."""
+    plant, _, condition = label.partition("___")
+    clean = lambda s: " ".join(s.replace("_", " ").replace(",", ", ").split())  # noqa: E731
+    return clean(plant), clean(condition) or clean(plant)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) + time.strftime("%z", time.localtime(t))
+
+
+def alert_body(c: Candidate, page: str = "") -> dict:
+    """An alert's JSON: the class and what it means, how sure, which photo, when; ``title`` / ``message`` / ``text``
+    are for people (Gotify reads title and message, Slack text); ``event_type`` is for Home Assistant."""
+    plant, condition = describe_class(c.label)
+    message = f"{condition} on {plant} ({c.confidence:.0%} sure), photo {c.photo_id} on {c.device}"
+    body = {
+        "event_type": "disease",
+        "alert_id": f"{c.device}-{c.result_id}",
+        "device": c.device,
+        "label": c.label,
+        "plant": plant,
+        "condition": condition,
+        "confidence": round(c.confidence, 4),
+        "verdict": c.verdict,
+        "photo_id": c.photo_id,
+        "result_id": c.result_id,
+        "time": _iso(c.created),
+        "title": f"{condition} seen on {c.device}",
+        "message": message,
+        "text": message,
+        "priority": 8,
+    }
+    if page:
+        body["url"] = f"{page.rstrip('/')}/photo/{c.sha256}"
+    return body
+
+
+def result_body(c: Candidate) -> dict:
+    """A result's JSON (published at QoS 0 on ``<prefix>/<device>/result``)."""
+    return {
+        "label": c.label,
+        "confidence": round(c.confidence, 4),
+        "verdict": c.verdict,
+        "photo_id": c.photo_id,
+        "result_id": c.result_id,
+        "time": _iso(c.created),
+    }
+
+
+def encode(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()

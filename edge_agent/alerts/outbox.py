@@ -1,0 +1,213 @@
+"""The alerts ledger and the outbox: every alert raised, and every message not yet delivered, on disk.
+
+A message stays in the outbox until its destination took it (an MQTT broker's PUBACK, a webhook's 2xx), across
+restarts; a failed attempt waits twice as long as the one before, up to ``retry_max_s``. The outbox holds at most
+``quota_bytes`` of payload: past that the oldest messages of the least important kind go first (results, then state,
+then alerts), and the count of what was dropped is kept and shown, never hidden.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.alerts.rules import Candidate
+from engines.errors import EdgeAgentError
+
+__all__ = ["DeliveryError", "Message", "Outbox", "PRIORITY"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS alerts (
+    id INTEGER PRIMARY KEY,
+    result_id INTEGER NOT NULL,
+    created REAL NOT NULL,
+    device TEXT NOT NULL,
+    label TEXT NOT NULL,
+    confidence REAL NOT NULL,
+    verdict TEXT NOT NULL,
+    photo_id TEXT NOT NULL,
+    sha256 TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alerts_class ON alerts(label, device, created);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY,
+    dest TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    created REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_try REAL NOT NULL,
+    last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox(dest, next_try);
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+#: What the quota drops first (lowest first).
+PRIORITY = {"result": 0, "health": 1, "engine": 1, "state": 1, "digest": 2, "alert": 3}
+
+
+class DeliveryError(EdgeAgentError):
+    """A destination did not take a message (a dead broker or endpoint, a refusal); it stays in the outbox."""
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    dest: str
+    kind: str
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    created: float
+    attempts: int
+
+
+class Outbox:
+    """One SQLite file (``alerts.sqlite`` in the state directory), used from the alert worker and the web process."""
+
+    def __init__(self, path: str | Path, quota_bytes: int, retry_max_s: float = 300.0) -> None:
+        self.path = Path(path)
+        self.quota_bytes = quota_bytes
+        self.retry_max_s = retry_max_s
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- state: the results cursor, counters ------------------------------------
+    def get(self, key: str, default: str = "") -> str:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)", (key, value))
+
+    def _bump(self, key: str, by: int) -> None:
+        self._db.execute(
+            "INSERT INTO state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + ?",
+            (key, str(by), by),
+        )
+
+    # ---- alerts -----------------------------------------------------------------
+    def last_alert(self, label: str, device: str) -> float | None:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(created) FROM alerts WHERE label = ? AND device = ?", (label, device)).fetchone()
+        return row[0]
+
+    def record(self, c: Candidate, messages: list[tuple[str, str, str, bytes, int, bool]], cursor: int) -> int:
+        """Record an alert and queue its messages ``(dest, kind, topic, payload, qos, retain)`` and move the results
+        cursor, in one transaction: a crash leaves either all of it or none. Returns the alert's id."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO alerts (result_id, created, device, label, confidence, verdict, photo_id, sha256) VALUES (?,?,?,?,?,?,?,?)",
+                    (c.result_id, c.created, c.device, c.label, c.confidence, c.verdict, c.photo_id, c.sha256),
+                )
+                self._put(messages)
+                self._db.execute("INSERT OR REPLACE INTO state (key, value) VALUES ('cursor', ?)", (str(cursor),))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return cur.lastrowid
+
+    def alerts(self, since: float = 0.0, limit: int = 100) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, result_id, created, device, label, confidence, verdict, photo_id FROM alerts WHERE created >= ? "
+                "ORDER BY id DESC LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        keys = ("id", "result_id", "created", "device", "label", "confidence", "verdict", "photo_id")
+        return [dict(zip(keys, r)) for r in rows]
+
+    # ---- the outbox -------------------------------------------------------------
+    def put(self, messages: list[tuple[str, str, str, bytes, int, bool]], cursor: int | None = None) -> None:
+        """Queue messages ``(dest, kind, topic, payload, qos, retain)`` (and move the results cursor) atomically."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._put(messages)
+                if cursor is not None:
+                    self._db.execute("INSERT OR REPLACE INTO state (key, value) VALUES ('cursor', ?)", (str(cursor),))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _put(self, messages: list[tuple[str, str, str, bytes, int, bool]]) -> None:
+        now = time.time()
+        self._db.executemany(
+            "INSERT INTO outbox (dest, kind, topic, payload, qos, retain, created, next_try) VALUES (?,?,?,?,?,?,?,?)",
+            [(d, k, t, bytes(p), q, int(r), now, now) for d, k, t, p, q, r in messages],
+        )
+        self._enforce_quota()
+
+    def _enforce_quota(self) -> None:
+        used = self._db.execute("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()[0]
+        if used <= self.quota_bytes:
+            return
+        order = " ".join(f"WHEN '{k}' THEN {p}" for k, p in PRIORITY.items())
+        rows = self._db.execute(f"SELECT id, LENGTH(payload) FROM outbox ORDER BY CASE kind {order} ELSE 1 END, id").fetchall()
+        drop = []
+        for row_id, size in rows:
+            if used <= self.quota_bytes:
+                break
+            drop.append((row_id,))
+            used -= size
+        self._db.executemany("DELETE FROM outbox WHERE id = ?", drop)
+        self._bump("dropped", len(drop))
+
+    def due(self, dest: str, limit: int = 50, now: float | None = None) -> list[Message]:
+        """The oldest messages for ``dest`` whose next attempt is due."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, dest, kind, topic, payload, qos, retain, created, attempts FROM outbox WHERE dest = ? AND next_try <= ? "
+                "ORDER BY id LIMIT ?",
+                (dest, time.time() if now is None else now, limit),
+            ).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], bool(r[6]), r[7], r[8]) for r in rows]
+
+    def delivered(self, ids: list[int], dest: str) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+            self._bump(f"sent:{dest}", len(ids))
+            self._db.execute("COMMIT")
+
+    def failed(self, ids: list[int], dest: str, error: str) -> float:
+        """Count a failed attempt; each message waits 2^attempts seconds (up to ``retry_max_s``). Returns the wait."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_try = ? + MIN(?, (1 << MIN(attempts, 20))) WHERE id = ?",
+                [(error[:500], time.time(), self.retry_max_s, i) for i in ids],
+            )
+            self._bump(f"failed:{dest}", len(ids))
+            self._db.execute("COMMIT")
+            row = self._db.execute("SELECT MIN(next_try) FROM outbox WHERE dest = ?", (dest,)).fetchone()
+        return max(0.0, (row[0] or time.time()) - time.time())
+
+    def counts(self) -> dict:
+        """Pending messages per destination, bytes held, and the sent / failed / dropped counters."""
+        with self._lock:
+            pending = dict(self._db.execute("SELECT dest, COUNT(*) FROM outbox GROUP BY dest").fetchall())
+            used = self._db.execute("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()[0]
+            state = dict(self._db.execute("SELECT key, value FROM state").fetchall())
+        counters = {k: int(v) for k, v in state.items() if k.startswith(("sent:", "failed:")) or k == "dropped"}
+        return {"pending": pending, "bytes": used, "quota_bytes": self.quota_bytes, **counters}

@@ -1,0 +1,254 @@
+"""The daemon's alert thread: reads new results from the ledger, raises alerts by the rules, delivers the outbox.
+
+It reads the results table from its own cursor (kept in ``alerts.sqlite``), so classification never waits on it and
+a restart neither misses a result nor alerts twice: an alert, its messages and the cursor move in one transaction.
+The first start on an existing ledger begins at its end (history raises no alerts). The daemon also hands it its
+status every few seconds (:meth:`observe`): an engine swap, a refused version or a change of health becomes an
+event, and the device's state (last diagnosis, photos today, ...) is published retained for Home Assistant.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
+from edge_agent.alerts.homeassistant import discovery
+from edge_agent.alerts.messages import Topics, alert_body, describe_class, encode, result_body
+from edge_agent.alerts.outbox import DeliveryError, Outbox
+from edge_agent.alerts.rules import AlertRules, Candidate
+from edge_agent.log import get_logger
+from edge_agent.worker import Worker
+
+__all__ = ["AlertWorker"]
+
+
+def _start_of_day(t: float) -> float:
+    return dt.datetime.combine(dt.date.fromtimestamp(t), dt.time()).timestamp()
+
+
+class AlertWorker(Worker):
+    thread_name = "alerts"
+    poll_s = 0.2
+
+    def __init__(
+        self,
+        alerts: AlertsSection,
+        mqtt: MqttSection,
+        webhooks: list[WebhookSection],
+        results_db: Path,
+        state_dir: Path,
+        device: str,
+        version: str = "",
+    ) -> None:
+        super().__init__()
+        self.section, self.device = alerts, device
+        self.rules = AlertRules(alerts)
+        self.results_db = Path(results_db)
+        self.outbox = Outbox(Path(state_dir) / "alerts.sqlite", alerts.queue_mb << 20, alerts.retry_max_s)
+        self.log = get_logger("alerts", device=device)
+        self.topics = Topics(mqtt.prefix, device)
+        self._state: dict = {}
+        self._state_lock = threading.Lock()
+        self._observed: dict = {}
+        self._next_try: dict[str, float] = {}
+        self._failing: dict[str, str] = {}
+        self.destinations: list = []
+        self.mqtt = None
+        if mqtt.host:
+            from edge_agent.alerts.mqtt import MqttLink
+
+            disc = discovery(mqtt, device, version) if mqtt.discovery else []
+            self.mqtt = MqttLink(mqtt, device, on_connect=lambda: disc + self._retained_state())
+            self.destinations.append(self.mqtt)
+        self.mqtt_results = mqtt.results
+        from edge_agent.alerts.webhook import Webhook
+
+        self.webhooks = [(Webhook(w, i), set(w.events)) for i, w in enumerate(webhooks)]
+        self.destinations += [w for w, _ in self.webhooks]
+        self._con: sqlite3.Connection | None = None
+        self._con_lock = threading.Lock()
+        if not self.outbox.get("cursor"):
+            self.outbox.set("cursor", str(self._max_result_id()))
+
+    # ---- reading results -----------------------------------------------------------
+    def _results(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._con_lock:  # the alert thread and the daemon's status loop share the connection
+            if self._con is None:
+                if not self.results_db.exists():
+                    return []
+                self._con = sqlite3.connect(f"file:{self.results_db}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+            return self._con.execute(sql, args).fetchall()
+
+    def _max_result_id(self) -> int:
+        rows = self._results("SELECT COALESCE(MAX(id), 0) FROM results")
+        return rows[0][0] if rows else 0
+
+    def _messages(self, kind: str, body: dict) -> list[tuple[str, str, str, bytes, int, bool]]:
+        """The outbox rows for one event: MQTT at QoS 1 (alerts, digests, engine and health events), each webhook that asked for the kind."""
+        payload = encode(body)
+        out = []
+        if self.mqtt is not None:
+            out.append(("mqtt", kind, getattr(self.topics, "alert" if kind == "alert" else kind), payload, 1, False))
+        out += [(w.name, kind, w.section.url, payload, 1, False) for w, kinds in self.webhooks if kind in kinds]
+        return out
+
+    def scan(self) -> int:
+        """Turn results past the cursor into alerts (and live MQTT results); returns how many results were read."""
+        cursor = int(self.outbox.get("cursor", "0"))
+        rows = self._results(
+            "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256 FROM results WHERE id > ? ORDER BY id LIMIT 500",
+            (cursor,),
+        )
+        for row in rows:
+            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6])
+            if self.mqtt is not None and self.mqtt_results:
+                self.mqtt.live(self.topics.result, encode(result_body(c)))
+            if self.rules.wants(c) and not self.rules.quiet(c, self.outbox.last_alert(c.label, c.device)):
+                self.outbox.record(c, self._messages("alert", alert_body(c, self.section.link)), cursor=c.result_id)
+                self.log.info("alert", label=c.label, confidence=round(c.confidence, 3), photo_id=c.photo_id)
+            with self._state_lock:
+                plant, condition = describe_class(c.label)
+                self._state |= {"last_diagnosis": condition if condition == plant else f"{condition} ({plant})", "last_label": c.label}
+                self._state |= {"last_confidence": round(100 * c.confidence, 1), "last_verdict": c.verdict, "last_photo_id": c.photo_id}
+        if rows:
+            self.outbox.set("cursor", str(rows[-1][0]))
+        return len(rows)
+
+    # ---- delivering --------------------------------------------------------------
+    def deliver(self) -> None:
+        now = time.time()
+        for d in self.destinations:
+            if now < self._next_try.get(d.name, 0.0):
+                continue
+            due = self.outbox.due(d.name)
+            if not due:
+                continue
+            try:
+                ids = d.send(due)
+            except DeliveryError as exc:
+                wait = self.outbox.failed([m.id for m in due], d.name, str(exc))
+                self._next_try[d.name] = time.time() + wait
+                if self._failing.get(d.name) != str(exc):
+                    self.log.warning(
+                        "alert_delivery_failed", destination=d.name, error=str(exc), pending=len(due), retry_in_s=round(wait, 1)
+                    )
+                self._failing[d.name] = str(exc)
+                continue
+            self.outbox.delivered(ids, d.name)
+            if self._failing.pop(d.name, None):
+                self.log.info("alert_delivery_recovered", destination=d.name)
+
+    # ---- the daemon's status -------------------------------------------------------
+    def observe(self, status: dict) -> None:
+        """Called with the daemon's status: engine swaps, refusals and health changes become events; state is published."""
+        engine = status.get("engine", {}).get("engine_version")
+        refused = dict((status.get("hotswap") or {}).get("refused") or {})
+        healthy = status.get("healthy")
+        before, self._observed = self._observed, {"engine": engine, "refused": refused, "healthy": healthy}
+        if before:
+            events = []
+            if engine != before["engine"]:
+                events.append(("engine", {"event": "swapped", "from": before["engine"], "to": engine, "device": self.device}))
+            for version, reason in refused.items():
+                if version not in before["refused"]:
+                    events.append(("engine", {"event": "refused", "version": version, "reason": reason, "device": self.device}))
+            if healthy != before["healthy"]:
+                events.append(
+                    (
+                        "health",
+                        {
+                            "event": "healthy" if healthy else "unhealthy",
+                            "device": self.device,
+                            "errors": status.get("last_errors", [])[-3:],
+                        },
+                    )
+                )
+            for kind, body in events:
+                self.outbox.put(self._messages(kind, body | {"time": time.time()}))
+        today = _start_of_day(time.time())
+        photos = self._results("SELECT COUNT(*) FROM results WHERE created >= ?", (today,))
+        queued = self._results("SELECT COUNT(*) FROM label_queue")
+        with self._state_lock:
+            self._state |= {
+                "photos_today": photos[0][0] if photos else 0,
+                "alerts_today": len(self.outbox.alerts(since=today, limit=100000)),
+                "engine_version": engine,
+                "queue_depth": queued[0][0] if queued else 0,
+                "healthy": bool(healthy),
+            }
+        if self.mqtt is not None:
+            for topic, payload, retain in self._retained_state():
+                self.mqtt.live(topic, payload, retain)
+
+    def _retained_state(self) -> list[tuple[str, bytes, bool]]:
+        with self._state_lock:
+            return [(self.topics.state, encode(self._state), True)] if self._state else []
+
+    # ---- the daily digest ------------------------------------------------------------
+    def digest_due(self, now: float | None = None) -> dict | None:
+        """The day's digest once ``digest_at`` has passed today and none went out today, else None."""
+        if not self.section.digest_at:
+            return None
+        now = time.time() if now is None else now
+        day = dt.date.fromtimestamp(now)
+        hh, mm = (int(x) for x in self.section.digest_at.split(":"))
+        if now < dt.datetime.combine(day, dt.time(hh, mm)).timestamp() or self.outbox.get("digest_day") == day.isoformat():
+            return None
+        since = now - 86400
+        counts = dict(self._results("SELECT label, COUNT(*) FROM results WHERE created >= ? GROUP BY label", (since,)))
+        alerts = self.outbox.alerts(since=since, limit=100000)
+        diseased = {
+            k: v
+            for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+            if self.rules.wants(Candidate(0, 0, "", k, 1.0, self.section.verdicts[0], "", ""))
+        }
+        lines = [f"{describe_class(k)[1]} ({describe_class(k)[0]}): {v}" for k, v in diseased.items()] or ["no disease seen"]
+        return {
+            "event_type": "digest",
+            "device": self.device,
+            "day": day.isoformat(),
+            "photos": sum(counts.values()),
+            "alerts": len(alerts),
+            "by_class": counts,
+            "title": f"edge-agent {self.device}: {sum(counts.values())} photos, {len(alerts)} alerts in the last 24 h",
+            "message": "; ".join(lines),
+            "text": "; ".join(lines),
+        }
+
+    def _digest(self) -> None:
+        body = self.digest_due()
+        if body is not None:
+            self.outbox.put(self._messages("digest", body))
+            self.outbox.set("digest_day", body["day"])
+
+    # ---- the thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.scan()
+                self._digest()
+                self.deliver()
+            except sqlite3.Error as exc:  # a locked or full disk: try again next round, nothing moved
+                self.log.warning("alerts_round_failed", error=repr(exc))
+                busy = 0
+            if not busy:
+                self._stop.wait(self.poll_s)
+
+    def status(self) -> dict:
+        out = self.outbox.counts()
+        out["destinations"] = {d.name: {"error": getattr(d, "last_error", None)} for d in self.destinations}
+        if self.mqtt is not None:
+            out["destinations"]["mqtt"]["connected"] = self.mqtt.connected.is_set()
+        return out
+
+    def stop(self) -> None:
+        super().stop()
+        for d in self.destinations:
+            d.close()
+        self.outbox.close()
+        if self._con is not None:
+            self._con.close()

@@ -1,0 +1,292 @@
+"""Alerts: the rules, the quiet period, the outbox on disk (quota, backoff, restarts) and signed webhooks."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
+from edge_agent.alerts.messages import alert_body, describe_class
+from edge_agent.alerts.outbox import DeliveryError, Outbox
+from edge_agent.alerts.rules import AlertRules, Candidate, is_disease
+from edge_agent.alerts.webhook import Webhook, signature
+from edge_agent.alerts.worker import AlertWorker
+from edge_agent.config import ConfigError, parse_config
+from edge_agent.results import ResultRow, ResultsDB
+
+NO_MQTT = MqttSection()
+_n = iter(range(10**6))
+
+
+def _result(db: ResultsDB, label: str, p: float = 0.97, verdict: str = "confident", created: float | None = None) -> str:
+    sha = f"{next(_n):064x}"
+    db.commit(
+        [ResultRow(sha, sha[:16], None, "inbox", label, p, [[label, p]], "v1000", {}, created=created or time.time(), verdict=verdict)]
+    )
+    return sha
+
+
+def _cand(label: str, created: float = 1000.0, verdict: str = "confident", p: float = 0.9) -> Candidate:
+    return Candidate(1, created, "greenhouse", label, p, verdict, "abcd", "ab" * 32)
+
+
+class _Receiver:
+    """A local HTTP server that answers with the statuses it is given, in turn, and keeps what it received."""
+
+    def __init__(self, statuses=(200,)) -> None:
+        self.statuses, self.got = list(statuses), []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.got.append((dict(self.headers), body))
+                code = outer.statuses.pop(0) if len(outer.statuses) > 1 else outer.statuses[0]
+                self.send_response(code)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = _Receiver()
+    yield r
+    r.close()
+
+
+# ---- rules -----------------------------------------------------------------------------
+def test_any_disease_means_every_class_not_named_healthy():
+    assert is_disease("Tomato___Late_blight") and not is_disease("Tomato___healthy") and not is_disease("Apple___healthy")
+    rules = AlertRules(AlertsSection())
+    assert rules.wants(_cand("Tomato___Late_blight"))
+    assert not rules.wants(_cand("Tomato___healthy"))
+
+
+def test_by_default_only_a_confident_answer_raises_an_alert():
+    rules = AlertRules(AlertsSection())
+    assert not rules.wants(_cand("Tomato___Late_blight", verdict="unsure"))
+    assert not rules.wants(_cand("Tomato___Late_blight", verdict="unknown"))
+
+
+def test_named_classes_and_a_minimum_confidence_narrow_the_rule():
+    rules = AlertRules(AlertsSection(classes=["Tomato___Late_blight"], min_confidence=0.8, verdicts=["confident", "unsure"]))
+    assert rules.wants(_cand("Tomato___Late_blight", verdict="unsure", p=0.85))
+    assert not rules.wants(_cand("Tomato___Late_blight", p=0.7))
+    assert not rules.wants(_cand("Potato___Late_blight"))
+    assert not AlertRules(AlertsSection(enabled=False)).wants(_cand("Tomato___Late_blight"))
+
+
+def test_the_quiet_period_holds_the_same_class_for_an_hour():
+    rules = AlertRules(AlertsSection())
+    assert not rules.quiet(_cand("X___y", created=5000), None)
+    assert rules.quiet(_cand("X___y", created=5000), 5000 - 3599)
+    assert not rules.quiet(_cand("X___y", created=5000), 5000 - 3600)
+
+
+def test_a_bad_digest_time_or_webhook_url_is_refused_with_the_key_named():
+    with pytest.raises(ConfigError, match=r"alerts.digest_at: must be HH:MM"):
+        parse_config({"alerts": {"digest_at": "25:00"}})
+    with pytest.raises(ConfigError, match=r"webhooks.0.url: must start with http"):
+        parse_config({"webhooks": [{"url": "ftp://x"}]})
+    with pytest.raises(ConfigError, match=r"mqtt.prefix"):
+        parse_config({"mqtt": {"prefix": "farm/#"}})
+
+
+def test_an_alert_says_in_words_what_was_seen_and_links_the_photo():
+    assert describe_class("Corn_(maize)___Cercospora_leaf_spot Gray_leaf_spot") == ("Corn (maize)", "Cercospora leaf spot Gray leaf spot")
+    body = alert_body(_cand("Tomato___Late_blight"), "http://greenhouse.local:8080/")
+    assert body["title"] == "Late blight seen on greenhouse" and "90% sure" in body["message"]
+    assert body["url"] == "http://greenhouse.local:8080/photo/" + "ab" * 32 and body["event_type"] == "disease"
+
+
+# ---- the outbox --------------------------------------------------------------------------
+def test_the_outbox_keeps_messages_across_a_restart_until_delivered(tmp_path):
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    box.put([("webhook:0", "alert", "u", b"{}", 1, False)] * 3, cursor=7)
+    box.close()
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    due = box.due("webhook:0")
+    assert len(due) == 3 and box.get("cursor") == "7"
+    box.delivered([m.id for m in due[:2]], "webhook:0")
+    assert len(box.due("webhook:0")) == 1 and box.counts()["sent:webhook:0"] == 2
+    box.close()
+
+
+def test_a_failed_delivery_waits_twice_as_long_each_time_up_to_the_cap(tmp_path):
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20, retry_max_s=5)
+    box.put([("mqtt", "alert", "t", b"x", 1, False)])
+    waits = []
+    for _ in range(5):
+        (m,) = box.due("mqtt", now=time.time() + 3600)
+        waits.append(round(box.failed([m.id], "mqtt", "down")))
+    assert waits == [1, 2, 4, 5, 5]
+    assert box.due("mqtt") == [] and box.counts()["failed:mqtt"] == 5
+
+
+def test_past_the_quota_results_go_before_alerts_and_the_drop_is_counted(tmp_path):
+    box = Outbox(tmp_path / "alerts.sqlite", quota_bytes=300)
+    box.put([("mqtt", "alert", "a", b"A" * 100, 1, False), ("mqtt", "result", "r", b"R" * 100, 0, False)])
+    box.put([("mqtt", "alert", "a", b"B" * 100, 1, False), ("mqtt", "alert", "a", b"C" * 100, 1, False)])
+    kept = [m.payload[:1] for m in box.due("mqtt")]
+    assert kept == [b"A", b"B", b"C"] and box.counts()["dropped"] == 1
+    box.put([("mqtt", "alert", "a", b"D" * 100, 1, False)])  # only alerts left: the oldest goes
+    assert [m.payload[:1] for m in box.due("mqtt")] == [b"B", b"C", b"D"] and box.counts()["dropped"] == 2
+
+
+# ---- webhooks ------------------------------------------------------------------------------
+def test_a_webhook_posts_the_json_signed_with_the_shared_secret(tmp_path, receiver):
+    (tmp_path / "secret").write_text("s3cret\n")
+    hook = Webhook(WebhookSection(url=receiver.url, secret_file=str(tmp_path / "secret")), 0)
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    body = json.dumps({"title": "t", "message": "m"}).encode()
+    box.put([("webhook:0", "alert", receiver.url, body, 1, False)])
+    assert hook.send(box.due("webhook:0")) != []
+    headers, got = receiver.got[0]
+    assert got == body and headers["Content-Type"] == "application/json"
+    expected = hmac.new(b"s3cret", headers["X-Edge-Agent-Timestamp"].encode() + b"." + body, hashlib.sha256).hexdigest()
+    assert headers["X-Edge-Agent-Signature"] == "sha256=" + expected == signature(b"s3cret", headers["X-Edge-Agent-Timestamp"], body)
+
+
+def test_an_ntfy_webhook_sends_the_message_as_text_with_a_title(tmp_path, receiver):
+    hook = Webhook(WebhookSection(url=receiver.url, format="ntfy"), 0)
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    box.put(
+        [
+            (
+                "webhook:0",
+                "alert",
+                receiver.url,
+                json.dumps({"title": "Late blight seen on shed", "message": "Late blight on Tomato"}).encode(),
+                1,
+                False,
+            )
+        ]
+    )
+    hook.send(box.due("webhook:0"))
+    headers, got = receiver.got[0]
+    assert got == b"Late blight on Tomato" and headers["Title"] == "Late blight seen on shed" and headers["Priority"] == "high"
+
+
+def test_a_webhook_that_answers_500_or_is_not_there_keeps_the_message(tmp_path):
+    down = _Receiver([500])
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    box.put([("webhook:0", "alert", down.url, b"{}", 1, False)])
+    with pytest.raises(DeliveryError, match="HTTP 500"):
+        Webhook(WebhookSection(url=down.url), 0).send(box.due("webhook:0"))
+    down.close()
+    with pytest.raises(DeliveryError, match="127.0.0.1"):
+        Webhook(WebhookSection(url=down.url, timeout_s=2), 0).send(box.due("webhook:0"))
+    assert len(box.due("webhook:0")) == 1
+
+
+def test_a_missing_secret_file_is_named_at_start(tmp_path):
+    with pytest.raises(DeliveryError, match="secret_file .*nope"):
+        Webhook(WebhookSection(url="http://127.0.0.1:9/x", secret_file=str(tmp_path / "nope")), 0)
+
+
+# ---- the worker ------------------------------------------------------------------------------
+def _worker(tmp_path, db_path, hooks=(), **alerts) -> AlertWorker:
+    return AlertWorker(AlertsSection(**alerts), NO_MQTT, [WebhookSection(url=u) for u in hooks], db_path, tmp_path, "greenhouse")
+
+
+def test_one_alert_per_class_within_the_quiet_period_and_none_for_history(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    _result(db, "Tomato___Late_blight")  # before the first start: history
+    w = _worker(tmp_path, db.path, [receiver.url])
+    for _ in range(3):
+        _result(db, "Tomato___Late_blight")
+    _result(db, "Tomato___healthy")
+    _result(db, "Potato___Early_blight", verdict="unsure")
+    _result(db, "Potato___Early_blight")
+    assert w.scan() == 6
+    w.deliver()
+    labels = [json.loads(b)["label"] for _, b in receiver.got]
+    assert labels == ["Tomato___Late_blight", "Potato___Early_blight"]
+    _result(db, "Tomato___Late_blight", created=time.time() + 3601)  # after the quiet period
+    w.scan()
+    w.deliver()
+    assert len(receiver.got) == 3
+    w.stop()
+    db.close()
+
+
+def test_a_restart_neither_misses_a_result_nor_alerts_twice(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, [receiver.url])
+    _result(db, "Tomato___Late_blight")
+    w.scan()
+    w.stop()  # stopped before delivering
+    _result(db, "Apple___Apple_scab")  # arrives while the alert thread is down
+    _result(db, "Tomato___Late_blight")  # same class: still quiet after the restart
+    w = _worker(tmp_path, db.path, [receiver.url])
+    w.scan()
+    w.deliver()
+    assert sorted(json.loads(b)["label"] for _, b in receiver.got) == ["Apple___Apple_scab", "Tomato___Late_blight"]
+    w.stop()
+    db.close()
+
+
+def test_a_dead_endpoint_queues_the_alert_and_delivers_it_when_back(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    r = _Receiver([503, 503, 200])
+    w = _worker(tmp_path, db.path, [r.url])
+    _result(db, "Tomato___Late_blight")
+    w.scan()
+    for _ in range(3):
+        w._next_try.clear()
+        w.outbox._db.execute("UPDATE outbox SET next_try = 0")
+        w.deliver()
+    assert len(r.got) == 3 and w.outbox.counts()["pending"] == {} and w.outbox.counts()["failed:webhook:0"] == 2
+    r.close()
+    w.stop()
+    db.close()
+
+
+def test_engine_swaps_refusals_and_health_changes_become_events(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(), NO_MQTT, [WebhookSection(url=receiver.url, events=["engine", "health"])], db.path, tmp_path, "shed")
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
+    w.observe(st)
+    w.observe(
+        st | {"engine": {"engine_version": "v1001"}, "hotswap": {"refused": {"v1002": "signature does not verify"}}, "healthy": False}
+    )
+    w.deliver()
+    events = [(h["X-Edge-Agent-Event"], json.loads(b)["event"]) for h, b in receiver.got]
+    assert events == [("engine", "swapped"), ("engine", "refused"), ("health", "unhealthy")]
+    w.stop()
+    db.close()
+
+
+def test_the_daily_digest_goes_once_a_day_after_its_hour(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, digest_at="07:30")
+    _result(db, "Tomato___Late_blight")
+    _result(db, "Tomato___healthy")
+    import datetime as dt
+
+    today = dt.date.today()
+    before = dt.datetime.combine(today, dt.time(7, 29)).timestamp()
+    after = dt.datetime.combine(today, dt.time(7, 31)).timestamp()
+    assert w.digest_due(before) is None
+    body = w.digest_due(after)
+    assert body["photos"] >= 0 and body["event_type"] == "digest"
+    w.outbox.set("digest_day", today.isoformat())
+    assert w.digest_due(after) is None
+    w.stop()
+    db.close()
