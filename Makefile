@@ -23,6 +23,12 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	    apt-get install -y -q chromium chromium-driver >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; } \
 	      || echo "note: could not install chromium; the browser test will be skipped"; \
 	  else echo "note: install chromium and chromium-driver (apt) to run the browser test"; fi; fi
+	@# The MQTT tests start Debian's mosquitto broker on a free port; as root, install it (else they say why they skip).
+	@if ! command -v mosquitto >/dev/null && ! test -x /usr/sbin/mosquitto; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q mosquitto >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q mosquitto >/dev/null; } \
+	      || echo "note: could not install mosquitto; the MQTT tests will be skipped"; \
+	  else echo "note: install mosquitto (apt) to run the MQTT tests"; fi; fi
 	touch $@
 
 install: $(VENV)/.installed

@@ -383,22 +383,42 @@ def dump_toml(cfg: AppConfig, comments: bool = True) -> str:
     """The configuration as TOML, each key preceded by its description and default."""
     out: list[str] = []
     for name, section in cfg:
-        _table(out, name, section, AppConfig.model_fields[name].description, comments)
+        description = AppConfig.model_fields[name].description
+        if not isinstance(section, list):
+            _table(out, name, section, description, comments)
+        elif section:
+            for i, item in enumerate(section):
+                _table(out, name, item, description if i == 0 else None, comments, array=True)
+        elif comments:
+            out.extend(_commented_example(name, description))
     return "\n".join(out)
 
 
-def _table(out: list[str], name: str, section: BaseModel, description: str | None, comments: bool) -> None:
-    """``[name]`` with its keys; a key holding a table (``[trainer.strategy]``) follows as ``[name.key]``."""
+def _commented_example(name: str, description: str | None) -> list[str]:
+    """An empty ``[[name]]`` list shown as a commented example, so the option is found where the others are."""
+    if name != "webhooks":
+        return [f"# {description}", ""]
+    example: list[str] = []
+    _table(example, name, WebhookSection(url="https://ntfy.sh/my-farm-alerts", format="ntfy"), description, True, True)
+    return [line if line.startswith("#") or not line else f"# {line}" for line in example]
+
+
+def _table(
+    out: list[str], name: str, section: BaseModel, description: str | None, comments: bool, array: bool = False
+) -> None:
+    """``[name]`` (``[[name]]`` in an array) with its keys; a key holding a table follows as ``[name.key]``."""
     if comments and description:
         out.append(f"# {description}")
-    out.append(f"[{name}]")
+    out.append(f"[[{name}]]" if array else f"[{name}]")
     tables = []
     for key, field in type(section).model_fields.items():
         value = getattr(section, key)
         if isinstance(value, BaseModel):
             tables.append((key, value, field.description))
             continue
-        if comments:
+        if comments and field.is_required():
+            out.append(f"# {field.description} Required.")
+        elif comments:
             out.append(f"# {field.description} Default: {_toml_value(field.get_default(call_default_factory=True))}.")
         out.append(f"{key} = {_toml_value(value)}")
     out.append("")

@@ -84,6 +84,25 @@ def test_show_output_is_valid_toml_that_reloads_to_the_same_config(tmp_path):
     assert 'precision = "int8"' in text
 
 
+def test_webhooks_print_as_an_array_of_tables_and_reload_to_the_same_config(tmp_path):
+    cfg = load_config(write(tmp_path, "[[webhooks]]\nurl = 'http://a/1'\n[[webhooks]]\nurl = 'https://b/2'\nformat = 'ntfy'\n"))
+    text = dump_toml(cfg)
+    assert text.splitlines().count("[[webhooks]]") == 2
+    assert parse_config(tomllib.loads(text)) == cfg
+    assert [w.format for w in cfg.webhooks] == ["json", "ntfy"]
+
+
+def test_with_no_webhooks_the_printed_config_shows_one_commented_out():
+    text = dump_toml(AppConfig())
+    assert "# [[webhooks]]" in text and '# url = "https://' in text
+    assert tomllib.loads(text).get("webhooks") is None
+
+
+def test_a_webhook_url_that_is_not_http_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="webhooks"):
+        load_config(write(tmp_path, "[[webhooks]]\nurl = 'ftp://a/1'\n"))
+
+
 def test_every_option_is_documented_with_its_default():
     text = dump_toml(AppConfig())
     lines = text.splitlines()
