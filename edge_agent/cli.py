@@ -234,11 +234,12 @@ def _web(args: argparse.Namespace) -> int:
     cfg = _load(args)
     state_dir = resolve_state_dir(args.state_dir, cfg)
     if args.new_token:
-        token = new_token(state_dir)
+        token = new_token(state_dir, args.role)
         port = args.port or cfg.web.port
         print(
-            f"token: {token}\nopen once from a phone or laptop (then it is kept in a cookie):\n"
+            f"token: {token}\nrole: {args.role}\nopen once from a phone or laptop (then it is kept in a cookie):\n"
             f"  http://<this device's address>:{port}/?token={token}\n"
+            f"a program sends it as: curl -H 'Authorization: Bearer {token}' http://<address>:{port}/api/v1/health\n"
             f"serve it with: edge-agent web --state-dir {state_dir} --bind 0.0.0.0"
         )
         return 0
@@ -316,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--bind", help="address to listen on (default: [web] bind, 127.0.0.1); others need --new-token first")
     web.add_argument("--port", type=int, help="port (default: [web] port, 8080)")
     web.add_argument("--new-token", action="store_true", help="print a new access token for other machines and exit")
+    web.add_argument(
+        "--role",
+        choices=("read", "label", "admin"),
+        default="admin",
+        help="what --new-token's token may do: read (see only), label (also label and upload), admin (also roll back)",
+    )
     web.set_defaults(func=_web)
 
     inst = sub.add_parser("install-systemd", parents=[common], help="install the systemd units for this environment")

@@ -6,6 +6,7 @@ slow page cannot touch classification. Server-rendered pages, every asset in the
 
     edge-agent web --state-dir S                 # http://127.0.0.1:8080, this machine only
     edge-agent web --state-dir S --new-token     # print a token (stored hashed) for other machines
+    edge-agent web --state-dir S --new-token --role read   # one that can see but change nothing (a dashboard)
     edge-agent web --state-dir S --bind 0.0.0.0  # the farm's network; every request needs the token
 """
 
@@ -23,14 +24,15 @@ class WebError(EdgeAgentError, RuntimeError):
 
 
 def _tokens(state_dir: Path):
-    from edge_agent.web.auth import TokenFile
+    from edge_agent.web.auth import Tokens
 
-    return TokenFile(state_dir / "web" / "token.sha256")
+    return Tokens(state_dir / "web")
 
 
-def new_token(state_dir: Path) -> str:
-    """A new access token for ``state_dir``'s page (the previous one stops working)."""
-    return _tokens(state_dir).new()
+def new_token(state_dir: Path, role: str = "admin") -> str:
+    """A new access token with ``role`` (read, label, admin) for ``state_dir``'s page and API (that role's previous
+    one stops working)."""
+    return _tokens(state_dir).new(role)
 
 
 def serve(cfg, state_dir: Path, bind: str | None = None, port: int | None = None) -> int:

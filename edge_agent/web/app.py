@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import datetime
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -23,50 +22,23 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from edge_agent.config import AppConfig
 from edge_agent.imageheader import ImageRejected
-from edge_agent.results import ResultsDB
 from edge_agent.review.checks import trust_table
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
-from edge_agent.state import StateLayout, live_status, resolve_store, trainer_state_dir
+from edge_agent.state import live_status, trainer_state_dir
 from edge_agent.web import charts
 from edge_agent.web._limits import BodyLimit
-from edge_agent.web.auth import AccessMiddleware, TokenFile, csrf_ok, csrf_secret, is_local_bind
+from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, is_local_bind
+from edge_agent.web.context import BadParameter, WebContext, parse_day, parse_int
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
-from edge_agent.web.queries import Filters, Reader
+from edge_agent.web.queries import Filters
 from edge_agent.web.upload import store_upload
-from engines.errors import EdgeAgentError
 from engines.store import StoreError
 
 __all__ = ["create_app", "WebContext"]
 
 HERE = Path(__file__).parent
 MAX_FILES_PER_UPLOAD = 50
-
-
-@dataclass
-class WebContext:
-    """What every request needs: the configuration and where the daemon keeps things."""
-
-    cfg: AppConfig
-    state: StateLayout
-    inbox: Path
-    bind: str
-
-    @property
-    def reader(self) -> Reader:
-        return Reader(self.state.db)
-
-    def store(self):
-        return resolve_store(self.cfg, self.state.root)
-
-    def classes(self) -> list[str]:
-        return self.store().open(verify=False).classes
-
-    def db(self, readonly: bool = True) -> ResultsDB | None:
-        if not self.state.db.is_file():
-            return None
-        return ResultsDB(self.state.db, readonly=readonly)
 
 
 def verdict_text(verdict: str | None) -> str:
@@ -91,30 +63,12 @@ def shown_name(row) -> str:
     return Path(row.path).name if row.path else row.source
 
 
-class BadParameter(EdgeAgentError, ValueError):
-    """A query or form parameter out of its range: answered 400 with the reason."""
-
-
-def _day(text: str | None) -> date | None:
-    """A day from ``YYYY-MM-DD`` between 1970 (a board without a clock) and 2999 (None when empty); raises :class:`BadParameter`."""
-    if not text:
-        return None
-    try:
-        day = date.fromisoformat(text[:10])
-    except ValueError:
-        raise BadParameter(f"not a day (YYYY-MM-DD): {text[:20]!r}") from None
-    if not 1970 <= day.year <= 2999:
-        raise BadParameter(f"no photos can be from {day.isoformat()}")
-    return day
-
-
-def _int(text: str | None, default: int = 0, hi: int = 1_000_000) -> int:
-    """A whole number in 0..``hi`` (``default`` when empty); raises :class:`BadParameter`."""
-    if not text:
-        return default
-    if len(text) > 12 or not text.strip().isdigit() or int(text) > hi:
-        raise BadParameter(f"not a number from 0 to {hi}: {text[:20]!r}")
-    return int(text)
+def forbidden_text(have: str, need: str) -> str:
+    """Why a token with role ``have`` was refused something that needs ``need``, and how to get one that may."""
+    return (
+        f"this token's role is '{have}'; this needs '{need}' or above: on the device, "
+        f"`edge-agent web --new-token --role {need}` makes one"
+    )
 
 
 def create_app(ctx: WebContext) -> Starlette:
@@ -141,6 +95,12 @@ def create_app(ctx: WebContext) -> Starlette:
     def problem(request: Request, status: int, message: str) -> Response:
         return page(request, "problem.html", status=status, message=message, code=status)
 
+    def refused(request: Request, role: str) -> Response | None:
+        """403 when the request's token may not do what ``role`` may (None when it may)."""
+        if allowed(request, role):
+            return None
+        return problem(request, 403, forbidden_text(request.state.role, role))
+
     async def form(request: Request):
         data = await request.form(max_files=0, max_fields=20)
         if not csrf_ok(request, data.get("csrf")):
@@ -150,8 +110,8 @@ def create_app(ctx: WebContext) -> Starlette:
     # ---- recent photos ------------------------------------------------------
     async def photos(request: Request) -> Response:
         q = request.query_params
-        filters = Filters(q.get("label", ""), _day(q.get("from")), _day(q.get("to")))
-        pg = _int(q.get("page"))
+        filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")))
+        pg = parse_int(q.get("page"))
         size = ctx.cfg.web.page_size
         rows, total = ctx.reader.recent(filters, pg, size)
         return page(
@@ -198,7 +158,7 @@ def create_app(ctx: WebContext) -> Starlette:
                 left = left_today(db, ctx.cfg.labels.review_per_day)
             finally:
                 db.close()
-        i = _int(request.query_params.get("i"))
+        i = parse_int(request.query_params.get("i"))
         return page(
             request,
             "review.html",
@@ -212,6 +172,8 @@ def create_app(ctx: WebContext) -> Starlette:
         )
 
     async def review_label(request: Request) -> Response:
+        if (no := refused(request, "label")) is not None:
+            return no
         data = await form(request)
         if data is None:
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
@@ -228,7 +190,7 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 400, str(exc))
         finally:
             db.close()
-        return RedirectResponse(f"/review?i={_int(data.get('i'))}&done={entry.photo_id}", status_code=303)
+        return RedirectResponse(f"/review?i={parse_int(data.get('i'))}&done={entry.photo_id}", status_code=303)
 
     async def trust(request: Request) -> Response:
         db = ctx.db()
@@ -262,6 +224,8 @@ def create_app(ctx: WebContext) -> Starlette:
         )
 
     async def rollback(request: Request) -> Response:
+        if (no := refused(request, "admin")) is not None:
+            return no
         data = await form(request)
         if data is None:
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
@@ -281,6 +245,8 @@ def create_app(ctx: WebContext) -> Starlette:
         return RedirectResponse(f"/engines?rolled={to}", status_code=303)
 
     async def unpin(request: Request) -> Response:
+        if (no := refused(request, "admin")) is not None:
+            return no
         if await form(request) is None:
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
         await run_in_threadpool(ctx.store().unpin)
@@ -339,6 +305,8 @@ def create_app(ctx: WebContext) -> Starlette:
         return page(request, "upload.html", cap=ctx.cfg.preprocess.max_file_bytes, outcomes=None)
 
     async def upload(request: Request) -> Response:
+        if (no := refused(request, "label")) is not None:
+            return no
         cap = ctx.cfg.preprocess.max_file_bytes
         length = request.headers.get("content-length")
         if length is None:
@@ -380,7 +348,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/upload", upload, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    tokens = TokenFile(ctx.state.root / "web" / "token.sha256")
+    tokens = Tokens(ctx.state.root / "web")
 
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:
         return problem(request, 400, str(exc))
