@@ -19,20 +19,7 @@ def review_list(args: argparse.Namespace) -> int:
     items = to_ask(db, cfg.labels.review_per_day, everything=args.all)
     if args.json:
         for it in items:
-            q = it.entry
-            print(
-                json.dumps(
-                    {
-                        "photo_id": q.photo_id,
-                        "sha256": q.sha256,
-                        "label": q.label,
-                        "confidence": q.confidence,
-                        "margin": round(it.margin, 4),
-                        "top_k": it.top_k,
-                        "file": q.file,
-                    }
-                )
-            )
+            print(json.dumps({**it.as_json(), "file": it.entry.file}))
         return 0
     left = left_today(db, cfg.labels.review_per_day)
     if not items:

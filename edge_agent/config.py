@@ -403,9 +403,7 @@ def _commented_example(name: str, description: str | None) -> list[str]:
     return [line if line.startswith("#") or not line else f"# {line}" for line in example]
 
 
-def _table(
-    out: list[str], name: str, section: BaseModel, description: str | None, comments: bool, array: bool = False
-) -> None:
+def _table(out: list[str], name: str, section: BaseModel, description: str | None, comments: bool, array: bool = False) -> None:
     """``[name]`` (``[[name]]`` in an array) with its keys; a key holding a table follows as ``[name.key]``."""
     if comments and description:
         out.append(f"# {description}")

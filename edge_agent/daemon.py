@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from edge_agent.board import BoardSensors
 from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
 from edge_agent.handoff.sender import Sender
@@ -56,6 +57,7 @@ class Daemon:
         self.fetcher: EngineFetcher | None = None
         self.watcher: EngineWatcher | None = None
         self.alerts = None
+        self.board = BoardSensors()
         self.healthy = False
         self.watchdog_sent = 0
         self._status_trouble: str | None = None
@@ -203,7 +205,9 @@ class Daemon:
     # ---- health, status ------------------------------------------------------------
     def check_health(self) -> bool:
         p = self.pipeline
-        sources_ok = all(s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts) if s is not None)
+        sources_ok = all(
+            s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts) if s is not None
+        )
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
         healthy = p.alive() and sources_ok and not stalled
         if healthy != self.healthy:
@@ -242,6 +246,8 @@ class Daemon:
             out["hotswap"] = {"swaps": self.watcher.swaps, "refused": self.watcher.refused}
         if self.alerts:
             out["alerts"] = self.alerts.status()
+        out["board"] = self.board.read()
+        out["latency_ms"] = self.pipeline.latency.as_dict()
         return out
 
     def _write_status(self) -> None:
@@ -325,6 +331,7 @@ class Daemon:
         self._write_status()
         if self.alerts is not None:
             self.alerts.stop()
+        self.board.close()
         self.db.close()
         self.log.info("stopped", drained=drained, **self.pipeline.counters)
         return 0

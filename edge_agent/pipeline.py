@@ -30,6 +30,7 @@ from edge_agent.golden import GoldenSet
 from edge_agent.imageheader import ImageRejected, ImageTruncated
 from edge_agent.inbox_files import After, InboxFiles
 from edge_agent.labelling import LabelQueuer
+from edge_agent.latency import LatencyHistograms
 from edge_agent.log import display_name, get_logger
 from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import ResultRow, ResultsDB
@@ -114,6 +115,7 @@ class Pipeline:
         self.progress = 0
         self.last_progress = time.monotonic()
         self.last_errors: deque = deque(maxlen=10)
+        self.latency = LatencyHistograms()
         #: Recent confident photos, kept across restarts, so a swap right after a start is checked too (hotswap.py).
         self.golden = GoldenSet(state_dir / "golden.npz")
         self.golden.load(classifier.engine.engine_version, classifier.spec.size)
@@ -354,6 +356,7 @@ class Pipeline:
         for j in classified:
             p = j.prediction
             j.timings["total"] = round((now - j.detected) * 1000, 3)
+            self.latency.observe(j.timings)
             results.append(
                 ResultRow(
                     j.sha256,

@@ -59,6 +59,8 @@ class TrainerService:
         self.last: RetrainResult | None = None
         self.started = time.time()
         self.blocked: str | None = None  # why no retrain can be published, if none can
+        #: Retrains since the start, by outcome (the web process's /metrics reads them from the status file).
+        self.retrains = {"published": 0, "refused": 0, "failed": 0}
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
         self._field_wait: tuple[int, str | None] = (-1, None)  # (sample count, why no candidate could be judged yet)
@@ -129,6 +131,7 @@ class TrainerService:
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
             "transfer": dict(self.server.counters),
             "last_retrain": asdict(self.last) if self.last else None,
+            "retrains": dict(self.retrains),
             "store": str(self.store.root),
             "retraining": self.retraining,
         }
@@ -182,7 +185,7 @@ class TrainerService:
         self._write_status()
         self.log.info("retrain_due", **self.samples.counts())
         self.retraining = {"phase": "starting", "since": time.time()}
-        heartbeat = threading.Event()
+        heartbeat, before = threading.Event(), self.last
         threading.Thread(target=self._status_while_training, args=(heartbeat,), name="trainer-status", daemon=True).start()
         try:
             self.last = retrain(
@@ -206,6 +209,9 @@ class TrainerService:
             heartbeat.set()
             self.state = "idle"
             self.retraining = None
+            if self.last is not None and self.last is not before:
+                outcome = "published" if self.last.published else ("failed" if self.last.reason.startswith("failed") else "refused")
+                self.retrains[outcome] += 1
 
     def run(self) -> int:
         if self.cfg.trainer.nice:

@@ -35,6 +35,20 @@ class ReviewItem:
         """A confident answer of a class not trusted yet: the expert's label checks it."""
         return self.verdict == "confident"
 
+    def as_json(self) -> dict:
+        """What ``review list --json`` prints and the API's review queue holds."""
+        q = self.entry
+        return {
+            "photo_id": q.photo_id,
+            "sha256": q.sha256,
+            "label": q.label,
+            "confidence": q.confidence,
+            "margin": round(self.margin, 4),
+            "verdict": self.verdict,
+            "top_k": self.top_k,
+            "check": self.check,
+        }
+
 
 class LabelError(EdgeAgentError, ValueError):
     """The photo is not in the review queue, or the class is unknown (and not declared new)."""

@@ -1,4 +1,5 @@
-"""The page's routes: recent photos, the review queue, how far to trust each class, engines, health, upload.
+"""The page's routes: recent photos, the review queue, how far to trust each class, engines, health, upload;
+and where the JSON API (:mod:`edge_agent.web.api`) and ``/metrics`` are mounted.
 
 Everything is rendered on the server from the state directory the daemon and trainer write; the only writes
 are an expert's label (the same :func:`~edge_agent.review.queue.label_photo` as ``edge-agent review label``),
@@ -28,8 +29,11 @@ from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, lef
 from edge_agent.state import live_status, trainer_state_dir
 from edge_agent.web import charts
 from edge_agent.web._limits import BodyLimit
-from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, is_local_bind
+from edge_agent.web.api import api_routes
+from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
 from edge_agent.web.context import BadParameter, WebContext, parse_day, parse_int
+from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
+from edge_agent.web.metrics import render as render_metrics
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.queries import Filters
 from edge_agent.web.upload import store_upload
@@ -61,14 +65,6 @@ def local_time(ts: float) -> str:
 def shown_name(row) -> str:
     """A result's photo as people know it: the file name it arrived under, else its source (a camera)."""
     return Path(row.path).name if row.path else row.source
-
-
-def forbidden_text(have: str, need: str) -> str:
-    """Why a token with role ``have`` was refused something that needs ``need``, and how to get one that may."""
-    return (
-        f"this token's role is '{have}'; this needs '{need}' or above: on the device, "
-        f"`edge-agent web --new-token --role {need}` makes one"
-    )
 
 
 def create_app(ctx: WebContext) -> Starlette:
@@ -329,6 +325,9 @@ def create_app(ctx: WebContext) -> Starlette:
         status = 201 if stored else outcomes[0].status
         return page(request, "upload.html", status=status, cap=cap, outcomes=outcomes)
 
+    async def metrics(request: Request) -> Response:
+        return Response(await run_in_threadpool(render_metrics, ctx), media_type=METRICS_TYPE)
+
     async def root(request: Request) -> Response:
         return RedirectResponse("/photos", status_code=302)
 
@@ -346,6 +345,8 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/health", health),
         Route("/upload", upload_page),
         Route("/upload", upload, methods=["POST"]),
+        Route("/metrics", metrics),
+        *api_routes(ctx),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     tokens = Tokens(ctx.state.root / "web")
@@ -356,7 +357,14 @@ def create_app(ctx: WebContext) -> Starlette:
     return Starlette(
         routes=routes,
         middleware=[
-            Middleware(BodyLimit, default=1 << 20, paths={"/upload": MAX_FILES_PER_UPLOAD * ctx.cfg.preprocess.max_file_bytes + (1 << 20)}),
+            Middleware(
+                BodyLimit,
+                default=1 << 20,
+                paths={
+                    "/upload": MAX_FILES_PER_UPLOAD * ctx.cfg.preprocess.max_file_bytes + (1 << 20),
+                    "/api/v1/classify": ctx.cfg.preprocess.max_file_bytes + (1 << 20),
+                },
+            ),
             Middleware(
                 AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind), secret=csrf_secret(ctx.state.root / "web" / "csrf.key")
             ),

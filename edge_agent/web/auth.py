@@ -25,7 +25,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "csrf_ok",
     "csrf_secret",
     "allowed",
+    "forbidden_text",
     "TOKEN_COOKIE",
     "SESSION_COOKIE",
 ]
@@ -110,6 +111,13 @@ def allowed(request: Request, role: str) -> bool:
     return have in ROLES and ROLES.index(have) >= ROLES.index(role)
 
 
+def forbidden_text(have: str, need: str) -> str:
+    """Why a token with role ``have`` was refused something that needs ``need``, and how to get one that may."""
+    return (
+        f"this token's role is '{have}'; this needs '{need}' or above: on the device, `edge-agent web --new-token --role {need}` makes one"
+    )
+
+
 def csrf_secret(path: Path) -> bytes:
     """This installation's CSRF secret at ``path`` (made once, 0600)."""
     try:
@@ -166,9 +174,12 @@ class AccessMiddleware:
                 why = "the Bearer token is not valid (make one with `edge-agent web --new-token --role read|label|admin`)"
             else:
                 why = "a valid access token is needed: open the link `edge-agent web --new-token` printed"
-            await PlainTextResponse(
-                f"401 Unauthorized: {why}\n", status_code=401, headers={"WWW-Authenticate": 'Bearer realm="edge-agent"'}
-            )(scope, receive, send)
+            headers = {"WWW-Authenticate": 'Bearer realm="edge-agent"'}
+            if request.url.path.startswith("/api/"):
+                answer: Response = JSONResponse({"error": why, "status": 401}, status_code=401, headers=headers)
+            else:
+                answer = PlainTextResponse(f"401 Unauthorized: {why}\n", status_code=401, headers=headers)
+            await answer(scope, receive, send)
             return
         state = scope.setdefault("state", {})
         state["role"] = role or "admin"  # no token, on loopback: this machine's own user

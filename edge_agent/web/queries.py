@@ -21,17 +21,21 @@ _COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_ver
 
 @dataclass(frozen=True)
 class Filters:
-    """The recent-photos page's filters: a class, and a range of local days (inclusive)."""
+    """The recent-photos filters: a class, a verdict (the API's), and a range of local days (inclusive)."""
 
     label: str = ""
     day_from: date | None = None
     day_to: date | None = None
+    verdict: str = ""
 
     def where(self) -> tuple[str, list]:
         clauses, args = [], []
         if self.label:
             clauses.append("label = ?")
             args.append(self.label)
+        if self.verdict:
+            clauses.append("verdict = ?")
+            args.append(self.verdict)
         if self.day_from:
             clauses.append("created >= ?")
             args.append(datetime.combine(self.day_from, time()).timestamp())

@@ -1,0 +1,337 @@
+"""The API's endpoints: each one's method, path, role, parameters and models in one table, which both the
+routes and the OpenAPI document are built from."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edge_agent.board import thermal_zones
+from edge_agent.results import query_readonly
+from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
+from edge_agent.state import live_status, trainer_state_dir
+from edge_agent.web.api import schemas as s
+from edge_agent.web.context import BadParameter, WebContext, parse_day, parse_int
+from edge_agent.web.photos import is_sha256
+from edge_agent.web.queries import Filters
+from edge_agent.web.upload import store_upload
+from engines.store import StoreError
+
+__all__ = ["Param", "Endpoint", "ENDPOINTS", "ApiError", "MAX_WAIT_S"]
+
+MAX_WAIT_S = 120
+MAX_PAGE_SIZE = 200
+Handler = Callable[[WebContext, Request], Awaitable[BaseModel | Response]]
+
+
+class ApiError(BadParameter):
+    """A request the API answers with a status other than 400 (404, 409, 413, 415, 507)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # query | path
+    description: str
+    type: str = "string"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str  # under /api/v1
+    role: str  # read | label | admin
+    summary: str
+    handler: Handler
+    response: type[BaseModel] | None
+    params: tuple[Param, ...] = ()
+    body: type[BaseModel] | str | None = None  # a model (JSON) or "image" (a photo's bytes)
+    errors: dict[int, str] = field(default_factory=dict)
+    extra: dict[int, tuple[type[BaseModel], str]] = field(default_factory=dict)
+
+
+async def _json_body(request: Request, model: type[BaseModel]) -> BaseModel:
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "body"
+        raise BadParameter(f"{where}: {first.get('msg', 'invalid')} (send JSON like {model.model_json_schema().get('required')})") from None
+
+
+# ---- results --------------------------------------------------------------------
+async def results(ctx: WebContext, request: Request) -> s.ResultsPage:
+    q = request.query_params
+    verdict = q.get("verdict", "")
+    if verdict not in ("", "confident", "unsure", "unknown"):
+        raise BadParameter(f"verdict must be confident, unsure or unknown, not {verdict[:20]!r}")
+    filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict)
+    page, size = parse_int(q.get("page")), parse_int(q.get("size"), default=ctx.cfg.web.page_size, hi=MAX_PAGE_SIZE)
+    rows, total = await run_in_threadpool(ctx.reader.recent, filters, page, max(1, size))
+    return s.ResultsPage(total=total, page=page, size=max(1, size), results=[s.Result.of(r) for r in rows])
+
+
+async def result(ctx: WebContext, request: Request) -> s.Result:
+    sha = request.path_params["sha256"]
+    if not is_sha256(sha):
+        raise ApiError(404, "not a photo's sha256 (64 hex digits)")
+    row = await run_in_threadpool(ctx.reader.photo, sha)
+    if row is None:
+        raise ApiError(404, f"no result for {sha}: not classified (yet), or never seen")
+    return s.Result.of(row)
+
+
+async def classify(ctx: WebContext, request: Request) -> s.Result | Response:
+    q = request.query_params
+    wait = parse_int(q.get("wait"), default=30, hi=MAX_WAIT_S)
+    cap = ctx.cfg.preprocess.max_file_bytes
+    if (request.headers.get("content-type") or "").startswith("multipart/form-data"):
+        form = await request.form(max_files=1, max_fields=2)
+        f = form.get("photo")
+        if not hasattr(f, "read"):
+            raise BadParameter("a multipart upload needs the photo in the field 'photo' (curl -F photo=@leaf.jpg)")
+        name, data = f.filename or "", await f.read(cap + 1)
+    else:
+        name, data = q.get("name", "upload"), await request.body()
+    if not data:
+        raise BadParameter("no photo: send its bytes as the body (curl --data-binary @leaf.jpg) or as -F photo=@leaf.jpg")
+    outcome = await run_in_threadpool(store_upload, name, data, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels)
+    if outcome.status != 201:
+        raise ApiError(outcome.status, outcome.error or "not stored")
+    deadline = time.monotonic() + wait
+    while True:
+        row = await run_in_threadpool(ctx.reader.photo, outcome.sha256)
+        if row is not None:
+            return s.Result.of(row)
+        reason = await run_in_threadpool(ctx.reader.quarantined, outcome.stored_as)
+        if reason:
+            raise ApiError(422, f"the daemon could not classify it: {reason}")
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    _, running = live_status(ctx.state.status, max(10.0, 5 * ctx.cfg.daemon.status_interval_s))
+    pending = s.Pending(
+        sha256=outcome.sha256, stored_as=outcome.stored_as, result=f"/api/v1/results/{outcome.sha256}", daemon_running=running
+    )
+    return JSONResponse(pending.model_dump(mode="json"), status_code=202)
+
+
+# ---- review ---------------------------------------------------------------------
+def _review(ctx: WebContext) -> s.ReviewQueue:
+    per_day = ctx.cfg.labels.review_per_day
+    db = ctx.db()
+    if db is None:
+        return s.ReviewQueue(left_today=None if per_day <= 0 else per_day, per_day=per_day, items=[])
+    try:
+        items, left = to_ask(db, per_day), left_today(db, per_day)
+    finally:
+        db.close()
+    return s.ReviewQueue(left_today=left, per_day=per_day, items=[s.ReviewItemOut(**it.as_json()) for it in items])
+
+
+async def review(ctx: WebContext, request: Request) -> s.ReviewQueue:
+    return await run_in_threadpool(_review, ctx)
+
+
+async def review_label(ctx: WebContext, request: Request) -> s.Labelled:
+    body = await _json_body(request, s.LabelIn)
+    ref = request.path_params["photo"]
+    db = ctx.db(readonly=False)
+    if db is None:
+        raise ApiError(404, "no results yet: has the daemon run with this state directory?")
+    try:
+        entry = await run_in_threadpool(
+            label_photo, db, ctx.state.queue, ctx.cfg.labels.max_spool_mb << 20, ctx.classes(), ref, body.label, body.new_class
+        )
+    except PhotoNotQueued as exc:
+        raise ApiError(404, str(exc)) from None
+    except LabelError as exc:
+        raise BadParameter(str(exc)) from None
+    finally:
+        db.close()
+    return s.Labelled(photo_id=entry.photo_id, sha256=entry.sha256, label=body.label.strip())
+
+
+# ---- engines --------------------------------------------------------------------
+def _engines(ctx: WebContext) -> s.Engines:
+    store = ctx.store()
+    try:
+        current = store.current()
+    except StoreError:
+        current = None
+    versions = [s.EngineVersion(name=v, current=v == current, manifest=store.read_manifest(v)) for v in reversed(store.versions())]
+    return s.Engines(current=current, pin=store.pin(), versions=versions)
+
+
+async def engines(ctx: WebContext, request: Request) -> s.Engines:
+    return await run_in_threadpool(_engines, ctx)
+
+
+async def rollback(ctx: WebContext, request: Request) -> s.RolledBack:
+    body = await _json_body(request, s.RollbackIn)
+    store = ctx.store()
+    if body.to not in store.versions():
+        raise ApiError(404, f"no engine version {body.to!r} in {store.root} (GET /api/v1/engines lists them)")
+    from edge_agent.trust import daemon_trust
+
+    try:
+        await run_in_threadpool(store.rollback, body.to, daemon_trust(ctx.cfg, ctx.state.root))
+    except StoreError as exc:
+        raise ApiError(409, f"cannot put {body.to} in service: {exc}") from None
+    return s.RolledBack(current=store.current(), pin=store.pin())
+
+
+# ---- health, fleet, alerts ------------------------------------------------------
+def _health(ctx: WebContext) -> s.Health:
+    daemon, daemon_up = live_status(ctx.state.status, max(10.0, 5 * ctx.cfg.daemon.status_interval_s))
+    trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+    counts: dict[str, int] = {}
+    db = ctx.db()
+    if db is not None:
+        try:
+            counts = {**db.counts(), "queue_bytes": db.queue_bytes()}
+        finally:
+            db.close()
+    root = ctx.state.root if ctx.state.root.exists() else ctx.state.root.parent
+    board = daemon.get("board") if daemon_up and isinstance(daemon.get("board"), dict) else {"temperature_c": thermal_zones()}
+    return s.Health(
+        daemon=s.Service(running=daemon_up, status=daemon),
+        trainer=s.Service(running=trainer_up, status=trainer),
+        counts=counts,
+        disk_free_bytes=shutil.disk_usage(root).free,
+        board=board,
+    )
+
+
+async def health(ctx: WebContext, request: Request) -> s.Health:
+    return await run_in_threadpool(_health, ctx)
+
+
+async def fleet(ctx: WebContext, request: Request) -> s.Fleet:
+    trainer, up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+    devices = trainer.get("fleet") if isinstance(trainer.get("fleet"), list) else []
+    return s.Fleet(trainer_running=up, devices=devices)
+
+
+def _alerts(ctx: WebContext, limit: int) -> s.Alerts:
+    path = ctx.state.root / "alerts.sqlite"
+    rows = query_readonly(
+        path, "SELECT id, created, device, label, confidence, verdict, photo_id, sha256 FROM alerts ORDER BY id DESC LIMIT ?", (limit,)
+    )
+    out = [
+        s.AlertOut(
+            id=i,
+            created=datetime.fromtimestamp(t, timezone.utc),
+            device=d,
+            label=lab,
+            confidence=c,
+            verdict=v,
+            photo_id=p,
+            page=f"/photo/{sha}",
+        )
+        for i, t, d, lab, c, v, p, sha in rows
+    ]
+    return s.Alerts(alerts=out)
+
+
+async def alerts(ctx: WebContext, request: Request) -> s.Alerts:
+    return await run_in_threadpool(_alerts, ctx, parse_int(request.query_params.get("limit"), default=50, hi=1000))
+
+
+_DAY = "A local day, YYYY-MM-DD (inclusive)."
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "GET",
+        "/results",
+        "read",
+        "Results, newest first, filtered and paged.",
+        results,
+        s.ResultsPage,
+        (
+            Param("label", "query", "Only this class."),
+            Param("verdict", "query", "Only this verdict: confident, unsure or unknown."),
+            Param("from", "query", _DAY),
+            Param("to", "query", _DAY),
+            Param("page", "query", "Page number from 0.", "integer"),
+            Param("size", "query", f"Results per page (1 to {MAX_PAGE_SIZE}; default [web] page_size).", "integer"),
+        ),
+    ),
+    Endpoint(
+        "GET",
+        "/results/{sha256}",
+        "read",
+        "One photo's result, by its sha256.",
+        result,
+        s.Result,
+        (Param("sha256", "path", "The photo's SHA-256 (as /results and classify give it)."),),
+        errors={404: "Not classified (yet)."},
+    ),
+    Endpoint(
+        "POST",
+        "/classify",
+        "label",
+        "Put a photo into the inbox and wait for its result.",
+        classify,
+        s.Result,
+        (
+            Param("wait", "query", f"Seconds to wait for the result (0 to {MAX_WAIT_S}, default 30).", "integer"),
+            Param("name", "query", "The photo's file name, when its bytes are the body."),
+        ),
+        body="image",
+        errors={
+            413: "Larger than [preprocess] max_file_bytes or max_pixels.",
+            415: "Not an image edge-agent reads.",
+            422: "The daemon quarantined it (the reason is given).",
+            507: "No room in the inbox.",
+        },
+        extra={202: (s.Pending, "Accepted; the result was not ready within wait.")},
+    ),
+    Endpoint("GET", "/review", "read", "Today's questions for the expert, best first.", review, s.ReviewQueue),
+    Endpoint(
+        "POST",
+        "/review/{photo}/label",
+        "label",
+        "Give a photo of the review queue its true class.",
+        review_label,
+        s.Labelled,
+        (Param("photo", "path", "Its photo id, sha256 (or 8+ characters of it)."),),
+        body=s.LabelIn,
+        errors={404: "Not in the review queue."},
+    ),
+    Endpoint("GET", "/engines", "read", "The engine versions, the one in service and the pin.", engines, s.Engines),
+    Endpoint(
+        "POST",
+        "/engines/rollback",
+        "admin",
+        "Put an earlier version back in service (verified first) and pin it.",
+        rollback,
+        s.RolledBack,
+        body=s.RollbackIn,
+        errors={404: "No such version.", 409: "It failed verification (tampered or incomplete)."},
+    ),
+    Endpoint("GET", "/health", "read", "The daemon's and trainer's status, queues, disk, temperature and power.", health, s.Health),
+    Endpoint("GET", "/fleet", "read", "The daemons served by a trainer on this machine.", fleet, s.Fleet),
+    Endpoint(
+        "GET",
+        "/alerts",
+        "read",
+        "Recent alerts, newest first.",
+        alerts,
+        s.Alerts,
+        (Param("limit", "query", "How many (default 50, at most 1000).", "integer"),),
+    ),
+)

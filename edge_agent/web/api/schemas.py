@@ -1,0 +1,223 @@
+"""What the API answers and accepts, as pydantic models: the handlers serialise through them and the OpenAPI
+document is generated from them, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from edge_agent.results import ResultRow
+
+__all__ = [
+    "Problem",
+    "Result",
+    "ResultsPage",
+    "Pending",
+    "ReviewItemOut",
+    "ReviewQueue",
+    "LabelIn",
+    "Labelled",
+    "EngineVersion",
+    "Engines",
+    "RollbackIn",
+    "RolledBack",
+    "Service",
+    "Health",
+    "Fleet",
+    "AlertOut",
+    "Alerts",
+    "SCHEMAS",
+]
+
+
+class Problem(BaseModel):
+    """Why a request failed."""
+
+    error: str = Field(description="What went wrong and how to fix it.")
+    status: int = Field(description="The HTTP status, repeated.")
+
+
+class Result(BaseModel):
+    """One photo's classification."""
+
+    sha256: str = Field(description="The photo's SHA-256: its identity.")
+    photo_id: str
+    name: str | None = Field(description="The file name it arrived under (None from a camera).")
+    source: str = Field(description="folder, camera or upload.")
+    label: str = Field(description="The class the model chose.")
+    confidence: float
+    verdict: Literal["confident", "unsure", "unknown"] | None = Field(
+        description="confident; unsure (ask the expert); unknown (not a plant the model knows)."
+    )
+    top_k: list[tuple[str, float]] = Field(description="The best classes with their probabilities.")
+    engine_version: str
+    timings_ms: dict[str, float] = Field(description="Milliseconds per stage; total: from arrival to the result.")
+    created: datetime = Field(description="When the result was recorded (UTC).")
+    page: str = Field(description="The photo's page on this web server.")
+
+    @classmethod
+    def of(cls, row: ResultRow) -> Result:
+        from pathlib import Path
+
+        return cls(
+            sha256=row.sha256,
+            photo_id=row.photo_id,
+            name=Path(row.path).name if row.path else None,
+            source=row.source,
+            label=row.label,
+            confidence=round(row.confidence, 6),
+            verdict=row.verdict,
+            top_k=[(str(lab), round(float(p), 6)) for lab, p in row.top_k],
+            engine_version=row.engine_version,
+            timings_ms={k: float(v) for k, v in (row.timings or {}).items() if isinstance(v, (int, float))},
+            created=datetime.fromtimestamp(row.created, timezone.utc),
+            page=f"/photo/{row.sha256}",
+        )
+
+
+class ResultsPage(BaseModel):
+    """One page of results, newest first."""
+
+    total: int = Field(description="How many results match the filters in all.")
+    page: int
+    size: int
+    results: list[Result]
+
+
+class Pending(BaseModel):
+    """A photo accepted into the inbox whose result is not there yet."""
+
+    sha256: str
+    status: Literal["pending"] = "pending"
+    stored_as: str = Field(description="Its name in the inbox.")
+    result: str = Field(description="Where its result will be: GET this.")
+    daemon_running: bool = Field(description="False: no daemon is classifying on this state directory.")
+
+
+class ReviewItemOut(BaseModel):
+    """A photo the expert is asked about."""
+
+    photo_id: str
+    sha256: str
+    label: str | None = Field(description="The model's answer.")
+    confidence: float | None
+    margin: float = Field(description="Best minus second-best probability: small is unsure.")
+    verdict: str | None
+    top_k: list[tuple[str, float]]
+    check: bool = Field(description="True: a confident answer of a class not trusted yet (the label checks it).")
+
+
+class ReviewQueue(BaseModel):
+    """Today's questions for the expert, best first."""
+
+    left_today: int | None = Field(description="Questions left in today's budget (None: no budget).")
+    per_day: int
+    items: list[ReviewItemOut]
+
+
+class LabelIn(BaseModel):
+    """The expert's answer for one photo."""
+
+    label: str = Field(description="The photo's true class.")
+    new_class: bool = Field(False, description="True: the class is new to the model (it will learn it).")
+
+
+class Labelled(BaseModel):
+    """A label accepted: the photo joins the expert queue for the trainer."""
+
+    photo_id: str
+    sha256: str
+    label: str
+
+
+class EngineVersion(BaseModel):
+    """One version in the engine store."""
+
+    name: str
+    current: bool
+    manifest: dict[str, Any] = Field(description="The version's signed manifest (classes, metrics, sources).")
+
+
+class Engines(BaseModel):
+    """The engine store: what is in service and what it could go back to."""
+
+    current: str | None
+    pin: dict[str, Any] | None = Field(
+        description="After a rollback: the version kept in service, and from which and when (None: the newest is used)."
+    )
+    versions: list[EngineVersion]
+
+
+class RollbackIn(BaseModel):
+    """Which version to put back in service (its signature and every file are checked first)."""
+
+    to: str
+
+
+class RolledBack(BaseModel):
+    """The version now in service, and the pin that keeps it there."""
+
+    current: str
+    pin: dict[str, Any] | None
+
+
+class Service(BaseModel):
+    """A service's status file as it wrote it, and whether it is running."""
+
+    running: bool
+    status: dict[str, Any]
+
+
+class Health(BaseModel):
+    """The daemon, the trainer, the queues, the disk and the board."""
+
+    daemon: Service
+    trainer: Service
+    counts: dict[str, int] = Field(description="Results, queue rows and bytes in results.sqlite.")
+    disk_free_bytes: int
+    board: dict[str, Any] = Field(description="Temperatures (degrees C) and power (W) where the board gives them.")
+
+
+class Fleet(BaseModel):
+    """The daemons the trainer on this machine serves."""
+
+    trainer_running: bool
+    devices: list[dict[str, Any]]
+
+
+class AlertOut(BaseModel):
+    """An alert raised by the [alerts] rules."""
+
+    id: int
+    created: datetime
+    device: str
+    label: str
+    confidence: float
+    verdict: str
+    photo_id: str
+    page: str
+
+
+class Alerts(BaseModel):
+    """Recent alerts, newest first, and the delivery counters."""
+
+    alerts: list[AlertOut]
+
+
+SCHEMAS: tuple[type[BaseModel], ...] = (
+    Problem,
+    Result,
+    ResultsPage,
+    Pending,
+    ReviewQueue,
+    LabelIn,
+    Labelled,
+    Engines,
+    RollbackIn,
+    RolledBack,
+    Health,
+    Fleet,
+    Alerts,
+)
