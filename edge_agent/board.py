@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["THERMAL", "thermal_zones", "BoardSensors"]
+__all__ = ["THERMAL", "thermal_zones", "BoardSensors", "as_reported"]
 
 THERMAL = Path("/sys/class/thermal")
 _JTOP_RETRY_S = 300.0
@@ -80,6 +80,7 @@ class BoardSensors:
             self._why = f"jtop is installed but did not start: {exc}"
             return
         jetson.attach(self._observe)
+        self._observe(jetson)  # the sample it has now; later ones arrive through the observer
         self._jetson = jetson
 
     def close(self) -> None:
@@ -89,3 +90,9 @@ class BoardSensors:
             except Exception:  # noqa: BLE001 - closing at exit: nothing left to do about it
                 pass
             self._jetson = None
+
+
+def as_reported(daemon_status: dict, running: bool) -> dict:
+    """The board as the running daemon last reported it (power included), else the thermal zones read now."""
+    board = daemon_status.get("board")
+    return board if running and isinstance(board, dict) else {"temperature_c": thermal_zones()}

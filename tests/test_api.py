@@ -21,9 +21,15 @@ from edge_agent.web.api.openapi import document, reference  # noqa: E402
 from edge_agent.web.auth import Tokens  # noqa: E402
 
 from .daemon_helpers import SHIPPED, SHIPPED_NEXT  # noqa: E402
-from .test_web import LOCAL, REMOTE, _photos, _second_version, app_for, client, csrf_of, sha_of, state  # noqa: E402, F401
+from .web_helpers import REMOTE, _photos, _second_version, app_for, client, csrf_of, make_state, sha_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def state(tmp_path) -> Path:
+    """A state directory as the daemon leaves it: 6 results, 2 in the review pool, the shipped store."""
+    return make_state(tmp_path)
 
 
 def remote(state: Path, role: str) -> tuple[TestClient, dict]:

@@ -23,6 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.review.checks import trust_table
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
@@ -294,6 +295,7 @@ def create_app(ctx: WebContext) -> Starlette:
             top1_svg=charts.top1_per_version(points),
             quarantine=reader.recent_quarantine(),
             now=now,
+            board=as_reported(daemon, daemon_up),
         )
 
     # ---- upload -------------------------------------------------------------

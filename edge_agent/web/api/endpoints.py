@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from edge_agent.board import thermal_zones
+from edge_agent.board import as_reported
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
 from edge_agent.state import live_status, trainer_state_dir
@@ -207,13 +207,12 @@ def _health(ctx: WebContext) -> s.Health:
         finally:
             db.close()
     root = ctx.state.root if ctx.state.root.exists() else ctx.state.root.parent
-    board = daemon.get("board") if daemon_up and isinstance(daemon.get("board"), dict) else {"temperature_c": thermal_zones()}
     return s.Health(
         daemon=s.Service(running=daemon_up, status=daemon),
         trainer=s.Service(running=trainer_up, status=trainer),
         counts=counts,
         disk_free_bytes=shutil.disk_usage(root).free,
-        board=board,
+        board=as_reported(daemon, daemon_up),
     )
 
 
