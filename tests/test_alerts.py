@@ -258,6 +258,44 @@ def test_a_dead_endpoint_queues_the_alert_and_delivers_it_when_back(tmp_path):
     db.close()
 
 
+class _Flaky:
+    """A destination that fails until its peer "reconnects" (``connects`` goes up, as MqttLink's does)."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.connects, self.up, self.sent = 0, False, []
+
+    def send(self, messages):
+        if not self.up:
+            raise DeliveryError("peer down")
+        self.sent += [m.id for m in messages]
+        return [m.id for m in messages]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_peer_that_reconnects_gets_the_queued_alerts_at_once_not_after_the_backoff(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path)
+    flaky = _Flaky()
+    w.destinations = [flaky]
+    _result(db, "Tomato___Late_blight")
+    w.scan()
+    w.outbox.put([("flaky", "alert", "t", b"x", 1, False)])
+    for _ in range(5):  # five failures: the next try is ~32 s away
+        w._next_try.pop("flaky", None)
+        w.deliver()
+    w.deliver()
+    assert flaky.sent == [] and w.outbox.counts()["pending"]["flaky"] == 1
+    flaky.up, flaky.connects = True, 1
+    w.deliver()
+    assert len(flaky.sent) == 1 and "flaky" not in w.outbox.counts()["pending"]
+    w.stop()
+    db.close()
+
+
 def test_engine_swaps_refusals_and_health_changes_become_events(tmp_path, receiver):
     db = ResultsDB(tmp_path / "results.sqlite")
     w = AlertWorker(AlertsSection(), NO_MQTT, [WebhookSection(url=receiver.url, events=["engine", "health"])], db.path, tmp_path, "shed")

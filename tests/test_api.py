@@ -315,7 +315,7 @@ def _status(state: Path) -> None:
         "in_flight": 2,
         "queue_depths": {"decode": 1, "infer": 0, "sink": 0},
         "spool": {"bytes": 100, "quota_bytes": 1000},
-        "hotswap": {"swaps": 1, "refused": 2},
+        "hotswap": {"swaps": 1, "refused": {"v0003": "bad signature", "v0004": "failed the golden check"}},
         "latency_ms": hist.as_dict(),
         "alerts": {
             "pending": {"mqtt": 3},
@@ -338,7 +338,7 @@ def test_metrics_parse_as_prometheus_text_and_carry_what_the_services_report(sta
     assert sum(v for (n, _), v in samples.items() if n == "edge_agent_photos_total") == 6
     assert samples[("edge_agent_daemon_up", ())] == 1
     assert samples[("edge_agent_queue_depth", (("stage", "decode"),))] == 1
-    assert samples[("edge_agent_engine_refusals_total", ())] == 2
+    assert samples[("edge_agent_engine_refused_versions", ())] == 2
     assert samples[("edge_agent_alerts_sent_total", (("destination", "mqtt"),))] == 5
     assert samples[("edge_agent_alerts_failed_total", (("destination", "webhook-1"),))] == 2
     assert samples[("edge_agent_alerts_pending", (("destination", "mqtt"),))] == 3

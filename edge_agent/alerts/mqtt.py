@@ -34,6 +34,8 @@ class MqttLink:
         self.log = get_logger("alerts.mqtt", broker=f"{section.host}:{section.port}")
         self._on_connect_publish = on_connect
         self.connected = threading.Event()
+        #: Successful connections so far: a new one means what waits in the outbox can go now, whatever its backoff.
+        self.connects = 0
         self.last_error: str | None = None
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edge-agent-{device}", clean_session=True)
         self.client.will_set(self.topics.available, "offline", qos=1, retain=True)
@@ -64,6 +66,7 @@ class MqttLink:
         for topic, payload, retain in self._on_connect_publish():
             client.publish(topic, payload, qos=1, retain=retain)
         self.last_error = None
+        self.connects += 1
         self.connected.set()
         self.log.info("mqtt_connected")
 

@@ -183,6 +183,11 @@ class Outbox:
             ).fetchall()
         return [Message(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], bool(r[6]), r[7], r[8]) for r in rows]
 
+    def retry_now(self, dest: str) -> None:
+        """Make every message for ``dest`` due now (its peer came back)."""
+        with self._lock:
+            self._db.execute("UPDATE outbox SET next_try = ? WHERE dest = ? AND next_try > ?", (time.time(), dest, time.time()))
+
     def delivered(self, ids: list[int], dest: str) -> None:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")

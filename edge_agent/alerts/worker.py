@@ -56,6 +56,7 @@ class AlertWorker(Worker):
         self._observed: dict = {}
         self._next_try: dict[str, float] = {}
         self._failing: dict[str, str] = {}
+        self._connects: dict[str, int] = {}
         self.destinations: list = []
         self.mqtt = None
         if mqtt.host:
@@ -122,6 +123,11 @@ class AlertWorker(Worker):
     def deliver(self) -> None:
         now = time.time()
         for d in self.destinations:
+            connects = getattr(d, "connects", None)  # the broker is back: retry at once, not after the backoff
+            if connects is not None and connects != self._connects.get(d.name, 0):
+                self._connects[d.name] = connects
+                self._next_try.pop(d.name, None)
+                self.outbox.retry_now(d.name)
             if now < self._next_try.get(d.name, 0.0):
                 continue
             due = self.outbox.due(d.name)

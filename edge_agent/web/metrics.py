@@ -112,7 +112,8 @@ def _daemon(x: Exposition, st: dict, up: bool) -> None:
     x.one("edge_agent_spool_quota_bytes", "gauge", "The spool's quota ([labels] max_spool_mb).", spool.get("quota_bytes", 0))
     hot = st.get("hotswap") or {}
     x.one("edge_agent_engine_swaps_total", "counter", "Engine versions put in service while running.", hot.get("swaps", 0))
-    x.one("edge_agent_engine_refusals_total", "counter", "Engine versions refused (bad signature, failed check).", hot.get("refused", 0))
+    refused = hot.get("refused") or {}
+    x.one("edge_agent_engine_refused_versions", "gauge", "Engine versions refused (bad signature, failed check).", len(refused))
     for stage, hist in (st.get("latency_ms") or {}).items():
         x.histogram(
             "edge_agent_latency_seconds", "Seconds per photo: total (arrival to result), infer, preprocess.", hist, 0.001, stage=stage
