@@ -107,13 +107,15 @@ def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, f
     return proc, time.perf_counter() - t0
 
 
-def _write_config(work: Path, extra: dict | None) -> Path:
+def _write_config(work: Path, extra: dict | None, tail: str = "") -> Path:
+    """``[section] key = value`` from ``extra``'s ``"section.key"``, then ``tail`` (TOML, e.g. ``[[webhooks]]``)."""
+    work.mkdir(parents=True, exist_ok=True)
     config = work / "bench.toml"
     sections = {"inbox": {"settle_s": "0.5"}, "log": {"format": '"json"'}}  # the default level (info): a log line per photo
     for key, value in (extra or {}).items():
         section, _, name = key.partition(".")
         sections.setdefault(section, {})[name] = value
-    config.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) for s, kv in sections.items()))
+    config.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) for s, kv in sections.items()) + tail)
     return config
 
 
@@ -129,9 +131,9 @@ def start_to_ready(work: Path, starts: int = 5, extra: dict | None = None) -> li
     return ready
 
 
-def end_to_end(photos: list[Path], work: Path, extra: dict | None = None) -> dict:
+def end_to_end(photos: list[Path], work: Path, extra: dict | None = None, tail: str = "") -> dict:
     """One daemon run: ``photos`` renamed into its inbox at once; throughput, latency and RSS."""
-    config = _write_config(work, extra)
+    config = _write_config(work, extra, tail)
     state = work / "run"
     proc, _ = _start(state, config, work / "n.sock")
     staging = work / "staging"  # outside the watched inbox (same filesystem): copying it costs the daemon nothing

@@ -258,6 +258,26 @@ def test_a_dead_endpoint_queues_the_alert_and_delivers_it_when_back(tmp_path):
     db.close()
 
 
+def test_a_burst_of_results_publishes_at_most_results_per_s_on_mqtt_and_every_alert(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, [receiver.url])
+    live = []
+
+    class _Mqtt:
+        def live(self, topic, payload, retain=False):
+            live.append(topic)
+
+    w.mqtt, w.results_per_s = _Mqtt(), 5
+    for i in range(30):
+        _result(db, ["Tomato___Late_blight", "Apple___Apple_scab", "Tomato___healthy"][i % 3])
+    assert w.scan() == 30
+    assert 5 <= len(live) <= 10  # one second's budget (two if the scan straddled a second)
+    w.deliver()
+    assert sorted(json.loads(b)["label"] for _, b in receiver.got) == ["Apple___Apple_scab", "Tomato___Late_blight"]
+    w.stop()
+    db.close()
+
+
 class _Flaky:
     """A destination that fails until its peer "reconnects" (``connects`` goes up, as MqttLink's does)."""
 

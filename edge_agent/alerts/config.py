@@ -53,7 +53,13 @@ class MqttSection(_Section):
     password_file: str = Field("", description="File holding the broker password (kept out of the config file).")
     tls: bool = Field(False, description="Connect with TLS.")
     ca_file: str = Field("", description="CA certificate to verify the broker with; empty: the system's.")
-    results: bool = Field(True, description="Publish every result (QoS 0) besides alerts (QoS 1) and state.")
+    results_per_s: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description="Publish each result at QoS 0 on <prefix>/<device>/result, at most this many a second (a burst past "
+        "it is skipped there; the API has every one); 0: none.",
+    )
     discovery: bool = Field(True, description="Publish Home Assistant MQTT discovery, so the device appears with no YAML.")
     discovery_prefix: str = Field("homeassistant", description="Home Assistant's discovery prefix.")
     keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keep-alive; the broker declares the device offline after 1.5x this.")

@@ -65,7 +65,9 @@ class AlertWorker(Worker):
             disc = discovery(mqtt, device, version) if mqtt.discovery else []
             self.mqtt = MqttLink(mqtt, device, on_connect=lambda: disc + self._retained_state())
             self.destinations.append(self.mqtt)
-        self.mqtt_results = mqtt.results
+        self.results_per_s = mqtt.results_per_s
+        self._live = (0.0, 0)  # (second, results published in it)
+        self._last_alert: dict[tuple[str, str], float | None] = {}
         from edge_agent.alerts.webhook import Webhook
 
         self.webhooks = [(Webhook(w, i), set(w.events)) for i, w in enumerate(webhooks)]
@@ -106,10 +108,11 @@ class AlertWorker(Worker):
         )
         for row in rows:
             c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6])
-            if self.mqtt is not None and self.mqtt_results:
+            if self.mqtt is not None and self._may_publish_result():
                 self.mqtt.live(self.topics.result, encode(result_body(c)))
-            if self.rules.wants(c) and not self.rules.quiet(c, self.outbox.last_alert(c.label, c.device)):
+            if self.rules.wants(c) and not self.rules.quiet(c, self._last_alert_of(c)):
                 self.outbox.record(c, self._messages("alert", alert_body(c, self.section.link)), cursor=c.result_id)
+                self._last_alert[(c.label, c.device)] = c.created
                 self.log.info("alert", label=c.label, confidence=round(c.confidence, 3), photo_id=c.photo_id)
             with self._state_lock:
                 plant, condition = describe_class(c.label)
@@ -118,6 +121,20 @@ class AlertWorker(Worker):
         if rows:
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
+
+    def _last_alert_of(self, c: Candidate) -> float | None:
+        """When this class last raised an alert on this device (the ledger read once per class, then kept)."""
+        key = (c.label, c.device)
+        if key not in self._last_alert:
+            self._last_alert[key] = self.outbox.last_alert(c.label, c.device)
+        return self._last_alert[key]
+
+    def _may_publish_result(self) -> bool:
+        """Whether this second still has room under ``[mqtt] results_per_s``."""
+        second = int(time.monotonic())
+        n = self._live[1] + 1 if self._live[0] == second else 1
+        self._live = (second, n)
+        return n <= self.results_per_s
 
     # ---- delivering --------------------------------------------------------------
     def deliver(self) -> None:
