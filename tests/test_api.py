@@ -364,3 +364,11 @@ def test_a_half_written_status_file_gives_metrics_without_the_daemons_part(state
     r = client(state).get("/metrics")
     assert r.status_code == 200
     assert {f.name for f in text_string_to_metric_families(r.text)} >= {"edge_agent_daemon_up", "edge_agent_photos"}
+
+
+def test_every_metric_served_is_listed_in_the_readme(state):
+    _status(state)
+    text = client(state).get("/metrics").text
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    readme = (REPO / "README.md").read_text()
+    assert len(names) > 15 and not [n for n in names if f"`{n}" not in readme]
