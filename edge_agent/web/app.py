@@ -31,6 +31,7 @@ from edge_agent.state import live_status, trainer_state_dir
 from edge_agent.web import charts
 from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
+from edge_agent.web.api.endpoints import recent_alerts
 from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
 from edge_agent.web.context import BadParameter, WebContext, parse_day, parse_int
 from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -296,6 +297,7 @@ def create_app(ctx: WebContext) -> Starlette:
             quarantine=reader.recent_quarantine(),
             now=now,
             board=as_reported(daemon, daemon_up),
+            alerts=recent_alerts(ctx, 3).alerts,
         )
 
     # ---- upload -------------------------------------------------------------

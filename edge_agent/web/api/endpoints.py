@@ -26,7 +26,7 @@ from edge_agent.web.queries import Filters
 from edge_agent.web.upload import store_upload
 from engines.store import StoreError
 
-__all__ = ["Param", "Endpoint", "ENDPOINTS", "ApiError", "MAX_WAIT_S"]
+__all__ = ["Param", "Endpoint", "ENDPOINTS", "ApiError", "MAX_WAIT_S", "recent_alerts"]
 
 MAX_WAIT_S = 120
 MAX_PAGE_SIZE = 200
@@ -226,7 +226,8 @@ async def fleet(ctx: WebContext, request: Request) -> s.Fleet:
     return s.Fleet(trainer_running=up, devices=devices)
 
 
-def _alerts(ctx: WebContext, limit: int) -> s.Alerts:
+def recent_alerts(ctx: WebContext, limit: int) -> s.Alerts:
+    """The newest ``limit`` alerts of the ledger (the Health page shows a few)."""
     path = ctx.state.root / "alerts.sqlite"
     rows = query_readonly(
         path, "SELECT id, created, device, label, confidence, verdict, photo_id, sha256 FROM alerts ORDER BY id DESC LIMIT ?", (limit,)
@@ -248,7 +249,7 @@ def _alerts(ctx: WebContext, limit: int) -> s.Alerts:
 
 
 async def alerts(ctx: WebContext, request: Request) -> s.Alerts:
-    return await run_in_threadpool(_alerts, ctx, parse_int(request.query_params.get("limit"), default=50, hi=1000))
+    return await run_in_threadpool(recent_alerts, ctx, parse_int(request.query_params.get("limit"), default=50, hi=1000))
 
 
 _DAY = "A local day, YYYY-MM-DD (inclusive)."

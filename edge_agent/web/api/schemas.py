@@ -45,7 +45,7 @@ class Result(BaseModel):
     sha256: str = Field(description="The photo's SHA-256: its identity.")
     photo_id: str
     name: str | None = Field(description="The file name it arrived under (None from a camera).")
-    source: str = Field(description="folder, camera or upload.")
+    source: str = Field(description="Where it came from: inbox (the hot folder, uploads included) or the camera's name.")
     label: str = Field(description="The class the model chose.")
     confidence: float
     verdict: Literal["confident", "unsure", "unknown"] | None = Field(
