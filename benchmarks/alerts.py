@@ -149,105 +149,115 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+class Rig:
+    """A local mosquitto, a webhook receiver and a subscriber, all heard in :attr:`heard`; with them, the daemon."""
+
+    def __init__(self, work: Path, persistent: bool = False) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.work, self.heard = work, Heard()
+        self.broker = Broker(work)
+        if persistent:
+            _persistent(self.broker, work)
+        self.hook = WebhookReceiver(self.heard)
+        self.proc = None
+        self.config: Path | None = None
+
+    def __enter__(self) -> Rig:
+        self.broker.start()
+        self.hook.start()
+        self.sub = _subscriber(self.broker.port, self.heard)
+        self.config = _config(self.work, self.broker.port, self.hook.url)
+        return self
+
+    def start_daemon(self, state: Path) -> None:
+        self.proc, _ = _start(state, self.config, self.work / "n.sock")
+
+    def stop_daemon(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+    def wait_for_alerts(self, n: int, timeout: float) -> None:
+        _wait(lambda: len(self.heard.on("mqtt")) >= n and len(self.heard.on("webhook")) >= n, timeout, "the alerts")
+        time.sleep(10)  # anything more that comes is a duplicate
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.stop_daemon()
+        self.sub.loop_stop()
+        self.hook.stop()
+        self.broker.stop()
+
+
+def _once_per_class(items: list[tuple[float, dict]], expected: set[str]) -> dict:
+    per = _per_class(items)
+    return {
+        "alerts": len(items),
+        "distinct_alerts": len({b["alert_id"] for _, b in items}),
+        "exactly_one_per_class": set(per) == expected and all(n == 1 for n in per.values()),
+        "extra": {k: n for k, n in per.items() if n != 1 or k not in expected},
+        "missing": sorted(expected - set(per)),
+    }
+
+
 def quiet(work: Path, photos: list[Path]) -> dict:
-    work.mkdir(parents=True, exist_ok=True)
-    heard = Heard()
-    broker = Broker(work)
-    broker.start()
-    hook = WebhookReceiver(heard)
-    hook.start()
-    sub = _subscriber(broker.port, heard)
-    state = work / "state"
-    proc, _ = _start(state, _config(work, broker.port, hook.url), work / "n.sock")
-    try:
+    with Rig(work) as rig:
+        state = work / "state"
+        rig.start_daemon(state)
         _drop(photos, state / "inbox")
         db = state / "results.sqlite"
         _wait(lambda: _count(db) >= len(photos), 600, "every result")
         expected = _expected(db)
-        _wait(lambda: len(heard.on("mqtt")) >= len(expected) and len(heard.on("webhook")) >= len(expected), 60, "the alerts")
-        time.sleep(10)  # anything more that comes is a duplicate
+        rig.wait_for_alerts(len(expected), 60)
         created = dict(query_readonly(db, "SELECT id, created FROM results"))
-        out = {"photos": len(photos), "classes_expected": len(expected)}
+        out: dict = {"photos": len(photos), "classes_expected": len(expected)}
         for channel in ("mqtt", "webhook"):
-            items = heard.on(channel)
+            items = rig.heard.on(channel)
             lat = [t - created[b["result_id"]] for t, b in items]
-            per = _per_class(items)
-            out[channel] = {
-                "alerts": len(items),
-                "exactly_one_per_class": set(per) == expected and all(n == 1 for n in per.values()),
-                "extra": {k: n for k, n in per.items() if n != 1 or k not in expected},
-                "missing": sorted(expected - set(per)),
+            out[channel] = _once_per_class(items, expected) | {
                 "latency_s_p50": round(_pct(lat, 0.5), 3),
                 "latency_s_p95": round(_pct(lat, 0.95), 3),
                 "latency_s_max": round(max(lat), 3),
             }
         return out
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        sub.loop_stop()
-        hook.stop()
-        broker.stop()
 
 
 def outage(work: Path, photos: list[Path], outage_s: float) -> dict:
-    work.mkdir(parents=True, exist_ok=True)
-    heard = Heard()
-    broker = Broker(work)
-    _persistent(broker, work)
-    broker.start()
-    hook = WebhookReceiver(heard)
-    hook.start()
-    sub = _subscriber(broker.port, heard)
-    state = work / "state"
-    config = _config(work, broker.port, hook.url)
-    proc, _ = _start(state, config, work / "n.sock")
-    try:
+    with Rig(work, persistent=True) as rig:
+        state = work / "state"
+        rig.start_daemon(state)
         time.sleep(2)
-        broker.stop()
-        hook.stop()
+        rig.broker.stop()
+        rig.hook.stop()
         down = time.monotonic()
         _drop(photos, state / "inbox", pause_s=0.5)
         db = state / "results.sqlite"
         _wait(lambda: _count(db) >= len(photos), 600, "every result")
         time.sleep(3)
         pending_before_restart = _pending(state)
-        proc.terminate()  # the daemon restarted during the outage
-        proc.wait(30)
-        proc, _ = _start(state, config, work / "n.sock")
+        rig.stop_daemon()  # the daemon restarted during the outage
+        rig.start_daemon(state)
         time.sleep(max(0.0, outage_s - (time.monotonic() - down)))
         pending_at_restore = _pending(state)
-        broker.start()
-        hook.start()
+        outage_took = time.monotonic() - down
+        rig.broker.start()
+        rig.hook.start()
         restored = time.time()
         expected = _expected(db)
-        _wait(lambda: len(heard.on("mqtt")) >= len(expected) and len(heard.on("webhook")) >= len(expected), 300, "the alerts")
-        time.sleep(10)
-        out = {
+        rig.wait_for_alerts(len(expected), 300)
+        out: dict = {
             "photos": len(photos),
-            "outage_s": round(time.monotonic() - down - (time.time() - restored), 1),
+            "outage_s": round(outage_took, 1),
             "daemon_restarted_during_outage": True,
             "classes_expected": len(expected),
             "queued_on_disk_before_restart": pending_before_restart,
             "queued_on_disk_at_restore": pending_at_restore,
         }
         for channel in ("mqtt", "webhook"):
-            items = heard.on(channel)
-            per = _per_class(items)
-            out[channel] = {
-                "alerts": len(items),
-                "distinct_alerts": len({b["alert_id"] for _, b in items}),
-                "all_delivered_once": set(per) == expected and all(n == 1 for n in per.values()),
-                "missing": sorted(expected - set(per)),
-                "s_after_restore_to_last": round(max(t for t, _ in items) - restored, 2) if items else None,
+            items = rig.heard.on(channel)
+            out[channel] = _once_per_class(items, expected) | {
+                "s_after_restore_to_last": round(max(t for t, _ in items) - restored, 2) if items else None
             }
         return out
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        sub.loop_stop()
-        hook.stop()
-        broker.stop()
 
 
 def _pending(state: Path) -> dict:
