@@ -140,11 +140,11 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from edge_agent.state import live_status
+    from edge_agent.state import daemon_live
 
     cfg = _load(args)
     state, db = _state_db(args, cfg)
-    live, running = live_status(state.status, max(10.0, 5 * cfg.daemon.status_interval_s))
+    live, running = daemon_live(cfg, state.root)
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
     for key in (
         "uptime_s",

@@ -31,6 +31,8 @@ __all__ = [
     "trainer_state_dir",
     "inbox_dir",
     "live_status",
+    "daemon_live",
+    "trainer_live",
     "write_status",
     "STATUS_SLOT_BYTES",
 ]
@@ -165,6 +167,16 @@ def live_status(path: Path, stale_s: float | None = None) -> tuple[dict, bool]:
     except PermissionError:  # alive, but another user's
         pass
     return live, stale_s is None or time.time() - float(live.get("updated", 0)) < stale_s
+
+
+def daemon_live(cfg: AppConfig, state_dir: Path) -> tuple[dict, bool]:
+    """The daemon's status, and whether it runs: alive and refreshed within 5 status intervals (10 s at least)."""
+    return live_status(StateLayout(state_dir).status, max(10.0, 5 * cfg.daemon.status_interval_s))
+
+
+def trainer_live(cfg: AppConfig, state_dir: Path) -> tuple[dict, bool]:
+    """The trainer's status (it may be busy training for long: not judged by age), and whether it runs."""
+    return live_status(trainer_state_dir(cfg, state_dir) / "status.json")
 
 
 def handoff_link(cfg: AppConfig, state_dir: Path) -> Link:

@@ -126,6 +126,11 @@ class Outbox:
                 raise
         return cur.lastrowid
 
+    def alerts_since(self, since: float) -> int:
+        """How many alerts were raised since ``since``."""
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM alerts WHERE created >= ?", (since,)).fetchone()[0]
+
     def alerts(self, since: float = 0.0, limit: int = 100) -> list[dict]:
         with self._lock:
             rows = self._db.execute(

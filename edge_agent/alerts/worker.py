@@ -114,11 +114,11 @@ class AlertWorker(Worker):
                 self.outbox.record(c, self._messages("alert", alert_body(c, self.section.link)), cursor=c.result_id)
                 self._last_alert[(c.label, c.device)] = c.created
                 self.log.info("alert", label=c.label, confidence=round(c.confidence, 3), photo_id=c.photo_id)
+        if rows:  # the state shows the newest result only
             with self._state_lock:
                 plant, condition = describe_class(c.label)
                 self._state |= {"last_diagnosis": condition if condition == plant else f"{condition} ({plant})", "last_label": c.label}
                 self._state |= {"last_confidence": round(100 * c.confidence, 1), "last_verdict": c.verdict, "last_photo_id": c.photo_id}
-        if rows:
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
 
@@ -192,20 +192,21 @@ class AlertWorker(Worker):
                 )
             for kind, body in events:
                 self.outbox.put(self._messages(kind, body | {"time": time.time()}))
+        if self.mqtt is None:  # the device's state is published for Home Assistant only
+            return
         today = _start_of_day(time.time())
         photos = self._results("SELECT COUNT(*) FROM results WHERE created >= ?", (today,))
         queued = self._results("SELECT COUNT(*) FROM label_queue")
         with self._state_lock:
             self._state |= {
                 "photos_today": photos[0][0] if photos else 0,
-                "alerts_today": len(self.outbox.alerts(since=today, limit=100000)),
+                "alerts_today": self.outbox.alerts_since(today),
                 "engine_version": engine,
                 "queue_depth": queued[0][0] if queued else 0,
                 "healthy": bool(healthy),
             }
-        if self.mqtt is not None:
-            for topic, payload, retain in self._retained_state():
-                self.mqtt.live(topic, payload, retain)
+        for topic, payload, retain in self._retained_state():
+            self.mqtt.live(topic, payload, retain)
 
     def _retained_state(self) -> list[tuple[str, bytes, bool]]:
         with self._state_lock:

@@ -26,20 +26,18 @@ from starlette.templating import Jinja2Templates
 from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.review.checks import trust_table
-from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
-from edge_agent.state import live_status, trainer_state_dir
+from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web import charts
 from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
 from edge_agent.web.api.endpoints import recent_alerts
 from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
-from edge_agent.web.context import BadParameter, WebContext, parse_day, parse_int
+from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int
 from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
 from edge_agent.web.metrics import render as render_metrics
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.queries import Filters
 from edge_agent.web.upload import store_upload
-from engines.store import StoreError
 
 __all__ = ["create_app", "WebContext"]
 
@@ -74,7 +72,6 @@ def create_app(ctx: WebContext) -> Starlette:
     templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
     templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text)
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
-    daemon_stale_s = max(10.0, 5 * ctx.cfg.daemon.status_interval_s)
 
     def page(request: Request, template: str, status: int = 200, **context) -> Response:
         db = ctx.db()
@@ -176,18 +173,7 @@ def create_app(ctx: WebContext) -> Starlette:
         if data is None:
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
         sha, label = str(data.get("photo", "")), str(data.get("label", ""))
-        new_class = data.get("new_class") == "1"
-        db = ctx.db(readonly=False)
-        if db is None:
-            return problem(request, 404, "no results yet: has the daemon run with this state directory?")
-        try:
-            entry = label_photo(db, ctx.state.queue, ctx.cfg.labels.max_spool_mb << 20, ctx.classes(), sha, label, new_class)
-        except PhotoNotQueued as exc:
-            return problem(request, 404, str(exc))
-        except LabelError as exc:
-            return problem(request, 400, str(exc))
-        finally:
-            db.close()
+        entry = await run_in_threadpool(ctx.label, sha, label, data.get("new_class") == "1")  # Refused: its status page
         return RedirectResponse(f"/review?i={parse_int(data.get('i'))}&done={entry.photo_id}", status_code=303)
 
     async def trust(request: Request) -> Response:
@@ -204,17 +190,13 @@ def create_app(ctx: WebContext) -> Starlette:
     # ---- engines ------------------------------------------------------------
     async def engines(request: Request) -> Response:
         store = ctx.store()
-        try:
-            current = store.current()
-        except StoreError:
-            current = None
         versions = [{"name": v, **store.read_manifest(v)} for v in reversed(store.versions())]
-        trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+        trainer, trainer_up = ctx.trainer()
         return page(
             request,
             "engines.html",
             versions=versions,
-            current=current,
+            current=ctx.current(),
             trainer=trainer,
             trainer_up=trainer_up,
             rolled=request.query_params.get("rolled"),
@@ -230,16 +212,7 @@ def create_app(ctx: WebContext) -> Starlette:
         to = str(data.get("to", ""))
         if data.get("confirm") != "yes":
             return problem(request, 400, "a rollback must be confirmed")
-        store = ctx.store()
-        if to not in store.versions():
-            return problem(request, 404, f"no engine version {to!r} in {store.root}")
-        try:
-            from edge_agent.trust import daemon_trust
-
-            trust = daemon_trust(ctx.cfg, ctx.state.root)
-            await run_in_threadpool(store.rollback, to, trust)  # every file's sha256 and the signature first
-        except StoreError as exc:
-            return problem(request, 409, f"cannot put {to} in service: {exc}")
+        await run_in_threadpool(ctx.rollback, to)  # every file's sha256 and the signature first; Refused: its status page
         return RedirectResponse(f"/engines?rolled={to}", status_code=303)
 
     async def unpin(request: Request) -> Response:
@@ -252,22 +225,11 @@ def create_app(ctx: WebContext) -> Starlette:
 
     # ---- health -------------------------------------------------------------
     async def health(request: Request) -> Response:
-        daemon, daemon_up = live_status(ctx.state.status, daemon_stale_s)
-        trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+        daemon, daemon_up = ctx.daemon()
+        trainer, trainer_up = ctx.trainer()
         reader = ctx.reader
-        db = ctx.db()
-        counts = {}
-        if db is not None:
-            try:
-                counts = {**db.counts(), "queue_bytes": db.queue_bytes()}
-            finally:
-                db.close()
         disk = shutil.disk_usage(ctx.state.root if ctx.state.root.exists() else Path("."))
-        store = ctx.store()
-        try:
-            current = store.current()
-        except StoreError:
-            current = None
+        store, current = ctx.store(), ctx.current()
         points = []
         for v in store.versions():
             m = store.read_manifest(v).get("metrics", {})
@@ -287,7 +249,7 @@ def create_app(ctx: WebContext) -> Starlette:
             daemon_up=daemon_up,
             trainer=trainer,
             trainer_up=trainer_up,
-            counts=counts,
+            counts=ctx.counts(),
             quota=ctx.cfg.labels.max_spool_mb << 20,
             disk=disk,
             last_hour=reader.photos_since(now - 3600),
@@ -356,7 +318,7 @@ def create_app(ctx: WebContext) -> Starlette:
     tokens = Tokens(ctx.state.root / "web")
 
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:
-        return problem(request, 400, str(exc))
+        return problem(request, exc.status if isinstance(exc, Refused) else 400, str(exc))
 
     return Starlette(
         routes=routes,

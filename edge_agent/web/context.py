@@ -1,4 +1,5 @@
-"""What every request of the page and the API needs: the configuration, the state directory, and its parameters' checks."""
+"""What every request of the page and the API needs: the configuration, the state directory, what the services
+report, the two writes (a label, a rollback), and the parameters' checks."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from datetime import date
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.results import ResultsDB
-from edge_agent.state import StateLayout, resolve_store
+from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo
+from edge_agent.state import StateLayout, daemon_live, resolve_store, trainer_live
 from edge_agent.web.queries import Reader
 from engines.errors import EdgeAgentError
+from engines.store import StoreError
 
-__all__ = ["WebContext", "BadParameter", "parse_day", "parse_int"]
+__all__ = ["WebContext", "BadParameter", "Refused", "parse_day", "parse_int"]
 
 
 @dataclass
@@ -39,9 +42,72 @@ class WebContext:
             return None
         return ResultsDB(self.state.db, readonly=readonly)
 
+    def daemon(self) -> tuple[dict, bool]:
+        """The daemon's status and whether it runs."""
+        return daemon_live(self.cfg, self.state.root)
+
+    def trainer(self) -> tuple[dict, bool]:
+        """The trainer's status and whether it runs (on this machine)."""
+        return trainer_live(self.cfg, self.state.root)
+
+    def counts(self) -> dict[str, int]:
+        """Results, queue rows and the label queue's bytes ({} before the daemon's first start)."""
+        db = self.db()
+        if db is None:
+            return {}
+        try:
+            return {**db.counts(), "queue_bytes": db.queue_bytes()}
+        finally:
+            db.close()
+
+    def current(self) -> str | None:
+        """The engine version in service (None when the store has none)."""
+        try:
+            return self.store().current()
+        except StoreError:
+            return None
+
+    def label(self, ref: str, label: str, new_class: bool = False) -> QueueEntry:
+        """The expert's label for a photo of the review queue (the page's and the API's; ``review label``'s function).
+
+        Raises :class:`Refused` (404: no such photo in the queue) or :class:`BadParameter` (an unknown class)."""
+        db = self.db(readonly=False)
+        if db is None:
+            raise Refused(404, "no results yet: has the daemon run with this state directory?")
+        try:
+            return label_photo(db, self.state.queue, self.cfg.labels.max_spool_mb << 20, self.classes(), ref, label, new_class)
+        except PhotoNotQueued as exc:
+            raise Refused(404, str(exc)) from None
+        except LabelError as exc:
+            raise BadParameter(str(exc)) from None
+        finally:
+            db.close()
+
+    def rollback(self, to: str) -> None:
+        """Put version ``to`` back in service after checking every file and the signature, and pin it.
+
+        Raises :class:`Refused` (404: no such version; 409: it fails the check)."""
+        from edge_agent.trust import daemon_trust
+
+        store = self.store()
+        if to not in store.versions():
+            raise Refused(404, f"no engine version {to!r} in {store.root}")
+        try:
+            store.rollback(to, daemon_trust(self.cfg, self.state.root))
+        except StoreError as exc:
+            raise Refused(409, f"cannot put {to} in service: {exc}") from None
+
 
 class BadParameter(EdgeAgentError, ValueError):
     """A query or form parameter out of its range: answered 400 with the reason."""
+
+
+class Refused(BadParameter):
+    """A request answered with a status other than 400 (404, 409, 413, 415, 422, 507), with the reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def parse_day(text: str | None) -> date | None:

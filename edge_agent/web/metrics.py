@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 from edge_agent.results import query_readonly
-from edge_agent.state import live_status, trainer_state_dir
 from edge_agent.web.context import WebContext
 
 __all__ = ["CONTENT_TYPE", "render", "Exposition"]
@@ -167,8 +166,7 @@ def _trainer(x: Exposition, st: dict, up: bool) -> None:
 def render(ctx: WebContext) -> str:
     """Every metric, as one scrape's text."""
     x = Exposition()
-    daemon, daemon_up = live_status(ctx.state.status, max(10.0, 5 * ctx.cfg.daemon.status_interval_s))
-    trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+    (daemon, daemon_up), (trainer, trainer_up) = ctx.daemon(), ctx.trainer()
     _database(x, ctx.state.db)
     _daemon(x, daemon, daemon_up)
     _alert_ledger(x, ctx.state.root / "alerts.sqlite")

@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge_agent.web.api.endpoints import ENDPOINTS, ApiError, Endpoint
+from edge_agent.web.api.endpoints import ENDPOINTS, Endpoint
 from edge_agent.web.api.openapi import PREFIX, document
 from edge_agent.web.auth import allowed, csrf_ok, forbidden_text
-from edge_agent.web.context import BadParameter, WebContext
+from edge_agent.web.context import BadParameter, Refused, WebContext
 
 __all__ = ["PREFIX", "api_routes", "problem"]
 
@@ -31,10 +31,8 @@ def _route(ctx: WebContext, ep: Endpoint) -> Route:
             return problem(403, "a POST from a browser needs its page's X-CSRF-Token header; a program sends a Bearer token")
         try:
             out = await ep.handler(ctx, request)
-        except ApiError as exc:
-            return problem(exc.status, str(exc))
-        except BadParameter as exc:
-            return problem(400, str(exc))
+        except BadParameter as exc:  # Refused carries its own status
+            return problem(exc.status if isinstance(exc, Refused) else 400, str(exc))
         return out if isinstance(out, Response) else JSONResponse(out.model_dump(mode="json"))
 
     endpoint.__name__ = ep.handler.__name__

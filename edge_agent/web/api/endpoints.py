@@ -17,28 +17,18 @@ from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
 from edge_agent.results import query_readonly
-from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, left_today, to_ask
-from edge_agent.state import live_status, trainer_state_dir
+from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web.api import schemas as s
-from edge_agent.web.context import BadParameter, WebContext, parse_day, parse_int
+from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int
 from edge_agent.web.photos import is_sha256
 from edge_agent.web.queries import Filters
 from edge_agent.web.upload import store_upload
-from engines.store import StoreError
 
-__all__ = ["Param", "Endpoint", "ENDPOINTS", "ApiError", "MAX_WAIT_S", "recent_alerts"]
+__all__ = ["Param", "Endpoint", "ENDPOINTS", "MAX_WAIT_S", "recent_alerts"]
 
 MAX_WAIT_S = 120
 MAX_PAGE_SIZE = 200
 Handler = Callable[[WebContext, Request], Awaitable[BaseModel | Response]]
-
-
-class ApiError(BadParameter):
-    """A request the API answers with a status other than 400 (404, 409, 413, 415, 507)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -88,10 +78,10 @@ async def results(ctx: WebContext, request: Request) -> s.ResultsPage:
 async def result(ctx: WebContext, request: Request) -> s.Result:
     sha = request.path_params["sha256"]
     if not is_sha256(sha):
-        raise ApiError(404, "not a photo's sha256 (64 hex digits)")
+        raise Refused(404, "not a photo's sha256 (64 hex digits)")
     row = await run_in_threadpool(ctx.reader.photo, sha)
     if row is None:
-        raise ApiError(404, f"no result for {sha}: not classified (yet), or never seen")
+        raise Refused(404, f"no result for {sha}: not classified (yet), or never seen")
     return s.Result.of(row)
 
 
@@ -111,7 +101,7 @@ async def classify(ctx: WebContext, request: Request) -> s.Result | Response:
         raise BadParameter("no photo: send its bytes as the body (curl --data-binary @leaf.jpg) or as -F photo=@leaf.jpg")
     outcome = await run_in_threadpool(store_upload, name, data, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels)
     if outcome.status != 201:
-        raise ApiError(outcome.status, outcome.error or "not stored")
+        raise Refused(outcome.status, outcome.error or "not stored")
     deadline = time.monotonic() + wait
     while True:
         row = await run_in_threadpool(ctx.reader.photo, outcome.sha256)
@@ -119,11 +109,11 @@ async def classify(ctx: WebContext, request: Request) -> s.Result | Response:
             return s.Result.of(row)
         reason = await run_in_threadpool(ctx.reader.quarantined, outcome.stored_as)
         if reason:
-            raise ApiError(422, f"the daemon could not classify it: {reason}")
+            raise Refused(422, f"the daemon could not classify it: {reason}")
         if time.monotonic() >= deadline:
             break
         await asyncio.sleep(0.1)
-    _, running = live_status(ctx.state.status, max(10.0, 5 * ctx.cfg.daemon.status_interval_s))
+    _, running = ctx.daemon()
     pending = s.Pending(
         sha256=outcome.sha256, stored_as=outcome.stored_as, result=f"/api/v1/results/{outcome.sha256}", daemon_running=running
     )
@@ -149,30 +139,13 @@ async def review(ctx: WebContext, request: Request) -> s.ReviewQueue:
 
 async def review_label(ctx: WebContext, request: Request) -> s.Labelled:
     body = await _json_body(request, s.LabelIn)
-    ref = request.path_params["photo"]
-    db = ctx.db(readonly=False)
-    if db is None:
-        raise ApiError(404, "no results yet: has the daemon run with this state directory?")
-    try:
-        entry = await run_in_threadpool(
-            label_photo, db, ctx.state.queue, ctx.cfg.labels.max_spool_mb << 20, ctx.classes(), ref, body.label, body.new_class
-        )
-    except PhotoNotQueued as exc:
-        raise ApiError(404, str(exc)) from None
-    except LabelError as exc:
-        raise BadParameter(str(exc)) from None
-    finally:
-        db.close()
+    entry = await run_in_threadpool(ctx.label, request.path_params["photo"], body.label, body.new_class)
     return s.Labelled(photo_id=entry.photo_id, sha256=entry.sha256, label=body.label.strip())
 
 
 # ---- engines --------------------------------------------------------------------
 def _engines(ctx: WebContext) -> s.Engines:
-    store = ctx.store()
-    try:
-        current = store.current()
-    except StoreError:
-        current = None
+    store, current = ctx.store(), ctx.current()
     versions = [s.EngineVersion(name=v, current=v == current, manifest=store.read_manifest(v)) for v in reversed(store.versions())]
     return s.Engines(current=current, pin=store.pin(), versions=versions)
 
@@ -183,34 +156,19 @@ async def engines(ctx: WebContext, request: Request) -> s.Engines:
 
 async def rollback(ctx: WebContext, request: Request) -> s.RolledBack:
     body = await _json_body(request, s.RollbackIn)
+    await run_in_threadpool(ctx.rollback, body.to)
     store = ctx.store()
-    if body.to not in store.versions():
-        raise ApiError(404, f"no engine version {body.to!r} in {store.root} (GET /api/v1/engines lists them)")
-    from edge_agent.trust import daemon_trust
-
-    try:
-        await run_in_threadpool(store.rollback, body.to, daemon_trust(ctx.cfg, ctx.state.root))
-    except StoreError as exc:
-        raise ApiError(409, f"cannot put {body.to} in service: {exc}") from None
     return s.RolledBack(current=store.current(), pin=store.pin())
 
 
 # ---- health, fleet, alerts ------------------------------------------------------
 def _health(ctx: WebContext) -> s.Health:
-    daemon, daemon_up = live_status(ctx.state.status, max(10.0, 5 * ctx.cfg.daemon.status_interval_s))
-    trainer, trainer_up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
-    counts: dict[str, int] = {}
-    db = ctx.db()
-    if db is not None:
-        try:
-            counts = {**db.counts(), "queue_bytes": db.queue_bytes()}
-        finally:
-            db.close()
+    (daemon, daemon_up), (trainer, trainer_up) = ctx.daemon(), ctx.trainer()
     root = ctx.state.root if ctx.state.root.exists() else ctx.state.root.parent
     return s.Health(
         daemon=s.Service(running=daemon_up, status=daemon),
         trainer=s.Service(running=trainer_up, status=trainer),
-        counts=counts,
+        counts=ctx.counts(),
         disk_free_bytes=shutil.disk_usage(root).free,
         board=as_reported(daemon, daemon_up),
     )
@@ -221,7 +179,7 @@ async def health(ctx: WebContext, request: Request) -> s.Health:
 
 
 async def fleet(ctx: WebContext, request: Request) -> s.Fleet:
-    trainer, up = live_status(trainer_state_dir(ctx.cfg, ctx.state.root) / "status.json")
+    trainer, up = ctx.trainer()
     devices = trainer.get("fleet") if isinstance(trainer.get("fleet"), list) else []
     return s.Fleet(trainer_running=up, devices=devices)
 
