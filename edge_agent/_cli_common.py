@@ -30,13 +30,14 @@ def store_of(args: argparse.Namespace, cfg):
 
 
 def state_db(args: argparse.Namespace, cfg):
-    """The state directory (``--state-dir``, else as the daemon finds it) and its results database; FileNotFoundError if none."""
+    """The state directory (``--state-dir``, else as the daemon finds it) and its results database; StateNotFound
+    (a FileNotFoundError saying where it looked and why) if none."""
     from edge_agent.results import ResultsDB
-    from edge_agent.state import StateLayout, resolve_state_dir
+    from edge_agent.state import StateLayout, looked_for, resolve_state_dir
 
     state = StateLayout(resolve_state_dir(args.state_dir, cfg))
     if not state.db.is_file():
-        raise FileNotFoundError(f"{state.root}: no results database (has the daemon run with this --state-dir?)")
+        raise looked_for("results database", state.db, args.state_dir, cfg, "`edge-agent run` makes it on its first start")
     return state, ResultsDB(state.db, readonly=getattr(args, "readonly", True))
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,6 +189,15 @@ def _status(args: argparse.Namespace) -> int:
         print(f"signed by: {e.get('signed_by') or 'not checked ([store] require_signature = false)'}")
         if e.get("verdict"):
             print(f"verdict: {e['verdict']}")
+    h = out.get("handoff")
+    if h:
+        t = h.get("trainer") or {}
+        heard = f", last heard {time.time() - t['heard']:.0f} s ago" if t.get("heard") else ""
+        what = f"{t.get('state', '?')}, serving {t.get('version', '?')}" if t.get("state") else ""
+        print(
+            f"trainer ({t.get('endpoint', '?')}): "
+            + (f"connected: {what}{heard}" if h.get("trainer_alive") else (h.get("problem") or "not heard from") + heard)
+        )
     print(
         f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
         f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"

@@ -25,7 +25,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10 (JetPack 6): the same parser, from PyPI
     import tomli as tomllib
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.imageheader import IMAGE_EXTENSIONS
@@ -43,10 +43,13 @@ __all__ = [
     "default_store_path",
     "default_data_path",
     "CONFIG_ENV",
+    "SYSTEM_CONFIG",
     "TrainerSection",
 ]
 
 CONFIG_ENV = "EDGE_AGENT_CONFIG"
+#: The configuration the systemd units read: also what a command reads when given none (where the file exists).
+SYSTEM_CONFIG = Path("/etc/edge-agent/edge-agent.toml")
 
 
 class ConfigError(EdgeAgentError, ValueError):
@@ -316,6 +319,12 @@ class AppConfig(_Section):
     mqtt: MqttSection = Field(default_factory=MqttSection)
     webhooks: list[WebhookSection] = Field([], description="[[webhooks]] tables: URLs that receive alerts as signed POSTs.")
     log: LogSection = Field(default_factory=LogSection)
+    _source: str | None = PrivateAttr(None)
+
+    @property
+    def source(self) -> str | None:
+        """The file this configuration was read from (None: the built-in defaults)."""
+        return self._source
 
 
 #: Where a discriminated union's tag appears in an error's location: (the key before it, the tags it may be).
@@ -342,14 +351,17 @@ def _describe(errors: list[dict], source: str) -> str:
 def parse_config(data: dict, source: str = "<config>") -> AppConfig:
     """Validate a parsed TOML document; raises :class:`ConfigError`."""
     try:
-        return AppConfig.model_validate(data)
+        cfg = AppConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc.errors(), source)) from None
+    cfg._source = source
+    return cfg
 
 
 def load_config(path: str | os.PathLike | None = None) -> AppConfig:
-    """Load ``path`` (or ``$EDGE_AGENT_CONFIG``); defaults when neither is given."""
-    path = path or os.environ.get(CONFIG_ENV) or None
+    """Load ``path``, else ``$EDGE_AGENT_CONFIG``, else :data:`SYSTEM_CONFIG` where it exists (what the services
+    read); the built-in defaults when there is none of them."""
+    path = path or os.environ.get(CONFIG_ENV) or (SYSTEM_CONFIG if SYSTEM_CONFIG.is_file() else None)
     if path is None:
         return AppConfig()
     p = Path(path)

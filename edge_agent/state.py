@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_agent.config import AppConfig, default_store_path
+from engines.errors import EdgeAgentError
 from engines.store import EngineStore
 
 if TYPE_CHECKING:
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StateLayout",
+    "StateNotFound",
+    "SYSTEM_STATE",
+    "looked_for",
     "device_name",
     "handoff_link",
     "resolve_state_dir",
@@ -40,6 +44,37 @@ __all__ = [
 #: A status file is padded to at least this size (one filesystem block: no more written than an unpadded one), so that
 #: on a full disk it can still be overwritten in place.
 STATUS_SLOT_BYTES = 4096
+
+
+#: Where the systemd units keep the state (``StateDirectory=edge-agent``): named in "not found" errors.
+SYSTEM_STATE = Path("/var/lib/edge-agent")
+
+
+class StateNotFound(EdgeAgentError, FileNotFoundError):
+    """A command that only reads found nothing where it looked (it never makes a state directory, a key or a store)."""
+
+
+def _why_here(cli_value: str | None, cfg: AppConfig, section: str = "daemon") -> str:
+    """Which rule of :func:`resolve_state_dir` chose the directory, in words."""
+    conf = cfg.source or "no configuration file (--config, $EDGE_AGENT_CONFIG, /etc/edge-agent/edge-agent.toml)"
+    if section == "trainer" and cfg.trainer.state_dir:
+        return f"[trainer] state_dir in {conf}"
+    if cli_value:
+        return "--state-dir"
+    if cfg.daemon.state_dir:
+        return f"[daemon] state_dir in {conf}"
+    if os.environ.get("STATE_DIRECTORY"):
+        return "$STATE_DIRECTORY"
+    conf = f"no [daemon] state_dir in {cfg.source}" if cfg.source else conf
+    return f"the default ./edge-state in {Path.cwd()}: no --state-dir, {conf}, no $STATE_DIRECTORY"
+
+
+def looked_for(what: str, path: Path, cli_value: str | None, cfg: AppConfig, fix: str, section: str = "daemon") -> StateNotFound:
+    """The error of a command that found no ``what`` at ``path``: where it looked, why there, and ``fix``."""
+    hint = ""
+    if SYSTEM_STATE.is_dir() and not Path(path).resolve().is_relative_to(SYSTEM_STATE):
+        hint = f"; the services keep their state in {SYSTEM_STATE}: add --state-dir {SYSTEM_STATE}"
+    return StateNotFound(f"no {what} at {path} (looked there because of {_why_here(cli_value, cfg, section)}){hint}; {fix}")
 
 
 def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:

@@ -29,6 +29,7 @@ __all__ = [
     "UntrustedVersion",
     "SigningKey",
     "TrustedKeys",
+    "load_key",
     "load_or_create_key",
     "sign_manifest",
     "signature_of",
@@ -71,14 +72,20 @@ class SigningKey:
         return nacl.signing.SigningKey(self.seed).sign(data).signature
 
 
+def load_key(path: str | os.PathLike) -> SigningKey:
+    """The secret key at ``path`` (``*.key``); FileNotFoundError if there is none."""
+    path = Path(path)
+    text = path.read_text().strip()
+    if not _HEX64.match(text):
+        raise ValueError(f"{path}: not an edge-agent signing key (64 hex characters expected)")
+    return SigningKey(bytes.fromhex(text), path)
+
+
 def load_or_create_key(path: str | os.PathLike) -> SigningKey:
     """The secret key at ``path`` (``*.key``), made (0600, with its ``.pub`` beside it) if missing."""
     path = Path(path)
     if path.is_file():
-        text = path.read_text().strip()
-        if not _HEX64.match(text):
-            raise ValueError(f"{path}: not an edge-agent signing key (64 hex characters expected)")
-        return SigningKey(bytes.fromhex(text), path)
+        return load_key(path)
     import nacl.signing
 
     seed = bytes(nacl.signing.SigningKey.generate())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shutil
 import os
 import time
 from pathlib import Path
@@ -301,22 +302,34 @@ def test_tcp_without_keys_is_refused():
         ctx.term()
 
 
-def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
+def test_tcp_with_curve_accepts_authorized_devices_refuses_strangers_and_follows_add_and_revoke(tmp_path):
+    """One certificate per device (``edge-trainer device add``): an authorized device delivers; a stranger is
+    refused, logged with its address on the trainer, and its own status says the handshake was refused; adding it
+    lets it in and revoking a device shuts it out, without restarting the trainer."""
     import socket as pysocket
+    import stat
     import subprocess
     import sys
 
     from edge_agent.handoff.transport import CurveKeys
 
+    def trainer_cli(*argv):
+        out = subprocess.run([sys.executable, "-m", "trainer", *argv], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+        return out
+
     keys = tmp_path / "keys"
-    out = subprocess.run(
-        [sys.executable, "-m", "trainer", "keys", "--out", str(keys), "--state-dir", str(tmp_path / "state")],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parents[1],
-    )
+    out = trainer_cli("keys", "--out", str(keys), "--state-dir", str(tmp_path / "state"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "state" / "trainer" / "signing.pub").read_text().strip() in out.stdout  # the key devices must trust
+    first = (keys / "trainer" / "trainer.key_secret").read_bytes()
+    again = trainer_cli("keys", "--out", str(keys), "--state-dir", str(tmp_path / "state"))
+    assert again.returncode == 0 and "kept the trainer's certificate" in again.stdout
+    assert (keys / "trainer" / "trainer.key_secret").read_bytes() == first  # never overwritten without --force
+    assert trainer_cli("device", "add", "good", "--keys", str(keys)).returncode == 0
+    dup = trainer_cli("device", "add", "good", "--keys", str(keys))
+    assert dup.returncode == 2 and "--force" in dup.stderr
+    for secret in (keys / "trainer" / "trainer.key_secret", keys / "devices" / "good" / "good.key_secret"):
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
     with pysocket.socket() as s1, pysocket.socket() as s2:  # two free loopback ports
         s1.bind(("127.0.0.1", 0))
         s2.bind(("127.0.0.1", 0))
@@ -326,10 +339,12 @@ def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
     store = SampleStore(tmp_path / "trainer")
     receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints, curve=server_keys))
     receiver.start()
-    good = CurveKeys(str(keys / "daemon" / "daemon.key_secret"), server_public=str(keys / "daemon" / "trainer.key"))
+    shutil.copytree(keys / "devices" / "good", tmp_path / "on-the-device")  # what the farmer copies to the device
+    trainer_pub = str(tmp_path / "on-the-device" / "trainer.key")
+    good = CurveKeys(str(tmp_path / "on-the-device" / "good.key_secret"), server_public=trainer_pub)
     (tmp_path / "stranger").mkdir()
     zmq.auth.create_certificates(tmp_path / "stranger", "stranger")
-    bad = CurveKeys(str(tmp_path / "stranger" / "stranger.key_secret"), server_public=str(keys / "daemon" / "trainer.key"))
+    bad = CurveKeys(str(tmp_path / "stranger" / "stranger.key_secret"), server_public=trainer_pub)
     stranger, sdb, sspool, _ = make_sender(tmp_path / "s", endpoints, curve=bad)
     queue_photos(sdb, sspool, 2, seed=900)
     sender, db, spool, _ = make_sender(tmp_path / "g", endpoints, curve=good)
@@ -339,11 +354,31 @@ def test_tcp_with_curve_accepts_authorized_and_refuses_strangers(tmp_path):
     try:
         wait_until(lambda: not db.queued_for_delivery(100), 20, "authorized daemon delivered")
         assert {s.id for s in store.all()} == set(ids)
-        time.sleep(1.0)
+        wait_until(lambda: "handshake refused?" in (stranger.status().get("problem") or ""), 20, "the stranger's status says why")
         assert not stranger.trainer_alive and len(sdb.queued_for_delivery(100)) == 2  # refused: nothing accepted
+        assert "handshake refused?" not in (sender.status().get("problem") or "")
+        assert receiver.auth is not None and "127.0.0.1" in receiver.auth.refused  # the trainer knows who knocked
+        # authorizing the stranger's key lets it in, no restart
+        shutil.copy(tmp_path / "stranger" / "stranger.key", keys / "authorized" / "stranger.key")
+        wait_until(lambda: not sdb.queued_for_delivery(100), 20, "the newly authorized device delivered")
+        assert trainer_cli("device", "revoke", "good", "--keys", str(keys)).returncode == 0
+        assert (keys / "revoked" / "good.key").is_file() and not (keys / "authorized" / "good.key").exists()
     finally:
         sender.stop()
         stranger.stop()
+        receiver.stop()
+    # a revoked device's next connection is refused
+    n = len(ids)
+    late, ldb, lspool, _ = make_sender(tmp_path / "g2", endpoints, curve=good)
+    queue_photos(ldb, lspool, 1, seed=990)
+    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints, curve=server_keys))
+    receiver.start()
+    late.start()
+    try:
+        wait_until(lambda: "handshake refused?" in (late.status().get("problem") or ""), 20, "the revoked device is refused")
+        assert len(ldb.queued_for_delivery(100)) == 1 and len(list(store.all())) == n + 2
+    finally:
+        late.stop()
         receiver.stop()
 
 

@@ -87,7 +87,9 @@ def _running(status_file) -> dict | None:
 
 
 def _retrain(args: argparse.Namespace) -> int:
-    from edge_agent.state import resolve_store
+    from edge_agent.state import looked_for, resolve_store
+    from edge_agent.trust import trainer_key_path
+    from engines.signing import load_key
     from trainer.samples import SampleStore
     from trainer.service import retrain, trainer_state_dir
 
@@ -97,16 +99,20 @@ def _retrain(args: argparse.Namespace) -> int:
         (root / "retrain.request").touch()
         print(f"asked the running trainer to retrain (see `edge-trainer status --state-dir {state}`)")
         return 0
+    if not (root / "samples.sqlite").is_file():  # never a new trainer (key, store, samples) in the wrong folder
+        raise looked_for(
+            "trainer samples", root / "samples.sqlite", args.state_dir, cfg, "retrain runs where `edge-trainer serve` has run", "trainer"
+        )
+    key = trainer_key_path(cfg, state)
+    if not key.is_file():
+        raise looked_for("engine-signing key", key, args.state_dir, cfg, "`edge-trainer keys` or `edge-trainer serve` makes it", "trainer")
+    if not cfg.store.path and not (state / "engines").is_dir():
+        raise looked_for("engine store", state / "engines", args.state_dir, cfg, "retrain runs where `edge-trainer serve` has run")
     if cfg.trainer.nice:
         import os
 
         os.nice(cfg.trainer.nice)  # inference first, here too
-    from edge_agent.trust import trainer_key_path
-    from engines.signing import load_or_create_key
-
-    result = retrain(
-        cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy", signing_key=load_or_create_key(trainer_key_path(cfg, state))
-    )
+    result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy", signing_key=load_key(key))
     print(
         f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)"
     )
@@ -116,6 +122,7 @@ def _retrain(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
+    from edge_agent.state import looked_for
     from trainer.service import trainer_state_dir
 
     cfg, state = _service_config(args)
@@ -124,8 +131,7 @@ def _status(args: argparse.Namespace) -> int:
     try:
         st = json.loads(path.read_text())
     except FileNotFoundError:
-        print(f"edge-trainer: no status at {path} (has the trainer run with this --state-dir?)", file=sys.stderr)
-        return 2
+        raise looked_for("trainer status", path, args.state_dir, cfg, "`edge-trainer serve` writes it", "trainer") from None
     st["running"] = live is not None
     if args.json:
         print(json.dumps(st, indent=2))
@@ -169,27 +175,57 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys_dir(args: argparse.Namespace, cfg) -> Path:
+    """``--out``/``--keys``, else the folder holding ``[handoff] curve_authorized_dir``."""
+    from trainer.devices import KeysError
+
+    given = getattr(args, "out", None) or getattr(args, "keys", None)
+    if given:
+        return Path(given).expanduser()
+    if cfg.handoff.curve_authorized_dir:
+        return Path(cfg.handoff.curve_authorized_dir).expanduser().parent
+    raise KeysError("which keys folder? give --out DIR (or set [handoff] curve_authorized_dir = \"DIR/authorized\" in the configuration)")
+
+
 def _keys(args: argparse.Namespace) -> int:
-    """CURVE certificates for a tcp:// hand-off: trainer/, daemon/ and authorized/ (the daemon keys the trainer accepts);
-    then the trainer's engine-signing key (made if missing) and what to tell the devices."""
-    import shutil
-    from pathlib import Path
+    """The trainer's CURVE certificate (made once; ``--force`` replaces it) and authorized/ folder; then the trainer's
+    engine-signing key (made if missing) and what to tell the devices."""
+    from trainer.devices import make_trainer_keys
 
-    import zmq.auth
-
-    out = Path(args.out)
-    for name in ("trainer", "daemon", "authorized"):
-        (out / name).mkdir(parents=True, exist_ok=True)
-        (out / name).chmod(0o700)
-    trainer_pub, trainer_sec = zmq.auth.create_certificates(out / "trainer", "trainer")
-    daemon_pub, daemon_sec = zmq.auth.create_certificates(out / "daemon", "daemon")
-    shutil.copy(daemon_pub, out / "authorized" / "daemon.key")
-    shutil.copy(trainer_pub, out / "daemon" / "trainer.key")
-    print(f'trainer: [handoff] curve_secret_key = "{trainer_sec}", curve_authorized_dir = "{out / "authorized"}"')
-    print(f'daemon:  [handoff] curve_secret_key = "{daemon_sec}", curve_server_key = "{out / "daemon" / "trainer.key"}"')
-    print("copy the daemon/ folder to the device; keep trainer.key_secret on the trainer only")
+    cfg, _ = _service_config(args)
+    out = _keys_dir(args, cfg)
+    public, secret, made = make_trainer_keys(out, force=args.force)
+    if made:
+        print(f"made the trainer's certificate: {public} (secret: {secret}, 0600)")
+    else:
+        print(f"kept the trainer's certificate {public} (made before; --force makes a new one, and every device then needs the new trainer.key)")
+    print(f'trainer: [handoff] curve_secret_key = "{secret}", curve_authorized_dir = "{out / "authorized"}"')
+    print(f"devices: edge-trainer device add NAME --keys {out}  (one certificate per device)")
     print()
-    return _signing_key(args)  # and the key engines are signed with, which each device must trust
+    return _signing_key(args, create=True)  # and the key engines are signed with, which each device must trust
+
+
+def _device(args: argparse.Namespace) -> int:
+    """Add, revoke or list one device's CURVE certificate."""
+    from trainer.devices import add_device, list_devices, revoke_device
+
+    cfg, _ = _service_config(args)
+    out = _keys_dir(args, cfg)
+    if args.action == "list":
+        names = list_devices(out)
+        print("\n".join(names) if names else f"(no device authorized in {out / 'authorized'})")
+        return 0
+    if args.action == "revoke":
+        where = revoke_device(out, args.name)
+        print(f"revoked {args.name}: its key moved to {where}; its next handshake is refused (the trainer needs no restart)")
+        return 0
+    dev = add_device(out, args.name, force=args.force)
+    print(f"made {args.name}'s certificate in {dev.folder}/ and authorized it (the trainer needs no restart)")
+    print(f"copy {dev.folder}/ to the device (e.g. to /etc/edge-agent/keys/, readable by the edge-agent user only); there:")
+    print(f'  [handoff] curve_secret_key = "/etc/edge-agent/keys/{dev.secret.name}"')
+    print('  [handoff] curve_server_key = "/etc/edge-agent/keys/trainer.key"')
+    print(f'  [handoff] name = "{args.name}"')
+    return 0
 
 
 def _fleet(args: argparse.Namespace) -> int:
@@ -197,13 +233,19 @@ def _fleet(args: argparse.Namespace) -> int:
     import json
     import time
 
+    from edge_agent.state import looked_for
     from trainer.service import trainer_state_dir
 
     cfg, state = _service_config(args)
     path = trainer_state_dir(cfg, state) / "status.json"
+    if not path.is_file():
+        raise looked_for("trainer status", path, args.state_dir, cfg, "`edge-trainer serve` writes it", "trainer")
     live = _running(path)
     if live is None:
-        print(f"edge-trainer: no running trainer at {path}", file=sys.stderr)
+        print(
+            f"edge-trainer: the trainer at {path.parent} is not running (edge-trainer serve, or systemctl start edge-trainer)",
+            file=sys.stderr,
+        )
         return 2
     fleet = live.get("fleet", [])
     if args.json:
@@ -223,13 +265,17 @@ def _fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-def _signing_key(args: argparse.Namespace) -> int:
-    """This trainer's engine-signing key (made if missing): the public half goes into each daemon's trusted_keys."""
+def _signing_key(args: argparse.Namespace, create: bool = False) -> int:
+    """This trainer's engine-signing public key, for each daemon's trusted_keys (made only by ``keys`` and ``serve``)."""
+    from edge_agent.state import looked_for
     from edge_agent.trust import trainer_key_path
-    from engines.signing import load_or_create_key
+    from engines.signing import load_key, load_or_create_key
 
     cfg, state = _service_config(args)
-    key = load_or_create_key(trainer_key_path(cfg, state))
+    path = trainer_key_path(cfg, state)
+    if not create and not path.is_file():
+        raise looked_for("engine-signing key", path, args.state_dir, cfg, "`edge-trainer keys` or `edge-trainer serve` makes it", "trainer")
+    key = load_or_create_key(path) if create else load_key(path)
     print(f"public key: {key.public_hex}")
     print(f"file:       {key.path.with_suffix('.pub')}")
     print('daemons that take engines from this trainer: [store] trusted_keys = ["<the public key or a copy of the file>"]')
@@ -290,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", _serve, "receive labels from the daemon, retrain, gate, publish (the service)"),
         ("retrain", _retrain, "retrain now (asks a running `serve`, else runs here)"),
         ("status", _status, "samples, state, last retrain"),
-        ("signing-key", _signing_key, "print this trainer's engine-signing public key (made on first use)"),
+        ("signing-key", _signing_key, "print this trainer's engine-signing public key (made by keys or serve)"),
         ("fleet", _fleet, "the daemons this trainer serves: name, address, last seen, engine, samples, queue"),
     ):
         sp = sub.add_parser(name, parents=[logging_opts], help=helptext)
@@ -301,11 +347,20 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("status", "fleet"):
             sp.add_argument("--json", action="store_true")
         sp.set_defaults(func=func)
-    k = sub.add_parser("keys", parents=[logging_opts], help="create CURVE certificates for a tcp:// hand-off")
-    k.add_argument("--out", required=True, help="folder to write trainer/, daemon/ and authorized/ into")
+    k = sub.add_parser("keys", parents=[logging_opts], help="make the trainer's CURVE certificate (once) and engine-signing key")
+    k.add_argument("--out", help="keys folder for trainer/ and authorized/ (default: where [handoff] curve_authorized_dir is)")
+    k.add_argument("--force", action="store_true", help="replace an existing trainer certificate (every device then needs the new one)")
     k.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
     k.add_argument("--state-dir", help="the trainer's state dir, where its engine-signing key is made (default as for serve)")
     k.set_defaults(func=_keys)
+    dv = sub.add_parser("device", parents=[logging_opts], help="add, revoke or list a device's CURVE certificate")
+    dv.add_argument("action", choices=["add", "revoke", "list"])
+    dv.add_argument("name", nargs="?", default="", help="the device's name (its [handoff] name)")
+    dv.add_argument("--keys", help="keys folder (default: where [handoff] curve_authorized_dir is)")
+    dv.add_argument("--force", action="store_true", help="add: replace the device's existing certificate")
+    dv.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
+    dv.add_argument("--state-dir", help=argparse.SUPPRESS)
+    dv.set_defaults(func=_device)
     sg = sub.add_parser("sign", parents=[logging_opts], help="sign a store version with a key (release use)")
     sg.add_argument("--key", required=True, help="secret key file (*.key; made if missing, its .pub beside it)")
     sg.add_argument("--store", required=True)

@@ -54,8 +54,11 @@ class Receiver(Worker):
         new_classes: bool = True,
         on_sample: Callable[[], None] | None = None,
         classes: Callable[[], Collection[str]] | None = None,
+        describe: Callable[[], dict] | None = None,
     ) -> None:
+        """``describe``: the trainer's state, version in service and publish time, sent with each heartbeat."""
         super().__init__()
+        self.describe = describe or (lambda: {})
         self.store = store
         self.settings, self.link, self.new_classes = settings, link, new_classes
         self.on_sample = on_sample or (lambda: None)
@@ -65,6 +68,7 @@ class Receiver(Worker):
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
         self._announce: list[str] = []
+        self.auth: Authenticator | None = None
         self._lock = threading.Lock()
         self._ready = threading.Event()
 
@@ -82,7 +86,7 @@ class Receiver(Worker):
 
         ctx = zmq.Context()
         s = self.link
-        auth = Authenticator(ctx, s.curve.authorized_dir) if s.curve and s.endpoint.startswith("tcp://") else None
+        auth = self.auth = Authenticator(ctx, s.curve.authorized_dir, s.endpoint) if s.curve and s.endpoint.startswith("tcp://") else None
         router = server_socket(ctx, zmq.ROUTER, s.endpoint, s.curve)
         pub = server_socket(ctx, zmq.PUB, s.announce, s.curve)
         self._ready.set()
@@ -111,7 +115,7 @@ class Receiver(Worker):
             return
         self.peers[peer] = time.monotonic()
         if msg.kind == "heartbeat":
-            router.send_multipart([peer, *encode("heartbeat", {"role": "trainer", "time": time.time()})])
+            router.send_multipart([peer, *encode("heartbeat", {"role": "trainer", "time": time.time(), **self.describe()})])
         elif msg.kind == "sample":
             why = self._refusal(msg.header)
             if why is not None:

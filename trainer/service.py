@@ -20,6 +20,7 @@ from edge_agent.log import get_logger
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
 from engines.signing import load_or_create_key
+from engines.store import StoreError
 from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver
@@ -52,7 +53,7 @@ class TrainerService:
             self.log.info("pending_samples_settled", tag=tag, published=version or "no: the samples are new again")
         link = handoff_link(cfg, state_dir)
         new_classes = not link.endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes
-        self.receiver = Receiver(self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes)
+        self.receiver = Receiver(self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes, describe=self._describe)
         self.server = EngineServer(self.store, link)
         self._stop = threading.Event()
         self.state = "idle"
@@ -129,12 +130,22 @@ class TrainerService:
             "receiver": dict(self.receiver.counters),
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
+            "handshakes_refused": self.server.handshakes_refused()[:20],
             "transfer": dict(self.server.counters),
             "last_retrain": asdict(self.last) if self.last else None,
             "retrains": dict(self.retrains),
             "store": str(self.store.root),
             "retraining": self.retraining,
         }
+
+    def _describe(self) -> dict:
+        """What a heartbeat tells the devices: this trainer's state, the version in service and when it was published."""
+        try:
+            version = self.store.current()
+            published = (self.store.root / version / "manifest.json").stat().st_mtime
+        except (StoreError, OSError):
+            return {"state": self.state[:32]}
+        return {"state": self.state[:32], "version": version, "published": round(published, 1)}
 
     def _classes(self) -> list[str]:
         """The classes of the engine in service (read again only when the current version changes)."""

@@ -65,6 +65,14 @@ class EngineServer(Worker):
         self._offer_now = threading.Event()
         self._unsigned_logged: set[str] = set()
         self._manifests: dict[str, dict] = {}  # version -> manifest, read once (a version never changes)
+        self.auth: Authenticator | None = None
+
+    def handshakes_refused(self) -> list[dict]:
+        """Peers whose CURVE handshake was refused (a device with keys this trainer does not accept), newest first."""
+        if self.auth is None:
+            return []
+        rows = [{"address": a, **r} for a, r in list(self.auth.refused.items())]
+        return sorted(rows, key=lambda r: -r["last"])
 
     def start(self) -> None:
         super().start()
@@ -90,7 +98,7 @@ class EngineServer(Worker):
 
         ctx = zmq.Context()
         s = self.link
-        auth = Authenticator(ctx, s.curve.authorized_dir) if s.curve and s.transfer.startswith("tcp://") else None
+        auth = self.auth = Authenticator(ctx, s.curve.authorized_dir, s.transfer) if s.curve and s.transfer.startswith("tcp://") else None
         router = server_socket(ctx, zmq.ROUTER, s.transfer, s.curve)
         router.setsockopt(zmq.SNDHWM, 1000)
         self._ready.set()

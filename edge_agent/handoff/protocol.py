@@ -12,7 +12,8 @@ Kinds:
 * ``ack`` (trainer -> daemon): ``{"id"}``, sent only after the sample is stored durably
 * ``refused`` (trainer -> daemon): ``{"id", "reason"}``, a sample the trainer will never take (its label names a
   class it cannot accept); the daemon keeps the photo aside, out of the delivery queue
-* ``heartbeat`` (both ways): ``{"role", "time"}``
+* ``heartbeat`` (both ways): ``{"role", "time"}``; the trainer's adds ``"state"`` (idle, retraining, ...), ``"version"``
+  (the version in service) and ``"published"`` (when it was published): what a device's page shows of the trainer
 * ``engine`` (trainer PUB -> daemon SUB): ``{"version"}``, a new engine was published
 """
 
@@ -93,7 +94,13 @@ _SCHEMAS = {
     },
     "ack": {"id": Field(str, pattern=_ID)},
     "refused": {"id": Field(str, pattern=_ID), "reason": Field(str, max_len=300)},
-    "heartbeat": {"role": Field(str, max_len=32), "time": Field(float, lo=0.0, hi=1e11)},
+    "heartbeat": {
+        "role": Field(str, max_len=32),
+        "time": Field(float, lo=0.0, hi=1e11),
+        "state": Field(str, required=False, max_len=32),
+        "version": Field(str, required=False, max_len=32),
+        "published": Field(float, required=False, lo=0.0, hi=1e11),
+    },
     "engine": {"version": Field(str, pattern=VERSION)},
 }
 

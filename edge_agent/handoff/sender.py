@@ -20,7 +20,7 @@ from pathlib import Path
 
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
-from edge_agent.handoff.transport import Link, client_socket, send_nowait
+from edge_agent.handoff.transport import HandshakeWatch, Link, client_socket, send_nowait
 from edge_agent.log import get_logger
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.spool import PhotoSpool
@@ -70,6 +70,10 @@ class Sender(Worker):
         self.log = get_logger("handoff.sender", endpoint=link.endpoint)
         self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0, "refused": 0}
         self.trainer_seen = 0.0
+        #: What the socket monitor says is wrong with the link (wrong keys, no connection), None when it works.
+        self.link_problem: str | None = None
+        #: The trainer as its last heartbeat described it: state, version in service, published, heard (epoch s).
+        self.trainer_info: dict = {}
         self._inflight: dict[str, _InFlight] = {}
 
     @property
@@ -77,7 +81,11 @@ class Sender(Worker):
         return time.monotonic() - self.trainer_seen < 3 * self.settings.heartbeat_s
 
     def status(self) -> dict:
-        return {**self.counters, "trainer_alive": self.trainer_alive, "in_flight": len(self._inflight)}
+        out = {**self.counters, "trainer_alive": self.trainer_alive, "in_flight": len(self._inflight)}
+        if self.link_problem and not self.trainer_alive:
+            out["problem"] = self.link_problem
+        out["trainer"] = {**self.trainer_info, "endpoint": self.link.endpoint, "remote": not self.link.endpoint.startswith("ipc://")}
+        return out
 
     # ---- loop ---------------------------------------------------------------
     def _run(self) -> None:
@@ -92,9 +100,28 @@ class Sender(Worker):
         poller.register(sub, zmq.POLLIN)
         next_hb = 0.0
         was_alive = False
+        watch = None
+        if self.link.curve is not None and self.link.endpoint.startswith("tcp://"):
+            watch = HandshakeWatch(dealer, self.link.endpoint, max(10.0, 3 * self.settings.heartbeat_s))
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
+                if watch is not None:
+                    watch.poll()
+                    if watch.needs_new_socket():  # refused once, never retried by ZeroMQ: try again with new sockets
+                        for sock in (dealer, sub):
+                            poller.unregister(sock)
+                            sock.close(0)
+                        dealer = client_socket(ctx, zmq.DEALER, self.link.endpoint, self.link.curve)
+                        sub = client_socket(ctx, zmq.SUB, self.link.announce, self.link.curve)
+                        sub.setsockopt(zmq.SUBSCRIBE, b"")
+                        poller.register(dealer, zmq.POLLIN)
+                        poller.register(sub, zmq.POLLIN)
+                        watch.watch(dealer)
+                    problem = watch.problem()
+                    if problem != self.link_problem:
+                        (self.log.error if problem else self.log.info)("trainer_link", problem=problem or "none: handshake done")
+                        self.link_problem = problem
                 if now >= next_hb:
                     self._send(dealer, encode("heartbeat", {"role": "daemon", "time": time.time()}))
                     next_hb = now + self.settings.heartbeat_s
@@ -115,6 +142,8 @@ class Sender(Worker):
             self.log.error("sender_crashed", error=repr(exc))
             raise
         finally:
+            if watch is not None:
+                watch.close()
             dealer.close(0)
             sub.close(0)
             ctx.term()
@@ -172,6 +201,8 @@ class Sender(Worker):
         if msg.kind == "heartbeat":
             self.counters["heartbeats_in"] += 1
             self.trainer_seen = time.monotonic()
+            h = msg.header
+            self.trainer_info = {k: h[k] for k in ("state", "version", "published") if k in h} | {"heard": round(time.time(), 1)}
         elif msg.kind == "ack":
             self.trainer_seen = time.monotonic()
             sha = msg.header["id"]

@@ -15,7 +15,17 @@ from pathlib import Path
 
 from engines.errors import EdgeAgentError
 
-__all__ = ["CurveKeys", "Link", "client_socket", "server_socket", "default_endpoints", "TransportError", "Authenticator", "send_nowait"]
+__all__ = [
+    "CurveKeys",
+    "Link",
+    "client_socket",
+    "server_socket",
+    "default_endpoints",
+    "TransportError",
+    "Authenticator",
+    "HandshakeWatch",
+    "send_nowait",
+]
 
 
 class TransportError(EdgeAgentError, RuntimeError):
@@ -88,19 +98,170 @@ def client_socket(ctx, kind: int, endpoint: str, curve: CurveKeys | None):
 
 
 class Authenticator:
-    """ZAP handler accepting only the CURVE public keys in ``authorized_dir``."""
+    """ZAP handler accepting only the CURVE public keys in ``authorized_dir``, read again whenever the folder
+    changes (``edge-trainer device add`` / ``revoke`` take effect without a restart); every refused handshake is
+    logged with the peer's address (once a minute per address) and counted in :attr:`refused`."""
 
-    def __init__(self, ctx, authorized_dir: str) -> None:
-        from zmq.auth.thread import ThreadAuthenticator
+    def __init__(self, ctx, authorized_dir: str, endpoint: str = "") -> None:
+        from edge_agent.log import get_logger
 
         if not Path(authorized_dir).is_dir():
             raise TransportError(f"CURVE authorized-keys folder {authorized_dir!r} does not exist")
-        self._auth = ThreadAuthenticator(ctx)
+        self.dir = Path(authorized_dir)
+        self.log = get_logger("handoff.auth", endpoint=endpoint)
+        #: address -> {"count", "last" (epoch s), "reason"}: handshakes refused since start.
+        self.refused: dict[str, dict] = {}
+        self._keys: set[bytes] = set()
+        self._stamp: tuple | None = None
+        self._auth = _make_authenticator(ctx, self)
         self._auth.start()
-        self._auth.configure_curve(domain="*", location=authorized_dir)
+        self._auth.configure_curve_callback(domain="*", credentials_provider=self)
+
+    def _current_keys(self) -> set[bytes]:
+        import zmq.auth
+
+        try:
+            entries = sorted((e.name, e.stat().st_mtime_ns) for e in self.dir.iterdir() if e.name.endswith(".key"))
+        except OSError:
+            entries = []
+        if entries != self._stamp:
+            keys = set()
+            for name, _ in entries:
+                try:
+                    keys.add(zmq.auth.load_certificate(self.dir / name)[0])
+                except (OSError, ValueError):
+                    self.log.warning("authorized_key_unreadable", file=str(self.dir / name))
+            self._keys, self._stamp = keys, entries
+        return self._keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """pyzmq's credentials-provider hook: is this client key (z85) authorized now?"""
+        return key in self._current_keys()
+
+    def _denied(self, address: str, reason: str) -> None:
+        import time
+
+        rec = self.refused.setdefault(address, {"count": 0, "last": 0.0, "reason": reason})
+        rec["count"] += 1
+        if time.time() - rec["last"] > 60:
+            self.log.warning(
+                "handshake_refused",
+                address=address,
+                reason=reason,
+                refused_so_far=rec["count"],
+                fix=f"a device whose key is not in {self.dir}: edge-trainer device add NAME, then give it the files",
+            )
+        rec["last"], rec["reason"] = time.time(), reason
+        if len(self.refused) > 256:  # bounded: the oldest address goes
+            del self.refused[min(self.refused, key=lambda a: self.refused[a]["last"])]
 
     def stop(self) -> None:
         self._auth.stop()
+
+
+def _make_authenticator(ctx, owner: Authenticator):
+    """A pyzmq ThreadAuthenticator that tells ``owner`` of each refused handshake and the peer's address."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    class _Reporting(ThreadAuthenticator):
+        _address = ""
+
+        async def handle_zap_message(self, msg):
+            self._address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
+            return await super().handle_zap_message(msg)
+
+        def _send_zap_reply(self, request_id, status_code, status_text, user_id="anonymous"):
+            if status_code != b"200":
+                owner._denied(self._address or "?", status_text.decode("utf-8", "replace"))
+            return super()._send_zap_reply(request_id, status_code, status_text, user_id)
+
+    return _Reporting(ctx)
+
+
+class HandshakeWatch:
+    """A client socket's monitor, read without blocking: whether its CURVE handshake with the trainer has worked,
+    so that a device with the wrong keys says so instead of waiting in silence."""
+
+    def __init__(self, sock, endpoint: str, refused_after_s: float = 10.0) -> None:
+        import time
+
+        import zmq
+
+        events = (
+            zmq.EVENT_CONNECTED
+            | zmq.EVENT_DISCONNECTED
+            | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
+        self.endpoint, self.refused_after_s, self._events = endpoint, refused_after_s, events
+        self.monitor = sock.get_monitor_socket(events)
+        self.connected = False
+        self.handshake_ok = False
+        self.failures = 0
+        self._trying_since: float | None = None  # first TCP connection since the last handshake that worked
+        self._born = time.monotonic()
+        self._failed_at: float | None = None  # the last refused handshake not yet answered by a new socket
+
+    def poll(self) -> None:
+        """Read the events waiting."""
+        import time
+
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                ev = recv_monitor_message(self.monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if ev == zmq.EVENT_CONNECTED:
+                self.connected = True
+                if self._trying_since is None and not self.handshake_ok:
+                    self._trying_since = time.monotonic()
+            elif ev == zmq.EVENT_DISCONNECTED:
+                self.connected, self.handshake_ok = False, False
+            elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshake_ok, self._trying_since, self.failures = True, None, 0
+            else:
+                self.failures += 1
+                self._failed_at = time.monotonic()
+                if self._trying_since is None:
+                    self._trying_since = time.monotonic()
+
+    def needs_new_socket(self, after_s: float = 5.0) -> bool:
+        """True ``after_s`` after a refused handshake: ZeroMQ never retries a connection whose handshake the peer
+        refused, so the owner makes a new socket (and calls :meth:`watch`) to learn when the trainer takes its key."""
+        import time
+
+        return self._failed_at is not None and time.monotonic() - self._failed_at > after_s
+
+    def watch(self, sock) -> None:
+        """Follow ``sock`` (the new socket) instead, keeping what is known of the link."""
+        events = self._events
+        self.monitor.close(0)
+        self.monitor = sock.get_monitor_socket(events)
+        self._failed_at, self.connected = None, False
+
+    def problem(self) -> str | None:
+        """None while the link works (or has not had time to); else what is wrong, in words."""
+        import time
+
+        if self.handshake_ok:
+            return None
+        if self._trying_since is not None and (self.failures or time.monotonic() - self._trying_since > self.refused_after_s):
+            return (
+                f"trainer unreachable: handshake refused? ({self.endpoint} accepts the connection but not this device's "
+                "keys: is this device's public key in the trainer's authorized folder (edge-trainer device add), and "
+                "curve_server_key the trainer's public key?)"
+            )
+        if self._trying_since is None and not self.connected and time.monotonic() - self._born > self.refused_after_s:
+            return f"trainer unreachable: no connection to {self.endpoint}"
+        return None
+
+    def close(self) -> None:
+        self.monitor.close(0)
 
 
 def server_socket(ctx, kind: int, endpoint: str, curve: CurveKeys | None):

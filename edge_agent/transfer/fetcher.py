@@ -23,7 +23,7 @@ from pathlib import Path
 
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop
-from edge_agent.handoff.transport import Link, client_socket, send_nowait
+from edge_agent.handoff.transport import HandshakeWatch, Link, client_socket, send_nowait
 from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import MAX_REFUSED, decode, encode
 from edge_agent.worker import Worker
@@ -100,10 +100,20 @@ class EngineFetcher(Worker):
 
         ctx = zmq.Context()
         sock = client_socket(ctx, zmq.DEALER, self.link.transfer, self.link.curve)
+        watch = None
+        if self.link.curve is not None and self.link.transfer.startswith("tcp://"):
+            watch = HandshakeWatch(sock, self.link.transfer)
         next_hello = 0.0
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
+                if watch is not None:
+                    watch.poll()
+                    if watch.needs_new_socket():  # a refused handshake is never retried by ZeroMQ: a new socket is
+                        sock.close(0)
+                        sock = client_socket(ctx, zmq.DEALER, self.link.transfer, self.link.curve)
+                        watch.watch(sock)
+                        next_hello = 0.0
                 if now >= next_hello:
                     self._release_held_back()
                     self._send(
@@ -137,6 +147,8 @@ class EngineFetcher(Worker):
                         self.log.error("transfer_message_failed", error=repr(exc))
                         self._job = None  # start the transfer over at the next offer
         finally:
+            if watch is not None:
+                watch.close()
             sock.close(0)
             ctx.term()
 
