@@ -98,7 +98,7 @@ def run_fleet(n: int, out: Path) -> dict:
     tstate = out / "trainer"
     key = (
         subprocess.run(
-            [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(tstate)],
+            [sys.executable, "-m", "trainer", "keys", "--out", str(out / "keys"), "--state-dir", str(tstate)],
             capture_output=True,
             text=True,
             cwd=REPO,

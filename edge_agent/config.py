@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, T
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.imageheader import IMAGE_EXTENSIONS
-from edge_agent.trainer_config import STRATEGY_CONFIGS, TrainerSection
+from edge_agent.trainer_config import STRATEGY_CONFIGS, RolloutSection, TrainerSection
 from edge_agent.upgrade import REPLACED_KEYS
 from engines.base import backends
 from engines.errors import EdgeAgentError
@@ -314,6 +314,7 @@ class AppConfig(_Section):
     handoff: HandoffSection = Field(default_factory=HandoffSection)
     hotswap: HotswapSection = Field(default_factory=HotswapSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
     web: WebSection = Field(default_factory=WebSection)
     alerts: AlertsSection = Field(default_factory=AlertsSection)
     mqtt: MqttSection = Field(default_factory=MqttSection)

@@ -171,6 +171,8 @@ class Daemon:
                 serving=lambda: self.pipeline.classifier.engine.engine_version,
                 queue_depth=self.db.queue_length,
                 on_installed=self.watcher.announce,
+                refused_here=lambda: dict(self.watcher.refused),
+                report=self.watcher.serving_report,
             )
             self.fetcher.start()
 

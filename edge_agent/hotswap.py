@@ -106,6 +106,22 @@ class EngineWatcher(Worker):
         self._refused_sig = {v: self._signature_stamp(v) for v in self.refused}
         self.swaps = 0
         self._wake = threading.Event()
+        #: Since when the engine in service serves, the counters then, and what the swap to it measured.
+        self.serving_since = time.time()
+        self._counters_then = (0, 0)
+        self.swap_measured: dict = {}
+
+    def serving_report(self) -> dict:
+        """How the engine in service has done since it began serving (a trainer's staged rollout judges canaries by
+        it): since (epoch s), photos classified, inference errors, and its agreement with the engine before it on
+        the golden photos (-1: not measured, e.g. served since the start)."""
+        processed, errors = self._counters_then
+        return {
+            "since": round(self.serving_since, 1),
+            "photos": max(0, self.pipeline.counters["processed"] - processed),
+            "errors": max(0, self.pipeline.counters["inference_errors"] - errors),
+            "agreement": float(self.swap_measured.get("agreement", -1.0)),
+        }
 
     def _signature_stamp(self, version: str) -> tuple | None:
         """A refused version is looked at again once this changes (a trainer signing its older versions, or making
@@ -163,6 +179,8 @@ class EngineWatcher(Worker):
         if self.pipeline.classifier.engine is new:
             old.close()
         self.swaps += 1
+        self.serving_since, self.swap_measured = time.time(), measured
+        self._counters_then = (self.pipeline.counters["processed"], self.pipeline.counters["inference_errors"])
         self.log.info(
             "engine_swapped",
             previous=old.engine_version,

@@ -109,6 +109,7 @@ class Pipeline:
             "queued_review": 0,
             "queue_full_skips": 0,
             "sink_errors": 0,
+            "inference_errors": 0,
             "batches": 0,
         }
         #: Increases whenever a photo finishes; the watchdog watches it.
@@ -288,6 +289,7 @@ class Pipeline:
                 preds = self.classifier.predict_tensors(np.stack([j.tensor for j in batch]))
             except Exception as exc:
                 self.log.error("inference_failed", error=repr(exc), batch=len(batch))
+                self.counters["inference_errors"] += 1
                 self.last_errors.append({"time": time.time(), "error": f"inference failed: {exc!r}"})
                 for j in batch:
                     j.tensor = None

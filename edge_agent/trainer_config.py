@@ -12,7 +12,16 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["TrainerSection", "StrategyConfig", "FinetuneConfig", "EwcConfig", "RehearsalConfig", "LwfConfig", "STRATEGY_CONFIGS"]
+__all__ = [
+    "RolloutSection",
+    "TrainerSection",
+    "StrategyConfig",
+    "FinetuneConfig",
+    "EwcConfig",
+    "RehearsalConfig",
+    "LwfConfig",
+    "STRATEGY_CONFIGS",
+]
 
 
 class StrategyConfig(BaseModel):
@@ -50,6 +59,24 @@ STRATEGY_CONFIGS: dict[str, type[StrategyConfig]] = {
 }
 
 Strategy = Annotated[Union[tuple(STRATEGY_CONFIGS.values())], Field(discriminator="type")]
+
+
+class RolloutSection(BaseModel):
+    """``[rollout]``: how the trainer gives a new version to a fleet of devices (tcp:// devices; a daemon on the
+    trainer's own state directory takes each version from the shared store at once)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    staged: bool = Field(True, description="Give a new version to canary devices first, the rest once they have served it well.")
+    canary_share: float = Field(0.1, ge=0, le=1, description="Share of the connected devices that are canaries (at least canary_min).")
+    canary_min: int = Field(1, ge=1, description="Fewest canary devices.")
+    canaries: list[str] = Field([], description="Device names to use as canaries first (else the first by name).")
+    period_s: float = Field(1800.0, ge=0, description="How long every canary must serve the version before the rest receive it.")
+    min_photos: int = Field(10, ge=0, description="Photos each canary must classify with the version before the rest receive it.")
+    max_errors: int = Field(0, ge=0, description="Inference errors a canary may report on the version before the rollout stops.")
+    min_agreement: float = Field(
+        0.8, ge=0, le=1, description="Least agreement with the previous version on a canary's golden photos before the rollout stops."
+    )
 
 
 class TrainerSection(BaseModel):

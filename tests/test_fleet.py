@@ -63,8 +63,8 @@ def farm(tmp_path, tiny_store, signing_key, curve):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     servers, fetchers = [], []
 
-    def server(cls=EngineServer):
-        s = cls(trainer_store, Link("", "", endpoint, curve["server"]), offer_every_s=0.5)
+    def server(cls=EngineServer, rollout=None):
+        s = cls(trainer_store, Link("", "", endpoint, curve["server"]), offer_every_s=0.5, rollout=rollout)
         s.start()
         servers.append(s)
         return s
@@ -106,6 +106,53 @@ def test_every_daemon_gets_the_new_version_and_the_fleet_lists_them(farm):
     assert all(r["address"] == "127.0.0.1" and r["last_result"]["ok"] for r in fleet)
     size = sum(m["bytes"] for m in farm.store.read_manifest(farm.v2)["files"].values())
     assert all(r["bytes_sent"] == size for r in fleet)
+
+
+def staged(tmp_path, **settings):
+    from edge_agent.trainer_config import RolloutSection
+    from trainer.rollout import Rollout
+
+    return Rollout(RolloutSection(**{"period_s": 1.5, "min_photos": 0, **settings}), tmp_path / "rollout.json")
+
+
+def test_a_staged_rollout_gives_the_canary_the_version_first_and_the_rest_once_it_served_it(farm, tmp_path):
+    server = farm.server(rollout=staged(tmp_path))
+    daemons = [farm.daemon(f"device-{i}") for i in range(3)]
+    wait_until(lambda: all(any(r["name"] == d.name for r in server.fleet()) for d in daemons), 10, "all three connected")
+    wait_until(lambda: daemons[0].store.current() == farm.v2, 30, "the canary has it")
+    served = time.time()
+    assert [d.store.current() for d in daemons[1:]] == ["v0001", "v0001"]  # the rest wait
+    st = server.rollout_state()
+    assert st["version"] == farm.v2 and st["stage"] == "canary" and st["canaries"] == ["device-0"]  # 10 % of 3: one
+    for d in daemons[1:]:
+        wait_until(lambda d=d: d.store.current() == farm.v2, 30, f"{d.name} after the canary period")
+    assert time.time() - served >= 1.0 and server.rollout_state()["stage"] == "all"
+    assert staged(tmp_path).state["stage"] == "all"  # kept on disk: a restarted trainer does not start over
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        ("refuses", "canary device-0: refused v0002"),
+        ("errors", "canary device-0: 3 inference errors with v0002 (at most 0 allowed)"),
+        ("disagrees", "agreed with the version before it on 40% of its golden photos"),
+        ("rolls back", "canary device-0: refused v0002: pinned to v0001 by a rollback from v0002"),
+    ],
+)
+def test_a_canary_that_refuses_misbehaves_or_rolls_back_stops_the_rollout_and_says_why(farm, tmp_path, case, reason):
+    server = farm.server(rollout=staged(tmp_path, period_s=600))
+    report = {"refuses": {}, "errors": {"errors": 3, "photos": 50}, "disagrees": {"agreement": 0.4}, "rolls back": {}}[case]
+    trust = TrustedKeys({"00" * 32: "someone else"}) if case == "refuses" else None
+    canary = farm.daemon("device-0", trust=trust, cls=lambda *a, **k: EngineFetcher(*a, **k, report=lambda: report))
+    others = [farm.daemon(f"device-{i}") for i in (1, 2)]
+    if case == "rolls back":
+        wait_until(lambda: canary.store.current() == farm.v2, 30, "the canary has it")
+        time.sleep(1.5)  # the trainer saw it serve v2
+        canary.store.rollback("v0001", trust=canary.trust)
+    wait_until(lambda: (server.rollout_state() or {}).get("stage") == "stopped", 30, "the rollout stopped")
+    assert reason in server.rollout_state()["reason"]
+    time.sleep(1.5)  # offers go on every 0.5 s: none to the rest
+    assert [d.store.current() for d in others] == ["v0001", "v0001"] and all(d.counters["offers"] == 0 for d in others)
 
 
 def test_a_daemon_that_was_offline_catches_up_with_only_the_newest(farm, signing_key):
@@ -304,7 +351,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
     }
     trainer_state = tmp_path / "trainer-host"
     out = subprocess.run(
-        [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(trainer_state)],
+        [sys.executable, "-m", "trainer", "keys", "--out", str(tmp_path / "keys"), "--state-dir", str(trainer_state)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -316,6 +363,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         {
             "handoff": {**endpoints, "curve_secret_key": curve["server"].secret, "curve_authorized_dir": curve["server"].authorized_dir},
             "trainer": {**QUICK_TRAINER, "retrain_threshold": 30},
+            "rollout": {"period_s": 0, "min_photos": 0},  # staged (a canary first), without the wait
         },
     ).start()
 

@@ -161,10 +161,22 @@ def test_unsigned_versions_are_served_only_when_signatures_are_not_required(stor
 
 
 def test_a_daemon_trusts_the_trainer_on_its_own_state_directory_without_being_told(tmp_path):
-    """No configuration: the trainer makes its key on first start, the daemon on that state directory trusts it."""
+    """No configuration: the trainer makes its key (``keys``, or its first start), the daemon on that state directory
+    trusts it. ``signing-key`` only shows it: where there is none it says where it looked and makes nothing."""
     from edge_agent.trust import daemon_trust
 
     state = tmp_path / "state"
+    none = subprocess.run(
+        [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO
+    )
+    assert none.returncode == 2 and f"no engine-signing key at {state}/trainer/signing.key" in none.stderr and "--state-dir" in none.stderr
+    assert not state.exists()  # nothing made in the wrong place
+    subprocess.run(
+        [sys.executable, "-m", "trainer", "keys", "--out", str(tmp_path / "keys"), "--state-dir", str(state)],
+        capture_output=True,
+        cwd=REPO,
+        check=True,
+    )
     out = subprocess.run(
         [sys.executable, "-m", "trainer", "signing-key", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, check=True
     ).stdout

@@ -184,7 +184,7 @@ def _keys_dir(args: argparse.Namespace, cfg) -> Path:
         return Path(given).expanduser()
     if cfg.handoff.curve_authorized_dir:
         return Path(cfg.handoff.curve_authorized_dir).expanduser().parent
-    raise KeysError("which keys folder? give --out DIR (or set [handoff] curve_authorized_dir = \"DIR/authorized\" in the configuration)")
+    raise KeysError('which keys folder? give --out DIR (or set [handoff] curve_authorized_dir = "DIR/authorized" in the configuration)')
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -198,7 +198,9 @@ def _keys(args: argparse.Namespace) -> int:
     if made:
         print(f"made the trainer's certificate: {public} (secret: {secret}, 0600)")
     else:
-        print(f"kept the trainer's certificate {public} (made before; --force makes a new one, and every device then needs the new trainer.key)")
+        print(
+            f"kept the trainer's certificate {public} (made before; --force makes a new one, and every device then needs the new trainer.key)"
+        )
     print(f'trainer: [handoff] curve_secret_key = "{secret}", curve_authorized_dir = "{out / "authorized"}"')
     print(f"devices: edge-trainer device add NAME --keys {out}  (one certificate per device)")
     print()

@@ -25,6 +25,7 @@ from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver
 from trainer.retrain import RetrainResult, balance_pseudo, retrain, settle_published
+from trainer.rollout import Rollout
 from trainer.samples import SampleStore
 from trainer.stop import Stopped
 from trainer.transfer import EngineServer
@@ -54,7 +55,7 @@ class TrainerService:
         link = handoff_link(cfg, state_dir)
         new_classes = not link.endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes
         self.receiver = Receiver(self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes, describe=self._describe)
-        self.server = EngineServer(self.store, link)
+        self.server = EngineServer(self.store, link, rollout=Rollout(cfg.rollout, self.root / "rollout.json"))
         self._stop = threading.Event()
         self.state = "idle"
         self.last: RetrainResult | None = None
@@ -131,6 +132,7 @@ class TrainerService:
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
             "handshakes_refused": self.server.handshakes_refused()[:20],
+            "rollout": self.server.rollout_state(),
             "transfer": dict(self.server.counters),
             "last_retrain": asdict(self.last) if self.last else None,
             "retrains": dict(self.retrains),

@@ -19,6 +19,7 @@ from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import CHUNK_MAX, decode, encode
 from edge_agent.worker import Worker
 from engines.store import MANIFEST, SIGNATURE_FILE, EngineStore, StoreError
+from trainer.rollout import Rollout
 
 __all__ = ["EngineServer", "Peer"]
 
@@ -35,6 +36,8 @@ class Peer:
     offered: dict = field(default_factory=dict)  # version -> monotonic time of the last offer
     bytes_sent: int = 0
     last_result: dict | None = None
+    pinned: str = ""  # the version a rollback pinned the device to ("" if none)
+    report: dict = field(default_factory=dict)  # how its engine in service has done: since, photos, errors, agreement
 
     def describe(self, samples: int = 0) -> dict:
         return {
@@ -47,16 +50,18 @@ class Peer:
             "refused": self.refused,
             "bytes_sent": self.bytes_sent,
             "last_result": self.last_result,
+            "pinned": self.pinned,
+            "serving": self.report,
         }
 
 
 class EngineServer(Worker):
     thread_name = "engine-server"
 
-    def __init__(self, store: EngineStore, link: Link, offer_every_s: float = 10.0) -> None:
-        """Serves ``store`` on ``link.transfer``."""
+    def __init__(self, store: EngineStore, link: Link, offer_every_s: float = 10.0, rollout: Rollout | None = None) -> None:
+        """Serves ``store`` on ``link.transfer``; ``rollout``: who may be offered a new version when (None: everyone at once)."""
         super().__init__()
-        self.store, self.link, self.offer_every_s = store, link, offer_every_s
+        self.store, self.link, self.offer_every_s, self.rollout = store, link, offer_every_s, rollout
         self.log = get_logger("transfer.server", endpoint=link.transfer)
         self.counters = {"hellos": 0, "offers": 0, "chunks": 0, "bytes": 0, "malformed": 0, "missing": 0}
         self.peers: dict[str, Peer] = {}
@@ -103,8 +108,12 @@ class EngineServer(Worker):
         router.setsockopt(zmq.SNDHWM, 1000)
         self._ready.set()
         self.log.info("listening")
+        next_judge = 0.0
         try:
             while not self._stop.is_set():
+                if self.rollout is not None and time.monotonic() >= next_judge:
+                    next_judge = time.monotonic() + 1.0
+                    self._judge_rollout()
                 if self._offer_now.is_set():
                     self._offer_now.clear()
                     with self._lock:
@@ -119,6 +128,26 @@ class EngineServer(Worker):
             if auth is not None:
                 auth.stop()
             ctx.term()
+
+    def _judge_rollout(self) -> None:
+        """Let the rollout look at the connected devices; offer the version to the rest once the canaries pass."""
+        try:
+            version = self.store.current()
+        except StoreError:
+            return
+        now = time.monotonic()
+        with self._lock:
+            connected = {p.name: p for p in self.peers.values() if now - p.last_seen < 60}
+            promoted = self.rollout.judge(version, connected)
+        if promoted:
+            self._offer_now.set()
+
+    def rollout_state(self) -> dict | None:
+        """The rollout of the version in service, as the Fleet page shows it (None: not staged)."""
+        if self.rollout is None or not self.rollout.settings.staged:
+            return None
+        with self._lock:
+            return self.rollout.describe()
 
     def _offer_of(self, version: str) -> tuple[bytes, str] | None:
         """``version``'s manifest bytes and signature text; None if it is unsigned (daemons would refuse it)."""
@@ -140,6 +169,8 @@ class EngineServer(Worker):
             return
         if not peer.identity or peer.engine_version == version or version in peer.refused:
             return
+        if self.rollout is not None and not self.rollout.allowed(peer.name, version):
+            return  # a staged rollout: not this device's turn yet
         if time.monotonic() - peer.offered.get(version, -1e9) < self.offer_every_s:
             return
         offer = self._offer_of(version)
@@ -173,6 +204,8 @@ class EngineServer(Worker):
                 peer.identity, peer.address, peer.last_seen = identity, address or peer.address, time.monotonic()
                 peer.engine_version, peer.queue = h["engine_version"], h["queue"]
                 peer.refused = {str(k): str(v)[:300] for k, v in list(h["refused"].items())[:20]}
+                peer.pinned = h.get("pinned", "")
+                peer.report = {k: h[k] for k in ("since", "photos", "errors", "agreement") if k in h}
                 self._maybe_offer(router, peer)
         elif msg.kind == "fetch":
             self._serve(router, identity, h)

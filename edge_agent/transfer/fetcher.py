@@ -60,9 +60,14 @@ class EngineFetcher(Worker):
         queue_depth: Callable[[], int] = lambda: 0,
         on_installed: Callable[[str], None] = lambda version: None,
         stall_s: float = 10.0,
+        refused_here: Callable[[], dict] = dict,
+        report: Callable[[], dict] = dict,
     ) -> None:
-        """``name``: this daemon in the trainer's fleet list; ``stall_s``: a transfer with no chunk for this long asks again."""
+        """``name``: this daemon in the trainer's fleet list; ``stall_s``: a transfer with no chunk for this long asks
+        again; ``refused_here``: versions on this device's disk it refused to serve (version -> reason); ``report``:
+        the serving report a hello carries (``since``, ``photos``, ``errors``, ``agreement``)."""
         super().__init__()
+        self.refused_here, self.report = refused_here, report
         self.store, self.trust, self.settings, self.link, self.name = store, trust, settings, link, name
         self.chunk_bytes, self.window, self.stall_s = settings.transfer_chunk_kb << 10, settings.transfer_window, stall_s
         self.serving, self.queue_depth, self.on_installed = serving, queue_depth, on_installed
@@ -88,7 +93,7 @@ class EngineFetcher(Worker):
         job = self._job
         return {
             **self.counters,
-            "refused": dict(self.refused),
+            "refused": self.all_refused(),
             "downloading": None
             if job is None
             else {"version": job.version, "bytes": job.received_bytes + job.resumed_bytes, "of": sum(b for _, b, _ in job.files)},
@@ -116,18 +121,7 @@ class EngineFetcher(Worker):
                         next_hello = 0.0
                 if now >= next_hello:
                     self._release_held_back()
-                    self._send(
-                        sock,
-                        encode(
-                            "hello",
-                            {
-                                "name": self.name,
-                                "engine_version": self.serving(),
-                                "queue": int(self.queue_depth()),
-                                "refused": dict(list(self.refused.items())[-MAX_REFUSED:]),
-                            },
-                        ),
-                    )
+                    self._send(sock, encode("hello", self.hello()))
                     next_hello = now + self.settings.heartbeat_s
                 job = self._job
                 if job is not None and now - job.last_progress > self.stall_s:
@@ -151,6 +145,23 @@ class EngineFetcher(Worker):
                 watch.close()
             sock.close(0)
             ctx.term()
+
+    def all_refused(self) -> dict[str, str]:
+        """Every version this device refuses: those offered on the wire and those on its own disk, newest last."""
+        merged = {**{str(k): str(v) for k, v in dict(self.refused_here()).items()}, **self.refused}
+        return dict(sorted(merged.items())[-MAX_REFUSED:])
+
+    def hello(self) -> dict:
+        """What this device tells the trainer every heartbeat."""
+        pin = self.store.pin()
+        return {
+            "name": self.name,
+            "engine_version": self.serving(),
+            "queue": int(self.queue_depth()),
+            "refused": {k: v[:500] for k, v in self.all_refused().items()},
+            "pinned": str(pin.get("version", "?"))[:32] if pin else "",
+            **{k: v for k, v in self.report().items() if k in ("since", "photos", "errors", "agreement")},
+        }
 
     def _send(self, sock, frames: list[bytes]) -> bool:
         return send_nowait(sock, frames)
@@ -179,12 +190,12 @@ class EngineFetcher(Worker):
             return
         if self._refused_sig.get(version) == signature:
             return  # refused before, and nothing changed
-        try:
-            serving = self.store.current()
-        except StoreError:
-            serving = None
-        if version == serving:
+        if version == self.serving():
             self._send(sock, encode("result", {"version": version, "ok": True, "reason": "in service"}))
+            return
+        here = self.refused_here().get(version)
+        if here is not None:  # on this disk already, and refused when it was tried: the trainer must know why
+            self._refuse(sock, version, signature, here)
             return
         why = self.store.offer_refusal(version)
         if why is not None:  # a downgrade, or a version a local rollback turned away

@@ -3,7 +3,9 @@
 Every message is ``[MAGIC, kind, header]`` plus a payload for ``offer`` and ``chunk``:
 
 * ``hello`` (daemon -> trainer, every heartbeat): ``{"name", "engine_version", "queue"}`` and ``"refused"``
-  (version -> reason): who it is, what it serves, how much it has not delivered yet, what it will not take.
+  (version -> reason, from the wire or its own disk): who it is, what it serves, how much it has not delivered yet,
+  what it will not take; optionally ``"pinned"`` (the version a rollback pinned it to, "" if none) and how the
+  engine in service has done since it began serving: ``"since"``, ``"photos"``, ``"errors"``, ``"agreement"``.
 * ``offer`` (trainer -> daemon): ``{"version", "signature"}`` + the version's manifest.json bytes. The daemon checks
   the signature against its trusted keys before it asks for a single byte.
 * ``fetch`` (daemon -> trainer): ``{"version", "file", "offset", "length"}``: at most ``window`` outstanding (flow
@@ -36,6 +38,11 @@ KINDS = {
         "engine_version": Field(str, max_len=32),
         "queue": Field(int, lo=0, hi=2**40),
         "refused": Field(dict, max_len=MAX_REFUSED),
+        "pinned": Field(str, required=False, max_len=32),
+        "since": Field(float, required=False, lo=0.0, hi=1e11),
+        "photos": Field(int, required=False, lo=0, hi=2**40),
+        "errors": Field(int, required=False, lo=0, hi=2**40),
+        "agreement": Field(float, required=False, lo=-1.0, hi=1.0),
     },
     "offer": {"version": Field(str, pattern=VERSION), "signature": Field(str, max_len=1024)},
     "fetch": {
