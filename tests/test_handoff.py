@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import shutil
 import os
+import shutil
 import time
 from pathlib import Path
 
