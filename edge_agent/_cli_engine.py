@@ -26,10 +26,10 @@ def engine_list(args: argparse.Namespace) -> int:
     if not versions:
         print(f"{store.root}: no engine versions", file=sys.stderr)
         return 1
-    try:
-        current = store.current()
-    except Exception:
-        current = None
+    from edge_agent.state import resolve_state_dir, served
+
+    view = served(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg), store)
+    current = view["serving"]
     rows = []
     for v in versions:
         m = store.read_manifest(v)
@@ -37,6 +37,7 @@ def engine_list(args: argparse.Namespace) -> int:
             {
                 "version": v,
                 "current": v == current,
+                "refused": view["refused"].get(v),
                 "created": m.get("created"),
                 "parent": m.get("parent"),
                 "classes": len(m["classes"]),
@@ -50,6 +51,13 @@ def engine_list(args: argparse.Namespace) -> int:
         print(f"store: {store.root}")
         print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
     print_rows(rows, args.json, _engine_line)
+    if not args.json:
+        if view["current"] and view["current"] != view["serving"]:
+            print(f"* in service; the store names {view['current']}, which the daemon refused (below)")
+        for v, why in view["refused"].items():
+            print(f"REFUSED {v}: {why}")
+        if view["pinned"]:
+            print(f"PINNED to {view['pinned'].get('version')} by a rollback from {view['pinned'].get('from')} (edge-agent engine unpin lifts it)")
     return 0
 
 

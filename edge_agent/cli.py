@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(dest="action", required=True)
     for name, func, helptext in (
-        ("list", _cli_engine.engine_list, "list versions (* marks current)"),
+        ("list", _cli_engine.engine_list, "list versions (* marks the one in service; refusals and the pin below)"),
         ("show", _cli_engine.engine_show, "verify a version and print its manifest"),
         ("rollback", _cli_engine.engine_rollback, "switch current back to the parent (or --to VERSION) and pin it there"),
         ("unpin", _cli_engine.engine_unpin, "lift a rollback's pin: the trainer's newer versions are taken again"),

@@ -36,6 +36,7 @@ __all__ = [
     "inbox_dir",
     "live_status",
     "daemon_live",
+    "served",
     "trainer_live",
     "write_status",
     "STATUS_SLOT_BYTES",
@@ -207,6 +208,27 @@ def live_status(path: Path, stale_s: float | None = None) -> tuple[dict, bool]:
 def daemon_live(cfg: AppConfig, state_dir: Path) -> tuple[dict, bool]:
     """The daemon's status, and whether it runs: alive and refreshed within 5 status intervals (10 s at least)."""
     return live_status(StateLayout(state_dir).status, max(10.0, 5 * cfg.daemon.status_interval_s))
+
+
+def served(cfg: AppConfig, state_dir: Path, store: EngineStore) -> dict:
+    """One answer, for the status, ``engine list`` and every page, to "which version serves, and which are refused":
+    ``serving`` (the running daemon's engine; the store's pointer when it is not running), ``current`` (the store's
+    pointer: it can differ, when the daemon refused that version), ``refused`` (version -> why, from the wire or its
+    own disk) and ``pinned`` (a rollback's pin, or None)."""
+    from engines.store import StoreError
+
+    live, running = daemon_live(cfg, state_dir)
+    try:
+        current = store.current()
+    except StoreError:
+        current = None
+    engine = (live.get("engine") or {}).get("engine_version") if running else None
+    refused = {**(live.get("hotswap") or {}).get("refused", {}), **(live.get("transfer") or {}).get("refused", {})} if running else {}
+    try:
+        pin = store.pin()
+    except OSError:
+        pin = None
+    return {"serving": engine or current, "current": current, "running": running, "refused": dict(sorted(refused.items())), "pinned": pin}
 
 
 def trainer_live(cfg: AppConfig, state_dir: Path) -> tuple[dict, bool]:

@@ -209,9 +209,10 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _device(args: argparse.Namespace) -> int:
     """Add, revoke or list one device's CURVE certificate."""
+    from edge_agent.trust import trainer_key_path
     from trainer.devices import add_device, list_devices, revoke_device
 
-    cfg, _ = _service_config(args)
+    cfg, state = _service_config(args)
     out = _keys_dir(args, cfg)
     if args.action == "list":
         names = list_devices(out)
@@ -221,12 +222,18 @@ def _device(args: argparse.Namespace) -> int:
         where = revoke_device(out, args.name)
         print(f"revoked {args.name}: its key moved to {where}; its next handshake is refused (the trainer needs no restart)")
         return 0
-    dev = add_device(out, args.name, force=args.force)
+    signing_pub = trainer_key_path(cfg, state).with_suffix(".pub")
+    dev = add_device(out, args.name, force=args.force, signing_pub=signing_pub)
     print(f"made {args.name}'s certificate in {dev.folder}/ and authorized it (the trainer needs no restart)")
-    print(f"copy {dev.folder}/ to the device (e.g. to /etc/edge-agent/keys/, readable by the edge-agent user only); there:")
-    print(f'  [handoff] curve_secret_key = "/etc/edge-agent/keys/{dev.secret.name}"')
-    print('  [handoff] curve_server_key = "/etc/edge-agent/keys/trainer.key"')
+    there = "/var/lib/edge-agent/keys"
+    print(f"copy {dev.folder}/ to the device as {there}/ (owned by the edge-agent user, 0700); its configuration then says:")
+    print(f'  [handoff] curve_secret_key = "{there}/{dev.secret.name}"')
+    print(f'  [handoff] curve_server_key = "{there}/trainer.key"')
     print(f'  [handoff] name = "{args.name}"')
+    if (dev.folder / "signing.pub").is_file():
+        print(f'  [store] trusted_keys = ["{there}/signing.pub"]')
+    else:
+        print(f"  (no engine-signing key at {signing_pub} yet: edge-trainer keys makes it; then device add {args.name} --force)")
     return 0
 
 
@@ -253,17 +260,29 @@ def _fleet(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(fleet, indent=2))
         return 0
-    print(f"{'name':20} {'address':16} {'last seen':>10} {'engine':8} {'samples':>8} {'queue':>6}  note")
+    print(f"{'name':20} {'address':16} {'last seen':>10} {'engine':8} {'pinned':8} {'samples':>8} {'queue':>6}  note")
     for d in fleet:
         ago = f"{time.time() - d['last_seen']:.0f} s ago"
         note = "; ".join(f"refused {v}: {r}" for v, r in d["refused"].items())
         if not note and d.get("last_result") and not d["last_result"]["ok"]:
             note = d["last_result"]["reason"]
         print(
-            f"{d['name'][:20]:20} {d['address'][:16]:16} {ago:>10} {d['engine_version']:8} {d['samples_received']:>8} {d['queue']:>6}  {note}"
+            f"{d['name'][:20]:20} {d['address'][:16]:16} {ago:>10} {d['engine_version']:8} {d.get('pinned') or '-':8} "
+            f"{d['samples_received']:>8} {d['queue']:>6}  {note}"
         )
     if not fleet:
         print("(no daemon has connected yet)")
+    r = live.get("rollout")
+    if r and r.get("version"):
+        canaries = ", ".join(r.get("canaries") or []) or "chosen when devices connect"
+        line = {
+            "all": "done: every device may take it",
+            "canary": f"canaries first ({canaries}), the rest once they have served it {r.get('period_s', 0):.0f} s",
+            "stopped": f"STOPPED: {r.get('reason')}",
+        }.get(r.get("stage"), r.get("stage"))
+        print(f"rollout of {r['version']}: {line}")
+    for h in live.get("handshakes_refused") or []:
+        print(f"REFUSED CONNECTION from {h['address']}: {h['count']} handshakes ({h['reason']}); edge-trainer device add NAME for a new device")
     return 0
 
 

@@ -67,7 +67,8 @@ def make_trainer_keys(out: Path, force: bool = False) -> tuple[Path, Path, bool]
     _private_dir(out / "authorized")
     public, secret = _certificate(out / "trainer", "trainer")
     for dev in list_devices(out):  # the devices' copies of the trainer's public key follow
-        shutil.copy(public, out / "devices" / dev / "trainer.key")
+        if (out / "devices" / dev).is_dir():
+            shutil.copy(public, out / "devices" / dev / "trainer.key")
     return public, secret, True
 
 
@@ -76,8 +77,10 @@ def _check_name(name: str) -> None:
         raise KeysError(f"{name!r}: a device name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
 
 
-def add_device(out: Path, name: str, force: bool = False) -> DeviceKeys:
-    """Make ``name``'s certificate in ``out/devices/<name>/`` (with the trainer's public key beside it) and authorize it."""
+def add_device(out: Path, name: str, force: bool = False, signing_pub: Path | None = None) -> DeviceKeys:
+    """Make ``name``'s certificate in ``out/devices/<name>/`` (with the trainer's public key beside it, and the
+    trainer's engine-signing public key ``signing_pub`` as ``signing.pub``, for ``[store] trusted_keys``) and
+    authorize it."""
     _check_name(name)
     public_trainer, secret_trainer = trainer_keys(out)
     if not secret_trainer.is_file():
@@ -89,6 +92,8 @@ def add_device(out: Path, name: str, force: bool = False) -> DeviceKeys:
     _private_dir(folder)
     public, secret = _certificate(folder, name)
     shutil.copy(public_trainer, folder / "trainer.key")
+    if signing_pub is not None and signing_pub.is_file():
+        shutil.copy(signing_pub, folder / "signing.pub")
     _private_dir(out / "authorized")
     tmp = out / "authorized" / f".{name}.key.tmp"
     shutil.copy(public, tmp)

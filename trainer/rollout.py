@@ -47,9 +47,12 @@ class Rollout:
 
     # ---- what the engine server asks ------------------------------------------------
     def allowed(self, device: str, version: str) -> bool:
-        """May ``device`` be offered ``version`` now?"""
-        if not self.settings.staged or version != self.state["version"]:
+        """May ``device`` be offered ``version`` now? (A version not seen before starts its rollout: no one is offered
+        it until the canaries are chosen.)"""
+        if not self.settings.staged:
             return True
+        if version != self.state["version"]:
+            self._start(version)
         if self.state["stage"] == "all":
             return True
         return self.state["stage"] == "canary" and device in self.state["canaries"]

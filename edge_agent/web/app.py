@@ -192,15 +192,18 @@ def create_app(ctx: WebContext) -> Starlette:
         store = ctx.store()
         versions = [{"name": v, **store.read_manifest(v)} for v in reversed(store.versions())]
         trainer, trainer_up = ctx.trainer()
+        view = ctx.served()
         return page(
             request,
             "engines.html",
             versions=versions,
-            current=ctx.current(),
+            current=view["serving"],
+            served=view,
             trainer=trainer,
             trainer_up=trainer_up,
+            tv=ctx.trainer_view(),
             rolled=request.query_params.get("rolled"),
-            pin=store.pin(),
+            pin=view["pinned"],
         )
 
     async def rollback(request: Request) -> Response:
@@ -229,12 +232,7 @@ def create_app(ctx: WebContext) -> Starlette:
         trainer, trainer_up = ctx.trainer()
         reader = ctx.reader
         disk = shutil.disk_usage(ctx.state.root if ctx.state.root.exists() else Path("."))
-        store, current = ctx.store(), ctx.current()
-        points = []
-        for v in store.versions():
-            m = store.read_manifest(v).get("metrics", {})
-            val = (m.get("gate") or {}).get("candidate_top1", (m.get("val") or {}).get("top1"))
-            points.append((v, val, v == current))
+        view = ctx.served()
         now = time.time()
         per_day = reader.per_day_per_class(14)
         totals: dict[str, int] = {}
@@ -255,12 +253,18 @@ def create_app(ctx: WebContext) -> Starlette:
             last_hour=reader.photos_since(now - 3600),
             last_day=reader.photos_since(now - 86400),
             per_day_svg=charts.photos_per_day(per_day, 14),
-            top1_svg=charts.top1_per_version(points),
+            top1_svg=charts.top1_same_photos(charts.same_photo_rows(ctx.store(), view["serving"])),
+            served=view,
+            tv=ctx.trainer_view(),
             quarantine=reader.recent_quarantine(),
             now=now,
             board=as_reported(daemon, daemon_up),
             alerts=recent_alerts(ctx, 3).alerts,
         )
+
+    # ---- fleet --------------------------------------------------------------
+    async def fleet(request: Request) -> Response:
+        return page(request, "fleet.html", tv=ctx.trainer_view(), now=time.time())
 
     # ---- upload -------------------------------------------------------------
     async def upload_page(request: Request) -> Response:
@@ -309,6 +313,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),
         Route("/health", health),
+        Route("/fleet", fleet),
         Route("/upload", upload_page),
         Route("/upload", upload, methods=["POST"]),
         Route("/metrics", metrics),

@@ -7,7 +7,7 @@ import hashlib
 from datetime import date, timedelta
 from html import escape
 
-__all__ = ["class_colour", "photos_per_day", "top1_per_version"]
+__all__ = ["class_colour", "photos_per_day", "top1_same_photos", "same_photo_rows"]
 
 
 def class_colour(label: str) -> str:
@@ -43,33 +43,47 @@ def photos_per_day(per_day: dict[str, dict[str, int]], days: int, today: date | 
     return "".join(parts)
 
 
-def top1_per_version(points: list[tuple[str, float | None, bool]], width: int = 640, height: int = 200) -> str:
-    """The gate's validation top-1 of each engine version (the current one filled)."""
-    vals = [v for _, v, _ in points if v is not None]
-    if not vals:
-        return '<p class="muted">No version has a validation top-1 yet.</p>'
-    lo, hi = max(0.0, min(vals) - 0.05), min(1.0, max(vals) + 0.02)
-    left, right, top_pad, bottom = 48, 16, 12, 28
-    step = (width - left - right) / max(1, len(points) - 1)
-
-    def y(v: float) -> float:
-        return top_pad + (height - top_pad - bottom) * (hi - v) / max(1e-9, hi - lo)
-
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="validation top-1 per engine version">']
-    for tick in (lo, (lo + hi) / 2, hi):
-        parts.append(
-            f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>'
-            f'<text x="2" y="{y(tick) + 4:.1f}" class="axis">{tick:.3f}</text>'
-        )
-    xy = [(left + i * step if len(points) > 1 else (left + width - right) / 2, v) for i, (_, v, _) in enumerate(points)]
-    line = " ".join(f"{x:.1f},{y(v):.1f}" for x, v in xy if v is not None)
-    parts.append(f'<polyline points="{line}" class="line"/>')
-    for (x, v), (name, _, current) in zip(xy, points):
-        if v is not None:
-            parts.append(
-                f'<circle cx="{x:.1f}" cy="{y(v):.1f}" r="{6 if current else 4}" class="{"dot current" if current else "dot"}">'
-                f"<title>{escape(name)}: {v:.4f}</title></circle>"
+def same_photo_rows(store, serving: str | None) -> list[dict]:
+    """Each retrained version beside its parent, measured by its gate on the same photos: the lab gate photos (on
+    the parent's classes) and, where there was one, the field check on held-back expert labels."""
+    rows = []
+    for v in store.versions():
+        m = store.read_manifest(v)
+        gate = (m.get("metrics") or {}).get("gate") or {}
+        if "candidate_top1" not in gate:
+            continue
+        after = gate.get("candidate_top1_on_current_classes", gate["candidate_top1"])
+        common = {"version": v, "parent": m.get("parent") or "?", "current": v == serving}
+        rows.append({**common, "set": "lab gate", "photos": gate.get("validation_photos"), "before": gate["current_top1"], "after": after})
+        f = gate.get("field") or {}
+        if f.get("field_candidate_top1") is not None:
+            rows.append(
+                {**common, "set": "field check", "photos": f.get("field_photos"), "before": f["field_current_top1"], "after": f["field_candidate_top1"]}
             )
-        parts.append(f'<text x="{x:.1f}" y="{height - 8}" class="axis" text-anchor="middle">{escape(name)}</text>')
+    return rows
+
+
+def top1_same_photos(rows: list[dict], width: int = 640) -> str:
+    """Each version's top-1 beside its parent's on the same photos (two bars a row; the version in service marked)."""
+    if not rows:
+        return '<p class="muted">No retrained version yet: each one is shown here beside its parent, on the same photos.</p>'
+    label_w, bar_h, gap = 210, 12, 10
+    row_h = 2 * bar_h + gap
+    height = len(rows) * row_h + 8
+    scale = width - label_w - 60
+    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="top-1 of each version and its parent on the same photos">']
+    for i, r in enumerate(rows):
+        y0 = 4 + i * row_h
+        photos = f", {r['photos']} photos" if r.get("photos") else ""
+        mark = " (in service)" if r["current"] else ""
+        parts.append(f'<text x="0" y="{y0 + bar_h:.0f}" class="axis">{escape(r["version"])}{mark}</text>')
+        parts.append(f'<text x="0" y="{y0 + 2 * bar_h:.0f}" class="axis small">{escape(r["set"])}{escape(photos)}</text>')
+        for j, (who, v, cls) in enumerate(((r["parent"], r["before"], "bar before"), (r["version"], r["after"], "bar current" if r["current"] else "bar"))):
+            y = y0 + j * bar_h
+            w = max(1.0, scale * float(v))
+            parts.append(
+                f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h - 2}" class="{cls}"><title>{escape(who)}: {float(v):.4f}</title></rect>'
+                f'<text x="{label_w + w + 4:.1f}" y="{y + bar_h - 3}" class="axis">{escape(who)} {float(v):.3f}</text>'
+            )
     parts.append("</svg>")
     return "".join(parts)

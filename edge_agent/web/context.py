@@ -10,7 +10,7 @@ from pathlib import Path
 from edge_agent.config import AppConfig
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo
-from edge_agent.state import StateLayout, daemon_live, resolve_store, trainer_live
+from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
 from edge_agent.web.queries import Reader
 from engines.errors import EdgeAgentError
 from engines.store import StoreError
@@ -50,6 +50,39 @@ class WebContext:
         """The trainer's status and whether it runs (on this machine)."""
         return trainer_live(self.cfg, self.state.root)
 
+    def trainer_view(self) -> dict:
+        """The trainer as this machine knows it: ``where`` "here" (a trainer on this state directory: its own status,
+        with the fleet it serves), "remote" (the daemon's hand-off to a trainer elsewhere: connected, last heard, its
+        state and last publish, from its heartbeats), or "none"."""
+        st, up = self.trainer()
+        if st:
+            return {
+                "where": "here",
+                "up": up,
+                "state": st.get("state") if up else "not running",
+                "status": st,
+                "fleet": st.get("fleet") or [],
+                "rollout": st.get("rollout"),
+                "handshakes_refused": st.get("handshakes_refused") or [],
+            }
+        daemon, daemon_up = self.daemon()
+        h = daemon.get("handoff") if daemon_up else None
+        if h and (h.get("trainer") or {}).get("remote"):
+            t = h["trainer"]
+            return {
+                "where": "remote",
+                "up": bool(h.get("trainer_alive")),
+                "state": t.get("state") if h.get("trainer_alive") else "unreachable",
+                "endpoint": t.get("endpoint"),
+                "heard": t.get("heard"),
+                "version": t.get("version"),
+                "published": t.get("published"),
+                "problem": h.get("problem"),
+                "status": {},
+                "fleet": [],
+            }
+        return {"where": "none", "up": False, "state": "not running", "status": st, "fleet": []}
+
     def counts(self) -> dict[str, int]:
         """Results, queue rows and the label queue's bytes ({} before the daemon's first start)."""
         db = self.db()
@@ -62,10 +95,14 @@ class WebContext:
 
     def current(self) -> str | None:
         """The engine version in service (None when the store has none)."""
+        return self.served()["serving"]
+
+    def served(self) -> dict:
+        """Which version serves, the store's pointer, the versions refused and the pin (:func:`edge_agent.state.served`)."""
         try:
-            return self.store().current()
+            return served(self.cfg, self.state.root, self.store())
         except StoreError:
-            return None
+            return {"serving": None, "current": None, "running": False, "refused": {}, "pinned": None}
 
     def label(self, ref: str, label: str, new_class: bool = False) -> QueueEntry:
         """The expert's label for a photo of the review queue (the page's and the API's; ``review label``'s function).

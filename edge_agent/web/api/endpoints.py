@@ -179,9 +179,10 @@ async def health(ctx: WebContext, request: Request) -> s.Health:
 
 
 async def fleet(ctx: WebContext, request: Request) -> s.Fleet:
-    trainer, up = ctx.trainer()
-    devices = trainer.get("fleet") if isinstance(trainer.get("fleet"), list) else []
-    return s.Fleet(trainer_running=up, devices=devices)
+    tv = ctx.trainer_view()
+    if tv["where"] != "here":
+        return s.Fleet(trainer_running=False, devices=[])
+    return s.Fleet(trainer_running=tv["up"], devices=tv["fleet"], rollout=tv.get("rollout"), handshakes_refused=tv.get("handshakes_refused") or [])
 
 
 def recent_alerts(ctx: WebContext, limit: int) -> s.Alerts:

@@ -181,10 +181,12 @@ class Health(BaseModel):
 
 
 class Fleet(BaseModel):
-    """The daemons the trainer on this machine serves."""
+    """The daemons the trainer on this machine serves, its staged rollout and the connections it refused."""
 
     trainer_running: bool
     devices: list[dict[str, Any]]
+    rollout: dict[str, Any] | None = None
+    handshakes_refused: list[dict[str, Any]] = []
 
 
 class AlertOut(BaseModel):
