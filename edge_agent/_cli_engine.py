@@ -57,7 +57,9 @@ def engine_list(args: argparse.Namespace) -> int:
         for v, why in view["refused"].items():
             print(f"REFUSED {v}: {why}")
         if view["pinned"]:
-            print(f"PINNED to {view['pinned'].get('version')} by a rollback from {view['pinned'].get('from')} (edge-agent engine unpin lifts it)")
+            print(
+                f"PINNED to {view['pinned'].get('version')} by a rollback from {view['pinned'].get('from')} (edge-agent engine unpin lifts it)"
+            )
     return 0
 
 

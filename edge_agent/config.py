@@ -327,6 +327,12 @@ class AppConfig(_Section):
         """The file this configuration was read from (None: the built-in defaults)."""
         return self._source
 
+    def __eq__(self, other: object) -> bool:
+        """Equal settings, wherever they were read from."""
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    __hash__ = _Section.__hash__
+
 
 #: Where a discriminated union's tag appears in an error's location: (the key before it, the tags it may be).
 _UNIONS = {"engine": ("engine type", lambda: backends()), "strategy": ("strategy", lambda: STRATEGY_CONFIGS)}

@@ -75,7 +75,7 @@ def test_review_engines_health_fleet_and_alerts_answer_on_a_fresh_state_director
     assert engines["current"] == SHIPPED and engines["versions"][0]["manifest"]["classes"]
     health = c.get("/api/v1/health").json()
     assert health["daemon"]["running"] is False and "temperature_c" in health["board"]
-    assert c.get("/api/v1/fleet").json() == {"trainer_running": False, "devices": []}
+    assert c.get("/api/v1/fleet").json() == {"trainer_running": False, "devices": [], "rollout": None, "handshakes_refused": []}
     assert c.get("/api/v1/alerts").json() == {"alerts": []}
     assert c.get("/api/v1/results").json()["total"] == 0
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from edge_agent.config import AppConfig, ConfigError, default_store_path, dump_toml, load_config, parse_config, tomllib
 
 
 def write(tmp_path, text: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     p = tmp_path / "edge-agent.toml"
     p.write_text(text)
     return p
@@ -185,3 +189,41 @@ def test_config_show_prints_the_strategy_as_its_own_table_and_reads_back_the_sam
     text = dump_toml(cfg)
     assert "[trainer.strategy]\n# Online Elastic Weight Consolidation" in text and "ewc_lambda = 7.5" in text
     assert parse_config(tomllib.loads(text)) == cfg
+
+
+def test_a_command_given_no_configuration_reads_the_file_the_services_read_where_it_exists(tmp_path, monkeypatch):
+    import edge_agent.config as config
+
+    monkeypatch.delenv("EDGE_AGENT_CONFIG", raising=False)
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", tmp_path / "absent.toml")
+    assert load_config().source is None and load_config() == AppConfig()
+    system = write(tmp_path, "[daemon]\nstate_dir = '/srv/farm'\n")
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", system)
+    assert load_config().daemon.state_dir == "/srv/farm" and load_config().source == str(system)
+    monkeypatch.setenv("EDGE_AGENT_CONFIG", str(write(tmp_path / "other", "")))
+    assert load_config().daemon.state_dir == ""  # $EDGE_AGENT_CONFIG first
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trainer", "fleet"],
+        ["trainer", "status"],
+        ["trainer", "retrain"],
+        ["trainer", "signing-key"],
+        ["edge_agent", "status"],
+        ["edge_agent", "results"],
+    ],
+)
+def test_commands_that_only_look_say_where_they_looked_and_why_and_make_nothing(tmp_path, argv):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_AGENT_CONFIG", "STATE_DIRECTORY")} | {"PYTHONPATH": str(repo)}
+    out = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and f"the default ./edge-state in {tmp_path}" in out.stderr, out.stderr
+    conf = write(tmp_path / "etc", f"[daemon]\nstate_dir = '{tmp_path / 'farm'}'\n")
+    out = subprocess.run([sys.executable, "-m", *argv, "--config", str(conf)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and f"{tmp_path / 'farm'}" in out.stderr and f"[daemon] state_dir in {conf}" in out.stderr, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["etc"]  # no state, key or store made anywhere

@@ -115,10 +115,11 @@ def _publish_next(store_root: Path, key_path: Path) -> str:
 
 
 def test_the_readme_farm_section_works_as_written(tmp_path):
+    from starlette.testclient import TestClient
+
     from edge_agent.config import load_config
     from edge_agent.state import StateLayout
     from edge_agent.web.app import WebContext, create_app
-    from starlette.testclient import TestClient
 
     ports = {5555: _port(), 5556: _port(), 5557: _port()}
     trainer = Machine(tmp_path / "trainer", ports)
@@ -142,7 +143,14 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
             dev.config.write_text(dev.here(text).replace("[handoff]\n", f"[handoff]\nheartbeat_s = {heartbeat}\n"))
         for name in ("greenhouse", "shed"):
             devices[name].commands(_block("device commands").split("\n", 1)[0])  # systemctl: the daemon
-        wait_until(lambda: {"greenhouse", "shed"} <= set(re.findall(r"^(\w+)\s", trainer.run(".venv/bin/edge-trainer fleet", check=False).stdout, re.M)), 90, "both devices in the fleet")
+        wait_until(
+            lambda: (
+                {"greenhouse", "shed"}
+                <= set(re.findall(r"^(\w+)\s", trainer.run(".venv/bin/edge-trainer fleet", check=False).stdout, re.M))
+            ),
+            90,
+            "both devices in the fleet",
+        )
         status = devices["greenhouse"].run(_block("device commands").splitlines()[1])
         assert f"connected: idle, serving {SHIPPED}" in status.stdout, status.stdout
         # a new version: the canary (greenhouse: the first by name, 10 % of two is one) first, then the shed
@@ -150,6 +158,7 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
         wait_until(lambda: '"engine_swapped"' in devices["greenhouse"].log("edge-agent"), 60, "the canary serves the new version")
         assert '"engine_swapped"' not in devices["shed"].log("edge-agent")  # not before the canary has served it
         wait_until(lambda: '"engine_swapped"' in devices["shed"].log("edge-agent"), 60, "the rest once the canary served it")
+
         def fleet() -> str:
             return trainer.run(".venv/bin/edge-trainer fleet").stdout
 
@@ -160,7 +169,9 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
         wait_until(lambda: '"engine_refused"' in devices["barn"].log("edge-agent"), 90, "barn refuses the trainer's version")
         refused_at = time.monotonic()
         cfg = load_config(trainer.config)
-        page = TestClient(create_app(WebContext(cfg, StateLayout(trainer.state), trainer.state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5))
+        page = TestClient(
+            create_app(WebContext(cfg, StateLayout(trainer.state), trainer.state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5)
+        )
 
         def barn_row() -> str:
             html = page.get("/fleet").text

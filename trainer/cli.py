@@ -282,7 +282,9 @@ def _fleet(args: argparse.Namespace) -> int:
         }.get(r.get("stage"), r.get("stage"))
         print(f"rollout of {r['version']}: {line}")
     for h in live.get("handshakes_refused") or []:
-        print(f"REFUSED CONNECTION from {h['address']}: {h['count']} handshakes ({h['reason']}); edge-trainer device add NAME for a new device")
+        print(
+            f"REFUSED CONNECTION from {h['address']}: {h['count']} handshakes ({h['reason']}); edge-trainer device add NAME for a new device"
+        )
     return 0
 
 

@@ -58,7 +58,13 @@ def same_photo_rows(store, serving: str | None) -> list[dict]:
         f = gate.get("field") or {}
         if f.get("field_candidate_top1") is not None:
             rows.append(
-                {**common, "set": "field check", "photos": f.get("field_photos"), "before": f["field_current_top1"], "after": f["field_candidate_top1"]}
+                {
+                    **common,
+                    "set": "field check",
+                    "photos": f.get("field_photos"),
+                    "before": f["field_current_top1"],
+                    "after": f["field_candidate_top1"],
+                }
             )
     return rows
 
@@ -71,14 +77,18 @@ def top1_same_photos(rows: list[dict], width: int = 640) -> str:
     row_h = 2 * bar_h + gap
     height = len(rows) * row_h + 8
     scale = width - label_w - 60
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="top-1 of each version and its parent on the same photos">']
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="top-1 of each version and its parent on the same photos">'
+    ]
     for i, r in enumerate(rows):
         y0 = 4 + i * row_h
         photos = f", {r['photos']} photos" if r.get("photos") else ""
         mark = " (in service)" if r["current"] else ""
         parts.append(f'<text x="0" y="{y0 + bar_h:.0f}" class="axis">{escape(r["version"])}{mark}</text>')
         parts.append(f'<text x="0" y="{y0 + 2 * bar_h:.0f}" class="axis small">{escape(r["set"])}{escape(photos)}</text>')
-        for j, (who, v, cls) in enumerate(((r["parent"], r["before"], "bar before"), (r["version"], r["after"], "bar current" if r["current"] else "bar"))):
+        for j, (who, v, cls) in enumerate(
+            ((r["parent"], r["before"], "bar before"), (r["version"], r["after"], "bar current" if r["current"] else "bar"))
+        ):
             y = y0 + j * bar_h
             w = max(1.0, scale * float(v))
             parts.append(

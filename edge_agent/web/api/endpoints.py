@@ -182,7 +182,9 @@ async def fleet(ctx: WebContext, request: Request) -> s.Fleet:
     tv = ctx.trainer_view()
     if tv["where"] != "here":
         return s.Fleet(trainer_running=False, devices=[])
-    return s.Fleet(trainer_running=tv["up"], devices=tv["fleet"], rollout=tv.get("rollout"), handshakes_refused=tv.get("handshakes_refused") or [])
+    return s.Fleet(
+        trainer_running=tv["up"], devices=tv["fleet"], rollout=tv.get("rollout"), handshakes_refused=tv.get("handshakes_refused") or []
+    )
 
 
 def recent_alerts(ctx: WebContext, limit: int) -> s.Alerts:
