@@ -8,7 +8,7 @@ import sys
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger", "display_name"]
+__all__ = ["configure_logging", "get_logger", "display_name", "logging_settings"]
 
 
 class _Stderr:
@@ -34,6 +34,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> No
     stream = stream or _Stderr()
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
+    _settings.update(level=level, fmt=fmt)
     renderer = structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[
@@ -47,6 +48,14 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> No
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+
+
+_settings = {"level": "info", "fmt": "json"}
+
+
+def logging_settings() -> tuple[str, str]:
+    """(level, format) of the last :func:`configure_logging`: what a child process configures to log alike."""
+    return _settings["level"], _settings["fmt"]
 
 
 def get_logger(name: str | None = None, **context) -> structlog.typing.FilteringBoundLogger:

@@ -247,10 +247,33 @@ def test_a_failed_retrain_waits_for_new_samples(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(service, "retrain", boom)
+    monkeypatch.setattr(service, "retrain_in_child", boom)
     assert svc._due()
     svc._retrain_once()
     assert svc.last.reason.startswith("failed") and not svc._due()  # not again on the same samples
     svc.samples.add({"id": "b" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"}, b"y")
     assert svc._due()
     svc.samples.close()
+
+
+def _rss(pid: int) -> int:
+    return next(int(line.split()[1]) << 10 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
+
+
+def test_a_retrain_runs_in_a_child_and_the_trainer_idles_within_50_mb_of_its_memory_before_it(plantvillage, tmp_path):
+    """The retrain's memory (the model, photos, optimiser) goes with its process: the service idles afterwards
+    within 50 MB of what it held before (SIGTERM during the child's retrain: the test above)."""
+    labelled, field = split_photos(plantvillage)
+    cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=True)
+    state = tmp_path / "state"
+    _store_expert_samples(state, field[::40][:25])
+    t = TrainerProc(state, cfg).start()
+    try:
+        wait_until(lambda: t.logged("retrain_child_started"), 60, "the retrain's process")
+        before = _rss(t.proc.pid)  # the service alone: its retrain runs elsewhere
+        wait_until(lambda: t.logged("retrain_published"), 240, "published")
+        time.sleep(3)
+        after = _rss(t.proc.pid)
+        assert after - before < 50 << 20, f"idle at {after >> 20} MB after the retrain, {before >> 20} MB before"
+    finally:
+        assert t.terminate() == 0

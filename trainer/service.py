@@ -21,6 +21,7 @@ from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, wri
 from edge_agent.trust import trainer_key_path
 from engines.signing import load_or_create_key
 from engines.store import StoreError
+from trainer._child import retrain_in_child
 from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
 from trainer.receiver import Receiver
@@ -201,15 +202,15 @@ class TrainerService:
         heartbeat, before = threading.Event(), self.last
         threading.Thread(target=self._status_while_training, args=(heartbeat,), name="trainer-status", daemon=True).start()
         try:
-            self.last = retrain(
+            self.last = retrain_in_child(  # its memory goes back to the system when it ends
                 self.cfg,
-                self.store,
-                self.samples,
+                self.store.root,
+                self.root,
                 self.root / "strategy",
-                self._announce,
-                should_stop=self._stop.is_set,
-                signing_key=self.signing_key,
+                trainer_key_path(self.cfg, self.state_dir),
+                announce=self._announce,
                 progress=self._progress,
+                should_stop=self._stop.is_set,
             )
         except Stopped as exc:
             self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
