@@ -1,156 +1,134 @@
-"""Engine delivery to a fleet on loopback: one trainer, N daemons, tcp:// with CURVE, signed versions.
+"""One trainer, many devices: how long a new engine takes to reach 10, 100 and 1,000 of them, and what it costs the
+trainer.
 
-``python -m benchmarks.fleet --daemons 1 10 --out benchmarks/results/fleet``
+``python -m benchmarks.fleet --devices 10 100 1000 --out benchmarks/results/fleet``
 
-For each N: a real ``edge-trainer serve`` and N real ``edge-agent run`` processes (their own state directories,
-the shipped model, the trainer's key trusted), tcp:// on 127.0.0.1 with CURVE. Once every daemon is in the
-trainer's fleet list, the trainer's CPU and memory are sampled for 10 s with all of them connected; then a
-retrain is requested (one epoch on the shipped replay photos, gate open: the point is the delivery, not the
-model) and the times are taken from the trainer's ``published`` log line to each daemon's ``engine_received``
-(the whole version, about 4 MB, verified and installed) and ``engine_swapped`` (serving it). Target: all swapped
-within 10 s of the publish. Writes ``fleet.json`` and ``fleet.md``.
+For each N: a real ``edge-trainer serve`` (tcp:// on 127.0.0.1, CURVE, ``[rollout] staged = false``: all at once,
+the worst case for the trainer) and N simulated devices (:mod:`benchmarks._simdevice`: each its own CURVE
+certificate made by ``trainer.devices.add_device``, the real protocol and checks, nothing kept on disk) in two
+processes. Once the trainer lists all N, its CPU and memory are sampled for 10 s idle; then a new version (the
+shipped model with a nudged bias, signed by the trainer's key) is published into its store, and the time from
+the publish to each device's last verified byte is taken, with the trainer's CPU seconds, peak memory and bytes
+sent. Target: 1,000 devices served one engine within 60 s. Writes ``fleet.json`` and ``fleet.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import shutil
-import signal
-import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from benchmarks.fleet_daemons import _port, _proc_sample, _toml
+
 REPO = Path(__file__).resolve().parents[1]
-QUICK_TRAINER = {"epochs": 1, "int8": False, "calibrate": False, "gate_tolerance": 1.0, "nice": 0, "recheck_pseudo": False}
-"""[trainer] keys for a retrain in seconds whose candidate always passes: what is measured is the delivery, not learning."""
+SIM_PROCS = 2
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _publish(store_root: Path, key_path: Path) -> str:
+    import torch
+
+    from engines.signing import load_key
+    from engines.store import EngineStore
+    from trainer.publish import load_weights, publish_model
+
+    store = EngineStore(store_root)
+    cur = store.open()
+    model = load_weights(cur)
+    with torch.no_grad():
+        model.head.bias.add_(0.01)
+    return publish_model(model, cur.classes, store.root, training={"kind": "benchmark"}, signing_key=load_key(key_path)).name
 
 
-def _events(log: Path, name: str) -> list[dict]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
-        if f'"event": "{name}"' in line:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
+def _lines(paths: list[Path]) -> list[dict]:
+    rows = []
+    for p in paths:
+        if p.exists():
+            rows += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return rows
 
 
-def _ts(rec: dict) -> float:
-    return dt.datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+def run(n: int, out: Path, heartbeat_s: float = 2.0, limit_s: float = 600.0) -> dict:
+    from trainer.devices import add_device, make_trainer_keys
 
-
-def _toml(d: dict) -> str:
-    from edge_agent.config import _toml_value
-
-    return "".join(f"[{s}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in vals.items()) for s, vals in d.items())
-
-
-def _proc_sample(pid: int) -> tuple[float, int]:
-    """(CPU seconds so far, RSS bytes) of ``pid`` from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
-    return cpu, rss
-
-
-def _wait(cond, timeout: float, what: str, procs: list) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        for p in procs:
-            if p.poll() is not None:
-                raise SystemExit(f"a process exited ({p.returncode}) while waiting for {what}")
-        if cond():
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
-
-
-def run_fleet(n: int, out: Path) -> dict:
-    import zmq.auth
-
-    if out.exists():
-        shutil.rmtree(out)
-    keys = out / "curve"
-    for name in ("trainer", "daemon", "authorized"):
-        (keys / name).mkdir(parents=True)
-    tpub, tsec = zmq.auth.create_certificates(keys / "trainer", "trainer")
-    dpub, dsec = zmq.auth.create_certificates(keys / "daemon", "daemon")
-    shutil.copy(dpub, keys / "authorized" / "daemon.key")
-    ports = [_port() for _ in range(3)]
-    endpoints = {
-        "endpoint": f"tcp://127.0.0.1:{ports[0]}",
-        "announce_endpoint": f"tcp://127.0.0.1:{ports[1]}",
-        "transfer_endpoint": f"tcp://127.0.0.1:{ports[2]}",
-        "heartbeat_s": 1.0,
-    }
-    tstate = out / "trainer"
-    key = (
-        subprocess.run(
-            [sys.executable, "-m", "trainer", "keys", "--out", str(out / "keys"), "--state-dir", str(tstate)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            check=True,
-        )
-        .stdout.split("file:")[1]
-        .split()[0]
+    work = out / f"work-{n}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    keys, tstate = work / "keys", work / "trainer"
+    subprocess.run(
+        [sys.executable, "-m", "trainer", "keys", "--out", str(keys), "--state-dir", str(tstate)], cwd=REPO, check=True, capture_output=True
     )
-    tcfg = out / "trainer.toml"
+    _, tsecret, _ = make_trainer_keys(keys)
+    t0 = time.perf_counter()
+    devices = [add_device(keys, f"sim-{i:04d}") for i in range(n)]
+    certs_s = time.perf_counter() - t0
+    ports = [_port() for _ in range(3)]
+    tcfg = work / "trainer.toml"
     tcfg.write_text(
         _toml(
             {
+                "handoff": {
+                    "endpoint": f"tcp://127.0.0.1:{ports[0]}",
+                    "announce_endpoint": f"tcp://127.0.0.1:{ports[1]}",
+                    "transfer_endpoint": f"tcp://127.0.0.1:{ports[2]}",
+                    "heartbeat_s": heartbeat_s,
+                    "curve_secret_key": str(tsecret),
+                    "curve_authorized_dir": str(keys / "authorized"),
+                },
+                "rollout": {"staged": False},
+                "trainer": {"retrain_threshold": 10**9, "nice": 0},
                 "log": {"format": "json"},
-                "handoff": {**endpoints, "curve_secret_key": str(tsec), "curve_authorized_dir": str(keys / "authorized")},
-                "trainer": {**QUICK_TRAINER, "retrain_threshold": 10**6},
             }
         )
     )
-    procs, logs = [], []
-    tlog = out / "trainer.log"
+    log = open(work / "trainer.log", "w")
     trainer = subprocess.Popen(
         [sys.executable, "-m", "trainer", "--log-format", "json", "serve", "--config", str(tcfg), "--state-dir", str(tstate)],
-        stdout=open(tlog, "w"),
-        stderr=subprocess.STDOUT,
         cwd=REPO,
+        stdout=log,
+        stderr=log,
     )
-    procs.append(trainer)
+    status = tstate / "trainer" / "status.json"
+    sims, outs, specs = [], [], []
     try:
-        for i in range(n):
-            dstate = out / f"device-{i:02d}"
-            cfg = out / f"device-{i:02d}.toml"
-            cfg.write_text(
-                _toml(
+        end = time.monotonic() + 60
+        while not status.exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        from engines.store import EngineStore
+
+        shipped = EngineStore(tstate / "engines").current()
+        trusted = (tstate / "trainer" / "signing.pub").read_text().strip()
+        for k in range(SIM_PROCS):
+            part = devices[k::SIM_PROCS]
+            spec = work / f"sim-{k}.json"
+            spec.write_text(
+                json.dumps(
                     {
-                        "log": {"format": "json"},
-                        "hotswap": {"poll_s": 1.0},
-                        "handoff": {**endpoints, "curve_secret_key": str(dsec), "curve_server_key": str(tpub), "name": f"device-{i:02d}"},
-                        "store": {"trusted_keys": [key]},
+                        "endpoint": f"tcp://127.0.0.1:{ports[2]}",
+                        "server_key": str(keys / "trainer" / "trainer.key"),
+                        "trusted": trusted,
+                        "heartbeat_s": heartbeat_s,
+                        "version": shipped,
+                        "devices": [{"name": d.name, "secret": str(d.secret)} for d in part],
                     }
                 )
             )
-            log = out / f"device-{i:02d}.log"
-            procs.append(
+            specs.append(spec)
+            outs.append(work / f"sim-{k}.jsonl")
+            sims.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--state-dir", str(dstate)],
-                    stdout=open(log, "w"),
-                    stderr=subprocess.STDOUT,
+                    [sys.executable, "-m", "benchmarks._simdevice", "--spec", str(spec), "--out", str(outs[-1])],
                     cwd=REPO,
+                    stdout=open(work / f"sim-{k}.log", "w"),
+                    stderr=subprocess.STDOUT,
                 )
             )
-            logs.append(log)
-        status = tstate / "trainer" / "status.json"
 
         def fleet() -> list:
             try:
@@ -158,81 +136,114 @@ def run_fleet(n: int, out: Path) -> dict:
             except (OSError, ValueError):
                 return []
 
-        _wait(lambda: len(fleet()) == n, 120, f"{n} daemons in the fleet list", procs)
-        c0, _ = _proc_sample(trainer.pid)
-        rss = []
+        t_connect = time.monotonic()
+        while len(fleet()) < n:
+            if time.monotonic() - t_connect > limit_s:
+                raise SystemExit(f"only {len(fleet())} of {n} devices connected in {limit_s:.0f} s")
+            if any(p.poll() is not None for p in [trainer, *sims]):
+                raise SystemExit("a process exited while the devices connected")
+            time.sleep(0.5)
+        connected_s = time.monotonic() - t_connect
+        cpu0, _ = _proc_sample(trainer.pid)
+        rss_idle = []
         for _ in range(10):
-            time.sleep(1.0)
-            rss.append(_proc_sample(trainer.pid)[1])
-        c1, _ = _proc_sample(trainer.pid)
-        idle = {"cpu_percent": round(100 * (c1 - c0) / 10.0, 1), "rss_mb": round(max(rss) / 2**20, 1)}
-        (tstate / "trainer" / "retrain.request").touch()
-        _wait(lambda: _events(tlog, "published"), 600, "the retrain's publish", procs)
-        published = _ts(_events(tlog, "published")[0])
-        cpu_a, _ = _proc_sample(trainer.pid)
-        t_a = time.time()
-        _wait(lambda: all(_events(log, "engine_swapped") for log in logs), 120, "every daemon swapped", procs)
-        cpu_b, rss_b = _proc_sample(trainer.pid)
-        received = [_ts(_events(log, "engine_received")[0]) - published for log in logs]
-        swapped = [_ts(_events(log, "engine_swapped")[0]) - published for log in logs]
-        version = _events(tlog, "published")[0]["engine_version"]
-        size = sum(m["bytes"] for m in json.loads((tstate / "engines" / version / "manifest.json").read_text())["files"].values())
-        return {
-            "daemons": n,
-            "engine_bytes": size,
-            "idle_with_all_connected": idle,
-            "received_s": {"median": round(sorted(received)[len(received) // 2], 2), "max": round(max(received), 2)},
-            "swapped_s": {"median": round(sorted(swapped)[len(swapped) // 2], 2), "max": round(max(swapped), 2)},
-            "trainer_during_delivery": {
-                "cpu_seconds": round(cpu_b - cpu_a, 2),
-                "window_s": round(time.time() - t_a, 1),
-                "rss_mb": round(rss_b / 2**20, 1),
-            },
+            time.sleep(1)
+            rss_idle.append(_proc_sample(trainer.pid)[1])
+        cpu1, _ = _proc_sample(trainer.pid)
+        idle_cpu = (cpu1 - cpu0) / 10 * 100
+
+        peak = [0]
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set():
+                peak[0] = max(peak[0], _proc_sample(trainer.pid)[1])
+                sampling.wait(0.25)
+
+        threading.Thread(target=sample, daemon=True).start()
+        cpu_before, _ = _proc_sample(trainer.pid)
+        version = _publish(tstate / "engines", tstate / "trainer" / "signing.key")
+        t_pub = time.time()
+        while len([r for r in _lines(outs) if r["version"] == version]) < n:
+            if time.time() - t_pub > limit_s:
+                break
+            if any(p.poll() is not None for p in [trainer, *sims]):
+                raise SystemExit("a process exited during the delivery")
+            time.sleep(0.2)
+        cpu_after, _ = _proc_sample(trainer.pid)
+        sampling.set()
+        done = [r for r in _lines(outs) if r["version"] == version]
+        times = sorted(r["done"] - t_pub for r in done)
+        served = len([r for r in done if r["ok"]])
+        time.sleep(2.5 * heartbeat_s)  # the trainer's status file catches up (written every 2 s)
+        st = json.loads(status.read_text())
+        wall = max(times) if times else float("nan")
+        row = {
+            "devices": n,
+            "served": served,
+            "engine_mib": round(done[0]["bytes"] / 2**20, 2) if done else None,
+            "certificates_s": round(certs_s, 2),
+            "all_connected_s": round(connected_s, 1),
+            "publish_to_all_serving_s": round(wall, 2),
+            "median_s": round(statistics.median(times), 2) if times else None,
+            "p95_s": round(times[int(0.95 * (len(times) - 1))], 2) if times else None,
+            "trainer_idle_cpu_pct": round(idle_cpu, 1),
+            "trainer_idle_rss_mb": round(max(rss_idle) / 1e6, 1),
+            "trainer_cpu_s_during": round(cpu_after - cpu_before, 1),
+            "trainer_peak_rss_mb": round(peak[0] / 1e6, 1),
+            "bytes_sent": st.get("transfer", {}).get("bytes"),
+            "bytes_received": sum(r["bytes"] for r in done if r["ok"]),
+            "gib_sent": round(st.get("transfer", {}).get("bytes", 0) / 2**30, 2),
+            "target_met": n < 1000 or (served == n and wall <= 60),
         }
+        return row
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for spec in specs:
+            spec.with_suffix(".stop").touch()
+        for p in sims:
             try:
-                p.wait(60)
+                p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        trainer.terminate()
+        try:
+            trainer.wait(30)
+        except subprocess.TimeoutExpired:
+            trainer.kill()
+        shutil.rmtree(work / "keys", ignore_errors=True)  # secrets: not kept in results
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.fleet", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--daemons", type=int, nargs="+", default=[1, 10])
-    ap.add_argument("--out", default=str(REPO / "benchmarks/results/fleet"))
-    ap.add_argument("--work", default="/tmp/edge-fleet-bench")
+    ap.add_argument("--devices", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/fleet"))
+    ap.add_argument("--heartbeat", type=float, default=2.0, help="[handoff] heartbeat_s of the trainer and the devices")
     args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for n in args.daemons:
-        rows.append(run_fleet(n, Path(args.work) / f"n{n}"))
+    for n in args.devices:
+        rows.append(run(n, args.out, args.heartbeat))
         print(json.dumps(rows[-1]), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fleet.json").write_text(json.dumps(rows, indent=2) + "\n")
+        shutil.rmtree(args.out / f"work-{n}", ignore_errors=True)
+    (args.out / "fleet.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = [
-        f"# Engine delivery to a fleet on loopback ({os.cpu_count()} CPUs, tcp:// + CURVE, one machine)",
+        f"# One trainer, N devices: a new engine to every device ({os.cpu_count()} CPUs, loopback, tcp:// + CURVE)",
         "",
-        "`python -m benchmarks.fleet --daemons " + " ".join(map(str, args.daemons)) + "`: times from the trainer's "
-        "`published` to each daemon's `engine_received` (verified, installed) and `engine_swapped` (serving).",
+        f"`python -m benchmarks.fleet --devices {' '.join(map(str, args.devices))}`: a real `edge-trainer serve` and N simulated "
+        "devices (the real protocol and checks, two processes); every device at once (`[rollout] staged = false`).",
         "",
-        "| daemons | engine | received (median / max) | swapped (median / max) | trainer idle, all connected | trainer during delivery |",
-        "|---|---|---|---|---|---|",
+        "| devices | engine | publish -> all serving | median / p95 | trainer idle, all connected | trainer during delivery | sent |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        d = r["trainer_during_delivery"]
         lines.append(
-            f"| {r['daemons']} | {r['engine_bytes'] / 2**20:.1f} MiB | {r['received_s']['median']} / {r['received_s']['max']} s | "
-            f"{r['swapped_s']['median']} / {r['swapped_s']['max']} s | {r['idle_with_all_connected']['cpu_percent']} % CPU, "
-            f"{r['idle_with_all_connected']['rss_mb']} MB RSS | {d['cpu_seconds']} CPU s in {d['window_s']} s, {d['rss_mb']} MB RSS |"
+            f"| {r['devices']} | {r['engine_mib']} MiB | {r['publish_to_all_serving_s']} s ({r['served']} served) | "
+            f"{r['median_s']} / {r['p95_s']} s | {r['trainer_idle_cpu_pct']} % CPU, {r['trainer_idle_rss_mb']} MB | "
+            f"{r['trainer_cpu_s_during']} CPU s, peak {r['trainer_peak_rss_mb']} MB | {r['gib_sent']} GiB |"
         )
-    (out / "fleet.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (args.out / "fleet.md").write_text("\n".join(lines) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

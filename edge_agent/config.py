@@ -255,6 +255,9 @@ class HandoffSection(_Section):
     name: str = Field("", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name.")
     transfer_chunk_kb: int = Field(1024, ge=16, le=4096, description="Engine transfer: bytes asked for per request (KiB).")
     transfer_window: int = Field(4, ge=1, le=64, description="Engine transfer: most chunk requests outstanding (flow control).")
+    transfer_parallel: int = Field(
+        32, ge=1, le=100000, description="Trainer: most devices sent an engine at once (the rest wait their turn; bounds its memory)."
+    )
 
 
 class HotswapSection(_Section):

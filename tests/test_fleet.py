@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from benchmarks.fleet import QUICK_TRAINER
+from benchmarks.fleet_daemons import QUICK_TRAINER
 from edge_agent.config import HandoffSection, default_store_path
 from edge_agent.handoff.transport import CurveKeys, Link
 from edge_agent.transfer.fetcher import EngineFetcher

@@ -274,6 +274,7 @@ def test_a_retrain_runs_in_a_child_and_the_trainer_idles_within_50_mb_of_its_mem
         wait_until(lambda: t.logged("retrain_published"), 240, "published")
         time.sleep(3)
         after = _rss(t.proc.pid)
+        print(f"trainer RSS: {before >> 20} MiB during the child's retrain, {after >> 20} MiB after it")
         assert after - before < 50 << 20, f"idle at {after >> 20} MB after the retrain, {before >> 20} MB before"
     finally:
         assert t.terminate() == 0

@@ -58,10 +58,15 @@ class Peer:
 class EngineServer(Worker):
     thread_name = "engine-server"
 
-    def __init__(self, store: EngineStore, link: Link, offer_every_s: float = 10.0, rollout: Rollout | None = None) -> None:
-        """Serves ``store`` on ``link.transfer``; ``rollout``: who may be offered a new version when (None: everyone at once)."""
+    def __init__(
+        self, store: EngineStore, link: Link, offer_every_s: float = 10.0, rollout: Rollout | None = None, parallel: int = 32
+    ) -> None:
+        """Serves ``store`` on ``link.transfer``; ``rollout``: who may be offered a new version when (None: everyone at
+        once); ``parallel``: most devices being sent a version at once (each holds at most its window of chunks in
+        the trainer's send queue, so this bounds the trainer's memory; the others are offered as transfers end)."""
         super().__init__()
-        self.store, self.link, self.offer_every_s, self.rollout = store, link, offer_every_s, rollout
+        self.store, self.link, self.offer_every_s, self.rollout, self.parallel = store, link, offer_every_s, rollout, parallel
+        self._active: dict[bytes, float] = {}  # identity -> monotonic time of its last offer or fetch
         self.log = get_logger("transfer.server", endpoint=link.transfer)
         self.counters = {"hellos": 0, "offers": 0, "chunks": 0, "bytes": 0, "malformed": 0, "missing": 0}
         self.peers: dict[str, Peer] = {}
@@ -171,6 +176,12 @@ class EngineServer(Worker):
             return
         if self.rollout is not None and not self.rollout.allowed(peer.name, version):
             return  # a staged rollout: not this device's turn yet
+        now = time.monotonic()
+        for ident, seen in list(self._active.items()):  # a transfer silent for long is over (the device went away)
+            if now - seen > 30:
+                del self._active[ident]
+        if peer.identity not in self._active and len(self._active) >= self.parallel:
+            return  # every transfer slot busy: offered when one ends
         if time.monotonic() - peer.offered.get(version, -1e9) < self.offer_every_s:
             return
         offer = self._offer_of(version)
@@ -178,6 +189,7 @@ class EngineServer(Worker):
             return
         manifest, signature = offer
         peer.offered[version] = time.monotonic()
+        self._active[peer.identity] = time.monotonic()
         router.send_multipart([peer.identity, *encode("offer", {"version": version, "signature": signature}, manifest)])
         self.counters["offers"] += 1
         self.log.info("engine_offered", engine_version=version, device=peer.name, running=peer.engine_version)
@@ -208,12 +220,18 @@ class EngineServer(Worker):
                 peer.report = {k: h[k] for k in ("since", "photos", "errors", "agreement") if k in h}
                 self._maybe_offer(router, peer)
         elif msg.kind == "fetch":
+            if identity in self._active:
+                self._active[identity] = time.monotonic()
             self._serve(router, identity, h)
         elif msg.kind == "result":
             with self._lock:
                 peer = next((p for p in self.peers.values() if p.identity == identity), None)
                 if peer is not None:
                     peer.last_result = {"version": h["version"], "ok": h["ok"], "reason": h["reason"][:300]}
+                if self._active.pop(identity, None) is not None:  # a slot is free: the next device waiting
+                    for waiting in self.peers.values():
+                        if waiting.identity not in self._active and len(self._active) < self.parallel:
+                            self._maybe_offer(router, waiting)
             log = self.log.info if h["ok"] else self.log.warning
             log(
                 "engine_delivery_result",

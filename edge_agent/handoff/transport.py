@@ -118,20 +118,22 @@ class Authenticator:
         self._auth.configure_curve_callback(domain="*", credentials_provider=self)
 
     def _current_keys(self) -> set[bytes]:
+        """The authorized keys, read again when the folder changes (its mtime: a key added, replaced or removed;
+        one stat per handshake, however many devices)."""
         import zmq.auth
 
         try:
-            entries = sorted((e.name, e.stat().st_mtime_ns) for e in self.dir.iterdir() if e.name.endswith(".key"))
+            stamp = self.dir.stat().st_mtime_ns
         except OSError:
-            entries = []
-        if entries != self._stamp:
+            stamp = None
+        if stamp != self._stamp:
             keys = set()
-            for name, _ in entries:
+            for path in sorted(self.dir.glob("*.key")) if stamp is not None else []:
                 try:
-                    keys.add(zmq.auth.load_certificate(self.dir / name)[0])
+                    keys.add(zmq.auth.load_certificate(path)[0])
                 except (OSError, ValueError):
-                    self.log.warning("authorized_key_unreadable", file=str(self.dir / name))
-            self._keys, self._stamp = keys, entries
+                    self.log.warning("authorized_key_unreadable", file=str(path))
+            self._keys, self._stamp = keys, stamp
         return self._keys
 
     def callback(self, domain: str, key: bytes) -> bool:
