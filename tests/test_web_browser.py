@@ -195,3 +195,82 @@ def _listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_the_fleet_page_on_a_trainers_machine(tmp_path, browser, shots):
+    """The Fleet page renders what a trainer's status holds (rows made by the engine server's and the rollout's own
+    code; the farm test drives the real thing): a stopped rollout and why, a pin, a refusal, a refused connection."""
+    import json
+    import time
+
+    from selenium.webdriver.common.by import By
+
+    from edge_agent.state import write_status
+    from edge_agent.trainer_config import RolloutSection
+    from trainer.rollout import Rollout
+    from trainer.transfer import Peer
+
+    state = tmp_path / "state"
+    (state / "trainer").mkdir(parents=True)
+    now = time.time()
+    peers = [
+        Peer("greenhouse", address="192.168.1.21", last_seen=now - 2, engine_version="v1001", queue=0, report={"photos": 212}),
+        Peer(
+            "shed",
+            address="192.168.1.22",
+            last_seen=now - 1,
+            engine_version="v1000",
+            queue=14,
+            pinned="v1000",
+            refused={
+                "v1001": "pinned to v1000 by a rollback from v1001: only a newer version moves it (edge-agent engine unpin lifts the pin)"
+            },
+        ),
+        Peer(
+            "barn",
+            address="192.168.1.40",
+            last_seen=now - 3,
+            engine_version="v1000",
+            queue=3,
+            refused={
+                "v1001": "v1001: signed by key 3f1c2a9b..., which this device does not trust (add it to [store] trusted_keys); refusing to serve it"
+            },
+        ),
+    ]
+    rollout = Rollout(RolloutSection(), state / "trainer" / "rollout.json")
+    rollout._start("v1001")
+    rollout.state["canaries"] = ["greenhouse", "shed"]
+    rollout._stop("canary shed: " + "refused v1001: " + peers[1].refused["v1001"])
+    write_status(
+        state / "trainer" / "status.json",
+        {
+            "pid": os.getpid(),
+            "updated": now,
+            "state": "idle",
+            "samples": {"new": 12},
+            "retrain_threshold": 200,
+            "fleet": [p.describe(s) for p, s in zip(peers, (340, 95, 12))],
+            "rollout": rollout.describe(),
+            "handshakes_refused": [{"address": "192.168.1.77", "count": 41, "last": now - 5, "reason": "Unknown key"}],
+        },
+    )
+    port = _free_port()
+    web = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "web", "--state-dir", str(state), "--port", str(port)],
+        cwd=REPO,
+        stdout=open(tmp_path / "web.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: _listening(port), 30, "the web page listening")
+        browser.get(f"http://127.0.0.1:{port}/fleet")
+        rows = {r.get_attribute("data-device"): r.text for r in browser.find_elements(By.CSS_SELECTOR, "#fleet tr[data-device]")}
+        assert set(rows) == {"greenhouse", "shed", "barn"}
+        assert "pinned to v1000" in rows["shed"] and "does not trust" in rows["barn"] and "canary" in rows["greenhouse"]
+        assert "Rollout of v1001 stopped" in browser.find_element(By.ID, "rollout").text
+        assert "192.168.1.77" in browser.find_element(By.ID, "handshakes").text
+        browser.save_screenshot(str(shots / "fleet.png"))
+        assert json.loads((state / "trainer" / "rollout.json").read_text())["stage"] == "stopped"
+    finally:
+        web.terminate()
+        assert web.wait(15) == 0
