@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 SIM_PROCS = 2
 
 
-def _publish(store_root: Path, key_path: Path) -> str:
+def publish_nudged(store_root: Path, key_path: Path) -> str:
+    """A new version of the store's current model (its bias nudged), signed with the key at ``key_path``, as a
+    retrain would publish it: what delivery is measured (and tested) with, when learning is not the point."""
     import torch
 
     from engines.signing import load_key
@@ -162,7 +164,7 @@ def run(n: int, out: Path, heartbeat_s: float = 2.0, limit_s: float = 600.0) -> 
 
         threading.Thread(target=sample, daemon=True).start()
         cpu_before, _ = _proc_sample(trainer.pid)
-        version = _publish(tstate / "engines", tstate / "trainer" / "signing.key")
+        version = publish_nudged(tstate / "engines", tstate / "trainer" / "signing.key")
         t_pub = time.time()
         while len([r for r in _lines(outs) if r["version"] == version]) < n:
             if time.time() - t_pub > limit_s:

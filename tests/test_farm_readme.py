@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fleet import publish_nudged
+
 from .daemon_helpers import REPO, SHIPPED, wait_until
 
 torch = pytest.importorskip("torch", reason="publishing a second version needs the trainer")
@@ -99,21 +101,6 @@ class Machine:
                 p.kill()
 
 
-def _publish_next(store_root: Path, key_path: Path) -> str:
-    """A second version, signed by the trainer's key, as a retrain would publish it (a retrain's learning is not the
-    point here)."""
-    from engines.signing import load_key
-    from engines.store import EngineStore
-    from trainer.publish import load_weights, publish_model
-
-    store = EngineStore(store_root)
-    cur = store.open()
-    model = load_weights(cur)
-    with torch.no_grad():
-        model.head.bias.add_(0.01)
-    return publish_model(model, cur.classes, store.root, training={"kind": "test"}, signing_key=load_key(key_path)).name
-
-
 def test_the_readme_farm_section_works_as_written(tmp_path):
     from starlette.testclient import TestClient
 
@@ -153,8 +140,12 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
         )
         status = devices["greenhouse"].run(_block("device commands").splitlines()[1])
         assert f"connected: idle, serving {SHIPPED}" in status.stdout, status.stdout
+        gh = devices["greenhouse"]  # the device's own page knows the trainer it hands off to
+        gh_page = TestClient(create_app(WebContext(load_config(gh.config), StateLayout(gh.state), gh.state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5))
+        tile = gh_page.get("/health").text
+        assert f"connected to tcp://127.0.0.1:{ports[5555]}" in tile and f"serving {SHIPPED}" in tile, tile
         # a new version: the canary (greenhouse: the first by name, 10 % of two is one) first, then the shed
-        v2 = _publish_next(trainer.state / "engines", trainer.state / "trainer" / "signing.key")
+        v2 = publish_nudged(trainer.state / "engines", trainer.state / "trainer" / "signing.key")
         wait_until(lambda: '"engine_swapped"' in devices["greenhouse"].log("edge-agent"), 60, "the canary serves the new version")
         assert '"engine_swapped"' not in devices["shed"].log("edge-agent")  # not before the canary has served it
         wait_until(lambda: '"engine_swapped"' in devices["shed"].log("edge-agent"), 60, "the rest once the canary served it")

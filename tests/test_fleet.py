@@ -155,6 +155,18 @@ def test_a_canary_that_refuses_misbehaves_or_rolls_back_stops_the_rollout_and_sa
     assert [d.store.current() for d in others] == ["v0001", "v0001"] and all(d.counters["offers"] == 0 for d in others)
 
 
+def test_a_version_a_device_refused_on_its_own_disk_is_reported_and_answered_with_that_reason(farm):
+    """A device that refused a version it already holds (a wrong trusted key after a restart, say) tells the trainer
+    in every hello, so the trainer shows why and does not offer it that version again and again."""
+    why = "v0002: signed by key 3f1c2a9b..., which this device does not trust (add it to [store] trusted_keys)"
+    server = farm.server()
+    d = farm.daemon("wrong-key", cls=lambda *a, **k: EngineFetcher(*a, **k, refused_here=lambda: {farm.v2: why}))
+    assert d.hello()["refused"] == {farm.v2: why}
+    wait_until(lambda: any(r["name"] == "wrong-key" and r["refused"].get(farm.v2) == why for r in server.fleet()), 10, "the trainer knows")
+    time.sleep(1.5)  # hellos every 0.2 s, offers due every 0.5 s
+    assert d.counters["offers"] == 0 and server.counters["offers"] == 0 and d.store.current() == "v0001"
+
+
 def test_a_daemon_that_was_offline_catches_up_with_only_the_newest(farm, signing_key):
     v3 = publish_v2(farm.store, signing_key)  # v0002 and v0003 published while the daemon was away
     farm.server()
