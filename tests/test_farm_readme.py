@@ -141,7 +141,9 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
         status = devices["greenhouse"].run(_block("device commands").splitlines()[1])
         assert f"connected: idle, serving {SHIPPED}" in status.stdout, status.stdout
         gh = devices["greenhouse"]  # the device's own page knows the trainer it hands off to
-        gh_page = TestClient(create_app(WebContext(load_config(gh.config), StateLayout(gh.state), gh.state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5))
+        gh_page = TestClient(
+            create_app(WebContext(load_config(gh.config), StateLayout(gh.state), gh.state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5)
+        )
         tile = gh_page.get("/health").text
         assert f"connected to tcp://127.0.0.1:{ports[5555]}" in tile and f"serving {SHIPPED}" in tile, tile
         # a new version: the canary (greenhouse: the first by name, 10 % of two is one) first, then the shed
