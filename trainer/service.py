@@ -56,9 +56,9 @@ class TrainerService:
         link = handoff_link(cfg, state_dir)
         new_classes = not link.endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes
         self.receiver = Receiver(self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes, describe=self._describe)
-        self.server = EngineServer(
-            self.store, link, rollout=Rollout(cfg.rollout, self.root / "rollout.json"), parallel=cfg.handoff.transfer_parallel
-        )
+        # a staged rollout is for devices elsewhere: a daemon on this machine shares the store and takes each version at once
+        rollout = Rollout(cfg.rollout, self.root / "rollout.json") if link.transfer.startswith("tcp://") else None
+        self.server = EngineServer(self.store, link, rollout=rollout, parallel=cfg.handoff.transfer_parallel)
         self._stop = threading.Event()
         self.state = "idle"
         self.last: RetrainResult | None = None
