@@ -22,7 +22,9 @@ __all__ = ["main", "build_parser"]
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--config", default=argparse.SUPPRESS, help="TOML configuration file (default: $EDGE_AGENT_CONFIG, else built-in defaults)"
+        "--config",
+        default=argparse.SUPPRESS,
+        help="TOML configuration file (default: $EDGE_AGENT_CONFIG, else /etc/edge-agent/edge-agent.toml where it exists, else built-in defaults)",
     )
     common.add_argument(
         "--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"], help="overrides [log] level"

@@ -363,7 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("fleet", _fleet, "the daemons this trainer serves: name, address, last seen, engine, samples, queue"),
     ):
         sp = sub.add_parser(name, parents=[logging_opts], help=helptext)
-        sp.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
+        sp.add_argument(
+            "--config",
+            help="TOML configuration (default: $EDGE_AGENT_CONFIG, else /etc/edge-agent/edge-agent.toml where it exists, else defaults)",
+        )
         sp.add_argument("--state-dir", help="the daemon's state dir (default: $STATE_DIRECTORY or ./edge-state)")
         if name == "serve":
             sp.add_argument("--retrain-threshold", type=int, help="overrides [trainer] retrain_threshold")
@@ -373,7 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keys", parents=[logging_opts], help="make the trainer's CURVE certificate (once) and engine-signing key")
     k.add_argument("--out", help="keys folder for trainer/ and authorized/ (default: where [handoff] curve_authorized_dir is)")
     k.add_argument("--force", action="store_true", help="replace an existing trainer certificate (every device then needs the new one)")
-    k.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
+    k.add_argument(
+        "--config",
+        help="TOML configuration (default: $EDGE_AGENT_CONFIG, else /etc/edge-agent/edge-agent.toml where it exists, else defaults)",
+    )
     k.add_argument("--state-dir", help="the trainer's state dir, where its engine-signing key is made (default as for serve)")
     k.set_defaults(func=_keys)
     dv = sub.add_parser("device", parents=[logging_opts], help="add, revoke or list a device's CURVE certificate")
@@ -381,7 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
     dv.add_argument("name", nargs="?", default="", help="the device's name (its [handoff] name)")
     dv.add_argument("--keys", help="keys folder (default: where [handoff] curve_authorized_dir is)")
     dv.add_argument("--force", action="store_true", help="add: replace the device's existing certificate")
-    dv.add_argument("--config", help="TOML configuration (default: $EDGE_AGENT_CONFIG, else defaults)")
+    dv.add_argument(
+        "--config",
+        help="TOML configuration (default: $EDGE_AGENT_CONFIG, else /etc/edge-agent/edge-agent.toml where it exists, else defaults)",
+    )
     dv.add_argument("--state-dir", help=argparse.SUPPRESS)
     dv.set_defaults(func=_device)
     sg = sub.add_parser("sign", parents=[logging_opts], help="sign a store version with a key (release use)")
