@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.fleet_daemons import _port, _proc_sample, _toml
+from benchmarks.fleet_daemons import _fleet_of, _idle_sample, _port, _proc_sample, _toml
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_PROCS = 2
@@ -133,10 +133,7 @@ def run(n: int, out: Path, heartbeat_s: float = 2.0, limit_s: float = 600.0) -> 
             )
 
         def fleet() -> list:
-            try:
-                return json.loads(status.read_text()).get("fleet", [])
-            except (OSError, ValueError):
-                return []
+            return _fleet_of(status)
 
         t_connect = time.monotonic()
         while len(fleet()) < n:
@@ -146,13 +143,7 @@ def run(n: int, out: Path, heartbeat_s: float = 2.0, limit_s: float = 600.0) -> 
                 raise SystemExit("a process exited while the devices connected")
             time.sleep(0.5)
         connected_s = time.monotonic() - t_connect
-        cpu0, _ = _proc_sample(trainer.pid)
-        rss_idle = []
-        for _ in range(10):
-            time.sleep(1)
-            rss_idle.append(_proc_sample(trainer.pid)[1])
-        cpu1, _ = _proc_sample(trainer.pid)
-        idle_cpu = (cpu1 - cpu0) / 10 * 100
+        idle_cpu, rss_idle = _idle_sample(trainer.pid)
 
         peak = [0]
         sampling = threading.Event()
@@ -190,7 +181,7 @@ def run(n: int, out: Path, heartbeat_s: float = 2.0, limit_s: float = 600.0) -> 
             "median_s": round(statistics.median(times), 2) if times else None,
             "p95_s": round(times[int(0.95 * (len(times) - 1))], 2) if times else None,
             "trainer_idle_cpu_pct": round(idle_cpu, 1),
-            "trainer_idle_rss_mb": round(max(rss_idle) / 1e6, 1),
+            "trainer_idle_rss_mb": round(rss_idle / 1e6, 1),
             "trainer_cpu_s_during": round(cpu_after - cpu_before, 1),
             "trainer_peak_rss_mb": round(peak[0] / 1e6, 1),
             "bytes_sent": st.get("transfer", {}).get("bytes"),

@@ -65,6 +65,25 @@ def _proc_sample(pid: int) -> tuple[float, int]:
     return cpu, rss
 
 
+def _idle_sample(pid: int, seconds: int = 10) -> tuple[float, int]:
+    """(CPU %, peak RSS bytes) of ``pid`` over ``seconds``, sampled each second."""
+    c0, _ = _proc_sample(pid)
+    rss = []
+    for _ in range(seconds):
+        time.sleep(1.0)
+        rss.append(_proc_sample(pid)[1])
+    c1, _ = _proc_sample(pid)
+    return 100 * (c1 - c0) / seconds, max(rss)
+
+
+def _fleet_of(status: Path) -> list:
+    """The fleet list in a trainer's status file ([] while it cannot be read)."""
+    try:
+        return json.loads(status.read_text()).get("fleet", [])
+    except (OSError, ValueError):
+        return []
+
+
 def _wait(cond, timeout: float, what: str, procs: list) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -153,19 +172,11 @@ def run_fleet(n: int, out: Path) -> dict:
         status = tstate / "trainer" / "status.json"
 
         def fleet() -> list:
-            try:
-                return json.loads(status.read_text()).get("fleet", [])
-            except (OSError, ValueError):
-                return []
+            return _fleet_of(status)
 
         _wait(lambda: len(fleet()) == n, 120, f"{n} daemons in the fleet list", procs)
-        c0, _ = _proc_sample(trainer.pid)
-        rss = []
-        for _ in range(10):
-            time.sleep(1.0)
-            rss.append(_proc_sample(trainer.pid)[1])
-        c1, _ = _proc_sample(trainer.pid)
-        idle = {"cpu_percent": round(100 * (c1 - c0) / 10.0, 1), "rss_mb": round(max(rss) / 2**20, 1)}
+        cpu, rss = _idle_sample(trainer.pid)
+        idle = {"cpu_percent": round(cpu, 1), "rss_mb": round(rss / 2**20, 1)}
         (tstate / "trainer" / "retrain.request").touch()
         _wait(lambda: _events(tlog, "published"), 600, "the retrain's publish", procs)
         published = _ts(_events(tlog, "published")[0])

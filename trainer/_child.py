@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -60,8 +61,6 @@ def _child(
     finally:
         samples.close()
         conn.close()
-        import sys
-
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # no wait at interpreter shutdown for a thread a library left behind: the work is done

@@ -10,6 +10,7 @@ unauthenticated peers are never accepted.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,8 +142,6 @@ class Authenticator:
         return key in self._current_keys()
 
     def _denied(self, address: str, reason: str) -> None:
-        import time
-
         rec = self.refused.setdefault(address, {"count": 0, "last": 0.0, "reason": reason})
         rec["count"] += 1
         if time.time() - rec["last"] > 60:
@@ -185,8 +184,6 @@ class HandshakeWatch:
     so that a device with the wrong keys says so instead of waiting in silence."""
 
     def __init__(self, sock, endpoint: str, refused_after_s: float = 10.0) -> None:
-        import time
-
         import zmq
 
         events = (
@@ -208,8 +205,6 @@ class HandshakeWatch:
 
     def poll(self) -> None:
         """Read the events waiting."""
-        import time
-
         import zmq
         from zmq.utils.monitor import recv_monitor_message
 
@@ -235,8 +230,6 @@ class HandshakeWatch:
     def needs_new_socket(self, after_s: float = 5.0) -> bool:
         """True ``after_s`` after a refused handshake: ZeroMQ never retries a connection whose handshake the peer
         refused, so the owner makes a new socket (and calls :meth:`watch`) to learn when the trainer takes its key."""
-        import time
-
         return self._failed_at is not None and time.monotonic() - self._failed_at > after_s
 
     def watch(self, sock) -> None:
@@ -248,8 +241,6 @@ class HandshakeWatch:
 
     def problem(self) -> str | None:
         """None while the link works (or has not had time to); else what is wrong, in words."""
-        import time
-
         if self.handshake_ok:
             return None
         if self._trying_since is not None and (self.failures or time.monotonic() - self._trying_since > self.refused_after_s):
