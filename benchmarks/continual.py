@@ -24,7 +24,7 @@ from edge_agent.config import TrainerSection
 from edge_agent.trainer_config import STRATEGY_CONFIGS
 from trainer.continual import train_generation
 from trainer.data import TensorDataset, scan_folder, stratified_split
-from trainer.model import build_model
+from trainer.models import build_model
 from trainer.strategies.base import STRATEGIES, Generation, get_strategy
 from trainer.train import TrainSettings, evaluate, fit
 

@@ -47,7 +47,7 @@ from engines.loader import open_engine
 from engines.store import EngineStore
 from trainer.calibrate import calibrate, calibration_error
 from trainer.data import Sample, TensorDataset, scan_folder, stratified_split
-from trainer.model import build_model
+from trainer.models import build_model
 from trainer.publish import publish_model
 from trainer.samples import SampleStore
 from trainer.service import retrain

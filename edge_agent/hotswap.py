@@ -5,12 +5,19 @@ seconds, and when ``current`` names another version it loads that version off
 the hot path and verifies it:
 
 1. every file's sha256 (the store refuses a tampered file);
-2. the same input spec and preprocessing as the running engine;
+2. the same input spec and preprocessing as the running engine, or else a new lineage (below);
 3. the new engine knows every class the running one knows, by name (a head may grow; a release may reorder);
 4. a smoke inference gives finite logits of the right shape;
 5. on the recent confident photos ("golden" photos, kept by the pipeline, and
    kept across restarts in ``<state>/golden.npz`` for the engine that labelled
    them) the new engine agrees with the old one on at least ``min_agreement``.
+
+A **new lineage** is a version that takes other input than the engine it replaces (another input size or
+normalisation: a new release on another architecture, v2000's EfficientNet-Lite0 after v1000's LeafNet5) and does
+not descend from it (its manifest's ``parent`` is not that engine). The golden photos are stored as tensors of the
+old input, so they cannot be shown to it: it is verified by checks 1, 3 and 4 (files and signature, every class
+kept by name, a smoke inference) and adopted without the agreement check, which is recorded as not comparable.
+A version that takes other input than its own parent is refused: a retrain never changes its parent's input.
 
 Only then is it handed to the pipeline, which switches between two batches, so
 no photo is seen by a half-loaded engine and each result records the version
@@ -49,13 +56,16 @@ def verify_candidate(new: Engine, reference: dict, reference_name: str, golden: 
     every way a version comes to serve: a hot swap (reference: the engine running) and a start
     (:func:`edge_agent.trust.open_trusted`; reference: the version that labelled the golden photos)."""
     nm = new.version.manifest
-    if nm["input"] != reference["input"] or nm["preprocess"] != reference["preprocess"]:
-        raise SwapRefused(f"input or preprocessing differs from {reference_name}")
+    new_lineage = nm["input"] != reference["input"] or nm["preprocess"] != reference["preprocess"]
+    if new_lineage and nm.get("parent") == reference_name:
+        raise SwapRefused(f"input or preprocessing differs from its parent {reference_name} (a retrain keeps its parent's input)")
     index = {c: i for i, c in enumerate(new.classes)}
     dropped = [c for c in reference["classes"] if c not in index]
     if dropped:
         raise SwapRefused(f"class list is not an extension of {reference_name}'s (it lacks {', '.join(dropped[:3])})")
     smoke_test(new)
+    if new_lineage:  # the golden photos are tensors of the old input: nothing to compare them with
+        return {"golden": 0, "lineage": f"new: its input differs from {reference_name}'s, golden photos not comparable"}
     measured = {"golden": len(golden)}
     if golden:
         if any(not 0 <= label < len(reference["classes"]) for _, label in golden):

@@ -10,7 +10,10 @@ Steps, in order:
    decoding (:mod:`edge_agent.imageheader`): unknown formats, truncated files and
    images over ``max_pixels`` are rejected before anything is allocated.
 2. Decode with OpenCV, ignoring OpenCV's own EXIF handling, then apply the EXIF
-   orientation here (OpenCV builds differ in whether ``imdecode`` honours it).
+   orientation here (OpenCV builds differ in whether ``imdecode`` honours it). A JPEG whose shorter side is at
+   least twice the input side times 2, 4 or 8 is decoded at that reduced scale by libjpeg's DCT scaling
+   (:func:`reduction`): a 12 MP phone photo costs a quarter of its full decode, and since the daemon and the
+   trainer both decode here, they see the same pixels.
 3. Resize to ``size`` x ``size`` with ``cv2.INTER_AREA``: the anti-aliased choice
    for downscaling (field photos are almost always larger than the input); it
    averages over the source pixels instead of sampling, so fine lesion texture is
@@ -38,6 +41,7 @@ __all__ = [
     "DEFAULT_SPEC",
     "decode_rgb",
     "decode_bgr",
+    "reduction",
     "resize",
     "normalize",
     "preprocess_bytes",
@@ -109,6 +113,19 @@ def _apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
     return img
 
 
+#: libjpeg's DCT scaling factors and OpenCV's flags for them, largest first.
+_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+
+
+def reduction(header: ImageHeader, size: int) -> int:
+    """The factor a photo is decoded smaller by for an input of ``size`` pixels: the largest of 8, 4, 2 that leaves
+    its shorter side at least ``2 * size`` (so the area resize still averages), for JPEG only; else 1."""
+    if header.format != "jpeg":
+        return 1
+    short = min(header.width, header.height)
+    return next((f for f, _ in _REDUCED if short // f >= 2 * size), 1)
+
+
 def check_header(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> ImageHeader:
     """Apply the size and pixel caps and the completeness checks; return the header."""
     return check_image(data, spec.max_file_bytes, spec.max_pixels)
@@ -120,18 +137,22 @@ def decode_rgb(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
 
 
 def decode_bgr(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
-    """Checked decode of ``data`` to an upright HxWx3 uint8 array in OpenCV's BGR order."""
+    """Checked decode of ``data`` to an upright HxWx3 uint8 array in OpenCV's BGR order, at :func:`reduction`'s
+    scale for ``spec.size``."""
     header = check_header(data, spec)
     if header.format == "heif":
         return _decode_heif(data, header)
     buf = np.frombuffer(data, np.uint8)
-    img = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    factor = reduction(header, spec.size)
+    flag = dict(_REDUCED).get(factor, cv2.IMREAD_COLOR)
+    img = cv2.imdecode(buf, flag | cv2.IMREAD_IGNORE_ORIENTATION)
     if img is None or img.ndim != 3 or img.shape[2] != 3:
         raise ImageRejected(f"undecodable {header.format.upper()} (corrupt image data)")
     # OpenCV's TIFF decoder (libtiff's RGBA reader) turns the image upright itself, whatever the flags; for the other
     # formats the orientation is applied here, so every build gives the same pixels (tests pin both, orientations 1-8).
     upright_already = header.format == "tiff"
     w, h = (header.height, header.width) if upright_already and header.orientation >= 5 else (header.width, header.height)
+    w, h = -(-w // factor), -(-h // factor)  # libjpeg rounds a scaled side up
     if (img.shape[1], img.shape[0]) != (w, h):
         raise ImageRejected(f"decoded size {img.shape[1]}x{img.shape[0]} does not match header {w}x{h}")
     return img if upright_already else _apply_orientation(img, header.orientation)

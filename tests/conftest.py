@@ -88,7 +88,7 @@ def tiny_store(tmp_path_factory, signing_key) -> Path:
     """A store with one version of an untrained 3-class model (ONNX, INT8, weights), signed with ``signing_key``."""
     torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is needed to build a model")
     from edge_agent.preprocess import preprocess_bytes
-    from trainer.model import build_model
+    from trainer.models import build_model
     from trainer.publish import publish_model
 
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is not installed")
 
 from trainer.calibrate import calibrate, calibration_error, expected_calibration_error, fit_temperature, fold_temperature  # noqa: E402
-from trainer.model import build_model  # noqa: E402
+from trainer.models import build_model  # noqa: E402
 
 
 def _sampled(temperature: float, n: int = 20000, classes: int = 10, seed: int = 0):

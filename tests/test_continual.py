@@ -12,7 +12,7 @@ from edge_agent.config import TrainerSection  # noqa: E402
 from edge_agent.trainer_config import EwcConfig, LwfConfig, RehearsalConfig  # noqa: E402
 from trainer.continual import ramp, train_generation  # noqa: E402
 from trainer.gate import gate  # noqa: E402
-from trainer.model import build_model  # noqa: E402
+from trainer.models import build_model  # noqa: E402
 from trainer.strategies.base import Generation, get_strategy, strategies  # noqa: E402
 from trainer.strategies.ewc import EWC  # noqa: E402
 from trainer.strategies.lwf import LwF  # noqa: E402
@@ -172,7 +172,7 @@ def test_batchnorm_statistics_are_the_exact_ones_over_clean_photos_in_class_orde
     """Photos in class order (a labelled folder, the replay memory): averaging per-batch statistics would miss the
     spread between classes; the recomputed statistics are the population mean and variance of every layer's input."""
     from trainer.batchnorm import recompute_batchnorm
-    from trainer.model import build_model
+    from trainer.models import build_model
 
     torch.manual_seed(0)
     model = build_model(3)
@@ -195,7 +195,7 @@ def test_batchnorm_statistics_are_the_exact_ones_over_clean_photos_in_class_orde
 
 def test_batchnorm_recompute_leaves_a_model_alone_with_fewer_than_two_photos():
     from trainer.batchnorm import recompute_batchnorm
-    from trainer.model import build_model
+    from trainer.models import build_model
 
     model = build_model(3)
     before = {k: v.clone() for k, v in model.state_dict().items()}

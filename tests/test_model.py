@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is not installed")
 
 from trainer.export import ExportMismatch, export_onnx  # noqa: E402
-from trainer.model import LeafNet, build_model, count_parameters  # noqa: E402
+from trainer.models import LeafNet, build_model, count_parameters  # noqa: E402
 
 
 def test_parameter_count_for_38_classes():

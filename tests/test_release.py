@@ -112,7 +112,7 @@ def _store_with(path: Path, versions: list[str], key) -> EngineStore:
     import numpy as np
     import torch
 
-    from trainer.model import build_model
+    from trainer.models import build_model
     from trainer.publish import publish_model
 
     torch.manual_seed(0)

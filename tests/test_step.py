@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.batchnorm import recompute_batchnorm
-from trainer.model import build_model
+from trainer.models import build_model
 from trainer.step import choose_step
 
 STEPS = [1.0, 0.5, 0.0]

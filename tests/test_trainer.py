@@ -344,7 +344,7 @@ def test_gate_refuses_a_candidate_below_the_first_version_even_if_close_to_the_c
     import torch
 
     from trainer import gate as gate_mod
-    from trainer.model import build_model
+    from trainer.models import build_model
 
     root, current, candidate = build_model(3), build_model(3), build_model(3)
     scores = {id(root): 0.94, id(current): 0.93, id(candidate): 0.915}
@@ -362,7 +362,7 @@ def test_no_temperature_is_fitted_where_the_model_is_never_wrong():
     import torch
 
     from trainer.calibrate import calibrate
-    from trainer.model import build_model
+    from trainer.models import build_model
 
     torch.manual_seed(0)
     model = build_model(3).eval()

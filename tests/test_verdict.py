@@ -147,7 +147,7 @@ def test_a_published_version_carries_its_verdict_and_the_int8_verdict_agreement(
     from edge_agent.classifier import Classifier
     from edge_agent.config import parse_config
     from engines.loader import open_engine
-    from trainer.model import build_model
+    from trainer.models import build_model
     from trainer.publish import publish_model
     from trainer.verdict_fit import fit_verdict, logits_of
 

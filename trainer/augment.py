@@ -21,7 +21,9 @@ __all__ = ["Augment"]
 @dataclass
 class Augment:
     """Random flips, rotation up to ``max_degrees``, brightness/contrast jitter and light noise; optionally
-    cutout: one square, its side a random share of the image in ``cutout`` (low, high), set to the mean colour."""
+    cutout: one square, its side a random share of the image in ``cutout`` (low, high), set to the mean colour; and
+    ``zoom`` (low, high): a random scale, above 1 a crop at a random place, below 1 the photo shrunk amid its reflection
+    (leaves photographed nearer or farther than the lab's)."""
 
     max_degrees: float = 20.0
     brightness: float = 0.2
@@ -31,6 +33,7 @@ class Augment:
     vflip: bool = True
     spec: PreprocessSpec = DEFAULT_SPEC
     cutout: tuple[float, float] | None = None
+    zoom: tuple[float, float] | None = None
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         n = x.shape[0]
@@ -48,9 +51,14 @@ class Augment:
         sx = torch.where(rand(n) < 0.5, -1.0, 1.0) if self.hflip else torch.ones(n, device=dev)
         sy = torch.where(rand(n) < 0.5, -1.0, 1.0) if self.vflip else torch.ones(n, device=dev)
         cos, sin = torch.cos(angle), torch.sin(angle)
-        theta = torch.stack(
-            [torch.stack([cos * sx, -sin * sy, torch.zeros_like(cos)], 1), torch.stack([sin * sx, cos * sy, torch.zeros_like(cos)], 1)], 1
-        )
+        tx = ty = torch.zeros_like(cos)
+        if self.zoom is not None:
+            low, high = self.zoom
+            inv = 1 / (low + rand(n) * (high - low))  # the share of the photo the output shows, per side
+            cos, sin = cos * inv, sin * inv
+            room = (1 - inv).clamp(min=0)  # a crop moves anywhere inside the photo
+            tx, ty = (rand(n) * 2 - 1) * room, (rand(n) * 2 - 1) * room
+        theta = torch.stack([torch.stack([cos * sx, -sin * sy, tx], 1), torch.stack([sin * sx, cos * sy, ty], 1)], 1)
         grid = F.affine_grid(theta, list(pix.shape), align_corners=False)
         pix = F.grid_sample(pix, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from trainer.data import Sample
 from trainer.fieldaug import BN_PASSES, FieldAugSettings, FieldComposer, load_lab_photos
 from trainer.stop import check
@@ -71,7 +72,7 @@ def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int
 
 
 def batchnorm_photos(
-    training: dict, lab: list[Sample], others: torch.Tensor, seed: int, should_stop=lambda: False
+    training: dict, lab: list[Sample], others: torch.Tensor, seed: int, should_stop=lambda: False, spec: PreprocessSpec = DEFAULT_SPEC
 ) -> tuple[torch.Tensor | None, str]:
     """The photos to compute BatchNorm statistics over for a model descended from one whose manifest's ``training``
     is ``training`` (None: the photos it trained on, as before), and a line saying which.
@@ -88,10 +89,10 @@ def batchnorm_photos(
         pick = torch.randperm(len(lab), generator=torch.Generator().manual_seed(seed))[:BN_MAX_LAB_PHOTOS]
         lab = [lab[i] for i in sorted(pick.tolist())]
     check(should_stop, "while reading lab photos for BatchNorm statistics")
-    photos = load_lab_photos(lab)
+    photos = load_lab_photos(lab, spec)
     if len(photos.samples) < 2:  # nothing to compose: the photos it trained on, and say so
         return None, "exact over the photos it trained on (no lab photos to compose)"
-    composed = FieldComposer.of(photos, FieldAugSettings.from_record(augmentation)).sample(BN_PASSES, seed)
+    composed = FieldComposer.of(photos, FieldAugSettings.from_record(augmentation), spec).sample(BN_PASSES, seed)
     return torch.cat([composed, others]), (
         f"exact over {BN_PASSES} composed passes of {len(photos.samples)} lab photos and {len(others)} others as they are"
     )

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer.model import LeafNet
+from trainer.models import Classifier
 
 __all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibration_error", "fit_temperature", "fold_temperature"]
 
@@ -89,7 +89,7 @@ def calibration_error(confidence: torch.Tensor, right: torch.Tensor, bins: int =
 
 
 @torch.no_grad()
-def fold_temperature(model: LeafNet, temperature: float) -> LeafNet:
+def fold_temperature(model: Classifier, temperature: float) -> Classifier:
     """Divide the classifier's weights and bias by ``temperature``, in place: logits become ``logits / T``."""
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature must be a positive finite number, got {temperature}")
@@ -99,7 +99,7 @@ def fold_temperature(model: LeafNet, temperature: float) -> LeafNet:
 
 
 @torch.no_grad()
-def calibrate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Calibration:
+def calibrate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Calibration:
     """Fit a temperature on held-out photos ``x``/``y`` and fold it into ``model`` (in place).
 
     With fewer than :data:`MIN_PHOTOS` photos (or fewer than two classes among them), or fewer than

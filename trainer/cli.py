@@ -325,6 +325,7 @@ def _release(args: argparse.Namespace) -> int:
     import shutil
     import time
 
+    from engines.store import EngineStore
     from trainer.release import ReleaseSettings, release
 
     out = Path(args.out)
@@ -333,7 +334,10 @@ def _release(args: argparse.Namespace) -> int:
     settings = ReleaseSettings(**({"epochs": args.epochs} if args.epochs else {}))
     t0 = time.perf_counter()
     version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty(), watch_field=args.watch_field)
-    if out.exists():
+    if out.exists():  # earlier releases stay loadable beside the new one (a device may pin one)
+        for old in EngineStore(out).versions():
+            if old != version.name:
+                shutil.copytree(out / old, staging / old)
         shutil.rmtree(out)
     staging.rename(out)
     m = version.manifest
@@ -403,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--key", required=True, help="the project's release key (../shared/release/edge-agent-release.key)")
     r.add_argument("--out", default="edge_agent/default_store", help="the store to write (replaced once the release is done)")
     r.add_argument("--work", default="train-work/release", help="checkpoints: a run that finds one resumes from it")
-    r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 55)")
+    r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 4)")
     r.add_argument(
         "--watch-field",
         default=None,

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from edge_agent.log import get_logger
+from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from edge_agent.trainer_config import TrainerSection
 from trainer.augment import Augment
-from trainer.model import LeafNet
+from trainer.models import Classifier
 from trainer.step import at_step
 from trainer.stop import check
 from trainer.strategies.base import Generation, Strategy
@@ -36,7 +37,7 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
 
 
 def train_generation(
-    previous: LeafNet,
+    previous: Classifier,
     data: Generation,
     strategy: Strategy,
     settings: TrainerSection,
@@ -47,7 +48,8 @@ def train_generation(
     batchnorm: bool = True,
     bn_x: torch.Tensor | None = None,
     on_epoch=lambda epoch, epochs: None,
-) -> tuple[LeafNet, Generation]:
+    spec: PreprocessSpec = DEFAULT_SPEC,
+) -> tuple[Classifier, Generation]:
     """Train a candidate from ``previous`` on ``data`` at peak learning rate ``lr`` (growing the head to ``num_classes``
     if more), with ``[trainer]`` ``settings`` (epochs, batch size, SWA, distillation, ramp). Its BatchNorm statistics
     are recomputed on ``bn_x`` (default: the data) unless ``batchnorm`` is false (the caller does it:
@@ -65,7 +67,7 @@ def train_generation(
     if num_classes and num_classes > model.num_classes:
         model.grow_head(num_classes)
     data = strategy.before(model, previous, data)
-    augment = Augment()
+    augment = Augment(spec=spec)  # in the normalisation of the model's own preprocessing
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=settings.weight_decay)
     # There is no validation set to pick a checkpoint with (the gate's photos stay unseen), so the candidate is
     # the last epoch's weights after a cosine decay to zero - or, with swa_epochs, the average of the last

@@ -1,4 +1,4 @@
-"""Export a :class:`~trainer.model.LeafNet` to ONNX and check it against torch."""
+"""Export a :class:`~trainer.models.LeafNet` to ONNX and check it against torch."""
 
 from __future__ import annotations
 

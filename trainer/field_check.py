@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
-from trainer.model import LeafNet
+from trainer.models import Classifier
 from trainer.samples import Sample
 
 __all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "too_few_to_judge"]
@@ -57,7 +57,7 @@ class FieldDecision:
 
 
 @torch.no_grad()
-def _scores(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def _scores(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """Per photo: right (0/1) and cross-entropy; a class the model has no output for counts as wrong, loss log(k)."""
     model.eval()
     right, loss = [], []
@@ -80,7 +80,7 @@ def _paired(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def field_gate(
-    candidate: LeafNet, current: LeafNet, x: torch.Tensor, y: torch.Tensor, expert_labels: int, every: int, min_photos: int
+    candidate: Classifier, current: Classifier, x: torch.Tensor, y: torch.Tensor, expert_labels: int, every: int, min_photos: int
 ) -> FieldDecision:
     """Whether ``candidate`` may replace ``current`` as far as the field check set (``x``, ``y``) can tell."""
     n = len(x)
@@ -115,7 +115,7 @@ def field_gate(
     return FieldDecision(True, "not worse on the field check set", metrics)
 
 
-def adapt_batchnorm(model: LeafNet, field_x: torch.Tensor, check_x: torch.Tensor, check_y: torch.Tensor, should_stop=lambda: False):
+def adapt_batchnorm(model: Classifier, field_x: torch.Tensor, check_x: torch.Tensor, check_y: torch.Tensor, should_stop=lambda: False):
     """``model``, or a copy with BatchNorm statistics recomputed on ``field_x`` where that lowers the field check set's
     log-loss by more than one standard error; and what was measured."""
     if len(field_x) < 16 or len(check_x) == 0:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.model import LeafNet
+from trainer.models import Classifier
 from trainer.train import evaluate
 
 __all__ = ["GateDecision", "gate"]
@@ -28,15 +28,15 @@ class GateDecision:
 
 
 def gate(
-    candidate: LeafNet,
-    current: LeafNet,
+    candidate: Classifier,
+    current: Classifier,
     x: torch.Tensor,
     y: torch.Tensor,
     classes: list[str],
     tolerance: float = 0.005,
     max_class_drop: float = 0.3,
     min_class_photos: int = 3,
-    root: LeafNet | None = None,
+    root: Classifier | None = None,
 ) -> GateDecision:
     """``root``: the first version of the lineage; the candidate must not be more than ``tolerance`` below it
     either, so a series of candidates each a little worse than the last cannot add up to a real loss."""

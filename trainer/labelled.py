@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from edge_agent.config import AppConfig, default_data_path
-from edge_agent.preprocess import ImageRejected, preprocess_bytes, read_limited
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, preprocess_bytes, read_limited
 from trainer.data import DatasetError, Sample, scan_folder, stratified_split
 from trainer.stop import check
 from trainer.strategies.base import Generation
@@ -95,13 +95,13 @@ def labelled_sources(cfg: AppConfig, classes: list[str]) -> LabelledSources:
     return LabelledSources([], [], "none", problems)
 
 
-def _tensors(samples: list[Sample], should_stop) -> tuple[Generation, set[str]]:
+def _tensors(samples: list[Sample], should_stop, spec: PreprocessSpec) -> tuple[Generation, set[str]]:
     xs, ys, ids = [], [], set()
     for s in samples:
         check(should_stop, "while reading labelled photos")
         try:
-            data = read_limited(s.path)  # read once: hashed, and preprocessed as the daemon would
-            xs.append(torch.from_numpy(preprocess_bytes(data)))
+            data = read_limited(s.path, spec)  # read once: hashed, and preprocessed as the daemon would
+            xs.append(torch.from_numpy(preprocess_bytes(data, spec)))
         except (OSError, ImageRejected):
             continue
         ys.append(s.label)
@@ -111,8 +111,8 @@ def _tensors(samples: list[Sample], should_stop) -> tuple[Generation, set[str]]:
     return Generation(torch.stack(xs), torch.tensor(ys)), ids
 
 
-def load_labelled(sources: LabelledSources, should_stop=lambda: False) -> Labelled:
-    """Read and preprocess the photos of ``sources`` (with the daemon's own preprocessing)."""
-    train, _ = _tensors(sources.train, should_stop)
-    val, gate_ids = _tensors(sources.val, should_stop)
+def load_labelled(sources: LabelledSources, should_stop=lambda: False, spec: PreprocessSpec = DEFAULT_SPEC) -> Labelled:
+    """Read and preprocess the photos of ``sources`` as the daemon does for an engine whose manifest records ``spec``."""
+    train, _ = _tensors(sources.train, should_stop, spec)
+    val, gate_ids = _tensors(sources.val, should_stop, spec)
     return Labelled(train, val, gate_ids)

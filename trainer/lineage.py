@@ -6,7 +6,10 @@ and Fisher information are that model's parameters. When the engine in service d
 state is carried over where it keeps its meaning and set aside (kept on disk) where it does not:
 
 - the rehearsal memory's photos are true labels: they are relabelled by class name into the new class list (the
-  38 classes extend the 23 by name), and any whose class the new model lacks are dropped;
+  38 classes extend the 23 by name), and any whose class the new model lacks are dropped; unless the new lineage
+  takes other input (another size or normalisation: EfficientNet-Lite's v2000 after LeafNet5's v1000), where the
+  stored tensors mean nothing to it and the memory is set aside like any other state (the expert's labels
+  themselves are photos in the trainer's sample store, read again by every retrain);
 - any other state (EWC's parameters) is moved to ``<strategy>.before-<root>``.
 
 ``lineage.json`` beside the strategies records the root and its classes. State from before this file existed is
@@ -38,6 +41,14 @@ def lineage_root(store: EngineStore, name: str) -> str:
     return name
 
 
+def _same_input(store: EngineStore, old_root: str | None, root: str) -> bool:
+    """Whether two lineages' first versions take the same input and preprocessing (an unknown old root: assumed)."""
+    if not old_root or old_root not in store.versions():
+        return True
+    old, new = store.read_manifest(old_root), store.read_manifest(root)
+    return old.get("input") == new.get("input") and old.get("preprocess") == new.get("preprocess")
+
+
 def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], strategy_dir: Path, log) -> str | None:
     """Make ``strategy_dir``'s state fit the lineage rooted at ``root`` with ``classes``; returns what was done."""
     marker = strategy_dir / "lineage.json"
@@ -57,9 +68,10 @@ def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], stra
             old_root = lineage_root(store, others[-1]) if others else None
             old_classes = store.read_manifest(others[-1])["classes"] if others else []
         kept, dropped = 0, 0
+        same_input = _same_input(store, old_root, root)
         for state in states:
             memory = state / "memory.pt"
-            if memory.is_file() and old_classes:
+            if memory.is_file() and old_classes and same_input:
                 blob = torch.load(memory, map_location="cpu", weights_only=True)
                 names = [old_classes[int(i)] if int(i) < len(old_classes) else None for i in blob["y"]]
                 keep = torch.tensor([n in classes for n in names], dtype=torch.bool)
@@ -70,6 +82,8 @@ def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], stra
             shutil.move(str(state), str(state.with_name(f"{state.name}.before-{old_root or 'upgrade'}")))
         done = (
             f"strategy state of lineage {old_root} adopted for {root}: {kept} rehearsal photos relabelled by class name, {dropped} dropped"
+            if same_input
+            else f"strategy state of lineage {old_root} set aside for {root}: it takes other input"
         )
         log.warning("strategy_state_adopted", old_root=old_root, root=root, relabelled=kept, dropped=dropped)
     strategy_dir.mkdir(parents=True, exist_ok=True)

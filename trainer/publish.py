@@ -13,7 +13,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from engines.store import EngineStore, StoreVersion
 from trainer.export import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx
-from trainer.model import LeafNet
+from trainer.models import Classifier
 from trainer.stop import check
 
 __all__ = ["publish_model", "load_weights", "ONNX_FILE", "INT8_FILE", "WEIGHTS_FILE", "SPLIT_FILE"]
@@ -25,7 +25,7 @@ WEIGHTS_FILE = "weights.pt"
 
 
 def publish_model(
-    model: LeafNet,
+    model: Classifier,
     classes: list[str],
     store_dir: str | os.PathLike,
     *,
@@ -116,11 +116,11 @@ def publish_model(
     return version
 
 
-def load_weights(version: StoreVersion) -> LeafNet:
+def load_weights(version: StoreVersion) -> Classifier:
     """Rebuild the torch model of a store version from its verified weights."""
-    from trainer.model import build_model
+    from trainer.models import build_model
 
     blob = torch.load(version.artifact("torch"), map_location="cpu", weights_only=True)
-    model = build_model(int(blob["num_classes"]), str(blob.get("arch", "LeafNet")))
+    model = build_model(int(blob["num_classes"]), str(blob.get("arch", "Classifier")))
     model.load_state_dict(blob["state_dict"])
     return model.eval()

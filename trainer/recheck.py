@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer.model import LeafNet
+from trainer.models import Classifier
 from trainer.stop import check
 
 __all__ = ["MIRRORS", "Recheck", "recheck"]
@@ -49,7 +49,7 @@ class Recheck:
 
 
 @torch.no_grad()
-def recheck(model: LeafNet, x: torch.Tensor, tau: float, batch: int = 64, should_stop=lambda: False) -> Recheck:
+def recheck(model: Classifier, x: torch.Tensor, tau: float, batch: int = 64, should_stop=lambda: False) -> Recheck:
     """Score the preprocessed photos ``x`` with ``model`` (eval mode) over :data:`MIRRORS`."""
     model.eval()
     labels, confidence = [], []

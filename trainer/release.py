@@ -1,10 +1,12 @@
-"""The shipped model's release, reproducible end to end: train for the field, calibrate, build INT8, sign, write.
+"""The shipped model's release, reproducible end to end: fine-tune, calibrate, build INT8, sign, write.
 
 ``edge-trainer release --data ../shared/data/plantvillage --key ../shared/release/edge-agent-release.key --out DIR``
-(``make release``) trains on the lab photos with field augmentation (:mod:`trainer.fieldaug`), checkpointing every
-epoch into ``--work`` so an interrupted run resumes; then exact BatchNorm statistics, a fitted temperature, the
-verdict's statistics (:mod:`trainer.verdict_fit`), ONNX + INT8, the photo lists of the split (``split.json``), and a
-store at ``--out`` signed with the release key. Field photos are never read here: they only measure the result.
+(``make release``) fine-tunes the ImageNet-pretrained EfficientNet-Lite0 (:mod:`trainer.models`) on the lab photos,
+the head alone first, then the whole network, checkpointing every epoch into ``--work`` so an interrupted run
+resumes; then exact BatchNorm statistics, a fitted temperature, the verdict's statistics (:mod:`trainer.verdict_fit`),
+ONNX + INT8, the photo lists of the split (``split.json``), and a store at ``--out`` signed with the release key.
+:data:`LEAFNET5_RELEASE` is v1000's recipe (LeafNet5 from scratch with field augmentation), kept as the reference.
+Field photos are never read here except by ``--watch-field``, which records them in the history and chooses nothing.
 """
 
 from __future__ import annotations
@@ -18,29 +20,60 @@ import numpy as np
 import torch
 
 from edge_agent.log import get_logger
-from edge_agent.preprocess import DEFAULT_SPEC
+from edge_agent.preprocess import PreprocessSpec
 from trainer.data import scan_folder, stratified_split
 from trainer.fieldaug import BN_PASSES, FieldAugSettings, FieldComposer, load_lab_photos
 from trainer.train import TrainSettings
 
-__all__ = ["RELEASE_VERSION", "ReleaseSettings", "finish_release", "release", "train_release"]
+__all__ = ["LEAFNET5_RELEASE", "RELEASE_VERSION", "ReleaseSettings", "finish_release", "release", "train_release"]
 
-#: Releases are numbered apart from a device's own versions (which count up from the release they started on).
-RELEASE_VERSION = "v1000"
+#: Releases are numbered apart from a device's own versions (which count up from the release they started on):
+#: v1000 was LeafNet5's release, v2000 is EfficientNet-Lite0's, above every version a v1000 device made.
+RELEASE_VERSION = "v2000"
 
 
 @dataclass
 class ReleaseSettings(TrainSettings):
     """:class:`~trainer.train.TrainSettings` with the release's values, and the architecture (recorded in its manifest)."""
 
-    arch: str = "LeafNet5"
-    epochs: int = 55
-    batch_size: int = 64
-    weight_decay: float = 5e-4
-    warmup_epochs: int = 2
-    patience: int = 10_000  # no early stop: the schedule runs to its end, SWA over its last epochs
-    swa_epochs: int = 8
+    arch: str = "efficientnet-lite0"
+    size: int = 192  # input side (trainer.models.data_config: 160 / 192 / 224 for the Lite family)
+    pretrained: bool = True  # start from the registry's checked ImageNet weights
+    augmentation: str = "lab"  # "lab": flips, rotation, colour, zoom (trainer.augment); "field": FieldComposer
+    zoom: tuple[float, float] | None = (0.8, 1.3)  # "lab" only: the random scale range
+    epochs: int = 4
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    warmup_epochs: int = 1
+    head_epochs: int = 1  # the new head alone first, so the backbone is not pulled by a random head's gradients
+    patience: int = 10_000  # no early stop: the schedule runs to its end
+    swa_epochs: int = 0
     threads: int | None = 2
+
+    @property
+    def spec(self) -> PreprocessSpec:
+        """The preprocessing this architecture and input size need (recorded in the manifest)."""
+        from trainer.models import data_config
+
+        return data_config(self.arch, self.size)
+
+
+#: v1000's recipe: LeafNet5 from scratch, 128 px, field augmentation, 55 epochs with SWA over the last 8.
+LEAFNET5_RELEASE = ReleaseSettings(
+    arch="LeafNet5",
+    size=128,
+    pretrained=False,
+    augmentation="field",
+    zoom=None,
+    epochs=55,
+    batch_size=64,
+    lr=2e-3,
+    weight_decay=5e-4,
+    warmup_epochs=2,
+    head_epochs=0,
+    swa_epochs=8,
+)
 
 
 def split_photos(data_dir: str | os.PathLike, settings: ReleaseSettings):
@@ -59,13 +92,14 @@ def train_release(
     settings: ReleaseSettings | None = None,
     watch: dict | None = None,
     progress: bool = True,
-    augmentation: FieldAugSettings | None = _FIELD_AUG,
+    augmentation: FieldAugSettings | None | str = "settings",
 ):
     """Train the release model (resuming from ``work/checkpoint.pt``); returns (model, fit info, folder, splits).
-    ``augmentation``: the field augmentation (None: the lab photos with :class:`trainer.train.Augment` only, the
-    reference the field augmentation is measured against)."""
+    ``augmentation``: the field augmentation's settings, None for the lab photos with :class:`trainer.augment.Augment`
+    only, or "settings" for what ``settings.augmentation`` says."""
+    from trainer.augment import Augment
     from trainer.data import TensorDataset
-    from trainer.model import build_model
+    from trainer.models import build_model
     from trainer.train import fit
 
     settings = settings or ReleaseSettings()
@@ -73,18 +107,23 @@ def train_release(
     torch.set_num_threads(settings.threads or torch.get_num_threads())
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
+    if augmentation == "settings":
+        augmentation = _FIELD_AUG if settings.augmentation == "field" else None
+    spec = settings.spec
     folder, splits = split_photos(data_dir, settings)
     t0 = time.perf_counter()
-    photos = {name: load_lab_photos(items) for name, items in splits.items()}
+    photos = {name: load_lab_photos(items, spec) for name, items in splits.items()}
     log.info("photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1))
     train = photos["train"]
-    val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors())
-    model = build_model(len(folder.classes), settings.arch).to(memory_format=torch.channels_last)
+    val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors(spec))
+    model = build_model(len(folder.classes), settings.arch, pretrained=settings.pretrained).to(memory_format=torch.channels_last)
     if augmentation is None:
-        train_ds = TensorDataset.of(train.samples, *train.tensors())
-        batches, bn_x = None, train_ds.x
+        train_ds = TensorDataset.of(train.samples, *train.tensors(spec))
+        augment = Augment(spec=spec, zoom=settings.zoom)
+        batches = lambda idx, g: augment(train_ds.x[idx], g).contiguous(memory_format=torch.channels_last)  # noqa: E731
+        bn_x = train_ds.x
     else:
-        composer = FieldComposer.of(train, augmentation)
+        composer = FieldComposer.of(train, augmentation, spec)
         train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
         batches, bn_x = (
             (lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last)),
@@ -126,7 +165,7 @@ def finish_release(
     from trainer.batchnorm import recompute_batchnorm
     from trainer.calibrate import calibrate
     from trainer.data import TensorDataset
-    from trainer.model import count_parameters
+    from trainer.models import count_parameters
     from trainer.publish import publish_model
     from trainer.train import _held_out_metrics
     from trainer.verdict_fit import fit_verdict_for, logits_of, verdicts_of
@@ -138,14 +177,15 @@ def finish_release(
         if not key_path.is_file():
             raise FileNotFoundError(f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)")
         key = load_or_create_key(key_path)  # it exists: loaded, never made
-    sets = {name: TensorDataset.of(p.samples, *p.tensors()) for name, p in photos.items()}
+    spec = settings.spec
+    sets = {name: TensorDataset.of(p.samples, *p.tensors(spec)) for name, p in photos.items()}
     recompute_batchnorm(model, info.pop("bn_x"))  # exact, over the composed training batches (BN_PASSES)
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     metrics = _held_out_metrics(model, sets, folder.classes) | {"calibration": scaling.summary()}
-    verdict = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, DEFAULT_SPEC)
+    verdict = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, spec)
     test_x, test_y = sets["test"].x, sets["test"].y.numpy()
     test_logits = logits_of(model, test_x)
-    v = np.array(verdicts_of(verdict, folder.classes, test_logits, test_x.numpy(), DEFAULT_SPEC))
+    v = np.array(verdicts_of(verdict, folder.classes, test_logits, test_x.numpy(), spec))
     right = test_logits.argmax(1) == test_y
     metrics["verdict"] = {
         "test_photos": int(len(v)),
@@ -168,6 +208,7 @@ def finish_release(
         },
         "settings": asdict(settings),
         "augmentation": info.get("augmentation", asdict(FieldAugSettings())),
+        "pretrained": _pretrained_record(settings),
         "parameters": count_parameters(model),
         "epochs_run": info["epochs_run"],
         "selected": info["selected"],
@@ -186,7 +227,7 @@ def finish_release(
         model,
         folder.classes,
         out,
-        spec=DEFAULT_SPEC,
+        spec=spec,
         metrics=metrics,
         training=training,
         calibration=calib,
@@ -211,22 +252,32 @@ def release(
     ``watch_field``: a field-photo folder evaluated after every epoch for the training history only."""
     settings = settings or ReleaseSettings()
     t0 = time.perf_counter()
-    watch = field_watch(watch_field, scan_folder(data_dir).classes) if watch_field else None
+    watch = field_watch(watch_field, scan_folder(data_dir).classes, settings.spec) if watch_field else None
     model, info, folder, photos = train_release(data_dir, work, settings, watch=watch, progress=progress)
     version = finish_release(model, info, folder, photos, out, key_path, settings)
     get_logger("release").info("release_done", version=version.name, seconds=round(time.perf_counter() - t0, 1))
     return version
 
 
-def field_watch(field_dir: str | os.PathLike, classes: list[str]) -> dict:
-    """Field photos whose folder names a class, as (x, y), for the training history only."""
-    from edge_agent.preprocess import preprocess_file
+def field_watch(field_dir: str | os.PathLike, classes: list[str], spec: PreprocessSpec | None = None) -> dict:
+    """Field photos whose folder names a class, as (x, y) preprocessed with ``spec``, for the training history only."""
+    from edge_agent.preprocess import DEFAULT_SPEC, preprocess_file
 
     xs, ys = [], []
     for sub in ("apple-orchard", "corn-field"):
         for cls_dir in sorted((Path(field_dir) / sub).iterdir()):
             if cls_dir.name in classes:
                 for f in sorted(cls_dir.iterdir()):
-                    xs.append(preprocess_file(f))
+                    xs.append(preprocess_file(f, spec or DEFAULT_SPEC))
                     ys.append(classes.index(cls_dir.name))
     return {"field": (torch.from_numpy(np.stack(xs)), torch.tensor(ys))}
+
+
+def _pretrained_record(settings: ReleaseSettings) -> dict | None:
+    """What the release started from: the weights' package, file and sha256 (None: trained from scratch)."""
+    from trainer.models import ARCHS
+
+    w = ARCHS[settings.arch].weights
+    if not settings.pretrained or w is None:
+        return None
+    return {"package": w.package, "file": w.file, "sha256": w.sha256, "source": w.source}

@@ -21,7 +21,7 @@ import torch
 
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.log import get_logger
-from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, preprocess_file
+from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from engines.store import EngineStore
 from trainer.calibrate import calibrate
 from trainer.continual import train_generation
@@ -50,7 +50,7 @@ class RetrainResult:
 
 
 def _received(
-    samples: list[Sample], classes: list[str], expert_weight: float, exclude: set[str], should_stop
+    samples: list[Sample], classes: list[str], expert_weight: float, exclude: set[str], should_stop, spec: PreprocessSpec
 ) -> tuple[Generation, list[str], list[str]]:
     """Expert labels (true, weight ``expert_weight``) and pseudo-labels (weight: their confidence), leaving out the
     photos in ``exclude`` (the gate's and the field check's); grows ``classes`` for new expert classes. Returns the data, the ids of
@@ -68,7 +68,7 @@ def _received(
             classes.append(s.label)
             new_classes.append(s.label)
         try:
-            x = preprocess_file(s.file)
+            x = preprocess_file(s.file, spec)
         except (ImageRejected, OSError):
             continue
         xs.append(torch.from_numpy(x))
@@ -82,7 +82,7 @@ def _received(
     return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), used), ids, new_classes
 
 
-def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str], should_stop) -> Generation:
+def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str], should_stop, spec: PreprocessSpec) -> Generation:
     """The held-back expert labels as photos and class indices (a class no engine has yet is left out)."""
     xs, ys = [], []
     for s in samples:
@@ -90,7 +90,7 @@ def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str],
             continue
         check(should_stop, "while reading the field check set")
         try:
-            xs.append(torch.from_numpy(preprocess_file(s.file)))
+            xs.append(torch.from_numpy(preprocess_file(s.file, spec)))
         except (ImageRejected, OSError):
             continue
         ys.append(classes.index(s.label))
@@ -182,15 +182,16 @@ def retrain(
     torch.set_num_threads(tc.threads)
     current = store.open()
     previous = load_weights(current)
+    spec = PreprocessSpec.from_manifest(current.manifest["preprocess"])  # every photo as the daemon gives it to this engine
     classes = list(current.classes)
     sources = labelled_sources(cfg, classes)
     progress("reading photos")
-    labelled = load_labelled(sources, should_stop)
+    labelled = load_labelled(sources, should_stop, spec)
     stored = samples.all()
     check_ids = held_back(stored, tc.field_check_every)
     expert_labels = sum(1 for s in stored if s.kind == "expert")
-    received, ids, new_classes = _received(stored, classes, tc.expert_weight, labelled.gate_ids | check_ids, should_stop)
-    field = _field_check(stored, check_ids, classes, should_stop)
+    received, ids, new_classes = _received(stored, classes, tc.expert_weight, labelled.gate_ids | check_ids, should_stop, spec)
+    field = _field_check(stored, check_ids, classes, should_stop, spec)
     train, val = labelled.train, labelled.val
     if len(val) == 0:  # nothing could ever be published: say so, and keep the samples for when there is
         return RetrainResult(
@@ -237,6 +238,7 @@ def retrain(
         should_stop=should_stop,
         batchnorm=learning,
         on_epoch=lambda e, n: progress("training", epoch=e, epochs=n),
+        spec=spec,
     )
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
@@ -291,7 +293,7 @@ def retrain(
     }
     calib = train.x if len(train) else received.x
     truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos
-    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, DEFAULT_SPEC) if len(val) >= 10 and truth.any() else None
+    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, spec) if len(val) >= 10 and truth.any() else None
     # The samples are marked pending with a tag the manifest records, before the publish makes the version visible:
     # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
     progress("publishing")
@@ -310,6 +312,7 @@ def retrain(
             should_stop=should_stop,
             signing_key=signing_key,
             verdict=verdict,
+            spec=spec,
         )
     except BaseException:
         settle_published(store, samples)

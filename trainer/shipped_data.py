@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from edge_agent.config import default_data_path, default_store_path
+from edge_agent.preprocess import PreprocessSpec
 from engines.store import EngineStore
 from trainer.data import TensorDataset, recorded_split
 from trainer.publish import load_weights
@@ -70,7 +71,7 @@ def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -
     if len(parts["test"]) != split_info["test_photos"] or len(parts["train"]) != split_info["train_photos"]:
         raise ValueError(f"{data}: does not give the split recorded in {version.name}'s manifest")
     model = load_weights(version)
-    train = TensorDataset(parts["train"])
+    train = TensorDataset(parts["train"], PreprocessSpec.from_manifest(version.manifest["preprocess"]))
     with torch.no_grad():
         feats = torch.cat([model.features(train.x[i : i + 128]) for i in range(0, len(train), 128)])
     replay = []

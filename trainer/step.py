@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
-from trainer.model import LeafNet
+from trainer.models import Classifier
 from trainer.stop import check
 
 __all__ = ["StepChoice", "at_step", "choose_step", "interpolate_weights"]
@@ -50,7 +50,7 @@ def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha
 
 
 @torch.no_grad()
-def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64) -> tuple[torch.Tensor, float]:
+def _losses(model: Classifier, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64) -> tuple[torch.Tensor, float]:
     """Per-photo cross-entropy and top-1."""
     model.eval()
     losses, right = [], 0
@@ -62,7 +62,7 @@ def _losses(model: LeafNet, x: torch.Tensor, y: torch.Tensor, should_stop=lambda
     return torch.cat(losses), right / len(x)
 
 
-def at_step(trained: LeafNet, previous: LeafNet, a: float, bn_x: torch.Tensor, should_stop=lambda: False) -> LeafNet:
+def at_step(trained: Classifier, previous: Classifier, a: float, bn_x: torch.Tensor, should_stop=lambda: False) -> Classifier:
     """A copy of ``previous + a x (trained - previous)`` with its BatchNorm statistics recomputed on ``bn_x``."""
     model = copy.deepcopy(trained)
     if a < 1.0:
@@ -71,8 +71,8 @@ def at_step(trained: LeafNet, previous: LeafNet, a: float, bn_x: torch.Tensor, s
 
 
 def choose_step(
-    trained: LeafNet,
-    previous: LeafNet,
+    trained: Classifier,
+    previous: Classifier,
     steps: list[float],
     bn_x: torch.Tensor,
     val_x: torch.Tensor,
@@ -80,7 +80,7 @@ def choose_step(
     should_stop=lambda: False,
     search_photos: int = 192,
     seed: int = 0,
-) -> tuple[LeafNet, StepChoice]:
+) -> tuple[Classifier, StepChoice]:
     """The candidate ``previous + a x (trained - previous)`` for the smallest ``a`` in ``steps`` whose log-loss on
     ``val_x``/``val_y`` is within one standard error of the lowest (the one-standard-error rule: a larger step must
     be better by more than the gate photos can measure), its BatchNorm statistics recomputed on ``bn_x``.

@@ -20,7 +20,7 @@ from trainer.augment import Augment
 from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
-from trainer.model import LeafNet, build_model, count_parameters
+from trainer.models import Classifier, build_model, count_parameters
 from trainer.publish import publish_model
 
 __all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised"]
@@ -43,6 +43,7 @@ class TrainSettings:
     swa_epochs: int = 0  # average the weights of the last N epochs (Stochastic Weight Averaging); 0 = off
     init: str | None = None  # "STORE" or "STORE:VERSION": start from those weights instead of scratch
     calibrate: bool = True  # fold a softmax temperature fitted on the validation split into the model
+    head_epochs: int = 0  # train only the head for the first N epochs (a pretrained backbone: its features stay put)
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Evaluation:
+def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Evaluation:
     """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error."""
     model.eval()
     k = model.num_classes
@@ -82,7 +83,7 @@ def evaluate(model: LeafNet, x: torch.Tensor, y: torch.Tensor, batch: int = 128)
 
 
 def fit(
-    model: LeafNet,
+    model: Classifier,
     train: TensorDataset,
     val: TensorDataset,
     settings: TrainSettings,
@@ -91,7 +92,8 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     watch: dict | None = None,
     bn_x: torch.Tensor | None = None,
-) -> tuple[LeafNet, dict]:
+    spec: PreprocessSpec = DEFAULT_SPEC,
+) -> tuple[Classifier, dict]:
     """Train with Adam, warm-up + cosine learning rate and early stopping on validation top-1.
 
     ``batches(indices, generator)`` makes a training batch from photo indices (default: :class:`Augment` on the
@@ -106,7 +108,7 @@ def fit(
     gen = torch.Generator().manual_seed(settings.seed)
     torch.manual_seed(settings.seed)
     if batches is None:
-        augment = Augment()
+        augment = Augment(spec=spec)
         batches = lambda idx, g: augment(train.x[idx], g)  # noqa: E731
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     steps_per_epoch = max(1, math.ceil(len(train) / settings.batch_size))
@@ -131,6 +133,7 @@ def fit(
     bar = tqdm(range(start, settings.epochs), desc="train", unit="epoch", disable=not progress, dynamic_ncols=True)
     for epoch in bar:
         model.train()
+        _train_head_only(model, epoch < settings.head_epochs)
         order = torch.randperm(len(train), generator=gen)
         t0, running = time.perf_counter(), 0.0
         for i in range(0, len(order), settings.batch_size):
@@ -179,6 +182,7 @@ def fit(
         if epoch - best_epoch >= settings.patience:
             log.info("early_stop", epoch=epoch + 1, best_epoch=best_epoch + 1)
             break
+    _train_head_only(model, False)
     info = {"epochs_run": len(history), "best_epoch": best_epoch + 1, "history": history}
     if best_state is not None:
         model.load_state_dict(best_state)
@@ -198,6 +202,13 @@ def fit(
     return model, info
 
 
+def _train_head_only(model: Classifier, head_only: bool) -> None:
+    """Freeze everything but ``model.head`` (no gradient is computed through the backbone), or unfreeze it all."""
+    head = {id(p) for p in model.head.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(not head_only or id(p) in head)
+
+
 def lr_schedule(total: int, warmup: int = 0, swa: int = 0, floor: float = 0.25):
     """Learning-rate factor per step: linear warm-up, then cosine to 0 - or, with ``swa`` averaging steps at
     the end, cosine to ``floor``, held there while the weights are averaged."""
@@ -214,12 +225,12 @@ def lr_schedule(total: int, warmup: int = 0, swa: int = 0, floor: float = 0.25):
     return factor
 
 
-def _swa_model(swa, x: torch.Tensor, batch_size: int) -> LeafNet:
-    """The averaged weights as a plain LeafNet, with BatchNorm statistics recomputed on the training photos ``x``."""
+def _swa_model(swa, x: torch.Tensor, batch_size: int) -> Classifier:
+    """The averaged weights as a plain model, with BatchNorm statistics recomputed on the training photos ``x``."""
     return recompute_batchnorm(copy.deepcopy(swa.module), x, batch_size)
 
 
-def _initial_weights(spec: str, classes: list[str]) -> tuple[LeafNet, dict]:
+def _initial_weights(spec: str, classes: list[str]) -> tuple[Classifier, dict]:
     """Weights of a store version ("STORE" or "STORE:VERSION"); its classes must be the data's."""
     from engines.store import EngineStore
     from trainer.publish import load_weights
@@ -253,7 +264,7 @@ def train_supervised(
         model, init_info = _initial_weights(settings.init, folder.classes)
     else:
         model = build_model(len(folder.classes))
-    model, fit_info = fit(model, sets["train"], sets["val"], settings, progress)
+    model, fit_info = fit(model, sets["train"], sets["val"], settings, progress, spec=spec)
     scaling = calibrate(model, sets["val"].x, sets["val"].y).summary() if settings.calibrate else None
     metrics = _held_out_metrics(model, sets, folder.classes) | ({"calibration": scaling} if scaling else {})
     log.info("trained", val_top1=metrics["val"]["top1"], test_top1=metrics.get("test", {}).get("top1"))
@@ -310,7 +321,9 @@ def recalibrate(
     model = load_weights(opened)
     how = None
     if batchnorm:  # a field-trained release: over composed passes of its training photos (trainer.batchnorm)
-        bn_x, how = batchnorm_photos(opened.manifest.get("training", {}), sets["train"].samples, sets["train"].x[:0], split["seed"])
+        bn_x, how = batchnorm_photos(
+            opened.manifest.get("training", {}), sets["train"].samples, sets["train"].x[:0], split["seed"], spec=spec
+        )
         if bn_x is None:
             bn_x, how = sets["train"].x, f"exact statistics over the {len(sets['train'])} training photos"
         recompute_batchnorm(model, bn_x)
@@ -354,7 +367,7 @@ def _load_splits(data_dir, seed: int, test_fraction: float, val_fraction: float,
     return folder, sets, skipped
 
 
-def _held_out_metrics(model: LeafNet, sets: dict, classes: list[str]) -> dict:
+def _held_out_metrics(model: Classifier, sets: dict, classes: list[str]) -> dict:
     metrics = {"val": evaluate(model, sets["val"].x, sets["val"].y).summary(classes)}
     if len(sets["test"]):
         test = evaluate(model, sets["test"].x, sets["test"].y)

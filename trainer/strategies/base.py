@@ -23,7 +23,7 @@ import torch
 
 from edge_agent.trainer_config import StrategyConfig
 from engines.plugins import Registry
-from trainer.model import LeafNet
+from trainer.models import Classifier
 
 __all__ = ["Strategy", "Generation", "STRATEGIES", "register", "strategies", "get_strategy"]
 
@@ -80,14 +80,14 @@ class Strategy:
         self.config = config if config is not None else self.Config()
         self.seed = seed
 
-    def before(self, model: LeafNet, previous: LeafNet, data: Generation) -> Generation:
+    def before(self, model: Classifier, previous: Classifier, data: Generation) -> Generation:
         """Called before training; may return extra data to train on (replay)."""
         return data
 
-    def penalty(self, model: LeafNet, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def penalty(self, model: Classifier, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return logits.new_zeros(())
 
-    def after(self, model: LeafNet, data: Generation) -> None:
+    def after(self, model: Classifier, data: Generation) -> None:
         """Called after training the accepted candidate."""
 
 

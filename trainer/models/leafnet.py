@@ -1,4 +1,4 @@
-"""The plant-disease classifier: four conv blocks, global pooling and a small head.
+"""LeafNet: the project's small CNN trained from scratch (four or five conv blocks, global pooling, a small head).
 
 Written as plain composable blocks (the way torchvision/timm write models) so the
 trainer's strategies can reach the backbone and the head separately.
@@ -11,7 +11,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["ARCHS", "ConvBlock", "LeafNet", "build_model", "count_parameters"]
+from trainer.models._base import Classifier
+
+__all__ = ["LEAFNET_ARCHS", "ConvBlock", "LeafNet", "StridedStem"]
 
 
 class ConvBlock(nn.Sequential):
@@ -35,7 +37,7 @@ class StridedStem(nn.Sequential):
         )
 
 
-class LeafNet(nn.Module):
+class LeafNet(Classifier):
     """Small CNN for 128x128 RGB leaf photos (~465k parameters at 38 classes).
 
     ``features`` maps [N,3,H,W] to [N,hidden] embeddings; ``head`` maps those to logits. ``stem=True`` makes the
@@ -59,43 +61,11 @@ class LeafNet(nn.Module):
         self.head = nn.Linear(hidden, num_classes)
         self.arch = "LeafNet"  # the ARCHS name it was built as (build_model sets it)
 
-    @property
-    def num_classes(self) -> int:
-        return self.head.out_features
-
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Penultimate embedding [N, hidden] (after ReLU and dropout)."""
         return self.embed(self.pool(self.backbone(x)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
 
-    def grow_head(self, num_classes: int) -> None:
-        """Widen the classifier to ``num_classes`` outputs, keeping the learnt rows."""
-        old = self.head
-        if num_classes < old.out_features:
-            raise ValueError("the head can only grow")
-        new = nn.Linear(old.in_features, num_classes).to(old.weight.device, old.weight.dtype)
-        with torch.no_grad():
-            new.weight[: old.out_features] = old.weight
-            new.bias[: old.out_features] = old.bias
-        self.head = new
-
-
-#: Named architectures (a manifest's ``model.arch``): the seed's LeafNet, and LeafNet5 (strided stem, five
-#: stages to 384 channels; chosen by measurement for the 38-class release, ``docs/model.md``).
-ARCHS: dict[str, dict] = {"LeafNet": {}, "LeafNet5": {"channels": (32, 64, 128, 256, 384), "hidden": 256, "stem": True}}
-
-
-def build_model(num_classes: int, arch: str = "LeafNet", **kwargs) -> LeafNet:
-    """Create a freshly initialised model of architecture ``arch`` (a name in :data:`ARCHS`)."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
-    model = LeafNet(num_classes, **(ARCHS[arch] | kwargs))
-    model.arch = arch
-    return model
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+#: LeafNet's named variants (a manifest's ``model.arch``): the seed's LeafNet, and LeafNet5 (strided stem, five
+#: stages to 384 channels; v1000's architecture, ``docs/model.md``).
+LEAFNET_ARCHS: dict[str, dict] = {"LeafNet": {}, "LeafNet5": {"channels": (32, 64, 128, 256, 384), "hidden": 256, "stem": True}}
