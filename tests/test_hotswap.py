@@ -227,3 +227,76 @@ def test_a_signed_version_whose_network_does_not_match_its_manifest_does_not_sto
     finally:
         again.request_stop()
         t.join(30)
+
+
+def test_a_version_of_another_input_is_a_new_lineage_unless_it_claims_the_running_engine_as_its_parent():
+    """The golden photos are tensors of the old input: a new release on another input (no parent here) is verified
+    without them; a 'retrain' of the running engine that changed its input is refused."""
+    import types
+
+    from edge_agent.hotswap import SwapRefused, verify_candidate
+
+    old = {"input": {"shape": [None, 3, 4, 4]}, "preprocess": {"size": 4}, "classes": ["b", "c"]}
+
+    def engine(classes, parent=None, size=8):
+        manifest = {"input": {"shape": [None, 3, size, size]}, "preprocess": {"size": size}, "classes": classes}
+        if parent:
+            manifest["parent"] = parent
+        infer = lambda x: np.zeros((len(x), len(classes)), np.float32)
+        return types.SimpleNamespace(version=types.SimpleNamespace(manifest=manifest), classes=classes, engine_version="n", infer=infer)
+
+    golden = [(np.zeros((3, 4, 4), np.float32), 1)] * 4
+    measured = verify_candidate(engine(["a", "b", "c"]), old, "v1000", golden, 0.9)
+    assert measured["golden"] == 0 and "new: its input differs from v1000" in measured["lineage"]
+    with pytest.raises(SwapRefused, match="differs from its parent v1000"):
+        verify_candidate(engine(["a", "b", "c"], parent="v1000"), old, "v1000", golden, 0.9)
+    with pytest.raises(SwapRefused, match="it lacks c"):  # a new lineage still keeps every class by name
+        verify_candidate(engine(["a", "b"]), old, "v1000", golden, 0.9)
+
+
+def _lite_release(store: EngineStore, key, classes: list[str], parent: str | None = None) -> str:
+    """A small EfficientNet-Lite0 version (64 px, Lite's normalisation) published to ``store``."""
+    from trainer.models import build_model, data_config
+    from trainer.publish import publish_model
+
+    torch.manual_seed(0)
+    model = build_model(len(classes), "efficientnet-lite0").eval()
+    return publish_model(
+        model,
+        classes,
+        store.root,
+        spec=data_config("efficientnet-lite0", 64),
+        training={"kind": "test"},
+        signing_key=key,
+        parent=parent,
+        new_lineage=parent is None,
+    ).name
+
+
+def test_a_new_release_on_another_input_is_swapped_in_and_served_after_a_restart(running, signing_key, tmp_path):
+    """v0001 (LeafNet, 128 px) labelled the golden photos; a release of another architecture and input replaces it at
+    the hot swap, its photos preprocessed as its manifest says, and it still serves after a restart."""
+    daemon, store = running
+    drop(daemon, 10, 0)
+    wait_until(lambda: len(daemon.pipeline.golden.photos()) >= 8, 30, "golden photos")
+    new = _lite_release(store, signing_key, list(store.open().classes))
+    wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == new, 20, "swapped to the new lineage")
+    assert daemon.pipeline.classifier.spec.size == 64 and daemon.pipeline.classifier.spec.mean == (127 / 255,) * 3
+    assert "new" in daemon.watcher.swap_measured["lineage"]
+    drop(daemon, 3, 100)
+    served = f"SELECT COUNT(*) FROM results WHERE engine_version = '{new}'"
+    wait_until(lambda: db_rows(tmp_path / "state", served)[0][0] >= 3, 30, "served")
+    again, t = _restarted(tmp_path, store.root, signing_key, daemon)
+    try:
+        assert again.classifier.engine.engine_version == new and not again._refused_at_start
+    finally:
+        again.request_stop()
+        t.join(30)
+
+
+def test_a_retrain_that_changed_its_parents_input_is_refused_at_the_swap(running, signing_key):
+    daemon, store = running
+    bad = _lite_release(store, signing_key, list(store.open().classes), parent="v0001")
+    wait_until(lambda: bad in daemon.watcher.refused, 20, "refused")
+    assert "differs from its parent v0001" in daemon.watcher.refused[bad]
+    assert daemon.pipeline.classifier.engine.engine_version == "v0001"

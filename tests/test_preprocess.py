@@ -302,3 +302,67 @@ def test_a_truncated_or_huge_heic_or_another_iso_media_file_is_refused_with_the_
     bomb = heic[: at + 8] + struct.pack(">II", 30000, 30000) + heic[at + 16 :]
     with pytest.raises(ImageRejected, match="decompression bomb"):
         preprocess_bytes(bomb)
+
+
+def _phone_photo(w: int = 4032, h: int = 3024) -> bytes:
+    """A 12 MP JPEG with real texture (leaf-like noise, blurred), as a phone writes it."""
+    rng = np.random.default_rng(3)
+    small = (rng.random((h // 16, w // 16, 3)) * 255).astype(np.uint8)
+    img = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)
+    return encode(img)
+
+
+def test_a_12_mp_jpeg_is_decoded_at_reduced_scale_and_gives_what_a_reduced_decode_then_resize_gives():
+    data = _phone_photo()
+    header = read_header(data)
+    lite = PreprocessSpec(size=192, mean=(127 / 255,) * 3, std=(128 / 255,) * 3)
+    assert pp.reduction(header, 192) == 4 and pp.reduction(header, 128) == 8  # shorter side stays >= 2x the input
+    assert pp.reduction(header, 1600) == 1
+    quarter = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_COLOR_4 | cv2.IMREAD_IGNORE_ORIENTATION)
+    assert quarter.shape == (756, 1008, 3)
+    expected = pp.normalize(cv2.resize(quarter, (192, 192), interpolation=cv2.INTER_AREA), lite, order="BGR")
+    assert np.array_equal(preprocess_bytes(data, lite), expected)
+    # close to the full decode: the DCT scaling is an averaging filter too
+    full = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    exact = pp.normalize(cv2.resize(full, (192, 192), interpolation=cv2.INTER_AREA), lite, order="BGR")
+    assert float(np.abs(preprocess_bytes(data, lite) - exact).mean()) < 0.02
+
+
+def test_only_jpegs_are_decoded_reduced_and_a_rotated_one_comes_out_upright():
+    png = read_header(encode(np.zeros((1600, 1200, 3), np.uint8), ".png"))
+    assert pp.reduction(png, 128) == 1
+    rotated = with_exif_orientation(_phone_photo(2000, 1000), 6)
+    rgb = decode_rgb(rotated, PreprocessSpec(size=128))  # 1/2 scale (shorter side 1000 // 2 >= 256), then turned upright
+    assert rgb.shape == (1000, 500, 3)
+
+
+def test_a_12_mp_photo_gives_the_same_tensor_in_the_trainer_and_in_the_daemon(tmp_path):
+    """The daemon's classifier takes its preprocessing from the engine's manifest; every trainer path (the labelled
+    photos, the samples it receives, a release's lab photos) preprocesses with the same manifest and the same code."""
+    torch = pytest.importorskip("torch")
+    from trainer.data import Sample, TensorDataset
+    from trainer.fieldaug import load_lab_photos
+    from trainer.labelled import LabelledSources, load_labelled
+    from trainer.models import data_config
+
+    lite = data_config("efficientnet-lite0")
+    spec = PreprocessSpec.from_manifest(lite.to_manifest())  # what a Lite0 version's manifest records
+    path = tmp_path / "c" / "phone.jpg"
+    path.parent.mkdir()
+    path.write_bytes(_phone_photo())
+    daemon = preprocess_file(path, spec)
+    assert daemon.shape == (3, 192, 192)
+    assert np.array_equal(TensorDataset([Sample(path, 0)], spec).x[0].numpy(), daemon)
+    assert np.array_equal(load_lab_photos([Sample(path, 0)], spec).tensors(spec)[0][0].numpy(), daemon)
+    labelled = load_labelled(LabelledSources([Sample(path, 0)], [Sample(path, 0)], "test"), spec=spec)
+    assert np.array_equal(labelled.train.x[0].numpy(), daemon) and torch.equal(labelled.train.x, labelled.val.x)
+    # and not what the v1000-era default would have given
+    assert preprocess_file(path).shape == (3, 128, 128)
+
+
+def test_a_manifest_asking_for_preprocessing_the_daemon_does_not_do_is_refused_by_name():
+    lite = PreprocessSpec(size=192, mean=(127 / 255,) * 3, std=(128 / 255,) * 3).to_manifest()
+    with pytest.raises(ValueError, match="unsupported preprocessing in manifest"):
+        PreprocessSpec.from_manifest({**lite, "interpolation": "bicubic"})
+    with pytest.raises(ValueError, match="unsupported preprocessing in manifest"):
+        PreprocessSpec.from_manifest({**lite, "color": "BGR"})

@@ -41,6 +41,7 @@ def publish_model(
     verdict: dict | None = None,
     split: dict | None = None,
     version: str | None = None,
+    new_lineage: bool = False,
 ) -> StoreVersion:
     """Export ``model`` and publish it atomically to the store at ``store_dir``.
 
@@ -51,6 +52,8 @@ def publish_model(
     manifest's verdict section (:mod:`trainer.verdict_fit`); with an INT8 variant, how often INT8's verdict agrees
     with FP32's on ``held_out`` is recorded beside the top-1 agreement. ``split`` (split name -> photo paths relative
     to the training folder) is written as ``split.json``: which photos the model was and was not trained on.
+    ``parent`` defaults to the store's current version; ``new_lineage`` publishes with none (a release, which
+    descends from no version a device serves: :mod:`edge_agent.hotswap`'s new-lineage rule).
     """
     import json
 
@@ -103,8 +106,8 @@ def publish_model(
             "metrics": metrics,
             **({"verdict": verdict} if verdict is not None else {}),
         }
-        if parent is not None:
-            manifest["parent"] = parent
+        if parent is not None or new_lineage:
+            manifest["parent"] = None if new_lineage else parent
         check(should_stop, "before publishing")
         sign = None
         if signing_key is not None:
