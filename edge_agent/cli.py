@@ -171,10 +171,12 @@ def _status(args: argparse.Namespace) -> int:
             out[key] = live[key]
     try:
         from edge_agent.state import resolve_store
+        from edge_agent.upgrade import pending_release
 
-        out["pinned"] = resolve_store(cfg, state.root).pin()
+        store = resolve_store(cfg, state.root)
+        out["pinned"], out["release_pending"] = store.pin(), pending_release(store)
     except Exception:  # noqa: BLE001 - no store to read: status still reports the rest
-        out["pinned"] = None
+        out["pinned"], out["release_pending"] = None, None
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -219,6 +221,11 @@ def _status(args: argparse.Namespace) -> int:
         print(f"INBOX MISSING: {out.get('inbox')} is gone; photos dropped into it are picked up once it is back")
     if out.get("ledger"):
         print(f"LEDGER: {out['ledger']}")
+    if out.get("release_pending"):
+        print(
+            f"release {out['release_pending']} installed by the upgrade, not serving yet: the farm's own version serves until the "
+            "trainer's field check finds the release (or its retrain on the farm's labels) no worse (edge-trainer serve decides)"
+        )
     if out["pinned"]:
         pin = out["pinned"]
         print(

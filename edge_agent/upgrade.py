@@ -1,7 +1,9 @@
 """What an upgrade from an earlier release needs, in one place; each shim says what it keeps working and since when.
 
 * :data:`REPLACED_KEYS`: configuration keys an earlier release took, answered with what replaced them.
-* :func:`adopt_shipped_release`: a package upgrade puts the shipped release into a store that already has versions.
+* :func:`adopt_shipped_release`: a package upgrade puts the shipped release into a store that already has versions;
+  where the farm's own retrained version serves, the release waits beside it (:data:`PENDING_RELEASE`) until the
+  trainer's field check says which serves (:mod:`trainer.loop.release_adoption`).
 * :func:`adopt_shipped_signatures`: a store seeded before versions were signed gets the shipped signatures.
 
 Elsewhere, where the shim is the data's own reading of an older form: ``strategy = "ewc"`` in ``[trainer]``
@@ -16,7 +18,11 @@ from pathlib import Path
 
 from engines.store import EngineStore
 
-__all__ = ["REPLACED_KEYS", "adopt_shipped_release", "adopt_shipped_signatures"]
+__all__ = ["PENDING_RELEASE", "REPLACED_KEYS", "adopt_shipped_release", "adopt_shipped_signatures", "pending_release"]
+
+#: In a store's root: the name of a release installed by an upgrade that does not serve yet, because the farm's own
+#: retrained version does; the trainer decides on the farm's field check and removes the file.
+PENDING_RELEASE = "release-pending"
 
 #: Keys an earlier release accepted, and what took their place (said with the unknown-key error).
 REPLACED_KEYS = {
@@ -41,7 +47,12 @@ def adopt_shipped_release(store: EngineStore, shipped: Path) -> str | None:
     times since; where it is taken, the device keeps what it has and the release is not installed. The device's own
     versions stay in the store (``edge-agent engine rollback`` reaches them); labels keep their meaning because
     they are class names, which a later release extends. Done once: a release the store holds is never re-installed,
-    so a rollback after the upgrade stays."""
+    so a rollback after the upgrade stays.
+
+    Where the version in service is the farm's own (a retrain: it has a parent in the store) or a rollback pinned it,
+    the release is installed but not put in service: :data:`PENDING_RELEASE` names it, and the trainer puts it (or
+    its first retrain on the farm's labels) in service once the farm's field check finds it no worse. A device with
+    no trainer on its state directory keeps serving its own version, and ``edge-agent status`` says what waits."""
     try:
         release = EngineStore(shipped).current()
     except Exception:  # noqa: BLE001 - a package without a shipped store: nothing to adopt
@@ -52,8 +63,23 @@ def adopt_shipped_release(store: EngineStore, shipped: Path) -> str | None:
     shutil.rmtree(incoming, ignore_errors=True)
     incoming.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(shipped / release, incoming)
-    store.install(release, make_current=True)
+    current = store.current()
+    farm_taught = store.read_manifest(current).get("parent") in store.versions() or store.pin() is not None
+    store.install(release, make_current=not farm_taught)
+    if farm_taught:
+        from engines.durable import atomic_write
+
+        atomic_write(store.root / PENDING_RELEASE, f"{release}\n".encode(), durable=False)
     return release
+
+
+def pending_release(store: EngineStore) -> str | None:
+    """The release an upgrade installed that waits for the field check (:data:`PENDING_RELEASE`), or None."""
+    try:
+        name = (store.root / PENDING_RELEASE).read_text().strip()
+    except OSError:
+        return None
+    return name if name in store.versions() else None
 
 
 def adopt_shipped_signatures(store: EngineStore, shipped: Path, log=None) -> list[str]:

@@ -123,18 +123,23 @@ def _store_with(path: Path, versions: list[str], key) -> EngineStore:
 
 
 def test_an_upgrade_installs_the_shipped_release_once_and_keeps_the_devices_own_versions(tmp_path, signing_key):
+    """A device serving a bare release moves to the new one; one serving its own retrain keeps it, and the new
+    release waits beside it (``release-pending``) for the trainer's field check."""
     pytest.importorskip("torch")
-    from edge_agent.upgrade import adopt_shipped_release
+    from edge_agent.upgrade import adopt_shipped_release, pending_release
 
     shipped = _store_with(tmp_path / "shipped", ["v1000"], signing_key)
+    bare = _store_with(tmp_path / "bare" / "engines", ["v0001"], signing_key)
+    assert adopt_shipped_release(bare, shipped.root) == "v1000" and bare.current() == "v1000" and pending_release(bare) is None
     device = _store_with(tmp_path / "state" / "engines", ["v0001", "v0002"], signing_key)
-    assert device.current() == "v0002"
+    assert device.current() == "v0002" and device.read_manifest("v0002")["parent"] == "v0001"  # the farm's own retrain
     assert adopt_shipped_release(device, shipped.root) == "v1000"
-    assert device.versions() == ["v0001", "v0002", "v1000"] and device.current() == "v1000"
+    assert device.versions() == ["v0001", "v0002", "v1000"] and device.current() == "v0002"
+    assert pending_release(device) == "v1000"
     device.open("v1000", trust=TrustedKeys({signing_key.public_hex: "k"}))  # the signature survives the copy
-    device.set_current("v0002")  # the farmer rolls back to the device's own version: it stays
-    assert adopt_shipped_release(device, shipped.root) is None and device.current() == "v0002"
-    _store_with(device.root, [None], signing_key)  # the device's next retrain follows the release
+    assert adopt_shipped_release(device, shipped.root) is None and device.current() == "v0002"  # once
+    device.set_current("v1000")
+    _store_with(device.root, [None], signing_key)  # a retrain of the release follows it
     assert device.versions()[-1] == "v1001"
 
 
@@ -187,3 +192,137 @@ def test_a_release_trained_without_field_augmentation_records_so_and_its_retrain
     training = version.manifest["training"]
     assert training["augmentation"] is None and training["batchnorm"].startswith("exact over the ")
     assert batchnorm_photos(training, photos["train"].samples, torch.zeros(0, 3, 128, 128), 0)[0] is None
+
+
+def _lite_store(path: Path, version: str, key, classes: list[str]) -> EngineStore:
+    """A store whose only version is a small EfficientNet-Lite0 (64 px, Lite's normalisation): another input."""
+    import numpy as np
+    import torch
+
+    from trainer.models import build_model, data_config
+    from trainer.publish import publish_model
+
+    torch.manual_seed(1)
+    x = np.zeros((2, 3, 64, 64), np.float32)
+    spec = data_config("efficientnet-lite0", 64)
+    publish_model(
+        build_model(len(classes), "efficientnet-lite0").eval(),
+        classes,
+        path,
+        spec=spec,
+        held_out=(x, np.array([0, 1])),
+        signing_key=key,
+        version=version,
+    )
+    return EngineStore(path)
+
+
+def test_a_v1000_state_directory_upgraded_keeps_its_samples_and_the_field_check_decides_what_serves(tmp_path, signing_key):
+    """The farm's v1001 (LeafNet, 128 px) serves; an upgrade brings v2000 (EfficientNet-Lite0, 64 px). The next retrain
+    starts from v2000 on every sample the farm has, compares v2000 with v1001 on the field check (each given the
+    photos through its own preprocessing) and publishes a version of the new lineage only where it is no worse than
+    the one serving; the expert's labels stay, the old rehearsal tensors are set aside."""
+    torch = pytest.importorskip("torch")
+    import hashlib
+
+    from edge_agent.config import parse_config
+    from edge_agent.upgrade import adopt_shipped_release, pending_release
+    from trainer.retrain import retrain
+    from trainer.samples import SampleStore
+
+    from .conftest import encode, leaf_image
+
+    device = _store_with(tmp_path / "state" / "engines", ["v1000", "v1001"], signing_key)
+    shipped = _lite_store(tmp_path / "shipped", "v2000", signing_key, NAMES)
+    strategy = tmp_path / "state" / "trainer" / "strategy"
+    (strategy / "rehearsal").mkdir(parents=True)
+    torch.save({"x": torch.zeros(3, 3, 128, 128), "y": torch.tensor([0, 1, 2])}, strategy / "rehearsal" / "memory.pt")
+    (strategy / "lineage.json").write_text(json.dumps({"root": "v1000", "classes": NAMES}))
+    samples = SampleStore(tmp_path / "state" / "trainer")
+    for i in range(24):  # the farm's expert labels, as photos
+        data = encode(leaf_image(i, hue=40 * (i % 3)))
+        samples.add(
+            {
+                "id": hashlib.sha256(data).hexdigest(),
+                "kind": "expert",
+                "label": NAMES[i % 3],
+                "confidence": 1.0,
+                "engine_version": "v1001",
+                "ext": ".jpg",
+            },
+            data,
+        )
+    labelled = make_class_folders(tmp_path / "labelled", NAMES, 12)
+    cfg = parse_config(
+        {
+            "store": {"path": str(device.root), "require_signature": False},
+            "trainer": {
+                "labelled_data": str(labelled),
+                "epochs": 1,
+                "int8": False,
+                "field_check_every": 2,
+                "field_check_min": 6,
+                "nice": 0,
+            },
+        }
+    )
+
+    assert adopt_shipped_release(device, shipped.root) == "v2000" and device.current() == "v1001"
+    assert pending_release(device) == "v2000"
+    announced = []
+    result = retrain(cfg, device, samples, strategy, announce=announced.append, signing_key=signing_key)
+
+    assert samples.counts()["expert"] == 24  # nothing the expert said is lost
+    assert (strategy / "rehearsal.before-v1000" / "memory.pt").exists()  # 128 px tensors mean nothing to a 64 px model
+    serving = device.current()
+    if result.published:  # a version of the new lineage serves only where it was no worse than v1001 on the field
+        assert device.read_manifest(result.published)["parent"] == "v2000" and serving == result.published
+        assert pending_release(device) is None
+        if announced[0] == "v2000":  # the bare release served first (no worse than v1001), then its retrain followed
+            assert announced == ["v2000", result.published]
+        else:  # v1001 served until the candidate beat it
+            check = result.metrics["gate"]["against_serving"]
+            assert check["version"] == "v1001" and check["field_photos"] >= 6 and check["publish"]
+    elif serving == "v2000":  # the bare release was no worse than v1001 on the field check: it serves meanwhile
+        assert pending_release(device) is None and announced[0] == "v2000"
+    else:  # v1001 was better: it keeps serving, the release keeps waiting, and the next samples try again
+        assert serving == "v1001" and pending_release(device) == "v2000" and "v1001" in result.reason
+    samples.close()
+
+
+def test_against_serving_gives_each_model_the_photos_through_its_own_preprocessing_and_classes(tmp_path):
+    """A model that answers by the input's side and mean: the version in service sees its 128 px ImageNet-normalised
+    tensors and its own class order, the candidate its 64 px Lite tensors."""
+    torch = pytest.importorskip("torch")
+    import types
+
+    from edge_agent.preprocess import PreprocessSpec
+    from trainer.loop.release_adoption import against_serving
+    from trainer.samples import Sample
+    from trainer.strategies.base import Generation
+
+    from .conftest import encode, leaf_image
+
+    class BySide(torch.nn.Module):
+        def __init__(self, side: int, answer: int, k: int = 3):
+            super().__init__()
+            self.side, self.answer, self.num_classes = side, answer, k
+
+        def forward(self, x):
+            assert x.shape[-1] == self.side, f"given {x.shape[-1]} px, takes {self.side}"
+            out = torch.zeros(len(x), self.num_classes)
+            out[:, self.answer] = 1
+            return out
+
+    photos = []
+    for i in range(8):
+        f = tmp_path / f"{i}.jpg"
+        f.write_bytes(encode(leaf_image(i)))
+        photos.append(Sample(str(i), "expert", NAMES[0], 1.0, "v1001", str(f), float(i), None))
+    serving_classes = [NAMES[2], NAMES[0], NAMES[1]]  # its own order: NAMES[0] is its index 1
+    serving = types.SimpleNamespace(name="v1001", classes=serving_classes, manifest={"preprocess": PreprocessSpec().to_manifest()})
+    field = Generation(torch.zeros(8, 3, 64, 64), torch.zeros(8, dtype=torch.long), sample_ids=[str(i) for i in range(8)])
+    right = against_serving(serving, BySide(128, 1), BySide(64, 0), field, photos, 8, 2, 6)
+    assert right.publish and right.metrics["field_current_top1"] == 1.0 and right.metrics["field_candidate_top1"] == 1.0
+    worse = against_serving(serving, BySide(128, 1), BySide(64, 2), field, photos, 8, 2, 6)
+    assert not worse.publish and worse.reason.startswith("against v1001 in service: field check: top-1 0.0000 < current 1.0000")

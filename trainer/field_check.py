@@ -80,9 +80,18 @@ def _paired(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def field_gate(
-    candidate: Classifier, current: Classifier, x: torch.Tensor, y: torch.Tensor, expert_labels: int, every: int, min_photos: int
+    candidate: Classifier,
+    current: Classifier,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    expert_labels: int,
+    every: int,
+    min_photos: int,
+    current_xy: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> FieldDecision:
-    """Whether ``candidate`` may replace ``current`` as far as the field check set (``x``, ``y``) can tell."""
+    """Whether ``candidate`` may replace ``current`` as far as the field check set (``x``, ``y``) can tell.
+    ``current_xy``: the same photos as ``current`` takes them (its own preprocessing and class indices), where it is
+    of another lineage (a new release judged against the farm's own version)."""
     n = len(x)
     if expert_labels == 0 or every <= 0:
         why = "no expert labels yet" if every > 0 else "[trainer] field_check_every = 0"
@@ -96,7 +105,7 @@ def field_gate(
             metrics,
         )
     cand_right, _ = _scores(candidate, x, y)
-    cur_right, _ = _scores(current, x, y)
+    cur_right, _ = _scores(current, *(current_xy or (x, y)))
     diff, se = _paired(cand_right, cur_right)
     allowed = max(se, 1.0 / n)
     metrics.update(

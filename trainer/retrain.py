@@ -8,6 +8,9 @@ check set (:mod:`trainer.field_check`, which also decides whether BatchNorm stat
 are kept); if it passes both it is calibrated, exported, published atomically and announced. Samples are marked
 with the generation that used them only after the decision (a refused candidate marks them too, so the next
 retrain waits for new ones), so a trainer stopped or killed mid-way retrains on the same samples when it comes back.
+While an upgrade's release waits beside the farm's own version (:mod:`trainer.loop.release_adoption`), the retrain
+starts from the release instead, and its candidate must also be no worse on the field check than the version in
+service.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
+from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import Sample, SampleStore
@@ -84,7 +88,7 @@ def _received(
 
 def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str], should_stop, spec: PreprocessSpec) -> Generation:
     """The held-back expert labels as photos and class indices (a class no engine has yet is left out)."""
-    xs, ys = [], []
+    xs, ys, ids = [], [], []
     for s in samples:
         if s.id not in check_ids or s.label not in classes:
             continue
@@ -94,7 +98,8 @@ def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str],
         except (ImageRejected, OSError):
             continue
         ys.append(classes.index(s.label))
-    return Generation(torch.stack(xs), torch.tensor(ys)) if xs else empty_generation()
+        ids.append(s.id)
+    return Generation(torch.stack(xs), torch.tensor(ys), sample_ids=ids) if xs else empty_generation()
 
 
 def _recheck_pseudo(teacher, received: Generation, tau: float, should_stop) -> tuple[Generation, dict]:
@@ -180,8 +185,11 @@ def retrain(
     tc = cfg.trainer
     log = get_logger("trainer.retrain", strategy=tc.strategy.type)
     torch.set_num_threads(tc.threads)
-    current = store.open()
+    serving = store.open()
+    base = lineage_base(store)  # an upgrade's release waiting beside the farm's own version: learn on its lineage
+    current = store.open(base) if base else serving
     previous = load_weights(current)
+    serving_model = previous if base is None else load_weights(serving)
     spec = PreprocessSpec.from_manifest(current.manifest["preprocess"])  # every photo as the daemon gives it to this engine
     classes = list(current.classes)
     sources = labelled_sources(cfg, classes)
@@ -192,6 +200,16 @@ def retrain(
     expert_labels = sum(1 for s in stored if s.kind == "expert")
     received, ids, new_classes = _received(stored, classes, tc.expert_weight, labelled.gate_ids | check_ids, should_stop, spec)
     field = _field_check(stored, check_ids, classes, should_stop, spec)
+    if base is not None:  # the bare release against the farm's version: no worse on the field, it serves at once
+        bare = against_serving(
+            serving, serving_model, previous, field, stored, expert_labels, tc.field_check_every, tc.field_check_min, should_stop
+        )
+        log.info("release_against_serving", release=current.name, serving=serving.name, publish=bare.publish, reason=bare.reason)
+        if bare.publish:
+            store.set_current(current.name)
+            settle_pending(store)
+            announce(current.name)
+            serving, serving_model = current, previous
     train, val = labelled.train, labelled.val
     if len(val) == 0:  # nothing could ever be published: say so, and keep the samples for when there is
         return RetrainResult(
@@ -265,6 +283,14 @@ def retrain(
     if adapted is not None:
         adapted["published_with"] = adapted["kept"] and candidate is variants[0]
     decision = _both(decision, on_field)
+    if decision.publish and serving.name != current.name:
+        progress("checking against the version in service")
+        rival = against_serving(
+            serving, serving_model, candidate, field, stored, expert_labels, tc.field_check_every, tc.field_check_min, should_stop
+        )
+        decision.metrics["against_serving"] = {"version": serving.name, "publish": rival.publish, **rival.metrics}
+        if not rival.publish:
+            decision.publish, decision.reason = False, rival.reason
     metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}, "samples": counts}
     if adapted is not None:
         metrics["field_batchnorm"] = adapted
@@ -318,6 +344,7 @@ def retrain(
         settle_published(store, samples)
         raise
     samples.mark_used(ids, version.name)
+    settle_pending(store)  # the release's lineage serves now
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
     log.info("retrain_published", engine_version=version.name, parent=current.name, seconds=round(time.perf_counter() - t0, 1))

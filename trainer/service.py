@@ -17,6 +17,7 @@ from pathlib import Path
 
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.log import get_logger
+from edge_agent.upgrade import pending_release
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
 from engines.signing import load_or_create_key
@@ -69,6 +70,7 @@ class TrainerService:
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
         self._field_wait: tuple[int, str | None] = (-1, None)  # (sample count, why no candidate could be judged yet)
+        self._release_tried = -1  # the sample count a retrain of an upgrade's pending release last ran on
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
         self._classes_of: tuple[str | None, list[str]] = (None, [])  # the current version and its classes
 
@@ -141,6 +143,7 @@ class TrainerService:
             "retrains": dict(self.retrains),
             "store": str(self.store.root),
             "retraining": self.retraining,
+            "release_pending": pending_release(self.store),
         }
 
     def _describe(self) -> dict:
@@ -181,6 +184,9 @@ class TrainerService:
     def _due(self) -> bool:
         counts = self.samples.counts()
         total = counts["pseudo"] + counts["expert"]
+        if pending_release(self.store) and self._release_tried != total:  # an upgrade's release: learn on it at once
+            self._release_tried = total
+            return True
         if self._hold is not None and total <= self._hold:
             return False  # the last retrain failed on exactly these samples: wait for new ones
         self._hold = None

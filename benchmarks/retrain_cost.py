@@ -1,0 +1,168 @@
+"""One on-device retrain of the shipped model on an expert's labels of field photos: wall time, peak memory, and the
+field and lab top-1 of the engine in service before and after it, over seeds.
+
+``python -m benchmarks.retrain_cost --out DIR [--labels 100] [--seeds 1 2 3] [--field apple-orchard]``
+
+Per seed: the field's photos are split stratified (25 % held out as the field test); ``--labels`` of the rest, drawn
+stratified at random, are the expert's labels, stored in a fresh state directory's sample store as the daemon's
+hand-off would; the trainer's defaults (the shipped replay and gate photos, the field check on every 4th expert
+label, INT8) and :func:`trainer._child.retrain_in_child`, as ``edge-trainer serve`` runs it, retrain once. Peak
+memory is the retrain child's maximum resident set (each seed in its own process). Before and after: the engine in
+service through :class:`edge_agent.classifier.Classifier` (as the daemon runs it) on the field test and on the
+release's lab test photos (its ``split.json``; never trained or gated on). Writes ``DIR/seed-N.json`` and
+``DIR/summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+__all__ = ["one_seed", "summarise"]
+
+
+def _split(field: Path, seed: int, labels: int) -> tuple[list, list]:
+    """(test, labelled): 25 % of each class held out, then ``labels`` of the rest stratified at random."""
+    rng = random.Random(seed)
+    test, rest = [], []
+    for cls in sorted(d for d in field.iterdir() if d.is_dir()):
+        photos = sorted(cls.glob("*.jpg"))
+        rng.shuffle(photos)
+        cut = len(photos) // 4
+        test += [(p, cls.name) for p in photos[:cut]]
+        rest.append([(p, cls.name) for p in photos[cut:]])
+    per = [labels // len(rest) + (1 if i < labels % len(rest) else 0) for i in range(len(rest))]
+    return test, [x for group, n in zip(rest, per) for x in group[:n]]
+
+
+def _top1(store_root: Path, photos: list) -> float:
+    from edge_agent.classifier import Classifier
+    from edge_agent.config import parse_config
+    from engines.loader import open_engine
+
+    with open_engine(store_root, parse_config({}).engine) as engine:
+        clf = Classifier(engine)
+        return round(sum(clf.predict_file(p).label == c for p, c in photos) / len(photos), 4)
+
+
+def one_seed(seed: int, labels: int, field: Path, lab: Path) -> dict:
+    """Set up a state directory, measure, retrain once, measure again."""
+    from edge_agent.config import default_store_path, parse_config
+    from edge_agent.log import configure_logging
+    from edge_agent.state import seed_store
+    from engines.signing import load_or_create_key
+    from engines.store import EngineStore
+    from trainer._child import retrain_in_child
+    from trainer.data import recorded_split
+    from trainer.samples import SampleStore
+
+    configure_logging("warning", "console")
+    test, labelled = _split(field, seed, labels)
+    with tempfile.TemporaryDirectory(prefix="retrain-cost-") as tmp:
+        state = Path(tmp)
+        seed_store(default_store_path(), state / "engines")
+        store = EngineStore(state / "engines")
+        shipped = store.open()
+        lab_test = [(s.path, shipped.classes[s.label]) for s in recorded_split(shipped, lab)["test"]]
+        before = {"field": _top1(store.root, test), "lab": _top1(store.root, lab_test), "version": shipped.name}
+        samples = SampleStore(state / "trainer")
+        for p, cls in labelled:
+            data = p.read_bytes()
+            header = {"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": cls, "confidence": 1.0}
+            samples.add({**header, "engine_version": shipped.name, "ext": p.suffix}, data)
+        samples.close()
+        cfg = parse_config({"daemon": {"state_dir": str(state)}, "store": {"require_signature": False}})
+        load_or_create_key(state / "trainer" / "signing.key")
+        t0 = time.perf_counter()
+        result = retrain_in_child(
+            cfg,
+            store.root,
+            state / "trainer",
+            state / "trainer" / "strategy",
+            state / "trainer" / "signing.key",
+            announce=lambda v: None,
+            progress=lambda *a, **k: None,
+            should_stop=lambda: False,
+        )
+        seconds = time.perf_counter() - t0
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        after = {"field": _top1(store.root, test), "lab": _top1(store.root, lab_test), "version": store.current()}
+    return {
+        "seed": seed,
+        "labels": len(labelled),
+        "field_test_photos": len(test),
+        "lab_test_photos": len(lab_test),
+        "before": before,
+        "after": after,
+        "published": result.published,
+        "reason": result.reason,
+        "retrain_seconds": round(seconds, 1),
+        "retrain_peak_rss_mb": round(peak_mb),
+        "gate": result.metrics.get("gate"),
+    }
+
+
+def summarise(out: Path) -> str:
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("seed-*.json"))]
+
+    def ms(values: list[float]) -> str:
+        return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
+
+    r0 = runs[0]
+    lines = [
+        "# One retrain on an expert's field labels",
+        "",
+        f"`python -m benchmarks.retrain_cost --out {out} --labels {r0['labels']}`; {len(runs)} seeds, mean +- sd; "
+        f"field test: {r0['field_test_photos']} held-out photos; lab: the release's {r0['lab_test_photos']} test photos.",
+        "",
+        "| | before | after |",
+        "|---|---|---|",
+        f"| field top-1 | {ms([r['before']['field'] for r in runs])} | {ms([r['after']['field'] for r in runs])} |",
+        f"| lab top-1 | {ms([r['before']['lab'] for r in runs])} | {ms([r['after']['lab'] for r in runs])} |",
+        "",
+        f"Published: {sum(bool(r['published']) for r in runs)} of {len(runs)}. Retrain wall time "
+        f"{ms([r['retrain_seconds'] for r in runs])} s, peak RSS {max(r['retrain_peak_rss_mb'] for r in runs)} MB (2 CPU cores).",
+    ]
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--labels", type=int, default=100)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    ap.add_argument("--field", default="apple-orchard")
+    ap.add_argument("--data", default=str(SHARED / "field"))
+    ap.add_argument("--lab", default=str(SHARED / "plantvillage"))
+    ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a seed in its own process
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.one is not None:
+        result = one_seed(args.one, args.labels, Path(args.data) / args.field, Path(args.lab))
+        (out / f"seed-{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    for seed in args.seeds:
+        if not (out / f"seed-{seed}.json").exists():
+            cmd = [sys.executable, "-m", "benchmarks.retrain_cost", "--out", str(out), "--labels", str(args.labels), "--one", str(seed)]
+            subprocess.run(cmd + ["--field", args.field, "--data", args.data, "--lab", args.lab], check=True, cwd=REPO)
+    print(summarise(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
