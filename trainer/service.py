@@ -17,9 +17,9 @@ from pathlib import Path
 
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.log import get_logger
-from edge_agent.upgrade import pending_release
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
+from edge_agent.upgrade import pending_release
 from engines.signing import load_or_create_key
 from engines.store import StoreError
 from trainer._child import retrain_in_child
