@@ -32,8 +32,9 @@ class OnnxRuntimeConfig(BackendConfig):
     )
     precision: Literal["auto", "fp32", "fp16", "int8"] = Field(
         "auto",
-        description="auto: int8 on cpu where the store version's calibrated INT8 variant agreed with FP32 on at least "
-        "`int8_min_agreement` of its check photos, fp16 on tensorrt, fp32 otherwise; the choice "
+        description="auto: on cpu, int8 where the store version's calibrated INT8 variant agreed with FP32 on at least "
+        "`int8_min_agreement` of its check photos and runs faster than FP32 here (measured once per version, cached), "
+        "fp16 on tensorrt, fp32 otherwise; the choice "
         "and its reason are logged and shown by `status`. fp32; int8 runs the INT8 QDQ model (cpu only); fp16 lets "
         "the TensorRT EP use half precision (tensorrt only).",
     )
@@ -50,7 +51,9 @@ class OnnxRuntimeConfig(BackendConfig):
         description="Let ONNX Runtime's worker threads busy-wait between inferences (its own default): slightly lower "
         "latency, but they burn CPU the decode workers need and power a battery cannot spare.",
     )
-    cache_dir: str = Field("", description="TensorRT EP engine cache; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent, under ort-trt/.")
+    cache_dir: str = Field(
+        "", description="TensorRT EP engine cache and the auto precision's timings; empty means $CACHE_DIRECTORY or ~/.cache/edge-agent."
+    )
     trt_workspace_mb: int = Field(1024, ge=64, description="TensorRT EP builder workspace (MiB).")
     trt_max_batch: int = Field(
         32, ge=1, le=1024, description="TensorRT EP: largest batch of the engine's shape profile; bigger batches are split."
@@ -140,7 +143,6 @@ class OnnxRuntimeEngine(Engine):
             hint = " (install onnxruntime-gpu, the 'jetson' extra)" if config.provider != "cpu" else ""
             raise BackendUnavailable(f"ONNX Runtime {ort.__version__} here has no {wanted}{hint}; available: {', '.join(available)}")
         self._precision, self.precision_reason = choose_precision(config, version)
-        model = version.artifact("int8" if self._precision == "int8" else "onnx")
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if config.intra_op_threads:
@@ -149,13 +151,9 @@ class OnnxRuntimeEngine(Engine):
         opts.log_severity_level = 3
         providers = provider_chain(config, self._precision, version)
         self._max_batch = config.trt_max_batch if config.provider == "tensorrt" else None
-        try:
-            # From the bytes whose sha256 was just checked, not the path: a file replaced after the check is never loaded.
-            self._session = ort.InferenceSession(version.read_verified(model.name), sess_options=opts, providers=providers)
-        except StoreError:
-            raise
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise EngineError(f"{version.name}: ONNX Runtime could not load {model.name}: {exc}") from exc
+        self._session = self._load(ort, "int8" if self._precision == "int8" else "onnx", opts, providers)
+        if config.precision == "auto" and self._precision == "int8":  # same answers: the faster of the two, measured here
+            self._precision, self.precision_reason = self._faster(ort, opts, providers)
         active = self._session.get_providers()
         if wanted not in active:
             raise BackendUnavailable(
@@ -167,6 +165,62 @@ class OnnxRuntimeEngine(Engine):
         # Warm up with one photo: the arena's first region is then sized for a single photo, the size the
         # idle shrink in trim() runs with, so every region a burst adds is fully free and handed back.
         self._session.run([self._output.name], {self._input.name: self._one_photo()})
+
+    def _load(self, ort, kind: str, opts, providers):
+        """An InferenceSession of the version's ``kind`` artifact, from the bytes whose sha256 was just checked (not the
+        path: a file replaced after the check is never loaded)."""
+        model = self.version.artifact(kind)
+        try:
+            return ort.InferenceSession(self.version.read_verified(model.name), sess_options=opts, providers=providers)
+        except StoreError:
+            raise
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise EngineError(f"{self.version.name}: ONNX Runtime could not load {model.name}: {exc}") from exc
+
+    def _faster(self, ort, opts, providers) -> tuple[str, str]:
+        """INT8 qualified by agreement: keep it only where it runs a photo faster than FP32 on this machine (INT8's
+        depthwise convolutions can be slower than FP32's on an x86 CPU). Timed once per version and INT8 file, the
+        median of 30 runs of one photo each, and cached (``ort-precision/``) so later starts read the answer."""
+        import json
+
+        from engines.durable import atomic_write
+
+        sha = self.version.manifest["files"][self.version.artifact("int8").name]["sha256"][:16]
+        cached = cache_dir(self.config.cache_dir, "ort-precision") / f"{self.version.name}-{sha}.json"
+        try:
+            timing = json.loads(cached.read_text())
+            fp32_ms, int8_ms = float(timing["fp32_ms"]), float(timing["int8_ms"])
+        except (OSError, ValueError, KeyError, TypeError):
+            fp32 = self._load(ort, "onnx", opts, providers)
+            int8_ms, fp32_ms = self._median_ms(self._session), self._median_ms(fp32)
+            try:
+                atomic_write(cached, json.dumps({"fp32_ms": fp32_ms, "int8_ms": int8_ms}).encode(), durable=False)
+            except OSError:
+                pass  # a read-only cache: measured again at the next start
+            if fp32_ms < int8_ms:
+                self._session = fp32
+        else:
+            if fp32_ms < int8_ms:
+                self._session = self._load(ort, "onnx", opts, providers)
+        said = f"INT8 {int8_ms:.2f} ms vs FP32 {fp32_ms:.2f} ms a photo here"
+        if fp32_ms < int8_ms:
+            return "fp32", f"{self.precision_reason}, but {said}: FP32 is faster"
+        return "int8", f"{self.precision_reason}; {said}"
+
+    def _median_ms(self, session) -> float:
+        import statistics
+        import time
+
+        feed = {session.get_inputs()[0].name: self._one_photo()}
+        out = [session.get_outputs()[0].name]
+        for _ in range(3):
+            session.run(out, feed)
+        times = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            session.run(out, feed)
+            times.append((time.perf_counter() - t0) * 1000)
+        return round(statistics.median(times), 3)
 
     def _one_photo(self) -> np.ndarray:
         import numpy as np
