@@ -39,7 +39,7 @@ class ReleaseSettings(TrainSettings):
     arch: str = "efficientnet-lite0"
     size: int = 192  # input side (trainer.models.data_config: 160 / 192 / 224 for the Lite family)
     pretrained: bool = True  # start from the registry's checked ImageNet weights
-    augmentation: str = "lab"  # "lab": flips, rotation, colour, zoom (trainer.augment); "field": FieldComposer
+    augmentation: str = "lab"  # "lab": flips, rotation, colour, zoom (trainer.augment); "flips": flips only; "field": FieldComposer
     zoom: tuple[float, float] | None = (0.8, 1.3)  # "lab" only: the random scale range
     epochs: int = 4
     batch_size: int = 32
@@ -119,7 +119,11 @@ def train_release(
     model = build_model(len(folder.classes), settings.arch, pretrained=settings.pretrained).to(memory_format=torch.channels_last)
     if augmentation is None:
         train_ds = TensorDataset.of(train.samples, *train.tensors(spec))
-        augment = Augment(spec=spec, zoom=settings.zoom)
+        augment = (
+            Augment(max_degrees=0, brightness=0, contrast=0, noise_std=0, spec=spec)
+            if settings.augmentation == "flips"
+            else Augment(spec=spec, zoom=settings.zoom)
+        )
         batches = lambda idx, g: augment(train_ds.x[idx], g).contiguous(memory_format=torch.channels_last)  # noqa: E731
         bn_x = train_ds.x
     else:
