@@ -33,27 +33,77 @@ class _Collected(Exception):
     """Raised by the hook once it has its layer's input: the rest of the forward pass is not needed."""
 
 
+#: Deeper networks get their statistics in one pass (:func:`recompute_batchnorm`): layer by layer costs a pass per layer.
+EXACT_MAX_LAYERS = 16
+
+
+def _accumulate(total: dict, t: torch.Tensor) -> None:
+    """Add a batch of a BatchNorm layer's input to ``total`` (count, mean, squared deviations; float64)."""
+    dims = [0, *range(2, t.dim())]
+    var, mean = torch.var_mean(t, dims, correction=0)  # this batch, in float32 (deviations from its own mean)
+    k = t.numel() // t.shape[1]
+    n, mean, m2 = total["n"], mean.double(), var.double() * k
+    delta = mean - total["mean"]  # Chan et al.: combine two groups' means and squared deviations
+    total["mean"] = total["mean"] + delta * (k / (n + k))
+    total["m2"] = total["m2"] + m2 + delta * delta * (n * k / (n + k))
+    total["n"] = n + k
+
+
+def _store(bn: torch.nn.Module, total: dict) -> None:
+    bn.running_mean.copy_(total["mean"].to(bn.running_mean.dtype))
+    bn.running_var.copy_((total["m2"] / (total["n"] - 1)).to(bn.running_var.dtype))
+
+
+def _precise_batchnorm(model: torch.nn.Module, layers: list, x: torch.Tensor, batch_size: int, should_stop) -> torch.nn.Module:
+    """One pass: BatchNorm layers in training mode (batch statistics), everything else in eval mode (no dropout or
+    stochastic depth), each layer's input accumulated; then the accumulated statistics become the running ones."""
+    totals = [{"n": 0, "mean": 0.0, "m2": 0.0} for _ in layers]
+    hooks = [
+        bn.register_forward_pre_hook(lambda _m, inputs, total=total: _accumulate(total, inputs[0])) for bn, total in zip(layers, totals)
+    ]
+    saved = [(bn.running_mean.clone(), bn.running_var.clone(), bn.num_batches_tracked.clone()) for bn in layers]
+    try:
+        for bn in layers:
+            bn.train()
+        for i in range(0, len(x), batch_size):
+            check(should_stop, "while recomputing BatchNorm statistics")
+            if len(x) - i >= 2:  # training-mode BatchNorm needs two photos
+                model(x[i : i + batch_size])
+    finally:
+        for h in hooks:
+            h.remove()
+        for bn, (mean, var, tracked) in zip(layers, saved):
+            bn.eval()
+            bn.running_mean.copy_(mean), bn.running_var.copy_(var), bn.num_batches_tracked.copy_(tracked)
+    for bn, total in zip(layers, totals):
+        if total["n"] > 1:
+            _store(bn, total)
+    return model.eval()
+
+
 @torch.no_grad()
 def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64, should_stop=lambda: False) -> torch.nn.Module:
-    """Replace every BatchNorm layer's running statistics by the exact ones over ``x`` (un-augmented photos), in
-    place; returns ``model`` in eval mode. ``batch_size`` only bounds memory. Raises :class:`trainer.stop.Stopped`
-    between batches once ``should_stop()`` is true."""
+    """Replace every BatchNorm layer's running statistics by the ones over ``x`` (un-augmented photos), in place;
+    returns ``model`` in eval mode. ``batch_size`` only bounds memory. Raises :class:`trainer.stop.Stopped` between
+    batches once ``should_stop()`` is true.
+
+    Up to :data:`EXACT_MAX_LAYERS` BatchNorm layers (LeafNet: 5-6) the statistics are exact: layer by layer, each over
+    its input as the network computes it in eval mode with the layers before it already set (a partial forward
+    pass per layer). Deeper networks (EfficientNet-Lite0: 49 layers, where that costs about 25 full passes) get
+    "precise BatchNorm" (Wu & Johnson 2021) in one pass: every layer normalises by its batch's statistics while the
+    population statistics of its input are accumulated, so a batch of ``batch_size`` photos stands in for the
+    population the layers before it would see."""
     model.eval()
     if len(x) < 2:
         return model
-    for bn in [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]:
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if len(layers) > EXACT_MAX_LAYERS:
+        return _precise_batchnorm(model, layers, x, batch_size, should_stop)
+    for bn in layers:
         total = {"n": 0, "mean": 0.0, "m2": 0.0}  # running count, mean and sum of squared deviations (float64)
 
         def collect(_module, inputs, total=total):
-            t = inputs[0]
-            dims = [0, *range(2, t.dim())]
-            var, mean = torch.var_mean(t, dims, correction=0)  # this batch, in float32 (deviations from its own mean)
-            k = t.numel() // t.shape[1]
-            n, mean, m2 = total["n"], mean.double(), var.double() * k
-            delta = mean - total["mean"]  # Chan et al.: combine two groups' means and squared deviations
-            total["mean"] = total["mean"] + delta * (k / (n + k))
-            total["m2"] = total["m2"] + m2 + delta * delta * (n * k / (n + k))
-            total["n"] = n + k
+            _accumulate(total, inputs[0])
             raise _Collected
 
         hook = bn.register_forward_pre_hook(collect)
@@ -66,8 +116,7 @@ def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int
                     pass
         finally:
             hook.remove()
-        bn.running_mean.copy_(total["mean"].to(bn.running_mean.dtype))
-        bn.running_var.copy_((total["m2"] / (total["n"] - 1)).to(bn.running_var.dtype))
+        _store(bn, total)
     return model
 
 
