@@ -332,6 +332,7 @@ def _release(args: argparse.Namespace) -> int:
     staging = out.with_name(f".{out.name}.release-tmp")
     shutil.rmtree(staging, ignore_errors=True)
     chosen = {"epochs": args.epochs, "augmentation": args.augmentation, "head_epochs": args.head_epochs, "lr": args.lr, "size": args.size}
+    chosen["freeze_batchnorm"] = args.freeze_batchnorm
     settings = ReleaseSettings(**{k: v for k, v in chosen.items() if v is not None})
     t0 = time.perf_counter()
     version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty(), watch_field=args.watch_field)
@@ -408,10 +409,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--key", required=True, help="the project's release key (../shared/release/edge-agent-release.key)")
     r.add_argument("--out", default="edge_agent/default_store", help="the store to write (replaced once the release is done)")
     r.add_argument("--work", default="train-work/release", help="checkpoints: a run that finds one resumes from it")
-    r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 4)")
+    r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 3)")
     r.add_argument("--augmentation", choices=["lab", "flips", "field"], default=None, help="training augmentation (default: the release's)")
     r.add_argument("--head-epochs", type=int, default=None, help="epochs training the new head alone first (default: the release's)")
     r.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the release's)")
+    r.add_argument(
+        "--freeze-batchnorm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the pretrained BatchNorm statistics while fine-tuning",
+    )
     r.add_argument("--size", type=int, default=None, help="input side, a multiple of 32 (default: the release's 192)")
     r.add_argument(
         "--watch-field",

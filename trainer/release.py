@@ -2,8 +2,8 @@
 
 ``edge-trainer release --data ../shared/data/plantvillage --key ../shared/release/edge-agent-release.key --out DIR``
 (``make release``) fine-tunes the ImageNet-pretrained EfficientNet-Lite0 (:mod:`trainer.models`) on the lab photos,
-the head alone first, then the whole network, checkpointing every epoch into ``--work`` so an interrupted run
-resumes; then exact BatchNorm statistics, a fitted temperature, the verdict's statistics (:mod:`trainer.verdict_fit`),
+the whole network with its ImageNet BatchNorm statistics kept, checkpointing every epoch into ``--work`` so an
+interrupted run resumes; then (unless frozen) BatchNorm statistics over the training photos, a fitted temperature, the verdict's statistics (:mod:`trainer.verdict_fit`),
 ONNX + INT8, the photo lists of the split (``split.json``), and a store at ``--out`` signed with the release key.
 :data:`LEAFNET5_RELEASE` is v1000's recipe (LeafNet5 from scratch with field augmentation), kept as the reference.
 Field photos are never read here except by ``--watch-field``, which records them in the history and chooses nothing.
@@ -39,14 +39,15 @@ class ReleaseSettings(TrainSettings):
     arch: str = "efficientnet-lite0"
     size: int = 192  # input side (trainer.models.data_config: 160 / 192 / 224 for the Lite family)
     pretrained: bool = True  # start from the registry's checked ImageNet weights
-    augmentation: str = "lab"  # "lab": flips, rotation, colour, zoom (trainer.augment); "flips": flips only; "field": FieldComposer
+    augmentation: str = "flips"  # "flips": flips only; "lab": flips, rotation, colour, zoom (trainer.augment); "field": FieldComposer
     zoom: tuple[float, float] | None = (0.8, 1.3)  # "lab" only: the random scale range
-    epochs: int = 4
+    epochs: int = 3
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 1e-4
     warmup_epochs: int = 1
-    head_epochs: int = 1  # the new head alone first, so the backbone is not pulled by a random head's gradients
+    head_epochs: int = 0  # the new head alone first (1 was measured: docs/model.md)
+    freeze_batchnorm: bool = True  # ImageNet's BatchNorm statistics kept: lab photos' own cost the field (docs/model.md)
     patience: int = 10_000  # no early stop: the schedule runs to its end
     swa_epochs: int = 0
     threads: int | None = 2
@@ -72,6 +73,7 @@ LEAFNET5_RELEASE = ReleaseSettings(
     weight_decay=5e-4,
     warmup_epochs=2,
     head_epochs=0,
+    freeze_batchnorm=False,
     swa_epochs=8,
 )
 
@@ -183,7 +185,9 @@ def finish_release(
         key = load_or_create_key(key_path)  # it exists: loaded, never made
     spec = settings.spec
     sets = {name: TensorDataset.of(p.samples, *p.tensors(spec)) for name, p in photos.items()}
-    recompute_batchnorm(model, info.pop("bn_x"))  # exact, over the composed training batches (BN_PASSES)
+    bn_x = info.pop("bn_x")
+    if not settings.freeze_batchnorm:  # frozen: the pretrained statistics it was trained with stay
+        recompute_batchnorm(model, bn_x)  # over the (composed) training photos
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     metrics = _held_out_metrics(model, sets, folder.classes) | {"calibration": scaling.summary()}
     verdict = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, spec)
@@ -218,7 +222,9 @@ def finish_release(
         "selected": info["selected"],
         "swa": info.get("swa"),
         "batchnorm": (
-            f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos"
+            "frozen: the pretrained network's statistics, kept while fine-tuning"
+            if settings.freeze_batchnorm
+            else f"exact over {BN_PASSES} composed passes of the {len(photos['train'].samples)} training photos"
             if info.get("augmentation", True)
             else f"exact over the {len(photos['train'].samples)} training photos"
         ),

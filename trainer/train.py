@@ -44,6 +44,7 @@ class TrainSettings:
     init: str | None = None  # "STORE" or "STORE:VERSION": start from those weights instead of scratch
     calibrate: bool = True  # fold a softmax temperature fitted on the validation split into the model
     head_epochs: int = 0  # train only the head for the first N epochs (a pretrained backbone: its features stay put)
+    freeze_batchnorm: bool = False  # keep BatchNorm's running statistics (a pretrained network's) while training
 
 
 @dataclass
@@ -134,6 +135,10 @@ def fit(
     for epoch in bar:
         model.train()
         _train_head_only(model, epoch < settings.head_epochs)
+        if settings.freeze_batchnorm:  # normalise by the pretrained statistics, as at inference; affine terms still learn
+            for m in model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.eval()
         order = torch.randperm(len(train), generator=gen)
         t0, running = time.perf_counter(), 0.0
         for i in range(0, len(order), settings.batch_size):
