@@ -187,7 +187,7 @@ def test_a_release_trained_without_field_augmentation_records_so_and_its_retrain
     from trainer.release import ReleaseSettings, finish_release, train_release
 
     data = make_class_folders(tmp_path / "data", NAMES, 40)
-    settings = ReleaseSettings(epochs=1, swa_epochs=0, batch_size=16, threads=2)
+    settings = ReleaseSettings(epochs=1, swa_epochs=0, batch_size=16, threads=2, freeze_batchnorm=False)
     model, info, folder, photos = train_release(data, tmp_path / "work", settings, progress=False, augmentation=None)
     assert info["augmentation"] is None and info["bn_x"].shape[0] == len(photos["train"].samples)
     version = finish_release(model, info, folder, photos, tmp_path / "store", None, settings)
