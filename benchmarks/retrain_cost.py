@@ -1,7 +1,7 @@
 """One on-device retrain of the shipped model on an expert's labels of field photos: wall time, peak memory, and the
 field and lab top-1 of the engine in service before and after it, over seeds.
 
-``python -m benchmarks.retrain_cost --out DIR [--labels 100] [--seeds 1 2 3] [--field apple-orchard]``
+``python -m benchmarks.retrain_cost --out DIR [--labels 100] [--seeds 1 2 3] [--field apple-orchard] [--store DIR]``
 
 Per seed: the field's photos are split stratified (25 % held out as the field test); ``--labels`` of the rest, drawn
 stratified at random, are the expert's labels, stored in a fresh state directory's sample store as the daemon's
@@ -57,7 +57,7 @@ def _top1(store_root: Path, photos: list) -> float:
         return round(sum(clf.predict_file(p).label == c for p, c in photos) / len(photos), 4)
 
 
-def one_seed(seed: int, labels: int, field: Path, lab: Path) -> dict:
+def one_seed(seed: int, labels: int, field: Path, lab: Path, shipped_store: Path | None = None) -> dict:
     """Set up a state directory, measure, retrain once, measure again."""
     from edge_agent.config import default_store_path, parse_config
     from edge_agent.log import configure_logging
@@ -72,7 +72,7 @@ def one_seed(seed: int, labels: int, field: Path, lab: Path) -> dict:
     test, labelled = _split(field, seed, labels)
     with tempfile.TemporaryDirectory(prefix="retrain-cost-") as tmp:
         state = Path(tmp)
-        seed_store(default_store_path(), state / "engines")
+        seed_store(shipped_store or default_store_path(), state / "engines")
         store = EngineStore(state / "engines")
         shipped = store.open()
         lab_test = [(s.path, shipped.classes[s.label]) for s in recorded_split(shipped, lab)["test"]]
@@ -148,18 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--field", default="apple-orchard")
     ap.add_argument("--data", default=str(SHARED / "field"))
     ap.add_argument("--lab", default=str(SHARED / "plantvillage"))
+    ap.add_argument("--store", default=None, help="Engine store to start from (default: the shipped one).")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a seed in its own process
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
-        result = one_seed(args.one, args.labels, Path(args.data) / args.field, Path(args.lab))
+        result = one_seed(args.one, args.labels, Path(args.data) / args.field, Path(args.lab), Path(args.store) if args.store else None)
         (out / f"seed-{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
     for seed in args.seeds:
         if not (out / f"seed-{seed}.json").exists():
             cmd = [sys.executable, "-m", "benchmarks.retrain_cost", "--out", str(out), "--labels", str(args.labels), "--one", str(seed)]
-            subprocess.run(cmd + ["--field", args.field, "--data", args.data, "--lab", args.lab], check=True, cwd=REPO)
+            cmd += ["--field", args.field, "--data", args.data, "--lab", args.lab] + (["--store", args.store] if args.store else [])
+            subprocess.run(cmd, check=True, cwd=REPO)
     print(summarise(out))
     return 0
 

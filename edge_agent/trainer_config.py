@@ -140,6 +140,18 @@ class TrainerSection(BaseModel):
         description="Average the weights of the last N epochs of a retrain (SWA, learning rate held at a quarter of lr); "
         "0: the last epoch's weights after a cosine decay to zero.",
     )
+    frozen_blocks: int = Field(
+        -1,
+        ge=-1,
+        le=1000,
+        description="Leading feature blocks a retrain leaves as they are (less time and memory); -1: the architecture's "
+        "own choice (none for LeafNet, the stem and stages 1-4 for EfficientNet-Lite).",
+    )
+    batchnorm: Literal["auto", "recompute", "keep"] = Field(
+        "auto",
+        description="A retrain's BatchNorm statistics: recomputed on its training photos, kept as the engine in service has "
+        "them, or auto: the architecture's own choice (recompute for LeafNet, keep for EfficientNet-Lite).",
+    )
     pseudo_lambda: float = Field(1.0, ge=0, description="Weight of the confidence-weighted pseudo-label loss.")
     expert_weight: float = Field(
         2.0, ge=0, description="Weight of an expert's label in the cross-entropy, relative to a photo of labelled_data (1)."

@@ -253,3 +253,39 @@ def test_distillation_keeps_a_retrain_closer_to_the_model_in_service(tmp_path):
             return float(F.kl_div(F.log_softmax(cand.eval()(probe), 1), teacher, log_target=True, reduction="batchmean"))
 
     assert drift(10.0) < drift(0.0)
+
+
+def _lite_toy() -> Generation:
+    data = toy(n_per_class=4)
+    return Generation(torch.nn.functional.interpolate(data.x, size=64), data.y)
+
+
+def test_a_retrain_of_efficientnet_lite_leaves_its_first_blocks_and_its_batchnorm_statistics_as_they_were(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(3, "efficientnet-lite0")  # registry default: stem and stages 1-4 held, statistics kept
+    for m in model.modules():  # statistics that a recompute over the toy photos would certainly change
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.fill_(0.1)
+    out, _ = train_generation(model, _lite_toy(), get_strategy("finetune")(tmp_path / "f"), FAST, 1e-2)
+    before, after = model.state_dict(), out.state_dict()
+    held = {f"stem.{k}" for k in model.stem.state_dict()} | {f"blocks.{i}.{k}" for i in range(8) for k in model.blocks[i].state_dict()}
+    assert all(torch.equal(before[k], after[k]) for k in held)
+    assert not torch.equal(before["blocks.8.project.0.weight"], after["blocks.8.project.0.weight"])  # stage 5 on learns
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+    assert all(torch.equal(before[k], after[k]) for k in before if "running_" in k)  # no statistics recomputed
+    assert out.frozen_blocks == 9 and out.keep_batchnorm
+
+
+def test_trainer_settings_override_what_a_retrain_holds_and_leafnet_holds_nothing_by_default(tmp_path):
+    from trainer.continual import hold
+
+    lite = build_model(3, "efficientnet-lite0")
+    everything = sum(p.numel() for p in lite.parameters())
+    assert hold(lite, settings(frozen_blocks=0, batchnorm="recompute")) == everything and not lite.keep_batchnorm
+    assert hold(lite, settings(frozen_blocks=1000)) == lite.head.weight.numel() + lite.head.bias.numel()  # all but the head
+    leaf = build_model(3, "LeafNet5")
+    assert hold(leaf, settings()) == sum(p.numel() for p in leaf.parameters()) and not leaf.keep_batchnorm
+    leaf.train()
+    assert all(m.training for m in leaf.modules())
+    with pytest.raises(ValueError):
+        settings(batchnorm="sometimes")

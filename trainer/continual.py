@@ -18,14 +18,14 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from edge_agent.trainer_config import TrainerSection
 from trainer.augment import Augment
-from trainer.models import Classifier
+from trainer.models import ARCHS, Classifier
 from trainer.step import at_step
 from trainer.stop import check
 from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
 
-__all__ = ["ramp", "train_generation"]
+__all__ = ["hold", "ramp", "train_generation"]
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -34,6 +34,15 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
         return 1.0
     t = epoch / ramp_epochs
     return math.exp(-5.0 * (1.0 - t) ** 2)
+
+
+def hold(model: Classifier, settings: TrainerSection) -> int:
+    """Freeze what ``[trainer]`` ``frozen_blocks`` and ``batchnorm`` say a retrain of ``model`` leaves as it is (-1 and
+    auto: its registry entry's choice); returns how many parameters still learn."""
+    entry = ARCHS.get(model.arch)
+    blocks = settings.frozen_blocks if settings.frozen_blocks >= 0 else entry.retrain_frozen_blocks if entry else 0
+    keep = settings.batchnorm == "keep" or (settings.batchnorm == "auto" and entry is not None and entry.retrain_keep_batchnorm)
+    return model.freeze(blocks, keep)
 
 
 def train_generation(
@@ -66,9 +75,11 @@ def train_generation(
     model = copy.deepcopy(previous)
     if num_classes and num_classes > model.num_classes:
         model.grow_head(num_classes)
+    learning = hold(model, settings)
+    log.info("generation_layers", frozen_blocks=model.frozen_blocks, keep_batchnorm=model.keep_batchnorm, learning_parameters=learning)
     data = strategy.before(model, previous, data)
     augment = Augment(spec=spec)  # in the normalisation of the model's own preprocessing
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=settings.weight_decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=settings.weight_decay)
     # There is no validation set to pick a checkpoint with (the gate's photos stay unseen), so the candidate is
     # the last epoch's weights after a cosine decay to zero - or, with swa_epochs, the average of the last
     # epochs' weights (Stochastic Weight Averaging), the same kind of solution as an SWA-trained model in service
@@ -121,4 +132,4 @@ def train_generation(
         model = copy.deepcopy(swa.module)
     if not batchnorm:  # the caller chooses the step and recomputes the statistics (trainer.step)
         return model.eval(), data
-    return at_step(model, previous, interpolate, data.x if bn_x is None else bn_x), data
+    return at_step(model, previous, interpolate, None if model.keep_batchnorm else data.x if bn_x is None else bn_x), data

@@ -261,7 +261,8 @@ def retrain(
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
         progress("choosing the step")
-        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, used.x, val.x, val.y, should_stop, seed=tc.seed)
+        bn_x = None if candidate.keep_batchnorm else used.x
+        candidate, step = choose_step(candidate, previous, tc.pseudo_only_steps, bn_x, val.x, val.y, should_stop, seed=tc.seed)
         log.info("step_chosen", **step.summary())
     check(should_stop, "before the gate")
     variants = [candidate]

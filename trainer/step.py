@@ -62,19 +62,20 @@ def _losses(model: Classifier, x: torch.Tensor, y: torch.Tensor, should_stop=lam
     return torch.cat(losses), right / len(x)
 
 
-def at_step(trained: Classifier, previous: Classifier, a: float, bn_x: torch.Tensor, should_stop=lambda: False) -> Classifier:
-    """A copy of ``previous + a x (trained - previous)`` with its BatchNorm statistics recomputed on ``bn_x``."""
+def at_step(trained: Classifier, previous: Classifier, a: float, bn_x: torch.Tensor | None, should_stop=lambda: False) -> Classifier:
+    """A copy of ``previous + a x (trained - previous)`` with its BatchNorm statistics recomputed on ``bn_x`` (None:
+    kept, for a network trained with them held)."""
     model = copy.deepcopy(trained)
     if a < 1.0:
         interpolate_weights(model, previous, a)
-    return recompute_batchnorm(model, bn_x, should_stop=should_stop)
+    return model.eval() if bn_x is None else recompute_batchnorm(model, bn_x, should_stop=should_stop)
 
 
 def choose_step(
     trained: Classifier,
     previous: Classifier,
     steps: list[float],
-    bn_x: torch.Tensor,
+    bn_x: torch.Tensor | None,
     val_x: torch.Tensor,
     val_y: torch.Tensor,
     should_stop=lambda: False,
@@ -95,7 +96,7 @@ def choose_step(
     if len(set(steps)) == 1:  # nothing to choose between
         return at_step(trained, previous, steps[0], bn_x, should_stop), StepChoice(steps[0], [{"step": steps[0]}])
     sample = bn_x
-    if len(bn_x) > search_photos:
+    if bn_x is not None and len(bn_x) > search_photos:
         sample = bn_x[torch.randperm(len(bn_x), generator=torch.Generator().manual_seed(seed))[:search_photos]]
 
     scored = {}

@@ -133,12 +133,9 @@ def fit(
         log.info("resumed", checkpoint=str(checkpoint), epoch=start)
     bar = tqdm(range(start, settings.epochs), desc="train", unit="epoch", disable=not progress, dynamic_ncols=True)
     for epoch in bar:
+        model.keep_batchnorm = settings.freeze_batchnorm  # the pretrained statistics, as at inference; affine terms learn
         model.train()
         _train_head_only(model, epoch < settings.head_epochs)
-        if settings.freeze_batchnorm:  # normalise by the pretrained statistics, as at inference; affine terms still learn
-            for m in model.modules():
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                    m.eval()
         order = torch.randperm(len(train), generator=gen)
         t0, running = time.perf_counter(), 0.0
         for i in range(0, len(order), settings.batch_size):

@@ -49,6 +49,8 @@ class ModelEntry:
     sizes: tuple[int, ...]  # input sides it may be trained at (the first is its default)
     weights: PretrainedWeights | None = None
     adapt_weights: Callable[[Classifier, dict], dict] | None = None  # the weight file's keys -> the module's
+    retrain_frozen_blocks: int = 0  # leading feature blocks an on-device retrain leaves as they are (docs/model.md)
+    retrain_keep_batchnorm: bool = False  # a retrain keeps the BatchNorm statistics (True) or recomputes them
 
 
 def _lite(variant: str, sha256: str, file_hash: str, default: int) -> ModelEntry:
@@ -66,6 +68,10 @@ def _lite(variant: str, sha256: str, file_hash: str, default: int) -> ModelEntry
             source=f"ImageNet-1k, TensorFlow's {variant} checkpoint converted to PyTorch (Apache-2.0)",
         ),
         adapt_weights=lite_state_dict,
+        # the stem and stages 1-4 (the high-resolution half: most of the activations a backward pass keeps) stay
+        # ImageNet's, and so do the statistics, as in the release (docs/model.md, "On-device retrains")
+        retrain_frozen_blocks=9,
+        retrain_keep_batchnorm=True,
     )
 
 

@@ -1,4 +1,5 @@
-"""What every architecture in the registry offers the trainer: ``features``, a linear ``head``, a head that grows."""
+"""What every architecture in the registry offers the trainer: ``features``, a linear ``head``, a head that grows, and
+leading blocks and BatchNorm statistics that training can leave as they are."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class Classifier(nn.Module):
 
     head: nn.Linear
     arch: str = ""
+    frozen_blocks: int = 0  # leading feature_blocks() that training leaves unchanged (set by freeze())
+    keep_batchnorm: bool = False  # BatchNorm normalises by its running statistics while training, and keeps them
 
     @property
     def num_classes(self) -> int:
@@ -26,6 +29,35 @@ class Classifier(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+    def feature_blocks(self) -> list[nn.Module]:
+        """The feature extractor's blocks from the input on (those :meth:`freeze` may hold); [] where not split."""
+        return []
+
+    def freeze(self, blocks: int = 0, keep_batchnorm: bool = False) -> int:
+        """Hold the first ``blocks`` feature blocks (no gradients, inference mode) and, with ``keep_batchnorm``, every
+        BatchNorm's statistics while training; returns how many parameters still learn."""
+        blocks = min(max(blocks, 0), len(self.feature_blocks()))
+        for p in self.parameters():
+            p.requires_grad_(True)
+        for block in self.feature_blocks()[:blocks]:
+            for p in block.parameters():
+                p.requires_grad_(False)
+        self.frozen_blocks, self.keep_batchnorm = blocks, keep_batchnorm
+        self.train(self.training)
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def train(self, mode: bool = True) -> "Classifier":
+        """``nn.Module.train``, leaving what :meth:`freeze` holds in inference mode."""
+        super().train(mode)
+        if mode:
+            for block in self.feature_blocks()[: self.frozen_blocks]:
+                block.eval()
+            if self.keep_batchnorm:
+                for m in self.modules():
+                    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                        m.eval()
+        return self
 
     def grow_head(self, num_classes: int) -> None:
         """Widen the classifier to ``num_classes`` outputs, keeping the learnt rows."""

@@ -123,6 +123,10 @@ class EfficientNetLite(Classifier):
         self.head = nn.Linear(1280, num_classes)
         self.variant = variant
 
+    def feature_blocks(self) -> list[nn.Module]:
+        """The stem, the 16 MBConv blocks (Lite0) and the 1x1 head convolution, from the input on."""
+        return [self.stem, *self.blocks, self.head_conv]
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled 1280-channel features [N, 1280] (after dropout while training)."""
         return self.dropout(self.pool(self.head_conv(self.blocks(self.stem(x)))).flatten(1))

@@ -61,6 +61,10 @@ class LeafNet(Classifier):
         self.head = nn.Linear(hidden, num_classes)
         self.arch = "LeafNet"  # the ARCHS name it was built as (build_model sets it)
 
+    def feature_blocks(self) -> list[nn.Module]:
+        """The convolutional blocks and the embedding layer, from the input on."""
+        return [*self.backbone, self.embed]
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Penultimate embedding [N, hidden] (after ReLU and dropout)."""
         return self.embed(self.pool(self.backbone(x)))
