@@ -126,12 +126,15 @@ class TrainerSection(BaseModel):
     epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
     batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
     lr: float = Field(
-        2e-3,
-        gt=0,
+        0.0,
+        ge=0,
         le=1,
-        description="AdamW peak learning rate (cosine decay after it) of a retrain with an expert's labels or new classes.",
+        description="AdamW peak learning rate (cosine decay after it) of a retrain with an expert's labels or new classes; "
+        "0: the architecture's own (2e-3 for LeafNet, 5e-4 for a pretrained EfficientNet-Lite).",
     )
-    pseudo_only_lr: float = Field(5e-4, gt=0, le=1, description="Learning rate of a retrain on pseudo-labels alone.")
+    pseudo_only_lr: float = Field(
+        0.0, ge=0, le=1, description="Learning rate of a retrain on pseudo-labels alone; 0: a quarter of the architecture's lr."
+    )
     weight_decay: float = Field(1e-4, ge=0, le=1, description="AdamW weight decay of a retrain.")
     swa_epochs: int = Field(
         10,

@@ -33,7 +33,8 @@ def test_shipped_store_is_complete_and_verifies():
     store = EngineStore(default_store_path())
     version = store.open()  # checks every sha256
     m = version.manifest
-    assert len(m["classes"]) == 38 and version.name == "v1000"
+    assert len(m["classes"]) == 38 and version.name == "v2000" and m["model"]["arch"] == "efficientnet-lite0"
+    assert store.versions()[:1] == ["v1000"]  # the release before it stays, for a device that pins it
     assert {"onnx", "int8", "split"} <= set(m["artifacts"]) and "verdict" in m
     assert TrustedKeys.default().check(version.path) == "the edge-agent project (release key)"
 
@@ -162,7 +163,7 @@ def test_engine_commands_act_on_the_daemons_store_and_never_on_the_package(tmp_p
     """`engine list|rollback|unpin` without --store: the daemon's <state>/engines, as `run` resolves it."""
     import hashlib
 
-    from .daemon_helpers import SHIPPED
+    from .daemon_helpers import SHIPPED, SHIPPED_NEXT
 
     def digest(root: Path) -> str:
         return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())).hexdigest()
@@ -176,12 +177,12 @@ def test_engine_commands_act_on_the_daemons_store_and_never_on_the_package(tmp_p
     s.publish(
         {n: v.path / n for n in v.manifest["files"]},
         {k: x for k, x in v.manifest.items() if k not in ("parent", "version")},
-        version="v1001",
+        version=SHIPPED_NEXT,
     )
-    (s.root / "v1001" / "manifest.sig").write_bytes((v.path / "manifest.sig").read_bytes())  # not a valid signature
+    (s.root / SHIPPED_NEXT / "manifest.sig").write_bytes((v.path / "manifest.sig").read_bytes())  # not a valid signature
     out = run_cli("engine", "rollback", "--state-dir", str(state), "--to", SHIPPED)
-    assert out.returncode == 0 and f"v1001 -> {SHIPPED}" in out.stdout and "pinned to " + SHIPPED in out.stdout
-    assert s.current() == SHIPPED and s.pin()["from"] == "v1001"
+    assert out.returncode == 0 and f"{SHIPPED_NEXT} -> {SHIPPED}" in out.stdout and "pinned to " + SHIPPED in out.stdout
+    assert s.current() == SHIPPED and s.pin()["from"] == SHIPPED_NEXT
     out = run_cli("engine", "unpin", "--state-dir", str(state))
     assert out.returncode == 0 and "lifted" in out.stdout and s.pin() is None
     assert digest(default_store_path()) == package  # nothing written into the installed package

@@ -289,3 +289,13 @@ def test_trainer_settings_override_what_a_retrain_holds_and_leafnet_holds_nothin
     assert all(m.training for m in leaf.modules())
     with pytest.raises(ValueError):
         settings(batchnorm="sometimes")
+
+
+def test_a_retrain_takes_the_architectures_learning_rate_unless_the_configuration_names_one():
+    from trainer.continual import learning_rate
+
+    lite, leaf = build_model(3, "efficientnet-lite0"), build_model(3, "LeafNet5")
+    assert learning_rate(leaf, settings()) == 2e-3 and learning_rate(leaf, settings(), pseudo_only=True) == 5e-4
+    assert learning_rate(lite, settings()) == 5e-4 and learning_rate(lite, settings(), pseudo_only=True) == 1.25e-4
+    assert learning_rate(lite, settings(lr=1e-3, pseudo_only_lr=3e-4)) == 1e-3
+    assert learning_rate(lite, settings(lr=1e-3, pseudo_only_lr=3e-4), pseudo_only=True) == 3e-4

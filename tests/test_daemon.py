@@ -512,7 +512,8 @@ def test_the_default_daemon_asks_the_expert_about_confident_answers_until_their_
         for p in samples:
             shutil.copy(p, d.inbox / p.name)
         wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM label_queue")[0][0] >= len(samples), 60, "every photo queued")
-        assert db_rows(d.state, "SELECT COUNT(*) FROM results WHERE verdict = 'confident'")[0][0] == len(samples)
+        confident = {pid for (pid,) in db_rows(d.state, "SELECT photo_id FROM results WHERE verdict = 'confident'")}
+        assert confident  # the shipped model is sure of some of the sample photos, and none becomes a pseudo-label
         assert db_rows(d.state, "SELECT kind, COUNT(*) FROM label_queue GROUP BY kind") == [("review", len(samples))]
 
         def cli(*args):
@@ -525,7 +526,7 @@ def test_the_default_daemon_asks_the_expert_about_confident_answers_until_their_
 
         asked = [json.loads(line) for line in cli("review", "list", "--json").splitlines()]
         assert len(asked) == len(samples)
-        first = asked[0]
+        first = next(a for a in asked if a["photo_id"] in confident)
         cli("review", "label", first["photo_id"], first["label"])  # the expert agrees: one right check
         said, verdict, expert = db_rows(d.state, "SELECT r.label, r.verdict, e.label FROM expert_labels e JOIN results r USING (sha256)")[0]
         assert (said, verdict, expert) == (first["label"], "confident", first["label"])

@@ -148,7 +148,7 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
         assert f"connected to tcp://127.0.0.1:{ports[5555]}" in tile and f"serving {SHIPPED}" in tile, tile
         # a new version: the canary (greenhouse: the first by name, 10 % of two is one) first, then the shed
         v2 = publish_nudged(trainer.state / "engines", trainer.state / "trainer" / "signing.key")
-        wait_until(lambda: '"engine_swapped"' in devices["greenhouse"].log("edge-agent"), 60, "the canary serves the new version")
+        wait_until(lambda: '"engine_swapped"' in devices["greenhouse"].log("edge-agent"), 150, "the canary serves the new version")
         assert '"engine_swapped"' not in devices["shed"].log("edge-agent")  # not before the canary has served it
         wait_until(lambda: '"engine_swapped"' in devices["shed"].log("edge-agent"), 60, "the rest once the canary served it")
 

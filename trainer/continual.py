@@ -25,7 +25,7 @@ from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
 
-__all__ = ["hold", "ramp", "train_generation"]
+__all__ = ["hold", "learning_rate", "ramp", "train_generation"]
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -43,6 +43,16 @@ def hold(model: Classifier, settings: TrainerSection) -> int:
     blocks = settings.frozen_blocks if settings.frozen_blocks >= 0 else entry.retrain_frozen_blocks if entry else 0
     keep = settings.batchnorm == "keep" or (settings.batchnorm == "auto" and entry is not None and entry.retrain_keep_batchnorm)
     return model.freeze(blocks, keep)
+
+
+def learning_rate(model: Classifier, settings: TrainerSection, pseudo_only: bool = False) -> float:
+    """A retrain's peak learning rate: ``[trainer]`` ``lr`` (``pseudo_only_lr`` on pseudo-labels alone), or where it
+    is 0 the architecture's own (a quarter of it on pseudo-labels alone)."""
+    entry = ARCHS.get(model.arch)
+    base = entry.retrain_lr if entry else 2e-3
+    if pseudo_only:
+        return settings.pseudo_only_lr or base / 4
+    return settings.lr or base
 
 
 def train_generation(

@@ -29,7 +29,7 @@ def publish_model(
     classes: list[str],
     store_dir: str | os.PathLike,
     *,
-    spec: PreprocessSpec = DEFAULT_SPEC,
+    spec: PreprocessSpec | None = None,
     metrics: dict | None = None,
     training: dict | None = None,
     calibration: np.ndarray | None = None,
@@ -53,7 +53,9 @@ def publish_model(
     with FP32's on ``held_out`` is recorded beside the top-1 agreement. ``split`` (split name -> photo paths relative
     to the training folder) is written as ``split.json``: which photos the model was and was not trained on.
     ``parent`` defaults to the store's current version; ``new_lineage`` publishes with none (a release, which
-    descends from no version a device serves: :mod:`edge_agent.hotswap`'s new-lineage rule).
+    descends from no version a device serves: :mod:`edge_agent.hotswap`'s new-lineage rule). ``spec`` defaults to
+    the parent's preprocessing where the parent is of the same architecture (a retrain keeps its parent's input), else
+    the architecture's own (:func:`trainer.models.data_config`).
     """
     import json
 
@@ -63,6 +65,8 @@ def publish_model(
     if len(classes) != model.num_classes:
         raise ValueError(f"{len(classes)} class names for a model with {model.num_classes} outputs")
     metrics = dict(metrics or {})
+    if spec is None:
+        spec = _inherited_spec(model, store_dir, None if new_lineage else parent)
     with tempfile.TemporaryDirectory(prefix="edge-publish-") as tmp:
         work = Path(tmp)
         files = {ONNX_FILE: work / ONNX_FILE, WEIGHTS_FILE: work / WEIGHTS_FILE}
@@ -117,6 +121,19 @@ def publish_model(
         version = EngineStore(store_dir).publish(files, manifest, make_current=make_current, sign=sign, version=version)
     log.info("published", engine_version=version.name, store=str(store_dir))
     return version
+
+
+def _inherited_spec(model: Classifier, store_dir: str | os.PathLike, parent: str | None) -> PreprocessSpec:
+    """The preprocessing of ``parent`` (default: the store's current version) if it is ``model``'s architecture, else
+    the architecture's own."""
+    from trainer.models import ARCHS, data_config
+
+    if parent is not None or (Path(store_dir) / "current").exists():
+        store = EngineStore(store_dir)
+        m = store.read_manifest(parent or store.current())
+        if m.get("model", {}).get("arch") == model.arch and "preprocess" in m:
+            return PreprocessSpec.from_manifest(m["preprocess"])
+    return data_config(model.arch) if model.arch in ARCHS else DEFAULT_SPEC
 
 
 def load_weights(version: StoreVersion) -> Classifier:

@@ -27,7 +27,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from engines.store import EngineStore
 from trainer.calibrate import calibrate
-from trainer.continual import train_generation
+from trainer.continual import learning_rate, train_generation
 from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
@@ -238,7 +238,7 @@ def retrain(
     strategy = get_strategy(tc.strategy.type)(strategy_dir / tc.strategy.type, tc.strategy, seed=tc.seed)
     # Something new to learn (an expert's labels, a new class): the full step. Pseudo-labels alone: a cautious one.
     learning = counts["expert"] > 0 or bool(new_classes)
-    lr, interpolate = (tc.lr, tc.interpolate) if learning else (tc.pseudo_only_lr, 1.0)
+    lr, interpolate = (learning_rate(previous, tc), tc.interpolate) if learning else (learning_rate(previous, tc, pseudo_only=True), 1.0)
     log.info(
         "retrain_step",
         kind="expert labels or new classes" if learning else "pseudo-labels only",
