@@ -99,7 +99,7 @@ def fold_temperature(model: Classifier, temperature: float) -> Classifier:
 
 
 @torch.no_grad()
-def calibrate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Calibration:
+def calibrate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> Calibration:
     """Fit a temperature on held-out photos ``x``/``y`` and fold it into ``model`` (in place).
 
     With fewer than :data:`MIN_PHOTOS` photos (or fewer than two classes among them), or fewer than

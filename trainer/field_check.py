@@ -57,7 +57,7 @@ class FieldDecision:
 
 
 @torch.no_grad()
-def _scores(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def _scores(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Per photo: right (0/1) and cross-entropy; a class the model has no output for counts as wrong, loss log(k)."""
     model.eval()
     right, loss = [], []

@@ -65,7 +65,7 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> Evaluation:
+def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> Evaluation:
     """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error."""
     model.eval()
     k = model.num_classes

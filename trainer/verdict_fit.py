@@ -26,7 +26,7 @@ __all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 
 
 @torch.no_grad()
-def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = 128) -> np.ndarray:
+def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = 32) -> np.ndarray:
     """The model's logits for ``x`` in eval mode, as float64."""
     model.eval()
     return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy() if len(x) else np.zeros((0, 0))
