@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.models import Classifier
+from trainer.models._base import inference_copy
 
 __all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibration_error", "fit_temperature", "fold_temperature"]
 
@@ -106,7 +107,8 @@ def calibrate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 
     :data:`MIN_MISTAKES` wrong answers among them, nothing is folded and ``skipped`` says why: a temperature fitted on
     a handful of photos would be noise, and one fitted where the model is never wrong only sharpens it."""
     model.eval()
-    logits = torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else torch.zeros(0, model.num_classes)
+    fast = inference_copy(model)
+    logits = torch.cat([fast(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else torch.zeros(0, model.num_classes)
     mistakes = int((logits.argmax(1) != y).sum()) if len(x) else 0
     if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 or mistakes < MIN_MISTAKES:
         why = (

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
 from trainer.models import Classifier
+from trainer.models._base import inference_copy
 from trainer.samples import Sample
 
 __all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "too_few_to_judge"]
@@ -59,7 +60,7 @@ class FieldDecision:
 @torch.no_grad()
 def _scores(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Per photo: right (0/1) and cross-entropy; a class the model has no output for counts as wrong, loss log(k)."""
-    model.eval()
+    model = inference_copy(model)
     right, loss = [], []
     k = model.num_classes
     for i in range(0, len(x), batch):

@@ -44,8 +44,9 @@ def gate(
         return GateDecision(False, "no validation photos: cannot check the candidate")
     known = y < current.num_classes
     cand = evaluate(candidate, x, y)
-    cur = evaluate(current, x[known], y[known])
-    cand_known = evaluate(candidate, x[known], y[known]) if known.any() else cand
+    every = bool(known.all())  # no new class among the photos: the same photos, evaluated once each
+    cur = evaluate(current, x, y) if every else evaluate(current, x[known], y[known])
+    cand_known = cand if every or not known.any() else evaluate(candidate, x[known], y[known])
     metrics = {
         "validation_photos": int(len(x)),
         "candidate_top1": round(cand.top1, 4),

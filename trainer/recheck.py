@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.models import Classifier
+from trainer.models._base import inference_copy
 from trainer.stop import check
 
 __all__ = ["MIRRORS", "Recheck", "recheck"]
@@ -51,7 +52,7 @@ class Recheck:
 @torch.no_grad()
 def recheck(model: Classifier, x: torch.Tensor, tau: float, batch: int = 64, should_stop=lambda: False) -> Recheck:
     """Score the preprocessed photos ``x`` with ``model`` (eval mode) over :data:`MIRRORS`."""
-    model.eval()
+    model = inference_copy(model)
     labels, confidence = [], []
     for i in range(0, len(x), batch):
         check(should_stop, "while rechecking pseudo-labels")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
 from trainer.models import Classifier
+from trainer.models._base import inference_copy
 from trainer.stop import check
 
 __all__ = ["StepChoice", "at_step", "choose_step", "interpolate_weights"]
@@ -52,7 +53,7 @@ def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha
 @torch.no_grad()
 def _losses(model: Classifier, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64) -> tuple[torch.Tensor, float]:
     """Per-photo cross-entropy and top-1."""
-    model.eval()
+    model = inference_copy(model)
     losses, right = [], 0
     for i in range(0, len(x), batch):
         check(should_stop, "while choosing the step")

@@ -21,6 +21,7 @@ from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
 from trainer.models import Classifier, build_model, count_parameters
+from trainer.models._base import inference_copy
 from trainer.publish import publish_model
 
 __all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised"]
@@ -67,7 +68,7 @@ class Evaluation:
 @torch.no_grad()
 def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> Evaluation:
     """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error."""
-    model.eval()
+    model = inference_copy(model)
     k = model.num_classes
     confusion = torch.zeros(k, k, dtype=torch.long)
     loss, all_logits = 0.0, []

@@ -21,6 +21,7 @@ import torch
 from edge_agent.classifier import softmax
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import Judge, VerdictSpec, image_checks
+from trainer.models._base import inference_copy
 
 __all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 
@@ -28,7 +29,8 @@ __all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 @torch.no_grad()
 def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = 32) -> np.ndarray:
     """The model's logits for ``x`` in eval mode, as float64."""
-    model.eval()
+    model.eval()  # the caller's model is left in eval mode, as before
+    model = inference_copy(model)
     return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy() if len(x) else np.zeros((0, 0))
 
 
