@@ -52,7 +52,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 
 ## The shipped model's release (docs/model.md): train (resumable), calibrate, INT8, sign with the release key, write
-## edge_agent/default_store, then the gate and replay photos beside it. About 75 minutes of training on 2 CPU cores.
+## edge_agent/default_store, then the gate and replay photos beside it. About 30 minutes of training on 2 CPU cores, 12 more to finish.
 DATA ?= ../shared/data/plantvillage
 RELEASE_KEY ?= ../shared/release/edge-agent-release.key
 FIELD ?= ../shared/data/field
