@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer.models import Classifier
-from trainer.models._base import inference_copy
+from trainer.models import Classifier, inference_copy
 
 __all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibration_error", "fit_temperature", "fold_temperature"]
 

@@ -36,20 +36,24 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
     return math.exp(-5.0 * (1.0 - t) ** 2)
 
 
+def _entry_of(model: Classifier):
+    """``model``'s registry entry (an architecture the registry does not name retrains as LeafNet does)."""
+    return ARCHS.get(model.arch) or ARCHS["LeafNet"]
+
+
 def hold(model: Classifier, settings: TrainerSection) -> int:
     """Freeze what ``[trainer]`` ``frozen_blocks`` and ``batchnorm`` say a retrain of ``model`` leaves as it is (-1 and
     auto: its registry entry's choice); returns how many parameters still learn."""
-    entry = ARCHS.get(model.arch)
-    blocks = settings.frozen_blocks if settings.frozen_blocks >= 0 else entry.retrain_frozen_blocks if entry else 0
-    keep = settings.batchnorm == "keep" or (settings.batchnorm == "auto" and entry is not None and entry.retrain_keep_batchnorm)
+    entry = _entry_of(model)
+    blocks = settings.frozen_blocks if settings.frozen_blocks >= 0 else entry.retrain_frozen_blocks
+    keep = settings.batchnorm == "keep" or (settings.batchnorm == "auto" and entry.retrain_keep_batchnorm)
     return model.freeze(blocks, keep)
 
 
 def learning_rate(model: Classifier, settings: TrainerSection, pseudo_only: bool = False) -> float:
     """A retrain's peak learning rate: ``[trainer]`` ``lr`` (``pseudo_only_lr`` on pseudo-labels alone), or where it
     is 0 the architecture's own (a quarter of it on pseudo-labels alone)."""
-    entry = ARCHS.get(model.arch)
-    base = entry.retrain_lr if entry else 2e-3
+    base = _entry_of(model).retrain_lr
     if pseudo_only:
         return settings.pseudo_only_lr or base / 4
     return settings.lr or base

@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
-from trainer.models import Classifier
-from trainer.models._base import inference_copy
+from trainer.models import Classifier, inference_copy
 from trainer.samples import Sample
 
 __all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "too_few_to_judge"]

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer.models import Classifier
-from trainer.models._base import inference_copy
+from trainer.models import Classifier, inference_copy
 from trainer.stop import check
 
 __all__ = ["MIRRORS", "Recheck", "recheck"]

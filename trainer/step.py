@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
-from trainer.models import Classifier
-from trainer.models._base import inference_copy
+from trainer.models import Classifier, inference_copy
 from trainer.stop import check
 
 __all__ = ["StepChoice", "at_step", "choose_step", "interpolate_weights"]

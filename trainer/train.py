@@ -20,8 +20,7 @@ from trainer.augment import Augment
 from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
-from trainer.models import Classifier, build_model, count_parameters
-from trainer.models._base import inference_copy
+from trainer.models import Classifier, build_model, count_parameters, inference_copy
 from trainer.publish import publish_model
 
 __all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised"]

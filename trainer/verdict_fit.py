@@ -21,7 +21,7 @@ import torch
 from edge_agent.classifier import softmax
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import Judge, VerdictSpec, image_checks
-from trainer.models._base import inference_copy
+from trainer.models import inference_copy
 
 __all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 
