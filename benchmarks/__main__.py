@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = len(cases) * len(args.batch) + 4
     bar = tqdm(total=steps, desc="benchmark", unit="step", dynamic_ncols=True)
     t0 = time.perf_counter()
-    batches = {b: real_batch(photos[::37], b) for b in args.batch}
+    batches = {b: real_batch(photos[::37], b, store) for b in args.batch}
     rows, present = [], []
     for case in cases:
         for b in args.batch:

@@ -11,23 +11,26 @@ __all__ = ["model_flops", "gemm_gflops"]
 
 
 def model_flops(onnx_path: Path) -> int:
-    """FLOPs (2 x multiply-adds) of one photo through the Conv, Gemm and MatMul nodes."""
+    """FLOPs (2 x multiply-adds) of one photo through the Conv, Gemm and MatMul nodes. Each Conv's output shape is
+    read from one run of the graph (ONNX shape inference cannot follow the dynamic "same" padding of an
+    EfficientNet-Lite export)."""
     import onnx
-    from onnx import shape_inference
+    import onnxruntime as ort
 
     model = onnx.load(str(onnx_path))
-    inp = model.graph.input[0].type.tensor_type.shape.dim[0]
-    inp.ClearField("dim_param")
-    inp.dim_value = 1  # batch 1, so every shape is concrete
-    model = shape_inference.infer_shapes(model)
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in (*model.graph.value_info, *model.graph.output)}
     inits = {i.name: list(i.dims) for i in model.graph.initializer}
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    del model.graph.output[:]
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n.output[0]) for n in convs)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    x = np.zeros([1] + [d.dim_value for d in dims[1:]], np.float32)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = dict(zip((n.output[0] for n in convs), sess.run(None, {model.graph.input[0].name: x})))
     macs = 0
     for node in model.graph.node:
         if node.op_type == "Conv":
             cout, cin_per_group, *k = inits[node.input[1]]
-            _, _, *spatial = shapes[node.output[0]]
-            macs += cout * cin_per_group * int(np.prod(k)) * int(np.prod(spatial))
+            macs += cout * cin_per_group * int(np.prod(k)) * int(np.prod(outs[node.output[0]].shape[2:]))
         elif node.op_type in ("Gemm", "MatMul") and node.input[1] in inits:
             macs += int(np.prod(inits[node.input[1]]))
     return 2 * macs

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.config import default_store_path, parse_config
-from edge_agent.preprocess import preprocess_file
+from edge_agent.preprocess import PreprocessSpec, preprocess_file
 from engines.base import BackendUnavailable, EngineError
 from engines.loader import open_engine
 
@@ -44,10 +44,12 @@ class LatencyResult:
     unavailable: str | None = None
 
 
-def real_batch(photos: list[Path], n: int) -> np.ndarray:
-    """``n`` preprocessed real photos (cycled if fewer)."""
-    xs = [preprocess_file(photos[i % len(photos)]) for i in range(n)]
-    return np.stack(xs)
+def real_batch(photos: list[Path], n: int, store: Path | None = None) -> np.ndarray:
+    """``n`` real photos (cycled if fewer), preprocessed as the store's current version's manifest says."""
+    from engines.store import EngineStore
+
+    spec = PreprocessSpec.from_manifest(EngineStore(store or default_store_path()).open().manifest["preprocess"])
+    return np.stack([preprocess_file(photos[i % len(photos)], spec) for i in range(n)])
 
 
 def measure(case: EngineCase, batch: np.ndarray, warmup: int = 10, iters: int = 100, store: Path | None = None) -> LatencyResult:

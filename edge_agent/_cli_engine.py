@@ -81,19 +81,20 @@ def engine_show(args: argparse.Namespace) -> int:
 def engine_rollback(args: argparse.Namespace) -> int:
     cfg = load(args)
     store = store_of(args, cfg)
+    from edge_agent.rollback import roll_back
     from edge_agent.state import resolve_state_dir
     from edge_agent.trust import daemon_trust
 
-    before = store.current()
-    after = store.rollback(args.to, trust=daemon_trust(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)))
-    print(f"{store.root}: current {before} -> {after.name}")
-    pin = store.pin()
-    if pin is not None:
+    state_dir = resolve_state_dir(getattr(args, "state_dir", None), cfg)
+    done = roll_back(cfg, state_dir, store, args.to, daemon_trust(cfg, state_dir))
+    print(f"{store.root}: current {done.before} -> {done.to}")
+    if done.pin is not None:
         print(
-            f"pinned to {pin['version']}: offers of {pin['from']} or older are refused until a newer version arrives "
+            f"pinned to {done.pin['version']}: offers of {done.pin['from']} or older are refused until a newer version arrives "
             "(edge-agent engine unpin lifts it)"
         )
-    return 0
+    print({"serving": f"the daemon serves {done.to}"}.get(done.state, f"{done.state}: {done.reason}"))
+    return 0 if done.ok else 1
 
 
 def engine_unpin(args: argparse.Namespace) -> int:

@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, helptext in (
         ("list", _cli_engine.engine_list, "list versions (* marks the one in service; refusals and the pin below)"),
         ("show", _cli_engine.engine_show, "verify a version and print its manifest"),
-        ("rollback", _cli_engine.engine_rollback, "switch current back to the parent (or --to VERSION) and pin it there"),
+        ("rollback", _cli_engine.engine_rollback, "switch current back to the parent (or --to VERSION), pin it there and wait until the daemon serves it (exit 1 if it does not)"),
         ("unpin", _cli_engine.engine_unpin, "lift a rollback's pin: the trainer's newer versions are taken again"),
     ):
         p = eng.add_parser(name, parents=[common], help=helptext)

@@ -245,7 +245,7 @@ class Daemon:
         if self.fetcher:
             out["transfer"] = self.fetcher.status()
         if self.watcher:
-            out["hotswap"] = {"swaps": self.watcher.swaps, "refused": self.watcher.refused}
+            out["hotswap"] = {"swaps": self.watcher.swaps, "refused": self.watcher.refused, "looked": self.watcher.looked}
         if self.alerts:
             out["alerts"] = self.alerts.status()
         out["board"] = self.board.read()

@@ -10,7 +10,17 @@ the hot path and verifies it:
 4. a smoke inference gives finite logits of the right shape;
 5. on the recent confident photos ("golden" photos, kept by the pipeline, and
    kept across restarts in ``<state>/golden.npz`` for the engine that labelled
-   them) the new engine agrees with the old one on at least ``min_agreement``.
+   them) the new engine agrees with the old one on at least ``min_agreement``, in
+   all and on each class two or more of them were labelled.
+
+A retrain (a version whose ``parent`` is the engine it replaces) keeps its parent's head: output i keeps the parent's
+class name i, unless its manifest's ``renames`` (old name -> new name, signed with the rest) says it meant it. So a
+version with two classes swapped or one renamed is refused even when no golden photo shows those classes.
+
+A version an **operator** chose (``edge-agent engine rollback``, the page, the API: the store's pin names it, or it is
+older than the one serving, which only a rollback does) is checked by 1 and 4 only: the version left behind is the
+suspect, and its golden photos and class list are no reference. A rollback therefore always happens once its files and
+signature verify, at the swap and after a restart alike.
 
 A **new lineage** is a version that takes other input than the engine it replaces (another input size or
 normalisation: a new release on another architecture, v2000's EfficientNet-Lite0 after v1000's LeafNet5) and does
@@ -43,26 +53,46 @@ from engines.errors import EdgeAgentError
 from engines.loader import open_engine
 from engines.store import EngineStore, StoreError
 
-__all__ = ["EngineWatcher", "SwapRefused", "smoke_test", "verify_candidate"]
+__all__ = ["EngineWatcher", "SwapRefused", "class_renames", "operator_chosen", "smoke_test", "verify_candidate"]
 
 
 class SwapRefused(EdgeAgentError):
     """A new engine version failed verification."""
 
 
-def verify_candidate(new: Engine, reference: dict, reference_name: str, golden: list[tuple[np.ndarray, int]], min_agreement: float) -> dict:
+def verify_candidate(
+    new: Engine, reference: dict, reference_name: str, golden: list[tuple[np.ndarray, int]], min_agreement: float, chosen: bool = False
+) -> dict:
     """Checks 2-5 above against ``reference`` (the manifest of the version ``reference_name`` whose place it takes,
     and whose classes label ``golden``); returns what was measured, raises :class:`SwapRefused`. The one check for
     every way a version comes to serve: a hot swap (reference: the engine running) and a start
-    (:func:`edge_agent.trust.open_trusted`; reference: the version that labelled the golden photos)."""
+    (:func:`edge_agent.trust.open_trusted`; reference: the version that labelled the golden photos).
+
+    ``chosen``: an operator put this version in service (:func:`operator_chosen`: a rollback). Then only the smoke
+    inference runs here (files and signature were checked when it was opened): the version being left behind is
+    the suspect, so neither its golden photos nor its class list are a reference."""
+    if chosen:
+        smoke_test(new)
+        return {"golden": 0, "rollback": f"chosen by an operator over {reference_name}: its golden photos are not a reference"}
     nm = new.version.manifest
     new_lineage = nm["input"] != reference["input"] or nm["preprocess"] != reference["preprocess"]
-    if new_lineage and nm.get("parent") == reference_name:
+    descendant = nm.get("parent") == reference_name
+    if new_lineage and descendant:
         raise SwapRefused(f"input or preprocessing differs from its parent {reference_name} (a retrain keeps its parent's input)")
+    renames = class_renames(nm)
+    names = [renames.get(c, c) for c in reference["classes"]]  # the reference's classes as this version calls them
     index = {c: i for i, c in enumerate(new.classes)}
-    dropped = [c for c in reference["classes"] if c not in index]
+    dropped = [c for c, n in zip(reference["classes"], names) if n not in index]
     if dropped:
         raise SwapRefused(f"class list is not an extension of {reference_name}'s (it lacks {', '.join(dropped[:3])})")
+    if descendant:  # a retrain keeps its parent's head: output i is the parent's class i, new classes after
+        moved = [(i, c, new.classes[i]) for i, c in enumerate(names) if new.classes[i] != c]
+        if moved:
+            i, was, now = moved[0]
+            raise SwapRefused(
+                f"output {i} is {now!r} here but {was!r} in its parent {reference_name} ({len(moved)} outputs renamed or "
+                "swapped; a version that means it lists them in its manifest's 'renames')"
+            )
     smoke_test(new)
     if new_lineage:  # the golden photos are tensors of the old input: nothing to compare them with
         return {"golden": 0, "lineage": f"new: its input differs from {reference_name}'s, golden photos not comparable"}
@@ -71,12 +101,39 @@ def verify_candidate(new: Engine, reference: dict, reference_name: str, golden: 
         if any(not 0 <= label < len(reference["classes"]) for _, label in golden):
             raise SwapRefused(f"golden photos name classes {reference_name} does not have")
         x = np.stack([g for g, _ in golden])
-        pred = new.infer(x).argmax(1)
-        agreement = float(np.mean(pred == np.array([index[reference["classes"][label]] for _, label in golden])))
+        labels = np.array([label for _, label in golden])
+        right = new.infer(x).argmax(1) == np.array([index[names[label]] for label in labels])
+        agreement = float(np.mean(right))
         measured["agreement"] = round(agreement, 3)
         if agreement < min_agreement:
             raise SwapRefused(f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")
+        for label in np.unique(labels):  # a swap of two classes hides in the whole when the golden photos are of others
+            mine = labels == label
+            if mine.sum() >= MIN_CLASS_GOLDEN and (share := float(np.mean(right[mine]))) < min_agreement:
+                raise SwapRefused(
+                    f"agrees with {reference_name} on {share:.0%} of the {int(mine.sum())} golden photos it labelled "
+                    f"{reference['classes'][label]!r} (< {min_agreement:.0%})"
+                )
     return measured
+
+
+#: Golden photos of one class that make its own agreement a check (fewer: only the whole counts).
+MIN_CLASS_GOLDEN = 2
+
+
+def class_renames(manifest: dict) -> dict[str, str]:
+    """The classes a version says it renamed (its manifest's ``renames``: old name -> new name; empty when none)."""
+    renames = manifest.get("renames") or {}
+    if not isinstance(renames, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in renames.items()):
+        raise SwapRefused("its manifest's 'renames' is not a map of class name to class name")
+    return renames
+
+
+def operator_chosen(store: EngineStore, version: str, reference_name: str) -> bool:
+    """Whether an operator put ``version`` in service in place of ``reference_name``: the pin of a rollback names it,
+    or it is older than the version it replaces (offers never move a device back: only a rollback does)."""
+    pin = store.pin() or {}
+    return pin.get("version") == version or int(version[1:]) < int(reference_name[1:])
 
 
 def smoke_test(engine: Engine) -> None:
@@ -120,6 +177,8 @@ class EngineWatcher(Worker):
         self.serving_since = time.time()
         self._counters_then = (0, 0)
         self.swap_measured: dict = {}
+        #: The ``current`` pointer's mtime (ns) when the last look began (None before the first).
+        self.looked: int | None = None
 
     def serving_report(self) -> dict:
         """How the engine in service has done since it began serving (a trainer's staged rollout judges canaries by
@@ -133,10 +192,18 @@ class EngineWatcher(Worker):
             "agreement": float(self.swap_measured.get("agreement", -1.0)),
         }
 
-    def _signature_stamp(self, version: str) -> tuple | None:
-        """A refused version is looked at again once this changes (a trainer signing its older versions, or making
-        its key, after this daemon started); see :meth:`engines.signing.TrustedKeys.stamp`."""
-        return self.trust.stamp(self.store.root / version) if self.trust is not None else None
+    def _signature_stamp(self, version: str) -> tuple:
+        """A refused version is looked at again once this changes: a trainer signing its older versions, or making
+        its key, after this daemon started (:meth:`engines.signing.TrustedKeys.stamp`), or an operator putting it in
+        service again (``current`` rewritten by a rollback)."""
+        return (self.trust.stamp(self.store.root / version) if self.trust is not None else None, self._pointer_stamp())
+
+    def _pointer_stamp(self) -> int | None:
+        """When the store's ``current`` pointer was last written (ns), None if it cannot be read."""
+        try:
+            return (self.store.root / "current").stat().st_mtime_ns
+        except OSError:
+            return None
 
     def announce(self, version: str) -> None:
         """A new version was announced: look now instead of at the next poll."""
@@ -157,7 +224,16 @@ class EngineWatcher(Worker):
                 self.log.error("hotswap_error", error=repr(exc))
 
     def check(self) -> bool:
-        """Swap to the store's current version if it is new and verifies; True if swapped."""
+        """Swap to the store's current version if it is new and verifies; True if swapped. Afterwards
+        :attr:`looked` holds the stamp of the ``current`` pointer this look decided on (an operator's rollback waits
+        for it: :mod:`edge_agent.rollback`)."""
+        pointer = self._pointer_stamp()
+        try:
+            return self._check()
+        finally:
+            self.looked = pointer
+
+    def _check(self) -> bool:
         try:
             target = self.store.current()
         except StoreError as exc:
@@ -174,7 +250,9 @@ class EngineWatcher(Worker):
         new = None
         try:
             new = open_engine(self.store, self.engine_config, target, trust=self.trust)
-            measured = verify_candidate(new, old.version.manifest, old.engine_version, self.pipeline.golden.photos(), self.min_agreement)
+            chosen = operator_chosen(self.store, target, old.engine_version)
+            golden = self.pipeline.golden.photos()
+            measured = verify_candidate(new, old.version.manifest, old.engine_version, golden, self.min_agreement, chosen)
         except Exception as exc:  # TamperedError, EngineError, SwapRefused...
             if new is not None:
                 new.close()

@@ -36,9 +36,11 @@ def open_trusted(
     restart that a swap refused: files and signature; a smoke inference (its network matches its class list); and
     against the version that labelled the golden photos in ``golden_file`` (where that is another version the store
     holds: the one served before; for the current version only, so an older one can still stand in), else against its
-    parent: the same input and preprocessing, every class kept by name, and agreement on the golden photos."""
+    parent: the same input and preprocessing, every class kept by name, and agreement on the golden photos. A current
+    version an operator chose (a rollback: :func:`edge_agent.hotswap.operator_chosen`) is served on files, signature
+    and the smoke inference alone, as at the swap."""
     from edge_agent.golden import load_golden
-    from edge_agent.hotswap import smoke_test, verify_candidate
+    from edge_agent.hotswap import operator_chosen, smoke_test, verify_candidate
 
     refused: dict[str, str] = {}
     current = store.current()
@@ -54,10 +56,12 @@ def open_trusted(
             engine = open_engine(store, config, version, trust=trust)
             smoke_test(engine)
             if version == current and golden is not None and golden[0] != version and golden[0] in held:
-                verify_candidate(engine, store.read_manifest(golden[0]), golden[0], golden[1], min_agreement)
+                chosen = operator_chosen(store, version, golden[0])
+                verify_candidate(engine, store.read_manifest(golden[0]), golden[0], golden[1], min_agreement, chosen)
             elif engine.version.manifest.get("parent") in held:  # a fallback, or nothing served before
                 parent = engine.version.manifest["parent"]
-                verify_candidate(engine, store.read_manifest(parent), parent, [], min_agreement)
+                chosen = version == current and operator_chosen(store, version, parent)
+                verify_candidate(engine, store.read_manifest(parent), parent, [], min_agreement, chosen)
         except Exception as exc:  # noqa: BLE001 - TamperedError, UntrustedVersion, SwapRefused, a model its runtime rejects
             if engine is not None:
                 engine.close()

@@ -192,8 +192,8 @@ def _restarted(tmp_path, root, signing_key, daemon):
 
 
 def test_a_version_a_swap_refused_is_refused_after_a_restart_too(running, signing_key, tmp_path):
-    """Its class list reversed (signed by a trusted key): the golden photos catch it at the swap, and at the next
-    start, where the version they came from serves instead."""
+    """Its class list reversed (signed by a trusted key): the parent's names by output catch it at the swap, and at
+    the next start, where the version the golden photos came from serves instead."""
     daemon, store = running
     drop(daemon, 12, 0)
     wait_until(lambda: len(daemon.pipeline.golden.photos()) >= 8, 30, "golden photos")
@@ -202,7 +202,7 @@ def test_a_version_a_swap_refused_is_refused_after_a_restart_too(running, signin
     again, t = _restarted(tmp_path, store.root, signing_key, daemon)
     try:
         assert again.classifier.engine.engine_version == "v0001" and store.current() == v2
-        assert "golden photos" in again._refused_at_start[v2]
+        assert "renamed or swapped" in again._refused_at_start[v2]
     finally:
         again.request_stop()
         t.join(30)
@@ -300,3 +300,133 @@ def test_a_retrain_that_changed_its_parents_input_is_refused_at_the_swap(running
     wait_until(lambda: bad in daemon.watcher.refused, 20, "refused")
     assert "differs from its parent v0001" in daemon.watcher.refused[bad]
     assert daemon.pipeline.classifier.engine.engine_version == "v0001"
+
+
+# ---- an operator's rollback always happens ---------------------------------------------------------------------
+def _suspect_serving(daemon, store, key) -> str:
+    """A signed version that disagrees with v0001 on every photo, served (no golden photo to check it against yet),
+    which then labels the golden photos: the red team's swapped-classes version, reduced to its effect."""
+    bad = republish(store, key, scale_head=-1.0)
+    wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == bad, 20, "the suspect version serves")
+    drop(daemon, 12, 0)
+    wait_until(lambda: len(daemon.pipeline.golden.photos()) >= 8, 30, "golden photos labelled by the suspect")
+    return bad
+
+
+def _config_file(tmp_path, root, key) -> str:
+    from .daemon_helpers import toml
+
+    path = tmp_path / "edge-agent.toml"
+    path.write_text(toml({"store": trusted_store(root, key), "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2}}))
+    return str(path)
+
+
+def test_a_rollback_by_the_cli_is_served_although_the_version_left_behind_labelled_the_golden_photos(running, signing_key, tmp_path, capsys):
+    from edge_agent.cli import main
+
+    daemon, store = running
+    bad = _suspect_serving(daemon, store, signing_key)
+    rc = main(["engine", "rollback", "--to", "v0001", "--config", _config_file(tmp_path, store.root, signing_key), "--state-dir", str(tmp_path / "state")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "the daemon serves v0001" in out, out
+    assert daemon.pipeline.classifier.engine.engine_version == "v0001" and "v0001" not in daemon.watcher.refused
+    assert "rollback" in daemon.watcher.swap_measured and bad in daemon.watcher.swap_measured["rollback"]
+    again, t = _restarted(tmp_path, store.root, signing_key, daemon)  # the golden file was the suspect's: no reference
+    try:
+        assert again.classifier.engine.engine_version == "v0001" and not again._refused_at_start
+    finally:
+        again.request_stop()
+        t.join(30)
+
+
+@pytest.mark.parametrize("way", ["api", "page"])
+def test_a_rollback_by_the_api_or_the_page_reports_serving_only_once_the_daemon_serves_it(running, signing_key, tmp_path, way):
+    from starlette.testclient import TestClient
+
+    from edge_agent.state import StateLayout
+    from edge_agent.web.app import WebContext, create_app
+
+    daemon, store = running
+    _suspect_serving(daemon, store, signing_key)
+    cfg = parse_config({"store": trusted_store(store.root, signing_key), "hotswap": {"poll_s": 0.2}})
+    state = tmp_path / "state"
+    c = TestClient(create_app(WebContext(cfg, StateLayout(state), state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5000))
+    if way == "api":
+        from edge_agent.web.auth import Tokens
+
+        token = Tokens(state / "web").new("admin")
+        r = c.post("/api/v1/engines/rollback", json={"to": "v0001"}, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.json()["state"] == "serving" and r.json()["current"] == "v0001", r.text
+    else:
+        import re
+
+        csrf = re.search(r'name="csrf" value="([^"]+)"', c.get("/engines").text).group(1)
+        r = c.post("/engines/rollback", data={"csrf": csrf, "to": "v0001", "confirm": "yes"})
+        assert r.status_code == 200 and "v0001 is now in service" in r.text, r.text[-2000:]
+    assert daemon.pipeline.classifier.engine.engine_version == "v0001"
+
+
+def test_a_rollback_the_daemon_refuses_is_reported_as_refused_with_its_reason(running, signing_key, tmp_path, capsys):
+    """A version whose network does not match its class list (signed): the rollback moves the pointer, the daemon
+    refuses to serve it, and the command says so and exits 1 instead of reporting success."""
+    import json
+
+    from edge_agent.cli import main
+    from engines.signing import sign_version
+
+    daemon, store = running
+    broken = republish(store, signing_key, make_current=False)
+    manifest = json.loads((store.root / broken / "manifest.json").read_text())
+    manifest["classes"] = manifest["classes"] + ["Not_in_the_network"]
+    (store.root / broken / "manifest.json").write_text(json.dumps(manifest))
+    sign_version(store.root / broken, signing_key)
+    rc = main(["engine", "rollback", "--to", broken, "--config", _config_file(tmp_path, store.root, signing_key), "--state-dir", str(tmp_path / "state")])
+    out = capsys.readouterr().out
+    assert rc == 1 and "refused: the daemon refused it" in out and "outputs but the manifest lists" in out, out
+    assert daemon.pipeline.classifier.engine.engine_version == "v0001"
+
+
+def test_a_retrain_with_two_classes_swapped_or_one_renamed_is_refused_at_the_swap_and_after_a_restart(running, signing_key, tmp_path):
+    daemon, store = running
+    classes = list(store.open().classes)
+    swapped = republish(store, signing_key, classes=[classes[1], classes[0], *classes[2:]])
+    wait_until(lambda: swapped in daemon.watcher.refused, 10, "the swap refused at the hot swap")
+    assert "swapped" in daemon.watcher.refused[swapped] and f"output 0 is {classes[1]!r}" in daemon.watcher.refused[swapped]
+    renamed = republish(store, signing_key, classes=["Renamed", *classes[1:]])
+    wait_until(lambda: renamed in daemon.watcher.refused, 10, "the rename refused at the hot swap")
+    again, t = _restarted(tmp_path, store.root, signing_key, daemon)
+    try:
+        assert again.classifier.engine.engine_version == "v0001"
+        assert "lacks" in again._refused_at_start[renamed] or "renamed" in again._refused_at_start[renamed]
+    finally:
+        again.request_stop()
+        t.join(30)
+
+
+def test_a_version_that_declares_its_renames_is_adopted_and_judged_per_class_on_the_golden_photos():
+    import types
+
+    from edge_agent.hotswap import SwapRefused, verify_candidate
+
+    manifest = {"input": {"shape": [None, 3, 4, 4]}, "preprocess": {"size": 4}}
+
+    def engine(classes, answers, **extra):
+        def infer(x):
+            out = np.zeros((len(x), len(classes)), np.float32)
+            for i, g in enumerate(x):
+                out[i, classes.index(answers[int(g[0, 0, 0])])] = 1
+            return out
+
+        m = {**manifest, "classes": classes, "parent": "v0001", **extra}
+        return types.SimpleNamespace(version=types.SimpleNamespace(manifest=m), classes=classes, engine_version="v0002", infer=infer)
+
+    old = {**manifest, "classes": ["a", "b", "c"]}
+    # 14 golden photos of "c" and 2 of "a": the parent said a for photo kind 0, c for kind 2
+    golden = [(np.full((3, 4, 4), 2, np.float32), 2)] * 14 + [(np.zeros((3, 4, 4), np.float32), 0)] * 2
+    meant = engine(["b2", "b", "c"], {0: "b2", 2: "c"}, renames={"a": "b2"})
+    assert verify_candidate(meant, old, "v0001", golden, 0.5)["agreement"] == 1.0
+    with pytest.raises(SwapRefused, match="'renames' is not a map"):
+        verify_candidate(engine(["a", "b", "c"], {0: "a", 2: "c"}, renames=["a"]), old, "v0001", golden, 0.5)
+    # 88 % agree in all, but every photo of "a" now says "b": refused on that class alone
+    with pytest.raises(SwapRefused, match="0% of the 2 golden photos it labelled 'a'"):
+        verify_candidate(engine(["a", "b", "c"], {0: "b", 2: "c"}), old, "v0001", golden, 0.5)

@@ -215,8 +215,8 @@ def create_app(ctx: WebContext) -> Starlette:
         to = str(data.get("to", ""))
         if data.get("confirm") != "yes":
             return problem(request, 400, "a rollback must be confirmed")
-        await run_in_threadpool(ctx.rollback, to)  # every file's sha256 and the signature first; Refused: its status page
-        return RedirectResponse(f"/engines?rolled={to}", status_code=303)
+        done = await run_in_threadpool(ctx.rollback, to)  # files and signature checked, then the daemon waited for
+        return RedirectResponse(f"/engines?rolled={done.to}", status_code=303)
 
     async def unpin(request: Request) -> Response:
         if (no := refused(request, "admin")) is not None:

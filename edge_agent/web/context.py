@@ -9,6 +9,7 @@ from pathlib import Path
 
 from edge_agent.config import AppConfig
 from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.rollback import RollbackOutcome
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo
 from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
 from edge_agent.web.queries import Reader
@@ -120,17 +121,19 @@ class WebContext:
         finally:
             db.close()
 
-    def rollback(self, to: str) -> None:
-        """Put version ``to`` back in service after checking every file and the signature, and pin it.
+    def rollback(self, to: str) -> RollbackOutcome:
+        """Put version ``to`` back in service after checking every file and the signature, pin it, and wait for the
+        daemon to serve it (:func:`edge_agent.rollback.roll_back`).
 
         Raises :class:`Refused` (404: no such version; 409: it fails the check)."""
+        from edge_agent.rollback import roll_back
         from edge_agent.trust import daemon_trust
 
         store = self.store()
         if to not in store.versions():
             raise Refused(404, f"no engine version {to!r} in {store.root}")
         try:
-            store.rollback(to, daemon_trust(self.cfg, self.state.root))
+            return roll_back(self.cfg, self.state.root, store, to, daemon_trust(self.cfg, self.state.root))
         except StoreError as exc:
             raise Refused(409, f"cannot put {to} in service: {exc}") from None
 

@@ -154,11 +154,13 @@ async def engines(ctx: WebContext, request: Request) -> s.Engines:
     return await run_in_threadpool(_engines, ctx)
 
 
-async def rollback(ctx: WebContext, request: Request) -> s.RolledBack:
+async def rollback(ctx: WebContext, request: Request) -> s.RolledBack | Response:
     body = await _json_body(request, s.RollbackIn)
-    await run_in_threadpool(ctx.rollback, body.to)
-    store = ctx.store()
-    return s.RolledBack(current=store.current(), pin=store.pin())
+    done = await run_in_threadpool(ctx.rollback, body.to)
+    out = s.RolledBack(current=done.to, pin=done.pin, state=done.state, reason=done.reason)
+    if done.state in ("serving", "stopped"):
+        return out
+    return JSONResponse(out.model_dump(mode="json"), status_code=202 if done.state == "pending" else 409)
 
 
 # ---- health, fleet, alerts ------------------------------------------------------
@@ -278,11 +280,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/engines/rollback",
         "admin",
-        "Put an earlier version back in service (verified first) and pin it.",
+        "Put an earlier version back in service (verified first), pin it, and wait until the daemon serves it.",
         rollback,
         s.RolledBack,
         body=s.RollbackIn,
-        errors={404: "No such version.", 409: "It failed verification (tampered or incomplete)."},
+        errors={
+            404: "No such version.",
+            409: "It failed verification (tampered or incomplete), or the daemon refused it (state refused, with the reason).",
+        },
+        extra={202: (s.RolledBack, "Put in the store; the daemon had not taken it within two hot swap polls.")},
     ),
     Endpoint("GET", "/health", "read", "The daemon's and trainer's status, queues, disk, temperature and power.", health, s.Health),
     Endpoint("GET", "/fleet", "read", "The daemons served by a trainer on this machine.", fleet, s.Fleet),

@@ -157,10 +157,15 @@ class RollbackIn(BaseModel):
 
 
 class RolledBack(BaseModel):
-    """The version now in service, and the pin that keeps it there."""
+    """The store's current version, the pin that keeps it there, and whether the daemon serves it."""
 
     current: str
     pin: dict[str, Any] | None
+    state: Literal["serving", "refused", "pending", "stopped"] = Field(
+        description="serving: the daemon serves it (200); stopped: no daemon runs, it serves it when it starts (200); "
+        "pending: the daemon has not taken it yet (202); refused: the daemon will not serve it (409, with the reason)."
+    )
+    reason: str = Field("", description="Why it is not served yet, or not at all.")
 
 
 class Service(BaseModel):
