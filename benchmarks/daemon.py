@@ -119,12 +119,17 @@ def _write_config(work: Path, extra: dict | None, tail: str = "") -> Path:
     return config
 
 
-def start_to_ready(work: Path, starts: int = 5, extra: dict | None = None) -> list[float]:
-    """Seconds from exec to READY=1 for ``starts`` fresh state directories."""
+def start_to_ready(work: Path, starts: int = 5, extra: dict | None = None, restart: bool = False) -> list[float]:
+    """Seconds from exec to READY=1 for ``starts`` fresh state directories (the first start seeds the shipped store
+    into each), or with ``restart`` for ``starts`` restarts on one state directory seeded beforehand."""
     config = _write_config(work, extra)
     ready = []
+    if restart:
+        proc, _ = _start(work / "again", config, work / "n.sock")
+        proc.terminate()
+        proc.wait(30)
     for i in range(starts):
-        proc, t = _start(work / f"s{i}", config, work / "n.sock")
+        proc, t = _start(work / ("again" if restart else f"s{i}"), config, work / "n.sock")
         ready.append(t)
         proc.terminate()
         proc.wait(30)

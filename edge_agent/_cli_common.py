@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from edge_agent.names import printable
+
 __all__ = ["load", "print_rows", "state_db", "store_of"]
 
 
@@ -42,6 +44,6 @@ def state_db(args: argparse.Namespace, cfg):
 
 
 def print_rows(rows: Iterable[dict], as_json: bool, line: Callable[[dict], str], flush: bool = True) -> None:
-    """Each row as one JSON line (``--json``) or as the text ``line(row)`` gives it."""
+    """Each row as one JSON line (``--json``) or as the text ``line(row)`` gives it, control characters escaped."""
     for row in rows:
-        print(json.dumps(row) if as_json else line(row), flush=flush)
+        print(json.dumps(row) if as_json else printable(line(row)), flush=flush)  # a name may carry escape sequences

@@ -15,6 +15,7 @@ from edge_agent._cli_common import load as _load
 from edge_agent._cli_common import print_rows
 from edge_agent._cli_common import state_db as _state_db
 from edge_agent._cli_common import store_of as _store
+from edge_agent.names import printable
 
 __all__ = ["main", "build_parser"]
 
@@ -69,7 +70,7 @@ def _classify(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps({"path": str(path), "error": str(exc)}), flush=True)
             else:
-                print(f"{path}: ERROR {exc}", flush=True)
+                print(printable(f"{path}: ERROR {exc}"), flush=True)
             continue
         if args.json:
             row = {
@@ -87,8 +88,10 @@ def _classify(args: argparse.Namespace) -> int:
             others = ", ".join(f"{c} {p:.3f}" for c, p in pred.top_k[1:])
             why = f" - {pred.verdict_reason}" if pred.verdict_reason else ""
             print(
-                f"{path}: {phrase(pred.verdict, pred.label)} ({pred.confidence:.3f}, {pred.verdict}{why})  next: {others}  "
-                f"[{pred.engine_version}, {pred.ms:.1f} ms]",
+                printable(
+                    f"{path}: {phrase(pred.verdict, pred.label)} ({pred.confidence:.3f}, {pred.verdict}{why})  next: {others}  "
+                    f"[{pred.engine_version}, {pred.ms:.1f} ms]"
+                ),
                 flush=True,
             )
     return 1 if failures else 0
@@ -240,9 +243,9 @@ def _status(args: argparse.Namespace) -> int:
     if downloading:
         print(f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB")
     for label, n in out["per_class"].items():
-        print(f"  {n:6d}  {label}")
+        print(printable(f"  {n:6d}  {label}"))
     for err in out.get("last_errors", [])[-5:]:
-        print(f"  error: {err.get('photo', '')} {err['error']}")
+        print(printable(f"  error: {err.get('photo', '')} {err['error']}"))  # a photo's name is anyone's
     return 0
 
 
@@ -362,7 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, helptext in (
         ("list", _cli_engine.engine_list, "list versions (* marks the one in service; refusals and the pin below)"),
         ("show", _cli_engine.engine_show, "verify a version and print its manifest"),
-        ("rollback", _cli_engine.engine_rollback, "switch current back to the parent (or --to VERSION), pin it there and wait until the daemon serves it (exit 1 if it does not)"),
+        (
+            "rollback",
+            _cli_engine.engine_rollback,
+            "switch current back to the parent (or --to VERSION), pin it there and wait until the daemon serves it (exit 1 if it does not)",
+        ),
         ("unpin", _cli_engine.engine_unpin, "lift a rollback's pin: the trainer's newer versions are taken again"),
     ):
         p = eng.add_parser(name, parents=[common], help=helptext)

@@ -253,6 +253,16 @@ class HandoffSection(_Section):
         "resumable); empty means ipc://<runtime dir>/transfer.sock. tcp:// uses the same CURVE keys as `endpoint`.",
     )
     name: str = Field("", max_length=64, description="This daemon's name in the trainer's fleet list; empty means the host name.")
+
+    @field_validator("name")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        from edge_agent.names import device_name_problem
+
+        if value and (problem := device_name_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
     transfer_chunk_kb: int = Field(1024, ge=16, le=4096, description="Engine transfer: bytes asked for per request (KiB).")
     transfer_window: int = Field(4, ge=1, le=64, description="Engine transfer: most chunk requests outstanding (flow control).")
     transfer_parallel: int = Field(
@@ -274,6 +284,11 @@ class WebSection(_Section):
         "(`edge-agent web --new-token`); 0.0.0.0 opens the page to the farm's network.",
     )
     port: int = Field(8080, ge=1, le=65535, description="Port of the web page.")
+    hosts: list[str] = Field(
+        [],
+        max_length=64,
+        description="Other names the page answers to (a DNS name, a reverse proxy's), besides localhost, this machine's name and IP addresses.",
+    )
     page_size: int = Field(48, ge=1, le=500, description="Photos per page on the recent-photos page.")
     max_connections: int = Field(
         200, ge=8, le=10000, description="Open connections the page keeps; more are closed at once (a small device stays answering)."

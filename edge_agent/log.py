@@ -42,12 +42,25 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream=None) -> No
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            *([_escape_for_terminal] if fmt == "console" else []),  # JSON escapes them itself
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+
+
+def _escape_for_terminal(logger, name: str, event: dict) -> dict:
+    """Text logs print a photo's or device's name as it is shown, never as escape sequences the terminal obeys."""
+    from edge_agent.names import printable
+
+    out = {}
+    for key, value in event.items():
+        if isinstance(value, str):
+            value = "\n".join(printable(line) for line in value.split("\n")) if key == "exception" else printable(value)
+        out[key] = value
+    return out
 
 
 _settings = {"level": "info", "fmt": "json"}

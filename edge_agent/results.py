@@ -10,7 +10,6 @@ together.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -18,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from engines.durable import set_aside
 
 __all__ = ["ResultsDB", "ResultRow", "QueueEntry", "iso", "query_readonly"]
 
@@ -156,12 +157,7 @@ class ResultsDB:
             why = "empty, although photos were processed"
         except sqlite3.DatabaseError as exc:
             why = f"unreadable ({exc})"
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(f"{path}{suffix}")
-            if src.exists():
-                os.replace(src, Path(f"{aside}{suffix}"))
+        aside = set_aside(path)
         note = (
             f"{path.name} was {why}: kept as {aside.name}, a new ledger was started; results from before are "
             "not listed (their photos stay in processed/)"

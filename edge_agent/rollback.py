@@ -72,6 +72,10 @@ def roll_back(cfg: AppConfig, state_dir: Path, store: EngineStore, to: str | Non
                 return RollbackOutcome(target, before, "refused", f"the daemon refused it: {why}; it still serves {serving}", pin)
         if time.monotonic() >= deadline:
             return RollbackOutcome(
-                target, before, "pending", "the daemon has not taken it yet (it looks every [hotswap] poll_s seconds): check `edge-agent engine list`", pin
+                target,
+                before,
+                "pending",
+                "the daemon has not taken it yet (it looks every [hotswap] poll_s seconds): check `edge-agent engine list`",
+                pin,
             )
         time.sleep(0.2)

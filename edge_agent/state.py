@@ -152,6 +152,11 @@ class StateLayout:
             d.mkdir(parents=True, exist_ok=True)
 
 
+#: A status file is read by its service's user and group (the page, ``status`` run by an operator in the group),
+#: never by every user: it names photos, devices and errors.
+STATUS_MODE = 0o640
+
+
 def write_status(path: Path, doc: dict) -> str | None:
     """Write a service's status: atomically (a new file renamed over), padded to :data:`STATUS_SLOT_BYTES`; where
     that fails for want of space, in place into the blocks the file already holds, with ``disk_full`` set, so that
@@ -161,7 +166,7 @@ def write_status(path: Path, doc: dict) -> str | None:
 
     body = json.dumps(doc, indent=2).encode() + b"\n"
     try:
-        atomic_write(path, body.ljust(STATUS_SLOT_BYTES), durable=False)
+        atomic_write(path, body.ljust(STATUS_SLOT_BYTES), durable=False, mode=STATUS_MODE)
         return None
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -247,7 +252,16 @@ def handoff_link(cfg: AppConfig, state_dir: Path) -> Link:
 
 
 def device_name(cfg: AppConfig) -> str:
-    """[handoff] name, else the host name: how the trainer's fleet list names this daemon."""
+    """[handoff] name, else its certificate's name (``<name>.key_secret``: the trainer knows a device by its key),
+    else the host name: how the trainer's fleet list names this daemon."""
+    import re
     import socket
 
-    return (cfg.handoff.name or socket.gethostname() or "daemon")[:64]
+    from edge_agent.names import DEVICE_NAME
+
+    if not cfg.handoff.name and cfg.handoff.curve_secret_key:
+        stem = Path(cfg.handoff.curve_secret_key).name.removesuffix(".key_secret")
+        if DEVICE_NAME.fullmatch(stem):
+            return stem
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip("._-")[:64]  # one rule: DEVICE_NAME
+    return cfg.handoff.name or host or "daemon"

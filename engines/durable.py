@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["fsync_dir", "fsync_file", "atomic_write", "sync_filesystem"]
+__all__ = ["fsync_dir", "fsync_file", "atomic_write", "sync_filesystem", "set_aside"]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -43,16 +43,21 @@ def sync_filesystem(path: str | os.PathLike, files: list[Path] = ()) -> None:
         fsync_dir(d)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, durable: bool = True) -> Path:
+def atomic_write(path: str | os.PathLike, data: bytes, durable: bool = True, mode: int | None = None) -> Path:
     """Write ``data`` to a temporary name beside ``path``, then rename it into place.
 
     A reader sees the old file or the complete new one. With ``durable`` the
-    data and the rename are fsynced. On failure the temporary file is removed
+    data and the rename are fsynced. ``mode``: the file's permissions from its
+    first byte on (else the umask's). On failure the temporary file is removed
     and the error raised.
     """
     path = Path(path)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
+        if mode is not None:
+            tmp.unlink(missing_ok=True)
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+            os.chmod(tmp, mode)  # whatever the umask
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
@@ -65,3 +70,17 @@ def atomic_write(path: str | os.PathLike, data: bytes, durable: bool = True) -> 
     if durable:
         fsync_dir(path.parent)
     return path
+
+
+def set_aside(path: str | os.PathLike, tag: str = "corrupt") -> Path:
+    """Move an SQLite file SQLite cannot read (and its ``-wal`` and ``-shm``) to ``<name>.<tag>-<time>`` beside it,
+    kept for a look, so a new one can be started; returns where it went."""
+    import time
+
+    path = Path(path)
+    aside = path.with_name(f"{path.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(f"{path}{suffix}")
+        if src.exists():
+            os.replace(src, Path(f"{aside}{suffix}"))
+    return aside

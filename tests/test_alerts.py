@@ -140,13 +140,37 @@ def test_a_failed_delivery_waits_twice_as_long_each_time_up_to_the_cap(tmp_path)
 
 
 def test_past_the_quota_results_go_before_alerts_and_the_drop_is_counted(tmp_path):
-    box = Outbox(tmp_path / "alerts.sqlite", quota_bytes=300)
-    box.put([("mqtt", "alert", "a", b"A" * 100, 1, False), ("mqtt", "result", "r", b"R" * 100, 0, False)])
-    box.put([("mqtt", "alert", "a", b"B" * 100, 1, False), ("mqtt", "alert", "a", b"C" * 100, 1, False)])
+    box = Outbox(tmp_path / "alerts.sqlite", quota_bytes=1 << 20)
+    k = 250 << 10
+    box.put([("mqtt", "alert", "a", b"A" * k, 1, False), ("mqtt", "result", "r", b"R" * k, 0, False)])
+    box.put([("mqtt", "alert", "a", b"B" * k, 1, False), ("mqtt", "alert", "a", b"C" * k, 1, False)])
     kept = [m.payload[:1] for m in box.due("mqtt")]
     assert kept == [b"A", b"B", b"C"] and box.counts()["dropped"] == 1
-    box.put([("mqtt", "alert", "a", b"D" * 100, 1, False)])  # only alerts left: the oldest goes
+    box.put([("mqtt", "alert", "a", b"D" * k, 1, False)])  # only alerts left: the oldest goes
     assert [m.payload[:1] for m in box.due("mqtt")] == [b"B", b"C", b"D"] and box.counts()["dropped"] == 2
+
+
+def test_the_outbox_takes_no_more_disk_than_its_quota_however_much_passes_through_it(tmp_path):
+    """Counted on disk, its log included (the red team found 6 MB on disk for a 1 MiB quota)."""
+    quota = 1 << 20
+    box = Outbox(tmp_path / "alerts.sqlite", quota_bytes=quota)
+    most = 0
+    for i in range(200):  # 200 rounds of 30 KiB: six times the quota through it, half delivered as it goes
+        box.put([("webhook:0", "alert", "u", bytes([i % 250]) * (30 << 10), 1, False)])
+        if i % 2:
+            box.delivered([m.id for m in box.due("webhook:0", limit=1)], "webhook:0")
+        most = max(most, box.disk_bytes())
+    assert most <= quota * 1.25, most
+    assert box.counts()["dropped"] > 0 and box.counts()["disk_bytes"] <= quota * 1.25
+
+
+def test_a_corrupt_outbox_is_kept_aside_and_a_new_one_started_so_the_daemon_starts(tmp_path):
+    (tmp_path / "alerts.sqlite").write_bytes(b"this is not a database" * 100)
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("alerts.sqlite.corrupt-")]
+    assert len(aside) == 1 and aside[0] in box.recovered and "alerts.sqlite was unreadable" in box.recovered
+    box.put([("webhook:0", "alert", "u", b"{}", 1, False)])
+    assert len(box.due("webhook:0")) == 1 and box.counts()["recovered"] == box.recovered
 
 
 # ---- webhooks ------------------------------------------------------------------------------
@@ -193,6 +217,97 @@ def test_a_webhook_that_answers_500_or_is_not_there_keeps_the_message(tmp_path):
     with pytest.raises(DeliveryError, match="127.0.0.1"):
         Webhook(WebhookSection(url=down.url, timeout_s=2), 0).send(box.due("webhook:0"))
     assert len(box.due("webhook:0")) == 1
+
+
+@pytest.mark.parametrize("mode", ["hang", "garbage", "drip", "drip fast", "cut", "redirect", "refuse"])
+def test_an_endpoint_that_hangs_drips_answers_garbage_or_redirects_fails_in_its_deadline_and_keeps_the_message(tmp_path, mode):
+    """Never delivered, never fatal: a DeliveryError within ``timeout_s`` (however slowly it drips: its status line
+    whole before the deadline included) saying what happened; a 302 is not a delivery (a POST is not followed)."""
+    from tests.bad_endpoints import BadEndpoint
+
+    bad = BadEndpoint(mode.split()[0], drip_s=0.02 if mode == "drip fast" else 0.5)
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    box.put([("webhook:0", "alert", bad.url, b"{}", 1, False)])
+    hook = Webhook(WebhookSection(url=bad.url, timeout_s=1.5), 0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeliveryError) as caught:
+            hook.send(box.due("webhook:0"))
+    finally:
+        bad.close()
+    assert time.monotonic() - started < 4.0, mode
+    why = str(caught.value)
+    assert (
+        bad.url.rsplit("/", 1)[0] + "/..." in why
+        and "/hook" not in why
+        and {"hang": "within 1.5 s", "drip": "within 1.5 s", "drip fast": "within 1.5 s", "redirect": "302"}.get(mode, "") in why
+    )
+    assert len(box.due("webhook:0")) == 1 and hook.last_error == why
+
+
+def test_a_batch_that_fails_halfway_marks_the_first_delivered_and_only_the_rest_for_a_retry(tmp_path):
+    from tests.bad_endpoints import BadEndpoint
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    r = BadEndpoint("ok")
+    w = _worker(tmp_path, db.path, [r.url])
+    w.outbox.put([("webhook:0", "alert", r.url, b'{"n": %d}' % i, 1, False) for i in range(3)])
+    real = w.webhooks[0][0]._post
+    calls = []
+
+    def second_fails(body, headers):
+        calls.append(body)
+        if len(calls) == 2:
+            raise DeliveryError("down for one")
+        real(body, headers)
+
+    w.webhooks[0][0]._post = second_fails
+    w.deliver()
+    assert [b for _, b in r.got] == [b'{"n": 0}'] and len(w.outbox.due("webhook:0", now=time.time() + 3600)) == 2
+    assert w.outbox.counts()["sent:webhook:0"] == 1
+    r.close()
+    w.stop()
+    db.close()
+
+
+@pytest.mark.parametrize("mode", ["hang", "garbage", "drip", "cut", "redirect"])
+def test_one_broken_webhook_holds_back_no_other_destination_and_its_backlog_goes_once_it_is_fixed(tmp_path, mode):
+    """The running worker: two webhooks, one broken. Every alert reaches the good one within a second while the bad
+    one hangs, drips or answers garbage; the worker stays alive; once the bad one is fixed it gets its backlog."""
+    from tests.bad_endpoints import BadEndpoint
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    good, bad = BadEndpoint("ok"), BadEndpoint(mode)
+    hooks = [WebhookSection(url=bad.url, timeout_s=3), WebhookSection(url=good.url, timeout_s=3)]
+    w = AlertWorker(AlertsSection(quiet_period_s=0, retry_max_s=1), NO_MQTT, hooks, db.path, tmp_path, "greenhouse")
+    w.poll_s = 0.05
+    w.start()
+    try:
+        lags = []
+        for i in range(6):
+            raised = time.time()
+            _result(db, f"Tomato___Disease_{i}")
+            deadline = time.time() + 5
+            while len(good.got) <= i and time.time() < deadline:
+                time.sleep(0.02)
+            assert len(good.got) == i + 1, f"alert {i} did not reach the good endpoint while the bad one was {mode}"
+            lags.append(good.got[i][0] - raised)
+        assert max(lags) < 1.0, lags
+        assert w.alive() and all(t.is_alive() for t in w._couriers)
+        deadline = time.time() + 5  # a hung POST fails at its deadline (3 s)
+        while not w.status()["destinations"]["webhook:0"]["error"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert "webhook:0" in w.outbox.counts()["pending"] and w.status()["destinations"]["webhook:0"]["error"]
+        bad.mode = "ok"  # fixed
+        deadline = time.time() + 15
+        while len(bad.got) < 6 and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(bad.got) == 6 and "webhook:0" not in w.outbox.counts()["pending"]
+    finally:
+        w.stop()
+        good.close()
+        bad.close()
+        db.close()
 
 
 def test_a_missing_secret_file_is_named_at_start(tmp_path):

@@ -34,7 +34,9 @@ def state(tmp_path) -> Path:
 
 def remote(state: Path, role: str) -> tuple[TestClient, dict]:
     token = Tokens(state / "web").new(role)
-    return TestClient(app_for(state), client=REMOTE, follow_redirects=False), {"Authorization": f"Bearer {token}"}
+    return TestClient(app_for(state), base_url="http://localhost", client=REMOTE, follow_redirects=False), {
+        "Authorization": f"Bearer {token}"
+    }
 
 
 # ---- reading --------------------------------------------------------------------
@@ -113,6 +115,90 @@ def test_a_garbage_label_body_is_answered_400_and_labels_nothing(state, body):
     assert ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha).kind == "review"
 
 
+@pytest.mark.parametrize(
+    "label, why",
+    [("Apple\x00scab", "control"), ("x" * 5000, "longer than 100"), ("a/b", "path separator"), ("Apple\u200bscab", "invisible")],
+)
+def test_a_new_class_named_with_a_nul_a_slash_or_five_thousand_characters_is_refused_and_labels_nothing(state, label, why):
+    """The class-name rule the trainer applies is applied where the label is given: API, page and command line."""
+    c, auth = remote(state, "admin")
+    sha = sha_of(state, "p0")
+    r = c.post(f"/api/v1/review/{sha}/label", json={"label": label, "new_class": True}, headers=auth)
+    assert r.status_code == 400 and why in r.json()["error"] and len(r.text) < 1000
+    page = client(state)
+    r = page.post("/review/label", data={"csrf": csrf_of(page), "photo": sha, "label": label, "new_class": "1"})
+    assert r.status_code == 400 and why in r.text
+    assert ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha).kind == "review"
+
+
+def test_every_api_error_is_json_multipart_refusals_size_caps_and_unknown_routes_included(state):
+    c, auth = remote(state, "admin")
+    photo = _photos(1)[0].read_bytes()
+    two = [("photo", ("a.jpg", photo, "image/jpeg")), ("photo", ("b.jpg", photo, "image/jpeg"))]
+    answers = {
+        "two files": c.post("/api/v1/classify?wait=0", files=two, headers=auth),
+        "no photo field": c.post("/api/v1/classify?wait=0", files=[("other", ("a.jpg", photo, "image/jpeg"))], headers=auth),
+        "broken multipart": c.post(
+            "/api/v1/classify?wait=0", content=b"--x\r\nnonsense", headers={**auth, "Content-Type": "multipart/form-data; boundary=x"}
+        ),
+        "over the body cap": c.post(f"/api/v1/review/{'0' * 64}/label", content=b"{" + b" " * (2 << 20) + b"}", headers=auth),
+        "no such route": c.get("/api/v1/nothing", headers=auth),
+        "wrong method": c.delete("/api/v1/results", headers=auth),
+    }
+    for what, r in answers.items():
+        assert r.status_code >= 400 and r.headers["content-type"].startswith("application/json"), (what, r.status_code, r.text[:200])
+        assert r.json()["status"] == r.status_code and r.json()["error"], what
+    assert answers["two files"].status_code == 400 and "Too many files" in answers["two files"].json()["error"]
+    assert answers["over the body cap"].status_code == 413
+
+
+def test_large_bodies_arriving_together_wait_for_a_place_and_past_the_wait_are_told_to_retry(state):
+    """However many large uploads arrive at once, only ``slots`` are held in memory; the rest wait, then get a 503."""
+    import asyncio
+
+    from edge_agent.web._limits import BodyLimit
+
+    inside, release = 0, asyncio.Event()
+    most = 0
+
+    async def app(scope, receive, send):
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        while (await receive()).get("more_body"):
+            pass
+        await release.wait()
+        inside -= 1
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limit = BodyLimit(app, default=1 << 20, paths={"/api/v1/classify": 64 << 20}, large=8 << 20, slots=2, wait_s=0.5)
+
+    async def one(length: int) -> int:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"x" * 1024, "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/api/v1/classify", "headers": [(b"content-length", str(length).encode())]}
+        await limit(scope, receive, send)
+        return sent[0]["status"]
+
+    async def main():
+        large = [asyncio.create_task(one(40 << 20)) for _ in range(5)]
+        small = [asyncio.create_task(one(100_000)) for _ in range(3)]
+        await asyncio.sleep(0.8)  # the three large ones beyond the two places waited 0.5 s
+        release.set()
+        return await asyncio.gather(*large), await asyncio.gather(*small)
+
+    large, small = asyncio.run(main())
+    assert sorted(large) == [200, 200, 503, 503, 503] and small == [200, 200, 200]
+    assert most == 2 + 3 and limit.counters == {"waited": 3, "refused": 3}  # the two large and the three small at once
+
+
 def test_a_read_only_token_can_read_but_cannot_label_roll_back_or_classify(state):
     _second_version(state)
     c, auth = remote(state, "read")
@@ -131,7 +217,7 @@ def test_a_read_only_token_can_read_but_cannot_label_roll_back_or_classify(state
 def test_a_read_only_token_cannot_label_or_roll_back_on_the_page_either(state):
     _second_version(state)
     token = Tokens(state / "web").new("read")
-    c = TestClient(app_for(state), client=REMOTE, follow_redirects=False)
+    c = TestClient(app_for(state), base_url="http://localhost", client=REMOTE, follow_redirects=False)
     c.get(f"/?token={token}")
     csrf = csrf_of(c)
     r = c.post("/review/label", data={"csrf": csrf, "photo": sha_of(state, "p0"), "label": "Apple___healthy"})
@@ -152,7 +238,7 @@ def test_a_label_token_cannot_roll_back_and_an_admin_token_can(state):
 
 def test_without_a_token_or_with_a_wrong_one_the_api_answers_401_in_json(state):
     Tokens(state / "web").new("admin")
-    c = TestClient(app_for(state), client=REMOTE)
+    c = TestClient(app_for(state), base_url="http://localhost", client=REMOTE)
     for r in (c.get("/api/v1/results"), c.get("/api/v1/results", headers={"Authorization": "Bearer wrong"}), c.get("/metrics")):
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
     assert c.get("/api/v1/results").json()["status"] == 401
@@ -244,7 +330,7 @@ def test_classify_refuses_what_is_not_a_photo_and_stores_nothing(state, data, st
 def test_classify_refuses_a_photo_over_the_size_cap_with_413(state):
     c, auth = remote(state, "label")
     big = _photos(1)[0].read_bytes()
-    t = TestClient(app_for(state, max_file_bytes=len(big) - 1), client=REMOTE)
+    t = TestClient(app_for(state, max_file_bytes=len(big) - 1), base_url="http://localhost", client=REMOTE)
     assert t.post("/api/v1/classify?wait=0", content=big, headers=auth).status_code == 413
 
 

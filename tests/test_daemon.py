@@ -532,3 +532,19 @@ def test_the_default_daemon_asks_the_expert_about_confident_answers_until_their_
         assert (said, verdict, expert) == (first["label"], "confident", first["label"])
     finally:
         d.terminate()
+
+
+def test_a_status_file_is_readable_by_its_services_group_and_by_no_one_else_whatever_the_umask(tmp_path):
+    """It names photos, devices and errors: 0640 from its first byte (the red team found it 0644)."""
+    import stat
+
+    from edge_agent.state import write_status
+
+    old = os.umask(0o000)
+    try:
+        write_status(tmp_path / "status.json", {"pid": 1})
+        write_status(tmp_path / "status.json", {"pid": 2})  # and again, over the first
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "status.json").stat().st_mode) == 0o640
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]

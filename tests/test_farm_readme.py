@@ -142,7 +142,9 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
         assert f"connected: idle, serving {SHIPPED}" in status.stdout, status.stdout
         gh = devices["greenhouse"]  # the device's own page knows the trainer it hands off to
         gh_page = TestClient(
-            create_app(WebContext(load_config(gh.config), StateLayout(gh.state), gh.state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5)
+            create_app(WebContext(load_config(gh.config), StateLayout(gh.state), gh.state / "inbox", "127.0.0.1")),
+            base_url="http://localhost",
+            client=("127.0.0.1", 5),
         )
         tile = gh_page.get("/health").text
         assert f"connected to tcp://127.0.0.1:{ports[5555]}" in tile and f"serving {SHIPPED}" in tile, tile
@@ -163,7 +165,9 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
         refused_at = time.monotonic()
         cfg = load_config(trainer.config)
         page = TestClient(
-            create_app(WebContext(cfg, StateLayout(trainer.state), trainer.state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5)
+            create_app(WebContext(cfg, StateLayout(trainer.state), trainer.state / "inbox", "127.0.0.1")),
+            base_url="http://localhost",
+            client=("127.0.0.1", 5),
         )
 
         def barn_row() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import time
@@ -38,9 +39,20 @@ def curve(tmp_path_factory) -> dict:
     tpub, tsec = zmq.auth.create_certificates(root / "trainer", "trainer")
     dpub, dsec = zmq.auth.create_certificates(root / "daemon", "daemon")
     shutil.copy(dpub, root / "authorized" / "daemon.key")
+
+    def enrolled(name: str) -> CurveKeys:
+        """A device's own certificate, enrolled as ``name`` (a device is its certificate)."""
+        if not (root / "authorized" / f"{name}.key").exists():
+            (root / name).mkdir(exist_ok=True)
+            pub, _ = zmq.auth.create_certificates(root / name, name)
+            shutil.copy(pub, root / "authorized" / f"{name}.key")
+        return CurveKeys(secret=str(root / name / f"{name}.key_secret"), server_public=str(tpub))
+
     return {
         "server": CurveKeys(secret=str(tsec), authorized_dir=str(root / "authorized")),
         "client": CurveKeys(secret=str(dsec), server_public=str(tpub)),
+        "enrolled": enrolled,
+        "root": root,
     }
 
 
@@ -69,7 +81,7 @@ def farm(tmp_path, tiny_store, signing_key, curve):
         servers.append(s)
         return s
 
-    def daemon(name: str, trust=None, cls=EngineFetcher, stall_s: float = 10.0, **settings) -> EngineFetcher:
+    def daemon(name: str, trust=None, cls=EngineFetcher, stall_s: float = 10.0, key: str = "", **settings) -> EngineFetcher:
         root = tmp_path / name
         if not root.exists():
             shutil.copytree(tiny_store, root)
@@ -77,7 +89,7 @@ def farm(tmp_path, tiny_store, signing_key, curve):
             EngineStore(root),
             trust or TrustedKeys({signing_key.public_hex: "test trainer"}),
             HandoffSection(heartbeat_s=0.2, **settings),
-            Link("", "", endpoint, curve["client"]),
+            Link("", "", endpoint, curve["enrolled"](key or name)),
             name,
             serving=lambda: EngineStore(root).current(),
             stall_s=stall_s,
@@ -315,6 +327,12 @@ def test_garbage_frames_are_counted_not_fatal(farm, curve):
             encode("fetch", {"version": "v0002", "file": "../x", "offset": 0, "length": 1})[:2] + [b"{}"],
         ):
             sock.send_multipart(frames)
+        sock.send_multipart(encode("fetch", {"version": farm.v2, "file": "model.onnx", "offset": 0, "length": 10}))
+        assert sock.poll(5000)
+        reply = decode(sock.recv_multipart())
+        assert reply.kind == "missing" and "not offered" in reply.header["reason"]  # chunks only of a version it was offered
+        sock.send_multipart(encode("hello", {"name": "daemon", "engine_version": "v0001", "queue": 0, "refused": {}}))
+        assert sock.poll(5000) and decode(sock.recv_multipart()).kind == "offer"
         sock.send_multipart(encode("fetch", {"version": farm.v2, "file": "secret.txt", "offset": 0, "length": 10}))
         assert sock.poll(5000)
         reply = decode(sock.recv_multipart())
@@ -385,9 +403,8 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
             {
                 "handoff": {
                     **endpoints,
-                    "curve_secret_key": curve["client"].secret,
+                    "curve_secret_key": curve["enrolled"](f"device-{i}").secret,
                     "curve_server_key": curve["client"].server_public,
-                    "name": f"device-{i}",
                 },
                 "store": {"trusted_keys": [trainer_pub]},
                 "hotswap": {"poll_s": 0.5},
@@ -547,3 +564,51 @@ def test_a_message_that_fails_in_its_handler_does_not_stop_the_fetcher(farm):
     d = farm.daemon("flaky", cls=FlakyFetcher)
     wait_until(lambda: d.store.current() == farm.v2, 30, "installed at the next offer")
     assert FlakyFetcher.failed and d.alive() and d.counters["errors"] == 1
+
+
+def test_a_hello_in_another_devices_name_is_refused_and_invented_names_make_no_rows(farm, curve):
+    """A device is its certificate: it cannot speak for an enrolled device (refuse a version, claim a version in
+    service), and ten thousand invented names from one key are one row, the key's."""
+    import zmq
+
+    from edge_agent.handoff.transport import client_socket
+
+    curve["enrolled"]("greenhouse")
+    server = farm.server()
+    posing = farm.daemon("greenhouse", key="thief", cls=lambda *a, **k: EngineFetcher(*a, **k, refused_here=lambda: {farm.v2: "no"}))
+    wait_until(lambda: server.counters["refused"] >= 3, 10, "the hellos in greenhouse's name refused")
+    assert all(r["name"] != "greenhouse" for r in server.fleet()) and posing.counters["offers"] == 0
+    posing.stop()
+    ctx = zmq.Context()
+    sock = client_socket(ctx, zmq.DEALER, server.link.transfer, curve["enrolled"]("inventor"))
+    try:
+        started = time.monotonic()
+        for i in range(10_000):
+            sock.send_multipart(encode("hello", {"name": f"made-up-{i}", "engine_version": "v0001", "queue": 0, "refused": {}}))
+        wait_until(lambda: server.counters["hellos"] >= 10_000, 30, "every hello handled")
+        took = time.monotonic() - started
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert sorted(r["name"] for r in server.fleet()) == ["inventor"], took
+    assert len(server.fleet()) == 1
+
+
+def test_a_revoked_device_that_stays_connected_is_offered_nothing_more_and_listed_as_revoked(farm, curve, signing_key):
+    """The stolen device holds its connection open: from the revoke on it gets no offer, no chunk, its hellos
+    are refused, and the fleet list says revoked; the others get the next version."""
+    server = farm.server()
+    stolen = farm.daemon("stolen", cls=lambda *a, **k: EngineFetcher(*a, **k, refused_here=lambda: {farm.v2: "kept on v0001"}))
+    other = farm.daemon("other")
+    wait_until(lambda: {r["name"] for r in server.fleet()} == {"stolen", "other"}, 10, "both connected")
+    wait_until(lambda: other.store.current() == farm.v2, 30, "the other one on v2")
+    (curve["root"] / "revoked").mkdir(exist_ok=True)
+    os.replace(curve["root"] / "authorized" / "stolen.key", curve["root"] / "revoked" / "stolen.key")
+    wait_until(lambda: next(r for r in server.fleet() if r["name"] == "stolen")["revoked"], 5, "the fleet says revoked")
+    offers = stolen.counters["offers"]
+    v3 = publish_v2(farm.store, signing_key)
+    server.announce(v3)
+    wait_until(lambda: other.store.current() == v3, 30, "the other one gets v3")
+    time.sleep(1.0)
+    assert stolen.counters["offers"] == offers and v3 not in stolen.store.versions()
+    assert server.counters["refused"] > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -45,13 +46,18 @@ def endpoints(tmp_path):
     return f"ipc://{run}/handoff.sock", f"ipc://{run}/engines.sock"
 
 
-def make_sender(tmp_path, endpoints, curve=None, **kw):
+def make_sender(tmp_path, endpoints, curve=None, device="", **kw):
     tmp_path.mkdir(parents=True, exist_ok=True)
     db = ResultsDB(tmp_path / "results.sqlite")
     spool = PhotoSpool(tmp_path / "queue", 1 << 30)
     announced = []
     sender = Sender(
-        db, spool, HandoffSection(heartbeat_s=0.2, ack_timeout_s=0.5, **kw), Link(*endpoints, curve=curve), on_engine=announced.append
+        db,
+        spool,
+        HandoffSection(heartbeat_s=0.2, ack_timeout_s=0.5, **kw),
+        Link(*endpoints, curve=curve),
+        device=device,
+        on_engine=announced.append,
     )
     return sender, db, spool, announced
 
@@ -382,6 +388,87 @@ def test_tcp_with_curve_accepts_authorized_devices_refuses_strangers_and_follows
         receiver.stop()
 
 
+def _farm_keys(tmp_path, *names):
+    """The trainer's certificate and one per device, as ``edge-trainer keys`` / ``device add`` make them; two tcp endpoints."""
+    import socket as pysocket
+
+    from edge_agent.handoff.transport import CurveKeys
+    from trainer.devices import add_device, make_trainer_keys
+
+    keys = tmp_path / "keys"
+    make_trainer_keys(keys)
+    devices = {n: CurveKeys(str(add_device(keys, n).secret), server_public=str(keys / "trainer" / "trainer.key")) for n in names}
+    ports = []
+    for _ in range(2):
+        with pysocket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    server = CurveKeys(str(keys / "trainer" / "trainer.key_secret"), authorized_dir=str(keys / "authorized"))
+    return keys, server, devices, tuple(f"tcp://127.0.0.1:{p}" for p in ports)
+
+
+def test_a_revoked_device_that_never_disconnects_is_cut_off_at_once_and_keeps_its_photos(tmp_path):
+    """A stolen device stays connected: from the revoke on, none of its samples is taken (no restart, no new
+    handshake needed), its own status says the trainer refuses it, its photos stay queued; other devices go on."""
+    from trainer.devices import revoke_device
+
+    keys, server_keys, dev, endpoints = _farm_keys(tmp_path, "stolen", "kept")
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints, curve=server_keys))
+    stolen, sdb, sspool, _ = make_sender(tmp_path / "s", endpoints, curve=dev["stolen"])
+    kept, kdb, kspool, _ = make_sender(tmp_path / "k", endpoints, curve=dev["kept"])
+    before = queue_photos(sdb, sspool, 2, seed=300) + queue_photos(kdb, kspool, 2, seed=310)
+    receiver.start()
+    stolen.start()
+    kept.start()
+    try:
+        wait_until(lambda: {s.id for s in store.all()} == set(before), 20, "both delivered")
+        revoke_device(keys, "stolen")
+        revoked_at = time.monotonic()
+        after = []
+        for i in range(6):  # it goes on sending for three seconds
+            after += queue_photos(sdb, sspool, 1, seed=400 + i)
+            time.sleep(0.5)
+        wait_until(lambda: "handshake refused?" in (stolen.status().get("problem") or ""), 10, "the stolen device is told")
+        assert not {s.id for s in store.all()} & set(after)  # nothing taken after the revoke
+        assert {e.sha256 for e in sdb.queued_for_delivery(100)} >= set(after)  # and nothing lost on the device
+        assert receiver.counters["revoked"] + receiver.auth.refused.get("127.0.0.1", {}).get("count", 0) > 0
+        late = queue_photos(kdb, kspool, 1, seed=500)  # the device still enrolled reconnects and delivers
+        wait_until(lambda: set(late) <= {s.id for s in store.all()}, 20, "the other device goes on")
+        assert time.monotonic() - revoked_at < 30
+    finally:
+        stolen.stop()
+        kept.stop()
+        receiver.stop()
+
+
+def test_a_device_cannot_send_in_another_devices_name_and_an_invented_name_is_its_own(tmp_path):
+    """A sample is its key's: one in another enrolled device's name is refused (and kept aside on the sender);
+    one in a name no device has is recorded under the key's name, so invented names make no new devices."""
+    keys, server_keys, dev, endpoints = _farm_keys(tmp_path, "greenhouse", "thief")
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints, curve=server_keys))
+    posing, pdb, pspool, _ = make_sender(tmp_path / "p", endpoints, curve=dev["thief"], device="greenhouse")
+    inventing, idb, ispool, _ = make_sender(tmp_path / "i", endpoints, curve=dev["thief"], device="invented-77")
+    posed = queue_photos(pdb, pspool, 2, seed=600)
+    invented = queue_photos(idb, ispool, 2, seed=610)
+    receiver.start()
+    posing.start()
+    inventing.start()
+    try:
+        wait_until(lambda: not idb.queued_for_delivery(100), 20, "the invented name's samples delivered")
+        wait_until(lambda: receiver.counters["impersonations"] >= 2, 20, "the impersonation refused")
+        wait_until(lambda: not pdb.queued_for_delivery(100), 20, "the refused photos leave the delivery queue")
+    finally:
+        posing.stop()
+        inventing.stop()
+        receiver.stop()
+    ids = {s.id for s in store.all()}
+    assert not ids & set(posed) and set(invented) <= ids
+    assert set(receiver.by_device) == {"thief"}
+    assert posing.counters["refused"] == 2
+
+
 def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_photo_aside(tmp_path, endpoints):
     """Pseudo-labels name one of the engine's classes; a new class comes only from an expert on a sender allowed to
     create one. The daemon moves a refused photo out of its delivery queue into ``refused/``, with the reason."""
@@ -415,7 +502,7 @@ def test_a_label_the_trainer_cannot_take_is_refused_and_the_daemon_keeps_the_pho
 
 
 def test_a_new_class_from_an_allowed_sender_is_taken_if_it_is_a_class_name():
-    from trainer.receiver import class_name_problem
+    from edge_agent.names import class_name_problem
 
     receiver = Receiver(None, HandoffSection(), Link("ipc:///nowhere", "ipc:///nowhere2"), classes=lambda: ["A"])
     header = {
@@ -437,3 +524,30 @@ def test_a_new_class_from_an_allowed_sender_is_taken_if_it_is_a_class_name():
     ):
         assert why in class_name_problem(bad) and why in receiver._refusal({**header, "label": bad})
     assert Receiver(None, HandoffSection(), Link("a", "b"))._refusal({**header, "kind": "pseudo"}) is None  # no engine: not checked
+
+
+@pytest.mark.parametrize("name", ["greenhouse\n", "a/b", "../x", "\x1b]0;owned\x07", "-flag", "x" * 65, "", "ok\x00"])
+def test_a_device_name_with_a_newline_a_path_or_an_escape_is_refused_everywhere_it_is_given(tmp_path, name):
+    """``edge-trainer device add``, ``[handoff] name`` and the wire share one rule, matched in full (a trailing
+    newline passes ``re.match(...$)``, not this)."""
+    from edge_agent.config import ConfigError, load_config
+    from edge_agent.names import device_name_problem
+    from trainer.devices import add_device, make_trainer_keys
+
+    assert device_name_problem(name) is not None
+    make_trainer_keys(tmp_path / "keys")
+    with pytest.raises(ValueError, match="not a device name|device name"):
+        add_device(tmp_path / "keys", name)
+    assert not any("\n" in p.name for p in (tmp_path / "keys").rglob("*"))
+    if name:  # an empty [handoff] name means "the default"
+        cfg = tmp_path / "edge.toml"
+        cfg.write_text(f"[handoff]\nname = {json.dumps(name)}\n")
+        with pytest.raises(ConfigError, match="handoff"):
+            load_config(cfg)
+
+
+def test_good_device_names_pass_the_rule():
+    from edge_agent.names import device_name_problem
+
+    for name in ("greenhouse", "orchard-2", "jetson.local", "pi_5", "0abc"):
+        assert device_name_problem(name) is None

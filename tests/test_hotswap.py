@@ -321,12 +321,25 @@ def _config_file(tmp_path, root, key) -> str:
     return str(path)
 
 
-def test_a_rollback_by_the_cli_is_served_although_the_version_left_behind_labelled_the_golden_photos(running, signing_key, tmp_path, capsys):
+def test_a_rollback_by_the_cli_is_served_although_the_version_left_behind_labelled_the_golden_photos(
+    running, signing_key, tmp_path, capsys
+):
     from edge_agent.cli import main
 
     daemon, store = running
     bad = _suspect_serving(daemon, store, signing_key)
-    rc = main(["engine", "rollback", "--to", "v0001", "--config", _config_file(tmp_path, store.root, signing_key), "--state-dir", str(tmp_path / "state")])
+    rc = main(
+        [
+            "engine",
+            "rollback",
+            "--to",
+            "v0001",
+            "--config",
+            _config_file(tmp_path, store.root, signing_key),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "the daemon serves v0001" in out, out
     assert daemon.pipeline.classifier.engine.engine_version == "v0001" and "v0001" not in daemon.watcher.refused
@@ -350,7 +363,11 @@ def test_a_rollback_by_the_api_or_the_page_reports_serving_only_once_the_daemon_
     _suspect_serving(daemon, store, signing_key)
     cfg = parse_config({"store": trusted_store(store.root, signing_key), "hotswap": {"poll_s": 0.2}})
     state = tmp_path / "state"
-    c = TestClient(create_app(WebContext(cfg, StateLayout(state), state / "inbox", "127.0.0.1")), client=("127.0.0.1", 5000))
+    c = TestClient(
+        create_app(WebContext(cfg, StateLayout(state), state / "inbox", "127.0.0.1")),
+        base_url="http://localhost",
+        client=("127.0.0.1", 5000),
+    )
     if way == "api":
         from edge_agent.web.auth import Tokens
 
@@ -380,7 +397,18 @@ def test_a_rollback_the_daemon_refuses_is_reported_as_refused_with_its_reason(ru
     manifest["classes"] = manifest["classes"] + ["Not_in_the_network"]
     (store.root / broken / "manifest.json").write_text(json.dumps(manifest))
     sign_version(store.root / broken, signing_key)
-    rc = main(["engine", "rollback", "--to", broken, "--config", _config_file(tmp_path, store.root, signing_key), "--state-dir", str(tmp_path / "state")])
+    rc = main(
+        [
+            "engine",
+            "rollback",
+            "--to",
+            broken,
+            "--config",
+            _config_file(tmp_path, store.root, signing_key),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 1 and "refused: the daemon refused it" in out and "outputs but the manifest lists" in out, out
     assert daemon.pipeline.classifier.engine.engine_version == "v0001"

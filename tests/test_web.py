@@ -528,6 +528,7 @@ def test_a_body_that_lies_about_its_length_is_cut_off_at_the_cap_as_it_streams(s
         "query_string": b"",
         "root_path": "",
         "headers": [
+            (b"host", b"127.0.0.1:8080"),
             (b"content-length", b"1000"),
             (b"transfer-encoding", b"chunked"),
             (b"cookie", b"edge_session=" + b"s" * 32),

@@ -66,7 +66,7 @@ def app_for(state: Path, bind: str = "127.0.0.1", **preprocess) -> TestClient:
 
 
 def client(state: Path, who=LOCAL, **kw) -> TestClient:
-    return TestClient(app_for(state, **kw), client=who, follow_redirects=False)
+    return TestClient(app_for(state, **kw), base_url="http://localhost", client=who, follow_redirects=False)
 
 
 def csrf_of(c: TestClient) -> str:

@@ -242,6 +242,7 @@ def _fleet(args: argparse.Namespace) -> int:
     import json
     import time
 
+    from edge_agent.names import printable
     from edge_agent.state import looked_for
     from trainer.service import trainer_state_dir
 
@@ -264,11 +265,15 @@ def _fleet(args: argparse.Namespace) -> int:
     for d in fleet:
         ago = f"{time.time() - d['last_seen']:.0f} s ago"
         note = "; ".join(f"refused {v}: {r}" for v, r in d["refused"].items())
+        if d.get("revoked"):
+            note = "REVOKED: its messages are refused and it was disconnected" + (f"; {note}" if note else "")
         if not note and d.get("last_result") and not d["last_result"]["ok"]:
             note = d["last_result"]["reason"]
-        print(
-            f"{d['name'][:20]:20} {d['address'][:16]:16} {ago:>10} {d['engine_version']:8} {d.get('pinned') or '-':8} "
-            f"{d['samples_received']:>8} {d['queue']:>6}  {note}"
+        print(  # names and reasons come from devices: never raw escape sequences on the operator's terminal
+            printable(
+                f"{d['name'][:20]:20} {d['address'][:16]:16} {ago:>10} {d['engine_version']:8} {d.get('pinned') or '-':8} "
+                f"{d['samples_received']:>8} {d['queue']:>6}  {note}"
+            )
         )
     if not fleet:
         print("(no daemon has connected yet)")
@@ -280,10 +285,12 @@ def _fleet(args: argparse.Namespace) -> int:
             "canary": f"canaries first ({canaries}), the rest once they have served it {r.get('period_s', 0):.0f} s",
             "stopped": f"STOPPED: {r.get('reason')}",
         }.get(r.get("stage"), r.get("stage"))
-        print(f"rollout of {r['version']}: {line}")
+        print(printable(f"rollout of {r['version']}: {line}"))
     for h in live.get("handshakes_refused") or []:
         print(
-            f"REFUSED CONNECTION from {h['address']}: {h['count']} handshakes ({h['reason']}); edge-trainer device add NAME for a new device"
+            printable(
+                f"REFUSED CONNECTION from {h['address']}: {h['count']} handshakes ({h['reason']}); edge-trainer device add NAME for a new device"
+            )
         )
     return 0
 

@@ -9,16 +9,14 @@ public keys of revoked devices, for the record). Secret files are 0600 and their
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent.names import device_name_problem
 from engines.errors import EdgeAgentError
 
 __all__ = ["KeysError", "DeviceKeys", "make_trainer_keys", "add_device", "revoke_device", "list_devices", "trainer_keys"]
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class KeysError(EdgeAgentError, ValueError):
@@ -73,8 +71,8 @@ def make_trainer_keys(out: Path, force: bool = False) -> tuple[Path, Path, bool]
 
 
 def _check_name(name: str) -> None:
-    if not _NAME.match(name):
-        raise KeysError(f"{name!r}: a device name is 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    if (problem := device_name_problem(name)) is not None:
+        raise KeysError(problem)
 
 
 def add_device(out: Path, name: str, force: bool = False, signing_pub: Path | None = None) -> DeviceKeys:
@@ -104,7 +102,8 @@ def add_device(out: Path, name: str, force: bool = False, signing_pub: Path | No
 
 def revoke_device(out: Path, name: str) -> Path:
     """Stop accepting ``name``: its public key leaves ``authorized/`` (kept in ``revoked/``); returns where it went.
-    A device already connected keeps its session until it reconnects; its next handshake is refused."""
+    A running trainer sees the folder change at the device's next message: it refuses that message and every later one,
+    and drops the device's connections (:class:`edge_agent.handoff.transport.Authenticator`)."""
     _check_name(name)
     key = out / "authorized" / f"{name}.key"
     if not key.is_file():

@@ -6,6 +6,10 @@ Heartbeats are answered, so a daemon knows the trainer is alive. Malformed or
 oversized frames are dropped, counted and logged. A PUB socket announces each
 published engine version.
 
+Over CURVE a message is its key's (:class:`~edge_agent.handoff.transport.Authenticator`): a sample in another
+device's name is refused, and a revoked device's messages are dropped from the revoke on (no ack, no heartbeat
+answered) and its connections, with every other, dropped at once (the others reconnect on their own).
+
 A sample's label must name a class of the engine in service, except an expert's label for a new class, which is
 taken only where ``new_classes`` allows it (the trainer allows it on its local socket, where the sender is the
 daemon on the same machine, and over TCP only with ``[trainer] fleet_new_classes``); anything else is answered
@@ -16,31 +20,17 @@ from __future__ import annotations
 
 import threading
 import time
-import unicodedata
 from collections.abc import Callable, Collection
 
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
-from edge_agent.handoff.transport import Authenticator, Link, server_socket
+from edge_agent.handoff.transport import Authenticator, Link, peer_name, rebind, server_socket
 from edge_agent.log import get_logger
+from edge_agent.names import class_name_problem
 from edge_agent.worker import Worker
 from trainer.samples import SampleStore
 
 __all__ = ["Receiver"]
-
-
-def class_name_problem(label: str) -> str | None:
-    """Why ``label`` cannot be a class name (control or invisible characters, a path separator, spaces around it,
-    over 100 characters), or None."""
-    if len(label) > 100:
-        return "longer than 100 characters"
-    if label != label.strip() or not label:
-        return "empty, or spaces around it"
-    if "/" in label or "\\" in label:
-        return "holds a path separator"
-    if any(unicodedata.category(ch)[0] == "C" for ch in label):
-        return "holds control or invisible characters"
-    return None
 
 
 class Receiver(Worker):
@@ -64,7 +54,17 @@ class Receiver(Worker):
         self.on_sample = on_sample or (lambda: None)
         self.classes = classes  # the engine in service's classes (None: labels are not checked)
         self.log = get_logger("handoff.receiver", endpoint=link.endpoint)
-        self.counters = {"received": 0, "duplicates": 0, "malformed": 0, "store_errors": 0, "announced": 0, "refused": 0}
+        self.counters = {
+            "received": 0,
+            "duplicates": 0,
+            "malformed": 0,
+            "store_errors": 0,
+            "announced": 0,
+            "refused": 0,
+            "revoked": 0,
+            "impersonations": 0,
+        }
+        self._who: str | None = None  # the device name the message being handled came with (CURVE), else None
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
         self._announce: list[str] = []
@@ -91,16 +91,23 @@ class Receiver(Worker):
         pub = server_socket(ctx, zmq.PUB, s.announce, s.curve)
         self._ready.set()
         self.log.info("listening", announce=s.announce)
+        revocations = auth.poll() if auth is not None else 0
         try:
             while not self._stop.is_set():
+                if auth is not None and auth.poll() != revocations:  # a device revoked: drop every connection
+                    revocations = auth.revocations
+                    router = rebind(router, ctx, zmq.ROUTER, s.endpoint, s.curve)
+                    pub = rebind(pub, ctx, zmq.PUB, s.announce, s.curve)
+                    self.log.warning("connections_dropped", reason="a device was revoked", revoked=sorted(auth.revoked))
                 with self._lock:
                     pending, self._announce = self._announce, []
                 for version in pending:
                     pub.send_multipart(encode("engine", {"version": version}))
                     self.counters["announced"] += 1
                 if router.poll(200):
-                    frames = router.recv_multipart()
-                    self._handle(router, frames)
+                    frames = router.recv_multipart(copy=False)
+                    if self._admitted(frames):
+                        self._handle(router, [f.bytes for f in frames])
         finally:
             router.close(0)
             pub.close(0)
@@ -108,11 +115,39 @@ class Receiver(Worker):
                 auth.stop()
             ctx.term()
 
+    def _admitted(self, frames) -> bool:
+        """Whether a message may be taken: over CURVE, only from a device whose key is authorized now (a revoked
+        one is refused from its next message on, and told nothing); the message's device is then its key's name."""
+        self._who = None
+        if self.auth is None or len(frames) < 2:
+            return True
+        who = peer_name(frames[1])
+        if self.auth.admits(who):
+            self._who = who
+            return True
+        self.counters["revoked"] += 1
+        if self.counters["revoked"] == 1 or self.counters["revoked"] % 1000 == 0:
+            self.log.warning("revoked_device_refused", device=who, refused_so_far=self.counters["revoked"])
+        return False
+
     def _handle(self, router, frames: list[bytes]) -> None:
         peer, body = frames[0], frames[1:]
         msg = decode_or_drop(body, self.settings.max_payload_mb << 20, self.counters, self.log)
         if msg is None:
             return
+        who = self._who
+        claimed = msg.header.get("device", who) if msg.kind == "sample" else who
+        if who is not None and claimed != who and self.auth.claims_another(claimed):
+            self.counters["impersonations"] += 1
+            self.log.warning(
+                "sample_refused", id=msg.header["id"][:16], device=who, claimed=msg.header["device"], reason="in another device's name"
+            )
+            router.send_multipart(
+                [peer, *encode("refused", {"id": msg.header["id"], "reason": f"sent with {who}'s key in another device's name"})]
+            )
+            return
+        if who is not None and msg.kind == "sample":
+            msg.header["device"] = who  # a sample is its key's device's (a name of no device is taken as its key's)
         self.peers[peer] = time.monotonic()
         if msg.kind == "heartbeat":
             router.send_multipart([peer, *encode("heartbeat", {"role": "trainer", "time": time.time(), **self.describe()})])

@@ -5,6 +5,10 @@ A ROUTER socket takes ``hello`` from any number of daemons (see :mod:`edge_agent
 whose version is not the newest, and that has not refused it, gets an ``offer`` (at once after a publish, else at
 most every ``offer_every_s``); it then asks for the files chunk by chunk and this side only answers, so a slow
 daemon is never flooded. Only signed versions are offered. Malformed frames are dropped, counted and logged.
+
+Over CURVE a device is its certificate: a hello in a name other than its key's is refused (so rows exist only for
+enrolled devices, one each), a fetch is answered only for a version offered to that device, and a revoked device is
+refused from its next message on, marked revoked in the fleet list and disconnected at once.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from edge_agent.handoff.protocol import decode_or_drop
-from edge_agent.handoff.transport import Authenticator, Link, server_socket
+from edge_agent.handoff.transport import Authenticator, Link, peer_name, rebind, server_socket
 from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import CHUNK_MAX, decode, encode
 from edge_agent.worker import Worker
@@ -38,6 +42,8 @@ class Peer:
     last_result: dict | None = None
     pinned: str = ""  # the version a rollback pinned the device to ("" if none)
     report: dict = field(default_factory=dict)  # how its engine in service has done: since, photos, errors, agreement
+    granted: set = field(default_factory=set)  # versions offered to it: the only ones whose chunks it is sent
+    revoked: bool = False  # its key was revoked: nothing more is taken from it or sent to it
 
     def describe(self, samples: int = 0) -> dict:
         return {
@@ -52,6 +58,7 @@ class Peer:
             "last_result": self.last_result,
             "pinned": self.pinned,
             "serving": self.report,
+            "revoked": self.revoked,
         }
 
 
@@ -68,12 +75,13 @@ class EngineServer(Worker):
         self.store, self.link, self.offer_every_s, self.rollout, self.parallel = store, link, offer_every_s, rollout, parallel
         self._active: dict[bytes, float] = {}  # identity -> monotonic time of its last offer or fetch
         self.log = get_logger("transfer.server", endpoint=link.transfer)
-        self.counters = {"hellos": 0, "offers": 0, "chunks": 0, "bytes": 0, "malformed": 0, "missing": 0}
+        self.counters = {"hellos": 0, "offers": 0, "chunks": 0, "bytes": 0, "malformed": 0, "missing": 0, "refused": 0}
         self.peers: dict[str, Peer] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._offer_now = threading.Event()
         self._unsigned_logged: set[str] = set()
+        self._renamed: set[str] = set()  # names devices said that were not their keys' (logged once each)
         self._manifests: dict[str, dict] = {}  # version -> manifest, read once (a version never changes)
         self.auth: Authenticator | None = None
 
@@ -114,8 +122,19 @@ class EngineServer(Worker):
         self._ready.set()
         self.log.info("listening")
         next_judge = 0.0
+        revocations = auth.poll() if auth is not None else 0
         try:
             while not self._stop.is_set():
+                if auth is not None and auth.poll() != revocations:  # a device revoked: cut it off, drop every connection
+                    revocations = auth.revocations
+                    with self._lock:
+                        for peer in self.peers.values():
+                            if peer.name in auth.revoked:
+                                peer.revoked = True
+                                self._active.pop(peer.identity, None)
+                    router = rebind(router, ctx, zmq.ROUTER, s.transfer, s.curve)
+                    router.setsockopt(zmq.SNDHWM, 1000)
+                    self.log.warning("connections_dropped", reason="a device was revoked", revoked=sorted(auth.revoked))
                 if self.rollout is not None and time.monotonic() >= next_judge:
                     next_judge = time.monotonic() + 1.0
                     self._judge_rollout()
@@ -172,7 +191,7 @@ class EngineServer(Worker):
             version = self.store.current()
         except StoreError:
             return
-        if not peer.identity or peer.engine_version == version or version in peer.refused:
+        if not peer.identity or peer.revoked or peer.engine_version == version or version in peer.refused:
             return
         if self.rollout is not None and not self.rollout.allowed(peer.name, version):
             return  # a staged rollout: not this device's turn yet
@@ -189,10 +208,23 @@ class EngineServer(Worker):
             return
         manifest, signature = offer
         peer.offered[version] = time.monotonic()
+        peer.granted = {*list(peer.granted)[-7:], version}  # bounded: the newest few
         self._active[peer.identity] = time.monotonic()
         router.send_multipart([peer.identity, *encode("offer", {"version": version, "signature": signature}, manifest)])
         self.counters["offers"] += 1
         self.log.info("engine_offered", engine_version=version, device=peer.name, running=peer.engine_version)
+
+    def _sender(self, identity: bytes, who: str | None) -> Peer | None:
+        """The fleet row a message belongs to: its key's device over CURVE, else the row that said hello on this
+        connection (``ipc://``: the daemon on this machine)."""
+        if who is not None:
+            return self.peers.get(who)
+        return next((p for p in self.peers.values() if p.identity == identity), None)
+
+    def _refuse(self, what: str, **fields) -> None:
+        self.counters["refused"] += 1
+        if self.counters["refused"] <= 20 or self.counters["refused"] % 1000 == 0:
+            self.log.warning(what, refused_so_far=self.counters["refused"], **fields)
 
     def _handle(self, router, frames) -> None:
         identity = frames[0].bytes
@@ -202,11 +234,25 @@ class EngineServer(Worker):
                 address = frames[1].get("Peer-Address")
             except Exception:  # a transport without one
                 address = ""
+        who = peer_name(frames[1]) if self.auth is not None and len(frames) > 1 else None
+        if self.auth is not None and not self.auth.admits(who):
+            self._refuse("revoked_device_refused", device=who, address=address)
+            return
         msg = decode_or_drop([f.bytes for f in frames[1:]], CHUNK_MAX, self.counters, self.log, decoder=decode)
         if msg is None:
             return
         h = msg.header
         if msg.kind == "hello":
+            if who is not None and h["name"] != who:
+                if self.auth.claims_another(h["name"]) or h["name"] in self.peers:
+                    self._refuse("hello_refused", device=who, claimed=h["name"], reason="a hello in another device's name")
+                    return
+                if h["name"] not in self._renamed:  # its [handoff] name is not its key's: it is known by its key
+                    self._renamed.add(h["name"])
+                    self.log.warning(
+                        "device_name_differs", device=who, says=h["name"], fix=f'set [handoff] name = "{who}" on it (or leave it empty)'
+                    )
+                h = {**h, "name": who}
             self.counters["hellos"] += 1
             with self._lock:
                 peer = self.peers.get(h["name"])
@@ -214,18 +260,26 @@ class EngineServer(Worker):
                     peer = self.peers[h["name"]] = Peer(h["name"])
                     self.log.info("daemon_joined", device=h["name"], address=address, engine_version=h["engine_version"])
                 peer.identity, peer.address, peer.last_seen = identity, address or peer.address, time.monotonic()
+                peer.revoked = False  # admitted: its key is authorized (again)
                 peer.engine_version, peer.queue = h["engine_version"], h["queue"]
                 peer.refused = {str(k): str(v)[:300] for k, v in list(h["refused"].items())[:20]}
                 peer.pinned = h.get("pinned", "")
                 peer.report = {k: h[k] for k in ("since", "photos", "errors", "agreement") if k in h}
                 self._maybe_offer(router, peer)
         elif msg.kind == "fetch":
+            with self._lock:
+                peer = self._sender(identity, who)
+                granted = peer is not None and h["version"] in peer.granted
+            if not granted:
+                self._refuse("fetch_refused", device=who or peer and peer.name, engine_version=h["version"], reason="never offered to it")
+                router.send_multipart([identity, *encode("missing", {"version": h["version"], "reason": "not offered to this device"})])
+                return
             if identity in self._active:
                 self._active[identity] = time.monotonic()
             self._serve(router, identity, h)
         elif msg.kind == "result":
             with self._lock:
-                peer = next((p for p in self.peers.values() if p.identity == identity), None)
+                peer = self._sender(identity, who)
                 if peer is not None:
                     peer.last_result = {"version": h["version"], "ok": h["ok"], "reason": h["reason"][:300]}
                 if self._active.pop(identity, None) is not None:  # a slot is free: the next device waiting

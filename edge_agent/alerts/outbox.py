@@ -1,9 +1,10 @@
 """The alerts ledger and the outbox: every alert raised, and every message not yet delivered, on disk.
 
 A message stays in the outbox until its destination took it (an MQTT broker's PUBACK, a webhook's 2xx), across
-restarts; a failed attempt waits twice as long as the one before, up to ``retry_max_s``. The outbox holds at most
-``quota_bytes`` of payload: past that the oldest messages of the least important kind go first (results, then state,
-then alerts), and the count of what was dropped is kept and shown, never hidden.
+restarts; a failed attempt waits twice as long as the one before, up to ``retry_max_s``. The outbox's files take at
+most about ``quota_bytes`` of disk (its log included): past that the oldest messages of the least important kind go
+first (results, then state, then alerts), and the count of what was dropped is kept and shown, never hidden. A file
+SQLite cannot read is kept aside and a new one started, so a start never fails on it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.alerts.rules import Candidate
+from engines.durable import set_aside
 from engines.errors import EdgeAgentError
 
-__all__ = ["DeliveryError", "Message", "Outbox", "PRIORITY"]
+__all__ = ["DeliveryError", "PartialDelivery", "Message", "Outbox", "PRIORITY"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
@@ -57,6 +59,14 @@ class DeliveryError(EdgeAgentError):
     """A destination did not take a message (a dead broker or endpoint, a refusal); it stays in the outbox."""
 
 
+class PartialDelivery(DeliveryError):
+    """A destination took the first messages of a batch (``done``, their ids) and then failed on the next."""
+
+    def __init__(self, message: str, done: list[int]) -> None:
+        super().__init__(message)
+        self.done = done
+
+
 @dataclass(frozen=True)
 class Message:
     id: int
@@ -78,9 +88,36 @@ class Outbox:
         self.quota_bytes = quota_bytes
         self.retry_max_s = retry_max_s
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        #: What was done about a file SQLite could not read (None: nothing), for the daemon's status.
+        self.recovered: str | None = None
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:  # a truncated or overwritten file: keep it aside, start a new one
+            aside = set_aside(self.path)
+            self.recovered = (
+                f"{self.path.name} was unreadable ({exc}): kept as {aside.name}, a new outbox was started; alerts not "
+                "yet delivered then are in the old file, and the quiet period starts afresh"
+            )
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        try:
+            if db.execute("PRAGMA page_count").fetchone()[0] == 0:  # a new file: freed pages go back to the disk
+                db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            db.execute("PRAGMA journal_mode=WAL")
+            # the quota is of disk, not of payloads: the log is checkpointed often and cut back to a tenth of it
+            db.execute(f"PRAGMA journal_size_limit = {max(64 << 10, self.quota_bytes // 10)}")
+            db.execute(f"PRAGMA wal_autocheckpoint = {max(16, self.quota_bytes // 10 // 4096)}")
+            db.executescript(SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def disk_bytes(self) -> int:
+        """What the outbox's files take on disk (the database and its log)."""
+        return sum(Path(f"{self.path}{s}").stat().st_size for s in ("", "-wal") if Path(f"{self.path}{s}").exists())
 
     def close(self) -> None:
         with self._lock:
@@ -164,19 +201,28 @@ class Outbox:
         self._enforce_quota()
 
     def _enforce_quota(self) -> None:
+        """Past the quota, the least important messages go. What the payloads may take is the quota less what the
+        file's pages and the rows' overhead already take beyond the payloads themselves, so the file stays within it."""
         used = self._db.execute("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()[0]
-        if used <= self.quota_bytes:
+        if used <= self.quota_bytes // 2:
+            return
+        page = self._db.execute("PRAGMA page_size").fetchone()[0]
+        pages, free = self._db.execute("PRAGMA page_count").fetchone()[0], self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        overhead = max(0, (pages - free) * page - used)
+        room = max(self.quota_bytes // 4, self.quota_bytes * 8 // 10 - overhead)  # a fifth kept for the log
+        if used <= room:
             return
         order = " ".join(f"WHEN '{k}' THEN {p}" for k, p in PRIORITY.items())
         rows = self._db.execute(f"SELECT id, LENGTH(payload) FROM outbox ORDER BY CASE kind {order} ELSE 1 END, id").fetchall()
         drop = []
         for row_id, size in rows:
-            if used <= self.quota_bytes:
+            if used <= room:
                 break
             drop.append((row_id,))
             used -= size
         self._db.executemany("DELETE FROM outbox WHERE id = ?", drop)
         self._bump("dropped", len(drop))
+        self._db.execute("PRAGMA incremental_vacuum")
 
     def due(self, dest: str, limit: int = 50, now: float | None = None) -> list[Message]:
         """The oldest messages for ``dest`` whose next attempt is due."""
@@ -199,6 +245,7 @@ class Outbox:
             self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
             self._bump(f"sent:{dest}", len(ids))
             self._db.execute("COMMIT")
+            self._db.execute("PRAGMA incremental_vacuum")  # the delivered messages' pages back to the disk
 
     def failed(self, ids: list[int], dest: str, error: str) -> float:
         """Count a failed attempt; each message waits 2^attempts seconds (up to ``retry_max_s``). Returns the wait."""
@@ -220,4 +267,5 @@ class Outbox:
             used = self._db.execute("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()[0]
             state = dict(self._db.execute("SELECT key, value FROM state").fetchall())
         counters = {k: int(v) for k, v in state.items() if k.startswith(("sent:", "failed:")) or k == "dropped"}
-        return {"pending": pending, "bytes": used, "quota_bytes": self.quota_bytes, **counters}
+        out = {"pending": pending, "bytes": used, "disk_bytes": self.disk_bytes(), "quota_bytes": self.quota_bytes, **counters}
+        return out | ({"recovered": self.recovered} if self.recovered else {})

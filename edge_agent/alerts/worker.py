@@ -1,5 +1,8 @@
 """The daemon's alert thread: reads new results from the ledger, raises alerts by the rules, delivers the outbox.
 
+Each destination (the MQTT broker, each webhook) is delivered by its own thread, so one that hangs, drips or
+answers garbage holds back only its own messages, and those wait in the outbox until it answers again.
+
 It reads the results table from its own cursor (kept in ``alerts.sqlite``), so classification never waits on it and
 a restart neither misses a result nor alerts twice: an alert, its messages and the cursor move in one transaction.
 The first start on an existing ledger begins at its end (history raises no alerts). The daemon also hands it its
@@ -21,7 +24,7 @@ from edge_agent.alerts.messages import Topics, alert_body, describe_class, encod
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
-from edge_agent.worker import Worker
+from edge_agent.worker import Worker, spawn
 
 __all__ = ["AlertWorker"]
 
@@ -50,6 +53,8 @@ class AlertWorker(Worker):
         self.results_db = Path(results_db)
         self.outbox = Outbox(Path(state_dir) / "alerts.sqlite", alerts.queue_mb << 20, alerts.retry_max_s)
         self.log = get_logger("alerts", device=device)
+        if self.outbox.recovered:
+            self.log.warning("alerts_outbox_recovered", file=str(self.outbox.path), what=self.outbox.recovered)
         self.topics = Topics(mqtt.prefix, device)
         self._state: dict = {}
         self._state_lock = threading.Lock()
@@ -58,6 +63,7 @@ class AlertWorker(Worker):
         self._failing: dict[str, str] = {}
         self._connects: dict[str, int] = {}
         self.destinations: list = []
+        self._couriers: list[threading.Thread] = []
         self.mqtt = None
         if mqtt.host:
             from edge_agent.alerts.mqtt import MqttLink
@@ -138,32 +144,50 @@ class AlertWorker(Worker):
 
     # ---- delivering --------------------------------------------------------------
     def deliver(self) -> None:
-        now = time.time()
+        """One round for every destination, in turn (the running worker gives each its own thread instead)."""
         for d in self.destinations:
-            connects = getattr(d, "connects", None)  # the broker is back: retry at once, not after the backoff
-            if connects is not None and connects != self._connects.get(d.name, 0):
-                self._connects[d.name] = connects
-                self._next_try.pop(d.name, None)
-                self.outbox.retry_now(d.name)
-            if now < self._next_try.get(d.name, 0.0):
-                continue
-            due = self.outbox.due(d.name)
-            if not due:
-                continue
+            self.deliver_to(d)
+
+    def deliver_to(self, d) -> bool:
+        """Send what is due to ``d``; a failure leaves it in the outbox for a later, backed-off try. Returns whether
+        anything was sent."""
+        connects = getattr(d, "connects", None)  # the broker is back: retry at once, not after the backoff
+        if connects is not None and connects != self._connects.get(d.name, 0):
+            self._connects[d.name] = connects
+            self._next_try.pop(d.name, None)
+            self.outbox.retry_now(d.name)
+        if time.time() < self._next_try.get(d.name, 0.0):
+            return False
+        due = self.outbox.due(d.name)
+        if not due:
+            return False
+        try:
+            ids = d.send(due)
+        except DeliveryError as exc:
+            done = getattr(exc, "done", [])
+            if done:
+                self.outbox.delivered(done, d.name)
+            wait = self.outbox.failed([m.id for m in due if m.id not in set(done)], d.name, str(exc))
+            self._next_try[d.name] = time.time() + wait
+            if self._failing.get(d.name) != str(exc):
+                self.log.warning("alert_delivery_failed", destination=d.name, error=str(exc), pending=len(due), retry_in_s=round(wait, 1))
+            self._failing[d.name] = str(exc)
+            return bool(done)
+        self.outbox.delivered(ids, d.name)
+        if self._failing.pop(d.name, None):
+            self.log.info("alert_delivery_recovered", destination=d.name)
+        return True
+
+    def _courier(self, d) -> None:
+        """One destination's thread: a hung or broken endpoint holds back only its own messages."""
+        while not self._stop.is_set():
             try:
-                ids = d.send(due)
-            except DeliveryError as exc:
-                wait = self.outbox.failed([m.id for m in due], d.name, str(exc))
-                self._next_try[d.name] = time.time() + wait
-                if self._failing.get(d.name) != str(exc):
-                    self.log.warning(
-                        "alert_delivery_failed", destination=d.name, error=str(exc), pending=len(due), retry_in_s=round(wait, 1)
-                    )
-                self._failing[d.name] = str(exc)
-                continue
-            self.outbox.delivered(ids, d.name)
-            if self._failing.pop(d.name, None):
-                self.log.info("alert_delivery_recovered", destination=d.name)
+                sent = self.deliver_to(d)
+            except Exception as exc:  # noqa: BLE001 - a locked disk or a destination's bug: log, wait, go on
+                self.log.warning("alert_delivery_round_failed", destination=d.name, error=repr(exc)[:300])
+                sent = False
+            if not sent:
+                self._stop.wait(self.poll_s)
 
     # ---- the daemon's status -------------------------------------------------------
     def observe(self, status: dict) -> None:
@@ -251,11 +275,11 @@ class AlertWorker(Worker):
 
     # ---- the thread ----------------------------------------------------------------
     def _run(self) -> None:
+        self._couriers = [spawn(lambda d=d: self._courier(d), f"alerts-{d.name}"[:15]) for d in self.destinations]
         while not self._stop.is_set():
             try:
                 busy = self.scan()
                 self._digest()
-                self.deliver()
             except sqlite3.Error as exc:  # a locked or full disk: try again next round, nothing moved
                 self.log.warning("alerts_round_failed", error=repr(exc))
                 busy = 0
@@ -271,6 +295,8 @@ class AlertWorker(Worker):
 
     def stop(self) -> None:
         super().stop()
+        for t in self._couriers:  # a POST in flight ends by its own deadline
+            t.join(timeout=self.join_timeout_s)
         for d in self.destinations:
             d.close()
         self.outbox.close()

@@ -25,6 +25,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from edge_agent.names import DEVICE_NAME
 from engines.errors import EdgeAgentError
 
 __all__ = [
@@ -75,7 +76,7 @@ class Field:
         if self.max_len is not None and isinstance(value, (str, dict)) and len(value) > self.max_len:
             raise ProtocolError(f"{kind}: field {name!r} longer than {self.max_len}")
         if isinstance(value, str):
-            if self.pattern is not None and not self.pattern.match(value):
+            if self.pattern is not None and not self.pattern.fullmatch(value):
                 raise ProtocolError(f"{kind}: field {name!r} is not a valid value")
             if self.choices is not None and value not in self.choices:
                 raise ProtocolError(f"{kind}: field {name!r} is not one of {', '.join(self.choices)}")
@@ -90,7 +91,7 @@ _SCHEMAS = {
         "confidence": Field(float, lo=0.0, hi=1.0),
         "engine_version": Field(str, max_len=32),
         "ext": Field(str, pattern=_EXT),
-        "device": Field(str, required=False, max_len=64),
+        "device": Field(str, required=False, max_len=64, pattern=DEVICE_NAME),
     },
     "ack": {"id": Field(str, pattern=_ID)},
     "refused": {"id": Field(str, pattern=_ID), "reason": Field(str, max_len=300)},

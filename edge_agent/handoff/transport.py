@@ -24,6 +24,8 @@ __all__ = [
     "default_endpoints",
     "TransportError",
     "Authenticator",
+    "peer_name",
+    "rebind",
     "HandshakeWatch",
     "send_nowait",
 ]
@@ -101,7 +103,12 @@ def client_socket(ctx, kind: int, endpoint: str, curve: CurveKeys | None):
 class Authenticator:
     """ZAP handler accepting only the CURVE public keys in ``authorized_dir``, read again whenever the folder
     changes (``edge-trainer device add`` / ``revoke`` take effect without a restart); every refused handshake is
-    logged with the peer's address (once a minute per address) and counted in :attr:`refused`."""
+    logged with the peer's address (once a minute per address) and counted in :attr:`refused`.
+
+    A device is its certificate: the handshake binds the connection to the name of the key file that matched
+    (``<name>.key``), and every message on it carries that name as its ZeroMQ ``User-Id`` (:func:`peer_name`). The
+    socket's owner asks :meth:`admits` of each message, so a revoked device's messages are refused from the moment
+    its key leaves the folder, and :meth:`revocations` tells it when to drop every connection (:meth:`rebind`)."""
 
     def __init__(self, ctx, authorized_dir: str, endpoint: str = "") -> None:
         from edge_agent.log import get_logger
@@ -112,15 +119,19 @@ class Authenticator:
         self.log = get_logger("handoff.auth", endpoint=endpoint)
         #: address -> {"count", "last" (epoch s), "reason"}: handshakes refused since start.
         self.refused: dict[str, dict] = {}
-        self._keys: set[bytes] = set()
+        self._keys: dict[bytes, str] = {}  # z85 public key -> device name
+        self._names: frozenset[str] = frozenset()
         self._stamp: tuple | None = None
+        #: Names whose key left the folder since start (revoked), and how many times that happened.
+        self.revoked: set[str] = set()
+        self.revocations = 0
         self._auth = _make_authenticator(ctx, self)
         self._auth.start()
         self._auth.configure_curve_callback(domain="*", credentials_provider=self)
 
-    def _current_keys(self) -> set[bytes]:
-        """The authorized keys, read again when the folder changes (its mtime: a key added, replaced or removed;
-        one stat per handshake, however many devices)."""
+    def _current_keys(self) -> dict[bytes, str]:
+        """The authorized keys and their names, read again when the folder changes (its mtime: a key added,
+        replaced or removed; one stat per call, however many devices)."""
         import zmq.auth
 
         try:
@@ -128,18 +139,48 @@ class Authenticator:
         except OSError:
             stamp = None
         if stamp != self._stamp:
-            keys = set()
+            keys = {}
             for path in sorted(self.dir.glob("*.key")) if stamp is not None else []:
                 try:
-                    keys.add(zmq.auth.load_certificate(path)[0])
+                    keys[zmq.auth.load_certificate(path)[0]] = path.name[: -len(".key")]
                 except (OSError, ValueError):
                     self.log.warning("authorized_key_unreadable", file=str(path))
-            self._keys, self._stamp = keys, stamp
+            names = frozenset(keys.values())
+            gone = self._names - names
+            if gone and self._stamp is not None:
+                self.revoked |= gone
+                self.revocations += 1
+                self.log.warning("devices_revoked", devices=sorted(gone), action="their messages are refused and their connections dropped")
+            self.revoked -= names  # added again
+            self._keys, self._names, self._stamp = keys, names, stamp
         return self._keys
 
     def callback(self, domain: str, key: bytes) -> bool:
         """pyzmq's credentials-provider hook: is this client key (z85) authorized now?"""
         return key in self._current_keys()
+
+    def name_of(self, key: bytes) -> str:
+        """The device name of an authorized raw public key ("" if none): the ZAP User-Id of its connection."""
+        import zmq.utils.z85
+
+        return self._current_keys().get(zmq.utils.z85.encode(key), "")
+
+    def admits(self, name: str | None) -> bool:
+        """Whether a message bound to ``name`` (its :func:`peer_name`) may be taken now: that device's key is still
+        authorized (a revoke takes effect at the next message, not the next handshake)."""
+        self._current_keys()
+        return bool(name) and name in self._names
+
+    def claims_another(self, name: str) -> bool:
+        """Whether ``name`` is another enrolled device's (authorized or revoked): a message in that name from a
+        different key is an impersonation, not a misconfigured ``[handoff] name``."""
+        self._current_keys()
+        return name in self._names or name in self.revoked or (self.dir.parent / "revoked" / f"{name}.key").is_file()
+
+    def poll(self) -> int:
+        """Look at the folder now (a revoke with no message since still counts); returns :attr:`revocations`."""
+        self._current_keys()
+        return self.revocations
 
     def _denied(self, address: str, reason: str) -> None:
         rec = self.refused.setdefault(address, {"count": 0, "last": 0.0, "reason": reason})
@@ -160,6 +201,33 @@ class Authenticator:
         self._auth.stop()
 
 
+def peer_name(frame) -> str | None:
+    """The device name ZAP bound to the connection ``frame`` (a received ``zmq.Frame``) came on: the name of the
+    certificate it shook hands with; None where no CURVE handshake took place (``ipc://``)."""
+    try:
+        name = frame.get("User-Id")
+    except Exception:  # noqa: BLE001 - zmq.ZMQError (EINVAL) on a connection with no ZAP: no name
+        return None
+    return name or None
+
+
+def rebind(sock, ctx, kind: int, endpoint: str, curve: CurveKeys | None, tries: int = 50):
+    """``sock`` closed (every connection on it dropped) and a new one bound to ``endpoint``; peers that may still
+    connect reconnect on their own. Retries while the port is still held by the old socket."""
+    import zmq
+
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint  # the port a "*" bind was given
+    sock.close(0)
+    for attempt in range(tries):
+        try:
+            return server_socket(ctx, kind, endpoint, curve)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or attempt == tries - 1:
+                raise
+            time.sleep(0.02)
+    raise AssertionError("unreachable")
+
+
 def _make_authenticator(ctx, owner: Authenticator):
     """A pyzmq ThreadAuthenticator that tells ``owner`` of each refused handshake and the peer's address."""
     from zmq.auth.thread import ThreadAuthenticator
@@ -170,6 +238,9 @@ def _make_authenticator(ctx, owner: Authenticator):
         async def handle_zap_message(self, msg):
             self._address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
             return await super().handle_zap_message(msg)
+
+        def curve_user_id(self, client_public_key: bytes) -> str:
+            return owner.name_of(client_public_key)
 
         def _send_zap_reply(self, request_id, status_code, status_text, user_id="anonymous"):
             if status_code != b"200":

@@ -15,6 +15,7 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent.names import class_name_problem
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool
@@ -105,6 +106,13 @@ def label_photo(
         raise PhotoNotQueued(f"no photo {ref!r} in the review queue (see `edge-agent review list`)")
     if not label:
         raise LabelError("an empty class name")
+    if (problem := class_name_problem(label)) is not None:
+        shown = label.encode("ascii", "backslashreplace").decode()[:60]
+        raise LabelError(
+            f"{shown!r} cannot be a class name: it is {problem}"
+            if problem.startswith("longer")
+            else f"{shown!r} cannot be a class name: it {problem}"
+        )
     if label not in classes and not new_class:
         raise LabelError(f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}")
     src = Path(entry.file)

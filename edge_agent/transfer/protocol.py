@@ -21,6 +21,7 @@ import re
 
 from edge_agent.handoff.protocol import VERSION, Field, Message, ProtocolError, parse_frames
 from edge_agent.handoff.protocol import encode as _encode
+from edge_agent.names import DEVICE_NAME
 
 __all__ = ["MAGIC", "KINDS", "CHUNK_MAX", "encode", "decode", "Message", "ProtocolError"]
 
@@ -34,7 +35,7 @@ _OFFSET = Field(int, lo=0, hi=2**40)
 
 KINDS = {
     "hello": {
-        "name": Field(str, max_len=64),
+        "name": Field(str, max_len=64, pattern=DEVICE_NAME),
         "engine_version": Field(str, max_len=32),
         "queue": Field(int, lo=0, hi=2**40),
         "refused": Field(dict, max_len=MAX_REFUSED),

@@ -4,10 +4,12 @@ one log line a minute for what was refused instead of one per connection."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
-from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge_agent.web._errors import refusal
 
 __all__ = ["BodyLimit", "guarded_protocol", "raise_file_limit"]
 
@@ -19,16 +21,53 @@ class _TooLarge(Exception):
 class BodyLimit:
     """Caps every request body at ``default`` bytes, and ``paths``' (path -> bytes) at their own: counted on the bytes
     received (a ``Transfer-Encoding: chunked`` body with a small ``Content-Length`` included), so nothing over the cap
-    is ever spooled to a temporary file."""
+    is ever spooled to a temporary file. A body that may pass ``large`` bytes (said so by its ``Content-Length``, or
+    chunked) waits for one of ``slots`` places, at most ``wait_s`` (then 503 and Retry-After): however many arrive at
+    once, a small board holds at most ``slots`` of them in memory or in temporary files."""
 
-    def __init__(self, app: ASGIApp, default: int, paths: dict[str, int]) -> None:
+    def __init__(
+        self, app: ASGIApp, default: int, paths: dict[str, int], large: int = 8 << 20, slots: int = 2, wait_s: float = 60.0
+    ) -> None:
         self.app, self.default, self.paths = app, default, paths
+        self.large, self.slots, self.wait_s = large, slots, wait_s
+        self._slots: asyncio.Semaphore | None = None  # made on the server's event loop
+        #: Bodies that waited for a place, and those refused after waiting ``wait_s``.
+        self.counters = {"waited": 0, "refused": 0}
+
+    def _is_large(self, scope: Scope, cap: int) -> bool:
+        if cap <= self.large or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            return False
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        return length is None or not length.isdigit() or int(length) > self.large
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cap = self.paths.get(scope.get("path", ""), self.default)
+        path = scope.get("path", "")
+        cap = self.paths.get(path, self.default)
+        if not self._is_large(scope, cap):
+            await self._capped(scope, receive, send, cap)
+            return
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.slots)
+        if not self._slots.locked():
+            await self._slots.acquire()  # a place is free: taken at once
+        else:
+            self.counters["waited"] += 1
+            try:
+                await asyncio.wait_for(self._slots.acquire(), self.wait_s)
+            except asyncio.TimeoutError:
+                self.counters["refused"] += 1
+                why = f"{self.slots} large uploads are being received already; try again in a minute"
+                await refusal(path, 503, why, {"Retry-After": "30", "Connection": "close"})(scope, receive, send)
+                return
+        try:
+            await self._capped(scope, receive, send, cap)
+        finally:
+            self._slots.release()
+
+    async def _capped(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
         seen = 0
         started = False
 
@@ -51,9 +90,8 @@ class BodyLimit:
             await self.app(scope, counted, tracked)
         except _TooLarge:
             if not started:
-                await PlainTextResponse(
-                    f"413 Request Entity Too Large: more than {cap} bytes\n", status_code=413, headers={"Connection": "close"}
-                )(scope, receive, send)
+                why = f"the body is larger than {cap} bytes"
+                await refusal(scope.get("path", ""), 413, why, {"Connection": "close"})(scope, receive, send)
 
 
 def raise_file_limit(wanted: int) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -25,14 +26,17 @@ from starlette.templating import Jinja2Templates
 
 from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
+from edge_agent.log import get_logger
 from edge_agent.review.checks import trust_table
 from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web import charts
+from edge_agent.web._errors import refusal
 from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
 from edge_agent.web.api.endpoints import recent_alerts
 from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
 from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int
+from edge_agent.web.hosts import HostCheck, page_names
 from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
 from edge_agent.web.metrics import render as render_metrics
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
@@ -325,9 +329,20 @@ def create_app(ctx: WebContext) -> Starlette:
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:
         return problem(request, exc.status if isinstance(exc, Refused) else 400, str(exc))
 
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        """Starlette's own refusals (no such page, wrong method, a malformed multipart body) in this page's shape."""
+        if request.url.path.startswith("/api/") or "role" not in request.scope.get("state", {}):
+            return refusal(request.url.path, exc.status_code, str(exc.detail), exc.headers)
+        return problem(request, exc.status_code, str(exc.detail))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        get_logger("web").error("web_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        return refusal(request.url.path, 500, "the device could not answer this request; its log says why (journalctl -u edge-agent)")
+
     return Starlette(
         routes=routes,
         middleware=[
+            Middleware(HostCheck, names=page_names(ctx.bind, ctx.cfg.web.hosts)),
             Middleware(
                 BodyLimit,
                 default=1 << 20,
@@ -340,5 +355,5 @@ def create_app(ctx: WebContext) -> Starlette:
                 AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind), secret=csrf_secret(ctx.state.root / "web" / "csrf.key")
             ),
         ],
-        exception_handlers={BadParameter: bad_parameter},
+        exception_handlers={BadParameter: bad_parameter, HTTPException: http_error, Exception: server_error},
     )

@@ -25,8 +25,10 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge_agent.web._errors import refusal
 
 __all__ = [
     "ROLES",
@@ -175,11 +177,7 @@ class AccessMiddleware:
             else:
                 why = "a valid access token is needed: open the link `edge-agent web --new-token` printed"
             headers = {"WWW-Authenticate": 'Bearer realm="edge-agent"'}
-            if request.url.path.startswith("/api/"):
-                answer: Response = JSONResponse({"error": why, "status": 401}, status_code=401, headers=headers)
-            else:
-                answer = PlainTextResponse(f"401 Unauthorized: {why}\n", status_code=401, headers=headers)
-            await answer(scope, receive, send)
+            await refusal(request.url.path, 401, why, headers)(scope, receive, send)
             return
         state = scope.setdefault("state", {})
         state["role"] = role or "admin"  # no token, on loopback: this machine's own user
@@ -190,16 +188,20 @@ class AccessMiddleware:
             return
         if token_in_url and role is not None:  # keep it in a cookie and take it out of the address bar (and the history)
             rest = urlencode([(k, v) for k, v in parse_qsl(request.url.query) if k != "token"])
-            resp = RedirectResponse(request.url.path + (f"?{rest}" if rest else ""), status_code=303)
+            local = "/" + request.url.path.lstrip("/\\")  # never "//host" or "/\\host": a browser leaves the site for those
+            resp = RedirectResponse(local + (f"?{rest}" if rest else ""), status_code=303)
             resp.set_cookie(TOKEN_COOKIE, token_in_url, max_age=365 * 86400, httponly=True, samesite="strict")
             await resp(scope, receive, send)
             return
         session = request.cookies.get(SESSION_COOKIE)
         if request.method == "POST" and not session:
             # the field is read by the endpoint (the body is consumed once); here only a missing session
-            await PlainTextResponse("403 Forbidden: no session cookie; reload the page and try again\n", status_code=403)(
-                scope, receive, send
-            )
+            if request.url.path.startswith("/api/"):  # a program: it sends a token
+                why = "an API write sends its token as Authorization: Bearer (`edge-agent web --new-token --role label|admin` makes one)"
+                answer = refusal(request.url.path, 401, why, {"WWW-Authenticate": 'Bearer realm="edge-agent"'})
+            else:
+                answer = refusal(request.url.path, 403, "no session cookie; reload the page and try again")
+            await answer(scope, receive, send)
             return
         fresh = None if session and 16 <= len(session) <= 64 else secrets.token_urlsafe(24)
         state["csrf"] = _csrf_of(self.secret, fresh or session)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from edge_agent.config import AppConfig
 from edge_agent.results import QueueEntry, ResultsDB
-from edge_agent.rollback import RollbackOutcome
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo
+from edge_agent.rollback import RollbackOutcome
 from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
 from edge_agent.web.queries import Reader
 from engines.errors import EdgeAgentError

@@ -259,6 +259,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             413: "Larger than [preprocess] max_file_bytes or max_pixels.",
             415: "Not an image edge-agent reads.",
             422: "The daemon quarantined it (the reason is given).",
+            503: "Two large uploads are being received already; try again after Retry-After.",
             507: "No room in the inbox.",
         },
         extra={202: (s.Pending, "Accepted; the result was not ready within wait.")},
