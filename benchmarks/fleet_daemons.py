@@ -26,7 +26,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-QUICK_TRAINER = {"epochs": 1, "int8": False, "calibrate": False, "gate_tolerance": 1.0, "nice": 0, "recheck_pseudo": False}
+QUICK_TRAINER = {
+    "epochs": 1,
+    "int8": False,
+    "calibrate": False,
+    "gate_tolerance": 1.0,
+    "nice": 0,
+    "recheck_pseudo": False,
+    "pseudo_only_steps": [1.0],  # one step: no search over the gate photos
+}
 """[trainer] keys for a retrain in seconds whose candidate always passes: what is measured is the delivery, not learning."""
 
 

@@ -129,19 +129,61 @@ def _parse_since(text: str | None) -> float | None:
 
 
 def _results(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from edge_agent.inbox_files import where_now
     from edge_agent.verdict import phrase
 
     cfg = _load(args)
-    _, db = _state_db(args, cfg)
+    state, db = _state_db(args, cfg)
+
+    def located(rows):
+        for row in rows:  # where the photo is now (moved to processed/, or gone: pruned, deleted)
+            now = where_now(state.root, row["path"], datetime.fromisoformat(row["created"]).timestamp())
+            yield {**row, "path_now": str(now) if now else None}
+
     print_rows(
-        db.results(_parse_since(args.since)),
+        located(db.results(_parse_since(args.since))),
         args.json,
         lambda row: (
             f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
-            f"{row['engine_version']}  {row['path'] or row['source']}"
+            f"{row['engine_version']}  {row['path_now'] or (row['path'] + ' (no longer kept)' if row['path'] else row['source'])}"
         ),
         flush=False,
     )
+    return 0
+
+
+def _backup(args: argparse.Namespace) -> int:
+    import time
+
+    from edge_agent.backup import backup
+    from edge_agent.state import resolve_state_dir
+
+    cfg = _load(args)
+    state = resolve_state_dir(args.state_dir, cfg)
+    out = Path(args.out or f"edge-agent-backup-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
+    manifest = backup(cfg, state, out, photos=args.photos)
+    size = out.stat().st_size
+    print(f"wrote {out} ({size / 1e6:.1f} MB, {len(manifest['files'])} files from {state}; mode 0600: it holds the device's keys)")
+    if manifest["outside"]:
+        print("also in it, from outside the state directory: " + ", ".join(manifest["outside"].values()))
+    print(f"restore it with: edge-agent restore {out} --state-dir NEW_STATE_DIR")
+    return 0
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from edge_agent.backup import restore
+    from edge_agent.state import resolve_state_dir
+
+    cfg = _load(args)
+    done = restore(Path(args.archive), resolve_state_dir(args.state_dir, cfg), force=args.force)
+    print(f"restored {done.files} files into {done.state_dir}")
+    if done.moved_aside:
+        print(f"the state directory that was there is kept as {done.moved_aside}")
+    for now, was in done.outside.items():
+        print(f"  {now}: was {was}; copy it back there (sudo cp -a) or point the config at it")
+    print("next: edge-agent status --state-dir " + str(done.state_dir) + "  (then start the service)")
     return 0
 
 
@@ -169,6 +211,8 @@ def _status(args: argparse.Namespace) -> int:
         "transfer",
         "ledger",
         "disk_full",
+        "retention",
+        "store_problem",
     ):
         if key in live:
             out[key] = live[key]
@@ -186,6 +230,18 @@ def _status(args: argparse.Namespace) -> int:
     print(f"daemon: {'running' if running else 'not running'}  (state {state.root})")
     if out.get("disk_full"):
         print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
+    if out.get("store_problem"):
+        print(f"STATE DISK FULL: {out['store_problem']}")
+    kept = out.get("retention")
+    if kept and "photos" in kept:
+        since = f" since {kept['oldest_photo_day']}" if kept.get("oldest_photo_day") else ""
+        print(
+            f"kept: {kept['photos']} photos ({kept['photo_bytes'] >> 20} MiB){since}, for {kept['photo_days']:g} days, never below "
+            f"{kept['floor_bytes'] / 2**30:.1f} GiB free ({kept['free_bytes'] / 2**30:.1f} GiB free now); pruned since start: "
+            f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
+        )
+        if kept.get("below_floor"):
+            print(f"BELOW THE DISK FLOOR with nothing more of ours to remove; largest here: {kept.get('largest')}")
     if "engine" in out:
         e = out["engine"]
         print(
@@ -320,6 +376,17 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--since", help="ISO time or a duration back from now (15m, 2h, 3d)")
     res.add_argument("--json", action="store_true", help="JSON lines")
     res.set_defaults(func=_results)
+
+    bk = sub.add_parser("backup", parents=[common], help="write one file that restores this device (engines, keys, history)")
+    bk.add_argument("--state-dir")
+    bk.add_argument("--out", help="the backup file (default: edge-agent-backup-<date>.tar.gz here)")
+    bk.add_argument("--photos", action="store_true", help="include processed/ (every kept photo; large)")
+    bk.set_defaults(func=_backup)
+    rs = sub.add_parser("restore", parents=[common], help="put a backup into a new state directory")
+    rs.add_argument("archive", help="the file `edge-agent backup` wrote")
+    rs.add_argument("--state-dir")
+    rs.add_argument("--force", action="store_true", help="move an existing state directory aside first")
+    rs.set_defaults(func=_restore)
 
     rev = sub.add_parser("review", help="the expert review queue").add_subparsers(dest="action", required=True)
     rl = rev.add_parser("list", parents=[common], help="photos waiting for an expert")

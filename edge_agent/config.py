@@ -165,6 +165,24 @@ class CameraSection(_Section):
     jpeg_quality: int = Field(95, ge=50, le=100, description="JPEG quality of frames kept for the label queues.")
 
 
+class RetentionSection(_Section):
+    enabled: bool = Field(True, description="Prune old photos and results, and keep the disk above its floor.")
+    photo_days: float = Field(
+        30.0, ge=0, le=36500, description="Processed photos (processed/YYYY-MM-DD/) older than this many days are removed; 0: kept."
+    )
+    result_days: float = Field(
+        365.0, ge=0, le=36500, description="Result rows and the page's thumbnails older than this many days are removed; 0: kept."
+    )
+    source_result_days: dict[str, float] = Field(
+        {}, description="Per source ('inbox', 'camera:<source>'): its result rows' own result_days (a camera's many frames)."
+    )
+    min_free_gb: float = Field(2.0, ge=0, description="Disk floor: the oldest photos go whenever less than this is free...")
+    min_free_percent: float = Field(
+        10.0, ge=0, le=90, description="...or less than this share of the disk, whichever is smaller (a big disk is not emptied)."
+    )
+    interval_s: float = Field(600.0, ge=10, le=86400, description="How often old photos and results are pruned (the floor: every minute).")
+
+
 class PipelineSection(_Section):
     max_batch: int = Field(
         16,
@@ -328,6 +346,7 @@ class AppConfig(_Section):
     inbox: InboxSection = Field(default_factory=InboxSection)
     camera: CameraSection = Field(default_factory=CameraSection)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    retention: RetentionSection = Field(default_factory=RetentionSection)
     labels: LabelsSection = Field(default_factory=LabelsSection)
     handoff: HandoffSection = Field(default_factory=HandoffSection)
     hotswap: HotswapSection = Field(default_factory=HotswapSection)
@@ -413,6 +432,8 @@ def _toml_value(v: Any) -> str:
         return json.dumps(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table, keys quoted ("camera:0" is not a bare key)
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
 
 

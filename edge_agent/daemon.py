@@ -28,7 +28,7 @@ from edge_agent.results import ResultsDB
 from edge_agent.sources.camera import CameraSource
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
-from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store, write_status
+from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store_or_shipped, write_status
 from edge_agent.systemd import Notifier
 from edge_agent.transfer.fetcher import EngineFetcher
 from edge_agent.trust import daemon_trust, open_trusted
@@ -57,6 +57,8 @@ class Daemon:
         self.fetcher: EngineFetcher | None = None
         self.watcher: EngineWatcher | None = None
         self.alerts = None
+        self.retention = None
+        self.store_note: str | None = None
         self.board = BoardSensors()
         self.healthy = False
         self.watchdog_sent = 0
@@ -70,7 +72,9 @@ class Daemon:
             self.inbox.mkdir(parents=True)
             os.chmod(self.inbox, 0o2770)  # the service's group may drop photos (setgid keeps the group)
         t0 = time.perf_counter()
-        self.store = resolve_store(cfg, self.state.root)
+        self.store, self.store_note = resolve_store_or_shipped(cfg, self.state.root)
+        if self.store_note:
+            self.log.error("state_disk_full", problem=self.store_note)
         self.trust = daemon_trust(cfg, self.state.root)
         if self.trust is not None:
             adopt_shipped_signatures(self.store, default_store_path(), self.log)
@@ -101,6 +105,11 @@ class Daemon:
             retry_incomplete=self._retry_incomplete,
         )
         self.pipeline.start()
+        if cfg.retention.enabled:
+            from edge_agent.retention import Retention
+
+            self.retention = Retention(cfg.retention, self.state.root, self.db)
+            self.retention.start()
         self._start_alerts()
         self._start_learning_links()
         if cfg.inbox.enabled:
@@ -142,7 +151,9 @@ class Daemon:
         from edge_agent import __version__
         from edge_agent.alerts.worker import AlertWorker
 
-        self.alerts = AlertWorker(cfg.alerts, cfg.mqtt, cfg.webhooks, self.state.db, self.state.root, device_name(cfg), __version__)
+        self.alerts = AlertWorker(
+            cfg.alerts, cfg.mqtt, cfg.webhooks, self.state.db, self.state.root, device_name(cfg), __version__, crops=cfg.classify.crops
+        )
         self.alerts.start()
 
     def _start_learning_links(self) -> None:
@@ -208,7 +219,9 @@ class Daemon:
     def check_health(self) -> bool:
         p = self.pipeline
         sources_ok = all(
-            s.alive() for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts) if s is not None
+            s.alive()
+            for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts, self.retention)
+            if s is not None
         )
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
         healthy = p.alive() and sources_ok and not stalled
@@ -235,6 +248,7 @@ class Daemon:
             "spool": {"bytes": self.spool.used_bytes, "quota_bytes": self.spool.max_bytes, "full": p.queue_full},
             "last_errors": list(p.last_errors),
             "ledger": self.ledger_note,
+            "store_problem": self.store_note,
         }
         if self.folder:
             out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported), "missing": self.folder.missing}
@@ -248,6 +262,8 @@ class Daemon:
             out["hotswap"] = {"swaps": self.watcher.swaps, "refused": self.watcher.refused, "looked": self.watcher.looked}
         if self.alerts:
             out["alerts"] = self.alerts.status()
+        if self.retention:
+            out["retention"] = self.retention.status()
         out["board"] = self.board.read()
         out["latency_ms"] = self.pipeline.latency.as_dict()
         return out
@@ -291,6 +307,12 @@ class Daemon:
             camera=self.cfg.camera.source if self.camera else None,
             startup_ms=round((time.perf_counter() - t0) * 1000, 1),
         )
+        if not self.cfg.classify.crops:
+            self.log.info(
+                "crops_not_set",
+                hint='say which crops grow here ([classify] crops = ["Apple", "Corn_(maize)"]): answers and alerts are then '
+                "about those only; until then alerts follow the crops the expert labels",
+            )
         next_status = next_prune = 0.0
         while not self._stop.is_set():
             if self.check_health():
@@ -319,7 +341,7 @@ class Daemon:
     def _shutdown(self) -> int:
         self.notifier.stopping()
         self.log.info("stopping", in_flight=self.pipeline.in_flight)
-        for s in (self.folder, self.camera, self.watcher):
+        for s in (self.folder, self.camera, self.watcher, self.retention):
             if s is not None:
                 s.stop()
         drained = self.pipeline.drain(self.cfg.daemon.drain_timeout_s)

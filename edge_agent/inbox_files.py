@@ -16,7 +16,7 @@ from typing import Literal
 
 from engines.durable import atomic_write
 
-__all__ = ["InboxFiles", "move_out", "free_name", "place"]
+__all__ = ["InboxFiles", "move_out", "free_name", "place", "places", "where_now"]
 
 After = Literal["move", "delete", "leave"]
 
@@ -122,3 +122,27 @@ def _names(path: Path):
 def free_name(path: Path) -> Path:
     """The first of ``path``, ``name-1.ext``, ``name-2.ext``... that does not exist."""
     return next(p for p in _names(path) if not p.exists())
+
+
+def places(state_root: Path, path: str, created: float, variants: int = 20):
+    """Where a photo that arrived as ``path`` at ``created`` may be now, most likely first: where it arrived, then
+    ``processed/<day>/`` (the day it was classified, or the next: moved just past midnight) under its name or the
+    free names a second photo of that name gets (``stem-1.ext``, ...)."""
+    from datetime import timedelta
+
+    yield Path(path)
+    name = Path(path).name
+    stem, ext = os.path.splitext(name)
+    day = datetime.fromtimestamp(created)
+    for d in (day, day + timedelta(days=1)):
+        folder = state_root / "processed" / d.strftime("%Y-%m-%d")
+        yield folder / name
+        for i in range(1, variants):
+            yield folder / f"{stem}-{i}{ext}"
+
+
+def where_now(state_root: Path, path: str | None, created: float) -> Path | None:
+    """The first of :func:`places` that exists (None: deleted, pruned, or a camera frame that was never a file)."""
+    if not path:
+        return None
+    return next((p for p in places(state_root, path, created) if p.is_file()), None)

@@ -13,7 +13,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -344,6 +344,39 @@ class ResultsDB:
     def queue_length(self) -> int:
         """Pseudo and expert labels not yet delivered to the trainer."""
         return self._query("SELECT COUNT(*) FROM label_queue WHERE kind IN ('pseudo', 'expert')")[0][0]
+
+    def sources(self) -> list[str]:
+        """The sources results came from (``inbox``, ``camera:<source>``, ...)."""
+        return [src for (src,) in self._query("SELECT DISTINCT source FROM results")]
+
+    def photos_by_id(self, photo_ids: Collection[str]) -> list[tuple[str, float, str]]:
+        """(sha256, created, path or "") of the results with these photo ids."""
+        ids = list(photo_ids)[:10000]
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        return self._query(f"SELECT sha256, created, COALESCE(path, '') FROM results WHERE photo_id IN ({marks})", tuple(ids))
+
+    def prune_results(self, before: float, source: str | None = None, keep: Collection[str] = (), batch: int = 5000) -> int:
+        """Delete result rows older than ``before`` (of ``source`` only, if given), except those whose sha256 is in
+        ``keep``, in batches (the pipeline's commits wait for one batch at most); returns how many went."""
+        where = "id > ? AND created < ?" + (" AND source = ?" if source is not None else "")
+        extra = (source,) if source is not None else ()
+        gone, last = 0, 0
+        while True:
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT id, sha256 FROM results WHERE {where} ORDER BY id LIMIT ?", (last, before, *extra, batch)
+                ).fetchall()
+                drop = [(i,) for i, sha in rows if sha not in keep]
+                if drop:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    self._db.executemany("DELETE FROM results WHERE id = ?", drop)
+                    self._db.execute("COMMIT")
+            gone += len(drop)
+            if len(rows) < batch:
+                return gone
+            last = rows[-1][0]
 
     def queue_bytes(self) -> int:
         return self._query("SELECT COALESCE(SUM(bytes), 0) FROM label_queue")[0][0]

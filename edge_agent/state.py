@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from edge_agent.handoff.transport import Link
 
 __all__ = [
+    "StateDiskFull",
+    "resolve_store_or_shipped",
     "StateLayout",
     "StateNotFound",
     "SYSTEM_STATE",
@@ -103,7 +105,10 @@ def resolve_store(cfg: AppConfig, state_dir: Path) -> EngineStore:
         return EngineStore(cfg.store.resolved())
     store = EngineStore(state_dir / "engines")
     if not store.versions():
-        seed_store(default_store_path(), store.root)
+        try:
+            seed_store(default_store_path(), store.root)
+        except OSError as exc:
+            raise StateDiskFull(_seed_failed(exc, store.root)) from None
     else:
         from edge_agent.upgrade import adopt_shipped_release
 
@@ -111,11 +116,43 @@ def resolve_store(cfg: AppConfig, state_dir: Path) -> EngineStore:
     return store
 
 
+class StateDiskFull(EdgeAgentError):
+    """The state directory cannot take what the daemon must write there (the shipped engines, on first start)."""
+
+
+def _seed_failed(exc: OSError, dst: Path) -> str:
+    need = sum(f.stat().st_size for f in default_store_path().rglob("*") if f.is_file())
+    free = shutil.disk_usage(dst.parent).free if dst.parent.exists() else 0
+    return (
+        f"cannot copy the shipped engines ({need / 1e6:.0f} MB) into {dst}: {exc.strerror or exc} ({free / 1e6:.0f} MB free "
+        f"there); free {max(need - free, 0) / 1e6:.0f} MB or more on that disk, or set [daemon] state_dir to a disk with room"
+    )
+
+
+def resolve_store_or_shipped(cfg: AppConfig, state_dir: Path) -> tuple[EngineStore, str | None]:
+    """:func:`resolve_store`, or, when the state disk cannot take the shipped engines, the package's own store read
+    as it is (serving, not updating) and the one line that says what to free; for the daemon, which then serves."""
+    try:
+        return resolve_store(cfg, state_dir), None
+    except StateDiskFull as exc:
+        return EngineStore(default_store_path()), f"{exc}; serving the package's shipped engines read-only until then"
+
+
 def seed_store(src: Path, dst: Path) -> None:
     """Copy a store (its versions and ``current``) into an empty ``dst``, atomically."""
     tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".lock", ".tmp-*"))
+    try:  # file by file (copytree would gather the errors and lose their errno): the first failure stops it
+        for folder, dirs, files in os.walk(src):
+            dirs[:] = [d for d in dirs if not d.startswith(".tmp-")]
+            here = tmp / Path(folder).relative_to(src)
+            here.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                if name != ".lock" and not name.startswith(".tmp-"):
+                    shutil.copy2(Path(folder) / name, here / name, follow_symlinks=False)
+    except OSError:  # a full disk: leave nothing half-copied behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if dst.exists() and not any(dst.iterdir()):
         dst.rmdir()
     os.rename(tmp, dst)

@@ -463,3 +463,84 @@ def test_the_daily_digest_goes_once_a_day_after_its_hour(tmp_path):
     assert w.digest_due(after) is None
     w.stop()
     db.close()
+
+
+def test_an_ntfy_alert_opens_the_photo_when_tapped(tmp_path, receiver):
+    hook = Webhook(WebhookSection(url=receiver.url, format="ntfy"), 0)
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    body = alert_body(_cand("Tomato___Late_blight"), "http://greenhouse.local:8080")
+    box.put([("webhook:0", "alert", receiver.url, json.dumps(body).encode(), 1, False)])
+    hook.send(box.due("webhook:0"))
+    headers, _ = receiver.got[0]
+    assert headers["Click"] == "http://greenhouse.local:8080/photo/" + "ab" * 32
+
+
+def test_alerts_raised_before_a_destination_existed_are_not_sent_to_it_and_later_ones_are(tmp_path, receiver):
+    """As Frigate and Home Assistant notify: of what happens from now on. Earlier alerts stay in the ledger, the
+    API and the Health page; a destination added later does not get a flood of stale ones."""
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path)  # no destination yet
+    _result(db, "Tomato___Late_blight")
+    w.scan()
+    w.stop()
+    w = _worker(tmp_path, db.path, [receiver.url])  # a webhook configured, the daemon restarted
+    w.scan()
+    w.deliver()
+    assert receiver.got == [] and len(w.outbox.alerts()) == 1
+    _result(db, "Apple___Apple_scab")
+    w.scan()
+    w.deliver()
+    assert [json.loads(b)["label"] for _, b in receiver.got] == ["Apple___Apple_scab"]
+    w.stop()
+    db.close()
+
+
+def test_the_retained_state_is_published_when_it_changes_and_otherwise_once_a_minute(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path)
+    sent = []
+
+    class _Mqtt:
+        def live(self, topic, payload, retain=False):
+            if topic == w.topics.state:  # (a result goes out live on its own topic)
+                sent.append(json.loads(payload))
+
+    w.mqtt = _Mqtt()
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
+    for _ in range(10):  # the daemon's status every 2 s, nothing new
+        w.observe(st)
+    assert len(sent) == 1
+    _result(db, "Tomato___healthy", verdict="unsure")
+    w.scan()
+    w.observe(st)
+    assert len(sent) == 2 and sent[-1]["photos_today"] == 1
+    w.state_heartbeat_s = 0.0  # a minute later
+    w.observe(st)
+    assert len(sent) == 3
+    w.stop()
+    db.close()
+
+
+def test_an_answer_naming_a_crop_the_farm_does_not_grow_raises_no_alert_once_its_crops_are_known():
+    rules = AlertRules(AlertsSection(), crops=["Apple"])
+    assert rules.wants(_cand("Apple___Apple_scab")) and not rules.wants(_cand("Strawberry___Leaf_scorch"))
+    assert rules.other_crop == 1
+    unknown = AlertRules(AlertsSection())  # nothing configured, nothing labelled yet: every crop alerts
+    assert unknown.wants(_cand("Strawberry___Leaf_scorch"))
+    unknown.labelled_crops = {"Apple", "Corn_(maize)"}
+    assert not unknown.wants(_cand("Strawberry___Leaf_scorch")) and unknown.wants(_cand("Corn_(maize)___Common_rust_"))
+    assert AlertRules(AlertsSection(grown_crops_only=False), crops=["Apple"]).wants(_cand("Strawberry___Leaf_scorch"))
+
+
+def test_the_crops_an_expert_labels_become_the_farms_crops_for_alerts(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, [receiver.url])
+    db._db.execute("INSERT INTO expert_labels (sha256, label, labelled) VALUES (?, ?, ?)", ("ab" * 32, "Apple___healthy", time.time()))
+    _result(db, "Strawberry___Leaf_scorch", p=1.0)
+    _result(db, "Apple___Apple_scab")
+    w.scan()
+    w.deliver()
+    assert [json.loads(b)["label"] for _, b in receiver.got] == ["Apple___Apple_scab"]
+    assert w.status()["crops"] == ["Apple"] and w.status()["skipped_other_crop"] == 1
+    w.stop()
+    db.close()

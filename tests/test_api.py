@@ -458,3 +458,40 @@ def test_every_metric_served_is_listed_in_the_readme(state):
     names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     readme = (REPO / "README.md").read_text()
     assert len(names) > 15 and not [n for n in names if f"`{n}" not in readme]
+
+
+def test_every_api_example_in_the_readme_names_a_documented_path_with_ids_of_the_documented_format():
+    """The README's ids look like real ones (a photo id is 16 hex digits), checked against the OpenAPI document."""
+    import re
+
+    doc = document()
+    readme = (REPO / "README.md").read_text()
+    examples = re.findall(r"https?://[^\s/]+(/api/v1/[^\s\"'?\\]*)", readme)
+    assert len(examples) >= 4
+    for path in examples:
+        matched = False
+        for template, ops in doc["paths"].items():
+            rx = "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template) + "$"
+            m = re.match(rx, path)
+            if not m:
+                continue
+            params = {p["name"]: p for op in ops.values() for p in op.get("parameters", []) if p["in"] == "path"}
+            for name, value in m.groupdict().items():
+                pattern = params[name]["schema"].get("pattern")
+                assert pattern and re.match(pattern, value), f"README example {path}: {name}={value!r} is not {pattern}"
+            matched = True
+        assert matched, f"README example {path} is not a documented path"
+
+
+def test_the_readme_says_which_metric_families_are_always_served_and_a_fresh_device_serves_exactly_those(tmp_path):
+    """A dashboard built from the README knows which families can be absent (no daemon, no trainer, no sensor)."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| metric | what | served |") :].split("\n\n")[0].splitlines()[2:]
+    always = {n for row in table if row.rstrip().endswith("| always |") for n in re.findall(r"`(edge_agent_\w+)", row.split("|")[1])}
+    marked = {n for row in table for n in re.findall(r"`(edge_agent_\w+)", row.split("|")[1])}
+    fresh = client(tmp_path / "fresh").get("/metrics").text
+    served = {line.split()[2] for line in fresh.splitlines() if line.startswith("# TYPE ")}
+    assert served == always, (served, always)
+    assert len(marked) > len(always) + 10

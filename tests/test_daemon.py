@@ -548,3 +548,78 @@ def test_a_status_file_is_readable_by_its_services_group_and_by_no_one_else_what
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "status.json").stat().st_mode) == 0o640
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_heic_with_a_valid_header_and_a_corrupt_body_gets_a_result_or_a_quarantine_never_stays(tmp_path):
+    """Whatever libheif makes of it, each corrupt HEIC leaves the inbox: decoded (libheif conceals damaged data), or
+    quarantined with its reason and counted; a box that claims more bytes than the file has is judged once the file
+    is older than ``incomplete_grace_s``, or has looked truncated that long here (its mtime may be in the future)."""
+    import io
+    import struct
+
+    import numpy as np
+    import pillow_heif
+    from PIL import Image
+
+    rgb = (np.random.default_rng(0).random((300, 400, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    pillow_heif.from_pillow(Image.fromarray(rgb)).save(buf, quality=50)
+    good = buf.getvalue()
+    mdat = good.find(b"mdat") - 4
+    variants = {
+        "zeroed.heic": good[: mdat + 28] + bytes(len(good) - mdat - 28),
+        "long-box.heic": good[:mdat] + struct.pack(">I", len(good) - mdat + 5000) + good[mdat + 4 :],
+        "no-body.heic": good[: mdat + 8],
+        "meta-garbage.heic": good[:40] + bytes(b ^ 0x5A for b in good[40:mdat]) + good[mdat:],
+    }
+    d = DaemonProc(tmp_path / "state", {"inbox": {"incomplete_grace_s": 2.0, "settle_s": 0.2}}).start()
+    d.wait_ready()
+    for name, data in variants.items():
+        (d.inbox / name).write_bytes(data)
+    future = time.time() + 86400  # a camera whose clock is a day ahead: the file looks modified "just now" forever
+    os.utime(d.inbox / "long-box.heic", (future, future))
+    wait_until(lambda: not [p for p in d.inbox.iterdir() if p.suffix == ".heic"], 60, "every corrupt HEIC left the inbox")
+    results = db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0]
+    quarantined = sorted(p.name for p in (d.state / "quarantine").glob("*.heic"))
+    assert results + len(quarantined) == len(variants)
+    for name in quarantined:
+        assert json.loads((d.state / "quarantine" / f"{name}.reason.json").read_text())["reason"]
+    assert d.terminate() == 0
+
+
+def test_a_state_disk_too_full_for_the_shipped_engines_says_what_to_free_and_the_daemon_serves_the_package_store(tmp_path, monkeypatch):
+    """No traceback: one line naming the folder, what it needs and what is free; the CLI exits 2 with it, and the
+    daemon serves the package's own store read-only meanwhile, saying so in its status."""
+    import errno
+    import shutil as sh
+
+    import edge_agent.state as st
+    from edge_agent.config import AppConfig, default_store_path
+    from edge_agent.daemon import Daemon
+    from edge_agent.state import StateDiskFull, resolve_store, resolve_store_or_shipped
+
+    real = sh.copy2
+    copied = []
+
+    def full(src, dst, **kw):
+        if len(copied) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        copied.append(dst)
+        return real(src, dst, **kw)
+
+    monkeypatch.setattr(st.shutil, "copy2", full)
+    with pytest.raises(StateDiskFull) as caught:
+        resolve_store(AppConfig(), tmp_path / "state")
+    why = str(caught.value)
+    assert str(tmp_path / "state" / "engines") in why and "No space left on device" in why and "MB free" in why and "\n" not in why
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]  # nothing half-copied left behind
+    store, note = resolve_store_or_shipped(AppConfig(), tmp_path / "state")
+    assert store.root == default_store_path() and "read-only" in note
+    copied.clear()
+    d = Daemon(AppConfig(), tmp_path / "state")
+    d._setup()
+    try:
+        assert d.status()["store_problem"] and d.classifier.engine.engine_version == store.current()
+    finally:
+        d._stop.set()
+        d._shutdown()

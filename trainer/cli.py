@@ -95,6 +95,19 @@ def _retrain(args: argparse.Namespace) -> int:
 
     cfg, state = _service_config(args)
     root = trainer_state_dir(cfg, state)
+    if (root / "samples.sqlite").is_file() and not args.force:  # say up front when no candidate could be published
+        from trainer.field_check import too_few_to_judge
+        from trainer.loop.next_publish import plan
+
+        samples = SampleStore(root)
+        try:
+            every, least = cfg.trainer.field_check_every, cfg.trainer.field_check_min
+            if too_few_to_judge(samples.all(), every, least) is not None:
+                nxt = plan(samples.all(), samples.counts(), cfg.trainer)
+                print(f"edge-trainer: no retrain: its candidate could not be published yet: {nxt.sentence}. --force retrains anyway.")
+                return 1
+        finally:
+            samples.close()
     if _running(root / "status.json"):
         (root / "retrain.request").touch()
         print(f"asked the running trainer to retrain (see `edge-trainer status --state-dir {state}`)")
@@ -137,11 +150,20 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(st, indent=2))
         return 0
     last = st.get("last_retrain")
+    c = st.get("samples") or {}
+    print(f"trainer: {'running, ' + st['state'] if live else 'not running (edge-trainer serve, or systemctl start edge-trainer)'}")
     print(
-        f"trainer: {'running, ' + st['state'] if live else 'not running'}; samples {st['samples']}; "
-        f"threshold {st['retrain_threshold']}; last retrain: "
-        + (f"{'published ' + last['published'] if last['published'] else 'not published'}: {last['reason']}" if last else "none")
+        f"samples: {c.get('pseudo', 0)} pseudo-labels and {c.get('expert', 0)} expert labels; {c.get('new', 0)} new since the "
+        f"last retrain ({c.get('new_expert', 0)} of them expert labels)"
     )
+    nxt = st.get("next_publish") or {}
+    if nxt.get("sentence") and not st.get("blocked"):
+        print(f"next: {nxt['sentence']}")
+    if last:
+        outcome = f"published {last['published']}" if last["published"] else "not published"
+        print(f"last retrain: {outcome}: {last['reason']}")
+    else:
+        print("last retrain: none yet")
     r = st.get("retraining")
     if live and r:
         epoch = f" epoch {r['epoch']} of {r['epochs']}" if "epoch" in r else ""
@@ -163,11 +185,15 @@ def _status(args: argparse.Namespace) -> int:
         on_field = (
             f"; field check {field['field_candidate_top1']:.4f} vs {field['field_current_top1']:.4f} on {field['field_photos']} held-back expert labels"
             if "field_candidate_top1" in field
-            else (f"; field check: {field['reason']}" if field.get("field_photos") else "; no field check (no expert labels yet)")
+            else (
+                f"; field check: {field['reason']}"
+                if field.get("field_photos")
+                else "; no field check then (no expert labels had arrived)"
+                if not c.get("expert")
+                else "; no field check then (before the expert labels that arrived since)"
+            )
         )
         print(f"last gate: lab {gate['candidate_top1']:.4f} vs {gate['current_top1']:.4f}{on_field}")
-    if st.get("waiting_for_field_check"):
-        print(f"not retraining yet: {st['waiting_for_field_check']}")
     if st.get("blocked"):
         print(f"NOT RETRAINING: {st['blocked']}")
     elif st.get("waiting_for_new_samples"):
@@ -385,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--retrain-threshold", type=int, help="overrides [trainer] retrain_threshold")
         if name in ("status", "fleet"):
             sp.add_argument("--json", action="store_true")
+        if name == "retrain":
+            sp.add_argument("--force", action="store_true", help="retrain even when its candidate could not be published (to look at it)")
         sp.set_defaults(func=func)
     k = sub.add_parser("keys", parents=[logging_opts], help="make the trainer's CURVE certificate (once) and engine-signing key")
     k.add_argument("--out", help="keys folder for trainer/ and authorized/ (default: where [handoff] curve_authorized_dir is)")

@@ -69,6 +69,7 @@ class TrainerService:
         self.retrains = {"published": 0, "refused": 0, "failed": 0}
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
+        self._plan: tuple = ((), {})
         self._field_wait: tuple[int, str | None] = (-1, None)  # (sample count, why no candidate could be judged yet)
         self._release_tried = -1  # the sample count a retrain of an upgrade's pending release last ran on
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
@@ -133,6 +134,7 @@ class TrainerService:
             "labelled": self.labelled,
             "waiting_for_new_samples": self._hold is not None,
             "waiting_for_field_check": self._field_wait[1],
+            "next_publish": self._next_publish(),
             "receiver": dict(self.receiver.counters),
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
@@ -145,6 +147,19 @@ class TrainerService:
             "retraining": self.retraining,
             "release_pending": pending_release(self.store),
         }
+
+    def _next_publish(self) -> dict:
+        """What the next publish waits for (read again only when the samples changed)."""
+        from trainer.loop.next_publish import plan
+
+        counts = self.samples.counts()
+        key = tuple(sorted(counts.items()))
+        if self._plan[0] != key:
+            self._plan = (key, plan(self.samples.all(), counts, self.cfg.trainer).as_dict())
+        out = dict(self._plan[1])
+        if self.state == "training":
+            out["sentence"] = "retraining now: " + out["sentence"] if out["waiting_for"] != "nothing" else "retraining now"
+        return out
 
     def _describe(self) -> dict:
         """What a heartbeat tells the devices: this trainer's state, the version in service and when it was published."""

@@ -25,6 +25,9 @@ class AlertsSection(_Section):
         ["confident"], description="Verdicts that may raise an alert (confident: the model is sure)."
     )
     min_confidence: float = Field(0.0, ge=0.0, le=1.0, description="Lowest confidence that raises an alert.")
+    grown_crops_only: bool = Field(
+        True, description="Alert only for the crops grown here: [classify] crops, else those the expert has labelled (none known: all)."
+    )
     quiet_period_s: float = Field(
         3600.0, ge=0.0, le=7 * 86400, description="After an alert, the same class on the same device stays quiet this long."
     )

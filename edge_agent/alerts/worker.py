@@ -36,6 +36,8 @@ def _start_of_day(t: float) -> float:
 class AlertWorker(Worker):
     thread_name = "alerts"
     poll_s = 0.2
+    #: The retained state is published when it changes, and unchanged at most this often (a heartbeat).
+    state_heartbeat_s = 60.0
 
     def __init__(
         self,
@@ -46,10 +48,12 @@ class AlertWorker(Worker):
         state_dir: Path,
         device: str,
         version: str = "",
+        crops: list[str] | tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.section, self.device = alerts, device
-        self.rules = AlertRules(alerts)
+        self.rules = AlertRules(alerts, crops)
+        self._crops_read = 0.0
         self.results_db = Path(results_db)
         self.outbox = Outbox(Path(state_dir) / "alerts.sqlite", alerts.queue_mb << 20, alerts.retry_max_s)
         self.log = get_logger("alerts", device=device)
@@ -64,6 +68,8 @@ class AlertWorker(Worker):
         self._connects: dict[str, int] = {}
         self.destinations: list = []
         self._couriers: list[threading.Thread] = []
+        self._state_sent: list = []
+        self._state_sent_at = 0.0
         self.mqtt = None
         if mqtt.host:
             from edge_agent.alerts.mqtt import MqttLink
@@ -105,8 +111,20 @@ class AlertWorker(Worker):
         out += [(w.name, kind, w.section.url, payload, 1, False) for w, kinds in self.webhooks if kind in kinds]
         return out
 
+    def _labelled_crops(self) -> None:
+        """The crops of the classes the expert has labelled, read again at most once a minute."""
+        if time.monotonic() - self._crops_read < 60 and self._crops_read:
+            return
+        self._crops_read = time.monotonic()
+        try:
+            rows = self._results("SELECT DISTINCT label FROM expert_labels")
+        except sqlite3.OperationalError:  # a ledger from before expert_labels existed
+            rows = []
+        self.rules.labelled_crops = {str(label).split("___")[0] for (label,) in rows if label}
+
     def scan(self) -> int:
         """Turn results past the cursor into alerts (and live MQTT results); returns how many results were read."""
+        self._labelled_crops()
         cursor = int(self.outbox.get("cursor", "0"))
         rows = self._results(
             "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256 FROM results WHERE id > ? ORDER BY id LIMIT 500",
@@ -229,8 +247,12 @@ class AlertWorker(Worker):
                 "queue_depth": queued[0][0] if queued else 0,
                 "healthy": bool(healthy),
             }
-        for topic, payload, retain in self._retained_state():
-            self.mqtt.live(topic, payload, retain)
+        now = time.monotonic()
+        state = self._retained_state()
+        if state != self._state_sent or now - self._state_sent_at >= self.state_heartbeat_s:  # on change, else a heartbeat
+            for topic, payload, retain in state:
+                self.mqtt.live(topic, payload, retain)
+            self._state_sent, self._state_sent_at = state, now
 
     def _retained_state(self) -> list[tuple[str, bytes, bool]]:
         with self._state_lock:
@@ -288,6 +310,8 @@ class AlertWorker(Worker):
 
     def status(self) -> dict:
         out = self.outbox.counts()
+        out["crops"] = sorted(self.rules.crops)
+        out["skipped_other_crop"] = self.rules.other_crop
         out["destinations"] = {d.name: {"error": getattr(d, "last_error", None)} for d in self.destinations}
         if self.mqtt is not None:
             out["destinations"]["mqtt"]["connected"] = self.mqtt.connected.is_set()

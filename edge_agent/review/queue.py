@@ -12,6 +12,7 @@ delivers to the trainer as a true label, exactly as the command line and the web
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool
 from engines.errors import EdgeAgentError
 
-__all__ = ["ReviewItem", "LabelError", "PhotoNotQueued", "to_ask", "left_today", "label_photo", "prune_pool"]
+__all__ = ["ReviewItem", "LabelError", "PhotoNotQueued", "to_ask", "left_today", "label_photo", "prune_pool", "wanted_classes"]
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,30 @@ def _pool(db: ResultsDB) -> list[ReviewItem]:
     return out
 
 
-def to_ask(db: ResultsDB, per_day: int, everything: bool = False) -> list[ReviewItem]:
-    """The pool, best first: what to ask today (``everything``: the whole pool, ranked)."""
+def to_ask(db: ResultsDB, per_day: int, everything: bool = False, wanted: Collection[str] = ()) -> list[ReviewItem]:
+    """The pool, best first: what to ask today (``everything``: the whole pool, ranked). Photos the model places in a
+    ``wanted`` class (those whose labels would let the next version be published) come first."""
     pool = {item.entry.sha256: item for item in _pool(db)}
     limit = None if everything else left_today(db, per_day)
     checks, unsure = ([Candidate(sha, it.top_k) for sha, it in pool.items() if it.check == c] for c in (True, False))
-    order = _alternate(rank(checks, limit), rank(unsure, limit))
+    order = _alternate(rank(checks, None), rank(unsure, None))
+    if wanted:
+        order.sort(key=lambda c: _guess(pool[c.id]) not in wanted)  # stable: the ranking within each part stays
     return [pool[c.id] for c in order[:limit]]
+
+
+def _guess(item: ReviewItem) -> str | None:
+    return item.top_k[0][0] if item.top_k else item.entry.label
+
+
+def wanted_classes(trainer_status: Path) -> set[str]:
+    """The classes whose expert labels the next publish waits for, as the trainer's status says (none: no trainer)."""
+    import json
+
+    try:
+        return set((json.loads(trainer_status.read_text()).get("next_publish") or {}).get("by_class") or {})
+    except (OSError, ValueError, AttributeError):
+        return set()
 
 
 def _alternate(first: list, second: list) -> list:

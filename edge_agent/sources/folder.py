@@ -58,6 +58,7 @@ class FolderSource(Worker):
         self.emit = emit
         self.log = get_logger("source.folder", inbox=str(inbox))
         self._pending: dict[Path, _Pending] = {}
+        self._incomplete_since: dict[Path, float] = {}  # truncated-looking files: when first found so
         self._owned: set[Path] = set()  # emitted, not yet released
         self._kept: dict[Path, tuple[int, int]] = {}  # finished but left in place: (size, mtime_ns)
         self._lock = threading.Lock()
@@ -198,11 +199,21 @@ class FolderSource(Worker):
         return 0.0 if ready else next_due  # after a (possibly long) hand-over, look again at once
 
     def recently_modified(self, path: Path) -> bool:
-        """True while a (truncated-looking) file is younger than the grace period."""
+        """True while a (truncated-looking) file is younger than the grace period, and was first found truncated less
+        than the grace period ago: a file whose clock is in the future (a camera's wrong date, ``cp -p``) is judged
+        once the grace period has passed here, not never."""
+        grace = self.settings.incomplete_grace_s
+        first = self._incomplete_since.setdefault(path, time.monotonic())
+        if len(self._incomplete_since) > 10_000:  # bounded: the oldest entries go
+            for old in list(self._incomplete_since)[:1000]:
+                self._incomplete_since.pop(old, None)
         try:
-            return time.time() - path.stat().st_mtime < self.settings.incomplete_grace_s
+            young = time.time() - path.stat().st_mtime < grace and time.monotonic() - first < grace
         except OSError:
-            return False
+            young = False
+        if not young:
+            self._incomplete_since.pop(path, None)
+        return young
 
     # ---- lifecycle ---------------------------------------------------------------
     def start(self) -> None:

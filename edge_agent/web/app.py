@@ -153,7 +153,7 @@ def create_app(ctx: WebContext) -> Starlette:
         items, left = [], None
         if db is not None:
             try:
-                items = to_ask(db, ctx.cfg.labels.review_per_day)
+                items = to_ask(db, ctx.cfg.labels.review_per_day, wanted=ctx.wanted())
                 left = left_today(db, ctx.cfg.labels.review_per_day)
             finally:
                 db.close()

@@ -51,6 +51,11 @@ class WebContext:
         """The trainer's status and whether it runs (on this machine)."""
         return trainer_live(self.cfg, self.state.root)
 
+    def wanted(self) -> set[str]:
+        """The classes the next publish waits for (the review queue asks about them first)."""
+        st, _ = self.trainer()
+        return set((st.get("next_publish") or {}).get("by_class") or {}) if st else set()
+
     def trainer_view(self) -> dict:
         """The trainer as this machine knows it: ``where`` "here" (a trainer on this state directory: its own status,
         with the fleet it serves), "remote" (the daemon's hand-off to a trainer elsewhere: connected, last heard, its

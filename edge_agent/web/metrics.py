@@ -133,6 +133,21 @@ def _daemon(x: Exposition, st: dict, up: bool) -> None:
         for d in dests:
             x.sample("edge_agent_alerts_pending", (alerts.get("pending") or {}).get(d, 0), destination=d)
         x.one("edge_agent_alerts_dropped_total", "counter", "Notifications dropped to keep [alerts] queue_mb.", alerts.get("dropped", 0))
+    kept = st.get("retention")
+    if kept:
+        x.one("edge_agent_retention_photos", "gauge", "Processed photos kept on disk.", kept.get("photos", 0))
+        x.one("edge_agent_retention_photo_bytes", "gauge", "Bytes of processed photos kept on disk.", kept.get("photo_bytes", 0))
+        x.one(
+            "edge_agent_retention_pruned_photos_total",
+            "counter",
+            "Processed photos removed by age or for the disk floor.",
+            kept.get("pruned_photos", 0),
+        )
+        x.one("edge_agent_retention_pruned_results_total", "counter", "Result rows removed by age.", kept.get("pruned_results", 0))
+        x.one("edge_agent_disk_free_bytes", "gauge", "Free bytes on the state directory's disk.", kept.get("free_bytes", 0))
+        x.one(
+            "edge_agent_disk_floor_bytes", "gauge", "The free space retention keeps ([retention] min_free_*).", kept.get("floor_bytes", 0)
+        )
     board = st.get("board") or {}
     temps = board.get("temperature_c") or {}
     if temps:
@@ -157,6 +172,14 @@ def _trainer(x: Exposition, st: dict, up: bool) -> None:
     x.family("edge_agent_retrains_total", "counter", "Retrains since the trainer started, by outcome.")
     for outcome, n in (st.get("retrains") or {}).items():
         x.sample("edge_agent_retrains_total", n, outcome=outcome)
+    nxt = st.get("next_publish") or {}
+    if "expert_labels_needed" in nxt:
+        x.one(
+            "edge_agent_next_publish_expert_labels_needed",
+            "gauge",
+            "Expert labels the next published version waits for (0: none; the status says why in words).",
+            nxt["expert_labels_needed"],
+        )
     x.family("edge_agent_trainer_samples", "gauge", "Samples the trainer holds, by kind.")
     for kind, n in (st.get("samples") or {}).items():
         if isinstance(n, (int, float)):

@@ -11,10 +11,10 @@ import hashlib
 import io
 import os
 from collections import OrderedDict
-from datetime import datetime, timedelta
 from pathlib import Path
 
 from edge_agent.imageheader import ImageRejected, check_image
+from edge_agent.inbox_files import places
 from edge_agent.web.queries import Reader
 
 __all__ = ["PhotoFiles", "SIZES", "is_sha256"]
@@ -25,14 +25,6 @@ SIZES = {"thumb": 240, "large": 1024}
 
 def is_sha256(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
-
-
-def _variants(folder: Path, name: str, n: int = 20):
-    """``name`` and the free names the daemon gives a second photo of the same name (``stem-1.ext``, ...)."""
-    stem, ext = os.path.splitext(name)
-    yield folder / name
-    for i in range(1, n):
-        yield folder / f"{stem}-{i}{ext}"
 
 
 class PhotoFiles:
@@ -69,10 +61,7 @@ class PhotoFiles:
         photo = self.reader.photo(sha256)
         if photo is None or not photo.path:
             return
-        yield Path(photo.path)
-        day = datetime.fromtimestamp(photo.created)
-        for d in (day, day + timedelta(days=1)):  # moved after the commit, maybe just past midnight
-            yield from _variants(self.state_root / "processed" / d.strftime("%Y-%m-%d"), Path(photo.path).name)
+        yield from places(self.state_root, photo.path, photo.created)
 
     def locate(self, sha256: str) -> Path | None:
         """The photo's file, or None when the daemon kept none (``after = "delete"``, a camera frame)."""

@@ -37,6 +37,7 @@ class Param:
     where: str  # query | path
     description: str
     type: str = "string"
+    pattern: str = ""  # a string's regular expression in the document (what a valid value looks like)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def _review(ctx: WebContext) -> s.ReviewQueue:
     if db is None:
         return s.ReviewQueue(left_today=None if per_day <= 0 else per_day, per_day=per_day, items=[])
     try:
-        items, left = to_ask(db, per_day), left_today(db, per_day)
+        items, left = to_ask(db, per_day, wanted=ctx.wanted()), left_today(db, per_day)
     finally:
         db.close()
     return s.ReviewQueue(left_today=left, per_day=per_day, items=[s.ReviewItemOut(**it.as_json()) for it in items])
@@ -240,7 +241,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "One photo's result, by its sha256.",
         result,
         s.Result,
-        (Param("sha256", "path", "The photo's SHA-256 (as /results and classify give it)."),),
+        (Param("sha256", "path", "The photo's SHA-256 (as /results and classify give it).", pattern="^[0-9a-f]{64}$"),),
         errors={404: "Not classified (yet)."},
     ),
     Endpoint(
@@ -272,7 +273,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Give a photo of the review queue its true class.",
         review_label,
         s.Labelled,
-        (Param("photo", "path", "Its photo id, sha256 (or 8+ characters of it)."),),
+        (
+            Param(
+                "photo",
+                "path",
+                "Its photo id (16 hex digits, as results give it) or sha256 (or 8+ hex digits of it).",
+                pattern="^[0-9a-f]{8,64}$",
+            ),
+        ),
         body=s.LabelIn,
         errors={404: "Not in the review queue."},
     ),

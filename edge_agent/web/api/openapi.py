@@ -43,7 +43,13 @@ def _operation(ep: Endpoint) -> dict:
     }
     if ep.params:
         op["parameters"] = [
-            {"name": p.name, "in": p.where, "required": p.where == "path", "description": p.description, "schema": {"type": p.type}}
+            {
+                "name": p.name,
+                "in": p.where,
+                "required": p.where == "path",
+                "description": p.description,
+                "schema": {"type": p.type, **({"pattern": p.pattern} if p.pattern else {})},
+            }
             for p in ep.params
         ]
     if ep.body == "image":

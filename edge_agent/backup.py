@@ -1,0 +1,249 @@
+"""Backup and restore: one file that puts a device back on a new SD card or a new board, serving the same engine
+with the same keys and history.
+
+``edge-agent backup`` writes a ``.tar.gz`` (mode 0600: it holds secrets) with ``backup.json`` first, naming every
+file with its sha256: the results ledger and the alert outbox (consistent copies through SQLite's backup API, taken
+while the daemon runs), the engine store, the trainer's signing key and samples, the page's token hashes and CSRF
+secret, the golden photos, the label queue and review pool, and, with ``--photos``, ``processed/``. The
+configuration file and CURVE keys kept outside the state directory go in too, under ``outside/``, with the paths
+they came from. Thumbnails, status files and ``quarantine/`` are left out (remade, or not worth keeping).
+
+``edge-agent restore`` takes such a file into a state directory that holds no results yet (``--force`` first moves
+an existing one aside): every member must be a plain file named in ``backup.json`` with the hash it records, or
+nothing is written. Files that lived outside the state directory are put under ``<state>/restored/`` and their
+original paths printed, for the operator to copy back (they may need root).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import tarfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from edge_agent.config import AppConfig
+from engines.errors import EdgeAgentError
+
+__all__ = ["BackupError", "Restored", "backup", "restore", "FORMAT"]
+
+FORMAT = 1
+MANIFEST = "backup.json"
+#: SQLite files copied through the backup API (a plain copy of a live WAL database may be torn).
+DATABASES = ("results.sqlite", "alerts.sqlite", "trainer/samples.sqlite")
+#: What a backup leaves out: remade on demand, the services' live status, or not worth keeping.
+SKIPPED = ("web/thumbs", "quarantine", "inbox", "restored", "status.json", "trainer/status.json", "run", ".tmp-")
+
+
+class BackupError(EdgeAgentError):
+    """A backup could not be written, or a file is not a backup this version can restore (nothing was changed)."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`restore` put where."""
+
+    state_dir: Path
+    files: int
+    outside: dict[str, str]  # where each file from outside the state directory is now -> where it came from
+    moved_aside: Path | None
+
+
+def _skipped(rel: str, photos: bool) -> bool:
+    if not photos and (rel == "processed" or rel.startswith("processed/")):
+        return True
+    return any(rel == s or rel.startswith(s + "/") or Path(rel).name.startswith(".tmp-") for s in SKIPPED) or rel.endswith(
+        ("-wal", "-shm", ".lock")
+    )
+
+
+def _sqlite_copy(src: Path) -> bytes:
+    """A consistent copy of the SQLite database ``src`` (the writer may go on), as bytes."""
+    tmp = src.with_name(f".tmp-backup-{os.getpid()}-{src.name}")
+    try:
+        with sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30) as con, sqlite3.connect(tmp) as out:
+            con.backup(out)
+        out.close()
+        return tmp.read_bytes()
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
+    """The configuration file and CURVE keys that live outside ``state_dir``: name in the backup -> path."""
+    paths = [cfg.source, cfg.handoff.curve_secret_key, cfg.handoff.curve_server_key]
+    out: dict[str, Path] = {}
+    for p in [Path(x).expanduser() for x in paths if x]:
+        if p.is_file() and not p.resolve().is_relative_to(state_dir.resolve()):
+            out[f"outside/{len(out)}/{p.name}"] = p
+    if cfg.handoff.curve_authorized_dir:
+        folder = Path(cfg.handoff.curve_authorized_dir).expanduser()
+        if folder.is_dir() and not folder.resolve().is_relative_to(state_dir.resolve()):
+            n = len(out)
+            for key in sorted(folder.glob("*.key")):
+                out[f"outside/{n}/authorized/{key.name}"] = key
+    return out
+
+
+def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False) -> dict:
+    """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600); returns its manifest."""
+    from edge_agent import __version__
+
+    state_dir = Path(state_dir)
+    if not (state_dir / "results.sqlite").is_file() and not (state_dir / "engines").is_dir():
+        raise BackupError(f"{state_dir} holds no results and no engines: is it the state directory (--state-dir)?")
+    members: dict[str, Path | bytes] = {}
+    for folder, dirs, files in os.walk(state_dir):
+        rel_dir = Path(folder).relative_to(state_dir).as_posix()
+        under = "" if rel_dir == "." else f"{rel_dir}/"
+        dirs[:] = sorted(d for d in dirs if not _skipped(f"{under}{d}", photos))
+        for name in sorted(files):
+            rel = f"{under}{name}"
+            path = Path(folder) / name
+            if _skipped(rel, photos) or path.is_symlink() or not path.is_file():
+                continue
+            members[rel] = _sqlite_copy(path) if rel in DATABASES else path
+    if cfg.store.path:
+        store = Path(cfg.store.resolved())
+        for f in sorted(store.rglob("*")):
+            if f.is_file() and not f.is_symlink() and not _skipped(f.name, True):
+                members[f"outside/store/{f.relative_to(store).as_posix()}"] = f
+    outside = {name: str(p) for name, p in _outside_files(cfg, state_dir).items()}
+    members.update({name: Path(p) for name, p in outside.items()})
+    if cfg.store.path:
+        outside["outside/store"] = str(Path(cfg.store.resolved()))
+    files = {}
+    for name, src in members.items():
+        data = src if isinstance(src, bytes) else None
+        h, size = hashlib.sha256(), 0
+        if data is not None:
+            h.update(data)
+            size = len(data)
+        else:
+            with open(src, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+                    size += len(chunk)
+        files[name] = {"sha256": h.hexdigest(), "bytes": size}
+    manifest = {
+        "format": FORMAT,
+        "edge_agent": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "state_dir": str(state_dir.resolve()),
+        "photos": photos,
+        "files": files,
+        "outside": outside,
+    }
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+            _add(tar, MANIFEST, json.dumps(manifest, indent=2).encode())
+            for name, src in members.items():
+                if isinstance(src, bytes):
+                    _add(tar, name, src)
+                else:
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime, info.mode = files[name]["bytes"], int(src.stat().st_mtime), 0o600
+                    with open(src, "rb") as f:
+                        tar.addfile(info, f)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BackupError(f"{out}: could not write the backup: {exc.strerror or exc}") from None
+    return manifest
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _safe(name: str) -> bool:
+    p = PurePosixPath(name)
+    return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name and "\x00" not in name
+
+
+def restore(archive: Path, state_dir: Path, force: bool = False) -> Restored:
+    """Put the backup ``archive`` into ``state_dir`` (see the module's docstring); raises BackupError, having changed
+    nothing, for a file that is not a whole, untampered backup, or a state directory that already holds results."""
+    archive, state_dir = Path(archive), Path(state_dir)
+    try:
+        tar = tarfile.open(archive, mode="r:gz")
+    except (OSError, tarfile.TarError, EOFError) as exc:
+        raise BackupError(f"{archive}: not a readable backup ({exc})") from None
+    with tar:
+        try:
+            first = tar.next()
+            if first is None or first.name != MANIFEST or not first.isfile() or first.size > 64 << 20:
+                raise BackupError(f"{archive}: not an edge-agent backup (no {MANIFEST} first)")
+            manifest = json.loads(tar.extractfile(first).read())
+        except (tarfile.TarError, EOFError, ValueError, OSError) as exc:
+            raise BackupError(f"{archive}: not a readable backup ({exc})") from None
+        if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+            raise BackupError(f"{archive}: backup format {manifest.get('format')!r}, this version restores format {FORMAT}")
+        files: dict = manifest["files"]
+        if not all(_safe(n) for n in files):
+            raise BackupError(f"{archive}: a member names a path outside the state directory: refused")
+        if (state_dir / "results.sqlite").is_file() and not force:
+            raise BackupError(
+                f"{state_dir} already holds a results ledger: restore into a new state directory, or pass --force to move "
+                "this one aside first"
+            )
+        staging = state_dir.with_name(f".tmp-restore-{os.getpid()}-{state_dir.name}")
+        shutil.rmtree(staging, ignore_errors=True)
+        seen = set()
+        try:
+            for member in tar:
+                name = member.name
+                if member is first or (name == MANIFEST and member.offset == first.offset):
+                    continue  # read above
+                if name not in files or name in seen or not member.isfile():
+                    raise BackupError(f"{archive}: member {name!r} is not a file the backup lists: refused")
+                seen.add(name)
+                dst = staging / name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                h = hashlib.sha256()
+                with tar.extractfile(member) as src, open(dst, "wb") as out:
+                    for chunk in iter(lambda: src.read(1 << 20), b""):
+                        h.update(chunk)
+                        out.write(chunk)
+                if h.hexdigest() != files[name]["sha256"]:
+                    raise BackupError(f"{archive}: {name} does not match its recorded sha256 (damaged or tampered): nothing restored")
+            if seen != set(files):
+                missing = sorted(set(files) - seen)[:3]
+                raise BackupError(f"{archive}: incomplete, {len(set(files) - seen)} files missing (e.g. {missing}): nothing restored")
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise BackupError(f"{archive}: damaged ({exc}): nothing restored") from None
+        except BackupError:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    aside = None
+    if state_dir.exists() and any(state_dir.iterdir()):
+        aside = state_dir.with_name(f"{state_dir.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(state_dir, aside)
+    elif state_dir.exists():
+        state_dir.rmdir()
+    if (staging / "outside").is_dir():
+        (staging / "restored").mkdir(exist_ok=True)
+        os.replace(staging / "outside", staging / "restored" / "outside")
+    os.replace(staging, state_dir)
+    outside = {}
+    for name, original in (manifest.get("outside") or {}).items():
+        if name == "outside/store":
+            outside[str(state_dir / "restored" / "outside" / "store")] = original
+        else:
+            outside[str(state_dir / "restored" / name)] = original
+    return Restored(state_dir, len(files), outside, aside)

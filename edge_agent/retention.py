@@ -1,0 +1,320 @@
+"""Retention: the state directory never fills the disk. Old photos and results go by age, and the oldest photos go
+whenever the disk passes its floor; what the loop still needs stays.
+
+* Processed photos (``processed/YYYY-MM-DD/``) older than ``[retention] photo_days`` are removed, whole days, oldest
+  first; result rows older than ``result_days`` (per source: ``source_result_days``) and the page's cached
+  thumbnails too. A result row may outlive its photo: the history stays.
+* Whenever less than the floor is free (``min_free_gb`` or ``min_free_percent`` of the disk, whichever is smaller), the
+  oldest processed photos go, then the oldest thumbnails, until the floor is met; looked at every minute.
+* Never removed: the label queue's and review pool's photos (``queue/``: copies of their own, which the hand-off
+  and the expert need), the golden photos (``golden.npz``), the engines, and the photo of an alert not yet delivered
+  (its link must open).
+
+:class:`Retention` runs in the daemon as a thread; :meth:`Retention.status` is what ``status``, the Health page and
+``/metrics`` show: what is kept, what was pruned, the floor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from pathlib import Path
+
+from edge_agent.config import RetentionSection
+from edge_agent.log import get_logger
+from edge_agent.results import ResultsDB, query_readonly
+from edge_agent.worker import Worker
+
+__all__ = ["Retention", "Pruned", "floor_bytes", "pending_alert_photos"]
+
+DiskUsage = Callable[[Path], "shutil._ntuple_diskusage"]
+
+
+def floor_bytes(section: RetentionSection, total: int) -> int:
+    """The free space to keep: ``min_free_gb`` or ``min_free_percent`` of a ``total``-byte disk, whichever is smaller."""
+    return int(min(section.min_free_gb * (1 << 30), section.min_free_percent / 100 * total))
+
+
+@dataclass
+class Pruned:
+    """What one pass removed."""
+
+    photos: int = 0
+    photo_bytes: int = 0
+    results: int = 0
+    thumbs: int = 0
+    kept_for_alerts: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, other: Pruned) -> None:
+        self.photos += other.photos
+        self.photo_bytes += other.photo_bytes
+        self.results += other.results
+        self.thumbs += other.thumbs
+
+
+def pending_alert_photos(state_root: Path, db: ResultsDB) -> dict[str, tuple[float, str]]:
+    """The photos of alerts not yet delivered somewhere: sha256 -> (when classified, the name it arrived under)."""
+    ids = set()
+    for (payload,) in query_readonly(state_root / "alerts.sqlite", "SELECT payload FROM outbox WHERE kind = 'alert'"):
+        try:
+            ids.add(str(json.loads(bytes(payload))["photo_id"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return {sha: (created, os.path.basename(path)) for sha, created, path in db.photos_by_id(ids)}
+
+
+def _day(folder: Path) -> date | None:
+    try:
+        return datetime.strptime(folder.name, "%Y-%m-%d").date()
+    except ValueError:
+        return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Retention(Worker):
+    """Prunes ``state_root`` by ``section``; ``now`` and ``usage`` are injectable (a simulated month, a small disk)."""
+
+    thread_name = "retention"
+    floor_every_s = 60.0
+
+    def __init__(
+        self,
+        section: RetentionSection,
+        state_root: Path,
+        db: ResultsDB,
+        now: Callable[[], float] = time.time,
+        usage: DiskUsage = shutil.disk_usage,
+    ) -> None:
+        super().__init__()
+        self.section, self.root, self.db, self.now, self.usage = section, Path(state_root), db, now, usage
+        self.processed, self.thumbs = self.root / "processed", self.root / "web" / "thumbs"
+        self.log = get_logger("retention")
+        self.pruned = Pruned()  # since start
+        self.kept: dict = {}
+        self.last_pass: float | None = None
+        self._hashes: dict[Path, tuple[int, int, str]] = {}
+
+    # ---- what is there ------------------------------------------------------------
+    def _photos_oldest_first(self) -> list[tuple[date, Path]]:
+        days = (
+            sorted((d, p) for p in self.processed.iterdir() if p.is_dir() and (d := _day(p)) is not None) if self.processed.is_dir() else []
+        )
+        out = []
+        for d, folder in days:
+            files = []
+            for f in folder.iterdir():
+                try:
+                    if f.is_file():
+                        files.append((f.stat().st_mtime, f))
+                except OSError:
+                    continue
+            out += [(d, f) for _, f in sorted(files)]
+        return out
+
+    def _protected(self) -> set[Path]:
+        """The files of photos whose alert is not delivered yet (found by name in their day's folder, checked by hash)."""
+        keep = set()
+        for sha, (created, name) in pending_alert_photos(self.root, self.db).items():
+            if not name:
+                continue
+            folder = self.processed / datetime.fromtimestamp(created).strftime("%Y-%m-%d")
+            stem, ext = os.path.splitext(name)
+            for candidate in [folder / name, *(folder / f"{stem}-{i}{ext}" for i in range(1, 20))]:
+                try:
+                    if candidate.is_file() and self._hash_of(candidate) == sha:
+                        keep.add(candidate)
+                        break
+                except OSError:
+                    continue
+        return keep
+
+    def _hash_of(self, path: Path) -> str:
+        """``path``'s sha256, remembered while its size and mtime stay (an alert pending for days is hashed once)."""
+        st = path.stat()
+        known = self._hashes.get(path)
+        if known is None or known[:2] != (st.st_size, st.st_mtime_ns):
+            known = self._hashes[path] = (st.st_size, st.st_mtime_ns, _sha256(path))
+        return known[2]
+
+    def _remove(self, path: Path, pruned: Pruned) -> None:
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except OSError:
+            return
+        pruned.photos += 1
+        pruned.photo_bytes += size
+
+    # ---- the passes -----------------------------------------------------------------
+    def by_age(self) -> Pruned:
+        """Photos older than ``photo_days``, results and thumbnails older than ``result_days``."""
+        s, now, pruned = self.section, self.now(), Pruned()
+        if s.photo_days > 0:
+            cutoff = (datetime.fromtimestamp(now) - timedelta(days=s.photo_days)).date()
+            protected = self._protected()
+            for d, f in self._photos_oldest_first():
+                if d >= cutoff:
+                    break
+                if f in protected:
+                    pruned.kept_for_alerts += 1
+                    continue
+                self._remove(f, pruned)
+            self._drop_empty_days()
+        keep = set(pending_alert_photos(self.root, self.db))
+        sources = dict(s.source_result_days)
+        try:
+            if s.result_days > 0:
+                default_sources = [src for src in self.db.sources() if src not in sources]
+                for src in default_sources:
+                    pruned.results += self.db.prune_results(now - s.result_days * 86400, src, keep)
+            for src, days in sources.items():
+                if days > 0:
+                    pruned.results += self.db.prune_results(now - days * 86400, src, keep)
+        except sqlite3.Error as exc:  # a locked or full disk: next pass
+            pruned.notes.append(f"results not pruned: {exc}")
+        if s.result_days > 0:
+            pruned.thumbs += self._prune_thumbs(lambda mtime: mtime < now - s.result_days * 86400)
+        return pruned
+
+    def to_floor(self) -> Pruned:
+        """The oldest photos, then thumbnails, until the disk has its floor free."""
+        pruned = Pruned()
+        u = self.usage(self.root)
+        floor = floor_bytes(self.section, u.total)
+        if u.free >= floor:
+            return pruned
+        protected = self._protected()
+        need = floor - u.free
+        for _, f in self._photos_oldest_first():
+            if pruned.photo_bytes >= need:
+                break
+            if f in protected:
+                pruned.kept_for_alerts += 1
+                continue
+            self._remove(f, pruned)
+        self._drop_empty_days()
+        if pruned.photo_bytes < need:
+            pruned.thumbs += self._prune_thumbs(lambda mtime: True, need - pruned.photo_bytes)
+        return pruned
+
+    def _prune_thumbs(self, old: Callable[[float], bool], need: int | None = None) -> int:
+        if not self.thumbs.is_dir():
+            return 0
+        files = []
+        for f in self.thumbs.rglob("*"):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            if f.is_file() and old(st.st_mtime):
+                files.append((st.st_mtime, st.st_size, f))
+        gone, freed = 0, 0
+        for _, size, f in sorted(files):
+            if need is not None and freed >= need:
+                break
+            try:
+                f.unlink()
+            except OSError:
+                continue
+            gone, freed = gone + 1, freed + size
+        return gone
+
+    def _drop_empty_days(self) -> None:
+        if self.processed.is_dir():
+            today = datetime.fromtimestamp(self.now()).strftime("%Y-%m-%d")
+            for folder in self.processed.iterdir():
+                if folder.is_dir() and folder.name != today:
+                    try:
+                        folder.rmdir()  # only when empty
+                    except OSError:
+                        pass
+
+    def run_once(self, age: bool = True) -> Pruned:
+        """One pass (by age when ``age``, then the floor); the counters and :attr:`kept` updated, the pass logged."""
+        pruned = self.by_age() if age else Pruned()
+        pruned.add(self.to_floor())
+        self.pruned.add(pruned)
+        self.last_pass = self.now()
+        self._measure()
+        if pruned.photos or pruned.results or pruned.thumbs:
+            self.log.info(
+                "pruned",
+                photos=pruned.photos,
+                mb=round(pruned.photo_bytes / 1e6, 1),
+                results=pruned.results,
+                thumbnails=pruned.thumbs,
+                free_gb=round(self.kept.get("free_bytes", 0) / 1e9, 2),
+            )
+        if self.kept.get("below_floor"):
+            self.log.warning("disk_below_floor", **{k: self.kept[k] for k in ("free_bytes", "floor_bytes", "largest")})
+        return pruned
+
+    def _measure(self) -> None:
+        photos = self._photos_oldest_first()
+        size = 0
+        for _, f in photos:
+            try:
+                size += f.stat().st_size
+            except OSError:
+                pass
+        u = self.usage(self.root)
+        floor = floor_bytes(self.section, u.total)
+        self.kept = {
+            "photos": len(photos),
+            "photo_bytes": size,
+            "oldest_photo_day": photos[0][0].isoformat() if photos else None,
+            "free_bytes": u.free,
+            "floor_bytes": floor,
+            "below_floor": u.free < floor,
+        }
+        if u.free < floor:  # nothing more of ours may go: say what holds the disk
+            sizes = {}
+            for name in ("queue", "processed", "engines", "trainer", "web", "results.sqlite", "alerts.sqlite"):
+                p = self.root / name
+                sizes[name] = (
+                    p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.exists() else 0
+                )
+            self.kept["largest"] = sorted(((n, b) for n, b in sizes.items() if b), key=lambda kv: -kv[1])[:3]
+
+    def status(self) -> dict:
+        """What is kept, what was pruned since start, the floor: for ``status``, the Health page and ``/metrics``."""
+        s = self.section
+        return {
+            "enabled": s.enabled,
+            "photo_days": s.photo_days,
+            "result_days": s.result_days,
+            **self.kept,
+            "pruned_photos": self.pruned.photos,
+            "pruned_bytes": self.pruned.photo_bytes,
+            "pruned_results": self.pruned.results,
+            "pruned_thumbnails": self.pruned.thumbs,
+            "last_pass": self.last_pass,
+        }
+
+    # ---- the thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        next_age = time.monotonic() + 10.0  # not in the way of the start
+        while not self._stop.wait(0 if self.last_pass is None else self.floor_every_s):
+            age = time.monotonic() >= next_age
+            try:
+                self.run_once(age=age)
+            except Exception as exc:  # noqa: BLE001 - a disk error: log, try again next time
+                self.log.warning("retention_pass_failed", error=repr(exc)[:300])
+                self.last_pass = self.now()
+            if age:
+                next_age = time.monotonic() + self.section.interval_s

@@ -1,0 +1,156 @@
+"""Backup and restore: a fresh state directory restored from one file serves the same engine with the same keys and
+history; a damaged, tampered or hostile file restores nothing."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from edge_agent.backup import BackupError, backup, restore
+from edge_agent.config import AppConfig
+from edge_agent.results import ResultsDB
+from edge_agent.state import resolve_store
+from engines.signing import load_or_create_key
+
+from .daemon_helpers import SHIPPED_NEXT
+from .web_helpers import _second_version, make_state
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory) -> tuple[Path, dict]:
+    """A state directory as a season leaves it: results, a review pool, a published second version, the trainer's
+    signing key, a page token, golden photos; and its backup (``made["backup"]``), made once for the module."""
+    pytest.importorskip("starlette", reason="the web page's token files")
+    from edge_agent.web.auth import Tokens
+
+    tmp_path = tmp_path_factory.mktemp("season")
+    state = make_state(tmp_path)
+    _second_version(state)
+    key = load_or_create_key(state / "trainer" / "signing.key")
+    token = Tokens(state / "web").new("admin")
+    (state / "golden.npz").write_bytes(b"golden photos")
+    (state / "web" / "thumbs").mkdir(parents=True, exist_ok=True)
+    (state / "web" / "thumbs" / "x.jpg").write_bytes(b"a thumbnail")
+    out = tmp_path / "backups" / "farm.tar.gz"
+    manifest = backup(AppConfig(), state, out)
+    return state, {"token": token, "key": key, "backup": out, "manifest": manifest}
+
+
+def test_a_restored_state_directory_serves_the_same_engine_with_the_same_keys_and_history(tmp_path, device):
+    from edge_agent.web.auth import Tokens
+
+    state, was = device
+    out, manifest = was["backup"], was["manifest"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and "web/thumbs/x.jpg" not in manifest["files"]
+    fresh = tmp_path / "new-sd-card" / "state"
+    done = restore(out, fresh)
+    assert done.files == len(manifest["files"]) and done.moved_aside is None
+    store = resolve_store(AppConfig(), fresh)
+    assert store.current() == SHIPPED_NEXT
+    store.open(SHIPPED_NEXT, verify=True)  # every file and its signature as before
+    assert ResultsDB(fresh / "results.sqlite", readonly=True).counts() == ResultsDB(state / "results.sqlite", readonly=True).counts()
+    assert (fresh / "trainer" / "signing.key").read_bytes() == (state / "trainer" / "signing.key").read_bytes()
+    assert Tokens(fresh / "web").role_of(was["token"]) == "admin"
+    assert sorted(p.name for p in (fresh / "queue" / "review").iterdir()) == sorted(p.name for p in (state / "queue" / "review").iterdir())
+    assert (fresh / "golden.npz").read_bytes() == b"golden photos" and not (fresh / "web" / "thumbs").exists()
+
+
+def test_restore_will_not_overwrite_a_state_directory_with_results_unless_forced_and_then_keeps_it_aside(tmp_path, device):
+    _, made = device
+    out = made["backup"]
+    other = make_state(tmp_path / "other")
+    with pytest.raises(BackupError, match="already holds a results ledger"):
+        restore(out, other)
+    done = restore(out, other, force=True)
+    assert done.moved_aside is not None and (done.moved_aside / "results.sqlite").is_file()
+
+
+def _rewrite(src: Path, dst: Path, change) -> None:
+    with tarfile.open(src, "r:gz") as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]
+    with tarfile.open(dst, "w:gz", compresslevel=1) as tar:
+        for m, data in change(members):
+            m.size = len(data)
+            tar.addfile(m, io.BytesIO(data))
+
+
+@pytest.mark.parametrize(
+    "what, why",
+    [
+        ("a file's bytes changed", "does not match its recorded sha256"),
+        ("a member not in the manifest", "not a file the backup lists"),
+        ("a member outside the state directory", "not a file the backup lists"),
+        ("a symlink", "not a file the backup lists"),
+        ("a file missing", "incomplete"),
+        ("cut in half", "damaged"),
+        ("not gzip", "not a readable backup"),
+        ("no manifest first", "not an edge-agent backup"),
+    ],
+)
+def test_a_damaged_tampered_or_hostile_backup_restores_nothing_and_says_why(tmp_path, device, what, why):
+    good = device[1]["backup"]
+    bad = tmp_path / "bad.tar.gz"
+    if what == "cut in half":
+        bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    elif what == "not gzip":
+        bad.write_bytes(b"PK\x03\x04 a zip, not a backup")
+    else:
+
+        def change(members):
+            out = list(members)
+            if what == "a file's bytes changed":
+                i = next(i for i, (m, _) in enumerate(out) if m.name == "results.sqlite")
+                m, data = out[i]
+                out[i] = (m, data[:-1] + bytes([data[-1] ^ 1]))
+            elif what in ("a member not in the manifest", "a member outside the state directory"):
+                info = tarfile.TarInfo("../escaped.txt" if "outside" in what else "extra.txt")
+                out.append((info, b"x"))
+            elif what == "a symlink":
+                info = tarfile.TarInfo("evil-link")
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                out.append((info, b""))
+            elif what == "a file missing":
+                out = [(m, d) for m, d in out if m.name != "golden.npz"]
+            elif what == "no manifest first":
+                out = out[1:] + out[:1]
+            return out
+
+        _rewrite(good, bad, change)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(BackupError, match=why):
+        restore(bad, fresh)
+    assert not fresh.exists() and not (tmp_path / "escaped.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-restore")]
+
+
+def test_backup_of_a_folder_that_is_not_a_state_directory_is_refused(tmp_path):
+    with pytest.raises(BackupError, match="no results and no engines"):
+        backup(AppConfig(), tmp_path, tmp_path / "x.tar.gz")
+
+
+def test_the_command_line_backs_up_and_restores_and_names_the_config_file_it_kept(tmp_path, device):
+    import subprocess
+    import sys
+
+    state, _ = device
+    conf = tmp_path / "etc" / "edge-agent.toml"
+    conf.parent.mkdir()
+    conf.write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\n")
+    repo = Path(__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run([sys.executable, "-m", "edge_agent", *a], capture_output=True, text=True, cwd=repo)  # noqa: E731
+    out = run("backup", "--config", str(conf), "--out", str(tmp_path / "b.tar.gz"))
+    assert out.returncode == 0 and "mode 0600" in out.stdout and str(conf) in out.stdout, out.stderr
+    fresh = tmp_path / "fresh"
+    back = run("restore", str(tmp_path / "b.tar.gz"), "--state-dir", str(fresh))
+    assert back.returncode == 0 and f"was {conf}" in back.stdout, back.stderr
+    assert gzip.open(tmp_path / "b.tar.gz").read(10)  # a plain .tar.gz anyone can list
+    kept = next((fresh / "restored").rglob("edge-agent.toml"))
+    assert kept.read_text() == conf.read_text()
+    bad = run("restore", str(tmp_path / "b.tar.gz"), "--state-dir", str(fresh))
+    assert bad.returncode == 2 and "already holds a results ledger" in bad.stderr

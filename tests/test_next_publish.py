@@ -1,0 +1,114 @@
+"""The loop says what it waits for: the fewest expert labels that let the next version be published, by class, in
+words; `edge-trainer status` in sentences; `edge-trainer retrain` says so up front instead of spending the CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import pytest
+
+from edge_agent.trainer_config import TrainerSection
+from trainer.field_check import held_back
+from trainer.loop.next_publish import plan
+from trainer.samples import Sample, SampleStore
+
+_n = iter(range(10**6))
+
+
+def _sample(label: str, kind: str = "expert") -> Sample:
+    i = next(_n)
+    return Sample(f"{i:064x}", kind, label, 1.0, "v2000", "", 1000.0 + i, None)
+
+
+def _counts(samples: list[Sample]) -> dict:
+    experts = sum(s.kind == "expert" for s in samples)
+    return {"pseudo": len(samples) - experts, "expert": experts, "new": len(samples), "new_expert": experts}
+
+
+def test_a_days_ten_labels_say_how_many_more_and_of_which_classes_fill_the_field_check():
+    tc = TrainerSection()  # every 4th label of a class held back, 8 needed
+    samples = [_sample("Apple___Apple_scab") for _ in range(4)] + [_sample("Apple___Cedar_apple_rust") for _ in range(3)]
+    samples += [_sample("Apple___healthy") for _ in range(3)]
+    nxt = plan(samples, _counts(samples), tc)
+    assert nxt.waiting_for == "field_check" and "holds 1 of the 8 photos" in nxt.sentence
+    assert nxt.by_class["Apple___Cedar_apple_rust"] >= 1 and "Cedar apple rust (Apple)" in nxt.sentence
+    after = samples + [_sample(c) for c, k in nxt.by_class.items() for _ in range(k)]  # the expert does as told
+    assert len(held_back(after, tc.field_check_every)) >= tc.field_check_min
+    assert nxt.expert_labels_needed == sum(nxt.by_class.values()) == 22  # 7 more held-back photos: 1 + 1 + 5 x 4
+    assert max(nxt.by_class.values()) <= 9  # spread over the classes, not all of one
+
+
+def test_before_any_expert_label_it_says_how_many_samples_or_labels_the_next_retrain_needs():
+    samples = [_sample("Apple___healthy", "pseudo") for _ in range(50)]
+    nxt = plan(samples, _counts(samples), TrainerSection())
+    assert nxt.waiting_for == "expert_labels" and nxt.sentence.startswith("10 more expert labels or 150 more samples")
+    due = [_sample("Apple___healthy", "pseudo") for _ in range(200)]
+    assert plan(due, _counts(due), TrainerSection()).waiting_for == "nothing"
+
+
+def _store_with(root, labels: list[str]) -> None:
+    store = SampleStore(root)
+    for i, label in enumerate(labels):
+        data = f"{label}{i}".encode()
+        header = {"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": label, "confidence": 1.0}
+        store.add({**header, "engine_version": "v2000", "ext": ".jpg"}, data)
+    store.close()
+
+
+def test_edge_trainer_status_speaks_in_sentences_without_python_dicts_or_contradictions(tmp_path, capsys):
+    pytest.importorskip("torch", reason="the trainer's command line")
+    from trainer.cli import main
+
+    root = tmp_path / "state" / "trainer"
+    root.mkdir(parents=True)
+    st = {
+        "pid": os.getpid(),
+        "updated": time.time(),
+        "state": "idle",
+        "samples": {"pseudo": 0, "expert": 10, "new": 10, "new_expert": 10},
+        "retrain_threshold": 200,
+        "next_publish": {"sentence": "26 more expert labels, at least ...", "waiting_for": "field_check", "by_class": {"A___b": 3}},
+        "last_retrain": {
+            "published": None,
+            "reason": "refused by the gate",
+            "metrics": {"gate": {"candidate_top1": 0.9, "current_top1": 0.91, "field": {}}},
+        },
+    }
+    (root / "status.json").write_text(json.dumps(st))
+    assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+    out = capsys.readouterr().out
+    assert "{'" not in out and "0 pseudo-labels and 10 expert labels" in out and "next: 26 more expert labels" in out
+    assert "no expert labels yet" not in out  # the last gate ran before them: said so, not contradicted
+
+
+def test_edge_trainer_retrain_says_up_front_that_no_candidate_could_be_published_and_spends_nothing(tmp_path, capsys):
+    pytest.importorskip("torch", reason="the trainer's command line")
+    from trainer.cli import main
+
+    _store_with(tmp_path / "state" / "trainer", ["Apple___Apple_scab"] * 10)
+    started = time.monotonic()
+    assert main(["retrain", "--state-dir", str(tmp_path / "state")]) == 1
+    out = capsys.readouterr().out
+    assert "could not be published yet" in out and "more expert labels" in out and "--force" in out
+    assert time.monotonic() - started < 5
+
+
+def test_the_review_queue_asks_first_about_the_classes_the_next_publish_waits_for(tmp_path):
+    from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+    from edge_agent.review.queue import to_ask
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    rows, entries = [], []
+    for i, label in enumerate(["Apple___healthy"] * 6 + ["Apple___Cedar_apple_rust"] * 2):
+        sha = hashlib.sha256(str(i).encode()).hexdigest()
+        f = tmp_path / f"{sha}.jpg"
+        f.write_bytes(b"x")
+        top_k = [[label, 0.5 - i / 100], ["Apple___Apple_scab", 0.3]]
+        rows.append(ResultRow(sha, sha[:16], None, "inbox", label, top_k[0][1], top_k, "v2000", {}, verdict="unsure"))
+        entries.append(QueueEntry(sha, sha[:16], "review", label, top_k[0][1], "v2000", str(f), 1))
+    db.commit(rows, entries)
+    first = to_ask(db, 3, wanted={"Apple___Cedar_apple_rust"})
+    assert [it.entry.label for it in first[:2]] == ["Apple___Cedar_apple_rust"] * 2 and len(first) == 3

@@ -1,0 +1,139 @@
+"""Retention: old photos and results go by age, the oldest photos go when the disk passes its floor, and what the
+loop needs (the label queue, the golden photos, an undelivered alert's photo) stays."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import namedtuple
+from datetime import datetime
+from pathlib import Path
+
+from edge_agent.alerts.outbox import Outbox
+from edge_agent.config import RetentionSection
+from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.retention import Retention, floor_bytes
+from edge_agent.state import StateLayout
+
+DAY = 86400.0
+NOW = datetime(2026, 11, 25, 12, 0).timestamp()
+Usage = namedtuple("Usage", "total used free")
+
+
+def _photo(state: Path, db: ResultsDB, when: float, name: str, size: int = 10_000, source: str = "inbox") -> str:
+    """A photo classified at ``when`` and moved to processed/<day>/ as the daemon does; returns its sha256."""
+    data = name.encode().ljust(size, b"x")
+    sha = hashlib.sha256(data).hexdigest()
+    folder = state / "processed" / datetime.fromtimestamp(when).strftime("%Y-%m-%d")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(data)
+    db.commit(
+        [ResultRow(sha, sha[:16], f"/inbox/{name}", source, "Apple___Apple_scab", 0.97, [], "v1", {}, created=when, verdict="confident")]
+    )
+    return sha
+
+
+def _disk(state: Path, total: int):
+    """A simulated disk of ``total`` bytes holding only the state directory."""
+
+    def usage(_path):
+        used = sum(f.stat().st_size for f in state.rglob("*") if f.is_file())
+        return Usage(total, used, total - used)
+
+    return usage
+
+
+def _state(tmp_path) -> tuple[Path, ResultsDB]:
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    return layout.root, ResultsDB(layout.db)
+
+
+def test_photos_older_than_photo_days_and_results_older_than_result_days_go_and_the_rest_stays(tmp_path):
+    state, db = _state(tmp_path)
+    for age in (400, 200, 45, 31, 29, 1, 0):
+        _photo(state, db, NOW - age * DAY, f"leaf-{age}.jpg")
+    queued = state / "queue" / "review" / ("ab" * 32 + ".jpg")
+    queued.parent.mkdir(parents=True, exist_ok=True)
+    queued.write_bytes(b"the expert needs me")
+    (state / "golden.npz").write_bytes(b"golden")
+    r = Retention(RetentionSection(), state, db, now=lambda: NOW, usage=_disk(state, 1 << 40))
+    pruned = r.run_once()
+    left = sorted(p.name for p in (state / "processed").rglob("*.jpg"))
+    assert left == ["leaf-0.jpg", "leaf-1.jpg", "leaf-29.jpg"] and pruned.photos == 4
+    assert pruned.results == 1 and db.counts()["processed"] == 6  # the 400-day-old row went; rows outlive photos
+    assert queued.read_bytes() == b"the expert needs me" and (state / "golden.npz").exists()
+    assert len(list((state / "processed").iterdir())) == 3  # the emptied days' folders went too
+    st = r.status()
+    assert st["photos"] == 3 and st["pruned_photos"] == 4 and st["pruned_results"] == 1 and not st["below_floor"]
+    assert st["oldest_photo_day"] == datetime.fromtimestamp(NOW - 29 * DAY).strftime("%Y-%m-%d")
+
+
+def test_a_camera_may_keep_its_results_a_shorter_time_than_the_hot_folder(tmp_path):
+    state, db = _state(tmp_path)
+    for age in (10, 3):
+        _photo(state, db, NOW - age * DAY, f"cam-{age}.jpg", source="camera:0")
+        _photo(state, db, NOW - age * DAY, f"inbox-{age}.jpg")
+    r = Retention(RetentionSection(source_result_days={"camera:0": 7}), state, db, now=lambda: NOW, usage=_disk(state, 1 << 40))
+    assert r.run_once().results == 1
+    assert sorted(src for src in db.sources()) == ["camera:0", "inbox"] and db.counts()["processed"] == 3
+
+
+def test_below_the_floor_the_oldest_photos_go_first_until_it_is_met(tmp_path):
+    state, db = _state(tmp_path)
+    for i in range(20):
+        _photo(state, db, NOW - (19 - i) * 3600, f"p{i:02d}.jpg", size=100_000)
+    total = 2_400_000  # the state holds ~2.0 MB: ~400 kB free
+    section = RetentionSection(min_free_gb=0.001, min_free_percent=50)  # floor: min(1.07 MB, 1.2 MB)
+    usage = _disk(state, total)
+    assert usage(state).free < floor_bytes(section, total)
+    r = Retention(section, state, db, now=lambda: NOW, usage=usage)
+    pruned = r.run_once(age=False)
+    assert usage(state).free >= floor_bytes(section, total) and pruned.photos >= 6
+    left = sorted(p.name for p in (state / "processed").rglob("*.jpg"))
+    assert left == [f"p{i:02d}.jpg" for i in range(20 - len(left), 20)]  # the newest kept
+    assert not r.status()["below_floor"]
+
+
+def test_the_photo_of_an_alert_not_yet_delivered_is_kept_however_old_and_whatever_the_floor(tmp_path):
+    state, db = _state(tmp_path)
+    old = _photo(state, db, NOW - 60 * DAY, "alerted.jpg")
+    _photo(state, db, NOW - 60 * DAY, "other.jpg")
+    photo_id = old[:16]  # as _photo records it
+    box = Outbox(state / "alerts.sqlite", 1 << 20)
+    box.put([("webhook:0", "alert", "u", json.dumps({"photo_id": photo_id}).encode(), 1, False)])
+    box.close()
+    r = Retention(RetentionSection(min_free_percent=90, min_free_gb=1000), state, db, now=lambda: NOW, usage=_disk(state, 100_000))
+    r.run_once()
+    assert [p.name for p in (state / "processed").rglob("*.jpg")] == ["alerted.jpg"]
+    assert r.status()["below_floor"] and r.status()["largest"]
+
+
+def test_retention_off_prunes_nothing_and_a_daemon_status_shows_what_is_kept(tmp_path):
+    from edge_agent.config import AppConfig
+    from edge_agent.daemon import Daemon
+
+    state, db = _state(tmp_path)
+    _photo(state, db, time.time() - 90 * DAY, "old.jpg")
+    db.close()
+    cfg = AppConfig().model_copy(update={"retention": RetentionSection(enabled=False)})
+    d = Daemon(cfg, state)
+    d._setup()
+    try:
+        assert d.retention is None and "retention" not in d.status()
+    finally:
+        d._stop.set()
+        d._shutdown()
+    assert [p.name for p in (state / "processed").rglob("*.jpg")] == ["old.jpg"]
+    d = Daemon(AppConfig(), state)
+    d._setup()
+    try:
+        deadline = time.time() + 10
+        while d.retention.last_pass is None and time.time() < deadline:
+            time.sleep(0.05)
+        st = d.status()["retention"]
+        assert st["photo_days"] == 30 and st["floor_bytes"] > 0 and st["photos"] == 1  # the floor pass ran at start
+    finally:
+        d._stop.set()
+        d._shutdown()
