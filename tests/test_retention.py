@@ -137,3 +137,23 @@ def test_retention_off_prunes_nothing_and_a_daemon_status_shows_what_is_kept(tmp
     finally:
         d._stop.set()
         d._shutdown()
+
+
+def test_results_print_where_a_photo_is_now_and_say_when_it_is_no_longer_kept(tmp_path, capsys):
+    from edge_agent.cli import main
+
+    state, db = _state(tmp_path)
+    _photo(state, db, time.time(), "moved.jpg")
+    _photo(state, db, time.time() - 60 * DAY, "pruned.jpg")
+    db.close()
+    Retention(RetentionSection(), state, ResultsDB(state / "results.sqlite"), usage=_disk(state, 1 << 40)).run_once()
+    assert main(["results", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    day = datetime.now().strftime("%Y-%m-%d")
+    assert str(state / "processed" / day / "moved.jpg") in out and "/inbox/pruned.jpg (no longer kept)" in out
+    assert main(["results", "--json", "--state-dir", str(state)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["path"]: r["path_now"] for r in rows} == {
+        "/inbox/moved.jpg": str(state / "processed" / day / "moved.jpg"),
+        "/inbox/pruned.jpg": None,
+    }

@@ -249,6 +249,7 @@ def test_the_fleet_page_on_a_trainers_machine(tmp_path, browser, shots):
             "state": "idle",
             "samples": {"new": 12},
             "retrain_threshold": 200,
+            "next_publish": _a_days_labels_plan(),
             "fleet": [p.describe(s) for p, s in zip(peers, (340, 95, 12))],
             "rollout": rollout.describe(),
             "handshakes_refused": [{"address": "192.168.1.77", "count": 41, "last": now - 5, "reason": "Unknown key"}],
@@ -271,6 +272,21 @@ def test_the_fleet_page_on_a_trainers_machine(tmp_path, browser, shots):
         assert "192.168.1.77" in browser.find_element(By.ID, "handshakes").text
         browser.save_screenshot(str(shots / "fleet.png"))
         assert json.loads((state / "trainer" / "rollout.json").read_text())["stage"] == "stopped"
+        browser.get(f"http://127.0.0.1:{port}/health")  # what the next version waits for, in words
+        said = browser.find_element(By.ID, "next-publish").text
+        assert said.startswith("Next version: 22 more expert labels") and "Cedar apple rust (Apple)" in said and "Review" in said
+        browser.save_screenshot(str(shots / "health-next-publish.png"))
     finally:
         web.terminate()
         assert web.wait(15) == 0
+
+
+def _a_days_labels_plan() -> dict:
+    """What the trainer says after a day's ten expert labels (4 scab, 3 rust, 3 healthy), as it computes it."""
+    from edge_agent.trainer_config import TrainerSection
+    from trainer.loop.next_publish import plan
+    from trainer.samples import Sample
+
+    labels = ["Apple___Apple_scab"] * 4 + ["Apple___Cedar_apple_rust"] * 3 + ["Apple___healthy"] * 3
+    samples = [Sample(f"{i:064x}", "expert", c, 1.0, "v2000", "", 1000.0 + i, None) for i, c in enumerate(labels)]
+    return plan(samples, {"pseudo": 0, "expert": 10, "new": 10, "new_expert": 10}, TrainerSection()).as_dict()
