@@ -309,7 +309,7 @@ class Retention(Worker):
     # ---- the thread -----------------------------------------------------------------
     def _run(self) -> None:
         next_age = time.monotonic() + 10.0  # not in the way of the start
-        while not self._stop.wait(0 if self.last_pass is None else self.floor_every_s):
+        while not self._stop.wait(0 if self.last_pass is None else max(0.0, min(self.floor_every_s, next_age - time.monotonic()))):
             age = time.monotonic() >= next_age
             try:
                 self.run_once(age=age)

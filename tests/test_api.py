@@ -495,3 +495,15 @@ def test_the_readme_says_which_metric_families_are_always_served_and_a_fresh_dev
     served = {line.split()[2] for line in fresh.splitlines() if line.startswith("# TYPE ")}
     assert served == always, (served, always)
     assert len(marked) > len(always) + 10
+
+
+def test_health_says_what_the_next_version_waits_for_at_the_top(state):
+    import os
+
+    from edge_agent.state import write_status
+
+    (state / "trainer").mkdir(exist_ok=True)
+    nxt = {"sentence": "22 more expert labels, at least 9 of Cedar apple rust (Apple)", "waiting_for": "field_check", "by_class": {}}
+    write_status(state / "trainer" / "status.json", {"pid": os.getpid(), "updated": time.time(), "state": "idle", "next_publish": nxt})
+    body = client(state).get("/api/v1/health").json()
+    assert body["next_publish"]["sentence"].startswith("22 more expert labels") and body["retention"] is None

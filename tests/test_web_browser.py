@@ -226,6 +226,7 @@ def test_the_fleet_page_on_a_trainers_machine(tmp_path, browser, shots):
                 "v1001": "pinned to v1000 by a rollback from v1001: only a newer version moves it (edge-agent engine unpin lifts the pin)"
             },
         ),
+        Peer("stolen", address="192.168.1.66", last_seen=now - 30, engine_version="v1000", queue=0, revoked=True),
         Peer(
             "barn",
             address="192.168.1.40",
@@ -250,7 +251,7 @@ def test_the_fleet_page_on_a_trainers_machine(tmp_path, browser, shots):
             "samples": {"new": 12},
             "retrain_threshold": 200,
             "next_publish": _a_days_labels_plan(),
-            "fleet": [p.describe(s) for p, s in zip(peers, (340, 95, 12))],
+            "fleet": [p.describe(s) for p, s in zip(peers, (340, 95, 0, 12))],
             "rollout": rollout.describe(),
             "handshakes_refused": [{"address": "192.168.1.77", "count": 41, "last": now - 5, "reason": "Unknown key"}],
         },
@@ -266,7 +267,8 @@ def test_the_fleet_page_on_a_trainers_machine(tmp_path, browser, shots):
         wait_until(lambda: _listening(port), 30, "the web page listening")
         browser.get(f"http://127.0.0.1:{port}/fleet")
         rows = {r.get_attribute("data-device"): r.text for r in browser.find_elements(By.CSS_SELECTOR, "#fleet tr[data-device]")}
-        assert set(rows) == {"greenhouse", "shed", "barn"}
+        assert set(rows) == {"greenhouse", "shed", "stolen", "barn"}
+        assert "revoked" in rows["stolen"] and "revoked" not in rows["barn"]
         assert "pinned to v1000" in rows["shed"] and "does not trust" in rows["barn"] and "canary" in rows["greenhouse"]
         assert "Rollout of v1001 stopped" in browser.find_element(By.ID, "rollout").text
         assert "192.168.1.77" in browser.find_element(By.ID, "handshakes").text

@@ -174,6 +174,8 @@ def _health(ctx: WebContext) -> s.Health:
         counts=ctx.counts(),
         disk_free_bytes=shutil.disk_usage(root).free,
         board=as_reported(daemon, daemon_up),
+        next_publish=trainer.get("next_publish") if trainer else None,
+        retention=daemon.get("retention") if daemon_up else None,
     )
 
 

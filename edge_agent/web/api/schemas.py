@@ -183,6 +183,10 @@ class Health(BaseModel):
     counts: dict[str, int] = Field(description="Results, queue rows and bytes in results.sqlite.")
     disk_free_bytes: int
     board: dict[str, Any] = Field(description="Temperatures (degrees C) and power (W) where the board gives them.")
+    next_publish: dict[str, Any] | None = Field(
+        None, description="What the next published version waits for, in a sentence and by class (a trainer on this machine)."
+    )
+    retention: dict[str, Any] | None = Field(None, description="Photos kept, what retention pruned, the disk floor (the daemon).")
 
 
 class Fleet(BaseModel):
