@@ -16,7 +16,6 @@ whenever the disk passes its floor; what the loop still needs stays.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from edge_agent.config import RetentionSection
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB, query_readonly
 from edge_agent.worker import Worker
+from engines.store import sha256_file
 
 __all__ = ["Retention", "Pruned", "floor_bytes", "pending_alert_photos"]
 
@@ -76,14 +76,6 @@ def _day(folder: Path) -> date | None:
         return datetime.strptime(folder.name, "%Y-%m-%d").date()
     except ValueError:
         return None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Retention(Worker):
@@ -148,7 +140,7 @@ class Retention(Worker):
         st = path.stat()
         known = self._hashes.get(path)
         if known is None or known[:2] != (st.st_size, st.st_mtime_ns):
-            known = self._hashes[path] = (st.st_size, st.st_mtime_ns, _sha256(path))
+            known = self._hashes[path] = (st.st_size, st.st_mtime_ns, sha256_file(path))
         return known[2]
 
     def _remove(self, path: Path, pruned: Pruned) -> None:
@@ -166,15 +158,7 @@ class Retention(Worker):
         s, now, pruned = self.section, self.now(), Pruned()
         if s.photo_days > 0:
             cutoff = (datetime.fromtimestamp(now) - timedelta(days=s.photo_days)).date()
-            protected = self._protected()
-            for d, f in self._photos_oldest_first():
-                if d >= cutoff:
-                    break
-                if f in protected:
-                    pruned.kept_for_alerts += 1
-                    continue
-                self._remove(f, pruned)
-            self._drop_empty_days()
+            self._prune_photos(pruned, lambda day: day >= cutoff)
         keep = set(pending_alert_photos(self.root, self.db))
         sources = dict(s.source_result_days)
         try:
@@ -198,19 +182,23 @@ class Retention(Worker):
         floor = floor_bytes(self.section, u.total)
         if u.free >= floor:
             return pruned
-        protected = self._protected()
         need = floor - u.free
-        for _, f in self._photos_oldest_first():
-            if pruned.photo_bytes >= need:
+        self._prune_photos(pruned, lambda day: pruned.photo_bytes >= need)
+        if pruned.photo_bytes < need:
+            pruned.thumbs += self._prune_thumbs(lambda mtime: True, need - pruned.photo_bytes)
+        return pruned
+
+    def _prune_photos(self, pruned: Pruned, enough: Callable[[date], bool]) -> None:
+        """Remove processed photos oldest first until ``enough(day of the next)``, never a protected one."""
+        protected = self._protected()
+        for day, f in self._photos_oldest_first():
+            if enough(day):
                 break
             if f in protected:
                 pruned.kept_for_alerts += 1
                 continue
             self._remove(f, pruned)
         self._drop_empty_days()
-        if pruned.photo_bytes < need:
-            pruned.thumbs += self._prune_thumbs(lambda mtime: True, need - pruned.photo_bytes)
-        return pruned
 
     def _prune_thumbs(self, old: Callable[[float], bool], need: int | None = None) -> int:
         if not self.thumbs.is_dir():
