@@ -13,11 +13,11 @@ __all__ = ["review_list", "review_label"]
 
 def review_list(args: argparse.Namespace) -> int:
     from edge_agent.review.queue import left_today, to_ask, wanted_classes
-    from edge_agent.state import trainer_state_dir
+    from edge_agent.state import trainer_live
 
     cfg = load(args)
     state, db = state_db(args, cfg)
-    wanted = wanted_classes(trainer_state_dir(cfg, state.root) / "status.json")
+    wanted = wanted_classes(trainer_live(cfg, state.root)[0])
     items = to_ask(db, cfg.labels.review_per_day, everything=args.all, wanted=wanted)
     if args.json:
         for it in items:

@@ -129,16 +129,12 @@ def places(state_root: Path, path: str, created: float, variants: int = 20):
     ``processed/<day>/`` (the day it was classified, or the next: moved just past midnight) under its name or the
     free names a second photo of that name gets (``stem-1.ext``, ...)."""
     from datetime import timedelta
+    from itertools import islice
 
     yield Path(path)
-    name = Path(path).name
-    stem, ext = os.path.splitext(name)
     day = datetime.fromtimestamp(created)
     for d in (day, day + timedelta(days=1)):
-        folder = state_root / "processed" / d.strftime("%Y-%m-%d")
-        yield folder / name
-        for i in range(1, variants):
-            yield folder / f"{stem}-{i}{ext}"
+        yield from islice(_names(state_root / "processed" / d.strftime("%Y-%m-%d") / Path(path).name), variants)
 
 
 def where_now(state_root: Path, path: str | None, created: float) -> Path | None:

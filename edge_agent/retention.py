@@ -17,7 +17,6 @@ whenever the disk passes its floor; what the loop still needs stays.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import time
@@ -27,6 +26,7 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 
 from edge_agent.config import RetentionSection
+from edge_agent.inbox_files import places
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB, query_readonly
 from edge_agent.worker import Worker
@@ -61,14 +61,14 @@ class Pruned:
 
 
 def pending_alert_photos(state_root: Path, db: ResultsDB) -> dict[str, tuple[float, str]]:
-    """The photos of alerts not yet delivered somewhere: sha256 -> (when classified, the name it arrived under)."""
+    """The photos of alerts not yet delivered somewhere: sha256 -> (when classified, the path it arrived as)."""
     ids = set()
     for (payload,) in query_readonly(state_root / "alerts.sqlite", "SELECT payload FROM outbox WHERE kind = 'alert'"):
         try:
             ids.add(str(json.loads(bytes(payload))["photo_id"]))
         except (ValueError, KeyError, TypeError):
             continue
-    return {sha: (created, os.path.basename(path)) for sha, created, path in db.photos_by_id(ids)}
+    return {sha: (created, path) for sha, created, path in db.photos_by_id(ids)}
 
 
 def _day(folder: Path) -> date | None:
@@ -118,15 +118,12 @@ class Retention(Worker):
             out += [(d, f) for _, f in sorted(files)]
         return out
 
-    def _protected(self) -> set[Path]:
-        """The files of photos whose alert is not delivered yet (found by name in their day's folder, checked by hash)."""
+    def _protected(self, pending: dict[str, tuple[float, str]]) -> set[Path]:
+        """The files of the ``pending`` alerts' photos (:func:`pending_alert_photos`): found where the daemon moves a
+        photo (:func:`~edge_agent.inbox_files.places`), checked by hash."""
         keep = set()
-        for sha, (created, name) in pending_alert_photos(self.root, self.db).items():
-            if not name:
-                continue
-            folder = self.processed / datetime.fromtimestamp(created).strftime("%Y-%m-%d")
-            stem, ext = os.path.splitext(name)
-            for candidate in [folder / name, *(folder / f"{stem}-{i}{ext}" for i in range(1, 20))]:
+        for sha, (created, path) in pending.items():
+            for candidate in places(self.root, path, created) if path else ():
                 try:
                     if candidate.is_file() and self._hash_of(candidate) == sha:
                         keep.add(candidate)
@@ -156,10 +153,11 @@ class Retention(Worker):
     def by_age(self) -> Pruned:
         """Photos older than ``photo_days``, results and thumbnails older than ``result_days``."""
         s, now, pruned = self.section, self.now(), Pruned()
+        pending = pending_alert_photos(self.root, self.db)
         if s.photo_days > 0:
             cutoff = (datetime.fromtimestamp(now) - timedelta(days=s.photo_days)).date()
-            self._prune_photos(pruned, lambda day: day >= cutoff)
-        keep = set(pending_alert_photos(self.root, self.db))
+            self._prune_photos(pruned, lambda day: day >= cutoff, pending)
+        keep = set(pending)
         sources = dict(s.source_result_days)
         try:
             if s.result_days > 0:
@@ -183,14 +181,14 @@ class Retention(Worker):
         if u.free >= floor:
             return pruned
         need = floor - u.free
-        self._prune_photos(pruned, lambda day: pruned.photo_bytes >= need)
+        self._prune_photos(pruned, lambda day: pruned.photo_bytes >= need, pending_alert_photos(self.root, self.db))
         if pruned.photo_bytes < need:
             pruned.thumbs += self._prune_thumbs(lambda mtime: True, need - pruned.photo_bytes)
         return pruned
 
-    def _prune_photos(self, pruned: Pruned, enough: Callable[[date], bool]) -> None:
-        """Remove processed photos oldest first until ``enough(day of the next)``, never a protected one."""
-        protected = self._protected()
+    def _prune_photos(self, pruned: Pruned, enough: Callable[[date], bool], pending: dict[str, tuple[float, str]]) -> None:
+        """Remove processed photos oldest first until ``enough(day of the next)``, never a ``pending`` alert's."""
+        protected = self._protected(pending)
         for day, f in self._photos_oldest_first():
             if enough(day):
                 break

@@ -101,9 +101,9 @@ def _retrain(args: argparse.Namespace) -> int:
 
         samples = SampleStore(root)
         try:
-            every, least = cfg.trainer.field_check_every, cfg.trainer.field_check_min
-            if too_few_to_judge(samples.all(), every, least) is not None:
-                nxt = plan(samples.all(), samples.counts(), cfg.trainer)
+            every, least, stored = cfg.trainer.field_check_every, cfg.trainer.field_check_min, samples.all()
+            if too_few_to_judge(stored, every, least) is not None:
+                nxt = plan(stored, samples.counts(), cfg.trainer)
                 print(f"edge-trainer: no retrain: its candidate could not be published yet: {nxt.sentence}. --force retrains anyway.")
                 return 1
         finally:

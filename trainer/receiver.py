@@ -64,7 +64,6 @@ class Receiver(Worker):
             "revoked": 0,
             "impersonations": 0,
         }
-        self._who: str | None = None  # the device name the message being handled came with (CURVE), else None
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
         self._announce: list[str] = []
@@ -106,8 +105,9 @@ class Receiver(Worker):
                     self.counters["announced"] += 1
                 if router.poll(200):
                     frames = router.recv_multipart(copy=False)
-                    if self._admitted(frames):
-                        self._handle(router, [f.bytes for f in frames])
+                    admitted, who = self._admitted(frames)
+                    if admitted:
+                        self._handle(router, [f.bytes for f in frames], who)
         finally:
             router.close(0)
             pub.close(0)
@@ -115,27 +115,26 @@ class Receiver(Worker):
                 auth.stop()
             ctx.term()
 
-    def _admitted(self, frames) -> bool:
-        """Whether a message may be taken: over CURVE, only from a device whose key is authorized now (a revoked
-        one is refused from its next message on, and told nothing); the message's device is then its key's name."""
-        self._who = None
+    def _admitted(self, frames) -> tuple[bool, str | None]:
+        """Whether a message may be taken, and the device name its key binds it to (None without CURVE): over CURVE,
+        only from a device whose key is authorized now (a revoked one is refused from its next message on, and told
+        nothing)."""
         if self.auth is None or len(frames) < 2:
-            return True
+            return True, None
         who = peer_name(frames[1])
         if self.auth.admits(who):
-            self._who = who
-            return True
+            return True, who
         self.counters["revoked"] += 1
         if self.counters["revoked"] == 1 or self.counters["revoked"] % 1000 == 0:
             self.log.warning("revoked_device_refused", device=who, refused_so_far=self.counters["revoked"])
-        return False
+        return False, who
 
-    def _handle(self, router, frames: list[bytes]) -> None:
+    def _handle(self, router, frames: list[bytes], who: str | None = None) -> None:
+        """One message; ``who``: the device its CURVE key names (None on ``ipc://``)."""
         peer, body = frames[0], frames[1:]
         msg = decode_or_drop(body, self.settings.max_payload_mb << 20, self.counters, self.log)
         if msg is None:
             return
-        who = self._who
         claimed = msg.header.get("device", who) if msg.kind == "sample" else who
         if who is not None and claimed != who and self.auth.claims_another(claimed):
             self.counters["impersonations"] += 1

@@ -123,18 +123,19 @@ class TrainerService:
         )
 
     def status(self) -> dict:
+        counts = self.samples.counts()
         return {
             "pid": os.getpid(),
             "updated": time.time(),
             "uptime_s": round(time.time() - self.started, 1),
             "state": self.state,
-            "samples": self.samples.counts(),
+            "samples": counts,
             "retrain_threshold": self.cfg.trainer.retrain_threshold,
             "blocked": self.blocked,
             "labelled": self.labelled,
             "waiting_for_new_samples": self._hold is not None,
             "waiting_for_field_check": self._field_wait[1],
-            "next_publish": self._next_publish(),
+            "next_publish": self._next_publish(counts),
             "receiver": dict(self.receiver.counters),
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
@@ -148,11 +149,10 @@ class TrainerService:
             "release_pending": pending_release(self.store),
         }
 
-    def _next_publish(self) -> dict:
-        """What the next publish waits for (read again only when the samples changed)."""
+    def _next_publish(self, counts: dict) -> dict:
+        """What the next publish waits for (the samples read again only when their counts changed)."""
         from trainer.loop.next_publish import plan
 
-        counts = self.samples.counts()
         key = tuple(sorted(counts.items()))
         if self._plan[0] != key:
             self._plan = (key, plan(self.samples.all(), counts, self.cfg.trainer).as_dict())

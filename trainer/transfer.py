@@ -81,7 +81,7 @@ class EngineServer(Worker):
         self._ready = threading.Event()
         self._offer_now = threading.Event()
         self._unsigned_logged: set[str] = set()
-        self._renamed: set[str] = set()  # names devices said that were not their keys' (logged once each)
+        self._renamed: set[str] = set()  # devices (by key) that said another name than their key's (logged once each)
         self._manifests: dict[str, dict] = {}  # version -> manifest, read once (a version never changes)
         self.auth: Authenticator | None = None
 
@@ -247,8 +247,8 @@ class EngineServer(Worker):
                 if self.auth.claims_another(h["name"]) or h["name"] in self.peers:
                     self._refuse("hello_refused", device=who, claimed=h["name"], reason="a hello in another device's name")
                     return
-                if h["name"] not in self._renamed:  # its [handoff] name is not its key's: it is known by its key
-                    self._renamed.add(h["name"])
+                if who not in self._renamed:  # its [handoff] name is not its key's: it is known by its key
+                    self._renamed.add(who)
                     self.log.warning(
                         "device_name_differs", device=who, says=h["name"], fix=f'set [handoff] name = "{who}" on it (or leave it empty)'
                     )

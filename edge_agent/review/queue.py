@@ -95,14 +95,9 @@ def _guess(item: ReviewItem) -> str | None:
     return item.top_k[0][0] if item.top_k else item.entry.label
 
 
-def wanted_classes(trainer_status: Path) -> set[str]:
+def wanted_classes(trainer_status: dict) -> set[str]:
     """The classes whose expert labels the next publish waits for, as the trainer's status says (none: no trainer)."""
-    import json
-
-    try:
-        return set((json.loads(trainer_status.read_text()).get("next_publish") or {}).get("by_class") or {})
-    except (OSError, ValueError, AttributeError):
-        return set()
+    return set((trainer_status.get("next_publish") or {}).get("by_class") or {})
 
 
 def _alternate(first: list, second: list) -> list:
@@ -126,11 +121,7 @@ def label_photo(
         raise LabelError("an empty class name")
     if (problem := class_name_problem(label)) is not None:
         shown = label.encode("ascii", "backslashreplace").decode()[:60]
-        raise LabelError(
-            f"{shown!r} cannot be a class name: it is {problem}"
-            if problem.startswith("longer")
-            else f"{shown!r} cannot be a class name: it {problem}"
-        )
+        raise LabelError(f"{shown!r} is not a class name: {problem}")  # the trainer's words for the same refusal
     if label not in classes and not new_class:
         raise LabelError(f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}")
     src = Path(entry.file)

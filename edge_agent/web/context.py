@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edge_agent.config import AppConfig
 from edge_agent.results import QueueEntry, ResultsDB
-from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo
+from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, wanted_classes
 from edge_agent.rollback import RollbackOutcome
 from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
 from edge_agent.web.queries import Reader
@@ -53,8 +53,7 @@ class WebContext:
 
     def wanted(self) -> set[str]:
         """The classes the next publish waits for (the review queue asks about them first)."""
-        st, _ = self.trainer()
-        return set((st.get("next_publish") or {}).get("by_class") or {}) if st else set()
+        return wanted_classes(self.trainer()[0])
 
     def trainer_view(self) -> dict:
         """The trainer as this machine knows it: ``where`` "here" (a trainer on this state directory: its own status,
