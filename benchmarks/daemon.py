@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.config import default_store_path
-from edge_agent.preprocess import preprocess_bytes, preprocess_file
+from edge_agent.preprocess import PreprocessSpec, preprocess_bytes, preprocess_file
 from edge_agent.results import query_readonly
 from engines.loader import open_engine
 from engines.store import EngineStore
@@ -34,8 +34,14 @@ from engines.store import EngineStore
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _spec() -> PreprocessSpec:
+    """The served version's preprocessing (its manifest's), as the daemon applies it."""
+    return PreprocessSpec.from_manifest(EngineStore(default_store_path()).open().manifest["preprocess"])
+
+
 def engine_only(photos: list[Path], batch: int, engine_cfg) -> float:
-    x = np.stack([preprocess_file(p) for p in photos])
+    spec = _spec()
+    x = np.stack([preprocess_file(p, spec) for p in photos])
     with open_engine(default_store_path(), engine_cfg) as engine:
         engine.infer(x[:batch])
         t0 = time.perf_counter()
@@ -47,16 +53,17 @@ def engine_only(photos: list[Path], batch: int, engine_cfg) -> float:
 def engine_decode(photos: list[Path], batch: int, workers: int, engine_cfg, overlapped: bool = False) -> float:
     """Read + preprocess in ``workers`` threads, infer in batches. In lock-step (default) a batch is decoded,
     then inferred; ``overlapped`` lets the workers decode ahead while the engine runs, as the daemon does."""
+    spec = _spec()
     with open_engine(default_store_path(), engine_cfg) as engine, ThreadPoolExecutor(workers) as pool:
-        engine.infer(np.stack([preprocess_file(photos[0])]))
+        engine.infer(np.stack([preprocess_file(photos[0], spec)]))
         t0 = time.perf_counter()
         if overlapped:
-            decoded = pool.map(lambda p: preprocess_bytes(p.read_bytes()), photos)
+            decoded = pool.map(lambda p: preprocess_bytes(p.read_bytes(), spec), photos)
             for i in range(0, len(photos), batch):
                 engine.infer(np.stack([next(decoded) for _ in photos[i : i + batch]]))
         else:
             for i in range(0, len(photos), batch):
-                xs = list(pool.map(lambda p: preprocess_bytes(p.read_bytes()), photos[i : i + batch]))
+                xs = list(pool.map(lambda p: preprocess_bytes(p.read_bytes(), spec), photos[i : i + batch]))
                 engine.infer(np.stack(xs))
         return len(photos) / (time.perf_counter() - t0)
 
@@ -141,10 +148,12 @@ def end_to_end(photos: list[Path], work: Path, extra: dict | None = None, tail: 
     config = _write_config(work, extra, tail)
     state = work / "run"
     proc, _ = _start(state, config, work / "n.sock")
+    ready = time.monotonic()
     staging = work / "staging"  # outside the watched inbox (same filesystem): copying it costs the daemon nothing
     staging.mkdir(parents=True)
     for i, p in enumerate(photos):
         shutil.copy(p, staging / f"{i:05d}.jpg")
+    time.sleep(max(0.0, ready + 2.5 - time.monotonic()))  # idle: past [pipeline] idle_trim_s (1 s) after start-up
     rss_idle = _rss_mb(proc.pid)
     cpu_before = _thread_cpu_s(proc.pid)
     dropped = time.time()

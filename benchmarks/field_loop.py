@@ -184,7 +184,7 @@ class _FastDevice:
         if self.s.arm == "none" or k <= 0:
             return 0
         if self.s.arm == "device":
-            chosen = [it.entry.sha256 for it in to_ask(self.db, 0, everything=True)[:k]]
+            chosen = [it.entry.sha256 for it in to_ask(self.db, 0, everything=True, policy=self.cfg.labels)[:k]]
         else:
             pool = sorted(e.sha256 for e, _, _ in self.db.review_pool())
             chosen = self.rng.sample(pool, min(k, len(pool)))

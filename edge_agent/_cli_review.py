@@ -18,7 +18,7 @@ def review_list(args: argparse.Namespace) -> int:
     cfg = load(args)
     state, db = state_db(args, cfg)
     wanted = wanted_classes(trainer_live(cfg, state.root)[0])
-    items = to_ask(db, cfg.labels.review_per_day, everything=args.all, wanted=wanted)
+    items = to_ask(db, cfg.labels.review_per_day, everything=args.all, wanted=wanted, policy=cfg.labels)
     if args.json:
         for it in items:
             print(json.dumps({**it.as_json(), "file": it.entry.file}))

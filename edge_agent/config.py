@@ -223,20 +223,44 @@ class LabelsSection(_Section):
         description="Most photos one expert is asked about per day (local time); `review list` shows the best of the pool up "
         "to what is left of today's budget. 0: no budget.",
     )
+    trust_rule: Literal["sequential", "wilson"] = Field(
+        "sequential",
+        description="How checks earn a class trust: `sequential` (a likelihood-ratio test of trust_precision against "
+        "trust_against) or `wilson` (the rule before 2026-11: the precision's Wilson lower end reaches trust_precision).",
+    )
     trust_checks: int = Field(
         10,
         ge=0,
         le=1000,
         description="A class's confident answers become pseudo-labels only once the expert has checked at least this many "
-        "of them (and trust_precision holds); until then they go to review too. 0 trusts every class from the start.",
+        "of them and trust_rule agrees; until then they go to review too. 0 trusts every class from the start.",
     )
     trust_precision: float = Field(
-        0.95,
+        0.97,
         gt=0,
-        le=1,
-        description="The precision a class's checked confident answers must show, counting one standard error against "
-        "it (the Wilson score interval's lower end), to earn pseudo-labels.",
+        lt=1,
+        description="The precision of a trusted class's confident answers: what the sequential test expects of it "
+        "(the least the Wilson rule accepts, counting one standard error against it).",
     )
+    trust_against: float = Field(
+        0.80,
+        gt=0,
+        lt=1,
+        description="A class whose confident answers are right this often or less earns trust (sequential rule) with "
+        "at most trust_error's chance.",
+    )
+    trust_error: float = Field(
+        0.05, gt=0, lt=0.5, description="The sequential rule's chance of trusting a class that is no better than trust_against."
+    )
+
+    @field_validator("trust_against")
+    @classmethod
+    def _below_precision(cls, v: float, info) -> float:
+        wanted = info.data.get("trust_precision")
+        if wanted is not None and v >= wanted:
+            raise ValueError(f"trust_against ({v}) must be below trust_precision ({wanted}): the test tells the two apart")
+        return v
+
     trust_window: int = Field(
         30, ge=1, le=10000, description="A class's trust is judged on its latest this many checks (older engines' answers fall out)."
     )

@@ -251,7 +251,7 @@ class Pipeline:
     def _infer_loop(self) -> None:
         stops = 0
         max_wait = self.settings.max_wait_ms / 1000
-        trimmed = True
+        trimmed = False  # the start-up's loading and warm-up leave memory to hand back too
         while True:
             try:
                 first = self._infer_q.get(timeout=self.settings.idle_trim_s)

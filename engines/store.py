@@ -124,7 +124,8 @@ class StoreVersion:
         path, meta = self.file(name), self.manifest["files"][name]
         try:
             with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as f:
-                data = f.read(MAX_FILE_BYTES + 1)
+                # read what the file holds (plus one byte to see growth), not a buffer of the cap's size
+                data = f.read(min(os.fstat(f.fileno()).st_size, MAX_FILE_BYTES) + 1)
         except OSError as exc:
             raise TamperedError(f"{self.name}/{name}: unreadable ({exc})") from None
         if len(data) > MAX_FILE_BYTES:

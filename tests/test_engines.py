@@ -162,6 +162,28 @@ def test_a_model_file_over_the_size_cap_is_refused(tiny_store, tmp_path, monkeyp
         open_engine(copy, ort_config())
 
 
+def test_reading_a_model_file_allocates_what_it_holds_not_the_size_cap(tiny_store):
+    import tracemalloc
+
+    version = EngineStore(tiny_store).open()
+    name = version.artifact("onnx").name
+    tracemalloc.start()
+    try:
+        data = version.read_verified(name)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(data) + (1 << 20), f"read {len(data)} bytes with a peak of {peak >> 20} MiB"
+
+
+def test_a_loaded_session_keeps_no_copy_of_the_model_bytes(tiny_store):
+    """ONNX Runtime's Python session holds the bytes it was built from for its lifetime; the engine gives it a
+    private path instead, so the model is in memory once (as the session's own tensors)."""
+    with open_engine(tiny_store, ort_config()) as engine:
+        assert getattr(engine._session, "_model_bytes", None) is None
+        assert engine.infer(np.zeros((1, 3, 128, 128), np.float32)).shape == (1, 3)
+
+
 def test_manifest_class_count_must_match_model(tiny_store, tmp_path):
     import json
     import shutil

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -360,6 +361,24 @@ def test_stage_threads_carry_their_names_in_the_kernel(tmp_path, engine):
         assert {"decode-0", "decode-1", "infer", "sink", "source-folder", "watchdog"} <= kernel_names()
     finally:
         source.stop()
+        p.stop()
+
+
+def test_memory_the_start_up_used_is_handed_back_once_idle_before_any_photo(tmp_path, engine):
+    """Loading and warming the engine leave arena and heap behind: the first idle spell trims them, photos or not."""
+
+    class Counting(FixedEngine):
+        trims = 0
+
+        def trim(self):
+            Counting.trims += 1
+
+    p, *_ = make_pipeline(tmp_path, Counting(engine), settings=PipelineSection(idle_trim_s=0.1))
+    try:
+        wait_until(lambda: Counting.trims == 1, 5, "a trim after start-up")
+        time.sleep(0.3)
+        assert Counting.trims == 1, "trimmed again with nothing done since"
+    finally:
         p.stop()
 
 

@@ -54,16 +54,49 @@ def test_an_untrusted_class_sends_its_confident_answers_to_review_and_a_trusted_
     assert decide("unsure", 0.5, policy, trusted=True) == "review"  # trust changes only confident answers
 
 
-def test_a_class_earns_pseudo_labels_after_enough_right_checks(db):
-    policy = LabelsSection()
-    for _ in range(18):
+def test_a_class_earns_pseudo_labels_after_sixteen_right_checks_in_a_row(db):
+    policy = LabelsSection()  # sequential: 0.97 against 0.80, 5 %: log(20) / log(0.97 / 0.80) = 15.4 right checks
+    for _ in range(15):
         _photo(db, "A", expert="A")
-    assert not class_trust(db, policy)["A"].trusted  # 18 of 18: the lower bound (n / (n + 1)) is still under 0.95
+    t = class_trust(db, policy)["A"]
+    assert (t.trusted, t.needed) == (False, 1)
     _photo(db, "A", expert="A")
     t = class_trust(db, policy)["A"]
-    assert (t.checks, t.right, t.trusted) == (19, 19, True)
+    assert (t.checks, t.right, t.trusted, t.needed) == (16, 16, True, 0)
     _photo(db, "A", verdict="unsure", expert="B")  # an unsure answer the expert corrects is not a check
     assert class_trust(db, policy)["A"].trusted
+
+
+def test_one_mistake_costs_about_ten_more_right_checks(db):
+    policy = LabelsSection()
+    for _ in range(16):
+        _photo(db, "A", expert="A")
+    _photo(db, "A", expert="B")
+    t = class_trust(db, policy)["A"]
+    assert not t.trusted and t.needed == 10  # log((1 - 0.97) / (1 - 0.80)) = -1.90, ten right steps of 0.19
+
+
+def test_the_wilson_rule_is_kept_as_it_was_nineteen_right_checks(db):
+    policy = LabelsSection(trust_rule="wilson", trust_precision=0.95)
+    for _ in range(18):
+        _photo(db, "A", expert="A")
+    t = class_trust(db, policy)["A"]
+    assert (t.trusted, t.needed) == (False, 1)  # 18 of 18: the lower bound (n / (n + 1)) is still under 0.95
+    _photo(db, "A", expert="A")
+    assert class_trust(db, policy)["A"].trusted
+
+
+def test_an_expert_who_corrects_the_model_one_time_in_five_keeps_the_class_untrusted_throughout(db):
+    """A class right 80 % of the time (the test's trust_against) never earns trust, whatever the order of mistakes."""
+    policy = LabelsSection()
+    for i in range(90):
+        _photo(db, "A", expert="B" if i % 5 == 4 else "A")
+        assert not class_trust(db, policy)["A"].trusted, f"trusted after {i + 1} checks at 80 % right"
+
+
+def test_trust_against_must_lie_below_the_precision_it_is_tested_against():
+    with pytest.raises(ValueError, match="trust_against"):
+        LabelsSection(trust_precision=0.9, trust_against=0.95)
 
 
 def test_an_expert_who_labels_against_the_model_every_time_never_lets_a_class_earn_trust(db):
@@ -92,7 +125,7 @@ def test_the_trust_book_reads_the_database_again_only_after_a_new_expert_label(d
     calls = []
     real = checks.class_trust
     monkeypatch.setattr(checks, "class_trust", lambda d, p: calls.append(1) or real(d, p))
-    book = TrustBook(db, LabelsSection(trust_checks=1, trust_precision=0.5))
+    book = TrustBook(db, LabelsSection(trust_rule="wilson", trust_checks=1, trust_precision=0.5))
     assert not book.trusted("A") and not book.trusted("A")
     assert len(calls) == 1
     _photo(db, "A", expert="A")
@@ -101,7 +134,7 @@ def test_the_trust_book_reads_the_database_again_only_after_a_new_expert_label(d
 
 
 def test_the_queuer_sends_confident_answers_to_review_until_the_class_is_trusted(tmp_path, db):
-    q = LabelQueuer(db, PhotoSpool(tmp_path / "queue", 1 << 20), LabelsSection(trust_checks=2, trust_precision=0.5))
+    q = LabelQueuer(db, PhotoSpool(tmp_path / "queue", 1 << 20), LabelsSection(trust_rule="wilson", trust_checks=2, trust_precision=0.5))
     first = q.queue(_answers(["A", "A"]))
     assert list(first.kinds.values()) == ["review", "review"]
     _photo(db, "A", expert="A")
@@ -120,6 +153,19 @@ def test_todays_questions_alternate_checks_and_unsure_photos_a_check_first(db):
     assert len(to_ask(db, per_day=5, everything=True)) == 7
 
 
+def test_with_the_trust_policy_checks_go_to_the_class_nearest_to_trust_first(db):
+    """Spread evenly, four classes each a few checks a day might none of them earn trust in a season; finishing one
+    class's test before the next earns trust class by class."""
+    policy = LabelsSection()
+    for _ in range(12):
+        _photo(db, "B", expert="B")  # B: 12 right checks, 4 from trust
+    a = [_photo(db, "A", review=True, p=0.91) for _ in range(3)]  # smaller margins: the ranking alone asks A first
+    b = [_photo(db, "B", review=True, p=0.99) for _ in range(3)]
+    assert [it.entry.sha256 for it in to_ask(db, 0, everything=True) if it.check][0] in a
+    asked = [it.entry.sha256 for it in to_ask(db, 0, everything=True, policy=policy) if it.check]
+    assert asked[:3] == sorted(b, key=asked.index) and set(asked[3:]) == set(a)
+
+
 def test_pruning_the_pool_keeps_checks_beside_the_most_informative_unsure_photos(tmp_path, db):
     for i in range(6):
         _photo(db, "A", verdict="unsure", review=True, p=0.5 + i / 100)
@@ -130,7 +176,7 @@ def test_pruning_the_pool_keeps_checks_beside_the_most_informative_unsure_photos
 
 
 def test_the_trust_table_holds_a_confusion_row_per_class_the_model_named(db):
-    policy = LabelsSection(trust_checks=2, trust_precision=0.3)  # 2 of 3 right: lower bound 0.39
+    policy = LabelsSection(trust_rule="wilson", trust_checks=2, trust_precision=0.3)  # 2 of 3 right: lower bound 0.39
     _photo(db, "A", expert="A")
     _photo(db, "A", expert="A")
     _photo(db, "A", expert="B")

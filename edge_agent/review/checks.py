@@ -1,10 +1,15 @@
 """How far each class can be trusted here: the expert's labels read against the model's own answers.
 
 A *check* is an expert label for a photo the model had answered ``confident``: right when the expert named the
-class the model did. A class earns pseudo-labels on this device once its last ``[labels] trust_window`` checks
-number at least ``trust_checks`` and the lower end of their precision's one-standard-error interval (Wilson score)
-reaches ``trust_precision``; until then its confident photos go to the expert instead. Every expert label, checks or
-not, also feeds the confusion table the web page shows (what the model said, what the expert said).
+class the model did. A class earns pseudo-labels on this device when its latest ``[labels] trust_window`` checks pass
+a sequential probability ratio test (Wald): each right check adds ``log(p1 / p0)`` and each wrong one
+``log((1 - p1) / (1 - p0))``, with ``p1 = trust_precision`` (what a trusted class is expected to show) and
+``p0 = trust_against`` (a class this often right, or less, must not earn trust); it is trusted once the sum reaches
+``log(1 / trust_error)``, and ``trust_checks`` checks at least. With the defaults that is 16 right checks in a row
+(the Wilson rule before it needed 19), and one mistake costs about ten more right ones; a class the expert keeps
+correcting never gets there. ``trust_rule = "wilson"`` keeps the earlier rule. Until then its confident photos go to
+the expert instead, the class nearest to trust first (:func:`nearest_first`). Every expert label, checks or not,
+also feeds the confusion table the web page shows (what the model said, what the expert said).
 """
 
 from __future__ import annotations
@@ -18,7 +23,18 @@ if TYPE_CHECKING:
     from edge_agent.config import LabelsSection
     from edge_agent.results import ResultsDB
 
-__all__ = ["ClassTrust", "TrustBook", "TrustRow", "class_trust", "confusion", "trust_table", "wilson_lower"]
+__all__ = [
+    "ClassTrust",
+    "TrustBook",
+    "TrustRow",
+    "check_windows",
+    "class_trust",
+    "confusion",
+    "nearest_first",
+    "standing",
+    "trust_table",
+    "wilson_lower",
+]
 
 
 def wilson_lower(right: int, n: int, z: float = 1.0) -> float:
@@ -38,22 +54,53 @@ class ClassTrust:
     label: str
     checks: int
     right: int
-    lower: float  # Wilson lower bound of the precision of its confident answers
+    lower: float  # Wilson lower bound of the precision of its confident answers (shown on the page)
     trusted: bool
+    needed: int = 0  # right checks in a row that would earn it trust (0: trusted)
 
     @property
     def precision(self) -> float | None:
         return self.right / self.checks if self.checks else None
 
 
-def _standing(label: str, window: list[bool], policy: LabelsSection) -> ClassTrust:
-    """The trust rule, for a class with these checks (none for a class never checked)."""
+def standing(label: str, window: list[bool], policy: LabelsSection) -> ClassTrust:
+    """The trust rule (``[labels] trust_rule``), for a class with these checks (none for a class never checked)."""
     n, right = len(window), sum(window)
     lower = wilson_lower(right, n)
-    return ClassTrust(label, n, right, lower, policy.trust_checks == 0 or (n >= policy.trust_checks and lower >= policy.trust_precision))
+    if policy.trust_checks == 0:
+        return ClassTrust(label, n, right, lower, True)
+    if policy.trust_rule == "wilson":
+        trusted = n >= policy.trust_checks and lower >= policy.trust_precision
+        needed = 0 if trusted else _wilson_needed(right, n, policy)
+        return ClassTrust(label, n, right, lower, trusted, needed)
+    up, down, bound = _steps(policy)
+    evidence = right * up + (n - right) * down
+    needed = max(math.ceil((bound - evidence) / up - 1e-9), policy.trust_checks - n, 0)
+    return ClassTrust(label, n, right, lower, needed == 0, needed)
 
 
-def _trust(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
+def _steps(policy: LabelsSection) -> tuple[float, float, float]:
+    """The test's step for a right check, for a wrong one, and the bound its sum must reach."""
+    p1, p0 = policy.trust_precision, policy.trust_against
+    return math.log(p1 / p0), math.log((1 - p1) / (1 - p0)), math.log(1 / policy.trust_error)
+
+
+def _wilson_needed(right: int, n: int, policy: LabelsSection) -> int:
+    for more in range(0, 10 * max(policy.trust_window, policy.trust_checks) + 1):
+        if n + more >= policy.trust_checks and wilson_lower(right + more, n + more) >= policy.trust_precision:
+            return more
+    return 10 * max(policy.trust_window, policy.trust_checks) + 1  # out of reach within any window
+
+
+def nearest_first(windows: dict[str, list[bool]], policy: LabelsSection) -> list[str]:
+    """Untrusted classes ordered to be checked: the fewest right checks from trust first, so the expert's checks
+    finish one class's test before they start the next (spread evenly, no class might get there in a season)."""
+    open_ = [(t.needed, label) for label, w in windows.items() if not (t := standing(label, w, policy)).trusted]
+    return [label for _, label in sorted(open_)]
+
+
+def check_windows(checks: list[tuple], policy: LabelsSection) -> dict[str, list[bool]]:
+    """Each class's latest ``trust_window`` checks, newest first (right or not), from ``expert_checks()`` rows."""
     seen: dict[str, list[bool]] = {}
     for said, verdict, expert in checks:  # newest first
         if verdict != "confident":
@@ -61,7 +108,11 @@ def _trust(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
         window = seen.setdefault(said, [])
         if len(window) < policy.trust_window:
             window.append(said == expert)
-    return {label: _standing(label, window, policy) for label, window in seen.items()}
+    return seen
+
+
+def _trust(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
+    return {label: standing(label, window, policy) for label, window in check_windows(checks, policy).items()}
 
 
 def _confusion(checks: list[tuple]) -> dict[str, dict[str, int]]:
@@ -93,6 +144,7 @@ class TrustRow:
     precision: float | None
     lower: float
     trusted: bool
+    needed: int = 0  # right checks in a row that would earn it trust
 
     @property
     def right_share(self) -> float:
@@ -105,8 +157,8 @@ def trust_table(db: ResultsDB, policy: LabelsSection) -> tuple[list[TrustRow], d
     table, trust = _confusion(checks), _trust(checks, policy)
     rows = []
     for label, said in table.items():
-        t = trust.get(label) or _standing(label, [], policy)
-        rows.append(TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, t.trusted))
+        t = trust.get(label) or standing(label, [], policy)
+        rows.append(TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, t.trusted, t.needed))
     rows.sort(key=lambda r: (-r.labelled, r.label))
     named = {c for said in table.values() for c in said}
     columns = [r.label for r in rows if r.label in named] + sorted(named - {r.label for r in rows})

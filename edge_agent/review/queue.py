@@ -3,8 +3,8 @@
 The daemon puts every photo below ``[labels] review_threshold`` into the pool (``<state>/queue/review``), and the
 confident answers of classes that have not earned pseudo-labels yet (:mod:`edge_agent.review.checks`). The
 expert is shown, at most what is left of today's ``review_per_day`` budget (local days), those checks and the
-unsure photos in turn, a check first: each list ranked by :func:`edge_agent.review.rank.rank`, which spreads it over
-the classes. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
+unsure photos in turn, a check first: the unsure photos ranked by :func:`edge_agent.review.rank.rank`, which spreads
+them over the classes; the checks class by class, the class nearest to earning trust first. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
 answer the expert corrects is also the label that teaches the model most; the other half go where it hesitates. A label moves the photo to the expert queue, which the hand-off
 delivers to the trainer as a true label, exactly as the command line and the web page do.
 """
@@ -15,12 +15,17 @@ import datetime as dt
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge_agent.names import class_name_problem
 from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.review.checks import check_windows, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool
 from engines.errors import EdgeAgentError
+
+if TYPE_CHECKING:
+    from edge_agent.config import LabelsSection
 
 __all__ = ["ReviewItem", "LabelError", "PhotoNotQueued", "to_ask", "left_today", "label_photo", "prune_pool", "wanted_classes"]
 
@@ -79,13 +84,22 @@ def _pool(db: ResultsDB) -> list[ReviewItem]:
     return out
 
 
-def to_ask(db: ResultsDB, per_day: int, everything: bool = False, wanted: Collection[str] = ()) -> list[ReviewItem]:
+def to_ask(
+    db: ResultsDB, per_day: int, everything: bool = False, wanted: Collection[str] = (), policy: LabelsSection | None = None
+) -> list[ReviewItem]:
     """The pool, best first: what to ask today (``everything``: the whole pool, ranked). Photos the model places in a
-    ``wanted`` class (those whose labels would let the next version be published) come first."""
+    ``wanted`` class (those whose labels would let the next version be published) come first. With the trust
+    ``policy``, checks go class by class, the class nearest to earning trust first (:func:`nearest_first`)."""
     pool = {item.entry.sha256: item for item in _pool(db)}
     limit = None if everything else left_today(db, per_day)
     checks, unsure = ([Candidate(sha, it.top_k) for sha, it in pool.items() if it.check == c] for c in (True, False))
-    order = _alternate(rank(checks, None), rank(unsure, None))
+    checks = rank(checks, None)
+    if policy is not None and checks:
+        windows = check_windows(db.expert_checks(), policy)
+        nearest = nearest_first({c.label: windows.get(c.label, []) for c in checks}, policy)
+        place = {label: i for i, label in enumerate(nearest)}
+        checks.sort(key=lambda c: place.get(c.label, len(place)))  # stable: the ranking within a class stays
+    order = _alternate(checks, rank(unsure, None))
     if wanted:
         order.sort(key=lambda c: _guess(pool[c.id]) not in wanted)  # stable: the ranking within each part stays
     return [pool[c.id] for c in order[:limit]]

@@ -27,7 +27,7 @@ from starlette.templating import Jinja2Templates
 from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
-from edge_agent.review.checks import trust_table
+from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web import charts
 from edge_agent.web._errors import refusal
@@ -153,7 +153,7 @@ def create_app(ctx: WebContext) -> Starlette:
         items, left = [], None
         if db is not None:
             try:
-                items = to_ask(db, ctx.cfg.labels.review_per_day, wanted=ctx.wanted())
+                items = to_ask(db, ctx.cfg.labels.review_per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels)
                 left = left_today(db, ctx.cfg.labels.review_per_day)
             finally:
                 db.close()
@@ -189,7 +189,8 @@ def create_app(ctx: WebContext) -> Starlette:
             finally:
                 db.close()
         labels = sum(r.labelled for r in rows)
-        return page(request, "trust.html", rows=rows, confusion=table, columns=columns, labels=labels, policy=ctx.cfg.labels)
+        fresh = standing("", [], ctx.cfg.labels).needed  # right checks a class never checked needs
+        return page(request, "trust.html", rows=rows, confusion=table, columns=columns, labels=labels, policy=ctx.cfg.labels, fresh=fresh)
 
     # ---- engines ------------------------------------------------------------
     async def engines(request: Request) -> Response:

@@ -128,7 +128,7 @@ def _review(ctx: WebContext) -> s.ReviewQueue:
     if db is None:
         return s.ReviewQueue(left_today=None if per_day <= 0 else per_day, per_day=per_day, items=[])
     try:
-        items, left = to_ask(db, per_day, wanted=ctx.wanted()), left_today(db, per_day)
+        items, left = to_ask(db, per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels), left_today(db, per_day)
     finally:
         db.close()
     return s.ReviewQueue(left_today=left, per_day=per_day, items=[s.ReviewItemOut(**it.as_json()) for it in items])
