@@ -1,11 +1,12 @@
 """One on-device retrain of the shipped model on an expert's labels of field photos: wall time, peak memory, and the
 field and lab top-1 of the engine in service before and after it, over seeds.
 
-``python -m benchmarks.retrain_cost --out DIR [--labels 100] [--seeds 1 2 3] [--field apple-orchard] [--store DIR]``
+``python -m benchmarks.retrain_cost --out DIR [--labels 100] [--seeds 1 2 3] [--field apple-orchard] [--store DIR]
+[--unlabelled N [--no-term]]``
 
 Per seed: the field's photos are split stratified (25 % held out as the field test); ``--labels`` of the rest, drawn
 stratified at random, are the expert's labels, stored in a fresh state directory's sample store as the daemon's
-hand-off would; the trainer's defaults (the shipped replay and gate photos, the field check on every 4th expert
+hand-off would, and ``--unlabelled`` of the rest in its unlabelled pool; the trainer's defaults (the shipped replay and gate photos, the field check on every 4th expert
 label, INT8) and :func:`trainer._child.retrain_in_child`, as ``edge-trainer serve`` runs it, retrain once. Peak
 memory is the retrain child's maximum resident set (each seed in its own process). Before and after: the engine in
 service through :class:`edge_agent.classifier.Classifier` (as the daemon runs it) on the field test and on the
@@ -33,8 +34,9 @@ SHARED = REPO.parent / "shared" / "data"
 __all__ = ["one_seed", "summarise"]
 
 
-def _split(field: Path, seed: int, labels: int) -> tuple[list, list]:
-    """(test, labelled): 25 % of each class held out, then ``labels`` of the rest stratified at random."""
+def _split(field: Path, seed: int, labels: int) -> tuple[list, list, list]:
+    """(test, labelled, unlabelled): 25 % of each class held out, then ``labels`` of the rest stratified at random;
+    the rest after them, shuffled (the photos nobody labelled)."""
     rng = random.Random(seed)
     test, rest = [], []
     for cls in sorted(d for d in field.iterdir() if d.is_dir()):
@@ -44,7 +46,28 @@ def _split(field: Path, seed: int, labels: int) -> tuple[list, list]:
         test += [(p, cls.name) for p in photos[:cut]]
         rest.append([(p, cls.name) for p in photos[cut:]])
     per = [labels // len(rest) + (1 if i < labels % len(rest) else 0) for i in range(len(rest))]
-    return test, [x for group, n in zip(rest, per) for x in group[:n]]
+    unlabelled = [x for group, n in zip(rest, per) for x in group[n:]]
+    rng.shuffle(unlabelled)
+    return test, [x for group, n in zip(rest, per) for x in group[:n]], unlabelled
+
+
+def _fill_pool(root: Path, store_root: Path, photos: list) -> None:
+    """The photos in the trainer's unlabelled pool, each with the engine in service's answer, as a daemon hands them."""
+    from edge_agent.classifier import Classifier
+    from edge_agent.config import parse_config
+    from engines.loader import open_engine
+    from trainer.loop.unlabelled_pool import UnlabelledPool
+
+    pool = UnlabelledPool(root, len(photos), 1 << 40)
+    with open_engine(store_root, parse_config({}).engine) as engine:
+        clf = Classifier(engine)
+        for p, _ in photos:
+            data, answer = p.read_bytes(), clf.predict_file(p)
+            header = {"id": hashlib.sha256(data).hexdigest(), "kind": "unlabelled", "label": answer.label, "verdict": answer.verdict}
+            pool.add(
+                {**header, "confidence": answer.confidence, "engine_version": engine.version.name, "ext": p.suffix, "device": "farm"}, data
+            )
+    pool.close()
 
 
 def _top1(store_root: Path, photos: list) -> float:
@@ -57,7 +80,9 @@ def _top1(store_root: Path, photos: list) -> float:
         return round(sum(clf.predict_file(p).label == c for p, c in photos) / len(photos), 4)
 
 
-def one_seed(seed: int, labels: int, field: Path, lab: Path, shipped_store: Path | None = None) -> dict:
+def one_seed(
+    seed: int, labels: int, field: Path, lab: Path, shipped_store: Path | None = None, unlabelled: int = 0, term: bool = True
+) -> dict:
     """Set up a state directory, measure, retrain once, measure again."""
     from edge_agent.config import default_store_path, parse_config
     from edge_agent.log import configure_logging
@@ -69,7 +94,7 @@ def one_seed(seed: int, labels: int, field: Path, lab: Path, shipped_store: Path
     from trainer.samples import SampleStore
 
     configure_logging("warning", "console")
-    test, labelled = _split(field, seed, labels)
+    test, labelled, rest = _split(field, seed, labels)
     with tempfile.TemporaryDirectory(prefix="retrain-cost-") as tmp:
         state = Path(tmp)
         seed_store(shipped_store or default_store_path(), state / "engines")
@@ -83,7 +108,10 @@ def one_seed(seed: int, labels: int, field: Path, lab: Path, shipped_store: Path
             header = {"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": cls, "confidence": 1.0}
             samples.add({**header, "engine_version": shipped.name, "ext": p.suffix}, data)
         samples.close()
-        cfg = parse_config({"daemon": {"state_dir": str(state)}, "store": {"require_signature": False}})
+        _fill_pool(state / "trainer", store.root, rest[:unlabelled])
+        cfg = parse_config(
+            {"daemon": {"state_dir": str(state)}, "store": {"require_signature": False}, "trainer": {"unlabelled_term": term}}
+        )
         load_or_create_key(state / "trainer" / "signing.key")
         t0 = time.perf_counter()
         result = retrain_in_child(
@@ -111,6 +139,7 @@ def one_seed(seed: int, labels: int, field: Path, lab: Path, shipped_store: Path
         "retrain_seconds": round(seconds, 1),
         "retrain_peak_rss_mb": round(peak_mb),
         "gate": result.metrics.get("gate"),
+        "unlabelled": result.metrics.get("unlabelled"),
     }
 
 
@@ -149,18 +178,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=str(SHARED / "field"))
     ap.add_argument("--lab", default=str(SHARED / "plantvillage"))
     ap.add_argument("--store", default=None, help="Engine store to start from (default: the shipped one).")
+    ap.add_argument("--unlabelled", type=int, default=0, help="Photos nobody labelled in the trainer's unlabelled pool.")
+    ap.add_argument("--no-term", action="store_true", help="[trainer] unlabelled_term = false.")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a seed in its own process
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
-        result = one_seed(args.one, args.labels, Path(args.data) / args.field, Path(args.lab), Path(args.store) if args.store else None)
+        store = Path(args.store) if args.store else None
+        result = one_seed(args.one, args.labels, Path(args.data) / args.field, Path(args.lab), store, args.unlabelled, not args.no_term)
         (out / f"seed-{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
     for seed in args.seeds:
         if not (out / f"seed-{seed}.json").exists():
             cmd = [sys.executable, "-m", "benchmarks.retrain_cost", "--out", str(out), "--labels", str(args.labels), "--one", str(seed)]
             cmd += ["--field", args.field, "--data", args.data, "--lab", args.lab] + (["--store", args.store] if args.store else [])
+            cmd += ["--unlabelled", str(args.unlabelled)] + (["--no-term"] if args.no_term else [])
             subprocess.run(cmd, check=True, cwd=REPO)
     print(summarise(out))
     return 0

@@ -277,6 +277,13 @@ class LabelsSection(_Section):
 
 class HandoffSection(_Section):
     enabled: bool = Field(True, description="Deliver queued labels to the trainer over ZeroMQ.")
+    unlabelled_per_day: int = Field(
+        100,
+        ge=0,
+        le=100000,
+        description="Most review-pool photos a day handed to the trainer without a label, with the model's answer, for "
+        "retrains that learn from unlabelled photos (after the labels; 0: none).",
+    )
     endpoint: str = Field(
         "", description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run)."
     )

@@ -103,6 +103,7 @@ class Daemon:
             on_done=self._done,
             on_retry=self._retry,
             retry_incomplete=self._retry_incomplete,
+            inbox=self.inbox,
         )
         self.pipeline.start()
         if cfg.retention.enabled:
@@ -152,7 +153,16 @@ class Daemon:
         from edge_agent.alerts.worker import AlertWorker
 
         self.alerts = AlertWorker(
-            cfg.alerts, cfg.mqtt, cfg.webhooks, self.state.db, self.state.root, device_name(cfg), __version__, crops=cfg.classify.crops
+            cfg.alerts,
+            cfg.mqtt,
+            cfg.webhooks,
+            self.state.db,
+            self.state.root,
+            device_name(cfg),
+            __version__,
+            crops=cfg.classify.crops,
+            num_classes=lambda: len(self.pipeline.classifier.engine.classes),  # the one serving, after any swap
+            sure=cfg.labels.pseudo_threshold,
         )
         self.alerts.start()
 

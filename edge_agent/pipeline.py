@@ -32,6 +32,7 @@ from edge_agent.inbox_files import After, InboxFiles
 from edge_agent.labelling import LabelQueuer
 from edge_agent.latency import LatencyHistograms
 from edge_agent.log import display_name, get_logger
+from edge_agent.plants import plant_of
 from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import ResultRow, ResultsDB
 from edge_agent.spool import Origin, PhotoSpool
@@ -84,8 +85,11 @@ class Pipeline:
         on_done: Callable[[Job], None] | None = None,
         on_retry: Callable[[Job], None] | None = None,
         retry_incomplete: Callable[[Job], bool] | None = None,
+        inbox: Path | None = None,
     ) -> None:
+        """``inbox``: where the folder source watches (a photo in a subfolder of it belongs to that plant)."""
         self.classifier = classifier
+        self.inbox = inbox
         self.db = db
         self.spool = spool
         self.settings = settings
@@ -372,6 +376,7 @@ class Pipeline:
                     j.timings,
                     now,
                     p.verdict,
+                    plant_of(j.path, self.inbox) if self.inbox is not None else None,
                 )
             )
         return self.db.commit(results, entries) if results or entries else []

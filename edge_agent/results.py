@@ -58,6 +58,13 @@ CREATE TABLE IF NOT EXISTS label_queue (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS label_queue_kind ON label_queue(kind, engine_version, label);
+CREATE TABLE IF NOT EXISTS unlabelled_sent (
+    sha256 TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    sent REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS unlabelled_sent_time ON unlabelled_sent(sent);
 CREATE TABLE IF NOT EXISTS expert_labels (
     sha256 TEXT PRIMARY KEY,
     label TEXT NOT NULL,
@@ -97,6 +104,7 @@ class ResultRow:
     timings: dict
     created: float = field(default_factory=time.time)
     verdict: str | None = None  # confident | unsure | unknown; None for results stored before verdicts existed
+    plant: str | None = None  # the inbox subfolder it arrived in (edge_agent.plants), None: a photo on its own
 
 
 @dataclass
@@ -134,6 +142,9 @@ class ResultsDB:
             columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
             if "verdict" not in columns:  # a ledger from before verdicts: its rows keep NULL
                 db.execute("ALTER TABLE results ADD COLUMN verdict TEXT")
+            if "plant" not in columns:  # a ledger from before plants: its photos stand alone
+                db.execute("ALTER TABLE results ADD COLUMN plant TEXT")
+            db.execute("CREATE INDEX IF NOT EXISTS results_plant ON results(plant) WHERE plant IS NOT NULL")
             check = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a truncated file can pass the steps above
             if check != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {check}")
@@ -180,7 +191,7 @@ class ResultsDB:
                 for r in results:
                     cur.execute(
                         "INSERT OR IGNORE INTO results (sha256, photo_id, path, source, label, confidence, top_k,"
-                        " engine_version, timings, created, verdict) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                        " engine_version, timings, created, verdict, plant) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                         (
                             r.sha256,
                             r.photo_id,
@@ -193,6 +204,7 @@ class ResultsDB:
                             json.dumps(r.timings),
                             r.created,
                             r.verdict,
+                            r.plant,
                         ),
                     )
                     inserted.append(cur.rowcount == 1)
@@ -262,6 +274,34 @@ class ResultsDB:
             " COALESCE(r.top_k, '[]'), r.verdict FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
         )
         return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10]) for r in rows]
+
+    def unlabelled_candidates(self, limit: int) -> list[tuple[QueueEntry, str]]:
+        """Review-pool photos not yet handed to the trainer unlabelled, newest first, each with its verdict."""
+        rows = self._query(
+            "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
+            " COALESCE(r.verdict, 'unsure') FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256"
+            " WHERE q.kind = 'review' AND q.sha256 NOT IN (SELECT sha256 FROM unlabelled_sent) ORDER BY q.created DESC LIMIT ?",
+            (limit,),
+        )
+        return [(QueueEntry(*r[:9]), r[9]) for r in rows]
+
+    def mark_unlabelled_sent(self, sha256: str, label: str, verdict: str) -> None:
+        """The trainer acknowledged ``sha256`` as an unlabelled photo (counted in the day's quota, never sent again)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO unlabelled_sent (sha256, label, verdict, sent) VALUES (?,?,?,?)",
+                (sha256, label, verdict, time.time()),
+            )
+
+    def unlabelled_sent_since(self, since: float) -> dict[tuple[str, str], int]:
+        """(class, verdict) -> unlabelled photos the trainer acknowledged since ``since``."""
+        rows = self._query("SELECT label, verdict, COUNT(*) FROM unlabelled_sent WHERE sent >= ? GROUP BY 1, 2", (since,))
+        return {(label, verdict): n for label, verdict, n in rows}
+
+    def plant_answers(self, plant: str) -> list[tuple[list, str]]:
+        """Every answer given for ``plant``'s photos, oldest first: (top-k, verdict)."""
+        rows = self._query("SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? ORDER BY id", (plant,))
+        return [(json.loads(top_k), verdict) for top_k, verdict in rows]
 
     def remove_queued(self, sha256s: Iterable[str]) -> None:
         with self._lock:

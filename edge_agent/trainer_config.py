@@ -114,6 +114,25 @@ class TrainerSection(BaseModel):
         ge=1,
         description="Fewest held-back expert labels the field check judges on; with fewer, once expert labels exist, nothing is published.",
     )
+    unlabelled_pool: int = Field(
+        5000,
+        ge=0,
+        le=1_000_000,
+        description="Most unlabelled photos kept from the devices (the largest device's oldest of its commonest answer leave first; 0: none kept).",
+    )
+    unlabelled_pool_mb: int = Field(1024, ge=1, description="Most disk the unlabelled photos may take (MiB).")
+    unlabelled_term: bool = Field(
+        True,
+        description="A retrain with expert labels also trains a candidate with the unlabelled photos its first candidate "
+        "labels confidently; the field check keeps whichever is better there (doubles the retrain's time).",
+    )
+    unlabelled_max: int = Field(400, ge=1, le=100000, description="Most unlabelled photos one retrain reads (the newest).")
+    unlabelled_precision: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="The unlabelled term takes the teacher's answers from the confidence at which it is this often right on the field check.",
+    )
     fleet_new_classes: bool = Field(
         False, description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon."
     )

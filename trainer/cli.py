@@ -156,6 +156,13 @@ def _status(args: argparse.Namespace) -> int:
         f"samples: {c.get('pseudo', 0)} pseudo-labels and {c.get('expert', 0)} expert labels; {c.get('new', 0)} new since the "
         f"last retrain ({c.get('new_expert', 0)} of them expert labels)"
     )
+    pool = st.get("unlabelled_pool") or {}
+    if pool.get("photos"):
+        devices = len(pool.get("by_device") or {})
+        print(
+            f"unlabelled: {pool['photos']} photos from {devices} device{'' if devices == 1 else 's'} "
+            f"({pool.get('bytes', 0) / 2**20:.1f} MiB; at most {pool.get('limit_photos')} photos, {pool.get('limit_bytes', 0) >> 20} MiB)"
+        )
     nxt = st.get("next_publish") or {}
     if nxt.get("sentence") and not st.get("blocked"):
         print(f"next: {nxt['sentence']}")

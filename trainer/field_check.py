@@ -23,7 +23,7 @@ from trainer.batchnorm import recompute_batchnorm
 from trainer.models import Classifier, inference_copy
 from trainer.samples import Sample
 
-__all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "too_few_to_judge"]
+__all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "prefer", "too_few_to_judge"]
 
 
 def held_back(samples: Iterable[Sample], every: int) -> set[str]:
@@ -122,6 +122,22 @@ def field_gate(
             metrics,
         )
     return FieldDecision(True, "not worse on the field check set", metrics)
+
+
+def prefer(second: Classifier, first: Classifier, x: torch.Tensor, y: torch.Tensor) -> tuple[bool, dict]:
+    """Whether the field check set (``x``, ``y``) prefers ``second`` to ``first``: right on more photos, or on as many
+    with a lower log-loss; and the figures."""
+    right2, loss2 = _scores(second, x, y)
+    right1, loss1 = _scores(first, x, y)
+    a, b = float(right2.sum()), float(right1.sum())
+    better = a > b or (a == b and float(loss2.mean()) < float(loss1.mean()))
+    figures = {
+        "field_top1_with": round(a / max(1, len(y)), 4),
+        "field_top1_without": round(b / max(1, len(y)), 4),
+        "field_log_loss_with": round(float(loss2.mean()), 4) if len(y) else None,
+        "field_log_loss_without": round(float(loss1.mean()), 4) if len(y) else None,
+    }
+    return better, figures
 
 
 def adapt_batchnorm(model: Classifier, field_x: torch.Tensor, check_x: torch.Tensor, check_y: torch.Tensor, should_stop=lambda: False):

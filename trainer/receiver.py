@@ -28,6 +28,7 @@ from edge_agent.handoff.transport import Authenticator, Link, peer_name, rebind,
 from edge_agent.log import get_logger
 from edge_agent.names import class_name_problem
 from edge_agent.worker import Worker
+from trainer.loop.unlabelled_pool import UnlabelledPool
 from trainer.samples import SampleStore
 
 __all__ = ["Receiver"]
@@ -45,9 +46,12 @@ class Receiver(Worker):
         on_sample: Callable[[], None] | None = None,
         classes: Callable[[], Collection[str]] | None = None,
         describe: Callable[[], dict] | None = None,
+        pool: UnlabelledPool | None = None,
     ) -> None:
-        """``describe``: the trainer's state, version in service and publish time, sent with each heartbeat."""
+        """``describe``: the trainer's state, version in service and publish time, sent with each heartbeat; ``pool``:
+        where unlabelled photos go (None: they are refused)."""
         super().__init__()
+        self.pool = pool
         self.describe = describe or (lambda: {})
         self.store = store
         self.settings, self.link, self.new_classes = settings, link, new_classes
@@ -63,6 +67,7 @@ class Receiver(Worker):
             "refused": 0,
             "revoked": 0,
             "impersonations": 0,
+            "unlabelled": 0,
         }
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
@@ -165,14 +170,20 @@ class Receiver(Worker):
                 router.send_multipart([peer, *encode("refused", {"id": msg.header["id"], "reason": why})])
                 return
             try:
-                new = self.store.add(msg.header, msg.payload)
+                if msg.header["kind"] == "unlabelled":
+                    new = self.pool.add(msg.header, msg.payload)
+                else:
+                    new = self.store.add(msg.header, msg.payload)
+                    if self.pool is not None:
+                        self.pool.discard(msg.header["id"])  # labelled now: the label says more
             except Exception as exc:  # disk full...: no ack, the daemon keeps it and resends
                 self.counters["store_errors"] += 1
                 self.log.error("sample_store_failed", error=repr(exc), id=msg.header["id"][:16])
                 return
-            self.counters["received" if new else "duplicates"] += 1
+            unlabelled = msg.header["kind"] == "unlabelled"
+            self.counters["duplicates" if not new else "unlabelled" if unlabelled else "received"] += 1
             router.send_multipart([peer, *encode("ack", {"id": msg.header["id"]})])
-            if new:
+            if new and not unlabelled:
                 device = msg.header.get("device") or "?"
                 self.by_device[device] = self.by_device.get(device, 0) + 1
                 self.log.debug("sample_stored", id=msg.header["id"][:16], kind=msg.header["kind"], label=msg.header["label"])
@@ -183,6 +194,11 @@ class Receiver(Worker):
 
     def _refusal(self, header: dict) -> str | None:
         """Why a sample's label cannot be taken, or None."""
+        if header["kind"] == "unlabelled":
+            if self.pool is None or self.pool.max_photos <= 0:
+                return "this trainer keeps no unlabelled photos ([trainer] unlabelled_pool = 0)"
+            if self.store.has(header["id"]):
+                return None  # labelled already: acknowledged, not kept twice
         if self.classes is None:
             return None
         label = header["label"]
@@ -194,7 +210,8 @@ class Receiver(Worker):
         if label in known:
             return None
         if header["kind"] != "expert":
-            return f"a pseudo-label must name one of the engine's {len(known)} classes"
+            what = "a pseudo-label" if header["kind"] == "pseudo" else "the model's answer to an unlabelled photo"
+            return f"{what} must name one of the engine's {len(known)} classes"
         if not self.new_classes:
             return "new classes are taken from the trainer's own device only ([trainer] fleet_new_classes = true allows the fleet)"
         problem = class_name_problem(label)

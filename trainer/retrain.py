@@ -28,11 +28,13 @@ from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from engines.store import EngineStore
 from trainer.calibrate import calibrate
 from trainer.continual import learning_rate, train_generation
-from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back
+from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back, prefer
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
 from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
+from trainer.loop.unlabelled_pool import pool_photos
+from trainer.loop.unlabelled_term import load_unlabelled, teach
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import Sample, SampleStore
@@ -168,6 +170,24 @@ def _root(store: EngineStore, version) -> str:
     return lineage_root(store, version.name)
 
 
+def _with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, root, exclude, should_stop):
+    """The first candidate, or a second trained with the unlabelled photos it labels (:mod:`trainer.loop.unlabelled_term`)
+    where the field check prefers it; the data the chosen one saw; what was measured."""
+    photos = pool_photos(root)
+    x, ids = load_unlabelled(photos, exclude, tc.unlabelled_max, spec, should_stop)
+    term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, should_stop)
+    summary = {**term.summary, "kept": False}
+    if term.data is None:
+        return candidate, used, summary
+    term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
+    second, seen = train_generation(
+        previous, data + term.data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec
+    )
+    better, figures = prefer(second, candidate, field.x, field.y)
+    summary.update(kept=better, **figures)
+    return (second, seen, summary) if better else (candidate, used, summary)
+
+
 def retrain(
     cfg: AppConfig,
     store: EngineStore,
@@ -258,6 +278,13 @@ def retrain(
         on_epoch=lambda e, n: progress("training", epoch=e, epochs=n),
         spec=spec,
     )
+    unlabelled = None
+    if tc.unlabelled_term and learning and len(field) >= tc.field_check_min:
+        progress("learning from unlabelled photos")
+        candidate, used, unlabelled = _with_unlabelled(
+            candidate, used, previous, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
+        )
+        log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if k != "by_class"})
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
         progress("choosing the step")
@@ -295,6 +322,8 @@ def retrain(
     metrics = {"gate": {"publish": decision.publish, "reason": decision.reason, **decision.metrics}, "samples": counts}
     if adapted is not None:
         metrics["field_batchnorm"] = adapted
+    if unlabelled is not None:
+        metrics["unlabelled"] = unlabelled
     if rechecked:
         metrics["pseudo_recheck"] = rechecked
     if step is not None:

@@ -25,6 +25,7 @@ from engines.store import StoreError
 from trainer._child import retrain_in_child
 from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
+from trainer.loop.unlabelled_pool import UnlabelledPool
 from trainer.receiver import Receiver
 from trainer.retrain import RetrainResult, balance_pseudo, retrain, settle_published
 from trainer.rollout import Rollout
@@ -56,7 +57,11 @@ class TrainerService:
             self.log.info("pending_samples_settled", tag=tag, published=version or "no: the samples are new again")
         link = handoff_link(cfg, state_dir)
         new_classes = not link.endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes
-        self.receiver = Receiver(self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes, describe=self._describe)
+        tc = cfg.trainer
+        self.unlabelled = UnlabelledPool(self.root, tc.unlabelled_pool, tc.unlabelled_pool_mb << 20)
+        self.receiver = Receiver(
+            self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes, describe=self._describe, pool=self.unlabelled
+        )
         # a staged rollout is for devices elsewhere: a daemon on this machine shares the store and takes each version at once
         rollout = Rollout(cfg.rollout, self.root / "rollout.json") if link.transfer.startswith("tcp://") else None
         self.server = EngineServer(self.store, link, rollout=rollout, parallel=cfg.handoff.transfer_parallel)
@@ -137,6 +142,7 @@ class TrainerService:
             "waiting_for_field_check": self._field_wait[1],
             "next_publish": self._next_publish(counts),
             "receiver": dict(self.receiver.counters),
+            "unlabelled_pool": self.unlabelled.summary(),
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
             "handshakes_refused": self.server.handshakes_refused()[:20],
@@ -275,5 +281,6 @@ class TrainerService:
         self.server.stop()
         self._write_status()
         self.samples.close()
+        self.unlabelled.close()
         self.log.info("stopped")
         return 0

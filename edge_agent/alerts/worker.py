@@ -13,9 +13,12 @@ event, and the device's state (last diagnosis, photos today, ...) is published r
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
@@ -24,6 +27,7 @@ from edge_agent.alerts.messages import Topics, alert_body, describe_class, encod
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
+from edge_agent.plants import combine
 from edge_agent.worker import Worker, spawn
 
 __all__ = ["AlertWorker"]
@@ -49,9 +53,14 @@ class AlertWorker(Worker):
         device: str,
         version: str = "",
         crops: list[str] | tuple[str, ...] = (),
+        num_classes: Callable[[], int] = lambda: 38,
+        sure: float = 0.9,
     ) -> None:
+        """``num_classes``: how many classes the engine in service has; ``sure``: [labels] pseudo_threshold (a plant's
+        combined diagnosis, :mod:`edge_agent.plants`, uses both)."""
         super().__init__()
         self.section, self.device = alerts, device
+        self.num_classes, self.sure = num_classes, sure
         self.rules = AlertRules(alerts, crops)
         self._crops_read = 0.0
         self.results_db = Path(results_db)
@@ -127,17 +136,23 @@ class AlertWorker(Worker):
         self._labelled_crops()
         cursor = int(self.outbox.get("cursor", "0"))
         rows = self._results(
-            "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256 FROM results WHERE id > ? ORDER BY id LIMIT 500",
+            "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256, plant FROM results"
+            " WHERE id > ? ORDER BY id LIMIT 500",
             (cursor,),
         )
         for row in rows:
             c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6])
             if self.mqtt is not None and self._may_publish_result():
                 self.mqtt.live(self.topics.result, encode(result_body(c)))
-            if self.rules.wants(c) and not self.rules.quiet(c, self._last_alert_of(c)):
-                self.outbox.record(c, self._messages("alert", alert_body(c, self.section.link)), cursor=c.result_id)
-                self._last_alert[(c.label, c.device)] = c.created
-                self.log.info("alert", label=c.label, confidence=round(c.confidence, 3), photo_id=c.photo_id)
+            plant = row[7]
+            # a plant's photo: the plant's combined diagnosis so far decides, once per plant and class
+            a = c if plant is None else self._as_plant(c, plant)
+            if a is not None and self.rules.wants(a) and not self.rules.quiet(a, self._last_alert_of(a)):
+                self.outbox.record(a, self._messages("alert", alert_body(a, self.section.link)), cursor=a.result_id)
+                self._last_alert[(a.label, a.device)] = a.created
+                if plant is not None:
+                    self.outbox.set(f"plant-alerted:{plant}:{a.label}", "1")
+                self.log.info("alert", label=a.label, confidence=round(a.confidence, 3), photo_id=a.photo_id, plant=plant)
         if rows:  # the state shows the newest result only
             with self._state_lock:
                 plant, condition = describe_class(c.label)
@@ -145,6 +160,19 @@ class AlertWorker(Worker):
                 self._state |= {"last_confidence": round(100 * c.confidence, 1), "last_verdict": c.verdict, "last_photo_id": c.photo_id}
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
+
+    def _as_plant(self, c: Candidate, plant: str) -> Candidate | None:
+        """``c`` as its plant's diagnosis from every photo of it so far; None once the plant has alerted for that class."""
+        answers = [
+            (json.loads(k), v)
+            for k, v in self._results(
+                "SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? AND id <= ?", (plant, c.result_id)
+            )
+        ]
+        d = combine(answers, self.num_classes(), self.sure)
+        if self.outbox.get(f"plant-alerted:{plant}:{d.label}"):
+            return None
+        return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict)
 
     def _last_alert_of(self, c: Candidate) -> float | None:
         """When this class last raised an alert on this device (the ledger read once per class, then kept)."""

@@ -7,8 +7,9 @@ receiving side counts it, logs it and carries on.
 
 Kinds:
 
-* ``sample`` (daemon -> trainer): ``{"id", "kind": "pseudo"|"expert", "label", "confidence", "engine_version", "ext"}``
-  and optionally ``"device"`` (the daemon's name) + photo
+* ``sample`` (daemon -> trainer): ``{"id", "kind": "pseudo"|"expert"|"unlabelled", "label", "confidence",
+  "engine_version", "ext"}`` and optionally ``"device"`` (the daemon's name) and, for an unlabelled photo, ``"verdict"``
+  (its ``label`` is then the model's answer, not a label) + photo
 * ``ack`` (trainer -> daemon): ``{"id"}``, sent only after the sample is stored durably
 * ``refused`` (trainer -> daemon): ``{"id", "reason"}``, a sample the trainer will never take (its label names a
   class it cannot accept); the daemon keeps the photo aside, out of the delivery queue
@@ -86,12 +87,13 @@ class Field:
 _SCHEMAS = {
     "sample": {
         "id": Field(str, pattern=_ID),
-        "kind": Field(str, choices=("pseudo", "expert")),
+        "kind": Field(str, choices=("pseudo", "expert", "unlabelled")),
         "label": Field(str, max_len=200),
         "confidence": Field(float, lo=0.0, hi=1.0),
         "engine_version": Field(str, max_len=32),
         "ext": Field(str, pattern=_EXT),
         "device": Field(str, required=False, max_len=64, pattern=DEVICE_NAME),
+        "verdict": Field(str, required=False, choices=("confident", "unsure", "unknown")),
     },
     "ack": {"id": Field(str, pattern=_ID)},
     "refused": {"id": Field(str, pattern=_ID), "reason": Field(str, max_len=300)},

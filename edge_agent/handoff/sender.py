@@ -21,6 +21,7 @@ from pathlib import Path
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import HandshakeWatch, Link, client_socket, send_nowait
+from edge_agent.handoff.unlabelled import allowed_by, choose, start_of_day
 from edge_agent.log import get_logger
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.spool import PhotoSpool
@@ -34,6 +35,7 @@ class _InFlight:
     sent: float
     attempts: int
     file: str
+    verdict: str | None = None  # an unlabelled photo (its verdict); None: a label
 
 
 def sample_header(entry: QueueEntry, file: str, device: str = "") -> dict:
@@ -68,13 +70,24 @@ class Sender(Worker):
         self.settings, self.link, self.device = settings, link, device
         self.on_engine = on_engine or (lambda version: None)
         self.log = get_logger("handoff.sender", endpoint=link.endpoint)
-        self.counters = {"sent": 0, "resent": 0, "acked": 0, "malformed": 0, "heartbeats_in": 0, "announcements": 0, "refused": 0}
+        self.counters = {
+            "sent": 0,
+            "resent": 0,
+            "acked": 0,
+            "malformed": 0,
+            "heartbeats_in": 0,
+            "announcements": 0,
+            "refused": 0,
+            "unlabelled_sent": 0,
+            "unlabelled_acked": 0,
+        }
         self.trainer_seen = 0.0
         #: What the socket monitor says is wrong with the link (wrong keys, no connection), None when it works.
         self.link_problem: str | None = None
         #: The trainer as its last heartbeat described it: state, version in service, published, heard (epoch s).
         self.trainer_info: dict = {}
         self._inflight: dict[str, _InFlight] = {}
+        self._unlabelled_next = 0.0  # monotonic time of the next look for unlabelled photos to hand over
 
     @property
     def trainer_alive(self) -> bool:
@@ -156,12 +169,13 @@ class Sender(Worker):
         for sha, item in list(self._inflight.items()):
             wait = min(s.ack_timeout_s * 2 ** (item.attempts - 1), s.backoff_max_s)
             if now - item.sent >= wait:
-                if self._send_item(sock, sha, item.file, resend=True):
+                if self._send_item(sock, sha, item.file, resend=True, verdict=item.verdict):
                     item.sent, item.attempts = now, item.attempts + 1
         room = s.window - len(self._inflight)
         if room <= 0:
             return
-        for entry in self.db.queued_for_delivery(room + len(self._inflight)):
+        waiting = self.db.queued_for_delivery(room + len(self._inflight))
+        for entry in waiting:
             if entry.sha256 in self._inflight:
                 continue
             if self._send_item(sock, entry.sha256, entry.file, entry=entry):
@@ -169,10 +183,27 @@ class Sender(Worker):
                 room -= 1
                 if room == 0:
                     return
+        if not waiting:
+            self._deliver_unlabelled(sock, now)
 
-    def _send_item(self, sock, sha: str, file: str, entry=None, resend: bool = False) -> bool:
+    def _deliver_unlabelled(self, sock, now: float) -> None:
+        """One photo nobody labelled, when no label waits and none is in flight (:mod:`edge_agent.handoff.unlabelled`)."""
+        per_day = self.settings.unlabelled_per_day
+        if per_day <= 0 or now < self._unlabelled_next or any(i.verdict is not None for i in self._inflight.values()):
+            return
+        sent = self.db.unlabelled_sent_since(start_of_day())
+        chosen = choose(self.db.unlabelled_candidates(4 * per_day), sent, per_day, allowed_by(per_day))
+        if not chosen:
+            self._unlabelled_next = now + 60.0  # the day's share is sent, or nothing new: look again in a minute
+            return
+        entry, verdict = chosen[0]
+        if self._send_item(sock, entry.sha256, entry.file, entry=entry, verdict=verdict):
+            self._inflight[entry.sha256] = _InFlight(now, 1, entry.file, verdict)
+
+    def _send_item(self, sock, sha: str, file: str, entry=None, resend: bool = False, verdict: str | None = None) -> bool:
+        """Send a queued label, or with ``verdict`` a review-pool photo unlabelled; False when it was not sent."""
         entry = entry or self.db.queue_entry(sha)
-        if entry is None:  # acknowledged meanwhile
+        if entry is None or (verdict is not None and entry.kind != "review"):  # acknowledged, labelled or pruned meanwhile
             self._inflight.pop(sha, None)
             return False
         try:
@@ -189,9 +220,12 @@ class Sender(Worker):
             self.db.remove_queued([sha])
             self._inflight.pop(sha, None)
             return False
-        ok = self._send(sock, encode("sample", sample_header(entry, file, self.device), data))
+        header = sample_header(entry, file, self.device)
+        if verdict is not None:
+            header |= {"kind": "unlabelled", "verdict": verdict}
+        ok = self._send(sock, encode("sample", header, data))
         if ok:
-            self.counters["resent" if resend else "sent"] += 1
+            self.counters["resent" if resend else "unlabelled_sent" if verdict is not None else "sent"] += 1
         return ok
 
     def _handle(self, frames: list[bytes]) -> None:
@@ -206,9 +240,13 @@ class Sender(Worker):
         elif msg.kind == "ack":
             self.trainer_seen = time.monotonic()
             sha = msg.header["id"]
+            item = self._inflight.pop(sha, None)
             entry = self.db.queue_entry(sha)
-            self._inflight.pop(sha, None)
-            if entry is not None:  # the file first: the row is what says "still queued"
+            if item is not None and item.verdict is not None:  # an unlabelled photo: it stays in the review pool
+                if entry is not None:
+                    self.db.mark_unlabelled_sent(sha, entry.label or "", item.verdict)
+                    self.counters["unlabelled_acked"] += 1
+            elif entry is not None:  # the file first: the row is what says "still queued"
                 self.spool.remove(Path(entry.file))
                 self.db.remove_queued([sha])
                 self.counters["acked"] += 1
@@ -226,10 +264,15 @@ class Sender(Worker):
 
     def _refused(self, sha: str, reason: str) -> None:
         """The trainer will never take this sample: its photo is kept in the spool's ``refused/`` folder, recorded
-        with the reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue."""
-        self._inflight.pop(sha, None)
+        with the reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue. An
+        unlabelled photo refused stays in the review pool and is not offered again."""
+        item = self._inflight.pop(sha, None)
         entry = self.db.queue_entry(sha)
         if entry is None:
+            return
+        if item is not None and item.verdict is not None:
+            self.db.mark_unlabelled_sent(sha, entry.label or "", item.verdict)
+            self.log.warning("unlabelled_refused", photo_id=entry.photo_id, reason=reason)
             return
         why = f"the trainer refused the {entry.kind} label {entry.label!r}: {reason}"
         try:

@@ -27,6 +27,7 @@ from starlette.templating import Jinja2Templates
 from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
+from edge_agent.plants import diagnose
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web import charts
@@ -41,7 +42,7 @@ from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
 from edge_agent.web.metrics import render as render_metrics
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.queries import Filters
-from edge_agent.web.upload import store_upload
+from edge_agent.web.upload import plant_folder, store_upload
 
 __all__ = ["create_app", "WebContext"]
 
@@ -192,6 +193,19 @@ def create_app(ctx: WebContext) -> Starlette:
         fresh = standing("", [], ctx.cfg.labels).needed  # right checks a class never checked needs
         return page(request, "trust.html", rows=rows, confusion=table, columns=columns, labels=labels, policy=ctx.cfg.labels, fresh=fresh)
 
+    async def plants(request: Request) -> Response:
+        def read() -> list[dict]:
+            out = []
+            for name, _, last in ctx.reader.plants(50):
+                rows = ctx.reader.plant(name)
+                d = diagnose(rows, len(ctx.classes()), ctx.cfg.labels.pseudo_threshold)
+                out.append(
+                    {"plant": name, "rows": rows, "last_local": datetime.fromtimestamp(last).strftime("%Y-%m-%d %H:%M"), **d.as_dict()}
+                )
+            return out
+
+        return page(request, "plants.html", plants=await run_in_threadpool(read))
+
     # ---- engines ------------------------------------------------------------
     async def engines(request: Request) -> Response:
         store = ctx.store()
@@ -287,12 +301,16 @@ def create_app(ctx: WebContext) -> Starlette:
         data = await request.form(max_files=MAX_FILES_PER_UPLOAD, max_fields=5)
         if not csrf_ok(request, data.get("csrf")):
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        try:
+            folder = plant_folder(ctx.inbox, str(data.get("plant") or "").strip())
+        except ValueError as exc:
+            return problem(request, 400, str(exc))
         outcomes = []
         for f in data.getlist("photos"):
             if not hasattr(f, "read"):
                 continue
             body = await f.read(cap + 1)
-            outcomes.append(await run_in_threadpool(store_upload, f.filename or "", body, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels))
+            outcomes.append(await run_in_threadpool(store_upload, f.filename or "", body, folder, cap, ctx.cfg.preprocess.max_pixels))
             await f.close()
         if not outcomes:
             return problem(request, 400, "no photo in the upload (field 'photos')")
@@ -314,6 +332,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),
         Route("/trust", trust),
+        Route("/plants", plants),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

@@ -16,7 +16,7 @@ from edge_agent.results import ResultRow, query_readonly
 
 __all__ = ["Filters", "Reader"]
 
-_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict"
+_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict, plant"
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class Filters:
 
 
 def _photo(row: tuple) -> ResultRow:
-    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict = row
-    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict)
+    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, plant = row
+    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, plant)
 
 
 class Reader:
@@ -69,6 +69,17 @@ class Reader:
     def photo(self, sha256: str) -> ResultRow | None:
         rows = self._rows(f"SELECT {_COLUMNS} FROM results WHERE sha256 = ?", (sha256,))
         return _photo(rows[0]) if rows else None
+
+    def plants(self, limit: int = 50) -> list[tuple[str, int, float]]:
+        """The plants photographed, the most recent first: (name, photos, the newest photo's time)."""
+        return self._rows(
+            "SELECT plant, COUNT(*), MAX(created) FROM results WHERE plant IS NOT NULL GROUP BY plant ORDER BY MAX(id) DESC LIMIT ?",
+            (limit,),
+        )
+
+    def plant(self, name: str) -> list[ResultRow]:
+        """One plant's photos, oldest first."""
+        return [_photo(r) for r in self._rows(f"SELECT {_COLUMNS} FROM results WHERE plant = ? ORDER BY id", (name,))]
 
     def queue_file(self, sha256: str) -> tuple[str, str] | None:
         """(kind, file) of the photo's label-queue entry, if it has one."""

@@ -10,14 +10,17 @@ what passes and still fails to decode is quarantined by the daemon, with its rea
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.imageheader import ImageRejected, ImageTooLarge, check_image
 from edge_agent.inbox_files import place
+from edge_agent.plants import PLANT_NAME
 
-__all__ = ["Outcome", "store_upload", "EXTENSIONS"]
+__all__ = ["Outcome", "plant_folder", "store_upload", "EXTENSIONS"]
 
 EXTENSIONS = {"jpeg": ".jpg", "png": ".png", "bmp": ".bmp", "webp": ".webp", "tiff": ".tif", "heif": ".heic"}
 
@@ -48,3 +51,17 @@ def store_upload(name: str, data: bytes, inbox: Path, max_file_bytes: int, max_p
     except OSError as exc:
         return Outcome(shown, 507, sha, error=f"could not store the photo: {exc.strerror or exc}")
     return Outcome(shown, 201, sha, final.name)
+
+
+def plant_folder(inbox: Path, plant: str | None) -> Path:
+    """Where uploads of ``plant`` go: its subfolder of the inbox (made on first use; the inbox for no plant). Raises
+    ValueError for a name that is not a plain folder name."""
+    if not plant:
+        return inbox
+    if not re.fullmatch(PLANT_NAME, plant):
+        raise ValueError("a plant's name is a folder name: letters, digits, space, '.', '_' or '-', at most 64, not starting with '.'")
+    folder = inbox / plant
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o2770)  # as the inbox: the service's group may drop photos
+    return folder

@@ -16,13 +16,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
+from edge_agent.plants import PLANT_NAME, diagnose
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web.api import schemas as s
 from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int
 from edge_agent.web.photos import is_sha256
 from edge_agent.web.queries import Filters
-from edge_agent.web.upload import store_upload
+from edge_agent.web.upload import plant_folder, store_upload
 
 __all__ = ["Param", "Endpoint", "ENDPOINTS", "MAX_WAIT_S", "recent_alerts"]
 
@@ -100,7 +101,7 @@ async def classify(ctx: WebContext, request: Request) -> s.Result | Response:
         name, data = q.get("name", "upload"), await request.body()
     if not data:
         raise BadParameter("no photo: send its bytes as the body (curl --data-binary @leaf.jpg) or as -F photo=@leaf.jpg")
-    outcome = await run_in_threadpool(store_upload, name, data, ctx.inbox, cap, ctx.cfg.preprocess.max_pixels)
+    outcome = await run_in_threadpool(store_upload, name, data, _plant_folder(ctx, q.get("plant")), cap, ctx.cfg.preprocess.max_pixels)
     if outcome.status != 201:
         raise Refused(outcome.status, outcome.error or "not stored")
     deadline = time.monotonic() + wait
@@ -119,6 +120,41 @@ async def classify(ctx: WebContext, request: Request) -> s.Result | Response:
         sha256=outcome.sha256, stored_as=outcome.stored_as, result=f"/api/v1/results/{outcome.sha256}", daemon_running=running
     )
     return JSONResponse(pending.model_dump(mode="json"), status_code=202)
+
+
+def _plant_folder(ctx: WebContext, plant: str | None):
+    """Where an upload goes: the inbox, or with ``plant`` that plant's subfolder of it."""
+    try:
+        return plant_folder(ctx.inbox, plant)
+    except ValueError as exc:
+        raise BadParameter(f"plant: {exc}") from None
+
+
+# ---- plants -----------------------------------------------------------------------
+def _plant(ctx: WebContext, name: str, rows, with_results: bool) -> s.PlantOut:
+    d = diagnose(rows, len(ctx.classes()), ctx.cfg.labels.pseudo_threshold)
+    return s.PlantOut(
+        plant=name,
+        last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
+        results=[s.Result.of(r) for r in rows] if with_results else None,
+        **d.as_dict(),
+    )
+
+
+def _plants(ctx: WebContext, limit: int) -> s.Plants:
+    return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False) for name, _, _ in ctx.reader.plants(limit)])
+
+
+async def plants(ctx: WebContext, request: Request) -> s.Plants:
+    return await run_in_threadpool(_plants, ctx, parse_int(request.query_params.get("limit"), default=50, hi=500))
+
+
+async def plant(ctx: WebContext, request: Request) -> s.PlantOut:
+    name = request.path_params["plant"]
+    rows = await run_in_threadpool(ctx.reader.plant, name)
+    if not rows:
+        raise Refused(404, f"no photos of a plant named {name[:64]!r} (a plant is an inbox subfolder, or ?plant= on classify)")
+    return await run_in_threadpool(_plant, ctx, name, rows, True)
 
 
 # ---- review ---------------------------------------------------------------------
@@ -256,6 +292,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (
             Param("wait", "query", f"Seconds to wait for the result (0 to {MAX_WAIT_S}, default 30).", "integer"),
             Param("name", "query", "The photo's file name, when its bytes are the body."),
+            Param(
+                "plant",
+                "query",
+                "The plant it shows: photos sent with the same name get one diagnosis (/plants).",
+                pattern="^" + PLANT_NAME + "$",
+            ),
         ),
         body="image",
         errors={
@@ -266,6 +308,25 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             507: "No room in the inbox.",
         },
         extra={202: (s.Pending, "Accepted; the result was not ready within wait.")},
+    ),
+    Endpoint(
+        "GET",
+        "/plants",
+        "read",
+        "The plants photographed (inbox subfolders), the most recent first, each with its combined diagnosis.",
+        plants,
+        s.Plants,
+        (Param("limit", "query", "At most this many (1 to 500, default 50).", "integer"),),
+    ),
+    Endpoint(
+        "GET",
+        "/plants/{plant}",
+        "read",
+        "One plant: its photos' answers combined into one diagnosis, and each photo's result.",
+        plant,
+        s.PlantOut,
+        (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),),
+        errors={404: "No photos of that plant."},
     ),
     Endpoint("GET", "/review", "read", "Today's questions for the expert, best first.", review, s.ReviewQueue),
     Endpoint(

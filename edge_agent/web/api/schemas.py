@@ -28,6 +28,8 @@ __all__ = [
     "Fleet",
     "AlertOut",
     "Alerts",
+    "PlantOut",
+    "Plants",
     "SCHEMAS",
 ]
 
@@ -56,6 +58,7 @@ class Result(BaseModel):
     timings_ms: dict[str, float] = Field(description="Milliseconds per stage; total: from arrival to the result.")
     created: datetime = Field(description="When the result was recorded (UTC).")
     page: str = Field(description="The photo's page on this web server.")
+    plant: str | None = Field(None, description="The plant it shows (the inbox subfolder it arrived in), if any.")
 
     @classmethod
     def of(cls, row: ResultRow) -> Result:
@@ -74,6 +77,7 @@ class Result(BaseModel):
             timings_ms={k: float(v) for k, v in (row.timings or {}).items() if isinstance(v, (int, float))},
             created=datetime.fromtimestamp(row.created, timezone.utc),
             page=f"/photo/{row.sha256}",
+            plant=row.plant,
         )
 
 
@@ -217,6 +221,27 @@ class Alerts(BaseModel):
     alerts: list[AlertOut]
 
 
+class PlantOut(BaseModel):
+    """One plant: its photos' answers combined into one diagnosis (edge_agent.plants)."""
+
+    plant: str = Field(description="Its name: the inbox subfolder its photos arrived in.")
+    photos: int
+    label: str = Field(description="The class its photos point to together.")
+    probability: float = Field(description="The combined probability of that class.")
+    verdict: Literal["confident", "unsure", "unknown"] = Field(description="The plant's verdict.")
+    reason: str = Field(description="Why that verdict, in words.")
+    agreeing: int = Field(description="Photos whose own answer is the plant's class.")
+    top_k: list[tuple[str, float]]
+    last: datetime = Field(description="When its newest photo was classified (UTC).")
+    results: list[Result] | None = Field(None, description="Its photos' own results (one plant's page only).")
+
+
+class Plants(BaseModel):
+    """The plants photographed, the most recent first."""
+
+    plants: list[PlantOut]
+
+
 SCHEMAS: tuple[type[BaseModel], ...] = (
     Problem,
     Result,
@@ -231,4 +256,6 @@ SCHEMAS: tuple[type[BaseModel], ...] = (
     Health,
     Fleet,
     Alerts,
+    Plants,
+    PlantOut,
 )

@@ -1,0 +1,106 @@
+"""Several photos of one plant, one diagnosis: the photos' evidence combined, and a verdict for the plant.
+
+A *plant* is a subfolder of the inbox (``inbox/<plant>/<photo>``; ``POST /api/v1/classify?plant=NAME`` puts an
+upload there). Each photo's answer is a ranked list of classes with probabilities (``[classify] top_k`` of them);
+a class a photo did not list gets an even share of what the listed ones leave. The plant's probability for each class
+is the product of its photos' (their log-probabilities summed, then normalised: each photo counted as independent
+evidence), so three photos that lean the same way make a sure answer and one odd photo does not overturn two.
+
+The plant's verdict: ``unknown`` where more than half its photos are; ``confident`` where the combined probability
+reaches ``[labels] pseudo_threshold``, no photo was sure of another class and the photos' own answers agree (at
+least half of them name the plant's class); otherwise ``unsure``, with the reason (the photos disagree, or the
+evidence is not enough).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.log import display_name
+
+__all__ = ["PlantDiagnosis", "combine", "diagnose", "plant_of", "PLANT_NAME"]
+
+#: A plant's name as the API takes it: a folder name in the inbox (no path, no hidden file).
+PLANT_NAME = r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}"
+
+
+@dataclass(frozen=True)
+class PlantDiagnosis:
+    """The combined answer for one plant's photos."""
+
+    label: str
+    probability: float
+    verdict: str  # confident | unsure | unknown
+    reason: str
+    photos: int
+    agreeing: int  # photos whose own answer is the plant's class
+    top_k: list[tuple[str, float]]
+
+    def as_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "probability": round(self.probability, 4),
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "photos": self.photos,
+            "agreeing": self.agreeing,
+            "top_k": [[c, round(p, 4)] for c, p in self.top_k],
+        }
+
+
+def plant_of(path: str | os.PathLike | None, inbox: str | os.PathLike) -> str | None:
+    """The plant a photo belongs to: the inbox subfolder it arrived in (None: straight in the inbox, or elsewhere)."""
+    if not path:
+        return None
+    try:
+        rel = Path(path).relative_to(inbox)
+    except ValueError:
+        return None
+    return display_name(rel.parts[0])[:200] if len(rel.parts) > 1 else None  # a non-UTF-8 folder name escaped
+
+
+def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classes: int, sure: float = 0.9, top: int = 3) -> PlantDiagnosis:
+    """One diagnosis from the photos' ``(top_k, verdict)``; ``num_classes``: how many classes the model has (for the
+    share of an unlisted class); ``sure``: the least combined probability of a confident plant."""
+    if not answers:
+        raise ValueError("a plant needs at least one photo")
+    classes = sorted({str(c) for top_k, _ in answers for c, _ in top_k})
+    logp = dict.fromkeys(classes, 0.0)
+    log_unlisted = 0.0  # a class no photo listed: each photo's even share of what it left
+    for top_k, _ in answers:
+        listed = {str(c): max(float(p), 1e-6) for c, p in top_k}
+        rest = max(1e-6, 1.0 - sum(listed.values())) / max(1, num_classes - len(listed))
+        log_unlisted += math.log(rest)
+        for c in classes:
+            logp[c] += math.log(listed.get(c, rest))
+    unlisted = max(0, num_classes - len(classes))
+    peak = max([*logp.values(), log_unlisted])
+    weights = {c: math.exp(v - peak) for c, v in logp.items()}
+    total = sum(weights.values()) + unlisted * math.exp(log_unlisted - peak)
+    ranked = sorted(((c, w / total) for c, w in weights.items()), key=lambda cp: -cp[1])
+    label, prob = ranked[0]
+    n = len(answers)
+    own = [str(top_k[0][0]) if top_k else "" for top_k, _ in answers]
+    agreeing = sum(c == label for c in own)
+    unknown = sum(v == "unknown" for _, v in answers)
+    against = [c for (top_k, v), c in zip(answers, own) if v == "confident" and c != label]
+    if unknown * 2 > n:
+        verdict, reason = "unknown", f"{unknown} of {n} photos are unlike anything the model knows"
+    elif against:
+        verdict, reason = "unsure", f"the photos disagree: one is sure of {against[0]}"
+    elif agreeing * 2 < n:
+        verdict, reason = "unsure", f"the photos disagree: {agreeing} of {n} name {label}"
+    elif prob >= sure:
+        verdict, reason = "confident", f"{agreeing} of {n} photos name it; together {prob:.0%}"
+    else:
+        verdict, reason = "unsure", f"together {prob:.0%}, below {sure:.0%}"
+    return PlantDiagnosis(label, prob, verdict, reason, n, agreeing, ranked[:top])
+
+
+def diagnose(rows, num_classes: int, sure: float = 0.9) -> PlantDiagnosis:
+    """:func:`combine` over a plant's stored results (:class:`edge_agent.results.ResultRow`)."""
+    return combine([(r.top_k, r.verdict) for r in rows], num_classes, sure)

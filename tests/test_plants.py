@@ -1,0 +1,169 @@
+"""Several photos of one plant, one diagnosis: combining, the plant a photo belongs to, the API and page, one alert."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_agent.alerts.config import AlertsSection, MqttSection
+from edge_agent.alerts.worker import AlertWorker
+from edge_agent.plants import combine, plant_of
+from edge_agent.results import ResultRow, ResultsDB
+
+_n = iter(range(10**6))
+
+
+def test_photos_leaning_the_same_way_make_a_sure_plant():
+    one = combine([([["A", 0.7], ["B", 0.2], ["C", 0.05]], "unsure")], 38)
+    assert one.label == "A" and one.verdict == "unsure" and one.probability == pytest.approx(0.7, abs=0.01)
+    three = combine([([["A", 0.7], ["B", 0.2], ["C", 0.05]], "unsure")] * 3, 38)
+    assert three.label == "A" and three.verdict == "confident" and three.probability > 0.95 and three.agreeing == 3
+
+
+def test_a_plant_whose_photos_disagree_is_unsure_and_says_so():
+    d = combine([([["A", 0.95], ["B", 0.03]], "confident"), ([["B", 0.96], ["A", 0.02]], "confident"), ([["A", 0.6], ["B", 0.3]], "unsure")], 38)
+    assert d.verdict == "unsure" and "disagree" in d.reason and "B" in d.reason
+    split = combine([([["A", 0.6]], "unsure"), ([["B", 0.6]], "unsure"), ([["C", 0.6]], "unsure")], 38)
+    assert split.verdict == "unsure" and "1 of 3" in split.reason
+
+
+def test_a_plant_mostly_unlike_anything_known_is_unknown_and_one_odd_photo_does_not_overturn_two():
+    assert combine([([["A", 0.5]], "unknown"), ([["A", 0.5]], "unknown"), ([["A", 0.99]], "confident")], 38).verdict == "unknown"
+    d = combine([([["A", 0.8], ["B", 0.1]], "unsure"), ([["A", 0.85], ["B", 0.1]], "unsure"), ([["B", 0.7], ["A", 0.2]], "unsure")], 38)
+    assert d.label == "A" and d.agreeing == 2
+    with pytest.raises(ValueError):
+        combine([], 38)
+
+
+def test_a_photo_belongs_to_the_plant_of_the_inbox_subfolder_it_arrived_in(tmp_path):
+    inbox = tmp_path / "inbox"
+    assert plant_of(inbox / "tree 12" / "a.jpg", inbox) == "tree 12"
+    assert plant_of(inbox / "tree 12" / "deeper" / "a.jpg", inbox) == "tree 12"
+    assert plant_of(inbox / "a.jpg", inbox) is None
+    assert plant_of(tmp_path / "elsewhere" / "a.jpg", inbox) is None
+    assert plant_of(None, inbox) is None
+
+
+def test_the_pipeline_records_the_plant_of_a_photo_from_an_inbox_subfolder(tmp_path, tiny_store):
+    from edge_agent.config import PipelineSection
+    from edge_agent.pipeline import Job
+    from engines.loader import open_engine
+
+    from .conftest import encode, leaf_image
+    from .test_engines import ort_config
+    from .test_pipeline import FixedEngine, make_pipeline
+
+    inbox = tmp_path / "inbox"
+    (inbox / "tree-1").mkdir(parents=True)
+    files = [inbox / "tree-1" / "a.jpg", inbox / "b.jpg"]
+    for i, f in enumerate(files):
+        f.write_bytes(encode(leaf_image(40 + i)))
+    with open_engine(tiny_store, ort_config()) as engine:
+        p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine), settings=PipelineSection(max_batch=2, max_wait_ms=0), inbox=inbox)
+        try:
+            for f in files:
+                p.submit(Job("inbox", f))
+            assert p.drain(30)
+        finally:
+            p.stop()
+    plants = dict(db._query("SELECT path, plant FROM results"))
+    assert plants == {str(files[0]): "tree-1", str(files[1]): None}
+    assert len(db.plant_answers("tree-1")) == 1
+
+
+def _plant_rows(db: ResultsDB, plant: str | None, label: str, p: float, n: int, verdict: str = "unsure") -> None:
+    rows = []
+    for _ in range(n):
+        sha = f"{next(_n):064x}"
+        top_k = [[label, p], ["Apple___healthy", round(1 - p - 0.01, 4)]]
+        rows.append(ResultRow(sha, sha[:16], f"/inbox/{plant}/{sha[:8]}.jpg", "inbox", label, p, top_k, "v1", {}, verdict=verdict, plant=plant))
+    db.commit(rows)
+
+
+def _alerts(tmp_path) -> list[tuple[str, float]]:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "alerts.sqlite") as con:
+        return con.execute("SELECT label, confidence FROM alerts ORDER BY id").fetchall()
+
+
+def test_a_plant_alerts_once_on_its_combined_diagnosis_however_many_photos_it_has(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [], db.path, tmp_path, "orchard")
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.7, 1)  # one unsure photo: no alert yet
+    w.scan()
+    assert _alerts(tmp_path) == []
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.7, 2)  # three photos together are sure
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.75, 3)
+    w.scan()
+    alerts = _alerts(tmp_path)
+    assert len(alerts) == 1 and alerts[0][0] == "Apple___Apple_scab" and alerts[0][1] > 0.9
+    _plant_rows(db, "tree-2", "Apple___Apple_scab", 0.7, 3)  # another plant: its own alert
+    w.scan()
+    assert len(_alerts(tmp_path)) == 2
+    w.stop()
+    db.close()
+
+
+@pytest.fixture
+def state(tmp_path) -> Path:
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from .web_helpers import make_state
+
+    root = make_state(tmp_path)
+    db = ResultsDB(root / "results.sqlite")
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.7, 3)
+    _plant_rows(db, "tree-2", "Apple___Black_rot", 0.97, 1, verdict="confident")
+    _plant_rows(db, "tree-2", "Apple___Cedar_apple_rust", 0.97, 1, verdict="confident")
+    db.close()
+    return root
+
+
+def test_the_api_gives_each_plant_one_diagnosis_and_its_photos(state):
+    from .web_helpers import client
+
+    c = client(state)
+    plants = c.get("/api/v1/plants").json()["plants"]
+    assert [p["plant"] for p in plants] == ["tree-2", "tree-1"]  # the most recent first
+    one = next(p for p in plants if p["plant"] == "tree-1")
+    assert one["verdict"] == "confident" and one["label"] == "Apple___Apple_scab" and one["photos"] == 3 and one["results"] is None
+    two = c.get("/api/v1/plants/tree-2").json()
+    assert two["verdict"] == "unsure" and "disagree" in two["reason"] and len(two["results"]) == 2
+    assert {r["plant"] for r in two["results"]} == {"tree-2"}
+    missing = c.get("/api/v1/plants/tree-9")
+    assert missing.status_code == 404 and missing.json()["status"] == 404
+
+
+@pytest.mark.parametrize("plant", ["../escape", ".hidden", "a/b", "x" * 65, "tree\n1"])
+def test_classify_refuses_a_plant_name_that_is_not_a_folder_name_and_stores_nothing(state, plant):
+    from .test_api import remote
+    from .web_helpers import _photos
+
+    c, auth = remote(state, "label")
+    before = sorted(p.name for p in (state / "inbox").rglob("*"))
+    r = c.post("/api/v1/classify", params={"wait": 0, "plant": plant}, content=_photos(8)[7].read_bytes(), headers=auth)
+    assert r.status_code == 400 and "plant" in r.json()["error"]
+    assert sorted(p.name for p in (state / "inbox").rglob("*")) == before
+
+
+def test_photos_classified_under_one_plant_name_go_to_its_inbox_folder(state):
+    from .test_api import remote
+    from .web_helpers import _photos
+
+    c, auth = remote(state, "label")
+    for photo in _photos(8)[6:8]:
+        r = c.post("/api/v1/classify", params={"wait": 0, "plant": "tree 7"}, content=photo.read_bytes(), headers=auth)
+        assert r.status_code == 202
+    assert len(list((state / "inbox" / "tree 7").iterdir())) == 2
+
+
+def test_the_plants_page_shows_each_plant_its_verdict_and_its_photos(state):
+    from .web_helpers import client
+
+    page = client(state).get("/plants")
+    assert page.status_code == 200
+    assert 'data-plant="tree-1"' in page.text and 'data-plant="tree-2"' in page.text and "the photos disagree" in page.text
+    time.sleep(0)

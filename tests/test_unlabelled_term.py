@@ -1,0 +1,138 @@
+"""A retrain's unlabelled term: the teacher's threshold fitted on the field check, its answers taken only above it, and
+the field check deciding whether the candidate trained with them is kept."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
+
+from trainer.field_check import prefer  # noqa: E402
+from trainer.loop.unlabelled_term import fit_threshold, teach  # noqa: E402
+
+from .conftest import encode, leaf_image  # noqa: E402
+from .test_field_check import Fixed, _add, _photos  # noqa: E402
+
+
+def test_the_threshold_is_the_lowest_confidence_the_field_check_shows_right_often_enough():
+    conf = np.array([0.99, 0.98, 0.90, 0.80, 0.60])
+    right = np.array([True, True, False, True, False])
+    assert fit_threshold(conf, right, precision=0.95, least=1) == 0.98
+    assert fit_threshold(conf, right, precision=0.95, least=3) is None  # never 95 % right on three answers
+    assert fit_threshold(conf, right, precision=0.6, least=3) == 0.6
+    assert fit_threshold(np.array([0.9, 0.9, 0.5]), np.array([True, False, True]), precision=0.9, least=1) is None  # ties go together
+
+
+class Sure(torch.nn.Module):
+    """Answers ``answers[i]`` for photo i (its first pixel) with probability ``p``."""
+
+    def __init__(self, answers: list[int], p: list[float], num_classes: int = 3):
+        super().__init__()
+        self.answers, self.p, self.num_classes = torch.tensor(answers), torch.tensor(p), num_classes
+
+    def forward(self, x):
+        i = x[:, 0, 0, 0].long()
+        p = self.p[i]
+        other = (1 - p) / (self.num_classes - 1)
+        probs = torch.nn.functional.one_hot(self.answers[i], self.num_classes).float() * (p - other)[:, None] + other[:, None]
+        return probs.log()
+
+
+def test_the_teacher_labels_only_the_unlabelled_photos_above_the_confidence_fitted_on_the_field_check():
+    # photos 0-7: the field check (truth 0,1,2,0,1,2,0,1); photos 8-13: unlabelled
+    answers = [0, 1, 2, 0, 1, 2, 2, 2] + [0, 1, 2, 0, 1, 2]
+    p = [0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.70, 0.65] + [0.99, 0.97, 0.80, 0.95, 0.50, 0.96]
+    teacher = Sure(answers, p).eval()
+    field_x, field_y = _photos(8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    x = _photos(14)[8:]
+    term = teach(teacher, x, [f"u{i}" for i in range(6)], field_x, field_y, precision=0.95, should_stop=lambda: False)
+    assert term.summary["threshold"] == pytest.approx(0.94, abs=1e-4)  # right from 0.94 up; 0.70 and 0.65 are wrong
+    assert term.data.sample_ids == ["u0", "u1", "u3", "u5"] and term.data.y.tolist() == [0, 1, 0, 2]
+    assert term.data.pseudo.all() and torch.allclose(term.data.weight, torch.tensor([0.99, 0.97, 0.95, 0.96]), atol=1e-4)
+
+
+def test_a_teacher_not_right_often_enough_on_the_field_check_teaches_nothing():
+    teacher = Sure([1] * 8 + [0] * 4, [0.99] * 12).eval()  # surely wrong on every field check photo
+    term = teach(teacher, _photos(12)[8:], ["a", "b", "c", "d"], _photos(8), torch.zeros(8, dtype=torch.long), precision=0.95)
+    assert term.data is None and "no confidence" in term.summary["reason"]
+    none = teach(teacher, torch.zeros((0,)), [], _photos(8), torch.zeros(8, dtype=torch.long), precision=0.95)
+    assert none.data is None and none.summary["reason"] == "no unlabelled photos"
+
+
+def test_the_field_check_prefers_the_candidate_right_on_more_photos_or_as_many_more_surely():
+    y = torch.tensor([0, 1, 2, 0])
+    good, bad = Fixed([0, 1, 2, 0]).eval(), Fixed([0, 1, 2, 1]).eval()
+    assert prefer(good, bad, _photos(4), y)[0] and not prefer(bad, good, _photos(4), y)[0]
+    surer, less_sure = Sure([0, 1, 2, 1], [0.99] * 4).eval(), Sure([0, 1, 2, 1], [0.6] * 4).eval()
+    better, figures = prefer(less_sure, surer, _photos(4), y)  # as many right; the surer one's one mistake costs more
+    assert better and figures["field_top1_with"] == figures["field_top1_without"] == 0.75
+
+
+def _pool(root, classes, n: int = 24):
+    from trainer.loop.unlabelled_pool import UnlabelledPool
+
+    pool = UnlabelledPool(root, 100, 1 << 30)
+    for i in range(n):
+        header = {"id": f"{5000 + i:064x}", "kind": "unlabelled", "label": classes[i % 2], "verdict": "unsure", "confidence": 0.6}
+        pool.add({**header, "engine_version": "v0001", "ext": ".jpg", "device": "d"}, encode(leaf_image(900 + i)))
+    pool.close()
+
+
+@pytest.mark.parametrize("field_prefers", [True, False])
+def test_a_retrain_keeps_the_candidate_trained_with_unlabelled_photos_only_where_the_field_check_prefers_it(
+    tiny_store, tmp_path, monkeypatch, field_prefers
+):
+    from edge_agent.config import parse_config
+    from engines.store import EngineStore
+    from trainer import retrain as retrain_mod
+    from trainer.samples import SampleStore
+
+    from .test_recheck import _open_gate
+
+    store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
+    classes = store.open().classes
+    samples = SampleStore(tmp_path / "trainer")
+    for i in range(32):
+        _add(samples, i, classes[i % 2])  # 8 held back for the field check
+    _pool(tmp_path / "trainer", classes)
+    real_teach, trained = retrain_mod.teach, []
+    monkeypatch.setattr(retrain_mod, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **k))  # any confidence: the tiny model is unsure
+    real_train = retrain_mod.train_generation
+    monkeypatch.setattr(retrain_mod, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))
+    monkeypatch.setattr(retrain_mod, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
+    cfg = parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4}})
+    result = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
+    term = result.metrics["unlabelled"]
+    assert term["pool_photos"] == 24 and term["taken"] > 0 and term["kept"] is field_prefers
+    assert len(trained) == 2 and trained[1] == trained[0] + term["taken"]  # a second candidate, with the photos taken
+    assert samples.counts()["expert"] == 32  # the pool is not the samples
+    samples.close()
+
+
+def test_a_retrain_with_no_unlabelled_photos_trains_one_candidate_and_says_why(tiny_store, tmp_path):
+    from edge_agent.config import parse_config
+    from engines.store import EngineStore
+    from trainer.retrain import retrain
+    from trainer.samples import SampleStore
+
+    from .test_recheck import _open_gate
+
+    store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
+    classes = store.open().classes
+    samples = SampleStore(tmp_path / "trainer")
+    for i in range(32):
+        _add(samples, i, classes[i % 2])
+    time.sleep(0.01)
+    result = retrain(parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4}}), store, samples, tmp_path / "strategy")
+    assert result.metrics["unlabelled"] == {
+        "pool_photos": 0,
+        "field_photos": 8,
+        "precision_wanted": 0.95,
+        "reason": "no unlabelled photos",
+        "kept": False,
+    }
+    samples.close()

@@ -1,0 +1,117 @@
+"""A retrain's unlabelled term: the field photos nobody labelled, labelled by the candidate where the field check says
+its confidence can be trusted, and a second candidate trained with them (self-training with a noisy student).
+
+The first candidate (trained on the expert's labels, the replayed lab photos and the pseudo-labels) is the teacher:
+it answers every photo of the unlabelled pool (:mod:`trainer.loop.unlabelled_pool`) on the photo as the daemon gives
+it (the weak view). Its confidence threshold is fitted on the field check set (the expert's held-back labels): the
+lowest confidence above which its answers there are at least ``[trainer] unlabelled_precision`` right, with at least
+a quarter of the set above it; with no such confidence the term is skipped (said in the retrain's record). The photos
+at or above it join the training data as pseudo-labels (weight: the teacher's confidence, the commonest classes
+brought down to the median class's share, so one class cannot take over), and a second candidate is trained from the
+same parent on augmented views of everything (the strong view: the training loop's augmentation). The field check then
+decides, as it does for BatchNorm statistics adapted to the field: the second candidate is kept only where it is right
+on more of the field check set than the first (or as often, with a lower log-loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
+from trainer.loop.unlabelled_pool import UnlabelledPhoto
+from trainer.stop import check
+from trainer.strategies.base import Generation
+from trainer.verdict_fit import logits_of
+
+__all__ = ["Term", "fit_threshold", "load_unlabelled", "teach"]
+
+
+@dataclass
+class Term:
+    """The unlabelled photos the teacher labelled (None: the term is skipped) and what was measured."""
+
+    data: Generation | None
+    summary: dict = field(default_factory=dict)
+
+
+def load_unlabelled(
+    photos: list[UnlabelledPhoto], exclude: set[str], limit: int, spec: PreprocessSpec, should_stop=lambda: False
+) -> tuple[torch.Tensor, list[str]]:
+    """Up to ``limit`` of ``photos`` (newest first) not in ``exclude``, as the daemon preprocesses them; a photo evicted
+    or unreadable meanwhile is passed over."""
+    xs, ids = [], []
+    for p in photos:
+        if len(xs) >= limit:
+            break
+        if p.id in exclude:
+            continue
+        check(should_stop, "while reading the unlabelled photos")
+        try:
+            xs.append(torch.from_numpy(preprocess_file(p.file, spec)))
+        except (ImageRejected, OSError):
+            continue
+        ids.append(p.id)
+    return (torch.stack(xs) if xs else torch.zeros((0,))), ids
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def fit_threshold(confidence: np.ndarray, right: np.ndarray, precision: float, least: int) -> float | None:
+    """The lowest confidence at which the answers at or above it are at least ``precision`` right, with at least
+    ``least`` of them; None when there is none."""
+    order = np.argsort(-confidence, kind="stable")
+    conf, ok = confidence[order], right[order].astype(float)
+    best = None
+    for k in range(max(1, least), len(conf) + 1):
+        if k < len(conf) and conf[k] == conf[k - 1]:
+            continue  # a threshold takes every answer of the same confidence
+        if ok[:k].mean() >= precision:
+            best = float(conf[k - 1])
+    return best
+
+
+def teach(
+    teacher: torch.nn.Module,
+    x: torch.Tensor,
+    ids: list[str],
+    field_x: torch.Tensor,
+    field_y: torch.Tensor,
+    precision: float,
+    should_stop=lambda: False,
+) -> Term:
+    """The photos ``x`` the teacher labels at or above the confidence fitted on the field check set."""
+    summary: dict = {"pool_photos": len(ids), "field_photos": int(len(field_x)), "precision_wanted": precision}
+    if len(ids) == 0:
+        return Term(None, {**summary, "reason": "no unlabelled photos"})
+    check(should_stop, "while fitting the unlabelled threshold")
+    probs = _softmax(logits_of(teacher, field_x))
+    right = probs.argmax(1) == field_y.numpy()
+    tau = fit_threshold(probs.max(1), right, precision, least=max(1, len(field_x) // 4))
+    if tau is None:
+        return Term(
+            None, {**summary, "reason": f"no confidence at which the candidate is {precision:.0%} right on a quarter of the field check"}
+        )
+    check(should_stop, "while labelling the unlabelled photos")
+    probs = _softmax(logits_of(teacher, x))
+    conf, label = probs.max(1), probs.argmax(1)
+    keep = conf >= tau
+    summary.update(threshold=round(tau, 4), taken=int(keep.sum()))
+    if not keep.any():
+        return Term(None, {**summary, "reason": "no unlabelled photo at the fitted confidence"})
+    rows = torch.from_numpy(np.flatnonzero(keep))
+    data = Generation(
+        x[rows],
+        torch.from_numpy(label[keep]).long(),
+        torch.from_numpy(conf[keep]).float(),
+        torch.ones(len(rows), dtype=torch.bool),
+        [ids[i] for i in rows.tolist()],
+    )
+    summary["by_class"] = {int(c): int(n) for c, n in zip(*np.unique(label[keep], return_counts=True))}
+    return Term(data, summary)
