@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -24,7 +23,9 @@ def test_photos_leaning_the_same_way_make_a_sure_plant():
 
 
 def test_a_plant_whose_photos_disagree_is_unsure_and_says_so():
-    d = combine([([["A", 0.95], ["B", 0.03]], "confident"), ([["B", 0.96], ["A", 0.02]], "confident"), ([["A", 0.6], ["B", 0.3]], "unsure")], 38)
+    d = combine(
+        [([["A", 0.95], ["B", 0.03]], "confident"), ([["B", 0.96], ["A", 0.02]], "confident"), ([["A", 0.6], ["B", 0.3]], "unsure")], 38
+    )
     assert d.verdict == "unsure" and "disagree" in d.reason and "B" in d.reason
     split = combine([([["A", 0.6]], "unsure"), ([["B", 0.6]], "unsure"), ([["C", 0.6]], "unsure")], 38)
     assert split.verdict == "unsure" and "1 of 3" in split.reason
@@ -79,7 +80,9 @@ def _plant_rows(db: ResultsDB, plant: str | None, label: str, p: float, n: int, 
     for _ in range(n):
         sha = f"{next(_n):064x}"
         top_k = [[label, p], ["Apple___healthy", round(1 - p - 0.01, 4)]]
-        rows.append(ResultRow(sha, sha[:16], f"/inbox/{plant}/{sha[:8]}.jpg", "inbox", label, p, top_k, "v1", {}, verdict=verdict, plant=plant))
+        rows.append(
+            ResultRow(sha, sha[:16], f"/inbox/{plant}/{sha[:8]}.jpg", "inbox", label, p, top_k, "v1", {}, verdict=verdict, plant=plant)
+        )
     db.commit(rows)
 
 
