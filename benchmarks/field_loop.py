@@ -45,7 +45,7 @@ __all__ = ["LoopSettings", "split_field", "run", "summarise"]
 @dataclass
 class LoopSettings:
     field: str = "apple-orchard"
-    arm: str = "device"  # device | random | none
+    arm: str = "device"  # device | device-labels-only (no unlabelled photos) | random | none
     seed: int = 1
     k: int = 10
     budget: int = 100
@@ -127,17 +127,22 @@ class _FastDevice:
         from edge_agent.results import ResultsDB
         from edge_agent.spool import PhotoSpool
         from engines.store import EngineStore
+        from trainer.loop.unlabelled_pool import UnlabelledPool
         from trainer.samples import SampleStore
 
         self.s, self.truth = s, truth
         self.state = out / "state"
         shutil.rmtree(self.state, ignore_errors=True)
-        self.cfg = parse_config({})  # the shipped configuration
+        # the shipped configuration; the labels-only arm without the unlabelled photos, to measure what they add
+        off = {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
+        self.cfg = parse_config(off if s.arm == "device-labels-only" else {})
         self.store = EngineStore(shutil.copytree(default_store_path(), self.state / "engines"))
         self.db = ResultsDB(self.state / "results.sqlite")
         self.spool = PhotoSpool(self.state / "queue", self.cfg.labels.max_spool_mb << 20)
         self.queuer = LabelQueuer(self.db, self.spool, self.cfg.labels)
         self.samples = SampleStore(self.state / "trainer")
+        tc = self.cfg.trainer
+        self.unlabelled = UnlabelledPool(self.state / "trainer", tc.unlabelled_pool, tc.unlabelled_pool_mb << 20)
         self.rng = random.Random(s.seed)
         self.expert_labels = 0
 
@@ -153,7 +158,7 @@ class _FastDevice:
         clf = Classifier.configured(open_engine(self.store, self.cfg.engine), self.cfg)
         try:
             datas = [Path(p).read_bytes() for p, _ in photos]
-            x = np.stack([preprocess_bytes(d) for d in datas])
+            x = np.stack([preprocess_bytes(d, clf.spec) for d in datas])  # as the engine in service's manifest says
             preds = [p for i in range(0, len(x), 16) for p in clf.predict_tensors(x[i : i + 16])]
         finally:
             clf.engine.close()
@@ -183,7 +188,7 @@ class _FastDevice:
         k = min(self.s.k, self.s.budget - self.expert_labels)
         if self.s.arm == "none" or k <= 0:
             return 0
-        if self.s.arm == "device":
+        if self.s.arm.startswith("device"):
             chosen = [it.entry.sha256 for it in to_ask(self.db, 0, everything=True, policy=self.cfg.labels)[:k]]
         else:
             pool = sorted(e.sha256 for e, _, _ in self.db.review_pool())
@@ -195,13 +200,21 @@ class _FastDevice:
         return len(chosen)
 
     def hand_over(self) -> None:
-        """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store."""
+        """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store; then
+        the day's share of unlabelled review-pool photos, into the trainer's unlabelled pool."""
         from edge_agent.handoff.sender import sample_header
+        from edge_agent.handoff.unlabelled import choose, start_of_day
 
         for e in self.db.queued_for_delivery(10**6):
             self.samples.add(sample_header(e, e.file), Path(e.file).read_bytes())
+            self.unlabelled.discard(e.sha256)
             self.db.remove_queued([e.sha256])
             self.spool.remove(Path(e.file))
+        per_day = self.cfg.handoff.unlabelled_per_day
+        sent = self.db.unlabelled_sent_since(start_of_day())  # the benchmark's day is one local day's share
+        for e, verdict in choose(self.db.unlabelled_candidates(4 * per_day), sent, per_day):
+            self.unlabelled.add(sample_header(e, e.file) | {"kind": "unlabelled", "verdict": verdict}, Path(e.file).read_bytes())
+            self.db.mark_unlabelled_sent(e.sha256, e.label or "", verdict)
 
     def retrain_if_due(self) -> dict | None:
         from trainer.field_check import too_few_to_judge
@@ -223,6 +236,7 @@ class _FastDevice:
             "lab_gate": {k: gate.get(k) for k in ("candidate_top1", "current_top1")},
             "field_check": gate.get("field"),
             "field_batchnorm": r.metrics.get("field_batchnorm"),
+            "unlabelled": r.metrics.get("unlabelled"),
         }
 
     def day(self, photos: list) -> dict:
@@ -233,6 +247,7 @@ class _FastDevice:
 
     def close(self) -> None:
         self.samples.close()
+        self.unlabelled.close()
         self.db.close()
 
 
@@ -484,7 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.field_loop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--field", default="apple-orchard")
-    ap.add_argument("--arms", nargs="+", default=["device", "random", "none"], choices=["device", "random", "none"])
+    ap.add_argument(
+        "--arms", nargs="+", default=["device", "random", "none"], choices=["device", "device-labels-only", "random", "none"]
+    )
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--budget", type=int, default=100)

@@ -1,6 +1,6 @@
 """Several photos a plant: what 1, 3 and 6 photos give on field photos, combined as the daemon combines them.
 
-``python -m benchmarks.plants --out benchmarks/results/plants [--store DIR] [--seeds 5]``
+``python -m benchmarks.plants --out benchmarks/results/plants [--store DIR [--held-out SEED]] [--seeds 5]``
 
 Every field photo (``apple-orchard`` + ``corn-field``; and the unknown disease) is classified once through
 :class:`edge_agent.classifier.Classifier` (the daemon's preprocessing, engine and verdict), then *plants* are formed
@@ -29,8 +29,9 @@ FIELD = REPO.parent / "shared" / "data" / "field"
 SIZES = (1, 3, 6)
 
 
-def _answers(store: Path, field: Path) -> tuple[dict[str, list[tuple[list, str]]], int, float, str]:
-    """Per true class (None-like ``unknown`` for the unknown disease): every photo's (top_k, verdict)."""
+def _answers(store: Path, field: Path, only: set[Path] | None = None) -> tuple[dict[str, list[tuple[list, str]]], int, float, str]:
+    """Per true class (``unknown`` for the unknown disease): every photo's (top_k, verdict); with ``only``, the
+    apple-orchard photos in it alone (the others a retrain learnt from)."""
     cfg = parse_config({})
     out: dict[str, list[tuple[list, str]]] = {}
     with open_engine(EngineStore(store), cfg.engine) as engine:
@@ -39,6 +40,8 @@ def _answers(store: Path, field: Path) -> tuple[dict[str, list[tuple[list, str]]
             for d in sorted(p for p in (field / sub).iterdir() if p.is_dir()):
                 key = "unknown" if sub == "unknown" else d.name
                 for photo in sorted(d.glob("*.jpg")):
+                    if only is not None and sub == "apple-orchard" and photo not in only:
+                        continue
                     p = clf.predict_file(photo)
                     out.setdefault(key, []).append(([list(t) for t in p.top_k], p.verdict))
         return out, len(engine.classes), cfg.labels.pseudo_threshold, engine.version.name
@@ -78,8 +81,16 @@ def main() -> None:
     ap.add_argument("--store", type=Path, default=None)
     ap.add_argument("--field", type=Path, default=FIELD)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument(
+        "--held-out", type=int, default=None, metavar="SEED", help="Only the orchard photos benchmarks.retrain_cost held out with SEED."
+    )
     args = ap.parse_args()
-    answers, k, sure, version = _answers(args.store or default_store_path(), args.field)
+    only = None
+    if args.held_out is not None:
+        from benchmarks.retrain_cost import _split
+
+        only = {p for p, _ in _split(args.field / "apple-orchard", args.held_out, 100)[0]}
+    answers, k, sure, version = _answers(args.store or default_store_path(), args.field, only)
     rows = {n: [measure(answers, k, sure, n, seed) for seed in range(1, args.seeds + 1)] for n in SIZES}
 
     def ms(n: int, key: str) -> str:

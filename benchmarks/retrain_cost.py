@@ -21,6 +21,7 @@ import hashlib
 import json
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,7 +82,15 @@ def _top1(store_root: Path, photos: list) -> float:
 
 
 def one_seed(
-    seed: int, labels: int, field: Path, lab: Path, shipped_store: Path | None = None, unlabelled: int = 0, term: bool = True
+    seed: int,
+    labels: int,
+    field: Path,
+    lab: Path,
+    shipped_store: Path | None = None,
+    unlabelled: int = 0,
+    term: bool = True,
+    keep: Path | None = None,
+    precision: float | None = None,
 ) -> dict:
     """Set up a state directory, measure, retrain once, measure again."""
     from edge_agent.config import default_store_path, parse_config
@@ -110,7 +119,11 @@ def one_seed(
         samples.close()
         _fill_pool(state / "trainer", store.root, rest[:unlabelled])
         cfg = parse_config(
-            {"daemon": {"state_dir": str(state)}, "store": {"require_signature": False}, "trainer": {"unlabelled_term": term}}
+            {
+                "daemon": {"state_dir": str(state)},
+                "store": {"require_signature": False},
+                "trainer": {"unlabelled_term": term, **({"unlabelled_precision": precision} if precision else {})},
+            }
         )
         load_or_create_key(state / "trainer" / "signing.key")
         t0 = time.perf_counter()
@@ -127,6 +140,8 @@ def one_seed(
         seconds = time.perf_counter() - t0
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         after = {"field": _top1(store.root, test), "lab": _top1(store.root, lab_test), "version": store.current()}
+        if keep is not None:  # the store after the retrain, for other benchmarks (benchmarks.plants --store)
+            shutil.copytree(store.root, keep, dirs_exist_ok=True)
     return {
         "seed": seed,
         "labels": len(labelled),
@@ -180,20 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", default=None, help="Engine store to start from (default: the shipped one).")
     ap.add_argument("--unlabelled", type=int, default=0, help="Photos nobody labelled in the trainer's unlabelled pool.")
     ap.add_argument("--no-term", action="store_true", help="[trainer] unlabelled_term = false.")
+    ap.add_argument("--keep", default=None, help="Copy each seed's store after the retrain to DIR/seed-N-engines.")
+    ap.add_argument("--precision", type=float, default=None, help="[trainer] unlabelled_precision (default: the trainer's).")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a seed in its own process
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
         store = Path(args.store) if args.store else None
-        result = one_seed(args.one, args.labels, Path(args.data) / args.field, Path(args.lab), store, args.unlabelled, not args.no_term)
+        keep = Path(args.keep) / f"seed-{args.one}-engines" if args.keep else None
+        result = one_seed(
+            args.one, args.labels, Path(args.data) / args.field, Path(args.lab), store, args.unlabelled, not args.no_term, keep, args.precision
+        )
         (out / f"seed-{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
     for seed in args.seeds:
         if not (out / f"seed-{seed}.json").exists():
             cmd = [sys.executable, "-m", "benchmarks.retrain_cost", "--out", str(out), "--labels", str(args.labels), "--one", str(seed)]
             cmd += ["--field", args.field, "--data", args.data, "--lab", args.lab] + (["--store", args.store] if args.store else [])
-            cmd += ["--unlabelled", str(args.unlabelled)] + (["--no-term"] if args.no_term else [])
+            cmd += ["--unlabelled", str(args.unlabelled)] + (["--no-term"] if args.no_term else []) + (["--keep", args.keep] if args.keep else [])
+            cmd += ["--precision", str(args.precision)] if args.precision else []
             subprocess.run(cmd, check=True, cwd=REPO)
     print(summarise(out))
     return 0

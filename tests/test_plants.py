@@ -15,11 +15,14 @@ from edge_agent.results import ResultRow, ResultsDB
 _n = iter(range(10**6))
 
 
-def test_photos_leaning_the_same_way_make_a_sure_plant():
+def test_photos_sure_of_the_same_class_make_a_sure_plant_and_unsure_ones_alone_do_not():
     one = combine([([["A", 0.7], ["B", 0.2], ["C", 0.05]], "unsure")], 38)
     assert one.label == "A" and one.verdict == "unsure" and one.probability == pytest.approx(0.7, abs=0.01)
-    three = combine([([["A", 0.7], ["B", 0.2], ["C", 0.05]], "unsure")] * 3, 38)
-    assert three.label == "A" and three.verdict == "confident" and three.probability > 0.95 and three.agreeing == 3
+    leaning = [([["A", 0.7], ["B", 0.2], ["C", 0.05]], "unsure")] * 3
+    three = combine(leaning, 38)  # the product is sure; no photo is on its own (the verdict's distance check)
+    assert three.label == "A" and three.probability > 0.95 and three.verdict == "unsure" and "0 of 3" in three.reason
+    sure = combine([([["A", 0.93], ["B", 0.05]], "confident")] * 2 + leaning[:1], 38)
+    assert sure.verdict == "confident" and sure.probability > 0.99 and sure.agreeing == 3
 
 
 def test_a_plant_whose_photos_disagree_is_unsure_and_says_so():
@@ -99,12 +102,12 @@ def test_a_plant_alerts_once_on_its_combined_diagnosis_however_many_photos_it_ha
     _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.7, 1)  # one unsure photo: no alert yet
     w.scan()
     assert _alerts(tmp_path) == []
-    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.7, 2)  # three photos together are sure
-    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.75, 3)
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.93, 2, verdict="confident")  # three photos together are sure
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.95, 3, verdict="confident")
     w.scan()
     alerts = _alerts(tmp_path)
-    assert len(alerts) == 1 and alerts[0][0] == "Apple___Apple_scab" and alerts[0][1] > 0.9
-    _plant_rows(db, "tree-2", "Apple___Apple_scab", 0.7, 3)  # another plant: its own alert
+    assert len(alerts) == 1 and alerts[0][0] == "Apple___Apple_scab" and alerts[0][1] > 0.95
+    _plant_rows(db, "tree-2", "Apple___Apple_scab", 0.93, 2, verdict="confident")  # another plant: its own alert
     w.scan()
     assert len(_alerts(tmp_path)) == 2
     w.stop()
@@ -118,7 +121,8 @@ def state(tmp_path) -> Path:
 
     root = make_state(tmp_path)
     db = ResultsDB(root / "results.sqlite")
-    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.7, 3)
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.7, 1)
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.93, 2, verdict="confident")
     _plant_rows(db, "tree-2", "Apple___Black_rot", 0.97, 1, verdict="confident")
     _plant_rows(db, "tree-2", "Apple___Cedar_apple_rust", 0.97, 1, verdict="confident")
     db.close()

@@ -58,7 +58,7 @@ def test_the_teacher_labels_only_the_unlabelled_photos_above_the_confidence_fitt
 def test_a_teacher_not_right_often_enough_on_the_field_check_teaches_nothing():
     teacher = Sure([1] * 8 + [0] * 4, [0.99] * 12).eval()  # surely wrong on every field check photo
     term = teach(teacher, _photos(12)[8:], ["a", "b", "c", "d"], _photos(8), torch.zeros(8, dtype=torch.long), precision=0.95)
-    assert term.data is None and "no confidence" in term.summary["reason"]
+    assert term.data is None and "no confidence" in term.summary["reason"] and len(term.summary["field_most_confident"]) == 8
     none = teach(teacher, torch.zeros((0,)), [], _photos(8), torch.zeros(8, dtype=torch.long), precision=0.95)
     assert none.data is None and none.summary["reason"] == "no unlabelled photos"
 

@@ -5,7 +5,7 @@ The first candidate (trained on the expert's labels, the replayed lab photos and
 it answers every photo of the unlabelled pool (:mod:`trainer.loop.unlabelled_pool`) on the photo as the daemon gives
 it (the weak view). Its confidence threshold is fitted on the field check set (the expert's held-back labels): the
 lowest confidence above which its answers there are at least ``[trainer] unlabelled_precision`` right, with at least
-a quarter of the set above it; with no such confidence the term is skipped (said in the retrain's record). The photos
+an eighth of the set (two photos at least) above it; with no such confidence the term is skipped (said in the retrain's record). The photos
 at or above it join the training data as pseudo-labels (weight: the teacher's confidence, the commonest classes
 brought down to the median class's share, so one class cannot take over), and a second candidate is trained from the
 same parent on augmented views of everything (the strong view: the training loop's augmentation). The field check then
@@ -93,11 +93,12 @@ def teach(
     check(should_stop, "while fitting the unlabelled threshold")
     probs = _softmax(logits_of(teacher, field_x))
     right = probs.argmax(1) == field_y.numpy()
-    tau = fit_threshold(probs.max(1), right, precision, least=max(1, len(field_x) // 4))
+    least = max(2, len(field_x) // 8)
+    order = np.argsort(-probs.max(1))[:12]
+    summary["field_most_confident"] = [[round(float(probs.max(1)[i]), 3), bool(right[i])] for i in order]  # what the fit saw
+    tau = fit_threshold(probs.max(1), right, precision, least=least)
     if tau is None:
-        return Term(
-            None, {**summary, "reason": f"no confidence at which the candidate is {precision:.0%} right on a quarter of the field check"}
-        )
+        return Term(None, {**summary, "reason": f"no confidence at which the candidate is {precision:.0%} right on {least} field check photos"})
     check(should_stop, "while labelling the unlabelled photos")
     probs = _softmax(logits_of(teacher, x))
     conf, label = probs.max(1), probs.argmax(1)
