@@ -282,6 +282,7 @@ def test_a_new_release_on_another_input_is_swapped_in_and_served_after_a_restart
     new = _lite_release(store, signing_key, list(store.open().classes))
     wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == new, 20, "swapped to the new lineage")
     assert daemon.pipeline.classifier.spec.size == 64 and daemon.pipeline.classifier.spec.mean == (127 / 255,) * 3
+    wait_until(lambda: "lineage" in daemon.watcher.swap_measured, 5, "the swap recorded")  # set just after the swap
     assert "new" in daemon.watcher.swap_measured["lineage"]
     drop(daemon, 3, 100)
     served = f"SELECT COUNT(*) FROM results WHERE engine_version = '{new}'"

