@@ -499,9 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.field_loop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--field", default="apple-orchard")
-    ap.add_argument(
-        "--arms", nargs="+", default=["device", "random", "none"], choices=["device", "device-labels-only", "random", "none"]
-    )
+    ap.add_argument("--arms", nargs="+", default=["device", "random", "none"], choices=["device", "device-labels-only", "random", "none"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--budget", type=int, default=100)

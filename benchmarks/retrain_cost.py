@@ -205,7 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         store = Path(args.store) if args.store else None
         keep = Path(args.keep) / f"seed-{args.one}-engines" if args.keep else None
         result = one_seed(
-            args.one, args.labels, Path(args.data) / args.field, Path(args.lab), store, args.unlabelled, not args.no_term, keep, args.precision
+            args.one,
+            args.labels,
+            Path(args.data) / args.field,
+            Path(args.lab),
+            store,
+            args.unlabelled,
+            not args.no_term,
+            keep,
+            args.precision,
         )
         (out / f"seed-{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
@@ -213,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / f"seed-{seed}.json").exists():
             cmd = [sys.executable, "-m", "benchmarks.retrain_cost", "--out", str(out), "--labels", str(args.labels), "--one", str(seed)]
             cmd += ["--field", args.field, "--data", args.data, "--lab", args.lab] + (["--store", args.store] if args.store else [])
-            cmd += ["--unlabelled", str(args.unlabelled)] + (["--no-term"] if args.no_term else []) + (["--keep", args.keep] if args.keep else [])
+            cmd += (
+                ["--unlabelled", str(args.unlabelled)]
+                + (["--no-term"] if args.no_term else [])
+                + (["--keep", args.keep] if args.keep else [])
+            )
             cmd += ["--precision", str(args.precision)] if args.precision else []
             subprocess.run(cmd, check=True, cwd=REPO)
     print(summarise(out))

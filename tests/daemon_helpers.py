@@ -28,6 +28,8 @@ FAST = {
     "labels": {"trust_checks": 0},
     # Likewise the field check ([trainer] field_check_every): its gate is tests/test_field_check.py's.
     "trainer": {"field_check_every": 0},
+    # And the photos nobody labelled: their road is tests/test_unlabelled.py's (the README farm test runs the defaults).
+    "handoff": {"unlabelled_per_day": 0},
 }
 
 

@@ -4,7 +4,6 @@ the field check deciding whether the candidate trained with them is kept."""
 from __future__ import annotations
 
 import shutil
-import time
 
 import numpy as np
 import pytest

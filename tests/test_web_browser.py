@@ -183,7 +183,9 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         same_class = sorted(GATE.glob("*/*.jpg"))[:3]  # one class's photos, re-encoded: photos the daemon has not seen
         for i, p in enumerate(same_class):
             cv2.imwrite(str(tree / f"leaf-{i}.jpg"), cv2.imread(str(p)), [cv2.IMWRITE_JPEG_QUALITY, 85])
-        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results WHERE plant = 'tree 1'")[0][0] == 3, 60, "the plant's photos")
+        wait_until(
+            lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results WHERE plant = 'tree 1'")[0][0] == 3, 60, "the plant's photos"
+        )
         browser.get(base + "/plants")
         wait.until(_images_loaded)
         plant = browser.find_element(By.CSS_SELECTOR, 'section.plant[data-plant="tree 1"]')

@@ -98,7 +98,9 @@ def teach(
     summary["field_most_confident"] = [[round(float(probs.max(1)[i]), 3), bool(right[i])] for i in order]  # what the fit saw
     tau = fit_threshold(probs.max(1), right, precision, least=least)
     if tau is None:
-        return Term(None, {**summary, "reason": f"no confidence at which the candidate is {precision:.0%} right on {least} field check photos"})
+        return Term(
+            None, {**summary, "reason": f"no confidence at which the candidate is {precision:.0%} right on {least} field check photos"}
+        )
     check(should_stop, "while labelling the unlabelled photos")
     probs = _softmax(logits_of(teacher, x))
     conf, label = probs.max(1), probs.argmax(1)
