@@ -13,23 +13,17 @@ and only while no label waits.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import time
 from collections.abc import Sequence
 
 from edge_agent.results import QueueEntry
+from edge_agent.review.queue import start_of_day
 
 __all__ = ["allowed_by", "choose", "start_of_day"]
 
 #: The most of a day's quota one (class, verdict) group may take.
 GROUP_SHARE = 0.25
-
-
-def start_of_day(now: float | None = None) -> float:
-    """The start of the local day ``now`` (default: now) falls in, in epoch seconds."""
-    day = dt.date.fromtimestamp(now) if now is not None else dt.date.today()
-    return dt.datetime.combine(day, dt.time()).timestamp()
 
 
 def allowed_by(per_day: int, now: float | None = None) -> int:

@@ -27,7 +27,17 @@ from engines.errors import EdgeAgentError
 if TYPE_CHECKING:
     from edge_agent.config import LabelsSection
 
-__all__ = ["ReviewItem", "LabelError", "PhotoNotQueued", "to_ask", "left_today", "label_photo", "prune_pool", "wanted_classes"]
+__all__ = [
+    "ReviewItem",
+    "LabelError",
+    "PhotoNotQueued",
+    "to_ask",
+    "left_today",
+    "label_photo",
+    "prune_pool",
+    "start_of_day",
+    "wanted_classes",
+]
 
 
 @dataclass(frozen=True)
@@ -65,15 +75,17 @@ class PhotoNotQueued(LabelError):
     """No photo of the review queue matches the reference given."""
 
 
-def _start_of_today() -> float:
-    return dt.datetime.combine(dt.date.today(), dt.time()).timestamp()
+def start_of_day(now: float | None = None) -> float:
+    """The start of the local day ``now`` (default: now) falls in, in epoch seconds (the daily budgets' day)."""
+    day = dt.date.fromtimestamp(now) if now is not None else dt.date.today()
+    return dt.datetime.combine(day, dt.time()).timestamp()
 
 
 def left_today(db: ResultsDB, per_day: int) -> int | None:
     """Questions left in today's budget (None: no budget)."""
     if per_day <= 0:
         return None
-    return max(0, per_day - db.expert_labels_since(_start_of_today()))
+    return max(0, per_day - db.expert_labels_since(start_of_day()))
 
 
 def _pool(db: ResultsDB) -> list[ReviewItem]:

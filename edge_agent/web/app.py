@@ -195,10 +195,10 @@ def create_app(ctx: WebContext) -> Starlette:
 
     async def plants(request: Request) -> Response:
         def read() -> list[dict]:
-            out = []
+            out, k = [], len(ctx.classes())
             for name, _, last in ctx.reader.plants(50):
                 rows = ctx.reader.plant(name)
-                d = diagnose(rows, len(ctx.classes()), ctx.cfg.labels.pseudo_threshold)
+                d = diagnose(rows, k, ctx.cfg.labels.pseudo_threshold)
                 out.append(
                     {"plant": name, "rows": rows, "last_local": datetime.fromtimestamp(last).strftime("%Y-%m-%d %H:%M"), **d.as_dict()}
                 )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from edge_agent.classifier import softmax
 from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from trainer.loop.unlabelled_pool import UnlabelledPhoto
 from trainer.stop import check
@@ -57,12 +58,6 @@ def load_unlabelled(
     return (torch.stack(xs) if xs else torch.zeros((0,))), ids
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def fit_threshold(confidence: np.ndarray, right: np.ndarray, precision: float, least: int) -> float | None:
     """The lowest confidence at which the answers at or above it are at least ``precision`` right, with at least
     ``least`` of them; None when there is none."""
@@ -91,7 +86,7 @@ def teach(
     if len(ids) == 0:
         return Term(None, {**summary, "reason": "no unlabelled photos"})
     check(should_stop, "while fitting the unlabelled threshold")
-    probs = _softmax(logits_of(teacher, field_x))
+    probs = softmax(logits_of(teacher, field_x))
     right = probs.argmax(1) == field_y.numpy()
     least = max(2, len(field_x) // 8)
     order = np.argsort(-probs.max(1))[:12]
@@ -102,7 +97,7 @@ def teach(
             None, {**summary, "reason": f"no confidence at which the candidate is {precision:.0%} right on {least} field check photos"}
         )
     check(should_stop, "while labelling the unlabelled photos")
-    probs = _softmax(logits_of(teacher, x))
+    probs = softmax(logits_of(teacher, x))
     conf, label = probs.max(1), probs.argmax(1)
     keep = conf >= tau
     summary.update(threshold=round(tau, 4), taken=int(keep.sum()))

@@ -131,8 +131,8 @@ def _plant_folder(ctx: WebContext, plant: str | None):
 
 
 # ---- plants -----------------------------------------------------------------------
-def _plant(ctx: WebContext, name: str, rows, with_results: bool) -> s.PlantOut:
-    d = diagnose(rows, len(ctx.classes()), ctx.cfg.labels.pseudo_threshold)
+def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: int | None = None) -> s.PlantOut:
+    d = diagnose(rows, num_classes or len(ctx.classes()), ctx.cfg.labels.pseudo_threshold)
     return s.PlantOut(
         plant=name,
         last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
@@ -142,7 +142,8 @@ def _plant(ctx: WebContext, name: str, rows, with_results: bool) -> s.PlantOut:
 
 
 def _plants(ctx: WebContext, limit: int) -> s.Plants:
-    return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False) for name, _, _ in ctx.reader.plants(limit)])
+    k = len(ctx.classes())  # read once, not once a plant
+    return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False, k) for name, _, _ in ctx.reader.plants(limit)])
 
 
 async def plants(ctx: WebContext, request: Request) -> s.Plants:
