@@ -101,13 +101,22 @@ class VerdictSpec:
         return spec
 
 
-def image_checks(batch: np.ndarray, mean, std) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def image_checks(batch: np.ndarray, mean, std, chunk: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per photo of a normalised batch [N,3,H,W]: contrast (std of luminance), brightness (mean luminance), both in
-    [0,1] pixel units, and sharpness (variance of the luminance's 4-neighbour Laplacian)."""
-    px = batch * np.asarray(std, np.float32).reshape(1, 3, 1, 1) + np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
-    lum = 0.299 * px[:, 0] + 0.587 * px[:, 1] + 0.114 * px[:, 2]
-    lap = 4 * lum[:, 1:-1, 1:-1] - lum[:, :-2, 1:-1] - lum[:, 2:, 1:-1] - lum[:, 1:-1, :-2] - lum[:, 1:-1, 2:]
-    return lum.std(axis=(1, 2)), lum.mean(axis=(1, 2)), lap.var(axis=(1, 2))
+    [0,1] pixel units, and sharpness (variance of the luminance's 4-neighbour Laplacian).
+
+    ``chunk`` photos at a time: the trainer judges its 672 gate photos at once, whose temporaries at 192 px took
+    0.59 GB in one piece and 0.05 GB in chunks of 32 (the same figures)."""
+    s, m = np.asarray(std, np.float32).reshape(1, 3, 1, 1), np.asarray(mean, np.float32).reshape(1, 3, 1, 1)
+    parts = []
+    for i in range(0, len(batch), chunk):
+        px = batch[i : i + chunk] * s + m
+        lum = 0.299 * px[:, 0] + 0.587 * px[:, 1] + 0.114 * px[:, 2]
+        lap = 4 * lum[:, 1:-1, 1:-1] - lum[:, :-2, 1:-1] - lum[:, 2:, 1:-1] - lum[:, 1:-1, :-2] - lum[:, 1:-1, 2:]
+        parts.append((lum.std(axis=(1, 2)), lum.mean(axis=(1, 2)), lap.var(axis=(1, 2))))
+    if not parts:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
+    return tuple(np.concatenate(column) for column in zip(*parts))  # type: ignore[return-value]
 
 
 class Judge:

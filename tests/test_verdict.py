@@ -94,6 +94,21 @@ def test_image_checks_measure_contrast_brightness_and_sharpness():
     assert (contrast > 0.05).all() and ((brightness > 0.2) & (brightness < 0.9)).all() and (sharpness > 1e-4).all()
 
 
+def test_image_checks_of_many_photos_take_memory_for_one_chunk_and_give_the_same_figures():
+    import tracemalloc
+
+    batch = np.repeat(photo_batch(4), 32, axis=0)  # 128 photos, 25 MB
+    whole = image_checks(batch, DEFAULT_SPEC.mean, DEFAULT_SPEC.std, chunk=len(batch))
+    tracemalloc.start()
+    try:
+        chunked = image_checks(batch, DEFAULT_SPEC.mean, DEFAULT_SPEC.std, chunk=8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert all(np.array_equal(a, b) for a, b in zip(whole, chunked))
+    assert peak < batch.nbytes / 4  # in one piece its temporaries were several times the batch (0.59 GB for a gate)
+
+
 def test_the_farmer_reads_the_class_only_when_confident():
     assert phrase("confident", "Apple___healthy") == "Apple___healthy"
     assert phrase("unsure", "Apple___healthy") == "not sure: ask an expert (best guess Apple___healthy)"

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
+from trainer.photos import as_input
 
 __all__ = ["Augment"]
 
@@ -36,6 +37,7 @@ class Augment:
     zoom: tuple[float, float] | None = None
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        x = as_input(x)  # stored photos are half precision (trainer.photos)
         n = x.shape[0]
         dev, g = x.device, generator
 

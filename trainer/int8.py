@@ -71,7 +71,7 @@ def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 16) -> np.ndarray:
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
+    return np.concatenate([sess.run(None, {name: np.asarray(x[i : i + batch], np.float32)})[0] for i in range(0, len(x), batch)])
 
 
 def top1_agreement(fp32: str | Path, int8: str | Path, photos: np.ndarray, labels: np.ndarray | None = None) -> Int8Report:

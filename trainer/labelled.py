@@ -23,6 +23,7 @@ import torch
 
 from edge_agent.config import AppConfig, default_data_path
 from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, preprocess_bytes, read_limited
+from trainer import photos
 from trainer.data import DatasetError, Sample, scan_folder, stratified_split
 from trainer.stop import check
 from trainer.strategies.base import Generation
@@ -31,7 +32,7 @@ __all__ = ["Labelled", "LabelledSources", "labelled_sources", "load_labelled", "
 
 
 def empty_generation() -> Generation:
-    return Generation(torch.zeros(0, 3, 128, 128), torch.zeros(0, dtype=torch.long))
+    return Generation(photos.empty(), torch.zeros(0, dtype=torch.long))
 
 
 @dataclass
@@ -101,14 +102,14 @@ def _tensors(samples: list[Sample], should_stop, spec: PreprocessSpec) -> tuple[
         check(should_stop, "while reading labelled photos")
         try:
             data = read_limited(s.path, spec)  # read once: hashed, and preprocessed as the daemon would
-            xs.append(torch.from_numpy(preprocess_bytes(data, spec)))
+            xs.append(photos.photo(preprocess_bytes(data, spec)))
         except (OSError, ImageRejected):
             continue
         ys.append(s.label)
         ids.add(hashlib.sha256(data).hexdigest())
     if not xs:
         return empty_generation(), ids
-    return Generation(torch.stack(xs), torch.tensor(ys)), ids
+    return Generation(photos.stack(xs), torch.tensor(ys)), ids
 
 
 def load_labelled(sources: LabelledSources, should_stop=lambda: False, spec: PreprocessSpec = DEFAULT_SPEC) -> Labelled:

@@ -26,6 +26,7 @@ from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from engines.store import EngineStore
+from trainer import photos
 from trainer.calibrate import calibrate
 from trainer.continual import learning_rate, train_generation
 from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back, prefer
@@ -77,7 +78,7 @@ def _received(
             x = preprocess_file(s.file, spec)
         except (ImageRejected, OSError):
             continue
-        xs.append(torch.from_numpy(x))
+        xs.append(photos.photo(x))
         ys.append(classes.index(s.label))
         pseudo = s.kind == "pseudo"
         ws.append(float(s.confidence) if pseudo else expert_weight)
@@ -85,7 +86,7 @@ def _received(
         used.append(s.id)
     if not xs:
         return empty_generation(), ids, new_classes
-    return Generation(torch.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), used), ids, new_classes
+    return Generation(photos.stack(xs), torch.tensor(ys), torch.tensor(ws), torch.tensor(ps), used), ids, new_classes
 
 
 def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str], should_stop, spec: PreprocessSpec) -> Generation:
@@ -96,12 +97,12 @@ def _field_check(samples: list[Sample], check_ids: set[str], classes: list[str],
             continue
         check(should_stop, "while reading the field check set")
         try:
-            xs.append(torch.from_numpy(preprocess_file(s.file, spec)))
+            xs.append(photos.photo(preprocess_file(s.file, spec)))
         except (ImageRejected, OSError):
             continue
         ys.append(classes.index(s.label))
         ids.append(s.id)
-    return Generation(torch.stack(xs), torch.tensor(ys), sample_ids=ids) if xs else empty_generation()
+    return Generation(photos.stack(xs), torch.tensor(ys), sample_ids=ids) if xs else empty_generation()
 
 
 def _recheck_pseudo(teacher, received: Generation, tau: float, should_stop) -> tuple[Generation, dict]:
@@ -363,8 +364,8 @@ def retrain(
             metrics=metrics,
             training={**training, "sample_batch": tag},
             parent=current.name,
-            calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,
-            held_out=(val.x.numpy(), val.y.numpy()),
+            calibration=photos.as_input(calib[:256]).numpy() if tc.int8 and len(calib) else None,
+            held_out=(photos.as_input(val.x).numpy(), val.y.numpy()),
             should_stop=should_stop,
             signing_key=signing_key,
             verdict=verdict,

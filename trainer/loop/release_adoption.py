@@ -20,6 +20,7 @@ from engines.store import EngineStore, StoreVersion
 from trainer.field_check import FieldDecision, field_gate
 from trainer.lineage import lineage_root
 from trainer.models import Classifier
+from trainer.photos import photo, stack
 from trainer.samples import Sample
 from trainer.stop import check
 from trainer.strategies.base import Generation
@@ -71,13 +72,13 @@ def against_serving(
         if s is None:
             continue
         try:
-            xs.append(torch.from_numpy(preprocess_file(s.file, spec)))
+            xs.append(photo(preprocess_file(s.file, spec)))
         except (ImageRejected, OSError):
             continue
         keep.append(i)
         ys.append(classes.index(s.label) if s.label in classes else len(classes))  # a class it lacks: counted wrong
     idx = torch.tensor(keep, dtype=torch.long)
-    theirs = (torch.stack(xs), torch.tensor(ys)) if xs else (field.x[:0], field.y[:0])
+    theirs = (stack(xs), torch.tensor(ys)) if xs else (field.x[:0], field.y[:0])
     decision = field_gate(candidate, serving_model, field.x[idx], field.y[idx], expert_labels, every, min_photos, current_xy=theirs)
     decision.reason = f"against {serving.name} in service: {decision.reason}"
     return decision

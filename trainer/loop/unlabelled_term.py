@@ -23,6 +23,7 @@ import torch
 from edge_agent.classifier import softmax
 from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from trainer.loop.unlabelled_pool import UnlabelledPhoto
+from trainer.photos import empty, photo, stack
 from trainer.stop import check
 from trainer.strategies.base import Generation
 from trainer.verdict_fit import logits_of
@@ -51,11 +52,11 @@ def load_unlabelled(
             continue
         check(should_stop, "while reading the unlabelled photos")
         try:
-            xs.append(torch.from_numpy(preprocess_file(p.file, spec)))
+            xs.append(photo(preprocess_file(p.file, spec)))
         except (ImageRejected, OSError):
             continue
         ids.append(p.id)
-    return (torch.stack(xs) if xs else torch.zeros((0,))), ids
+    return (stack(xs) if xs else empty(spec.size)), ids
 
 
 def fit_threshold(confidence: np.ndarray, right: np.ndarray, precision: float, least: int) -> float | None:

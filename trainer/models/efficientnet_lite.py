@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from trainer.models._base import Classifier
+from trainer.photos import as_input
 
 __all__ = ["EfficientNetLite", "LITE_VARIANTS", "lite_state_dict"]
 
@@ -128,8 +129,8 @@ class EfficientNetLite(Classifier):
         return [self.stem, *self.blocks, self.head_conv]
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled 1280-channel features [N, 1280] (after dropout while training)."""
-        return self.dropout(self.pool(self.head_conv(self.blocks(self.stem(x)))).flatten(1))
+        """Pooled 1280-channel features [N, 1280] (after dropout while training); stored photos (half precision) are cast."""
+        return self.dropout(self.pool(self.head_conv(self.blocks(self.stem(as_input(x))))).flatten(1))
 
 
 def lite_state_dict(model: EfficientNetLite, tf_port: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

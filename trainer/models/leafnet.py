@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from trainer.models._base import Classifier
+from trainer.photos import as_input
 
 __all__ = ["LEAFNET_ARCHS", "ConvBlock", "LeafNet", "StridedStem"]
 
@@ -66,8 +67,8 @@ class LeafNet(Classifier):
         return [*self.backbone, self.embed]
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Penultimate embedding [N, hidden] (after ReLU and dropout)."""
-        return self.embed(self.pool(self.backbone(x)))
+        """Penultimate embedding [N, hidden] (after ReLU and dropout); stored photos (half precision) are cast."""
+        return self.embed(self.pool(self.backbone(as_input(x))))
 
 
 #: LeafNet's named variants (a manifest's ``model.arch``): the seed's LeafNet, and LeafNet5 (strided stem, five

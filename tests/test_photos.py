@@ -1,0 +1,65 @@
+"""The trainer holds photos in half precision and every network, augmentation and ONNX Runtime call sees float32."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, ".")
+
+from edge_agent.preprocess import DEFAULT_SPEC, preprocess_bytes  # noqa: E402
+from trainer import photos  # noqa: E402
+from trainer.augment import Augment  # noqa: E402
+from trainer.data import Sample  # noqa: E402
+from trainer.labelled import LabelledSources, load_labelled  # noqa: E402
+from trainer.models import build_model, data_config  # noqa: E402
+
+from .conftest import encode, leaf_image  # noqa: E402
+
+LITE = data_config("efficientnet-lite0", 96)
+
+
+def test_a_lite_photo_is_stored_in_half_precision_without_losing_a_value():
+    x = preprocess_bytes(encode(leaf_image(3, (240, 180))), LITE)
+    stored = photos.photo(x)
+    assert stored.dtype == torch.float16 and stored.nbytes == x.nbytes // 2
+    assert np.abs(stored.float().numpy() - x).max() <= 1.2e-7  # (v - 127) / 128 is a multiple of 1/128
+
+
+def test_an_imagenet_normalised_photo_is_stored_within_a_tenth_of_one_pixel_level():
+    x = preprocess_bytes(encode(leaf_image(4, (240, 180))), DEFAULT_SPEC)
+    level = 1 / 255 / min(DEFAULT_SPEC.std)
+    assert np.abs(photos.photo(x).float().numpy() - x).max() < 0.1 * level
+
+
+def test_a_network_given_stored_photos_answers_as_for_float32():
+    x = torch.from_numpy(np.stack([preprocess_bytes(encode(leaf_image(i, (200, 160))), LITE) for i in range(3)]))
+    model = build_model(5, "LeafNet").eval()
+    with torch.no_grad():
+        assert torch.allclose(model(photos.stack([photos.photo(p.numpy()) for p in x])), model(x), atol=1e-5)
+
+
+def test_the_augmentation_computes_in_float32_from_stored_photos():
+    x = photos.stack([photos.photo(preprocess_bytes(encode(leaf_image(i, (200, 160))), LITE)) for i in range(2)])
+    out = Augment(spec=LITE)(x, torch.Generator().manual_seed(0))
+    assert out.dtype == torch.float32 and out.shape == x.shape
+
+
+def test_joining_no_photos_to_stored_photos_keeps_their_precision():
+    x = photos.stack([photos.photo(preprocess_bytes(encode(leaf_image(1, (200, 160))), LITE))])
+    assert torch.cat([photos.empty(96), x]).dtype == torch.float16
+    as_float = photos.as_input(x)
+    assert as_float.dtype == torch.float32 and photos.as_input(as_float) is as_float  # float32 is passed as it is
+
+
+def test_a_retrain_reads_its_replay_and_gate_photos_in_half_precision(tmp_path):
+    files = []
+    for i in range(3):
+        files.append(tmp_path / f"{i}.jpg")
+        files[-1].write_bytes(encode(leaf_image(i, (200, 160))))
+    labelled = load_labelled(LabelledSources([Sample(f, 0) for f in files[:2]], [Sample(files[2], 1)]), spec=LITE)
+    assert labelled.train.x.dtype == labelled.val.x.dtype == torch.float16
+    assert labelled.train.x.shape == (2, 3, 96, 96) and labelled.val.y.tolist() == [1]
