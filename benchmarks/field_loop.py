@@ -80,25 +80,37 @@ class _Measure:
     """Top-1 of a store's engine in service on the field test and the lab photos, as the device runs it."""
 
     def __init__(self, cfg, test: list, lab: list) -> None:
+        self.cfg = cfg
+        self.photos = {"field": test, "lab": lab}
+        self._sets: dict = {}  # per input spec: what the engine in service is given (a new lineage may differ)
+
+    def _tensors(self, spec) -> dict:
         import numpy as np
 
         from edge_agent.preprocess import preprocess_file
 
-        self.cfg = cfg
-        self.sets = {
-            name: (np.stack([preprocess_file(p) for p, _ in photos]), [y for _, y in photos])
-            for name, photos in (("field", test), ("lab", lab))
-        }
+        key = json.dumps(spec.to_manifest(), sort_keys=True)
+        if key not in self._sets:
+            self._sets = {
+                key: {
+                    name: (np.stack([preprocess_file(p, spec) for p, _ in photos]), [y for _, y in photos])
+                    for name, photos in self.photos.items()
+                }
+            }
+        return self._sets[key]
 
     def __call__(self, store) -> dict:
         from edge_agent.classifier import Classifier
+        from edge_agent.preprocess import PreprocessSpec
         from engines.loader import open_engine
 
         clf = Classifier.configured(open_engine(store, self.cfg.engine), self.cfg)
         try:
-            classes = store.open().classes
+            serving = store.open()
+            classes = serving.classes
             out = {}
-            for name, (x, y) in self.sets.items():
+            sets = self._tensors(PreprocessSpec.from_manifest(serving.manifest["preprocess"]))
+            for name, (x, y) in sets.items():
                 preds = [p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])]
                 out[name] = round(sum(classes.index(p.label) == t for p, t in zip(preds, y)) / len(y), 4)
             return out

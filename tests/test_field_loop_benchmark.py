@@ -50,3 +50,23 @@ def test_the_summary_counts_a_published_version_worse_on_the_field_than_the_one_
     assert arm["published"] == 2 and arm["refused"] == 1
     assert arm["published_worse_on_field"] == 1
     assert arm["days"][2]["pseudo_precision_min"] == 0.8 and arm["days"][0]["pseudo_precision_min"] is None
+
+
+def test_the_measure_gives_each_engine_the_photos_its_own_manifest_asks_for(tmp_path):
+    """v2000 takes 192 px photos: measuring it with the 128 px default once stopped the benchmark before day 1."""
+    from benchmarks.field_loop import _Measure
+    from edge_agent.config import default_store_path, parse_config
+    from edge_agent.state import seed_store
+    from engines.store import EngineStore
+
+    from .conftest import encode, leaf_image
+
+    photos = []
+    for i in range(3):
+        photos.append((tmp_path / f"{i}.jpg", i))
+        photos[-1][0].write_bytes(encode(leaf_image(i, (300, 240))))
+    seed_store(default_store_path(), tmp_path / "engines")
+    store = EngineStore(tmp_path / "engines")
+    assert store.open().manifest["preprocess"]["size"] != 128
+    figures = _Measure(parse_config({}), photos, photos[:2])(store)
+    assert set(figures) == {"field", "lab"} and all(0.0 <= v <= 1.0 for v in figures.values())
