@@ -63,3 +63,19 @@ def test_a_retrain_reads_its_replay_and_gate_photos_in_half_precision(tmp_path):
     labelled = load_labelled(LabelledSources([Sample(f, 0) for f in files[:2]], [Sample(files[2], 1)]), spec=LITE)
     assert labelled.train.x.dtype == labelled.val.x.dtype == torch.float16
     assert labelled.train.x.shape == (2, 3, 96, 96) and labelled.val.y.tolist() == [1]
+
+
+def test_a_retrain_publishes_from_half_precision_photos_without_a_float32_copy_of_them(tmp_path):
+    from trainer.publish import publish_model
+    from trainer.verdict_fit import fit_verdict_for
+
+    x = photos.stack([photos.photo(preprocess_bytes(encode(leaf_image(i, (200, 160))), LITE)) for i in range(12)])
+    y = torch.arange(12) % 2
+    model = build_model(2, "LeafNet").eval()
+    verdict = fit_verdict_for(model, x, y, x, LITE)
+    version = publish_model(
+        model, ["a", "b"], tmp_path, calibration=x[:8].numpy(), held_out=(x.numpy(), y.numpy()), verdict=verdict, spec=LITE
+    )
+    int8 = version.manifest["metrics"]["int8"]
+    assert int8["photos"] == 12 and 0.0 <= int8["verdict_agreement_with_fp32"] <= 1.0
+    assert version.manifest["preprocess"]["size"] == 96

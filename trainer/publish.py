@@ -46,7 +46,8 @@ def publish_model(
     """Export ``model`` and publish it atomically to the store at ``store_dir``.
 
     With ``calibration`` photos an INT8 variant is built too, and its top-1
-    agreement with FP32 on ``held_out`` photos goes into the manifest. ``should_stop`` is asked between the
+    agreement with FP32 on ``held_out`` photos goes into the manifest (either may be a retrain's half-precision photos,
+    :mod:`trainer.photos`: each batch is cast to float32 as it is used, never the whole set). ``should_stop`` is asked between the
     steps; once the store's own publish has begun it runs to the end (it is atomic and takes milliseconds).
     ``signing_key`` (:class:`engines.signing.SigningKey`) signs the version, as daemons require. ``verdict`` is the
     manifest's verdict section (:mod:`trainer.verdict_fit`); with an INT8 variant, how often INT8's verdict agrees

@@ -364,8 +364,8 @@ def retrain(
             metrics=metrics,
             training={**training, "sample_batch": tag},
             parent=current.name,
-            calibration=photos.as_input(calib[:256]).numpy() if tc.int8 and len(calib) else None,
-            held_out=(photos.as_input(val.x).numpy(), val.y.numpy()),
+            calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,  # half precision: cast a batch at a time
+            held_out=(val.x.numpy(), val.y.numpy()),
             should_stop=should_stop,
             signing_key=signing_key,
             verdict=verdict,
