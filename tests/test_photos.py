@@ -79,3 +79,37 @@ def test_a_retrain_publishes_from_half_precision_photos_without_a_float32_copy_o
     int8 = version.manifest["metrics"]["int8"]
     assert int8["photos"] == 12 and 0.0 <= int8["verdict_agreement_with_fp32"] <= 1.0
     assert version.manifest["preprocess"]["size"] == 96
+
+
+class _Recording(torch.nn.Module):
+    """A network that records how many photos it is given at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(3, 2)
+        self.seen: list[int] = []
+
+    def features(self, x):
+        self.seen.append(len(x))
+        return photos.as_input(x).mean((2, 3))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def test_outside_training_no_trainer_step_gives_a_network_more_than_a_batch_of_photos_at_once(tmp_path):
+    """Rehearsal once chose its memory 128 photos at a time: 1.84 GB of activations at 192 px, a retrain's peak."""
+    from edge_agent.trainer_config import RehearsalConfig
+    from trainer.calibrate import calibrate
+    from trainer.recheck import recheck
+    from trainer.strategies.base import Generation
+    from trainer.strategies.rehearsal import Rehearsal
+    from trainer.verdict_fit import logits_of
+
+    x, y = photos.empty(8).new_zeros(200, 3, 8, 8), torch.arange(200) % 2
+    model = _Recording()
+    Rehearsal(tmp_path, RehearsalConfig(per_class=5), seed=0).after(model, Generation(x, y))
+    recheck(model, x, 0.9)
+    logits_of(model, x)
+    calibrate(model, x, y)
+    assert model.seen and max(model.seen) <= photos.INFERENCE_BATCH

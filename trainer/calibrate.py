@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.models import Classifier, inference_copy
+from trainer.photos import INFERENCE_BATCH
 
 __all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibration_error", "fit_temperature", "fold_temperature"]
 
@@ -99,7 +100,7 @@ def fold_temperature(model: Classifier, temperature: float) -> Classifier:
 
 
 @torch.no_grad()
-def calibrate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> Calibration:
+def calibrate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = INFERENCE_BATCH) -> Calibration:
     """Fit a temperature on held-out photos ``x``/``y`` and fold it into ``model`` (in place).
 
     With fewer than :data:`MIN_PHOTOS` photos (or fewer than two classes among them), or fewer than

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
 from trainer.models import Classifier, inference_copy
+from trainer.photos import INFERENCE_BATCH
 from trainer.samples import Sample
 
 __all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "prefer", "too_few_to_judge"]
@@ -57,7 +58,7 @@ class FieldDecision:
 
 
 @torch.no_grad()
-def _scores(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def _scores(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = INFERENCE_BATCH) -> tuple[torch.Tensor, torch.Tensor]:
     """Per photo: right (0/1) and cross-entropy; a class the model has no output for counts as wrong, loss log(k)."""
     model = inference_copy(model)
     right, loss = [], []

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.models import Classifier, inference_copy
+from trainer.photos import INFERENCE_BATCH
 from trainer.stop import check
 
 __all__ = ["MIRRORS", "Recheck", "recheck"]
@@ -49,7 +50,7 @@ class Recheck:
 
 
 @torch.no_grad()
-def recheck(model: Classifier, x: torch.Tensor, tau: float, batch: int = 64, should_stop=lambda: False) -> Recheck:
+def recheck(model: Classifier, x: torch.Tensor, tau: float, batch: int = INFERENCE_BATCH, should_stop=lambda: False) -> Recheck:
     """Score the preprocessed photos ``x`` with ``model`` (eval mode) over :data:`MIRRORS`."""
     model = inference_copy(model)
     labels, confidence = [], []

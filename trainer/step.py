@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from trainer.batchnorm import recompute_batchnorm
 from trainer.models import Classifier, inference_copy
+from trainer.photos import INFERENCE_BATCH
 from trainer.stop import check
 
 __all__ = ["StepChoice", "at_step", "choose_step", "interpolate_weights"]
@@ -50,7 +51,9 @@ def interpolate_weights(model: torch.nn.Module, previous: torch.nn.Module, alpha
 
 
 @torch.no_grad()
-def _losses(model: Classifier, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = 64) -> tuple[torch.Tensor, float]:
+def _losses(
+    model: Classifier, x: torch.Tensor, y: torch.Tensor, should_stop=lambda: False, batch: int = INFERENCE_BATCH
+) -> tuple[torch.Tensor, float]:
     """Per-photo cross-entropy and top-1."""
     model = inference_copy(model)
     losses, right = [], 0

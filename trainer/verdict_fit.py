@@ -22,12 +22,13 @@ from edge_agent.classifier import softmax
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import Judge, VerdictSpec, image_checks
 from trainer.models import inference_copy
+from trainer.photos import INFERENCE_BATCH
 
 __all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 
 
 @torch.no_grad()
-def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = 32) -> np.ndarray:
+def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = INFERENCE_BATCH) -> np.ndarray:
     """The model's logits for ``x`` in eval mode, as float64."""
     model.eval()  # the caller's model is left in eval mode, as before
     model = inference_copy(model)

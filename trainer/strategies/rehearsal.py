@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from edge_agent.trainer_config import RehearsalConfig
+from trainer.photos import INFERENCE_BATCH
 from trainer.strategies.base import Generation, Strategy, register
 
 
@@ -50,7 +51,8 @@ class Rehearsal(Strategy):
         gen = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
             model.eval()
-            feats = torch.cat([model.features(x[i : i + 128]) for i in range(0, len(x), 128)]) if how != "random" else None
+            b = INFERENCE_BATCH
+            feats = torch.cat([model.features(x[i : i + b]) for i in range(0, len(x), b)]) if how != "random" else None
         for c in torch.unique(y).tolist():
             idx = torch.nonzero(y == c).flatten()
             if len(idx) <= per_class:
