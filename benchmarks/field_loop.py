@@ -1,7 +1,7 @@
 """A device in a new field, learning from an expert's few labels: arms over seeds, field and lab side by side.
 
 ``python -m benchmarks.field_loop --out DIR [--field apple-orchard] [--arms device random none] [--seeds 1 2 3]
-[--k 10] [--budget 100] [--mode fast|full] [--days N]``
+[--k 10] [--budget 100] [--mode fast|full] [--days N] [--day-size 100]``
 
 Protocol. The field folder's photos (``../shared/data/field/<field>``, exact duplicates kept once) are split per seed,
 stratified: 25 % held out as the field test, the rest shuffled and streamed in days of 100. The device starts from
@@ -516,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--budget", type=int, default=100)
     ap.add_argument("--days", type=int, default=None)
+    ap.add_argument("--day-size", type=int, default=100, help="photos a day (a small field, e.g. the corn field's 137 streamed: 30)")
     ap.add_argument("--mode", choices=["fast", "full"], default="fast")
     ap.add_argument("--data", default=str(SHARED / "field"))
     ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
@@ -528,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             if (run_dir / "report.json").exists():
                 reports.setdefault(arm, []).append(json.loads((run_dir / "report.json").read_text()))
             elif not args.report:
-                s = LoopSettings(args.field, arm, seed, args.k, args.budget, days=args.days, mode=args.mode, data=args.data)
+                s = LoopSettings(args.field, arm, seed, args.k, args.budget, args.day_size, days=args.days, mode=args.mode, data=args.data)
                 reports.setdefault(arm, []).append(run(s, run_dir))
     if reports:
         summary = summarise(reports)
