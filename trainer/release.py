@@ -23,7 +23,6 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import PreprocessSpec
 from trainer.data import scan_folder, stratified_split
 from trainer.fieldaug import BN_PASSES, FieldAugSettings, FieldComposer, load_lab_photos
-from trainer.photos import as_input
 from trainer.train import TrainSettings
 
 __all__ = ["LEAFNET5_RELEASE", "RELEASE_VERSION", "ReleaseSettings", "finish_release", "release", "train_release"]
@@ -194,7 +193,7 @@ def finish_release(
     verdict = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, spec)
     test_x, test_y = sets["test"].x, sets["test"].y.numpy()
     test_logits = logits_of(model, test_x)
-    v = np.array(verdicts_of(verdict, folder.classes, test_logits, as_input(test_x).numpy(), spec))
+    v = np.array(verdicts_of(verdict, folder.classes, test_logits, test_x.numpy(), spec))
     right = test_logits.argmax(1) == test_y
     metrics["verdict"] = {
         "test_photos": int(len(v)),
@@ -233,7 +232,7 @@ def finish_release(
         "history": info["history"],
         "torch": torch.__version__,
     }
-    calib = as_input(sets["train"].x[torch.randperm(len(sets["train"].x), generator=torch.Generator().manual_seed(0))[:256]]).numpy()
+    calib = sets["train"].x[torch.randperm(len(sets["train"].x), generator=torch.Generator().manual_seed(0))[:256]].numpy()
     return publish_model(
         model,
         folder.classes,

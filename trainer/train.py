@@ -21,7 +21,6 @@ from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
 from trainer.models import Classifier, build_model, count_parameters, inference_copy
-from trainer.photos import as_input
 from trainer.publish import publish_model
 
 __all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised"]
@@ -382,5 +381,5 @@ def _int8_inputs(sets: dict, int8: bool) -> dict:
     """publish_model's INT8 arguments: 256 training photos (seeded) to calibrate on, the test photos to compare on."""
     held_out = sets["test"] if len(sets["test"]) else sets["val"]
     train = sets["train"]
-    photos = as_input(train.x[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:256]]).numpy() if int8 else None
-    return {"calibration": photos, "held_out": (as_input(held_out.x).numpy(), held_out.y.numpy())}
+    photos = train.x[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:256]].numpy() if int8 else None
+    return {"calibration": photos, "held_out": (held_out.x.numpy(), held_out.y.numpy())}
