@@ -155,6 +155,7 @@ def one_seed(
         "retrain_peak_rss_mb": round(peak_mb),
         "gate": result.metrics.get("gate"),
         "unlabelled": result.metrics.get("unlabelled"),
+        "memory": result.metrics.get("memory"),  # the retrain's own record: peak RSS by the end of each phase
     }
 
 
@@ -179,6 +180,10 @@ def summarise(out: Path) -> str:
         f"Published: {sum(bool(r['published']) for r in runs)} of {len(runs)}. Retrain wall time "
         f"{ms([r['retrain_seconds'] for r in runs])} s, peak RSS {max(r['retrain_peak_rss_mb'] for r in runs)} MB (2 CPU cores).",
     ]
+    phases = [r["memory"]["by_phase"] for r in runs if r.get("memory")]
+    if phases:
+        lines += ["", "Peak RSS (MB) the retrain had reached by the end of each phase (the retrain's own record, seed by seed):", ""]
+        lines += [f"- {', '.join(f'{k} {v}' for k, v in by_phase.items())}" for by_phase in phases]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     return text

@@ -142,6 +142,7 @@ def test_a_retrain_with_too_few_held_back_labels_publishes_nothing_and_keeps_the
     field = result.metrics["gate"]["field"]
     assert field["publish"] is False and field["field_photos"] == 2 and result.metrics["samples"]["field_check"] == 2
     assert result.metrics["samples"]["expert"] == 6  # the held-back two are never trained on
+    assert list(result.metrics["memory"]["by_phase"])[:3] == ["opening the engines", "reading photos", "training"]
     assert {s.kind for s in samples.all()} == {"expert"} and len(samples.all()) == 8  # every label kept
     for i in range(8, 32):
         _add(samples, i, classes[i % 2])
@@ -150,6 +151,9 @@ def test_a_retrain_with_too_few_held_back_labels_publishes_nothing_and_keeps_the
     assert "field_candidate_top1" in result.metrics["gate"]["field"]
     assert result.published  # not worse on the 8 held-back photos, within one standard error
     assert store.read_manifest(result.published)["metrics"]["gate"]["field"]["field_photos"] == 8
+    memory = result.metrics["memory"]  # the retrain's own record; not the version's
+    assert {"publishing", "keeping the strategy's memory"} <= set(memory["by_phase"]) and memory["peak_mb"] > 0
+    assert "memory" not in store.read_manifest(result.published)["metrics"]
     samples.close()
 
 

@@ -27,6 +27,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from engines.store import EngineStore
 from trainer import photos
+from trainer._memory import PhaseMemory
 from trainer.calibrate import calibrate
 from trainer.continual import learning_rate, train_generation
 from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back, prefer
@@ -189,6 +190,16 @@ def _with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpol
     return (second, seen, summary) if better else (candidate, used, summary)
 
 
+def _tracked(progress, memory: PhaseMemory):
+    """``progress`` that also tells ``memory`` which phase the retrain is in."""
+
+    def tell(phase: str, **info) -> None:
+        memory.enter(phase)
+        progress(phase, **info)
+
+    return tell
+
+
 def retrain(
     cfg: AppConfig,
     store: EngineStore,
@@ -203,6 +214,9 @@ def retrain(
     ``should_stop()`` is true. ``signing_key`` signs the published version (daemons serve only signed ones).
     ``progress(phase, **info)`` is told each step (for the trainer's status while it works)."""
     t0 = time.perf_counter()
+    memory = PhaseMemory()
+    memory.enter("opening the engines")
+    progress = _tracked(progress, memory)
     tc = cfg.trainer
     log = get_logger("trainer.retrain", strategy=tc.strategy.type)
     torch.set_num_threads(tc.threads)
@@ -332,7 +346,10 @@ def retrain(
     log.info("gate", publish=decision.publish, reason=decision.reason, **decision.metrics)
     if not decision.publish:
         samples.mark_used(ids, f"refused:{int(time.time())}")
+        metrics["memory"] = memory.summary()
+        log.info("retrain_memory", **metrics["memory"])
         return RetrainResult(None, decision.reason, metrics, len(ids), time.perf_counter() - t0)
+    progress("calibrating")
     if tc.calibrate:  # before the strategy keeps its anchor: the next retrain starts from the published weights
         metrics["calibration"] = calibrate(candidate, val.x, val.y).summary()
         log.info("calibrated", **metrics["calibration"])
@@ -376,7 +393,10 @@ def retrain(
         raise
     samples.mark_used(ids, version.name)
     settle_pending(store)  # the release's lineage serves now
+    progress("keeping the strategy's memory")
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
+    metrics["memory"] = memory.summary()  # after the publish: the version's manifest leaves it out, the result has it
+    log.info("retrain_memory", **metrics["memory"])
     log.info("retrain_published", engine_version=version.name, parent=current.name, seconds=round(time.perf_counter() - t0, 1))
     return RetrainResult(version.name, decision.reason, metrics, len(ids), time.perf_counter() - t0)
