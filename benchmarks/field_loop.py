@@ -55,6 +55,7 @@ class LoopSettings:
     mode: str = "fast"
     data: str = str(SHARED / "field")
     lab: str = str(SHARED / "plantvillage")
+    overrides: dict | None = None  # fast mode: configuration changed from the shipped one, {section: {key: value}}
 
 
 def split_field(root: Path, classes: list[str], seed: int, test_fraction: float) -> tuple[list, list]:
@@ -147,7 +148,10 @@ class _FastDevice:
         shutil.rmtree(self.state, ignore_errors=True)
         # the shipped configuration; the labels-only arm without the unlabelled photos, to measure what they add
         off = {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
-        self.cfg = parse_config(off if s.arm == "device-labels-only" else {})
+        chosen = off if s.arm == "device-labels-only" else {}
+        for section, values in (s.overrides or {}).items():
+            chosen = {**chosen, section: {**chosen.get(section, {}), **values}}
+        self.cfg = parse_config(chosen)
         self.store = EngineStore(shutil.copytree(default_store_path(), self.state / "engines"))
         self.db = ResultsDB(self.state / "results.sqlite")
         self.spool = PhotoSpool(self.state / "queue", self.cfg.labels.max_spool_mb << 20)
@@ -507,6 +511,23 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _overrides(items: list[str]) -> dict:
+    """``["trainer.field_check_min=6"]`` as ``{"trainer": {"field_check_min": 6}}`` (each value read as TOML)."""
+    from edge_agent.config import tomllib
+
+    out: dict = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not (eq and dot and section and name):
+            raise SystemExit(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. trainer.field_check_min=6")
+        try:
+            out.setdefault(section, {})[name] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError as exc:
+            raise SystemExit(f"--set {item!r}: the value is not TOML ({exc}); a string needs quotes: 'engine.precision=\"fp32\"'") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.field_loop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -520,7 +541,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=["fast", "full"], default="fast")
     ap.add_argument("--data", default=str(SHARED / "field"))
     ap.add_argument("--report", action="store_true", help="only summarise the runs already in --out")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="fast mode: a configuration value (TOML) other than the shipped one",
+    )
     args = ap.parse_args(argv)
+    overrides = _overrides(args.set)
+    if overrides and args.mode == "full":
+        ap.error("--set: full mode runs the services as a new user does, with no configuration")
     out = Path(args.out)
     reports: dict[str, list[dict]] = {}
     for arm in args.arms:
@@ -529,7 +560,18 @@ def main(argv: list[str] | None = None) -> int:
             if (run_dir / "report.json").exists():
                 reports.setdefault(arm, []).append(json.loads((run_dir / "report.json").read_text()))
             elif not args.report:
-                s = LoopSettings(args.field, arm, seed, args.k, args.budget, args.day_size, days=args.days, mode=args.mode, data=args.data)
+                s = LoopSettings(
+                    args.field,
+                    arm,
+                    seed,
+                    args.k,
+                    args.budget,
+                    args.day_size,
+                    days=args.days,
+                    mode=args.mode,
+                    data=args.data,
+                    overrides=overrides,
+                )
                 reports.setdefault(arm, []).append(run(s, run_dir))
     if reports:
         summary = summarise(reports)
