@@ -144,6 +144,13 @@ class TrainerSection(BaseModel):
     )
     epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
     batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
+    micro_batch: int = Field(
+        16,
+        ge=0,
+        le=1024,
+        description="Photos the network takes at once in a training step, their gradients summed to batch_size's (the same "
+        "step, less memory, where BatchNorm statistics are kept); 0: the whole batch.",
+    )
     lr: float = Field(
         0.0,
         ge=0,

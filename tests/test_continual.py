@@ -299,3 +299,48 @@ def test_a_retrain_takes_the_architectures_learning_rate_unless_the_configuratio
     assert learning_rate(lite, settings()) == 5e-4 and learning_rate(lite, settings(), pseudo_only=True) == 1.25e-4
     assert learning_rate(lite, settings(lr=1e-3, pseudo_only_lr=3e-4)) == 1e-3
     assert learning_rate(lite, settings(lr=1e-3, pseudo_only_lr=3e-4), pseudo_only=True) == 3e-4
+
+
+def _sizes_seen(model) -> list[int]:
+    """The batch sizes ``model`` (and every copy made of it after this call) is given."""
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda _m, inputs: seen.append(len(inputs[0])))
+    return seen
+
+
+def test_a_batch_in_parts_takes_the_whole_batchs_step_where_batchnorm_keeps_its_statistics(tmp_path):
+    """Labels, pseudo-labels, distillation and the strategy's penalty, each scaled by its part's share: the same step."""
+    data = _lite_toy()
+    pseudo = torch.arange(len(data)) % 3 == 0
+    data = Generation(data.x, data.y, torch.where(pseudo, 0.7, 2.0), pseudo)
+    out = {}
+    for micro in (0, 3):
+        torch.manual_seed(0)
+        model = build_model(3, "efficientnet-lite0")
+        for m in model.modules():  # no random masks (dropout, stochastic depth): a part draws other ones than the batch
+            if hasattr(m, "drop"):
+                m.drop = 0.0
+        model.dropout.p = 0.0
+        seen = _sizes_seen(model)
+        cfg = settings(micro_batch=micro, distill=1.0, ramp_epochs=0)
+        out[micro], _ = train_generation(model, data, get_strategy("ewc")(tmp_path / f"e{micro}"), cfg, 1e-2)
+        assert seen[0] == 12 and max(seen[1:]) == (8 if micro == 0 else 3)  # after EWC's Fisher information, the steps
+    start, whole, parts = model.state_dict(), out[0].state_dict(), out[3].state_dict()  # the model given is left as it was
+    moved = max(float((whole[k].float() - start[k].float()).abs().max()) for k in whole)
+    apart = max(float((whole[k].float() - parts[k].float()).abs().max()) for k in whole)
+    assert moved > 5e-3 and apart < 1e-4  # float rounding, through four Adam steps; a part's loss misscaled moves far more
+
+
+def test_where_batchnorm_normalises_by_the_batch_the_whole_batch_goes_through_at_once(tmp_path):
+    from trainer.continual import micro_batch
+
+    torch.manual_seed(0)
+    model = build_model(3, "LeafNet5")  # statistics recomputed by default: training mode normalises by the batch
+    seen = _sizes_seen(model)
+    train_generation(model, toy(n_per_class=4), get_strategy("finetune")(tmp_path / "f"), settings(micro_batch=2), LR)
+    assert seen[:4] == [8, 4, 8, 4]  # two epochs of 12 photos (then the statistics are recomputed)
+    lite = build_model(3, "efficientnet-lite0")
+    lite.freeze(0, keep_batchnorm=False)
+    assert micro_batch(lite.train(), settings(micro_batch=2)) == 8
+    lite.freeze(0, keep_batchnorm=True)
+    assert micro_batch(lite.train(), settings(micro_batch=2)) == 2 and micro_batch(lite.train(), settings(micro_batch=0)) == 8

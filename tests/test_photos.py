@@ -84,14 +84,18 @@ def test_a_retrain_publishes_from_half_precision_photos_without_a_float32_copy_o
 class _Recording(torch.nn.Module):
     """A network that records how many photos it is given at once."""
 
-    def __init__(self) -> None:
+    num_classes = 2
+
+    def __init__(self, batchnorm_layers: int = 0) -> None:
         super().__init__()
+        self.norms = torch.nn.Sequential(*(torch.nn.BatchNorm2d(3) for _ in range(batchnorm_layers)))
         self.head = torch.nn.Linear(3, 2)
         self.seen: list[int] = []
+        self._record = lambda n, seen=self.seen: seen.append(n)  # a function: a deep copy of the network shares it
 
     def features(self, x):
-        self.seen.append(len(x))
-        return photos.as_input(x).mean((2, 3))
+        self._record(len(x))
+        return self.norms(photos.as_input(x)).mean((2, 3))
 
     def forward(self, x):
         return self.head(self.features(x))
@@ -104,6 +108,9 @@ def test_outside_training_no_trainer_step_gives_a_network_more_than_a_batch_of_p
     from trainer.recheck import recheck
     from trainer.strategies.base import Generation
     from trainer.strategies.rehearsal import Rehearsal
+    from trainer.batchnorm import EXACT_MAX_LAYERS
+    from trainer.field_check import adapt_batchnorm
+    from trainer.strategies.ewc import fisher_information
     from trainer.verdict_fit import logits_of
 
     x, y = photos.empty(8).new_zeros(200, 3, 8, 8), torch.arange(200) % 2
@@ -112,4 +119,8 @@ def test_outside_training_no_trainer_step_gives_a_network_more_than_a_batch_of_p
     recheck(model, x, 0.9)
     logits_of(model, x)
     calibrate(model, x, y)
+    fisher_information(model, Generation(x, y))  # EWC: a batch of 32's gradient, summed over parts
     assert model.seen and max(model.seen) <= photos.INFERENCE_BATCH
+    deep = _Recording(batchnorm_layers=EXACT_MAX_LAYERS + 1)  # EfficientNet-Lite's one-pass statistics
+    adapt_batchnorm(deep, x, x[:10], y[:10])  # the field's BatchNorm statistics once went 64 photos at a time: 1 GB
+    assert deep.seen and max(deep.seen) <= photos.INFERENCE_BATCH

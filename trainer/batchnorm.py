@@ -21,6 +21,7 @@ import torch
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from trainer.data import Sample
 from trainer.fieldaug import BN_PASSES, FieldAugSettings, FieldComposer, load_lab_photos
+from trainer.photos import INFERENCE_BATCH
 from trainer.stop import check
 
 __all__ = ["BN_MAX_LAB_PHOTOS", "batchnorm_photos", "recompute_batchnorm"]
@@ -82,7 +83,9 @@ def _precise_batchnorm(model: torch.nn.Module, layers: list, x: torch.Tensor, ba
 
 
 @torch.no_grad()
-def recompute_batchnorm(model: torch.nn.Module, x: torch.Tensor, batch_size: int = 64, should_stop=lambda: False) -> torch.nn.Module:
+def recompute_batchnorm(
+    model: torch.nn.Module, x: torch.Tensor, batch_size: int = INFERENCE_BATCH, should_stop=lambda: False
+) -> torch.nn.Module:
     """Replace every BatchNorm layer's running statistics by the ones over ``x`` (un-augmented photos), in place;
     returns ``model`` in eval mode. ``batch_size`` only bounds memory. Raises :class:`trainer.stop.Stopped` between
     batches once ``should_stop()`` is true.

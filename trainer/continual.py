@@ -4,6 +4,11 @@
 with ``weight`` 1 for labelled photos and ``[trainer] expert_weight`` for an expert's labels,
 with ``ramp`` the sigmoid-shaped ramp-up exp(-5 (1 - t)^2) over the first ``ramp_epochs`` epochs
 (Laine & Aila, 2017), and augmentation on training batches only.
+
+A batch goes through the network ``[trainer] micro_batch`` photos at a time, each part's loss scaled by its share of
+the batch and the gradients summed before the step: where every BatchNorm layer keeps its statistics (EfficientNet-Lite
+by default) a photo's loss does not depend on the others in its batch, so the step is the whole batch's (to float
+rounding) for the activations of a part. Where BatchNorm normalises by the batch (LeafNet), the whole batch goes at once.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
 
-__all__ = ["hold", "learning_rate", "ramp", "train_generation"]
+__all__ = ["hold", "learning_rate", "micro_batch", "ramp", "train_generation"]
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -48,6 +53,35 @@ def hold(model: Classifier, settings: TrainerSection) -> int:
     blocks = settings.frozen_blocks if settings.frozen_blocks >= 0 else entry.retrain_frozen_blocks
     keep = settings.batchnorm == "keep" or (settings.batchnorm == "auto" and entry.retrain_keep_batchnorm)
     return model.freeze(blocks, keep)
+
+
+def micro_batch(model: Classifier, settings: TrainerSection) -> int:
+    """Photos ``model`` is given at once in a training step: ``[trainer] micro_batch`` where no BatchNorm layer
+    normalises by the batch, else (or with 0) the whole ``batch_size``."""
+    batch_statistics = any(m.training for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+    if settings.micro_batch == 0 or batch_statistics:
+        return settings.batch_size
+    return min(settings.micro_batch, settings.batch_size)
+
+
+def _loss_terms(model, previous, strategy, settings, x, y, pseudo, conf, w: float, counts: tuple[int, int, int]) -> dict:
+    """The batch's loss terms over one part of it (photos ``x``): each term's sum over the part divided by the
+    batch's count, so the parts' terms add up to the whole batch's."""
+    n, n_true, n_pseudo = counts
+    logits = model(x)
+    share = len(x) / n
+    terms = {}
+    if (~pseudo).any():
+        terms["ce"] = (conf[~pseudo] * F.cross_entropy(logits[~pseudo], y[~pseudo], reduction="none")).sum() / n_true
+    if pseudo.any() and w > 0:
+        nll = F.cross_entropy(logits[pseudo], y[pseudo], reduction="none")
+        terms["pseudo"] = settings.pseudo_lambda * w * (conf[pseudo] * nll).sum() / n_pseudo
+    if settings.distill > 0:
+        with torch.no_grad():
+            teacher = previous(x)
+        terms["distill"] = share * settings.distill * distill_loss(logits, teacher, settings.distill_temperature)
+    terms["penalty"] = share * strategy.penalty(model, x, logits)  # a mean over photos, or of the weights alone: both add up
+    return terms
 
 
 def learning_rate(model: Classifier, settings: TrainerSection, pseudo_only: bool = False) -> float:
@@ -102,6 +136,8 @@ def train_generation(
     swa_epochs = min(settings.swa_epochs, settings.epochs)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(max(1, settings.epochs * steps), swa=swa_epochs * steps))
     swa = torch.optim.swa_utils.AveragedModel(model) if swa_epochs > 0 else None
+    model.train()
+    micro = micro_batch(model, settings)
     for epoch in range(settings.epochs):
         model.train()
         w = ramp(epoch, settings.ramp_epochs)
@@ -113,28 +149,14 @@ def train_generation(
                 continue
             x = augment(data.x[idx], gen)
             y, pseudo, conf = data.y[idx], data.pseudo[idx], data.weight[idx]
-            logits = model(x)
-            loss = logits.new_zeros(())
-            if (~pseudo).any():
-                ce = (conf[~pseudo] * F.cross_entropy(logits[~pseudo], y[~pseudo], reduction="none")).mean()
-                loss = loss + ce
-                totals["ce"] += ce.item()
-            if pseudo.any() and w > 0:
-                nll = F.cross_entropy(logits[pseudo], y[pseudo], reduction="none")
-                pl = settings.pseudo_lambda * w * (conf[pseudo] * nll).mean()
-                loss = loss + pl
-                totals["pseudo"] += pl.item()
-            if settings.distill > 0:
-                with torch.no_grad():
-                    teacher = previous(x)
-                dl = settings.distill * distill_loss(logits, teacher, settings.distill_temperature)
-                loss = loss + dl
-                totals["distill"] += dl.item()
-            pen = strategy.penalty(model, x, logits)
-            loss = loss + pen
-            totals["penalty"] += float(pen.detach())
+            counts = (len(idx), int((~pseudo).sum()), int(pseudo.sum()))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            for j in range(0, len(idx), micro):
+                part = slice(j, j + micro)
+                terms = _loss_terms(model, previous, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts)
+                sum(terms.values()).backward()
+                for k, v in terms.items():
+                    totals[k] += float(v.detach())
             opt.step()
             sched.step()
             check(should_stop, "while training")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from edge_agent.trainer_config import EwcConfig
+from trainer.photos import INFERENCE_BATCH
 from trainer.strategies.base import Generation, Strategy, register
 
 
@@ -56,8 +57,11 @@ class EWC(Strategy):
         torch.save({"fisher": merged, "anchor": anchor}, self._path)
 
 
-def fisher_information(model, data: Generation, batch: int = 32, max_samples: int = 512) -> dict[str, torch.Tensor]:
-    """Diagonal empirical Fisher: mean squared gradient of the log-likelihood of the given labels."""
+def fisher_information(
+    model, data: Generation, batch: int = 32, max_samples: int = 512, part: int = INFERENCE_BATCH
+) -> dict[str, torch.Tensor]:
+    """Diagonal empirical Fisher: mean squared gradient of the log-likelihood of the given labels, a batch's gradient
+    summed over parts of ``part`` photos (the activations of a part held at once, not of the batch)."""
     model.eval()
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     fisher = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -68,7 +72,9 @@ def fisher_information(model, data: Generation, batch: int = 32, max_samples: in
         if not keep.any():
             continue
         model.zero_grad(set_to_none=True)
-        F.nll_loss(F.log_softmax(model(x[keep]), 1), y[keep], reduction="sum").backward()
+        x, y = x[keep], y[keep]
+        for j in range(0, len(x), part):
+            F.nll_loss(F.log_softmax(model(x[j : j + part]), 1), y[j : j + part], reduction="sum").backward()
         for name, p in params.items():
             if p.grad is not None:
                 fisher[name] += p.grad.detach() ** 2 / max(int(keep.sum()), 1)
