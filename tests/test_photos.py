@@ -104,13 +104,13 @@ class _Recording(torch.nn.Module):
 def test_outside_training_no_trainer_step_gives_a_network_more_than_a_batch_of_photos_at_once(tmp_path):
     """Rehearsal once chose its memory 128 photos at a time: 1.84 GB of activations at 192 px, a retrain's peak."""
     from edge_agent.trainer_config import RehearsalConfig
+    from trainer.batchnorm import EXACT_MAX_LAYERS
     from trainer.calibrate import calibrate
+    from trainer.field_check import adapt_batchnorm
     from trainer.recheck import recheck
     from trainer.strategies.base import Generation
-    from trainer.strategies.rehearsal import Rehearsal
-    from trainer.batchnorm import EXACT_MAX_LAYERS
-    from trainer.field_check import adapt_batchnorm
     from trainer.strategies.ewc import fisher_information
+    from trainer.strategies.rehearsal import Rehearsal
     from trainer.verdict_fit import logits_of
 
     x, y = photos.empty(8).new_zeros(200, 3, 8, 8), torch.arange(200) % 2
