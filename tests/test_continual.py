@@ -118,6 +118,24 @@ def test_rehearsal_replays_its_memory(tmp_path):
     assert len(replay) == 3 + 9
 
 
+def test_rehearsal_keeps_the_exemplars_of_the_true_labels_and_its_old_memory_chosen_in_feature_space(tmp_path):
+    model = build_model(3).eval()
+    r = Rehearsal(tmp_path, RehearsalConfig(per_class=3, selection="herding"))
+    r.after(model, toy(seed=1))
+    old_x, old_y = torch.load(tmp_path / "memory.pt")["x"], torch.load(tmp_path / "memory.pt")["y"]
+    new = toy(n_per_class=5, seed=2)
+    pseudo = torch.arange(len(new)) % 2 == 0
+    r.after(model, Generation(new.x, new.y, pseudo=pseudo))
+    kept = torch.load(tmp_path / "memory.pt")
+    x, y = torch.cat([new.x[~pseudo], old_x]), torch.cat([new.y[~pseudo], old_y])  # pseudo-labelled photos never kept
+    with torch.no_grad():
+        feats = model.features(x)
+    for c in range(3):
+        idx = torch.nonzero(y == c).flatten()
+        expected = x[idx[select(feats[idx], 3, "herding")]]
+        assert torch.equal(kept["x"][kept["y"] == c], expected)
+
+
 def test_gate(tmp_path):
     torch.manual_seed(0)
     data = toy(n_per_class=8)

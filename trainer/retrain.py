@@ -280,6 +280,7 @@ def retrain(
         lr=lr,
         interpolate=interpolate if learning else tc.pseudo_only_steps,
     )
+    progress("training", epoch=0, epochs=tc.epochs)
     candidate, used = train_generation(
         previous,
         data,
@@ -394,6 +395,7 @@ def retrain(
     samples.mark_used(ids, version.name)
     settle_pending(store)  # the release's lineage serves now
     progress("keeping the strategy's memory")
+    del labelled, train, val, received, data, field, calib  # the photos the strategy does not keep, before it reads more
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
     metrics["memory"] = memory.summary()  # after the publish: the version's manifest leaves it out, the result has it

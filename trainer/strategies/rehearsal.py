@@ -42,17 +42,20 @@ class Rehearsal(Strategy):
         per_class = self.config.per_class
         how = self.config.selection
         memory = self._load()
-        xs, ys = [data.x[~data.pseudo]], [data.y[~data.pseudo]]  # remember true labels only
+        parts = [(data.x, torch.nonzero(~data.pseudo).flatten())]  # remember true labels only
+        ys = [data.y[~data.pseudo]]
         if memory is not None:
-            xs.append(memory[0])
+            parts.append((memory[0], torch.arange(len(memory[1]))))
             ys.append(memory[1])
-        x, y = torch.cat(xs), torch.cat(ys)
+        y = torch.cat(ys)
+        # (photos, row) of every candidate, in y's order: a batch is gathered at a time, never all the photos again
+        rows = [(px, int(i)) for px, idx in parts for i in idx]
         keep = []
         gen = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
             model.eval()
             b = INFERENCE_BATCH
-            feats = torch.cat([model.features(x[i : i + b]) for i in range(0, len(x), b)]) if how != "random" else None
+            feats = torch.cat([model.features(_gather(rows[i : i + b])) for i in range(0, len(rows), b)]) if how != "random" else None
         for c in torch.unique(y).tolist():
             idx = torch.nonzero(y == c).flatten()
             if len(idx) <= per_class:
@@ -62,7 +65,12 @@ class Rehearsal(Strategy):
             else:
                 keep.append(idx[select(feats[idx], per_class, how)])
         order = torch.cat(keep)
-        torch.save({"x": x[order].clone(), "y": y[order].clone()}, self._path)
+        torch.save({"x": _gather([rows[int(i)] for i in order]), "y": y[order].clone()}, self._path)
+
+
+def _gather(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The photos at ``rows`` ((photos, index) pairs) as one new tensor."""
+    return torch.stack([px[i] for px, i in rows])
 
 
 def select(feats: torch.Tensor, k: int, how: str) -> torch.Tensor:
