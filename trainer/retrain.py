@@ -178,6 +178,7 @@ def _with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpol
     photos = pool_photos(root)
     x, ids = load_unlabelled(photos, exclude, tc.unlabelled_max, spec, should_stop)
     term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, should_stop)
+    del x  # the photos it took are copied into term.data; the rest need no memory while the second candidate trains
     summary = {**term.summary, "kept": False}
     if term.data is None:
         return candidate, used, summary
