@@ -114,8 +114,23 @@ def test_rehearsal_replays_its_memory(tmp_path):
     model = build_model(3)
     r = Rehearsal(tmp_path, RehearsalConfig(per_class=3))
     r.after(model, toy())
-    replay = r.before(model, model, toy(n_per_class=1))
+    replay = r.before(model, model, toy(n_per_class=1, seed=5))
     assert len(replay) == 3 + 9
+
+
+def test_rehearsal_never_replays_a_photo_the_generation_holds_and_keeps_each_photo_once(tmp_path):
+    """A retrain is given the shipped replay photos and every expert label each time: replayed again from the
+    memory, they counted double, and the memory filled with copies (760 photos by a farm's fifth day, 3x the time)."""
+    model = build_model(3).eval()
+    r = Rehearsal(tmp_path, RehearsalConfig(per_class=5))
+    data = toy(n_per_class=3)
+    r.after(model, data)
+    assert len(r.before(model, model, data)) == len(data)  # all of the memory is in the generation already
+    twice = data + data
+    r.after(model, twice + Generation(toy(n_per_class=3, seed=7).x[:2], torch.tensor([0, 0])))
+    kept = torch.load(tmp_path / "memory.pt")
+    assert len(kept["y"]) == 3 * 3 + 2 and len({p.numpy().tobytes() for p in kept["x"]}) == 11  # each photo once
+    assert len(r.before(model, model, data)) == len(data) + 2  # only the two photos it does not hold
 
 
 def test_rehearsal_keeps_the_exemplars_of_the_true_labels_and_its_old_memory_chosen_in_feature_space(tmp_path):

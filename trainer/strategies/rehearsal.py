@@ -1,12 +1,18 @@
 """Rehearsal: a class-balanced memory of past photos replayed with each new generation.
 
 The memory (``per_class`` photos per class, default 20) is kept on disk as
-tensors under the strategy's state directory. ``selection``: ``random``;
+tensors under the strategy's state directory. A photo is replayed only where the
+generation does not already hold it (an on-device retrain is given the shipped replay
+photos and every expert label each time: replaying them again weighed them double and,
+chosen from what the last retrain saw, memory included, filled the memory with copies
+that tripled a retrain's time by the fifth day), and kept once. ``selection``: ``random``;
 ``herding`` (iCaRL: greedily the photos whose running mean best matches the
 class mean in feature space); ``distance`` (the photos nearest the class mean).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 
@@ -36,7 +42,12 @@ class Rehearsal(Strategy):
         if memory is None:
             return data
         mx, my = memory
-        return data + Generation(mx, my)
+        held = set(_digests(data.x))
+        new = [i for i, d in enumerate(_digests(mx)) if d not in held]
+        if not new:
+            return data
+        rows = torch.tensor(new)
+        return data + Generation(mx[rows], my[rows])
 
     def after(self, model, data: Generation) -> None:
         per_class = self.config.per_class
@@ -47,9 +58,15 @@ class Rehearsal(Strategy):
         if memory is not None:
             parts.append((memory[0], torch.arange(len(memory[1]))))
             ys.append(memory[1])
-        y = torch.cat(ys)
-        # (photos, row) of every candidate, in y's order: a batch is gathered at a time, never all the photos again
-        rows = [(px, int(i)) for px, idx in parts for i in idx]
+        # (photos, row) of every candidate, each photo once (the newest label first): a batch is gathered at a time, never all the photos again
+        rows, labels, seen = [], [], set()
+        for (px, idx), py in zip(parts, ys):
+            for i, label, digest in zip(idx.tolist(), py.tolist(), _digests(px, idx.tolist())):
+                if digest not in seen:
+                    seen.add(digest)
+                    rows.append((px, i))
+                    labels.append(label)
+        y = torch.tensor(labels, dtype=torch.long)
         keep = []
         gen = torch.Generator().manual_seed(self.seed)
         with torch.no_grad():
@@ -66,6 +83,14 @@ class Rehearsal(Strategy):
                 keep.append(idx[select(feats[idx], per_class, how)])
         order = torch.cat(keep)
         torch.save({"x": _gather([rows[int(i)] for i in order]), "y": y[order].clone()}, self._path)
+
+
+def _digests(x: torch.Tensor, rows: list[int] | None = None) -> list[bytes]:
+    """A digest of the values of each photo (of ``rows``, default all): the same photo, the same digest (in the same
+    precision)."""
+    return [
+        hashlib.blake2b(x[i].contiguous().numpy().tobytes(), digest_size=16).digest() for i in (range(len(x)) if rows is None else rows)
+    ]
 
 
 def _gather(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
