@@ -54,6 +54,31 @@ def test_onnxruntime_int8_variant_runs_and_agrees_mostly(tiny_store):
     assert 0.0 <= manifest["metrics"]["int8"]["top1_agreement_with_fp32"] <= 1.0
 
 
+def test_a_publish_scores_with_onnx_runtime_four_photos_a_run_and_gets_the_whole_sets_answers(tiny_store, monkeypatch):
+    """A session's arena grows with the photos of a run (Lite0 at 192 px: 0.17 GB at 16, 0.04 GB at 4)."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    from trainer.int8 import logits_of_onnx
+
+    version = EngineStore(tiny_store).open()
+    model = version.artifact("onnx")
+    size = version.manifest["preprocess"]["size"]
+    x = np.random.default_rng(0).normal(size=(10, 3, size, size)).astype(np.float16)
+    whole = logits_of_onnx(Path(model), x, batch=10)
+    runs: list[int] = []
+    real = ort.InferenceSession.run
+
+    def counted(self, names, feed, *rest):
+        runs.extend(len(v) for v in feed.values())
+        return real(self, names, feed, *rest)
+
+    monkeypatch.setattr(ort.InferenceSession, "run", counted)
+    assert np.allclose(logits_of_onnx(Path(model), x), whole, atol=1e-5)
+    assert runs == [4, 4, 2]
+
+
 def test_worker_threads_do_not_spin_unless_asked(tiny_store):
     def spinning(cfg):
         with open_engine(tiny_store, parse_config({"engine": cfg}).engine) as engine:

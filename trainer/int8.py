@@ -65,8 +65,9 @@ def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.nda
         prepped.unlink(missing_ok=True)
 
 
-def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 16) -> np.ndarray:
-    """An ONNX model's outputs for ``x`` (ONNX Runtime, CPU)."""
+def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 4) -> np.ndarray:
+    """An ONNX model's outputs for ``x`` (ONNX Runtime, CPU), ``batch`` photos a run: EfficientNet-Lite0's session at
+    192 px peaks 0.17 GB above its start at 16 photos a run and 0.04 GB at 4, in a retrain that opens four of them."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
