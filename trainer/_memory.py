@@ -1,6 +1,6 @@
 """A retrain's memory by phase: the process's peak resident size reached while each phase ran.
 
-The kernel keeps one peak per process (``ru_maxrss``), never lowered; read at each phase's start, the rise since
+The kernel keeps one peak per process (``VmHWM`` on Linux, ``ru_maxrss`` elsewhere), never lowered; read at each phase's start, the rise since
 the previous reading is what that phase added to the peak. A retrain runs in its own child process
 (:mod:`trainer._child`), so the peak is the retrain's own. Linux and macOS report the peak; where the platform
 does not, the record is empty rather than wrong.
@@ -14,7 +14,15 @@ __all__ = ["PhaseMemory", "peak_rss_mb"]
 
 
 def peak_rss_mb() -> float | None:
-    """This process's peak resident size so far in MiB, or None where the platform does not report it."""
+    """This process's peak resident size so far in MiB, or None where the platform does not report it.
+
+    Linux: ``VmHWM`` of ``/proc/self/status``, the peak since the program started (``ru_maxrss`` survives ``exec``:
+    a child started from a large process would report the parent's size as its own)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:  # Windows
