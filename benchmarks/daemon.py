@@ -193,13 +193,10 @@ def main() -> None:
     args = ap.parse_args()
     extra = dict(item.split("=", 1) for item in args.set)
     photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
-    from edge_agent.config import parse_config, tomllib
+    from benchmarks._sets import config_sets
+    from edge_agent.config import parse_config
 
-    overrides: dict = {}
-    for key, value in extra.items():
-        section, _, name = key.partition(".")
-        overrides.setdefault(section, {})[name] = tomllib.loads(f"v = {value}")["v"]
-    cfg = parse_config(overrides)
+    cfg = parse_config(config_sets(args.set))
     batch, workers = cfg.pipeline.max_batch, cfg.pipeline.decode_workers
     rows = []
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:

@@ -36,6 +36,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks._sets import config_sets
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
@@ -511,23 +513,6 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _overrides(items: list[str]) -> dict:
-    """``["trainer.field_check_min=6"]`` as ``{"trainer": {"field_check_min": 6}}`` (each value read as TOML)."""
-    from edge_agent.config import tomllib
-
-    out: dict = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not (eq and dot and section and name):
-            raise SystemExit(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. trainer.field_check_min=6")
-        try:
-            out.setdefault(section, {})[name] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError as exc:
-            raise SystemExit(f"--set {item!r}: the value is not TOML ({exc}); a string needs quotes: 'engine.precision=\"fp32\"'") from None
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.field_loop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -549,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         help="fast mode: a configuration value (TOML) other than the shipped one",
     )
     args = ap.parse_args(argv)
-    overrides = _overrides(args.set)
+    overrides = config_sets(args.set)
     if overrides and args.mode == "full":
         ap.error("--set: full mode runs the services as a new user does, with no configuration")
     out = Path(args.out)

@@ -75,16 +75,17 @@ def test_the_measure_gives_each_engine_the_photos_its_own_manifest_asks_for(tmp_
 
 
 def test_a_set_value_is_read_as_toml_and_a_malformed_one_or_full_mode_is_refused_with_the_fix(tmp_path):
-    from benchmarks.field_loop import _overrides, main
+    from benchmarks._sets import config_sets
+    from benchmarks.field_loop import main
 
-    assert _overrides(["trainer.field_check_min=6", 'engine.precision="fp32"', "trainer.unlabelled_term=false"]) == {
+    assert config_sets(["trainer.field_check_min=6", 'engine.precision="fp32"', "trainer.unlabelled_term=false"]) == {
         "trainer": {"field_check_min": 6, "unlabelled_term": False},
         "engine": {"precision": "fp32"},
     }
     with pytest.raises(SystemExit, match="SECTION.KEY=VALUE"):
-        _overrides(["field_check_min=6"])
+        config_sets(["field_check_min=6"])
     with pytest.raises(SystemExit, match="not TOML.*quotes"):
-        _overrides(["engine.precision=fp32"])
+        config_sets(["engine.precision=fp32"])
     with pytest.raises(SystemExit) as refused:  # the services of full mode run as a new user's, with no configuration
         main(["--out", str(tmp_path), "--mode", "full", "--set", "trainer.field_check_min=6"])
     assert refused.value.code == 2 and not any(tmp_path.iterdir())
