@@ -110,7 +110,7 @@ class TrainerSection(BaseModel):
         "0: none (candidates are then judged on the lab gate photos alone).",
     )
     field_check_min: int = Field(
-        8,
+        6,
         ge=1,
         description="Fewest held-back expert labels the field check judges on; with fewer, once expert labels exist, nothing is published.",
     )

@@ -29,7 +29,7 @@ def _counts(samples: list[Sample]) -> dict:
 
 
 def test_a_days_ten_labels_say_how_many_more_and_of_which_classes_fill_the_field_check():
-    tc = TrainerSection()  # every 4th label of a class held back, 8 needed
+    tc = TrainerSection(field_check_min=8)  # every 4th label of a class held back, 8 needed
     samples = [_sample("Apple___Apple_scab") for _ in range(4)] + [_sample("Apple___Cedar_apple_rust") for _ in range(3)]
     samples += [_sample("Apple___healthy") for _ in range(3)]
     nxt = plan(samples, _counts(samples), tc)
