@@ -291,7 +291,7 @@ def test_the_fleet_page_on_a_trainers_machine(tmp_path, browser, shots):
         assert json.loads((state / "trainer" / "rollout.json").read_text())["stage"] == "stopped"
         browser.get(f"http://127.0.0.1:{port}/health")  # what the next version waits for, in words
         said = browser.find_element(By.ID, "next-publish").text
-        assert said.startswith("Next version: 22 more expert labels") and "Cedar apple rust (Apple)" in said and "Review" in said
+        assert said.startswith("Next version: 14 more expert labels") and "Cedar apple rust (Apple)" in said and "Review" in said
         browser.save_screenshot(str(shots / "health-next-publish.png"))
     finally:
         web.terminate()
