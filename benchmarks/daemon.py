@@ -191,12 +191,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="end-to-end runs; the table gives medians and every run")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="daemon config override (TOML value)")
     args = ap.parse_args()
-    extra = dict(item.split("=", 1) for item in args.set)
-    photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
     from benchmarks._sets import config_sets
     from edge_agent.config import parse_config
 
-    cfg = parse_config(config_sets(args.set))
+    cfg = parse_config(config_sets(args.set))  # first: a malformed --set is refused with what to write
+    extra = dict(item.split("=", 1) for item in args.set)  # as written, for the daemon's configuration file
+    photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
     batch, workers = cfg.pipeline.max_batch, cfg.pipeline.decode_workers
     rows = []
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:

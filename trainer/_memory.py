@@ -1,8 +1,8 @@
 """A retrain's memory by phase: the process's peak resident size reached while each phase ran.
 
-The kernel keeps one peak per process (``VmHWM`` on Linux, ``ru_maxrss`` elsewhere), never lowered; read at each phase's start, the rise since
-the previous reading is what that phase added to the peak. A retrain runs in its own child process
-(:mod:`trainer._child`), so the peak is the retrain's own. Linux and macOS report the peak; where the platform
+The kernel keeps one peak per process (``VmHWM`` on Linux, ``ru_maxrss`` elsewhere), never lowered; read at each
+phase's start, the rise since the previous reading is what that phase added to the peak. A retrain runs in its own
+child process (:mod:`trainer._child`), so the peak is the retrain's own. Linux and macOS report the peak; where the platform
 does not, the record is empty rather than wrong.
 """
 
