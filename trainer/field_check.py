@@ -6,8 +6,8 @@ published only if, on that set, it is right on at least as many photos as the en
 publishes: the candidate has learnt from more labels), besides passing the lab gate. A photo worse is refused: the
 field loop published a version one held-back photo behind, within the one standard error an earlier rule allowed,
 and it was worse on the held-out field (0.737 -> 0.700). While the set holds fewer than ``field_check_min`` photos
-no candidate is published: the lab photos alone cannot say whether the field got better. Adapting BatchNorm statistics to the field's photos is kept only where
-the same set shows, by log-loss, that it helps.
+no candidate is published: the lab photos alone cannot say whether the field got better. Adapting BatchNorm
+statistics to the field's photos is kept only where the same set shows, by log-loss, that it helps.
 """
 
 from __future__ import annotations
