@@ -89,3 +89,47 @@ def test_a_set_value_is_read_as_toml_and_a_malformed_one_or_full_mode_is_refused
     with pytest.raises(SystemExit) as refused:  # the services of full mode run as a new user's, with no configuration
         main(["--out", str(tmp_path), "--mode", "full", "--set", "trainer.field_check_min=6"])
     assert refused.value.code == 2 and not any(tmp_path.iterdir())
+
+
+def test_the_field_check_replay_judges_each_day_on_the_held_back_photos_of_the_labels_given_so_far(tmp_path, tiny_store, signing_key):
+    """A replay that took every label the store holds would judge day 1 on photos its expert had not yet labelled."""
+    import shutil
+
+    import torch
+
+    from benchmarks.field_check_replay import replay
+    from edge_agent.preprocess import PreprocessSpec, preprocess_file
+    from engines.store import EngineStore
+    from trainer import photos
+    from trainer.field_check import prefer
+    from trainer.models import build_model
+    from trainer.publish import load_weights, publish_model
+    from trainer.samples import SampleStore
+
+    from .conftest import encode, leaf_image
+
+    state = tmp_path / "state"
+    shutil.copytree(tiny_store, state / "engines")
+    store = EngineStore(state / "engines")
+    first = store.current()
+    torch.manual_seed(1)
+    second = publish_model(build_model(3).eval(), list(store.open().classes), state / "engines", signing_key=signing_key).name
+    samples = SampleStore(state / "trainer")
+    classes = list(store.open().classes)
+    for i in range(12):  # classes in turn; with every 2nd label of a class held back: 3 of the first 8, 6 of all 12
+        header = {"id": f"{i:064x}", "kind": "expert", "label": classes[i % 3], "confidence": 1.0, "engine_version": first, "ext": ".jpg"}
+        samples.add(header, encode(leaf_image(i, (180, 160))))
+    days = [
+        {"day": 0, "expert_labels": 0, "published": first, "field": 0.5},
+        {"day": 1, "expert_labels": 8, "published": second, "field": 0.6},
+    ]
+    (row,) = replay(tmp_path, days, every=2)
+    assert (row["serving"], row["candidate"], row["held_back"]) == (first, second, 3)
+    held = [s for s in sorted(samples.all(), key=lambda s: s.id)[:8] if s.id[-1] in "345"]
+    spec = PreprocessSpec.from_manifest(store.open(first).manifest["preprocess"])
+    x = photos.stack([photos.photo(preprocess_file(s.file, spec)) for s in held])
+    y = torch.tensor([classes.index(s.label) for s in held])
+    _, f = prefer(load_weights(store.open(second)), load_weights(store.open(first)), x, y)
+    assert (row["right_candidate"], row["right_serving"]) == (round(f["field_top1_with"] * 3), round(f["field_top1_without"] * 3))
+    assert (row["log_loss_candidate"], row["log_loss_serving"]) == (f["field_log_loss_with"], f["field_log_loss_without"])
+    assert (row["field_serving"], row["field_candidate"]) == (0.5, 0.6)
