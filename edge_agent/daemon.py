@@ -1,7 +1,9 @@
 """``edge-agent run``: the long-running service.
 
-Start-up order: state directories -> results database -> engine (verified) ->
-pipeline -> sources -> READY=1. The main loop then checks health every half
+Start-up order: state directories -> engine (verified) -> results database ->
+pipeline -> sources -> READY=1 -> the workers no photo waits on (retention,
+alerts, hot swap, hand-off and engine transfer), so READY=1 comes as soon as a
+photo dropped in the inbox would be classified. The main loop then checks health every half
 second: WATCHDOG=1 is sent only while the pipeline is alive and either making
 progress or idle with nothing in flight; a stuck pipeline stops the pings, and
 systemd restarts the service. SIGTERM/SIGINT stop the sources, let photos in
@@ -16,24 +18,28 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge_agent.board import BoardSensors
 from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
-from edge_agent.handoff.sender import Sender
-from edge_agent.hotswap import EngineWatcher
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, Pipeline
+from edge_agent.preprocess import load_decoder
 from edge_agent.results import ResultsDB
-from edge_agent.sources.camera import CameraSource
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
 from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store_or_shipped, write_status
 from edge_agent.systemd import Notifier
-from edge_agent.transfer.fetcher import EngineFetcher
 from edge_agent.trust import daemon_trust, open_trusted
 from edge_agent.upgrade import adopt_shipped_signatures
 from engines.base import Engine
+
+if TYPE_CHECKING:  # imported where they start: the camera's OpenCV only with a camera, the rest after READY=1
+    from edge_agent.handoff.sender import Sender
+    from edge_agent.hotswap import EngineWatcher
+    from edge_agent.sources.camera import CameraSource
+    from edge_agent.transfer.fetcher import EngineFetcher
 
 __all__ = ["Daemon"]
 
@@ -59,6 +65,7 @@ class Daemon:
         self.alerts = None
         self.retention = None
         self.store_note: str | None = None
+        self._results_before_start = 0
         self.board = BoardSensors()
         self.healthy = False
         self.watchdog_sent = 0
@@ -91,6 +98,7 @@ class Daemon:
         if self.ledger_note:
             self.ledger_note += self._reindex_queue()
             self.log.error("ledger_set_aside", note=self.ledger_note)
+        self._results_before_start = self.db.last_result_id()  # alerts start after READY=1 and from here
         self.spool = PhotoSpool(self.state.queue, cfg.labels.max_spool_mb << 20, self.db.queue_bytes())
         self.pipeline = Pipeline(
             self.classifier,
@@ -106,20 +114,26 @@ class Daemon:
             inbox=self.inbox,
         )
         self.pipeline.start()
-        if cfg.retention.enabled:
-            from edge_agent.retention import Retention
-
-            self.retention = Retention(cfg.retention, self.state.root, self.db)
-            self.retention.start()
-        self._start_alerts()
-        self._start_learning_links()
         if cfg.inbox.enabled:
             self.folder = FolderSource(self.inbox, cfg.inbox, self._arrived)
             self.folder.start()
         if cfg.camera.enabled:
+            from edge_agent.sources.camera import CameraSource
+
             self.camera = CameraSource(cfg.camera, self._frame)
             self.camera.start()
             self.camera.first_attempt.wait(15)  # READY only after the camera was tried once
+
+    def _start_workers(self) -> None:
+        """The workers that run beside the pipeline and that no photo waits on, started once READY=1 is sent."""
+        load_decoder()  # OpenCV, before the first photo needs it
+        if self.cfg.retention.enabled:
+            from edge_agent.retention import Retention
+
+            self.retention = Retention(self.cfg.retention, self.state.root, self.db)
+            self.retention.start()
+        self._start_alerts()
+        self._start_learning_links()
 
     def _reindex_queue(self) -> str:
         """After a ledger was set aside: every photo still in the label queue's folders goes back in the queue, for the
@@ -163,10 +177,15 @@ class Daemon:
             crops=cfg.classify.crops,
             num_classes=lambda: len(self.pipeline.classifier.engine.classes),  # the one serving, after any swap
             sure=cfg.labels.pseudo_threshold,
+            start_after=self._results_before_start,
         )
         self.alerts.start()
 
     def _start_learning_links(self) -> None:
+        from edge_agent.handoff.sender import Sender
+        from edge_agent.hotswap import EngineWatcher
+        from edge_agent.transfer.fetcher import EngineFetcher
+
         cfg = self.cfg
         self.watcher = EngineWatcher(
             self.store,
@@ -311,11 +330,14 @@ class Daemon:
         self._setup()
         self.check_health()
         self.notifier.ready(f"ready, engine {self.classifier.engine.engine_version}")
+        ready_ms = round((time.perf_counter() - t0) * 1000, 1)
+        self._start_workers()
         self.log.info(
             "ready",
             inbox=str(self.inbox) if self.folder else None,
             camera=self.cfg.camera.source if self.camera else None,
-            startup_ms=round((time.perf_counter() - t0) * 1000, 1),
+            startup_ms=ready_ms,
+            workers_ms=round((time.perf_counter() - t0) * 1000 - ready_ms, 1),
         )
         if not self.cfg.classify.crops:
             self.log.info(

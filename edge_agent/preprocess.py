@@ -30,10 +30,29 @@ import os
 import stat
 from dataclasses import asdict, dataclass, field
 
-import cv2
 import numpy as np
 
 from edge_agent.imageheader import IMAGE_EXTENSIONS, ImageHeader, ImageRejected, ImageTooLarge, check_image
+
+
+class _OpenCV:
+    """OpenCV, imported at its first use instead of with this module: ~25 ms of the daemon's start that READY=1
+    need not wait for (the daemon imports it just after READY=1, before a photo could need it)."""
+
+    def __getattr__(self, name: str):
+        import cv2 as real
+
+        globals()["cv2"] = real  # every later use goes straight to the module
+        return getattr(real, name)
+
+
+cv2 = _OpenCV()
+
+
+def load_decoder() -> None:
+    """Import OpenCV now (the daemon calls this just after READY=1)."""
+    cv2.imdecode  # noqa: B018 - the attribute access is the import
+
 
 __all__ = [
     "PreprocessSpec",
@@ -113,8 +132,8 @@ def _apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
     return img
 
 
-#: libjpeg's DCT scaling factors and OpenCV's flags for them, largest first.
-_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+#: libjpeg's DCT scaling factors, largest first (OpenCV's IMREAD_REDUCED_COLOR_<factor>).
+_REDUCED = (8, 4, 2)
 
 
 def reduction(header: ImageHeader, size: int) -> int:
@@ -123,7 +142,7 @@ def reduction(header: ImageHeader, size: int) -> int:
     if header.format != "jpeg":
         return 1
     short = min(header.width, header.height)
-    return next((f for f, _ in _REDUCED if short // f >= 2 * size), 1)
+    return next((f for f in _REDUCED if short // f >= 2 * size), 1)
 
 
 def check_header(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> ImageHeader:
@@ -144,7 +163,7 @@ def decode_bgr(data: bytes, spec: PreprocessSpec = DEFAULT_SPEC) -> np.ndarray:
         return _decode_heif(data, header)
     buf = np.frombuffer(data, np.uint8)
     factor = reduction(header, spec.size)
-    flag = dict(_REDUCED).get(factor, cv2.IMREAD_COLOR)
+    flag = getattr(cv2, f"IMREAD_REDUCED_COLOR_{factor}") if factor in _REDUCED else cv2.IMREAD_COLOR
     img = cv2.imdecode(buf, flag | cv2.IMREAD_IGNORE_ORIENTATION)
     if img is None or img.ndim != 3 or img.shape[2] != 3:
         raise ImageRejected(f"undecodable {header.format.upper()} (corrupt image data)")

@@ -381,6 +381,10 @@ class ResultsDB:
         )
         return QueueEntry(*rows[0]) if rows else None
 
+    def last_result_id(self) -> int:
+        """The id of the newest result (0: none yet)."""
+        return self._query("SELECT COALESCE(MAX(id), 0) FROM results")[0][0]
+
     def queue_length(self) -> int:
         """Pseudo and expert labels not yet delivered to the trainer."""
         return self._query("SELECT COUNT(*) FROM label_queue WHERE kind IN ('pseudo', 'expert')")[0][0]
@@ -399,8 +403,9 @@ class ResultsDB:
 
     def prune_results(self, before: float, source: str | None = None, keep: Collection[str] = (), batch: int = 5000) -> int:
         """Delete result rows older than ``before`` (of ``source`` only, if given), except those whose sha256 is in
-        ``keep``, in batches (the pipeline's commits wait for one batch at most); returns how many went."""
-        where = "id > ? AND created < ?" + (" AND source = ?" if source is not None else "")
+        ``keep``, in batches (the pipeline's commits wait for one batch at most); returns how many went. The newest
+        row always stays: ids are never reused, so a cursor over them (the alerts') never points past a new result."""
+        where = "id > ? AND created < ? AND id < (SELECT MAX(id) FROM results)" + (" AND source = ?" if source is not None else "")
         extra = (source,) if source is not None else ()
         gone, last = 0, 0
         while True:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from engines.base import BackendConfig, Engine, get_backend
-from engines.store import EngineStore, StoreVersion
+from engines.store import EngineStore
 
 __all__ = ["open_engine"]
 
@@ -15,5 +16,22 @@ def open_engine(store: EngineStore | str | os.PathLike, config: BackendConfig, v
     with the backend ``config.type`` names."""
     if not isinstance(store, EngineStore):
         store = EngineStore(store)
-    opened: StoreVersion = store.open(version, trust=trust)
-    return get_backend(config.type)(opened, config)
+    opened = store.open(version, trust=trust, verify=False)  # the manifest, and its signature
+    backend = get_backend(config.type)
+    failed: list[BaseException] = []
+
+    def verify() -> None:
+        try:
+            opened.verify_files()
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            failed.append(exc)
+
+    hashing = threading.Thread(target=verify, name="verify-engine", daemon=True)
+    hashing.start()  # hashing releases the GIL: the files are checked while the backend's library imports
+    try:
+        backend.load_runtime()
+    finally:
+        hashing.join()
+        if failed:
+            raise failed[0]
+    return backend(opened, config)

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -71,8 +72,10 @@ def _read_manifest(vdir: Path, version: str) -> dict:
 
 
 def _check_files(vdir: Path, name: str, manifest: dict) -> None:
-    """Every file the manifest lists is in ``vdir`` with its sha256 (:class:`TamperedError` otherwise)."""
-    for fname, meta in manifest["files"].items():
+    """Every file the manifest lists is in ``vdir`` with its sha256 (:class:`TamperedError` otherwise); the files are
+    hashed two at a time (hashing releases the GIL: a version's 30 MB take half the time on two cores)."""
+    files = list(manifest["files"].items())
+    for fname, _ in files:
         fpath = vdir / fname
         if fpath.is_symlink():
             raise TamperedError(f"{name}/{fname}: a link (a version's files are its own); refusing to load it")
@@ -80,7 +83,25 @@ def _check_files(vdir: Path, name: str, manifest: dict) -> None:
             raise TamperedError(f"{name}/{fname}: missing")
         if fpath.stat().st_size > MAX_FILE_BYTES:
             raise TamperedError(f"{name}/{fname}: larger than {MAX_FILE_BYTES >> 20} MiB; refusing to load it")
-        _check_digest(f"{name}/{fname}", sha256_file(fpath), meta["sha256"])
+    digests: dict[str, str | OSError] = {}
+
+    def hash_some(names: list[str]) -> None:
+        for fname in names:
+            try:
+                digests[fname] = sha256_file(vdir / fname)
+            except OSError as exc:
+                digests[fname] = exc
+
+    by_size = sorted((f for f, _ in files), key=lambda f: -(vdir / f).stat().st_size)
+    other = threading.Thread(target=hash_some, args=(by_size[1::2],), name="verify-files", daemon=True)
+    other.start()
+    hash_some(by_size[0::2])
+    other.join()
+    for fname, meta in files:
+        digest = digests[fname]
+        if isinstance(digest, OSError):
+            raise TamperedError(f"{name}/{fname}: unreadable ({digest})")
+        _check_digest(f"{name}/{fname}", digest, meta["sha256"])
 
 
 def _check_digest(what: str, digest: str, expected: str) -> None:
@@ -117,6 +138,10 @@ class StoreVersion:
         if name not in self.manifest["files"]:
             raise StoreError(f"{self.name}: no file {name!r} in manifest")
         return self.path / name
+
+    def verify_files(self) -> None:
+        """Check every file the manifest lists against its sha256 (:class:`TamperedError` otherwise)."""
+        _check_files(self.path, self.name, self.manifest)
 
     def read_verified(self, name: str) -> bytes:
         """The bytes of a file the manifest lists, read once and checked against its sha256 and size cap: what the
@@ -184,9 +209,10 @@ class EngineStore:
         manifest = self.read_manifest(name)
         vdir = self.root / name
         signer = trust.check(vdir) if trust is not None else None
+        opened = StoreVersion(name, vdir, manifest, signer)
         if verify:
-            _check_files(vdir, name, manifest)
-        return StoreVersion(name, vdir, manifest, signer)
+            opened.verify_files()
+        return opened
 
     # ---- writing -------------------------------------------------------
     @contextlib.contextmanager

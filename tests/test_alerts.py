@@ -341,6 +341,22 @@ def test_one_alert_per_class_within_the_quiet_period_and_none_for_history(tmp_pa
     db.close()
 
 
+def test_a_result_classified_before_the_worker_first_started_but_after_the_daemon_did_still_alerts(tmp_path, receiver):
+    """The daemon starts its alert worker after READY=1, while the inbox is already being classified."""
+    db = ResultsDB(tmp_path / "results.sqlite")
+    _result(db, "Tomato___healthy")  # before the daemon started: history
+    started_after = db.last_result_id()
+    _result(db, "Tomato___Late_blight")  # classified between READY=1 and the worker's start
+    w = AlertWorker(
+        AlertsSection(), NO_MQTT, [WebhookSection(url=receiver.url)], db.path, tmp_path, "greenhouse", start_after=started_after
+    )
+    assert w.scan() == 1
+    w.deliver()
+    assert [json.loads(b)["label"] for _, b in receiver.got] == ["Tomato___Late_blight"]
+    w.stop()
+    db.close()
+
+
 def test_a_restart_neither_misses_a_result_nor_alerts_twice(tmp_path, receiver):
     db = ResultsDB(tmp_path / "results.sqlite")
     w = _worker(tmp_path, db.path, [receiver.url])

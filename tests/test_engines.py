@@ -159,6 +159,36 @@ def test_tampered_model_refused_by_loader(tiny_store, tmp_path):
         open_engine(copy, ort_config())
 
 
+def test_every_file_of_a_version_is_checked_while_the_runtime_imports_and_a_tampered_one_is_refused(tiny_store, tmp_path, monkeypatch):
+    """The loader hashes a version's files in threads beside the runtime's import: whichever thread a file falls to,
+    and whether or not the import fails, a changed file refuses the version."""
+    import json
+    import shutil
+
+    from engines.backends.onnxruntime_backend import OnnxRuntimeEngine
+
+    names = list(json.loads((tiny_store / "v0001" / "manifest.json").read_text())["files"])
+    assert len(names) >= 3
+    for i, name in enumerate(names):
+        copy = tmp_path / f"store-{i}"
+        shutil.copytree(tiny_store, copy)
+        f = copy / "v0001" / name
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+        with pytest.raises(TamperedError, match=f"v0001/{name}: sha256"):
+            open_engine(copy, ort_config())
+
+    def no_runtime(cls):
+        raise ImportError("No module named 'onnxruntime'")
+
+    monkeypatch.setattr(OnnxRuntimeEngine, "load_runtime", classmethod(no_runtime))
+    with pytest.raises(TamperedError):
+        open_engine(tmp_path / "store-0", ort_config())
+    with pytest.raises(ImportError, match="onnxruntime"):
+        open_engine(tiny_store, ort_config())
+
+
 def test_a_model_replaced_between_its_check_and_its_load_is_never_served(tiny_store, tmp_path):
     """Check then use: the version is verified, then its model file is swapped for another valid network (the INT8
     one) before the runtime opens it. The runtime gets the bytes that were hashed, so the swap is refused."""

@@ -60,3 +60,18 @@ def test_the_daemon_never_loads_the_web_page():
         "print('OK')\n"
     )
     _runs_clean(code)
+
+
+def test_what_a_photo_does_not_wait_for_is_not_imported_before_ready():
+    """READY=1 waits for the daemon module's imports: OpenCV (imported just after READY=1), ZeroMQ, the hand-off, hot
+    swap, transfer and alert workers (started after it) are not among them."""
+    code = (
+        "import sys\n"
+        "import edge_agent.daemon, edge_agent.cli\n"
+        "late = ('cv2', 'zmq', 'edge_agent.handoff.sender', 'edge_agent.hotswap', 'edge_agent.transfer.fetcher', "
+        "'edge_agent.alerts.worker', 'edge_agent.retention', 'http.client')\n"
+        "bad = sorted(m for m in late if m in sys.modules)\n"
+        "assert not bad, bad\n"
+        "print('OK')\n"
+    )
+    _runs_clean(code)

@@ -80,6 +80,18 @@ def test_a_camera_may_keep_its_results_a_shorter_time_than_the_hot_folder(tmp_pa
     assert sorted(src for src in db.sources()) == ["camera:0", "inbox"] and db.counts()["processed"] == 3
 
 
+def test_a_farm_idle_longer_than_result_days_keeps_its_newest_row_so_a_new_result_never_reuses_an_old_id(tmp_path):
+    """SQLite gives an emptied table's next row id 1 again: the alerts' cursor (past the old ids) would skip it."""
+    state, db = _state(tmp_path)
+    for age in (900, 800, 700):  # all older than result_days (365)
+        _photo(state, db, NOW - age * DAY, f"leaf-{age}.jpg")
+    newest = db.last_result_id()
+    r = Retention(RetentionSection(), state, db, now=lambda: NOW, usage=_disk(state, 1 << 40))
+    assert r.run_once().results == 2 and db.counts()["processed"] == 1 and db.last_result_id() == newest
+    _photo(state, db, NOW, "leaf-new.jpg")
+    assert db.last_result_id() == newest + 1
+
+
 def test_below_the_floor_the_oldest_photos_go_first_until_it_is_met(tmp_path):
     state, db = _state(tmp_path)
     for i in range(20):
@@ -120,6 +132,7 @@ def test_retention_off_prunes_nothing_and_a_daemon_status_shows_what_is_kept(tmp
     cfg = AppConfig().model_copy(update={"retention": RetentionSection(enabled=False)})
     d = Daemon(cfg, state)
     d._setup()
+    d._start_workers()
     try:
         assert d.retention is None and "retention" not in d.status()
     finally:
@@ -128,6 +141,7 @@ def test_retention_off_prunes_nothing_and_a_daemon_status_shows_what_is_kept(tmp
     assert [p.name for p in (state / "processed").rglob("*.jpg")] == ["old.jpg"]
     d = Daemon(AppConfig(), state)
     d._setup()
+    d._start_workers()
     try:
         deadline = time.time() + 10
         while d.retention.last_pass is None and time.time() < deadline:

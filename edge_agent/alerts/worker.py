@@ -55,9 +55,12 @@ class AlertWorker(Worker):
         crops: list[str] | tuple[str, ...] = (),
         num_classes: Callable[[], int] = lambda: 38,
         sure: float = 0.9,
+        start_after: int | None = None,
     ) -> None:
         """``num_classes``: how many classes the engine in service has; ``sure``: [labels] pseudo_threshold (a plant's
-        combined diagnosis, :mod:`edge_agent.plants`, uses both)."""
+        combined diagnosis, :mod:`edge_agent.plants`, uses both); ``start_after``: on the first start (no cursor
+        yet), the last result not to alert on (default: the newest now), so a daemon that started classifying before
+        the worker misses none of its own results."""
         super().__init__()
         self.section, self.device = alerts, device
         self.num_classes, self.sure = num_classes, sure
@@ -96,7 +99,7 @@ class AlertWorker(Worker):
         self._con: sqlite3.Connection | None = None
         self._con_lock = threading.Lock()
         if not self.outbox.get("cursor"):
-            self.outbox.set("cursor", str(self._max_result_id()))
+            self.outbox.set("cursor", str(self._max_result_id() if start_after is None else start_after))
 
     # ---- reading results -----------------------------------------------------------
     def _results(self, sql: str, args: tuple = ()) -> list[tuple]:

@@ -156,6 +156,10 @@ class OnnxRuntimeEngine(Engine):
     type = "onnxruntime"
     Config = OnnxRuntimeConfig
 
+    @classmethod
+    def load_runtime(cls) -> None:
+        import onnxruntime  # noqa: F401
+
     def __init__(self, version: StoreVersion, config: OnnxRuntimeConfig) -> None:
         super().__init__(version, config)
         import onnxruntime as ort
