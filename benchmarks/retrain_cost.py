@@ -2,7 +2,7 @@
 field and lab top-1 of the engine in service before and after it, over seeds.
 
 ``python -m benchmarks.retrain_cost --out DIR [--labels 100] [--seeds 1 2 3] [--field apple-orchard] [--store DIR]
-[--unlabelled N [--no-term]]``
+[--unlabelled N [--no-term]] [--set SECTION.KEY=VALUE ...]``
 
 Per seed: the field's photos are split stratified (25 % held out as the field test); ``--labels`` of the rest, drawn
 stratified at random, are the expert's labels, stored in a fresh state directory's sample store as the daemon's
@@ -91,8 +91,10 @@ def one_seed(
     term: bool = True,
     keep: Path | None = None,
     precision: float | None = None,
+    sets: dict | None = None,
 ) -> dict:
-    """Set up a state directory, measure, retrain once, measure again."""
+    """Set up a state directory, measure, retrain once, measure again (``sets``: configuration sections that
+    differ from the shipped ones, as :func:`benchmarks._sets.config_sets` reads them)."""
     from edge_agent.config import default_store_path, parse_config
     from edge_agent.log import configure_logging
     from edge_agent.state import seed_store
@@ -118,13 +120,14 @@ def one_seed(
             samples.add({**header, "engine_version": shipped.name, "ext": p.suffix}, data)
         samples.close()
         _fill_pool(state / "trainer", store.root, rest[:unlabelled])
-        cfg = parse_config(
-            {
-                "daemon": {"state_dir": str(state)},
-                "store": {"require_signature": False},
-                "trainer": {"unlabelled_term": term, **({"unlabelled_precision": precision} if precision else {})},
-            }
-        )
+        sections = {
+            "daemon": {"state_dir": str(state)},
+            "store": {"require_signature": False},
+            "trainer": {"unlabelled_term": term, **({"unlabelled_precision": precision} if precision else {})},
+        }
+        for name, values in (sets or {}).items():
+            sections[name] = {**sections.get(name, {}), **values}
+        cfg = parse_config(sections)
         load_or_create_key(state / "trainer" / "signing.key")
         t0 = time.perf_counter()
         result = retrain_in_child(
@@ -156,6 +159,8 @@ def one_seed(
         "gate": result.metrics.get("gate"),
         "unlabelled": result.metrics.get("unlabelled"),
         "memory": result.metrics.get("memory"),  # the retrain's own record: peak RSS by the end of each phase
+        "unlabelled_pool": unlabelled,
+        "sets": sets or {},
     }
 
 
@@ -169,7 +174,10 @@ def summarise(out: Path) -> str:
     lines = [
         "# One retrain on an expert's field labels",
         "",
-        f"`python -m benchmarks.retrain_cost --out {out} --labels {r0['labels']}`; {len(runs)} seeds, mean +- sd; "
+        f"`python -m benchmarks.retrain_cost --out {out} --labels {r0['labels']}"
+        + (f" --unlabelled {r0['unlabelled_pool']}" if r0.get("unlabelled_pool") else "")
+        + "".join(f" --set {section}.{k}={json.dumps(v)}" for section, kv in r0.get("sets", {}).items() for k, v in kv.items())
+        + f"`; {len(runs)} seeds, mean +- sd; "
         f"field test: {r0['field_test_photos']} held-out photos; lab: the release's {r0['lab_test_photos']} test photos.",
         "",
         "| | before | after |",
@@ -202,8 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-term", action="store_true", help="[trainer] unlabelled_term = false.")
     ap.add_argument("--keep", default=None, help="Copy each seed's store after the retrain to DIR/seed-N-engines.")
     ap.add_argument("--precision", type=float, default=None, help="[trainer] unlabelled_precision (default: the trainer's).")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="A configuration value (TOML) other than the shipped one."
+    )
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a seed in its own process
     args = ap.parse_args(argv)
+    from benchmarks._sets import config_sets
+
+    sets = config_sets(args.set)  # first: a malformed one is refused before any work
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
@@ -219,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             not args.no_term,
             keep,
             args.precision,
+            sets,
         )
         (out / f"seed-{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
@@ -232,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (["--keep", args.keep] if args.keep else [])
             )
             cmd += ["--precision", str(args.precision)] if args.precision else []
+            cmd += [f"--set={item}" for item in args.set]
             subprocess.run(cmd, check=True, cwd=REPO)
     print(summarise(out))
     return 0

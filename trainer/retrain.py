@@ -302,6 +302,7 @@ def retrain(
             candidate, used, previous, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
         )
         log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if k != "by_class"})
+    del data  # a copy of the photos trained on (``used`` holds what the candidate saw): not held through the gate
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
         progress("choosing the step")
@@ -396,7 +397,7 @@ def retrain(
     samples.mark_used(ids, version.name)
     settle_pending(store)  # the release's lineage serves now
     progress("keeping the strategy's memory")
-    del labelled, train, val, received, data, field, calib  # the photos the strategy does not keep, before it reads more
+    del labelled, train, val, received, field, calib  # the photos the strategy does not keep, before it reads more
     strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
     metrics["memory"] = memory.summary()  # after the publish: the version's manifest leaves it out, the result has it
