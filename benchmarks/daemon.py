@@ -93,7 +93,14 @@ def _thread_cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
-def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, float]:
+def compile_bytecode(repo: Path = REPO) -> None:
+    """The package's bytecode, as `pip install` leaves it and a checkout's first start writes it (unless
+    PYTHONDONTWRITEBYTECODE is set, as on the development machine): without it every start compiles ~40 modules."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "edge_agent", "engines"], cwd=repo, check=True, stdout=subprocess.DEVNULL)
+
+
+def _start(state: Path, config: Path, notify: Path, repo: Path = REPO) -> tuple[subprocess.Popen, float]:
+    """The daemon of the checkout ``repo`` started on ``state``, and the seconds from exec to its READY=1."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(notify))
     sock.settimeout(30)
@@ -103,7 +110,7 @@ def _start(state: Path, config: Path, notify: Path) -> tuple[subprocess.Popen, f
         env={**os.environ, "NOTIFY_SOCKET": str(notify)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        cwd=REPO,
+        cwd=repo,
     )
     try:
         while b"READY=1" not in sock.recv(4096):
@@ -199,9 +206,7 @@ def main() -> None:
     photos = sorted(Path(args.data).rglob("*.jpg"))[: args.photos]
     batch, workers = cfg.pipeline.max_batch, cfg.pipeline.decode_workers
     rows = []
-    # The package's bytecode, as `pip install` leaves it and a checkout's first start writes it (unless
-    # PYTHONDONTWRITEBYTECODE is set, as on the development machine): without it every start compiles ~40 modules.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "edge_agent", "engines"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
         ready = start_to_ready(Path(tmp), extra=extra)
         for i in range(args.runs):  # each run measures its own engine-only and engine+decode beside the daemon

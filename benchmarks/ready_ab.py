@@ -8,41 +8,13 @@ difference (mean +- its standard error).
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-__all__ = ["start"]
+from benchmarks.daemon import _start, _write_config, compile_bytecode
 
-
-def start(repo: str, state: Path, notify: Path, config: Path) -> float:
-    """Seconds from exec to READY=1 of ``repo``'s daemon on ``state``."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(notify))
-    sock.settimeout(30)
-    t0 = time.perf_counter()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(config), "--state-dir", str(state)],
-        env={**os.environ, "NOTIFY_SOCKET": str(notify)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=repo,
-    )
-    try:
-        while b"READY=1" not in sock.recv(4096):
-            pass
-    finally:
-        sock.close()
-        notify.unlink()
-    t = time.perf_counter() - t0
-    p.terminate()
-    p.wait(30)
-    return t
+__all__ = ["main"]
 
 
 def main(argv=None) -> None:
@@ -53,17 +25,19 @@ def main(argv=None) -> None:
     ap.add_argument("new")
     ap.add_argument("--starts", type=int, default=15)
     a = ap.parse_args(argv)
-    base, new = str(Path(a.base).resolve()), str(Path(a.new).resolve())
+    base, new = Path(a.base).resolve(), Path(a.new).resolve()
     for repo in (base, new):
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "edge_agent", "engines"], cwd=repo, check=True, stdout=subprocess.DEVNULL)
+        compile_bytecode(repo)
     res = {base: [], new: []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        config = tmp / "c.toml"
-        config.write_text('[inbox]\nsettle_s = 0.5\n[log]\nformat = "json"\n')
+        config = _write_config(tmp, None)
         for i in range(a.starts):
             for j, repo in enumerate((base, new) if i % 2 == 0 else (new, base)):
-                res[repo].append(start(repo, tmp / f"s{i}-{j}", tmp / "n.sock", config))
+                proc, seconds = _start(tmp / f"s{i}-{j}", config, tmp / "n.sock", repo)
+                res[repo].append(seconds)
+                proc.terminate()
+                proc.wait(30)
     for name, repo in (("base", base), ("new", new)):
         r = res[repo]
         print(f"{name} ({repo}): median {statistics.median(r):.3f} s, mean {statistics.mean(r):.3f}, {sorted(round(x, 3) for x in r)}")
