@@ -31,7 +31,8 @@ PRECISIONS = (0.99, 0.96, 0.90, 0.75)
 
 RULES = {
     "wilson (<= 2026-11: 10 checks, Wilson lower >= 0.95)": {"trust_rule": "wilson", "trust_checks": 10, "trust_precision": 0.95},
-    "sequential 0.97 vs 0.80, 5 % (the default)": {},
+    "sequential 0.97 vs 0.80, 5 % (the default until 2026-11-26)": {"trust_against": 0.80},
+    "sequential 0.97 vs 0.85, 5 % (the default)": {},
     "sequential 0.97 vs 0.70, 5 %": {"trust_against": 0.70},
     "sequential 0.98 vs 0.85, 5 %": {"trust_precision": 0.98, "trust_against": 0.85},
 }

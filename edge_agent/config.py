@@ -243,7 +243,7 @@ class LabelsSection(_Section):
         "(the least the Wilson rule accepts, counting one standard error against it).",
     )
     trust_against: float = Field(
-        0.80,
+        0.85,
         gt=0,
         lt=1,
         description="A class whose confident answers are right this often or less earns trust (sequential rule) with "

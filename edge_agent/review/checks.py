@@ -5,10 +5,11 @@ class the model did. A class earns pseudo-labels on this device when its latest 
 a sequential probability ratio test (Wald): each right check adds ``log(p1 / p0)`` and each wrong one
 ``log((1 - p1) / (1 - p0))``, with ``p1 = trust_precision`` (what a trusted class is expected to show) and
 ``p0 = trust_against`` (a class this often right, or less, must not earn trust); it is trusted once the sum reaches
-``log(1 / trust_error)``, and ``trust_checks`` checks at least. With the defaults that is 16 right checks in a row
-(the Wilson rule before it needed 19), and one mistake costs about ten more right ones; a class the expert keeps
-correcting never gets there. ``trust_rule = "wilson"`` keeps the earlier rule. Until then its confident photos go to
-the expert instead, the class nearest to trust first (:func:`nearest_first`). Every expert label, checks or not,
+``log(1 / trust_error)``, and ``trust_checks`` checks at least. With the defaults (0.97 against 0.85) that is 23
+right checks in a row, and a mistake bars trust until it leaves the latest ``trust_window`` (30) checks; a class the
+expert keeps correcting never gets there. ``trust_rule = "wilson"`` keeps the rule before 2026-11 (19 right
+checks). Until then its confident photos go to the expert instead, the class nearest to trust first
+(:func:`nearest_first`). Every expert label, checks or not,
 also feeds the confusion table the web page shows (what the model said, what the expert said).
 """
 
@@ -73,10 +74,21 @@ def standing(label: str, window: list[bool], policy: LabelsSection) -> ClassTrus
         trusted = n >= policy.trust_checks and lower >= policy.trust_precision
         needed = 0 if trusted else _wilson_needed(right, n, policy)
         return ClassTrust(label, n, right, lower, trusted, needed)
-    up, down, bound = _steps(policy)
-    evidence = right * up + (n - right) * down
-    needed = max(math.ceil((bound - evidence) / up - 1e-9), policy.trust_checks - n, 0)
+    needed = _sequential_needed(window, policy)
     return ClassTrust(label, n, right, lower, needed == 0, needed)
+
+
+def _sequential_needed(window: list[bool], policy: LabelsSection) -> int:
+    """Right checks in a row from now that pass the test, counting the older checks that leave the window meanwhile."""
+    up, down, bound = _steps(policy)
+    size = policy.trust_window
+    for more in range(0, size + 1):
+        kept = window[: max(0, size - more)]
+        n = more + len(kept)
+        evidence = (more + sum(kept)) * up + (len(kept) - sum(kept)) * down
+        if n >= policy.trust_checks and evidence >= bound - 1e-9:
+            return more
+    return size + 1  # a window of right checks is not enough: out of reach with these settings
 
 
 def _steps(policy: LabelsSection) -> tuple[float, float, float]:

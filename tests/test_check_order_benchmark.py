@@ -1,0 +1,46 @@
+"""The check-order replay's own arithmetic: on which day a class's checks earn it trust, by the device's rule."""
+
+from __future__ import annotations
+
+import random
+
+from benchmarks.check_order import RULES, markdown, trust_day
+from edge_agent.config import LabelsSection
+
+
+def test_a_class_right_on_every_check_is_trusted_on_the_day_its_twenty_third_check_is_asked():
+    days = [[(0.5, True)] * 10 for _ in range(6)]  # 10 confident answers a day, all right
+    assert trust_day(days, "margin", 7, LabelsSection()) == 4  # 7, 14, 21, then 28 >= 23
+    assert trust_day(days, "margin", 7, LabelsSection(trust_against=0.80)) == 3  # 16 right checks then
+    assert trust_day(days, "drawn", 7, LabelsSection(), random.Random(0)) == 4
+
+
+def test_checking_the_smallest_margins_first_finds_the_wrong_answers_a_fair_draw_may_miss():
+    # each day: 2 wrong answers at small margins among 18 right ones at large margins (90 % right)
+    days = [[(0.05, False), (0.06, False)] + [(0.5 + i / 100, True) for i in range(18)] for _ in range(8)]
+    policy = LabelsSection(trust_against=0.80)
+    assert trust_day(days, "margin", 7, policy) is None  # the two wrong ones are asked first every day
+    drawn = [trust_day(days, "drawn", 7, policy, random.Random(k)) for k in range(50)]
+    assert any(d is not None for d in drawn)  # a lucky draw of right answers trusted a 90 % class under 0.80
+
+
+def test_no_day_brings_trust_to_a_class_the_expert_keeps_correcting():
+    days = [[(0.5, i % 2 == 0) for i in range(10)] for _ in range(10)]
+    assert all(trust_day(days, "drawn", 7, LabelsSection(), random.Random(k)) is None for k in range(20))
+
+
+def test_the_table_shows_each_rule_and_the_precision_at_each_confidence():
+    row = {
+        "seed": 1,
+        "engine": "v2002",
+        "class": "Apple___Apple_scab",
+        "confident": 55,
+        "precision": 0.873,
+        "test_confident": 22,
+        "test_precision": 0.955,
+        "bands": {b: [10, 0.9] for b in ("0.9", "0.95", "0.97", "0.98", "0.99")} | {"0.99": [0, None]},
+        "rules": {name: {"margin_day": 3, "drawn_trusted": 0.57, "drawn_day": 3.0} for name in RULES},
+    }
+    text = markdown([row], "python -m benchmarks.check_order X")
+    assert "| 1 | v2002 | Apple_scab | 0.873 of 55 | 0.955 of 22 | day 3; drawn 0.57 |" in text
+    assert "| 1 | v2002 | Apple_scab | 0.90 of 10 | 0.90 of 10 | 0.90 of 10 | 0.90 of 10 | - |" in text
