@@ -15,6 +15,7 @@ the defaults apply.
 from __future__ import annotations
 
 import json
+import math
 import os
 from importlib import resources
 from pathlib import Path
@@ -25,7 +26,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10 (JetPack 6): the same parser, from PyPI
     import tomli as tomllib
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.imageheader import IMAGE_EXTENSIONS
@@ -264,6 +265,21 @@ class LabelsSection(_Section):
     trust_window: int = Field(
         30, ge=1, le=10000, description="A class's trust is judged on its latest this many checks (older engines' answers fall out)."
     )
+
+    @model_validator(mode="after")
+    def _window_can_earn_trust(self) -> LabelsSection:
+        if self.trust_rule != "sequential" or self.trust_checks == 0:
+            return self
+        step = math.log(self.trust_precision / self.trust_against)
+        needed = math.ceil(math.log(1 / self.trust_error) / step - 1e-9)
+        if self.trust_window < needed:
+            raise ValueError(
+                f"trust_window ({self.trust_window}) is shorter than the {needed} right checks the sequential test needs "
+                f"(trust_precision {self.trust_precision} against trust_against {self.trust_against}, trust_error "
+                f"{self.trust_error}): no class could ever earn trust; set trust_window to {needed} or more"
+            )
+        return self
+
     review_pool: int = Field(
         2000,
         ge=1,

@@ -91,12 +91,12 @@ def test_with_the_earlier_test_a_mistake_cost_ten_right_checks_inside_the_window
     assert not t.trusted and t.needed == 10
 
 
-def test_a_window_too_short_for_the_test_says_trust_is_out_of_reach(db):
-    policy = LabelsSection(trust_window=20)  # 20 right checks: 2.64 < log(20)
-    for _ in range(25):
-        _photo(db, "A", expert="A")
-    t = class_trust(db, policy)["A"]
-    assert not t.trusted and t.needed == 21
+def test_a_window_too_short_for_the_test_is_refused_with_the_window_it_needs():
+    with pytest.raises(ValueError, match=r"trust_window \(20\) is shorter than the 23 right checks.*set trust_window to 23"):
+        LabelsSection(trust_window=20)  # 20 right checks: 2.64 < log(20)
+    assert LabelsSection(trust_window=23).trust_window == 23
+    assert LabelsSection(trust_window=20, trust_against=0.80).trust_window == 20  # 16 right checks suffice there
+    assert LabelsSection(trust_window=5, trust_checks=0).trust_window == 5  # every class trusted: no test to pass
 
 
 def test_the_wilson_rule_is_kept_as_it_was_nineteen_right_checks(db):
