@@ -357,6 +357,32 @@ def test_gate_refuses_a_candidate_below_the_first_version_even_if_close_to_the_c
     assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root).publish
 
 
+def test_the_gate_judges_the_first_version_on_the_validation_photos_themselves_not_a_copy(monkeypatch):
+    """A boolean index copies the tensor (400 MB for 672 photos at 224 px): the retrain's peak memory was the gate's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainer import gate as gate_mod
+    from trainer.models import build_model
+
+    root, current, candidate = build_model(3), build_model(3), build_model(3)
+    seen = []
+
+    def evaluate(m, x, y):
+        seen.append((m, x))
+        return SimpleNamespace(top1=0.9, per_class=[0.9] * 3)
+
+    monkeypatch.setattr(gate_mod, "evaluate", evaluate)
+    x, y = torch.zeros(9, 3, 128, 128), torch.tensor([0, 1, 2] * 3)
+    assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root).publish
+    assert all(xs is x for _, xs in seen) and [m for m, _ in seen].count(candidate) == 1
+    seen.clear()
+    grown = build_model(4)  # a class the first version lacks: judged on the photos of its classes
+    assert gate_mod.gate(grown, current, x, torch.tensor([0, 1, 3] * 3), ["a", "b", "c", "d"], tolerance=0.5, root=root).publish
+    assert [len(xs) for m, xs in seen if m is root] == [6]
+
+
 def test_no_temperature_is_fitted_where_the_model_is_never_wrong():
     """On held-out photos it gets all right, minimising the NLL only sharpens the softmax (to T = 0.1): refused."""
     import torch
