@@ -383,6 +383,18 @@ def test_the_gate_judges_the_first_version_on_the_validation_photos_themselves_n
     assert [len(xs) for m, xs in seen if m is root] == [6]
 
 
+def test_an_evaluation_feeds_the_model_eight_photos_at_a_time_to_keep_a_retrains_peak_memory_down():
+    import torch
+
+    from trainer.models import build_model
+    from trainer.train import evaluate
+
+    model, sizes = build_model(3), []
+    model.register_forward_pre_hook(lambda _m, args: sizes.append(len(args[0])))  # kept by the inference copy
+    ev = evaluate(model, torch.zeros(19, 3, 64, 64), torch.tensor([0, 1, 2] * 6 + [0]))
+    assert sizes == [8, 8, 3] and len(ev.per_class) == 3
+
+
 def test_no_temperature_is_fitted_where_the_model_is_never_wrong():
     """On held-out photos it gets all right, minimising the NLL only sharpens the softmax (to T = 0.1): refused."""
     import torch

@@ -65,8 +65,11 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 32) -> Evaluation:
-    """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error."""
+def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 8) -> Evaluation:
+    """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error.
+
+    ``batch`` photos at a time: EfficientNet-Lite0 at 224 px raised the peak by 472 MB at 32 and by 138 MB at 8, at
+    the same speed on 2 CPU cores (a retrain's peak was its gate's)."""
     model = inference_copy(model)
     k = model.num_classes
     confusion = torch.zeros(k, k, dtype=torch.long)
