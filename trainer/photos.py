@@ -22,10 +22,12 @@ __all__ = ["INFERENCE_BATCH", "STORED", "as_input", "empty", "photo", "stack"]
 #: The precision photos are held in.
 STORED = torch.float16
 
-#: Photos a network is given at once outside training (scoring, features, BatchNorm statistics): EfficientNet-Lite0's
-#: inference at 192 px peaks 0.28 GB above the model for 16 photos, 0.43 GB for 32, 1.0 GB for 64 and 1.84 GB for 128
-#: (rehearsal's selection once ran at 128, the field's BatchNorm statistics at 64: each the peak of a whole retrain).
-INFERENCE_BATCH = 16
+#: Photos a network is given at once outside training (scoring, features, BatchNorm statistics, evaluation):
+#: EfficientNet-Lite0's inference at 192 px peaks 0.28 GB above the model for 16 photos, 0.43 GB for 32, 1.0 GB for 64
+#: and 1.84 GB for 128 (rehearsal's selection once ran at 128, the field's BatchNorm statistics at 64: each the peak of
+#: a whole retrain); evaluating 96 photos raised the peak by 357 MB at 32, 208 MB at 16 and 122 MB at 8, no slower
+#: (the gate evaluated at 32 and was the peak of the real-daemon field loop's retrains, 1,426-1,592 MB).
+INFERENCE_BATCH = 8
 
 
 def photo(x: np.ndarray) -> torch.Tensor:

@@ -21,6 +21,7 @@ from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
 from trainer.models import Classifier, build_model, count_parameters, inference_copy
+from trainer.photos import INFERENCE_BATCH
 from trainer.publish import publish_model
 
 __all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised"]
@@ -65,11 +66,8 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = 8) -> Evaluation:
-    """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error.
-
-    ``batch`` photos at a time: EfficientNet-Lite0 at 224 px raised the peak by 472 MB at 32 and by 138 MB at 8, at
-    the same speed on 2 CPU cores (a retrain's peak was its gate's)."""
+def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = INFERENCE_BATCH) -> Evaluation:
+    """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error."""
     model = inference_copy(model)
     k = model.num_classes
     confusion = torch.zeros(k, k, dtype=torch.long)
