@@ -138,8 +138,12 @@ def test_the_readme_farm_section_works_as_written(tmp_path):
             90,
             "both devices in the fleet",
         )
-        status = devices["greenhouse"].run(_block("device commands").splitlines()[1])
-        assert f"connected: idle, serving {SHIPPED}" in status.stdout, status.stdout
+        status_command = _block("device commands").splitlines()[1]
+        wait_until(  # the device's own status is written on its next heartbeat, which may come after the fleet's
+            lambda: f"connected: idle, serving {SHIPPED}" in devices["greenhouse"].run(status_command).stdout,
+            30,
+            "the device's status to show the trainer",
+        )
         gh = devices["greenhouse"]  # the device's own page knows the trainer it hands off to
         gh_page = TestClient(
             create_app(WebContext(load_config(gh.config), StateLayout(gh.state), gh.state / "inbox", "127.0.0.1")),
