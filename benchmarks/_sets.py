@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["config_sets"]
+__all__ = ["config_sets", "with_sets"]
 
 
 def config_sets(items: list[str]) -> dict:
@@ -19,4 +19,12 @@ def config_sets(items: list[str]) -> dict:
             out.setdefault(section, {})[name] = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError as exc:
             raise SystemExit(f"--set {item!r}: the value is not TOML ({exc}); a string needs quotes: 'engine.precision=\"fp32\"'") from None
+    return out
+
+
+def with_sets(sections: dict, sets: dict | None) -> dict:
+    """``sections`` with each of ``sets``'s values put in (a section named in both keeps its other keys)."""
+    out = {name: dict(values) for name, values in sections.items()}
+    for name, values in (sets or {}).items():
+        out[name] = {**out.get(name, {}), **values}
     return out

@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks._sets import config_sets
+from benchmarks._sets import config_sets, with_sets
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -150,10 +150,7 @@ class _FastDevice:
         shutil.rmtree(self.state, ignore_errors=True)
         # the shipped configuration; the labels-only arm without the unlabelled photos, to measure what they add
         off = {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
-        chosen = off if s.arm == "device-labels-only" else {}
-        for section, values in (s.overrides or {}).items():
-            chosen = {**chosen, section: {**chosen.get(section, {}), **values}}
-        self.cfg = parse_config(chosen)
+        self.cfg = parse_config(with_sets(off if s.arm == "device-labels-only" else {}, s.overrides))
         self.store = EngineStore(shutil.copytree(default_store_path(), self.state / "engines"))
         self.db = ResultsDB(self.state / "results.sqlite")
         self.spool = PhotoSpool(self.state / "queue", self.cfg.labels.max_spool_mb << 20)

@@ -95,6 +95,7 @@ def one_seed(
 ) -> dict:
     """Set up a state directory, measure, retrain once, measure again (``sets``: configuration sections that
     differ from the shipped ones, as :func:`benchmarks._sets.config_sets` reads them)."""
+    from benchmarks._sets import with_sets
     from edge_agent.config import default_store_path, parse_config
     from edge_agent.log import configure_logging
     from edge_agent.state import seed_store
@@ -125,9 +126,7 @@ def one_seed(
             "store": {"require_signature": False},
             "trainer": {"unlabelled_term": term, **({"unlabelled_precision": precision} if precision else {})},
         }
-        for name, values in (sets or {}).items():
-            sections[name] = {**sections.get(name, {}), **values}
-        cfg = parse_config(sections)
+        cfg = parse_config(with_sets(sections, sets))
         load_or_create_key(state / "trainer" / "signing.key")
         t0 = time.perf_counter()
         result = retrain_in_child(

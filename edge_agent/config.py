@@ -15,7 +15,6 @@ the defaults apply.
 from __future__ import annotations
 
 import json
-import math
 import os
 from importlib import resources
 from pathlib import Path
@@ -268,10 +267,11 @@ class LabelsSection(_Section):
 
     @model_validator(mode="after")
     def _window_can_earn_trust(self) -> LabelsSection:
+        from edge_agent.review.checks import right_checks_to_trust
+
         if self.trust_rule != "sequential" or self.trust_checks == 0:
             return self
-        step = math.log(self.trust_precision / self.trust_against)
-        needed = math.ceil(math.log(1 / self.trust_error) / step - 1e-9)
+        needed = right_checks_to_trust(self)
         if self.trust_window < needed:
             raise ValueError(
                 f"trust_window ({self.trust_window}) is shorter than the {needed} right checks the sequential test needs "

@@ -133,3 +133,17 @@ def test_the_field_check_replay_judges_each_day_on_the_held_back_photos_of_the_l
     assert (row["right_candidate"], row["right_serving"]) == (round(f["field_top1_with"] * 3), round(f["field_top1_without"] * 3))
     assert (row["log_loss_candidate"], row["log_loss_serving"]) == (f["field_log_loss_with"], f["field_log_loss_without"])
     assert (row["field_serving"], row["field_candidate"]) == (0.5, 0.6)
+
+
+def test_set_values_join_a_section_without_dropping_its_other_keys_or_changing_the_given_sections():
+    from benchmarks._sets import with_sets
+
+    arm = {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
+    got = with_sets(arm, {"trainer": {"micro_batch": 8, "unlabelled_term": True}, "labels": {"trust_window": 40}})
+    assert got == {
+        "trainer": {"unlabelled_term": True, "micro_batch": 8},
+        "handoff": {"unlabelled_per_day": 0},
+        "labels": {"trust_window": 40},
+    }
+    assert arm == {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
+    assert with_sets({}, None) == {}

@@ -32,6 +32,7 @@ __all__ = [
     "class_trust",
     "confusion",
     "nearest_first",
+    "right_checks_to_trust",
     "standing",
     "trust_table",
     "wilson_lower",
@@ -89,6 +90,12 @@ def _sequential_needed(window: list[bool], policy: LabelsSection) -> int:
         if n >= policy.trust_checks and evidence >= bound - 1e-9:
             return more
     return size + 1  # a window of right checks is not enough: out of reach with these settings
+
+
+def right_checks_to_trust(policy: LabelsSection) -> int:
+    """Right checks in a row whose evidence alone reaches the sequential rule's bound (23 with the defaults)."""
+    up, _, bound = _steps(policy)
+    return math.ceil(bound / up - 1e-9)
 
 
 def _steps(policy: LabelsSection) -> tuple[float, float, float]:
