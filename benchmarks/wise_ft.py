@@ -27,7 +27,7 @@ from edge_agent.config import default_store_path
 from edge_agent.preprocess import PreprocessSpec, preprocess_file
 from engines.store import EngineStore
 
-__all__ = ["linear_probe", "mix", "main"]
+__all__ = ["linear_probe", "main", "mix", "probe_start"]
 
 
 def _tensors(paths: list[Path], spec: PreprocessSpec) -> torch.Tensor:
@@ -36,14 +36,17 @@ def _tensors(paths: list[Path], spec: PreprocessSpec) -> torch.Tensor:
 
 @torch.no_grad()
 def _features(model, x: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """Penultimate features of ``x`` (on the CPU), computed on the device the model is on."""
     model.eval()
-    return torch.cat([model.features(x[i : i + batch]) for i in range(0, len(x), batch)])
+    dev = next(model.parameters()).device
+    return torch.cat([model.features(x[i : i + batch].to(dev).float()).cpu() for i in range(0, len(x), batch)])
 
 
 @torch.no_grad()
 def _top1(model, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:
     model.eval()
-    pred = torch.cat([model(x[i : i + batch]).argmax(1) for i in range(0, len(x), batch)])
+    dev = next(model.parameters()).device
+    pred = torch.cat([model(x[i : i + batch].to(dev).float()).argmax(1).cpu() for i in range(0, len(x), batch)])
     return float((pred == y).float().mean())
 
 
@@ -61,6 +64,16 @@ def linear_probe(features: torch.Tensor, labels: torch.Tensor, classes: int, dec
 
     opt.step(closure)
     return head
+
+
+def probe_start(arch: str, classes: int, train_x: torch.Tensor, train_y: torch.Tensor, device: str = "cpu"):
+    """WiSE-FT's start: the architecture's ImageNet backbone with a linear probe fitted on ``train_x``'s frozen features."""
+    from trainer.models import build_model
+
+    start = build_model(classes, arch, pretrained=True).to(device)
+    head = linear_probe(_features(start, train_x), train_y, classes)
+    start.head.load_state_dict(head.state_dict())
+    return start.cpu()
 
 
 def mix(start: dict, tuned: dict, alpha: float) -> dict:
@@ -88,13 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     split = recorded_split(version, lab)
     t0 = time.perf_counter()
     tuned = load_weights(version)
-    start = build_model(len(version.classes), version.manifest["model"]["arch"], pretrained=True)
     train_x = _tensors([s.path for s in split["train"]], spec)
-    train_y = torch.tensor([s.label for s in split["train"]])
-    feats = _features(start, train_x)
+    start = probe_start(version.manifest["model"]["arch"], len(version.classes), train_x, torch.tensor([s.label for s in split["train"]]))
     del train_x
-    head = linear_probe(feats, train_y, len(version.classes))
-    start.head.load_state_dict(head.state_dict())
     print(f"probe fitted in {time.perf_counter() - t0:.0f} s", flush=True)
     sets = {
         "lab validation": [(s.path, s.label) for s in split["val"]],

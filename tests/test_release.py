@@ -78,8 +78,45 @@ def test_a_release_run_resumes_from_its_checkpoint(released, tmp_path):
     out = release(data, tmp_path / "store", key.path, work, epochs=2)
     assert out.returncode == 0, out.stderr[-3000:]
     assert '"resumed"' in out.stderr or "resumed" in out.stderr
+    assert "trained_ignored" in out.stderr  # the finished 1-epoch training is another recipe: not reused
     history = EngineStore(tmp_path / "store").open().manifest["training"]["history"]
     assert [h["epoch"] for h in history] == [1, 2]
+
+
+def test_a_release_finishes_from_a_training_of_its_own_recipe_done_on_another_machine_without_training_again(released, tmp_path):
+    """What a GPU machine trained (``--device cuda``, the same recipe) comes back as ``work/trained.pt``: the release
+    here calibrates, builds and signs it, and trains nothing; where it ran and on how many threads do not matter."""
+    import torch
+
+    root, data, key, _ = released
+    work = tmp_path / "work"
+    work.mkdir()
+    saved = torch.load(root / "work" / "trained.pt", map_location="cpu", weights_only=False)
+    saved["settings"] |= {"device": "cuda", "threads": 16}
+    torch.save(saved, work / "trained.pt")  # no checkpoint.pt: only the finished training came back
+    out = release(data, tmp_path / "store", key.path, work)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    assert [e["trained_on"] for e in events if e["event"] == "training_reused"] == ["cuda"]
+    assert not (work / "checkpoint.pt").exists()  # fit never ran
+    mine = EngineStore(tmp_path / "store").open().manifest
+    theirs = EngineStore(root / "store").open().manifest
+    assert mine["training"]["history"] == theirs["training"]["history"]
+    assert mine["metrics"]["test"]["top1"] == theirs["metrics"]["test"]["top1"]
+
+
+def test_a_release_asked_to_train_on_a_gpu_torch_does_not_see_stops_before_decoding_a_photo(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    data = make_class_folders(tmp_path / "data", NAMES, 4)
+    key = load_or_create_key(tmp_path / "release.key")
+    cmd = [sys.executable, "-m", "trainer", "release", "--data", str(data), "--key", str(key.path), "--out", str(tmp_path / "store")]
+    out = subprocess.run([*cmd, "--work", str(tmp_path / "work"), "--device", "cuda"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and "device 'cuda': torch" in out.stderr and "sees no CUDA GPU on this machine" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "work").exists() and not (tmp_path / "store").exists()
+    bad = subprocess.run([*cmd, "--work", str(tmp_path / "work"), "--device", "tpu"], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and "device 'tpu': not a torch device" in bad.stderr
 
 
 def test_a_release_without_the_key_file_stops_before_training_a_thing(tmp_path):

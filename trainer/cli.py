@@ -373,6 +373,7 @@ def _release(args: argparse.Namespace) -> int:
     shutil.rmtree(staging, ignore_errors=True)
     chosen = {"epochs": args.epochs, "augmentation": args.augmentation, "head_epochs": args.head_epochs, "lr": args.lr, "size": args.size}
     chosen["freeze_batchnorm"] = args.freeze_batchnorm
+    chosen["device"] = args.device
     settings = ReleaseSettings(**{k: v for k, v in chosen.items() if v is not None})
     t0 = time.perf_counter()
     version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty(), watch_field=args.watch_field)
@@ -462,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the pretrained BatchNorm statistics while fine-tuning",
     )
     r.add_argument("--size", type=int, default=None, help="input side, a multiple of 32 (default: the release's 192)")
+    r.add_argument("--device", default=None, help="where training runs: cpu (default), or cuda on a machine with an NVIDIA GPU")
     r.add_argument(
         "--watch-field",
         default=None,

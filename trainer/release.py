@@ -95,16 +95,19 @@ def train_release(
     watch: dict | None = None,
     progress: bool = True,
     augmentation: FieldAugSettings | None | str = "settings",
+    loaded: tuple | None = None,
 ):
     """Train the release model (resuming from ``work/checkpoint.pt``); returns (model, fit info, folder, splits).
     ``augmentation``: the field augmentation's settings, None for the lab photos with :class:`trainer.augment.Augment`
-    only, or "settings" for what ``settings.augmentation`` says."""
+    only, or "settings" for what ``settings.augmentation`` says. ``loaded``: (folder, photos) already decoded at
+    ``settings.spec`` (a sweep over training seeds on one split), else the split is made and decoded here."""
     from trainer.augment import Augment
     from trainer.data import TensorDataset
     from trainer.models import build_model
-    from trainer.train import fit
+    from trainer.train import fit, training_device
 
     settings = settings or ReleaseSettings()
+    training_device(settings.device)  # a missing GPU stops the release before the photos are decoded
     log = get_logger("release")
     torch.set_num_threads(settings.threads or torch.get_num_threads())
     work = Path(work)
@@ -112,22 +115,26 @@ def train_release(
     if augmentation == "settings":
         augmentation = _FIELD_AUG if settings.augmentation == "field" else None
     spec = settings.spec
-    folder, splits = split_photos(data_dir, settings)
-    t0 = time.perf_counter()
-    photos = {name: load_lab_photos(items, spec) for name, items in splits.items()}
-    log.info("photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1))
+    if loaded is None:
+        folder, splits = split_photos(data_dir, settings)
+        t0 = time.perf_counter()
+        photos = {name: load_lab_photos(items, spec) for name, items in splits.items()}
+        log.info("photos_loaded", **{k: len(v.samples) for k, v in photos.items()}, seconds=round(time.perf_counter() - t0, 1))
+    else:
+        folder, photos = loaded
     train = photos["train"]
     val_ds = TensorDataset.of(photos["val"].samples, *photos["val"].tensors(spec))
     model = build_model(len(folder.classes), settings.arch, pretrained=settings.pretrained).to(memory_format=torch.channels_last)
     if augmentation is None:
         train_ds = TensorDataset.of(train.samples, *train.tensors(spec))
+        train_ds.x = train_ds.x.to(settings.device)  # flips and the rest run where the network does
         augment = (
             Augment(max_degrees=0, brightness=0, contrast=0, noise_std=0, spec=spec)
             if settings.augmentation == "flips"
             else Augment(spec=spec, zoom=settings.zoom)
         )
         batches = lambda idx, g: augment(train_ds.x[idx], g).contiguous(memory_format=torch.channels_last)  # noqa: E731
-        bn_x = train_ds.x
+        bn_x = train_ds.x.cpu()
     else:
         composer = FieldComposer.of(train, augmentation, spec)
         train_ds = TensorDataset.of(train.samples, None, torch.tensor([s.label for s in train.samples]))
@@ -135,10 +142,16 @@ def train_release(
             (lambda idx, g: composer(idx, g).contiguous(memory_format=torch.channels_last)),
             composer.sample(BN_PASSES, settings.seed),
         )
-    model, info = fit(
-        model, train_ds, val_ds, settings, progress=progress, batches=batches, checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x
-    )
-    info["train_seconds"] = round(sum(h["seconds"] for h in info["history"]), 1)  # every epoch, across resumed runs
+    done = _finished_training(work / "trained.pt", settings)
+    if done is not None:  # trained already (here, or elsewhere by the same recipe: `--device cuda` on a GPU machine)
+        model.load_state_dict(done["state_dict"])
+        info = done["info"]
+        log.info("training_reused", file=str(work / "trained.pt"), trained_on=done["settings"].get("device", "cpu"))
+    else:
+        model, info = fit(
+            model, train_ds, val_ds, settings, progress=progress, batches=batches, checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x
+        )
+        info["train_seconds"] = round(sum(h["seconds"] for h in info["history"]), 1)  # every epoch, across resumed runs
     info["bn_x"] = bn_x
     info["augmentation"] = asdict(augmentation) if augmentation is not None else None
     model = model.to(memory_format=torch.contiguous_format)
@@ -153,6 +166,23 @@ def train_release(
         work / "trained.pt",
     )
     return model, info, folder, photos
+
+
+#: Settings that change where or how fast training runs, not what it trains.
+_PLACE_ONLY = ("device", "threads")
+
+
+def _finished_training(path: Path, settings: ReleaseSettings) -> dict | None:
+    """``work/trained.pt`` when it holds a finished training of this very recipe (else None: train)."""
+    if not path.is_file():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    same = {k: v for k, v in saved.get("settings", {}).items() if k not in _PLACE_ONLY}
+    wanted = {k: v for k, v in asdict(settings).items() if k not in _PLACE_ONLY}
+    if same != wanted:
+        get_logger("release").warning("trained_ignored", file=str(path), reason="its recipe differs from this release's: training again")
+        return None
+    return saved
 
 
 def finish_release(

@@ -15,16 +15,21 @@ import torch.nn.functional as F
 
 from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
+from engines.errors import EdgeAgentError
 from engines.store import StoreVersion
 from trainer.augment import Augment
 from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
 from trainer.models import Classifier, build_model, count_parameters, inference_copy
-from trainer.photos import INFERENCE_BATCH
+from trainer.photos import INFERENCE_BATCH, as_input
 from trainer.publish import publish_model
 
-__all__ = ["TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised"]
+__all__ = ["NoTrainingDevice", "TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised", "training_device"]
+
+
+class NoTrainingDevice(EdgeAgentError, RuntimeError):
+    """Training was asked to run on a GPU that torch does not see on this machine."""
 
 
 @dataclass
@@ -46,6 +51,22 @@ class TrainSettings:
     calibrate: bool = True  # fold a softmax temperature fitted on the validation split into the model
     head_epochs: int = 0  # train only the head for the first N epochs (a pretrained backbone: its features stay put)
     freeze_batchnorm: bool = False  # keep BatchNorm's running statistics (a pretrained network's) while training
+    device: str = "cpu"  # where training runs: "cpu", or "cuda" on a machine with an NVIDIA GPU (the model comes back on the CPU)
+
+
+def training_device(name: str) -> torch.device:
+    """The torch device ``name`` ("cpu", "cuda", "cuda:1"), checked to exist here before any photo is decoded."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise NoTrainingDevice(f"device {name!r}: not a torch device ({exc}); use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NoTrainingDevice(
+            f"device {name!r}: torch {torch.__version__} sees no CUDA GPU on this machine; train on the CPU (--device cpu, the default)"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise NoTrainingDevice(f"device {name!r}: training runs on cpu or cuda")
+    return device
 
 
 @dataclass
@@ -67,13 +88,15 @@ class Evaluation:
 
 @torch.no_grad()
 def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = INFERENCE_BATCH) -> Evaluation:
-    """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error."""
+    """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error, computed
+    on the device the model is on (the photos go there a batch at a time)."""
     model = inference_copy(model)
+    dev = next(model.parameters()).device
     k = model.num_classes
     confusion = torch.zeros(k, k, dtype=torch.long)
     loss, all_logits = 0.0, []
     for i in range(0, len(x), batch):
-        logits = model(x[i : i + batch])
+        logits = model(as_input(x[i : i + batch].to(dev))).float().cpu()
         all_logits.append(logits)
         loss += F.cross_entropy(logits, y[i : i + batch], reduction="sum").item()
         pred = logits.argmax(1)
@@ -109,6 +132,8 @@ def fit(
     log = get_logger("trainer")
     gen = torch.Generator().manual_seed(settings.seed)
     torch.manual_seed(settings.seed)
+    device = training_device(settings.device)
+    model.to(device)
     if batches is None:
         augment = Augment(spec=spec)
         batches = lambda idx, g: augment(train.x[idx], g)  # noqa: E731
@@ -143,8 +168,8 @@ def fit(
             idx = order[i : i + settings.batch_size]
             if len(idx) < 2:  # BatchNorm needs two samples
                 continue
-            xb = batches(idx, gen)
-            loss = F.cross_entropy(model(xb), train.y[idx], label_smoothing=settings.label_smoothing)
+            xb = batches(idx, gen).to(device, non_blocking=True)
+            loss = F.cross_entropy(model(xb), train.y[idx].to(device), label_smoothing=settings.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -152,7 +177,8 @@ def fit(
             running += loss.item() * len(idx)
         if swa is not None and epoch >= swa_from:
             swa.update_parameters(model)
-        ev = evaluate(model, val.x, val.y)
+        eval_batch = INFERENCE_BATCH if device.type == "cpu" else 256  # a GPU's memory is not the retrain's 1.5 GB
+        ev = evaluate(model, val.x, val.y, eval_batch)
         row = {
             "epoch": epoch + 1,
             "train_loss": round(running / max(len(train), 1), 4),
@@ -161,7 +187,7 @@ def fit(
             "seconds": round(time.perf_counter() - t0, 1),
         }
         for name, (wx, wy) in (watch or {}).items():
-            row[f"{name}_top1"] = round(evaluate(model, wx, wy).top1, 4)
+            row[f"{name}_top1"] = round(evaluate(model, wx, wy, eval_batch).top1, 4)
         history.append(row)
         key = (ev.top1, -ev.loss)
         if key > best_key:
@@ -189,6 +215,9 @@ def fit(
     info = {"epochs_run": len(history), "best_epoch": best_epoch + 1, "history": history}
     if best_state is not None:
         model.load_state_dict(best_state)
+    model.cpu()
+    if swa is not None:
+        swa.cpu()
     if swa is not None and swa.n_averaged.item() > 0:
         averaged = _swa_model(swa, train.x if bn_x is None else bn_x, settings.batch_size)
         ev = evaluate(averaged, val.x, val.y)
