@@ -112,3 +112,31 @@ def test_the_review_queue_asks_first_about_the_classes_the_next_publish_waits_fo
     db.commit(rows, entries)
     first = to_ask(db, 3, wanted={"Apple___Cedar_apple_rust"})
     assert [it.entry.label for it in first[:2]] == ["Apple___Cedar_apple_rust"] * 2 and len(first) == 3
+
+
+def test_checks_of_other_classes_still_alternate_with_the_photos_the_next_publish_waits_for(tmp_path):
+    """A trainer waiting for cedar-rust labels must not starve the checks that earn a class trust (the full-mode
+    field loop asked 21 checks in 90 questions when it did): wanted photos lead within each part, and the parts alternate."""
+    from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+    from edge_agent.review.queue import to_ask
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    rows, entries = [], []
+    photos = [("Apple___Cedar_apple_rust", "unsure")] * 4 + [("Apple___healthy", "confident")] * 3 + [("Apple___Black_rot", "unsure")] * 2
+    for i, (label, verdict) in enumerate(photos):
+        sha = hashlib.sha256(f"p{i}".encode()).hexdigest()
+        f = tmp_path / f"{sha}.jpg"
+        f.write_bytes(b"x")
+        top_k = [[label, (0.95 if verdict == "confident" else 0.5) - i / 1000], ["Apple___Apple_scab", 0.03]]
+        rows.append(ResultRow(sha, sha[:16], None, "inbox", label, top_k[0][1], top_k, "v2000", {}, verdict=verdict))
+        entries.append(QueueEntry(sha, sha[:16], "review", label, top_k[0][1], "v2000", str(f), 1))
+    db.commit(rows, entries)
+    asked = to_ask(db, 6, wanted={"Apple___Cedar_apple_rust"})
+    assert [(it.entry.label, it.check) for it in asked] == [
+        ("Apple___healthy", True),
+        ("Apple___Cedar_apple_rust", False),
+        ("Apple___healthy", True),
+        ("Apple___Cedar_apple_rust", False),
+        ("Apple___healthy", True),
+        ("Apple___Cedar_apple_rust", False),
+    ]

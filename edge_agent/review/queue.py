@@ -99,21 +99,24 @@ def _pool(db: ResultsDB) -> list[ReviewItem]:
 def to_ask(
     db: ResultsDB, per_day: int, everything: bool = False, wanted: Collection[str] = (), policy: LabelsSection | None = None
 ) -> list[ReviewItem]:
-    """The pool, best first: what to ask today (``everything``: the whole pool, ranked). Photos the model places in a
-    ``wanted`` class (those whose labels would let the next version be published) come first. With the trust
-    ``policy``, checks go class by class, the class nearest to earning trust first (:func:`nearest_first`)."""
+    """The pool, best first: what to ask today (``everything``: the whole pool, ranked). Checks and unsure photos
+    alternate while both last; within each, photos the model places in a ``wanted`` class (those whose labels would
+    let the next version be published) come first, so the next publish does not starve the checks that earn trust.
+    With the trust ``policy``, checks go class by class, the class nearest to earning trust first
+    (:func:`nearest_first`)."""
     pool = {item.entry.sha256: item for item in _pool(db)}
     limit = None if everything else left_today(db, per_day)
     checks, unsure = ([Candidate(sha, it.top_k) for sha, it in pool.items() if it.check == c] for c in (True, False))
-    checks = rank(checks, None)
+    checks, unsure = rank(checks, None), rank(unsure, None)
     if policy is not None and checks:
         windows = check_windows(db.expert_checks(), policy)
         nearest = nearest_first({c.label: windows.get(c.label, []) for c in checks}, policy)
         place = {label: i for i, label in enumerate(nearest)}
         checks.sort(key=lambda c: place.get(c.label, len(place)))  # stable: the ranking within a class stays
-    order = _alternate(checks, rank(unsure, None))
     if wanted:
-        order.sort(key=lambda c: _guess(pool[c.id]) not in wanted)  # stable: the ranking within each part stays
+        for part in (checks, unsure):
+            part.sort(key=lambda c: _guess(pool[c.id]) not in wanted)  # stable: the ranking within each part stays
+    order = _alternate(checks, unsure)
     return [pool[c.id] for c in order[:limit]]
 
 
