@@ -31,13 +31,14 @@ from pathlib import Path
 
 from benchmarks.field_loop import SHARED, split_field
 
-__all__ = ["RULES", "trust_day", "main"]
+__all__ = ["RULES", "by_day", "main", "trust_day"]
 
 #: The trust tests replayed: the shipped one and stricter ones ([labels] settings).
 RULES = {
     "0.97 vs 0.80 (shipped until 2026-11-26)": {"trust_against": 0.80},
     "0.97 vs 0.85 (shipped)": {},
     "0.98 vs 0.85": {"trust_precision": 0.98, "trust_against": 0.85},
+    "0.97 vs 0.85, confidence >= 0.98": {"pseudo_threshold": 0.98},
 }
 BANDS = (0.9, 0.95, 0.97, 0.98, 0.99)
 
@@ -91,6 +92,13 @@ def _confident(preds: list, truth: list[int], classes: list[str], policy) -> dic
     return out
 
 
+def by_day(answers: list, threshold: float, day_size: int, days: int) -> tuple[list, list[list[tuple[float, bool]]]]:
+    """The answers at ``threshold`` or above (a stricter threshold: fewer checks and pseudo-labels), and each day's
+    (margin, right) of them, the stream arriving ``day_size`` photos a day."""
+    mine = [a for a in answers if a[2] >= threshold]
+    return mine, [[(m, r) for i, m, _, r in mine if i // day_size == d] for d in range(days)]
+
+
 def _share(answers: list) -> tuple[int, float | None]:
     return len(answers), (round(sum(a[-1] for a in answers) / len(answers), 3) if answers else None)
 
@@ -110,7 +118,6 @@ def replay(run_dir: Path, seed: int, per_day: int, draws: int, field: str = "app
         sure = _confident(_predict(store, version, stream, cfg), [y for _, y in stream], classes, cfg.labels)
         held = _confident(_predict(store, version, test, cfg), [y for _, y in test], classes, cfg.labels)
         for label, answers in sorted(sure.items()):
-            days = [[(m, r) for i, m, _, r in answers if i // day_size == d] for d in range(len(stream) // day_size)]
             both = answers + held.get(label, [])
             row = {"seed": seed, "engine": version, "class": label}
             row["confident"], row["precision"] = _share(answers)
@@ -118,12 +125,14 @@ def replay(run_dir: Path, seed: int, per_day: int, draws: int, field: str = "app
             row["bands"] = {str(b): _share([a for a in both if a[2] >= b]) for b in BANDS}
             row["rules"] = {}
             for name, policy in policies.items():
-                drawn = [trust_day(days, "drawn", per_day, policy, random.Random(k)) for k in range(draws)]
+                mine, mine_days = by_day(answers, policy.pseudo_threshold, day_size, len(stream) // day_size)
+                drawn = [trust_day(mine_days, "drawn", per_day, policy, random.Random(k)) for k in range(draws)]
                 trusted = [d for d in drawn if d is not None]
                 row["rules"][name] = {
-                    "margin_day": trust_day(days, "margin", per_day, policy),
+                    "margin_day": trust_day(mine_days, "margin", per_day, policy),
                     "drawn_trusted": round(len(trusted) / draws, 3),
                     "drawn_day": round(statistics.fmean(trusted), 2) if trusted else None,
+                    "pseudo": _share(mine),
                 }
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
@@ -137,8 +146,9 @@ def markdown(rows: list[dict], command: str) -> str:
         f"`{command}`",
         "",
         "Confident answers: how many of the stream's, and the share right (what its pseudo-labels would be). Each rule: "
-        "the day the class is first trusted when its smallest-margin answers are checked first (- never), and the "
-        "share of fair draws that trust it.",
+        "the day the class is first trusted when its smallest-margin answers are checked first (- never), the "
+        "share of fair draws that trust it, and the share right of the stream's answers it would check and pseudo-label "
+        "(a rule with its own confidence threshold takes fewer).",
         "",
         "| seed | engine | class | stream: right of | held-out test: right of | " + " | ".join(rules) + " |",
         "|---|---|---|---|---|" + "---|" * len(rules),
@@ -148,7 +158,8 @@ def markdown(rows: list[dict], command: str) -> str:
         cells = []
         for name in rules:
             t = r["rules"][name]
-            cells.append(f"day {t['margin_day'] or '-'}; drawn {t['drawn_trusted']:.2f}")
+            n, right = t.get("pseudo", (r["confident"], r["precision"]))
+            cells.append(f"day {t['margin_day'] or '-'}; drawn {t['drawn_trusted']:.2f}; " + (f"{right:.3f} of {n}" if n else "none"))
         out.append(
             f"| {r['seed']} | {r['engine']} | {r['class'].split('___')[-1]} | {r['precision']:.3f} of {r['confident']} | {test} | "
             + " | ".join(cells)
