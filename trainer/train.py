@@ -29,7 +29,7 @@ __all__ = ["NoTrainingDevice", "TrainSettings", "evaluate", "fit", "lr_schedule"
 
 
 class NoTrainingDevice(EdgeAgentError, RuntimeError):
-    """Training was asked to run on a GPU that torch does not see on this machine."""
+    """Training was asked to run on a device torch does not have here (no CUDA GPU, or no such device at all)."""
 
 
 @dataclass
@@ -124,7 +124,7 @@ def fit(
     ``batches(indices, generator)`` makes a training batch from photo indices (default: :class:`Augment` on the
     stored tensors). With ``checkpoint`` (a file), the whole state is saved after every epoch and a run that finds
     it resumes after its last epoch. ``watch`` (name -> (x, y)) is evaluated each epoch for the history only; it
-    never chooses anything. ``bn_x``: the clean training photos for the SWA model's BatchNorm statistics (default
+    never chooses anything. Training runs on ``settings.device`` (the model comes back on the CPU). ``bn_x``: the clean training photos for the SWA model's BatchNorm statistics (default
     ``train.x``). Returns the best model (by validation top-1, then loss) and a history dict.
     """
     from tqdm import tqdm
