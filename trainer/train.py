@@ -124,8 +124,9 @@ def fit(
     ``batches(indices, generator)`` makes a training batch from photo indices (default: :class:`Augment` on the
     stored tensors). With ``checkpoint`` (a file), the whole state is saved after every epoch and a run that finds
     it resumes after its last epoch. ``watch`` (name -> (x, y)) is evaluated each epoch for the history only; it
-    never chooses anything. Training runs on ``settings.device`` (the model comes back on the CPU). ``bn_x``: the clean training photos for the SWA model's BatchNorm statistics (default
-    ``train.x``). Returns the best model (by validation top-1, then loss) and a history dict.
+    never chooses anything. Training runs on ``settings.device`` (the model comes back on the CPU). ``bn_x``: the
+    clean training photos for the SWA model's BatchNorm statistics (default ``train.x``). Returns the best model (by
+    validation top-1, then loss) and a history dict.
     """
     from tqdm import tqdm
 
