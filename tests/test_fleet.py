@@ -611,4 +611,6 @@ def test_a_revoked_device_that_stays_connected_is_offered_nothing_more_and_liste
     wait_until(lambda: other.store.current() == v3, 30, "the other one gets v3")
     time.sleep(1.0)
     assert stolen.counters["offers"] == offers and v3 not in stolen.store.versions()
-    assert server.counters["refused"] > 0
+    # refused either way: its messages on the open connection, or, once the revoke dropped it, its CURVE handshake
+    # on reconnecting (which of the two comes first is the scheduler's; the full suite once saw only the second)
+    assert server.counters["refused"] > 0 or server.handshakes_refused()
