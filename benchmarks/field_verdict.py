@@ -15,14 +15,17 @@ share them). Nothing here changes the product; it measures whether the change is
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.field_loop import SHARED
+
 __all__ = ["field_centres", "judge", "main"]
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "field"
+FIELD = SHARED / "field"
 
 
 def field_centres(logits: np.ndarray, labels: np.ndarray, k: int, least: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -34,12 +37,13 @@ def field_centres(logits: np.ndarray, labels: np.ndarray, k: int, least: int = 2
 
 
 def judge(logits: np.ndarray, means: np.ndarray, precision: np.ndarray, confident_distance: float, sure: float) -> np.ndarray:
-    """True where an answer is ``confident``: softmax at least ``sure`` and the nearest centre within the distance."""
-    z = logits - logits.max(1, keepdims=True)
-    probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
-    diff = logits[:, None, :] - means[None, :, :]
-    dist = np.einsum("nkd,de,nke->nk", diff, precision, diff).min(1)
-    return (probs.max(1) >= sure) & (dist <= confident_distance)
+    """True where an answer is ``confident``: softmax at least ``sure`` and the nearest centre within the distance
+    (the product's :class:`~edge_agent.verdict.Judge` on these centres; the image checks left out)."""
+    from edge_agent.classifier import softmax
+    from edge_agent.verdict import Judge, VerdictSpec
+
+    spec = VerdictSpec(means, precision, confident_distance, math.inf, 0.0, 0.0, 1.0, 0.0)
+    return (softmax(logits).max(1) >= sure) & (Judge(spec, sure, 0.0, 1.0).distances(logits) <= confident_distance)
 
 
 def _logits(version, paths: list[Path]) -> np.ndarray:
@@ -73,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     version = EngineStore(args.state / "engines").open(args.version)
     classes = list(version.classes)
     spec = VerdictSpec.from_manifest(version.manifest)
-    test, stream = split_field(SHARED / args.field, classes, args.seed, 0.25)
+    test, stream = split_field(FIELD / args.field, classes, args.seed, 0.25)
     with sqlite3.connect(args.state / "results.sqlite") as db:
         expert = dict(db.execute("SELECT sha256, label FROM expert_labels").fetchall())
     labelled = [(p, classes.index(expert[h])) for p, _ in stream if (h := hashlib.sha256(p.read_bytes()).hexdigest()) in expert]
-    unknown = sorted(p for p in (SHARED / "unknown").rglob("*") if p.is_file() and p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    unknown = sorted(p for p in (FIELD / "unknown").rglob("*") if p.is_file() and p.suffix.lower() in (".jpg", ".jpeg", ".png"))
     lab_logits = _logits(version, [p for p, _ in labelled])
     centres, owner = field_centres(lab_logits, np.array([y for _, y in labelled]), len(classes))
     rules = {

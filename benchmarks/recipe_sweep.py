@@ -28,12 +28,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.field_loop import SHARED
 from benchmarks.wise_ft import mix, probe_start
 
 __all__ = ["main", "parse_variant"]
 
 _ARCH = {"lite0": "efficientnet-lite0", "lite1": "efficientnet-lite1", "lite2": "efficientnet-lite2"}
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def parse_variant(text: str) -> dict:

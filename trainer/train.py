@@ -135,6 +135,7 @@ def fit(
     torch.manual_seed(settings.seed)
     device = training_device(settings.device)
     model.to(device)
+    eval_batch = INFERENCE_BATCH if device.type == "cpu" else 256  # a GPU's memory is not the retrain's 1.5 GB
     if batches is None:
         augment = Augment(spec=spec)
         batches = lambda idx, g: augment(train.x[idx], g)  # noqa: E731
@@ -178,7 +179,6 @@ def fit(
             running += loss.item() * len(idx)
         if swa is not None and epoch >= swa_from:
             swa.update_parameters(model)
-        eval_batch = INFERENCE_BATCH if device.type == "cpu" else 256  # a GPU's memory is not the retrain's 1.5 GB
         ev = evaluate(model, val.x, val.y, eval_batch)
         row = {
             "epoch": epoch + 1,
