@@ -24,7 +24,7 @@ from edge_agent.verdict import Judge, VerdictSpec, image_checks
 from trainer.models import inference_copy
 from trainer.photos import INFERENCE_BATCH
 
-__all__ = ["fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
+__all__ = ["class_means_and_precision", "fit_verdict", "fit_verdict_for", "logits_of", "verdicts_of"]
 
 
 @torch.no_grad()
@@ -33,6 +33,38 @@ def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = INFERENCE_BA
     model.eval()  # the caller's model is left in eval mode, as before
     model = inference_copy(model)
     return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy() if len(x) else np.zeros((0, 0))
+
+
+def class_means_and_precision(
+    x: np.ndarray, y: np.ndarray, k: int, shrinkage: float = 0.05, rank: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each of the ``k`` classes' mean of ``x`` [N, D] and the inverse of one covariance shared by the classes.
+
+    The covariance is shrunk by ``shrinkage`` towards its average variance; with ``rank``, it keeps its ``rank``
+    largest directions and one average variance for all the others instead (probabilistic PCA), which is what a
+    distance on a network's wide penultimate features needs (``benchmarks/verdict_features.py``). A class with no
+    photo keeps its mean at the origin, far from everything."""
+    d = x.shape[1]
+    means = np.zeros((k, d))
+    centred = []
+    for c in range(k):
+        rows = x[y == c]
+        if len(rows) == 0:
+            continue
+        means[c] = rows.mean(0)
+        centred.append(rows - means[c])
+    resid = np.concatenate(centred)
+    cov = resid.T @ resid / max(len(resid) - 1, 1)
+    if rank is None:
+        cov = (1 - shrinkage) * cov + shrinkage * np.trace(cov) / d * np.eye(d)
+        precision = np.linalg.inv(cov)
+    else:
+        if not 0 < rank < d:
+            raise ValueError(f"rank must lie between 1 and {d - 1}, got {rank}")
+        lam, u = np.linalg.eigh(cov)  # ascending
+        top, rest = u[:, -rank:], max(float(lam[:-rank].mean()), 1e-12)
+        precision = (top / lam[-rank:]) @ top.T + (np.eye(d) - top @ top.T) / rest
+    return means, (precision + precision.T) / 2
 
 
 def fit_verdict(
@@ -51,19 +83,7 @@ def fit_verdict(
     k = train_logits.shape[1]
     if len(held_logits) < 10:
         raise ValueError(f"the verdict needs at least 10 held-out photos, got {len(held_logits)}")
-    means = np.zeros((k, k))
-    centred = []
-    for c in range(k):
-        rows = train_logits[train_y == c]
-        if len(rows) == 0:  # a class with no photo: its mean is left at the origin, far from everything
-            continue
-        means[c] = rows.mean(0)
-        centred.append(rows - means[c])
-    resid = np.concatenate(centred)
-    cov = resid.T @ resid / max(len(resid) - 1, 1)
-    cov = (1 - shrinkage) * cov + shrinkage * np.trace(cov) / k * np.eye(k)
-    precision = np.linalg.inv(cov)
-    precision = (precision + precision.T) / 2
+    means, precision = class_means_and_precision(train_logits, train_y, k, shrinkage)
     section = {
         "method": "squared Mahalanobis distance of the logits to the nearest class mean, shared covariance",
         "means": np.round(means, 5).tolist(),
