@@ -97,7 +97,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return ((centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n))
 
 
-def rules(data: dict, manifest: dict, quantiles: list[float], rank: int) -> dict[str, dict[str, np.ndarray]]:
+def rules(data: dict, manifest: dict, quantiles: list[float], rank: int) -> dict[str, tuple[dict[str, np.ndarray], float, float]]:
     """Per rule: (each set's distances, the confident threshold, the unknown threshold); see the module docstring."""
     from trainer.verdict_fit import class_means_and_precision
 
