@@ -15,7 +15,6 @@ share them). Nothing here changes the product; it measures whether the change is
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -39,11 +38,10 @@ def field_centres(logits: np.ndarray, labels: np.ndarray, k: int, least: int = 2
 def judge(logits: np.ndarray, means: np.ndarray, precision: np.ndarray, confident_distance: float, sure: float) -> np.ndarray:
     """True where an answer is ``confident``: softmax at least ``sure`` and the nearest centre within the distance
     (the product's :class:`~edge_agent.verdict.Judge` on these centres; the image checks left out)."""
+    from benchmarks.verdict_features import distances
     from edge_agent.classifier import softmax
-    from edge_agent.verdict import Judge, VerdictSpec
 
-    spec = VerdictSpec(means, precision, confident_distance, math.inf, 0.0, 0.0, 1.0, 0.0)
-    return (softmax(logits).max(1) >= sure) & (Judge(spec, sure, 0.0, 1.0).distances(logits) <= confident_distance)
+    return (softmax(logits).max(1) >= sure) & (distances(means, precision, logits) <= confident_distance)
 
 
 def _logits(version, paths: list[Path]) -> np.ndarray:

@@ -112,12 +112,13 @@ def rules(data: dict, manifest: dict, quantiles: list[float], rank: int) -> dict
         ),
     }
     out = {}
+    scored = {name: s for name, s in data.items() if name != "train"}  # the training photos only fit the means
     shipped = VerdictSpec.from_manifest(manifest)
     if shipped is not None:
-        d = {name: distances(shipped.means, shipped.precision, s["logits"]) for name, s in data.items()}
+        d = {name: distances(shipped.means, shipped.precision, s["logits"]) for name, s in scored.items()}
         out["logits, the manifest's statistics and threshold (shipped)"] = (d, shipped.confident_distance, shipped.unknown_distance)
     for space, (key, (means, precision)) in spaces.items():
-        d = {name: distances(means, precision, s[key]) for name, s in data.items()}
+        d = {name: distances(means, precision, s[key]) for name, s in scored.items()}
         unknown = float(np.quantile(d["val"], 0.995) * 1.5)
         for q in quantiles:
             out[f"{space}, {q:g} quantile"] = (d, float(np.quantile(d["val"], q)), unknown)
