@@ -56,9 +56,11 @@ lint: $(VENV)/.installed-dev
 DATA ?= ../shared/data/plantvillage
 RELEASE_KEY ?= ../shared/release/edge-agent-release.key
 FIELD ?= ../shared/data/field
+## v3000 is v2000's training finished with the verdict on the features: reused, not trained again (TRAINING_FROM= trains).
+TRAINING_FROM ?= edge_agent/default_store/v2000
 release: $(VENV)/.installed-dev
 	$(BIN)/edge-trainer release --data $(DATA) --key $(RELEASE_KEY) --out edge_agent/default_store --work train-work/release \
-	  $(if $(wildcard $(FIELD)),--watch-field $(FIELD))
+	  $(if $(wildcard $(FIELD)),--watch-field $(FIELD)) $(if $(wildcard $(TRAINING_FROM)),--training-from $(TRAINING_FROM))
 	$(BIN)/python -m trainer.shipped_data --data $(DATA)
 
 clean:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edge_agent.preprocess import PreprocessSpec, preprocess_bytes, read_limited
-from edge_agent.verdict import Judge, VerdictSpec
+from edge_agent.verdict import Judge, VerdictSpec, VerdictSpecError
 from engines.base import Engine
 
 __all__ = ["Classifier", "Prediction", "softmax"]
@@ -63,6 +63,15 @@ class Classifier:
         self.spec = PreprocessSpec.from_manifest(engine.version.manifest["preprocess"], **caps)
         self.top_k = min(top_k, len(engine.classes) if self.allowed is None else int(self.allowed.sum()))
         self.judge = Judge(VerdictSpec.from_manifest(engine.version.manifest), confident_probability, self.spec.mean, self.spec.std)
+        if (
+            self.judge.spec is not None
+            and self.judge.spec.on == "features"
+            and type(engine).infer_with_distance is Engine.infer_with_distance
+        ):
+            raise VerdictSpecError(
+                f"{engine.engine_version}'s verdict needs the model's {self.judge.spec.output!r} output, which the "
+                f"{engine.type!r} backend does not return (use onnxruntime or tensorrt)"
+            )
 
     @classmethod
     def configured(cls, engine: Engine, cfg) -> "Classifier":
@@ -79,9 +88,10 @@ class Classifier:
     def predict_tensors(self, batch: np.ndarray) -> list[Prediction]:
         """Predictions for a preprocessed batch [N,3,H,W], each with its verdict."""
         t0 = time.perf_counter()
-        logits = self.engine.infer(batch).astype(np.float64)
+        logits, distances = self.engine.infer_with_distance(batch)
+        logits = logits.astype(np.float64)
         probs = softmax(logits if self.allowed is None else np.where(self.allowed, logits, -np.inf))
-        verdicts = self.judge.judge(logits, probs, batch, self.allowed)
+        verdicts = self.judge.judge(logits, probs, batch, self.allowed, distances)
         infer_ms = (time.perf_counter() - t0) * 1000 / len(batch)
         classes = self.engine.classes
         out = []

@@ -3,9 +3,15 @@
 A softmax alone cannot say "this is not a plant I know": a network trained on lab photos answers a field photo, an
 unknown disease or a dark frame with a probability like any other, and often a high one. So the verdict also asks
 how far the photo's logit vector lies from those of the photos the model was trained on: the squared Mahalanobis
-distance to the nearest class mean, with one covariance shared by the classes (Lee et al. 2018, on the logits,
-which every backend returns, rather than on hidden features). The means, the covariance's inverse and the distance
-thresholds (fitted on held-out lab photos) are in the manifest's ``verdict`` section (``trainer/verdict_fit.py``).
+distance to the nearest class mean, with one covariance shared by the classes (Lee et al. 2018). The manifest's
+``verdict`` section says where it is measured (``trainer/verdict_fit.py`` fits it):
+
+- ``on = "features"`` (v3000 on): on the network's pooled features. The model computes the distances itself and
+  returns them as a second output (named by ``output``, one number a class); the section holds the thresholds.
+- ``on = "logits"`` (v2000 and before; the default where ``on`` is absent): on the logits, which every model
+  returns; the section holds the class means and the covariance's inverse, and the distance is computed here.
+
+The distance thresholds are fitted on held-out lab photos.
 
 - ``unknown``: the photo is nearly one colour, too dark, too bright or blurred, or its distance is beyond
   ``unknown_distance``: unlike anything trained on (another crop, a disease no class names, not a leaf).
@@ -25,9 +31,11 @@ import numpy as np
 
 from engines.errors import EdgeAgentError
 
-__all__ = ["PHRASES", "VERDICTS", "Judge", "Verdict", "VerdictSpec", "VerdictSpecError", "image_checks", "phrase"]
+__all__ = ["DISTANCE_OUTPUT", "PHRASES", "VERDICTS", "Judge", "Verdict", "VerdictSpec", "VerdictSpecError", "image_checks", "phrase"]
 
 VERDICTS = ("confident", "unsure", "unknown")
+#: The name of a model's second output, its squared distances to each class (a verdict on the features).
+DISTANCE_OUTPUT = "distance"
 #: What a farmer reads for each verdict (the class name alone for ``confident``).
 PHRASES = {"confident": "", "unsure": "not sure: ask an expert", "unknown": "not a plant I know"}
 
@@ -56,14 +64,16 @@ class Verdict:
 class VerdictSpec:
     """The manifest's ``verdict`` section, checked."""
 
-    means: np.ndarray  # [K, K]: each class's mean logit vector
-    precision: np.ndarray  # [K, K]: inverse of the shared covariance
+    means: np.ndarray | None  # [K, K]: each class's mean logit vector (None on the features)
+    precision: np.ndarray | None  # [K, K]: inverse of the shared covariance (None on the features)
     confident_distance: float
     unknown_distance: float
     min_contrast: float
     min_brightness: float
     max_brightness: float
     min_sharpness: float
+    on: str = "logits"  # "logits": computed here from the means and precision; "features": the model's own output
+    output: str | None = None  # on the features: the model output holding the distances [N, K]
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "VerdictSpec | None":
@@ -72,20 +82,31 @@ class VerdictSpec:
         if section is None:
             return None
         k = len(manifest.get("classes", []))
+        fix = "(fix: republish the version with edge-trainer)"
+        on = section.get("on", "logits") if isinstance(section, dict) else None
+        if on not in ("logits", "features"):
+            raise VerdictSpecError(f"manifest 'verdict' section: 'on' is {on!r}, not 'logits' or 'features' {fix}")
         try:
-            means = np.asarray(section["means"], np.float64)
-            precision = np.asarray(section["precision"], np.float64)
-            spec = cls(
-                means,
-                precision,
-                float(section["confident_distance"]),
-                float(section["unknown_distance"]),
-                **{key: float(section["image"][key]) for key in ("min_contrast", "min_brightness", "max_brightness", "min_sharpness")},
-            )
+            image = {key: float(section["image"][key]) for key in ("min_contrast", "min_brightness", "max_brightness", "min_sharpness")}
+            limits = float(section["confident_distance"]), float(section["unknown_distance"])
+            if on == "features":
+                output = section["output"]
+                if not isinstance(output, str) or not output:
+                    raise ValueError(f"'output' must name the model output holding the distances, got {output!r}")
+                spec = cls(None, None, *limits, **image, on="features", output=output)
+            else:
+                means = np.asarray(section["means"], np.float64)
+                precision = np.asarray(section["precision"], np.float64)
+                spec = cls(means, precision, *limits, **image)
         except (KeyError, TypeError, ValueError) as exc:
-            raise VerdictSpecError(f"manifest 'verdict' section: {exc!r} (fix: republish the version with edge-trainer)") from None
-        if means.shape != (k, k) or precision.shape != (k, k):
-            raise VerdictSpecError(f"manifest 'verdict' section: means {means.shape} and precision {precision.shape} must be ({k}, {k})")
+            raise VerdictSpecError(f"manifest 'verdict' section: {exc!r} {fix}") from None
+        if on == "logits":
+            if spec.means.shape != (k, k) or spec.precision.shape != (k, k):
+                raise VerdictSpecError(
+                    f"manifest 'verdict' section: means {spec.means.shape} and precision {spec.precision.shape} must be ({k}, {k})"
+                )
+            if not (np.isfinite(spec.means).all() and np.isfinite(spec.precision).all()):
+                raise VerdictSpecError("manifest 'verdict' section: values must be finite numbers")
         values = [
             spec.confident_distance,
             spec.unknown_distance,
@@ -94,7 +115,7 @@ class VerdictSpec:
             spec.max_brightness,
             spec.min_sharpness,
         ]
-        if not (np.isfinite(means).all() and np.isfinite(precision).all() and np.isfinite(values).all()):
+        if not np.isfinite(values).all():
             raise VerdictSpecError("manifest 'verdict' section: values must be finite numbers")
         if not 0 < spec.confident_distance <= spec.unknown_distance:
             raise VerdictSpecError("manifest 'verdict' section: need 0 < confident_distance <= unknown_distance")
@@ -122,13 +143,14 @@ def image_checks(batch: np.ndarray, mean, std, chunk: int = 32) -> tuple[np.ndar
 
 
 class Judge:
-    """Turns a batch's logits (and its input, for the image checks) into verdicts."""
+    """Turns a batch's logits (with the model's distances, on the features; and its input, for the image checks) into
+    verdicts."""
 
     def __init__(self, spec: VerdictSpec | None, confident_probability: float, mean, std) -> None:
         self.spec = spec
         self.p = confident_probability
         self.mean, self.std = mean, std
-        if spec is not None:
+        if spec is not None and spec.on == "logits":
             self._pm = spec.means @ spec.precision  # [K, K]: rows mu_c P
             self._mpm = np.einsum("ck,ck->c", self._pm, spec.means)  # mu_c P mu_c
 
@@ -136,19 +158,39 @@ class Judge:
     def mode(self) -> str:
         if self.spec is None:
             return f"softmax >= {self.p} only (the manifest has no verdict statistics)"
-        return f"softmax >= {self.p} and distance to the training photos <= {self.spec.confident_distance:g} (unknown beyond {self.spec.unknown_distance:g})"
+        return (
+            f"softmax >= {self.p} and distance ({self.spec.on}) to the training photos <= {self.spec.confident_distance:g} "
+            f"(unknown beyond {self.spec.unknown_distance:g})"
+        )
 
-    def distances(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
-        """Squared Mahalanobis distance of each logit vector to its nearest class mean (among ``allowed`` classes)."""
-        z = logits.astype(np.float64)
-        zpz = np.einsum("nk,kj,nj->n", z, self.spec.precision, z)
-        d = np.maximum(zpz[:, None] - 2 * z @ self._pm.T + self._mpm[None], 0)
+    def distances(self, logits: np.ndarray, allowed: np.ndarray | None = None, distances: np.ndarray | None = None) -> np.ndarray:
+        """Squared Mahalanobis distance of each photo to its nearest class mean (among ``allowed`` classes): on the
+        logits computed here, on the features the model's own ``distances`` [N, K]."""
+        if self.spec.on == "features":
+            if distances is None or np.shape(distances) != np.shape(logits):
+                raise VerdictSpecError(
+                    f"the verdict is on the features: the model's {self.spec.output!r} output [N, classes] is needed, got "
+                    f"{None if distances is None else np.shape(distances)} (an engine that returns the logits alone)"
+                )
+            d = np.nan_to_num(np.asarray(distances, np.float64), nan=np.inf)  # FP16 overflow: infinitely far
+        else:
+            z = logits.astype(np.float64)
+            zpz = np.einsum("nk,kj,nj->n", z, self.spec.precision, z)
+            d = np.maximum(zpz[:, None] - 2 * z @ self._pm.T + self._mpm[None], 0)
         return (d if allowed is None else d[:, allowed]).min(axis=1)
 
-    def judge(self, logits: np.ndarray, probs: np.ndarray, batch: np.ndarray, allowed: np.ndarray | None = None) -> list[Verdict]:
-        """Verdicts for the logits the engine returned, ``probs`` as answered (over the ``allowed`` classes, if only some)."""
+    def judge(
+        self,
+        logits: np.ndarray,
+        probs: np.ndarray,
+        batch: np.ndarray,
+        allowed: np.ndarray | None = None,
+        distances: np.ndarray | None = None,
+    ) -> list[Verdict]:
+        """Verdicts for the logits the engine returned (and its ``distances``, for a verdict on the features), ``probs``
+        as answered (over the ``allowed`` classes, if only some)."""
         contrast, brightness, sharpness = image_checks(batch, self.mean, self.std)
-        d = self.distances(logits, allowed) if self.spec is not None else [None] * len(logits)
+        d = self.distances(logits, allowed, distances) if self.spec is not None else [None] * len(logits)
         s = self.spec
         lim = (s.min_contrast, s.min_brightness, s.max_brightness, s.min_sharpness) if s else (0.02, 0.06, 0.97, 0.0)
         out = []

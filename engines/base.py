@@ -32,7 +32,9 @@ __all__ = [
     "backends",
     "get_backend",
     "check_batch",
+    "check_distance_io",
     "check_io",
+    "distance_output",
     "expected_input",
     "malloc_trim",
 ]
@@ -62,7 +64,8 @@ class BackendConfig(BaseModel):
 
 
 class Engine(ABC):
-    """A loaded model that maps a float32 [N,3,H,W] batch to float32 [N,classes] logits."""
+    """A loaded model that maps a float32 [N,3,H,W] batch to float32 [N,classes] logits (and, for a version whose
+    verdict is on the features, to its squared distances to each class as well: :meth:`infer_with_distance`)."""
 
     #: The ``type`` value that selects this backend in the configuration.
     type: ClassVar[str]
@@ -100,6 +103,10 @@ class Engine(ABC):
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """Logits for ``batch`` (float32, [N,3,H,W])."""
 
+    def infer_with_distance(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Logits and the model's distance output [N,classes] where its manifest's verdict names one (else None)."""
+        return self.infer(batch), None
+
     def close(self) -> None:  # noqa: B027 - optional hook: a backend with nothing to release keeps it
         """Release runtime resources (sessions, device buffers)."""
 
@@ -136,6 +143,17 @@ def expected_input(version: StoreVersion) -> tuple[int, int]:
     return int(shape[1]), int(shape[2])
 
 
+def distance_output(version: StoreVersion) -> str | None:
+    """The model output holding the verdict's distances, where the manifest's verdict is on the features."""
+    verdict = version.manifest.get("verdict")
+    if isinstance(verdict, dict) and verdict.get("on") == "features":
+        name = verdict.get("output")
+        if not isinstance(name, str) or not name:
+            raise EngineError(f"{version.name}: manifest 'verdict' is on the features but names no 'output' (republish it)")
+        return name
+    return None
+
+
 def check_batch(batch: np.ndarray, version: StoreVersion) -> np.ndarray:
     """Validate a batch against the manifest's input spec; returns it as contiguous float32."""
     import numpy as np
@@ -154,3 +172,19 @@ def check_io(version: StoreVersion, input_name: str, input_shape, output_shape) 
         raise EngineError(f"{version.name}: model input {input_name}{input_shape} does not match manifest {spec}")
     if output_shape[-1] != len(version.classes):
         raise EngineError(f"{version.name}: model has {output_shape[-1]} outputs but the manifest lists {len(version.classes)} classes")
+
+
+def check_distance_io(version: StoreVersion, outputs: dict[str, tuple]) -> str | None:
+    """The distance output's name where the manifest's verdict needs one, checked against the model's ``outputs``
+    (name -> shape); :class:`EngineError` where the model lacks it or it is not one number a class."""
+    name = distance_output(version)
+    if name is None:
+        return None
+    if name not in outputs:
+        raise EngineError(
+            f"{version.name}: the manifest's verdict reads the model output {name!r}, which the model lacks "
+            f"(outputs: {', '.join(outputs)}); republish the version with edge-trainer"
+        )
+    if outputs[name][-1] != len(version.classes):
+        raise EngineError(f"{version.name}: output {name!r} has {outputs[name][-1]} columns for {len(version.classes)} classes")
+    return name

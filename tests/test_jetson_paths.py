@@ -78,7 +78,7 @@ def test_native_tensorrt_runs_in_a_worker_thread_and_matches_onnxruntime(monkeyp
 def test_fp16_io_tensors_are_read_and_written_in_their_dtype(monkeypatch, tmp_path, tiny_store, photos, reference):
     fakes.install(monkeypatch, io_dtype="float16")
     with open_engine(tiny_store, trt_config(tmp_path)) as engine:
-        assert engine._host_in.dtype == np.float16 and engine._host_out.dtype == np.float16
+        assert engine._host_in.dtype == np.float16 and engine._outs[engine._out_name][0].dtype == np.float16
         out = engine.infer(photos)
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, reference, atol=2e-2)

@@ -65,16 +65,24 @@ def test_a_retrain_reads_its_replay_and_gate_photos_in_half_precision(tmp_path):
     assert labelled.train.x.shape == (2, 3, 96, 96) and labelled.val.y.tolist() == [1]
 
 
-def test_a_retrain_publishes_from_half_precision_photos_without_a_float32_copy_of_them(tmp_path):
+@pytest.mark.parametrize("on", ["logits", "features"])
+def test_a_retrain_publishes_from_half_precision_photos_without_a_float32_copy_of_them(tmp_path, on):
     from trainer.publish import publish_model
     from trainer.verdict_fit import fit_verdict_for
 
     x = photos.stack([photos.photo(preprocess_bytes(encode(leaf_image(i, (200, 160))), LITE)) for i in range(12)])
     y = torch.arange(12) % 2
     model = build_model(2, "LeafNet").eval()
-    verdict = fit_verdict_for(model, x, y, x, LITE)
+    fitted = fit_verdict_for(model, x, y, x, LITE, on=on)
     version = publish_model(
-        model, ["a", "b"], tmp_path, calibration=x[:8].numpy(), held_out=(x.numpy(), y.numpy()), verdict=verdict, spec=LITE
+        model,
+        ["a", "b"],
+        tmp_path,
+        calibration=x[:8].numpy(),
+        held_out=(x.numpy(), y.numpy()),
+        verdict=fitted.section,
+        distance=fitted.distance,
+        spec=LITE,
     )
     int8 = version.manifest["metrics"]["int8"]
     assert int8["photos"] == 12 and 0.0 <= int8["verdict_agreement_with_fp32"] <= 1.0

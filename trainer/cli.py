@@ -376,6 +376,10 @@ def _release(args: argparse.Namespace) -> int:
     chosen["device"] = args.device
     settings = ReleaseSettings(**{k: v for k, v in chosen.items() if v is not None})
     t0 = time.perf_counter()
+    if args.training_from:
+        from trainer.release import reuse_training
+
+        reuse_training(args.training_from, args.work, settings)
     version = release(args.data, staging, args.key, args.work, settings, progress=sys.stderr.isatty(), watch_field=args.watch_field)
     if out.exists():  # earlier releases stay loadable beside the new one (a device may pin one)
         for old in EngineStore(out).versions():
@@ -464,6 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--size", type=int, default=None, help="input side, a multiple of 32 (default: the release's 192)")
     r.add_argument("--device", default=None, help="where training runs: cpu (default), or cuda on a machine with an NVIDIA GPU")
+    r.add_argument(
+        "--training-from",
+        default=None,
+        help="a store version of an earlier release of the same recipe whose training is reused instead of training again",
+    )
     r.add_argument(
         "--watch-field",
         default=None,

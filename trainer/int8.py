@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["quantize_int8", "top1_agreement", "logits_of_onnx", "Int8Report"]
+__all__ = ["quantize_int8", "top1_agreement", "logits_of_onnx", "outputs_of_onnx", "Int8Report"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,10 @@ def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.nda
     ``calibration`` [N,3,H,W] float32 photos preprocessed exactly as for inference), ``batch`` photos at a time.
 
     MinMax ranges do not depend on the batch (the same file at 4 as at 16), but the calibration session's memory
-    does: EfficientNet-Lite0 at 192 px peaks 1.1 GB above its start at 16 photos a batch, 0.2 GB at 4."""
+    does: EfficientNet-Lite0 at 192 px peaks 1.1 GB above its start at 16 photos a batch, 0.2 GB at 4. The verdict's
+    distance computation (nodes under :data:`trainer.export.DISTANCE_SCOPE`) stays in float: its squared sums over
+    1,280 features would not survive 8 bits."""
+    import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -51,6 +54,9 @@ def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.nda
     prepped = onnx_out.with_suffix(".pre.onnx")
     try:
         quant_pre_process(str(onnx_in), str(prepped), skip_symbolic_shape=True)
+        from trainer.export import DISTANCE_SCOPE
+
+        distance_nodes = [n.name for n in onnx.load(str(prepped)).graph.node if n.name.startswith(DISTANCE_SCOPE)]
         quantize_static(
             str(prepped),
             str(onnx_out),
@@ -60,19 +66,26 @@ def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.nda
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
+            nodes_to_exclude=distance_nodes,
         )
     finally:
         prepped.unlink(missing_ok=True)
 
 
-def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 4) -> np.ndarray:
-    """An ONNX model's outputs for ``x`` (ONNX Runtime, CPU), ``batch`` photos a run: EfficientNet-Lite0's session at
-    192 px peaks 0.17 GB above its start at 16 photos a run and 0.04 GB at 4, in a retrain that opens four of them."""
+def outputs_of_onnx(path: Path, x: np.ndarray, batch: int = 4) -> list[np.ndarray]:
+    """Every output of an ONNX model for ``x`` (ONNX Runtime, CPU), ``batch`` photos a run: EfficientNet-Lite0's session
+    at 192 px peaks 0.17 GB above its start at 16 photos a run and 0.04 GB at 4, in a retrain that opens four of them."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: np.asarray(x[i : i + batch], np.float32)})[0] for i in range(0, len(x), batch)])
+    parts = [sess.run(None, {name: np.asarray(x[i : i + batch], np.float32)}) for i in range(0, len(x), batch)]
+    return [np.concatenate(column) for column in zip(*parts)]
+
+
+def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 4) -> np.ndarray:
+    """An ONNX model's first output (its logits) for ``x``; see :func:`outputs_of_onnx`."""
+    return outputs_of_onnx(path, x, batch)[0]
 
 
 def top1_agreement(fp32: str | Path, int8: str | Path, photos: np.ndarray, labels: np.ndarray | None = None) -> Int8Report:

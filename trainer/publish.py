@@ -42,6 +42,7 @@ def publish_model(
     split: dict | None = None,
     version: str | None = None,
     new_lineage: bool = False,
+    distance: torch.nn.Module | None = None,
 ) -> StoreVersion:
     """Export ``model`` and publish it atomically to the store at ``store_dir``.
 
@@ -50,7 +51,8 @@ def publish_model(
     :mod:`trainer.photos`: each batch is cast to float32 as it is used, never the whole set). ``should_stop`` is asked between the
     steps; once the store's own publish has begun it runs to the end (it is atomic and takes milliseconds).
     ``signing_key`` (:class:`engines.signing.SigningKey`) signs the version, as daemons require. ``verdict`` is the
-    manifest's verdict section (:mod:`trainer.verdict_fit`); with an INT8 variant, how often INT8's verdict agrees
+    manifest's verdict section (:mod:`trainer.verdict_fit`), and ``distance`` its module where the section is on the
+    features (exported into the model as its second output); with an INT8 variant, how often INT8's verdict agrees
     with FP32's on ``held_out`` is recorded beside the top-1 agreement. ``split`` (split name -> photo paths relative
     to the training folder) is written as ``split.json``: which photos the model was and was not trained on.
     ``parent`` defaults to the store's current version; ``new_lineage`` publishes with none (a release, which
@@ -60,19 +62,21 @@ def publish_model(
     """
     import json
 
-    from trainer.int8 import logits_of_onnx, quantize_int8, top1_agreement
+    from trainer.int8 import outputs_of_onnx, quantize_int8, top1_agreement
 
     log = get_logger("trainer")
     if len(classes) != model.num_classes:
         raise ValueError(f"{len(classes)} class names for a model with {model.num_classes} outputs")
     metrics = dict(metrics or {})
+    if (verdict or {}).get("on") == "features" and distance is None:
+        raise ValueError("a verdict on the features needs its distance module, which the export puts into the model")
     if spec is None:
         spec = _inherited_spec(model, store_dir, None if new_lineage else parent)
     with tempfile.TemporaryDirectory(prefix="edge-publish-") as tmp:
         work = Path(tmp)
         files = {ONNX_FILE: work / ONNX_FILE, WEIGHTS_FILE: work / WEIGHTS_FILE}
         artifacts = {"onnx": ONNX_FILE, "torch": WEIGHTS_FILE}
-        metrics["onnx_max_abs_diff"] = export_onnx(model, files[ONNX_FILE], spec.size)
+        metrics["onnx_max_abs_diff"] = export_onnx(model, files[ONNX_FILE], spec.size, distance=distance)
         torch.save({"state_dict": model.state_dict(), "num_classes": model.num_classes, "arch": model.arch}, files[WEIGHTS_FILE])
         check(should_stop, "before the INT8 build")
         if calibration is not None and len(calibration):
@@ -92,8 +96,10 @@ def publish_model(
                     from trainer.verdict_fit import verdicts_of
 
                     x = held_out[0]
-                    a = verdicts_of(verdict, list(classes), logits_of_onnx(files[ONNX_FILE], x), x, spec)
-                    b = verdicts_of(verdict, list(classes), logits_of_onnx(files[INT8_FILE], x), x, spec)
+                    a, b = (
+                        verdicts_of(verdict, list(classes), z, x, spec, distances=d)
+                        for z, d in (_logits_distances(outputs_of_onnx(files[name], x)) for name in (ONNX_FILE, INT8_FILE))
+                    )
                     metrics["int8"]["verdict_agreement_with_fp32"] = round(float(np.mean([u == v for u, v in zip(a, b)])), 4)
                 log.info("int8_built", **metrics["int8"])
         if split is not None:
@@ -122,6 +128,10 @@ def publish_model(
         version = EngineStore(store_dir).publish(files, manifest, make_current=make_current, sign=sign, version=version)
     log.info("published", engine_version=version.name, store=str(store_dir))
     return version
+
+
+def _logits_distances(outputs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    return outputs[0], outputs[1] if len(outputs) > 1 else None
 
 
 def _inherited_spec(model: Classifier, store_dir: str | os.PathLike, parent: str | None) -> PreprocessSpec:

@@ -25,11 +25,12 @@ from trainer.data import scan_folder, stratified_split
 from trainer.fieldaug import BN_PASSES, FieldAugSettings, FieldComposer, load_lab_photos
 from trainer.train import TrainSettings
 
-__all__ = ["LEAFNET5_RELEASE", "RELEASE_VERSION", "ReleaseSettings", "finish_release", "release", "train_release"]
+__all__ = ["LEAFNET5_RELEASE", "RELEASE_VERSION", "ReleaseSettings", "finish_release", "release", "reuse_training", "train_release"]
 
 #: Releases are numbered apart from a device's own versions (which count up from the release they started on):
-#: v1000 was LeafNet5's release, v2000 is EfficientNet-Lite0's, above every version a v1000 device made.
-RELEASE_VERSION = "v2000"
+#: v1000 was LeafNet5's release, v2000 EfficientNet-Lite0's, above every version a v1000 device made; v3000 is v2000's
+#: training with the verdict measured on the network's features (``verdict = "features"``).
+RELEASE_VERSION = "v3000"
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ReleaseSettings(TrainSettings):
     patience: int = 10_000  # no early stop: the schedule runs to its end
     swa_epochs: int = 0
     threads: int | None = 2
+    verdict: str = "features"  # the space the verdict's distance is measured on: "features" or "logits" (trainer.verdict_fit)
 
     @property
     def spec(self) -> PreprocessSpec:
@@ -75,6 +77,7 @@ LEAFNET5_RELEASE = ReleaseSettings(
     head_epochs=0,
     freeze_batchnorm=False,
     swa_epochs=8,
+    verdict="logits",
 )
 
 
@@ -168,8 +171,8 @@ def train_release(
     return model, info, folder, photos
 
 
-#: Settings that change where or how fast training runs, not what it trains.
-_PLACE_ONLY = ("device", "threads")
+#: Settings that change where or how fast training runs, or what is done after it, not what it trains.
+_PLACE_ONLY = ("device", "threads", "verdict")
 
 
 def _finished_training(path: Path, settings: ReleaseSettings) -> dict | None:
@@ -183,6 +186,39 @@ def _finished_training(path: Path, settings: ReleaseSettings) -> dict | None:
         get_logger("release").warning("trained_ignored", file=str(path), reason="its recipe differs from this release's: training again")
         return None
     return saved
+
+
+def reuse_training(version_dir: str | os.PathLike, work: str | os.PathLike, settings: ReleaseSettings) -> Path:
+    """Write ``work/trained.pt`` from an earlier release of this very recipe (its verified weights, the temperature it
+    folded in taken out again, its training record), so the release finishes without training again: v3000 is v2000's
+    training finished with the verdict on the features. Raises ValueError where the recipes differ."""
+    from engines.store import EngineStore
+    from trainer.publish import load_weights
+
+    version_dir = Path(version_dir)
+    version = EngineStore(version_dir.parent).open(version_dir.name)
+    m = version.manifest
+    recorded = {k: v for k, v in m.get("training", {}).get("settings", {}).items() if k not in _PLACE_ONLY}
+    wanted = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(settings).items() if k not in _PLACE_ONLY}
+    if m.get("training", {}).get("kind") != "release" or recorded != wanted:
+        differ = sorted(k for k in recorded.keys() | wanted.keys() if recorded.get(k) != wanted.get(k)) or ["kind"]
+        raise ValueError(f"{version_dir}: not a release of this recipe (differs in {', '.join(differ)}): train instead")
+    model = load_weights(version)
+    calibration = m.get("metrics", {}).get("calibration") or {}
+    if calibration.get("temperature") and not calibration.get("skipped"):  # finish_release folds it in again
+        with torch.no_grad():
+            model.head.weight.mul_(calibration["temperature"])
+            model.head.bias.mul_(calibration["temperature"])
+    info = {k: m["training"][k] for k in ("epochs_run", "selected", "swa", "history", "train_seconds")}
+    info["reused_from"] = version.name
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "trained.pt"
+    torch.save(
+        {"state_dict": model.state_dict(), "arch": settings.arch, "classes": m["classes"], "info": info, "settings": asdict(settings)}, path
+    )
+    get_logger("release").info("training_reused_from", version=version.name, file=str(path))
+    return path
 
 
 def finish_release(
@@ -204,7 +240,7 @@ def finish_release(
     from trainer.models import count_parameters
     from trainer.publish import publish_model
     from trainer.train import _held_out_metrics
-    from trainer.verdict_fit import fit_verdict_for, logits_of, verdicts_of
+    from trainer.verdict_fit import fit_verdict_for, outputs_of, verdicts_of
 
     log = get_logger("release")
     key = None
@@ -220,10 +256,10 @@ def finish_release(
         recompute_batchnorm(model, bn_x)  # over the (composed) training photos
     scaling = calibrate(model, sets["val"].x, sets["val"].y)
     metrics = _held_out_metrics(model, sets, folder.classes) | {"calibration": scaling.summary()}
-    verdict = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, spec)
+    fitted = fit_verdict_for(model, sets["train"].x, sets["train"].y, sets["val"].x, spec, on=settings.verdict)
     test_x, test_y = sets["test"].x, sets["test"].y.numpy()
-    test_logits = logits_of(model, test_x)
-    v = np.array(verdicts_of(verdict, folder.classes, test_logits, test_x.numpy(), spec))
+    test_logits, test_d = outputs_of(model, test_x, fitted.distance)
+    v = np.array(verdicts_of(fitted.section, folder.classes, test_logits, test_x.numpy(), spec, distances=test_d))
     right = test_logits.argmax(1) == test_y
     metrics["verdict"] = {
         "test_photos": int(len(v)),
@@ -259,6 +295,7 @@ def finish_release(
             else f"exact over the {len(photos['train'].samples)} training photos"
         ),
         "train_seconds": info.get("train_seconds"),
+        **({"training_of": info["reused_from"]} if info.get("reused_from") else {}),
         "history": info["history"],
         "torch": torch.__version__,
     }
@@ -273,7 +310,8 @@ def finish_release(
         calibration=calib,
         held_out=(test_x.numpy(), test_y),
         signing_key=key,
-        verdict=verdict,
+        verdict=fitted.section,
+        distance=fitted.distance,
         split=split,
         version=version,
     )

@@ -370,7 +370,8 @@ def retrain(
     }
     calib = train.x if len(train) else received.x
     truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos
-    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, spec) if len(val) >= 10 and truth.any() else None
+    on = (current.manifest.get("verdict") or {}).get("on", "logits")  # a retrain measures the distance where its parent did
+    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, spec, on=on) if len(val) >= 10 and truth.any() else None
     # The samples are marked pending with a tag the manifest records, before the publish makes the version visible:
     # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
     progress("publishing")
@@ -388,7 +389,8 @@ def retrain(
             held_out=(val.x.numpy(), val.y.numpy()),
             should_stop=should_stop,
             signing_key=signing_key,
-            verdict=verdict,
+            verdict=None if verdict is None else verdict.section,
+            distance=None if verdict is None else verdict.distance,
             spec=spec,
         )
     except BaseException:

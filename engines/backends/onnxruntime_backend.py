@@ -13,7 +13,17 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, expected_input, register
+from engines.base import (
+    BackendConfig,
+    BackendUnavailable,
+    Engine,
+    EngineError,
+    check_batch,
+    check_distance_io,
+    check_io,
+    expected_input,
+    register,
+)
 from engines.cache import cache_dir
 from engines.store import StoreError, StoreVersion
 
@@ -189,6 +199,7 @@ class OnnxRuntimeEngine(Engine):
         self._input = self._session.get_inputs()[0]
         self._output = self._session.get_outputs()[0]
         check_io(version, self._input.name, self._input.shape, self._output.shape)
+        self._distance = check_distance_io(version, {o.name: o.shape for o in self._session.get_outputs()})
         # Warm up with one photo: the arena's first region is then sized for a single photo, the size the
         # idle shrink in trim() runs with, so every region a burst adds is fully free and handed back.
         self._session.run([self._output.name], {self._input.name: self._one_photo()})
@@ -269,16 +280,24 @@ class OnnxRuntimeEngine(Engine):
     def describe(self) -> dict:
         return {**super().describe(), "precision_reason": self.precision_reason}
 
-    def infer(self, batch: np.ndarray) -> np.ndarray:
+    def _run(self, names: list[str], batch: np.ndarray) -> list[np.ndarray]:
         batch = check_batch(batch, self.version)
         step = self._max_batch or len(batch)
         if len(batch) <= step:
-            return self._session.run([self._output.name], {self._input.name: batch})[0]
+            return self._session.run(names, {self._input.name: batch})
         import numpy as np
 
-        return np.concatenate(
-            [self._session.run([self._output.name], {self._input.name: batch[i : i + step]})[0] for i in range(0, len(batch), step)]
-        )
+        parts = [self._session.run(names, {self._input.name: batch[i : i + step]}) for i in range(0, len(batch), step)]
+        return [np.concatenate(column) for column in zip(*parts)]
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        return self._run([self._output.name], batch)[0]
+
+    def infer_with_distance(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        if self._distance is None:
+            return self.infer(batch), None
+        logits, distance = self._run([self._output.name, self._distance], batch)
+        return logits, distance
 
     def trim(self) -> None:
         """Shrink ONNX Runtime's CPU arena (kept for speed under load) with one tiny run, then trim the heap."""

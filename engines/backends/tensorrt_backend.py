@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import structlog
 from pydantic import Field, model_validator
 
-from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_io, register
+from engines.base import BackendConfig, BackendUnavailable, Engine, EngineError, check_batch, check_distance_io, check_io, register
 from engines.cache import cache_dir
 from engines.store import StoreVersion
 
@@ -91,7 +91,8 @@ class TensorRTEngine(Engine):
         device = cuda.Device(config.device_id)
         self._ctx = device.retain_primary_context()
         self._ctx.push()
-        self._dev_in = self._dev_out = self._stream = self._context = self._engine = None
+        self._dev_in = self._stream = self._context = self._engine = None
+        self._outs: dict = {}  # output name -> (page-locked host buffer, device buffer)
         try:
             onnx = version.read_verified(version.artifact("onnx").name)  # read once: the bytes hashed are the bytes built
             spec = version.manifest["input"]
@@ -138,24 +139,29 @@ class TensorRTEngine(Engine):
         cuda, n = self._cuda, self.config.max_batch
         io = self._io()
         inputs = [x for x in io if x[1]]
-        outputs = [x for x in io if not x[1]]
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise EngineError(f"expected one input and one output, plan has {[x[0] for x in io]}")
-        self._in_name, _, in_dtype = inputs[0]
-        self._out_name, _, out_dtype = outputs[0]
+        outputs = {x[0]: x[2] for x in io if not x[1]}
         classes = len(self.version.classes)
+        distance = check_distance_io(self.version, {name: (n, classes) for name in outputs})
+        logits = self.version.manifest.get("output", {}).get("name")
+        logits = logits if logits in outputs else next(iter(outputs), None)
+        wanted = [logits, *([distance] if distance else [])]
+        if len(inputs) != 1 or None in wanted or set(outputs) != set(wanted):
+            raise EngineError(f"expected one input and {len(wanted)} output(s) {wanted}, plan has {[x[0] for x in io]}")
+        self._in_name, _, in_dtype = inputs[0]
+        self._out_name, self._distance = logits, distance
         check_io(self.version, self._in_name, (n, *shape), (n, classes))
         # The plan's I/O may be FP16 even though the ONNX is FP32: the buffers take the plan's dtypes.
         self._host_in = cuda.pagelocked_empty((n, *shape), in_dtype)
-        self._host_out = cuda.pagelocked_empty((n, classes), out_dtype)
         self._dev_in = cuda.mem_alloc(self._host_in.nbytes)
-        self._dev_out = cuda.mem_alloc(self._host_out.nbytes)
+        for name in wanted:
+            host = cuda.pagelocked_empty((n, classes), outputs[name])
+            self._outs[name] = (host, cuda.mem_alloc(host.nbytes))
         self._stream = cuda.Stream()
-        for name, mem in ((self._in_name, self._dev_in), (self._out_name, self._dev_out)):
+        for name, mem in ((self._in_name, self._dev_in), *((k, v[1]) for k, v in self._outs.items())):
             if not self._context.set_tensor_address(name, int(mem)):
                 raise EngineError(f"TensorRT refused the device address of tensor {name!r}")
 
-    def _run(self, batch: np.ndarray) -> np.ndarray:
+    def _run(self, batch: np.ndarray) -> list[np.ndarray]:
         import numpy as np
 
         cuda, k = self._cuda, len(batch)
@@ -165,16 +171,18 @@ class TensorRTEngine(Engine):
         cuda.memcpy_htod_async(self._dev_in, self._host_in[:k], self._stream)
         if not self._context.execute_async_v3(stream_handle=self._stream.handle):
             raise EngineError("TensorRT execution failed (see its log)")
-        cuda.memcpy_dtoh_async(self._host_out[:k], self._dev_out, self._stream)
+        for host, dev in self._outs.values():
+            cuda.memcpy_dtoh_async(host[:k], dev, self._stream)
         self._stream.synchronize()
-        return np.array(self._host_out[:k], dtype=np.float32)
+        return [np.array(host[:k], dtype=np.float32) for host, _ in self._outs.values()]
 
     def _release(self) -> None:
         """Free the device buffers and the stream while the context is current, then let go of TensorRT's objects."""
-        for mem in (self._dev_in, self._dev_out):
+        for mem in (self._dev_in, *(dev for _, dev in self._outs.values())):
             if mem is not None:
                 mem.free()
-        self._dev_in = self._dev_out = self._stream = self._context = self._engine = None
+        self._outs = {}
+        self._dev_in = self._stream = self._context = self._engine = None
 
     # ---- Engine interface ---------------------------------------------------
     @property
@@ -185,16 +193,24 @@ class TensorRTEngine(Engine):
     def precision(self) -> str:
         return self.config.precision
 
-    def infer(self, batch: np.ndarray) -> np.ndarray:
+    def _all(self, batch: np.ndarray) -> list[np.ndarray]:
         import numpy as np
 
         batch = check_batch(batch, self.version)
         step = self.config.max_batch
         self._ctx.push()
         try:
-            return np.concatenate([self._run(batch[i : i + step]) for i in range(0, len(batch), step)])
+            parts = [self._run(batch[i : i + step]) for i in range(0, len(batch), step)]
         finally:
             self._cuda.Context.pop()
+        return [np.concatenate(column) for column in zip(*parts)]
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        return self._all(batch)[0]
+
+    def infer_with_distance(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        out = self._all(batch)
+        return out[0], out[1] if self._distance else None
 
     def close(self) -> None:
         if getattr(self, "_ctx", None) is not None:

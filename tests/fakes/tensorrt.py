@@ -417,7 +417,8 @@ class IExecutionContext:
                 f"3: [executionContext.cpp::enqueueV3] Error Code 3: API Usage Error (address of tensor {missing[0]} was not set)",
             )
             return False
-        (in_name, _, _), (out_name, _, _) = self.engine._io
+        in_name = self.engine._io[0][0]
+        out_names = [n for n, mode, _ in self.engine._io if mode is TensorIOMode.OUTPUT]
         if in_name not in self._shapes:
             log.log(
                 Logger.ERROR,
@@ -434,14 +435,14 @@ class IExecutionContext:
             x = np.frombuffer(bytes(src[:count]), dtype).reshape(shape).astype(np.float32)
             if fp16:
                 x = x.astype(np.float16).astype(np.float32)
-            y = self.engine.session.run(None, {in_name: x})[0]
-            if fp16:
-                y = y.astype(np.float16)
-            out = np.ascontiguousarray(y.astype(dtype)).tobytes()
-            dst = cuda.memory_at(self._addresses[out_name])
-            if len(out) > len(dst):
-                raise cuda.LogicError("an illegal memory access was encountered")
-            dst[: len(out)] = out
+            for out_name, y in zip(out_names, self.engine.session.run(out_names, {in_name: x})):
+                if fp16:
+                    y = y.astype(np.float16)
+                out = np.ascontiguousarray(y.astype(dtype)).tobytes()
+                dst = cuda.memory_at(self._addresses[out_name])
+                if len(out) > len(dst):
+                    raise cuda.LogicError("an illegal memory access was encountered")
+                dst[: len(out)] = out
 
         stream.enqueue(run)
         self.launches += 1
