@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     version = EngineStore(args.state / "engines").open(args.version)
     classes = list(version.classes)
     spec = VerdictSpec.from_manifest(version.manifest)
+    if spec is None or spec.on != "logits":
+        raise SystemExit(f"{version.name}: the farm's centres are measured on a verdict on the logits; this one is on {spec and spec.on}")
     test, stream = split_field(FIELD / args.field, classes, args.seed, 0.25)
     with sqlite3.connect(args.state / "results.sqlite") as db:
         expert = dict(db.execute("SELECT sha256, label FROM expert_labels").fetchall())

@@ -36,7 +36,7 @@ from benchmarks.field import SHARED, field_sets
 from edge_agent.classifier import softmax
 from edge_agent.config import default_store_path, parse_config
 from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
-from edge_agent.verdict import Judge, VerdictSpec
+from edge_agent.verdict import DISTANCE_OUTPUT, Judge, VerdictSpec
 from engines.store import EngineStore
 
 __all__ = ["distances", "feature_session", "main", "rules", "score", "wilson"]
@@ -50,7 +50,8 @@ def feature_session(onnx_path: Path, threads: int = 2):
     import onnxruntime as ort
 
     model = onnx.load(str(onnx_path))
-    linear = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul")]
+    first = model.graph.output[0].name  # the logits (a second output, the verdict's distances, comes after them)
+    linear = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul") and first in n.output]
     if not linear:
         raise SystemExit(f"{onnx_path}: no final linear layer (Gemm or MatMul) to take the features from")
     name = linear[-1].input[0]
@@ -61,13 +62,16 @@ def feature_session(onnx_path: Path, threads: int = 2):
 
 
 def _embed(session, feature: str, spec: PreprocessSpec, photos, classes: list[str]) -> dict:
-    xs, logits, features, truth = [], [], [], []
+    xs, logits, features, model_d, truth = [], [], [], [], []
+    names = [o.name for o in session.get_outputs()]
+    wanted = [names[0], feature, *([DISTANCE_OUTPUT] if DISTANCE_OUTPUT in names else [])]
 
     def flush():
         if xs:
-            z, f = session.run([session.get_outputs()[0].name, feature], {session.get_inputs()[0].name: np.stack(xs)})
+            z, f, *d = session.run(wanted, {session.get_inputs()[0].name: np.stack(xs)})
             logits.append(z.astype(np.float64))
             features.append(f.reshape(len(f), -1).astype(np.float64))
+            model_d.extend(x.astype(np.float64) for x in d)
             xs.clear()
 
     for path, label in photos:
@@ -79,7 +83,10 @@ def _embed(session, feature: str, spec: PreprocessSpec, photos, classes: list[st
         if len(xs) == 64:
             flush()
     flush()
-    return {"logits": np.concatenate(logits), "features": np.concatenate(features), "truth": np.array(truth)}
+    out = {"logits": np.concatenate(logits), "features": np.concatenate(features), "truth": np.array(truth)}
+    if model_d:  # the version's own verdict on the features: the model's distances to every class
+        out["distance"] = np.concatenate(model_d)
+    return out
 
 
 def distances(means: np.ndarray, precision: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -114,7 +121,14 @@ def rules(data: dict, manifest: dict, quantiles: list[float], rank: int) -> dict
     out = {}
     scored = {name: s for name, s in data.items() if name != "train"}  # the training photos only fit the means
     shipped = VerdictSpec.from_manifest(manifest)
-    if shipped is not None:
+    if shipped is not None and shipped.on == "features":
+        d = {name: s["distance"].min(1) for name, s in scored.items()}
+        out["features, the model's own distances and the manifest's threshold (shipped)"] = (
+            d,
+            shipped.confident_distance,
+            shipped.unknown_distance,
+        )
+    elif shipped is not None:
         d = {name: distances(shipped.means, shipped.precision, s["logits"]) for name, s in scored.items()}
         out["logits, the manifest's statistics and threshold (shipped)"] = (d, shipped.confident_distance, shipped.unknown_distance)
     for space, (key, (means, precision)) in spaces.items():

@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.field import SHARED, field_sets
 from edge_agent.classifier import softmax
 from edge_agent.config import default_store_path, parse_config
-from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, preprocess_file
+from edge_agent.preprocess import ImageRejected, PreprocessSpec, preprocess_file
 from edge_agent.verdict import Judge, VerdictSpec
 from engines.loader import open_engine
 from engines.store import EngineStore
@@ -32,16 +32,20 @@ from engines.store import EngineStore
 __all__ = ["main"]
 
 
-def _logits(engine, photos) -> tuple[np.ndarray, np.ndarray, list]:
+def _logits(engine, photos) -> tuple[np.ndarray, np.ndarray, list, np.ndarray | None]:
+    """The engine's logits, the photos as given to it, their labels, and its distances (a verdict on the features)."""
+    spec = PreprocessSpec.from_manifest(engine.version.manifest["preprocess"])
     xs, truth = [], []
     for path, label in photos:
         try:
-            xs.append(preprocess_file(path))
+            xs.append(preprocess_file(path, spec))
         except ImageRejected:
             continue
         truth.append(label)
     x = np.stack(xs)
-    return np.concatenate([engine.infer(x[i : i + 32]) for i in range(0, len(x), 32)]).astype(np.float64), x, truth
+    parts = [engine.infer_with_distance(x[i : i + 32]) for i in range(0, len(x), 32)]
+    logits = np.concatenate([z for z, _ in parts]).astype(np.float64)
+    return logits, x, truth, None if parts[0][1] is None else np.concatenate([d for _, d in parts])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,22 +63,23 @@ def main(argv: list[str] | None = None) -> int:
     spec = VerdictSpec.from_manifest(version.manifest)
     lse = lambda z: np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)  # noqa: E731
     energy_floor = float(np.quantile(lse(data["val"][0]), 0.03))
-    shipped = Judge(spec, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std)
-    softmax_only = Judge(None, 0.9, DEFAULT_SPEC.mean, DEFAULT_SPEC.std)
+    pre = PreprocessSpec.from_manifest(version.manifest["preprocess"])
+    shipped = Judge(spec, 0.9, pre.mean, pre.std)
+    softmax_only = Judge(None, 0.9, pre.mean, pre.std)
 
-    def rules(z, x):
+    def rules(z, x, d):
         p = softmax(z)
         sure = np.array([v.verdict == "confident" for v in softmax_only.judge(z, p, x)])
         return {
             "softmax >= 0.9": sure,
             "softmax >= 0.9 and energy": sure & (lse(z) >= energy_floor),
-            "softmax >= 0.9 and distance (shipped)": np.array([v.verdict == "confident" for v in shipped.judge(z, p, x)]),
+            "softmax >= 0.9 and distance (shipped)": np.array([v.verdict == "confident" for v in shipped.judge(z, p, x, distances=d)]),
         }
 
     table = {}
-    for name, (z, x, truth) in data.items():
+    for name, (z, x, truth, d) in data.items():
         right = np.array([t is not None and version.classes[i] == t for i, t in zip(z.argmax(1), truth)])
-        for rule, conf in rules(z, x).items():
+        for rule, conf in rules(z, x, d).items():
             row = table.setdefault(rule, {})
             row[name] = {
                 "share_confident": round(float(conf.mean()), 4),

@@ -338,9 +338,12 @@ def test_auto_precision_runs_int8_on_cpu_where_the_manifest_vouches_for_it(tmp_p
 
     cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}}).engine
     assert cfg.precision == "auto"
-    v2000 = EngineStore(default_store_path()).open()  # the shipped release: its INT8 gives another verdict too often
+    v2000 = EngineStore(default_store_path()).open("v2000")  # its INT8 gives another verdict too often (on the logits)
     precision, why = choose_precision(cfg, v2000)
     assert precision == "fp32" and "< 0.98" in why
+    v3000 = EngineStore(default_store_path()).open("v3000")  # the same network, the verdict on the features: INT8 agrees
+    check = v3000.manifest["metrics"]["int8"]
+    assert check["verdict_agreement_with_fp32"] >= 0.98 and choose_precision(cfg, v3000)[0] == "int8"
     store_root = tmp_path / "v1000-store"  # v1000's INT8 agrees with its FP32 on 99.6 % / 98.7 %
     shutil.copytree(default_store_path(), store_root)
     (store_root / "current").write_text("v1000\n")

@@ -23,10 +23,10 @@ class Corner(torch.nn.Module):
         return torch.stack([bright, 1 - bright], 1) * 20
 
 
-def _open_gate(tmp_path) -> dict:
+def _open_gate(tmp_path, per_class: int = 4) -> dict:
     """[trainer] for a one-epoch retrain whose gate lets anything through: what is tested is what comes before it."""
     return {
-        "labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)),
+        "labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, per_class)),
         "epochs": 1,
         "int8": False,
         "gate_tolerance": 1.0,

@@ -203,15 +203,9 @@ def test_a_retrain_of_a_version_on_the_features_measures_its_verdict_there_too(f
             encode(leaf_image(600 + i, hue=40 * (i % 3))),
         )
         time.sleep(0.005)
-    trainer = {
-        "labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 25)),
-        "epochs": 1,
-        "int8": False,
-        "gate_tolerance": 1.0,
-        "gate_max_class_drop": 1.0,
-        "field_check_every": 0,
-        "calibrate": False,
-    }
+    from .test_recheck import _open_gate
+
+    trainer = _open_gate(tmp_path, per_class=25)  # 25 a class: enough validation photos for a verdict
     cfg = parse_config({"store": {"path": str(store.root), "require_signature": False}, "trainer": trainer})
     result = retrain(cfg, store, samples, tmp_path / "strategy")
     samples.close()
@@ -222,3 +216,27 @@ def test_a_retrain_of_a_version_on_the_features_measures_its_verdict_there_too(f
 
     assert len(outputs_of_onnx(child.artifact("onnx"), _photos(2))) == 2
     assert json.loads(json.dumps(child.manifest["verdict"]["fitted"]))["rank"] >= 1
+
+
+def test_the_features_benchmark_takes_the_head_input_not_the_distance_computations_and_scores_the_models_own_rule(features_store):
+    from benchmarks.verdict_features import _embed, feature_session, rules
+    from edge_agent.preprocess import DEFAULT_SPEC
+    from engines.store import EngineStore
+
+    root, model, _ = features_store
+    version = EngineStore(root).open()
+    session, name = feature_session(version.artifact("onnx"), threads=1)
+    x = _photos(3, 700)
+    logits, features = session.run([session.get_outputs()[0].name, name], {session.get_inputs()[0].name: x})
+    want = model.head(torch.from_numpy(features)).detach().numpy()
+    np.testing.assert_allclose(want, logits, atol=1e-4)  # the head's input: the pooled features
+    assert features.shape == (3, model.head.in_features)
+    photos = []
+    for i in range(12):
+        path = root.parent / f"photo-{i}.jpg"
+        path.write_bytes(encode(leaf_image(800 + i, hue=40 * (i % 3))))
+        photos.append((path, CLASSES[i % 3]))
+    data = {n: _embed(session, name, DEFAULT_SPEC, photos, CLASSES) for n in ("train", "val", "lab")}
+    assert data["lab"]["distance"].shape == (12, 3)
+    shipped = [r for r in rules(data, version.manifest, [0.97], 2) if "(shipped)" in r]
+    assert shipped == ["features, the model's own distances and the manifest's threshold (shipped)"]

@@ -1,0 +1,1 @@
+{"format": 1, "key": "0ba9583b0fdcd690dfb0aabeda07d955960f84d70b4ebd699c04a2cd23dfd3ba", "signature": "48bd71a64e7ccc2820e5eb6450fa10f16c37cb946a69d2d7680f70d833bf6a65f85b3ff103de247fad5c3f4fafce5738b9fa06b342240df0bcb76d1cd01bc70f"}
