@@ -63,11 +63,8 @@ class Classifier:
         self.spec = PreprocessSpec.from_manifest(engine.version.manifest["preprocess"], **caps)
         self.top_k = min(top_k, len(engine.classes) if self.allowed is None else int(self.allowed.sum()))
         self.judge = Judge(VerdictSpec.from_manifest(engine.version.manifest), confident_probability, self.spec.mean, self.spec.std)
-        if (
-            self.judge.spec is not None
-            and self.judge.spec.on == "features"
-            and type(engine).infer_with_distance is Engine.infer_with_distance
-        ):
+        self._on_features = self.judge.spec is not None and self.judge.spec.on == "features"  # the engine's distances needed
+        if self._on_features and getattr(type(engine), "infer_with_distance", None) is Engine.infer_with_distance:
             raise VerdictSpecError(
                 f"{engine.engine_version}'s verdict needs the model's {self.judge.spec.output!r} output, which the "
                 f"{engine.type!r} backend does not return (use onnxruntime or tensorrt)"
@@ -88,7 +85,7 @@ class Classifier:
     def predict_tensors(self, batch: np.ndarray) -> list[Prediction]:
         """Predictions for a preprocessed batch [N,3,H,W], each with its verdict."""
         t0 = time.perf_counter()
-        logits, distances = self.engine.infer_with_distance(batch)
+        logits, distances = self.engine.infer_with_distance(batch) if self._on_features else (self.engine.infer(batch), None)
         logits = logits.astype(np.float64)
         probs = softmax(logits if self.allowed is None else np.where(self.allowed, logits, -np.inf))
         verdicts = self.judge.judge(logits, probs, batch, self.allowed, distances)
