@@ -17,7 +17,7 @@ from edge_agent.verdict import Judge, VerdictSpec, VerdictSpecError  # noqa: E40
 from engines.base import EngineError  # noqa: E402
 
 from . import fakes  # noqa: E402
-from .conftest import encode, leaf_image, make_class_folders  # noqa: E402
+from .conftest import encode, leaf_image  # noqa: E402
 
 CLASSES = ["Tomato___healthy", "Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)"]
 
