@@ -186,6 +186,9 @@ def test_the_tensorrt_backend_returns_both_outputs(monkeypatch, tmp_path, featur
         np.testing.assert_allclose(engine.infer(x), want_logits, atol=1e-4)
     finally:
         engine.close()
+    lacking = type(version)(version.name, version.path, dict(version.manifest, verdict=dict(version.manifest["verdict"], output="d2")))
+    with pytest.raises(EngineError, match="'d2', which the model lacks"):
+        TensorRTEngine(lacking, config)
 
 
 def test_a_retrain_of_a_version_on_the_features_measures_its_verdict_there_too(features_store, tmp_path):

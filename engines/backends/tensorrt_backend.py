@@ -141,7 +141,8 @@ class TensorRTEngine(Engine):
         inputs = [x for x in io if x[1]]
         outputs = {x[0]: x[2] for x in io if not x[1]}
         classes = len(self.version.classes)
-        distance = check_distance_io(self.version, {name: (n, classes) for name in outputs})
+        shapes = {name: tuple(self._engine.get_tensor_shape(name)) for name in outputs}  # [-1, classes]: batch is dynamic
+        distance = check_distance_io(self.version, shapes)
         logits = self.version.manifest.get("output", {}).get("name")
         logits = logits if logits in outputs else next(iter(outputs), None)
         wanted = [logits, *([distance] if distance else [])]
@@ -149,7 +150,7 @@ class TensorRTEngine(Engine):
             raise EngineError(f"expected one input and {len(wanted)} output(s) {wanted}, plan has {[x[0] for x in io]}")
         self._in_name, _, in_dtype = inputs[0]
         self._out_name, self._distance = logits, distance
-        check_io(self.version, self._in_name, (n, *shape), (n, classes))
+        check_io(self.version, self._in_name, (n, *shape), shapes[logits])
         # The plan's I/O may be FP16 even though the ONNX is FP32: the buffers take the plan's dtypes.
         self._host_in = cuda.pagelocked_empty((n, *shape), in_dtype)
         self._dev_in = cuda.mem_alloc(self._host_in.nbytes)
