@@ -88,10 +88,13 @@ def logits_of_onnx(path: Path, x: np.ndarray, batch: int = 4) -> np.ndarray:
     return outputs_of_onnx(path, x, batch)[0]
 
 
-def top1_agreement(fp32: str | Path, int8: str | Path, photos: np.ndarray, labels: np.ndarray | None = None) -> Int8Report:
-    """Compare FP32 and INT8 top-1 on held-out ``photos`` (and accuracy, given ``labels``)."""
-    a = logits_of_onnx(Path(fp32), photos).argmax(1)
-    b = logits_of_onnx(Path(int8), photos).argmax(1)
+def top1_agreement(
+    fp32: str | Path | np.ndarray, int8: str | Path | np.ndarray, photos: np.ndarray, labels: np.ndarray | None = None
+) -> Int8Report:
+    """Compare FP32 and INT8 top-1 on held-out ``photos`` (and accuracy, given ``labels``); ``fp32`` and ``int8`` are
+    the models' files, or their logits for ``photos`` already computed."""
+    a = (fp32 if isinstance(fp32, np.ndarray) else logits_of_onnx(Path(fp32), photos)).argmax(1)
+    b = (int8 if isinstance(int8, np.ndarray) else logits_of_onnx(Path(int8), photos)).argmax(1)
     report = Int8Report(agreement=float((a == b).mean()), photos=len(photos))
     if labels is not None:
         report = Int8Report(report.agreement, report.photos, float((a == labels).mean()), float((b == labels).mean()))

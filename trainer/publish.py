@@ -84,7 +84,9 @@ def publish_model(
             files[INT8_FILE] = work / INT8_FILE
             artifacts["int8"] = INT8_FILE
             if held_out is not None:
-                rep = top1_agreement(files[ONNX_FILE], files[INT8_FILE], held_out[0], held_out[1])
+                x = held_out[0]
+                (z32, d32), (z8, d8) = (_logits_distances(outputs_of_onnx(files[name], x)) for name in (ONNX_FILE, INT8_FILE))
+                rep = top1_agreement(z32, z8, x, held_out[1])  # each model run once on the check photos
                 metrics["int8"] = {
                     "top1_agreement_with_fp32": round(rep.agreement, 4),
                     "photos": rep.photos,
@@ -95,11 +97,8 @@ def publish_model(
                 if verdict is not None:
                     from trainer.verdict_fit import verdicts_of
 
-                    x = held_out[0]
-                    a, b = (
-                        verdicts_of(verdict, list(classes), z, x, spec, distances=d)
-                        for z, d in (_logits_distances(outputs_of_onnx(files[name], x)) for name in (ONNX_FILE, INT8_FILE))
-                    )
+                    a = verdicts_of(verdict, list(classes), z32, x, spec, distances=d32)
+                    b = verdicts_of(verdict, list(classes), z8, x, spec, distances=d8)
                     metrics["int8"]["verdict_agreement_with_fp32"] = round(float(np.mean([u == v for u, v in zip(a, b)])), 4)
                 log.info("int8_built", **metrics["int8"])
         if split is not None:
