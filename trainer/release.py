@@ -42,7 +42,7 @@ class ReleaseSettings(TrainSettings):
     pretrained: bool = True  # start from the registry's checked ImageNet weights
     augmentation: str = "flips"  # "flips": flips only; "lab": flips, rotation, colour, zoom (trainer.augment); "field": FieldComposer
     zoom: tuple[float, float] | None = (0.8, 1.3)  # "lab" only: the random scale range
-    epochs: int = 3
+    epochs: int = 3  # 8 measured higher in the lab and no better in the field: not shipped (docs/model.md)
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 1e-4
@@ -148,13 +148,14 @@ def train_release(
     done = _finished_training(work / "trained.pt", settings)
     if done is not None:  # trained already (here, or elsewhere by the same recipe: `--device cuda` on a GPU machine)
         model.load_state_dict(done["state_dict"])
-        info = done["info"]
+        info = {**done["info"], "trained_on": done["info"].get("trained_on", done["settings"].get("device", "cpu"))}
         log.info("training_reused", file=str(work / "trained.pt"), trained_on=done["settings"].get("device", "cpu"))
     else:
         model, info = fit(
             model, train_ds, val_ds, settings, progress=progress, batches=batches, checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x
         )
         info["train_seconds"] = round(sum(h["seconds"] for h in info["history"]), 1)  # every epoch, across resumed runs
+        info["trained_on"] = settings.device
     info["bn_x"] = bn_x
     info["augmentation"] = asdict(augmentation) if augmentation is not None else None
     model = model.to(memory_format=torch.contiguous_format)
@@ -211,6 +212,7 @@ def reuse_training(version_dir: str | os.PathLike, work: str | os.PathLike, sett
             model.head.bias.mul_(calibration["temperature"])
     info = {k: m["training"][k] for k in ("epochs_run", "selected", "swa", "history", "train_seconds")}
     info["reused_from"] = version.name
+    info["trained_on"] = m["training"].get("trained_on", m["training"]["settings"].get("device", "cpu"))
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     path = work / "trained.pt"
@@ -295,6 +297,7 @@ def finish_release(
             else f"exact over the {len(photos['train'].samples)} training photos"
         ),
         "train_seconds": info.get("train_seconds"),
+        "trained_on": info.get("trained_on", settings.device),  # where the epochs ran: "cuda" for a GPU training finished here
         **({"training_of": info["reused_from"]} if info.get("reused_from") else {}),
         "history": info["history"],
         "torch": torch.__version__,

