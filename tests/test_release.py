@@ -96,6 +96,7 @@ def test_a_release_finishes_from_a_training_of_its_own_recipe_done_on_another_ma
     work.mkdir()
     saved = torch.load(root / "work" / "trained.pt", map_location="cpu", weights_only=False)
     saved["settings"] |= {"device": "cuda", "threads": 16}
+    saved["info"]["trained_on"] = "cuda"  # as train_release records a GPU run (a file from before it: the settings' device)
     torch.save(saved, work / "trained.pt")  # no checkpoint.pt: only the finished training came back
     out = release(data, tmp_path / "store", key.path, work)
     assert out.returncode == 0, out.stderr[-3000:]

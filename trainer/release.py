@@ -149,7 +149,7 @@ def train_release(
     if done is not None:  # trained already (here, or elsewhere by the same recipe: `--device cuda` on a GPU machine)
         model.load_state_dict(done["state_dict"])
         info = {**done["info"], "trained_on": done["info"].get("trained_on", done["settings"].get("device", "cpu"))}
-        log.info("training_reused", file=str(work / "trained.pt"), trained_on=done["settings"].get("device", "cpu"))
+        log.info("training_reused", file=str(work / "trained.pt"), trained_on=info["trained_on"])
     else:
         model, info = fit(
             model, train_ds, val_ds, settings, progress=progress, batches=batches, checkpoint=work / "checkpoint.pt", watch=watch, bn_x=bn_x
