@@ -488,7 +488,7 @@ def markdown(summary: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict, path: Path) -> None:
+def plot(summary: dict, path: Path, day_size: int = 100) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -501,7 +501,8 @@ def plot(summary: dict, path: Path) -> None:
         sd = [a["start_field"][1]] + [d["field"][1] for d in a["days"]]
         ax.plot(xs, ys, marker="o", label=f"{arm} ({len(a['seeds'])} seed{'s' if len(a['seeds']) > 1 else ''})")
         ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15)
-    ax.set_xlabel("day (100 field photos each)")
+    ax.set_xlabel(f"day ({day_size} field photos each)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("field top-1 (held-out field photos)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -560,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         cmd = "python -m benchmarks.field_loop " + " ".join(argv if argv is not None else sys.argv[1:])
         (out / "summary.md").write_text(markdown(summary, cmd))
-        plot(summary, out / "field-top1.png")
+        plot(summary, out / "field-top1.png", args.day_size)
         print((out / "summary.md").read_text())
     return 0
 
