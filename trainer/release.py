@@ -148,7 +148,7 @@ def train_release(
     done = _finished_training(work / "trained.pt", settings)
     if done is not None:  # trained already (here, or elsewhere by the same recipe: `--device cuda` on a GPU machine)
         model.load_state_dict(done["state_dict"])
-        info = {**done["info"], "trained_on": done["info"].get("trained_on", done["settings"].get("device", "cpu"))}
+        info = {**done["info"], "trained_on": _trained_on(done["info"], done["settings"])}
         log.info("training_reused", file=str(work / "trained.pt"), trained_on=info["trained_on"])
     else:
         model, info = fit(
@@ -174,6 +174,11 @@ def train_release(
 
 #: Settings that change where or how fast training runs, or what is done after it, not what it trains.
 _PLACE_ONLY = ("device", "threads", "verdict")
+
+
+def _trained_on(record: dict, settings: dict) -> str:
+    """Where a finished training ran: its own record, else (a file or manifest from before it was recorded) its settings."""
+    return record.get("trained_on", settings.get("device", "cpu"))
 
 
 def _finished_training(path: Path, settings: ReleaseSettings) -> dict | None:
@@ -212,7 +217,7 @@ def reuse_training(version_dir: str | os.PathLike, work: str | os.PathLike, sett
             model.head.bias.mul_(calibration["temperature"])
     info = {k: m["training"][k] for k in ("epochs_run", "selected", "swa", "history", "train_seconds")}
     info["reused_from"] = version.name
-    info["trained_on"] = m["training"].get("trained_on", m["training"]["settings"].get("device", "cpu"))
+    info["trained_on"] = _trained_on(m["training"], m["training"]["settings"])
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     path = work / "trained.pt"
@@ -297,7 +302,7 @@ def finish_release(
             else f"exact over the {len(photos['train'].samples)} training photos"
         ),
         "train_seconds": info.get("train_seconds"),
-        "trained_on": info.get("trained_on", settings.device),  # where the epochs ran: "cuda" for a GPU training finished here
+        "trained_on": info["trained_on"],  # where the epochs ran: "cuda" for a GPU training finished here
         **({"training_of": info["reused_from"]} if info.get("reused_from") else {}),
         "history": info["history"],
         "torch": torch.__version__,
