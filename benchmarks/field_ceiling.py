@@ -1,12 +1,13 @@
 """How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
 
-``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1]``
+``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]``
 
 The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
 what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
 configuration on the first N photos of the loop's field stream (same seed, same split) labelled with their true class,
 all of them trained on (``field_check_every = 0``: no field check to hold any back; the lab gate still decides), then
 measured as the loop measures (the held-out field test and the lab validation split, as the device runs the engine).
+``--set`` changes the retrain's configuration (``trainer.distill=0``); the report records it.
 Writes ``DIR/report.json`` and ``DIR/report.md``; a label count already in the report is not run again.
 """
 
@@ -24,7 +25,7 @@ from benchmarks.field_loop import SHARED, _Measure, split_field
 __all__ = ["retrain_on"]
 
 
-def retrain_on(n: int, field: str, seed: int, work: Path) -> dict:
+def retrain_on(n: int, field: str, seed: int, work: Path, sets: dict | None = None) -> dict:
     """The shipped model retrained on ``n`` true-labelled stream photos: field and lab top-1 of what is in service."""
     from edge_agent.config import default_store_path, parse_config
     from edge_agent.handoff.sender import sample_header
@@ -40,7 +41,9 @@ def retrain_on(n: int, field: str, seed: int, work: Path) -> dict:
     classes = list(shipped.classes)
     test, stream = split_field(SHARED / "field" / field, classes, seed, 0.25)
     lab = [(x.path, x.label) for x in recorded_split(shipped, str(SHARED / "plantvillage"))["val"]]
-    cfg = parse_config({"trainer": {"field_check_every": 0}})
+    from benchmarks._sets import with_sets
+
+    cfg = parse_config(with_sets({"trainer": {"field_check_every": 0}}, sets))
     samples = SampleStore(work / "trainer")
     for path, y in stream[:n]:  # as the expert's labels arrive from the daemon's queue
         data = Path(path).read_bytes()
@@ -60,20 +63,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--field", default="apple-orchard")
     ap.add_argument("--labels", nargs="+", type=int, default=[90, 300, 900])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="A retrain configuration value (TOML) other than the shipped one."
+    )
     args = ap.parse_args(argv)
+    from benchmarks._sets import config_sets
+
+    sets = config_sets(args.set)  # first: a malformed one is refused before any work
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.json"
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    if earlier and earlier.get("sets", {}) != sets:
+        raise SystemExit(f"{path} was measured with --set {earlier.get('sets', {})}, not {sets}: give another --out")
+    rows = earlier.get("rows", [])
     for n in args.labels:
         if any(r["labels"] == n for r in rows):
             continue
-        rows.append(retrain_on(n, args.field, args.seed, out / "work"))
+        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets))
         print(json.dumps(rows[-1]), flush=True)
-        path.write_text(json.dumps({"field": args.field, "seed": args.seed, "rows": rows}, indent=2) + "\n")
+        path.write_text(json.dumps({"field": args.field, "seed": args.seed, "sets": sets, "rows": rows}, indent=2) + "\n")
     shutil.rmtree(out / "work", ignore_errors=True)
     lines = [
         f"# Field labels the shipped model needs ({args.field}, seed {args.seed})\n",
+        *([f"Retrain configuration changed: {json.dumps(sets)}\n"] if sets else []),
         "| true field labels trained on | published | field top-1 | lab top-1 | seconds |",
         "|---|---|---|---|---|",
     ]
