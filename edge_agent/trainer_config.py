@@ -193,6 +193,11 @@ class TrainerSection(BaseModel):
         description="Weight of a distillation term from the engine in service on every training batch, beside any "
         "strategy; 0 turns it off.",
     )
+    distill_photos: Literal["agreeing", "all"] = Field(
+        "agreeing",
+        description="Which photos the `distill` term covers: those whose label the engine in service answers (it never "
+        "pulls a photo towards the answer its label corrects), or all.",
+    )
     distill_temperature: float = Field(2.0, gt=0, description="Temperature of the `distill` term.")
     interpolate: float = Field(
         1.0,

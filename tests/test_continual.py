@@ -281,12 +281,40 @@ def test_distillation_keeps_a_retrain_closer_to_the_model_in_service(tmp_path):
 
     def drift(distill: float) -> float:
         cand, _ = train_generation(
-            previous, data, get_strategy("finetune")(tmp_path / f"d{distill}"), settings(epochs=3, distill=distill), 5e-3
+            previous,
+            data,
+            get_strategy("finetune")(tmp_path / f"d{distill}"),
+            settings(epochs=3, distill=distill, distill_photos="all"),
+            5e-3,
         )
         with torch.no_grad():
             return float(F.kl_div(F.log_softmax(cand.eval()(probe), 1), teacher, log_target=True, reduction="batchmean"))
 
     assert drift(10.0) < drift(0.0)
+
+
+def test_distillation_covers_only_the_photos_whose_label_the_model_in_service_answers(tmp_path):
+    """``distill_photos = "agreeing"`` (the default): no pull towards the answer an expert's label corrects; where
+    the teacher answers the label, the same term as over all photos."""
+    from trainer.continual import _loss_terms
+
+    torch.manual_seed(0)
+    previous, model = build_model(3).eval(), build_model(3).eval()
+    x = toy(seed=5).x
+    with torch.no_grad():
+        answer = previous(x).argmax(1)
+    pseudo, conf = torch.zeros(len(x), dtype=torch.bool), torch.ones(len(x))
+    finetune = get_strategy("finetune")(tmp_path)
+
+    def term(y, photos: str) -> float:
+        terms = _loss_terms(model, previous, finetune, settings(distill=1.0, distill_photos=photos), x, y, pseudo, conf, 1.0, (len(x), len(x), 0))
+        return float(terms["distill"].detach())
+
+    contradicted = (answer + 1) % 3
+    assert term(contradicted, "agreeing") == 0.0 < term(contradicted, "all")
+    assert term(answer, "agreeing") == pytest.approx(term(answer, "all"))
+    half = torch.where(torch.arange(len(x)) % 2 == 0, answer, contradicted)
+    assert 0.0 < term(half, "agreeing") < term(half, "all")
 
 
 def _lite_toy() -> Generation:

@@ -79,7 +79,10 @@ def _loss_terms(model, previous, strategy, settings, x, y, pseudo, conf, w: floa
     if settings.distill > 0:
         with torch.no_grad():
             teacher = previous(x)
-        terms["distill"] = share * settings.distill * distill_loss(logits, teacher, settings.distill_temperature)
+        per_photo = distill_loss(logits, teacher, settings.distill_temperature, reduction="none")
+        if settings.distill_photos == "agreeing":  # the teacher's answer where the label corrects it is what is unlearnt
+            per_photo = per_photo * (teacher.argmax(1) == y)
+        terms["distill"] = settings.distill * per_photo.sum() / n
     terms["penalty"] = share * strategy.penalty(model, x, logits)  # a mean over photos, or of the weights alone: both add up
     return terms
 

@@ -11,11 +11,15 @@ from edge_agent.trainer_config import LwfConfig
 from trainer.strategies.base import Generation, Strategy, register
 
 
-def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher || student) at ``temperature``, scaled by T^2, over the classes the teacher knows."""
+def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float, reduction: str = "batchmean") -> torch.Tensor:
+    """KL(teacher || student) at ``temperature``, scaled by T^2, over the classes the teacher knows (``reduction``
+    "none": one value a photo)."""
     k = teacher_logits.shape[1]
     t = float(temperature)
-    return (t * t) * F.kl_div(F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(teacher_logits / t, dim=1), reduction="batchmean")
+    student, teacher = F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(teacher_logits / t, dim=1)
+    if reduction == "none":
+        return (t * t) * F.kl_div(student, teacher, reduction="none").sum(1)
+    return (t * t) * F.kl_div(student, teacher, reduction="batchmean")
 
 
 @register
