@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labels", nargs="+", type=int, default=[90, 300, 900])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="A retrain configuration value (TOML) other than the shipped one."
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="A retrain configuration value (TOML) other than the shipped one.",
     )
     args = ap.parse_args(argv)
     from benchmarks._sets import config_sets

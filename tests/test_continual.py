@@ -307,7 +307,9 @@ def test_distillation_covers_only_the_photos_whose_label_the_model_in_service_an
     finetune = get_strategy("finetune")(tmp_path)
 
     def term(y, photos: str) -> float:
-        terms = _loss_terms(model, previous, finetune, settings(distill=1.0, distill_photos=photos), x, y, pseudo, conf, 1.0, (len(x), len(x), 0))
+        terms = _loss_terms(
+            model, previous, finetune, settings(distill=1.0, distill_photos=photos), x, y, pseudo, conf, 1.0, (len(x), len(x), 0)
+        )
         return float(terms["distill"].detach())
 
     contradicted = (answer + 1) % 3

@@ -163,7 +163,18 @@ def _both(lab, on_field: FieldDecision):
 
 def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
     """What the manifest records of how a candidate was trained."""
-    keys = ("epochs", "batch_size", "weight_decay", "pseudo_lambda", "ramp_epochs", "seed", "swa_epochs", "distill", "distill_photos", "distill_temperature")
+    keys = (
+        "epochs",
+        "batch_size",
+        "weight_decay",
+        "pseudo_lambda",
+        "ramp_epochs",
+        "seed",
+        "swa_epochs",
+        "distill",
+        "distill_photos",
+        "distill_temperature",
+    )
     return {**tc.model_dump(include=set(keys)), "lr": lr, "interpolate": interpolate}
 
 
