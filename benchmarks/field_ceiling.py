@@ -20,6 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
+from benchmarks._sets import config_sets, with_sets
 from benchmarks.field_loop import SHARED, _Measure, split_field
 
 __all__ = ["retrain_on"]
@@ -41,8 +42,6 @@ def retrain_on(n: int, field: str, seed: int, work: Path, sets: dict | None = No
     classes = list(shipped.classes)
     test, stream = split_field(SHARED / "field" / field, classes, seed, 0.25)
     lab = [(x.path, x.label) for x in recorded_split(shipped, str(SHARED / "plantvillage"))["val"]]
-    from benchmarks._sets import with_sets
-
     cfg = parse_config(with_sets({"trainer": {"field_check_every": 0}}, sets))
     samples = SampleStore(work / "trainer")
     for path, y in stream[:n]:  # as the expert's labels arrive from the daemon's queue
@@ -71,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         help="A retrain configuration value (TOML) other than the shipped one.",
     )
     args = ap.parse_args(argv)
-    from benchmarks._sets import config_sets
-
     sets = config_sets(args.set)  # first: a malformed one is refused before any work
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

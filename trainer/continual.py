@@ -79,7 +79,7 @@ def _loss_terms(model, previous, strategy, settings, x, y, pseudo, conf, w: floa
     if settings.distill > 0:
         with torch.no_grad():
             teacher = previous(x)
-        per_photo = distill_loss(logits, teacher, settings.distill_temperature, reduction="none")
+        per_photo = distill_loss(logits, teacher, settings.distill_temperature)
         if settings.distill_photos == "agreeing":  # the teacher's answer where the label corrects it is what is unlearnt
             per_photo = per_photo * (teacher.argmax(1) == y)
         terms["distill"] = settings.distill * per_photo.sum() / n

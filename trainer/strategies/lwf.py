@@ -11,15 +11,12 @@ from edge_agent.trainer_config import LwfConfig
 from trainer.strategies.base import Generation, Strategy, register
 
 
-def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float, reduction: str = "batchmean") -> torch.Tensor:
-    """KL(teacher || student) at ``temperature``, scaled by T^2, over the classes the teacher knows (``reduction``
-    "none": one value a photo)."""
+def distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) at ``temperature``, scaled by T^2, over the classes the teacher knows: one value a photo."""
     k = teacher_logits.shape[1]
     t = float(temperature)
     student, teacher = F.log_softmax(logits[:, :k] / t, dim=1), F.softmax(teacher_logits / t, dim=1)
-    if reduction == "none":
-        return (t * t) * F.kl_div(student, teacher, reduction="none").sum(1)
-    return (t * t) * F.kl_div(student, teacher, reduction="batchmean")
+    return (t * t) * F.kl_div(student, teacher, reduction="none").sum(1)
 
 
 @register
@@ -39,4 +36,4 @@ class LwF(Strategy):
     def penalty(self, model, x, logits):
         with torch.no_grad():
             old = self.teacher(x)
-        return self.config.weight * distill_loss(logits, old, self.config.temperature)
+        return self.config.weight * distill_loss(logits, old, self.config.temperature).mean()
