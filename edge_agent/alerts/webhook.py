@@ -106,7 +106,8 @@ class Webhook:
                 raise TimeoutError
         except Exception as exc:  # noqa: BLE001 - refused, unreachable, timed out, a garbage answer: never fatal
             said = " ".join(printable(str(exc)).split())  # an endpoint's garbage, on one line, never raw
-            why = f"no answer within {limit:g} s" if late.is_set() else f"{type(exc).__name__}: {said}"[:200]
+            timed_out = late.is_set() or isinstance(exc, TimeoutError)  # the socket's own timeout can fire before the watchdog
+            why = f"no answer within {limit:g} s" if timed_out else f"{type(exc).__name__}: {said}"[:200]
             raise DeliveryError(f"{self.where}: {why}") from None
         finally:
             watchdog.cancel()
