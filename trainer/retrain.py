@@ -29,7 +29,7 @@ from engines.store import EngineStore
 from trainer import photos
 from trainer._memory import PhaseMemory
 from trainer.calibrate import calibrate
-from trainer.continual import learning_rate, train_generation
+from trainer.continual import epochs_of, learning_rate, train_generation
 from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back, prefer
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
@@ -161,10 +161,9 @@ def _both(lab, on_field: FieldDecision):
     return lab
 
 
-def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
+def _recorded(tc: TrainerSection, lr: float, interpolate: float, epochs: int) -> dict:
     """What the manifest records of how a candidate was trained."""
     keys = (
-        "epochs",
         "batch_size",
         "weight_decay",
         "pseudo_lambda",
@@ -175,7 +174,7 @@ def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
         "distill_photos",
         "distill_temperature",
     )
-    return {**tc.model_dump(include=set(keys)), "lr": lr, "interpolate": interpolate}
+    return {**tc.model_dump(include=set(keys)), "epochs": epochs, "lr": lr, "interpolate": interpolate}
 
 
 def _root(store: EngineStore, version) -> str:
@@ -292,7 +291,7 @@ def retrain(
         lr=lr,
         interpolate=interpolate if learning else tc.pseudo_only_steps,
     )
-    progress("training", epoch=0, epochs=tc.epochs)
+    progress("training", epoch=0, epochs=epochs_of(previous, tc))
     candidate, used = train_generation(
         previous,
         data,
@@ -371,7 +370,7 @@ def retrain(
     training = {
         "kind": "continual",
         "strategy": tc.strategy.model_dump(),
-        "settings": _recorded(tc, lr, interpolate),
+        "settings": _recorded(tc, lr, interpolate, epochs_of(previous, tc)),
         "samples": counts,
         "expert_weight": tc.expert_weight,
         "labelled": sources.describe(),
