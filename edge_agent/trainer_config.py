@@ -142,12 +142,7 @@ class TrainerSection(BaseModel):
         + " | ".join(STRATEGY_CONFIGS)
         + ", with that strategy's own options (docs/learning-loop.md).",
     )
-    epochs: int = Field(
-        0,
-        ge=0,
-        le=500,
-        description="Epochs per retrain; 0: the architecture's own (15 for LeafNet, 30 for a pretrained EfficientNet-Lite).",
-    )
+    epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
     batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
     micro_batch: int = Field(
         8,

@@ -365,33 +365,6 @@ def test_a_retrain_takes_the_architectures_learning_rate_unless_the_configuratio
     assert learning_rate(lite, settings(lr=1e-3, pseudo_only_lr=3e-4), pseudo_only=True) == 3e-4
 
 
-class _Told(Exception):
-    pass
-
-
-def _epochs_run(model, data, cfg, tmp_path) -> int:
-    """The epochs ``train_generation`` says it will run (it is stopped after the first)."""
-
-    def first(epoch, epochs):
-        raise _Told(epochs)
-
-    with pytest.raises(_Told) as told:
-        train_generation(model, data, get_strategy("finetune")(tmp_path), cfg, LR, on_epoch=first)
-    return told.value.args[0]
-
-
-def test_a_retrain_runs_the_architectures_epochs_unless_the_configuration_names_them(tmp_path):
-    from trainer.continual import epochs_of
-
-    lite, leaf = build_model(3, "efficientnet-lite0"), build_model(3, "LeafNet5")
-    assert epochs_of(leaf, settings(epochs=0)) == 15 and epochs_of(lite, settings(epochs=0)) == 30
-    assert epochs_of(lite, settings(epochs=4)) == 4
-    assert _epochs_run(lite, _lite_toy(), settings(epochs=0), tmp_path / "a") == 30
-    assert _epochs_run(leaf, toy(), settings(epochs=0), tmp_path / "b") == 15
-    assert _epochs_run(lite, _lite_toy(), settings(epochs=3), tmp_path / "c") == 3
-    assert TrainerSection().epochs == 0  # the shipped configuration leaves it to the architecture
-
-
 def _sizes_seen(model) -> list[int]:
     """The batch sizes ``model`` (and every copy made of it after this call) is given."""
     seen: list[int] = []

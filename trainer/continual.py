@@ -30,7 +30,7 @@ from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
 
-__all__ = ["epochs_of", "hold", "learning_rate", "micro_batch", "ramp", "train_generation"]
+__all__ = ["hold", "learning_rate", "micro_batch", "ramp", "train_generation"]
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -96,11 +96,6 @@ def learning_rate(model: Classifier, settings: TrainerSection, pseudo_only: bool
     return settings.lr or base
 
 
-def epochs_of(model: Classifier, settings: TrainerSection) -> int:
-    """A retrain's epochs: ``[trainer] epochs``, or where it is 0 the architecture's own."""
-    return settings.epochs or _entry_of(model).retrain_epochs
-
-
 def train_generation(
     previous: Classifier,
     data: Generation,
@@ -141,13 +136,12 @@ def train_generation(
     # epochs' weights (Stochastic Weight Averaging), the same kind of solution as an SWA-trained model in service
     # (in the field simulation the two gave candidates within the gate's noise of each other).
     steps = math.ceil(len(data) / settings.batch_size)
-    epochs = epochs_of(previous, settings)
-    swa_epochs = min(settings.swa_epochs, epochs)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(max(1, epochs * steps), swa=swa_epochs * steps))
+    swa_epochs = min(settings.swa_epochs, settings.epochs)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(max(1, settings.epochs * steps), swa=swa_epochs * steps))
     swa = torch.optim.swa_utils.AveragedModel(model) if swa_epochs > 0 else None
     model.train()
     micro = micro_batch(model, settings)
-    for epoch in range(epochs):
+    for epoch in range(settings.epochs):
         model.train()
         w = ramp(epoch, settings.ramp_epochs)
         order = torch.randperm(len(data), generator=gen)
@@ -169,9 +163,9 @@ def train_generation(
             opt.step()
             sched.step()
             check(should_stop, "while training")
-        if swa is not None and epoch >= epochs - swa_epochs:
+        if swa is not None and epoch >= settings.epochs - swa_epochs:
             swa.update_parameters(model)
-        on_epoch(epoch + 1, epochs)
+        on_epoch(epoch + 1, settings.epochs)
         log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
     if swa is not None:
         model = copy.deepcopy(swa.module)

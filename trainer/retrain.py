@@ -29,7 +29,7 @@ from engines.store import EngineStore
 from trainer import photos
 from trainer._memory import PhaseMemory
 from trainer.calibrate import calibrate
-from trainer.continual import epochs_of, learning_rate, train_generation
+from trainer.continual import learning_rate, train_generation
 from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back, prefer
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
@@ -161,9 +161,10 @@ def _both(lab, on_field: FieldDecision):
     return lab
 
 
-def _recorded(tc: TrainerSection, lr: float, interpolate: float, epochs: int) -> dict:
+def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
     """What the manifest records of how a candidate was trained."""
     keys = (
+        "epochs",
         "batch_size",
         "weight_decay",
         "pseudo_lambda",
@@ -174,7 +175,7 @@ def _recorded(tc: TrainerSection, lr: float, interpolate: float, epochs: int) ->
         "distill_photos",
         "distill_temperature",
     )
-    return {**tc.model_dump(include=set(keys)), "epochs": epochs, "lr": lr, "interpolate": interpolate}
+    return {**tc.model_dump(include=set(keys)), "lr": lr, "interpolate": interpolate}
 
 
 def _root(store: EngineStore, version) -> str:
@@ -291,7 +292,7 @@ def retrain(
         lr=lr,
         interpolate=interpolate if learning else tc.pseudo_only_steps,
     )
-    progress("training", epoch=0, epochs=epochs_of(previous, tc))
+    progress("training", epoch=0, epochs=tc.epochs)
     candidate, used = train_generation(
         previous,
         data,
@@ -370,7 +371,7 @@ def retrain(
     training = {
         "kind": "continual",
         "strategy": tc.strategy.model_dump(),
-        "settings": _recorded(tc, lr, interpolate, epochs_of(previous, tc)),
+        "settings": _recorded(tc, lr, interpolate),
         "samples": counts,
         "expert_weight": tc.expert_weight,
         "labelled": sources.describe(),

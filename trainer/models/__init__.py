@@ -53,7 +53,6 @@ class ModelEntry:
     retrain_frozen_blocks: int = 0  # leading feature blocks an on-device retrain leaves as they are (docs/model.md)
     retrain_keep_batchnorm: bool = False  # a retrain keeps the BatchNorm statistics (True) or recomputes them
     retrain_lr: float = 2e-3  # a retrain's peak learning rate with expert labels (a quarter of it on pseudo-labels alone)
-    retrain_epochs: int = 15  # epochs of a retrain
 
 
 def _lite(variant: str, sha256: str, file_hash: str, default: int) -> ModelEntry:
@@ -77,9 +76,6 @@ def _lite(variant: str, sha256: str, file_hash: str, default: int) -> ModelEntry
         retrain_frozen_blocks=9,
         retrain_keep_batchnorm=True,
         retrain_lr=5e-4,  # 2e-3 cost v2000 3.4 points of lab top-1 in one retrain (refused by the lab gate)
-        # one retrain of v3000 on 90 orchard labels: 0.742 +- 0.005 held out at 30, 0.719 +- 0.002 at 15, lab kept
-        # (benchmarks/results/retrain-knobs-v3000); 565 s on 2 cores with the unlabelled term's second candidate
-        retrain_epochs=30,
     )
 
 
