@@ -35,10 +35,10 @@ __all__ = ["RULES", "by_day", "main", "trust_day"]
 
 #: The trust tests replayed: the shipped one and stricter ones ([labels] settings).
 RULES = {
-    "0.97 vs 0.80 (shipped until 2026-11-26)": {"trust_against": 0.80},
-    "0.97 vs 0.85 (shipped)": {},
-    "0.98 vs 0.85": {"trust_precision": 0.98, "trust_against": 0.85},
-    "0.97 vs 0.85, confidence >= 0.98": {"pseudo_threshold": 0.98},
+    "0.97 vs 0.80, from 0.9 (shipped until 2026-11-26)": {"trust_against": 0.80, "trust_confidence": 0.9},
+    "0.97 vs 0.85, from 0.9 (shipped until 2026-11-27)": {"trust_confidence": 0.9},
+    "0.98 vs 0.85, from 0.9": {"trust_precision": 0.98, "trust_against": 0.85, "trust_confidence": 0.9},
+    "0.97 vs 0.85, from 0.98 (shipped: trust_confidence)": {},
 }
 BANDS = (0.9, 0.95, 0.97, 0.98, 0.99)
 
@@ -86,8 +86,9 @@ def _confident(preds: list, truth: list[int], classes: list[str], policy) -> dic
     from edge_agent.review.rank import margin
 
     out: dict[str, list] = {}
+    every = policy.model_copy(update={"trust_confidence": policy.pseudo_threshold})  # every confident answer
     for i, (p, t) in enumerate(zip(preds, truth)):
-        if decide(p.verdict, p.confidence, policy, trusted=True) == "pseudo":
+        if decide(p.verdict, p.confidence, every, trusted=True) == "pseudo":
             out.setdefault(p.label, []).append((i, margin(p.top_k), p.confidence, classes.index(p.label) == t))
     return out
 
@@ -125,7 +126,8 @@ def replay(run_dir: Path, seed: int, per_day: int, draws: int, field: str = "app
             row["bands"] = {str(b): _share([a for a in both if a[2] >= b]) for b in BANDS}
             row["rules"] = {}
             for name, policy in policies.items():
-                mine, mine_days = by_day(answers, policy.pseudo_threshold, day_size, len(stream) // day_size)
+                band = max(policy.pseudo_threshold, policy.trust_confidence)  # the answers trust covers
+                mine, mine_days = by_day(answers, band, day_size, len(stream) // day_size)
                 drawn = [trust_day(mine_days, "drawn", per_day, policy, random.Random(k)) for k in range(draws)]
                 trusted = [d for d in drawn if d is not None]
                 row["rules"][name] = {

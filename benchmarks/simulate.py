@@ -241,7 +241,7 @@ def _config(s: SimSettings, out: Path, labelled: Path, validation: Path) -> dict
     return {
         "store": {"path": str(out / "store"), "trusted_keys": [str(out / "signing.pub")]},
         "engine": FP32,
-        "labels": {"pseudo_threshold": s.tau, "review_threshold": s.tau, "per_class_cap": s.cap},
+        "labels": {"pseudo_threshold": s.tau, "review_threshold": s.tau, "trust_confidence": s.tau, "per_class_cap": s.cap},
         "inbox": {"settle_s": 0.5, "rescan_interval_s": 5.0},
         "hotswap": {"poll_s": 1.0},
         "log": {"format": "json"},

@@ -264,6 +264,14 @@ class LabelsSection(_Section):
     trust_window: int = Field(
         30, ge=1, le=10000, description="A class's trust is judged on its latest this many checks (older engines' answers fall out)."
     )
+    trust_confidence: float = Field(
+        0.98,
+        gt=0,
+        le=1,
+        description="Trust covers a class's confident answers this sure or surer (pseudo_threshold where that is higher): "
+        "only the expert's checks of them count toward it, and only they become pseudo-labels once it is earned "
+        "(trust_checks = 0: every confident answer).",
+    )
 
     @model_validator(mode="after")
     def _window_can_earn_trust(self) -> LabelsSection:

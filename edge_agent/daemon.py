@@ -363,7 +363,7 @@ class Daemon:
         from edge_agent.review.queue import prune_pool
 
         try:
-            dropped = prune_pool(self.db, self.spool, self.cfg.labels.review_pool)
+            dropped = prune_pool(self.db, self.spool, self.cfg.labels.review_pool, self.cfg.labels)
         except Exception as exc:  # a locked database: try again next time
             self.log.warning("review_pool_prune_failed", error=repr(exc))
             return

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from edge_agent.log import get_logger
 from edge_agent.results import QueueEntry, ResultsDB
-from edge_agent.review.checks import TrustBook
+from edge_agent.review.checks import TrustBook, covered
 from edge_agent.spool import Origin, PhotoSpool, QueueFull, SpoolItem
 
 if TYPE_CHECKING:
@@ -31,12 +31,13 @@ Kind = Literal["pseudo", "review"]
 
 
 def decide(verdict: str, confidence: float, policy: LabelsSection, trusted: bool = True) -> Kind | None:
-    """Only a ``confident`` verdict at ``pseudo_threshold`` or above, for a ``trusted`` class, becomes a pseudo-label
-    (an untrusted class's goes to review, for the expert to check); ``unknown`` always goes to review (a new class may
-    be born there), and so does an answer below ``review_threshold``, or one sure by the softmax that the verdict
-    refused for its distance from the training photos; anything else is not queued."""
+    """Only a ``confident`` verdict at ``pseudo_threshold`` or above that trust covers (``trust_confidence``:
+    :func:`edge_agent.review.checks.covered`), for a ``trusted`` class, becomes a pseudo-label (any other confident
+    answer goes to review: a check of an untrusted class, or a photo for the unlabelled pool); ``unknown`` always goes
+    to review (a new class may be born there), and so does an answer below ``review_threshold``, or one sure by the
+    softmax that the verdict refused for its distance from the training photos; anything else is not queued."""
     if verdict == "confident" and confidence >= policy.pseudo_threshold:
-        return "pseudo" if trusted else "review"
+        return "pseudo" if trusted and covered(verdict, confidence, policy) else "review"
     if verdict == "unknown" or confidence < policy.review_threshold or confidence >= policy.pseudo_threshold:
         return "review"
     return None

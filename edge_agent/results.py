@@ -255,11 +255,12 @@ class ResultsDB:
         """How many photos an expert labelled since ``since`` (the per-day review budget)."""
         return self._query("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ?", (since,))[0][0]
 
-    def expert_checks(self) -> list[tuple[str, str | None, str]]:
-        """Every expert label beside the model's answer to that photo: (its class, its verdict, the expert's class),
-        newest label first."""
+    def expert_checks(self) -> list[tuple[str, str | None, str, float]]:
+        """Every expert label beside the model's answer to that photo: (its class, its verdict, the expert's class, its
+        confidence), newest label first."""
         return self._query(
-            "SELECT r.label, r.verdict, e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 ORDER BY e.labelled DESC"
+            "SELECT r.label, r.verdict, e.label, r.confidence FROM expert_labels e JOIN results r ON r.sha256 = e.sha256"
+            " ORDER BY e.labelled DESC"
         )
 
     def expert_stamp(self) -> tuple[int, float]:

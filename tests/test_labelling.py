@@ -16,7 +16,8 @@ from edge_agent.spool import PhotoSpool
 @pytest.mark.parametrize(
     "verdict, confidence, queued",
     [
-        ("confident", 0.97, "pseudo"),
+        ("confident", 0.99, "pseudo"),
+        ("confident", 0.95, "review"),  # below trust_confidence (0.98): trust does not cover it, it waits in the pool
         ("confident", 0.85, None),  # confident by the verdict, below pseudo_threshold, above review_threshold (0.8 here)
         ("unsure", 0.97, "review"),  # sure by the softmax, refused for its distance: the expert decides
         ("unsure", 0.40, "review"),

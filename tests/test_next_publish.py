@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from edge_agent.config import LabelsSection
 from edge_agent.trainer_config import TrainerSection
 from trainer.field_check import held_back
 from trainer.loop.next_publish import plan
@@ -110,7 +111,7 @@ def test_the_review_queue_asks_first_about_the_classes_the_next_publish_waits_fo
         rows.append(ResultRow(sha, sha[:16], None, "inbox", label, top_k[0][1], top_k, "v2000", {}, verdict="unsure"))
         entries.append(QueueEntry(sha, sha[:16], "review", label, top_k[0][1], "v2000", str(f), 1))
     db.commit(rows, entries)
-    first = to_ask(db, 3, wanted={"Apple___Cedar_apple_rust"})
+    first = to_ask(db, 3, LabelsSection(), wanted={"Apple___Cedar_apple_rust"})
     assert [it.entry.label for it in first[:2]] == ["Apple___Cedar_apple_rust"] * 2 and len(first) == 3
 
 
@@ -127,11 +128,11 @@ def test_checks_of_other_classes_still_alternate_with_the_photos_the_next_publis
         sha = hashlib.sha256(f"p{i}".encode()).hexdigest()
         f = tmp_path / f"{sha}.jpg"
         f.write_bytes(b"x")
-        top_k = [[label, (0.95 if verdict == "confident" else 0.5) - i / 1000], ["Apple___Apple_scab", 0.03]]
+        top_k = [[label, (0.99 if verdict == "confident" else 0.5) - i / 1000], ["Apple___Apple_scab", 0.03]]
         rows.append(ResultRow(sha, sha[:16], None, "inbox", label, top_k[0][1], top_k, "v2000", {}, verdict=verdict))
         entries.append(QueueEntry(sha, sha[:16], "review", label, top_k[0][1], "v2000", str(f), 1))
     db.commit(rows, entries)
-    asked = to_ask(db, 6, wanted={"Apple___Cedar_apple_rust"})
+    asked = to_ask(db, 6, LabelsSection(), wanted={"Apple___Cedar_apple_rust"})
     assert [(it.entry.label, it.check) for it in asked] == [
         ("Apple___healthy", True),
         ("Apple___Cedar_apple_rust", False),

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from edge_agent.config import LabelsSection
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.review.queue import LabelError, label_photo, left_today, prune_pool, to_ask
 from edge_agent.review.rank import Candidate, margin, rank
@@ -53,12 +54,12 @@ def _db_with_pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool]:
 def test_budget_per_day_and_labelling(tmp_path):
     db, _ = _db_with_pool(tmp_path, 6)
     classes = ["Apple___healthy", "Tomato___healthy"]
-    assert [i.entry.photo_id for i in to_ask(db, per_day=3)] == ["p0", "p1", "p2"]
-    assert len(to_ask(db, per_day=0)) == 6  # no budget
+    assert [i.entry.photo_id for i in to_ask(db, policy=LabelsSection(), per_day=3)] == ["p0", "p1", "p2"]
+    assert len(to_ask(db, policy=LabelsSection(), per_day=0)) == 6  # no budget
     label_photo(db, tmp_path / "queue", 1 << 30, classes, "p0", "Tomato___healthy")
     assert left_today(db, 3) == 2
-    assert [i.entry.photo_id for i in to_ask(db, per_day=3)] == ["p1", "p2"]
-    assert len(to_ask(db, per_day=3, everything=True)) == 5
+    assert [i.entry.photo_id for i in to_ask(db, policy=LabelsSection(), per_day=3)] == ["p1", "p2"]
+    assert len(to_ask(db, policy=LabelsSection(), per_day=3, everything=True)) == 5
     entry = db.queue_entry(f"{0:064x}")
     assert entry.kind == "expert" and entry.label == "Tomato___healthy" and (tmp_path / "queue/expert").exists()
     with pytest.raises(LabelError, match="no photo"):
@@ -74,11 +75,11 @@ def test_budget_per_day_and_labelling(tmp_path):
 
 def test_prune_drops_the_least_informative(tmp_path):
     db, spool = _db_with_pool(tmp_path, 6)
-    assert prune_pool(db, spool, keep=4) == 2
-    kept = {i.entry.photo_id for i in to_ask(db, per_day=0)}
+    assert prune_pool(db, spool, keep=4, policy=LabelsSection()) == 2
+    kept = {i.entry.photo_id for i in to_ask(db, policy=LabelsSection(), per_day=0)}
     assert kept == {"p0", "p1", "p2", "p3"}  # p4, p5 had the largest margins
     assert len(list((tmp_path / "queue/review").iterdir())) == 4
-    assert prune_pool(db, spool, keep=4) == 0
+    assert prune_pool(db, spool, keep=4, policy=LabelsSection()) == 0
 
 
 def test_cli_review_list_best_first(tmp_path, capsys):

@@ -1,7 +1,9 @@
 """How far each class can be trusted here: the expert's labels read against the model's own answers.
 
-A *check* is an expert label for a photo the model had answered ``confident``: right when the expert named the
-class the model did. A class earns pseudo-labels on this device when its latest ``[labels] trust_window`` checks pass
+A *check* is an expert label for a photo the model had answered ``confident`` at ``[labels] trust_confidence``
+(0.98) or above: right when the expert named the class the model did. Trust covers only such answers: replayed on
+real orchard photos (``benchmarks.check_order``), a retrained v3000's confident answers from 0.9 up were right 83-95 %
+of the time per class, too few for pseudo-labels, and those from 0.98 up 95-100 % for the disease classes. A class earns pseudo-labels on this device when its latest ``[labels] trust_window`` checks pass
 a sequential probability ratio test (Wald): each right check adds ``log(p1 / p0)`` and each wrong one
 ``log((1 - p1) / (1 - p0))``, with ``p1 = trust_precision`` (what a trusted class is expected to show) and
 ``p0 = trust_against`` (a class this often right, or less, must not earn trust); it is trusted once the sum reaches
@@ -31,6 +33,7 @@ __all__ = [
     "check_windows",
     "class_trust",
     "confusion",
+    "covered",
     "nearest_first",
     "right_checks_to_trust",
     "standing",
@@ -118,11 +121,22 @@ def nearest_first(windows: dict[str, list[bool]], policy: LabelsSection) -> list
     return [label for _, label in sorted(open_)]
 
 
+def covered(verdict: str | None, confidence: float | None, policy: LabelsSection) -> bool:
+    """Whether trust covers this answer: a ``confident`` one at ``trust_confidence`` or above (``pseudo_threshold``
+    where that is higher; any confident one when ``trust_checks`` is 0). Only such answers are checks, and only they
+    become pseudo-labels once their class is trusted."""
+    if verdict != "confident":
+        return False
+    if policy.trust_checks == 0:
+        return True
+    return confidence is not None and confidence >= max(policy.trust_confidence, policy.pseudo_threshold)
+
+
 def check_windows(checks: list[tuple], policy: LabelsSection) -> dict[str, list[bool]]:
     """Each class's latest ``trust_window`` checks, newest first (right or not), from ``expert_checks()`` rows."""
     seen: dict[str, list[bool]] = {}
-    for said, verdict, expert in checks:  # newest first
-        if verdict != "confident":
+    for said, verdict, expert, confidence in checks:  # newest first
+        if not covered(verdict, confidence, policy):
             continue
         window = seen.setdefault(said, [])
         if len(window) < policy.trust_window:
@@ -136,7 +150,7 @@ def _trust(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
 
 def _confusion(checks: list[tuple]) -> dict[str, dict[str, int]]:
     table: dict[str, dict[str, int]] = {}
-    for said, _verdict, expert in checks:
+    for said, _verdict, expert, _confidence in checks:
         row = table.setdefault(said, {})
         row[expert] = row.get(expert, 0) + 1
     return table

@@ -1,7 +1,8 @@
 """The review queue as the expert meets it: what to ask today, best first; labelling one photo; pruning the pool.
 
 The daemon puts every photo below ``[labels] review_threshold`` into the pool (``<state>/queue/review``), and the
-confident answers of classes that have not earned pseudo-labels yet (:mod:`edge_agent.review.checks`). The
+confident answers that are not pseudo-labels: the *checks* (answers trust covers, of classes that have not earned it
+yet: :mod:`edge_agent.review.checks`) and confident answers below ``trust_confidence``, asked as unsure ones are. The
 expert is shown, at most what is left of today's ``review_per_day`` budget (local days), those checks and the
 unsure photos in turn, a check first: the unsure photos ranked by :func:`edge_agent.review.rank.rank`, which spreads
 them over the classes; the checks class by class, the class nearest to earning trust first. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.names import class_name_problem
 from edge_agent.results import QueueEntry, ResultsDB
-from edge_agent.review.checks import check_windows, nearest_first
+from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool
 from engines.errors import EdgeAgentError
@@ -46,11 +47,7 @@ class ReviewItem:
     top_k: list
     margin: float
     verdict: str | None = None  # "unknown": unlike anything the model knows (a new class may be born here)
-
-    @property
-    def check(self) -> bool:
-        """A confident answer of a class not trusted yet: the expert's label checks it."""
-        return self.verdict == "confident"
+    check: bool = False  # an answer trust covers (:func:`covered`), of a class not trusted yet: the expert's label checks it
 
     def as_json(self) -> dict:
         """What ``review list --json`` prints and the API's review queue holds."""
@@ -88,27 +85,25 @@ def left_today(db: ResultsDB, per_day: int) -> int | None:
     return max(0, per_day - db.expert_labels_since(start_of_day()))
 
 
-def _pool(db: ResultsDB) -> list[ReviewItem]:
+def _pool(db: ResultsDB, policy: LabelsSection) -> list[ReviewItem]:
     out = []
     for entry, top_k, verdict in db.review_pool():
         top_k = top_k or [[entry.label, entry.confidence or 0.0]]
-        out.append(ReviewItem(entry, top_k, margin(top_k), verdict))
+        out.append(ReviewItem(entry, top_k, margin(top_k), verdict, covered(verdict, entry.confidence, policy)))
     return out
 
 
-def to_ask(
-    db: ResultsDB, per_day: int, everything: bool = False, wanted: Collection[str] = (), policy: LabelsSection | None = None
-) -> list[ReviewItem]:
+def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool = False, wanted: Collection[str] = ()) -> list[ReviewItem]:
     """The pool, best first: what to ask today (``everything``: the whole pool, ranked). Checks and unsure photos
     alternate while both last; within each, photos the model places in a ``wanted`` class (those whose labels would
     let the next version be published) come first, so the next publish does not starve the checks that earn trust.
-    With the trust ``policy``, checks go class by class, the class nearest to earning trust first
+    Checks (the answers the trust ``policy`` covers) go class by class, the class nearest to earning trust first
     (:func:`nearest_first`)."""
-    pool = {item.entry.sha256: item for item in _pool(db)}
+    pool = {item.entry.sha256: item for item in _pool(db, policy)}
     limit = None if everything else left_today(db, per_day)
     checks, unsure = ([Candidate(sha, it.top_k) for sha, it in pool.items() if it.check == c] for c in (True, False))
     checks, unsure = rank(checks, None), rank(unsure, None)
-    if policy is not None and checks:
+    if checks:
         windows = check_windows(db.expert_checks(), policy)
         nearest = nearest_first({c.label: windows.get(c.label, []) for c in checks}, policy)
         place = {label: i for i, label in enumerate(nearest)}
@@ -159,10 +154,10 @@ def label_photo(
     return entry
 
 
-def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int) -> int:
+def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int, policy: LabelsSection) -> int:
     """Drop the least informative photos beyond ``keep`` from the pool (checks and unsure photos alternately kept, each
     newest or smallest margin first); returns how many left."""
-    pool = _pool(db)
+    pool = _pool(db, policy)
     if len(pool) <= keep:
         return 0
     checks = sorted((it for it in pool if it.check), key=lambda it: -it.entry.created)
