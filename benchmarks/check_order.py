@@ -126,8 +126,7 @@ def replay(run_dir: Path, seed: int, per_day: int, draws: int, field: str = "app
             row["bands"] = {str(b): _share([a for a in both if a[2] >= b]) for b in BANDS}
             row["rules"] = {}
             for name, policy in policies.items():
-                band = max(policy.pseudo_threshold, policy.trust_confidence)  # the answers trust covers
-                mine, mine_days = by_day(answers, band, day_size, len(stream) // day_size)
+                mine, mine_days = by_day(answers, policy.trust_from, day_size, len(stream) // day_size)
                 drawn = [trust_day(mine_days, "drawn", per_day, policy, random.Random(k)) for k in range(draws)]
                 trusted = [d for d in drawn if d is not None]
                 row["rules"][name] = {

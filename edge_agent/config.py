@@ -273,6 +273,11 @@ class LabelsSection(_Section):
         "(trust_checks = 0: every confident answer).",
     )
 
+    @property
+    def trust_from(self) -> float:
+        """The least confidence of an answer trust covers: ``trust_confidence``, or ``pseudo_threshold`` where higher."""
+        return max(self.trust_confidence, self.pseudo_threshold)
+
     @model_validator(mode="after")
     def _window_can_earn_trust(self) -> LabelsSection:
         from edge_agent.review.checks import right_checks_to_trust

@@ -3,7 +3,8 @@
 A *check* is an expert label for a photo the model had answered ``confident`` at ``[labels] trust_confidence``
 (0.98) or above: right when the expert named the class the model did. Trust covers only such answers: replayed on
 real orchard photos (``benchmarks.check_order``), a retrained v3000's confident answers from 0.9 up were right 83-95 %
-of the time per class, too few for pseudo-labels, and those from 0.98 up 95-100 % for the disease classes. A class earns pseudo-labels on this device when its latest ``[labels] trust_window`` checks pass
+of the time per class, too few for pseudo-labels, and those from 0.98 up 95-100 % for the disease classes. A class
+earns pseudo-labels on this device when its latest ``[labels] trust_window`` checks pass
 a sequential probability ratio test (Wald): each right check adds ``log(p1 / p0)`` and each wrong one
 ``log((1 - p1) / (1 - p0))``, with ``p1 = trust_precision`` (what a trusted class is expected to show) and
 ``p0 = trust_against`` (a class this often right, or less, must not earn trust); it is trusted once the sum reaches
@@ -129,7 +130,7 @@ def covered(verdict: str | None, confidence: float | None, policy: LabelsSection
         return False
     if policy.trust_checks == 0:
         return True
-    return confidence is not None and confidence >= max(policy.trust_confidence, policy.pseudo_threshold)
+    return confidence is not None and confidence >= policy.trust_from
 
 
 def check_windows(checks: list[tuple], policy: LabelsSection) -> dict[str, list[bool]]:
