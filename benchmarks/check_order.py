@@ -13,7 +13,7 @@ does), in one of two orders:
 * ``drawn``: a fair draw from the pool (``--draws`` draws, averaged).
 
 Each check is scored by the device's own rule (:func:`edge_agent.review.checks.standing`), with the shipped policy
-and the stricter tests in ``RULES``. Reported per engine and class: the precision of all its confident answers on the
+and the other tests in ``RULES``. Reported per engine and class: the precision of all its confident answers on the
 stream (what its pseudo-labels would be) and on the held-out test, and per rule the day it is first trusted under
 ``margin`` (or never within the stream) and the share of ``drawn`` draws that trust it. Pseudo-labels must be 95 %
 right: a class whose confident answers are right less often should not be trusted. A second table gives each
@@ -33,12 +33,14 @@ from benchmarks.field_loop import SHARED, split_field
 
 __all__ = ["RULES", "by_day", "main", "trust_day"]
 
-#: The trust tests replayed: the shipped one and stricter ones ([labels] settings).
+#: The trust tests replayed: the shipped one, the earlier ones, stricter and looser ones ([labels] settings).
 RULES = {
     "0.97 vs 0.80, from 0.9 (shipped until 2026-11-26)": {"trust_against": 0.80, "trust_confidence": 0.9},
     "0.97 vs 0.85, from 0.9 (shipped until 2026-11-27)": {"trust_confidence": 0.9},
     "0.98 vs 0.85, from 0.9": {"trust_precision": 0.98, "trust_against": 0.85, "trust_confidence": 0.9},
     "0.97 vs 0.85, from 0.98 (shipped: trust_confidence)": {},
+    "0.97 vs 0.85, from 0.95": {"trust_confidence": 0.95},
+    "0.97 vs 0.80, from 0.98": {"trust_against": 0.80},
 }
 BANDS = (0.9, 0.95, 0.97, 0.98, 0.99)
 

@@ -133,6 +133,16 @@ class TrainerSection(BaseModel):
         le=1,
         description="The unlabelled term takes the teacher's answers from the confidence at which it is this often right on the field check.",
     )
+    unlabelled_method: Literal["self_training", "consistency"] = Field(
+        "self_training",
+        description="How the unlabelled term learns: `self_training` (the first candidate's sure answers as labels) or "
+        "`consistency` (FixMatch: the model's sure answer to a flipped photo is the target for a heavily changed view).",
+    )
+    consistency_threshold: float = Field(
+        0.95, gt=0, le=1, description="The consistency term learns from the pool photos the model answers this sure of, flipped."
+    )
+    consistency_weight: float = Field(1.0, ge=0, description="The consistency term's weight beside the labelled term.")
+    consistency_ratio: int = Field(1, ge=1, le=8, description="Pool photos a consistency step takes per labelled photo.")
     fleet_new_classes: bool = Field(
         False, description="Take expert labels naming a new class from daemons on TCP too, not only from this device's own daemon."
     )

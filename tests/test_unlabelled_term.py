@@ -81,23 +81,30 @@ def _pool(root, classes, n: int = 24):
     pool.close()
 
 
-def test_a_retrain_refuses_the_candidate_trained_with_unlabelled_photos_where_the_field_check_prefers_the_first(
-    tiny_store, tmp_path, monkeypatch
-):
-    field_prefers = False
-    from edge_agent.config import parse_config
+def farm(tiny_store, tmp_path):
+    """A copy of ``tiny_store`` and a trainer with 32 expert labels (8 held back for the field check) and 24 pool photos."""
     from engines.store import EngineStore
-    from trainer import retrain as retrain_mod
     from trainer.samples import SampleStore
-
-    from .test_recheck import _open_gate
 
     store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
     classes = store.open().classes
     samples = SampleStore(tmp_path / "trainer")
     for i in range(32):
-        _add(samples, i, classes[i % 2])  # 8 held back for the field check
+        _add(samples, i, classes[i % 2])
     _pool(tmp_path / "trainer", classes)
+    return store, samples
+
+
+def test_a_retrain_refuses_the_candidate_trained_with_unlabelled_photos_where_the_field_check_prefers_the_first(
+    tiny_store, tmp_path, monkeypatch
+):
+    field_prefers = False
+    from edge_agent.config import parse_config
+    from trainer import retrain as retrain_mod
+
+    from .test_recheck import _open_gate
+
+    store, samples = farm(tiny_store, tmp_path)
     real_teach, trained = retrain_mod.teach, []
     monkeypatch.setattr(retrain_mod, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **k))  # any confidence: the tiny model is unsure
     real_train = retrain_mod.train_generation

@@ -23,6 +23,7 @@ from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from edge_agent.trainer_config import TrainerSection
 from trainer.augment import Augment
+from trainer.loop.consistency import Consistency
 from trainer.models import ARCHS, Classifier
 from trainer.step import at_step
 from trainer.stop import check
@@ -109,12 +110,14 @@ def train_generation(
     bn_x: torch.Tensor | None = None,
     on_epoch=lambda epoch, epochs: None,
     spec: PreprocessSpec = DEFAULT_SPEC,
+    consistency: Consistency | None = None,
 ) -> tuple[Classifier, Generation]:
     """Train a candidate from ``previous`` on ``data`` at peak learning rate ``lr`` (growing the head to ``num_classes``
     if more), with ``[trainer]`` ``settings`` (epochs, batch size, SWA, distillation, ramp). Its BatchNorm statistics
     are recomputed on ``bn_x`` (default: the data) unless ``batchnorm`` is false (the caller does it:
     :mod:`trainer.step`); otherwise its weights are ``interpolate`` of the way from ``previous``
-    (:func:`trainer.step.at_step`).
+    (:func:`trainer.step.at_step`). With ``consistency``, each step also learns from photos nobody labelled
+    (:mod:`trainer.loop.consistency`).
 
     Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
     only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
@@ -145,7 +148,7 @@ def train_generation(
         model.train()
         w = ramp(epoch, settings.ramp_epochs)
         order = torch.randperm(len(data), generator=gen)
-        totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0, "distill": 0.0}
+        totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0, "distill": 0.0, "consistency": 0.0}
         for i in range(0, len(order), settings.batch_size):
             idx = order[i : i + settings.batch_size]
             if len(idx) < 2:
@@ -160,6 +163,8 @@ def train_generation(
                 sum(terms.values()).backward()
                 for k, v in terms.items():
                     totals[k] += float(v.detach())
+            if consistency is not None:
+                totals["consistency"] += consistency.loss(model, consistency.draw(len(idx), gen), gen, counts[1], micro)
             opt.step()
             sched.step()
             check(should_stop, "while training")

@@ -34,6 +34,7 @@ from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
+from trainer.loop.consistency import Consistency
 from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
 from trainer.loop.unlabelled_pool import pool_photos
 from trainer.loop.unlabelled_term import load_unlabelled, teach
@@ -188,6 +189,8 @@ def _with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpol
     where the field check prefers it; the data the chosen one saw; what was measured."""
     photos = pool_photos(root)
     x, ids = load_unlabelled(photos, exclude, tc.unlabelled_max, spec, should_stop)
+    if tc.unlabelled_method == "consistency":
+        return _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop)
     term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, should_stop)
     del x  # the photos it took are copied into term.data; the rest need no memory while the second candidate trains
     summary = {**term.summary, "kept": False}
@@ -199,6 +202,21 @@ def _with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpol
     )
     better, figures = prefer(second, candidate, field.x, field.y)
     summary.update(kept=better, **figures)
+    return (second, seen, summary) if better else (candidate, used, summary)
+
+
+def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop):
+    """The first candidate, or a second trained with the consistency term over the pool photos ``x``
+    (:mod:`trainer.loop.consistency`) where the field check prefers it."""
+    summary = {"method": "consistency", "pool_photos": int(len(x)), "kept": False}
+    if len(x) == 0:
+        return candidate, used, {**summary, "reason": "no unlabelled photos"}
+    term = Consistency(x, tc.consistency_threshold, tc.consistency_weight, tc.consistency_ratio, spec)
+    second, seen = train_generation(
+        previous, data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec, consistency=term
+    )
+    better, figures = prefer(second, candidate, field.x, field.y)
+    summary.update(kept=better, views=term.tally["views"], sure=term.tally["sure"], sure_by_class=term.tally["sure_by_class"], **figures)
     return (second, seen, summary) if better else (candidate, used, summary)
 
 
@@ -312,7 +330,7 @@ def retrain(
         candidate, used, unlabelled = _with_unlabelled(
             candidate, used, previous, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
         )
-        log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if k != "by_class"})
+        log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if not k.endswith("by_class")})
     del data  # a copy of the photos trained on (``used`` holds what the candidate saw): not held through the gate
     step = None
     if not learning:  # how far to move: chosen on the gate photos' log-loss (trainer.step)
