@@ -70,13 +70,15 @@ def test_a_retrain_with_the_consistency_term_trains_a_second_candidate_and_the_f
 ):
     from edge_agent.config import parse_config
     from trainer import retrain as retrain_mod
+    from trainer.loop import second_candidate
 
     from .test_recheck import _open_gate
 
     store, samples = farm(tiny_store, tmp_path)
     real_train, trained = retrain_mod.train_generation, []
-    monkeypatch.setattr(retrain_mod, "train_generation", lambda *a, **k: trained.append(k.get("consistency")) or real_train(*a, **k))
-    monkeypatch.setattr(retrain_mod, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
+    for module in (retrain_mod, second_candidate):  # the first candidate, then the second
+        monkeypatch.setattr(module, "train_generation", lambda *a, **k: trained.append(k.get("consistency")) or real_train(*a, **k))
+    monkeypatch.setattr(second_candidate, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
     cfg = parse_config(
         {"trainer": {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_method": "consistency", "consistency_threshold": 0.01}}
     )
@@ -89,7 +91,7 @@ def test_a_retrain_with_the_consistency_term_trains_a_second_candidate_and_the_f
 
 
 def test_an_empty_pool_leaves_the_first_candidate():
-    from trainer.retrain import _with_consistency
+    from trainer.loop.second_candidate import _with_consistency
 
     first = object()
     chosen, used, summary = _with_consistency(first, "data", None, None, None, None, 0, 1, None, None, None, _photos(0), lambda: False)

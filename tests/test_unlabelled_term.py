@@ -101,15 +101,17 @@ def test_a_retrain_refuses_the_candidate_trained_with_unlabelled_photos_where_th
     field_prefers = False
     from edge_agent.config import parse_config
     from trainer import retrain as retrain_mod
+    from trainer.loop import second_candidate
 
     from .test_recheck import _open_gate
 
     store, samples = farm(tiny_store, tmp_path)
-    real_teach, trained = retrain_mod.teach, []
-    monkeypatch.setattr(retrain_mod, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **k))  # any confidence: the tiny model is unsure
+    real_teach, trained = second_candidate.teach, []
+    monkeypatch.setattr(second_candidate, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **k))  # any confidence: the tiny model is unsure
     real_train = retrain_mod.train_generation
-    monkeypatch.setattr(retrain_mod, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))
-    monkeypatch.setattr(retrain_mod, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
+    for module in (retrain_mod, second_candidate):  # the first candidate, then the second
+        monkeypatch.setattr(module, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))
+    monkeypatch.setattr(second_candidate, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
     cfg = parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4}})
     result = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
     term = result.metrics["unlabelled"]

@@ -31,7 +31,7 @@ from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
 
-__all__ = ["hold", "learning_rate", "micro_batch", "ramp", "train_generation"]
+__all__ = ["balance_pseudo", "hold", "learning_rate", "micro_batch", "ramp", "train_generation"]
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -40,6 +40,24 @@ def ramp(epoch: int, ramp_epochs: int) -> float:
         return 1.0
     t = epoch / ramp_epochs
     return math.exp(-5.0 * (1.0 - t) ** 2)
+
+
+def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
+    """Per-row factor that keeps the easy classes from dominating the pseudo-labels.
+
+    A model is confident mostly on the classes it already knows well, so their pseudo-labels pile up and
+    a retrain drifts towards them until harder classes' recall collapses (self-training's confirmation
+    bias). A class with more pseudo-labels than the median class is down-weighted to the median's total
+    weight; rarer classes are left as they are (never up-weighted: few pseudo-labels may be wrong ones).
+    True labels keep factor 1."""
+    factor = torch.ones(len(labels))
+    if not pseudo.any():
+        return factor
+    classes, counts = labels[pseudo].unique(return_counts=True)
+    median = counts.float().median()
+    for c, n in zip(classes.tolist(), counts.tolist()):
+        factor[pseudo & (labels == c)] = min(1.0, float(median) / n)
+    return factor
 
 
 def _entry_of(model: Classifier):

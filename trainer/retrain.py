@@ -29,15 +29,13 @@ from engines.store import EngineStore
 from trainer import photos
 from trainer._memory import PhaseMemory
 from trainer.calibrate import calibrate
-from trainer.continual import learning_rate, train_generation
-from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back, prefer
+from trainer.continual import balance_pseudo, learning_rate, train_generation
+from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
-from trainer.loop.consistency import Consistency
 from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
-from trainer.loop.unlabelled_pool import pool_photos
-from trainer.loop.unlabelled_term import load_unlabelled, teach
+from trainer.loop.second_candidate import with_unlabelled
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import Sample, SampleStore
@@ -118,24 +116,6 @@ def _recheck_pseudo(teacher, received: Generation, tau: float, should_stop) -> t
     return Generation(received.x, y, weight, received.pseudo, received.sample_ids).subset(keep), summary
 
 
-def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
-    """Per-row factor that keeps the easy classes from dominating the pseudo-labels.
-
-    A model is confident mostly on the classes it already knows well, so their pseudo-labels pile up and
-    a retrain drifts towards them until harder classes' recall collapses (self-training's confirmation
-    bias). A class with more pseudo-labels than the median class is down-weighted to the median's total
-    weight; rarer classes are left as they are (never up-weighted: few pseudo-labels may be wrong ones).
-    True labels keep factor 1."""
-    factor = torch.ones(len(labels))
-    if not pseudo.any():
-        return factor
-    classes, counts = labels[pseudo].unique(return_counts=True)
-    median = counts.float().median()
-    for c, n in zip(classes.tolist(), counts.tolist()):
-        factor[pseudo & (labels == c)] = min(1.0, float(median) / n)
-    return factor
-
-
 def settle_published(store: EngineStore, samples: SampleStore) -> dict[str, str | None]:
     """Samples left pending by a publish that was stopped: marked with the version whose manifest records their tag,
     or new again where none does (:meth:`trainer.samples.SampleStore.settle_pending`)."""
@@ -182,42 +162,6 @@ def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
 def _root(store: EngineStore, version) -> str:
     """The first version of ``version``'s lineage (following ``parent`` while the store still holds it)."""
     return lineage_root(store, version.name)
-
-
-def _with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, root, exclude, should_stop):
-    """The first candidate, or a second trained with the unlabelled photos it labels (:mod:`trainer.loop.unlabelled_term`)
-    where the field check prefers it; the data the chosen one saw; what was measured."""
-    photos = pool_photos(root)
-    x, ids = load_unlabelled(photos, exclude, tc.unlabelled_max, spec, should_stop)
-    if tc.unlabelled_method == "consistency":
-        return _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop)
-    term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, should_stop)
-    del x  # the photos it took are copied into term.data; the rest need no memory while the second candidate trains
-    summary = {**term.summary, "kept": False}
-    if term.data is None:
-        return candidate, used, summary
-    term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
-    second, seen = train_generation(
-        previous, data + term.data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec
-    )
-    better, figures = prefer(second, candidate, field.x, field.y)
-    summary.update(kept=better, **figures)
-    return (second, seen, summary) if better else (candidate, used, summary)
-
-
-def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop):
-    """The first candidate, or a second trained with the consistency term over the pool photos ``x``
-    (:mod:`trainer.loop.consistency`) where the field check prefers it."""
-    summary = {"method": "consistency", "pool_photos": int(len(x)), "kept": False}
-    if len(x) == 0:
-        return candidate, used, {**summary, "reason": "no unlabelled photos"}
-    term = Consistency(x, tc.consistency_threshold, tc.consistency_weight, tc.consistency_ratio, spec)
-    second, seen = train_generation(
-        previous, data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec, consistency=term
-    )
-    better, figures = prefer(second, candidate, field.x, field.y)
-    summary.update(kept=better, views=term.tally["views"], sure=term.tally["sure"], sure_by_class=term.tally["sure_by_class"], **figures)
-    return (second, seen, summary) if better else (candidate, used, summary)
 
 
 def _tracked(progress, memory: PhaseMemory):
@@ -327,7 +271,7 @@ def retrain(
     unlabelled = None
     if tc.unlabelled_term and learning and len(field) >= tc.field_check_min:
         progress("learning from unlabelled photos")
-        candidate, used, unlabelled = _with_unlabelled(
+        candidate, used, unlabelled = with_unlabelled(
             candidate, used, previous, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
         )
         log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if not k.endswith("by_class")})

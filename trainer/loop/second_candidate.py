@@ -1,0 +1,50 @@
+"""A retrain's second candidate: the first one's training again with the photos nobody labelled, kept only where the
+field check (the expert's held-back photos) prefers it; ``[trainer] unlabelled_method`` says how the photos teach
+(:mod:`trainer.loop.unlabelled_term`'s self-training, or :mod:`trainer.loop.consistency`).
+"""
+
+from __future__ import annotations
+
+from trainer.continual import balance_pseudo, train_generation
+from trainer.field_check import prefer
+from trainer.loop.consistency import Consistency
+from trainer.loop.unlabelled_pool import pool_photos
+from trainer.loop.unlabelled_term import load_unlabelled, teach
+
+__all__ = ["with_unlabelled"]
+
+
+def with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, root, exclude, should_stop):
+    """The first candidate, or a second trained with the unlabelled photos it labels (:mod:`trainer.loop.unlabelled_term`)
+    where the field check prefers it; the data the chosen one saw; what was measured."""
+    photos = pool_photos(root)
+    x, ids = load_unlabelled(photos, exclude, tc.unlabelled_max, spec, should_stop)
+    if tc.unlabelled_method == "consistency":
+        return _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop)
+    term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, should_stop)
+    del x  # the photos it took are copied into term.data; the rest need no memory while the second candidate trains
+    summary = {**term.summary, "kept": False}
+    if term.data is None:
+        return candidate, used, summary
+    term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
+    second, seen = train_generation(
+        previous, data + term.data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec
+    )
+    better, figures = prefer(second, candidate, field.x, field.y)
+    summary.update(kept=better, **figures)
+    return (second, seen, summary) if better else (candidate, used, summary)
+
+
+def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop):
+    """The first candidate, or a second trained with the consistency term over the pool photos ``x``
+    (:mod:`trainer.loop.consistency`) where the field check prefers it."""
+    summary = {"method": "consistency", "pool_photos": int(len(x)), "kept": False}
+    if len(x) == 0:
+        return candidate, used, {**summary, "reason": "no unlabelled photos"}
+    term = Consistency(x, tc.consistency_threshold, tc.consistency_weight, tc.consistency_ratio, spec)
+    second, seen = train_generation(
+        previous, data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec, consistency=term
+    )
+    better, figures = prefer(second, candidate, field.x, field.y)
+    summary.update(kept=better, views=term.tally["views"], sure=term.tally["sure"], sure_by_class=term.tally["sure_by_class"], **figures)
+    return (second, seen, summary) if better else (candidate, used, summary)
