@@ -27,12 +27,10 @@ def with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpola
     if term.data is None:
         return candidate, used, summary
     term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
-    second, seen = train_generation(
+    second = train_generation(
         previous, data + term.data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec
     )
-    better, figures = prefer(second, candidate, field.x, field.y)
-    summary.update(kept=better, **figures)
-    return (second, seen, summary) if better else (candidate, used, summary)
+    return _chosen(second, (candidate, used), field, summary)
 
 
 def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop):
@@ -42,9 +40,16 @@ def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpo
     if len(x) == 0:
         return candidate, used, {**summary, "reason": "no unlabelled photos"}
     term = Consistency(x, tc.consistency_threshold, tc.consistency_weight, tc.consistency_ratio, spec)
-    second, seen = train_generation(
+    second = train_generation(
         previous, data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec, consistency=term
     )
-    better, figures = prefer(second, candidate, field.x, field.y)
-    summary.update(kept=better, views=term.tally["views"], sure=term.tally["sure"], sure_by_class=term.tally["sure_by_class"], **figures)
-    return (second, seen, summary) if better else (candidate, used, summary)
+    summary.update(views=term.tally["views"], sure=term.tally["sure"], sure_by_class=term.tally["sure_by_class"])
+    return _chosen(second, (candidate, used), field, summary)
+
+
+def _chosen(second: tuple, first: tuple, field, summary: dict):
+    """The second (candidate, data it saw) where the field check prefers it to the first, else the first; with
+    ``summary`` saying which and the field check's figures."""
+    better, figures = prefer(second[0], first[0], field.x, field.y)
+    summary.update(kept=better, **figures)
+    return (*(second if better else first), summary)
