@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from edge_agent import _cli_engine, _cli_review
+from edge_agent import _cli_engine, _cli_review, _cli_status
 from edge_agent._cli_common import load as _load
 from edge_agent._cli_common import print_rows
 from edge_agent._cli_common import state_db as _state_db
@@ -113,7 +113,6 @@ def _run(args: argparse.Namespace) -> int:
 def _parse_since(text: str | None) -> float | None:
     """ISO 8601 time, or a duration back from now: 90s, 15m, 2h, 3d."""
     import re
-    import time
     from datetime import datetime, timezone
 
     if not text:
@@ -155,7 +154,6 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _backup(args: argparse.Namespace) -> int:
-    import time
 
     from edge_agent.backup import backup
     from edge_agent.state import resolve_state_dir
@@ -184,124 +182,6 @@ def _restore(args: argparse.Namespace) -> int:
     for now, was in done.outside.items():
         print(f"  {now}: was {was}; copy it back there (sudo cp -a) or point the config at it")
     print("next: edge-agent status --state-dir " + str(done.state_dir) + "  (then start the service)")
-    return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    from edge_agent.state import daemon_live
-
-    cfg = _load(args)
-    state, db = _state_db(args, cfg)
-    live, running = daemon_live(cfg, state.root)
-    out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
-    for key in (
-        "uptime_s",
-        "healthy",
-        "engine",
-        "in_flight",
-        "queue_depths",
-        "spool",
-        "counters",
-        "last_errors",
-        "camera",
-        "folder",
-        "inbox",
-        "handoff",
-        "hotswap",
-        "transfer",
-        "ledger",
-        "disk_full",
-        "retention",
-        "store_problem",
-    ):
-        if key in live:
-            out[key] = live[key]
-    try:
-        from edge_agent.state import resolve_store
-        from edge_agent.upgrade import pending_release
-
-        store = resolve_store(cfg, state.root)
-        out["pinned"], out["release_pending"] = store.pin(), pending_release(store)
-    except Exception:  # noqa: BLE001 - no store to read: status still reports the rest
-        out["pinned"], out["release_pending"] = None, None
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return 0
-    print(f"daemon: {'running' if running else 'not running'}  (state {state.root})")
-    if out.get("disk_full"):
-        print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
-    if out.get("store_problem"):
-        print(f"STATE DISK FULL: {out['store_problem']}")
-    kept = out.get("retention")
-    if kept and "photos" in kept:
-        since = f" since {kept['oldest_photo_day']}" if kept.get("oldest_photo_day") else ""
-        print(
-            f"kept: {kept['photos']} photos ({kept['photo_bytes'] >> 20} MiB){since}, for {kept['photo_days']:g} days, never below "
-            f"{kept['floor_bytes'] / 2**30:.1f} GiB free ({kept['free_bytes'] / 2**30:.1f} GiB free now); pruned since start: "
-            f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
-        )
-        if kept.get("below_floor"):
-            print(f"BELOW THE DISK FLOOR with nothing more of ours to remove; largest here: {kept.get('largest')}")
-    if "engine" in out:
-        e = out["engine"]
-        print(
-            f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}"
-        )
-        if e.get("precision_reason"):
-            print(f"precision: {e['precision']} ({e['precision_reason']})")
-        print(f"signed by: {e.get('signed_by') or 'not checked ([store] require_signature = false)'}")
-        if e.get("verdict"):
-            print(f"verdict: {e['verdict']}")
-    h = out.get("handoff")
-    if h:
-        t = h.get("trainer") or {}
-        heard = f", last heard {time.time() - t['heard']:.0f} s ago" if t.get("heard") else ""
-        what = f"{t.get('state', '?')}, serving {t.get('version', '?')}" if t.get("state") else ""
-        print(
-            f"trainer ({t.get('endpoint', '?')}): "
-            + (f"connected: {what}{heard}" if h.get("trainer_alive") else (h.get("problem") or "not heard from") + heard)
-        )
-    print(
-        f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
-        f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"
-    )
-    if "queue_depths" in out:
-        lq = out["spool"]
-        print(
-            f"in flight {out['in_flight']}  queues {out['queue_depths']}  label spool {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}"
-        )
-    unsupported = out.get("folder", {}).get("unsupported") or {}
-    if unsupported:
-        print(
-            "ignored (not a format the daemon reads; left in the inbox): "
-            + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items()))
-        )
-    if (out.get("folder") or {}).get("missing"):
-        print(f"INBOX MISSING: {out.get('inbox')} is gone; photos dropped into it are picked up once it is back")
-    if out.get("ledger"):
-        print(f"LEDGER: {out['ledger']}")
-    if out.get("release_pending"):
-        print(
-            f"release {out['release_pending']} installed by the upgrade, not serving yet: the farm's own version serves until the "
-            "trainer's field check finds the release (or its retrain on the farm's labels) no worse (edge-trainer serve decides)"
-        )
-    if out["pinned"]:
-        pin = out["pinned"]
-        print(
-            f"PINNED to {pin['version']} by a rollback from {pin['from']} ({pin.get('at')}): offers of {pin['from']} or older "
-            f"are refused until a newer version arrives; edge-agent engine unpin lifts it"
-            + (f" ({pin['problem']})" if pin.get("problem") else "")
-        )
-    refused = {**(out.get("hotswap") or {}).get("refused", {}), **(out.get("transfer") or {}).get("refused", {})}
-    for version, why in sorted(refused.items()):
-        print(f"REFUSED engine {version}: {why}")
-    downloading = (out.get("transfer") or {}).get("downloading")
-    if downloading:
-        print(f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB")
-    for label, n in out["per_class"].items():
-        print(printable(f"  {n:6d}  {label}"))
-    for err in out.get("last_errors", [])[-5:]:
-        print(printable(f"  error: {err.get('photo', '')} {err['error']}"))  # a photo's name is anyone's
     return 0
 
 
@@ -369,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", parents=[common], help="counts, queues, engine, last errors")
     st.add_argument("--state-dir")
     st.add_argument("--json", action="store_true")
-    st.set_defaults(func=_status)
+    st.set_defaults(func=_cli_status.status)
 
     res = sub.add_parser("results", parents=[common], help="export stored predictions")
     res.add_argument("--state-dir")

@@ -1,0 +1,130 @@
+"""``edge-agent status``: what the daemon is doing, what it has kept and what it refused, in a screen or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from edge_agent._cli_common import load, state_db
+from edge_agent.names import printable
+
+__all__ = ["status"]
+
+
+def status(args: argparse.Namespace) -> int:
+    from edge_agent.state import daemon_live
+
+    cfg = load(args)
+    state, db = state_db(args, cfg)
+    live, running = daemon_live(cfg, state.root)
+    out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
+    for key in (
+        "uptime_s",
+        "healthy",
+        "engine",
+        "in_flight",
+        "queue_depths",
+        "spool",
+        "counters",
+        "last_errors",
+        "camera",
+        "folder",
+        "inbox",
+        "handoff",
+        "hotswap",
+        "transfer",
+        "ledger",
+        "disk_full",
+        "retention",
+        "store_problem",
+    ):
+        if key in live:
+            out[key] = live[key]
+    try:
+        from edge_agent.state import resolve_store
+        from edge_agent.upgrade import pending_release
+
+        store = resolve_store(cfg, state.root)
+        out["pinned"], out["release_pending"] = store.pin(), pending_release(store)
+    except Exception:  # noqa: BLE001 - no store to read: status still reports the rest
+        out["pinned"], out["release_pending"] = None, None
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"daemon: {'running' if running else 'not running'}  (state {state.root})")
+    if out.get("disk_full"):
+        print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
+    if out.get("store_problem"):
+        print(f"STATE DISK FULL: {out['store_problem']}")
+    kept = out.get("retention")
+    if kept and "photos" in kept:
+        since = f" since {kept['oldest_photo_day']}" if kept.get("oldest_photo_day") else ""
+        print(
+            f"kept: {kept['photos']} photos ({kept['photo_bytes'] >> 20} MiB){since}, for {kept['photo_days']:g} days, never below "
+            f"{kept['floor_bytes'] / 2**30:.1f} GiB free ({kept['free_bytes'] / 2**30:.1f} GiB free now); pruned since start: "
+            f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
+        )
+        if kept.get("below_floor"):
+            print(f"BELOW THE DISK FLOOR with nothing more of ours to remove; largest here: {kept.get('largest')}")
+    if "engine" in out:
+        e = out["engine"]
+        print(
+            f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}"
+        )
+        if e.get("precision_reason"):
+            print(f"precision: {e['precision']} ({e['precision_reason']})")
+        print(f"signed by: {e.get('signed_by') or 'not checked ([store] require_signature = false)'}")
+        if e.get("verdict"):
+            print(f"verdict: {e['verdict']}")
+    h = out.get("handoff")
+    if h:
+        t = h.get("trainer") or {}
+        heard = f", last heard {time.time() - t['heard']:.0f} s ago" if t.get("heard") else ""
+        what = f"{t.get('state', '?')}, serving {t.get('version', '?')}" if t.get("state") else ""
+        print(
+            f"trainer ({t.get('endpoint', '?')}): "
+            + (f"connected: {what}{heard}" if h.get("trainer_alive") else (h.get("problem") or "not heard from") + heard)
+        )
+    print(
+        f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
+        f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"
+    )
+    if "queue_depths" in out:
+        lq = out["spool"]
+        print(
+            f"in flight {out['in_flight']}  queues {out['queue_depths']}  label spool {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}"
+        )
+    unsupported = out.get("folder", {}).get("unsupported") or {}
+    if unsupported:
+        print(
+            "ignored (not a format the daemon reads; left in the inbox): "
+            + ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in sorted(unsupported.items()))
+        )
+    if (out.get("folder") or {}).get("missing"):
+        print(f"INBOX MISSING: {out.get('inbox')} is gone; photos dropped into it are picked up once it is back")
+    if out.get("ledger"):
+        print(f"LEDGER: {out['ledger']}")
+    if out.get("release_pending"):
+        print(
+            f"release {out['release_pending']} installed by the upgrade, not serving yet: the farm's own version serves until the "
+            "trainer's field check finds the release (or its retrain on the farm's labels) no worse (edge-trainer serve decides)"
+        )
+    if out["pinned"]:
+        pin = out["pinned"]
+        print(
+            f"PINNED to {pin['version']} by a rollback from {pin['from']} ({pin.get('at')}): offers of {pin['from']} or older "
+            f"are refused until a newer version arrives; edge-agent engine unpin lifts it"
+            + (f" ({pin['problem']})" if pin.get("problem") else "")
+        )
+    refused = {**(out.get("hotswap") or {}).get("refused", {}), **(out.get("transfer") or {}).get("refused", {})}
+    for version, why in sorted(refused.items()):
+        print(f"REFUSED engine {version}: {why}")
+    downloading = (out.get("transfer") or {}).get("downloading")
+    if downloading:
+        print(f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB")
+    for label, n in out["per_class"].items():
+        print(printable(f"  {n:6d}  {label}"))
+    for err in out.get("last_errors", [])[-5:]:
+        print(printable(f"  error: {err.get('photo', '')} {err['error']}"))  # a photo's name is anyone's
+    return 0
