@@ -27,15 +27,16 @@ from edge_agent.config import default_store_path
 from edge_agent.preprocess import PreprocessSpec, preprocess_file
 from engines.store import EngineStore
 
-__all__ = ["linear_probe", "main", "mix", "probe_start"]
+__all__ = ["frozen_features", "linear_probe", "main", "mix", "probe_start", "tensors"]
 
 
-def _tensors(paths: list[Path], spec: PreprocessSpec) -> torch.Tensor:
+def tensors(paths: list[Path], spec: PreprocessSpec) -> torch.Tensor:
+    """The photos as one batch, preprocessed as the daemon does with ``spec``."""
     return torch.from_numpy(np.stack([preprocess_file(p, spec) for p in paths]))
 
 
 @torch.no_grad()
-def _features(model, x: torch.Tensor, batch: int = 64) -> torch.Tensor:
+def frozen_features(model, x: torch.Tensor, batch: int = 64) -> torch.Tensor:
     """Penultimate features of ``x`` (on the CPU), computed on the device the model is on."""
     model.eval()
     dev = next(model.parameters()).device
@@ -71,7 +72,7 @@ def probe_start(arch: str, classes: int, train_x: torch.Tensor, train_y: torch.T
     from trainer.models import build_model
 
     start = build_model(classes, arch, pretrained=True).to(device)
-    head = linear_probe(_features(start, train_x), train_y, classes)
+    head = linear_probe(frozen_features(start, train_x), train_y, classes)
     start.head.load_state_dict(head.state_dict())
     return start.cpu()
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     split = recorded_split(version, lab)
     t0 = time.perf_counter()
     tuned = load_weights(version)
-    train_x = _tensors([s.path for s in split["train"]], spec)
+    train_x = tensors([s.path for s in split["train"]], spec)
     start = probe_start(version.manifest["model"]["arch"], len(version.classes), train_x, torch.tensor([s.label for s in split["train"]]))
     del train_x
     print(f"probe fitted in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "lab test": [(s.path, s.label) for s in split["test"]],
         "field": [(p, version.classes.index(c)) for p, c in field_sets(version, lab, SHARED / "field")["field"]],
     }
-    data = {name: (_tensors([p for p, _ in rows], spec), torch.tensor([y for _, y in rows])) for name, rows in sets.items()}
+    data = {name: (tensors([p for p, _ in rows], spec), torch.tensor([y for _, y in rows])) for name, rows in sets.items()}
     start_sd, tuned_sd = start.state_dict(), tuned.state_dict()
     rows = []
     for alpha in args.alphas:
