@@ -1,13 +1,16 @@
 """How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
 
-``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]``
+``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]
+[--size N]``
 
 The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
 what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
 configuration on the first N photos of the loop's field stream (same seed, same split) labelled with their true class,
 all of them trained on (``field_check_every = 0``: no field check to hold any back; the lab gate still decides), then
 measured as the loop measures (the held-out field test and the lab validation split, as the device runs the engine).
-``--set`` changes the retrain's configuration (``trainer.distill=0``); the report records it.
+``--set`` changes the retrain's configuration (``trainer.distill=0``); ``--size N`` first republishes the shipped
+weights at input side N (a new lineage, as a release at another size would be) and retrains that; the report records
+both.
 Writes ``DIR/report.json`` and ``DIR/report.md``; a label count already in the report is not run again.
 """
 
@@ -23,11 +26,27 @@ from pathlib import Path
 from benchmarks._sets import config_sets, with_sets
 from benchmarks.field_loop import SHARED, _Measure, split_field
 
-__all__ = ["retrain_on"]
+__all__ = ["resized", "retrain_on"]
 
 
-def retrain_on(n: int, field: str, seed: int, work: Path, sets: dict | None = None) -> dict:
-    """The shipped model retrained on ``n`` true-labelled stream photos: field and lab top-1 of what is in service."""
+def resized(store, size: int):
+    """The store's current version republished at input side ``size`` (a new lineage; the same weights and split)."""
+    import dataclasses
+
+    from edge_agent.preprocess import PreprocessSpec
+    from trainer.publish import load_weights, publish_model
+
+    v = store.open()
+    spec = dataclasses.replace(PreprocessSpec.from_manifest(v.manifest["preprocess"]), size=size)
+    split = json.loads((v.path / "split.json").read_text()) if (v.path / "split.json").is_file() else None
+    return publish_model(
+        load_weights(v), list(v.classes), store.root, spec=spec, split=split, new_lineage=True, training=v.manifest.get("training")
+    )
+
+
+def retrain_on(n: int, field: str, seed: int, work: Path, sets: dict | None = None, size: int | None = None) -> dict:
+    """The shipped model (at input side ``size``, default its own) retrained on ``n`` true-labelled stream photos: field
+    and lab top-1 of what is in service."""
     from edge_agent.config import default_store_path, parse_config
     from edge_agent.handoff.sender import sample_header
     from edge_agent.results import QueueEntry
@@ -38,6 +57,8 @@ def retrain_on(n: int, field: str, seed: int, work: Path, sets: dict | None = No
 
     shutil.rmtree(work, ignore_errors=True)
     store = EngineStore(shutil.copytree(default_store_path(), work / "engines"))
+    if size is not None and size != store.open().manifest["preprocess"]["size"]:
+        resized(store, size)
     shipped = store.open()
     classes = list(shipped.classes)
     test, stream = split_field(SHARED / "field" / field, classes, seed, 0.25)
@@ -69,25 +90,29 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION.KEY=VALUE",
         help="A retrain configuration value (TOML) other than the shipped one.",
     )
+    ap.add_argument("--size", type=int, default=None, help="Republish the shipped weights at this input side first (a multiple of 32).")
     args = ap.parse_args(argv)
     sets = config_sets(args.set)  # first: a malformed one is refused before any work
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.json"
     earlier = json.loads(path.read_text()) if path.exists() else {}
-    if earlier and earlier.get("sets", {}) != sets:
-        raise SystemExit(f"{path} was measured with --set {earlier.get('sets', {})}, not {sets}: give another --out")
+    if earlier and (earlier.get("sets", {}), earlier.get("size")) != (sets, args.size):
+        raise SystemExit(f"{path} was measured with --set {earlier.get('sets', {})} --size {earlier.get('size')}: give another --out")
     rows = earlier.get("rows", [])
     for n in args.labels:
         if any(r["labels"] == n for r in rows):
             continue
-        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets))
+        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets, args.size))
         print(json.dumps(rows[-1]), flush=True)
-        path.write_text(json.dumps({"field": args.field, "seed": args.seed, "sets": sets, "rows": rows}, indent=2) + "\n")
+        path.write_text(
+            json.dumps({"field": args.field, "seed": args.seed, "sets": sets, "size": args.size, "rows": rows}, indent=2) + "\n"
+        )
     shutil.rmtree(out / "work", ignore_errors=True)
     lines = [
         f"# Field labels the shipped model needs ({args.field}, seed {args.seed})\n",
         *([f"Retrain configuration changed: {json.dumps(sets)}\n"] if sets else []),
+        *([f"The shipped weights republished at input side {args.size} px first (a new lineage)\n"] if args.size else []),
         "| true field labels trained on | published | field top-1 | lab top-1 | seconds |",
         "|---|---|---|---|---|",
     ]
