@@ -31,6 +31,12 @@ from benchmarks.wise_ft import frozen_features, linear_probe, tensors
 __all__ = ["backbone", "main", "probe"]
 
 
+def _named(name: str) -> tuple[str, int | None]:
+    """``NAME[:SIZE]`` as (name, size or None)."""
+    arch, _, size = name.partition(":")
+    return arch, int(size) if size else None
+
+
 def backbone(name: str):
     """``(network, preprocessing)`` for ``NAME[:SIZE]`` (a shipped version) or ``ARCH:SIZE`` (ImageNet weights)."""
     from edge_agent.config import default_store_path
@@ -39,12 +45,12 @@ def backbone(name: str):
     from trainer.models import ARCHS, build_model, data_config
     from trainer.publish import load_weights
 
-    arch, _, size = name.partition(":")
+    arch, size = _named(name)
     if arch in ARCHS:
-        return build_model(38, arch, pretrained=True), data_config(arch, int(size) if size else None)
+        return build_model(38, arch, pretrained=True), data_config(arch, size)
     version = EngineStore(default_store_path()).open(arch)
     spec = PreprocessSpec.from_manifest(version.manifest["preprocess"])
-    return load_weights(version), dataclasses.replace(spec, size=int(size)) if size else spec
+    return load_weights(version), dataclasses.replace(spec, size=size) if size else spec
 
 
 def probe(features: dict, test: list, stream: list, n: int) -> float:
@@ -82,10 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.models import ARCHS, data_config
 
     classes = list(EngineStore(default_store_path()).open("v3000").classes)
-    for name in args.backbones:  # a size the registry refuses is said before an hour of features
-        arch, _, size = name.partition(":")
+    for arch, size in map(_named, args.backbones):  # a size the registry refuses is said before an hour of features
         if arch in ARCHS:
-            data_config(arch, int(size) if size else None)
+            data_config(arch, size)
     splits = {s: split_field(SHARED / "field" / args.field, classes, s, 0.25) for s in args.seeds}
     photos = sorted({p for test, stream in splits.values() for p, _ in test + stream})
     rows = []

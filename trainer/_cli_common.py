@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["CONFIG_HELP", "add_config_options", "running", "service_config"]
+__all__ = ["CONFIG_HELP", "STATE_HELP", "add_config_options", "running", "service_config"]
 
 CONFIG_HELP = "TOML configuration (default: $EDGE_AGENT_CONFIG, else /etc/edge-agent/edge-agent.toml where it exists, else defaults)"
+
+STATE_HELP = "the daemon's state dir (default: $STATE_DIRECTORY or ./edge-state)"
 
 
 def add_config_options(sp: argparse.ArgumentParser, state_help: str | None) -> None:

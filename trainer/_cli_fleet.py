@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainer._cli_common import add_config_options, running, service_config
-from trainer._cli_loop import STATE_HELP
+from trainer._cli_common import STATE_HELP, add_config_options, running, service_config
 
 __all__ = ["add_commands"]
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from trainer._cli_common import add_config_options, running, service_config
+from trainer._cli_common import STATE_HELP, add_config_options, running, service_config
 
-__all__ = ["STATE_HELP", "add_commands"]
-
-STATE_HELP = "the daemon's state dir (default: $STATE_DIRECTORY or ./edge-state)"
+__all__ = ["add_commands"]
 
 
 def _serve(args: argparse.Namespace) -> int:
