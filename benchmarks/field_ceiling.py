@@ -1,7 +1,7 @@
 """How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
 
 ``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]
-[--size N]``
+[--size N] [--store DIR]``
 
 The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
 what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
@@ -10,7 +10,8 @@ all of them trained on (``field_check_every = 0``: no field check to hold any ba
 measured as the loop measures (the held-out field test and the lab validation split, as the device runs the engine).
 ``--set`` changes the retrain's configuration (``trainer.distill=0``); ``--size N`` first republishes the shipped
 weights at input side N (a new lineage, as a release at another size would be) and retrains that; the report records
-both.
+both. ``--store DIR`` starts from that store's current version instead of the shipped one (a release candidate
+trained on the shipped model's split).
 Writes ``DIR/report.json`` and ``DIR/report.md``; a label count already in the report is not run again.
 """
 
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks._sets import config_sets, with_sets
-from benchmarks.field_loop import SHARED, _Measure, split_field
+from benchmarks.field_loop import SHARED, _Measure, split_field, starting_store
 
 __all__ = ["resized", "retrain_on"]
 
@@ -44,10 +45,12 @@ def resized(store, size: int):
     )
 
 
-def retrain_on(n: int, field: str, seed: int, work: Path, sets: dict | None = None, size: int | None = None) -> dict:
-    """The shipped model (at input side ``size``, default its own) retrained on ``n`` true-labelled stream photos: field
-    and lab top-1 of what is in service."""
-    from edge_agent.config import default_store_path, parse_config
+def retrain_on(
+    n: int, field: str, seed: int, work: Path, sets: dict | None = None, size: int | None = None, source: str | None = None
+) -> dict:
+    """The shipped model (or ``source``'s current version; at input side ``size``, default its own) retrained on ``n``
+    true-labelled stream photos: field and lab top-1 of what is in service."""
+    from edge_agent.config import parse_config
     from edge_agent.handoff.sender import sample_header
     from edge_agent.results import QueueEntry
     from engines.store import EngineStore
@@ -56,7 +59,7 @@ def retrain_on(n: int, field: str, seed: int, work: Path, sets: dict | None = No
     from trainer.samples import SampleStore
 
     shutil.rmtree(work, ignore_errors=True)
-    store = EngineStore(shutil.copytree(default_store_path(), work / "engines"))
+    store = EngineStore(shutil.copytree(starting_store(source), work / "engines"))
     if size is not None and size != store.open().manifest["preprocess"]["size"]:
         resized(store, size)
     shipped = store.open()
@@ -91,27 +94,34 @@ def main(argv: list[str] | None = None) -> int:
         help="A retrain configuration value (TOML) other than the shipped one.",
     )
     ap.add_argument("--size", type=int, default=None, help="Republish the shipped weights at this input side first (a multiple of 32).")
+    ap.add_argument("--store", default=None, help="Start from this store's current version (a release candidate), not the shipped one.")
     args = ap.parse_args(argv)
     sets = config_sets(args.set)  # first: a malformed one is refused before any work
+    source = str(starting_store(args.store)) if args.store else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.json"
     earlier = json.loads(path.read_text()) if path.exists() else {}
-    if earlier and (earlier.get("sets", {}), earlier.get("size")) != (sets, args.size):
-        raise SystemExit(f"{path} was measured with --set {earlier.get('sets', {})} --size {earlier.get('size')}: give another --out")
+    if earlier and (earlier.get("sets", {}), earlier.get("size"), earlier.get("store")) != (sets, args.size, source):
+        raise SystemExit(
+            f"{path} was measured with --set {earlier.get('sets', {})} --size {earlier.get('size')} --store {earlier.get('store')}:"
+            " give another --out"
+        )
     rows = earlier.get("rows", [])
     for n in args.labels:
         if any(r["labels"] == n for r in rows):
             continue
-        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets, args.size))
+        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets, args.size, source))
         print(json.dumps(rows[-1]), flush=True)
         path.write_text(
-            json.dumps({"field": args.field, "seed": args.seed, "sets": sets, "size": args.size, "rows": rows}, indent=2) + "\n"
+            json.dumps({"field": args.field, "seed": args.seed, "sets": sets, "size": args.size, "store": source, "rows": rows}, indent=2)
+            + "\n"
         )
     shutil.rmtree(out / "work", ignore_errors=True)
     lines = [
         f"# Field labels the shipped model needs ({args.field}, seed {args.seed})\n",
         *([f"Retrain configuration changed: {json.dumps(sets)}\n"] if sets else []),
+        *([f"Started from {source}'s current version, not the shipped model\n"] if source else []),
         *([f"The shipped weights republished at input side {args.size} px first (a new lineage)\n"] if args.size else []),
         "| true field labels trained on | published | field top-1 | lab top-1 | seconds |",
         "|---|---|---|---|---|",

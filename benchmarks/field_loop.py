@@ -1,7 +1,7 @@
 """A device in a new field, learning from an expert's few labels: arms over seeds, field and lab side by side.
 
 ``python -m benchmarks.field_loop --out DIR [--field apple-orchard] [--arms device random none] [--seeds 1 2 3]
-[--k 10] [--budget 100] [--mode fast|full] [--days N] [--day-size 100]``
+[--k 10] [--budget 100] [--mode fast|full] [--days N] [--day-size 100] [--store DIR]``
 
 Protocol. The field folder's photos (``../shared/data/field/<field>``, exact duplicates kept once) are split per seed,
 stratified: 25 % held out as the field test, the rest shuffled and streamed in days of 100. The device starts from
@@ -18,6 +18,8 @@ labels) with :func:`trainer.retrain.retrain`: the lab gate, the field check on t
 ``edge-agent review list/label`` (``device`` arm only). After each day: the field test top-1 and the lab top-1 of the
 engine in service (as the device runs it; lab: the shipped model's validation split, which no retrain trains or is
 gated on), the day's pseudo-labels and their precision, expert labels so far, versions published and refused.
+``--store DIR`` (fast mode) starts from that store's current version instead of the shipped one: a release candidate
+measured before it ships (it must be trained on the shipped model's split, whose gate and replay photos it is given).
 Writes ``DIR/<arm>/seed-<N>/report.json``; a run with a report is not run again. ``--report`` then writes
 ``DIR/summary.json``, ``summary.md`` and ``field-top1.png``.
 """
@@ -41,7 +43,7 @@ from benchmarks._sets import config_sets, with_sets
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
-__all__ = ["LoopSettings", "split_field", "run", "summarise"]
+__all__ = ["LoopSettings", "split_field", "run", "starting_store", "summarise"]
 
 
 @dataclass
@@ -58,6 +60,32 @@ class LoopSettings:
     data: str = str(SHARED / "field")
     lab: str = str(SHARED / "plantvillage")
     overrides: dict | None = None  # fast mode: configuration changed from the shipped one, {section: {key: value}}
+    store: str | None = None  # fast mode: a store whose current version stands in for the shipped model
+
+
+def starting_store(path: str | None) -> Path:
+    """The store a run starts from: ``path`` (a release candidate's) or the shipped one; refused unless it opens."""
+    from edge_agent.config import default_store_path
+    from engines.store import EngineStore
+
+    if path is None:
+        return default_store_path()
+    root = Path(path)
+    try:
+        version = EngineStore(root).open()
+    except Exception as e:  # noqa: BLE001 - any reason it cannot serve ends the run before any work
+        raise SystemExit(f"--store {root}: no version to start from ({e}); give the store a release wrote (its --out)") from e
+    split, shipped = (json.loads(p.read_text()) if p.is_file() else None for p in (version.path / "split.json", _shipped_split()))
+    if split != shipped:  # the retrain's gate and replay photos are the shipped split's: another split would leak
+        raise SystemExit(f"--store {root}: {version.name} was not trained on the shipped model's split; release it with the same seed")
+    return root
+
+
+def _shipped_split() -> Path:
+    from edge_agent.config import default_store_path
+    from engines.store import EngineStore
+
+    return EngineStore(default_store_path()).open().path / "split.json"
 
 
 def split_field(root: Path, classes: list[str], seed: int, test_fraction: float) -> tuple[list, list]:
@@ -137,7 +165,7 @@ class _FastDevice:
     """The daemon's labelling, the expert and the trainer, in this process."""
 
     def __init__(self, s: LoopSettings, out: Path, truth: dict[str, int]) -> None:
-        from edge_agent.config import default_store_path, parse_config
+        from edge_agent.config import parse_config
         from edge_agent.labelling import LabelQueuer
         from edge_agent.results import ResultsDB
         from edge_agent.spool import PhotoSpool
@@ -151,7 +179,7 @@ class _FastDevice:
         # the shipped configuration; the labels-only arm without the unlabelled photos, to measure what they add
         off = {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
         self.cfg = parse_config(with_sets(off if s.arm == "device-labels-only" else {}, s.overrides))
-        self.store = EngineStore(shutil.copytree(default_store_path(), self.state / "engines"))
+        self.store = EngineStore(shutil.copytree(starting_store(s.store), self.state / "engines"))
         self.db = ResultsDB(self.state / "results.sqlite")
         self.spool = PhotoSpool(self.state / "queue", self.cfg.labels.max_spool_mb << 20)
         self.queuer = LabelQueuer(self.db, self.spool, self.cfg.labels)
@@ -368,12 +396,12 @@ class _FullDevice:
 
 def run(s: LoopSettings, out: Path) -> dict:
     """One arm and seed; writes and returns ``out/report.json``."""
-    from edge_agent.config import default_store_path, parse_config
+    from edge_agent.config import parse_config
     from engines.store import EngineStore
     from trainer.data import recorded_split
 
     out.mkdir(parents=True, exist_ok=True)
-    shipped = EngineStore(default_store_path()).open()
+    shipped = EngineStore(starting_store(s.store)).open()
     classes = list(shipped.classes)
     test, stream = split_field(Path(s.data) / s.field, classes, s.seed, s.test_fraction)
     lab = [(x.path, x.label) for x in recorded_split(shipped, s.lab)["val"]]
@@ -531,10 +559,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION.KEY=VALUE",
         help="fast mode: a configuration value (TOML) other than the shipped one",
     )
+    ap.add_argument(
+        "--store", default=None, help="fast mode: start from this store's current version (a release candidate), not the shipped one"
+    )
     args = ap.parse_args(argv)
     overrides = config_sets(args.set)
     if overrides and args.mode == "full":
         ap.error("--set: full mode runs the services as a new user does, with no configuration")
+    if args.store and args.mode == "full":
+        ap.error("--store: full mode runs the services as a new user does, with the shipped model")
+    store = str(starting_store(args.store)) if args.store else None  # refused before any run
     out = Path(args.out)
     reports: dict[str, list[dict]] = {}
     for arm in args.arms:
@@ -554,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
                     mode=args.mode,
                     data=args.data,
                     overrides=overrides,
+                    store=store,
                 )
                 reports.setdefault(arm, []).append(run(s, run_dir))
     if reports:
