@@ -21,7 +21,7 @@ import torch
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from trainer.data import Sample
 from trainer.fieldaug import BN_PASSES, FieldAugSettings, FieldComposer, load_lab_photos
-from trainer.photos import INFERENCE_BATCH
+from trainer.photos import INFERENCE_BATCH, join
 from trainer.stop import check
 
 __all__ = ["BN_MAX_LAB_PHOTOS", "batchnorm_photos", "recompute_batchnorm"]
@@ -145,6 +145,6 @@ def batchnorm_photos(
     if len(photos.samples) < 2:  # nothing to compose: the photos it trained on, and say so
         return None, "exact over the photos it trained on (no lab photos to compose)"
     composed = FieldComposer.of(photos, FieldAugSettings.from_record(augmentation), spec).sample(BN_PASSES, seed)
-    return torch.cat([composed, others]), (
+    return join([composed, others]), (
         f"exact over {BN_PASSES} composed passes of {len(photos.samples)} lab photos and {len(others)} others as they are"
     )

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.photos import as_array
+
 __all__ = ["quantize_int8", "top1_agreement", "logits_of_onnx", "outputs_of_onnx", "Int8Report"]
 
 
@@ -31,7 +33,7 @@ class _Reader:
 
     def get_next(self):
         batch = next(self._it, None)
-        return None if batch is None else {self._name: np.ascontiguousarray(batch, np.float32)}
+        return None if batch is None else {self._name: np.ascontiguousarray(as_array(batch))}
 
 
 def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.ndarray, batch: int = 4) -> None:
@@ -79,7 +81,7 @@ def outputs_of_onnx(path: Path, x: np.ndarray, batch: int = 4) -> list[np.ndarra
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name
-    parts = [sess.run(None, {name: np.asarray(x[i : i + batch], np.float32)}) for i in range(0, len(x), batch)]
+    parts = [sess.run(None, {name: as_array(x[i : i + batch])}) for i in range(0, len(x), batch)]
     return [np.concatenate(column) for column in zip(*parts)]
 
 

@@ -1,13 +1,16 @@
-"""Preprocessed photos a retrain holds: stored in half precision, handed to a network or ONNX Runtime in float32.
+"""Preprocessed photos a retrain holds: as 8-bit codes or in half precision, handed to a network or ONNX Runtime in float32.
 
-A photo at 192 px is 0.44 MB in float32, and a retrain holds about 1,500 (gate, replay, expert labels, the unlabelled
-pool's): the largest part of its memory on a device that shares 8 GB with its GPU. Half precision halves it for a
-rounding far below what a network can tell: the preprocessing's values, ``(v / 255 - mean) / std`` of 8-bit pixels,
-come back within 1.2e-7 for EfficientNet-Lite's ``(v - 127) / 128`` (one float32 rounding: each is a multiple of
-1/128) and within 0.06 of one pixel level for ImageNet's mean and std. The release (:mod:`trainer.data`, on a
-developer's machine) keeps float32, bit for bit the daemon's. Networks take a stored tensor as it is
-(:class:`trainer.models.Classifier` casts at its input); anything else (augmentation, ONNX Runtime) is given
-:func:`as_input` of it.
+A photo at 192 px is 0.44 MB in float32 (0.79 MB at 256), and a retrain holds about 1,500 (gate, replay, expert
+labels, the unlabelled pool's): the largest part of its memory on a device that shares 8 GB with its GPU. A photo
+whose every value is ``(c - 127) / 128`` for a whole ``c`` in 0..255 (EfficientNet-Lite's input, which is its 8-bit
+pixels: the daemon's float32 computes it within 1.2e-7) is held as those codes, a quarter of float32, and comes back
+within 1.2e-7 of the daemon's values; any other photo (ImageNet's mean and std, LeafNet's) is held in half precision,
+within 0.06 of one pixel level. Which one is decided by the values alone, so no caller names a preprocessing. The
+release (:mod:`trainer.data`, on a developer's machine) keeps float32, bit for bit the daemon's. Networks take a
+stored tensor as it is (:class:`trainer.models.Classifier` casts at its input); anything else (augmentation, ONNX
+Runtime, the image checks) is given :func:`as_input` (or :func:`as_array`, :func:`image_view`) of it, and stored
+photos of different precisions are joined only by :func:`join`, never by ``torch.cat`` (which would read codes as
+values).
 """
 
 from __future__ import annotations
@@ -17,10 +20,17 @@ import torch
 
 from engines.base import malloc_trim
 
-__all__ = ["INFERENCE_BATCH", "STORED", "as_input", "empty", "photo", "stack"]
+__all__ = ["CODES", "INFERENCE_BATCH", "STORED", "as_array", "as_input", "empty", "image_view", "join", "photo", "stack"]
 
-#: The precision photos are held in.
+#: The precision photos are held in when they are not 8-bit codes.
 STORED = torch.float16
+
+#: 8-bit codes ``c`` of a photo whose values are ``(c - 127) / 128``.
+CODES = torch.uint8
+
+#: How far a value may be from ``(c - 127) / 128`` for the photo to be held as codes (in units of ``c``): the daemon's
+#: float32 is within 1.6e-5 of it, ImageNet's normalisation is not near it on any real photo.
+_CODE_TOLERANCE = 1e-3
 
 #: Photos a network is given at once outside training (scoring, features, BatchNorm statistics, evaluation):
 #: EfficientNet-Lite0's inference at 192 px peaks 0.28 GB above the model for 16 photos, 0.43 GB for 32, 1.0 GB for 64
@@ -32,22 +42,57 @@ INFERENCE_BATCH = 8
 
 def photo(x: np.ndarray) -> torch.Tensor:
     """One preprocessed photo [3,H,W] (float32, from :func:`edge_agent.preprocess.preprocess_file`) as stored."""
+    codes = x * np.float32(128) + np.float32(127)
+    whole = np.rint(codes)
+    if x.size and whole.min() >= 0 and whole.max() <= 255 and float(np.abs(codes - whole).max()) <= _CODE_TOLERANCE:
+        return torch.from_numpy(whole.astype(np.uint8))
     return torch.from_numpy(x).to(STORED)
+
+
+def join(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Stored photos [N_i,3,H,W] as one tensor along the first axis, in one precision: codes stay codes when every
+    part with photos is codes; otherwise codes are decoded into the others' precision (never read as values)."""
+    full = [p for p in parts if len(p)] or parts[:1]
+    dtypes = {p.dtype for p in full}
+    if len(dtypes) > 1:
+        target = torch.float32 if torch.float32 in dtypes else STORED
+        full = [as_input(p).to(target) for p in full]
+    return torch.cat(full)
 
 
 def stack(photos: list[torch.Tensor]) -> torch.Tensor:
     """Stored photos as one [N,3,H,W] tensor; the heap the single photos took is handed back to the system."""
-    out = torch.stack(photos)
+    out = join([p.unsqueeze(0) for p in photos]) if photos else torch.stack(photos)
     photos.clear()
     malloc_trim()
     return out
 
 
 def empty(size: int = 128) -> torch.Tensor:
-    """No photos, [0,3,size,size], in the stored precision (so joining it to photos keeps their precision)."""
+    """No photos, [0,3,size,size] (:func:`join` gives photos joined to it their own precision)."""
     return torch.zeros(0, 3, size, size, dtype=STORED)
 
 
 def as_input(x: torch.Tensor) -> torch.Tensor:
     """``x`` in float32, the precision networks, the augmentation and ONNX Runtime compute in (no copy if it is)."""
+    if x.dtype == CODES:
+        return x.float().sub_(127).div_(128)
     return x if x.dtype == torch.float32 else x.float()
+
+
+def as_array(x: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Stored photos (a tensor or its numpy view, as ONNX Runtime is given a batch at a time) in float32."""
+    if isinstance(x, torch.Tensor):
+        return as_input(x).numpy()
+    if x.dtype == np.uint8:
+        return (x.astype(np.float32) - np.float32(127)) / np.float32(128)
+    return np.asarray(x, np.float32)
+
+
+def image_view(x: np.ndarray | torch.Tensor, mean, std) -> tuple[np.ndarray, tuple, tuple]:
+    """Stored photos (or their numpy view) as the image checks read them, without a float32 copy: (array, mean, std)
+    with ``array * std + mean`` the [0,1] pixels (codes are pixels times 255)."""
+    a = x.numpy() if isinstance(x, torch.Tensor) else x
+    if a.dtype == np.uint8:
+        return a, (0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255)
+    return a, tuple(mean), tuple(std)

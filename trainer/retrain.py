@@ -358,7 +358,7 @@ def retrain(
             metrics=metrics,
             training={**training, "sample_batch": tag},
             parent=current.name,
-            calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,  # half precision: cast a batch at a time
+            calibration=calib[:256].numpy() if tc.int8 and len(calib) else None,  # stored photos: decoded a batch at a time
             held_out=(val.x.numpy(), val.y.numpy()),
             should_stop=should_stop,
             signing_key=signing_key,

@@ -36,7 +36,7 @@ from edge_agent.classifier import softmax
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import DISTANCE_OUTPUT, Judge, VerdictSpec, image_checks
 from trainer.models import inference_copy
-from trainer.photos import INFERENCE_BATCH
+from trainer.photos import INFERENCE_BATCH, image_view
 
 __all__ = [
     "FEATURE_RANK",
@@ -226,7 +226,7 @@ def fit_verdict(
         )
     section["confident_distance"] = round(float(np.quantile(d, confident_quantile)), 4)
     section["unknown_distance"] = round(float(np.quantile(d, unknown_quantile) * unknown_factor), 4)
-    sharp = image_checks(held_x, spec.mean, spec.std)[2]
+    sharp = image_checks(*image_view(held_x, spec.mean, spec.std))[2]
     section["image"]["min_sharpness"] = round(float(np.quantile(sharp, 0.005) / 4), 6)
     section["fitted"] = {
         "train_photos": int(len(train_y)),
@@ -274,5 +274,6 @@ def verdicts_of(
     """The verdicts a device would give these logits (and the model's distances, for a verdict on the features), for
     the manifest's figures and the INT8 check."""
     probs = softmax(logits)
-    judge = Judge(VerdictSpec.from_manifest({"classes": classes, "verdict": section}), confident_probability, spec.mean, spec.std)
+    x, mean, std = image_view(x, spec.mean, spec.std)  # stored photos' codes are read as pixels
+    judge = Judge(VerdictSpec.from_manifest({"classes": classes, "verdict": section}), confident_probability, mean, std)
     return [v.verdict for v in judge.judge(logits, probs, x, distances=distances)]

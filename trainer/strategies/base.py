@@ -23,6 +23,7 @@ import torch
 
 from edge_agent.trainer_config import StrategyConfig
 from engines.plugins import Registry
+from trainer import photos
 from trainer.models import Classifier
 
 __all__ = ["Strategy", "Generation", "STRATEGIES", "register", "strategies", "get_strategy"]
@@ -50,7 +51,7 @@ class Generation:
 
     def __add__(self, other: "Generation") -> "Generation":
         return Generation(
-            torch.cat([self.x, other.x]),
+            photos.join([self.x, other.x]),
             torch.cat([self.y, other.y]),
             torch.cat([self.weight, other.weight]),
             torch.cat([self.pseudo, other.pseudo]),

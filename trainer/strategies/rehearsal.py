@@ -17,7 +17,7 @@ import hashlib
 import torch
 
 from edge_agent.trainer_config import RehearsalConfig
-from trainer.photos import INFERENCE_BATCH
+from trainer.photos import INFERENCE_BATCH, join
 from trainer.strategies.base import Generation, Strategy, register
 
 
@@ -95,7 +95,7 @@ def _digests(x: torch.Tensor, rows: list[int] | None = None) -> list[bytes]:
 
 def _gather(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
     """The photos at ``rows`` ((photos, index) pairs) as one new tensor."""
-    return torch.stack([px[i] for px, i in rows])
+    return join([px[i : i + 1] for px, i in rows])
 
 
 def select(feats: torch.Tensor, k: int, how: str) -> torch.Tensor:
