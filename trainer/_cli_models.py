@@ -117,7 +117,7 @@ def add_commands(sub, parents: list) -> None:
     r.add_argument("--key", required=True, help="the project's release key (../shared/release/edge-agent-release.key)")
     r.add_argument("--out", default="edge_agent/default_store", help="the store to write (replaced once the release is done)")
     r.add_argument("--work", default="train-work/release", help="checkpoints: a run that finds one resumes from it")
-    r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 3)")
+    r.add_argument("--epochs", type=int, default=None, help="training epochs (default: the release's 8)")
     r.add_argument("--augmentation", choices=["lab", "flips", "field"], default=None, help="training augmentation (default: the release's)")
     r.add_argument("--head-epochs", type=int, default=None, help="epochs training the new head alone first (default: the release's)")
     r.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the release's)")
@@ -127,7 +127,7 @@ def add_commands(sub, parents: list) -> None:
         default=None,
         help="keep the pretrained BatchNorm statistics while fine-tuning",
     )
-    r.add_argument("--size", type=int, default=None, help="input side, a multiple of 32 (default: the release's 192)")
+    r.add_argument("--size", type=int, default=None, help="input side, a multiple of 32 (default: the release's 256)")
     r.add_argument("--device", default=None, help="where training runs: cpu (default), or cuda on a machine with an NVIDIA GPU")
     r.add_argument(
         "--training-from",

@@ -29,8 +29,9 @@ __all__ = ["LEAFNET5_RELEASE", "RELEASE_VERSION", "ReleaseSettings", "finish_rel
 
 #: Releases are numbered apart from a device's own versions (which count up from the release they started on):
 #: v1000 was LeafNet5's release, v2000 EfficientNet-Lite0's, above every version a v1000 device made; v3000 is v2000's
-#: training with the verdict measured on the network's features (``verdict = "features"``).
-RELEASE_VERSION = "v3000"
+#: training with the verdict measured on the network's features (``verdict = "features"``); v4000 is Lite0 trained at
+#: 256 px for 8 epochs (docs/model.md: the input side the field's labels teach best, and the lab target).
+RELEASE_VERSION = "v4000"
 
 
 @dataclass
@@ -38,11 +39,11 @@ class ReleaseSettings(TrainSettings):
     """:class:`~trainer.train.TrainSettings` with the release's values, and the architecture (recorded in its manifest)."""
 
     arch: str = "efficientnet-lite0"
-    size: int = 192  # input side (trainer.models.data_config: 160 / 192 / 224 for the Lite family)
+    size: int = 256  # input side, a multiple of 32: 256 is the orchard photos' own (192 until v3000: docs/model.md)
     pretrained: bool = True  # start from the registry's checked ImageNet weights
     augmentation: str = "flips"  # "flips": flips only; "lab": flips, rotation, colour, zoom (trainer.augment); "field": FieldComposer
     zoom: tuple[float, float] | None = (0.8, 1.3)  # "lab" only: the random scale range
-    epochs: int = 3  # 8 measured higher in the lab and no better in the field: not shipped (docs/model.md)
+    epochs: int = 8  # 3 until v3000: validation rose until epoch 6-8 (docs/model.md)
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 1e-4
