@@ -33,9 +33,9 @@ def test_shipped_store_is_complete_and_verifies():
     store = EngineStore(default_store_path())
     version = store.open()  # checks every sha256
     m = version.manifest
-    assert len(m["classes"]) == 38 and version.name == "v3000" and m["model"]["arch"] == "efficientnet-lite0"
-    assert m["verdict"]["on"] == "features" and m["training"]["training_of"] == "v2000"
-    assert store.versions()[:2] == ["v1000", "v2000"]  # the releases before it stay, for a device that pins one
+    assert len(m["classes"]) == 38 and version.name == "v4000" and m["model"]["arch"] == "efficientnet-lite0"
+    assert m["verdict"]["on"] == "features" and m["preprocess"]["size"] == 256 and m["training"]["epochs_run"] == 8
+    assert store.versions()[:3] == ["v1000", "v2000", "v3000"]  # the releases before it stay, for a device that pins one
     assert {"onnx", "int8", "split"} <= set(m["artifacts"]) and "verdict" in m
     assert TrustedKeys.default().check(version.path) == "the edge-agent project (release key)"
 

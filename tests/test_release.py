@@ -57,10 +57,12 @@ def test_the_release_command_writes_a_signed_store_with_its_split_and_verdict(re
     root, data, key, out = released
     store = EngineStore(root / "store")
     v = store.open(trust=TrustedKeys({key.public_hex: "release key"}))
-    assert v.name == "v3000" and v.signed_by == "release key" and store.versions() == ["v3000"]
+    from trainer.release import RELEASE_VERSION
+
+    assert v.name == RELEASE_VERSION == "v4000" and v.signed_by == "release key" and store.versions() == ["v4000"]
     m = v.manifest
     assert m["model"]["arch"] == "efficientnet-lite0" and m["classes"] == sorted(NAMES) and m.get("parent") is None
-    assert m["input"]["shape"] == [None, 3, 192, 192] and m["preprocess"]["mean"] == [127 / 255] * 3
+    assert m["input"]["shape"] == [None, 3, 256, 256] and m["preprocess"]["mean"] == [127 / 255] * 3
     assert m["training"]["pretrained"]["sha256"].startswith("57934424") and m["training"]["settings"]["freeze_batchnorm"]
     assert {"onnx", "int8", "torch", "split"} <= set(m["artifacts"]) and "verdict_agreement_with_fp32" in m["metrics"]["int8"]
     assert m["verdict"]["confident_distance"] <= m["verdict"]["unknown_distance"] and m["verdict"]["on"] == "features"
@@ -144,7 +146,7 @@ def test_recorded_split_reads_the_split_file_and_names_a_missing_photo(released,
     assert all(v.classes[s.label] == s.path.parent.name for s in parts["test"])
     gone = copy / json.loads(v.artifact("split").read_text())["test"][0]
     gone.unlink()
-    with pytest.raises(DatasetError, match=f"{gone.name}: listed in v3000's split.json but not found"):
+    with pytest.raises(DatasetError, match=f"{gone.name}: listed in v4000's split.json but not found"):
         recorded_split(v, copy)
 
 
