@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks._sets import config_sets, with_sets
-from benchmarks.field_loop import SHARED, _Measure, split_field, starting_store
+from benchmarks.field_loop import SHARED, _Measure, split_field, starting_store, store_root
 
 __all__ = ["resized", "retrain_on"]
 
@@ -59,7 +59,7 @@ def retrain_on(
     from trainer.samples import SampleStore
 
     shutil.rmtree(work, ignore_errors=True)
-    store = EngineStore(shutil.copytree(starting_store(source), work / "engines"))
+    store = EngineStore(shutil.copytree(store_root(source), work / "engines"))
     if size is not None and size != store.open().manifest["preprocess"]["size"]:
         resized(store, size)
     shipped = store.open()

@@ -43,7 +43,7 @@ from benchmarks._sets import config_sets, with_sets
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
-__all__ = ["LoopSettings", "split_field", "run", "starting_store", "summarise"]
+__all__ = ["LoopSettings", "split_field", "run", "starting_store", "store_root", "summarise"]
 
 
 @dataclass
@@ -63,14 +63,21 @@ class LoopSettings:
     store: str | None = None  # fast mode: a store whose current version stands in for the shipped model
 
 
-def starting_store(path: str | None) -> Path:
-    """The store a run starts from: ``path`` (a release candidate's) or the shipped one; refused unless it opens."""
+def store_root(path: str | None) -> Path:
+    """The store a run starts from: ``path`` (checked once by :func:`starting_store`) or the shipped one."""
     from edge_agent.config import default_store_path
+
+    return default_store_path() if path is None else Path(path)
+
+
+def starting_store(path: str | None) -> Path:
+    """:func:`store_root`, refused unless it opens and was trained on the shipped model's split (checked once, at the
+    command line)."""
     from engines.store import EngineStore
 
+    root = store_root(path)
     if path is None:
-        return default_store_path()
-    root = Path(path)
+        return root
     try:
         version = EngineStore(root).open()
     except Exception as e:  # noqa: BLE001 - any reason it cannot serve ends the run before any work
@@ -179,7 +186,7 @@ class _FastDevice:
         # the shipped configuration; the labels-only arm without the unlabelled photos, to measure what they add
         off = {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
         self.cfg = parse_config(with_sets(off if s.arm == "device-labels-only" else {}, s.overrides))
-        self.store = EngineStore(shutil.copytree(starting_store(s.store), self.state / "engines"))
+        self.store = EngineStore(shutil.copytree(store_root(s.store), self.state / "engines"))
         self.db = ResultsDB(self.state / "results.sqlite")
         self.spool = PhotoSpool(self.state / "queue", self.cfg.labels.max_spool_mb << 20)
         self.queuer = LabelQueuer(self.db, self.spool, self.cfg.labels)
@@ -401,7 +408,7 @@ def run(s: LoopSettings, out: Path) -> dict:
     from trainer.data import recorded_split
 
     out.mkdir(parents=True, exist_ok=True)
-    shipped = EngineStore(starting_store(s.store)).open()
+    shipped = EngineStore(store_root(s.store)).open()
     classes = list(shipped.classes)
     test, stream = split_field(Path(s.data) / s.field, classes, s.seed, s.test_fraction)
     lab = [(x.path, x.label) for x in recorded_split(shipped, s.lab)["val"]]

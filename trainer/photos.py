@@ -81,12 +81,9 @@ def as_input(x: torch.Tensor) -> torch.Tensor:
 
 
 def as_array(x: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Stored photos (a tensor or its numpy view, as ONNX Runtime is given a batch at a time) in float32."""
-    if isinstance(x, torch.Tensor):
-        return as_input(x).numpy()
-    if x.dtype == np.uint8:
-        return (x.astype(np.float32) - np.float32(127)) / np.float32(128)
-    return np.asarray(x, np.float32)
+    """Stored photos (a tensor or its numpy view, as ONNX Runtime is given a batch at a time) in float32, decoded by
+    :func:`as_input`."""
+    return as_input(torch.as_tensor(x)).numpy()
 
 
 def image_view(x: np.ndarray | torch.Tensor, mean, std) -> tuple[np.ndarray, tuple, tuple]:
