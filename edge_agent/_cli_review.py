@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from edge_agent._cli_common import load, state_db
+from edge_agent._cli_common import load, print_rows, state_db
 
-__all__ = ["review_list", "review_label"]
+__all__ = ["review_label", "review_list", "review_trust"]
 
 
 def review_list(args: argparse.Namespace) -> int:
@@ -60,4 +60,56 @@ def review_label(args: argparse.Namespace) -> int:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     print(f"{entry.photo_id}: labelled {args.label} by an expert; queued for training")
+    return 0
+
+
+def review_trust(args: argparse.Namespace) -> int:
+    """Each class the expert has labelled: how often the model was right, its checks, and what it waits for before
+    its confident answers become pseudo-labels (the web page's trust table, for a terminal)."""
+    from edge_agent.review.checks import right_checks_to_trust, trust_table
+
+    cfg = load(args)
+    policy = cfg.labels
+    _state, db = state_db(args, cfg)
+    rows, _table, _columns = trust_table(db, policy)
+    if not rows and not args.json:
+        print(
+            "no expert labels yet: no class is trusted, so every answer waits for the expert "
+            f"({right_checks_to_trust(policy)} right checks in a row earn a class pseudo-labels)"
+        )
+        return 0
+    width = max([len("class")] + [len(r.label) for r in rows])
+
+    def waits(r) -> str:
+        if r.trusted:
+            return "trusted: its confident answers become pseudo-labels"
+        if r.needed > policy.trust_window:
+            return f"untrusted: out of reach in a window of {policy.trust_window} checks"
+        return f"untrusted: {r.needed} more right checks in a row"
+
+    if not args.json:
+        print(f"{'class':<{width}}  labelled  model right  checks  right checks  pseudo-labels")
+    print_rows(
+        (
+            {
+                "label": r.label,
+                "labelled": r.labelled,
+                "right": r.right,
+                "checks": r.checks,
+                "right_checks": r.right_checks,
+                "trusted": r.trusted,
+                "right_checks_needed": r.needed,
+                "status": waits(r),
+            }
+            for r in rows
+        ),
+        args.json,
+        lambda x: f"{x['label']:<{width}}  {x['labelled']:>8}  {x['right']:>11}  {x['checks']:>6}  {x['right_checks']:>12}  {x['status']}",
+    )
+    if not args.json:
+        print(
+            f"-- a check is an expert label on a confident answer at {policy.trust_from:g} or above; [labels] trust_rule "
+            f"({policy.trust_rule}) decides from a class's latest {policy.trust_window} checks",
+            file=sys.stderr,
+        )
     return 0

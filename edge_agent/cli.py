@@ -280,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     rb.add_argument("--new-class", action="store_true", help="allow a class the model does not know yet")
     rb.add_argument("--state-dir")
     rb.set_defaults(func=_cli_review.review_label)
+    rt = rev.add_parser("trust", parents=[common], help="each labelled class: checks, and how far it is from pseudo-labels")
+    rt.add_argument("--state-dir")
+    rt.add_argument("--json", action="store_true")
+    rt.set_defaults(func=_cli_review.review_trust)
 
     web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
     web.add_argument("--state-dir")

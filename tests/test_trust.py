@@ -250,3 +250,48 @@ def test_the_trust_table_holds_a_confusion_row_per_class_the_model_named(db):
 def test_an_answer_below_the_threshold_is_never_made_a_pseudo_label_by_trust():
     policy = LabelsSection(pseudo_threshold=0.9, review_threshold=0.8)
     assert decide("confident", 0.85, policy, trusted=True) is None
+
+
+def test_review_trust_says_per_class_how_many_right_checks_in_a_row_it_still_waits_for(tmp_path, capsys):
+    import json
+
+    from edge_agent.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    d = ResultsDB(state / "results.sqlite")
+    for _ in range(23):
+        _photo(d, "Apple___Black_rot", expert="Apple___Black_rot")
+    for _ in range(5):
+        _photo(d, "Apple___healthy", expert="Apple___healthy")
+    _photo(d, "Apple___healthy", expert="Apple___Apple_scab")  # a mistake: bars trust while in the window
+    _photo(d, "Apple___scab", verdict="unsure", p=0.6, expert="Apple___scab")  # right, but not a check
+    d.close()
+    assert main(["review", "trust", "--state-dir", str(state), "--json"]) == 0
+    rows = {r["label"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["Apple___Black_rot"]["trusted"] and rows["Apple___Black_rot"]["right_checks_needed"] == 0
+    assert (rows["Apple___Black_rot"]["checks"], rows["Apple___Black_rot"]["right_checks"]) == (23, 23)
+    healthy = rows["Apple___healthy"]
+    assert (healthy["labelled"], healthy["right"], healthy["checks"], healthy["right_checks"]) == (6, 5, 6, 5)
+    assert not healthy["trusted"] and healthy["right_checks_needed"] > 23  # the mistake must leave the window first
+    assert rows["Apple___scab"]["checks"] == 0 and rows["Apple___scab"]["right_checks_needed"] == 23
+    assert main(["review", "trust", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr()
+    lines = {line.split()[0]: line for line in out.out.splitlines()[1:]}
+    assert "trusted: its confident answers become pseudo-labels" in lines["Apple___Black_rot"]
+    assert f"untrusted: {healthy['right_checks_needed']} more right checks in a row" in lines["Apple___healthy"]
+    assert "0.98 or above" in out.err
+
+
+def test_review_trust_before_any_expert_label_says_what_earns_trust_and_a_missing_state_is_an_error(tmp_path, capsys):
+    from edge_agent.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    ResultsDB(state / "results.sqlite").close()
+    assert main(["review", "trust", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "no expert labels yet" in out and "23 right checks in a row" in out
+    assert main(["review", "trust", "--state-dir", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "results database" in err and "edge-agent run" in err

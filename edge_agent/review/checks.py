@@ -179,6 +179,7 @@ class TrustRow:
     lower: float
     trusted: bool
     needed: int = 0  # right checks in a row that would earn it trust
+    right_checks: int = 0  # of its checks, those the expert agreed with
 
     @property
     def right_share(self) -> float:
@@ -192,7 +193,7 @@ def trust_table(db: ResultsDB, policy: LabelsSection) -> tuple[list[TrustRow], d
     rows = []
     for label, said in table.items():
         t = trust.get(label) or standing(label, [], policy)
-        rows.append(TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, t.trusted, t.needed))
+        rows.append(TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, t.trusted, t.needed, t.right))
     rows.sort(key=lambda r: (-r.labelled, r.label))
     named = {c for said in table.values() for c in said}
     columns = [r.label for r in rows if r.label in named] + sorted(named - {r.label for r in rows})
