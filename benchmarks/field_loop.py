@@ -31,13 +31,14 @@ import hashlib
 import json
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks._loop_report import markdown, plot, summarise
+from benchmarks._loop_verdicts import day_verdicts, fill_verdicts
 from benchmarks._sets import config_sets, with_sets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -424,6 +425,8 @@ def run(s: LoopSettings, out: Path) -> dict:
         for d in range(days):
             photos = stream[d * s.day_size : (d + 1) * s.day_size]
             r = device.day(photos)
+            shas = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in photos]
+            verdicts = day_verdicts(device.state / "results.sqlite", shas, truth, classes, device.cfg.labels)
             pseudo = [(sha, label) for sha, kind, label in r["outcome"] if kind == "pseudo"]
             right = sum(classes.index(label) == truth[sha] for sha, label in pseudo)
             row = {
@@ -433,6 +436,7 @@ def run(s: LoopSettings, out: Path) -> dict:
                 "pseudo_precision": round(right / len(pseudo), 4) if pseudo else None,
                 "to_review": sum(kind == "review" for _, kind, _ in r["outcome"]),
                 "expert_labels": device.expert_labels,
+                "verdicts": verdicts,
                 "retrain": r["retrain"],
                 "engine": device.store.current(),
                 **measure(device.store),
@@ -453,97 +457,17 @@ def run(s: LoopSettings, out: Path) -> dict:
     return report
 
 
-def _ms(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+def _filled(report: dict, state: Path) -> bool:
+    """A run's days given their verdicts from its kept state (:func:`benchmarks._loop_verdicts.fill_verdicts`)."""
+    from edge_agent.config import parse_config
 
-
-def summarise(reports: dict[str, list[dict]]) -> dict:
-    """Per arm, over seeds: field and lab top-1 per day (mean, sd), pseudo-label precision, labels, versions."""
-    arms = {}
-    for arm, runs in reports.items():
-        days = min(len(r["days"]) for r in runs)
-        per_day = []
-        for d in range(days):
-            rows = [r["days"][d] for r in runs]
-            prec = [x["pseudo_precision"] for x in rows if x["pseudo_precision"] is not None]
-            per_day.append(
-                {
-                    "day": d + 1,
-                    "field": _ms([x["field"] for x in rows]),
-                    "lab": _ms([x["lab"] for x in rows]),
-                    "pseudo_labels": statistics.fmean(x["pseudo_labels"] for x in rows),
-                    "pseudo_precision_min": min(prec) if prec else None,
-                    "expert_labels": statistics.fmean(x["expert_labels"] for x in rows),
-                }
-            )
-        retrains = [x["retrain"] for r in runs for x in r["days"] if x["retrain"] and not x["retrain"].get("skipped")]
-        worse = 0
-        for r in runs:  # a published version below the one before it on the field test
-            prev = r["start"]["field"]
-            for x in r["days"]:
-                if x["retrain"] and x["retrain"].get("published"):
-                    worse += x["field"] < prev
-                prev = x["field"]
-        arms[arm] = {
-            "seeds": [r["settings"]["seed"] for r in runs],
-            "start_field": _ms([r["start"]["field"] for r in runs]),
-            "start_lab": _ms([r["start"]["lab"] for r in runs]),
-            "days": per_day,
-            "published": sum(1 for x in retrains if x.get("published")),
-            "refused": sum(1 for x in retrains if not x.get("published")),
-            "published_worse_on_field": worse,
-        }
-    return {"arms": arms}
-
-
-def markdown(summary: dict, command: str) -> str:
-    lines = [
-        f"# The device in a new field\n\n`{command}`; mean +- sd over seeds; field: held-out field test photos; lab: the shipped model's validation split.\n"
-    ]
-    lines.append(
-        "| arm | seeds | field top-1 start -> end | lab top-1 start -> end | expert labels | pseudo-labels (last day) | lowest daily pseudo precision | published / refused | published worse on field |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
-    for arm, a in summary["arms"].items():
-        end = a["days"][-1] if a["days"] else None
-        f = lambda ms: f"{ms[0]:.3f} +- {ms[1]:.3f}"  # noqa: E731
-        precs = [d["pseudo_precision_min"] for d in a["days"] if d["pseudo_precision_min"] is not None]
-        lines.append(
-            f"| {arm} | {len(a['seeds'])} | {f(a['start_field'])} -> {f(end['field']) if end else '-'} | {f(a['start_lab'])} -> {f(end['lab']) if end else '-'} "
-            f"| {end['expert_labels']:.0f} | {end['pseudo_labels']:.1f} | {min(precs) if precs else 'none made'} | {a['published']} / {a['refused']} | {a['published_worse_on_field']} |"
-        )
-    lines.append("\nField top-1 per day (mean):\n")
-    arms = list(summary["arms"])
-    lines.append("| day | " + " | ".join(arms) + " |")
-    lines.append("|---|" + "---|" * len(arms))
-    n = max(len(a["days"]) for a in summary["arms"].values())
-    for d in range(n):
-        cells = [f"{summary['arms'][a]['days'][d]['field'][0]:.3f}" if d < len(summary["arms"][a]["days"]) else "" for a in arms]
-        lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(summary: dict, path: Path, day_size: int = 100) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for arm, a in summary["arms"].items():
-        xs = [0] + [d["day"] for d in a["days"]]
-        ys = [a["start_field"][0]] + [d["field"][0] for d in a["days"]]
-        sd = [a["start_field"][1]] + [d["field"][1] for d in a["days"]]
-        ax.plot(xs, ys, marker="o", label=f"{arm} ({len(a['seeds'])} seed{'s' if len(a['seeds']) > 1 else ''})")
-        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15)
-    ax.set_xlabel(f"day ({day_size} field photos each)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_ylabel("field top-1 (held-out field photos)")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    s = report["settings"]
+    if all("verdicts" in row for row in report["days"]) or not (state / "results.sqlite").is_file():
+        return False
+    classes = report["classes"]
+    _, stream = split_field(Path(s["data"]) / s["field"], classes, s["seed"], s["test_fraction"])
+    truth = {hashlib.sha256(Path(p).read_bytes()).hexdigest(): y for p, y in stream}
+    return fill_verdicts(report, state, stream, truth, parse_config(with_sets({}, s.get("overrides") or {})).labels)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -582,7 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             run_dir = out / f"{arm}-{args.mode}" / f"seed-{seed}"
             if (run_dir / "report.json").exists():
-                reports.setdefault(arm, []).append(json.loads((run_dir / "report.json").read_text()))
+                report = json.loads((run_dir / "report.json").read_text())
+                if _filled(report, run_dir / "state"):
+                    (run_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+                reports.setdefault(arm, []).append(report)
             elif not args.report:
                 s = LoopSettings(
                     args.field,

@@ -147,3 +147,53 @@ def test_set_values_join_a_section_without_dropping_its_other_keys_or_changing_t
     }
     assert arm == {"trainer": {"unlabelled_term": False}, "handoff": {"unlabelled_per_day": 0}}
     assert with_sets({}, None) == {}
+
+
+def test_a_days_verdicts_count_only_confident_answers_at_trust_from_as_covered_and_score_them_against_the_truth(tmp_path):
+    """The tally that says why no pseudo-label was made: unknown and unsure answers, or sure ones that were wrong."""
+    import json
+
+    from benchmarks._loop_report import markdown
+    from benchmarks._loop_verdicts import day_verdicts, fill_verdicts
+    from edge_agent.config import LabelsSection
+    from edge_agent.results import ResultRow, ResultsDB
+
+    classes = ["A", "B"]
+    answers = [  # (said, confidence, verdict, truth)
+        ("A", 0.99, "confident", 0),  # covered, right
+        ("A", 0.995, "confident", 1),  # covered, wrong
+        ("B", 0.95, "confident", 1),  # confident but below trust_from (0.98): not covered
+        ("B", 0.99, "unsure", 1),  # sure but unsure (its distance): not covered
+        ("A", 0.3, "unknown", 0),
+    ]
+    db = ResultsDB(tmp_path / "results.sqlite")
+    shas = [f"{i:064x}" for i in range(len(answers))]
+    db.commit(
+        [ResultRow(sha, sha[:16], None, "inbox", said, p, [[said, p]], "v1", {}, verdict=v) for sha, (said, p, v, _) in zip(shas, answers)],
+        [],
+    )
+    db.close()
+    truth = {sha: t for sha, (*_, t) in zip(shas, answers)}
+    v = day_verdicts(tmp_path / "results.sqlite", shas[:4], truth, classes, LabelsSection())
+    assert (v["confident"], v["unsure"], v["unknown"]) == (3, 1, 0)
+    assert (v["covered"], v["covered_right"], v["covered_precision"], v["trusted"]) == (2, 1, 0.5, [])
+
+    photos = []
+    for i in range(len(answers)):  # a stream whose files hash to nothing in the database still counts nothing
+        (tmp_path / f"{i}.jpg").write_bytes(bytes([i]))
+        photos.append((tmp_path / f"{i}.jpg", 0))
+    report = {"settings": {"day_size": 2}, "classes": classes, "days": [{"day": 1}, {"day": 2, "verdicts": {"kept": True}}]}
+    assert fill_verdicts(report, tmp_path, photos, {}, LabelsSection())
+    assert report["days"][0]["verdicts"]["covered"] == 0 and report["days"][0]["verdicts"]["trusted"] is None
+    assert report["days"][1]["verdicts"] == {"kept": True}  # a day that recorded its own is left as it was
+    assert not fill_verdicts(report, tmp_path / "no-state", photos, {}, LabelsSection())
+
+    run = {
+        "settings": {"seed": 1},
+        "start": {"field": 0.1, "lab": 0.9},
+        "days": [_day(1, 0.1) | {"verdicts": v}, _day(2, 0.5) | {"verdicts": v | {"covered": 4, "covered_right": 4}}],
+    }
+    summary = summarise({"device": [run]})
+    assert [d["covered_precision"] for d in summary["arms"]["device"]["days"]] == [0.5, 1.0]
+    text = markdown(json.loads(json.dumps(summary)), "cmd")
+    assert "| 1 | 2.0 (50% right), unknown 0.0 [1] |" in text and "| 2 | 4.0 (100% right)" in text

@@ -1,0 +1,136 @@
+"""A field loop's runs summarised over seeds: per arm and day, the field and lab top-1, pseudo-labels, what trust
+covers, versions published; as JSON, a markdown table and a plot (``python -m benchmarks.field_loop --report``)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+__all__ = ["markdown", "plot", "summarise"]
+
+
+def _ms(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _covered(rows: list[dict]) -> dict:
+    """Over the seeds that recorded verdicts: the answers trust covers a day (mean), and the share of them right."""
+    v = [x["verdicts"] for x in rows if x.get("verdicts")]
+    if not v:
+        return {}
+    right, cover = sum(x["covered_right"] for x in v), sum(x["covered"] for x in v)
+    return {
+        "covered": statistics.fmean(x["covered"] for x in v),
+        "covered_precision": round(right / cover, 4) if cover else None,
+        "unknown": statistics.fmean(x["unknown"] for x in v),
+        "verdict_seeds": len(v),
+    }
+
+
+def summarise(reports: dict[str, list[dict]]) -> dict:
+    """Per arm, over seeds: field and lab top-1 per day (mean, sd), pseudo-label precision, labels, versions."""
+    arms = {}
+    for arm, runs in reports.items():
+        days = min(len(r["days"]) for r in runs)
+        per_day = []
+        for d in range(days):
+            rows = [r["days"][d] for r in runs]
+            prec = [x["pseudo_precision"] for x in rows if x["pseudo_precision"] is not None]
+            per_day.append(
+                {
+                    "day": d + 1,
+                    "field": _ms([x["field"] for x in rows]),
+                    "lab": _ms([x["lab"] for x in rows]),
+                    "pseudo_labels": statistics.fmean(x["pseudo_labels"] for x in rows),
+                    "pseudo_precision_min": min(prec) if prec else None,
+                    "expert_labels": statistics.fmean(x["expert_labels"] for x in rows),
+                    **_covered(rows),
+                }
+            )
+        retrains = [x["retrain"] for r in runs for x in r["days"] if x["retrain"] and not x["retrain"].get("skipped")]
+        worse = 0
+        for r in runs:  # a published version below the one before it on the field test
+            prev = r["start"]["field"]
+            for x in r["days"]:
+                if x["retrain"] and x["retrain"].get("published"):
+                    worse += x["field"] < prev
+                prev = x["field"]
+        arms[arm] = {
+            "seeds": [r["settings"]["seed"] for r in runs],
+            "start_field": _ms([r["start"]["field"] for r in runs]),
+            "start_lab": _ms([r["start"]["lab"] for r in runs]),
+            "days": per_day,
+            "published": sum(1 for x in retrains if x.get("published")),
+            "refused": sum(1 for x in retrains if not x.get("published")),
+            "published_worse_on_field": worse,
+        }
+    return {"arms": arms}
+
+
+def markdown(summary: dict, command: str) -> str:
+    lines = [
+        f"# The device in a new field\n\n`{command}`; mean +- sd over seeds; field: held-out field test photos; lab: the shipped model's validation split.\n"
+    ]
+    lines.append(
+        "| arm | seeds | field top-1 start -> end | lab top-1 start -> end | expert labels | pseudo-labels (last day) | lowest daily pseudo precision | published / refused | published worse on field |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for arm, a in summary["arms"].items():
+        end = a["days"][-1] if a["days"] else None
+        f = lambda ms: f"{ms[0]:.3f} +- {ms[1]:.3f}"  # noqa: E731
+        precs = [d["pseudo_precision_min"] for d in a["days"] if d["pseudo_precision_min"] is not None]
+        lines.append(
+            f"| {arm} | {len(a['seeds'])} | {f(a['start_field'])} -> {f(end['field']) if end else '-'} | {f(a['start_lab'])} -> {f(end['lab']) if end else '-'} "
+            f"| {end['expert_labels']:.0f} | {end['pseudo_labels']:.1f} | {min(precs) if precs else 'none made'} | {a['published']} / {a['refused']} | {a['published_worse_on_field']} |"
+        )
+    lines.append("\nField top-1 per day (mean):\n")
+    arms = list(summary["arms"])
+    lines.append("| day | " + " | ".join(arms) + " |")
+    lines.append("|---|" + "---|" * len(arms))
+    n = max(len(a["days"]) for a in summary["arms"].values())
+    for d in range(n):
+        cells = [f"{summary['arms'][a]['days'][d]['field'][0]:.3f}" if d < len(summary["arms"][a]["days"]) else "" for a in arms]
+        lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+    if any("covered" in d for a in summary["arms"].values() for d in a["days"]):
+        lines.append(
+            "\nA day's photos answered `confident` at `[labels] trust_from` or surer (what trust covers: a check when the "
+            "expert labels one, a pseudo-label once its class is trusted), mean a day, and the share of them right; photos "
+            "called `unknown`, mean a day (seeds that recorded verdicts):\n"
+        )
+        lines.append("| day | " + " | ".join(arms) + " |")
+        lines.append("|---|" + "---|" * len(arms))
+        for d in range(n):
+            cells = []
+            for a in arms:
+                x = summary["arms"][a]["days"][d] if d < len(summary["arms"][a]["days"]) else {}
+                prec = x.get("covered_precision")
+                cells.append(
+                    f"{x['covered']:.1f} ({'-' if prec is None else f'{prec:.0%}'} right), unknown {x['unknown']:.1f} [{x['verdict_seeds']}]"
+                    if "covered" in x
+                    else ""
+                )
+            lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path, day_size: int = 100) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arm, a in summary["arms"].items():
+        xs = [0] + [d["day"] for d in a["days"]]
+        ys = [a["start_field"][0]] + [d["field"][0] for d in a["days"]]
+        sd = [a["start_field"][1]] + [d["field"][1] for d in a["days"]]
+        ax.plot(xs, ys, marker="o", label=f"{arm} ({len(a['seeds'])} seed{'s' if len(a['seeds']) > 1 else ''})")
+        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.15)
+    ax.set_xlabel(f"day ({day_size} field photos each)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel("field top-1 (held-out field photos)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
