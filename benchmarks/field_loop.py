@@ -413,7 +413,8 @@ def run(s: LoopSettings, out: Path) -> dict:
     classes = list(shipped.classes)
     test, stream = split_field(Path(s.data) / s.field, classes, s.seed, s.test_fraction)
     lab = [(x.path, x.label) for x in recorded_split(shipped, s.lab)["val"]]
-    truth = {hashlib.sha256(Path(p).read_bytes()).hexdigest(): y for p, y in stream}
+    sha_of = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in stream}  # each photo read and hashed once
+    truth = {sha_of[p]: y for p, y in stream}
     measure = _Measure(parse_config({}), test, lab)
     days = len(stream) // s.day_size if s.days is None else s.days
     device = (_FastDevice if s.mode == "fast" else _FullDevice)(s, out, truth)
@@ -425,8 +426,7 @@ def run(s: LoopSettings, out: Path) -> dict:
         for d in range(days):
             photos = stream[d * s.day_size : (d + 1) * s.day_size]
             r = device.day(photos)
-            shas = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in photos]
-            verdicts = day_verdicts(device.state / "results.sqlite", shas, truth, classes, device.cfg.labels)
+            verdicts = day_verdicts(device.state / "results.sqlite", [sha_of[p] for p, _ in photos], truth, classes, device.cfg.labels)
             pseudo = [(sha, label) for sha, kind, label in r["outcome"] if kind == "pseudo"]
             right = sum(classes.index(label) == truth[sha] for sha, label in pseudo)
             row = {
