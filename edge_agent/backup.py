@@ -36,7 +36,7 @@ __all__ = ["BackupError", "Restored", "backup", "restore", "FORMAT"]
 FORMAT = 1
 MANIFEST = "backup.json"
 #: SQLite files copied through the backup API (a plain copy of a live WAL database may be torn).
-DATABASES = ("results.sqlite", "alerts.sqlite", "trainer/samples.sqlite")
+DATABASES = ("results.sqlite", "alerts.sqlite", "trainer/samples.sqlite", "trainer/unlabelled.sqlite")
 #: What a backup leaves out: remade on demand, the services' live status, or not worth keeping.
 SKIPPED = ("web/thumbs", "quarantine", "inbox", "restored", "status.json", "trainer/status.json", "run", ".tmp-")
 

@@ -100,6 +100,8 @@ class Daemon:
             self.log.error("ledger_set_aside", note=self.ledger_note)
         self._results_before_start = self.db.last_result_id()  # alerts start after READY=1 and from here
         self.spool = PhotoSpool(self.state.queue, cfg.labels.max_spool_mb << 20, self.db.queue_bytes())
+        if moved := self.db.relocate_queue(self.state.queue):
+            self.log.warning("queue_relocated", photos=moved, folder=str(self.state.queue))
         self.pipeline = Pipeline(
             self.classifier,
             self.db,

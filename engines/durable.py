@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
 
-__all__ = ["fsync_dir", "fsync_file", "atomic_write", "sync_filesystem", "set_aside"]
+__all__ = ["fsync_dir", "fsync_file", "atomic_write", "sync_filesystem", "set_aside", "moved_here"]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -84,3 +84,14 @@ def set_aside(path: str | os.PathLike, tag: str = "corrupt") -> Path:
         if src.exists():
             os.replace(src, Path(f"{aside}{suffix}"))
     return aside
+
+
+def moved_here(stored: str, root: str | os.PathLike, parts: int = 2) -> Path | None:
+    """Where the file a database row names as ``stored`` lies under ``root`` now (its last ``parts`` path parts kept),
+    when that is another place than ``stored`` and the file is there: the state directory was restored or copied to
+    another path (a copy must not read or delete the original's files), or a relative one is opened from another
+    working directory. None: the row needs no change, or the file is gone."""
+    here = Path(root).joinpath(*PurePath(stored).parts[-parts:])
+    if os.path.abspath(here) == os.path.abspath(stored) or not here.is_file():
+        return None
+    return here

@@ -154,3 +154,50 @@ def test_the_command_line_backs_up_and_restores_and_names_the_config_file_it_kep
     assert kept.read_text() == conf.read_text()
     bad = run("restore", str(tmp_path / "b.tar.gz"), "--state-dir", str(fresh))
     assert bad.returncode == 2 and "already holds a results ledger" in bad.stderr
+
+
+def test_a_state_directory_restored_to_another_path_keeps_its_queued_labels_and_the_trainers_photos(tmp_path):
+    """Rows name their files by path: restored elsewhere (a new board, another mount point), the queue, the trainer's
+    samples and its unlabelled pool find their photos there, instead of dropping every queued label as missing and
+    training on none of the expert's photos; the unlabelled pool's rows still in its write-ahead log come along too."""
+    from edge_agent.review.queue import label_photo
+    from trainer.loop.unlabelled_pool import UnlabelledPool
+    from trainer.samples import SampleStore
+
+    state = make_state(tmp_path)
+    classes = resolve_store(AppConfig(), state).open(verify=False).classes
+    samples = SampleStore(state / "trainer")
+    header = {"id": "a" * 64, "ext": ".jpg", "kind": "expert", "label": classes[0], "confidence": 1.0, "engine_version": "v1"}
+    samples.add(header, b"an expert's photo")
+    samples.close()
+    pool = UnlabelledPool(state / "trainer", 10, 1 << 20)  # left open: its rows are in the write-ahead log
+    pool.add(header | {"id": "b" * 64, "kind": "unlabelled", "verdict": "unsure"}, b"a photo nobody labelled")
+    backup(AppConfig(), state, tmp_path / "farm.tar.gz")
+    pool.close()
+    fresh = tmp_path / "elsewhere" / "state"
+    restore(tmp_path / "farm.tar.gz", fresh)
+
+    [sample] = SampleStore(fresh / "trainer").all()
+    assert Path(sample.file).parent == fresh / "trainer" / "samples" and Path(sample.file).read_bytes() == b"an expert's photo"
+    [unlabelled] = UnlabelledPool(fresh / "trainer", 10, 1 << 20).photos()
+    assert Path(unlabelled.file).read_bytes() == b"a photo nobody labelled" and str(fresh) in unlabelled.file
+    db = ResultsDB(fresh / "results.sqlite")
+    assert db.relocate_queue(fresh / "queue") == 2 and db.relocate_queue(fresh / "queue") == 0
+    entries = db.queued_for_delivery(10) + [e for e, _, _ in db.review_pool()]
+    assert entries and all(Path(e.file).is_file() and Path(e.file).is_relative_to(fresh) for e in entries)
+    labelled = label_photo(db, fresh / "queue", 1 << 20, classes, "p0", classes[1])
+    moved = db.queue_entry(labelled.sha256)
+    assert moved.kind == "expert" and Path(moved.file).parent == fresh / "queue" / "expert" and Path(moved.file).is_file()
+    assert (state / "queue" / "review").is_dir() and len(list((state / "queue" / "review").iterdir())) == 2  # the original untouched
+
+
+def test_a_row_whose_file_is_where_it_says_is_left_as_it_is(tmp_path, monkeypatch):
+    from engines.durable import moved_here
+
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "x.jpg").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    assert moved_here(str(tmp_path / "samples" / "x.jpg"), tmp_path) is None
+    assert moved_here("samples/x.jpg", tmp_path) is None  # the same file, named relative to the working directory
+    assert moved_here("/gone/samples/x.jpg", tmp_path) == tmp_path / "samples" / "x.jpg"
+    assert moved_here("/gone/samples/y.jpg", tmp_path) is None  # not here either: the caller's own handling decides

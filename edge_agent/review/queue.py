@@ -23,6 +23,7 @@ from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool
+from engines.durable import moved_here
 from engines.errors import EdgeAgentError
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ def label_photo(
         raise LabelError(f"{shown!r} is not a class name: {problem}")  # the trainer's words for the same refusal
     if label not in classes and not new_class:
         raise LabelError(f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}")
-    src = Path(entry.file)
+    src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))
     return entry
