@@ -209,6 +209,11 @@ class TrainerSection(BaseModel):
         "pulls a photo towards the answer its label corrects), or all.",
     )
     distill_temperature: float = Field(2.0, gt=0, description="Temperature of the `distill` term.")
+    start_from: Literal["service", "root"] = Field(
+        "service",
+        description="Where a retrain with expert labels or new classes starts: the engine in service's weights, or the "
+        "lineage's first version's (each candidate learns every label so far afresh, so the lab does not drift retrain by retrain).",
+    )
     interpolate: float = Field(
         1.0,
         gt=0,

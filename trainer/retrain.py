@@ -248,15 +248,21 @@ def retrain(
     # Something new to learn (an expert's labels, a new class): the full step. Pseudo-labels alone: a cautious one.
     learning = counts["expert"] > 0 or bool(new_classes)
     lr, interpolate = (learning_rate(previous, tc), tc.interpolate) if learning else (learning_rate(previous, tc, pseudo_only=True), 1.0)
+    root_name = _root(store, current)
+    root = previous if root_name == current.name else load_weights(store.open(root_name))
+    # The weights a candidate learns from (and is distilled towards): the engine in service's, or with start_from =
+    # "root" and something to learn, the lineage's first version's; either way it is gated against the one in service.
+    start = root if learning and tc.start_from == "root" else previous
     log.info(
         "retrain_step",
         kind="expert labels or new classes" if learning else "pseudo-labels only",
+        start=root_name if start is root else current.name,
         lr=lr,
         interpolate=interpolate if learning else tc.pseudo_only_steps,
     )
     progress("training", epoch=0, epochs=tc.epochs)
     candidate, used = train_generation(
-        previous,
+        start,
         data,
         strategy,
         tc,
@@ -272,7 +278,7 @@ def retrain(
     if tc.unlabelled_term and learning and len(field) >= tc.field_check_min:
         progress("learning from unlabelled photos")
         candidate, used, unlabelled = with_unlabelled(
-            candidate, used, previous, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
+            candidate, used, start, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
         )
         log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if not k.endswith("by_class")})
     del data  # a copy of the photos trained on (``used`` holds what the candidate saw): not held through the gate
@@ -292,8 +298,6 @@ def retrain(
         if adapted["kept"]:
             variants = [bn_model, candidate]  # the lab gate may still refuse the adapted statistics: then without them
     progress("gate")
-    root_name = _root(store, current)
-    root = previous if root_name == current.name else load_weights(store.open(root_name))
     for candidate in variants:
         decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root)
         on_field = field_gate(candidate, previous, field.x, field.y, expert_labels, tc.field_check_every, tc.field_check_min)
@@ -334,6 +338,7 @@ def retrain(
         "kind": "continual",
         "strategy": tc.strategy.model_dump(),
         "settings": _recorded(tc, lr, interpolate),
+        "started_from": root_name if start is root else current.name,
         "samples": counts,
         "expert_weight": tc.expert_weight,
         "labelled": sources.describe(),
