@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from engines.durable import moved_here, set_aside
+from engines.durable import relocate_rows, set_aside
 
 __all__ = ["ResultsDB", "ResultRow", "QueueEntry", "iso", "query_readonly"]
 
@@ -307,11 +307,8 @@ class ResultsDB:
     def relocate_queue(self, root: Path) -> int:
         """Queue rows naming a photo under another path of the queue folder (the state directory restored or copied
         elsewhere) are pointed at it under ``root``, so that no queued label is dropped as missing; returns how many."""
-        rows = self._query("SELECT sha256, file FROM label_queue")
-        moved = [(str(here), sha) for sha, f in rows if (here := moved_here(f, root)) is not None]
         with self._lock:
-            self._db.executemany("UPDATE label_queue SET file = ? WHERE sha256 = ?", moved)
-        return len(moved)
+            return relocate_rows(self._db, "label_queue", "sha256", root)
 
     def remove_queued(self, sha256s: Iterable[str]) -> None:
         with self._lock:

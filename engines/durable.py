@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePath
 
-__all__ = ["fsync_dir", "fsync_file", "atomic_write", "sync_filesystem", "set_aside", "moved_here"]
+__all__ = ["fsync_dir", "fsync_file", "atomic_write", "sync_filesystem", "set_aside", "moved_here", "relocate_rows"]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -95,3 +95,13 @@ def moved_here(stored: str, root: str | os.PathLike, parts: int = 2) -> Path | N
     if os.path.abspath(here) == os.path.abspath(stored) or not here.is_file():
         return None
     return here
+
+
+def relocate_rows(db, table: str, key: str, root: str | os.PathLike) -> int:
+    """Point the ``file`` column of ``table``'s rows (SQLite connection ``db``, rows named by ``key``) at the photos
+    under ``root`` where :func:`moved_here` finds them elsewhere than recorded; returns how many rows changed."""
+    rows = db.execute(f"SELECT {key}, file FROM {table}").fetchall()
+    moved = [(str(here), k) for k, f in rows if (here := moved_here(f, root)) is not None]
+    if moved:
+        db.executemany(f"UPDATE {table} SET file = ? WHERE {key} = ?", moved)
+    return len(moved)

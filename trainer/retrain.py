@@ -253,10 +253,11 @@ def retrain(
     # The weights a candidate learns from (and is distilled towards): the engine in service's, or with start_from =
     # "root" and something to learn, the lineage's first version's; either way it is gated against the one in service.
     start = root if learning and tc.start_from == "root" else previous
+    started_from = root_name if start is root else current.name
     log.info(
         "retrain_step",
         kind="expert labels or new classes" if learning else "pseudo-labels only",
-        start=root_name if start is root else current.name,
+        start=started_from,
         lr=lr,
         interpolate=interpolate if learning else tc.pseudo_only_steps,
     )
@@ -338,7 +339,7 @@ def retrain(
         "kind": "continual",
         "strategy": tc.strategy.model_dump(),
         "settings": _recorded(tc, lr, interpolate),
-        "started_from": root_name if start is root else current.name,
+        "started_from": started_from,
         "samples": counts,
         "expert_weight": tc.expert_weight,
         "labelled": sources.describe(),

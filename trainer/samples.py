@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.durable import atomic_write, moved_here
+from engines.durable import atomic_write, relocate_rows
 
 __all__ = ["PENDING", "SampleStore", "Sample"]
 
@@ -58,14 +58,7 @@ class SampleStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
-        self._relocate()
-
-    def _relocate(self) -> None:
-        """Rows naming a photo under another path of this store (restored or copied elsewhere) are pointed at it here."""
-        rows = self._db.execute("SELECT id, file FROM samples").fetchall()
-        moved = [(str(here), i) for i, f in rows if (here := moved_here(f, self.root)) is not None]
-        if moved:
-            self._db.executemany("UPDATE samples SET file = ? WHERE id = ?", moved)
+        relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
 
     def close(self) -> None:
         with self._lock:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.durable import atomic_write, moved_here
+from engines.durable import atomic_write, relocate_rows
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
 
@@ -66,15 +66,8 @@ class UnlabelledPool:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         self.evicted = 0
-        self._relocate()
+        relocate_rows(self._db, "pool", "id", self.root)  # restored or copied to another path: the photos here
         self._sweep()
-
-    def _relocate(self) -> None:
-        """Rows naming a photo under another path of this pool (restored or copied elsewhere) are pointed at it here."""
-        rows = self._db.execute("SELECT id, file FROM pool").fetchall()
-        moved = [(str(here), i) for i, f in rows if (here := moved_here(f, self.root)) is not None]
-        if moved:
-            self._db.executemany("UPDATE pool SET file = ? WHERE id = ?", moved)
 
     def close(self) -> None:
         with self._lock:
