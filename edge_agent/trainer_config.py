@@ -126,6 +126,11 @@ class TrainerSection(BaseModel):
         description="A retrain with expert labels also trains a candidate with the unlabelled photos its first candidate "
         "labels confidently; the field check keeps whichever is better there (doubles the retrain's time).",
     )
+    unlabelled_field_min: int = Field(
+        12,
+        ge=1,
+        description="The unlabelled term waits until the field check holds this many photos (on fewer its verdict on the term is a coin toss).",
+    )
     unlabelled_max: int = Field(400, ge=1, le=100000, description="Most unlabelled photos one retrain reads (the newest).")
     unlabelled_precision: float = Field(
         0.95,

@@ -80,7 +80,15 @@ def test_a_retrain_with_the_consistency_term_trains_a_second_candidate_and_the_f
         monkeypatch.setattr(module, "train_generation", lambda *a, **k: trained.append(k.get("consistency")) or real_train(*a, **k))
     monkeypatch.setattr(second_candidate, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
     cfg = parse_config(
-        {"trainer": {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_method": "consistency", "consistency_threshold": 0.01}}
+        {
+            "trainer": {
+                **_open_gate(tmp_path),
+                "field_check_every": 4,
+                "unlabelled_field_min": 8,
+                "unlabelled_method": "consistency",
+                "consistency_threshold": 0.01,
+            }
+        }
     )
     result = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
     term = result.metrics["unlabelled"]

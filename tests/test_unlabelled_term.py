@@ -112,10 +112,31 @@ def test_a_retrain_refuses_the_candidate_trained_with_unlabelled_photos_where_th
     for module in (retrain_mod, second_candidate):  # the first candidate, then the second
         monkeypatch.setattr(module, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))
     monkeypatch.setattr(second_candidate, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
-    cfg = parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4}})
+    cfg = parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_field_min": 8}})
     result = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
     term = result.metrics["unlabelled"]
     assert term["pool_photos"] == 24 and term["taken"] > 0 and term["kept"] is field_prefers
     assert len(trained) == 2 and trained[1] == trained[0] + term["taken"]  # a second candidate, with the photos taken
     assert samples.counts()["expert"] == 32  # the pool is not the samples
+    samples.close()
+
+
+def test_the_unlabelled_term_waits_until_the_field_check_holds_enough_photos_to_judge_it(tiny_store, tmp_path, monkeypatch):
+    from edge_agent.config import parse_config
+    from trainer import retrain as retrain_mod
+    from trainer.loop import second_candidate
+
+    from .test_recheck import _open_gate
+
+    store, samples = farm(tiny_store, tmp_path)  # 32 expert labels, every 4th held back: 8 field check photos
+    trained, asked = [], []
+    real_train = retrain_mod.train_generation
+    monkeypatch.setattr(retrain_mod, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))
+    monkeypatch.setattr(second_candidate, "teach", lambda *a, **k: asked.append(1))
+    cfg = parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4}})
+    assert cfg.trainer.unlabelled_field_min == 12  # the default this test is about
+    result = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
+    term = result.metrics["unlabelled"]
+    assert term["kept"] is False and term["field_photos"] == 8 and "8 of the 12 photos" in term["reason"]
+    assert len(trained) == 1 and not asked  # one candidate; the pool was not read
     samples.close()

@@ -277,10 +277,17 @@ def retrain(
     )
     unlabelled = None
     if tc.unlabelled_term and learning and len(field) >= tc.field_check_min:
-        progress("learning from unlabelled photos")
-        candidate, used, unlabelled = with_unlabelled(
-            candidate, used, start, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
-        )
+        if len(field) < tc.unlabelled_field_min:
+            unlabelled = {
+                "field_photos": len(field),
+                "kept": False,
+                "reason": f"the field check holds {len(field)} of the {tc.unlabelled_field_min} photos the unlabelled term waits for",
+            }
+        else:
+            progress("learning from unlabelled photos")
+            candidate, used, unlabelled = with_unlabelled(
+                candidate, used, start, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
+            )
         log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if not k.endswith("by_class")})
     del data  # a copy of the photos trained on (``used`` holds what the candidate saw): not held through the gate
     step = None
