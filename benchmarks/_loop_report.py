@@ -27,6 +27,21 @@ def _covered(rows: list[dict]) -> dict:
     }
 
 
+def _term(rows: list[dict]) -> dict:
+    """Over the seeds whose retrain that day ran the unlabelled term: the labels it gave pool photos, the share of
+    them right (where the benchmark recorded it), and in how many retrains its candidate was kept."""
+    terms = [u for x in rows if (u := (x.get("retrain") or {}).get("unlabelled")) and "taken_known" in u]
+    if not terms:
+        return {}
+    known, right = sum(u["taken_known"] for u in terms), sum(u["taken_right"] for u in terms)
+    return {
+        "term_runs": len(terms),
+        "term_taken": statistics.fmean(u["taken_known"] for u in terms),
+        "term_precision": round(right / known, 4) if known else None,
+        "term_kept": sum(bool(u.get("kept")) for u in terms),
+    }
+
+
 def summarise(reports: dict[str, list[dict]]) -> dict:
     """Per arm, over seeds: field and lab top-1 per day (mean, sd), pseudo-label precision, labels, versions."""
     arms = {}
@@ -45,6 +60,7 @@ def summarise(reports: dict[str, list[dict]]) -> dict:
                     "pseudo_precision_min": min(prec) if prec else None,
                     "expert_labels": statistics.fmean(x["expert_labels"] for x in rows),
                     **_covered(rows),
+                    **_term(rows),
                 }
             )
         retrains = [x["retrain"] for r in runs for x in r["days"] if x["retrain"] and not x["retrain"].get("skipped")]
@@ -107,6 +123,25 @@ def markdown(summary: dict, command: str) -> str:
                 cells.append(
                     f"{x['covered']:.1f} ({'-' if prec is None else f'{prec:.0%}'} right), unknown {x['unknown']:.1f} [{x['verdict_seeds']}]"
                     if "covered" in x
+                    else ""
+                )
+            lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+    if any("term_runs" in d for a in summary["arms"].values() for d in a["days"]):
+        lines.append(
+            "\nThe unlabelled term's labels (made in the trainer from the pool's field photos, not the daemon's "
+            "pseudo-labels): a retrain's mean, the share of them right, and the retrains whose candidate with them the "
+            "field check kept [retrains that ran the term]:\n"
+        )
+        lines.append("| day | " + " | ".join(arms) + " |")
+        lines.append("|---|" + "---|" * len(arms))
+        for d in range(n):
+            cells = []
+            for a in arms:
+                x = summary["arms"][a]["days"][d] if d < len(summary["arms"][a]["days"]) else {}
+                prec = x.get("term_precision")
+                cells.append(
+                    f"{x['term_taken']:.0f} ({'-' if prec is None else f'{prec:.0%}'} right), kept {x['term_kept']} [{x['term_runs']}]"
+                    if "term_runs" in x
                     else ""
                 )
             lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")

@@ -27,6 +27,7 @@ Writes ``DIR/<arm>/seed-<N>/report.json``; a run with a report is not run again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import random
@@ -169,6 +170,28 @@ class _Answer:
     origin: None = None
 
 
+@contextlib.contextmanager
+def _term_labels(truth: dict[str, int]):
+    """While a retrain runs: how many of the labels its unlabelled term gave pool photos were right (the benchmark
+    knows each photo's class; the trainer does not), filled into the dict yielded."""
+    from trainer.loop import second_candidate
+
+    real, seen = second_candidate.teach, {}
+
+    def teach(*a, **k):
+        term = real(*a, **k)
+        if term.data is not None:
+            known = [(truth.get(i), int(y)) for i, y in zip(term.data.sample_ids, term.data.y.tolist()) if truth.get(i) is not None]
+            seen.update(taken_known=len(known), taken_right=sum(t == y for t, y in known))
+        return term
+
+    second_candidate.teach = teach
+    try:
+        yield seen
+    finally:
+        second_candidate.teach = real
+
+
 class _FastDevice:
     """The daemon's labelling, the expert and the trainer, in this process."""
 
@@ -278,8 +301,11 @@ class _FastDevice:
         waiting = too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min)
         if waiting:  # as the service does: no retrain spent on a candidate the field check could not judge
             return {"published": None, "reason": waiting, "skipped": True}
-        r = retrain(self.cfg, self.store, self.samples, self.state / "trainer" / "strategy")
+        with _term_labels(self.truth) as taken:
+            r = retrain(self.cfg, self.store, self.samples, self.state / "trainer" / "strategy")
         gate = r.metrics.get("gate", {})
+        if r.metrics.get("unlabelled") and taken:
+            r.metrics["unlabelled"].update(taken)
         return {
             "published": r.published,
             "reason": r.reason,

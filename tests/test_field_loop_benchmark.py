@@ -197,3 +197,37 @@ def test_a_days_verdicts_count_only_confident_answers_at_trust_from_as_covered_a
     assert [d["covered_precision"] for d in summary["arms"]["device"]["days"]] == [0.5, 1.0]
     text = markdown(json.loads(json.dumps(summary)), "cmd")
     assert "| 1 | 2.0 (50% right), unknown 0.0 [1] |" in text and "| 2 | 4.0 (100% right)" in text
+
+
+def test_the_unlabelled_terms_labels_are_scored_against_the_truth_while_a_retrain_runs_and_summarised_per_day():
+    import torch
+
+    from benchmarks._loop_report import markdown
+    from benchmarks.field_loop import _term_labels
+    from trainer.loop import second_candidate
+    from trainer.loop.unlabelled_term import Term
+    from trainer.strategies.base import Generation
+
+    given = Generation(torch.zeros(3, 3, 4, 4), torch.tensor([1, 2, 0]), sample_ids=["a", "b", "z"])
+    real = second_candidate.teach
+    second_candidate.teach = lambda *a, **k: Term(given, {"taken": 3})
+    try:
+        with _term_labels({"a": 1, "b": 0}) as taken:  # "z": a photo the benchmark does not know is not scored
+            assert second_candidate.teach().data is given
+        assert second_candidate.teach is not real and taken == {"taken_known": 2, "taken_right": 1}
+    finally:
+        second_candidate.teach = real
+    with _term_labels({}) as untouched:
+        pass
+    assert second_candidate.teach is real and untouched == {}  # put back; nothing scored without a term
+
+    def run(seed, kept):
+        day = _day(2, 0.5, "v1001")
+        day["retrain"]["unlabelled"] = {"taken_known": 10 * seed, "taken_right": 9 * seed, "kept": kept}
+        return {"settings": {"seed": seed}, "start": {"field": 0.1, "lab": 0.9}, "days": [_day(1, 0.1), day]}
+
+    summary = summarise({"device": [run(1, True), run(2, False)]})
+    day2 = summary["arms"]["device"]["days"][1]
+    assert (day2["term_runs"], day2["term_taken"], day2["term_precision"], day2["term_kept"]) == (2, 15, 0.9, 1)
+    assert "term_runs" not in summary["arms"]["device"]["days"][0]
+    assert "| 2 | 15 (90% right), kept 1 [2] |" in markdown(summary, "cmd")
