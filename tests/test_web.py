@@ -592,3 +592,25 @@ def test_a_thousand_idle_connections_neither_take_the_page_down_nor_flood_the_lo
         assert proc.wait(10) == 0
     text = log.read_text()
     assert "Traceback" not in text and text.count("connections_closed") <= 2 and len(text) < 20_000
+
+
+def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version_and_if_not_why(state):
+    store = resolve_store(AppConfig(), state)
+    v1 = store.open(SHIPPED)
+    base = {k: v for k, v in v1.manifest.items() if k not in ("version", "files", "created", "parent", "metrics")}
+    gate = {"publish": True, "reason": "not worse", "candidate_top1": 0.9, "current_top1": 0.9, "tolerance": 0.02}
+    terms = [
+        {"taken": 57, "kept": True},
+        {"taken": 90, "kept": False},
+        {"field_photos": 6, "kept": False, "reason": "the field check holds 6 of the 12 photos the unlabelled term waits for"},
+    ]
+    names = [
+        store.publish({n: v1.path / n for n in v1.manifest["files"]}, {**base, "metrics": {"gate": gate, "unlabelled": t}}).name
+        for t in terms
+    ]
+    page = client(state).get("/engines").text
+    cell = {n: page.split(f'data-version="{n}"')[1].split('class="small trained-on"')[1].split("</td>")[0] for n in [*names, SHIPPED]}
+    assert "57 unlabelled photos" in cell[names[0]] and "no unlabelled" not in cell[names[0]]
+    assert "no unlabelled photos: the field check preferred the candidate without them" in cell[names[1]]
+    assert "no unlabelled photos: the field check holds 6 of the 12 photos" in cell[names[2]]
+    assert "unlabelled" not in cell[SHIPPED]  # the shipped model: trained before any field photo
