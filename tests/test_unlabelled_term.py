@@ -140,3 +140,34 @@ def test_the_unlabelled_term_waits_until_the_field_check_holds_enough_photos_to_
     assert term["kept"] is False and term["field_photos"] == 8 and "8 of the 12 photos" in term["reason"]
     assert len(trained) == 1 and not asked  # one candidate; the pool was not read
     samples.close()
+
+
+@pytest.mark.parametrize(
+    "term, says",
+    [
+        ({"taken": 57, "kept": True}, "unlabelled photos in the last retrain: 57 taught it"),
+        ({"taken": 90, "kept": False}, "none kept: the field check preferred the candidate without them"),
+        (
+            {"field_photos": 6, "kept": False, "reason": "the field check holds 6 of the 12 photos the unlabelled term waits for"},
+            "none kept: the field check holds 6 of the 12 photos the unlabelled term waits for",
+        ),
+    ],
+)
+def test_trainer_status_says_whether_the_unlabelled_photos_taught_the_last_retrain_and_if_not_why(tmp_path, term, says):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    status = tmp_path / "trainer" / "status.json"
+    status.parent.mkdir(parents=True)
+    last = {"published": "v0002", "reason": "candidate is not worse", "samples": 40, "seconds": 1.0, "metrics": {"unlabelled": term}}
+    status.write_text(json.dumps({"state": "idle", "samples": {"expert": 40}, "last_retrain": last}))
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "status", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+    )
+    assert out.returncode == 0, out.stderr
+    assert says in out.stdout

@@ -99,6 +99,11 @@ def _status(args: argparse.Namespace) -> int:
             f"unlabelled: {pool['photos']} photos from {devices} device{'' if devices == 1 else 's'} "
             f"({pool.get('bytes', 0) / 2**20:.1f} MiB; at most {pool.get('limit_photos')} photos, {pool.get('limit_bytes', 0) >> 20} MiB)"
         )
+    term = (last or {}).get("metrics", {}).get("unlabelled")
+    if term:
+        taught = term.get("taken", term.get("pool_photos", 0))
+        why = term.get("reason") or "the field check preferred the candidate without them"
+        print(f"unlabelled photos in the last retrain: {f'{taught} taught it' if term.get('kept') else f'none kept: {why}'}")
     nxt = st.get("next_publish") or {}
     if nxt.get("sentence") and not st.get("blocked"):
         print(f"next: {nxt['sentence']}")
