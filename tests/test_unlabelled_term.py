@@ -62,13 +62,19 @@ def test_a_teacher_not_right_often_enough_on_the_field_check_teaches_nothing():
     assert none.data is None and none.summary["reason"] == "no unlabelled photos"
 
 
-def test_the_field_check_prefers_the_candidate_right_on_more_photos_or_as_many_more_surely():
+def test_the_field_check_prefers_the_candidate_right_on_more_photos_or_as_many_surely_beyond_the_noise():
     y = torch.tensor([0, 1, 2, 0])
     good, bad = Fixed([0, 1, 2, 0]).eval(), Fixed([0, 1, 2, 1]).eval()
     assert prefer(good, bad, _photos(4), y)[0] and not prefer(bad, good, _photos(4), y)[0]
+    surer, less_sure = Sure([0, 1, 2, 0], [0.99] * 4).eval(), Sure([0, 1, 2, 0], [0.6] * 4).eval()
+    better, figures = prefer(surer, less_sure, _photos(4), y)  # all right; surer on every photo alike: no noise
+    assert better and figures["field_top1_with"] == figures["field_top1_without"] == 1.0
+    assert not prefer(less_sure, surer, _photos(4), y)[0]
     surer, less_sure = Sure([0, 1, 2, 1], [0.99] * 4).eval(), Sure([0, 1, 2, 1], [0.6] * 4).eval()
-    better, figures = prefer(less_sure, surer, _photos(4), y)  # as many right; the surer one's one mistake costs more
-    assert better and figures["field_top1_with"] == figures["field_top1_without"] == 0.75
+    better, figures = prefer(less_sure, surer, _photos(4), y)  # as many right; the surer one's one mistake costs more ...
+    assert figures["field_log_loss_with"] < figures["field_log_loss_without"]
+    assert not better and figures["field_log_loss_standard_error"] > figures["field_log_loss_without"] - figures["field_log_loss_with"]
+    # ... but on one photo of four, against three where it costs less: within one standard error, so the first stays
 
 
 def _pool(root, classes, n: int = 24):

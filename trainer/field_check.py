@@ -130,16 +130,19 @@ def field_gate(
 
 def prefer(second: Classifier, first: Classifier, x: torch.Tensor, y: torch.Tensor) -> tuple[bool, dict]:
     """Whether the field check set (``x``, ``y``) prefers ``second`` to ``first``: right on more photos, or on as many
-    with a lower log-loss; and the figures."""
+    with a log-loss lower by more than one standard error (as for BatchNorm statistics, :func:`adapt_batchnorm`: a
+    lower log-loss within the noise kept candidates that were worse held out); and the figures."""
     right2, loss2 = _scores(second, x, y)
     right1, loss1 = _scores(first, x, y)
     a, b = float(right2.sum()), float(right1.sum())
-    better = a > b or (a == b and float(loss2.mean()) < float(loss1.mean()))
+    gain, se = _paired(loss1, loss2) if len(y) else (0.0, 0.0)  # > 0: the second has the lower log-loss
+    better = a > b or (a == b and gain > se)
     figures = {
         "field_top1_with": round(a / max(1, len(y)), 4),
         "field_top1_without": round(b / max(1, len(y)), 4),
         "field_log_loss_with": round(float(loss2.mean()), 4) if len(y) else None,
         "field_log_loss_without": round(float(loss1.mean()), 4) if len(y) else None,
+        "field_log_loss_standard_error": round(se, 4),
     }
     return better, figures
 

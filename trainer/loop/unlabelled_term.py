@@ -10,7 +10,7 @@ at or above it join the training data as pseudo-labels (weight: the teacher's co
 brought down to the median class's share, so one class cannot take over), and a second candidate is trained from the
 same parent on augmented views of everything (the strong view: the training loop's augmentation). The field check then
 decides, as it does for BatchNorm statistics adapted to the field: the second candidate is kept only where it is right
-on more of the field check set than the first (or as often, with a lower log-loss).
+on more of the field check set than the first (or as often, with a log-loss lower by more than one standard error).
 """
 
 from __future__ import annotations
