@@ -614,3 +614,5 @@ def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version
     assert "no unlabelled photos: the field check preferred the candidate without them" in cell[names[1]]
     assert "no unlabelled photos: the field check holds 6 of the 12 photos" in cell[names[2]]
     assert "unlabelled" not in cell[SHIPPED]  # the shipped model: trained before any field photo
+    assert "release (efficientnet-lite0, fine-tuned from ImageNet weights)" in page.split(f'data-version="{SHIPPED}"')[1]
+    assert "release (LeafNet5, trained from scratch)" in page.split('data-version="v1000"')[1]
