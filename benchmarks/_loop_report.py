@@ -113,39 +113,48 @@ def markdown(summary: dict, command: str) -> str:
             "expert labels one, a pseudo-label once its class is trusted), mean a day, and the share of them right; photos "
             "called `unknown`, mean a day (seeds that recorded verdicts):\n"
         )
-        lines.append("| day | " + " | ".join(arms) + " |")
-        lines.append("|---|" + "---|" * len(arms))
-        for d in range(n):
-            cells = []
-            for a in arms:
-                x = summary["arms"][a]["days"][d] if d < len(summary["arms"][a]["days"]) else {}
-                prec = x.get("covered_precision")
-                cells.append(
-                    f"{x['covered']:.1f} ({'-' if prec is None else f'{prec:.0%}'} right), unknown {x['unknown']:.1f} [{x['verdict_seeds']}]"
-                    if "covered" in x
-                    else ""
-                )
-            lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+        _day_table(
+            lines,
+            summary,
+            arms,
+            n,
+            lambda x: (
+                f"{x['covered']:.1f} ({_share(x.get('covered_precision'))} right), unknown {x['unknown']:.1f} [{x['verdict_seeds']}]"
+                if "covered" in x
+                else ""
+            ),
+        )
     if any("term_runs" in d for a in summary["arms"].values() for d in a["days"]):
         lines.append(
             "\nThe unlabelled term's labels (made in the trainer from the pool's field photos, not the daemon's "
             "pseudo-labels): a retrain's mean, the share of them right, and the retrains whose candidate with them the "
             "field check kept [retrains that ran the term]:\n"
         )
-        lines.append("| day | " + " | ".join(arms) + " |")
-        lines.append("|---|" + "---|" * len(arms))
-        for d in range(n):
-            cells = []
-            for a in arms:
-                x = summary["arms"][a]["days"][d] if d < len(summary["arms"][a]["days"]) else {}
-                prec = x.get("term_precision")
-                cells.append(
-                    f"{x['term_taken']:.0f} ({'-' if prec is None else f'{prec:.0%}'} right), kept {x['term_kept']} [{x['term_runs']}]"
-                    if "term_runs" in x
-                    else ""
-                )
-            lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+        _day_table(
+            lines,
+            summary,
+            arms,
+            n,
+            lambda x: (
+                f"{x['term_taken']:.0f} ({_share(x.get('term_precision'))} right), kept {x['term_kept']} [{x['term_runs']}]"
+                if "term_runs" in x
+                else ""
+            ),
+        )
     return "\n".join(lines) + "\n"
+
+
+def _share(p: float | None) -> str:
+    return "-" if p is None else f"{p:.0%}"
+
+
+def _day_table(lines: list[str], summary: dict, arms: list[str], n: int, cell) -> None:
+    """A table of one row a day and one column an arm, each cell ``cell(that day's summary)``."""
+    lines.append("| day | " + " | ".join(arms) + " |")
+    lines.append("|---|" + "---|" * len(arms))
+    for d in range(n):
+        cells = [cell(summary["arms"][a]["days"][d] if d < len(summary["arms"][a]["days"]) else {}) for a in arms]
+        lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
 
 
 def plot(summary: dict, path: Path, day_size: int = 100) -> None:
