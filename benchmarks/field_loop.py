@@ -219,6 +219,7 @@ class _FastDevice:
         self.unlabelled = UnlabelledPool(self.state / "trainer", tc.unlabelled_pool, tc.unlabelled_pool_mb << 20)
         self.rng = random.Random(s.seed)
         self.expert_labels = 0
+        self.day_started = time.time()
 
     def classify(self, photos: list) -> list[tuple[str, str, str]]:
         """The day's photos through the daemon's policy; (sha256, kind queued or '', label) per photo."""
@@ -277,7 +278,7 @@ class _FastDevice:
         """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store; then
         the day's share of unlabelled review-pool photos, into the trainer's unlabelled pool."""
         from edge_agent.handoff.sender import sample_header
-        from edge_agent.handoff.unlabelled import choose, start_of_day
+        from edge_agent.handoff.unlabelled import choose
 
         for e in self.db.queued_for_delivery(10**6):
             self.samples.add(sample_header(e, e.file), Path(e.file).read_bytes())
@@ -285,7 +286,9 @@ class _FastDevice:
             self.db.remove_queued([e.sha256])
             self.spool.remove(Path(e.file))
         per_day = self.cfg.handoff.unlabelled_per_day
-        sent = self.db.unlabelled_sent_since(start_of_day())  # the benchmark's day is one local day's share
+        # each benchmark day is one local day's share: its days pass in minutes, so counted from local midnight every
+        # day after the first would find the share already spent (as every loop run before 2026-11-28 did)
+        sent = self.db.unlabelled_sent_since(self.day_started)
         for e, verdict in choose(self.db.unlabelled_candidates(4 * per_day), sent, per_day):
             self.unlabelled.add(sample_header(e, e.file) | {"kind": "unlabelled", "verdict": verdict}, Path(e.file).read_bytes())
             self.db.mark_unlabelled_sent(e.sha256, e.label or "", verdict)
@@ -317,6 +320,7 @@ class _FastDevice:
         }
 
     def day(self, photos: list) -> dict:
+        self.day_started = time.time()
         outcome = self.classify(photos)
         experts = self.ask_expert()
         self.hand_over()

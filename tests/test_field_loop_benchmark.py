@@ -231,3 +231,26 @@ def test_the_unlabelled_terms_labels_are_scored_against_the_truth_while_a_retrai
     assert (day2["term_runs"], day2["term_taken"], day2["term_precision"], day2["term_kept"]) == (2, 15, 0.9, 1)
     assert "term_runs" not in summary["arms"]["device"]["days"][0]
     assert "| 2 | 15 (90% right), kept 1 [2] |" in markdown(summary, "cmd")
+
+
+def test_each_benchmark_day_hands_over_its_own_share_of_unlabelled_photos_though_the_days_share_one_wall_clock_day(tmp_path, tiny_store):
+    """The fast loop's days pass in minutes: a share counted from local midnight gave the trainer the first day's
+    photos only (the pool of every v4000 loop run held about 90 photos, all from day 1)."""
+    from benchmarks.field_loop import LoopSettings, _FastDevice
+
+    from .conftest import encode, leaf_image
+
+    photos = []
+    for i in range(12):
+        (tmp_path / f"{i}.jpg").write_bytes(encode(leaf_image(i, (180, 160))))
+        photos.append((str(tmp_path / f"{i}.jpg"), 0))
+    s = LoopSettings(arm="none", store=str(tiny_store), overrides={"handoff": {"unlabelled_per_day": 4}})
+    device = _FastDevice(s, tmp_path / "run", truth={})
+    try:
+        pooled = []
+        for day in (photos[:6], photos[6:]):
+            device.day(day)
+            pooled.append(len(device.unlabelled.photos()))
+    finally:
+        device.close()
+    assert pooled == [4, 8]
