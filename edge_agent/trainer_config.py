@@ -138,6 +138,12 @@ class TrainerSection(BaseModel):
         le=1,
         description="The unlabelled term takes the teacher's answers from the confidence at which it is this often right on the field check.",
     )
+    unlabelled_floor: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="The unlabelled term never takes an answer less sure than this, nor one its mirror image does not get as surely.",
+    )
     unlabelled_method: Literal["self_training", "consistency"] = Field(
         "self_training",
         description="How the unlabelled term learns: `self_training` (the first candidate's sure answers as labels) or "

@@ -26,6 +26,13 @@ def test_the_threshold_is_the_lowest_confidence_the_field_check_shows_right_ofte
     assert fit_threshold(np.array([0.9, 0.9, 0.5]), np.array([True, False, True]), precision=0.9, least=1) is None  # ties go together
 
 
+def _symmetric(n: int) -> torch.Tensor:
+    """Photos i = 0..n-1 that read i (:class:`Sure`'s index) mirrored as well."""
+    x = _photos(n)
+    x[:, 0, 0, -1] = x[:, 0, 0, 0]
+    return x
+
+
 class Sure(torch.nn.Module):
     """Answers ``answers[i]`` for photo i (its first pixel) with probability ``p``."""
 
@@ -47,11 +54,35 @@ def test_the_teacher_labels_only_the_unlabelled_photos_above_the_confidence_fitt
     p = [0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.70, 0.65] + [0.99, 0.97, 0.80, 0.95, 0.50, 0.96]
     teacher = Sure(answers, p).eval()
     field_x, field_y = _photos(8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
-    x = _photos(14)[8:]
+    x = _symmetric(14)[8:]
     term = teach(teacher, x, [f"u{i}" for i in range(6)], field_x, field_y, precision=0.95, should_stop=lambda: False)
     assert term.summary["threshold"] == pytest.approx(0.94, abs=1e-4)  # right from 0.94 up; 0.70 and 0.65 are wrong
     assert term.data.sample_ids == ["u0", "u1", "u3", "u5"] and term.data.y.tolist() == [0, 1, 0, 2]
     assert term.data.pseudo.all() and torch.allclose(term.data.weight, torch.tensor([0.99, 0.97, 0.95, 0.96]), atol=1e-4)
+
+
+class Mirrored(Sure):
+    """:class:`Sure`, but answering class 2 for a photo whose right half is darker than its left (a mirrored photo)."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        flipped = x[:, 0, 0, -1] < x[:, 0, 0, 0]
+        out[flipped] = torch.tensor([0.005, 0.005, 0.99]).log()
+        return out
+
+
+def test_the_floor_raises_a_lower_fitted_threshold_and_a_photo_whose_mirror_image_gets_another_answer_is_not_taken():
+    answers = [0, 1, 2, 0, 1, 2, 2, 2] + [0, 1, 2, 0, 1, 2]
+    p = [0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.70, 0.65] + [0.999, 0.97, 0.80, 0.995, 0.50, 0.996]
+    field_x, field_y = _symmetric(8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    x = _symmetric(14)[8:]
+    term = teach(Sure(answers, p).eval(), x, [f"u{i}" for i in range(6)], field_x, field_y, precision=0.95, floor=0.99)
+    assert term.summary["threshold_fitted"] == pytest.approx(0.94, abs=1e-4) and term.summary["threshold"] == 0.99
+    assert term.data.sample_ids == ["u0", "u3", "u5"] and term.summary["mirror_disagreed"] == 0  # 0.97 and 0.95: under the floor
+    x = x.clone()
+    x[3, :, :, -1] = x[3, :, :, 0] + 1  # photo u3 reads another class when mirrored (its edge is lighter on the right)
+    term = teach(Mirrored(answers, p).eval(), x, [f"u{i}" for i in range(6)], field_x, field_y, precision=0.95, floor=0.99)
+    assert term.data.sample_ids == ["u0", "u5"] and term.summary["mirror_disagreed"] == 1 and term.summary["taken"] == 2
 
 
 def test_a_teacher_not_right_often_enough_on_the_field_check_teaches_nothing():
@@ -113,7 +144,9 @@ def test_a_retrain_refuses_the_candidate_trained_with_unlabelled_photos_where_th
 
     store, samples = farm(tiny_store, tmp_path)
     real_teach, trained = second_candidate.teach, []
-    monkeypatch.setattr(second_candidate, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **k))  # any confidence: the tiny model is unsure
+    monkeypatch.setattr(
+        second_candidate, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **{**k, "floor": 0.0})
+    )  # the tiny model is unsure
     real_train = retrain_mod.train_generation
     for module in (retrain_mod, second_candidate):  # the first candidate, then the second
         monkeypatch.setattr(module, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))

@@ -21,7 +21,7 @@ def with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpola
     x, ids = load_unlabelled(photos, exclude, tc.unlabelled_max, spec, should_stop)
     if tc.unlabelled_method == "consistency":
         return _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop)
-    term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, should_stop)
+    term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, floor=tc.unlabelled_floor, should_stop=should_stop)
     del x  # the photos it took are copied into term.data; the rest need no memory while the second candidate trains
     summary = {**term.summary, "kept": False}
     if term.data is None:
