@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main", "rules"]
+__all__ = ["main", "replay", "rules", "summary"]
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -39,36 +39,35 @@ def _expected(conf: np.ndarray, precision: float) -> np.ndarray:
     return keep
 
 
-def rules(check_logits, check_y, pool_logits, mirror_logits, precision=0.95, floor=0.99) -> dict[str, np.ndarray]:
-    """Each rule's choice of pool photos (boolean masks); ``mirror_logits``: the pool photos mirrored left to right."""
-    from trainer.loop.unlabelled_term import fit_threshold
-
-    pc, pp = _softmax(check_logits), _softmax(pool_logits)
-    right = pc.argmax(1) == check_y
-    least = max(2, len(check_y) // 8)
-    out = {}
-    tau = fit_threshold(pc.max(1), right, precision, least)
-    out["fitted on the check set (before)"] = pp.max(1) >= tau if tau is not None else np.zeros(len(pp), bool)
-    pm = _softmax(mirror_logits)
-    sure = max(tau if tau is not None else 2.0, floor)
-    agree = (pm.argmax(1) == pp.argmax(1)) & (pm.max(1) >= sure)
-    out[f"fitted, never below {floor}"] = pp.max(1) >= sure
-    out[f"fitted, never below {floor}, mirror agrees (shipped)"] = (pp.max(1) >= sure) & agree
+def rules(check_logits, check_y, pool_logits, mirror_logits, precision=0.95, floor=0.99) -> tuple[dict[str, np.ndarray], float]:
+    """Each rule's choice of pool photos (boolean masks), and the temperature fitted on the check set;
+    ``mirror_logits``: the pool photos mirrored left to right."""
     import torch
 
     from trainer.calibrate import fit_temperature
+    from trainer.loop.unlabelled_term import fit_threshold
 
-    t = max(1.0, fit_temperature(torch.from_numpy(check_logits), torch.from_numpy(check_y)))
-    out["calibrated: T on check, pool mean >= p"] = _expected(_softmax(pool_logits / t).max(1), precision)
-    out["calibrated T, each photo >= p"] = _softmax(pool_logits / t).max(1) >= precision
-    out["raw pool mean >= p"] = _expected(pp.max(1), precision)
+    pc, pp, pm = _softmax(check_logits), _softmax(pool_logits), _softmax(mirror_logits)
+    conf = pp.max(1)
+    tau = fit_threshold(pc.max(1), pc.argmax(1) == check_y, precision, max(2, len(check_y) // 8))
+    sure = max(2.0 if tau is None else tau, floor)  # no fitted threshold: nothing taken, as in the trainer
+    t = max(1.0, fit_temperature(torch.from_numpy(check_logits), torch.from_numpy(check_y)))  # never sharpened
+    calibrated = _softmax(pool_logits / t).max(1)
+    out = {
+        "fitted on the check set (before)": conf >= (2.0 if tau is None else tau),
+        f"fitted, never below {floor}": conf >= sure,
+        f"fitted, never below {floor}, mirror agrees (shipped)": (conf >= sure) & (pm.argmax(1) == pp.argmax(1)) & (pm.max(1) >= sure),
+        "temperature on the check set, pool mean >= p": _expected(calibrated, precision),
+        "temperature on the check set, each >= p": calibrated >= precision,
+        "raw, pool mean >= p": _expected(conf, precision),
+    }
     for fixed in (0.97, 0.99, 0.995):
-        out[f"raw >= {fixed}"] = pp.max(1) >= fixed
-    out["_T"] = t
-    return out
+        out[f"raw >= {fixed}"] = conf >= fixed
+    return out, t
 
 
-def replay(run: Path) -> list[dict]:
+def replay(run: Path) -> tuple[list[dict], list[dict]]:
+    """Per retrain of the kept run under ``run``: each rule's (taken, right); and the logits it was decided on."""
     import torch
 
     from benchmarks.field_loop import split_field
@@ -119,26 +118,10 @@ def replay(run: Path) -> list[dict]:
             py = np.array([y for _, y in pool])
             cl, pl = logits_of(model, cx), logits_of(model, px)
             fl = logits_of(model, torch.flip(px, dims=[3]))  # every photo mirrored left to right
-            dump.append(
-                {
-                    "seed": s["seed"],
-                    "day": i + 1,
-                    "check_logits": cl.tolist(),
-                    "check_y": cy.tolist(),
-                    "pool_logits": pl.tolist(),
-                    "mirror_logits": fl.tolist(),
-                    "pool_y": py.tolist(),
-                }
-            )
-            chosen = rules(cl, cy, pl, fl)
-            row = {
-                "seed": s["seed"],
-                "day": i + 1,
-                "teacher": teacher_name,
-                "check": len(cy),
-                "pool": len(py),
-                "T": round(chosen.pop("_T"), 3),
-            }
+            chosen, t = rules(cl, cy, pl, fl)
+            row = {"seed": s["seed"], "day": i + 1, "teacher": teacher_name, "check": len(cy), "pool": len(py), "T": round(t, 3)}
+            logits = {"check_logits": cl, "pool_logits": pl, "mirror_logits": fl}
+            dump.append(row | {k: np.round(v, 4).tolist() for k, v in logits.items()} | {"check_y": cy.tolist(), "pool_y": py.tolist()})
             answer = pl.argmax(1)
             for name, keep in chosen.items():
                 row[name] = [int(keep.sum()), int((answer[keep] == py[keep]).sum())]

@@ -210,3 +210,23 @@ def test_trainer_status_says_whether_the_unlabelled_photos_taught_the_last_retra
     )
     assert out.returncode == 0, out.stderr
     assert says in out.stdout
+
+
+def test_the_threshold_replay_scores_each_rule_and_only_the_shipped_one_drops_a_sure_answer_its_mirror_image_contradicts():
+    from benchmarks.term_threshold import rules, summary
+
+    def logits(rows):  # (probability, class) per photo, three classes
+        return np.log(np.array([[p if c == k else (1 - p) / 2 for k in range(3)] for p, c in rows]))
+
+    check = logits([(0.999, 0), (0.98, 1), (0.96, 2), (0.5, 0)])  # right from 0.96 up; the 0.5 answer is wrong (truth 1)
+    pool = logits([(0.995, 0), (0.995, 1), (0.97, 2), (0.5, 0)])
+    mirror = logits([(0.995, 0), (0.995, 2), (0.97, 2), (0.5, 0)])  # photo 1 mirrored reads class 2
+    chosen, t = rules(check, np.array([0, 1, 2, 1]), pool, mirror)
+    assert chosen["fitted on the check set (before)"].tolist() == [True, True, True, False]
+    assert chosen["fitted, never below 0.99"].tolist() == [True, True, False, False]
+    assert chosen["fitted, never below 0.99, mirror agrees (shipped)"].tolist() == [True, False, False, False]
+    assert t >= 1.0  # a temperature fitted on a check set is never allowed to sharpen the teacher
+    table = summary(
+        [{"seed": 1, "a rule": [4, 3], "a rule taking none": [0, 0]}, {"seed": 2, "a rule": [2, 2], "a rule taking none": [0, 0]}]
+    )
+    assert "| a rule | 6 | 5 | 0.833 | 1 of 2 | 0.750 |" in table and "| a rule taking none | 0 | | | | |" in table
