@@ -28,16 +28,19 @@ def _covered(rows: list[dict]) -> dict:
 
 
 def _term(rows: list[dict]) -> dict:
-    """Over the seeds whose retrain that day ran the unlabelled term: the labels it gave pool photos, the share of
-    them right (where the benchmark recorded it), and in how many retrains its candidate was kept."""
+    """Over the seeds whose retrain that day ran the unlabelled term: the pool photos it read, the labels it gave them,
+    the share of them right (where the benchmark recorded it; and the worst retrain's), and in how many retrains its
+    candidate was kept."""
     terms = [u for x in rows if (u := (x.get("retrain") or {}).get("unlabelled")) and "taken_known" in u]
     if not terms:
         return {}
     known, right = sum(u["taken_known"] for u in terms), sum(u["taken_right"] for u in terms)
     return {
         "term_runs": len(terms),
+        "term_pool": statistics.fmean(u.get("pool_photos", 0) for u in terms),
         "term_taken": statistics.fmean(u["taken_known"] for u in terms),
         "term_precision": round(right / known, 4) if known else None,
+        "term_precision_min": min((round(u["taken_right"] / u["taken_known"], 4) for u in terms if u["taken_known"]), default=None),
         "term_kept": sum(bool(u.get("kept")) for u in terms),
     }
 
@@ -127,8 +130,8 @@ def markdown(summary: dict, command: str) -> str:
     if any("term_runs" in d for a in summary["arms"].values() for d in a["days"]):
         lines.append(
             "\nThe unlabelled term's labels (made in the trainer from the pool's field photos, not the daemon's "
-            "pseudo-labels): a retrain's mean, the share of them right, and the retrains whose candidate with them the "
-            "field check kept [retrains that ran the term]:\n"
+            "pseudo-labels): a retrain's mean of the pool photos it read, of the labels it gave, the share of them right "
+            "(the worst retrain's), and the retrains whose candidate with them the field check kept [retrains that ran the term]:\n"
         )
         _day_table(
             lines,
@@ -136,7 +139,8 @@ def markdown(summary: dict, command: str) -> str:
             arms,
             n,
             lambda x: (
-                f"{x['term_taken']:.0f} ({_share(x.get('term_precision'))} right), kept {x['term_kept']} [{x['term_runs']}]"
+                f"{x['term_taken']:.0f} of {x['term_pool']:.0f} ({_share(x.get('term_precision'))} right, worst "
+                f"{_share(x.get('term_precision_min'))}), kept {x['term_kept']} [{x['term_runs']}]"
                 if "term_runs" in x
                 else ""
             ),

@@ -223,14 +223,15 @@ def test_the_unlabelled_terms_labels_are_scored_against_the_truth_while_a_retrai
 
     def run(seed, kept):
         day = _day(2, 0.5, "v1001")
-        day["retrain"]["unlabelled"] = {"taken_known": 10 * seed, "taken_right": 9 * seed, "kept": kept}
+        day["retrain"]["unlabelled"] = {"pool_photos": 100 * seed, "taken_known": 10 * seed, "taken_right": 9 * seed - 1, "kept": kept}
         return {"settings": {"seed": seed}, "start": {"field": 0.1, "lab": 0.9}, "days": [_day(1, 0.1), day]}
 
     summary = summarise({"device": [run(1, True), run(2, False)]})
     day2 = summary["arms"]["device"]["days"][1]
-    assert (day2["term_runs"], day2["term_taken"], day2["term_precision"], day2["term_kept"]) == (2, 15, 0.9, 1)
+    assert (day2["term_runs"], day2["term_pool"], day2["term_taken"], day2["term_kept"]) == (2, 150, 15, 1)
+    assert (day2["term_precision"], day2["term_precision_min"]) == (0.8333, 0.8)  # 25 of 30 pooled; the worst retrain 8 of 10
     assert "term_runs" not in summary["arms"]["device"]["days"][0]
-    assert "| 2 | 15 (90% right), kept 1 [2] |" in markdown(summary, "cmd")
+    assert "| 2 | 15 of 150 (83% right, worst 80%), kept 1 [2] |" in markdown(summary, "cmd")
 
 
 def test_each_benchmark_day_hands_over_its_own_share_of_unlabelled_photos_though_the_days_share_one_wall_clock_day(tmp_path, tiny_store):
