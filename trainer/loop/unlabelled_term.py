@@ -119,7 +119,7 @@ def teach(
     keep[sure] = (mirrored.argmax(1) == label[sure]) & (mirrored.max(1) >= tau)
     summary.update(threshold=round(tau, 4), taken=int(keep.sum()), mirror_disagreed=int(sure.sum() - keep.sum()))
     if not keep.any():
-        return Term(None, {**summary, "reason": "no unlabelled photo at the fitted confidence"})
+        return Term(None, {**summary, "reason": f"no unlabelled photo answered {tau:.3f} or surer, and alike mirrored"})
     rows = torch.from_numpy(np.flatnonzero(keep))
     data = Generation(
         x[rows],
