@@ -19,13 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_agent.classifier import softmax
+
 __all__ = ["main", "replay", "rules", "summary"]
-
-
-def _softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(1, keepdims=True)
 
 
 def _expected(conf: np.ndarray, precision: float) -> np.ndarray:
@@ -47,12 +43,12 @@ def rules(check_logits, check_y, pool_logits, mirror_logits, precision=0.95, flo
     from trainer.calibrate import fit_temperature
     from trainer.loop.unlabelled_term import fit_threshold
 
-    pc, pp, pm = _softmax(check_logits), _softmax(pool_logits), _softmax(mirror_logits)
+    pc, pp, pm = softmax(check_logits), softmax(pool_logits), softmax(mirror_logits)
     conf = pp.max(1)
     tau = fit_threshold(pc.max(1), pc.argmax(1) == check_y, precision, max(2, len(check_y) // 8))
     sure = max(2.0 if tau is None else tau, floor)  # no fitted threshold: nothing taken, as in the trainer
     t = max(1.0, fit_temperature(torch.from_numpy(check_logits), torch.from_numpy(check_y)))  # never sharpened
-    calibrated = _softmax(pool_logits / t).max(1)
+    calibrated = softmax(pool_logits / t).max(1)
     out = {
         "fitted on the check set (before)": conf >= (2.0 if tau is None else tau),
         f"fitted, never below {floor}": conf >= sure,
