@@ -11,7 +11,10 @@ the hot path and verifies it:
 5. on the recent confident photos ("golden" photos, kept by the pipeline, and
    kept across restarts in ``<state>/golden.npz`` for the engine that labelled
    them) the new engine agrees with the old one on at least ``min_agreement``, in
-   all and on each class two or more of them were labelled.
+   all and on each class two or more of them were labelled; where it does not, the truth decides: it is adopted
+   only if it is right on at least ``min_agreement`` of the shipped labelled lab photos of its classes and wrong on
+   no class's every photo (:mod:`edge_agent._truth`), since the golden photos are the old engine's answers and a
+   retrain that learnt a new field disagrees with them where the old engine was sure and wrong.
 
 A retrain (a version whose ``parent`` is the engine it replaces) keeps its parent's head: output i keeps the parent's
 class name i, unless its manifest's ``renames`` (old name -> new name, signed with the rest) says it meant it. So a
@@ -44,6 +47,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from edge_agent._truth import judge_on_truth
 from edge_agent.classifier import Classifier
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Pipeline
@@ -105,15 +109,25 @@ def verify_candidate(
         right = new.infer(x).argmax(1) == np.array([index[names[label]] for label in labels])
         agreement = float(np.mean(right))
         measured["agreement"] = round(agreement, 3)
+        doubt = None
         if agreement < min_agreement:
-            raise SwapRefused(f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})")
+            doubt = f"agrees with {reference_name} on {agreement:.0%} of {len(golden)} golden photos (< {min_agreement:.0%})"
         for label in np.unique(labels):  # a swap of two classes hides in the whole when the golden photos are of others
             mine = labels == label
-            if mine.sum() >= MIN_CLASS_GOLDEN and (share := float(np.mean(right[mine]))) < min_agreement:
-                raise SwapRefused(
+            if not doubt and mine.sum() >= MIN_CLASS_GOLDEN and (share := float(np.mean(right[mine]))) < min_agreement:
+                doubt = (
                     f"agrees with {reference_name} on {share:.0%} of the {int(mine.sum())} golden photos it labelled "
                     f"{reference['classes'][label]!r} (< {min_agreement:.0%})"
                 )
+        if doubt:  # the golden photos are the old engine's answers, not the truth: labelled photos decide
+            truth = judge_on_truth(new, min_agreement)
+            if truth is None:
+                raise SwapRefused(f"{doubt}, and no labelled photo of its classes to settle it")
+            if not truth["passed"]:
+                wrong = f"; every photo of {', '.join(truth['classes_all_wrong'][:3])} wrong" if truth["classes_all_wrong"] else ""
+                raise SwapRefused(f"{doubt}, and right on {truth['right']:.0%} of {truth['photos']} labelled lab photos{wrong}")
+            measured["truth"] = truth
+            measured["golden_overruled"] = doubt
     return measured
 
 
@@ -183,13 +197,14 @@ class EngineWatcher(Worker):
     def serving_report(self) -> dict:
         """How the engine in service has done since it began serving (a trainer's staged rollout judges canaries by
         it): since (epoch s), photos classified, inference errors, and its agreement with the engine before it on
-        the golden photos (-1: not measured, e.g. served since the start)."""
+        the golden photos, or its share right on the labelled photos where those overruled them (-1: not measured,
+        e.g. served since the start)."""
         processed, errors = self._counters_then
         return {
             "since": round(self.serving_since, 1),
             "photos": max(0, self.pipeline.counters["processed"] - processed),
             "errors": max(0, self.pipeline.counters["inference_errors"] - errors),
-            "agreement": float(self.swap_measured.get("agreement", -1.0)),
+            "agreement": float((self.swap_measured.get("truth") or {}).get("right", self.swap_measured.get("agreement", -1.0))),
         }
 
     def _signature_stamp(self, version: str) -> tuple:
