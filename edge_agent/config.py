@@ -351,7 +351,10 @@ class HandoffSection(_Section):
 class HotswapSection(_Section):
     poll_s: float = Field(5.0, gt=0, description="How often the store's current version is checked (announcements wake it earlier).")
     min_agreement: float = Field(
-        0.5, ge=0, le=1, description="A new engine must agree with the running one on this share of recent confident photos."
+        0.5,
+        ge=0,
+        le=1,
+        description="A new engine must agree with the running one on this share of recent confident photos, or where it does not, be right on this share of the shipped labelled lab photos.",
     )
 
 
