@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -220,6 +221,9 @@ class _FastDevice:
         self.rng = random.Random(s.seed)
         self.expert_labels = 0
         self.day_started = time.time()
+        #: the version the device serves and its golden photos (the last 16 confident answers), as the daemon keeps them
+        self.serving = self.store.current()
+        self.golden: deque = deque(maxlen=16)
 
     def classify(self, photos: list) -> list[tuple[str, str, str]]:
         """The day's photos through the daemon's policy; (sha256, kind queued or '', label) per photo."""
@@ -235,6 +239,8 @@ class _FastDevice:
             datas = [Path(p).read_bytes() for p, _ in photos]
             x = np.stack([preprocess_bytes(d, clf.spec) for d in datas])  # as the engine in service's manifest says
             preds = [p for i in range(0, len(x), 16) for p in clf.predict_tensors(x[i : i + 16])]
+            index = {c: i for i, c in enumerate(clf.engine.classes)}
+            self.golden.extend((t, index[p.label]) for t, p in zip(x, preds) if p.verdict == "confident")
         finally:
             clf.engine.close()
         answers = [_Answer(hashlib.sha256(d).hexdigest(), hashlib.sha256(d).hexdigest()[:16], d, p) for d, p in zip(datas, preds)]
@@ -309,8 +315,10 @@ class _FastDevice:
         gate = r.metrics.get("gate", {})
         if r.metrics.get("unlabelled") and taken:
             r.metrics["unlabelled"].update(taken)
+        swap = self.adopt(r.published) if r.published else None
         return {
             "published": r.published,
+            "swap": swap,
             "reason": r.reason,
             "seconds": round(r.seconds, 1),
             "lab_gate": {k: gate.get(k) for k in ("candidate_top1", "current_top1")},
@@ -318,6 +326,26 @@ class _FastDevice:
             "field_batchnorm": r.metrics.get("field_batchnorm"),
             "unlabelled": r.metrics.get("unlabelled"),
         }
+
+    def adopt(self, version: str) -> dict:
+        """The daemon's hot-swap check on a published ``version`` against the one serving and its golden photos; a
+        refused version is taken out of service again (``current`` back to the one serving), as the daemon keeps
+        serving it. Returns what the check measured, or ``refused`` with the reason."""
+        from edge_agent.hotswap import SwapRefused, verify_candidate
+        from engines.loader import open_engine
+
+        new = open_engine(self.store, self.cfg.engine, version)
+        try:
+            golden = list(self.golden)
+            measured = verify_candidate(new, self.store.read_manifest(self.serving), self.serving, golden, self.cfg.hotswap.min_agreement)
+        except SwapRefused as exc:
+            self.store.set_current(self.serving)
+            return {"refused": str(exc)}
+        finally:
+            new.close()
+        self.serving = version
+        self.golden.clear()  # golden labels come from the engine in service
+        return measured
 
     def day(self, photos: list) -> dict:
         self.day_started = time.time()

@@ -255,3 +255,37 @@ def test_each_benchmark_day_hands_over_its_own_share_of_unlabelled_photos_though
     finally:
         device.close()
     assert pooled == [4, 8]
+
+
+def test_the_fast_loop_adopts_a_published_version_only_as_the_daemons_hot_swap_would(tmp_path, tiny_store, monkeypatch):
+    """The fast loop used to measure whatever the trainer published; the daemon's swap refused v4000's first orchard
+    retrain (fixed since), which only the full mode showed. A refused version goes out of service again."""
+    from benchmarks.field_loop import LoopSettings, _FastDevice
+    from edge_agent import hotswap
+
+    from .conftest import encode, leaf_image
+
+    (tmp_path / "0.jpg").write_bytes(encode(leaf_image(0, (180, 160))))
+    s = LoopSettings(arm="none", store=str(tiny_store), overrides={"labels": {"pseudo_threshold": 0.01}})
+    device = _FastDevice(s, tmp_path / "run", truth={})
+    try:
+        serving = device.serving
+        device.classify([(str(tmp_path / "0.jpg"), 0)])
+        assert len(device.golden) == 1  # its confident answer, as the pipeline keeps it
+        src, m = device.store.root / serving, device.store.read_manifest(serving)
+        files = {f.name: f for f in src.iterdir() if f.is_file() and f.name in m["files"]}
+        device.store.publish(files, {k: v for k, v in m.items() if k not in ("version", "files", "created", "parent")})  # a retrain's
+        published = device.store.current()
+        assert published != serving
+
+        def refuse(*a, **k):
+            raise hotswap.SwapRefused("agrees with it on 0% of 1 golden photos")
+
+        monkeypatch.setattr(hotswap, "verify_candidate", refuse)
+        assert device.adopt(published) == {"refused": "agrees with it on 0% of 1 golden photos"}
+        assert device.store.current() == serving == device.serving  # the daemon keeps serving the one before
+        monkeypatch.setattr(hotswap, "verify_candidate", lambda new, ref, name, golden, m: {"golden": len(golden), "agreement": 1.0})
+        assert device.adopt(published) == {"golden": 1, "agreement": 1.0}
+        assert device.serving == published and not device.golden  # golden photos come from the engine in service
+    finally:
+        device.close()
