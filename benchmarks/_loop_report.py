@@ -81,9 +81,16 @@ def summarise(reports: dict[str, list[dict]]) -> dict:
             "days": per_day,
             "published": sum(1 for x in retrains if x.get("published")),
             "refused": sum(1 for x in retrains if not x.get("published")),
+            "swap_refused": sum(1 for x in retrains if (x.get("swap") or {}).get("refused")),
             "published_worse_on_field": worse,
         }
     return {"arms": arms}
+
+
+def _not_adopted(arm: dict) -> str:
+    """The published versions the device's hot swap refused (fast mode records the swap since 2026-11-28)."""
+    n = arm.get("swap_refused", 0)
+    return f" ({n} published, not adopted by the device)" if n else ""
 
 
 def markdown(summary: dict, command: str) -> str:
@@ -100,7 +107,7 @@ def markdown(summary: dict, command: str) -> str:
         precs = [d["pseudo_precision_min"] for d in a["days"] if d["pseudo_precision_min"] is not None]
         lines.append(
             f"| {arm} | {len(a['seeds'])} | {f(a['start_field'])} -> {f(end['field']) if end else '-'} | {f(a['start_lab'])} -> {f(end['lab']) if end else '-'} "
-            f"| {end['expert_labels']:.0f} | {end['pseudo_labels']:.1f} | {min(precs) if precs else 'none made'} | {a['published']} / {a['refused']} | {a['published_worse_on_field']} |"
+            f"| {end['expert_labels']:.0f} | {end['pseudo_labels']:.1f} | {min(precs) if precs else 'none made'} | {a['published']} / {a['refused']}{_not_adopted(a)} | {a['published_worse_on_field']} |"
         )
     lines.append("\nField top-1 per day (mean):\n")
     arms = list(summary["arms"])

@@ -43,6 +43,8 @@ def _day(day, field, published=None, pseudo=None):
 
 
 def test_the_summary_counts_a_published_version_worse_on_the_field_than_the_one_before():
+    from benchmarks._loop_report import markdown
+
     run = {
         "settings": {"seed": 1},
         "start": {"field": 0.10, "lab": 0.9},
@@ -52,6 +54,10 @@ def test_the_summary_counts_a_published_version_worse_on_the_field_than_the_one_
     assert arm["published"] == 2 and arm["refused"] == 1
     assert arm["published_worse_on_field"] == 1
     assert arm["days"][2]["pseudo_precision_min"] == 0.8 and arm["days"][0]["pseudo_precision_min"] is None
+    assert arm["swap_refused"] == 0 and "not adopted" not in markdown(summarise({"device": [run]}), "cmd")
+    run["days"][2]["retrain"]["swap"] = {"refused": "agrees with v1001 on 0% of 1 golden photos"}
+    summary = summarise({"device": [run]})
+    assert summary["arms"]["device"]["swap_refused"] == 1 and "2 / 1 (1 published, not adopted by the device)" in markdown(summary, "cmd")
 
 
 def test_the_measure_gives_each_engine_the_photos_its_own_manifest_asks_for(tmp_path):
