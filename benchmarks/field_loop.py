@@ -140,14 +140,15 @@ class _Measure:
             }
         return self._sets[key]
 
-    def __call__(self, store) -> dict:
+    def __call__(self, store, version: str | None = None) -> dict:
+        """Field and lab top-1 of ``version`` (the store's current by default)."""
         from edge_agent.classifier import Classifier
         from edge_agent.preprocess import PreprocessSpec
         from engines.loader import open_engine
 
-        clf = Classifier.configured(open_engine(store, self.cfg.engine), self.cfg)
+        clf = Classifier.configured(open_engine(store, self.cfg.engine, version), self.cfg)
         try:
-            serving = store.open()
+            serving = store.open(version)
             classes = serving.classes
             out = {}
             sets = self._tensors(PreprocessSpec.from_manifest(serving.manifest["preprocess"]))
@@ -439,19 +440,30 @@ class _FullDevice:
             if t.get("updated", 0) < handed + 1 or t.get("state") != "idle" or t.get("retraining"):
                 return False
             due = enough_new(t.get("samples", {}), tc) and not t.get("waiting_for_field_check")
-            engine = self._status("status.json").get("engine", {}).get("engine_version")
-            return (not due or t.get("last_retrain") != before) and engine == self.store.current()
+            current = self.store.current()
+            return (not due or t.get("last_retrain") != before) and (self.serving == current or current in self._refused())
 
-        self._wait(settled, "the trainer to finish and the daemon to swap")
+        self._wait(settled, "the trainer to finish and the daemon to swap or refuse")
         # a pseudo-label may have left the daemon's queue before it was read: the trainer's store says what it got
         kinds |= dict(self._rows("SELECT id, kind FROM samples WHERE kind = 'pseudo'", "trainer/samples.sqlite"))
         trainer = self._status("trainer/status.json")
         retrain = None
         if trainer.get("last_retrain") and trainer["last_retrain"] != before:
             retrain = {"published": trainer["last_retrain"].get("published"), "reason": trainer["last_retrain"].get("reason")}
+            if retrain["published"] in (refused := self._refused()):
+                retrain["swap"] = {"refused": refused[retrain["published"]]}
         elif waiting := trainer.get("waiting_for_field_check"):
             retrain = {"published": None, "reason": waiting, "skipped": True}
         return {"outcome": [(sha, kinds.get(sha, ""), said.get(sha, "")) for sha in shas], "expert": len(asked), "retrain": retrain}
+
+    @property
+    def serving(self) -> str:
+        """The version the daemon serves (its status file)."""
+        return self._status("status.json").get("engine", {}).get("engine_version") or self.store.current()
+
+    def _refused(self) -> dict[str, str]:
+        """The versions the daemon's hot swap refused, with the reason."""
+        return self._status("status.json").get("hotswap", {}).get("refused") or {}
 
     def close(self) -> None:
         for proc in self.procs.values():
@@ -496,8 +508,8 @@ def run(s: LoopSettings, out: Path) -> dict:
                 "expert_labels": device.expert_labels,
                 "verdicts": verdicts,
                 "retrain": r["retrain"],
-                "engine": device.store.current(),
-                **measure(device.store),
+                "engine": device.serving,
+                **measure(device.store, device.serving),
                 "wall_s": round(time.time() - t0, 1),
             }
             report["days"].append(row)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from benchmarks.field_loop import split_field, summarise
@@ -295,3 +297,18 @@ def test_the_fast_loop_adopts_a_published_version_only_as_the_daemons_hot_swap_w
         assert device.serving == published and not device.golden  # golden photos come from the engine in service
     finally:
         device.close()
+
+
+def test_the_full_loop_measures_the_version_the_daemon_serves_and_reads_a_refused_swap_from_its_status(tmp_path):
+    """A refused version is the store's current but not what the daemon serves: the day is measured on the latter."""
+    import json
+
+    from benchmarks.field_loop import _FullDevice
+
+    device = _FullDevice.__new__(_FullDevice)
+    device.state = tmp_path
+    device.store = types.SimpleNamespace(current=lambda: "v4001")
+    assert device.serving == "v4001" and device._refused() == {}  # no status yet: the store's word
+    status = {"engine": {"engine_version": "v4000"}, "hotswap": {"refused": {"v4001": "agrees with v4000 on 0% of 1 golden photos"}}}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    assert device.serving == "v4000" and device._refused() == {"v4001": "agrees with v4000 on 0% of 1 golden photos"}
