@@ -35,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -199,6 +198,7 @@ class _FastDevice:
 
     def __init__(self, s: LoopSettings, out: Path, truth: dict[str, int]) -> None:
         from edge_agent.config import parse_config
+        from edge_agent.golden import GoldenSet
         from edge_agent.labelling import LabelQueuer
         from edge_agent.results import ResultsDB
         from edge_agent.spool import PhotoSpool
@@ -222,9 +222,9 @@ class _FastDevice:
         self.rng = random.Random(s.seed)
         self.expert_labels = 0
         self.day_started = time.time()
-        #: the version the device serves and its golden photos (the last 16 confident answers), as the daemon keeps them
+        #: the version the device serves and its golden photos, kept as the daemon's pipeline keeps them (never saved)
         self.serving = self.store.current()
-        self.golden: deque = deque(maxlen=16)
+        self.golden = GoldenSet(self.state / "golden.npz")
 
     def classify(self, photos: list) -> list[tuple[str, str, str]]:
         """The day's photos through the daemon's policy; (sha256, kind queued or '', label) per photo."""
@@ -241,7 +241,9 @@ class _FastDevice:
             x = np.stack([preprocess_bytes(d, clf.spec) for d in datas])  # as the engine in service's manifest says
             preds = [p for i in range(0, len(x), 16) for p in clf.predict_tensors(x[i : i + 16])]
             index = {c: i for i, c in enumerate(clf.engine.classes)}
-            self.golden.extend((t, index[p.label]) for t, p in zip(x, preds) if p.verdict == "confident")
+            for t, p in zip(x, preds):
+                if p.verdict == "confident":
+                    self.golden.add(t, index[p.label])
         finally:
             clf.engine.close()
         answers = [_Answer(hashlib.sha256(d).hexdigest(), hashlib.sha256(d).hexdigest()[:16], d, p) for d, p in zip(datas, preds)]
@@ -337,7 +339,7 @@ class _FastDevice:
 
         new = open_engine(self.store, self.cfg.engine, version)
         try:
-            golden = list(self.golden)
+            golden = self.golden.photos()
             measured = verify_candidate(new, self.store.read_manifest(self.serving), self.serving, golden, self.cfg.hotswap.min_agreement)
         except SwapRefused as exc:
             self.store.set_current(self.serving)
@@ -345,7 +347,7 @@ class _FastDevice:
         finally:
             new.close()
         self.serving = version
-        self.golden.clear()  # golden labels come from the engine in service
+        self.golden.restart()  # golden labels come from the engine in service
         return measured
 
     def day(self, photos: list) -> dict:

@@ -68,6 +68,9 @@ class GoldenSet:
         """Recent confident photos (preprocessed) with the running engine's class index."""
         return list(self._photos)
 
+    def __len__(self) -> int:
+        return len(self._photos)
+
     def add(self, tensor: np.ndarray, index: int) -> None:
         self._photos.append((tensor, index))
         self._saved = False
