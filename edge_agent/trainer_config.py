@@ -166,7 +166,7 @@ class TrainerSection(BaseModel):
     epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
     batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
     micro_batch: int = Field(
-        8,
+        4,
         ge=0,
         le=1024,
         description="Photos the network takes at once in a training step, their gradients summed to batch_size's (the same "
