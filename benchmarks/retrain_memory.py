@@ -39,10 +39,17 @@ STEPS = {
 _M_MMAP_THRESHOLD = -3
 
 
-def _status(key: str) -> int:
-    """``VmRSS`` or ``VmHWM`` of this process in MiB."""
+def _rss() -> int:
+    """This process's resident size now (``VmRSS``) in MiB."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) // 1024 for line in f if line.startswith(key + ":"))
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def _now() -> list:
+    """Resident size now and the process's peak so far (:func:`trainer._memory.peak_rss_mb`), MiB."""
+    from trainer._memory import peak_rss_mb
+
+    return [_rss(), round(peak_rss_mb())]
 
 
 def segments(samples: list[list]) -> list[dict]:
@@ -73,11 +80,11 @@ def _instrument(events: list, stack: list, t0: float, trim: bool) -> None:
                 if trim and _name == "train_generation":
                     malloc_trim()
                 stack.append(_name)
-                events.append([round(time.time() - t0, 2), "enter", _name, _status("VmRSS"), _status("VmHWM")])
+                events.append([round(time.time() - t0, 2), "enter", _name, *_now()])
                 try:
                     return _f(*a, **k)
                 finally:
-                    events.append([round(time.time() - t0, 2), "exit", _name, _status("VmRSS"), _status("VmHWM")])
+                    events.append([round(time.time() - t0, 2), "exit", _name, *_now()])
                     stack.pop()
 
             setattr(module, name, step)
@@ -109,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def sample() -> None:
         while not done.is_set():
-            samples.append([round(time.time() - t0, 2), _status("VmRSS"), "/".join(stack[-2:])])
+            samples.append([round(time.time() - t0, 2), _rss(), "/".join(stack[-2:])])
             time.sleep(0.25)
 
     def in_process(cfg, store_root, samples_root, strategy_dir, key_path, announce, progress, should_stop):
         """:func:`trainer._child.retrain_in_child`, here, sampled."""
         store = SampleStore(samples_root)
-        events.append([round(time.time() - t0, 2), "start", "retrain", _status("VmRSS"), _status("VmHWM")])
+        events.append([round(time.time() - t0, 2), "start", "retrain", *_now()])
         threading.Thread(target=sample, daemon=True).start()
         try:
             return retrain(cfg, EngineStore(store_root), store, Path(strategy_dir), signing_key=load_key(key_path))
