@@ -220,6 +220,11 @@ class TrainerSection(BaseModel):
         "pulls a photo towards the answer its label corrects), or all.",
     )
     distill_temperature: float = Field(2.0, gt=0, description="Temperature of the `distill` term.")
+    distill_from: Literal["start", "root"] = Field(
+        "start",
+        description="Whose answers the `distill` term keeps a candidate close to: the version it starts from, or the "
+        "lineage's first version's (the shipped model's lab answers, which would otherwise drift retrain by retrain).",
+    )
     start_from: Literal["service", "root"] = Field(
         "service",
         description="Where a retrain with expert labels or new classes starts: the engine in service's weights, or the "

@@ -83,7 +83,7 @@ def micro_batch(model: Classifier, settings: TrainerSection) -> int:
     return min(settings.micro_batch, settings.batch_size)
 
 
-def _loss_terms(model, previous, strategy, settings, x, y, pseudo, conf, w: float, counts: tuple[int, int, int]) -> dict:
+def _loss_terms(model, teacher, strategy, settings, x, y, pseudo, conf, w: float, counts: tuple[int, int, int]) -> dict:
     """The batch's loss terms over one part of it (photos ``x``): each term's sum over the part divided by the
     batch's count, so the parts' terms add up to the whole batch's."""
     n, n_true, n_pseudo = counts
@@ -97,10 +97,10 @@ def _loss_terms(model, previous, strategy, settings, x, y, pseudo, conf, w: floa
         terms["pseudo"] = settings.pseudo_lambda * w * (conf[pseudo] * nll).sum() / n_pseudo
     if settings.distill > 0:
         with torch.no_grad():
-            teacher = previous(x)
-        per_photo = distill_loss(logits, teacher, settings.distill_temperature)
+            taught = teacher(x)
+        per_photo = distill_loss(logits, taught, settings.distill_temperature)
         if settings.distill_photos == "agreeing":  # the teacher's answer where the label corrects it is what is unlearnt
-            per_photo = per_photo * (teacher.argmax(1) == y)
+            per_photo = per_photo * (taught.argmax(1) == y)
         terms["distill"] = settings.distill * per_photo.sum() / n
     terms["penalty"] = share * strategy.penalty(model, x, logits)  # a mean over photos, or of the weights alone: both add up
     return terms
@@ -129,13 +129,15 @@ def train_generation(
     on_epoch=lambda epoch, epochs: None,
     spec: PreprocessSpec = DEFAULT_SPEC,
     consistency: Consistency | None = None,
+    teacher: Classifier | None = None,
 ) -> tuple[Classifier, Generation]:
     """Train a candidate from ``previous`` on ``data`` at peak learning rate ``lr`` (growing the head to ``num_classes``
     if more), with ``[trainer]`` ``settings`` (epochs, batch size, SWA, distillation, ramp). Its BatchNorm statistics
     are recomputed on ``bn_x`` (default: the data) unless ``batchnorm`` is false (the caller does it:
     :mod:`trainer.step`); otherwise its weights are ``interpolate`` of the way from ``previous``
     (:func:`trainer.step.at_step`). With ``consistency``, each step also learns from photos nobody labelled
-    (:mod:`trainer.loop.consistency`).
+    (:mod:`trainer.loop.consistency`). The ``distill`` term keeps it close to ``teacher``'s answers (default:
+    ``previous``'s).
 
     Returns the candidate and the data it saw (with any replay). Call ``strategy.after(candidate, data)``
     only once the candidate is accepted, so a refused candidate leaves no trace in the strategy's state.
@@ -143,8 +145,10 @@ def train_generation(
     log = get_logger("trainer.continual", strategy=strategy.type)
     torch.manual_seed(settings.seed)
     gen = torch.Generator().manual_seed(settings.seed)
+    own_teacher = teacher is not None and teacher is not previous
     previous = copy.deepcopy(previous).eval()
     model = copy.deepcopy(previous)
+    teacher = copy.deepcopy(teacher).eval() if own_teacher else previous
     if num_classes and num_classes > model.num_classes:
         model.grow_head(num_classes)
     learning = hold(model, settings)
@@ -177,7 +181,7 @@ def train_generation(
             opt.zero_grad(set_to_none=True)
             for j in range(0, len(idx), micro):
                 part = slice(j, j + micro)
-                terms = _loss_terms(model, previous, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts)
+                terms = _loss_terms(model, teacher, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts)
                 sum(terms.values()).backward()
                 for k, v in terms.items():
                     totals[k] += float(v.detach())

@@ -155,6 +155,7 @@ def _recorded(tc: TrainerSection, lr: float, interpolate: float) -> dict:
         "distill",
         "distill_photos",
         "distill_temperature",
+        "distill_from",
     )
     return {**tc.model_dump(include=set(keys)), "lr": lr, "interpolate": interpolate}
 
@@ -254,10 +255,12 @@ def retrain(
     # "root" and something to learn, the lineage's first version's; either way it is gated against the one in service.
     start = root if learning and tc.start_from == "root" else previous
     started_from = root_name if start is root else current.name
+    teacher = root if learning and tc.distill_from == "root" else start  # whose answers the `distill` term keeps
     log.info(
         "retrain_step",
         kind="expert labels or new classes" if learning else "pseudo-labels only",
         start=started_from,
+        distilled_towards=root_name if teacher is root else started_from,
         lr=lr,
         interpolate=interpolate if learning else tc.pseudo_only_steps,
     )
@@ -274,6 +277,7 @@ def retrain(
         batchnorm=learning,
         on_epoch=lambda e, n: progress("training", epoch=e, epochs=n),
         spec=spec,
+        teacher=teacher,
     )
     unlabelled = None
     if tc.unlabelled_term and learning and len(field) >= tc.field_check_min:
@@ -286,7 +290,21 @@ def retrain(
         else:
             progress("learning from unlabelled photos")
             candidate, used, unlabelled = with_unlabelled(
-                candidate, used, start, data, strategy, tc, lr, interpolate, len(classes), field, spec, samples.root, set(ids), should_stop
+                candidate,
+                used,
+                start,
+                data,
+                strategy,
+                tc,
+                lr,
+                interpolate,
+                len(classes),
+                field,
+                spec,
+                samples.root,
+                set(ids),
+                should_stop,
+                teacher=teacher,
             )
         log.info("unlabelled_term", **{k: v for k, v in unlabelled.items() if not k.endswith("by_class")})
     del data  # a copy of the photos trained on (``used`` holds what the candidate saw): not held through the gate
@@ -347,6 +365,7 @@ def retrain(
         "strategy": tc.strategy.model_dump(),
         "settings": _recorded(tc, lr, interpolate),
         "started_from": started_from,
+        "distilled_towards": root_name if teacher is root else started_from,
         "samples": counts,
         "expert_weight": tc.expert_weight,
         "labelled": sources.describe(),

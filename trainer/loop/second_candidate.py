@@ -14,13 +14,17 @@ from trainer.loop.unlabelled_term import load_unlabelled, teach
 __all__ = ["with_unlabelled"]
 
 
-def with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, root, exclude, should_stop):
+def with_unlabelled(
+    candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, root, exclude, should_stop, teacher=None
+):
     """The first candidate, or a second trained with the unlabelled photos it labels (:mod:`trainer.loop.unlabelled_term`)
     where the field check prefers it; the data the chosen one saw; what was measured."""
     photos = pool_photos(root)
     x, ids = load_unlabelled(photos, exclude, tc.unlabelled_max, spec, should_stop)
     if tc.unlabelled_method == "consistency":
-        return _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop)
+        return _with_consistency(
+            candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop, teacher
+        )
     term = teach(candidate, x, ids, field.x, field.y, tc.unlabelled_precision, floor=tc.unlabelled_floor, should_stop=should_stop)
     del x  # the photos it took are copied into term.data; the rest need no memory while the second candidate trains
     summary = {**term.summary, "kept": False}
@@ -28,12 +32,21 @@ def with_unlabelled(candidate, used, previous, data, strategy, tc, lr, interpola
         return candidate, used, summary
     term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
     second = train_generation(
-        previous, data + term.data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec
+        previous,
+        data + term.data,
+        strategy,
+        tc,
+        lr,
+        interpolate,
+        num_classes=num_classes,
+        should_stop=should_stop,
+        spec=spec,
+        teacher=teacher,
     )
     return _chosen(second, (candidate, used), field, summary)
 
 
-def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop):
+def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop, teacher):
     """The first candidate, or a second trained with the consistency term over the pool photos ``x``
     (:mod:`trainer.loop.consistency`) where the field check prefers it."""
     summary = {"method": "consistency", "pool_photos": int(len(x)), "kept": False}
@@ -41,7 +54,17 @@ def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpo
         return candidate, used, {**summary, "reason": "no unlabelled photos"}
     term = Consistency(x, tc.consistency_threshold, tc.consistency_weight, tc.consistency_ratio, spec)
     second = train_generation(
-        previous, data, strategy, tc, lr, interpolate, num_classes=num_classes, should_stop=should_stop, spec=spec, consistency=term
+        previous,
+        data,
+        strategy,
+        tc,
+        lr,
+        interpolate,
+        num_classes=num_classes,
+        should_stop=should_stop,
+        spec=spec,
+        consistency=term,
+        teacher=teacher,
     )
     summary.update(views=term.tally["views"], sure=term.tally["sure"], sure_by_class=term.tally["sure_by_class"])
     return _chosen(second, (candidate, used), field, summary)
