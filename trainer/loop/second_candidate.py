@@ -46,7 +46,9 @@ def with_unlabelled(
     return _chosen(second, (candidate, used), field, summary)
 
 
-def _with_consistency(candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop, teacher):
+def _with_consistency(
+    candidate, used, previous, data, strategy, tc, lr, interpolate, num_classes, field, spec, x, should_stop, teacher=None
+):
     """The first candidate, or a second trained with the consistency term over the pool photos ``x``
     (:mod:`trainer.loop.consistency`) where the field check prefers it."""
     summary = {"method": "consistency", "pool_photos": int(len(x)), "kept": False}
