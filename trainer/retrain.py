@@ -256,11 +256,12 @@ def retrain(
     start = root if learning and tc.start_from == "root" else previous
     started_from = root_name if start is root else current.name
     teacher = root if learning and tc.distill_from == "root" else start  # whose answers the `distill` term keeps
+    distilled_towards = root_name if teacher is root else started_from
     log.info(
         "retrain_step",
         kind="expert labels or new classes" if learning else "pseudo-labels only",
         start=started_from,
-        distilled_towards=root_name if teacher is root else started_from,
+        distilled_towards=distilled_towards,
         lr=lr,
         interpolate=interpolate if learning else tc.pseudo_only_steps,
     )
@@ -365,7 +366,7 @@ def retrain(
         "strategy": tc.strategy.model_dump(),
         "settings": _recorded(tc, lr, interpolate),
         "started_from": started_from,
-        "distilled_towards": root_name if teacher is root else started_from,
+        "distilled_towards": distilled_towards,
         "samples": counts,
         "expert_weight": tc.expert_weight,
         "labelled": sources.describe(),
