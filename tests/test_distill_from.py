@@ -73,3 +73,37 @@ def test_a_second_retrain_is_distilled_towards_the_engine_in_service_or_the_line
     assert manifest["distilled_towards"] == (root if distill_from == "root" else first.published)
     assert manifest["settings"]["distill_from"] == distill_from
     samples.close()
+
+
+@pytest.mark.parametrize("method", ["self_training", "consistency"])
+def test_a_second_retrains_unlabelled_candidate_is_distilled_towards_the_lineages_first_version_too(
+    tiny_store, tmp_path, monkeypatch, method
+):
+    from edge_agent.config import parse_config
+    from trainer import retrain as retrain_mod
+    from trainer.field_check import FieldDecision
+    from trainer.loop import second_candidate
+    from trainer.publish import load_weights
+
+    store, samples = farm(tiny_store, tmp_path)
+    root = store.current()
+    trainer = {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_field_min": 8, "distill_from": "root"}
+    cfg = parse_config({"trainer": {**trainer, "unlabelled_method": method}})
+    monkeypatch.setattr(retrain_mod, "field_gate", lambda *a: FieldDecision(True, "the tiny model's field check is not what is tested"))
+    first = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
+    assert first.published
+    real_teach, real_train, teachers = second_candidate.teach, second_candidate.train_generation, []
+    monkeypatch.setattr(
+        second_candidate, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **{**k, "floor": 0.0})
+    )  # the tiny model is unsure
+    monkeypatch.setattr(
+        second_candidate, "train_generation", lambda *a, **k: teachers.append(k["teacher"].state_dict()) or real_train(*a, **k)
+    )
+    second = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
+
+    assert len(teachers) == 1 and second.metrics["unlabelled"]["pool_photos"] == 24  # the second candidate was trained
+    served = load_weights(store.open(first.published)).state_dict()
+    shipped = load_weights(store.open(root)).state_dict()
+    weight = next(k for k, v in served.items() if v.is_floating_point() and not torch.equal(v, shipped[k]))
+    assert torch.equal(teachers[0][weight], shipped[weight]) and not torch.equal(teachers[0][weight], served[weight])
+    samples.close()
