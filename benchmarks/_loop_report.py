@@ -74,6 +74,7 @@ def summarise(reports: dict[str, list[dict]]) -> dict:
                 if x["retrain"] and x["retrain"].get("published"):
                     worse += x["field"] < prev
                 prev = x["field"]
+        judged = [j for x in retrains for j in x.get("judged") or []]
         arms[arm] = {
             "seeds": [r["settings"]["seed"] for r in runs],
             "start_field": _ms([r["start"]["field"] for r in runs]),
@@ -83,8 +84,23 @@ def summarise(reports: dict[str, list[dict]]) -> dict:
             "refused": sum(1 for x in retrains if not x.get("published")),
             "swap_refused": sum(1 for x in retrains if (x.get("swap") or {}).get("refused")),
             "published_worse_on_field": worse,
+            **({"field_check": _field_check(judged)} if judged else {}),
         }
     return {"arms": arms}
+
+
+def _field_check(judged: list[dict]) -> dict:
+    """The field check's decisions on the candidates it judged, against the benchmark's held-out photos: how many it
+    passed and refused, and of those how many were worse / better held out than the version in service."""
+    passed = [j for j in judged if j["passed"]]
+    refused = [j for j in judged if not j["passed"]]
+    return {
+        "passed": len(passed),
+        "passed_worse": sum(j["candidate"] < j["in_service"] for j in passed),
+        "refused": len(refused),
+        "refused_better": sum(j["candidate"] > j["in_service"] for j in refused),
+        "refused_gain": [round(j["candidate"] - j["in_service"], 4) for j in refused],
+    }
 
 
 def _not_adopted(arm: dict) -> str:
@@ -117,6 +133,18 @@ def markdown(summary: dict, command: str) -> str:
     for d in range(n):
         cells = [f"{summary['arms'][a]['days'][d]['field'][0]:.3f}" if d < len(summary["arms"][a]["days"]) else "" for a in arms]
         lines.append(f"| {d + 1} | " + " | ".join(cells) + " |")
+    if any("field_check" in a for a in summary["arms"].values()):
+        lines.append(
+            "\nThe field check (the expert's held-back photos) against the held-out field photos it never sees: the "
+            "candidates it judged (torch FP32), passed (of them worse held out than the version in service) and refused "
+            "(of them better held out; each refused one's held-out gain over the version in service):\n"
+        )
+        lines.append("| arm | passed (worse held out) | refused (better held out) | refused: held-out gain |")
+        lines.append("|---|---|---|---|")
+        for arm, a in summary["arms"].items():
+            if c := a.get("field_check"):
+                gains = ", ".join(f"{g:+.3f}" for g in c["refused_gain"]) or "-"
+                lines.append(f"| {arm} | {c['passed']} ({c['passed_worse']}) | {c['refused']} ({c['refused_better']}) | {gains} |")
     if any("covered" in d for a in summary["arms"].values() for d in a["days"]):
         lines.append(
             "\nA day's photos answered `confident` at `[labels] trust_from` or surer (what trust covers: a check when the "

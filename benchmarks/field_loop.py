@@ -17,7 +17,9 @@ labels) with :func:`trainer.retrain.retrain`: the lab gate, the field check on t
 ``edge-trainer serve`` on one state directory, drops the day's photos into its inbox and labels through
 ``edge-agent review list/label`` (``device`` arm only). After each day: the field test top-1 and the lab top-1 of the
 engine in service (as the device runs it; lab: the shipped model's validation split, which no retrain trains or is
-gated on), the day's pseudo-labels and their precision, expert labels so far, versions published and refused.
+gated on), the day's pseudo-labels and their precision, expert labels so far, versions published and refused; in
+``fast`` mode also each candidate the field check judged, scored with the version in service on the held-out field
+photos (torch FP32), to show whether the check's few held-back photos refuse candidates that are better.
 ``--store DIR`` (fast mode) starts from that store's current version instead of the shipped one: a release candidate
 measured before it ships (it must be trained on the shipped model's split, whose gate and replay photos it is given).
 Writes ``DIR/<arm>/seed-<N>/report.json``; a run with a report is not run again. ``--report`` then writes
@@ -158,6 +160,15 @@ class _Measure:
         finally:
             clf.engine.close()
 
+    def field_top1(self, model, spec) -> float:
+        """Held-out field top-1 of a torch ``model`` (FP32) given ``spec``'s input."""
+        import torch
+
+        from trainer.verdict_fit import logits_of
+
+        x, y = self._tensors(spec)["field"]
+        return round(float((logits_of(model, torch.from_numpy(x)).argmax(1) == y).mean()), 4)
+
 
 @dataclass
 class _Answer:
@@ -193,10 +204,32 @@ def _term_labels(truth: dict[str, int]):
         second_candidate.teach = real
 
 
+@contextlib.contextmanager
+def _judged(measure: _Measure, spec):
+    """While a retrain runs: each candidate the field check judges, its held-out field top-1 and the version in
+    service's (torch, FP32), and the check's decision, appended to the list yielded; whether the check, on its few
+    held-back photos, refuses candidates that are better on the benchmark's held-out photos (the trainer never sees them)."""
+    from trainer import retrain as retrain_mod
+
+    real, seen = retrain_mod.field_gate, []
+
+    def field_gate(candidate, previous, *a, **k):
+        decision = real(candidate, previous, *a, **k)
+        in_service = measure.field_top1(previous, spec)
+        seen.append({"candidate": measure.field_top1(candidate, spec), "in_service": in_service, "passed": decision.publish})
+        return decision
+
+    retrain_mod.field_gate = field_gate
+    try:
+        yield seen
+    finally:
+        retrain_mod.field_gate = real
+
+
 class _FastDevice:
     """The daemon's labelling, the expert and the trainer, in this process."""
 
-    def __init__(self, s: LoopSettings, out: Path, truth: dict[str, int]) -> None:
+    def __init__(self, s: LoopSettings, out: Path, truth: dict[str, int], measure: _Measure | None = None) -> None:
         from edge_agent.config import parse_config
         from edge_agent.golden import GoldenSet
         from edge_agent.labelling import LabelQueuer
@@ -206,7 +239,7 @@ class _FastDevice:
         from trainer.loop.unlabelled_pool import UnlabelledPool
         from trainer.samples import SampleStore
 
-        self.s, self.truth = s, truth
+        self.s, self.truth, self.measure = s, truth, measure
         self.state = out / "state"
         shutil.rmtree(self.state, ignore_errors=True)
         # the shipped configuration; the labels-only arm without the unlabelled photos, to measure what they add
@@ -303,6 +336,7 @@ class _FastDevice:
             self.db.mark_unlabelled_sent(e.sha256, e.label or "", verdict)
 
     def retrain_if_due(self) -> dict | None:
+        from edge_agent.preprocess import PreprocessSpec
         from trainer.field_check import too_few_to_judge
         from trainer.retrain import retrain
         from trainer.service import enough_new
@@ -313,7 +347,9 @@ class _FastDevice:
         waiting = too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min)
         if waiting:  # as the service does: no retrain spent on a candidate the field check could not judge
             return {"published": None, "reason": waiting, "skipped": True}
-        with _term_labels(self.truth) as taken:
+        spec = PreprocessSpec.from_manifest(self.store.open().manifest["preprocess"])
+        judging = _judged(self.measure, spec) if self.measure else contextlib.nullcontext([])
+        with _term_labels(self.truth) as taken, judging as judged:
             r = retrain(self.cfg, self.store, self.samples, self.state / "trainer" / "strategy")
         gate = r.metrics.get("gate", {})
         if r.metrics.get("unlabelled") and taken:
@@ -328,6 +364,7 @@ class _FastDevice:
             "field_check": gate.get("field"),
             "field_batchnorm": r.metrics.get("field_batchnorm"),
             "unlabelled": r.metrics.get("unlabelled"),
+            "judged": judged,
         }
 
     def adopt(self, version: str) -> dict:
@@ -489,7 +526,7 @@ def run(s: LoopSettings, out: Path) -> dict:
     truth = {sha_of[p]: y for p, y in stream}
     measure = _Measure(parse_config({}), test, lab)
     days = len(stream) // s.day_size if s.days is None else s.days
-    device = (_FastDevice if s.mode == "fast" else _FullDevice)(s, out, truth)
+    device = _FastDevice(s, out, truth, measure) if s.mode == "fast" else _FullDevice(s, out, truth)
     t0 = time.time()
     report = {"settings": asdict(s), "classes": classes, "test_photos": len(test), "lab_photos": len(lab), "days": []}
     try:

@@ -242,6 +242,53 @@ def test_the_unlabelled_terms_labels_are_scored_against_the_truth_while_a_retrai
     assert "| 2 | 15 of 150 (83% right, worst 80%), kept 1 [2] |" in markdown(summary, "cmd")
 
 
+def test_the_field_checks_decisions_are_scored_on_the_held_out_photos_while_a_retrain_runs_and_a_refused_better_candidate_is_counted():
+    """The field check judges on a few held-back photos; the benchmark scores each candidate it judged (and the version
+    in service) on the held-out photos the trainer never sees, to show when the check refuses a better candidate."""
+    from benchmarks._loop_report import markdown
+    from benchmarks.field_loop import _judged
+    from trainer import retrain as retrain_mod
+    from trainer.field_check import FieldDecision
+
+    measure = types.SimpleNamespace(field_top1=lambda model, spec: model.held_out)
+    served, better, worse = (types.SimpleNamespace(held_out=v) for v in (0.73, 0.78, 0.70))
+
+    def check(candidate, previous, *a):
+        return FieldDecision(False, "field check: top-1 9 of 13 < 12")
+
+    real, retrain_mod.field_gate = retrain_mod.field_gate, check
+    try:
+        with _judged(measure, spec=None) as judged:
+            assert not retrain_mod.field_gate(better, served, "x", "y").publish  # the check's own decision is returned
+        assert judged == [{"candidate": 0.78, "in_service": 0.73, "passed": False}]
+        assert retrain_mod.field_gate is check  # put back after the retrain
+        with _judged(measure, spec=None) as untouched:
+            pass
+        retrain_mod.field_gate(worse, served)  # after the retrain: nothing more is scored
+        assert untouched == [] and retrain_mod.field_gate is check
+    finally:
+        retrain_mod.field_gate = real
+
+    def run(seed, judged):
+        day = _day(2, 0.73, "")
+        day["retrain"]["judged"] = judged
+        return {"settings": {"seed": seed}, "start": {"field": 0.1, "lab": 0.9}, "days": [_day(1, 0.1), day]}
+
+    refused_better = {"candidate": 0.78, "in_service": 0.73, "passed": False}
+    refused_worse = {"candidate": 0.70, "in_service": 0.73, "passed": False}
+    passed_worse = {"candidate": 0.72, "in_service": 0.73, "passed": True}
+    summary = summarise({"device": [run(1, [refused_better, passed_worse]), run(2, [refused_worse])], "none": [run(1, [])]})
+    assert summary["arms"]["device"]["field_check"] == {
+        "passed": 1,
+        "passed_worse": 1,
+        "refused": 2,
+        "refused_better": 1,
+        "refused_gain": [0.05, -0.03],
+    }
+    assert "field_check" not in summary["arms"]["none"]  # nothing judged: no figures made up
+    assert "| device | 1 (1) | 2 (1) | +0.050, -0.030 |" in markdown(summary, "cmd")
+
+
 def test_each_benchmark_day_hands_over_its_own_share_of_unlabelled_photos_though_the_days_share_one_wall_clock_day(tmp_path, tiny_store):
     """The fast loop's days pass in minutes: a share counted from local midnight gave the trainer the first day's
     photos only (the pool of every v4000 loop run held about 90 photos, all from day 1)."""
