@@ -39,6 +39,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from unittest import mock
 
 from benchmarks._loop_report import markdown, plot, summarise
 from benchmarks._loop_verdicts import day_verdicts, fill_verdicts
@@ -197,11 +198,8 @@ def _term_labels(truth: dict[str, int]):
             seen.update(taken_known=len(known), taken_right=sum(t == y for t, y in known))
         return term
 
-    second_candidate.teach = teach
-    try:
+    with mock.patch.object(second_candidate, "teach", teach):
         yield seen
-    finally:
-        second_candidate.teach = real
 
 
 @contextlib.contextmanager
@@ -215,15 +213,13 @@ def _judged(measure: _Measure, spec):
 
     def field_gate(candidate, previous, *a, **k):
         decision = real(candidate, previous, *a, **k)
-        in_service = measure.field_top1(previous, spec)
-        seen.append({"candidate": measure.field_top1(candidate, spec), "in_service": in_service, "passed": decision.publish})
+        seen.append(
+            {"candidate": measure.field_top1(candidate, spec), "in_service": measure.field_top1(previous, spec), "passed": decision.publish}
+        )
         return decision
 
-    retrain_mod.field_gate = field_gate
-    try:
+    with mock.patch.object(retrain_mod, "field_gate", field_gate):
         yield seen
-    finally:
-        retrain_mod.field_gate = real
 
 
 class _FastDevice:
