@@ -214,7 +214,12 @@ def _judged(measure: _Measure, spec):
     def field_gate(candidate, previous, *a, **k):
         decision = real(candidate, previous, *a, **k)
         seen.append(
-            {"candidate": measure.field_top1(candidate, spec), "in_service": measure.field_top1(previous, spec), "passed": decision.publish}
+            {
+                "candidate": measure.field_top1(candidate, spec),
+                "in_service": measure.field_top1(previous, spec),
+                "passed": decision.publish,
+                "photos": decision.metrics.get("field_photos"),  # the held-back photos it was judged on
+            }
         )
         return decision
 

@@ -157,6 +157,15 @@ def test_a_retrain_with_too_few_held_back_labels_publishes_nothing_and_keeps_the
     memory = result.metrics["memory"]  # the retrain's own record; not the version's
     assert {"publishing", "keeping the strategy's memory"} <= set(memory["by_phase"]) and memory["peak_mb"] > 0
     assert "memory" not in store.read_manifest(result.published)["metrics"]
+    chose_it = sorted(held_back(samples.all(), 4))
+    assert store.read_manifest(result.published)["training"]["field_check_ids"] == chose_it
+    assert result.metrics["gate"]["field"]["field_judged_on"] == "all"
+    for i in range(32, 56):  # three more of each class held back: six photos that did not choose the version in service
+        _add(samples, i, classes[i % 2])
+    cfg = parse_config({"trainer": {**cfg.trainer.model_dump(), "field_check_judges_on": "new"}})
+    result = retrain(cfg, store, samples, tmp_path / "strategy")
+    field = result.metrics["gate"]["field"]
+    assert field["field_judged_on"] == "new" and field["field_photos"] == 6 and result.metrics["samples"]["field_check"] == 14
     samples.close()
 
 
@@ -178,3 +187,36 @@ def test_the_trainer_spends_no_retrain_on_a_candidate_the_field_check_could_not_
     svc.samples.add({"id": f"{99:064x}", "kind": "expert", "label": "A", "confidence": 1.0, "engine_version": "v1", "ext": ".jpg"}, b"x")
     assert svc._due() and svc.status()["waiting_for_field_check"] is None
     svc.samples.close()
+
+
+def test_judged_on_new_photos_a_candidate_is_not_held_to_the_score_of_the_photos_that_chose_the_version_in_service():
+    from trainer.field_check import judging_photos
+    from trainer.strategies.base import Generation
+
+    ids = [f"{i:064x}" for i in range(18)]
+    field = Generation(_photos(18), torch.zeros(18, dtype=torch.long), sample_ids=ids)
+    current = Fixed([0] * 10 + [0, 0, 0, 0, 1, 1, 1, 1])  # right on all 10 photos that chose it, on 4 of the 8 since
+    candidate = Fixed([0] * 6 + [1] * 4 + [0] * 7 + [1])  # 6 of those 10, 7 of the 8 new
+    judges, on = judging_photos(field, ids[:10], "all", 6)
+    assert on == "all" and len(judges) == 18
+    d = field_gate(candidate, current, judges.x, judges.y, 40, 4, 6)
+    assert not d.publish and (d.metrics["field_candidate_right"], d.metrics["field_current_right"]) == (13, 14)
+    judges, on = judging_photos(field, ids[:10], "new", 6)
+    assert on == "new" and judges.sample_ids == ids[10:]
+    d = field_gate(candidate, current, judges.x, judges.y, 40, 4, 6)
+    assert d.publish and (d.metrics["field_photos"], d.metrics["field_candidate_right"], d.metrics["field_current_right"]) == (8, 7, 4)
+    worse_on_new = Fixed([0] * 10 + [0, 0, 0, 1, 1, 1, 1, 1])  # 3 of the 8 new: refused on them too
+    assert not field_gate(worse_on_new, current, judges.x, judges.y, 40, 4, 6).publish
+
+
+def test_the_field_check_judges_on_every_held_back_photo_until_enough_new_ones_have_arrived():
+    from trainer.field_check import judging_photos, new_photos
+    from trainer.strategies.base import Generation
+
+    ids = [f"{i:064x}" for i in range(18)]
+    field = Generation(_photos(18), torch.zeros(18, dtype=torch.long), sample_ids=ids)
+    assert new_photos(ids, ids[:13], 6) is None  # 5 new: too few to judge on, all judge
+    assert new_photos(ids, ids[:12], 6) == [False] * 12 + [True] * 6
+    assert new_photos(ids, None, 6) is None and new_photos(ids, [], 6) is None  # a version that records none (v4000, older)
+    assert new_photos(ids, ["f" * 64], 6) is None  # none of the photos that chose it is still held back: all are new
+    assert judging_photos(field, ids[:13], "new", 6)[1] == "all" and len(judging_photos(field, ids[:13], "new", 6)[0]) == 18

@@ -254,13 +254,13 @@ def test_the_field_checks_decisions_are_scored_on_the_held_out_photos_while_a_re
     served, better, worse = (types.SimpleNamespace(held_out=v) for v in (0.73, 0.78, 0.70))
 
     def check(candidate, previous, *a):
-        return FieldDecision(False, "field check: top-1 9 of 13 < 12")
+        return FieldDecision(False, "field check: top-1 9 of 13 < 12", {"field_photos": 13})
 
     real, retrain_mod.field_gate = retrain_mod.field_gate, check
     try:
         with _judged(measure, spec=None) as judged:
             assert not retrain_mod.field_gate(better, served, "x", "y").publish  # the check's own decision is returned
-        assert judged == [{"candidate": 0.78, "in_service": 0.73, "passed": False}]
+        assert judged == [{"candidate": 0.78, "in_service": 0.73, "passed": False, "photos": 13}]
         assert retrain_mod.field_gate is check  # put back after the retrain
         with _judged(measure, spec=None) as untouched:
             pass

@@ -8,6 +8,11 @@ field loop published a version one held-back photo behind, within the one standa
 and it was worse on the held-out field (0.737 -> 0.700). While the set holds fewer than ``field_check_min`` photos
 no candidate is published: the lab photos alone cannot say whether the field got better. Adapting BatchNorm
 statistics to the field's photos is kept only where the same set shows, by log-loss, that it helps.
+
+A version published because it was not worse on the held-back photos scores high on them partly by luck (they chose
+it), and holds every successor to that score: with ``[trainer] field_check_judges_on = "new"`` a candidate is judged
+only on the photos held back since (:func:`new_photos`; every published version records which photos judged it)
+once there are ``field_check_min`` of them.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from trainer.batchnorm import recompute_batchnorm
 from trainer.models import Classifier, inference_copy
 from trainer.photos import INFERENCE_BATCH
 from trainer.samples import Sample
+from trainer.strategies.base import Generation
 
-__all__ = ["FieldDecision", "held_back", "field_gate", "adapt_batchnorm", "prefer", "too_few_to_judge"]
+__all__ = ["FieldDecision", "held_back", "new_photos", "judging_photos", "field_gate", "adapt_batchnorm", "prefer", "too_few_to_judge"]
 
 
 def held_back(samples: Iterable[Sample], every: int) -> set[str]:
@@ -39,6 +45,25 @@ def held_back(samples: Iterable[Sample], every: int) -> set[str]:
         if seen[s.label] % every == 0:
             out.add(s.id)
     return out
+
+
+def new_photos(check_ids: list[str], judged_before: Iterable[str] | None, min_photos: int) -> list[bool] | None:
+    """Which of the field check photos ``check_ids`` did not judge the version in service (``judged_before``: the ids
+    its manifest records), where at least ``min_photos`` did not and some did; None: all of them judge."""
+    if not judged_before:
+        return None
+    seen = set(judged_before)
+    keep = [i not in seen for i in check_ids]
+    return keep if min_photos <= sum(keep) < len(keep) else None
+
+
+def judging_photos(field: Generation, judged_before: Iterable[str] | None, mode: str, min_photos: int) -> tuple[Generation, str]:
+    """The field check photos that judge a candidate against the version in service: all of them, or where ``mode`` is
+    "new" and :func:`new_photos` finds enough, those that did not judge it; and which ("all" or "new")."""
+    keep = new_photos(field.sample_ids, judged_before, min_photos) if mode == "new" else None
+    if keep is None:
+        return field, "all"
+    return field.subset(torch.tensor(keep, dtype=torch.bool)), "new"
 
 
 def too_few_to_judge(samples: list[Sample], every: int, min_photos: int) -> str | None:

@@ -30,7 +30,7 @@ from trainer import photos
 from trainer._memory import PhaseMemory
 from trainer.calibrate import calibrate
 from trainer.continual import balance_pseudo, learning_rate, train_generation
-from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back
+from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held_back, judging_photos
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
@@ -325,9 +325,12 @@ def retrain(
         if adapted["kept"]:
             variants = [bn_model, candidate]  # the lab gate may still refuse the adapted statistics: then without them
     progress("gate")
+    judged_before = (current.manifest.get("training") or {}).get("field_check_ids")
+    judges, judged_on = judging_photos(field, judged_before, tc.field_check_judges_on, tc.field_check_min)
     for candidate in variants:
         decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root)
-        on_field = field_gate(candidate, previous, field.x, field.y, expert_labels, tc.field_check_every, tc.field_check_min)
+        on_field = field_gate(candidate, previous, judges.x, judges.y, expert_labels, tc.field_check_every, tc.field_check_min)
+        on_field.metrics["field_judged_on"] = judged_on
         if decision.publish and on_field.publish:
             break
     if adapted is not None:
@@ -367,6 +370,7 @@ def retrain(
         "settings": _recorded(tc, lr, interpolate),
         "started_from": started_from,
         "distilled_towards": distilled_towards,
+        "field_check_ids": sorted(field.sample_ids),  # the held-back photos that chose it ([trainer] field_check_judges_on)
         "samples": counts,
         "expert_weight": tc.expert_weight,
         "labelled": sources.describe(),
