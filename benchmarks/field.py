@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_agent._truth import precision_check
 from edge_agent.classifier import Classifier
 from edge_agent.config import default_store_path, parse_config
 from edge_agent.preprocess import IMAGE_EXTENSIONS, ImageRejected
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = field_sets(version, Path(args.plantvillage), Path(args.field))
     results, engines = {}, {}
     for precision in args.engines.split(","):
-        engine = open_engine(args.store, parse_config({"engine": {"precision": precision}}).engine, version.name)
+        cfg = parse_config({"engine": {"precision": precision}}).engine
+        engine = open_engine(args.store, cfg, version.name, check_photos=precision_check)  # as the daemon opens it
         name = f"{precision} ({engine.precision})"
         engines[name] = engine.describe()
         crops = [c for c in args.crops.split(",") if c]

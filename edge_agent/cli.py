@@ -49,6 +49,7 @@ def _walk(paths: list[str], extensions: set[str]) -> Iterator[Path]:
 
 
 def _classify(args: argparse.Namespace) -> int:
+    from edge_agent._truth import precision_check
     from edge_agent.classifier import Classifier
     from edge_agent.log import get_logger
     from edge_agent.preprocess import ImageRejected
@@ -56,7 +57,7 @@ def _classify(args: argparse.Namespace) -> int:
     from engines.loader import open_engine
 
     cfg = _load(args)
-    engine = open_engine(_store(args, cfg), cfg.engine)
+    engine = open_engine(_store(args, cfg), cfg.engine, check_photos=precision_check)
     clf = Classifier.configured(engine, cfg)
     log = get_logger("classify", engine_version=engine.engine_version)
     log.debug("engine_loaded", **engine.describe())

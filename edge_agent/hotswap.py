@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from edge_agent._truth import judge_on_truth
+from edge_agent._truth import judge_on_truth, precision_check
 from edge_agent.classifier import Classifier
 from edge_agent.log import get_logger
 from edge_agent.pipeline import Pipeline
@@ -264,7 +264,7 @@ class EngineWatcher(Worker):
         t0 = time.perf_counter()
         new = None
         try:
-            new = open_engine(self.store, self.engine_config, target, trust=self.trust)
+            new = open_engine(self.store, self.engine_config, target, trust=self.trust, check_photos=precision_check)
             chosen = operator_chosen(self.store, target, old.engine_version)
             golden = self.pipeline.golden.photos()
             measured = verify_candidate(new, old.version.manifest, old.engine_version, golden, self.min_agreement, chosen)

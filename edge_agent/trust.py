@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge_agent._truth import precision_check
 from edge_agent.config import AppConfig
 from edge_agent.state import trainer_state_dir
 from engines.base import BackendConfig, Engine
@@ -53,7 +54,7 @@ def open_trusted(
     for version in [current] + [v for v in reversed(store.versions()) if v != current]:
         engine = None
         try:
-            engine = open_engine(store, config, version, trust=trust)
+            engine = open_engine(store, config, version, trust=trust, check_photos=precision_check)
             smoke_test(engine)
             if version == current and golden is not None and golden[0] != version and golden[0] in held:
                 chosen = operator_chosen(store, version, golden[0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # numpy is imported where a batch is handled, so reading the 
     import numpy as np
 
 __all__ = [
+    "CheckPhotos",
     "BackendConfig",
     "Engine",
     "EngineError",
@@ -63,6 +65,11 @@ class BackendConfig(BaseModel):
     type: str
 
 
+#: Given a store version, batches of photos (float32 [N,C,H,W], decoded with the version's own preprocessing) on which
+#: a backend may check, on this machine, that a faster precision gives the reference precision's answers.
+CheckPhotos = Callable[[StoreVersion], Iterable["np.ndarray"]]
+
+
 class Engine(ABC):
     """A loaded model that maps a float32 [N,3,H,W] batch to float32 [N,classes] logits (and, for a version whose
     verdict is on the features, to its squared distances to each class as well: :meth:`infer_with_distance`)."""
@@ -72,9 +79,10 @@ class Engine(ABC):
     #: The backend's configuration model.
     Config: ClassVar[type[BackendConfig]]
 
-    def __init__(self, version: StoreVersion, config: BackendConfig) -> None:
+    def __init__(self, version: StoreVersion, config: BackendConfig, check_photos: CheckPhotos | None = None) -> None:
         self.version = version
         self.config = config
+        self.check_photos = check_photos
 
     @classmethod
     def load_runtime(cls) -> None:

@@ -5,15 +5,21 @@ from __future__ import annotations
 import os
 import threading
 
-from engines.base import BackendConfig, Engine, get_backend
+from engines.base import BackendConfig, CheckPhotos, Engine, get_backend
 from engines.store import EngineStore
 
 __all__ = ["open_engine"]
 
 
-def open_engine(store: EngineStore | str | os.PathLike, config: BackendConfig, version: str | None = None, trust=None) -> Engine:
+def open_engine(
+    store: EngineStore | str | os.PathLike,
+    config: BackendConfig,
+    version: str | None = None,
+    trust=None,
+    check_photos: CheckPhotos | None = None,
+) -> Engine:
     """Verify ``version`` (default: current) of ``store`` (its files, and with ``trust`` its signature) and load it
-    with the backend ``config.type`` names."""
+    with the backend ``config.type`` names; ``check_photos``: what a backend checks a faster precision on here."""
     if not isinstance(store, EngineStore):
         store = EngineStore(store)
     opened = store.open(version, trust=trust, verify=False)  # the manifest, and its signature
@@ -34,4 +40,4 @@ def open_engine(store: EngineStore | str | os.PathLike, config: BackendConfig, v
         hashing.join()
         if failed:
             raise failed[0]
-    return backend(opened, config)
+    return backend(opened, config, check_photos)

@@ -352,7 +352,10 @@ def test_auto_precision_runs_int8_on_cpu_where_the_manifest_vouches_for_it(tmp_p
     version = shipped.open()
     check = version.manifest["metrics"]["int8"]
     assert choose_precision(cfg, version)[0] == "int8"  # the release's INT8 gives FP32's answers: it may run
-    timings = tmp_path / "cache" / "ort-precision" / f"{version.name}-{version.manifest['files']['model.int8.onnx']['sha256'][:16]}.json"
+    import onnxruntime
+
+    sha = version.manifest["files"]["model.int8.onnx"]["sha256"][:16]
+    timings = tmp_path / "cache" / "ort-precision" / f"{version.name}-{sha}-ort{onnxruntime.__version__}.json"
     with open_engine(shipped, cfg) as engine:  # measured here, once, and the faster one runs
         measured = json.loads(timings.read_text())
         assert engine.precision == ("int8" if measured["int8_ms"] <= measured["fp32_ms"] else "fp32")

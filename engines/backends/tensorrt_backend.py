@@ -82,8 +82,8 @@ class TensorRTEngine(Engine):
     type = "tensorrt"
     Config = TensorRTConfig
 
-    def __init__(self, version: StoreVersion, config: TensorRTConfig) -> None:
-        super().__init__(version, config)
+    def __init__(self, version: StoreVersion, config: TensorRTConfig, check_photos=None) -> None:
+        super().__init__(version, config, check_photos)
         trt, cuda = _import_runtime()
         self._trt, self._cuda = trt, cuda
         from engines.backends._tensorrt_plan import PlanKey, build_plan, load_or_build

@@ -1,0 +1,130 @@
+"""INT8 runs only where it gives FP32's answers on this machine, not only on the machine that built it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime")
+
+from edge_agent._truth import precision_check  # noqa: E402
+from edge_agent.config import default_store_path, parse_config  # noqa: E402
+from edge_agent.log import get_logger  # noqa: E402
+from engines.backends.onnxruntime_backend import INT8_DRIFT, _agreement  # noqa: E402
+from engines.base import EngineError  # noqa: E402
+from engines.loader import open_engine  # noqa: E402
+from engines.store import EngineStore, StoreError  # noqa: E402
+
+
+def _v1000(tmp_path) -> EngineStore:
+    """A copy of the shipped store serving v1000 (128 px: its INT8 variant is quick to check)."""
+    root = shutil.copytree(default_store_path(), tmp_path / "store")
+    (root / "current").write_text("v1000\n")
+    return EngineStore(root)
+
+
+def _measured(tmp_path, store: EngineStore):
+    version = store.open()
+    sha = version.manifest["files"]["model.int8.onnx"]["sha256"][:16]
+    return tmp_path / "cache" / "ort-precision" / f"{version.name}-{sha}-ort{ort.__version__}.json"
+
+
+class _Session:
+    """An ONNX Runtime session's surface, answering the class in each photo's first pixel, shifted by ``shift`` on
+    the photos listed in ``wrong``."""
+
+    def __init__(self, wrong=()):
+        self.wrong = set(wrong)
+
+    def get_inputs(self):
+        return [type("I", (), {"name": "x"})()]
+
+    def get_outputs(self):
+        return [type("O", (), {"name": "logits"})()]
+
+    def run(self, names, feed):
+        x = feed["x"]
+        idx = x[:, 0, 0, 0].astype(int)
+        answer = np.array([(i % 3 + (1 if i in self.wrong else 0)) % 3 for i in idx])
+        return [np.eye(3, dtype=np.float32)[answer]]
+
+
+def test_int8s_agreement_with_fp32_is_counted_photo_by_photo_over_every_batch():
+    photos = np.zeros((10, 3, 2, 2), np.float32)
+    photos[:, 0, 0, 0] = np.arange(10)
+    batches = [photos[:4], photos[4:8], photos[8:]]
+    assert _agreement(_Session(wrong={1, 9}), _Session(), iter(batches)) == {"agreement": 0.8, "photos": 10}
+    assert _agreement(_Session(), _Session(), iter(batches)) == {"agreement": 1.0, "photos": 10}
+    assert _agreement(_Session(), _Session(), iter([])) == {"agreement": None, "photos": 0}
+
+
+def test_the_check_photos_are_every_shipped_gate_photo_as_the_version_takes_them(tmp_path):
+    version = _v1000(tmp_path).open()
+    size = version.manifest["preprocess"]["size"]
+    batches = list(precision_check(version))
+    assert all(b.shape[1:] == (3, size, size) and b.dtype == np.float32 for b in batches)
+    assert sum(len(b) for b in batches) == 672 and max(len(b) for b in batches) == 16
+    assert list(precision_check(version, root=tmp_path / "nowhere")) == []  # no shipped photos: nothing to check on
+
+
+def test_int8_that_gives_other_answers_here_than_where_it_was_built_is_not_run(tmp_path):
+    store = _v1000(tmp_path)
+    recorded = store.open().manifest["metrics"]["int8"]["top1_agreement_with_fp32"]  # 0.996, measured where it was built
+    cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}}).engine
+    asked = []
+
+    def check(version):
+        asked.append(version.name)
+        return precision_check(version)
+
+    with open_engine(store, cfg, check_photos=check) as engine:  # measured here, once
+        measured = json.loads(_measured(tmp_path, store).read_text())
+        assert asked == ["v1000"]
+        if measured["int8_ms"] <= measured["fp32_ms"]:
+            assert measured["photos"] == 672 and 0 <= measured["agreement"] <= 1
+            here_ok = measured["agreement"] >= max(cfg.int8_min_agreement, recorded - INT8_DRIFT)
+            assert engine.precision == ("int8" if here_ok else "fp32")
+        else:
+            assert measured["agreement"] is None and engine.precision == "fp32"  # FP32 faster: nothing to check
+    with open_engine(store, cfg, check_photos=check):
+        assert asked == ["v1000"]  # later starts read the answer
+    cases = [  # (agreement here, precision run); v1000 recorded 0.996: the bar is 0.991
+        (round(recorded - INT8_DRIFT - 0.002, 4), "fp32"),
+        (0.982, "fp32"),  # v4000's INT8 on an AVX2 CPU without VNNI: 0.982 of 672, built at 1.000
+        (recorded, "int8"),
+        (None, "int8"),  # not measured (FP32 was slower when it was): the manifest's figure decides
+    ]
+    for here, expected in cases:
+        _measured(tmp_path, store).write_text(json.dumps({"int8_ms": 1.0, "fp32_ms": 2.0, "agreement": here, "photos": 672}))
+        with open_engine(store, cfg, check_photos=check) as engine:
+            assert engine.precision == expected, here
+            reason = engine.describe()["precision_reason"]
+            if expected == "fp32":
+                assert f"here only on {here:.3f} of 672 check photos" in reason and "8-bit arithmetic" in reason
+            elif here is not None:
+                assert f"agreeing with FP32 on {here:.3f} of 672 check photos" in reason
+    assert asked == ["v1000"]
+    _measured(tmp_path, store).write_text(json.dumps({"int8_ms": 1.0, "fp32_ms": 2.0}))  # timed before this check existed
+    with open_engine(store, cfg) as engine:  # no check photos (a benchmark, a test): the timing alone decides
+        assert engine.precision == "int8" and asked == ["v1000"]
+    with open_engine(store, cfg, check_photos=check):
+        assert asked == ["v1000", "v1000"]  # measured again, now with the check
+
+
+def test_the_daemon_opens_every_engine_with_the_shipped_check_photos(tmp_path, monkeypatch):
+    import edge_agent.trust as trust
+
+    seen = []
+
+    def spy(*a, **k):
+        seen.append(k.get("check_photos"))
+        raise EngineError("stop here")
+
+    monkeypatch.setattr(trust, "open_engine", spy)
+    store = _v1000(tmp_path)
+    with pytest.raises(StoreError, match="stop here"):
+        trust.open_trusted(store, parse_config({}).engine, None, get_logger("test"))
+    assert seen and all(c is precision_check for c in seen)
