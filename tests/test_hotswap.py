@@ -459,3 +459,20 @@ def test_a_version_that_declares_its_renames_is_adopted_and_judged_per_class_on_
     # 88 % agree in all, but every photo of "a" now says "b": refused on that class alone
     with pytest.raises(SwapRefused, match="0% of the 2 golden photos it labelled 'a'"):
         verify_candidate(engine(["a", "b", "c"], {0: "b", 2: "c"}), old, "v0001", golden, 0.5)
+
+
+def test_a_swapped_in_version_is_opened_with_the_shipped_check_photos_for_its_precision(running, signing_key, monkeypatch):
+    import edge_agent.hotswap as hotswap
+    from edge_agent._truth import precision_check
+
+    daemon, store = running
+    real, seen = hotswap.open_engine, []
+
+    def spy(*a, **k):
+        seen.append(k.get("check_photos"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(hotswap, "open_engine", spy)
+    v2 = republish(store, signing_key)
+    wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 20, "swap")
+    assert seen and all(c is precision_check for c in seen)  # INT8 checked on this machine, as at start-up
