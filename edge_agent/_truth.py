@@ -27,19 +27,24 @@ __all__ = ["PER_CLASS", "judge_on_truth", "truth_photos", "precision_check"]
 PER_CLASS = 3
 
 
+def _gate_entries(root: Path) -> list[dict]:
+    """The gate photos' entries in ``root``'s ``manifest.json``, in its order; empty when it is missing or unreadable."""
+    try:
+        files = json.loads((root / "manifest.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [f for f in files if isinstance(f, dict) and f.get("set") == "gate"]
+
+
 @lru_cache(maxsize=4)
 def truth_photos(root: Path | None = None) -> tuple[tuple[Path, str], ...]:
     """The first :data:`PER_CLASS` gate photos of each class listed in ``root``'s ``manifest.json`` (the shipped
     data by default) that are on disk; empty when the manifest is missing or unreadable."""
     root = root or default_data_path()
-    try:
-        files = json.loads((root / "manifest.json").read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ()
     taken: dict[str, int] = {}
     out = []
-    for f in files:
-        if not isinstance(f, dict) or f.get("set") != "gate" or taken.get(f.get("class"), 0) >= PER_CLASS:
+    for f in _gate_entries(root):
+        if taken.get(f.get("class"), 0) >= PER_CLASS:
             continue
         path = root / str(f.get("file"))
         if path.is_file():
@@ -51,20 +56,17 @@ def truth_photos(root: Path | None = None) -> tuple[tuple[Path, str], ...]:
 def precision_check(version, batch: int = 16, root: Path | None = None) -> Iterator[np.ndarray]:
     """Every gate photo listed in ``root``'s manifest (the shipped data by default: 672), any class, decoded with
     ``version``'s preprocessing, ``batch`` at a time: what a faster precision is checked against FP32 on, on this
-    machine, at a version's first start (:class:`engines.base.CheckPhotos`; about 14 s for v4000 on 2 x86 cores,
-    once per version: on half of them v4000's saturating INT8 differed on 3 photos, within a photo of the bar).
-    Nothing when the photos are missing."""
+    machine, at a version's first start (:class:`engines.base.CheckPhotos`; about 16 s for v4000 on 2 x86 cores
+    without VNNI, once per version). Nothing when the photos are missing."""
     root = root or default_data_path()
-    try:
-        files = json.loads((root / "manifest.json").read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    entries = _gate_entries(root)
+    if not entries:
         return
     spec = PreprocessSpec.from_manifest(version.manifest["preprocess"])
-    paths = [root / str(f.get("file")) for f in files if isinstance(f, dict) and f.get("set") == "gate"]
     done = []
-    for path in paths:
+    for f in entries:
         try:
-            done.append(preprocess_file(path, spec))
+            done.append(preprocess_file(root / str(f.get("file")), spec))
         except (ImageRejected, OSError):
             continue
         if len(done) == batch:

@@ -11,7 +11,7 @@ statistics to the field's photos is kept only where the same set shows, by log-l
 
 A version published because it was not worse on the held-back photos scores high on them partly by luck (they chose
 it), and holds every successor to that score: with ``[trainer] field_check_judges_on = "new"`` a candidate is judged
-only on the photos held back since (:func:`new_photos`; every published version records which photos judged it)
+only on the photos held back since (:func:`new_photos`; every published version records the photos that chose it)
 once there are ``field_check_min`` of them.
 """
 
@@ -48,7 +48,7 @@ def held_back(samples: Iterable[Sample], every: int) -> set[str]:
 
 
 def new_photos(check_ids: list[str], judged_before: Iterable[str] | None, min_photos: int) -> list[bool] | None:
-    """Which of the field check photos ``check_ids`` did not judge the version in service (``judged_before``: the ids
+    """Which of the field check photos ``check_ids`` did not choose the version in service (``judged_before``: the ids
     its manifest records), where at least ``min_photos`` did not and some did; None: all of them judge."""
     if not judged_before:
         return None

@@ -240,8 +240,8 @@ class OnnxRuntimeEngine(Engine):
         """INT8 qualified by agreement: keep it only where it runs a photo faster than FP32 on this machine (INT8's
         depthwise convolutions can be slower than FP32's on an x86 CPU) and, given ``check_photos``, gives FP32's top-1
         on at least ``int8_min_agreement`` of them here: the manifest's figure was measured on the machine that built
-        it, and a CPU without VNNI (AVX2 only) saturates 8-bit sums (v4000 here: 0.975 of the 672 gate photos, 0.69 of
-        field photos, where it had agreed on all of them). Measured once per version, INT8 file and ONNX Runtime
+        it, and a CPU without VNNI (AVX2 only) saturates 8-bit sums (v4000 here: 0.982 of the 672 gate photos, 0.69 of
+        300 field photos, where it had agreed on all of its check photos). Measured once per version, INT8 file and ONNX Runtime
         release, and cached (``ort-precision/``) so later starts read the answer."""
         import json
 
