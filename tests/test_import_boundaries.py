@@ -75,3 +75,22 @@ def test_what_a_photo_does_not_wait_for_is_not_imported_before_ready():
         "print('OK')\n"
     )
     _runs_clean(code)
+
+
+def test_the_trainer_commands_that_only_look_never_import_torch(tmp_path):
+    """``edge-trainer status``, ``fleet`` and a ``retrain`` that has nothing to retrain answer without loading torch
+    (seconds on a small board): torch comes with the service and the retrain itself."""
+    code = (
+        "import sys, os\n"
+        "from trainer.cli import main\n"
+        f"os.chdir({str(tmp_path)!r})\n"
+        "for argv in (['status'], ['fleet'], ['retrain']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision'))\n"
+        "assert not bad, bad[:5]\n"
+        "print('OK')\n"
+    )
+    _runs_clean(code)

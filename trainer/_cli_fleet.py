@@ -35,8 +35,7 @@ def _fleet(args: argparse.Namespace) -> int:
     import time
 
     from edge_agent.names import printable
-    from edge_agent.state import looked_for
-    from trainer.service import trainer_state_dir
+    from edge_agent.state import looked_for, trainer_state_dir
 
     cfg, state = service_config(args)
     path = trainer_state_dir(cfg, state) / "status.json"

@@ -23,11 +23,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _retrain(args: argparse.Namespace) -> int:
-    from edge_agent.state import looked_for, resolve_store
+    from edge_agent.state import looked_for, resolve_store, trainer_state_dir
     from edge_agent.trust import trainer_key_path
     from engines.signing import load_key
     from trainer.samples import SampleStore
-    from trainer.service import retrain, trainer_state_dir
 
     cfg, state = service_config(args)
     root = trainer_state_dir(cfg, state)
@@ -61,6 +60,8 @@ def _retrain(args: argparse.Namespace) -> int:
         import os
 
         os.nice(cfg.trainer.nice)  # inference first, here too
+    from trainer.retrain import retrain  # torch: only once there is a retrain to run
+
     result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy", signing_key=load_key(key))
     print(
         f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)"
@@ -71,8 +72,7 @@ def _retrain(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from edge_agent.state import looked_for
-    from trainer.service import trainer_state_dir
+    from edge_agent.state import looked_for, trainer_state_dir
 
     cfg, state = service_config(args)
     path = trainer_state_dir(cfg, state) / "status.json"
