@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -193,3 +194,23 @@ class TrainerProc:
         rc = self.proc.wait(30)
         self._log.close()
         return rc
+
+
+def split_photos(plantvillage: Path, labelled_per_class: int = 10):
+    """A small labelled folder for the trainer, and the other photos for the field."""
+    labelled, field = {}, []
+    for cls in sorted(p for p in plantvillage.iterdir() if p.is_dir()):
+        photos = sorted(cls.glob("*.jpg"))
+        labelled[cls.name] = photos[:labelled_per_class]
+        field.extend(photos[labelled_per_class:])
+    return labelled, field
+
+
+def make_labelled(tmp_path: Path, labelled: dict) -> Path:
+    """A ``[trainer] labelled_data`` folder under ``tmp_path`` of the ``labelled`` photos (class -> photos)."""
+    root = tmp_path / "labelled"
+    for cls, photos in labelled.items():
+        (root / cls).mkdir(parents=True)
+        for p in photos:
+            shutil.copy(p, root / cls / p.name)
+    return root

@@ -369,7 +369,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
     import subprocess
     import sys
 
-    from .daemon_helpers import REPO, DaemonProc, TrainerProc, db_rows
+    from .daemon_helpers import REPO, DaemonProc, TrainerProc, db_rows, make_labelled, split_photos
 
     ports = {k: free_port() for k in ("handoff", "announce", "delivery")}
     endpoints = {
@@ -388,11 +388,14 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         check=True,
     ).stdout
     trainer_pub = out.split("file:")[1].split()[0]
+    known = set(EngineStore(default_store_path()).open().classes)  # the folder may hold classes the model lacks
+    labelled, _ = split_photos(plantvillage, labelled_per_class=5)  # a small gate: the delivery is measured, not learning
+    labelled_dir = make_labelled(tmp_path, {c: p for c, p in labelled.items() if c in known})
     t = TrainerProc(
         trainer_state,
         {
             "handoff": {**endpoints, "curve_secret_key": curve["server"].secret, "curve_authorized_dir": curve["server"].authorized_dir},
-            "trainer": {**QUICK_TRAINER, "retrain_threshold": 30},
+            "trainer": {**QUICK_TRAINER, "retrain_threshold": 30, "labelled_data": str(labelled_dir)},
             "rollout": {"period_s": 0, "min_photos": 0},  # staged (a canary first), without the wait
         },
     ).start()
@@ -412,7 +415,6 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         )
 
     daemons = []
-    known = set(EngineStore(default_store_path()).open().classes)  # the folder may hold classes the model lacks
     photos = [p for p in sorted(plantvillage.glob("*/*.jpg")) if p.parent.name in known][::37]
     try:
         for i in range(3):

@@ -17,28 +17,9 @@ import pytest
 
 from engines.store import EngineStore
 
-from .daemon_helpers import REPO, SHIPPED, SHIPPED_NEXT, DaemonProc, TrainerProc, db_rows, wait_until
+from .daemon_helpers import REPO, SHIPPED, SHIPPED_NEXT, DaemonProc, TrainerProc, db_rows, make_labelled, split_photos, wait_until
 
 pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
-
-
-def split_photos(plantvillage: Path, labelled_per_class: int = 10):
-    """A small labelled folder for the trainer, and the other photos for the field."""
-    labelled, field = {}, []
-    for cls in sorted(p for p in plantvillage.iterdir() if p.is_dir()):
-        photos = sorted(cls.glob("*.jpg"))
-        labelled[cls.name] = photos[:labelled_per_class]
-        field.extend(photos[labelled_per_class:])
-    return labelled, field
-
-
-def make_labelled(tmp_path: Path, labelled: dict) -> Path:
-    root = tmp_path / "labelled"
-    for cls, photos in labelled.items():
-        (root / cls).mkdir(parents=True)
-        for p in photos:
-            shutil.copy(p, root / cls / p.name)
-    return root
 
 
 def loop_config(tmp_path: Path, labelled_dir: Path, **trainer) -> dict:
@@ -50,7 +31,6 @@ def loop_config(tmp_path: Path, labelled_dir: Path, **trainer) -> dict:
             "retrain_threshold": 20,
             "epochs": 1,
             "int8": False,
-            "strategy": "ewc",
             "gate_tolerance": 0.05,
             "nice": 0,
             **trainer,
@@ -59,7 +39,7 @@ def loop_config(tmp_path: Path, labelled_dir: Path, **trainer) -> dict:
 
 
 def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_path):
-    labelled, field = split_photos(plantvillage)
+    labelled, field = split_photos(plantvillage, labelled_per_class=5)
     cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled))
     state = tmp_path / "state"
     d = DaemonProc(state, cfg).start()
@@ -73,7 +53,7 @@ def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_pa
         store = EngineStore(state / "engines")
         assert store.current() == SHIPPED_NEXT and store.open().manifest["parent"] == SHIPPED
         calibration = store.open().manifest["metrics"]["calibration"]  # [trainer] calibrate, on by default
-        held = 2 * len(labelled)  # two validation photos of each class's ten
+        held = len(labelled)  # one validation photo of each class's five ([trainer] val_fraction 0.2)
         assert calibration["photos"] == held and calibration["temperature"] > 0
         # fitted, or (when the candidate is never wrong on these photos) refused for that reason, not sharpened to T = 0.1
         assert calibration["skipped"] is None or f"mistakes on {held} held-out photos" in calibration["skipped"]
