@@ -57,34 +57,37 @@ def test_classify_real_photos_json(plantvillage, tmp_path):
         assert 0 < row["confidence"] <= 1 and row["ms"] > 0 and row["engine_version"].startswith("v")
 
 
-def test_shipped_model_accuracy_on_held_out_real_photos(plantvillage):
-    """Top-1 of the committed model on its held-out test split, through the daemon's own path."""
+@pytest.fixture(scope="module")
+def shipped_answers(plantvillage) -> tuple[list, list]:
+    """The committed model's held-out test photos (path, label) and its answers to them through the daemon's own
+    path, computed once for the tests that read them."""
     from edge_agent.classifier import Classifier
     from edge_agent.config import AppConfig
     from engines.loader import open_engine
 
     pytest.importorskip("torch", reason="recomputing the split uses the trainer's data module")
     photos = held_out_photos(plantvillage)
+    clf = Classifier(open_engine(default_store_path(), AppConfig().engine), top_k=1)
+    return photos, [clf.predict_file(p) for p, _ in photos]
+
+
+def test_shipped_model_accuracy_on_held_out_real_photos(shipped_answers):
+    """Top-1 of the committed model on its held-out test split, through the daemon's own path."""
+    photos, preds = shipped_answers
     assert len(photos) >= 150
-    clf = Classifier(open_engine(default_store_path(), AppConfig().engine))
-    correct = sum(clf.predict_file(p).label == label for p, label in photos)
+    correct = sum(p.label == label for p, (_, label) in zip(preds, photos))
     assert correct / len(photos) >= 0.90
 
 
-def test_shipped_model_confidence_is_calibrated_on_held_out_real_photos(plantvillage):
+def test_shipped_model_confidence_is_calibrated_on_held_out_real_photos(shipped_answers):
     """A softmax >= 0.9 has to mean >= 90 % right on photos never trained on, and a calibrated model passes most of its
     (91 % right) answers; the verdict's `confident` (softmax and distance) is the stricter one the daemon queues as
     pseudo-labels. Trained with label smoothing, the release had ECE 0.12 before its fitted temperature (0.02 after)."""
     import torch
 
-    from edge_agent.classifier import Classifier
-    from edge_agent.config import AppConfig
-    from engines.loader import open_engine
     from trainer.calibrate import calibration_error
 
-    photos = held_out_photos(plantvillage)
-    clf = Classifier(open_engine(default_store_path(), AppConfig().engine), top_k=1)
-    preds = [clf.predict_file(p) for p, _ in photos]
+    photos, preds = shipped_answers
     right = torch.tensor([p.label == label for p, (_, label) in zip(preds, photos)])
     conf = torch.tensor([p.confidence for p in preds])
     sure = conf >= 0.9

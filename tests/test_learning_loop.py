@@ -245,7 +245,7 @@ def test_a_retrain_runs_in_a_child_and_the_trainer_idles_within_50_mb_of_its_mem
     """The retrain's memory (the model, photos, optimiser) goes with its process: the service idles afterwards
     within 50 MB of what it held before (SIGTERM during the child's retrain: the test above)."""
     labelled, field = split_photos(plantvillage, labelled_per_class=4)  # what is tested is the process, not learning
-    cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=True)
+    cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=False)
     state = tmp_path / "state"
     _store_expert_samples(state, field[::40][:25])
     t = TrainerProc(state, cfg).start()
