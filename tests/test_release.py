@@ -16,6 +16,7 @@ from engines.store import EngineStore
 from .conftest import REPO, make_class_folders
 
 NAMES = ["Tomato___healthy", "Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)"]
+SIZE = 128  # the release's input side here (its default is 256): what is tested is the command, at a quarter of the pixels
 
 
 def release(data: Path, out: Path, key: Path, work: Path, epochs: int = 1):
@@ -35,6 +36,8 @@ def release(data: Path, out: Path, key: Path, work: Path, epochs: int = 1):
             str(work),
             "--epochs",
             str(epochs),
+            "--size",
+            str(SIZE),
         ],
         capture_output=True,
         text=True,
@@ -57,12 +60,13 @@ def test_the_release_command_writes_a_signed_store_with_its_split_and_verdict(re
     root, data, key, out = released
     store = EngineStore(root / "store")
     v = store.open(trust=TrustedKeys({key.public_hex: "release key"}))
-    from trainer.release import RELEASE_VERSION
+    from trainer.release import RELEASE_VERSION, ReleaseSettings
 
     assert v.name == RELEASE_VERSION == "v4000" and v.signed_by == "release key" and store.versions() == ["v4000"]
     m = v.manifest
     assert m["model"]["arch"] == "efficientnet-lite0" and m["classes"] == sorted(NAMES) and m.get("parent") is None
-    assert m["input"]["shape"] == [None, 3, 256, 256] and m["preprocess"]["mean"] == [127 / 255] * 3
+    assert m["input"]["shape"] == [None, 3, SIZE, SIZE] and m["preprocess"]["mean"] == [127 / 255] * 3
+    assert ReleaseSettings().size == 256 and m["training"]["settings"]["size"] == SIZE  # the size asked for, not the default
     assert m["training"]["pretrained"]["sha256"].startswith("57934424") and m["training"]["settings"]["freeze_batchnorm"]
     assert {"onnx", "int8", "torch", "split"} <= set(m["artifacts"]) and "verdict_agreement_with_fp32" in m["metrics"]["int8"]
     assert m["verdict"]["confident_distance"] <= m["verdict"]["unknown_distance"] and m["verdict"]["on"] == "features"
@@ -231,7 +235,7 @@ def test_a_release_trained_without_field_augmentation_records_so_and_its_retrain
     from trainer.release import ReleaseSettings, finish_release, train_release
 
     data = make_class_folders(tmp_path / "data", NAMES, 40)
-    settings = ReleaseSettings(epochs=1, swa_epochs=0, batch_size=16, threads=2, freeze_batchnorm=False)
+    settings = ReleaseSettings(epochs=1, swa_epochs=0, batch_size=16, threads=2, freeze_batchnorm=False, size=SIZE)
     model, info, folder, photos = train_release(data, tmp_path / "work", settings, progress=False, augmentation=None)
     assert info["augmentation"] is None and info["bn_x"].shape[0] == len(photos["train"].samples)
     version = finish_release(model, info, folder, photos, tmp_path / "store", None, settings)
