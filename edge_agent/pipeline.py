@@ -42,6 +42,9 @@ __all__ = ["Job", "Pipeline"]
 
 _STOP = object()
 
+#: Seconds the stages together get to end once stopped (after the drain): a stage stuck in inference is abandoned then.
+STOP_JOIN_S = 5.0
+
 
 @dataclass
 class Job:
@@ -176,8 +179,9 @@ class Pipeline:
                 self._decode_q.put(_STOP, timeout=1.0)
             except queue.Full:
                 break
+        deadline = time.monotonic() + STOP_JOIN_S  # one deadline for every stage: a stuck one costs it once, not each
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         self.golden.save(self.classifier.engine.engine_version)
         self._closed = True  # anything a stuck stage finishes later stays in the inbox for the next start
 
