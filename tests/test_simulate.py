@@ -214,7 +214,7 @@ def small_simulation(small_field, tmp_path_factory) -> Path:
 def test_ssl_bounds_fine_tunes_every_arm_on_the_simulations_splits(small_simulation):
     from benchmarks import ssl_bounds
 
-    result = ssl_bounds.run(small_simulation, list(ssl_bounds.ARMS), epochs=1, lr=1e-3, threads=1)
+    result = ssl_bounds.run(small_simulation, list(ssl_bounds.ARMS), epochs=1, lr=1e-3, threads=2)
     report = json.loads((small_simulation / "report.json").read_text())
     assert result["split"] == report["split"]
     rows = {r["arm"]: r for r in result["rows"]}
