@@ -38,7 +38,7 @@ from edge_agent.results import ResultRow, ResultsDB
 from edge_agent.spool import Origin, PhotoSpool
 from edge_agent.worker import spawn
 
-__all__ = ["Job", "Pipeline"]
+__all__ = ["STOP_JOIN_S", "Job", "Pipeline"]
 
 _STOP = object()
 
