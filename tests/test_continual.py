@@ -152,6 +152,33 @@ def test_rehearsal_keeps_the_exemplars_of_the_true_labels_and_its_old_memory_cho
         assert torch.equal(kept["x"][kept["y"] == c], expected)
 
 
+def test_rehearsal_given_the_features_of_the_true_labels_keeps_what_it_would_choose_and_runs_only_its_old_memory(tmp_path):
+    """A retrain hands the rehearsal the features its verdict computed: the same exemplars, none of those photos run
+    through the model again (on a device, the memory's choice had been a second pass over every true label)."""
+    from trainer.models import features_of
+
+    model = build_model(3).eval()
+    first, new = toy(seed=1), toy(n_per_class=5, seed=2)
+    pseudo = torch.arange(len(new)) % 2 == 0
+    data = Generation(new.x, new.y, pseudo=pseudo)
+    kept = []
+    for given in (False, True):
+        folder = tmp_path / str(given)
+        r = Rehearsal(folder, RehearsalConfig(per_class=3, selection="herding"))
+        r.after(model, first)
+        known = features_of(model, data.x[~pseudo]) if given else None
+        rows = []
+        features = type(model).features
+        model.features = lambda x: rows.append(len(x)) or features(model, x)  # the copies it runs are of this model
+        r.after(model, data, features=known)
+        del model.features
+        kept.append(torch.load(folder / "memory.pt"))
+        assert sum(rows) == (9 if given else 9 + int((~pseudo).sum())), rows  # the old memory: 3 a class
+    assert torch.equal(kept[0]["x"], kept[1]["x"]) and torch.equal(kept[0]["y"], kept[1]["y"])
+    with pytest.raises(ValueError, match="features of 2 photos for"):
+        Rehearsal(tmp_path / "x", RehearsalConfig()).after(model, data, features=torch.zeros(2, model.head.in_features))
+
+
 def test_gate(tmp_path):
     torch.manual_seed(0)
     data = toy(n_per_class=8)

@@ -100,15 +100,23 @@ def fold_temperature(model: Classifier, temperature: float) -> Classifier:
 
 
 @torch.no_grad()
-def calibrate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = INFERENCE_BATCH) -> Calibration:
-    """Fit a temperature on held-out photos ``x``/``y`` and fold it into ``model`` (in place).
+def calibrate(
+    model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = INFERENCE_BATCH, logits: torch.Tensor | None = None
+) -> Calibration:
+    """Fit a temperature on held-out photos ``x``/``y`` and fold it into ``model`` (in place); ``logits``, the model's
+    on ``x`` where the caller has them, spare running it again.
 
     With fewer than :data:`MIN_PHOTOS` photos (or fewer than two classes among them), or fewer than
     :data:`MIN_MISTAKES` wrong answers among them, nothing is folded and ``skipped`` says why: a temperature fitted on
     a handful of photos would be noise, and one fitted where the model is never wrong only sharpens it."""
     model.eval()
-    fast = inference_copy(model)
-    logits = torch.cat([fast(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else torch.zeros(0, model.num_classes)
+    if logits is not None:
+        logits = logits.float()
+    elif len(x):
+        fast = inference_copy(model)
+        logits = torch.cat([fast(x[i : i + batch]) for i in range(0, len(x), batch)])
+    else:
+        logits = torch.zeros(0, model.num_classes)
     mistakes = int((logits.argmax(1) != y).sum()) if len(x) else 0
     if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 or mistakes < MIN_MISTAKES:
         why = (

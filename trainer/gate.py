@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer.models import Classifier
-from trainer.train import evaluate
+from trainer.train import evaluate, scored
 
 __all__ = ["GateDecision", "gate"]
 
@@ -37,16 +37,26 @@ def gate(
     max_class_drop: float = 0.3,
     min_class_photos: int = 3,
     root: Classifier | None = None,
+    candidate_logits: torch.Tensor | None = None,
 ) -> GateDecision:
     """``root``: the first version of the lineage; the candidate must not be more than ``tolerance`` below it
-    either, so a series of candidates each a little worse than the last cannot add up to a real loss."""
+    either, so a series of candidates each a little worse than the last cannot add up to a real loss.
+    ``candidate_logits``: the candidate's on ``x`` where the caller has them (a retrain's, shared with its calibration
+    and verdict): the candidate is then not run again."""
     if len(x) == 0:
         return GateDecision(False, "no validation photos: cannot check the candidate")
+    z = candidate_logits
+
+    def of_candidate(rows: torch.Tensor | None = None):
+        if z is None:
+            return evaluate(candidate, x, y) if rows is None else evaluate(candidate, x[rows], y[rows])
+        return scored(z, y) if rows is None else scored(z[rows], y[rows])
+
     known = y < current.num_classes
-    cand = evaluate(candidate, x, y)
+    cand = of_candidate()
     every = bool(known.all())  # no new class among the photos: the same photos, evaluated once each
     cur = evaluate(current, x, y) if every else evaluate(current, x[known], y[known])
-    cand_known = cand if every or not known.any() else evaluate(candidate, x[known], y[known])
+    cand_known = cand if every or not known.any() else of_candidate(known)
     metrics = {
         "validation_photos": int(len(x)),
         "candidate_top1": round(cand.top1, 4),
@@ -71,7 +81,7 @@ def gate(
             base, cand_root = evaluate(root, x, y).top1, cand.top1
         else:
             x_root, y_root = x[known_root], y[known_root]
-            base, cand_root = evaluate(root, x_root, y_root).top1, evaluate(candidate, x_root, y_root).top1
+            base, cand_root = evaluate(root, x_root, y_root).top1, of_candidate(known_root).top1
         metrics["root_top1"] = round(base, 4)
         if cand_root < base - tolerance:
             return GateDecision(False, f"top-1 {cand_root:.4f} < first version's {base:.4f} - {tolerance}", metrics)

@@ -36,6 +36,7 @@ from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
 from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
 from trainer.loop.second_candidate import with_unlabelled
+from trainer.models import features_of
 from trainer.publish import load_weights, publish_model
 from trainer.recheck import recheck
 from trainer.samples import Sample, SampleStore
@@ -328,7 +329,12 @@ def retrain(
     judged_before = (current.manifest.get("training") or {}).get("field_check_ids")
     judges, judged_on = judging_photos(field, judged_before, tc.field_check_judges_on, tc.field_check_min)
     for candidate in variants:
-        decision = gate(candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root)
+        val_features = features_of(candidate, val.x)  # once: the gate's, the calibration's and the verdict's
+        with torch.no_grad():
+            val_logits = candidate.head(val_features)
+        decision = gate(
+            candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root, candidate_logits=val_logits
+        )
         on_field = field_gate(candidate, previous, judges.x, judges.y, expert_labels, tc.field_check_every, tc.field_check_min)
         on_field.metrics["field_judged_on"] = judged_on
         if decision.publish and on_field.publish:
@@ -361,7 +367,7 @@ def retrain(
         return RetrainResult(None, decision.reason, metrics, len(ids), time.perf_counter() - t0)
     progress("calibrating")
     if tc.calibrate:  # before the strategy keeps its anchor: the next retrain starts from the published weights
-        metrics["calibration"] = calibrate(candidate, val.x, val.y).summary()
+        metrics["calibration"] = calibrate(candidate, val.x, val.y, logits=val_logits).summary()
         log.info("calibrated", **metrics["calibration"])
     check(should_stop, "before publishing")
     training = {
@@ -381,7 +387,12 @@ def retrain(
     calib = train.x if len(train) else received.x
     truth = ~used.pseudo  # the verdict's class statistics from true labels only, its thresholds from the gate photos
     on = (current.manifest.get("verdict") or {}).get("on", "logits")  # a retrain measures the distance where its parent did
-    verdict = fit_verdict_for(candidate, used.x[truth], used.y[truth], val.x, spec, on=on) if len(val) >= 10 and truth.any() else None
+    verdict, known = None, None
+    if len(val) >= 10 and truth.any():
+        known = features_of(candidate, used.x[truth])  # once: the verdict's statistics and the rehearsal memory's choice
+        verdict = fit_verdict_for(
+            candidate, used.x[truth], used.y[truth], val.x, spec, on=on, train_features=known, held_features=val_features
+        )
     # The samples are marked pending with a tag the manifest records, before the publish makes the version visible:
     # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
     progress("publishing")
@@ -410,7 +421,7 @@ def retrain(
     settle_pending(store)  # the release's lineage serves now
     progress("keeping the strategy's memory")
     del labelled, train, val, received, field, calib  # the photos the strategy does not keep, before it reads more
-    strategy.after(candidate, used)  # only once published: a stopped or refused candidate leaves no trace
+    strategy.after(candidate, used, features=known)  # only once published: a stopped or refused candidate leaves no trace
     announce(version.name)
     metrics["memory"] = memory.summary()  # after the publish: the version's manifest leaves it out, the result has it
     log.info("retrain_memory", **metrics["memory"])

@@ -25,7 +25,17 @@ from trainer.models import Classifier, build_model, count_parameters, inference_
 from trainer.photos import INFERENCE_BATCH, as_input
 from trainer.publish import publish_model
 
-__all__ = ["NoTrainingDevice", "TrainSettings", "evaluate", "fit", "lr_schedule", "recalibrate", "train_supervised", "training_device"]
+__all__ = [
+    "NoTrainingDevice",
+    "TrainSettings",
+    "evaluate",
+    "fit",
+    "lr_schedule",
+    "recalibrate",
+    "scored",
+    "train_supervised",
+    "training_device",
+]
 
 
 class NoTrainingDevice(EdgeAgentError, RuntimeError):
@@ -92,18 +102,22 @@ def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = I
     on the device the model is on (the photos go there a batch at a time)."""
     model = inference_copy(model)
     dev = next(model.parameters()).device
-    k = model.num_classes
+    logits = [model(as_input(x[i : i + batch].to(dev))).float().cpu() for i in range(0, len(x), batch)]
+    return scored(torch.cat(logits) if logits else torch.zeros(0, model.num_classes), y)
+
+
+def scored(logits: torch.Tensor, y: torch.Tensor) -> Evaluation:
+    """The :class:`Evaluation` of a model's ``logits`` [N, classes] on photos labelled ``y`` (:func:`evaluate`'s
+    figures, for logits a caller already has)."""
+    k = logits.shape[1]
+    logits = logits.float()
     confusion = torch.zeros(k, k, dtype=torch.long)
-    loss, all_logits = 0.0, []
-    for i in range(0, len(x), batch):
-        logits = model(as_input(x[i : i + batch].to(dev))).float().cpu()
-        all_logits.append(logits)
-        loss += F.cross_entropy(logits, y[i : i + batch], reduction="sum").item()
-        pred = logits.argmax(1)
-        confusion.index_put_((y[i : i + batch], pred), torch.ones_like(pred), accumulate=True)
-    n = max(len(x), 1)
+    pred = logits.argmax(1)
+    confusion.index_put_((y, pred), torch.ones_like(pred), accumulate=True)
+    n = max(len(y), 1)
+    loss = F.cross_entropy(logits, y, reduction="sum").item() if len(y) else 0.0
     per_class = (confusion.diag().float() / confusion.sum(1).clamp(min=1).float()).tolist()
-    ece = expected_calibration_error(torch.cat(all_logits), y) if all_logits else None
+    ece = expected_calibration_error(logits, y) if len(y) else None
     return Evaluation(confusion.diag().sum().item() / n, loss / n, per_class, confusion.tolist(), ece)
 
 

@@ -35,7 +35,7 @@ from torch import nn
 from edge_agent.classifier import softmax
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import DISTANCE_OUTPUT, Judge, VerdictSpec, image_checks
-from trainer.models import inference_copy
+from trainer.models import features_of, inference_copy
 from trainer.photos import INFERENCE_BATCH, image_view
 
 __all__ = [
@@ -65,14 +65,6 @@ def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = INFERENCE_BA
     model.eval()  # the caller's model is left in eval mode, as before
     model = inference_copy(model)
     return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy() if len(x) else np.zeros((0, 0))
-
-
-@torch.no_grad()
-def _features_of(model: torch.nn.Module, x: torch.Tensor, batch: int = INFERENCE_BATCH) -> torch.Tensor:
-    """The model's pooled features for ``x`` in eval mode, float32 [N, D]."""
-    model.eval()
-    model = inference_copy(model)
-    return torch.cat([model.features(x[i : i + batch]).float() for i in range(0, len(x), batch)])
 
 
 def _low_rank(cov: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -165,10 +157,20 @@ def outputs_of(
     """The logits (float64) and, with ``distance``, the distances the exported model returns for ``x``."""
     if distance is None:
         return logits_of(model, x, batch), None
-    f = _features_of(model, x, batch)
+    return _outputs_from(model, features_of(model, x, batch), distance, batch)
+
+
+@torch.no_grad()
+def _outputs_from(
+    model: torch.nn.Module, f: torch.Tensor, distance: FeatureDistance | None, batch: int = INFERENCE_BATCH
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`outputs_of` from the model's pooled features ``f`` of the photos."""
+    k = model.num_classes
     head = model.head.float()
-    logits = torch.cat([head(f[i : i + batch]) for i in range(0, len(f), batch)])
-    dist = torch.cat([distance(f[i : i + batch]) for i in range(0, len(f), batch)])
+    logits = torch.cat([head(f[i : i + batch]) for i in range(0, len(f), batch)]) if len(f) else torch.zeros(0, k)
+    if distance is None:
+        return logits.double().numpy(), None
+    dist = torch.cat([distance(f[i : i + batch]) for i in range(0, len(f), batch)]) if len(f) else torch.zeros(0, k)
     return logits.double().numpy(), dist.double().numpy()
 
 
@@ -247,17 +249,25 @@ def fit_verdict_for(
     spec: PreprocessSpec,
     on: str = "logits",
     rank: int = FEATURE_RANK,
+    train_features: torch.Tensor | None = None,
+    held_features: torch.Tensor | None = None,
 ) -> FittedVerdict:
     """:func:`fit_verdict` for a torch model: its logits (or, ``on="features"``, its pooled features) on clean
-    training photos (true labels) and held-out photos."""
+    training photos (true labels) and held-out photos. ``train_features`` and ``held_features`` are the model's
+    :func:`~trainer.models.features_of` ``train_x`` and ``held_x`` where the caller has them already (a retrain's,
+    shared with its gate, calibration and rehearsal memory): those photos are not run through the model again."""
     if on not in VERDICT_SPACES:
         raise ValueError(f"the verdict's distance is on one of {VERDICT_SPACES}, not {on!r}")
     q = CONFIDENT_QUANTILE[on]
+    train_f = features_of(model, train_x) if train_features is None else train_features
+    held_f = features_of(model, held_x) if held_features is None else held_features
     if on == "logits":
-        section = fit_verdict(logits_of(model, train_x), train_y.numpy(), logits_of(model, held_x), held_x.numpy(), spec, q)
+        section = fit_verdict(
+            _outputs_from(model, train_f, None)[0], train_y.numpy(), _outputs_from(model, held_f, None)[0], held_x.numpy(), spec, q
+        )
         return FittedVerdict(section)
-    distance = FeatureDistance.fit(_features_of(model, train_x).double().numpy(), train_y.numpy(), model.num_classes, rank)
-    held_logits, held_d = outputs_of(model, held_x, distance)
+    distance = FeatureDistance.fit(train_f.double().numpy(), train_y.numpy(), model.num_classes, rank)
+    held_logits, held_d = _outputs_from(model, held_f, distance)
     section = fit_verdict(np.zeros((0, 0)), train_y.numpy(), held_logits, held_x.numpy(), spec, q, held_distances=held_d, rank=rank)
     return FittedVerdict(section, distance)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from edge_agent.preprocess import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
-from trainer.models._base import Classifier, inference_copy
+from trainer.models._base import Classifier, features_of, inference_copy
 from trainer.models._weights import PretrainedWeights, WeightsChanged, WeightsError, WeightsMissing
 from trainer.models.efficientnet_lite import EfficientNetLite, lite_state_dict
 from trainer.models.leafnet import LEAFNET_ARCHS, LeafNet
@@ -32,6 +32,7 @@ __all__ = [
     "build_model",
     "count_parameters",
     "data_config",
+    "features_of",
     "inference_copy",
 ]
 

@@ -8,13 +8,26 @@ import copy
 import torch
 from torch import nn
 
-__all__ = ["Classifier", "inference_copy"]
+from trainer.photos import INFERENCE_BATCH
+
+__all__ = ["Classifier", "features_of", "inference_copy"]
 
 
 def inference_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model`` in inference mode with channels-last weights: the same answers, and on CPU EfficientNet-Lite0's
     depthwise convolutions run 1.7x faster (128 photos at 192 px: 3.2 s -> 1.8 s on 2 cores)."""
     return copy.deepcopy(model).eval().to(memory_format=torch.channels_last)
+
+
+@torch.no_grad()
+def features_of(model: nn.Module, x: torch.Tensor, batch: int = INFERENCE_BATCH) -> torch.Tensor:
+    """``model``'s pooled features of the stored photos ``x`` in eval mode, float32 [N, D], ``batch`` photos at a
+    time; ``model`` is left in eval mode."""
+    model.eval()
+    if not len(x):
+        return torch.zeros(0, model.head.in_features)
+    fast = inference_copy(model)
+    return torch.cat([fast.features(x[i : i + batch]).float() for i in range(0, len(x), batch)])
 
 
 class Classifier(nn.Module):

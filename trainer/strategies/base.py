@@ -88,8 +88,9 @@ class Strategy:
     def penalty(self, model: Classifier, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return logits.new_zeros(())
 
-    def after(self, model: Classifier, data: Generation) -> None:
-        """Called after training the accepted candidate."""
+    def after(self, model: Classifier, data: Generation, features: torch.Tensor | None = None) -> None:
+        """Called after training the accepted candidate; ``features``, where given, are its
+        :func:`~trainer.models.features_of` ``data.x`` (computed once by the retrain, for whichever hook needs them)."""
 
 
 #: Every strategy, by the ``type`` that selects it.

@@ -48,7 +48,7 @@ class EWC(Strategy):
                 total = total + (self.fisher[n] * (p - self.anchor[n]) ** 2).sum()
         return lam / 2 * total
 
-    def after(self, model, data):
+    def after(self, model, data, features=None):
         gamma = self.config.gamma
         old, _ = self._load()
         new = fisher_information(model, data)

@@ -17,6 +17,7 @@ import hashlib
 import torch
 
 from edge_agent.trainer_config import RehearsalConfig
+from trainer.models import inference_copy
 from trainer.photos import INFERENCE_BATCH, join
 from trainer.strategies.base import Generation, Strategy, register
 
@@ -49,30 +50,31 @@ class Rehearsal(Strategy):
         rows = torch.tensor(new)
         return data + Generation(mx[rows], my[rows])
 
-    def after(self, model, data: Generation) -> None:
+    def after(self, model, data: Generation, features: torch.Tensor | None = None) -> None:
+        """Keep ``per_class`` photos a class from ``data``'s true labels and the memory; ``features`` (the model's of
+        ``data.x[~data.pseudo]``, where the retrain has them) spare running those photos through the model again."""
         per_class = self.config.per_class
         how = self.config.selection
         memory = self._load()
-        parts = [(data.x, torch.nonzero(~data.pseudo).flatten())]  # remember true labels only
-        ys = [data.y[~data.pseudo]]
+        truth = torch.nonzero(~data.pseudo).flatten()  # remember true labels only
+        if features is not None and len(features) != len(truth):
+            raise ValueError(f"features of {len(features)} photos for {len(truth)} true labels")
+        parts = [(data.x, truth, data.y[truth], features)]
         if memory is not None:
-            parts.append((memory[0], torch.arange(len(memory[1]))))
-            ys.append(memory[1])
-        # (photos, row) of every candidate, each photo once (the newest label first): a batch is gathered at a time, never all the photos again
+            parts.append((memory[0], torch.arange(len(memory[1])), memory[1], None))
+        # (photos, row, its given features) of every candidate, each photo once (the newest label first): a batch is
+        # gathered at a time, never all the photos again
         rows, labels, seen = [], [], set()
-        for (px, idx), py in zip(parts, ys):
-            for i, label, digest in zip(idx.tolist(), py.tolist(), _digests(px, idx.tolist())):
+        for px, idx, py, given in parts:
+            for k, (i, label, digest) in enumerate(zip(idx.tolist(), py.tolist(), _digests(px, idx.tolist()))):
                 if digest not in seen:
                     seen.add(digest)
-                    rows.append((px, i))
+                    rows.append((px, i, None if given is None else given[k]))
                     labels.append(label)
         y = torch.tensor(labels, dtype=torch.long)
         keep = []
         gen = torch.Generator().manual_seed(self.seed)
-        with torch.no_grad():
-            model.eval()
-            b = INFERENCE_BATCH
-            feats = torch.cat([model.features(_gather(rows[i : i + b])) for i in range(0, len(rows), b)]) if how != "random" else None
+        feats = _features(model, rows) if how != "random" else None
         for c in torch.unique(y).tolist():
             idx = torch.nonzero(y == c).flatten()
             if len(idx) <= per_class:
@@ -82,7 +84,7 @@ class Rehearsal(Strategy):
             else:
                 keep.append(idx[select(feats[idx], per_class, how)])
         order = torch.cat(keep)
-        torch.save({"x": _gather([rows[int(i)] for i in order]), "y": y[order].clone()}, self._path)
+        torch.save({"x": _gather([rows[int(i)][:2] for i in order]), "y": y[order].clone()}, self._path)
 
 
 def _digests(x: torch.Tensor, rows: list[int] | None = None) -> list[bytes]:
@@ -91,6 +93,26 @@ def _digests(x: torch.Tensor, rows: list[int] | None = None) -> list[bytes]:
     return [
         hashlib.blake2b(x[i].contiguous().numpy().tobytes(), digest_size=16).digest() for i in (range(len(x)) if rows is None else rows)
     ]
+
+
+def _features(model, rows: list[tuple[torch.Tensor, int, torch.Tensor | None]]) -> torch.Tensor:
+    """The model's features (in eval mode) of each of ``rows``: the ones given, the rest run through the model a
+    batch at a time."""
+    out = torch.empty(len(rows), model.head.in_features)
+    need = []
+    for k, (_, _, given) in enumerate(rows):
+        if given is None:
+            need.append(k)
+        else:
+            out[k] = given
+    model.eval()
+    if need:
+        fast = inference_copy(model)
+        with torch.no_grad():
+            for s in range(0, len(need), INFERENCE_BATCH):
+                part = need[s : s + INFERENCE_BATCH]
+                out[part] = fast.features(_gather([rows[k][:2] for k in part])).float()
+    return out
 
 
 def _gather(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
