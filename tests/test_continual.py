@@ -169,7 +169,7 @@ def test_rehearsal_given_the_features_of_the_true_labels_keeps_what_it_would_cho
         known = features_of(model, data.x[~pseudo]) if given else None
         rows = []
         features = type(model).features
-        model.features = lambda x: rows.append(len(x)) or features(model, x)  # the copies it runs are of this model
+        model.features = lambda x, rows=rows, features=features: rows.append(len(x)) or features(model, x)  # its copies too
         r.after(model, data, features=known)
         del model.features
         kept.append(torch.load(folder / "memory.pt"))

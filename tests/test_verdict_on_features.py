@@ -29,11 +29,15 @@ def _photos(n: int, start: int = 0) -> np.ndarray:
 @pytest.fixture(scope="module")
 def features_store(tmp_path_factory, signing_key):
     """A signed store whose one version (LeafNet, 3 classes) carries a verdict on its features."""
+    return make_features_store(tmp_path_factory.mktemp("features-store"), signing_key)
+
+
+def make_features_store(root, signing_key):
+    """(the store at ``root``, its model, its fitted verdict): :func:`features_store`."""
     from trainer.models import build_model
     from trainer.publish import publish_model
     from trainer.verdict_fit import fit_verdict_for
 
-    root = tmp_path_factory.mktemp("features-store")
     torch.manual_seed(0)
     model = build_model(3).eval()
     x, y = _photos(30), np.arange(30) % 3
@@ -243,46 +247,3 @@ def test_the_features_benchmark_takes_the_head_input_not_the_distance_computatio
     assert data["lab"]["distance"].shape == (12, 3)
     shipped = [r for r in rules(data, version.manifest, [0.97], 2) if "(shipped)" in r]
     assert shipped == ["features, the model's own distances and the manifest's threshold (shipped)"]
-
-
-def test_after_training_a_retrain_runs_its_candidate_over_each_validation_photo_and_true_label_once(features_store, tmp_path, monkeypatch):
-    """The gate, the calibration, the verdict and the rehearsal memory share the candidate's features: on the 672
-    shipped gate photos each extra pass cost about 30 s on a 2-core CPU."""
-    from collections import Counter
-
-    from edge_agent.config import parse_config
-    from engines.store import EngineStore
-    from trainer.models import LeafNet
-    from trainer.retrain import retrain
-    from trainer.samples import SampleStore
-
-    from .test_recheck import _open_gate
-
-    root, _, _ = features_store
-    store = EngineStore(shutil.copytree(root, tmp_path / "store"))
-    samples = SampleStore(tmp_path / "trainer")
-    for i in range(12):
-        samples.add(
-            {"id": f"{i:064x}", "kind": "expert", "label": CLASSES[i % 3], "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"},
-            encode(leaf_image(900 + i, hue=40 * (i % 3))),
-        )
-    seen, phase = Counter(), ["start"]
-    features = LeafNet.features
-
-    def counted(self, x):
-        if not torch.is_grad_enabled():  # inference, not a training step
-            seen[phase[0]] += len(x)
-        return features(self, x)
-
-    monkeypatch.setattr(LeafNet, "features", counted)
-    trainer = {**_open_gate(tmp_path, per_class=25), "calibrate": True}
-    cfg = parse_config({"store": {"path": str(store.root), "require_signature": False}, "trainer": trainer})
-    result = retrain(cfg, store, samples, tmp_path / "strategy", progress=lambda name, **_: phase.__setitem__(0, name))
-    samples.close()
-    assert result.published, result.reason
-    val = result.metrics["gate"]["validation_photos"]
-    assert result.metrics["calibration"]["photos"] == val >= 10
-    truth = result.metrics["samples"]["labelled"] + result.metrics["samples"]["expert"]  # no memory yet: a first retrain
-    assert seen["gate"] == 2 * val, seen  # the candidate once, the version it starts from once
-    assert seen["calibrating"] == truth, seen  # the verdict's class statistics; the temperature reuses the gate's logits
-    assert seen["keeping the strategy's memory"] == 0, seen  # the rehearsal memory chooses by the verdict's features

@@ -38,25 +38,27 @@ def gate(
     min_class_photos: int = 3,
     root: Classifier | None = None,
     candidate_logits: torch.Tensor | None = None,
+    current_logits: torch.Tensor | None = None,
+    root_logits: torch.Tensor | None = None,
 ) -> GateDecision:
     """``root``: the first version of the lineage; the candidate must not be more than ``tolerance`` below it
     either, so a series of candidates each a little worse than the last cannot add up to a real loss.
-    ``candidate_logits``: the candidate's on ``x`` where the caller has them (a retrain's, shared with its calibration
-    and verdict): the candidate is then not run again."""
+    ``candidate_logits``, ``current_logits``, ``root_logits``: a model's logits on ``x`` where the caller has them (a
+    retrain's candidate's, shared with its calibration and verdict; a stored version's, :mod:`trainer.loop.gate_logits`):
+    that model is then not run again."""
     if len(x) == 0:
         return GateDecision(False, "no validation photos: cannot check the candidate")
-    z = candidate_logits
 
-    def of_candidate(rows: torch.Tensor | None = None):
+    def of(model: Classifier, z: torch.Tensor | None, rows: torch.Tensor | None = None):
         if z is None:
-            return evaluate(candidate, x, y) if rows is None else evaluate(candidate, x[rows], y[rows])
+            return evaluate(model, x, y) if rows is None else evaluate(model, x[rows], y[rows])
         return scored(z, y) if rows is None else scored(z[rows], y[rows])
 
     known = y < current.num_classes
-    cand = of_candidate()
+    cand = of(candidate, candidate_logits)
     every = bool(known.all())  # no new class among the photos: the same photos, evaluated once each
-    cur = evaluate(current, x, y) if every else evaluate(current, x[known], y[known])
-    cand_known = cand if every or not known.any() else of_candidate(known)
+    cur = of(current, current_logits, None if every else known)
+    cand_known = cand if every or not known.any() else of(candidate, candidate_logits, known)
     metrics = {
         "validation_photos": int(len(x)),
         "candidate_top1": round(cand.top1, 4),
@@ -78,10 +80,9 @@ def gate(
     if root is not None and root is not current:
         known_root = y < root.num_classes
         if bool(known_root.all()):  # the photos themselves, not a copy (672 photos at 192 px: 149 MB)
-            base, cand_root = evaluate(root, x, y).top1, cand.top1
+            base, cand_root = of(root, root_logits).top1, cand.top1
         else:
-            x_root, y_root = x[known_root], y[known_root]
-            base, cand_root = evaluate(root, x_root, y_root).top1, of_candidate(known_root).top1
+            base, cand_root = of(root, root_logits, known_root).top1, of(candidate, candidate_logits, known_root).top1
         metrics["root_top1"] = round(base, 4)
         if cand_root < base - tolerance:
             return GateDecision(False, f"top-1 {cand_root:.4f} < first version's {base:.4f} - {tolerance}", metrics)

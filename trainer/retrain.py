@@ -34,6 +34,7 @@ from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
+from trainer.loop.gate_logits import GateLogits, photos_digest
 from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
 from trainer.loop.second_candidate import with_unlabelled
 from trainer.models import features_of
@@ -328,12 +329,25 @@ def retrain(
     progress("gate")
     judged_before = (current.manifest.get("training") or {}).get("field_check_ids")
     judges, judged_on = judging_photos(field, judged_before, tc.field_check_judges_on, tc.field_check_min)
+    kept = GateLogits(samples.root, photos_digest(val.x))  # the stored versions' logits on these photos, run once
+    current_logits = kept.of(current, previous, val.x)
+    root_logits = current_logits if root is previous else kept.of(store.open(root_name), root, val.x)
     for candidate in variants:
         val_features = features_of(candidate, val.x)  # once: the gate's, the calibration's and the verdict's
         with torch.no_grad():
             val_logits = candidate.head(val_features)
         decision = gate(
-            candidate, previous, val.x, val.y, classes, tc.gate_tolerance, tc.gate_max_class_drop, root=root, candidate_logits=val_logits
+            candidate,
+            previous,
+            val.x,
+            val.y,
+            classes,
+            tc.gate_tolerance,
+            tc.gate_max_class_drop,
+            root=root,
+            candidate_logits=val_logits,
+            current_logits=current_logits,
+            root_logits=root_logits,
         )
         on_field = field_gate(candidate, previous, judges.x, judges.y, expert_labels, tc.field_check_every, tc.field_check_min)
         on_field.metrics["field_judged_on"] = judged_on
@@ -361,6 +375,7 @@ def retrain(
         metrics["step"] = step.summary()
     log.info("gate", publish=decision.publish, reason=decision.reason, **decision.metrics)
     if not decision.publish:
+        kept.prune()
         samples.mark_used(ids, f"refused:{int(time.time())}")
         metrics["memory"] = memory.summary()
         log.info("retrain_memory", **metrics["memory"])
@@ -418,6 +433,9 @@ def retrain(
         settle_published(store, samples)
         raise
     samples.mark_used(ids, version.name)
+    with torch.no_grad():
+        kept.keep(version, candidate.head(val_features))  # calibrated, as published: the next retrain's version in service
+    kept.prune()
     settle_pending(store)  # the release's lineage serves now
     progress("keeping the strategy's memory")
     del labelled, train, val, received, field, calib  # the photos the strategy does not keep, before it reads more

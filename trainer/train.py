@@ -30,6 +30,7 @@ __all__ = [
     "TrainSettings",
     "evaluate",
     "fit",
+    "logits_on",
     "lr_schedule",
     "recalibrate",
     "scored",
@@ -100,10 +101,17 @@ class Evaluation:
 def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = INFERENCE_BATCH) -> Evaluation:
     """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error, computed
     on the device the model is on (the photos go there a batch at a time)."""
-    model = inference_copy(model)
-    dev = next(model.parameters()).device
-    logits = [model(as_input(x[i : i + batch].to(dev))).float().cpu() for i in range(0, len(x), batch)]
-    return scored(torch.cat(logits) if logits else torch.zeros(0, model.num_classes), y)
+    return scored(logits_on(model, x, batch), y)
+
+
+@torch.no_grad()
+def logits_on(model: Classifier, x: torch.Tensor, batch: int = INFERENCE_BATCH) -> torch.Tensor:
+    """``model``'s logits on the stored photos ``x`` in eval mode, float32 [N, classes] on the CPU, computed on the
+    device the model is on (the photos go there a batch at a time)."""
+    fast = inference_copy(model)
+    dev = next(fast.parameters()).device
+    logits = [fast(as_input(x[i : i + batch].to(dev))).float().cpu() for i in range(0, len(x), batch)]
+    return torch.cat(logits) if logits else torch.zeros(0, model.num_classes)
 
 
 def scored(logits: torch.Tensor, y: torch.Tensor) -> Evaluation:
