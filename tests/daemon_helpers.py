@@ -196,6 +196,28 @@ class TrainerProc:
         return rc
 
 
+def stand_in_store(root: Path, signing_key) -> Path:
+    """A store at ``root`` whose one version, named as the shipped one, is an untrained LeafNet (128 px) of the shipped
+    model's classes: for the tests of the trainer's process (a kill, a stop, its memory), where what is tested is the
+    process, not the model (a retrain of it takes a few seconds here, one of the shipped model about a minute)."""
+    import torch
+
+    from trainer.models import build_model
+    from trainer.publish import publish_model
+
+    torch.manual_seed(0)
+    shipped = EngineStore(default_store_path()).open()
+    publish_model(
+        build_model(len(shipped.classes)).eval(),
+        list(shipped.classes),
+        root,
+        training={"kind": "test-fixture"},
+        signing_key=signing_key,
+        version=SHIPPED,
+    )
+    return root
+
+
 def split_photos(plantvillage: Path, labelled_per_class: int = 10):
     """A small labelled folder for the trainer, and the other photos for the field."""
     labelled, field = {}, []

@@ -17,7 +17,18 @@ import pytest
 
 from engines.store import EngineStore
 
-from .daemon_helpers import REPO, SHIPPED, SHIPPED_NEXT, DaemonProc, TrainerProc, db_rows, make_labelled, split_photos, wait_until
+from .daemon_helpers import (
+    REPO,
+    SHIPPED,
+    SHIPPED_NEXT,
+    DaemonProc,
+    TrainerProc,
+    db_rows,
+    make_labelled,
+    split_photos,
+    stand_in_store,
+    wait_until,
+)
 
 pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
 
@@ -36,6 +47,12 @@ def loop_config(tmp_path: Path, labelled_dir: Path, **trainer) -> dict:
             **trainer,
         },
     }
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory, signing_key) -> Path:
+    """The shipped model's stand-in for the tests of the trainer's process (daemon_helpers.stand_in_store)."""
+    return stand_in_store(tmp_path_factory.mktemp("stand-in"), signing_key)
 
 
 def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_path):
@@ -77,19 +94,21 @@ def test_pseudo_labels_retrain_publish_swap_nothing_dropped(plantvillage, tmp_pa
 
 
 @pytest.mark.parametrize("moment", ["retrain_started", "gate"])
-def test_trainer_sigkill_during_training_and_publishing(plantvillage, tmp_path, moment):
+def test_trainer_sigkill_during_training_and_publishing(plantvillage, stand_in, tmp_path, moment):
     """Samples are already stored; kill the trainer mid-retrain (or right after the gate, while publishing)."""
     from trainer.samples import SampleStore
 
     labelled, field = split_photos(plantvillage, labelled_per_class=4)  # what is tested is the process, not learning
     # INT8 where the kill falls while publishing (more files to leave half-written); a kill mid-training needs none
     cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=moment == "gate")
+    engines = shutil.copytree(stand_in, tmp_path / "engines")  # the process, not the model: the shipped one's stand-in
+    cfg["store"] = {"path": str(engines)}
     state = tmp_path / "state"
     _store_expert_samples(state, field[::40][:25])
     t = TrainerProc(state, cfg).start()
     wait_until(lambda: t.logged(moment), 240, moment)
     t.kill()
-    store = EngineStore(state / "engines")
+    store = EngineStore(engines)
     cur = store.open()  # verifies every file: complete, never half-written
     assert cur.name in (SHIPPED, SHIPPED_NEXT)
     t = TrainerProc(state, cfg).start()  # resumes from its stored samples, or finds them published
@@ -241,11 +260,12 @@ def _rss(pid: int) -> int:
     return next(int(line.split()[1]) << 10 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
 
 
-def test_a_retrain_runs_in_a_child_and_the_trainer_idles_within_50_mb_of_its_memory_before_it(plantvillage, tmp_path):
+def test_a_retrain_runs_in_a_child_and_the_trainer_idles_within_50_mb_of_its_memory_before_it(plantvillage, stand_in, tmp_path):
     """The retrain's memory (the model, photos, optimiser) goes with its process: the service idles afterwards
     within 50 MB of what it held before (SIGTERM during the child's retrain: the test above)."""
     labelled, field = split_photos(plantvillage, labelled_per_class=4)  # what is tested is the process, not learning
     cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=False)
+    cfg["store"] = {"path": str(shutil.copytree(stand_in, tmp_path / "engines"))}  # the shipped model's stand-in
     state = tmp_path / "state"
     _store_expert_samples(state, field[::40][:25])
     t = TrainerProc(state, cfg).start()
