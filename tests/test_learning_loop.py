@@ -183,12 +183,21 @@ def _store_expert_samples(state: Path, photos: list[Path]) -> None:
 
 
 def test_sigterm_during_a_retrain_exits_within_5_s_and_keeps_every_sample(plantvillage, tmp_path):
-    """No labelled data configured: the shipped photos serve. SIGTERM mid-training: exit 0 within 5 s, candidate
-    abandoned (nothing published), every sample kept and still new, and the next start retrains on them."""
+    """The shipped model retraining: SIGTERM mid-training: exit 0 within 5 s, candidate abandoned (nothing
+    published), every sample kept and still new, and the next start retrains on them. Three labelled photos a class
+    (the shipped replay photos would take 40 s here to finish the first epoch the test waits for)."""
     state = tmp_path / "state"
-    _, field = split_photos(plantvillage)
+    labelled, field = split_photos(plantvillage, labelled_per_class=3)
     _store_expert_samples(state, field[::40][:25])
-    cfg = {"trainer": {"retrain_threshold": 20, "epochs": 200, "int8": False, "nice": 0}}
+    cfg = {
+        "trainer": {
+            "labelled_data": str(make_labelled(tmp_path, labelled)),
+            "retrain_threshold": 20,
+            "epochs": 200,
+            "int8": False,
+            "nice": 0,
+        }
+    }
     t = TrainerProc(state, cfg).start()
     wait_until(lambda: t.logged("generation_epoch"), 240, "training under way")
     status = state / "trainer" / "status.json"
