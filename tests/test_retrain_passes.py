@@ -110,9 +110,8 @@ def test_a_retrain_runs_its_candidate_over_each_gate_photo_and_true_label_once_a
 def test_kept_logits_that_cannot_be_read_are_computed_again_and_replaced(tmp_path, damage):
     from engines.store import EngineStore
     from trainer.loop.gate_logits import GateLogits, photos_digest
-    from trainer.models import build_model
+    from trainer.models import build_model, logits_on
     from trainer.publish import publish_model
-    from trainer.train import logits_on
 
     torch.manual_seed(0)
     model = build_model(3).eval()

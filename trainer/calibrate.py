@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer.models import Classifier, inference_copy
+from trainer.models import Classifier, logits_on
 from trainer.photos import INFERENCE_BATCH
 
 __all__ = ["Calibration", "calibrate", "calibration_error", "expected_calibration_error", "fit_temperature", "fold_temperature"]
@@ -110,13 +110,7 @@ def calibrate(
     :data:`MIN_MISTAKES` wrong answers among them, nothing is folded and ``skipped`` says why: a temperature fitted on
     a handful of photos would be noise, and one fitted where the model is never wrong only sharpens it."""
     model.eval()
-    if logits is not None:
-        logits = logits.float()
-    elif len(x):
-        fast = inference_copy(model)
-        logits = torch.cat([fast(x[i : i + batch]) for i in range(0, len(x), batch)])
-    else:
-        logits = torch.zeros(0, model.num_classes)
+    logits = logits_on(model, x, batch) if logits is None else logits.float()
     mistakes = int((logits.argmax(1) != y).sum()) if len(x) else 0
     if len(x) < MIN_PHOTOS or len(torch.unique(y)) < 2 or mistakes < MIN_MISTAKES:
         why = (

@@ -21,8 +21,8 @@ from trainer.augment import Augment
 from trainer.batchnorm import batchnorm_photos, recompute_batchnorm
 from trainer.calibrate import calibrate, expected_calibration_error
 from trainer.data import DatasetError, TensorDataset, scan_folder, stratified_split
-from trainer.models import Classifier, build_model, count_parameters, inference_copy
-from trainer.photos import INFERENCE_BATCH, as_input
+from trainer.models import Classifier, build_model, count_parameters, logits_on
+from trainer.photos import INFERENCE_BATCH
 from trainer.publish import publish_model
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "TrainSettings",
     "evaluate",
     "fit",
-    "logits_on",
     "lr_schedule",
     "recalibrate",
     "scored",
@@ -102,16 +101,6 @@ def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor, batch: int = I
     """Top-1, mean cross-entropy, per-class recall, confusion matrix (rows: truth) and calibration error, computed
     on the device the model is on (the photos go there a batch at a time)."""
     return scored(logits_on(model, x, batch), y)
-
-
-@torch.no_grad()
-def logits_on(model: Classifier, x: torch.Tensor, batch: int = INFERENCE_BATCH) -> torch.Tensor:
-    """``model``'s logits on the stored photos ``x`` in eval mode, float32 [N, classes] on the CPU, computed on the
-    device the model is on (the photos go there a batch at a time)."""
-    fast = inference_copy(model)
-    dev = next(fast.parameters()).device
-    logits = [fast(as_input(x[i : i + batch].to(dev))).float().cpu() for i in range(0, len(x), batch)]
-    return torch.cat(logits) if logits else torch.zeros(0, model.num_classes)
 
 
 def scored(logits: torch.Tensor, y: torch.Tensor) -> Evaluation:

@@ -35,7 +35,7 @@ from torch import nn
 from edge_agent.classifier import softmax
 from edge_agent.preprocess import PreprocessSpec
 from edge_agent.verdict import DISTANCE_OUTPUT, Judge, VerdictSpec, image_checks
-from trainer.models import features_of, inference_copy
+from trainer.models import features_of, logits_on
 from trainer.photos import INFERENCE_BATCH, image_view
 
 __all__ = [
@@ -63,8 +63,7 @@ CONFIDENT_QUANTILE = {"logits": 0.8, "features": 0.97}
 def logits_of(model: torch.nn.Module, x: torch.Tensor, batch: int = INFERENCE_BATCH) -> np.ndarray:
     """The model's logits for ``x`` in eval mode, as float64."""
     model.eval()  # the caller's model is left in eval mode, as before
-    model = inference_copy(model)
-    return torch.cat([model(x[i : i + batch]) for i in range(0, len(x), batch)]).double().numpy() if len(x) else np.zeros((0, 0))
+    return logits_on(model, x, batch).double().numpy() if len(x) else np.zeros((0, 0))
 
 
 def _low_rank(cov: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, float]:

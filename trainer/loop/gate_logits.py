@@ -22,9 +22,9 @@ import torch
 from edge_agent.log import get_logger
 from engines.durable import atomic_write
 from engines.store import StoreVersion
+from trainer.models import logits_on
 from trainer.photos import INFERENCE_BATCH
 from trainer.publish import WEIGHTS_FILE
-from trainer.train import logits_on
 
 __all__ = ["GateLogits", "photos_digest"]
 

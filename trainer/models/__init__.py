@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from edge_agent.preprocess import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
-from trainer.models._base import Classifier, features_of, inference_copy
+from trainer.models._base import Classifier, features_of, inference_copy, logits_on
 from trainer.models._weights import PretrainedWeights, WeightsChanged, WeightsError, WeightsMissing
 from trainer.models.efficientnet_lite import EfficientNetLite, lite_state_dict
 from trainer.models.leafnet import LEAFNET_ARCHS, LeafNet
@@ -34,6 +34,7 @@ __all__ = [
     "data_config",
     "features_of",
     "inference_copy",
+    "logits_on",
 ]
 
 #: TensorFlow's EfficientNet-Lite input scaling, (v - 127) / 128, in PreprocessSpec's (v / 255 - mean) / std form.

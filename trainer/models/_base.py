@@ -8,9 +8,9 @@ import copy
 import torch
 from torch import nn
 
-from trainer.photos import INFERENCE_BATCH
+from trainer.photos import INFERENCE_BATCH, as_input
 
-__all__ = ["Classifier", "features_of", "inference_copy"]
+__all__ = ["Classifier", "features_of", "inference_copy", "logits_on"]
 
 
 def inference_copy(model: nn.Module) -> nn.Module:
@@ -28,6 +28,16 @@ def features_of(model: nn.Module, x: torch.Tensor, batch: int = INFERENCE_BATCH)
         return torch.zeros(0, model.head.in_features)
     fast = inference_copy(model)
     return torch.cat([fast.features(x[i : i + batch]).float() for i in range(0, len(x), batch)])
+
+
+@torch.no_grad()
+def logits_on(model: nn.Module, x: torch.Tensor, batch: int = INFERENCE_BATCH) -> torch.Tensor:
+    """``model``'s logits on the stored photos ``x`` in eval mode, float32 [N, classes] on the CPU, computed on the
+    device the model is on (the photos go there a batch at a time)."""
+    fast = inference_copy(model)
+    dev = next(fast.parameters(), torch.empty(0)).device  # the CPU for a module without weights
+    logits = [fast(as_input(x[i : i + batch].to(dev))).float().cpu() for i in range(0, len(x), batch)]
+    return torch.cat(logits) if logits else torch.zeros(0, model.num_classes)
 
 
 class Classifier(nn.Module):

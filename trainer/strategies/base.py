@@ -90,7 +90,7 @@ class Strategy:
 
     def after(self, model: Classifier, data: Generation, features: torch.Tensor | None = None) -> None:
         """Called after training the accepted candidate; ``features``, where given, are its
-        :func:`~trainer.models.features_of` ``data.x`` (computed once by the retrain, for whichever hook needs them)."""
+        :func:`~trainer.models.features_of` ``data.x[~data.pseudo]`` (the true labels; computed once by the retrain)."""
 
 
 #: Every strategy, by the ``type`` that selects it.
