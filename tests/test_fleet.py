@@ -75,8 +75,8 @@ def farm(tmp_path, tiny_store, signing_key, curve):
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     servers, fetchers = [], []
 
-    def server(cls=EngineServer, rollout=None):
-        s = cls(trainer_store, Link("", "", endpoint, curve["server"]), offer_every_s=0.5, rollout=rollout)
+    def server(cls=EngineServer, rollout=None, offer_every_s: float = 0.5):
+        s = cls(trainer_store, Link("", "", endpoint, curve["server"]), offer_every_s=offer_every_s, rollout=rollout)
         s.start()
         servers.append(s)
         return s
@@ -247,6 +247,25 @@ def test_a_transfer_cut_in_the_middle_resumes(farm):
     again.store.open(farm.v2, trust=again.trust)
 
 
+class GoneOnOffer(EngineFetcher):
+    """Stops as an offer arrives, before answering it (a daemon restarted just then)."""
+
+    def _on_offer(self, sock, version, signature, manifest):
+        self.counters["offers"] += 1
+        self._stop.set()
+
+
+def test_a_daemon_restarted_just_after_an_offer_is_offered_again_on_its_new_connection_at_once(farm):
+    """An offer made on a connection that then closed went nowhere: the next hello, on the new connection, gets it
+    at once, not once the server's pause between offers of the same version to a device has passed."""
+    farm.server(offer_every_s=60.0)
+    first = farm.daemon("restarted", cls=GoneOnOffer)
+    wait_until(lambda: first._stop.is_set(), 30, "offered, then gone")
+    first._thread.join(10)
+    again = farm.daemon("restarted")
+    wait_until(lambda: again.store.current() == farm.v2, 10, "offered again on its new connection")
+
+
 class DyingServer(EngineServer):
     """Stops answering (a trainer restarting) after its fifth chunk."""
 
@@ -364,12 +383,22 @@ def test_the_protocol_refuses_what_it_must():
 @pytest.mark.slow
 def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve):
     """Three daemons (their own state directories) and one trainer on 127.0.0.1 with CURVE: photos dropped into each
-    inbox, a retrain, and every daemon answers with the new version; one stopped during the publish catches up."""
+    inbox, a retrain, and every daemon answers with the new version; one stopped during the publish catches up. What
+    travels is measured, not the model: every one starts on the first release (daemon_helpers.first_release_store)."""
     import json
     import subprocess
     import sys
 
-    from .daemon_helpers import REPO, DaemonProc, TrainerProc, db_rows, make_labelled, split_photos
+    from .daemon_helpers import (
+        FIRST_RELEASE_NEXT,
+        REPO,
+        DaemonProc,
+        TrainerProc,
+        db_rows,
+        first_release_store,
+        make_labelled,
+        split_photos,
+    )
 
     ports = {k: free_port() for k in ("handoff", "announce", "delivery")}
     endpoints = {
@@ -388,7 +417,8 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         check=True,
     ).stdout
     trainer_pub = out.split("file:")[1].split()[0]
-    known = set(EngineStore(default_store_path()).open().classes)  # the folder may hold classes the model lacks
+    stores = [first_release_store(tmp_path / f"engines-{i}") for i in range(4)]  # the trainer's, then each device's
+    known = set(EngineStore(stores[0]).open().classes)  # the folder may hold classes the model lacks
     labelled, _ = split_photos(plantvillage, labelled_per_class=5)  # a small gate: the delivery is measured, not learning
     labelled_dir = make_labelled(tmp_path, {c: p for c, p in labelled.items() if c in known})
     t = TrainerProc(
@@ -397,6 +427,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
             "handoff": {**endpoints, "curve_secret_key": curve["server"].secret, "curve_authorized_dir": curve["server"].authorized_dir},
             "trainer": {**QUICK_TRAINER, "retrain_threshold": 30, "labelled_data": str(labelled_dir)},
             "rollout": {"period_s": 0, "min_photos": 0},  # staged (a canary first), without the wait
+            "store": {"path": str(stores[0])},
         },
     ).start()
 
@@ -409,7 +440,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
                     "curve_secret_key": curve["enrolled"](f"device-{i}").secret,
                     "curve_server_key": curve["client"].server_public,
                 },
-                "store": {"trusted_keys": [trainer_pub]},
+                "store": {"trusted_keys": [trainer_pub], "path": str(stores[1 + i])},
                 "hotswap": {"poll_s": 0.5},
             },
         )
@@ -430,9 +461,9 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
             wait_until(lambda d=d: '"engine_swapped"' in d.log_path.read_text(), 60, f"{d.state.name} swapped")
             shutil.copy(photos[-1], d.inbox / "after.jpg")
             wait_until(
-                lambda d=d: db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'") == [(SHIPPED_NEXT,)],
+                lambda d=d: db_rows(d.state, "SELECT engine_version FROM results WHERE path LIKE '%after.jpg'") == [(FIRST_RELEASE_NEXT,)],
                 30,
-                f"{d.state.name} answers with {SHIPPED_NEXT}",
+                f"{d.state.name} answers with {FIRST_RELEASE_NEXT}",
             )
         late = device(2).start()
         daemons[2] = late
@@ -451,7 +482,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
         assert sum(r["samples_received"] for r in fleet) >= 30
         wait_until(
             lambda: all(
-                r["engine_version"] == SHIPPED_NEXT
+                r["engine_version"] == FIRST_RELEASE_NEXT
                 for r in json.loads(
                     subprocess.run(
                         [
@@ -472,7 +503,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
                 )
             ),
             20,
-            f"the fleet list shows everyone on {SHIPPED_NEXT}",
+            f"the fleet list shows everyone on {FIRST_RELEASE_NEXT}",
         )
         for d in daemons:
             assert d.terminate() == 0

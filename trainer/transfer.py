@@ -259,6 +259,9 @@ class EngineServer(Worker):
                 if peer is None:
                     peer = self.peers[h["name"]] = Peer(h["name"])
                     self.log.info("daemon_joined", device=h["name"], address=address, engine_version=h["engine_version"])
+                if peer.identity not in (b"", identity):  # a new connection (the daemon restarted or reconnected):
+                    self._active.pop(peer.identity, None)  # what was offered on the old one went nowhere
+                    peer.offered.clear()
                 peer.identity, peer.address, peer.last_seen = identity, address or peer.address, time.monotonic()
                 peer.revoked = False  # admitted: its key is authorized (again)
                 peer.engine_version, peer.queue = h["engine_version"], h["queue"]
