@@ -18,7 +18,7 @@ from engines.signing import SIGNATURE, TrustedKeys, load_or_create_key
 from engines.store import MANIFEST, EngineStore
 from trainer.transfer import EngineServer
 
-from .daemon_helpers import SHIPPED, SHIPPED_NEXT, wait_until
+from .daemon_helpers import SHIPPED, wait_until
 
 torch = pytest.importorskip("torch", reason="publishing a second version needs the trainer")
 
@@ -389,16 +389,7 @@ def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve)
     import subprocess
     import sys
 
-    from .daemon_helpers import (
-        FIRST_RELEASE_NEXT,
-        REPO,
-        DaemonProc,
-        TrainerProc,
-        db_rows,
-        first_release_store,
-        make_labelled,
-        split_photos,
-    )
+    from .daemon_helpers import FIRST_RELEASE_NEXT, REPO, DaemonProc, TrainerProc, db_rows, first_release_store, make_labelled, split_photos
 
     ports = {k: free_port() for k in ("handoff", "announce", "delivery")}
     endpoints = {
