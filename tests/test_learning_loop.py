@@ -99,7 +99,7 @@ def test_trainer_sigkill_during_training_and_publishing(plantvillage, stand_in, 
     """Samples are already stored; kill the trainer mid-retrain (or right after the gate, while publishing)."""
     from trainer.samples import SampleStore
 
-    labelled, field = split_photos(plantvillage, labelled_per_class=4)  # what is tested is the process, not learning
+    labelled, field = split_photos(plantvillage, labelled_per_class=3)  # what is tested is the process, not learning
     # INT8 where the kill falls while publishing (more files to leave half-written); a kill mid-training needs none
     cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=moment == "gate")
     engines = shutil.copytree(stand_in, tmp_path / "engines")  # the process, not the model: the shipped one's stand-in
@@ -278,7 +278,7 @@ def _rss(pid: int) -> int:
 def test_a_retrain_runs_in_a_child_and_the_trainer_idles_within_50_mb_of_its_memory_before_it(plantvillage, stand_in, tmp_path):
     """The retrain's memory (the model, photos, optimiser) goes with its process: the service idles afterwards
     within 50 MB of what it held before (SIGTERM during the child's retrain: the test above)."""
-    labelled, field = split_photos(plantvillage, labelled_per_class=4)  # what is tested is the process, not learning
+    labelled, field = split_photos(plantvillage, labelled_per_class=3)  # what is tested is the process, not learning
     cfg = loop_config(tmp_path, make_labelled(tmp_path, labelled), int8=False)
     cfg["store"] = {"path": str(shutil.copytree(stand_in, tmp_path / "engines"))}  # the shipped model's stand-in
     state = tmp_path / "state"
