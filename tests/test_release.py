@@ -133,7 +133,9 @@ def test_a_release_asked_to_train_on_a_gpu_torch_does_not_see_stops_before_decod
 def test_a_release_without_the_key_file_stops_before_training_a_thing(tmp_path):
     data = make_class_folders(tmp_path / "data", NAMES, 12)
     out = release(data, tmp_path / "store", tmp_path / "nowhere.key", tmp_path / "work")
-    assert out.returncode != 0 and "nowhere.key: no release key there" in out.stderr
+    assert out.returncode == 2 and f"edge-trainer: {tmp_path / 'nowhere.key'}: no release key there" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and '"photos_loaded"' not in out.stderr and '"epoch"' not in out.stderr  # not one photo
+    assert not (tmp_path / "work").exists()  # no checkpoint either
     assert not (tmp_path / "store").exists() and not (tmp_path / "nowhere.key").exists()
 
 

@@ -21,11 +21,38 @@ import torch
 
 from edge_agent.log import get_logger
 from edge_agent.preprocess import PreprocessSpec
+from engines.errors import EdgeAgentError
 from trainer.data import scan_folder, stratified_split
 from trainer.fieldaug import BN_PASSES, FieldAugSettings, FieldComposer, load_lab_photos
 from trainer.train import TrainSettings
 
-__all__ = ["LEAFNET5_RELEASE", "RELEASE_VERSION", "ReleaseSettings", "finish_release", "release", "reuse_training", "train_release"]
+__all__ = [
+    "LEAFNET5_RELEASE",
+    "RELEASE_VERSION",
+    "ReleaseKeyMissing",
+    "ReleaseSettings",
+    "finish_release",
+    "release",
+    "release_key",
+    "reuse_training",
+    "train_release",
+]
+
+
+class ReleaseKeyMissing(EdgeAgentError, FileNotFoundError):
+    """The release signing key file named is not there (a release is never signed with a key made on the spot)."""
+
+
+def release_key(key_path: str | os.PathLike | None):
+    """The release signing key at ``key_path`` (None: an unsigned store), loaded, never made."""
+    from engines.signing import load_or_create_key
+
+    if key_path is None:
+        return None
+    if not Path(key_path).is_file():
+        raise ReleaseKeyMissing(f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)")
+    return load_or_create_key(Path(key_path))  # it exists: loaded, never made
+
 
 #: Releases are numbered apart from a device's own versions (which count up from the release they started on):
 #: v1000 was LeafNet5's release, v2000 EfficientNet-Lite0's, above every version a v1000 device made; v3000 is v2000's
@@ -241,7 +268,6 @@ def finish_release(
 ):
     """Exact BatchNorm statistics, a fitted temperature, the verdict's statistics, metrics, ONNX + INT8, the split
     and the signature: the store at ``out`` (made; must not hold a version yet) with the release as its current."""
-    from engines.signing import load_or_create_key
     from trainer.batchnorm import recompute_batchnorm
     from trainer.calibrate import calibrate
     from trainer.data import TensorDataset
@@ -251,12 +277,7 @@ def finish_release(
     from trainer.verdict_fit import fit_verdict_for, outputs_of, verdicts_of
 
     log = get_logger("release")
-    key = None
-    if key_path is not None:
-        key_path = Path(key_path)
-        if not key_path.is_file():
-            raise FileNotFoundError(f"{key_path}: no release key there (the project's is ../shared/release/edge-agent-release.key)")
-        key = load_or_create_key(key_path)  # it exists: loaded, never made
+    key = release_key(key_path)
     spec = settings.spec
     sets = {name: TensorDataset.of(p.samples, *p.tensors(spec)) for name, p in photos.items()}
     bn_x = info.pop("bn_x")
@@ -339,6 +360,7 @@ def release(
     ``watch_field``: a field-photo folder evaluated after every epoch for the training history only."""
     settings = settings or ReleaseSettings()
     t0 = time.perf_counter()
+    release_key(key_path)  # a missing key stops the release before a photo is decoded, not after hours of training
     watch = field_watch(watch_field, scan_folder(data_dir).classes, settings.spec) if watch_field else None
     model, info, folder, photos = train_release(data_dir, work, settings, watch=watch, progress=progress)
     version = finish_release(model, info, folder, photos, out, key_path, settings)
