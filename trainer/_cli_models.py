@@ -29,9 +29,8 @@ def _release(args: argparse.Namespace) -> int:
     import time
 
     from engines.store import EngineStore
-    from trainer.release import ReleaseSettings, release, release_key
+    from trainer.release import ReleaseSettings, release
 
-    release_key(args.key)  # before anything is read or copied (release() checks it again)
     out = Path(args.out)
     staging = out.with_name(f".{out.name}.release-tmp")
     shutil.rmtree(staging, ignore_errors=True)
