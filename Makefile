@@ -42,9 +42,11 @@ run: $(VENV)/.installed
 	@echo "edge-agent: drop photos into $(STATE)/inbox (try: cp samples/*.jpg $(STATE)/inbox/); results: $(BIN)/edge-agent results --state-dir $(STATE); Ctrl-C stops."
 	$(BIN)/edge-agent run --state-dir $(STATE)
 
-## The test suite (installs torch CPU + test tools into the same venv).
+## The test suite (installs torch CPU + test tools into the same venv), on two pytest-xdist workers: the tests marked
+## both_cores run one at a time on one of them, the rest (mostly waiting on daemons and sockets) beside them (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 ## Formatting and lint (ruff, configured in pyproject.toml); .ci/run runs it after the tests.
 lint: $(VENV)/.installed-dev

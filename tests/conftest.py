@@ -13,6 +13,31 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) the tests marked ``both_cores`` run first, one at a time on one worker.
+
+    Two of them side by side on two cores each ran 2-3.6x slower and broke their time bounds; the other tests, which mostly
+    wait on daemons, sockets and timers, run beside them, a module at a time so that a module's fixtures are made once.
+    """
+    heavy = [item for item in items if item.get_closest_marker("both_cores")]
+    light = [item for item in items if not item.get_closest_marker("both_cores")]
+    for item in heavy:
+        item.add_marker(pytest.mark.xdist_group("both_cores"))
+    for item in light:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items[:] = heavy + light
+
+
+def pytest_configure(config):
+    """Refuse ``--dist loadgroup`` under pytest 9.2, where pytest-xdist silently drops the groups and two trainers would run side by side."""
+    if config.getoption("dist", "no") == "loadgroup" and tuple(int(p) for p in pytest.__version__.split(".")[:2]) >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} breaks pytest-xdist's --dist loadgroup (pytest-dev/pytest-xdist#1386): "
+            "install the dev extra's pytest (pip install -e '.[dev]'), or run without -n"
+        )
+
+
 def plantvillage_dir() -> Path | None:
     env = os.environ.get("EDGE_AGENT_PLANTVILLAGE")
     for cand in ([Path(env)] if env else []) + [REPO.parent / "shared/data/plantvillage", REPO / "shared/data/plantvillage"]:

@@ -11,6 +11,8 @@ torch = pytest.importorskip("torch", reason="the 'train' extra (torch) is not in
 from trainer.calibrate import calibrate, calibration_error, expected_calibration_error, fit_temperature, fold_temperature  # noqa: E402
 from trainer.models import build_model  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 def _sampled(temperature: float, n: int = 20000, classes: int = 10, seed: int = 0):
     """Logits and labels drawn from softmax(logits / temperature): ``temperature`` is the right answer."""

@@ -12,6 +12,8 @@ from trainer.loop.consistency import Consistency, balanced  # noqa: E402
 from .test_field_check import _photos  # noqa: E402
 from .test_unlabelled_term import farm  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 class Linear(torch.nn.Module):
     """A linear model over the photo's mean colour, scaled so its answers are as sure as ``scale`` makes them."""

@@ -19,6 +19,8 @@ from trainer.strategies.ewc import EWC  # noqa: E402
 from trainer.strategies.lwf import LwF  # noqa: E402
 from trainer.strategies.rehearsal import Rehearsal, select  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 def settings(**kw) -> TrainerSection:
     """[trainer] for a quick loop: no SWA, no distillation, seed 0 (each test says what else it needs)."""

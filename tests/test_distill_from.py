@@ -11,6 +11,8 @@ from .test_continual import settings, toy  # noqa: E402
 from .test_recheck import _open_gate  # noqa: E402
 from .test_unlabelled_term import farm  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 def _gap(model, teacher, x) -> float:
     """Mean KL divergence of ``model``'s answers from ``teacher``'s on ``x``."""

@@ -89,6 +89,7 @@ def test_worker_threads_do_not_spin_unless_asked(tiny_store):
     assert spinning({"spin": True}) == "1"
 
 
+@pytest.mark.both_cores
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads RSS from Linux's /proc")
 @pytest.mark.parametrize("precision, batch", [("fp32", 16), ("int8", 64)])  # INT8's arena grows less per photo
 def test_idle_trim_hands_a_burst_back_to_the_os(tmp_path, precision, batch):

@@ -14,6 +14,8 @@ from trainer.samples import Sample  # noqa: E402
 
 from .conftest import encode, leaf_image  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 class Fixed(torch.nn.Module):
     """Answers ``answers[i]`` for photo i (the photo's first pixel holds i), surely."""

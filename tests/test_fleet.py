@@ -380,6 +380,7 @@ def test_the_protocol_refuses_what_it_must():
 # ---- the whole farm as processes ---------------------------------------------------
 
 
+@pytest.mark.both_cores
 @pytest.mark.slow
 def test_three_daemons_one_trainer_over_tcp_curve(plantvillage, tmp_path, curve):
     """Three daemons (their own state directories) and one trainer on 127.0.0.1 with CURVE: photos dropped into each

@@ -18,6 +18,8 @@ from engines.base import EngineError  # noqa: E402
 from engines.loader import open_engine  # noqa: E402
 from engines.store import EngineStore, StoreError  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 def _v1000(tmp_path) -> EngineStore:
     """A copy of the shipped store serving v1000 (128 px: its INT8 variant is quick to check)."""

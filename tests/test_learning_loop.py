@@ -31,6 +31,8 @@ from .daemon_helpers import (
     wait_until,
 )
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 pytest.importorskip("torch", reason="the trainer needs the 'train' extra")
 
 

@@ -14,6 +14,8 @@ from trainer.recheck import Recheck, recheck  # noqa: E402
 
 from .conftest import encode, leaf_image, make_class_folders  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 class Corner(torch.nn.Module):
     """Sure of class 0 when the top-left pixel is bright, of class 1 otherwise: it sees which way up a photo is."""

@@ -11,6 +11,8 @@ from benchmarks.recipe_sweep import main, parse_variant
 
 from .conftest import make_class_folders
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 NAMES = ["Apple___healthy", "Corn_(maize)___healthy", "Tomato___healthy"]
 
 

@@ -15,6 +15,8 @@ from engines.store import EngineStore
 
 from .conftest import REPO, make_class_folders
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 NAMES = ["Tomato___healthy", "Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)"]
 SIZE = 128  # the release's input side here (its default is 256): what is tested is the command, at a quarter of the pixels
 

@@ -15,6 +15,8 @@ from .conftest import encode, leaf_image  # noqa: E402
 from .test_recheck import _open_gate  # noqa: E402
 from .test_verdict_on_features import CLASSES, make_features_store  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 class _Counted:
     """Rows each retrain phase runs through any LeafNet outside training (``seen[phase]``)."""

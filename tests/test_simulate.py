@@ -14,6 +14,8 @@ pytest.importorskip("torch", reason="the simulation trains: the 'train' extra")
 
 from benchmarks.simulate import SimSettings, simulate, split_photos  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 CLASSES = ["Tomato___healthy", "Potato___Early_blight", "Apple___Black_rot"]
 
 

@@ -9,6 +9,8 @@ import torch
 from .test_recheck import _open_gate
 from .test_unlabelled_term import farm
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 @pytest.mark.parametrize("start_from", ["service", "root"])
 def test_a_second_retrain_starts_from_the_engine_in_service_or_from_the_lineages_first_version(

@@ -19,6 +19,8 @@ from trainer.train import TrainSettings, train_supervised  # noqa: E402
 
 from .conftest import make_class_folders  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 ODD_NAMES = ["Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)", "Tomato___Spider_mites Two-spotted_spider_mite"]
 
 

@@ -16,6 +16,8 @@ from edge_agent.preprocess import PreprocessSpec, preprocess_file
 from engines.loader import open_engine
 from engines.store import EngineStore
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 @pytest.fixture(scope="module")
 def shipped():

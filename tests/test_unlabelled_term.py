@@ -16,6 +16,8 @@ from trainer.loop.unlabelled_term import fit_threshold, teach  # noqa: E402
 from .conftest import encode, leaf_image  # noqa: E402
 from .test_field_check import Fixed, _add, _photos  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 
 def test_the_threshold_is_the_lowest_confidence_the_field_check_shows_right_often_enough():
     conf = np.array([0.99, 0.98, 0.90, 0.80, 0.60])

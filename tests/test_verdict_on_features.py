@@ -19,6 +19,8 @@ from engines.base import EngineError  # noqa: E402
 from . import fakes  # noqa: E402
 from .conftest import encode, leaf_image  # noqa: E402
 
+pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+
 CLASSES = ["Tomato___healthy", "Pepper,_bell___healthy", "Orange___Haunglongbing_(Citrus_greening)"]
 
 
