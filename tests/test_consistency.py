@@ -52,6 +52,24 @@ def test_the_photos_the_model_is_sure_of_teach_their_strong_views_and_are_counte
     assert term.tally["sure"] == 6 and term.tally["sure_by_class"] == {0: 2, 1: 2, 2: 2}
 
 
+@pytest.mark.parametrize("parts_before_stop, passes", [(1, 1), (3, 3)])  # in the sure answers' pass, in the learning one
+def test_a_stop_asked_during_the_term_is_taken_before_its_next_part(parts_before_stop, passes):
+    from trainer.stop import Stopped
+
+    model, gen = Linear(scale=20.0), torch.Generator().manual_seed(0)
+    seen = []
+    model.register_forward_pre_hook(lambda _m, inputs: seen.append(len(inputs[0])))
+    asked = []
+
+    def should_stop():
+        asked.append(1)
+        return len(asked) > parts_before_stop
+
+    with pytest.raises(Stopped, match="while training"):
+        Consistency(_coloured(6), threshold=0.95).loss(model, torch.arange(6), gen, n_true=6, micro=4, should_stop=should_stop)
+    assert len(seen) == passes  # 6 photos are two parts of 4 in each pass
+
+
 def test_each_class_the_sure_answers_name_counts_alike_however_common():
     target = torch.tensor([0, 0, 0, 1, 2])
     sure = torch.tensor([True, True, True, True, False])

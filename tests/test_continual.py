@@ -425,6 +425,20 @@ def test_a_batch_in_parts_takes_the_whole_batchs_step_where_batchnorm_keeps_its_
     assert moved > 5e-3 and apart < 1e-4  # float rounding, through four Adam steps; a part's loss misscaled moves far more
 
 
+def test_a_stop_asked_during_a_batch_is_taken_before_the_batchs_next_part(tmp_path):
+    """SIGTERM must end a retrain within 5 s, and a whole batch takes seconds on a busy CPU: each part checks."""
+    from trainer.stop import Stopped
+
+    torch.manual_seed(0)
+    model = build_model(3, "efficientnet-lite0")
+    seen = _sizes_seen(model)
+    with pytest.raises(Stopped, match="while training"):
+        train_generation(
+            model, _lite_toy(), get_strategy("finetune")(tmp_path / "f"), settings(micro_batch=2), LR, should_stop=lambda: bool(seen)
+        )
+    assert seen == [2]  # one part of the first batch of 8, not its four
+
+
 def test_where_batchnorm_normalises_by_the_batch_the_whole_batch_goes_through_at_once(tmp_path):
     from trainer.continual import micro_batch
 

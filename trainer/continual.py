@@ -180,16 +180,17 @@ def train_generation(
             counts = (len(idx), int((~pseudo).sum()), int(pseudo.sum()))
             opt.zero_grad(set_to_none=True)
             for j in range(0, len(idx), micro):
+                check(should_stop, "while training")  # a part at a time: a whole batch takes seconds on a busy CPU
                 part = slice(j, j + micro)
                 terms = _loss_terms(model, teacher, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts)
                 sum(terms.values()).backward()
                 for k, v in terms.items():
                     totals[k] += float(v.detach())
             if consistency is not None:
-                totals["consistency"] += consistency.loss(model, consistency.draw(len(idx), gen), gen, counts[1], micro)
+                drawn = consistency.draw(len(idx), gen)
+                totals["consistency"] += consistency.loss(model, drawn, gen, counts[1], micro, should_stop=should_stop)
             opt.step()
             sched.step()
-            check(should_stop, "while training")
         if swa is not None and epoch >= settings.epochs - swa_epochs:
             swa.update_parameters(model)
         on_epoch(epoch + 1, settings.epochs)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from edge_agent.preprocess import DEFAULT_SPEC, PreprocessSpec
 from trainer.augment import Augment
+from trainer.stop import check
 
 __all__ = ["Consistency", "balanced"]
 
@@ -54,10 +55,17 @@ class Consistency:
         """Indices of the pool photos for a step with ``labelled`` labelled photos."""
         return torch.randint(len(self.x), (self.ratio * labelled,), generator=generator)
 
-    def loss(self, model: torch.nn.Module, idx: torch.Tensor, generator: torch.Generator, n_true: int, micro: int) -> float:
-        """Back-propagate the term over the pool photos ``idx`` (``micro`` at a time); returns its value."""
+    def loss(
+        self, model: torch.nn.Module, idx: torch.Tensor, generator: torch.Generator, n_true: int, micro: int, should_stop=lambda: False
+    ) -> float:
+        """Back-propagate the term over the pool photos ``idx`` (``micro`` at a time, a stop request seen between parts);
+        returns its value."""
+        parts = []
         with torch.no_grad():
-            probs = torch.cat([F.softmax(model(self._weak(self.x[idx[j : j + micro]], generator)), 1) for j in range(0, len(idx), micro)])
+            for j in range(0, len(idx), micro):
+                check(should_stop, "while training")
+                parts.append(F.softmax(model(self._weak(self.x[idx[j : j + micro]], generator)), 1))
+        probs = torch.cat(parts)
         conf, target = probs.max(1)
         sure = conf >= self.threshold
         self.tally["views"] += len(idx)
@@ -71,6 +79,7 @@ class Consistency:
         rows = torch.nonzero(sure).flatten()
         total = 0.0
         for j in range(0, len(rows), micro):
+            check(should_stop, "while training")
             part = rows[j : j + micro]
             logits = model(self._strong(self.x[idx[part]], generator))
             term = self.weight * (w[part] * F.cross_entropy(logits, target[part], reduction="none")).sum() / (self.ratio * max(1, n_true))
