@@ -14,8 +14,6 @@ from edge_agent.config import default_store_path
 from engines.signing import TrustedKeys
 from engines.store import EngineStore
 
-pytestmark = pytest.mark.both_cores  # it classifies hundreds of real photos: run beside the waiting tests, not a trainer
-
 REPO = Path(__file__).parents[1]
 
 

@@ -27,7 +27,6 @@ def real_photos(plantvillage: Path, n: int) -> list[Path]:
     return photos[::step][:n]
 
 
-@pytest.mark.both_cores
 def test_500_real_photos_mixed_with_bad_files(plantvillage, tmp_path):
     d = DaemonProc(tmp_path / "state").start()
     d.wait_ready()
@@ -81,7 +80,6 @@ def test_500_real_photos_mixed_with_bad_files(plantvillage, tmp_path):
     assert d.terminate() == 0
 
 
-@pytest.mark.both_cores
 def test_sigkill_ten_times_loses_and_duplicates_nothing(plantvillage, tmp_path):
     photos = real_photos(plantvillage, 240)
     state = tmp_path / "state"
