@@ -20,13 +20,10 @@ def pytest_collection_modifyitems(config, items):
     Two of them side by side on two cores each ran 2-3.6x slower and broke their time bounds; the other tests, which mostly
     wait on daemons, sockets and timers, run beside them, a module at a time so that a module's fixtures are made once.
     """
-    heavy = [item for item in items if item.get_closest_marker("both_cores")]
-    light = [item for item in items if not item.get_closest_marker("both_cores")]
-    for item in heavy:
-        item.add_marker(pytest.mark.xdist_group("both_cores"))
-    for item in light:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    items[:] = heavy + light
+    heavy = {item for item in items if item.get_closest_marker("both_cores")}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("both_cores" if item in heavy else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: item not in heavy)  # stable: the heavy first, each part in collection order
 
 
 def pytest_configure(config):
