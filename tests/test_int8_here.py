@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -37,7 +38,7 @@ def _measured(tmp_path, store: EngineStore):
 def _timed(monkeypatch, int8_ms: float, fp32_ms: float) -> None:
     """INT8 and FP32 time a photo at these figures here, so which of the two is faster does not depend on the machine
     the test runs on (on some CPUs INT8 is the slower: then nothing is checked, as it would not be chosen anyway)."""
-    monkeypatch.setattr(OnnxRuntimeEngine, "_median_ms", lambda self, session: int8_ms if session is self._session else fp32_ms)
+    monkeypatch.setattr(OnnxRuntimeEngine, "_timings", lambda self, int8, fp32: {"fp32_ms": fp32_ms, "int8_ms": int8_ms})
 
 
 class _Session:
@@ -131,6 +132,33 @@ def test_int8_slower_than_fp32_here_is_not_run_and_its_answers_are_not_checked(t
     assert json.loads(_measured(tmp_path, store).read_text()) == {"fp32_ms": 2.0, "int8_ms": 3.0, "agreement": None}
     with open_engine(store, cfg, check_photos=lambda version: asked.append(version.name)) as engine:
         assert engine.precision == "fp32" and asked == []  # later starts read the answer, timed once
+
+
+def test_a_start_that_reads_the_answer_loads_only_the_precision_it_names_and_a_garbled_answer_is_measured_again(tmp_path, monkeypatch):
+    _timed(monkeypatch, int8_ms=1.0, fp32_ms=2.0)
+    store = _v1000(tmp_path)
+    cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}}).engine
+    few = lambda version: itertools.islice(precision_check(version), 1)  # noqa: E731  16 photos: the check, quickly
+    loaded, real = [], OnnxRuntimeEngine._load
+    monkeypatch.setattr(OnnxRuntimeEngine, "_load", lambda self, ort, kind, *a: loaded.append(kind) or real(self, ort, kind, *a))
+    with open_engine(store, cfg, check_photos=few):
+        assert sorted(loaded) == ["int8", "onnx"]  # the first start times both
+    answers = [
+        ({"int8_ms": 3.0, "fp32_ms": 2.0, "agreement": None}, "fp32", ["onnx"]),  # no INT8 session built only to drop it
+        ({"int8_ms": 1.0, "fp32_ms": 2.0, "agreement": 0.5, "photos": 672}, "fp32", ["onnx"]),
+        ({"int8_ms": 1.0, "fp32_ms": 2.0, "agreement": 1.0, "photos": 672}, "int8", ["int8"]),
+    ]
+    for answer, precision, sessions in answers:
+        _measured(tmp_path, store).write_text(json.dumps(answer))
+        loaded.clear()
+        with open_engine(store, cfg, check_photos=few) as engine:
+            assert engine.precision == precision and loaded == sessions, answer
+    for garbled in ('{"int8_ms": 1.0, "fp32_ms": 2.0, "agreement": "all"}', '["int8"]', '{"int8_ms": "fast"', ""):
+        _measured(tmp_path, store).write_text(garbled)
+        loaded.clear()
+        with open_engine(store, cfg, check_photos=few) as engine:
+            assert sorted(loaded) == ["int8", "onnx"], garbled  # measured again, not trusted and not a crash
+        assert json.loads(_measured(tmp_path, store).read_text())["agreement"] is not None
 
 
 def test_the_daemon_opens_every_engine_with_the_shipped_check_photos(tmp_path, monkeypatch):

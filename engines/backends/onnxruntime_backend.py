@@ -8,7 +8,9 @@ to run on anything but the one asked for.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
@@ -25,6 +27,7 @@ from engines.base import (
     register,
 )
 from engines.cache import cache_dir
+from engines.durable import atomic_write
 from engines.store import StoreError, StoreVersion
 
 if TYPE_CHECKING:
@@ -206,9 +209,10 @@ class OnnxRuntimeEngine(Engine):
         opts.log_severity_level = 3
         providers = provider_chain(config, self._precision, version)
         self._max_batch = config.trt_max_batch if config.provider == "tensorrt" else None
-        self._session = self._load(ort, "int8" if self._precision == "int8" else "onnx", opts, providers)
         if config.precision == "auto" and self._precision == "int8":  # same answers: the faster of the two, measured here
-            self._precision, self.precision_reason = self._faster(ort, opts, providers)
+            self._precision, self.precision_reason, self._session = self._faster(ort, opts, providers)
+        else:
+            self._session = self._load(ort, "int8" if self._precision == "int8" else "onnx", opts, providers)
         active = self._session.get_providers()
         if wanted not in active:
             raise BackendUnavailable(
@@ -236,46 +240,60 @@ class OnnxRuntimeEngine(Engine):
         except Exception as exc:  # onnxruntime raises its own exception types
             raise EngineError(f"{self.version.name}: ONNX Runtime could not load {model.name}: {exc}") from exc
 
-    def _faster(self, ort, opts, providers) -> tuple[str, str]:
-        """INT8 qualified by agreement: keep it only where it runs a photo faster than FP32 on this machine (INT8's
-        depthwise convolutions can be slower than FP32's on an x86 CPU) and, given ``check_photos``, gives FP32's top-1
-        on at least ``int8_min_agreement`` of them here: the manifest's figure was measured on the machine that built
-        it, and a CPU without VNNI (AVX2 only) saturates 8-bit sums (v4000 here: 0.982 of the 672 gate photos, 0.69 of
-        300 field photos, where it had agreed on all of its check photos). Measured once per version, INT8 file and ONNX Runtime
-        release, and cached (``ort-precision/``) so later starts read the answer."""
-        import json
-
-        from engines.durable import atomic_write
-
-        sha = self.version.manifest["files"][self.version.artifact("int8").name]["sha256"][:16]
-        cached = cache_dir(self.config.cache_dir, "ort-precision") / f"{self.version.name}-{sha}-ort{ort.__version__}.json"
-        try:
-            measured = json.loads(cached.read_text())
-            fp32_ms, int8_ms = float(measured["fp32_ms"]), float(measured["int8_ms"])
-            if self.check_photos is not None and "agreement" not in measured:
-                raise KeyError("agreement")
-        except (OSError, ValueError, KeyError, TypeError):
-            fp32 = self._load(ort, "onnx", opts, providers)
-            int8_ms, fp32_ms = self._median_ms(self._session), self._median_ms(fp32)
-            measured = {"fp32_ms": fp32_ms, "int8_ms": int8_ms}
+    def _faster(self, ort, opts, providers) -> tuple[str, str, object]:
+        """INT8 qualified by agreement, and its session: keep it only where it runs a photo faster than FP32 on this
+        machine (INT8's depthwise convolutions can be slower than FP32's on an x86 CPU) and, given ``check_photos``,
+        gives FP32's top-1 on at least ``int8_min_agreement`` of them here: the manifest's figure was measured on the
+        machine that built it, and a CPU without VNNI (AVX2 only) saturates 8-bit sums (v4000 here: 0.982 of the 672
+        gate photos, 0.69 of 300 field photos, where it had agreed on all of its check photos). Measured once per
+        version, INT8 file and ONNX Runtime release, and cached (``ort-precision/``): later starts read the answer and
+        load only the session it names."""
+        measured, cached = self._measured(ort)
+        if measured is None:
+            int8, fp32 = self._load(ort, "int8", opts, providers), self._load(ort, "onnx", opts, providers)
+            measured = self._timings(int8, fp32)
             if self.check_photos is not None:  # only where INT8 would be chosen for its speed
-                measured.update(
-                    _agreement(self._session, fp32, self.check_photos(self.version)) if int8_ms <= fp32_ms else {"agreement": None}
-                )
+                faster = measured["int8_ms"] <= measured["fp32_ms"]
+                measured.update(_agreement(int8, fp32, self.check_photos(self.version)) if faster else {"agreement": None})
             try:
                 atomic_write(cached, json.dumps(measured).encode(), durable=False)
             except OSError:
                 pass  # a read-only cache: measured again at the next start
+            sessions = {"int8": int8, "fp32": fp32}
         else:
-            fp32 = None
+            sessions = {}
+        precision, reason = self._decided(measured)
+        session = sessions.get(precision) or self._load(ort, "int8" if precision == "int8" else "onnx", opts, providers)
+        return precision, reason, session
+
+    def _measured(self, ort) -> tuple[dict | None, Path]:
+        """This machine's cached timing (and agreement) of the version's INT8 against its FP32, or None where there is
+        none to trust (missing, unreadable, or timed before the agreement was checked and check photos are given), and
+        the file it is cached in."""
+        sha = self.version.manifest["files"][self.version.artifact("int8").name]["sha256"][:16]
+        cached = cache_dir(self.config.cache_dir, "ort-precision") / f"{self.version.name}-{sha}-ort{ort.__version__}.json"
+        try:
+            measured = json.loads(cached.read_text())
+            float(measured["fp32_ms"]), float(measured["int8_ms"])
+            if self.check_photos is not None and "agreement" not in measured:
+                return None, cached
+            here = measured.get("agreement")
+            if here is not None and (isinstance(here, bool) or not isinstance(here, (int, float))):
+                return None, cached
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None, cached
+        return measured, cached
+
+    def _decided(self, measured: dict) -> tuple[str, str]:
+        """The precision the measurement ``measured`` picks (INT8 only where faster and agreeing here), and why."""
+        fp32_ms, int8_ms = float(measured["fp32_ms"]), float(measured["int8_ms"])
         said = f"INT8 {int8_ms:.2f} ms vs FP32 {fp32_ms:.2f} ms a photo here"
         here = measured.get("agreement")
         recorded = float(self.version.manifest["metrics"]["int8"]["top1_agreement_with_fp32"])  # choose_precision read it
         bar = max(self.config.int8_min_agreement, recorded - INT8_DRIFT)
-        if fp32_ms < int8_ms or (here is not None and here < bar):
-            self._session = fp32 or self._load(ort, "onnx", opts, providers)
-            if fp32_ms < int8_ms:
-                return "fp32", f"{self.precision_reason}, but {said}: FP32 is faster"
+        if fp32_ms < int8_ms:
+            return "fp32", f"{self.precision_reason}, but {said}: FP32 is faster"
+        if here is not None and here < bar:
             return "fp32", (
                 f"{self.precision_reason}, but here only on {here:.3f} of {measured.get('photos')} check photos (< {bar:.3f}: "
                 "this CPU's 8-bit arithmetic differs from the build machine's, as without VNNI): FP32"
@@ -283,6 +301,11 @@ class OnnxRuntimeEngine(Engine):
         if here is not None:
             said += f", agreeing with FP32 on {here:.3f} of {measured.get('photos')} check photos"
         return "int8", f"{self.precision_reason}; {said}"
+
+    def _timings(self, int8, fp32) -> dict:
+        """The median milliseconds a photo of the INT8 session ``int8`` and of the FP32 session ``fp32`` here."""
+        int8_ms = self._median_ms(int8)
+        return {"fp32_ms": self._median_ms(fp32), "int8_ms": int8_ms}
 
     def _median_ms(self, session) -> float:
         import statistics
