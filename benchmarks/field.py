@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.engines.split(","):
         cfg = parse_config({"engine": {"precision": precision}}).engine
         engine = open_engine(args.store, cfg, version.name, check_photos=precision_check)  # as the daemon opens it
+        engine.wait_checked()  # and as it serves once the precision is checked here
         name = f"{precision} ({engine.precision})"
         engines[name] = engine.describe()
         crops = [c for c in args.crops.split(",") if c]

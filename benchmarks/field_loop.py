@@ -119,6 +119,16 @@ def split_field(root: Path, classes: list[str], seed: int, test_fraction: float)
     return test, stream
 
 
+def _served(store, cfg, version: str | None = None):
+    """``version`` (the store's current by default) opened as the daemon serves it, once its precision is checked here."""
+    from edge_agent._truth import precision_check
+    from engines.loader import open_engine
+
+    engine = open_engine(store, cfg.engine, version, check_photos=precision_check)
+    engine.wait_checked()
+    return engine
+
+
 class _Measure:
     """Top-1 of a store's engine in service on the field test and the lab photos, as the device runs it."""
 
@@ -144,12 +154,10 @@ class _Measure:
 
     def __call__(self, store, version: str | None = None) -> dict:
         """Field and lab top-1 of ``version`` (the store's current by default)."""
-        from edge_agent._truth import precision_check
         from edge_agent.classifier import Classifier
         from edge_agent.preprocess import PreprocessSpec
-        from engines.loader import open_engine
 
-        clf = Classifier.configured(open_engine(store, self.cfg.engine, version, check_photos=precision_check), self.cfg)
+        clf = Classifier.configured(_served(store, self.cfg, version), self.cfg)
         try:
             serving = store.open(version)
             classes = serving.classes
@@ -265,13 +273,11 @@ class _FastDevice:
         """The day's photos through the daemon's policy; (sha256, kind queued or '', label) per photo."""
         import numpy as np
 
-        from edge_agent._truth import precision_check
         from edge_agent.classifier import Classifier
         from edge_agent.preprocess import preprocess_bytes
         from edge_agent.results import ResultRow
-        from engines.loader import open_engine
 
-        clf = Classifier.configured(open_engine(self.store, self.cfg.engine, check_photos=precision_check), self.cfg)
+        clf = Classifier.configured(_served(self.store, self.cfg), self.cfg)
         try:
             datas = [Path(p).read_bytes() for p, _ in photos]
             x = np.stack([preprocess_bytes(d, clf.spec) for d in datas])  # as the engine in service's manifest says
@@ -374,11 +380,9 @@ class _FastDevice:
         """The daemon's hot-swap check on a published ``version`` against the one serving and its golden photos; a
         refused version is taken out of service again (``current`` back to the one serving), as the daemon keeps
         serving it. Returns what the check measured, or ``refused`` with the reason."""
-        from edge_agent._truth import precision_check
         from edge_agent.hotswap import SwapRefused, verify_candidate
-        from engines.loader import open_engine
 
-        new = open_engine(self.store, self.cfg.engine, version, check_photos=precision_check)
+        new = _served(self.store, self.cfg, version)
         try:
             golden = self.golden.photos()
             measured = verify_candidate(new, self.store.read_manifest(self.serving), self.serving, golden, self.cfg.hotswap.min_agreement)

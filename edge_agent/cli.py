@@ -58,6 +58,7 @@ def _classify(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     engine = open_engine(_store(args, cfg), cfg.engine, check_photos=precision_check)
+    engine.wait_checked()  # a version's first run here checks INT8 against FP32 once; this command waits for it
     clf = Classifier.configured(engine, cfg)
     log = get_logger("classify", engine_version=engine.engine_version)
     log.debug("engine_loaded", **engine.describe())

@@ -387,6 +387,7 @@ class Daemon:
         if self.sender is not None:
             self.sender.stop()
         self._write_status()
+        self.pipeline.classifier.engine.close()  # a check of its precision still running stops before its next batch
         if self.alerts is not None:
             self.alerts.stop()
         self.board.close()

@@ -115,6 +115,11 @@ class Engine(ABC):
         """Logits and the model's distance output [N,classes] where its manifest's verdict names one (else None)."""
         return self.infer(batch), None
 
+    def wait_checked(self, timeout: float | None = None) -> bool:
+        """Block until the precision served is the final one (a backend may check a faster one in the background
+        first); False where ``timeout`` seconds passed before."""
+        return True
+
     def close(self) -> None:  # noqa: B027 - optional hook: a backend with nothing to release keeps it
         """Release runtime resources (sessions, device buffers)."""
 

@@ -14,7 +14,10 @@ ort = pytest.importorskip("onnxruntime")
 from edge_agent._truth import precision_check  # noqa: E402
 from edge_agent.config import default_store_path, parse_config  # noqa: E402
 from edge_agent.log import get_logger  # noqa: E402
-from engines.backends.onnxruntime_backend import INT8_DRIFT, OnnxRuntimeEngine, _agreement  # noqa: E402
+from engines.backends import _ort_precision  # noqa: E402
+from engines.backends._ort_precision import INT8_DRIFT  # noqa: E402
+from engines.backends._ort_precision import agreement as _agreement  # noqa: E402
+from engines.backends.onnxruntime_backend import OnnxRuntimeEngine  # noqa: E402
 from engines.base import EngineError  # noqa: E402
 from engines.loader import open_engine  # noqa: E402
 from engines.store import EngineStore, StoreError  # noqa: E402
@@ -90,7 +93,8 @@ def test_int8_that_gives_other_answers_here_than_where_it_was_built_is_not_run(t
         asked.append(version.name)
         return precision_check(version)
 
-    with open_engine(store, cfg, check_photos=check) as engine:  # measured here, once
+    with open_engine(store, cfg, check_photos=check) as engine:  # measured here, once, while FP32 serves
+        assert engine.wait_checked(120)
         measured = json.loads(_measured(tmp_path, store).read_text())
         assert asked == ["v1000"]
         assert measured["photos"] == 672 and 0 <= measured["agreement"] <= 1
@@ -117,8 +121,8 @@ def test_int8_that_gives_other_answers_here_than_where_it_was_built_is_not_run(t
     _measured(tmp_path, store).write_text(json.dumps({"int8_ms": 1.0, "fp32_ms": 2.0}))  # timed before this check existed
     with open_engine(store, cfg) as engine:  # no check photos (a benchmark, a test): the timing alone decides
         assert engine.precision == "int8" and asked == ["v1000"]
-    with open_engine(store, cfg, check_photos=check):
-        assert asked == ["v1000", "v1000"]  # measured again, now with the check
+    with open_engine(store, cfg, check_photos=check) as engine:
+        assert engine.wait_checked(120) and asked == ["v1000", "v1000"]  # measured again, now with the check
 
 
 def test_int8_slower_than_fp32_here_is_not_run_and_its_answers_are_not_checked(tmp_path, monkeypatch):
@@ -127,6 +131,7 @@ def test_int8_slower_than_fp32_here_is_not_run_and_its_answers_are_not_checked(t
     cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}}).engine
     asked = []
     with open_engine(store, cfg, check_photos=lambda version: asked.append(version.name) or precision_check(version)) as engine:
+        assert engine.wait_checked(120)
         assert engine.precision == "fp32" and asked == []  # nothing to check: INT8 would not run anyway
         assert "INT8 3.00 ms vs FP32 2.00 ms a photo here: FP32 is faster" in engine.describe()["precision_reason"]
     assert json.loads(_measured(tmp_path, store).read_text()) == {"fp32_ms": 2.0, "int8_ms": 3.0, "agreement": None}
@@ -141,8 +146,8 @@ def test_a_start_that_reads_the_answer_loads_only_the_precision_it_names_and_a_g
     few = lambda version: itertools.islice(precision_check(version), 1)  # noqa: E731  16 photos: the check, quickly
     loaded, real = [], OnnxRuntimeEngine._load
     monkeypatch.setattr(OnnxRuntimeEngine, "_load", lambda self, ort, kind, *a: loaded.append(kind) or real(self, ort, kind, *a))
-    with open_engine(store, cfg, check_photos=few):
-        assert sorted(loaded) == ["int8", "onnx"]  # the first start times both
+    with open_engine(store, cfg, check_photos=few) as engine:
+        assert engine.wait_checked(120) and loaded == ["onnx", "int8"]  # the first start serves FP32, then times INT8
     answers = [
         ({"int8_ms": 3.0, "fp32_ms": 2.0, "agreement": None}, "fp32", ["onnx"]),  # no INT8 session built only to drop it
         ({"int8_ms": 1.0, "fp32_ms": 2.0, "agreement": 0.5, "photos": 672}, "fp32", ["onnx"]),
@@ -157,8 +162,89 @@ def test_a_start_that_reads_the_answer_loads_only_the_precision_it_names_and_a_g
         _measured(tmp_path, store).write_text(garbled)
         loaded.clear()
         with open_engine(store, cfg, check_photos=few) as engine:
-            assert sorted(loaded) == ["int8", "onnx"], garbled  # measured again, not trusted and not a crash
+            assert engine.wait_checked(120) and loaded == ["onnx", "int8"], garbled  # measured again, no crash
         assert json.loads(_measured(tmp_path, store).read_text())["agreement"] is not None
+
+
+def _gated(monkeypatch, *, agreement: float = 1.0):
+    """Check photos that wait for the returned event before their first batch, and an agreement of ``agreement``."""
+    import threading
+
+    go = threading.Event()
+
+    def photos(version):
+        go.wait(60)
+        yield from itertools.islice(precision_check(version), 2)
+
+    monkeypatch.setattr(
+        _ort_precision, "agreement", lambda int8, fp32, batches: {"agreement": agreement, "photos": len(list(batches)) * 16}
+    )
+    return go, photos
+
+
+def test_a_first_start_serves_fp32_at_once_and_int8_once_it_is_checked_here(tmp_path, monkeypatch):
+    _timed(monkeypatch, int8_ms=1.0, fp32_ms=2.0)
+    go, photos = _gated(monkeypatch)
+    store = _v1000(tmp_path)
+    cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}}).engine
+    x = next(iter(precision_check(store.open())))
+    with open_engine(store, cfg, check_photos=photos) as engine:
+        assert engine.precision == "fp32" and not engine.wait_checked(0.2)  # opened without waiting for the check
+        assert "FP32 until INT8 is timed and checked against it on this machine" in engine.describe()["precision_reason"]
+        fp32 = engine.infer(x)  # answered meanwhile, by the reference precision
+        assert not _measured(tmp_path, store).exists()
+        go.set()
+        assert engine.wait_checked(60)
+        assert engine.precision == "int8" and "agreeing with FP32 on 1.000 of 32 check photos" in engine.describe()["precision_reason"]
+        assert engine.infer(x).shape == fp32.shape
+    assert json.loads(_measured(tmp_path, store).read_text())["agreement"] == 1.0
+    with open_engine(store, cfg, check_photos=photos) as engine:
+        assert engine.wait_checked(0) and engine.precision == "int8"  # later starts: the answer, at once
+
+
+def test_int8_that_fails_its_check_here_leaves_fp32_serving_and_says_why(tmp_path, monkeypatch):
+    _timed(monkeypatch, int8_ms=1.0, fp32_ms=2.0)
+    go, photos = _gated(monkeypatch, agreement=0.9)
+    go.set()
+    store = _v1000(tmp_path)
+    cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}}).engine
+    with open_engine(store, cfg, check_photos=photos) as engine:
+        assert engine.wait_checked(60) and engine.precision == "fp32"
+        assert "here only on 0.900 of 32 check photos" in engine.describe()["precision_reason"]
+
+    def broken(version):
+        raise OSError("the shipped check photos are unreadable")
+        yield
+
+    _measured(tmp_path, store).unlink()
+    with open_engine(store, cfg, check_photos=broken) as engine:
+        assert engine.wait_checked(60) and engine.precision == "fp32"
+        reason = engine.describe()["precision_reason"]
+        assert "checking INT8 here failed" in reason and "unreadable" in reason
+    assert not _measured(tmp_path, store).exists()  # nothing cached: checked again at the next start
+
+
+def test_closing_an_engine_during_its_check_stops_the_check_and_caches_nothing(tmp_path, monkeypatch):
+    import time
+
+    _timed(monkeypatch, int8_ms=1.0, fp32_ms=2.0)
+    store = _v1000(tmp_path)
+    cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}}).engine
+    served = []
+
+    def slow(version):
+        for batch in precision_check(version):
+            served.append(len(batch))
+            time.sleep(0.2)
+            yield batch
+
+    engine = open_engine(store, cfg, check_photos=slow)
+    while not served:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    engine.close()  # a hot swap's refused candidate, the daemon stopping
+    assert time.monotonic() - t0 < 5 and engine.wait_checked(0)
+    assert len(served) < 42 and not _measured(tmp_path, store).exists()  # stopped partway; nothing half-measured kept
 
 
 def test_the_daemon_opens_every_engine_with_the_shipped_check_photos(tmp_path, monkeypatch):

@@ -8,13 +8,13 @@ to run on anything but the one asked for.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from pathlib import Path
+import threading
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
+from engines.backends import _ort_precision as here
 from engines.base import (
     BackendConfig,
     BackendUnavailable,
@@ -27,7 +27,6 @@ from engines.base import (
     register,
 )
 from engines.cache import cache_dir
-from engines.durable import atomic_write
 from engines.store import StoreError, StoreVersion
 
 if TYPE_CHECKING:
@@ -114,23 +113,6 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
     return ("int8", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos")
 
 
-#: How much lower INT8's agreement with FP32 may be here than the manifest records (measured where it was built) before
-#: FP32 runs instead: half a point. v4000's INT8 on an AVX2 CPU without VNNI: 0.982 of the gate photos against 1.000.
-INT8_DRIFT = 0.005
-
-
-def _agreement(int8, fp32, batches) -> dict:
-    """The share of the photos in ``batches`` on which the ``int8`` session's top-1 equals the ``fp32`` one's (and how
-    many); agreement None where there were none."""
-    same = photos = 0
-    for batch in batches:
-        feed8, feed32 = {int8.get_inputs()[0].name: batch}, {fp32.get_inputs()[0].name: batch}
-        a = int8.run([int8.get_outputs()[0].name], feed8)[0].argmax(1)
-        b = fp32.run([fp32.get_outputs()[0].name], feed32)[0].argmax(1)
-        same, photos = same + int((a == b).sum()), photos + len(batch)
-    return {"agreement": round(same / photos, 4) if photos else None, "photos": photos}
-
-
 def provider_chain(config: OnnxRuntimeConfig, precision: str, version: StoreVersion) -> list:
     """The ``providers`` argument of ``InferenceSession``: the configured provider with its documented options
     (https://onnxruntime.ai/docs/execution-providers/), then the providers ONNX Runtime may hand unsupported
@@ -209,10 +191,15 @@ class OnnxRuntimeEngine(Engine):
         opts.log_severity_level = 3
         providers = provider_chain(config, self._precision, version)
         self._max_batch = config.trt_max_batch if config.provider == "tensorrt" else None
+        self._checked = threading.Event()  # set once the precision served is the one this machine's answer names
+        self._stop_check = threading.Event()
+        self._check_thread: threading.Thread | None = None
         if config.precision == "auto" and self._precision == "int8":  # same answers: the faster of the two, measured here
-            self._precision, self.precision_reason, self._session = self._faster(ort, opts, providers)
+            self._session = self._faster(ort, opts, providers)
         else:
             self._session = self._load(ort, "int8" if self._precision == "int8" else "onnx", opts, providers)
+        if self._check_thread is None:
+            self._checked.set()
         active = self._session.get_providers()
         if wanted not in active:
             raise BackendUnavailable(
@@ -225,6 +212,8 @@ class OnnxRuntimeEngine(Engine):
         # Warm up with one photo: the arena's first region is then sized for a single photo, the size the
         # idle shrink in trim() runs with, so every region a burst adds is fully free and handed back.
         self._session.run([self._output.name], {self._input.name: self._one_photo()})
+        if self._check_thread is not None:
+            self._check_thread.start()
 
     def _load(self, ort, kind: str, opts, providers):
         """An InferenceSession of the version's ``kind`` artifact, from the bytes whose sha256 was just checked (not the
@@ -240,87 +229,75 @@ class OnnxRuntimeEngine(Engine):
         except Exception as exc:  # onnxruntime raises its own exception types
             raise EngineError(f"{self.version.name}: ONNX Runtime could not load {model.name}: {exc}") from exc
 
-    def _faster(self, ort, opts, providers) -> tuple[str, str, object]:
-        """INT8 qualified by agreement, and its session: keep it only where it runs a photo faster than FP32 on this
-        machine (INT8's depthwise convolutions can be slower than FP32's on an x86 CPU) and, given ``check_photos``,
-        gives FP32's top-1 on at least ``int8_min_agreement`` of them here: the manifest's figure was measured on the
-        machine that built it, and a CPU without VNNI (AVX2 only) saturates 8-bit sums (v4000 here: 0.982 of the 672
-        gate photos, 0.69 of 300 field photos, where it had agreed on all of its check photos). Measured once per
-        version, INT8 file and ONNX Runtime release, and cached (``ort-precision/``): later starts read the answer and
-        load only the session it names."""
-        measured, cached = self._measured(ort)
-        if measured is None:
-            int8, fp32 = self._load(ort, "int8", opts, providers), self._load(ort, "onnx", opts, providers)
-            measured = self._timings(int8, fp32)
-            if self.check_photos is not None:  # only where INT8 would be chosen for its speed
-                faster = measured["int8_ms"] <= measured["fp32_ms"]
-                measured.update(_agreement(int8, fp32, self.check_photos(self.version)) if faster else {"agreement": None})
-            try:
-                atomic_write(cached, json.dumps(measured).encode(), durable=False)
-            except OSError:
-                pass  # a read-only cache: measured again at the next start
-            sessions = {"int8": int8, "fp32": fp32}
-        else:
-            sessions = {}
-        precision, reason = self._decided(measured)
-        session = sessions.get(precision) or self._load(ort, "int8" if precision == "int8" else "onnx", opts, providers)
-        return precision, reason, session
-
-    def _measured(self, ort) -> tuple[dict | None, Path]:
-        """This machine's cached timing (and agreement) of the version's INT8 against its FP32, or None where there is
-        none to trust (missing, unreadable, or timed before the agreement was checked and check photos are given), and
-        the file it is cached in."""
-        sha = self.version.manifest["files"][self.version.artifact("int8").name]["sha256"][:16]
-        cached = cache_dir(self.config.cache_dir, "ort-precision") / f"{self.version.name}-{sha}-ort{ort.__version__}.json"
-        try:
-            measured = json.loads(cached.read_text())
-            float(measured["fp32_ms"]), float(measured["int8_ms"])
-            if self.check_photos is not None and "agreement" not in measured:
-                return None, cached
-            here = measured.get("agreement")
-            if here is not None and (isinstance(here, bool) or not isinstance(here, (int, float))):
-                return None, cached
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None, cached
-        return measured, cached
-
-    def _decided(self, measured: dict) -> tuple[str, str]:
-        """The precision the measurement ``measured`` picks (INT8 only where faster and agreeing here), and why."""
-        fp32_ms, int8_ms = float(measured["fp32_ms"]), float(measured["int8_ms"])
-        said = f"INT8 {int8_ms:.2f} ms vs FP32 {fp32_ms:.2f} ms a photo here"
-        here = measured.get("agreement")
-        recorded = float(self.version.manifest["metrics"]["int8"]["top1_agreement_with_fp32"])  # choose_precision read it
-        bar = max(self.config.int8_min_agreement, recorded - INT8_DRIFT)
-        if fp32_ms < int8_ms:
-            return "fp32", f"{self.precision_reason}, but {said}: FP32 is faster"
-        if here is not None and here < bar:
-            return "fp32", (
-                f"{self.precision_reason}, but here only on {here:.3f} of {measured.get('photos')} check photos (< {bar:.3f}: "
-                "this CPU's 8-bit arithmetic differs from the build machine's, as without VNNI): FP32"
+    def _faster(self, ort, opts, providers):
+        """The session of the precision this machine's cached answer names (INT8 only where it runs a photo faster than
+        FP32 here and, given ``check_photos``, gives FP32's top-1 on them here: :mod:`._ort_precision`). With no answer
+        yet: given ``check_photos``, FP32 (the reference answers) while a thread measures and checks INT8 against it
+        and switches to it where it qualifies (about 16 s for v4000 on 2 x86 cores, so a first start is not held up);
+        without, both are timed here and now."""
+        self._answer = here.answer_file(self.version, self.config.cache_dir, ort.__version__)
+        self._manifest_reason = self.precision_reason
+        measured = here.read_answer(self._answer, with_agreement=self.check_photos is not None)
+        sessions = {}
+        if measured is None and self.check_photos is not None:
+            self._check_thread = threading.Thread(
+                target=self._check_here, args=(ort, opts, providers), name=f"precision-{self.version.name}", daemon=True
             )
-        if here is not None:
-            said += f", agreeing with FP32 on {here:.3f} of {measured.get('photos')} check photos"
-        return "int8", f"{self.precision_reason}; {said}"
+            self._precision = "fp32"
+            self.precision_reason += "; FP32 until INT8 is timed and checked against it on this machine (once, in the background)"
+            return self._load(ort, "onnx", opts, providers)
+        if measured is None:
+            sessions = {"int8": self._load(ort, "int8", opts, providers), "fp32": self._load(ort, "onnx", opts, providers)}
+            measured = self._timings(sessions["int8"], sessions["fp32"])
+            here.write_answer(self._answer, measured)
+        self._precision, self.precision_reason = here.decide(measured, self.version, self.config.int8_min_agreement, self.precision_reason)
+        return sessions.get(self._precision) or self._load(ort, "int8" if self._precision == "int8" else "onnx", opts, providers)
+
+    def _check_here(self, ort, opts, providers) -> None:
+        """Time INT8 against the FP32 session serving, check its answers on ``check_photos``, cache the answer and
+        serve INT8 where it qualifies; stopped by :meth:`close` (nothing cached then)."""
+        import structlog
+
+        log = structlog.get_logger("engines").bind(engine_version=self.version.name)
+        why = self._manifest_reason
+        try:
+            fp32, int8 = self._session, self._load(ort, "int8", opts, providers)
+            check_io(self.version, int8.get_inputs()[0].name, int8.get_inputs()[0].shape, int8.get_outputs()[0].shape)
+            if check_distance_io(self.version, {o.name: o.shape for o in int8.get_outputs()}) != self._distance:
+                raise EngineError(f"{self.version.name}: the INT8 model's outputs differ from the FP32 model's")
+            measured = self._timings(int8, fp32)
+            if measured["int8_ms"] <= measured["fp32_ms"]:  # only where INT8 would be chosen for its speed
+                measured.update(here.agreement(int8, fp32, self._until_closed(self.check_photos(self.version))))
+            else:
+                measured["agreement"] = None
+            if self._stop_check.is_set():
+                return
+            here.write_answer(self._answer, measured)
+            precision, reason = here.decide(measured, self.version, self.config.int8_min_agreement, why)
+            if precision == "int8":
+                self._session = int8  # a run under way finishes on the FP32 session it started on
+            self._precision, self.precision_reason = precision, reason
+            log.info("engine_precision_checked", precision=precision, reason=reason)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own errors, a store file gone: FP32 keeps serving
+            if not self._stop_check.is_set():
+                self.precision_reason = f"{why}; FP32: checking INT8 here failed ({exc})"
+                log.warning("engine_precision_check_failed", error=str(exc), serving="fp32")
+        finally:
+            self._checked.set()
+
+    def _until_closed(self, batches):
+        """``batches`` until :meth:`close` asks the check to stop."""
+        for batch in batches:
+            if self._stop_check.is_set():
+                return
+            yield batch
+
+    def wait_checked(self, timeout: float | None = None) -> bool:
+        return self._checked.wait(timeout)
 
     def _timings(self, int8, fp32) -> dict:
         """The median milliseconds a photo of the INT8 session ``int8`` and of the FP32 session ``fp32`` here."""
-        int8_ms = self._median_ms(int8)
-        return {"fp32_ms": self._median_ms(fp32), "int8_ms": int8_ms}
-
-    def _median_ms(self, session) -> float:
-        import statistics
-        import time
-
-        feed = {session.get_inputs()[0].name: self._one_photo()}
-        out = [session.get_outputs()[0].name]
-        for _ in range(3):
-            session.run(out, feed)
-        times = []
-        for _ in range(30):
-            t0 = time.perf_counter()
-            session.run(out, feed)
-            times.append((time.perf_counter() - t0) * 1000)
-        return round(statistics.median(times), 3)
+        return here.timings(int8, fp32, self._one_photo())
 
     def _one_photo(self) -> np.ndarray:
         import numpy as np
@@ -368,4 +345,7 @@ class OnnxRuntimeEngine(Engine):
         super().trim()
 
     def close(self) -> None:
+        self._stop_check.set()
+        if self._check_thread is not None and self._check_thread.is_alive():
+            self._check_thread.join(60)  # it stops before its next batch of check photos
         self._session = None
