@@ -255,35 +255,42 @@ class OnnxRuntimeEngine(Engine):
 
     def _check_here(self, ort, opts, providers) -> None:
         """Time INT8 against the FP32 session serving, check its answers on ``check_photos``, cache the answer and
-        serve INT8 where it qualifies; stopped by :meth:`close` (nothing cached then)."""
+        serve INT8 where it qualifies, then hand the check's memory back; stopped by :meth:`close` (nothing cached)."""
         import structlog
 
         log = structlog.get_logger("engines").bind(engine_version=self.version.name)
-        why = self._manifest_reason
         try:
-            fp32, int8 = self._session, self._load(ort, "int8", opts, providers)
-            check_io(self.version, int8.get_inputs()[0].name, int8.get_inputs()[0].shape, int8.get_outputs()[0].shape)
-            if check_distance_io(self.version, {o.name: o.shape for o in int8.get_outputs()}) != self._distance:
-                raise EngineError(f"{self.version.name}: the INT8 model's outputs differ from the FP32 model's")
-            measured = self._timings(int8, fp32)
-            if measured["int8_ms"] <= measured["fp32_ms"]:  # only where INT8 would be chosen for its speed
-                measured.update(here.agreement(int8, fp32, self._until_closed(self.check_photos(self.version))))
-            else:
-                measured["agreement"] = None
-            if self._stop_check.is_set():
-                return
-            here.write_answer(self._answer, measured)
-            precision, reason = here.decide(measured, self.version, self.config.int8_min_agreement, why)
-            if precision == "int8":
-                self._session = int8  # a run under way finishes on the FP32 session it started on
-            self._precision, self.precision_reason = precision, reason
-            log.info("engine_precision_checked", precision=precision, reason=reason)
+            checked = self._checked_here(ort, opts, providers)
+            if checked is not None:
+                self._precision, self.precision_reason, self._session = checked  # a run under way ends on its session
+                log.info("engine_precision_checked", precision=checked[0], reason=checked[1])
+            checked = None
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own errors, a store file gone: FP32 keeps serving
             if not self._stop_check.is_set():
-                self.precision_reason = f"{why}; FP32: checking INT8 here failed ({exc})"
+                self.precision_reason = f"{self._manifest_reason}; FP32: checking INT8 here failed ({exc})"
                 log.warning("engine_precision_check_failed", error=str(exc), serving="fp32")
         finally:
+            if not self._stop_check.is_set():
+                with contextlib.suppress(Exception):  # closed meanwhile
+                    self.trim()  # the session not chosen and the check photos: 488 MB held for v4000 here otherwise
             self._checked.set()
+
+    def _checked_here(self, ort, opts, providers):
+        """(precision, reason, session) as measured and cached here; None where :meth:`close` stopped the check."""
+        fp32, int8 = self._session, self._load(ort, "int8", opts, providers)
+        check_io(self.version, int8.get_inputs()[0].name, int8.get_inputs()[0].shape, int8.get_outputs()[0].shape)
+        if check_distance_io(self.version, {o.name: o.shape for o in int8.get_outputs()}) != self._distance:
+            raise EngineError(f"{self.version.name}: the INT8 model's outputs differ from the FP32 model's")
+        measured = self._timings(int8, fp32)
+        if measured["int8_ms"] <= measured["fp32_ms"]:  # only where INT8 would be chosen for its speed
+            measured.update(here.agreement(int8, fp32, self._until_closed(self.check_photos(self.version))))
+        else:
+            measured["agreement"] = None
+        if self._stop_check.is_set():
+            return None
+        here.write_answer(self._answer, measured)
+        precision, reason = here.decide(measured, self.version, self.config.int8_min_agreement, self._manifest_reason)
+        return precision, reason, int8 if precision == "int8" else fp32
 
     def _until_closed(self, batches):
         """``batches`` until :meth:`close` asks the check to stop."""
