@@ -329,7 +329,8 @@ class Daemon:
 
     def run(self) -> int:
         t0 = time.perf_counter()
-        self._setup()
+        with self.notifier.starting("starting: opening the engine (a Jetson's first start builds its TensorRT plan: minutes)"):
+            self._setup()
         self.check_health()
         self.notifier.ready(f"ready, engine {self.classifier.engine.engine_version}")
         ready_ms = round((time.perf_counter() - t0) * 1000, 1)

@@ -1,4 +1,4 @@
-"""The sd_notify(3) protocol: READY=1, WATCHDOG=1, STATUS=..., STOPPING=1 over $NOTIFY_SOCKET.
+"""The sd_notify(3) protocol: READY=1, WATCHDOG=1, STATUS=..., STOPPING=1, EXTEND_TIMEOUT_USEC=... over $NOTIFY_SOCKET.
 
 No dependency: one datagram per message to the socket systemd names (an
 abstract-namespace name when it starts with '@'). Outside systemd every call
@@ -7,8 +7,12 @@ does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
+import time
+from collections.abc import Iterator
 
 __all__ = ["Notifier"]
 
@@ -56,6 +60,35 @@ class Notifier:
 
     def stopping(self) -> bool:
         return self.send("STOPPING=1")
+
+    def extend_start(self, seconds: float, status: str | None = None) -> bool:
+        """Ask for ``seconds`` more start-up time from now (systemd 236+ ignores it within TimeoutStartSec)."""
+        return self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}", *([f"STATUS={status}"] if status else []))
+
+    @contextlib.contextmanager
+    def starting(self, status: str, every_s: float = 10.0, at_most_s: float = 1800.0) -> Iterator[None]:
+        """While the block runs, extend the start-up time every ``every_s`` seconds by three times that, for at most
+        ``at_most_s`` in all: a first start on a Jetson builds the TensorRT plan, which can outlast TimeoutStartSec
+        (and a unit killed mid-build would build again at every restart)."""
+        if not self.enabled:
+            yield
+            return
+        done = threading.Event()
+
+        def keep() -> None:
+            end = time.monotonic() + at_most_s
+            while (left := end - time.monotonic()) > 0:
+                self.extend_start(min(3 * every_s, left), status)
+                if done.wait(every_s):
+                    return
+
+        thread = threading.Thread(target=keep, name="start-time", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(5)
 
     def close(self) -> None:
         if self._sock is not None:

@@ -148,11 +148,35 @@ def test_sd_notify_ready_watchdog_status_stopping(tmp_path, tiny_store, signing_
         ready_at = next(t for t, m in msgs if m == "READY=1")
         assert sum(1 for t, m in msgs if m == "WATCHDOG=1" and t > ready_at) >= 3
         assert not any(m == "WATCHDOG=1" for t, m in msgs if t < ready_at)  # no pings before READY
+        extends = [t for t, m in msgs if m.startswith("EXTEND_TIMEOUT_USEC=")]
+        assert extends and max(extends) < ready_at  # more start-up time asked while it starts, never after
         assert any(m.startswith("STATUS=") and "classified" in m for m in lines)
         assert d.terminate() == 0
         assert "STOPPING=1" in [m for _, m in sock.collect(0.5)]
     finally:
         sock.close()
+
+
+def test_a_long_start_asks_systemd_for_more_time_until_it_ends_and_no_longer_than_the_bound(tmp_path):
+    from edge_agent.systemd import Notifier
+
+    sock = NotifySocket(tmp_path / "notify.sock")
+    notifier = Notifier({"NOTIFY_SOCKET": str(sock.path)})
+    try:
+        with notifier.starting("starting: building the plan", every_s=0.1):
+            sock.collect(0.55)  # an engine build outlasting TimeoutStartSec, in small
+        during = [m for _, m in sock.messages]
+        assert during.count("EXTEND_TIMEOUT_USEC=300000") >= 4 and "STATUS=starting: building the plan" in during
+        sock.messages.clear()
+        assert sock.collect(0.3) == []  # the start over: nothing more asked
+        with notifier.starting("starting", every_s=0.1, at_most_s=0.25):  # a start that hangs is not kept alive for ever
+            sock.collect(0.8)
+        asked = [int(m.split("=")[1]) for _, m in sock.messages if m.startswith("EXTEND_TIMEOUT_USEC=")]
+        assert 2 <= len(asked) <= 4 and asked == sorted(asked, reverse=True) and asked[0] <= 250000  # up to the bound
+    finally:
+        sock.close()
+    with Notifier({}).starting("outside systemd"):  # nothing to tell, no thread
+        assert not any(t.name == "start-time" for t in threading.enumerate())
 
 
 def test_watchdog_stops_while_the_pipeline_is_stuck(tmp_path, tiny_store):
