@@ -308,6 +308,48 @@ def test_tcp_without_keys_is_refused():
         ctx.term()
 
 
+def test_a_key_whose_bytes_come_after_its_name_or_within_one_tick_of_the_folders_clock_is_still_taken(tmp_path, monkeypatch):
+    """The trainer reads the authorized keys again when the folder's mtime changes; a key copied in by hand gets its
+    bytes after its name (the mtime does not change again), and two changes within one tick of the filesystem's
+    clock leave one mtime. Seen in the suite: a device refused for good after a copy raced the trainer's read."""
+    import zmq
+    import zmq.auth
+
+    from edge_agent.handoff import transport
+
+    folder = tmp_path / "authorized"
+    folder.mkdir()
+    certs = {n: Path(zmq.auth.create_certificates(tmp_path, n)[0]).read_bytes() for n in ("device-2", "device-3")}
+    ctx = zmq.Context()
+    auth = transport.Authenticator(ctx, str(folder))
+    warned = []
+    monkeypatch.setattr(auth, "log", type("L", (), {"warning": lambda self, event, **kw: warned.append(kw["file"])})())
+    try:
+        key = folder / "device-2.key"
+        key.write_bytes(b"")  # `cp` under way: the name is there, the bytes not yet
+        assert not auth.admits("device-2")
+        stamp = folder.stat().st_mtime_ns
+        key.write_bytes(certs["device-2"])
+        assert folder.stat().st_mtime_ns == stamp  # nothing tells the trainer but reading again
+        wait_until(lambda: auth.admits("device-2"), 3, "the key once whole")
+        tmp = folder / ".device-3.key.tmp"  # `edge-trainer device add`: a whole key or none, by rename
+        tmp.write_bytes(certs["device-3"])
+        stamp = folder.stat().st_mtime_ns
+        assert not auth.admits("device-3")  # read between the copy and the rename...
+        os.replace(tmp, folder / "device-3.key")
+        os.utime(folder, ns=(stamp, stamp))  # ...which fell in the same tick: the folder's mtime as it was
+        wait_until(lambda: auth.admits("device-3"), 3, "the key renamed in the same tick")
+        (folder / "garbage.key").write_bytes(b"not a certificate")
+        for _ in range(4):
+            auth.poll()
+            time.sleep(0.3)
+        assert warned == [str(key), str(folder / "garbage.key")]  # each unreadable file said once, not at every read
+        assert auth.admits("device-2") and auth.admits("device-3")
+    finally:
+        auth.stop()
+        ctx.term()
+
+
 def test_tcp_with_curve_accepts_authorized_devices_refuses_strangers_and_follows_add_and_revoke(tmp_path):
     """One certificate per device (``edge-trainer device add``): an authorized device delivers; a stranger is
     refused, logged with its address on the trainer, and its own status says the handshake was refused; adding it

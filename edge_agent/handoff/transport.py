@@ -100,6 +100,10 @@ def client_socket(ctx, kind: int, endpoint: str, curve: CurveKeys | None):
     return sock
 
 
+#: Seconds after a change of the authorized-keys folder during which it is read again twice a second.
+SETTLE_S = 2.0
+
+
 class Authenticator:
     """ZAP handler accepting only the CURVE public keys in ``authorized_dir``, read again whenever the folder
     changes (``edge-trainer device add`` / ``revoke`` take effect without a restart); every refused handshake is
@@ -122,6 +126,8 @@ class Authenticator:
         self._keys: dict[bytes, str] = {}  # z85 public key -> device name
         self._names: frozenset[str] = frozenset()
         self._stamp: tuple | None = None
+        self._look_again: float | None = None  # monotonic time to read the folder again though its mtime is unchanged
+        self._unreadable: set[str] = set()  # key files already reported unreadable
         #: Names whose key left the folder since start (revoked), and how many times that happened.
         self.revoked: set[str] = set()
         self.revocations = 0
@@ -131,20 +137,28 @@ class Authenticator:
 
     def _current_keys(self) -> dict[bytes, str]:
         """The authorized keys and their names, read again when the folder changes (its mtime: a key added,
-        replaced or removed; one stat per call, however many devices)."""
+        replaced or removed; one stat per call, however many devices), and twice a second while the folder changed
+        in the last :data:`SETTLE_S` seconds or holds an unreadable key: a key copied in by hand is written after
+        its name appears (the folder's mtime does not change again), and two changes within the filesystem's
+        timestamp granularity leave one mtime."""
         import zmq.auth
 
         try:
             stamp = self.dir.stat().st_mtime_ns
         except OSError:
             stamp = None
-        if stamp != self._stamp:
-            keys = {}
+        if stamp != self._stamp or (self._look_again is not None and time.monotonic() >= self._look_again):
+            keys, unreadable = {}, set()
             for path in sorted(self.dir.glob("*.key")) if stamp is not None else []:
                 try:
                     keys[zmq.auth.load_certificate(path)[0]] = path.name[: -len(".key")]
                 except (OSError, ValueError):
-                    self.log.warning("authorized_key_unreadable", file=str(path))
+                    unreadable.add(path.name)
+                    if path.name not in self._unreadable:
+                        self.log.warning("authorized_key_unreadable", file=str(path), action="read again until it is whole")
+            self._unreadable = unreadable
+            recent = stamp is not None and time.time_ns() - stamp < SETTLE_S * 1e9
+            self._look_again = time.monotonic() + 0.5 if unreadable or recent else None
             names = frozenset(keys.values())
             gone = self._names - names
             if gone and self._stamp is not None:
