@@ -238,20 +238,21 @@ class OnnxRuntimeEngine(Engine):
         self._answer = here.answer_file(self.version, self.config.cache_dir, ort.__version__)
         self._manifest_reason = self.precision_reason
         measured = here.read_answer(self._answer, with_agreement=self.check_photos is not None)
-        sessions = {}
-        if measured is None and self.check_photos is not None:
-            self._check_thread = threading.Thread(
-                target=self._check_here, args=(ort, opts, providers), name=f"precision-{self.version.name}", daemon=True
+        if measured is not None:
+            self._precision, self.precision_reason = here.decide(
+                measured, self.version, self.config.int8_min_agreement, self.precision_reason
             )
-            self._precision = "fp32"
-            self.precision_reason += "; FP32 until INT8 is timed and checked against it on this machine (once, in the background)"
-            return self._load(ort, "onnx", opts, providers)
-        if measured is None:
-            sessions = {"int8": self._load(ort, "int8", opts, providers), "fp32": self._load(ort, "onnx", opts, providers)}
-            measured = self._timings(sessions["int8"], sessions["fp32"])
-            here.write_answer(self._answer, measured)
-        self._precision, self.precision_reason = here.decide(measured, self.version, self.config.int8_min_agreement, self.precision_reason)
-        return sessions.get(self._precision) or self._load(ort, "int8" if self._precision == "int8" else "onnx", opts, providers)
+            return self._load(ort, "int8" if self._precision == "int8" else "onnx", opts, providers)
+        fp32 = self._load(ort, "onnx", opts, providers)
+        if self.check_photos is None:  # timing alone (a benchmark, a test): here and now
+            self._precision, self.precision_reason, session = self._checked_here(ort, opts, providers, fp32)
+            return session
+        self._check_thread = threading.Thread(
+            target=self._check_here, args=(ort, opts, providers), name=f"precision-{self.version.name}", daemon=True
+        )
+        self._precision = "fp32"
+        self.precision_reason += "; FP32 until INT8 is timed and checked against it on this machine (once, in the background)"
+        return fp32
 
     def _check_here(self, ort, opts, providers) -> None:
         """Time INT8 against the FP32 session serving, check its answers on ``check_photos``, cache the answer and
@@ -260,7 +261,7 @@ class OnnxRuntimeEngine(Engine):
 
         log = structlog.get_logger("engines").bind(engine_version=self.version.name)
         try:
-            checked = self._checked_here(ort, opts, providers)
+            checked = self._checked_here(ort, opts, providers, self._session)
             if checked is not None:
                 self._precision, self.precision_reason, self._session = checked  # a run under way ends on its session
                 log.info("engine_precision_checked", precision=checked[0], reason=checked[1])
@@ -275,17 +276,21 @@ class OnnxRuntimeEngine(Engine):
                     self.trim()  # the session not chosen and the check photos: 488 MB held for v4000 here otherwise
             self._checked.set()
 
-    def _checked_here(self, ort, opts, providers):
-        """(precision, reason, session) as measured and cached here; None where :meth:`close` stopped the check."""
-        fp32, int8 = self._session, self._load(ort, "int8", opts, providers)
+    def _checked_here(self, ort, opts, providers, fp32):
+        """(precision, reason, session) as measured against the FP32 session ``fp32`` (and on ``check_photos`` where
+        given) and cached here; None where :meth:`close` stopped the check."""
+        int8 = self._load(ort, "int8", opts, providers)
         check_io(self.version, int8.get_inputs()[0].name, int8.get_inputs()[0].shape, int8.get_outputs()[0].shape)
-        if check_distance_io(self.version, {o.name: o.shape for o in int8.get_outputs()}) != self._distance:
+        if check_distance_io(self.version, {o.name: o.shape for o in int8.get_outputs()}) != check_distance_io(
+            self.version, {o.name: o.shape for o in fp32.get_outputs()}
+        ):
             raise EngineError(f"{self.version.name}: the INT8 model's outputs differ from the FP32 model's")
         measured = self._timings(int8, fp32)
-        if measured["int8_ms"] <= measured["fp32_ms"]:  # only where INT8 would be chosen for its speed
-            measured.update(here.agreement(int8, fp32, self._until_closed(self.check_photos(self.version))))
-        else:
-            measured["agreement"] = None
+        if self.check_photos is not None:  # its answers, only where INT8 would be chosen for its speed
+            faster = measured["int8_ms"] <= measured["fp32_ms"]
+            measured.update(
+                here.agreement(int8, fp32, self._until_closed(self.check_photos(self.version))) if faster else {"agreement": None}
+            )
         if self._stop_check.is_set():
             return None
         here.write_answer(self._answer, measured)
