@@ -6,7 +6,9 @@
 * engine + decode: read + preprocess (the daemon's decode-worker count in threads) + infer;
 * end to end: the real daemon process; N photos renamed into its inbox at once;
   sustained rate = photos / (last result - first result), plus drop-to-result latency;
-* start-to-READY (sd_notify READY=1 on a socket we read) over several starts, and steady RSS.
+* start-to-READY (sd_notify READY=1 on a socket we read) over several starts, and steady RSS;
+* a version's first start on a machine (an empty cache): start to READY=1, and to the end of the background check
+  that times INT8 against FP32 and compares their answers (its ``engine_precision_checked`` log line).
 """
 
 from __future__ import annotations
@@ -99,19 +101,25 @@ def compile_bytecode(repo: Path = REPO) -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", "edge_agent", "engines"], cwd=repo, check=True, stdout=subprocess.DEVNULL)
 
 
-def _start(state: Path, config: Path, notify: Path, repo: Path = REPO) -> tuple[subprocess.Popen, float]:
-    """The daemon of the checkout ``repo`` started on ``state``, and the seconds from exec to its READY=1."""
+def _start(
+    state: Path, config: Path, notify: Path, repo: Path = REPO, env: dict | None = None, log: Path | None = None
+) -> tuple[subprocess.Popen, float]:
+    """The daemon of the checkout ``repo`` started on ``state``, and the seconds from exec to its READY=1
+    (``env`` added to its environment; its log written to ``log`` where given, else dropped)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(notify))
     sock.settimeout(30)
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - the child holds it; closed below
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "edge_agent", "run", "--config", str(config), "--state-dir", str(state)],
-        env={**os.environ, "NOTIFY_SOCKET": str(notify)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(notify)},
+        stdout=out,
+        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
         cwd=repo,
     )
+    if log:
+        out.close()
     try:
         while b"READY=1" not in sock.recv(4096):
             pass
@@ -148,6 +156,28 @@ def start_to_ready(work: Path, starts: int = 5, extra: dict | None = None, resta
         proc.terminate()
         proc.wait(30)
     return ready
+
+
+def first_start(work: Path, starts: int = 3, extra: dict | None = None, limit_s: float = 600) -> list[tuple[float, float | None]]:
+    """A version's first start on a machine, ``starts`` times (each a fresh state directory and an empty cache):
+    seconds from exec to READY=1 and to the daemon's ``engine_precision_checked`` (None where it never logs one:
+    an engine with no INT8 check, or none within ``limit_s``)."""
+    config = _write_config(work, extra)
+    out = []
+    for i in range(starts):
+        log = work / f"first{i}.log"
+        t0 = time.perf_counter()
+        proc, ready = _start(work / f"first{i}", config, work / "n.sock", env={"XDG_CACHE_HOME": str(work / f"cache{i}")}, log=log)
+        checked = None
+        while time.perf_counter() - t0 < limit_s and proc.poll() is None:
+            if b'"engine_precision_checked"' in log.read_bytes():
+                checked = time.perf_counter() - t0
+                break
+            time.sleep(0.1)
+        proc.terminate()
+        proc.wait(30)
+        out.append((ready, checked))
+    return out
 
 
 def end_to_end(photos: list[Path], work: Path, extra: dict | None = None, tail: str = "") -> dict:
@@ -196,6 +226,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
     ap.add_argument("--photos", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=5, help="end-to-end runs; the table gives medians and every run")
+    ap.add_argument("--first-starts", type=int, default=3, help="a version's first starts on an empty cache (0: none)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="daemon config override (TOML value)")
     args = ap.parse_args()
     from benchmarks._sets import config_sets
@@ -209,6 +240,7 @@ def main() -> None:
     compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
         ready = start_to_ready(Path(tmp), extra=extra)
+        first = first_start(Path(tmp) / "first", args.first_starts, extra=extra) if args.first_starts else []
         for i in range(args.runs):  # each run measures its own engine-only and engine+decode beside the daemon
             eng = engine_only(photos, batch, cfg.engine)
             dec = engine_decode(photos, batch, workers, cfg.engine)
@@ -254,6 +286,16 @@ def main() -> None:
         f"| start to READY=1 (s), median of {len(ready)} fresh state directories, bytecode compiled | "
         f"{statistics.median(ready):.3f} {[round(r, 3) for r in ready]} |"
     )
+    if first:
+        print(
+            f"| a version's first start, empty cache: start to READY=1 (s), median of {len(first)} | "
+            f"{statistics.median(r for r, _ in first):.3f} {[round(r, 3) for r, _ in first]} |"
+        )
+        checked = [c for _, c in first if c is not None]
+        print(
+            "| - and to the end of the INT8 check (FP32 serving meanwhile) (s) | "
+            + (f"{statistics.median(checked):.1f} {[round(c, 1) for c in checked]} |" if checked else "no check logged |")
+        )
     print(f"| RSS idle (MB) | {med('rss_mb_idle')} |")
     print(f"| RSS steady, 2 s after the burst (MB) | {med('rss_mb_steady')} |")
     print(f"| RSS peak during the burst (MB) | {med('rss_mb_peak')} |")
