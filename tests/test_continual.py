@@ -439,6 +439,27 @@ def test_a_stop_asked_during_a_batch_is_taken_before_the_batchs_next_part(tmp_pa
     assert seen == [2]  # one part of the first batch of 8, not its four
 
 
+def test_a_stop_asked_during_a_parts_forward_pass_is_taken_before_its_next_layer_and_before_any_backward_pass(tmp_path):
+    """On a CPU shared with other work one part's forward pass took over 4 s here (the trainer kills a retrain that
+    has not stopped 4 s after SIGTERM): the stop is checked before each layer, and never followed by a backward pass."""
+    from trainer.stop import Stopped
+
+    torch.manual_seed(0)
+    model = build_model(3, "efficientnet-lite0")
+    asked, layers_after, backward = [], [], []
+    stem = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    stem.register_forward_hook(lambda *_: asked.append(True))  # the stop comes once the first layer has run
+    for m in model.modules():
+        if next(m.children(), None) is None and m is not stem:
+            m.register_forward_hook(lambda *_: layers_after.append(True) if asked else None)
+    model.head.register_full_backward_hook(lambda *_: backward.append(True))
+    with pytest.raises(Stopped, match="while training"):
+        train_generation(
+            model, _lite_toy(), get_strategy("finetune")(tmp_path / "f"), settings(micro_batch=2), LR, should_stop=lambda: bool(asked)
+        )
+    assert asked and not layers_after and not backward  # the next layer did not run, nor a backward pass
+
+
 def test_where_batchnorm_normalises_by_the_batch_the_whole_batch_goes_through_at_once(tmp_path):
     from trainer.continual import micro_batch
 

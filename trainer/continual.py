@@ -26,7 +26,7 @@ from trainer.augment import Augment
 from trainer.loop.consistency import Consistency
 from trainer.models import ARCHS, Classifier
 from trainer.step import at_step
-from trainer.stop import check
+from trainer.stop import check, checked_inside
 from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
@@ -166,35 +166,38 @@ def train_generation(
     swa = torch.optim.swa_utils.AveragedModel(model) if swa_epochs > 0 else None
     model.train()
     micro = micro_batch(model, settings)
-    for epoch in range(settings.epochs):
-        model.train()
-        w = ramp(epoch, settings.ramp_epochs)
-        order = torch.randperm(len(data), generator=gen)
-        totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0, "distill": 0.0, "consistency": 0.0}
-        for i in range(0, len(order), settings.batch_size):
-            idx = order[i : i + settings.batch_size]
-            if len(idx) < 2:
-                continue
-            x = augment(data.x[idx], gen)
-            y, pseudo, conf = data.y[idx], data.pseudo[idx], data.weight[idx]
-            counts = (len(idx), int((~pseudo).sum()), int(pseudo.sum()))
-            opt.zero_grad(set_to_none=True)
-            for j in range(0, len(idx), micro):
-                check(should_stop, "while training")  # a part at a time: a whole batch takes seconds on a busy CPU
-                part = slice(j, j + micro)
-                terms = _loss_terms(model, teacher, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts)
-                sum(terms.values()).backward()
-                for k, v in terms.items():
-                    totals[k] += float(v.detach())
-            if consistency is not None:
-                drawn = consistency.draw(len(idx), gen)
-                totals["consistency"] += consistency.loss(model, drawn, gen, counts[1], micro, should_stop=should_stop)
-            opt.step()
-            sched.step()
-        if swa is not None and epoch >= settings.epochs - swa_epochs:
-            swa.update_parameters(model)
-        on_epoch(epoch + 1, settings.epochs)
-        log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
+    # Asked to stop, it stops within one layer's forward pass or one part's backward pass (SIGTERM: within 5 s).
+    with checked_inside((model, teacher), should_stop, "while training"):
+        for epoch in range(settings.epochs):
+            model.train()
+            w = ramp(epoch, settings.ramp_epochs)
+            order = torch.randperm(len(data), generator=gen)
+            totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0, "distill": 0.0, "consistency": 0.0}
+            for i in range(0, len(order), settings.batch_size):
+                idx = order[i : i + settings.batch_size]
+                if len(idx) < 2:
+                    continue
+                x = augment(data.x[idx], gen)
+                y, pseudo, conf = data.y[idx], data.pseudo[idx], data.weight[idx]
+                counts = (len(idx), int((~pseudo).sum()), int(pseudo.sum()))
+                opt.zero_grad(set_to_none=True)
+                for j in range(0, len(idx), micro):
+                    check(should_stop, "while training")  # a part at a time: a whole batch takes seconds on a busy CPU
+                    part = slice(j, j + micro)
+                    terms = _loss_terms(model, teacher, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts)
+                    check(should_stop, "while training")  # and before its backward pass: as long again
+                    sum(terms.values()).backward()
+                    for k, v in terms.items():
+                        totals[k] += float(v.detach())
+                if consistency is not None:
+                    drawn = consistency.draw(len(idx), gen)
+                    totals["consistency"] += consistency.loss(model, drawn, gen, counts[1], micro, should_stop=should_stop)
+                opt.step()
+                sched.step()
+            if swa is not None and epoch >= settings.epochs - swa_epochs:
+                swa.update_parameters(model)
+            on_epoch(epoch + 1, settings.epochs)
+            log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
     if swa is not None:
         model = copy.deepcopy(swa.module)
     if not batchnorm:  # the caller chooses the step and recomputes the statistics (trainer.step)
