@@ -109,7 +109,8 @@ def test_every_daemon_gets_the_new_version_and_the_fleet_lists_them(farm):
     server = farm.server()
     daemons = [farm.daemon(f"device-{i}") for i in range(3)]
     for d in daemons:
-        wait_until(lambda d=d: d.store.current() == farm.v2, 30, f"{d.name} on {farm.v2}")
+        # the store names the version current before the fetcher counts it installed: wait for both
+        wait_until(lambda d=d: d.store.current() == farm.v2 and d.counters["installed"] >= 1, 30, f"{d.name} on {farm.v2}")
         assert d.counters["installed"] == 1 and d.refused == {}
         d.store.open(farm.v2, trust=d.trust)  # installed whole, signature and every file verified
     wait_until(lambda: all(r["engine_version"] == farm.v2 for r in server.fleet()), 10, "fleet reports the new version")
@@ -183,7 +184,7 @@ def test_a_daemon_that_was_offline_catches_up_with_only_the_newest(farm, signing
     v3 = publish_v2(farm.store, signing_key)  # v0002 and v0003 published while the daemon was away
     farm.server()
     d = farm.daemon("late")
-    wait_until(lambda: d.store.current() == v3, 30, "caught up")
+    wait_until(lambda: d.store.current() == v3 and d.counters["installed"] >= 1, 30, "caught up")  # counted after
     assert farm.v2 not in d.store.versions() and d.counters["installed"] == 1
 
 
