@@ -1,0 +1,53 @@
+"""benchmarks.field_check_record: the field check's publications and what they did held out, from stored reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.field_check_record import decisions, main, summary
+
+
+def _check(cand: int, cur: int, photos: int) -> dict:
+    return {"field_candidate_right": cand, "field_current_right": cur, "field_photos": photos}
+
+
+REPORT = {
+    "days": [
+        {"day": 1, "field": 0.10, "retrain": {"published": None, "skipped": True}},
+        {"day": 2, "field": {"top1": 0.60}, "retrain": {"published": "v4001", "field_check": _check(5, 0, 6)}},
+        {"day": 3, "field": 0.70, "retrain": {"published": "v4002", "field_check": _check(8, 7, 10)}},
+        {"day": 4, "field": 0.70, "retrain": {"published": None, "field_check": _check(6, 8, 12)}},
+        {"day": 5, "field": 0.68, "retrain": {"published": "v4003", "field_check": _check(11, 11, 14)}},
+        {"day": 6, "field": 0.68, "retrain": {"published": "v4004", "field_check": {"publish": True, "field_photos": 0}}},
+    ]
+}
+
+
+def test_each_publication_after_the_first_is_a_row_with_how_it_passed_and_the_held_out_change():
+    rows = decisions(REPORT)
+    assert [(r["day"], r["passed_on"], r["held_back"]) for r in rows] == [(3, "more", 10), (5, "tie", 14)]
+    assert rows[0]["before"] == 0.60 and rows[0]["after"] == 0.70  # a field stored as a dict is read too
+    assert rows[1]["before"] == 0.70 and rows[1]["after"] == 0.68  # from the version the refused day kept serving
+
+
+def test_the_summary_counts_the_worse_publications_of_each_kind():
+    s = summary(decisions(REPORT) * 2)
+    assert s["more"]["published"] == 2 and s["more"]["worse"] == 0 and s["more"]["mean_change"] == pytest.approx(0.10)
+    assert s["tie"]["worse"] == 2 and s["tie"]["worse_by_over_0.01"] == 2 and s["tie"]["worst_change"] == pytest.approx(-0.02)
+
+
+def test_the_command_prints_a_row_per_kind_and_names_a_report_it_cannot_read(tmp_path, capsys):
+    run = tmp_path / "field-loop-x" / "device-fast" / "seed-1"
+    run.mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps(REPORT))
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "2 publications judged by the field check, in 1 seeds of 1 reports" in out
+    assert "| more right | 1 | +10.0 +- 0.0 pts | 0 | 0 |" in out and "| a tie | 1 | -2.0 +- 0.0 pts | 1 | 1 | -2.0 pts | 14 |" in out
+    (run / "report.json").write_text('{"days": [{"day": 1, "retrain": {"published": "v2", "field_check": {"field_ca')
+    with pytest.raises(SystemExit, match="seed-1/report.json: not a field loop report"):
+        main([str(tmp_path)])
+    with pytest.raises(SystemExit, match="no <run>/<arm>/seed-<N>/report.json here"):
+        main([str(tmp_path / "empty")])
