@@ -156,3 +156,28 @@ def test_the_gate_photos_digest_changes_with_any_value_and_the_folder_keeps_only
     np.save(stale, np.zeros((5, 3), np.float32))
     GateLogits(tmp_path, photos_digest(x)).prune()
     assert not stale.exists()
+
+
+def test_logits_shipped_with_the_package_are_read_only_for_the_version_and_photos_they_name(tmp_path, caplog):
+    """A new device's first retrain reads the shipped version's logits from the package (``default_data/gate-logits``)
+    and keeps them; shipped logits of other photos are not used, and a torn shipped file is computed past."""
+    from trainer.loop.gate_logits import GateLogits, file_name, photos_digest
+    from trainer.models import build_model, logits_on
+    from trainer.publish import publish_model
+
+    torch.manual_seed(0)
+    model = build_model(3).eval()
+    version = publish_model(model, CLASSES, tmp_path / "store", version="v0001")
+    x, other = torch.randn(6, 3, 128, 128).half(), torch.randn(6, 3, 128, 128).half()
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    want = logits_on(model, x)
+    np.save(shipped / file_name(version, photos_digest(x)), want.numpy())
+    np.save(shipped / file_name(version, photos_digest(other)), np.zeros((6, 3), np.float32) + 7)
+    got = GateLogits(tmp_path / "a", photos_digest(x), shipped=shipped).of(version, _Refuses(), x)
+    assert torch.equal(got, want) and (tmp_path / "a" / "gate-logits" / file_name(version, photos_digest(x))).is_file()
+    torch.testing.assert_close(GateLogits(tmp_path / "b", photos_digest(x), shipped=tmp_path / "none").of(version, model, x), want)
+    other_logits = GateLogits(tmp_path / "c", photos_digest(other), shipped=shipped).of(version, model, other)
+    assert torch.equal(other_logits, torch.full((6, 3), 7.0))  # its own file: the name is the photos' digest
+    (shipped / file_name(version, photos_digest(x))).write_bytes(b"\x93NUMPY torn")
+    torch.testing.assert_close(GateLogits(tmp_path / "d", photos_digest(x), shipped=shipped).of(version, model, x), want)

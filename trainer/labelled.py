@@ -74,11 +74,12 @@ def _folder(path: str | Path, classes: list[str], problems: list[str]) -> list[S
     return [Sample(s.path, index[folder.classes[s.label]]) for s in folder.samples if folder.classes[s.label] in index]
 
 
-def labelled_sources(cfg: AppConfig, classes: list[str]) -> LabelledSources:
-    """Resolve the configuration to lists of photos (no photo is read yet)."""
+def labelled_sources(cfg: AppConfig, classes: list[str], shipped: Path | None = None) -> LabelledSources:
+    """Resolve the configuration to lists of photos (no photo is read yet); ``shipped``: the shipped photos' folder
+    (:func:`edge_agent.config.default_data_path` unless given)."""
     tc = cfg.trainer
     problems: list[str] = []
-    shipped = default_data_path()
+    shipped = default_data_path() if shipped is None else shipped
     use_shipped = tc.shipped_data and (shipped / "gate").is_dir()
     train = _folder(tc.labelled_data, classes, problems) if tc.labelled_data else []
     if tc.validation_data:

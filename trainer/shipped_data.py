@@ -13,6 +13,11 @@ A retrain needs two sets of true labels, and a new device has neither:
 ``python -m trainer.shipped_data --data ../shared/data/plantvillage`` rebuilds both from the split recorded
 in the shipped version's manifest and writes ``manifest.json`` (which photo, its sha256, its source) and a
 ``NOTICE`` with the photos' sources and licences. The photos are the original bytes, never re-encoded.
+
+It also writes ``gate-logits/``: the shipped version's logits on ``gate/`` as a retrain reads those photos, so a new
+device's first retrain does not run the version in service over them (:mod:`trainer.loop.gate_logits`; about 17 s
+of a first retrain on 2 x86 cores, more on a Raspberry Pi). ``--logits-only`` writes just those, from the photos
+already there.
 """
 
 from __future__ import annotations
@@ -24,16 +29,20 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from edge_agent.config import default_data_path, default_store_path
+from edge_agent.config import AppConfig, default_data_path, default_store_path
 from edge_agent.preprocess import PreprocessSpec
 from engines.store import EngineStore
 from trainer.data import TensorDataset, recorded_split
+from trainer.labelled import labelled_sources, load_labelled
+from trainer.loop.gate_logits import FOLDER, file_name, photos_digest
+from trainer.models import logits_on
 from trainer.publish import load_weights
 from trainer.strategies.rehearsal import select
 
-__all__ = ["build"]
+__all__ = ["build", "gate_logits"]
 
 NOTICE = """\
 Photos in this folder (gate/ and replay/) are original, unmodified PlantVillage leaf photos, taken from
@@ -111,16 +120,50 @@ def build(data: str | Path, out: Path, store: Path, replay_per_class: int = 8) -
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     (out / "NOTICE").write_text(NOTICE)
-    return manifest
+    gate_logits(out, store)
+    return json.loads((out / "manifest.json").read_text())
+
+
+def gate_logits(out: Path, store: Path) -> dict:
+    """Write the current version of ``store``'s logits on ``out/gate`` (read as a retrain reads them: the version's
+    preprocessing, its classes) to ``out/gate-logits/``, replacing what was there; recorded in ``out/manifest.json``."""
+    version = EngineStore(store).open()
+    sources = labelled_sources(AppConfig(), list(version.classes), shipped=out)
+    x = load_labelled(sources, spec=PreprocessSpec.from_manifest(version.manifest["preprocess"])).val.x
+    if len(x) == 0:
+        raise ValueError(f"{out / 'gate'}: no gate photo of {version.name}'s classes to compute logits on")
+    z = logits_on(load_weights(version), x).numpy()
+    folder = out / FOLDER
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    path = folder / file_name(version, photos_digest(x))
+    np.save(path, z, allow_pickle=False)
+    entry = {
+        "file": str(path.relative_to(out)),
+        "model_version": version.name,
+        "photos": len(x),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["gate_logits"] = entry
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return entry
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.shipped_data", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True, help="the folder the shipped model was trained from")
+    ap.add_argument("--data", help="the folder the shipped model was trained from (not needed with --logits-only)")
     ap.add_argument("--out", default=str(default_data_path()))
     ap.add_argument("--store", default=str(default_store_path()))
     ap.add_argument("--replay-per-class", type=int, default=8)
+    ap.add_argument("--logits-only", action="store_true", help="write only gate-logits/, from the gate photos already in --out")
     args = ap.parse_args(argv)
+    if args.logits_only:
+        e = gate_logits(Path(args.out), Path(args.store))
+        print(f"{args.out}: {e['file']} ({e['model_version']} on {e['photos']} gate photos)")
+        return 0
+    if not args.data:
+        ap.error("--data is required: the folder the shipped model was trained from (../shared/data/plantvillage)")
     m = build(args.data, Path(args.out), Path(args.store), args.replay_per_class)
     size = sum((Path(args.out) / f["file"]).stat().st_size for f in m["files"])
     print(f"{args.out}: {m['gate']['photos']} gate photos, {m['replay']['photos']} replay photos, {size / 1e6:.1f} MB")

@@ -7,7 +7,10 @@ first version, over all of them again (the 672 shipped gate photos: about 30 s a
 logits are keyed by the version, its weights file's sha256 and a digest of the photos' stored values, so other photos,
 other weights or another version are a miss and are computed. A retrain writes its published candidate's (calibrated)
 logits, which it has already; a file that cannot be read is computed again, and the folder keeps only the files the
-last retrain used.
+last retrain used. The shipped version's logits on the shipped gate photos come with the package
+(``edge_agent/default_data/gate-logits/``, written by ``python -m trainer.shipped_data``), so a new device's first
+retrain does not run the version in service either; read only where the name (version, weights, photos) matches,
+which photos decoded or a network run elsewhere to other values never do, and checked like a kept file.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edge_agent.config import default_data_path
 from edge_agent.log import get_logger
 from engines.durable import atomic_write
 from engines.store import StoreVersion
@@ -26,10 +30,15 @@ from trainer.models import logits_on
 from trainer.photos import INFERENCE_BATCH
 from trainer.publish import WEIGHTS_FILE
 
-__all__ = ["GateLogits", "photos_digest"]
+__all__ = ["GateLogits", "file_name", "photos_digest", "shipped_folder"]
 
-#: The folder under the trainer's state directory.
+#: The folder under the trainer's state directory, and beside the shipped photos (``edge_agent/default_data``).
 FOLDER = "gate-logits"
+
+
+def shipped_folder() -> Path:
+    """Where the package keeps the shipped version's logits on the shipped gate photos."""
+    return default_data_path() / FOLDER
 
 
 def photos_digest(x: torch.Tensor) -> str:
@@ -41,33 +50,52 @@ def photos_digest(x: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-class GateLogits:
-    """Logits of store versions on one set of gate photos (``digest``: :func:`photos_digest`), in ``state_dir``."""
+def file_name(version: StoreVersion, digest: str) -> str:
+    """The file holding ``version``'s logits on the photos whose :func:`photos_digest` is ``digest``."""
+    return f"{version.name}-{version.manifest['files'][WEIGHTS_FILE]['sha256'][:16]}-{digest}.npy"
 
-    def __init__(self, state_dir: str | Path, digest: str) -> None:
+
+def _read(path: Path, shape: tuple[int, int]) -> torch.Tensor | None:
+    """The logits in ``path`` where it holds float32 of ``shape``; None where it is absent, torn or other (said)."""
+    try:
+        z = np.load(path, allow_pickle=False)
+        if z.shape == shape and z.dtype == np.float32:
+            return torch.from_numpy(z)
+        get_logger("trainer").warning("gate_logits_unusable", file=str(path), shape=list(z.shape), dtype=str(z.dtype))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, EOFError) as exc:  # a torn or foreign file: computed again and replaced
+        get_logger("trainer").warning("gate_logits_unusable", file=str(path), error=str(exc))
+    return None
+
+
+class GateLogits:
+    """Logits of store versions on one set of gate photos (``digest``: :func:`photos_digest`), in ``state_dir``;
+    ``shipped``: a read-only folder looked in before a version is run (:func:`shipped_folder` by default)."""
+
+    def __init__(self, state_dir: str | Path, digest: str, shipped: Path | None = None) -> None:
         self.folder = Path(state_dir) / FOLDER
         self.digest = digest
+        self.shipped = shipped_folder() if shipped is None else shipped
         self.used: set[Path] = set()
 
     def _path(self, version: StoreVersion) -> Path:
-        sha = version.manifest["files"][WEIGHTS_FILE]["sha256"][:16]
-        return self.folder / f"{version.name}-{sha}-{self.digest}.npy"
+        return self.folder / file_name(version, self.digest)
 
     def of(self, version: StoreVersion, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``version``'s logits on ``x`` (float32 [N, classes]): read where kept, else ``model`` (its weights) is run
-        and they are kept."""
+        """``version``'s logits on ``x`` (float32 [N, classes]): read where kept or shipped, else ``model`` (its
+        weights) is run; kept either way."""
         path = self._path(version)
         self.used.add(path)
-        try:
-            z = np.load(path, allow_pickle=False)
-            if z.shape == (len(x), model.num_classes) and z.dtype == np.float32:
-                return torch.from_numpy(z)
-            get_logger("trainer").warning("gate_logits_unusable", file=str(path), shape=list(z.shape), dtype=str(z.dtype))
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, EOFError) as exc:  # a torn or foreign file: computed again and replaced
-            get_logger("trainer").warning("gate_logits_unusable", file=str(path), error=str(exc))
-        z = logits_on(model, x)
+        shape = (len(x), model.num_classes)
+        z = _read(path, shape)
+        if z is not None:
+            return z
+        z = _read(self.shipped / path.name, shape)
+        if z is None:
+            z = logits_on(model, x)
+        else:
+            get_logger("trainer").info("gate_logits_shipped", engine_version=version.name, photos=len(x))
         self.keep(version, z)
         return z
 
