@@ -217,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks._sets import config_sets
 
     sets = config_sets(args.set)  # first: a malformed one is refused before any work
+    for folder, flags in ((Path(args.data) / args.field, "--data and --field"), (Path(args.lab), "--lab")):
+        if not folder.is_dir():
+            raise SystemExit(
+                f"{folder}: no such folder; give {flags} (the field photos: ../shared/data/field with apple-orchard, "
+                "the lab photos: ../shared/data/plantvillage)"
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
