@@ -19,8 +19,10 @@ def pytest_collection_modifyitems(config, items):
 
     Two of them side by side on two cores each ran 2-3.6x slower and broke their time bounds; the other tests, which mostly
     wait on daemons, sockets and timers, run beside them, a module at a time so that a module's fixtures are made once.
+    A test marked ``one_core`` in a module marked ``both_cores`` (it starts a process or reads a store, and trains
+    nothing) runs with the others.
     """
-    heavy = {item for item in items if item.get_closest_marker("both_cores")}
+    heavy = {item for item in items if item.get_closest_marker("both_cores") and not item.get_closest_marker("one_core")}
     for item in items:
         item.add_marker(pytest.mark.xdist_group("both_cores" if item in heavy else item.nodeid.split("::")[0]))
     items.sort(key=lambda item: item not in heavy)  # stable: the heavy first, each part in collection order

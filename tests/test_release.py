@@ -118,6 +118,7 @@ def test_a_release_finishes_from_a_training_of_its_own_recipe_done_on_another_ma
     assert mine["training"]["trained_on"] == "cuda" and theirs["training"]["trained_on"] == "cpu"  # the manifest says where
 
 
+@pytest.mark.one_core  # trains nothing: beside the other tests (tests/conftest.py)
 def test_a_release_asked_to_train_on_a_gpu_torch_does_not_see_stops_before_decoding_a_photo(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
@@ -132,6 +133,7 @@ def test_a_release_asked_to_train_on_a_gpu_torch_does_not_see_stops_before_decod
     assert bad.returncode == 2 and "device 'tpu': not a torch device" in bad.stderr
 
 
+@pytest.mark.one_core  # trains nothing: beside the other tests (tests/conftest.py)
 def test_a_release_without_the_key_file_stops_before_training_a_thing(tmp_path):
     data = make_class_folders(tmp_path / "data", NAMES, 12)
     out = release(data, tmp_path / "store", tmp_path / "nowhere.key", tmp_path / "work")
@@ -176,6 +178,7 @@ def _store_with(path: Path, versions: list[str], key) -> EngineStore:
     return EngineStore(path)
 
 
+@pytest.mark.one_core  # trains nothing: beside the other tests (tests/conftest.py)
 def test_an_upgrade_installs_the_shipped_release_once_and_keeps_the_devices_own_versions(tmp_path, signing_key):
     """A device serving a bare release moves to the new one; one serving its own retrain keeps it, and the new
     release waits beside it (``release-pending``) for the trainer's field check."""
@@ -197,6 +200,7 @@ def test_an_upgrade_installs_the_shipped_release_once_and_keeps_the_devices_own_
     assert device.versions()[-1] == "v1001"
 
 
+@pytest.mark.one_core  # trains nothing: beside the other tests (tests/conftest.py)
 def test_publishing_under_a_name_older_than_the_store_is_refused(tmp_path, signing_key):
     pytest.importorskip("torch")
     from engines.store import StoreError
@@ -206,6 +210,7 @@ def test_publishing_under_a_name_older_than_the_store_is_refused(tmp_path, signi
         _store_with(store.root, ["v0003"], signing_key)
 
 
+@pytest.mark.one_core  # trains nothing: beside the other tests (tests/conftest.py)
 def test_after_an_upgrade_the_rehearsal_memory_is_relabelled_by_class_name_and_other_state_set_aside(tmp_path, signing_key):
     torch = pytest.importorskip("torch")
     from edge_agent.log import get_logger
@@ -344,6 +349,7 @@ def test_a_v1000_state_directory_upgraded_keeps_its_samples_and_the_field_check_
     samples.close()
 
 
+@pytest.mark.one_core  # trains nothing: beside the other tests (tests/conftest.py)
 def test_against_serving_gives_each_model_the_photos_through_its_own_preprocessing_and_classes(tmp_path):
     """A model that answers by the input's side and mean: the version in service sees its 128 px ImageNet-normalised
     tensors and its own class order, the candidate its 64 px Lite tensors."""
