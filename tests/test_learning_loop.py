@@ -133,6 +133,7 @@ def test_trainer_sigkill_during_training_and_publishing(plantvillage, stand_in, 
         t.terminate()
 
 
+@pytest.mark.one_core  # trains nothing (a daemon's burst, then the queue drained): beside the other tests
 def test_trainer_down_while_2000_photos_arrive(plantvillage, tmp_path):
     photos = sorted(plantvillage.rglob("*.jpg"))
     state = tmp_path / "state"
