@@ -15,7 +15,7 @@ in the shipped version's manifest and writes ``manifest.json`` (which photo, its
 ``NOTICE`` with the photos' sources and licences. The photos are the original bytes, never re-encoded.
 
 It also writes ``gate-logits/``: the shipped version's logits on ``gate/`` as a retrain reads those photos, so a new
-device's first retrain does not run the version in service over them (:mod:`trainer.loop.gate_logits`; about 17 s
+device's first retrain does not run the version in service over them (:mod:`trainer.loop.gate_logits`; about 35 s
 of a first retrain on 2 x86 cores, more on a Raspberry Pi). ``--logits-only`` writes just those, from the photos
 already there.
 """

@@ -9,8 +9,9 @@ other weights or another version are a miss and are computed. A retrain writes i
 logits, which it has already; a file that cannot be read is computed again, and the folder keeps only the files the
 last retrain used. The shipped version's logits on the shipped gate photos come with the package
 (``edge_agent/default_data/gate-logits/``, written by ``python -m trainer.shipped_data``), so a new device's first
-retrain does not run the version in service either; read only where the name (version, weights, photos) matches,
-which photos decoded or a network run elsewhere to other values never do, and checked like a kept file.
+retrain does not run the version in service either; read only where the name (version, weights, photos as decoded
+here) matches, and checked like a kept file. Logits computed on another CPU may differ from this one's in the last
+bits; the gate's top-1 and log-loss do not see that.
 """
 
 from __future__ import annotations
