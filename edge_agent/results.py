@@ -19,8 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from engines.durable import relocate_rows, set_aside
+from engines.errors import EdgeAgentError
 
-__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "iso", "query_readonly"]
+__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "query_readonly"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -73,18 +74,42 @@ CREATE TABLE IF NOT EXISTS expert_labels (
 """
 
 
+class LedgerUnreadable(EdgeAgentError, sqlite3.OperationalError):
+    """A database another process writes could not be read now (locked past the wait, an I/O error): never an empty
+    answer, which a page would show as "no photos" and a clean-up pass would take as "nothing to keep"."""
+
+
 def query_readonly(path: str | Path, sql: str, args: tuple | list = (), timeout: float = 30.0) -> list[tuple]:
     """Rows of ``sql`` (with ``args``) on a database another process is writing (read-only; [] while it does not
-    exist yet). Takes no write lock: the writer never waits for a reader."""
+    exist yet, or has not yet made the table asked for). Takes no write lock: the writer never waits for a reader.
+    Raises :class:`LedgerUnreadable` when the file is there but cannot be read within ``timeout`` seconds."""
     if not Path(path).exists():
         return []
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
     try:
         return con.execute(sql, args).fetchall()
-    except sqlite3.OperationalError:  # the schema is not there yet
-        return []
+    except sqlite3.OperationalError as exc:
+        if _schema_missing(con, exc):
+            return []
+        raise LedgerUnreadable(
+            f"{path}: could not be read ({type(exc).__name__}: {exc}); another process may hold it locked: "
+            "try again, and if it lasts, see the daemon's log (journalctl -u edge-agent)"
+        ) from exc
     finally:
         con.close()
+
+
+def _schema_missing(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` says the statement asked for a table or column the file does not have yet (SQLite's generic
+    SQLITE_ERROR), not that the file could not be read (busy, locked, I/O)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF == sqlite3.SQLITE_ERROR
+    try:  # Python 3.10: a file whose schema reads now failed on what it lacks
+        con.execute("PRAGMA schema_version").fetchall()
+    except sqlite3.Error:
+        return False
+    return True
 
 
 def iso(ts: float) -> str:

@@ -60,10 +60,12 @@ class Pruned:
         self.thumbs += other.thumbs
 
 
-def pending_alert_photos(state_root: Path, db: ResultsDB) -> dict[str, tuple[float, str]]:
-    """The photos of alerts not yet delivered somewhere: sha256 -> (when classified, the path it arrived as)."""
+def pending_alert_photos(state_root: Path, db: ResultsDB, wait_s: float = 30.0) -> dict[str, tuple[float, str]]:
+    """The photos of alerts not yet delivered somewhere: sha256 -> (when classified, the path it arrived as).
+    Raises :class:`~edge_agent.results.LedgerUnreadable` when the outbox stays locked ``wait_s``: nothing is pruned."""
     ids = set()
-    for (payload,) in query_readonly(state_root / "alerts.sqlite", "SELECT payload FROM outbox WHERE kind = 'alert'"):
+    outbox = state_root / "alerts.sqlite"
+    for (payload,) in query_readonly(outbox, "SELECT payload FROM outbox WHERE kind = 'alert'", timeout=wait_s):
         try:
             ids.add(str(json.loads(bytes(payload))["photo_id"]))
         except (ValueError, KeyError, TypeError):
@@ -83,6 +85,7 @@ class Retention(Worker):
 
     thread_name = "retention"
     floor_every_s = 60.0
+    alerts_wait_s = 30.0  # how long a pass waits for a locked alerts outbox before it prunes nothing this time
 
     def __init__(
         self,
@@ -153,7 +156,7 @@ class Retention(Worker):
     def by_age(self) -> Pruned:
         """Photos older than ``photo_days``, results and thumbnails older than ``result_days``."""
         s, now, pruned = self.section, self.now(), Pruned()
-        pending = pending_alert_photos(self.root, self.db)
+        pending = pending_alert_photos(self.root, self.db, self.alerts_wait_s)
         if s.photo_days > 0:
             cutoff = (datetime.fromtimestamp(now) - timedelta(days=s.photo_days)).date()
             self._prune_photos(pruned, lambda day: day >= cutoff, pending)
@@ -181,7 +184,7 @@ class Retention(Worker):
         if u.free >= floor:
             return pruned
         need = floor - u.free
-        self._prune_photos(pruned, lambda day: pruned.photo_bytes >= need, pending_alert_photos(self.root, self.db))
+        self._prune_photos(pruned, lambda day: pruned.photo_bytes >= need, pending_alert_photos(self.root, self.db, self.alerts_wait_s))
         if pruned.photo_bytes < need:
             pruned.thumbs += self._prune_thumbs(lambda mtime: True, need - pruned.photo_bytes)
         return pruned

@@ -593,3 +593,27 @@ def test_good_device_names_pass_the_rule():
 
     for name in ("greenhouse", "orchard-2", "jetson.local", "pi_5", "0abc"):
         assert device_name_problem(name) is None
+
+
+def test_a_new_socket_is_watched_even_when_the_address_pyzmq_would_name_after_its_descriptor_is_still_taken():
+    """pyzmq names a monitor ``inproc://monitor.s-<fd>``; a socket made after a refused one can reuse the fd while
+    libzmq still holds the old monitor's address, and the sender thread died of "Address already in use" (CI)."""
+    import zmq
+
+    from edge_agent.handoff.transport import HandshakeWatch
+
+    ctx = zmq.Context()
+    first = ctx.socket(zmq.DEALER)
+    second = ctx.socket(zmq.DEALER)
+    squatter = ctx.socket(zmq.PAIR)
+    try:
+        watch = HandshakeWatch(first, "tcp://127.0.0.1:9")
+        squatter.bind(f"inproc://monitor.s-{second.FD}")  # what the closed socket's monitor still held
+        watch.watch(second)
+        watch.poll()
+        assert watch.monitor is not None and not watch.monitor.closed
+        watch.close()
+    finally:
+        for sock in (first, second, squatter):
+            sock.close(0)
+        ctx.term()

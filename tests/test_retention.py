@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 import time
 from collections import namedtuple
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from edge_agent.alerts.outbox import Outbox
 from edge_agent.config import RetentionSection
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import LedgerUnreadable, ResultRow, ResultsDB
 from edge_agent.retention import Retention, floor_bytes
 from edge_agent.state import StateLayout
 
@@ -120,6 +123,28 @@ def test_the_photo_of_an_alert_not_yet_delivered_is_kept_however_old_and_whateve
     r.run_once()
     assert [p.name for p in (state / "processed").rglob("*.jpg")] == ["alerted.jpg"]
     assert r.status()["below_floor"] and r.status()["largest"]
+
+
+def test_an_alerts_outbox_that_cannot_be_read_prunes_nothing_instead_of_taking_its_alerts_as_none(tmp_path):
+    """A locked ``alerts.sqlite`` once read as empty: the pass then deleted the photo an undelivered alert points at."""
+    state, db = _state(tmp_path)
+    old = _photo(state, db, NOW - 60 * DAY, "alerted.jpg")
+    _photo(state, db, NOW - 60 * DAY, "other.jpg")
+    box = Outbox(state / "alerts.sqlite", 1 << 20)
+    box.put([("webhook:0", "alert", "u", json.dumps({"photo_id": old[:16]}).encode(), 1, False)])
+    box.close()
+    holder = sqlite3.connect(state / "alerts.sqlite", isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("DELETE FROM outbox WHERE 0")  # a write: the lock is taken and kept
+    r = Retention(RetentionSection(min_free_percent=90, min_free_gb=1000), state, db, now=lambda: NOW, usage=_disk(state, 100_000))
+    r.alerts_wait_s = 0.2
+    for age in (True, False):  # by age, and to the disk's floor alone
+        with pytest.raises(LedgerUnreadable, match="alerts.sqlite"):
+            r.run_once(age=age)
+    assert sorted(p.name for p in (state / "processed").rglob("*.jpg")) == ["alerted.jpg", "other.jpg"]
+    holder.close()
+    r.run_once()  # readable again: the next pass prunes as before
+    assert [p.name for p in (state / "processed").rglob("*.jpg")] == ["alerted.jpg"]
 
 
 def test_retention_off_prunes_nothing_and_a_daemon_status_shows_what_is_kept(tmp_path):

@@ -55,6 +55,29 @@ def test_every_page_renders_for_a_local_client(state):
     assert c.get("/static/style.css").status_code == 200
 
 
+def test_while_the_ledger_is_locked_the_photos_page_and_the_api_say_so_with_503_never_no_photos(state, monkeypatch):
+    """The page once showed "No photos yet" (and the API an empty list) when SQLite could not read the ledger in time."""
+    import sqlite3
+
+    from edge_agent.web.queries import Reader
+
+    monkeypatch.setattr(Reader, "wait_s", 0.2)
+    c = client(state)
+    assert c.get("/photos").text.count('class="card"') == 6
+    holder = sqlite3.connect(state / "results.sqlite", isolation_level=None)
+    try:
+        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+        holder.execute("DELETE FROM results WHERE 0")  # a write: the lock is taken and kept
+        page = c.get("/photos")
+        assert page.status_code == 503 and page.headers["retry-after"] == "5"
+        assert "could not be read just now" in page.text and "No photos yet" not in page.text
+        api = c.get("/api/v1/results")
+        assert api.status_code == 503 and "could not be read just now" in api.json()["error"]
+    finally:
+        holder.close()
+    assert c.get("/photos").text.count('class="card"') == 6
+
+
 def test_skip_moves_to_the_next_question_and_past_the_last_offers_to_start_again(state):
     c = client(state)
     first = c.get("/review").text

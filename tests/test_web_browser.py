@@ -115,9 +115,17 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         wait = WebDriverWait(browser, 30)
 
         # recent photos: what was dropped into the inbox, newest first
-        browser.get(base + "/photos")
+        def photos_page() -> bool:  # a 503 (the ledger locked past the page's wait) asks to be reloaded
+            browser.get(base + "/photos")
+            return "503 Service Unavailable" not in browser.find_element(By.TAG_NAME, "body").text
+
+        wait_until(photos_page, 30, "the photos page")
         cards = browser.find_elements(By.CSS_SELECTOR, "#photos .card")
-        assert len(cards) == 48 and f"({len(photos)})" in browser.find_element(By.TAG_NAME, "h1").text
+        shown = browser.find_element(By.TAG_NAME, "body").text[:600]
+        assert len(cards) == 48 and f"({len(photos)})" in browser.find_element(By.TAG_NAME, "h1").text, (
+            shown,
+            (tmp_path / "web.log").read_text()[-2000:],
+        )
         wait.until(_images_loaded)
         browser.save_screenshot(str(shots / "photos.png"))
 

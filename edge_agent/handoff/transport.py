@@ -9,6 +9,7 @@ unauthenticated peers are never accepted.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -264,6 +265,16 @@ def _make_authenticator(ctx, owner: Authenticator):
     return _Reporting(ctx)
 
 
+_MONITORS = itertools.count()
+
+
+def _monitor(sock, events: int):
+    """A PAIR socket receiving ``sock``'s events, on an inproc address used once: pyzmq's default names it after the
+    socket's file descriptor, which a new socket reuses while libzmq still holds the closed one's address (a sender
+    that replaced a refused socket died of "Address already in use")."""
+    return sock.get_monitor_socket(events, addr=f"inproc://edge-agent.monitor-{os.getpid()}-{next(_MONITORS)}")
+
+
 class HandshakeWatch:
     """A client socket's monitor, read without blocking: whether its CURVE handshake with the trainer has worked,
     so that a device with the wrong keys says so instead of waiting in silence."""
@@ -280,7 +291,7 @@ class HandshakeWatch:
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
         )
         self.endpoint, self.refused_after_s, self._events = endpoint, refused_after_s, events
-        self.monitor = sock.get_monitor_socket(events)
+        self.monitor = _monitor(sock, events)
         self.connected = False
         self.handshake_ok = False
         self.failures = 0
@@ -321,7 +332,7 @@ class HandshakeWatch:
         """Follow ``sock`` (the new socket) instead, keeping what is known of the link."""
         events = self._events
         self.monitor.close(0)
-        self.monitor = sock.get_monitor_socket(events)
+        self.monitor = _monitor(sock, events)
         self._failed_at, self.connected = None, False
 
     def problem(self) -> str | None:

@@ -28,6 +28,7 @@ from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
 from edge_agent.plants import diagnose
+from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web import charts
@@ -359,6 +360,12 @@ def create_app(ctx: WebContext) -> Starlette:
         get_logger("web").error("web_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
         return refusal(request.url.path, 500, "the device could not answer this request; its log says why (journalctl -u edge-agent)")
 
+    async def ledger_unreadable(request: Request, exc: LedgerUnreadable) -> Response:
+        """503 while a database cannot be read (locked past the wait): said, never shown as an empty list."""
+        get_logger("web").warning("web_database_unreadable", path=request.url.path, error=str(exc))
+        message = "the device's records could not be read just now (another process holds them locked): try again in a few seconds"
+        return refusal(request.url.path, 503, message, {"Retry-After": "5"})
+
     return Starlette(
         routes=routes,
         middleware=[
@@ -375,5 +382,10 @@ def create_app(ctx: WebContext) -> Starlette:
                 AccessMiddleware, tokens=tokens, local_bind=is_local_bind(ctx.bind), secret=csrf_secret(ctx.state.root / "web" / "csrf.key")
             ),
         ],
-        exception_handlers={BadParameter: bad_parameter, HTTPException: http_error, Exception: server_error},
+        exception_handlers={
+            BadParameter: bad_parameter,
+            HTTPException: http_error,
+            LedgerUnreadable: ledger_unreadable,
+            Exception: server_error,
+        },
     )

@@ -53,11 +53,13 @@ def _photo(row: tuple) -> ResultRow:
 class Reader:
     """Read-only queries on ``results.sqlite`` (an absent database reads as empty)."""
 
+    wait_s = 5.0  # how long a query waits for a locked ledger before the page says so (503)
+
     def __init__(self, db_path: Path) -> None:
         self.path = db_path
 
     def _rows(self, sql: str, args: tuple | list = ()) -> list[tuple]:
-        return query_readonly(self.path, sql, args, timeout=5)
+        return query_readonly(self.path, sql, args, timeout=self.wait_s)
 
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all."""
