@@ -22,7 +22,7 @@ from engines.base import EngineError  # noqa: E402
 from engines.loader import open_engine  # noqa: E402
 from engines.store import EngineStore, StoreError  # noqa: E402
 
-pytestmark = pytest.mark.both_cores  # it trains: make test runs it beside the waiting tests, never beside another trainer
+pytestmark = pytest.mark.both_cores  # it times a burst of inference: make test runs it beside the waiting tests, never beside a trainer
 
 
 def _v1000(tmp_path) -> EngineStore:
@@ -82,6 +82,7 @@ def test_the_check_photos_are_every_shipped_gate_photo_as_the_version_takes_them
     assert list(precision_check(version, root=tmp_path / "nowhere")) == []  # no shipped photos: nothing to check on
 
 
+@pytest.mark.one_core  # trains and times nothing (the timings are given): beside the other tests (tests/conftest.py)
 def test_int8_that_gives_other_answers_here_than_where_it_was_built_is_not_run(tmp_path, monkeypatch):
     _timed(monkeypatch, int8_ms=1.0, fp32_ms=2.0)  # INT8 the faster: its answers decide
     store = _v1000(tmp_path)
