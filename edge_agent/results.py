@@ -21,7 +21,7 @@ from pathlib import Path
 from engines.durable import relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
-__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "query_readonly"]
+__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "missing_table", "query_readonly"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -89,7 +89,7 @@ def query_readonly(path: str | Path, sql: str, args: tuple | list = (), timeout:
     try:
         return con.execute(sql, args).fetchall()
     except sqlite3.OperationalError as exc:
-        if _schema_missing(con, exc):
+        if missing_table(con, exc):
             return []
         raise LedgerUnreadable(
             f"{path}: could not be read ({type(exc).__name__}: {exc}); another process may hold it locked: "
@@ -99,7 +99,7 @@ def query_readonly(path: str | Path, sql: str, args: tuple | list = (), timeout:
         con.close()
 
 
-def _schema_missing(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> bool:
+def missing_table(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> bool:
     """Whether ``exc`` says the statement asked for a table or column the file does not have yet (SQLite's generic
     SQLITE_ERROR), not that the file could not be read (busy, locked, I/O)."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+

@@ -316,6 +316,32 @@ def test_a_missing_secret_file_is_named_at_start(tmp_path):
         Webhook(WebhookSection(url="http://127.0.0.1:9/x", secret_file=str(tmp_path / "nope")), 0)
 
 
+def test_a_results_ledger_locked_past_the_wait_keeps_the_crops_the_expert_labelled_and_asks_again(tmp_path):
+    """A locked ledger once read as "no expert labels": for a minute every crop alerted, the farm's crops forgotten."""
+    import sqlite3
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    db._db.execute("INSERT INTO expert_labels (sha256, label, labelled) VALUES (?, ?, ?)", ("ab" * 32, "Apple___healthy", time.time()))
+    db.close()
+    w = _worker(tmp_path, tmp_path / "results.sqlite")
+    w.wait_s = 0.2
+    w._labelled_crops()
+    assert w.rules.labelled_crops == {"Apple"}
+    w._con.close()  # the holder below needs the file to itself
+    w._con, w._crops_read = None, 0.0
+    holder = sqlite3.connect(tmp_path / "results.sqlite", isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("DELETE FROM expert_labels WHERE 0")  # a write: the lock is taken and kept
+    w._labelled_crops()
+    assert w.rules.labelled_crops == {"Apple"} and w._crops_read == 0.0  # kept, and read again at the next scan
+    holder.close()
+    w._con.close()
+    w._con = None
+    w._labelled_crops()
+    assert w.rules.labelled_crops == {"Apple"} and w._crops_read > 0
+    w.outbox.close()
+
+
 # ---- the worker ------------------------------------------------------------------------------
 def _worker(tmp_path, db_path, hooks=(), **alerts) -> AlertWorker:
     return AlertWorker(AlertsSection(**alerts), NO_MQTT, [WebhookSection(url=u) for u in hooks], db_path, tmp_path, "greenhouse")

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from edge_agent.results import LedgerUnreadable, _schema_missing, query_readonly
+from edge_agent.results import LedgerUnreadable, missing_table, query_readonly
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_without_sqlites_error_code_python_3_10_tells_a_missing_table_from_a_loc
     def missing() -> bool:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.2)
         try:
-            return _schema_missing(con, bare)
+            return missing_table(con, bare)
         finally:
             con.close()
 

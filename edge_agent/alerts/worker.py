@@ -28,6 +28,7 @@ from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
 from edge_agent.plants import combine
+from edge_agent.results import missing_table
 from edge_agent.worker import Worker, spawn
 
 __all__ = ["AlertWorker"]
@@ -42,6 +43,7 @@ class AlertWorker(Worker):
     poll_s = 0.2
     #: The retained state is published when it changes, and unchanged at most this often (a heartbeat).
     state_heartbeat_s = 60.0
+    wait_s = 30.0  # how long a read of the results ledger waits while the daemon holds it locked
 
     def __init__(
         self,
@@ -107,7 +109,7 @@ class AlertWorker(Worker):
             if self._con is None:
                 if not self.results_db.exists():
                     return []
-                self._con = sqlite3.connect(f"file:{self.results_db}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+                self._con = sqlite3.connect(f"file:{self.results_db}?mode=ro", uri=True, timeout=self.wait_s, check_same_thread=False)
             return self._con.execute(sql, args).fetchall()
 
     def _max_result_id(self) -> int:
@@ -130,8 +132,12 @@ class AlertWorker(Worker):
         self._crops_read = time.monotonic()
         try:
             rows = self._results("SELECT DISTINCT label FROM expert_labels")
-        except sqlite3.OperationalError:  # a ledger from before expert_labels existed
-            rows = []
+        except sqlite3.OperationalError as exc:
+            if self._con is not None and not missing_table(self._con, exc):  # locked past the wait: keep what was known
+                self._crops_read = 0.0  # and ask again at the next scan
+                self.log.warning("alerts_ledger_unreadable", file=str(self.results_db), error=str(exc))
+                return
+            rows = []  # a ledger from before expert_labels existed
         self.rules.labelled_crops = {str(label).split("___")[0] for (label,) in rows if label}
 
     def scan(self) -> int:
