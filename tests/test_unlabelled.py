@@ -100,6 +100,34 @@ def test_the_pool_is_bounded_by_disk_too(tmp_path):
     assert pool.summary()["bytes"] <= 1000 and pool.summary()["photos"] == 10
 
 
+def test_a_pool_a_retrain_cannot_read_is_logged_and_read_as_empty_and_a_pool_not_made_yet_is_empty_in_silence(tmp_path):
+    """A locked or damaged pool once read as empty in silence: the retrain's record said 0 pool photos, not why."""
+    import sqlite3
+
+    from structlog.testing import capture_logs
+
+    from trainer.loop.unlabelled_pool import pool_photos
+
+    pool = UnlabelledPool(tmp_path, max_photos=10, max_bytes=10_000)
+    pool.add(_header(1, "d"), b"x" * 100)
+    pool._db.close()  # the service stopped: the holder below needs the file to itself
+    assert [p.device for p in pool_photos(tmp_path)] == ["d"]
+    holder = sqlite3.connect(tmp_path / "unlabelled.sqlite", isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("DELETE FROM pool WHERE 0")  # a write: the lock is taken and kept
+    with capture_logs() as logs:
+        assert pool_photos(tmp_path, wait_s=0.2) == []
+    holder.close()
+    [said] = [e for e in logs if e["event"] == "unlabelled_pool_unreadable"]
+    assert "unlabelled.sqlite" in said["file"] and "locked" in said["error"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    sqlite3.connect(empty / "unlabelled.sqlite").close()  # made, its table not yet
+    with capture_logs() as logs:
+        assert pool_photos(empty) == []
+    assert not logs
+
+
 def test_the_pool_survives_a_restart_and_sweeps_files_a_stop_left_without_a_row(tmp_path):
     pool = UnlabelledPool(tmp_path, max_photos=100, max_bytes=1 << 30)
     for i in range(5):

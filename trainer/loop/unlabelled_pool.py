@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_agent.log import get_logger
+from edge_agent.results import missing_table
 from engines.durable import atomic_write, relocate_rows
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
@@ -153,18 +155,26 @@ class UnlabelledPool:
         return {"photos": n, "bytes": size, "by_device": by_device, "limit_photos": self.max_photos, "limit_bytes": self.max_bytes}
 
 
-def pool_photos(root: str | Path) -> list[UnlabelledPhoto]:
+def pool_photos(root: str | Path, wait_s: float = 30.0) -> list[UnlabelledPhoto]:
     """The photos of the pool under ``root``, newest first, read without opening it for writing (a retrain's child
-    process reads while the service's receiver adds and evicts: a photo evicted meanwhile is simply missing)."""
+    process reads while the service's receiver adds and evicts: a photo evicted meanwhile is simply missing). A pool
+    that cannot be read (locked past ``wait_s``, damaged) reads as empty and is logged: the retrain goes on without it."""
     path = Path(root) / "unlabelled.sqlite"
     if not path.exists():
         return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=wait_s)
     try:
         rows = db.execute(
             "SELECT id, device, label, verdict, confidence, engine_version, file, bytes, received FROM pool ORDER BY received DESC"
         ).fetchall()
-    except sqlite3.Error:
+    except sqlite3.Error as exc:
+        if not (isinstance(exc, sqlite3.OperationalError) and missing_table(db, exc)):
+            get_logger("trainer").warning(
+                "unlabelled_pool_unreadable",
+                file=str(path),
+                error=f"{type(exc).__name__}: {exc}",
+                effect="this retrain learns from no unlabelled photo",
+            )
         return []
     finally:
         db.close()
