@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.log import get_logger
-from edge_agent.results import missing_table
+from edge_agent.results import query_readonly
 from engines.durable import atomic_write, relocate_rows
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
@@ -160,22 +160,18 @@ def pool_photos(root: str | Path, wait_s: float = 30.0) -> list[UnlabelledPhoto]
     process reads while the service's receiver adds and evicts: a photo evicted meanwhile is simply missing). A pool
     that cannot be read (locked past ``wait_s``, damaged) reads as empty and is logged: the retrain goes on without it."""
     path = Path(root) / "unlabelled.sqlite"
-    if not path.exists():
-        return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=wait_s)
     try:
-        rows = db.execute(
-            "SELECT id, device, label, verdict, confidence, engine_version, file, bytes, received FROM pool ORDER BY received DESC"
-        ).fetchall()
-    except sqlite3.Error as exc:
-        if not (isinstance(exc, sqlite3.OperationalError) and missing_table(db, exc)):
-            get_logger("trainer").warning(
-                "unlabelled_pool_unreadable",
-                file=str(path),
-                error=f"{type(exc).__name__}: {exc}",
-                effect="this retrain learns from no unlabelled photo",
-            )
+        rows = query_readonly(
+            path,
+            "SELECT id, device, label, verdict, confidence, engine_version, file, bytes, received FROM pool ORDER BY received DESC",
+            timeout=wait_s,
+        )
+    except sqlite3.DatabaseError as exc:  # locked past the wait (LedgerUnreadable), or not a database
+        get_logger("trainer").warning(
+            "unlabelled_pool_unreadable",
+            file=str(path),
+            error=f"{type(exc).__name__}: {exc}",
+            effect="this retrain learns from no unlabelled photo",
+        )
         return []
-    finally:
-        db.close()
     return [UnlabelledPhoto(*r) for r in rows]
