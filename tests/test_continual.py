@@ -396,9 +396,39 @@ def test_a_retrain_takes_the_architectures_learning_rate_unless_the_configuratio
 
 def _sizes_seen(model) -> list[int]:
     """The batch sizes ``model`` (and every copy made of it after this call) is given."""
-    seen: list[int] = []
-    model.register_forward_pre_hook(lambda _m, inputs: seen.append(len(inputs[0])))
+    seen: list[int] = []  # at the head, which every pass ends in (a retrain runs the held blocks apart: Classifier.held)
+    model.head.register_forward_pre_hook(lambda _m, inputs: seen.append(len(inputs[0])))
     return seen
+
+
+def test_the_teacher_goes_on_from_the_students_held_blocks_where_they_are_the_same_and_the_step_is_the_same(tmp_path, monkeypatch):
+    """Distillation runs the teacher on every photo: where its held blocks are the student's (a retrain's are, unless
+    ``distill_from`` names a version whose blocks differ), their output is computed once; the candidate is the one
+    the teacher's own pass gives, to float rounding."""
+    from trainer.models._base import Classifier
+
+    def run(teacher_change: float = 0.0, share: bool = True):
+        torch.manual_seed(0)
+        model = build_model(3, "efficientnet-lite0")
+        teacher = copy.deepcopy(model)
+        with torch.no_grad():
+            teacher.blocks[0].depthwise[0].weight.mul_(1 + teacher_change)
+        stems = []
+        teacher.stem.register_forward_pre_hook(lambda *_: stems.append(1))  # the teacher's own copy of the held blocks
+        with monkeypatch.context() as m:
+            if not share:
+                m.setattr(Classifier, "same_blocks", lambda *a: False)
+            out, _ = train_generation(
+                model, _lite_toy(), get_strategy("finetune")(tmp_path / "f"), settings(distill=1.0), 1e-2, teacher=teacher
+            )
+        return out.state_dict(), len(stems)
+
+    shared, stems_shared = run()
+    own, stems_own = run(share=False)
+    assert stems_shared == 0 and stems_own > 0  # 2 epochs of 12 photos in parts: the teacher's stem ran each time
+    assert max(float((shared[k].float() - own[k].float()).abs().max()) for k in shared) < 1e-5
+    _, stems_differ = run(teacher_change=1e-3)  # a teacher whose first held block differs runs its own
+    assert stems_differ == stems_own
 
 
 def test_a_batch_in_parts_takes_the_whole_batchs_step_where_batchnorm_keeps_its_statistics(tmp_path):

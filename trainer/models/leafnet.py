@@ -70,6 +70,10 @@ class LeafNet(Classifier):
         """Penultimate embedding [N, hidden] (after ReLU and dropout); stored photos (half precision) are cast."""
         return self.embed(self.pool(self.backbone(as_input(x))))
 
+    def feature_path(self) -> list:
+        """:meth:`features` step by step: the convolutional blocks, pooling, the embedding layer."""
+        return [*self.backbone, self.pool, self.embed]
+
 
 #: LeafNet's named variants (a manifest's ``model.arch``): the seed's LeafNet, and LeafNet5 (strided stem, five
 #: stages to 384 channels; v1000's architecture, ``docs/model.md``).
