@@ -66,8 +66,8 @@ def read_header(data: bytes) -> ImageHeader:
     Raises :class:`HeaderError` naming the problem: empty file, unknown format,
     truncated file, or an implausible header.
     """
-    if not data:
-        raise HeaderError("empty file (0 bytes)")
+    if not data:  # a copy that has not written its first bytes yet looks the same: judged as incomplete
+        raise HeaderTruncated("empty file (0 bytes)")
     if data[:3] == b"\xff\xd8\xff":
         return _jpeg(data)
     if data[:8] == b"\x89PNG\r\n\x1a\n":

@@ -576,6 +576,26 @@ def test_a_status_file_is_readable_by_its_services_group_and_by_no_one_else_what
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_an_empty_file_is_a_copy_not_started_yet_until_the_grace_period_ends(plantvillage, tmp_path):
+    """A copy creates the file, then writes it: on a busy machine it stayed 0 bytes past settle_s and a real photo was
+    quarantined as "empty file" (seen in the suite). An empty file now waits like a truncated one: given its bytes
+    within incomplete_grace_s it is classified; still empty after it, quarantined with the reason."""
+    photo = real_photos(plantvillage, 1)[0]
+    d = DaemonProc(tmp_path / "state", {"inbox": {"incomplete_grace_s": 4.0, "settle_s": 0.2}}).start()
+    d.wait_ready()
+    (d.inbox / "late.jpg").write_bytes(b"")
+    (d.inbox / "never.jpg").write_bytes(b"")
+    time.sleep(1.5)  # settled at 0 bytes several times over
+    assert (d.inbox / "late.jpg").exists() and not (d.state / "quarantine" / "late.jpg").exists()
+    (d.inbox / "late.jpg").write_bytes(photo.read_bytes())
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 30, "the late photo's result")
+    assert db_rows(d.state, "SELECT sha256 FROM results")[0][0] == sha(photo)
+    wait_until(lambda: (d.state / "quarantine" / "never.jpg").exists(), 30, "the empty file quarantined")
+    assert json.loads((d.state / "quarantine" / "never.jpg.reason.json").read_text())["reason"] == "empty file (0 bytes)"
+    assert not (d.state / "quarantine" / "late.jpg").exists()
+    assert d.terminate() == 0
+
+
 def test_a_heic_with_a_valid_header_and_a_corrupt_body_gets_a_result_or_a_quarantine_never_stays(tmp_path):
     """Whatever libheif makes of it, each corrupt HEIC leaves the inbox: decoded (libheif conceals damaged data), or
     quarantined with its reason and counted; a box that claims more bytes than the file has is judged once the file
