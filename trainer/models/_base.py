@@ -55,8 +55,12 @@ class Classifier(nn.Module):
     def num_classes(self) -> int:
         return self.head.out_features
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - every architecture defines it
-        raise NotImplementedError
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features [N, D] of the photos ``x`` (stored photos are cast): :meth:`feature_path` in turn."""
+        h = as_input(x)
+        for step in self.feature_path():
+            h = step(h)
+        return h
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -65,44 +69,37 @@ class Classifier(nn.Module):
         """The feature extractor's blocks from the input on (those :meth:`freeze` may hold); [] where not split."""
         return []
 
-    def feature_path(self) -> list:
-        """:meth:`features` as steps from the (decoded) input on, every feature block among them; [] where not split."""
-        return []
+    def feature_path(self) -> list:  # pragma: no cover - every architecture defines it
+        """:meth:`features` as steps from the decoded input on, every feature block among them."""
+        raise NotImplementedError
 
     def _cut(self, blocks: int | None) -> int:
         """How many steps of :meth:`feature_path` the first ``blocks`` feature blocks (default: those held) take."""
         blocks = self.frozen_blocks if blocks is None else blocks
-        path = self.feature_path()
-        if blocks <= 0 or not path:
+        if blocks <= 0:
             return 0
         last = self.feature_blocks()[blocks - 1]
-        return next(i for i, step in enumerate(path) if step is last) + 1
+        return next(i for i, step in enumerate(self.feature_path()) if step is last) + 1
 
     def held(self, x: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
         """The photos ``x`` through the first ``blocks`` feature blocks (default: those :meth:`freeze` holds), without
         gradients: what :meth:`forward_held` goes on from, computed once where two networks share those blocks."""
-        cut = self._cut(blocks)
-        if cut == 0:
-            return x
         with torch.no_grad():
             h = as_input(x)
-            for step in self.feature_path()[:cut]:
+            for step in self.feature_path()[: self._cut(blocks)]:
                 h = step(h)
         return h
 
     def forward_held(self, h: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
         """Logits from :meth:`held`'s output ``h`` (the same ``blocks``): equal to ``forward`` on the photos."""
-        cut = self._cut(blocks)
-        if cut == 0:
-            return self(h)
-        for step in self.feature_path()[cut:]:
+        for step in self.feature_path()[self._cut(blocks) :]:
             h = step(h)
         return self.head(h)
 
     def same_blocks(self, other: "Classifier", blocks: int) -> bool:
         """Whether ``other``'s first ``blocks`` feature blocks hold this network's weights and statistics: in inference
         mode both compute the same :meth:`held` output."""
-        if blocks <= 0 or type(other) is not type(self) or not self.feature_path():
+        if blocks <= 0 or type(other) is not type(self):
             return False
         for mine, theirs in zip(self.feature_blocks()[:blocks], other.feature_blocks()[:blocks]):
             a, b = mine.state_dict(), theirs.state_dict()

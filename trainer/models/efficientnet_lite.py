@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from trainer.models._base import Classifier
-from trainer.photos import as_input
 
 __all__ = ["EfficientNetLite", "LITE_VARIANTS", "lite_state_dict"]
 
@@ -128,12 +127,8 @@ class EfficientNetLite(Classifier):
         """The stem, the 16 MBConv blocks (Lite0) and the 1x1 head convolution, from the input on."""
         return [self.stem, *self.blocks, self.head_conv]
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled 1280-channel features [N, 1280] (after dropout while training); stored photos (half precision) are cast."""
-        return self.dropout(self.pool(self.head_conv(self.blocks(self.stem(as_input(x))))).flatten(1))
-
     def feature_path(self) -> list:
-        """:meth:`features` step by step: the feature blocks, then pooling and dropout."""
+        """The feature blocks, then pooling and dropout: pooled 1280-channel features [N, 1280] (after dropout while training)."""
         return [*self.feature_blocks(), self._pooled]
 
     def _pooled(self, h: torch.Tensor) -> torch.Tensor:

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import nn
 
 from trainer.models._base import Classifier
-from trainer.photos import as_input
 
 __all__ = ["LEAFNET_ARCHS", "ConvBlock", "LeafNet", "StridedStem"]
 
@@ -66,12 +64,8 @@ class LeafNet(Classifier):
         """The convolutional blocks and the embedding layer, from the input on."""
         return [*self.backbone, self.embed]
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Penultimate embedding [N, hidden] (after ReLU and dropout); stored photos (half precision) are cast."""
-        return self.embed(self.pool(self.backbone(as_input(x))))
-
     def feature_path(self) -> list:
-        """:meth:`features` step by step: the convolutional blocks, pooling, the embedding layer."""
+        """The convolutional blocks, pooling, the embedding layer: the penultimate embedding [N, hidden] (after ReLU and dropout)."""
         return [*self.backbone, self.pool, self.embed]
 
 
