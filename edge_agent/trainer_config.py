@@ -136,6 +136,12 @@ class TrainerSection(BaseModel):
         ge=1,
         description="The unlabelled term waits until the field check holds this many photos (on fewer its verdict on the term is a coin toss).",
     )
+    unlabelled_min_taken: int = Field(
+        16,
+        ge=1,
+        description="The second candidate is trained only where the term takes at least this many unlabelled photos "
+        "(half a training batch; fewer barely change what it learns, and the field check's verdict is then a second draw).",
+    )
     unlabelled_max: int = Field(400, ge=1, le=100000, description="Most unlabelled photos one retrain reads (the newest).")
     unlabelled_precision: float = Field(
         0.95,

@@ -153,12 +153,41 @@ def test_a_retrain_refuses_the_candidate_trained_with_unlabelled_photos_where_th
     for module in (retrain_mod, second_candidate):  # the first candidate, then the second
         monkeypatch.setattr(module, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))
     monkeypatch.setattr(second_candidate, "prefer", lambda *a: (field_prefers, {"field_top1_with": 0.5, "field_top1_without": 0.5}))
-    cfg = parse_config({"trainer": {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_field_min": 8}})
-    result = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
+    trainer = {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_field_min": 8, "unlabelled_min_taken": 1}
+    result = retrain_mod.retrain(parse_config({"trainer": trainer}), store, samples, tmp_path / "strategy")
     term = result.metrics["unlabelled"]
     assert term["pool_photos"] == 24 and term["taken"] > 0 and term["kept"] is field_prefers
     assert len(trained) == 2 and trained[1] == trained[0] + term["taken"]  # a second candidate, with the photos taken
     assert samples.counts()["expert"] == 32  # the pool is not the samples
+    samples.close()
+
+
+def test_no_second_candidate_is_trained_where_the_term_takes_fewer_photos_than_unlabelled_min_taken(tiny_store, tmp_path, monkeypatch):
+    from edge_agent.config import parse_config
+    from trainer import retrain as retrain_mod
+    from trainer.loop import second_candidate
+
+    from .test_recheck import _open_gate
+
+    store, samples = farm(tiny_store, tmp_path)  # 24 pool photos
+    real_teach, taught, trained = second_candidate.teach, [], []
+
+    def teach(*a, **k):  # the tiny model is unsure: take every answer its mirror image agrees with
+        taught.append(real_teach(*a[:5], 0.0, **{**k, "floor": 0.0}))
+        return taught[-1]
+
+    monkeypatch.setattr(second_candidate, "teach", teach)
+    real_train = retrain_mod.train_generation
+    for module in (retrain_mod, second_candidate):
+        monkeypatch.setattr(module, "train_generation", lambda *a, **k: trained.append(len(a[1])) or real_train(*a, **k))
+    monkeypatch.setattr(second_candidate, "prefer", lambda *a: pytest.fail("nothing to prefer: no second candidate"))
+    trainer = {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_field_min": 8, "unlabelled_min_taken": 25}
+    result = retrain_mod.retrain(parse_config({"trainer": trainer}), store, samples, tmp_path / "strategy")
+    term = result.metrics["unlabelled"]
+    assert taught and taught[0].data is not None and 0 < term["taken"] <= 24  # the term took photos ...
+    assert term["kept"] is False and f"it took {term['taken']} unlabelled photos, fewer than the 25" in term["reason"]
+    assert len(trained) == 1  # ... and only the first candidate was trained
+    assert parse_config({}).trainer.unlabelled_min_taken == 16  # the default
     samples.close()
 
 
@@ -191,6 +220,10 @@ def test_the_unlabelled_term_waits_until_the_field_check_holds_enough_photos_to_
         (
             {"field_photos": 6, "kept": False, "reason": "the field check holds 6 of the 12 photos the unlabelled term waits for"},
             "none kept: the field check holds 6 of the 12 photos the unlabelled term waits for",
+        ),
+        (
+            {"taken": 6, "kept": False, "reason": "it took 6 unlabelled photos, fewer than the 16 a second candidate waits for"},
+            "none kept: it took 6 unlabelled photos, fewer than the 16 a second candidate waits for",
         ),
     ],
 )

@@ -1,6 +1,8 @@
 """A retrain's second candidate: the first one's training again with the photos nobody labelled, kept only where the
 field check (the expert's held-back photos) prefers it; ``[trainer] unlabelled_method`` says how the photos teach
-(:mod:`trainer.loop.unlabelled_term`'s self-training, or :mod:`trainer.loop.consistency`).
+(:mod:`trainer.loop.unlabelled_term`'s self-training, or :mod:`trainer.loop.consistency`). Self-training trains it
+only where the term takes ``[trainer] unlabelled_min_taken`` photos: a handful more barely changes what a candidate
+learns, costs a whole training again, and gives the field check a second draw to pick on its few photos.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def with_unlabelled(
     summary = {**term.summary, "kept": False}
     if term.data is None:
         return candidate, used, summary
+    if len(term.data.y) < tc.unlabelled_min_taken:
+        reason = f"it took {len(term.data.y)} unlabelled photos, fewer than the {tc.unlabelled_min_taken} a second candidate waits for"
+        return candidate, used, {**summary, "reason": reason}
     term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
     second = train_generation(
         previous,
