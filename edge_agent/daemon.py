@@ -27,6 +27,7 @@ from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, Pipeline
 from edge_agent.preprocess import load_decoder
 from edge_agent.results import ResultsDB
+from edge_agent.seeding import start_seed_rest
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
 from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store_or_shipped, write_status
@@ -129,6 +130,7 @@ class Daemon:
     def _start_workers(self) -> None:
         """The workers that run beside the pipeline and that no photo waits on, started once READY=1 is sent."""
         load_decoder()  # OpenCV, before the first photo needs it
+        start_seed_rest(self.store, default_store_path(), self.log)  # a first start's older shipped releases
         if self.cfg.retention.enabled:
             from edge_agent.retention import Retention
 

@@ -98,17 +98,20 @@ def runtime_dir(state_dir: Path) -> Path:
     return state_dir / "run"
 
 
-def resolve_store(cfg: AppConfig, state_dir: Path) -> EngineStore:
-    """[store] path, else <state>/engines, seeded from the shipped default model on first use and given the shipped
-    release once after a package upgrade (:func:`edge_agent.upgrade.adopt_shipped_release`)."""
+def resolve_store(cfg: AppConfig, state_dir: Path, serving_only: bool = False) -> EngineStore:
+    """[store] path, else <state>/engines, seeded from the shipped store on first use (with ``serving_only``, the
+    daemon's start, only the release that serves: :mod:`edge_agent.seeding` copies the others after READY=1) and
+    given the shipped release once after a package upgrade (:func:`edge_agent.upgrade.adopt_shipped_release`)."""
     if cfg.store.path:
         return EngineStore(cfg.store.resolved())
     store = EngineStore(state_dir / "engines")
     if not store.versions():
+        shipped = default_store_path()
+        versions = [EngineStore(shipped).current()] if serving_only else None
         try:
-            seed_store(default_store_path(), store.root)
+            seed_store(shipped, store.root, versions)
         except OSError as exc:
-            raise StateDiskFull(_seed_failed(exc, store.root)) from None
+            raise StateDiskFull(_seed_failed(exc, store.root, versions)) from None
     else:
         from edge_agent.upgrade import adopt_shipped_release
 
@@ -120,8 +123,9 @@ class StateDiskFull(EdgeAgentError):
     """The state directory cannot take what the daemon must write there (the shipped engines, on first start)."""
 
 
-def _seed_failed(exc: OSError, dst: Path) -> str:
-    need = sum(f.stat().st_size for f in default_store_path().rglob("*") if f.is_file())
+def _seed_failed(exc: OSError, dst: Path, versions: list[str] | None = None) -> str:
+    shipped = default_store_path()
+    need = sum(f.stat().st_size for v in (versions or [shipped]) for f in (shipped / v).rglob("*") if f.is_file())
     free = shutil.disk_usage(dst.parent).free if dst.parent.exists() else 0
     return (
         f"cannot copy the shipped engines ({need / 1e6:.0f} MB) into {dst}: {exc.strerror or exc} ({free / 1e6:.0f} MB free "
@@ -130,26 +134,33 @@ def _seed_failed(exc: OSError, dst: Path) -> str:
 
 
 def resolve_store_or_shipped(cfg: AppConfig, state_dir: Path) -> tuple[EngineStore, str | None]:
-    """:func:`resolve_store`, or, when the state disk cannot take the shipped engines, the package's own store read
-    as it is (serving, not updating) and the one line that says what to free; for the daemon, which then serves."""
+    """:func:`resolve_store` seeding only the release that serves, or, when the state disk cannot take it, the
+    package's own store read as it is (serving, not updating) and the one line that says what to free; for the
+    daemon, which then serves."""
     try:
-        return resolve_store(cfg, state_dir), None
+        return resolve_store(cfg, state_dir, serving_only=True), None
     except StateDiskFull as exc:
         return EngineStore(default_store_path()), f"{exc}; serving the package's shipped engines read-only until then"
 
 
-def seed_store(src: Path, dst: Path) -> None:
-    """Copy a store (its versions and ``current``) into an empty ``dst``, atomically."""
+def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
+    """Copy a store (its versions, or only ``versions``, and ``current``) into an empty ``dst``, atomically; the
+    versions left out are named in ``dst``'s :data:`edge_agent.seeding.PENDING` for :func:`edge_agent.seeding.seed_rest`."""
+    from edge_agent.seeding import PENDING
+
     tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    left = sorted(set(EngineStore(src).versions()) - set(versions)) if versions is not None else []
     try:  # file by file (copytree would gather the errors and lose their errno): the first failure stops it
         for folder, dirs, files in os.walk(src):
-            dirs[:] = [d for d in dirs if not d.startswith(".tmp-")]
+            dirs[:] = [d for d in dirs if not d.startswith(".tmp-") and (folder != str(src) or d not in left)]
             here = tmp / Path(folder).relative_to(src)
             here.mkdir(parents=True, exist_ok=True)
             for name in files:
                 if name != ".lock" and not name.startswith(".tmp-"):
                     shutil.copy2(Path(folder) / name, here / name, follow_symlinks=False)
+        if left:
+            (tmp / PENDING).write_text("".join(f"{v}\n" for v in left))
     except OSError:  # a full disk: leave nothing half-copied behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
