@@ -27,7 +27,7 @@ from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, Pipeline
 from edge_agent.preprocess import load_decoder
 from edge_agent.results import ResultsDB
-from edge_agent.seeding import start_seed_rest
+from edge_agent.seeding import or_older_releases, start_seed_rest
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
 from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store_or_shipped, write_status
@@ -88,8 +88,13 @@ class Daemon:
             adopt_shipped_signatures(self.store, default_store_path(), self.log)
         engine, self._refused_at_start = self._engine, {}
         if engine is None:
-            engine, self._refused_at_start = open_trusted(
-                self.store, cfg.engine, self.trust, self.log, self.state.root / "golden.npz", cfg.hotswap.min_agreement
+            engine, self._refused_at_start = or_older_releases(
+                self.store,
+                default_store_path(),
+                self.log,
+                lambda: open_trusted(
+                    self.store, cfg.engine, self.trust, self.log, self.state.root / "golden.npz", cfg.hotswap.min_agreement
+                ),
             )
         self.classifier = self._make_classifier(engine)
         self.log = self.log.bind(engine_version=engine.engine_version)

@@ -7,6 +7,8 @@ manifest and installed beside the one in service (never put in service), so ``ed
 them as before. A version the store already holds is left as it is; a start killed half-way copies the rest at the
 next start; a disk without room for a version keeps the file and says so, and the version in service is untouched.
 Only the marker's versions are copied: a store seeded in full, or one whose marker is done, is never refilled.
+Where the release that serves cannot be served (a damaged file, a runtime that rejects it), the older releases are
+copied at once and tried, as they were when the first start copied them all (:func:`or_older_releases`).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from __future__ import annotations
 import fcntl
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from engines.store import EngineStore, StoreError
 
-__all__ = ["PENDING", "seed_rest", "start_seed_rest"]
+__all__ = ["PENDING", "or_older_releases", "seed_rest", "start_seed_rest"]
 
 #: In a store's root: the shipped releases its first start left to copy after READY=1, one a line.
 PENDING = "shipped-pending"
@@ -72,6 +76,20 @@ def seed_rest(store: EngineStore, shipped: Path, log=None) -> list[str]:
     if copied and log is not None:
         log.info("shipped_releases_copied", versions=copied)
     return copied
+
+
+T = TypeVar("T")
+
+
+def or_older_releases(store: EngineStore, shipped: Path, log, open_store: Callable[[], T]) -> T:
+    """``open_store()``; where no version in ``store`` can serve (:class:`StoreError`) and a first start left shipped
+    releases to copy, those copied first and ``open_store()`` tried again."""
+    try:
+        return open_store()
+    except StoreError:
+        if not seed_rest(store, shipped, log):
+            raise
+        return open_store()
 
 
 def start_seed_rest(store: EngineStore, shipped: Path, log) -> threading.Thread | None:

@@ -117,3 +117,26 @@ def test_a_daemons_first_start_serves_the_shipped_release_and_then_holds_the_one
         assert not (store.root / PENDING).exists()
     finally:
         assert d.terminate() == 0
+
+
+def test_a_first_start_whose_serving_release_cannot_serve_copies_the_older_ones_at_once_and_serves_one(tmp_path, monkeypatch):
+    import edge_agent.daemon as daemon_mod
+    import edge_agent.state as state_mod
+    from edge_agent.daemon import Daemon
+
+    shipped = tmp_path / "shipped"
+    shutil.copytree(default_store_path(), shipped)
+    with open(shipped / SERVING / "model.onnx", "r+b") as f:  # the package's own copy of the release is damaged
+        f.seek(100)
+        f.write(b"\xff" * 8)
+    monkeypatch.setattr(state_mod, "default_store_path", lambda: shipped)
+    monkeypatch.setattr(daemon_mod, "default_store_path", lambda: shipped)
+    d = Daemon(AppConfig(), tmp_path / "state")
+    d._setup()
+    try:
+        assert d.classifier.engine.engine_version == OLDER[-1]  # the newest release before it, as before this change
+        assert "sha256" in d._refused_at_start[SERVING]
+        assert d.store.versions() == SHIPPED.versions() and not (d.store.root / PENDING).exists()
+    finally:
+        d._stop.set()
+        d._shutdown()
