@@ -185,7 +185,7 @@ def test_no_second_candidate_is_trained_where_the_term_takes_fewer_photos_than_u
     result = retrain_mod.retrain(parse_config({"trainer": trainer}), store, samples, tmp_path / "strategy")
     term = result.metrics["unlabelled"]
     assert taught and taught[0].data is not None and 0 < term["taken"] <= 24  # the term took photos ...
-    assert term["kept"] is False and f"it took {term['taken']} unlabelled photos, fewer than the 25" in term["reason"]
+    assert term["kept"] is False and f"only {term['taken']} taken, fewer than the 25" in term["reason"]
     assert len(trained) == 1  # ... and only the first candidate was trained
     assert parse_config({}).trainer.unlabelled_min_taken == 16  # the default
     samples.close()
@@ -222,8 +222,8 @@ def test_the_unlabelled_term_waits_until_the_field_check_holds_enough_photos_to_
             "none kept: the field check holds 6 of the 12 photos the unlabelled term waits for",
         ),
         (
-            {"taken": 6, "kept": False, "reason": "it took 6 unlabelled photos, fewer than the 16 a second candidate waits for"},
-            "none kept: it took 6 unlabelled photos, fewer than the 16 a second candidate waits for",
+            {"taken": 6, "kept": False, "reason": "only 6 taken, fewer than the 16 a second candidate waits for"},
+            "none kept: only 6 taken, fewer than the 16 a second candidate waits for",
         ),
     ],
 )

@@ -33,7 +33,7 @@ def with_unlabelled(
     if term.data is None:
         return candidate, used, summary
     if len(term.data.y) < tc.unlabelled_min_taken:
-        reason = f"it took {len(term.data.y)} unlabelled photos, fewer than the {tc.unlabelled_min_taken} a second candidate waits for"
+        reason = f"only {len(term.data.y)} taken, fewer than the {tc.unlabelled_min_taken} a second candidate waits for"
         return candidate, used, {**summary, "reason": reason}
     term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
     second = train_generation(
