@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from engines.store import EngineStore, StoreError
 
-__all__ = ["PENDING", "or_older_releases", "seed_rest", "start_seed_rest"]
+__all__ = ["PENDING", "install_shipped", "or_older_releases", "seed_rest", "start_seed_rest"]
 
 #: In a store's root: the shipped releases its first start left to copy after READY=1, one a line.
 PENDING = "shipped-pending"
@@ -36,6 +36,19 @@ def _pending(store: EngineStore) -> list[str]:
         return [line.strip() for line in (store.root / PENDING).read_text().splitlines() if line.strip()]
     except FileNotFoundError:
         return []
+
+
+def install_shipped(store: EngineStore, shipped: Path, version: str, make_current: bool = False) -> None:
+    """Copy the shipped ``version`` into ``store`` through its incoming folder and install it, checked against its
+    manifest (put in service with ``make_current``); where that fails, nothing half-copied stays."""
+    incoming = store.incoming(version)
+    shutil.rmtree(incoming, ignore_errors=True)
+    try:
+        shutil.copytree(shipped / version, incoming)
+        store.install(version, make_current=make_current)
+    except BaseException:
+        shutil.rmtree(incoming, ignore_errors=True)
+        raise
 
 
 def seed_rest(store: EngineStore, shipped: Path, log=None) -> list[str]:
@@ -57,13 +70,9 @@ def seed_rest(store: EngineStore, shipped: Path, log=None) -> list[str]:
                 if log is not None:
                     log.warning("shipped_release_not_copied", engine_version=version, need_mb=need >> 20, free_mb=free >> 20)
                 continue
-            incoming = store.incoming(version)
-            shutil.rmtree(incoming, ignore_errors=True)
             try:
-                shutil.copytree(src, incoming)
-                store.install(version, make_current=False)
-            except (OSError, StoreError) as exc:  # the disk filled meanwhile, or a shipped file is damaged: nothing half-copied stays
-                shutil.rmtree(incoming, ignore_errors=True)
+                install_shipped(store, shipped, version)
+            except (OSError, StoreError) as exc:  # the disk filled meanwhile, or a shipped file is damaged
                 left.append(version)
                 if log is not None:
                     log.warning("shipped_release_not_copied", engine_version=version, error=str(exc))

@@ -125,7 +125,8 @@ class StateDiskFull(EdgeAgentError):
 
 def _seed_failed(exc: OSError, dst: Path, versions: list[str] | None = None) -> str:
     shipped = default_store_path()
-    need = sum(f.stat().st_size for v in (versions or [shipped]) for f in (shipped / v).rglob("*") if f.is_file())
+    roots = [shipped / v for v in versions] if versions else [shipped]
+    need = sum(f.stat().st_size for root in roots for f in root.rglob("*") if f.is_file())
     free = shutil.disk_usage(dst.parent).free if dst.parent.exists() else 0
     return (
         f"cannot copy the shipped engines ({need / 1e6:.0f} MB) into {dst}: {exc.strerror or exc} ({free / 1e6:.0f} MB free "

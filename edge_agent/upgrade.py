@@ -13,9 +13,9 @@ strategy state from before a new release's lineage (:mod:`trainer.lineage`).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
+from edge_agent.seeding import install_shipped
 from engines.store import EngineStore
 
 __all__ = ["PENDING_RELEASE", "REPLACED_KEYS", "adopt_shipped_release", "adopt_shipped_signatures", "pending_release"]
@@ -59,13 +59,9 @@ def adopt_shipped_release(store: EngineStore, shipped: Path) -> str | None:
         return None
     if (store.root / release).exists():
         return None
-    incoming = store.incoming(release)
-    shutil.rmtree(incoming, ignore_errors=True)
-    incoming.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(shipped / release, incoming)
     current = store.current()
     farm_taught = store.read_manifest(current).get("parent") in store.versions() or store.pin() is not None
-    store.install(release, make_current=not farm_taught)
+    install_shipped(store, shipped, release, make_current=not farm_taught)
     if farm_taught:
         from engines.durable import atomic_write
 
