@@ -27,7 +27,7 @@ from edge_agent.log import get_logger
 from edge_agent.pipeline import Job, Pipeline
 from edge_agent.preprocess import load_decoder
 from edge_agent.results import ResultsDB
-from edge_agent.seeding import or_older_releases, start_seed_rest
+from edge_agent.seeding import or_older_releases, seed_serving, start_seed_rest, unseeded
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
 from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store_or_shipped, write_status
@@ -35,6 +35,7 @@ from edge_agent.systemd import Notifier
 from edge_agent.trust import daemon_trust, open_trusted
 from edge_agent.upgrade import adopt_shipped_signatures
 from engines.base import Engine
+from engines.store import EngineStore
 
 if TYPE_CHECKING:  # imported where they start: the camera's OpenCV only with a camera, the rest after READY=1
     from edge_agent.handoff.sender import Sender
@@ -66,6 +67,7 @@ class Daemon:
         self.alerts = None
         self.retention = None
         self.store_note: str | None = None
+        self._seed_after_ready = False  # a first start: <state>/engines is seeded just after READY=1
         self._results_before_start = 0
         self.board = BoardSensors()
         self.healthy = False
@@ -80,12 +82,16 @@ class Daemon:
             self.inbox.mkdir(parents=True)
             os.chmod(self.inbox, 0o2770)  # the service's group may drop photos (setgid keeps the group)
         t0 = time.perf_counter()
-        self.store, self.store_note = resolve_store_or_shipped(cfg, self.state.root)
-        if self.store_note:
-            self.log.error("state_disk_full", problem=self.store_note)
         self.trust = daemon_trust(cfg, self.state.root)
-        if self.trust is not None:
-            adopt_shipped_signatures(self.store, default_store_path(), self.log)
+        self._seed_after_ready = unseeded(cfg, self.state.root)
+        if self._seed_after_ready:  # a first start serves the package's store as it is: nothing is copied before READY=1
+            self.store = EngineStore(default_store_path())
+        else:
+            self.store, self.store_note = resolve_store_or_shipped(cfg, self.state.root)
+            if self.store_note:
+                self.log.error("state_disk_full", problem=self.store_note)
+            if self.trust is not None:
+                adopt_shipped_signatures(self.store, default_store_path(), self.log)
         engine, self._refused_at_start = self._engine, {}
         if engine is None:
             engine, self._refused_at_start = or_older_releases(
@@ -135,6 +141,8 @@ class Daemon:
     def _start_workers(self) -> None:
         """The workers that run beside the pipeline and that no photo waits on, started once READY=1 is sent."""
         load_decoder()  # OpenCV, before the first photo needs it
+        if self._seed_after_ready:
+            self._seed_state_store()
         start_seed_rest(self.store, default_store_path(), self.log)  # a first start's older shipped releases
         if self.cfg.retention.enabled:
             from edge_agent.retention import Retention
@@ -143,6 +151,14 @@ class Daemon:
             self.retention.start()
         self._start_alerts()
         self._start_learning_links()
+
+    def _seed_state_store(self) -> None:
+        """A first start's ``<state>/engines``, given the release serving (:func:`edge_agent.seeding.seed_serving`): the
+        store the hot swap, the hand-off and rollbacks use from here on; where the disk cannot take it, the package's
+        store goes on serving and the status says what to free."""
+        self.store, self.store_note = seed_serving(self.cfg, self.state.root, self.classifier.engine.engine_version)
+        if self.store_note:
+            self.log.error("state_disk_full", problem=self.store_note)
 
     def _reindex_queue(self) -> str:
         """After a ledger was set aside: every photo still in the label queue's folders goes back in the queue, for the

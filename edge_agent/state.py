@@ -134,12 +134,12 @@ def _seed_failed(exc: OSError, dst: Path, versions: list[str] | None = None) -> 
     )
 
 
-def resolve_store_or_shipped(cfg: AppConfig, state_dir: Path) -> tuple[EngineStore, str | None]:
-    """:func:`resolve_store` seeding only the release that serves, or, when the state disk cannot take it, the
-    package's own store read as it is (serving, not updating) and the one line that says what to free; for the
-    daemon, which then serves."""
+def resolve_store_or_shipped(cfg: AppConfig, state_dir: Path, serving_only: bool = True) -> tuple[EngineStore, str | None]:
+    """:func:`resolve_store` (seeding only the release that serves, unless ``serving_only`` is off), or, when the state
+    disk cannot take it, the package's own store read as it is (serving, not updating) and the one line that says what
+    to free; for the daemon, which then serves."""
     try:
-        return resolve_store(cfg, state_dir, serving_only=True), None
+        return resolve_store(cfg, state_dir, serving_only=serving_only), None
     except StateDiskFull as exc:
         return EngineStore(default_store_path()), f"{exc}; serving the package's shipped engines read-only until then"
 
@@ -167,7 +167,12 @@ def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
         raise
     if dst.exists() and not any(dst.iterdir()):
         dst.rmdir()
-    os.rename(tmp, dst)
+    try:
+        os.rename(tmp, dst)
+    except OSError as exc:  # another process (the command line, the page, the trainer) seeded it meanwhile: theirs stands
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not EngineStore(dst).versions():
+            raise
 
 
 def inbox_dir(cfg: AppConfig, state_dir: Path) -> Path:

@@ -665,7 +665,9 @@ def test_a_state_disk_too_full_for_the_shipped_engines_says_what_to_free_and_the
     d = Daemon(AppConfig(), tmp_path / "state")
     d._setup()
     try:
+        d._seed_state_store()  # a first start copies the release just after READY=1
         assert d.status()["store_problem"] and d.classifier.engine.engine_version == store.current()
+        assert d.store.root == default_store_path()
     finally:
         d._stop.set()
         d._shutdown()

@@ -129,14 +129,49 @@ def test_a_first_start_whose_serving_release_cannot_serve_copies_the_older_ones_
     with open(shipped / SERVING / "model.onnx", "r+b") as f:  # the package's own copy of the release is damaged
         f.seek(100)
         f.write(b"\xff" * 8)
-    monkeypatch.setattr(state_mod, "default_store_path", lambda: shipped)
-    monkeypatch.setattr(daemon_mod, "default_store_path", lambda: shipped)
+    for module in (state_mod, daemon_mod):
+        monkeypatch.setattr(module, "default_store_path", lambda: shipped)
     d = Daemon(AppConfig(), tmp_path / "state")
     d._setup()
     try:
         assert d.classifier.engine.engine_version == OLDER[-1]  # the newest release before it, as before this change
         assert "sha256" in d._refused_at_start[SERVING]
+        d._seed_state_store()  # after READY=1: the state store holds the one serving, so every release at once
+        assert d.store.root == tmp_path / "state" / "engines"
         assert d.store.versions() == SHIPPED.versions() and not (d.store.root / PENDING).exists()
     finally:
         d._stop.set()
         d._shutdown()
+
+
+def test_a_first_start_copies_nothing_before_ready_and_seeds_the_serving_release_just_after(tmp_path):
+    from edge_agent.daemon import Daemon
+
+    d = Daemon(AppConfig(), tmp_path / "state")
+    d._setup()  # all that comes before READY=1
+    try:
+        assert d.classifier.engine.engine_version == SERVING and d.store.root == default_store_path()
+        assert not EngineStore(tmp_path / "state" / "engines").versions()
+        d._seed_state_store()
+        assert d.store.root == tmp_path / "state" / "engines" and d.store_note is None
+        assert d.store.versions() == [SERVING] and d.store.current() == SERVING
+        assert (d.store.root / PENDING).read_text().split() == OLDER
+    finally:
+        d._stop.set()
+        d._shutdown()
+
+
+def test_a_store_another_process_seeded_meanwhile_stands_and_the_second_seed_leaves_nothing_behind(tmp_path, monkeypatch):
+    import edge_agent.state as state_mod
+
+    real = state_mod.os.rename
+
+    def first_the_command_line(src, dst):  # another process's full seed lands between the daemon's copy and its rename
+        monkeypatch.setattr(state_mod.os, "rename", real)
+        shutil.copytree(default_store_path(), dst, ignore=shutil.ignore_patterns(".lock"))
+        return real(src, dst)
+
+    monkeypatch.setattr(state_mod.os, "rename", first_the_command_line)
+    store = resolve_store(AppConfig(), tmp_path / "state", serving_only=True)
+    assert store.versions() == SHIPPED.versions() and not (store.root / PENDING).exists()  # the full seed stands
+    assert not list(tmp_path.glob("state/.tmp-*"))
