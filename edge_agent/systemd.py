@@ -2,7 +2,8 @@
 
 No dependency: one datagram per message to the socket systemd names (an
 abstract-namespace name when it starts with '@'). Outside systemd every call
-does nothing.
+does nothing. A receiver that stops reading (systemd never does; a wrapper or
+a harness may) costs a message at most :data:`SEND_TIMEOUT_S`, never the daemon.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["Notifier"]
+__all__ = ["Notifier", "SEND_TIMEOUT_S"]
+
+#: The longest a message waits on a notify socket whose receiver does not read; then it is dropped (send: False).
+SEND_TIMEOUT_S = 1.0
 
 
 class Notifier:
     """Sends service notifications to systemd; a no-op when $NOTIFY_SOCKET is unset."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = SEND_TIMEOUT_S) -> None:
         env = os.environ if env is None else env
+        self._timeout_s = timeout_s
         addr = env.get("NOTIFY_SOCKET", "")
         if addr.startswith("@"):
             addr = "\0" + addr[1:]
@@ -38,12 +43,14 @@ class Notifier:
         return self._addr is not None
 
     def send(self, *fields: str) -> bool:
-        """Send ``KEY=value`` fields in one datagram; False when not under systemd or on error."""
+        """Send ``KEY=value`` fields in one datagram; False when not under systemd, on error, or when the receiver
+        has not taken it within the timeout (its queue full: nobody reads)."""
         if self._addr is None:
             return False
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                self._sock.settimeout(self._timeout_s)
             self._sock.sendto("\n".join(fields).encode(), self._addr)
             return True
         except OSError:

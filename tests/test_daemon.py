@@ -179,6 +179,35 @@ def test_a_long_start_asks_systemd_for_more_time_until_it_ends_and_no_longer_tha
         assert not any(t.name == "start-time" for t in threading.enumerate())
 
 
+def test_a_notify_socket_nobody_reads_costs_a_message_its_timeout_and_never_hangs_the_daemon(tmp_path):
+    import socket as socket_mod
+
+    from edge_agent.systemd import Notifier
+
+    deaf = socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_DGRAM)  # bound, alive, never read
+    deaf.bind(str(tmp_path / "deaf.sock"))
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "deaf.sock")}, timeout_s=0.05)
+    sent: list[tuple[bool, float]] = []
+
+    def ping() -> None:
+        while not sent or sent[-1][0]:  # until one is refused: the receiver's queue is full
+            t0 = time.monotonic()
+            sent.append((notifier.watchdog(), time.monotonic() - t0))
+        t0 = time.monotonic()
+        sent.append((notifier.ready("still here"), time.monotonic() - t0))
+
+    thread = threading.Thread(target=ping, daemon=True)
+    thread.start()
+    thread.join(10)
+    try:
+        assert not thread.is_alive(), "a send blocked on a receiver that does not read"
+        assert len(sent) > 2 and not sent[-1][0] and not sent[-2][0]  # dropped, said so
+        assert max(seconds for _, seconds in sent) < 1.0
+        assert deaf.recv(4096) == b"WATCHDOG=1"  # what fitted was delivered
+    finally:
+        deaf.close()
+
+
 def test_watchdog_stops_while_the_pipeline_is_stuck(tmp_path, tiny_store):
     """In-process: an engine that hangs makes the pipeline stall; WATCHDOG=1 must stop, then resume."""
     from edge_agent.config import parse_config
