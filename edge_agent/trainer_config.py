@@ -142,6 +142,13 @@ class TrainerSection(BaseModel):
         description="The second candidate is trained only where the term takes at least this many unlabelled photos "
         "(half a training batch; fewer barely change what it learns, and the field check's verdict is then a second draw).",
     )
+    unlabelled_epochs: int = Field(
+        4,
+        ge=0,
+        le=500,
+        description="The second candidate trains this many epochs on from the first (at the averaging phase's learning "
+        "rate, the photos taken at full weight); 0: again from the retrain's start for the full `epochs`.",
+    )
     unlabelled_max: int = Field(400, ge=1, le=100000, description="Most unlabelled photos one retrain reads (the newest).")
     unlabelled_precision: float = Field(
         0.95,

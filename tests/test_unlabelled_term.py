@@ -191,6 +191,41 @@ def test_no_second_candidate_is_trained_where_the_term_takes_fewer_photos_than_u
     samples.close()
 
 
+def test_with_unlabelled_epochs_the_second_candidate_trains_on_from_the_first_for_those_epochs_distilled_towards_the_start(
+    tiny_store, tmp_path, monkeypatch
+):
+    from edge_agent.config import parse_config
+    from trainer import retrain as retrain_mod
+    from trainer.loop import second_candidate
+
+    from .test_recheck import _open_gate
+
+    store, samples = farm(tiny_store, tmp_path)
+    real_teach, calls = second_candidate.teach, []
+    monkeypatch.setattr(second_candidate, "teach", lambda *a, **k: real_teach(*a[:5], 0.0, **{**k, "floor": 0.0}))
+    real_train = retrain_mod.train_generation
+
+    def train(*a, **k):
+        calls.append((a, k, real_train(*a, **k)))
+        return calls[-1][2]
+
+    for module in (retrain_mod, second_candidate):
+        monkeypatch.setattr(module, "train_generation", train)
+    monkeypatch.setattr(second_candidate, "prefer", lambda *a: (True, {"field_top1_with": 0.6, "field_top1_without": 0.5}))
+    trainer = {**_open_gate(tmp_path), "field_check_every": 4, "unlabelled_field_min": 8, "unlabelled_min_taken": 1}
+    cfg = parse_config({"trainer": {**trainer, "unlabelled_epochs": 2}})
+    result = retrain_mod.retrain(cfg, store, samples, tmp_path / "strategy")
+    assert result.metrics["unlabelled"]["kept"] is True and len(calls) == 2
+    (first_args, first_kw, (first, _)), (args, kw, _) = calls
+    assert args[0] is first  # on from the first candidate, not again from the start
+    on = args[3]
+    assert (on.epochs, on.swa_epochs, on.ramp_epochs) == (2, 2, 0) and first_args[3] is cfg.trainer
+    assert args[5] == 1.0 and kw["teacher"] is first_kw["teacher"]  # its own weights; the retrain's teacher
+    assert len(args[1]) == len(first_args[1]) + result.metrics["unlabelled"]["taken"]
+    assert parse_config({}).trainer.unlabelled_epochs == 4  # the default
+    samples.close()
+
+
 def test_the_unlabelled_term_waits_until_the_field_check_holds_enough_photos_to_judge_it(tiny_store, tmp_path, monkeypatch):
     from edge_agent.config import parse_config
     from trainer import retrain as retrain_mod

@@ -36,19 +36,43 @@ def with_unlabelled(
         reason = f"only {len(term.data.y)} taken, fewer than the {tc.unlabelled_min_taken} a second candidate waits for"
         return candidate, used, {**summary, "reason": reason}
     term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
-    second = train_generation(
-        previous,
-        data + term.data,
+    if tc.unlabelled_epochs:
+        second = _on_from_first(candidate, data + term.data, previous, strategy, tc, lr, num_classes, spec, should_stop, teacher)
+    else:
+        second = train_generation(
+            previous,
+            data + term.data,
+            strategy,
+            tc,
+            lr,
+            interpolate,
+            num_classes=num_classes,
+            should_stop=should_stop,
+            spec=spec,
+            teacher=teacher,
+        )
+    return _chosen(second, (candidate, used), field, summary)
+
+
+def _on_from_first(candidate, data, start, strategy, tc, lr, num_classes, spec, should_stop, teacher=None):
+    """The second candidate as ``[trainer] unlabelled_epochs`` epochs more of the first's training, on ``data`` (the
+    first's and the photos the term took, those at full weight from the first step), every epoch averaged at the
+    averaging phase's learning rate, distilled towards the retrain's own teacher (``start`` unless ``teacher``): the
+    two candidates then differ by what the photos taught, not by a second draw of the whole training."""
+    epochs = tc.unlabelled_epochs
+    on = tc.model_copy(update={"epochs": epochs, "swa_epochs": epochs, "ramp_epochs": 0})
+    return train_generation(
+        candidate,
+        data,
         strategy,
-        tc,
+        on,
         lr,
-        interpolate,
+        1.0,
         num_classes=num_classes,
         should_stop=should_stop,
         spec=spec,
-        teacher=teacher,
+        teacher=teacher if teacher is not None else start,
     )
-    return _chosen(second, (candidate, used), field, summary)
 
 
 def _with_consistency(
