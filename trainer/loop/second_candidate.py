@@ -36,43 +36,21 @@ def with_unlabelled(
         reason = f"only {len(term.data.y)} taken, fewer than the {tc.unlabelled_min_taken} a second candidate waits for"
         return candidate, used, {**summary, "reason": reason}
     term.data.weight = term.data.weight * balance_pseudo(term.data.y, term.data.pseudo)
-    if tc.unlabelled_epochs:
-        second = _on_from_first(candidate, data + term.data, previous, strategy, tc, lr, num_classes, spec, should_stop, teacher)
+    if tc.unlabelled_epochs:  # on from the first: the two then differ by what the photos taught, not by a second draw
+        start, settings, step, teacher = candidate, _on_from_first(tc), 1.0, teacher if teacher is not None else previous
     else:
-        second = train_generation(
-            previous,
-            data + term.data,
-            strategy,
-            tc,
-            lr,
-            interpolate,
-            num_classes=num_classes,
-            should_stop=should_stop,
-            spec=spec,
-            teacher=teacher,
-        )
+        start, settings, step = previous, tc, interpolate
+    second = train_generation(
+        start, data + term.data, strategy, settings, lr, step, num_classes=num_classes, should_stop=should_stop, spec=spec, teacher=teacher
+    )
     return _chosen(second, (candidate, used), field, summary)
 
 
-def _on_from_first(candidate, data, start, strategy, tc, lr, num_classes, spec, should_stop, teacher=None):
-    """The second candidate as ``[trainer] unlabelled_epochs`` epochs more of the first's training, on ``data`` (the
-    first's and the photos the term took, those at full weight from the first step), every epoch averaged at the
-    averaging phase's learning rate, distilled towards the retrain's own teacher (``start`` unless ``teacher``): the
-    two candidates then differ by what the photos taught, not by a second draw of the whole training."""
+def _on_from_first(tc):
+    """``[trainer]`` settings for a second candidate trained ``unlabelled_epochs`` epochs on from the first: every
+    epoch averaged at the averaging phase's learning rate, the photos the term took at full weight from the first step."""
     epochs = tc.unlabelled_epochs
-    on = tc.model_copy(update={"epochs": epochs, "swa_epochs": epochs, "ramp_epochs": 0})
-    return train_generation(
-        candidate,
-        data,
-        strategy,
-        on,
-        lr,
-        1.0,
-        num_classes=num_classes,
-        should_stop=should_stop,
-        spec=spec,
-        teacher=teacher if teacher is not None else start,
-    )
+    return tc.model_copy(update={"epochs": epochs, "swa_epochs": epochs, "ramp_epochs": 0})
 
 
 def _with_consistency(
