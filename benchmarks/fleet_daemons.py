@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from edge_agent.config_toml import sections_toml
+
 REPO = Path(__file__).resolve().parents[1]
 QUICK_TRAINER = {
     "epochs": 1,
@@ -58,12 +60,6 @@ def _events(log: Path, name: str) -> list[dict]:
 
 def _ts(rec: dict) -> float:
     return dt.datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
-
-
-def _toml(d: dict) -> str:
-    from edge_agent.config import _toml_value
-
-    return "".join(f"[{s}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in vals.items()) for s, vals in d.items())
 
 
 def _proc_sample(pid: int) -> tuple[float, int]:
@@ -137,7 +133,7 @@ def run_fleet(n: int, out: Path) -> dict:
     )
     tcfg = out / "trainer.toml"
     tcfg.write_text(
-        _toml(
+        sections_toml(
             {
                 "log": {"format": "json"},
                 "handoff": {**endpoints, "curve_secret_key": str(tsec), "curve_authorized_dir": str(keys / "authorized")},
@@ -159,7 +155,7 @@ def run_fleet(n: int, out: Path) -> dict:
             dstate = out / f"device-{i:02d}"
             cfg = out / f"device-{i:02d}.toml"
             cfg.write_text(
-                _toml(
+                sections_toml(
                     {
                         "log": {"format": "json"},
                         "hotswap": {"poll_s": 1.0},

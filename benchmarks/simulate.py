@@ -353,7 +353,7 @@ class _FullField:
     """The real daemon and trainer processes on one state directory."""
 
     def __init__(self, cfg: dict, s: SimSettings, out: Path, evaluate: _Evaluator) -> None:
-        from edge_agent.config import _toml_value
+        from edge_agent.config_toml import sections_toml
 
         self.s = s
         self.root = out / "full"
@@ -362,9 +362,7 @@ class _FullField:
         self.inbox.mkdir(parents=True, exist_ok=True)
         self.store = EngineStore(out / "store")
         config = self.root / "edge-agent.toml"
-        config.write_text(
-            "".join(f"[{section}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) for section, values in cfg.items())
-        )
+        config.write_text(sections_toml(cfg))
         self.procs = {}
         for name, argv in (
             ("daemon", ["-m", "edge_agent", "run", "--config", str(config), "--state-dir", str(self.state)]),

@@ -223,7 +223,7 @@ def _install_systemd(args: argparse.Namespace) -> int:
 
 # ---- config ---------------------------------------------------------------
 def _config_show(args: argparse.Namespace) -> int:
-    from edge_agent.config import dump_toml
+    from edge_agent.config_toml import dump_toml
 
     cfg = _load(args)
     print(dump_toml(cfg, comments=not args.bare), end="")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from edge_agent.config import default_store_path
+from edge_agent.config_toml import sections_toml
 from engines.store import EngineStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,16 +35,6 @@ FAST = {
 }
 
 
-def toml(d: dict) -> str:
-    from edge_agent.config import _toml_value
-
-    out = []
-    for section, values in d.items():
-        out.append(f"[{section}]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
-    return "\n".join(out) + "\n"
-
-
 def merge(base: dict, extra: dict) -> dict:
     out = {k: dict(v) for k, v in base.items()}
     for k, v in extra.items():
@@ -58,7 +49,7 @@ class DaemonProc:
         self.state = state
         self.state.mkdir(parents=True, exist_ok=True)
         self.config_path = state.parent / f"{state.name}.toml"
-        self.config_path.write_text(toml(merge(FAST, config or {})))
+        self.config_path.write_text(sections_toml(merge(FAST, config or {})))
         self.log_path = state.parent / f"{state.name}.log"
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
@@ -156,7 +147,7 @@ class TrainerProc:
     def __init__(self, state: Path, config: dict) -> None:
         self.state = state
         self.config_path = state.parent / "trainer.toml"
-        self.config_path.write_text(toml(merge(FAST, config)))
+        self.config_path.write_text(sections_toml(merge(FAST, config)))
         self.log_path = state.parent / "trainer.log"
         self.proc = None
 

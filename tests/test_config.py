@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import AppConfig, ConfigError, default_store_path, dump_toml, load_config, parse_config, tomllib
+from edge_agent.config import AppConfig, ConfigError, default_store_path, load_config, parse_config, tomllib
+from edge_agent.config_toml import dump_toml, sections_toml, toml_value
 
 
 def write(tmp_path, text: str):
@@ -183,12 +184,30 @@ def test_a_strategy_key_of_an_earlier_release_says_what_replaced_it(key, replace
 
 
 def test_config_show_prints_the_strategy_as_its_own_table_and_reads_back_the_same():
-    from edge_agent.config import dump_toml
-
     cfg = parse_config({"trainer": {"strategy": {"type": "ewc", "ewc_lambda": 7.5}}})
     text = dump_toml(cfg)
     assert "[trainer.strategy]\n# Online Elastic Weight Consolidation" in text and "ewc_lambda = 7.5" in text
     assert parse_config(tomllib.loads(text)) == cfg
+
+
+def test_sections_written_as_toml_read_back_to_the_same_values_nested_tables_included():
+    sections = {
+        "inbox": {"settle_s": 0.5, "recursive": False, "extensions": [".jpg", ".png"]},
+        "camera": {"source": "/dev/video0"},
+        "trainer": {"epochs": 2},
+        "trainer.strategy": {"type": "ewc", "ewc_lambda": 7.5},
+    }
+    back = tomllib.loads(sections_toml(sections))
+    assert back["inbox"] == sections["inbox"] and back["camera"] == sections["camera"]
+    assert back["trainer"] == {"epochs": 2, "strategy": {"type": "ewc", "ewc_lambda": 7.5}}
+    cfg = parse_config(back)
+    assert (cfg.inbox.settle_s, cfg.inbox.recursive, cfg.trainer.strategy.type) == (0.5, False, "ewc")
+    assert toml_value({"camera:0": 'say "hi"'}) == '{"camera:0" = "say \\"hi\\""}'
+
+
+def test_a_value_toml_cannot_hold_is_refused_naming_its_type():
+    with pytest.raises(TypeError, match="cannot write NoneType as TOML"):
+        sections_toml({"inbox": {"path": None}})
 
 
 def test_a_command_given_no_configuration_reads_the_file_the_services_read_where_it_exists(tmp_path, monkeypatch):
