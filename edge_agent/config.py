@@ -24,7 +24,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10 (JetPack 6): the same parser, from PyPI
     import tomli as tomllib
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator, model_validator
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.imageheader import IMAGE_EXTENSIONS
@@ -32,6 +32,7 @@ from edge_agent.trainer_config import STRATEGY_CONFIGS, RolloutSection, TrainerS
 from edge_agent.upgrade import REPLACED_KEYS
 from engines.base import backends
 from engines.errors import EdgeAgentError
+from engines.settings import Section
 
 __all__ = [
     "AppConfig",
@@ -64,11 +65,7 @@ def default_data_path() -> Path:
     return Path(str(resources.files("edge_agent") / "default_data"))
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StoreSection(_Section):
+class StoreSection(Section):
     path: str = Field(
         "",
         description="Engine store directory. Empty: `classify` uses the shipped default model; the daemon and the "
@@ -91,7 +88,7 @@ class StoreSection(_Section):
         return Path(self.path).expanduser() if self.path else default_store_path()
 
 
-class PreprocessSection(_Section):
+class PreprocessSection(Section):
     max_file_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Photos larger than this many bytes are rejected unread.")
     max_pixels: int = Field(
         50_000_000, ge=128 * 128, description="Photos whose header declares more pixels are rejected before decoding (decompression bombs)."
@@ -107,7 +104,7 @@ def _dotted_lower(v: list[str]) -> list[str]:
     return out
 
 
-class ClassifySection(_Section):
+class ClassifySection(Section):
     top_k: int = Field(3, ge=1, le=50, description="How many ranked classes each prediction lists.")
     extensions: list[str] = Field(
         list(IMAGE_EXTENSIONS), description="File extensions picked up when a folder is classified (case-insensitive)."
@@ -120,7 +117,7 @@ class ClassifySection(_Section):
     )
 
 
-class DaemonSection(_Section):
+class DaemonSection(Section):
     state_dir: str = Field(
         "", description="Where results, queues and processed photos live; empty means $STATE_DIRECTORY, else ./edge-state."
     )
@@ -131,7 +128,7 @@ class DaemonSection(_Section):
     )
 
 
-class InboxSection(_Section):
+class InboxSection(Section):
     enabled: bool = Field(True, description="Watch the hot folder.")
     path: str = Field("", description="The hot folder; empty means <state_dir>/inbox.")
     after: Literal["move", "delete", "leave"] = Field(
@@ -151,7 +148,7 @@ class InboxSection(_Section):
     _ext = field_validator("extensions")(_dotted_lower)
 
 
-class CameraSection(_Section):
+class CameraSection(Section):
     enabled: bool = Field(False, description="Capture from a camera.")
     source: str = Field(
         "0", description="Device index, /dev/videoN, rtsp:// or http:// (MJPEG) URL, video file, GStreamer pipeline, or 'jetson-csi'."
@@ -163,7 +160,7 @@ class CameraSection(_Section):
     jpeg_quality: int = Field(95, ge=50, le=100, description="JPEG quality of frames kept for the label queues.")
 
 
-class RetentionSection(_Section):
+class RetentionSection(Section):
     enabled: bool = Field(True, description="Prune old photos and results, and keep the disk above its floor.")
     photo_days: float = Field(
         30.0, ge=0, le=36500, description="Processed photos (processed/YYYY-MM-DD/) older than this many days are removed; 0: kept."
@@ -181,7 +178,7 @@ class RetentionSection(_Section):
     interval_s: float = Field(600.0, ge=10, le=86400, description="How often old photos and results are pruned (the floor: every minute).")
 
 
-class PipelineSection(_Section):
+class PipelineSection(Section):
     max_batch: int = Field(
         16,
         ge=1,
@@ -197,7 +194,7 @@ class PipelineSection(_Section):
     )
 
 
-class LabelsSection(_Section):
+class LabelsSection(Section):
     pseudo_threshold: float = Field(
         0.9,
         gt=0,
@@ -302,7 +299,7 @@ class LabelsSection(_Section):
     )
 
 
-class HandoffSection(_Section):
+class HandoffSection(Section):
     enabled: bool = Field(True, description="Deliver queued labels to the trainer over ZeroMQ.")
     unlabelled_per_day: int = Field(
         100,
@@ -346,7 +343,7 @@ class HandoffSection(_Section):
     )
 
 
-class HotswapSection(_Section):
+class HotswapSection(Section):
     poll_s: float = Field(5.0, gt=0, description="How often the store's current version is checked (announcements wake it earlier).")
     min_agreement: float = Field(
         0.5,
@@ -356,7 +353,7 @@ class HotswapSection(_Section):
     )
 
 
-class WebSection(_Section):
+class WebSection(Section):
     bind: str = Field(
         "127.0.0.1",
         description="Address `edge-agent web` listens on. Any address other than loopback requires a token "
@@ -377,7 +374,7 @@ class WebSection(_Section):
     )
 
 
-class LogSection(_Section):
+class LogSection(Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
     format: Literal["auto", "json", "console"] = Field(
         "auto", description="json (for journald), console (readable), or auto: console on a terminal, else json."
@@ -393,7 +390,7 @@ def _engine_type(value: Any) -> str | None:
 EngineSection = Annotated[Union[tuple(Annotated[cls.Config, Tag(name)] for name, cls in backends().items())], Discriminator(_engine_type)]
 
 
-class AppConfig(_Section):
+class AppConfig(Section):
     """The whole configuration."""
 
     engine: EngineSection = Field(
@@ -429,7 +426,7 @@ class AppConfig(_Section):
         """Equal settings, wherever they were read from."""
         return type(other) is type(self) and self.__dict__ == other.__dict__
 
-    __hash__ = _Section.__hash__
+    __hash__ = Section.__hash__
 
 
 #: Where a discriminated union's tag appears in an error's location: (the key before it, the tags it may be).

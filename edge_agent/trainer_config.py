@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from engines.settings import Section
 
 __all__ = [
     "RolloutSection",
@@ -24,10 +26,9 @@ __all__ = [
 ]
 
 
-class StrategyConfig(BaseModel):
+class StrategyConfig(Section):
     """Base of every strategy's options; unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     type: str
 
 
@@ -61,11 +62,9 @@ STRATEGY_CONFIGS: dict[str, type[StrategyConfig]] = {
 Strategy = Annotated[Union[tuple(STRATEGY_CONFIGS.values())], Field(discriminator="type")]
 
 
-class RolloutSection(BaseModel):
+class RolloutSection(Section):
     """``[rollout]``: how the trainer gives a new version to a fleet of devices (tcp:// devices; a daemon on the
     trainer's own state directory takes each version from the shared store at once)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     staged: bool = Field(True, description="Give a new version to canary devices first, the rest once they have served it well.")
     canary_share: float = Field(0.1, ge=0, le=1, description="Share of the connected devices that are canaries (at least canary_min).")
@@ -79,9 +78,7 @@ class RolloutSection(BaseModel):
     )
 
 
-class TrainerSection(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class TrainerSection(Section):
     state_dir: str = Field("", description="Trainer's samples, strategy state and status; empty means <state_dir>/trainer.")
     labelled_data: str = Field(
         "",

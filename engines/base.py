@@ -14,10 +14,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import BaseModel, ConfigDict
-
 from engines.errors import EdgeAgentError
 from engines.plugins import Registry
+from engines.settings import Section
 from engines.store import StoreVersion
 
 if TYPE_CHECKING:  # numpy is imported where a batch is handled, so reading the config stays light
@@ -58,10 +57,9 @@ class BackendUnavailable(EngineError):
     """The backend's runtime or hardware is not present on this machine."""
 
 
-class BackendConfig(BaseModel):
+class BackendConfig(Section):
     """Base of every backend's configuration; unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     type: str
 
 

@@ -70,6 +70,31 @@ def test_bad_values(tmp_path, text, fragment):
         load_config(write(tmp_path, text))
 
 
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("[labels]\nreview_pool = 99999999999999999999\n", "labels.review_pool: Input should be at most 9223372036854775807"),
+        ("[trainer]\nseed = -99999999999999999999\n", "trainer.seed: Input should be at most 9223372036854775807"),
+        ("[hotswap]\npoll_s = 1e308\n", "hotswap.poll_s: Input should be at most 1e\\+09"),
+        ("[daemon]\nstall_timeout_s = inf\n", "daemon.stall_timeout_s: Input should be a finite number"),
+        ("[trainer.strategy]\ntype = 'ewc'\newc_lambda = nan\n", "trainer.strategy.ewc_lambda: Input should be a finite number"),
+        ("[trainer]\npseudo_only_steps = [1.0, inf]\n", "trainer.pseudo_only_steps.1: Input should be a finite number"),
+        ("[rollout]\nperiod_s = 1e12\n", "rollout.period_s: Input should be at most 1e\\+09"),
+        ("[engine]\ndevice_id = 99999999999999999999\n", "engine.device_id: Input should be at most 9223372036854775807"),
+        ("[alerts]\nretry_max_s = inf\n", "alerts.retry_max_s: Input should be a finite number"),
+    ],
+)
+def test_a_number_the_code_cannot_use_is_refused_when_the_file_is_read_naming_the_file_and_key(tmp_path, text, fragment):
+    with pytest.raises(ConfigError, match=fragment) as exc:
+        load_config(write(tmp_path, text))
+    assert str(tmp_path) in str(exc.value)
+
+
+def test_the_largest_numbers_an_option_takes_are_taken():
+    cfg = parse_config({"trainer": {"seed": 2**63 - 1}, "rollout": {"period_s": 1e9}})
+    assert (cfg.trainer.seed, cfg.rollout.period_s) == (2**63 - 1, 1e9)
+
+
 def test_missing_and_malformed_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "none.toml")

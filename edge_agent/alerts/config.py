@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from engines.settings import Section
 
 __all__ = ["ANY_DISEASE", "AlertsSection", "MqttSection", "WebhookSection"]
 
@@ -12,11 +14,7 @@ __all__ = ["ANY_DISEASE", "AlertsSection", "MqttSection", "WebhookSection"]
 ANY_DISEASE = "any-disease"
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AlertsSection(_Section):
+class AlertsSection(Section):
     enabled: bool = Field(True, description="Turn results into alerts by the rules below (kept on the page, sent where configured).")
     classes: list[str] = Field(
         [ANY_DISEASE], description=f"Classes that raise an alert; '{ANY_DISEASE}' means every class not named *healthy."
@@ -48,7 +46,7 @@ class AlertsSection(_Section):
         return value
 
 
-class MqttSection(_Section):
+class MqttSection(Section):
     host: str = Field("", description="MQTT broker host; empty: MQTT off.")
     port: int = Field(1883, ge=1, le=65535, description="MQTT broker port (8883 is usual with TLS).")
     prefix: str = Field("edge-agent", description="Topic prefix: <prefix>/<device>/result, /alert, /engine, /health, /available.")
@@ -75,7 +73,7 @@ class MqttSection(_Section):
         return value
 
 
-class WebhookSection(_Section):
+class WebhookSection(Section):
     url: str = Field(description="Where to POST each alert's JSON (http:// or https://).")
     secret_file: str = Field("", description="File holding the HMAC-SHA256 key that signs each body (X-Edge-Agent-Signature).")
     events: list[Literal["alert", "digest", "engine", "health"]] = Field(["alert", "digest"], description="What is sent.")
