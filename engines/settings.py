@@ -4,7 +4,8 @@ Every section of ``edge-agent.toml`` (the daemon's, the trainer's, a backend's, 
 :class:`Section`: unknown keys are errors, a section is frozen once read, and a number is refused where it is not
 finite (TOML writes ``inf`` and ``nan``) or is past what the code can hold: an integer past :data:`MAX_INT` (SQLite's
 INTEGER, torch's seed) or a decimal past :data:`MAX_FLOAT` (a wait that long overflows the thread library's timeout;
-in seconds it is 31 years). A key's own bounds, where it has them, are checked too.
+in seconds it is 31 years); so is a string holding a NUL character (``\\u0000``), which no path, name or address can.
+A key's own bounds, where it has them, are checked too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def _check(value: Any) -> None:
         raise ValueError(f"Input should be at most {MAX_INT} in size, the largest integer an option takes")
     if isinstance(value, float) and not -MAX_FLOAT <= value <= MAX_FLOAT:
         raise ValueError(f"Input should be at most {MAX_FLOAT:g} in size, the largest number an option takes")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("Input should not hold a NUL character (\\u0000): no path or name can")
     if isinstance(value, (list, tuple)):
         for item in value:
             _check(item)
@@ -38,7 +41,7 @@ def _check(value: Any) -> None:
 
 
 class Section(BaseModel):
-    """A configuration section: unknown keys, infinities, NaN and numbers past :data:`MAX_INT` / :data:`MAX_FLOAT` are errors."""
+    """A configuration section: unknown keys, infinities, NaN, numbers past :data:`MAX_INT` / :data:`MAX_FLOAT` and NUL characters are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

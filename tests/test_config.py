@@ -82,9 +82,11 @@ def test_bad_values(tmp_path, text, fragment):
         ("[rollout]\nperiod_s = 1e12\n", "rollout.period_s: Input should be at most 1e\\+09"),
         ("[engine]\ndevice_id = 99999999999999999999\n", "engine.device_id: Input should be at most 9223372036854775807"),
         ("[alerts]\nretry_max_s = inf\n", "alerts.retry_max_s: Input should be a finite number"),
+        ('[inbox]\npath = "/srv/in\\u0000box"\n', "inbox.path: Input should not hold a NUL character"),
+        ('[classify]\ncrops = ["Apple", "Co\\u0000rn"]\n', "classify.crops: Input should not hold a NUL character"),
     ],
 )
-def test_a_number_the_code_cannot_use_is_refused_when_the_file_is_read_naming_the_file_and_key(tmp_path, text, fragment):
+def test_a_value_the_code_cannot_use_is_refused_when_the_file_is_read_naming_the_file_and_key(tmp_path, text, fragment):
     with pytest.raises(ConfigError, match=fragment) as exc:
         load_config(write(tmp_path, text))
     assert str(tmp_path) in str(exc.value)
