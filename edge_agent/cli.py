@@ -188,14 +188,15 @@ def _restore(args: argparse.Namespace) -> int:
 
 
 def _web(args: argparse.Namespace) -> int:
+    from edge_agent.config import override
     from edge_agent.state import resolve_state_dir
     from edge_agent.web import WebError, new_token, serve
 
-    cfg = _load(args)
+    cfg = override(_load(args), {"web.bind": args.bind, "web.port": args.port}, "--bind/--port")
     state_dir = resolve_state_dir(args.state_dir, cfg)
     if args.new_token:
         token = new_token(state_dir, args.role)
-        port = args.port or cfg.web.port
+        port = cfg.web.port
         print(
             f"token: {token}\nrole: {args.role}\nopen once from a phone or laptop (then it is kept in a cookie):\n"
             f"  http://<this device's address>:{port}/?token={token}\n"
@@ -204,7 +205,7 @@ def _web(args: argparse.Namespace) -> int:
         )
         return 0
     try:
-        return serve(cfg, state_dir, args.bind, args.port)
+        return serve(cfg, state_dir)
     except WebError as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2

@@ -38,6 +38,7 @@ __all__ = [
     "AppConfig",
     "ConfigError",
     "load_config",
+    "override",
     "parse_config",
     "default_store_path",
     "default_data_path",
@@ -458,6 +459,24 @@ def parse_config(data: dict, source: str = "<config>") -> AppConfig:
         raise ConfigError(_describe(exc.errors(), source)) from None
     cfg._source = source
     return cfg
+
+
+def override(cfg: AppConfig, values: dict[str, Any], source: str = "the command line") -> AppConfig:
+    """``cfg`` with each dotted key of ``values`` (``"web.port"``) set, None left out, checked as a file's keys are:
+    a value out of range raises :class:`ConfigError` naming ``source`` and the key."""
+    values = {key: value for key, value in values.items() if value is not None}
+    if not values:
+        return cfg
+    data = cfg.model_dump()
+    for key, value in values.items():
+        *sections, name = key.split(".")
+        node = data
+        for section in sections:
+            node = node[section]
+        node[name] = value
+    out = parse_config(data, source)
+    out._source = cfg.source
+    return out
 
 
 def load_config(path: str | os.PathLike | None = None) -> AppConfig:

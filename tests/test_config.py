@@ -97,6 +97,36 @@ def test_the_largest_numbers_an_option_takes_are_taken():
     assert (cfg.trainer.seed, cfg.rollout.period_s) == (2**63 - 1, 1e9)
 
 
+def test_a_value_given_on_the_command_line_is_checked_as_the_files_keys_are(tmp_path):
+    from edge_agent.config import override
+
+    cfg = load_config(write(tmp_path, "[web]\nport = 8081\n"))
+    changed = override(cfg, {"web.port": 9000, "web.bind": None, "trainer.strategy.per_class": 3})
+    assert (changed.web.port, changed.web.bind, changed.trainer.strategy.per_class) == (9000, "127.0.0.1", 3)
+    assert changed.source == cfg.source and cfg.web.port == 8081
+    assert override(cfg, {"web.port": None}) is cfg
+    with pytest.raises(ConfigError, match=r"^--port: web.port: Input should be less than or equal to 65535 \(got 99999999\)$"):
+        override(cfg, {"web.port": 99999999}, "--port")
+
+
+@pytest.mark.parametrize(
+    "command,argv,message",
+    [
+        ("edge-agent", ["web", "--port", "99999999"], "edge-agent: --bind/--port: web.port: Input should be less than or equal to 65535"),
+        ("edge-trainer", ["serve", "--retrain-threshold", "0"], "edge-trainer: --retrain-threshold: trainer.retrain_threshold"),
+    ],
+)
+def test_a_command_line_value_out_of_range_is_one_line_and_exit_2_not_a_traceback(tmp_path, capsys, command, argv, message):
+    import edge_agent.cli
+    import trainer.cli
+
+    main = edge_agent.cli.main if command == "edge-agent" else trainer.cli.main
+    argv = [*argv, "--state-dir", str(tmp_path / "s")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and "Traceback" not in err and err.count("\n") == 1
+
+
 def test_missing_and_malformed_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "none.toml")

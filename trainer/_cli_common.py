@@ -19,12 +19,14 @@ def add_config_options(sp: argparse.ArgumentParser, state_help: str | None) -> N
 
 def service_config(args: argparse.Namespace):
     """The configuration and state folder a command runs on (``--config``, ``--state-dir``)."""
-    from edge_agent.config import load_config
+    from edge_agent.config import load_config, override
     from edge_agent.state import resolve_state_dir
 
-    cfg = load_config(getattr(args, "config", None))
-    if getattr(args, "retrain_threshold", None):
-        cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"retrain_threshold": args.retrain_threshold})})
+    cfg = override(
+        load_config(getattr(args, "config", None)),
+        {"trainer.retrain_threshold": getattr(args, "retrain_threshold", None)},
+        "--retrain-threshold",
+    )
     return cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg)
 
 
