@@ -200,6 +200,10 @@ class EngineStore:
         return name
 
     def read_manifest(self, version: str) -> dict:
+        """The manifest of ``version``; a name that is not a version's (``v`` and four digits or more) is refused
+        before any path is made of it."""
+        if not _VERSION_RE.match(version):
+            raise StoreError(f"{self.root}: no version {version!r} (a version is named v and four digits or more: v4001)")
         return _read_manifest(self.root / version, version)
 
     def open(self, version: str | None = None, verify: bool = True, trust=None) -> StoreVersion:

@@ -181,6 +181,21 @@ def test_rollback_refuses_tampered_target(tmp_path):
     assert store.current() == "v0002"
 
 
+def test_a_version_name_that_is_a_path_is_refused_before_any_file_outside_the_store_is_read(tmp_path):
+    store = EngineStore(tmp_path / "store")
+    _publish(store, tmp_path, b"1")
+    _publish(store, tmp_path, b"2")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.rename(store.root / "v0001", outside / "v0001")  # a whole version, manifest and all, beside the store
+    for name in ("../outside/v0001", "v0002/..", "/etc", "v1"):
+        with pytest.raises(StoreError, match="a version is named v and four digits or more"):
+            store.rollback(to=name)
+        with pytest.raises(StoreError, match="a version is named v and four digits or more"):
+            store.open(name)
+    assert store.current() == "v0002"
+
+
 def test_a_rollback_pins_the_store_until_a_newer_version_than_the_one_left_is_installed(tmp_path):
     store = EngineStore(tmp_path / "store")
     for b in (b"1", b"2", b"3"):
