@@ -48,6 +48,9 @@ __all__ = [
 ]
 
 CONFIG_ENV = "EDGE_AGENT_CONFIG"
+
+#: The largest configuration file read (the shipped example is about 30 KB).
+MAX_CONFIG_BYTES = 1 << 20
 #: The configuration the systemd units read: also what a command reads when given none (where the file exists).
 SYSTEM_CONFIG = Path("/etc/edge-agent/edge-agent.toml")
 
@@ -487,7 +490,13 @@ def load_config(path: str | os.PathLike | None = None) -> AppConfig:
         return AppConfig()
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # /dev/zero or a photo given by mistake: not read to the end
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB, so not a configuration file (edge-agent config show writes one)"
+            )
+        data = tomllib.loads(raw.decode())
     except FileNotFoundError:
         raise ConfigError(f"{p}: configuration file not found") from None
     except IsADirectoryError:
@@ -496,4 +505,6 @@ def load_config(path: str | os.PathLike | None = None) -> AppConfig:
         raise ConfigError(f"{p}: not readable by this user") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid TOML: nested too deeply") from None
     return parse_config(data, str(p))

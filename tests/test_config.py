@@ -134,6 +134,18 @@ def test_missing_and_malformed_file(tmp_path):
         load_config(write(tmp_path, "[engine\n"))
 
 
+def test_an_endless_huge_or_deeply_nested_file_is_refused_without_reading_it_all(tmp_path):
+    from edge_agent.config import MAX_CONFIG_BYTES
+
+    with pytest.raises(ConfigError, match="/dev/zero: larger than 1 MiB, so not a configuration file"):
+        load_config("/dev/zero")  # never ends: read whole, it fills the memory
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_config(write(tmp_path, "# " + "x" * MAX_CONFIG_BYTES + "\n"))
+    with pytest.raises(ConfigError, match="not valid TOML: nested too deeply"):
+        load_config(write(tmp_path, "x = " + "[" * 100_000 + "\n"))
+    assert load_config(write(tmp_path, "# " + "x" * (MAX_CONFIG_BYTES - 100) + "\n")) == AppConfig()
+
+
 def test_tensorrt_section_is_validated_by_its_backend(tmp_path):
     cfg = load_config(write(tmp_path, "[engine]\ntype = 'tensorrt'\nprecision = 'fp32'\nmax_batch = 16\n"))
     assert cfg.engine.type == "tensorrt" and cfg.engine.max_batch == 16 and cfg.engine.precision == "fp32"
