@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engines.durable import atomic_write
+from engines.errors import EdgeAgentError
 from engines.store import MANIFEST, SIGNATURE_FILE, TamperedError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "PROJECT_KEY",
     "PROJECT_KEYS",
     "UntrustedVersion",
+    "NotAKey",
     "SigningKey",
     "TrustedKeys",
     "load_key",
@@ -51,6 +53,10 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 class UntrustedVersion(TamperedError):
     """A version without a valid signature from a trusted key."""
+
+
+class NotAKey(EdgeAgentError, ValueError):
+    """A trusted key given as neither 64 hex characters nor a readable file holding them."""
 
 
 @dataclass(frozen=True)
@@ -98,17 +104,23 @@ def load_or_create_key(path: str | os.PathLike) -> SigningKey:
     return key
 
 
+#: The most of a ``.pub`` file read: a key is 64 hex characters and a line end.
+_KEY_FILE_BYTES = 4096
+
+
 def read_public_key(value: str | os.PathLike) -> str:
     """A public key given as 64 hex characters or as a ``.pub`` file holding them."""
     text = str(value).strip()
     if _HEX64.match(text):
         return text
     try:
-        text = Path(text).expanduser().read_text().strip()
+        with open(Path(text).expanduser(), "rb") as f:
+            raw = f.read(_KEY_FILE_BYTES + 1)  # a photo or /dev/zero given by mistake: not read to the end
     except OSError as exc:
-        raise ValueError(f"trusted key {value!r}: neither 64 hex characters nor a readable key file ({exc})") from None
+        raise NotAKey(f"trusted key {value!r}: neither 64 hex characters nor a readable key file ({exc})") from None
+    text = raw.decode("ascii", errors="replace").strip() if len(raw) <= _KEY_FILE_BYTES else ""
     if not _HEX64.match(text):
-        raise ValueError(f"{value}: not an edge-agent public key (64 hex characters expected)")
+        raise NotAKey(f"{value}: not an edge-agent public key (64 hex characters expected)")
     return text
 
 
@@ -168,7 +180,10 @@ class TrustedKeys:
             if path.is_file():
                 keys[read_public_key(path)] = who
         for value in configured:
-            keys.setdefault(read_public_key(value), f"configured ({value})")
+            try:
+                keys.setdefault(read_public_key(value), f"configured ({value})")
+            except NotAKey as exc:
+                raise NotAKey(f"[store] trusted_keys: {exc}") from None
         trust = cls(keys, later=local_trainer_key)
         trust._load_later()
         return trust

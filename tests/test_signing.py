@@ -90,6 +90,23 @@ def test_a_bad_trusted_key_is_a_clear_error(tmp_path):
         parse_config({"store": {"trusted_keys": "abc"}})
 
 
+def test_a_photo_or_an_endless_file_given_as_a_trusted_key_stops_the_daemon_with_one_line_not_a_traceback(tmp_path, capsys):
+    from edge_agent.cli import main
+    from edge_agent.trust import daemon_trust
+    from engines.errors import EdgeAgentError
+
+    photo = next((REPO / "samples").glob("*.jpg"))
+    for key in (photo, Path("/dev/zero")):  # binary: a decoding error before; endless: the memory filled before
+        cfg = parse_config({"store": {"trusted_keys": [str(key)]}})
+        with pytest.raises(EdgeAgentError, match=f"\\[store\\] trusted_keys: {key}: not an edge-agent public key"):
+            daemon_trust(cfg, tmp_path)
+    config = tmp_path / "farm.toml"
+    config.write_text(f'[store]\ntrusted_keys = ["{photo}"]\n')
+    assert main(["--config", str(config), "run", "--state-dir", str(tmp_path / "state")]) == 2
+    err = capsys.readouterr().err
+    assert "not an edge-agent public key" in err and "Traceback" not in err
+
+
 def _daemon(tmp_path, store_cfg: dict):
     cfg = parse_config({"store": store_cfg, "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2}, "inbox": {"settle_s": 0.1}})
     daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}))
