@@ -26,6 +26,7 @@ __all__ = [
     "resolve_store_or_shipped",
     "StateLayout",
     "StateNotFound",
+    "StateNotAFolder",
     "SYSTEM_STATE",
     "looked_for",
     "device_name",
@@ -57,6 +58,10 @@ class StateNotFound(EdgeAgentError, FileNotFoundError):
     """A command that only reads found nothing where it looked (it never makes a state directory, a key or a store)."""
 
 
+class StateNotAFolder(EdgeAgentError, NotADirectoryError):
+    """The state directory chosen is a file."""
+
+
 def _why_here(cli_value: str | None, cfg: AppConfig, section: str = "daemon") -> str:
     """Which rule of :func:`resolve_state_dir` chose the directory, in words."""
     conf = cfg.source or "no configuration file (--config, $EDGE_AGENT_CONFIG, /etc/edge-agent/edge-agent.toml)"
@@ -81,14 +86,22 @@ def looked_for(what: str, path: Path, cli_value: str | None, cfg: AppConfig, fix
 
 
 def resolve_state_dir(cli_value: str | None, cfg: AppConfig) -> Path:
-    """--state-dir, else [daemon] state_dir, else $STATE_DIRECTORY (systemd), else ./edge-state."""
+    """--state-dir, else [daemon] state_dir, else $STATE_DIRECTORY (systemd), else ./edge-state; a file there is
+    refused (:class:`StateNotAFolder`), a folder not there yet is made by whoever writes first."""
     if cli_value:
-        return Path(cli_value).expanduser()
-    if cfg.daemon.state_dir:
-        return Path(cfg.daemon.state_dir).expanduser()
-    if os.environ.get("STATE_DIRECTORY"):
-        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
-    return Path("edge-state")
+        path = Path(cli_value).expanduser()
+    elif cfg.daemon.state_dir:
+        path = Path(cfg.daemon.state_dir).expanduser()
+    elif os.environ.get("STATE_DIRECTORY"):
+        path = Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    else:
+        path = Path("edge-state")
+    if path.exists() and not path.is_dir():
+        raise StateNotAFolder(
+            f"{path} is a file, not a folder (the state directory, chosen by {_why_here(cli_value, cfg)}); "
+            "give a folder, or a path where one can be made"
+        )
+    return path
 
 
 def runtime_dir(state_dir: Path) -> Path:

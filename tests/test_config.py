@@ -315,3 +315,27 @@ def test_commands_that_only_look_say_where_they_looked_and_why_and_make_nothing(
     out = subprocess.run([sys.executable, "-m", *argv, "--config", str(conf)], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 2 and f"{tmp_path / 'farm'}" in out.stderr and f"[daemon] state_dir in {conf}" in out.stderr, out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["etc"]  # no state, key or store made anywhere
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["edge_agent", "run"],
+        ["edge_agent", "status"],
+        ["edge_agent", "web"],
+        ["edge_agent", "engine", "list"],
+        ["edge_agent", "backup", "--out", "farm.tar"],
+        ["trainer", "serve"],
+    ],
+)
+def test_a_state_directory_that_is_a_file_is_one_line_and_exit_2_naming_why_it_was_chosen(tmp_path, argv):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_AGENT_CONFIG", "STATE_DIRECTORY")} | {"PYTHONPATH": str(repo)}
+    (tmp_path / "edge-state").write_text("not a folder")
+    out = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert f"edge-state is a file, not a folder (the state directory, chosen by the default ./edge-state in {tmp_path}" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge-state"]  # nothing made beside it

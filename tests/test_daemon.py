@@ -476,6 +476,7 @@ def test_an_inbox_removed_and_made_again_is_said_and_watched_again_within_second
     d.wait_ready()
     shutil.rmtree(d.inbox)
     wait_until(lambda: '"inbox_missing"' in d.log_path.read_text(), 5, "the missing inbox logged")
+    assert '"found": "nothing"' in d.log_path.read_text()
     time.sleep(1.5)
     out = subprocess.run(
         [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO

@@ -262,7 +262,11 @@ class FolderSource(Worker):
         if not present and not self._missing:
             self._missing = True
             self.counters["inbox_missing"] += 1
-            self.log.error("inbox_missing", action="photos dropped in are picked up once it is back")
+            self.log.error(
+                "inbox_missing",
+                found="a file, not a folder" if self.inbox.exists() else "nothing",
+                action="photos dropped in are picked up once it is back",
+            )
         elif present and self._missing:
             self._missing = False
             self.log.info("inbox_back")
