@@ -35,8 +35,8 @@ def new_token(state_dir: Path, role: str = "admin") -> str:
     return _tokens(state_dir).new(role)
 
 
-def serve(cfg, state_dir: Path, bind: str | None = None, port: int | None = None) -> int:
-    """Serve the page until SIGTERM/SIGINT."""
+def serve(cfg, state_dir: Path) -> int:
+    """Serve the page on ``[web] bind`` and ``port`` (the command line's --bind and --port set them) until SIGTERM/SIGINT."""
     import uvicorn
 
     from edge_agent.log import get_logger
@@ -44,8 +44,7 @@ def serve(cfg, state_dir: Path, bind: str | None = None, port: int | None = None
     from edge_agent.web.app import WebContext, create_app
     from edge_agent.web.auth import is_local_bind
 
-    bind = bind or cfg.web.bind
-    port = port or cfg.web.port
+    bind, port = cfg.web.bind, cfg.web.port
     if not is_local_bind(bind) and not _tokens(state_dir).exists():
         raise WebError(
             f"--bind {bind} opens the page to other machines: first run `edge-agent web --state-dir {state_dir} "
