@@ -315,10 +315,10 @@ def _suspect_serving(daemon, store, key) -> str:
 
 
 def _config_file(tmp_path, root, key) -> str:
-    from .daemon_helpers import toml
+    from edge_agent.config_toml import sections_toml
 
     path = tmp_path / "edge-agent.toml"
-    path.write_text(toml({"store": trusted_store(root, key), "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2}}))
+    path.write_text(sections_toml({"store": trusted_store(root, key), "handoff": {"enabled": False}, "hotswap": {"poll_s": 0.2}}))
     return str(path)
 
 
