@@ -28,6 +28,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item not in heavy)  # stable: the heavy first, each part in collection order
 
 
+@pytest.fixture(autouse=True)
+def _a_cpu_with_vnni(monkeypatch):
+    """In-process tests run as on a CPU with VNNI (or not x86), wherever the suite runs: which precision ``auto`` picks
+    must not depend on the CI machine's CPU. tests/test_int8_here.py gives a CPU without VNNI where it tests one."""
+    from engines.backends import _ort_precision
+
+    monkeypatch.setattr(_ort_precision, "x86_without_vnni", lambda cpuinfo="/proc/cpuinfo": False)
+
+
 def pytest_configure(config):
     """Refuse ``--dist loadgroup`` under pytest 9.2, where pytest-xdist silently drops the groups and two trainers would run side by side."""
     if config.getoption("dist", "no") == "loadgroup" and tuple(int(p) for p in pytest.__version__.split(".")[:2]) >= (9, 2):

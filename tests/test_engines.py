@@ -394,3 +394,23 @@ def test_int8_calibrated_one_photo_at_a_time_is_the_same_file_as_four_at_a_time(
     quantize_int8(version.artifact("onnx"), tmp_path / "one.onnx", x)
     quantize_int8(version.artifact("onnx"), tmp_path / "four.onnx", x, batch=4)
     assert (tmp_path / "one.onnx").read_bytes() == (tmp_path / "four.onnx").read_bytes()
+
+
+def test_int8_weights_use_all_eight_bits(tiny_store, tmp_path):
+    """7-bit weights cost field answers on a CPU with VNNI (trainer/int8.py); a CPU without runs FP32 instead."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("torch")
+    import onnx
+    from onnx import numpy_helper
+
+    from trainer.int8 import quantize_int8
+
+    version = EngineStore(tiny_store).open()
+    size = version.manifest["preprocess"]["size"]
+    quantize_int8(
+        version.artifact("onnx"), tmp_path / "q.onnx", np.random.default_rng(1).normal(size=(4, 3, size, size)).astype(np.float32)
+    )
+    weights = [
+        numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "q.onnx")).graph.initializer if t.data_type == onnx.TensorProto.INT8
+    ]
+    assert weights and max(int(np.abs(w.astype(np.int32)).max()) for w in weights) > 64  # 7-bit weights stop at 64

@@ -265,3 +265,40 @@ def test_the_daemon_opens_every_engine_with_the_shipped_check_photos(tmp_path, m
     with pytest.raises(StoreError, match="stop here"):
         trust.open_trusted(store, parse_config({}).engine, None, get_logger("test"))
     assert seen and all(c is precision_check for c in seen)
+
+
+def test_on_an_x86_cpu_without_vnni_auto_runs_fp32_and_says_why_without_timing_int8(tmp_path, monkeypatch):
+    from engines.backends.onnxruntime_backend import choose_precision
+
+    store = _v1000(tmp_path)
+    monkeypatch.setattr(_ort_precision, "x86_without_vnni", lambda cpuinfo="/proc/cpuinfo": True)
+    monkeypatch.setattr(OnnxRuntimeEngine, "_timings", lambda self, int8, fp32: pytest.fail("INT8 timed on a CPU it cannot run on"))
+    cfg = parse_config({"engine": {"cache_dir": str(tmp_path / "cache")}})
+    precision, why = choose_precision(cfg.engine, store.open())
+    assert precision == "fp32" and "this x86 CPU has no VNNI" in why and "0.69" in why
+    with open_engine(store, cfg.engine, check_photos=precision_check) as engine:
+        assert engine.wait_checked(0) and engine.precision == "fp32" and "no VNNI" in engine.describe()["precision_reason"]
+    assert choose_precision(parse_config({"engine": {"precision": "int8"}}).engine, store.open())[0] == "int8"  # as configured
+
+
+@pytest.mark.parametrize(
+    "flags,machine,without",
+    [
+        ("fpu sse2 avx avx2 fma", "x86_64", True),  # AVX2 only: the AMD EPYC of 2026-11-29, many laptops
+        ("fpu avx2 avx512f avx512_vnni", "x86_64", False),
+        ("fpu avx2 avx_vnni", "AMD64", False),
+        ("fpu avx2 amx_int8", "x86_64", False),
+        ("fp asimd asimddp", "aarch64", False),  # a Raspberry Pi 5: not x86
+        (None, "x86_64", False),  # no flags line: cannot tell
+    ],
+)
+def test_an_x86_cpu_without_vnni_is_told_from_its_flags(tmp_path, monkeypatch, flags, machine, without):
+    import platform
+
+    monkeypatch.undo()  # the suite's stand-in (conftest): this test reads flags itself
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\n" + (f"flags\t\t: {flags}\n" if flags else "") + "\n")
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    probe = _ort_precision.x86_without_vnni.__wrapped__  # the real one, past its cache
+    assert probe(str(cpuinfo)) is without
+    assert probe(str(tmp_path / "none")) is False  # no /proc/cpuinfo (another system): cannot tell

@@ -46,10 +46,12 @@ def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.nda
     distance computation (nodes under :data:`trainer.export.DISTANCE_SCOPE`) stays in float: its squared sums over
     1,280 features would not survive 8 bits.
 
-    Weights are quantised to 7 bits (``reduce_range``): on an x86 CPU without VNNI (AVX2 only: many laptops, the AMD
-    EPYC this was measured on) ONNX Runtime's 8-bit kernels saturate their 16-bit sums, and v4000's release INT8 (8-bit
-    weights) gave FP32's top-1 on 0.982 of the 672 gate photos and 0.69 of 300 field photos there, against 0.994 and
-    0.84 with 7-bit weights (9.1 ms against 8.3 ms a photo; FP32 14.6 ms)."""
+    Weights use all 8 bits. 7-bit weights (``reduce_range``, built from 2026-11-29 to 2026-12-02) are ONNX Runtime's
+    remedy for x86 CPUs without VNNI, whose 8-bit kernels saturate their 16-bit sums; there they lifted v4000's
+    agreement with FP32 from 0.982 to 0.994 of the 672 gate photos but only from 0.69 to 0.84 of 300 field photos, so
+    such a CPU now runs FP32 (:func:`engines.backends._ort_precision.x86_without_vnni`). On a CPU with VNNI they cost
+    the field: retrained versions of the loop gave FP32's answer on 0.91-0.96 of 300 held-out orchard photos with 7-bit
+    weights, 0.977-1.000 with 8-bit (top-1 0.6033-0.7567 against 0.6133-0.7733; FP32 0.6067-0.7700)."""
     import onnx
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -75,7 +77,7 @@ def quantize_int8(onnx_in: str | Path, onnx_out: str | Path, calibration: np.nda
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
             nodes_to_exclude=distance_nodes,
-            reduce_range=True,  # 7-bit weights: no saturated 8-bit sums on CPUs without VNNI (below)
+            reduce_range=False,  # 8-bit weights (above)
         )
     finally:
         prepped.unlink(missing_ok=True)

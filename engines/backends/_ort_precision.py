@@ -3,7 +3,9 @@ FP32's answers on this machine, measured once per version, INT8 file and ONNX Ru
 
 from __future__ import annotations
 
+import functools
 import json
+import platform
 import statistics
 import time
 from pathlib import Path
@@ -17,11 +19,33 @@ if TYPE_CHECKING:
 
     from engines.store import StoreVersion
 
-__all__ = ["INT8_DRIFT", "agreement", "answer_file", "decide", "read_answer", "timings", "write_answer"]
+__all__ = ["INT8_DRIFT", "NO_VNNI", "agreement", "answer_file", "decide", "read_answer", "timings", "write_answer", "x86_without_vnni"]
 
 #: How much lower INT8's agreement with FP32 may be here than the manifest records (measured where it was built) before
 #: FP32 runs instead: half a point. v4000's INT8 on an AVX2 CPU without VNNI: 0.982 of the gate photos against 1.000.
 INT8_DRIFT = 0.005
+
+
+#: Why INT8 does not run on an x86 CPU without VNNI, measured (docs/model.md, "INT8 on a CPU without VNNI").
+NO_VNNI = (
+    "this x86 CPU has no VNNI, where ONNX Runtime's 8-bit kernels saturate their sums: INT8 gave FP32's answer on "
+    "0.69 (8-bit weights) to 0.84 (7-bit) of field photos on such a CPU, though on 0.98-0.99 of lab photos"
+)
+
+
+@functools.cache
+def x86_without_vnni(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this is an x86 CPU whose flags (Linux's ``cpuinfo``) show no VNNI (AVX-512 VNNI, AVX-VNNI or AMX):
+    ONNX Runtime's 8-bit kernels then add pairs of products in 16 bits and saturate. False where it cannot tell
+    (another architecture, another system)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return False
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return False
+    return flags is not None and not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags)
 
 
 def agreement(int8, fp32, batches) -> dict:

@@ -93,6 +93,8 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
         return "fp32", "auto: ONNX Runtime's CUDA provider runs the FP32 model"
     if "int8" not in version.manifest.get("artifacts", {}):
         return "fp32", f"auto: {version.name} has no INT8 variant"
+    if here.x86_without_vnni():
+        return "fp32", f"auto: {here.NO_VNNI}: FP32"
     check = version.manifest.get("metrics", {}).get("int8") or {}
     agreement = check.get("top1_agreement_with_fp32")
     if not isinstance(agreement, (int, float)):
