@@ -25,7 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.fleet_daemons import _fleet_of, _idle_sample, _port, _proc_sample, _toml
+from benchmarks.fleet_daemons import _fleet_of, _idle_sample, _port, _proc_sample
+from edge_agent.config_toml import sections_toml
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_PROCS = 2
@@ -73,7 +74,7 @@ def run(n: int, out: Path, heartbeat_s: float = 2.0, limit_s: float = 600.0) -> 
     ports = [_port() for _ in range(3)]
     tcfg = work / "trainer.toml"
     tcfg.write_text(
-        _toml(
+        sections_toml(
             {
                 "handoff": {
                     "endpoint": f"tcp://127.0.0.1:{ports[0]}",
