@@ -101,12 +101,11 @@ def _classify(args: argparse.Namespace) -> int:
 
 # ---- daemon ---------------------------------------------------------------
 def _run(args: argparse.Namespace) -> int:
+    from edge_agent.config import override
     from edge_agent.daemon import Daemon
     from edge_agent.state import resolve_state_dir
 
-    cfg = _load(args)
-    if args.store:
-        cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": args.store})})
+    cfg = override(_load(args), {"store.path": args.store}, "--store")
     daemon = Daemon(cfg, resolve_state_dir(args.state_dir, cfg), Path(args.inbox) if args.inbox else None)
     daemon.install_signal_handlers()
     return daemon.run()

@@ -31,6 +31,7 @@ from edge_agent.imageheader import IMAGE_EXTENSIONS
 from edge_agent.trainer_config import STRATEGY_CONFIGS, RolloutSection, TrainerSection
 from edge_agent.upgrade import REPLACED_KEYS
 from engines.base import backends
+from engines.durable import read_at_most
 from engines.errors import EdgeAgentError
 from engines.settings import Section
 
@@ -491,9 +492,8 @@ def load_config(path: str | os.PathLike | None = None) -> AppConfig:
         return AppConfig()
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)  # /dev/zero or a photo given by mistake: not read to the end
-        if len(raw) > MAX_CONFIG_BYTES:
+        raw = read_at_most(p, MAX_CONFIG_BYTES)
+        if raw is None:
             raise ConfigError(
                 f"{p}: larger than {MAX_CONFIG_BYTES >> 20} MiB, so not a configuration file (edge-agent config show writes one)"
             )

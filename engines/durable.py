@@ -1,11 +1,19 @@
-"""Crash-safe file writing shared by the store, the plan cache and the daemon's queues."""
+"""Crash-safe file writing shared by the store, the plan cache and the daemon's queues, and bounded reading of files a user names."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path, PurePath
 
-__all__ = ["fsync_dir", "fsync_file", "atomic_write", "sync_filesystem", "set_aside", "moved_here", "relocate_rows"]
+__all__ = ["fsync_dir", "fsync_file", "atomic_write", "read_at_most", "sync_filesystem", "set_aside", "moved_here", "relocate_rows"]
+
+
+def read_at_most(path: str | os.PathLike, limit: int) -> bytes | None:
+    """The bytes of ``path``, or None where it holds more than ``limit`` (``/dev/zero`` or a photo named by mistake is
+    not read to the end); OSError as ``open`` raises it."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

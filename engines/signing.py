@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.durable import atomic_write
+from engines.durable import atomic_write, read_at_most
 from engines.errors import EdgeAgentError
 from engines.store import MANIFEST, SIGNATURE_FILE, TamperedError
 
@@ -114,11 +114,10 @@ def read_public_key(value: str | os.PathLike) -> str:
     if _HEX64.match(text):
         return text
     try:
-        with open(Path(text).expanduser(), "rb") as f:
-            raw = f.read(_KEY_FILE_BYTES + 1)  # a photo or /dev/zero given by mistake: not read to the end
+        raw = read_at_most(Path(text).expanduser(), _KEY_FILE_BYTES)
     except OSError as exc:
         raise NotAKey(f"trusted key {value!r}: neither 64 hex characters nor a readable key file ({exc})") from None
-    text = raw.decode("ascii", errors="replace").strip() if len(raw) <= _KEY_FILE_BYTES else ""
+    text = raw.decode("ascii", errors="replace").strip() if raw is not None else ""
     if not _HEX64.match(text):
         raise NotAKey(f"{value}: not an edge-agent public key (64 hex characters expected)")
     return text
