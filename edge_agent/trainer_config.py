@@ -112,9 +112,9 @@ class TrainerSection(Section):
         description="Fewest held-back expert labels the field check judges on; with fewer, once expert labels exist, nothing is published.",
     )
     field_check_judges_on: Literal["all", "new"] = Field(
-        "all",
-        description="Which held-back photos judge a candidate against the version in service: all, or (new) those that "
-        "arrived since it was published once there are field_check_min of them (the photos that chose it flatter it).",
+        "new",
+        description="Which held-back photos judge a candidate against the version in service: those that arrived since "
+        "it was published once there are field_check_min of them (new: the photos that chose it flatter it), or all.",
     )
     unlabelled_pool: int = Field(
         5000,

@@ -164,7 +164,7 @@ def test_a_retrain_with_too_few_held_back_labels_publishes_nothing_and_keeps_the
     assert result.metrics["gate"]["field"]["field_judged_on"] == "all"
     for i in range(32, 56):  # three more of each class held back: six photos that did not choose the version in service
         _add(samples, i, classes[i % 2])
-    cfg = parse_config({"trainer": {**cfg.trainer.model_dump(), "field_check_judges_on": "new"}})
+    assert cfg.trainer.field_check_judges_on == "new"  # the shipped rule
     result = retrain(cfg, store, samples, tmp_path / "strategy")
     field = result.metrics["gate"]["field"]
     assert field["field_judged_on"] == "new" and field["field_photos"] == 6 and result.metrics["samples"]["field_check"] == 14

@@ -10,9 +10,9 @@ no candidate is published: the lab photos alone cannot say whether the field got
 statistics to the field's photos is kept only where the same set shows, by log-loss, that it helps.
 
 A version published because it was not worse on the held-back photos scores high on them partly by luck (they chose
-it), and holds every successor to that score: with ``[trainer] field_check_judges_on = "new"`` a candidate is judged
-only on the photos held back since (:func:`new_photos`; every published version records the photos that chose it)
-once there are ``field_check_min`` of them.
+it), and holds every successor to that score: with ``[trainer] field_check_judges_on = "new"`` (the default) a
+candidate is judged only on the photos held back since (:func:`new_photos`; every published version records the photos
+that chose it) once there are ``field_check_min`` of them; until then, and with ``"all"``, on all of them.
 """
 
 from __future__ import annotations
