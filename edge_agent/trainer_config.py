@@ -113,8 +113,8 @@ class TrainerSection(Section):
     )
     field_check_judges_on: Literal["all", "new"] = Field(
         "new",
-        description="Which held-back photos judge a candidate against the version in service: those that arrived since "
-        "it was published once there are field_check_min of them (new: the photos that chose it flatter it), or all.",
+        description="Which held-back photos judge a candidate against the version in service: new, those held back since "
+        "it was published once there are field_check_min of them (the photos that chose it flatter it); all, every one.",
     )
     unlabelled_pool: int = Field(
         5000,
