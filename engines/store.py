@@ -370,7 +370,9 @@ class EngineStore:
         return opened
 
     def pin(self) -> dict | None:
-        """The pin a rollback left (``version``: pinned to, ``from``: the newest version rolled back from), or None."""
+        """The pin a rollback left (``version``: pinned to, ``from``: the newest version rolled back from), or None;
+        a pin whose ``from`` is older than the version in service has been lifted, even before its file is gone
+        (a reader between the two writes of :meth:`_write_current`, or a crash there)."""
         try:
             pin = json.loads((self.root / PIN).read_text())
         except FileNotFoundError:
@@ -379,7 +381,11 @@ class EngineStore:
             return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is unreadable: delete it to unpin"}
         if not isinstance(pin, dict) or not _VERSION_RE.match(str(pin.get("from", ""))):
             return {"version": "?", "from": "v9999999", "at": "?", "problem": f"{self.root / PIN} is malformed: delete it to unpin"}
-        return pin
+        try:
+            lifted = int(self.current()[1:]) > int(pin["from"][1:])
+        except StoreError:
+            lifted = False
+        return None if lifted else pin
 
     def unpin(self) -> None:
         """Lift a rollback's pin: offers of newer versions are taken again."""

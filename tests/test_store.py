@@ -222,6 +222,19 @@ def test_a_rollback_pins_the_store_until_a_newer_version_than_the_one_left_is_in
     assert store.current() == "v0004" and store.pin() is None
 
 
+def test_a_pin_left_behind_by_a_newer_version_put_in_service_reads_as_lifted(tmp_path):
+    """Putting a version in service writes ``current`` and then removes the pin: a reader between the two writes
+    (the fleet's heartbeat, the page) or a crash there must not see the device pinned while it serves the newer one."""
+    store = EngineStore(tmp_path / "store")
+    for b in (b"1", b"2", b"3"):
+        _publish(store, tmp_path, b)
+    store.rollback(to="v0001")
+    pin_file = (store.root / "pinned").read_bytes()
+    _publish(store, tmp_path, b"4")  # lifts the pin and deletes its file
+    (store.root / "pinned").write_bytes(pin_file)  # as if the process stopped before the delete
+    assert store.current() == "v0004" and store.pin() is None and store.offer_refusal("v0005") is None
+
+
 def test_an_unreadable_pin_refuses_offers_and_says_how_to_lift_it(tmp_path):
     store = EngineStore(tmp_path / "store")
     _publish(store, tmp_path, b"1")
