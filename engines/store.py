@@ -34,7 +34,7 @@ from pathlib import Path
 from engines.durable import atomic_write, fsync_dir, fsync_file
 from engines.errors import EdgeAgentError
 
-__all__ = ["EngineStore", "StoreVersion", "StoreError", "TamperedError", "MANIFEST", "sha256_file"]
+__all__ = ["EngineStore", "StoreVersion", "StoreError", "TamperedError", "OfferRefused", "MANIFEST", "sha256_file"]
 
 MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"  # see engines.signing
@@ -52,6 +52,10 @@ class StoreError(EdgeAgentError, RuntimeError):
 
 class TamperedError(StoreError):
     """A file of a version does not match the sha256 in its manifest."""
+
+
+class OfferRefused(StoreError):
+    """An offered version the store's policy turns away (older than the one in service, or a rollback's pin)."""
 
 
 def _read_manifest(vdir: Path, version: str) -> dict:
@@ -310,10 +314,14 @@ class EngineStore:
             raise StoreError(f"bad version name {version!r}")
         return self.root / ".incoming" / version
 
-    def install(self, version: str, make_current: bool = True) -> StoreVersion:
+    def install(self, version: str, make_current: bool = True, offered: bool = False) -> StoreVersion:
         """Move ``incoming(version)`` into the store under its own name, atomically, once every file matches its
-        manifest, and put it in service. A version the store already holds is only put in service."""
+        manifest, and put it in service. A version the store already holds is only put in service. An ``offered``
+        one is put in service only if :meth:`offer_refusal` still allows it under the store's lock (a rollback
+        in another process cannot slip between the check and the switch); else :class:`OfferRefused`."""
         with self._locked():
+            if offered and make_current:
+                self._refuse_offer(version)
             src, dst = self.incoming(version), self.root / version
             if dst.exists():
                 manifest = self.read_manifest(version)
@@ -340,12 +348,20 @@ class EngineStore:
         if pin is not None and "problem" not in pin and int(version[1:]) > int(pin["from"][1:]):
             self.unpin()
 
-    def set_current(self, version: str, trust=None) -> StoreVersion:
-        """Put ``version`` in service after verifying it (and with ``trust``, that a trusted key signed it)."""
+    def set_current(self, version: str, trust=None, offered: bool = False) -> StoreVersion:
+        """Put ``version`` in service after verifying it (and with ``trust``, that a trusted key signed it); an
+        ``offered`` one only if :meth:`offer_refusal` allows it under the store's lock, else :class:`OfferRefused`."""
         opened = self.open(version, trust=trust)
         with self._locked():
+            if offered:
+                self._refuse_offer(version)
             self._write_current(version)
         return opened
+
+    def _refuse_offer(self, version: str) -> None:
+        why = self.offer_refusal(version)
+        if why is not None:
+            raise OfferRefused(why)
 
     def rollback(self, to: str | None = None, trust=None) -> StoreVersion:
         """Switch back to ``to``, or else to the current version's parent (or the previous one); with ``trust``, only
@@ -360,13 +376,15 @@ class EngineStore:
                 if not older:
                     raise StoreError(f"{cur} has no parent and no older version to roll back to")
                 to = older[-1]
-        opened = self.set_current(to, trust=trust)
-        if to != cur:
-            newest = max((cur, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))
-            atomic_write(
-                self.root / PIN,
-                json.dumps({"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode(),
-            )
+        opened = self.open(to, trust=trust)
+        with self._locked():  # the switch and its pin together: an offer checked between them would undo the rollback
+            if to != cur:
+                newest = max((cur, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))
+                atomic_write(
+                    self.root / PIN,
+                    json.dumps({"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode(),
+                )
+            self._write_current(to)
         return opened
 
     def pin(self) -> dict | None:

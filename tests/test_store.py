@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engines import store as store_mod
-from engines.store import EngineStore, StoreError, TamperedError
+from engines.store import EngineStore, OfferRefused, StoreError, TamperedError
 
 STEPS = ["tmpdir", "file", "manifest", "renamed", "current"]
 
@@ -233,6 +233,45 @@ def test_a_pin_left_behind_by_a_newer_version_put_in_service_reads_as_lifted(tmp
     _publish(store, tmp_path, b"4")  # lifts the pin and deletes its file
     (store.root / "pinned").write_bytes(pin_file)  # as if the process stopped before the delete
     assert store.current() == "v0004" and store.pin() is None and store.offer_refusal("v0005") is None
+
+
+def test_a_rollback_writes_its_pin_before_it_switches_so_no_offer_slips_between(tmp_path, monkeypatch):
+    """An offer checked after the switch and before the pin would have put the version rolled back from in service
+    again: the pin is on disk when ``current`` changes, both under the store's lock."""
+    store = EngineStore(tmp_path / "store")
+    for b in (b"1", b"2"):
+        _publish(store, tmp_path, b)
+    seen = []
+    write_current = EngineStore._write_current
+    monkeypatch.setattr(EngineStore, "_write_current", lambda self, v: (seen.append(self.pin()), write_current(self, v)))
+    store.rollback()
+    assert seen and seen[0]["version"] == "v0001" and seen[0]["from"] == "v0002"
+    assert store.current() == "v0001" and store.pin()["from"] == "v0002"
+
+
+def test_an_offered_version_is_checked_again_under_the_lock_when_it_is_put_in_service(tmp_path):
+    """The fetcher checks an offer when it arrives and again when it installs it: a rollback made while the bytes
+    came in turns it away (OfferRefused, a StoreError), and nothing changes in service."""
+    store = EngineStore(tmp_path / "store")
+    for b in (b"1", b"2"):
+        _publish(store, tmp_path, b)
+    assert store.offer_refusal("v0002") is None  # the check on arrival: v0002 is already in service
+    store.rollback()  # then an operator rolls back
+    with pytest.raises(OfferRefused, match="pinned to v0001 by a rollback from v0002"):
+        store.set_current("v0002", offered=True)
+    incoming = store.incoming("v0003")
+    incoming.mkdir(parents=True)
+    for f in (store.root / "v0002").iterdir():
+        (incoming / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((incoming / "manifest.json").read_text())
+    manifest["version"] = "v0003"
+    (incoming / "manifest.json").write_text(json.dumps(manifest))
+    _publish(store, tmp_path, b"4", version="v0004")  # a newer one put in service while v0003's bytes came in
+    with pytest.raises(OfferRefused, match="older than v0004 in service"):
+        store.install("v0003", offered=True)
+    assert store.current() == "v0004" and "v0003" not in store.versions()
+    store.set_current("v0002")  # a person may still put any version in service
+    assert store.current() == "v0002"
 
 
 def test_an_unreadable_pin_refuses_offers_and_says_how_to_lift_it(tmp_path):

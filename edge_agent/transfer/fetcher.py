@@ -28,7 +28,7 @@ from edge_agent.log import get_logger
 from edge_agent.transfer.protocol import MAX_REFUSED, decode, encode
 from edge_agent.worker import Worker
 from engines.durable import fsync_file
-from engines.store import MANIFEST, MAX_FILE_BYTES, SIGNATURE_FILE, EngineStore, StoreError, sha256_file
+from engines.store import MANIFEST, MAX_FILE_BYTES, SIGNATURE_FILE, EngineStore, OfferRefused, StoreError, sha256_file
 
 __all__ = ["EngineFetcher"]
 
@@ -204,11 +204,13 @@ class EngineFetcher(Worker):
             return
         if version in self.store.versions():  # newer, already here: verified (signature included) before it serves
             try:
-                self.store.set_current(version, trust=self.trust)  # lifts a pin it is newer than
+                self.store.set_current(version, trust=self.trust, offered=True)  # lifts a pin it is newer than
                 self.on_installed(version)
                 self._send(sock, encode("result", {"version": version, "ok": True, "reason": "already in the store"}))
             except StoreError as exc:
                 self._refuse(sock, version, signature, str(exc))
+                if isinstance(exc, OfferRefused):
+                    self._held_back.add(version)
             return
         incoming = self.store.incoming(version)
         try:
@@ -306,9 +308,13 @@ class EngineFetcher(Worker):
         if job is None or job.outstanding or any(job.next[n] < b for n, b, _ in job.files):
             return
         try:
-            self.store.install(job.version)  # checks every file against the manifest first (resumed ones included)
+            # checks every file against the manifest first (resumed ones included), and the offer's policy again
+            # under the store's lock: a rollback made while the bytes came in turns it away
+            self.store.install(job.version, offered=True)
         except StoreError as exc:
             self._refuse(sock, job.version, job.signature, str(exc))
+            if isinstance(exc, OfferRefused):
+                self._held_back.add(job.version)
             return
         self._job = None
         self.counters["installed"] += 1
