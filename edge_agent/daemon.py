@@ -103,7 +103,6 @@ class Daemon:
                 ),
             )
         self.classifier = self._make_classifier(engine)
-        self.log = self.log.bind(engine_version=engine.engine_version)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
         processed = self.state.root / "processed"
         self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=processed.is_dir() and any(processed.iterdir()))
@@ -181,8 +180,10 @@ class Daemon:
         )
 
     def _make_classifier(self, engine: Engine) -> Classifier:
-        cfg = self.cfg
-        return Classifier.configured(engine, cfg)
+        """The pipeline's classifier over ``engine``, at start and at each hot swap; the daemon's log lines name that
+        engine from here on (a line after a swap or a rollback once named the version the daemon started on)."""
+        self.log = self.log.bind(engine_version=engine.engine_version)
+        return Classifier.configured(engine, self.cfg)
 
     def _start_alerts(self) -> None:
         cfg = self.cfg

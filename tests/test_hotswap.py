@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import structlog
 
 from edge_agent.config import parse_config
 from edge_agent.daemon import Daemon
@@ -139,6 +140,16 @@ def test_rollback_is_followed(running, signing_key):
     store.rollback()
     wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == "v0001", 20, "rolled back")
     wait_until(lambda: daemon.watcher.swaps == 2, 10, "the swap back counted")
+    assert structlog.get_context(daemon.log)["engine_version"] == "v0001"  # its log lines name the engine it serves
+
+
+def test_the_daemons_log_lines_name_the_engine_it_serves_after_a_swap(running, signing_key):
+    """A line logged after a hot swap ("stopping", health, warnings) names the new version, not the one it started on."""
+    daemon, store = running
+    assert structlog.get_context(daemon.log)["engine_version"] == "v0001"
+    v2 = republish(store, signing_key)
+    wait_until(lambda: daemon.pipeline.classifier.engine.engine_version == v2, 20, "swap")
+    assert structlog.get_context(daemon.log)["engine_version"] == v2
 
 
 def test_seeded_store_when_no_path_is_configured(tmp_path):
