@@ -378,8 +378,9 @@ class EngineStore:
                 to = older[-1]
         opened = self.open(to, trust=trust)
         with self._locked():  # the switch and its pin together: an offer checked between them would undo the rollback
-            if to != cur:
-                newest = max((cur, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))
+            now = self.current()  # another process may have put a newer one in service since ``cur`` was read
+            if to != cur or to != now:
+                newest = max((cur, now, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))
                 atomic_write(
                     self.root / PIN,
                     json.dumps({"version": to, "from": newest, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode(),

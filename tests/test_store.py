@@ -249,6 +249,28 @@ def test_a_rollback_writes_its_pin_before_it_switches_so_no_offer_slips_between(
     assert store.current() == "v0001" and store.pin()["from"] == "v0002"
 
 
+def test_a_version_put_in_service_while_a_rollback_verifies_its_target_is_pinned_against_too(tmp_path, monkeypatch):
+    """A rollback verifies the version it goes back to before it takes the store's lock; a newer version another
+    process puts in service meanwhile is one it rolls back from, so its offers are refused after."""
+    store = EngineStore(tmp_path / "store")
+    for b in (b"1", b"2", b"3"):
+        _publish(store, tmp_path, b)
+    store.set_current("v0002")
+    other = EngineStore(store.root)  # the daemon's fetcher, say
+    open_version = EngineStore.open
+
+    def open_then_switch(self, version, *a, **kw):
+        opened = open_version(self, version, *a, **kw)
+        if self is store and other.current() == "v0002":
+            other.set_current("v0003", offered=True)
+        return opened
+
+    monkeypatch.setattr(EngineStore, "open", open_then_switch)
+    store.rollback(to="v0001")
+    assert store.current() == "v0001" and store.pin()["from"] == "v0003"
+    assert "pinned to v0001" in store.offer_refusal("v0003")
+
+
 def test_an_offered_version_is_checked_again_under_the_lock_when_it_is_put_in_service(tmp_path):
     """The fetcher checks an offer when it arrives and again when it installs it: a rollback made while the bytes
     came in turns it away (OfferRefused, a StoreError), and nothing changes in service."""
