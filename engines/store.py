@@ -344,8 +344,7 @@ class EngineStore:
     def _write_current(self, version: str) -> None:
         """Put ``version`` in service; one newer than a rollback's pin was made from lifts the pin (it has done its job)."""
         atomic_write(self.root / CURRENT, f"{version}\n".encode())
-        pin = self.pin()
-        if pin is not None and "problem" not in pin and int(version[1:]) > int(pin["from"][1:]):
+        if (self.root / PIN).exists() and self.pin() is None:  # :meth:`pin` says when a pin is lifted
             self.unpin()
 
     def set_current(self, version: str, trust=None, offered: bool = False) -> StoreVersion:

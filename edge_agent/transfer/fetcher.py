@@ -199,8 +199,7 @@ class EngineFetcher(Worker):
             return
         why = self.store.offer_refusal(version)
         if why is not None:  # a downgrade, or a version a local rollback turned away
-            self._refuse(sock, version, signature, why)
-            self._held_back.add(version)
+            self._refuse(sock, version, signature, why, policy=True)
             return
         if version in self.store.versions():  # newer, already here: verified (signature included) before it serves
             try:
@@ -208,9 +207,7 @@ class EngineFetcher(Worker):
                 self.on_installed(version)
                 self._send(sock, encode("result", {"version": version, "ok": True, "reason": "already in the store"}))
             except StoreError as exc:
-                self._refuse(sock, version, signature, str(exc))
-                if isinstance(exc, OfferRefused):
-                    self._held_back.add(version)
+                self._refuse(sock, version, signature, str(exc), policy=isinstance(exc, OfferRefused))
             return
         incoming = self.store.incoming(version)
         try:
@@ -312,9 +309,7 @@ class EngineFetcher(Worker):
             # under the store's lock: a rollback made while the bytes came in turns it away
             self.store.install(job.version, offered=True)
         except StoreError as exc:
-            self._refuse(sock, job.version, job.signature, str(exc))
-            if isinstance(exc, OfferRefused):
-                self._held_back.add(job.version)
+            self._refuse(sock, job.version, job.signature, str(exc), policy=isinstance(exc, OfferRefused))
             return
         self._job = None
         self.counters["installed"] += 1
@@ -331,7 +326,11 @@ class EngineFetcher(Worker):
                 self.refused.pop(version, None)
                 self._refused_sig.pop(version, None)
 
-    def _refuse(self, sock, version: str, signature: str, reason: str) -> None:
+    def _refuse(self, sock, version: str, signature: str, reason: str, policy: bool = False) -> None:
+        """Tell the trainer ``version`` is refused and why; one refused by ``policy`` (a downgrade, a rollback's pin)
+        is held back, and offered again once the store would take it (:meth:`_release_held_back`)."""
+        if policy:
+            self._held_back.add(version)
         self.refused[version] = reason[:500]
         self._refused_sig[version] = signature
         self.counters["refused"] += 1
