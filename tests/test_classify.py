@@ -199,3 +199,37 @@ def test_unknown_config_key_stops_the_cli(tmp_path, real_photo):
     cfg.write_text("[classify]\ntopk = 3\n")
     out = run_cli("classify", "--config", str(cfg), str(real_photo))
     assert out.returncode == 2 and f"{cfg}: unknown key 'classify.topk'" in out.stderr
+
+
+def _samples_table() -> list[tuple[str, str, str, str]]:
+    """samples/README.md's rows: file, true class, original file, what v4000 says."""
+    rows = []
+    for line in (REPO / "samples" / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0].endswith(".jpg"):
+            rows.append((cells[0], cells[1], cells[2], cells[-1]))
+    return rows
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_sample_photos_are_answered_as_their_readme_says_and_no_shipped_model_trained_on_them(precision):
+    """The six photos a new user's first `make run` classifies: each named right, with the verdict samples/README.md
+    gives, and each in the test split every shipped release records (the README said v1000 was confident of all six;
+    v4000 is unsure of one)."""
+    from edge_agent.classifier import Classifier
+    from edge_agent.config import AppConfig
+    from engines.loader import open_engine
+
+    table = _samples_table()
+    assert sorted(f for f, *_ in table) == sorted(p.name for p in (REPO / "samples").glob("*.jpg"))
+    store = EngineStore(default_store_path())
+    for version in store.versions():
+        split = json.loads((store.root / version / "split.json").read_text())
+        for _file, label, original, _said in table:
+            assert f"{label}/{original}" in split["test"], f"{version} lists {original} outside its test split"
+            assert not any(original in p for p in split["train"] + split["val"])
+    config = AppConfig().engine.model_copy(update={"precision": precision})
+    clf = Classifier(open_engine(default_store_path(), config), top_k=1)
+    assert clf.engine.engine_version == "v4000", "samples/README.md's last column is v4000's: measure it again for a new release"
+    said = {f: (p.label, p.verdict) for f in (row[0] for row in table) if (p := clf.predict_file(REPO / "samples" / f))}
+    assert said == {f: (label, verdict) for f, label, _original, verdict in table}

@@ -117,7 +117,7 @@ def test_int8_that_gives_other_answers_here_than_where_it_was_built_is_not_run(t
             if expected == "fp32":
                 assert f"here only on {here:.3f} of 672 check photos" in reason and "8-bit arithmetic" in reason
             elif here is not None:
-                assert f"agreeing with FP32 on {here:.3f} of 672 check photos" in reason
+                assert f"agreeing with FP32 here on {here:.3f} of 672 check photos" in reason
     assert asked == ["v1000"]
     _measured(tmp_path, store).write_text(json.dumps({"int8_ms": 1.0, "fp32_ms": 2.0}))  # timed before this check existed
     with open_engine(store, cfg) as engine:  # no check photos (a benchmark, a test): the timing alone decides
@@ -198,7 +198,7 @@ def test_a_first_start_serves_fp32_at_once_and_int8_once_it_is_checked_here(tmp_
         assert not _measured(tmp_path, store).exists()
         go.set()
         assert engine.wait_checked(60)
-        assert engine.precision == "int8" and "agreeing with FP32 on 1.000 of 32 check photos" in engine.describe()["precision_reason"]
+        assert engine.precision == "int8" and "agreeing with FP32 here on 1.000 of 32 check photos" in engine.describe()["precision_reason"]
         assert trims == ["int8"]  # the check's memory handed back (v4000 here: 488 MB held after it otherwise, 130 trimmed)
         assert engine.infer(x).shape == fp32.shape
     assert json.loads(_measured(tmp_path, store).read_text())["agreement"] == 1.0

@@ -121,5 +121,5 @@ def decide(measured: dict, version: StoreVersion, min_agreement: float, why: str
             "this CPU's 8-bit arithmetic differs from the build machine's, as without VNNI): FP32"
         )
     if here is not None:
-        said += f", agreeing with FP32 on {here:.3f} of {measured.get('photos')} check photos"
+        said += f", agreeing with FP32 here on {here:.3f} of {measured.get('photos')} check photos"
     return "int8", f"{why}; {said}"

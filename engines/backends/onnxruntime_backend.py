@@ -112,7 +112,10 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
             return "fp32", (
                 f"auto: {version.name}'s INT8 gives FP32's verdict on {verdicts:.3f} of its check photos < {config.int8_min_agreement}"
             )
-    return ("int8", f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos")
+    return (
+        "int8",
+        f"auto: {version.name}'s INT8 agreed with FP32 on {agreement:.3f} of {check.get('photos', '?')} check photos where it was built",
+    )
 
 
 def provider_chain(config: OnnxRuntimeConfig, precision: str, version: StoreVersion) -> list:
