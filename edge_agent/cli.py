@@ -148,6 +148,7 @@ def _results(args: argparse.Namespace) -> int:
         lambda row: (
             f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
             f"{row['engine_version']}  {row['path_now'] or (row['path'] + ' (no longer kept)' if row['path'] else row['source'])}"
+            + (f"  ({row['verdict_reason']})" if row["verdict_reason"] else "")
         ),
         flush=False,
     )

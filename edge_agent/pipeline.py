@@ -381,6 +381,7 @@ class Pipeline:
                     now,
                     p.verdict,
                     plant_of(j.path, self.inbox) if self.inbox is not None else None,
+                    p.verdict_reason,
                 )
             )
         return self.db.commit(results, entries) if results or entries else []

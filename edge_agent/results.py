@@ -130,6 +130,7 @@ class ResultRow:
     created: float = field(default_factory=time.time)
     verdict: str | None = None  # confident | unsure | unknown; None for results stored before verdicts existed
     plant: str | None = None  # the inbox subfolder it arrived in (edge_agent.plants), None: a photo on its own
+    verdict_reason: str | None = None  # why the verdict is not confident, in words ("" when it is; None before 2026-12)
 
 
 @dataclass
@@ -169,6 +170,8 @@ class ResultsDB:
                 db.execute("ALTER TABLE results ADD COLUMN verdict TEXT")
             if "plant" not in columns:  # a ledger from before plants: its photos stand alone
                 db.execute("ALTER TABLE results ADD COLUMN plant TEXT")
+            if "verdict_reason" not in columns:  # a ledger from before reasons were kept: its rows keep NULL
+                db.execute("ALTER TABLE results ADD COLUMN verdict_reason TEXT")
             db.execute("CREATE INDEX IF NOT EXISTS results_plant ON results(plant) WHERE plant IS NOT NULL")
             check = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a truncated file can pass the steps above
             if check != "ok":
@@ -216,7 +219,7 @@ class ResultsDB:
                 for r in results:
                     cur.execute(
                         "INSERT OR IGNORE INTO results (sha256, photo_id, path, source, label, confidence, top_k,"
-                        " engine_version, timings, created, verdict, plant) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                        " engine_version, timings, created, verdict, plant, verdict_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         (
                             r.sha256,
                             r.photo_id,
@@ -230,6 +233,7 @@ class ResultsDB:
                             r.created,
                             r.verdict,
                             r.plant,
+                            r.verdict_reason,
                         ),
                     )
                     inserted.append(cur.rowcount == 1)
@@ -344,6 +348,10 @@ class ResultsDB:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
+    def _columns(self) -> set[str]:
+        """The results table's columns (a ledger opened read-only keeps those of the release that wrote it)."""
+        return {row[1] for row in self._query("PRAGMA table_info(results)")}
+
     def has(self, sha256: str) -> bool:
         """Whether a photo already has a result (the exactly-once ledger); never waits for a commit."""
         con = getattr(self._readers, "con", None)
@@ -352,12 +360,13 @@ class ResultsDB:
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
     def results(self, since: float | None = None) -> Iterator[dict]:
+        reason = "verdict_reason" if "verdict_reason" in self._columns() else "NULL"  # read-only, not yet upgraded
         rows = self._query(
-            "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict"
-            " FROM results WHERE created >= ? ORDER BY id",
+            "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
+            f" {reason} FROM results WHERE created >= ? ORDER BY id",
             (since or 0.0,),
         )
-        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict in rows:
+        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason in rows:
             yield {
                 "photo_id": pid,
                 "path": path,
@@ -366,6 +375,7 @@ class ResultsDB:
                 "label": label,
                 "confidence": conf,
                 "verdict": verdict,
+                "verdict_reason": reason,
                 "top_k": json.loads(top_k),
                 "engine_version": ev,
                 "timings_ms": json.loads(timings),

@@ -571,6 +571,8 @@ def test_the_default_daemon_asks_the_expert_about_confident_answers_until_their_
         confident = {pid for (pid,) in db_rows(d.state, "SELECT photo_id FROM results WHERE verdict = 'confident'")}
         assert confident  # the shipped model is sure of some of the sample photos, and none becomes a pseudo-label
         assert db_rows(d.state, "SELECT kind, COUNT(*) FROM label_queue GROUP BY kind") == [("review", len(samples))]
+        reasons = db_rows(d.state, "SELECT verdict, verdict_reason FROM results")  # each answer keeps why it is not sure
+        assert all((verdict == "confident") == (why == "") for verdict, why in reasons) and len(reasons) > len(confident)
 
         def cli(*args):
             return subprocess.run(
@@ -582,6 +584,8 @@ def test_the_default_daemon_asks_the_expert_about_confident_answers_until_their_
 
         asked = [json.loads(line) for line in cli("review", "list", "--json").splitlines()]
         assert len(asked) == len(samples)
+        listed = [json.loads(line) for line in cli("results", "--json").splitlines()]
+        assert sorted((r["verdict"], r["verdict_reason"]) for r in listed) == sorted(reasons)
         first = next(a for a in asked if a["photo_id"] in confident)
         cli("review", "label", first["photo_id"], first["label"])  # the expert agrees: one right check
         said, verdict, expert = db_rows(d.state, "SELECT r.label, r.verdict, e.label FROM expert_labels e JOIN results r USING (sha256)")[0]

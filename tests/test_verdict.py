@@ -149,7 +149,7 @@ def test_auto_precision_runs_fp32_when_int8_verdicts_disagree_with_fp32(tiny_sto
     for agreement, expected in (
         (None, "no recorded verdict agreement"),
         (0.95, "gives FP32's verdict on 0.950"),
-        (0.99, "agrees with FP32"),
+        (0.99, "agreed with FP32"),
     ):
         m = json.loads(json.dumps(base))
         m["metrics"]["int8"] = {**check, **({"verdict_agreement_with_fp32": agreement} if agreement is not None else {})}
@@ -235,3 +235,45 @@ def test_crops_restrict_the_answers_to_their_classes_and_a_crop_the_model_lacks_
     assert all(len(p.top_k) == 2 and abs(sum(v for _, v in p.top_k) - 1) < 1e-5 for p in preds)
     with pytest.raises(ValueError, match=r"crops = \['Apple'\] names none of v0001's classes"):
         Classifier.configured(engine, parse_config({"classify": {"crops": ["Apple"]}}))
+
+
+def test_edge_agent_results_says_why_an_answer_is_not_confident_and_reads_a_ledger_kept_before_reasons(tmp_path, capsys):
+    """The reason the daemon stored is printed after the photo; a ledger a daemon not yet upgraded wrote (no column
+    for reasons, opened read-only) lists its rows with none instead of failing."""
+    import sqlite3
+
+    from edge_agent.cli import main
+    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.state import StateLayout
+
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    db = ResultsDB(layout.db)
+    why = "further from the training photos than a confident answer may be"
+    top_k = [["Apple___Apple_scab", 0.9998]]
+    db.commit(
+        [
+            ResultRow(
+                "ab" * 32,
+                "p0",
+                "/inbox/a.jpg",
+                "folder",
+                "Apple___Apple_scab",
+                0.9998,
+                top_k,
+                "v4000",
+                {},
+                verdict="unsure",
+                verdict_reason=why,
+            )
+        ]
+    )
+    db.close()
+    assert main(["results", "--state-dir", str(layout.root)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "not sure: ask an expert (best guess Apple___Apple_scab)" in line and line.endswith(f"({why})")
+    with sqlite3.connect(layout.db) as con:
+        con.execute("ALTER TABLE results DROP COLUMN verdict_reason")
+    assert main(["results", "--json", "--state-dir", str(layout.root)]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert row["verdict"] == "unsure" and row["verdict_reason"] is None

@@ -490,6 +490,38 @@ def test_an_unsure_or_unknown_answer_reads_as_such_not_as_a_disease_name(state):
     assert "not recorded (before verdicts)" in old and "Best guess" not in old
 
 
+def test_a_photo_not_answered_confidently_says_why_on_its_page_and_in_the_api(state):
+    """A 0.9998 answer marked "not sure" puzzles a farmer unless the page says why (the sample apple scab leaf)."""
+    db = ResultsDB(StateLayout(state).db)
+    classes = resolve_store(AppConfig(), state).open(verify=False).classes
+    src = _photos(8)
+    why = "further from the training photos than a confident answer may be"
+    sha = hashlib.sha256(src[6].read_bytes() + b"why").hexdigest()
+    top = [[classes[3], 0.9998]]
+    db.commit([ResultRow(sha, "pw", str(src[6]), "folder", classes[3], 0.9998, top, "v1000", {}, verdict="unsure", verdict_reason=why)], [])
+    db.close()
+    c = client(state)
+    assert f'<span class="muted" id="verdict-reason">({why})</span>' in c.get(f"/photo/{sha}").text
+    assert f'class="verdict unsure" title="{why}">Not sure: ask an expert<' in c.get("/photos").text
+    assert c.get(f"/api/v1/results/{sha}").json()["verdict_reason"] == why
+    old = c.get(f"/api/v1/results/{sha_of(state, 'p3')}").json()  # stored before reasons were kept
+    assert old["verdict_reason"] is None and 'id="verdict-reason"' not in c.get(f"/photo/{sha_of(state, 'p3')}").text
+
+
+def test_the_page_reads_a_ledger_a_daemon_not_yet_upgraded_wrote_without_verdict_reasons(state):
+    """The web server may start on the new release before the daemon has opened (and upgraded) the ledger."""
+    import sqlite3
+
+    path = StateLayout(state).db
+    with sqlite3.connect(path) as con:
+        con.execute("ALTER TABLE results DROP COLUMN verdict_reason")
+    c = client(state)
+    page = c.get("/photos")
+    assert page.status_code == 200 and page.text.count('class="card"') == 6
+    assert c.get(f"/photo/{sha_of(state, 'p3')}").status_code == 200
+    assert c.get("/api/v1/results").json()["results"][0]["verdict_reason"] is None
+
+
 def test_query_parameters_out_of_range_are_a_400_with_the_reason_not_a_500(state):
     c = client(state)
     for query, why in (

@@ -185,6 +185,11 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         marks = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#photos .verdict")]
         assert "Not a plant I know" in marks
         browser.save_screenshot(str(shots / "verdicts.png"))
+        blank = db_rows(daemon.state, "SELECT sha256 FROM results WHERE path LIKE '%blank-frame.jpg'")[0][0]
+        browser.get(f"{base}/photo/{blank}")  # its page says why, not only that it is no plant the model knows
+        wait.until(_images_loaded)
+        assert browser.find_element(By.ID, "verdict-reason").text == "(the photo is nearly one colour)"
+        browser.save_screenshot(str(shots / "photo-unknown.png"))
 
         # several photos of one plant (an inbox subfolder): one diagnosis on the Plants page
         tree = daemon.inbox / "tree 1"

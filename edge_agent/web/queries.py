@@ -46,8 +46,8 @@ class Filters:
 
 
 def _photo(row: tuple) -> ResultRow:
-    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, plant = row
-    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, plant)
+    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, plant, reason = row
+    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, plant, reason)
 
 
 class Reader:
@@ -57,19 +57,28 @@ class Reader:
 
     def __init__(self, db_path: Path) -> None:
         self.path = db_path
+        self._reason = False  # whether the ledger keeps verdict reasons (a daemon not yet upgraded has not added them)
 
     def _rows(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         return query_readonly(self.path, sql, args, timeout=self.wait_s)
+
+    def _columns(self) -> str:
+        """A result's columns as :func:`_photo` reads them (a NULL reason from a ledger that has none)."""
+        if not self._reason:
+            self._reason = any(row[1] == "verdict_reason" for row in self._rows("PRAGMA table_info(results)"))
+        return f"{_COLUMNS}, {'verdict_reason' if self._reason else 'NULL'}"
 
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all."""
         where, args = filters.where()
         total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
-        rows = self._rows(f"SELECT {_COLUMNS} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size])
+        rows = self._rows(
+            f"SELECT {self._columns()} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size]
+        )
         return [_photo(r) for r in rows], (total[0][0] if total else 0)
 
     def photo(self, sha256: str) -> ResultRow | None:
-        rows = self._rows(f"SELECT {_COLUMNS} FROM results WHERE sha256 = ?", (sha256,))
+        rows = self._rows(f"SELECT {self._columns()} FROM results WHERE sha256 = ?", (sha256,))
         return _photo(rows[0]) if rows else None
 
     def plants(self, limit: int = 50) -> list[tuple[str, int, float]]:
@@ -81,7 +90,7 @@ class Reader:
 
     def plant(self, name: str) -> list[ResultRow]:
         """One plant's photos, oldest first."""
-        return [_photo(r) for r in self._rows(f"SELECT {_COLUMNS} FROM results WHERE plant = ? ORDER BY id", (name,))]
+        return [_photo(r) for r in self._rows(f"SELECT {self._columns()} FROM results WHERE plant = ? ORDER BY id", (name,))]
 
     def queue_file(self, sha256: str) -> tuple[str, str] | None:
         """(kind, file) of the photo's label-queue entry, if it has one."""

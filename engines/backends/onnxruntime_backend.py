@@ -102,7 +102,7 @@ def choose_precision(config: OnnxRuntimeConfig, version: StoreVersion) -> tuple[
     if agreement < config.int8_min_agreement:
         return (
             "fp32",
-            f"auto: {version.name}'s INT8 agrees with FP32 on {agreement:.3f} of its check photos < {config.int8_min_agreement}",
+            f"auto: {version.name}'s INT8 agreed with FP32 on {agreement:.3f} of its check photos where it was built < {config.int8_min_agreement}",
         )
     if "verdict" in version.manifest:
         verdicts = check.get("verdict_agreement_with_fp32")

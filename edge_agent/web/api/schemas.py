@@ -53,6 +53,9 @@ class Result(BaseModel):
     verdict: Literal["confident", "unsure", "unknown"] | None = Field(
         description="confident; unsure (ask the expert); unknown (not a plant the model knows)."
     )
+    verdict_reason: str | None = Field(
+        None, description="Why the verdict is not confident, in words (empty when it is; null for results stored before 2026-12)."
+    )
     top_k: list[tuple[str, float]] = Field(description="The best classes with their probabilities.")
     engine_version: str
     timings_ms: dict[str, float] = Field(description="Milliseconds per stage; total: from arrival to the result.")
@@ -72,6 +75,7 @@ class Result(BaseModel):
             label=row.label,
             confidence=round(row.confidence, 6),
             verdict=row.verdict,
+            verdict_reason=row.verdict_reason,
             top_k=[(str(lab), round(float(p), 6)) for lab, p in row.top_k],
             engine_version=row.engine_version,
             timings_ms={k: float(v) for k, v in (row.timings or {}).items() if isinstance(v, (int, float))},
