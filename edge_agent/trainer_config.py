@@ -264,8 +264,21 @@ class TrainerSection(Section):
         0.02,
         ge=0,
         le=1,
-        description="Publish only if the candidate's top-1 is at least the current engine's, and the lineage's first "
-        "version's, minus this (0.02 = 2 points).",
+        description="Publish only if the candidate's top-1 on the gate photos is at least the current engine's, and the "
+        "lineage's first version's, minus this (0.02 = 2 points).",
+    )
+    lab_drift_max: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Publish only if the candidate's top-1 on the gate photos is at least the lineage's first version's "
+        "(the shipped model's) minus the smaller of this and gate_tolerance, however small each generation's own step.",
+    )
+    lab_steps: list[float] = Field(
+        [],
+        max_length=8,
+        description="Where the lab gate refuses a retrain's candidate, these steps from the engine in service (0) towards "
+        "it (1) are tried in turn, the first the lab gate passes going on to the field check; empty: none.",
     )
     gate_max_class_drop: float = Field(0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
@@ -289,7 +302,7 @@ class TrainerSection(Section):
         """``strategy = "ewc"`` (the form before [trainer.strategy] existed) means that strategy with its defaults."""
         return {"type": value} if isinstance(value, str) else value
 
-    @field_validator("pseudo_only_steps")
+    @field_validator("pseudo_only_steps", "lab_steps")
     @classmethod
     def _steps_between_0_and_1(cls, steps: list[float]) -> list[float]:
         bad = [a for a in steps if not 0.0 <= a <= 1.0]

@@ -378,6 +378,29 @@ def test_gate_refuses_a_candidate_below_the_first_version_even_if_close_to_the_c
     assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root).publish
 
 
+def test_lab_drift_max_draws_the_line_below_the_first_version_from_the_first_retrain_on(monkeypatch):
+    """[trainer] lab_drift_max: the line below the lineage's first version, tighter than gate_tolerance; on a
+    lineage's first retrain (the first version in service) it is the line that binds."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainer import gate as gate_mod
+    from trainer.models import build_model
+
+    root, current, candidate = build_model(3), build_model(3), build_model(3)
+    scores = {id(root): 0.94, id(current): 0.935, id(candidate): 0.925}
+    monkeypatch.setattr(gate_mod, "evaluate", lambda m, x, y: SimpleNamespace(top1=scores[id(m)], per_class=[scores[id(m)]] * 3))
+    x, y = torch.zeros(9, 3, 128, 128), torch.tensor([0, 1, 2] * 3)
+    assert gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root).publish
+    d = gate_mod.gate(candidate, current, x, y, ["a", "b", "c"], tolerance=0.02, root=root, root_tolerance=0.01)
+    assert not d.publish and d.reason == "top-1 0.9250 < first version's 0.9400 - 0.01" and d.metrics["root_tolerance"] == 0.01
+    first = gate_mod.gate(candidate, root, x, y, ["a", "b", "c"], tolerance=0.02, root=root, root_tolerance=0.01)
+    assert not first.publish and "first version's 0.9400 - 0.01" in first.reason  # the first retrain: root in service
+    assert gate_mod.gate(candidate, root, x, y, ["a", "b", "c"], tolerance=0.02, root=root).publish
+    assert "root_top1" not in gate_mod.gate(candidate, root, x, y, ["a", "b", "c"], tolerance=0.02, root=root).metrics
+
+
 def test_the_gate_judges_the_first_version_on_the_validation_photos_themselves_not_a_copy(monkeypatch):
     """A boolean index copies the tensor (149 MB for 672 photos at 192 px): the retrain's peak memory was the gate's."""
     from types import SimpleNamespace

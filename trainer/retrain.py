@@ -35,6 +35,7 @@ from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
 from trainer.loop.gate_logits import GateLogits, photos_digest
+from trainer.loop.lab_steps import with_lab_steps
 from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
 from trainer.loop.second_candidate import with_unlabelled
 from trainer.models import features_of
@@ -332,7 +333,10 @@ def retrain(
     kept = GateLogits(samples.root, photos_digest(val.x))  # the stored versions' logits on these photos, run once
     current_logits = kept.of(current, previous, val.x)
     root_logits = current_logits if root is previous else kept.of(store.open(root_name), root, val.x)
-    for candidate in variants:
+    steps = tc.lab_steps if learning else []  # a pseudo-label retrain has chosen its step already
+    lab_bn_x = None if variants[-1].keep_batchnorm else used.x
+    for lab_step, candidate in with_lab_steps(variants, previous, steps, lab_bn_x, should_stop):
+        check(should_stop, "at the gate")
         val_features = features_of(candidate, val.x)  # once: the gate's, the calibration's and the verdict's
         with torch.no_grad():
             val_logits = candidate.head(val_features)
@@ -348,11 +352,15 @@ def retrain(
             candidate_logits=val_logits,
             current_logits=current_logits,
             root_logits=root_logits,
+            root_tolerance=tc.lab_drift_max,
         )
         on_field = field_gate(candidate, previous, judges.x, judges.y, expert_labels, tc.field_check_every, tc.field_check_min)
         on_field.metrics["field_judged_on"] = judged_on
-        if decision.publish and on_field.publish:
-            break
+        if lab_step is not None:
+            decision.metrics["lab_step"] = lab_step
+            log.info("lab_step_tried", step=lab_step, lab=decision.reason, top1=decision.metrics.get("candidate_top1"))
+        if decision.publish and (on_field.publish or lab_step is not None or candidate is variants[-1]):
+            break  # what the lab gate passes, the field check judges as it is
     if adapted is not None:
         adapted["published_with"] = adapted["kept"] and candidate is variants[0]
     decision = _both(decision, on_field)
@@ -389,6 +397,7 @@ def retrain(
         "kind": "continual",
         "strategy": tc.strategy.model_dump(),
         "settings": _recorded(tc, lr, interpolate),
+        "lab_step": lab_step,  # the step back towards the version in service the lab gate passed ([trainer] lab_steps)
         "started_from": started_from,
         "distilled_towards": distilled_towards,
         "field_check_ids": sorted(field.sample_ids),  # the held-back photos that chose it ([trainer] field_check_judges_on)
