@@ -356,9 +356,15 @@ def retrain(
         )
         on_field = field_gate(candidate, previous, judges.x, judges.y, expert_labels, tc.field_check_every, tc.field_check_min)
         on_field.metrics["field_judged_on"] = judged_on
-        if lab_step is not None:
-            decision.metrics["lab_step"] = lab_step
-            log.info("lab_step_tried", step=lab_step, lab=decision.reason, top1=decision.metrics.get("candidate_top1"))
+        if lab_step is not None or (steps and not decision.publish):  # each variant the steps are measured against
+            if lab_step is not None:
+                decision.metrics["lab_step"] = lab_step
+            log.info(
+                "lab_step_tried",
+                step=1.0 if lab_step is None else lab_step,
+                lab=decision.reason,
+                top1=decision.metrics.get("candidate_top1"),
+            )
         if decision.publish and (on_field.publish or lab_step is not None or candidate is variants[-1]):
             break  # what the lab gate passes, the field check judges as it is
     if adapted is not None:
