@@ -360,10 +360,10 @@ class ResultsDB:
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
     def results(self, since: float | None = None) -> Iterator[dict]:
-        reason = "verdict_reason" if "verdict_reason" in self._columns() else "NULL"  # read-only, not yet upgraded
+        said_why = "verdict_reason" if "verdict_reason" in self._columns() else "NULL"  # read-only, not yet upgraded
         rows = self._query(
             "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
-            f" {reason} FROM results WHERE created >= ? ORDER BY id",
+            f" {said_why} FROM results WHERE created >= ? ORDER BY id",
             (since or 0.0,),
         )
         for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason in rows:
