@@ -356,9 +356,9 @@ def retrain(
         )
         on_field = field_gate(candidate, previous, judges.x, judges.y, expert_labels, tc.field_check_every, tc.field_check_min)
         on_field.metrics["field_judged_on"] = judged_on
-        if lab_step is not None or (steps and not decision.publish):  # each variant the steps are measured against
-            if lab_step is not None:
-                decision.metrics["lab_step"] = lab_step
+        if lab_step is not None:
+            decision.metrics["lab_step"] = lab_step
+        if steps and (lab_step is not None or not decision.publish):  # each variant the steps are measured against
             log.info(
                 "lab_step_tried",
                 step=1.0 if lab_step is None else lab_step,
