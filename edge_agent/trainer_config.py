@@ -180,6 +180,13 @@ class TrainerSection(Section):
     )
     epochs: int = Field(15, ge=1, le=500, description="Epochs per retrain.")
     batch_size: int = Field(32, ge=2, le=1024, description="Training batch size.")
+    replay_per_epoch: int = Field(
+        0,
+        ge=0,
+        le=100000,
+        description="Labelled photos of each class drawn afresh every epoch from those replayed (a larger replay for the "
+        "time of a smaller one); 0: every one, every epoch.",
+    )
     micro_batch: int = Field(
         4,
         ge=0,

@@ -31,7 +31,7 @@ from trainer.strategies.base import Generation, Strategy
 from trainer.strategies.lwf import distill_loss
 from trainer.train import lr_schedule
 
-__all__ = ["balance_pseudo", "hold", "learning_rate", "micro_batch", "ramp", "train_generation"]
+__all__ = ["balance_pseudo", "epoch_rows", "hold", "learning_rate", "micro_batch", "ramp", "train_generation"]
 
 
 def ramp(epoch: int, ramp_epochs: int) -> float:
@@ -58,6 +58,29 @@ def balance_pseudo(labels: torch.Tensor, pseudo: torch.Tensor) -> torch.Tensor:
     for c, n in zip(classes.tolist(), counts.tolist()):
         factor[pseudo & (labels == c)] = min(1.0, float(median) / n)
     return factor
+
+
+def _drawn(data: Generation, per_class: int) -> list[torch.Tensor]:
+    """The rows of ``data`` every epoch takes, then each class's replayed rows where ``per_class`` of them are drawn."""
+    if per_class <= 0 or not data.replayed.any():
+        return [torch.arange(len(data))]
+    replayed = torch.nonzero(data.replayed).flatten()
+    return [torch.nonzero(~data.replayed).flatten()] + [replayed[data.y[replayed] == c] for c in torch.unique(data.y[replayed])]
+
+
+def epoch_rows(data: Generation, per_class: int, gen: torch.Generator) -> torch.Tensor:
+    """One epoch's rows in random order: every row, but of the replayed photos only ``per_class`` of each class, drawn
+    afresh each epoch (``[trainer] replay_per_epoch``; 0: every row)."""
+    parts = _drawn(data, per_class)
+    if len(parts) == 1:
+        return torch.randperm(len(data), generator=gen)
+    rows = torch.cat([parts[0]] + [p[torch.randperm(len(p), generator=gen)[:per_class]] for p in parts[1:]])
+    return rows[torch.randperm(len(rows), generator=gen)]
+
+
+def _rows_per_epoch(data: Generation, per_class: int) -> int:
+    parts = _drawn(data, per_class)
+    return len(parts[0]) + sum(min(len(p), per_class) for p in parts[1:])
 
 
 def _entry_of(model: Classifier):
@@ -174,7 +197,7 @@ def train_generation(
     # the last epoch's weights after a cosine decay to zero - or, with swa_epochs, the average of the last
     # epochs' weights (Stochastic Weight Averaging), the same kind of solution as an SWA-trained model in service
     # (in the field simulation the two gave candidates within the gate's noise of each other).
-    steps = math.ceil(len(data) / settings.batch_size)
+    steps = math.ceil(_rows_per_epoch(data, settings.replay_per_epoch) / settings.batch_size)
     swa_epochs = min(settings.swa_epochs, settings.epochs)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(max(1, settings.epochs * steps), swa=swa_epochs * steps))
     swa = torch.optim.swa_utils.AveragedModel(model) if swa_epochs > 0 else None
@@ -185,7 +208,7 @@ def train_generation(
         for epoch in range(settings.epochs):
             model.train()
             w = ramp(epoch, settings.ramp_epochs)
-            order = torch.randperm(len(data), generator=gen)
+            order = epoch_rows(data, settings.replay_per_epoch, gen)
             totals = {"ce": 0.0, "pseudo": 0.0, "penalty": 0.0, "distill": 0.0, "consistency": 0.0}
             for i in range(0, len(order), settings.batch_size):
                 idx = order[i : i + settings.batch_size]

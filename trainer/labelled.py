@@ -97,7 +97,7 @@ def labelled_sources(cfg: AppConfig, classes: list[str], shipped: Path | None = 
     return LabelledSources([], [], "none", problems)
 
 
-def _tensors(samples: list[Sample], should_stop, spec: PreprocessSpec) -> tuple[Generation, set[str]]:
+def _tensors(samples: list[Sample], should_stop, spec: PreprocessSpec, replayed: bool = False) -> tuple[Generation, set[str]]:
     xs, ys, ids = [], [], set()
     for s in samples:
         check(should_stop, "while reading labelled photos")
@@ -110,11 +110,11 @@ def _tensors(samples: list[Sample], should_stop, spec: PreprocessSpec) -> tuple[
         ids.add(hashlib.sha256(data).hexdigest())
     if not xs:
         return empty_generation(), ids
-    return Generation(photos.stack(xs), torch.tensor(ys)), ids
+    return Generation(photos.stack(xs), torch.tensor(ys), replayed=torch.full((len(ys),), replayed)), ids
 
 
 def load_labelled(sources: LabelledSources, should_stop=lambda: False, spec: PreprocessSpec = DEFAULT_SPEC) -> Labelled:
     """Read and preprocess the photos of ``sources`` as the daemon does for an engine whose manifest records ``spec``."""
-    train, _ = _tensors(sources.train, should_stop, spec)
+    train, _ = _tensors(sources.train, should_stop, spec, replayed=True)
     val, gate_ids = _tensors(sources.val, should_stop, spec)
     return Labelled(train, val, gate_ids)

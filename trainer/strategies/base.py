@@ -33,7 +33,8 @@ class Generation:
     """The data of one training round: photos, labels, and for pseudo-labels their confidence.
 
     ``pseudo`` marks pseudo-labelled rows; ``weight`` is their confidence, and for a true label its weight in the
-    cross-entropy (1.0 for labelled photos, ``[trainer] expert_weight`` for an expert's).
+    cross-entropy (1.0 for labelled photos, ``[trainer] expert_weight`` for an expert's). ``replayed`` marks the
+    labelled photos replayed in every retrain (:mod:`trainer.labelled`), which ``[trainer] replay_per_epoch`` draws from.
     """
 
     def __init__(
@@ -43,11 +44,13 @@ class Generation:
         weight: torch.Tensor | None = None,
         pseudo: torch.Tensor | None = None,
         sample_ids: list[str] | None = None,
+        replayed: torch.Tensor | None = None,
     ) -> None:
         self.x, self.y = x, y
         self.weight = weight if weight is not None else torch.ones(len(y))
         self.pseudo = pseudo if pseudo is not None else torch.zeros(len(y), dtype=torch.bool)
         self.sample_ids = sample_ids or []
+        self.replayed = replayed if replayed is not None else torch.zeros(len(y), dtype=torch.bool)
 
     def __add__(self, other: "Generation") -> "Generation":
         return Generation(
@@ -56,6 +59,7 @@ class Generation:
             torch.cat([self.weight, other.weight]),
             torch.cat([self.pseudo, other.pseudo]),
             self.sample_ids + other.sample_ids,
+            torch.cat([self.replayed, other.replayed]),
         )
 
     def __len__(self) -> int:
@@ -64,7 +68,7 @@ class Generation:
     def subset(self, keep: torch.Tensor) -> "Generation":
         """The rows where the boolean mask ``keep`` is true."""
         ids = [i for i, k in zip(self.sample_ids, keep.tolist()) if k] if self.sample_ids else []
-        return Generation(self.x[keep], self.y[keep], self.weight[keep], self.pseudo[keep], ids)
+        return Generation(self.x[keep], self.y[keep], self.weight[keep], self.pseudo[keep], ids, self.replayed[keep])
 
 
 class Strategy:
