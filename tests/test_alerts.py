@@ -115,6 +115,84 @@ def test_an_alert_says_in_words_what_was_seen_and_links_the_photo():
     assert body["url"] == "http://greenhouse.local:8080/photo/" + "ab" * 32 and body["event_type"] == "disease"
 
 
+def test_an_answer_that_is_not_sure_is_never_worded_as_a_finding():
+    sure = alert_body(_cand("Apple___Apple_scab", verdict="confident", p=1.0))
+    assert sure["title"] == "Apple scab seen on greenhouse" and sure["priority"] == 8
+    unsure = alert_body(
+        Candidate(1, 1000.0, "greenhouse", "Apple___Apple_scab", 0.9998, "unsure", "abcd", "ab" * 32, "further from the training photos")
+    )
+    assert unsure["title"] == "Possibly Apple scab on greenhouse" and "seen" not in unsure["title"]
+    assert "not sure: further from the training photos" in unsure["message"] and "100% sure" not in unsure["message"]
+    assert unsure["verdict_reason"] == "further from the training photos" and unsure["priority"] < 8
+    unknown = alert_body(Candidate(1, 1000.0, "greenhouse", "Apple___Apple_scab", 0.6, "unknown", "abcd", "ab" * 32, "too dark"))
+    assert unknown["title"] == "A photo unlike any the model knows on greenhouse"
+    assert unknown["message"].startswith("Not a plant or disease the model knows: too dark (best guess Apple scab on Apple)")
+
+
+def test_an_alert_on_a_not_sure_answer_carries_the_photos_reason_and_a_lower_ntfy_priority(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, [receiver.url], verdicts=["confident", "unsure"])
+    sha = f"{next(_n):064x}"
+    row = ResultRow(sha, sha[:16], None, "inbox", "Tomato___Late_blight", 0.99, [["Tomato___Late_blight", 0.99]], "v1", {})
+    row.verdict, row.verdict_reason = "unsure", "the photo is too dark"
+    db.commit([row])
+    _result(db, "Potato___Early_blight")
+    assert w.scan() == 2
+    w.deliver()
+    bodies = [json.loads(b) for _, b in receiver.got]
+    assert [(b["label"], b["verdict"], b["verdict_reason"]) for b in bodies] == [
+        ("Tomato___Late_blight", "unsure", "the photo is too dark"),
+        ("Potato___Early_blight", "confident", ""),
+    ]
+    assert bodies[0]["title"] == "Possibly Late blight on greenhouse"
+    w.stop()
+    db.close()
+    box = Outbox(tmp_path / "ntfy.sqlite", 1 << 20)
+    box.put([("webhook:0", "alert", receiver.url, json.dumps(b).encode(), 1, False) for b in bodies])
+    receiver.got.clear()
+    Webhook(WebhookSection(url=receiver.url, format="ntfy"), 0).send(box.due("webhook:0"))
+    assert [h["Priority"] for h, _ in receiver.got] == ["default", "high"]
+    box.close()
+
+
+def test_an_alert_worker_reads_a_ledger_from_before_reasons_were_kept(tmp_path, receiver):
+    import sqlite3
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, [receiver.url])
+    db.close()
+    with sqlite3.connect(tmp_path / "results.sqlite") as con:  # as a daemon before 2026-12 left it
+        con.execute("ALTER TABLE results DROP COLUMN verdict_reason")
+    with sqlite3.connect(tmp_path / "results.sqlite") as con:
+        con.execute(
+            "INSERT INTO results (sha256, photo_id, source, label, confidence, top_k, engine_version, timings, created, verdict)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?)",
+            ("cd" * 32, "cdcd", "inbox", "Tomato___Late_blight", 0.97, "[]", "v1", "{}", time.time(), "confident"),
+        )
+    assert w.scan() == 1
+    w.deliver()
+    assert [json.loads(b)["verdict_reason"] for _, b in receiver.got] == [""]
+    w.stop()
+
+
+def test_the_digest_counts_as_seen_only_the_answers_that_may_alert_and_the_doubtful_apart(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, digest_at="00:00")
+    for _ in range(2):
+        _result(db, "Apple___Apple_scab")
+    for _ in range(5):
+        _result(db, "Apple___Apple_scab", verdict="unsure")
+    for _ in range(3):
+        _result(db, "Apple___Black_rot", verdict="unknown")
+    _result(db, "Apple___healthy")
+    body = w.digest_due(time.time())
+    assert body["photos"] == 11 and body["by_class"]["Apple___Apple_scab"] == 7
+    assert body["by_verdict"] == {"confident": 3, "unsure": 5, "unknown": 3}
+    assert body["message"] == "Apple scab (Apple): 2; 5 not sure and 3 unlike any plant known (ask an expert: the Review page)"
+    w.stop()
+    db.close()
+
+
 # ---- the outbox --------------------------------------------------------------------------
 def test_the_outbox_keeps_messages_across_a_restart_until_delivered(tmp_path):
     box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)

@@ -114,6 +114,24 @@ def test_a_plant_alerts_once_on_its_combined_diagnosis_however_many_photos_it_ha
     db.close()
 
 
+def test_a_plants_alert_says_why_from_its_photos_together(tmp_path):
+    import json
+    import sqlite3
+
+    from edge_agent.alerts.config import WebhookSection
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(), MqttSection(), [WebhookSection(url="http://127.0.0.1:9/")], db.path, tmp_path, "orchard")
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.95, 3, verdict="confident")
+    w.scan()  # its first photo is sure enough on its own: the plant alerts once, then no more for the class
+    with sqlite3.connect(tmp_path / "alerts.sqlite") as con:
+        (payload,) = con.execute("SELECT payload FROM outbox WHERE kind = 'alert'").fetchone()
+    body = json.loads(payload)
+    assert body["verdict"] == "confident" and body["verdict_reason"] == "a plant of 1 photo: 1 of 1 photos are sure of it; together 95%"
+    w.stop()
+    db.close()
+
+
 @pytest.fixture
 def state(tmp_path) -> Path:
     pytest.importorskip("starlette", reason="the web page's dependencies are not installed")

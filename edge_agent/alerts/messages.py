@@ -37,11 +37,30 @@ def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) + time.strftime("%z", time.localtime(t))
 
 
+def _said(c: Candidate) -> tuple[str, str]:
+    """(title, message) for people, as sure as the verdict is: only a confident answer is said as a finding."""
+    plant, condition = describe_class(c.label)
+    why = f": {c.reason}" if c.reason else ""
+    if c.verdict == "confident":
+        return f"{condition} seen on {c.device}", f"{condition} on {plant} ({c.confidence:.0%} sure), photo {c.photo_id} on {c.device}"
+    if c.verdict == "unknown":
+        return (
+            f"A photo unlike any the model knows on {c.device}",
+            f"Not a plant or disease the model knows{why} (best guess {condition} on {plant}): ask an expert, "
+            f"photo {c.photo_id} on {c.device}",
+        )
+    return (
+        f"Possibly {condition} on {c.device}",
+        f"Possibly {condition} on {plant}, not sure{why} (best guess, {c.confidence:.0%}): ask an expert, photo {c.photo_id} on {c.device}",
+    )
+
+
 def alert_body(c: Candidate, page: str = "") -> dict:
     """An alert's JSON: the class and what it means, how sure, which photo, when; ``title`` / ``message`` / ``text``
-    are for people (Gotify reads title and message, Slack text); ``event_type`` is for Home Assistant."""
+    are for people (Gotify reads title and message, Slack text), worded as sure as the verdict; ``event_type`` is for
+    Home Assistant."""
     plant, condition = describe_class(c.label)
-    message = f"{condition} on {plant} ({c.confidence:.0%} sure), photo {c.photo_id} on {c.device}"
+    title, message = _said(c)
     body = {
         "event_type": "disease",
         "alert_id": f"{c.device}-{c.result_id}",
@@ -51,13 +70,14 @@ def alert_body(c: Candidate, page: str = "") -> dict:
         "condition": condition,
         "confidence": round(c.confidence, 4),
         "verdict": c.verdict,
+        "verdict_reason": c.reason,
         "photo_id": c.photo_id,
         "result_id": c.result_id,
         "time": _iso(c.created),
-        "title": f"{condition} seen on {c.device}",
+        "title": title,
         "message": message,
         "text": message,
-        "priority": 8,
+        "priority": 8 if c.verdict == "confident" else 5,
     }
     if page:
         body["url"] = f"{page.rstrip('/')}/photo/{c.sha256}"
@@ -70,6 +90,7 @@ def result_body(c: Candidate) -> dict:
         "label": c.label,
         "confidence": round(c.confidence, 4),
         "verdict": c.verdict,
+        "verdict_reason": c.reason,
         "photo_id": c.photo_id,
         "result_id": c.result_id,
         "time": _iso(c.created),

@@ -33,6 +33,7 @@ class Candidate:
     verdict: str
     photo_id: str
     sha256: str
+    reason: str = ""  # why the verdict is what it is, in words (a photo's when not confident; a plant's always)
 
 
 class AlertRules:

@@ -66,7 +66,7 @@ class Webhook:
             headers |= {
                 "Title": doc.get("title", "edge-agent"),
                 "Tags": "seedling,warning",
-                "Priority": "high" if m.kind == "alert" else "default",
+                "Priority": "high" if m.kind == "alert" and doc.get("verdict", "confident") == "confident" else "default",
                 **({"Click": doc["url"]} if doc.get("url") else {}),  # a tap on the notification opens the photo
             }
             headers = {k: v.encode("utf-8").decode("latin-1") for k, v in headers.items()}  # header values are Latin-1 on the wire

@@ -100,6 +100,7 @@ class AlertWorker(Worker):
         self.destinations += [w for w, _ in self.webhooks]
         self._con: sqlite3.Connection | None = None
         self._con_lock = threading.Lock()
+        self._has_reason = False  # the ledger has a verdict_reason column (asked until it has: the daemon adds it)
         if not self.outbox.get("cursor"):
             self.outbox.set("cursor", str(self._max_result_id() if start_after is None else start_after))
 
@@ -145,12 +146,12 @@ class AlertWorker(Worker):
         self._labelled_crops()
         cursor = int(self.outbox.get("cursor", "0"))
         rows = self._results(
-            "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256, plant FROM results"
-            " WHERE id > ? ORDER BY id LIMIT 500",
+            "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256, plant,"
+            f" {self._reason_column()} FROM results WHERE id > ? ORDER BY id LIMIT 500",
             (cursor,),
         )
         for row in rows:
-            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6])
+            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6], row[8])
             if self.mqtt is not None and self._may_publish_result():
                 self.mqtt.live(self.topics.result, encode(result_body(c)))
             plant = row[7]
@@ -170,6 +171,12 @@ class AlertWorker(Worker):
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
 
+    def _reason_column(self) -> str:
+        """The ledger's column of verdict reasons, or an empty string where a ledger from before 2026-12 has none."""
+        if not self._has_reason:
+            self._has_reason = any(r[1] == "verdict_reason" for r in self._results("PRAGMA table_info(results)"))
+        return "COALESCE(verdict_reason, '')" if self._has_reason else "''"
+
     def _as_plant(self, c: Candidate, plant: str) -> Candidate | None:
         """``c`` as its plant's diagnosis from every photo of it so far; None once the plant has alerted for that class."""
         answers = [
@@ -181,7 +188,13 @@ class AlertWorker(Worker):
         d = combine(answers, self.num_classes(), self.sure)
         if self.outbox.get(f"plant-alerted:{plant}:{d.label}"):
             return None
-        return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict)
+        return replace(
+            c,
+            label=d.label,
+            confidence=d.probability,
+            verdict=d.verdict,
+            reason=f"a plant of {d.photos} photo{'s' * (d.photos != 1)}: {d.reason}",
+        )
 
     def _last_alert_of(self, c: Candidate) -> float | None:
         """When this class last raised an alert on this device (the ledger read once per class, then kept)."""
@@ -306,14 +319,31 @@ class AlertWorker(Worker):
         if now < dt.datetime.combine(day, dt.time(hh, mm)).timestamp() or self.outbox.get("digest_day") == day.isoformat():
             return None
         since = now - 86400
-        counts = dict(self._results("SELECT label, COUNT(*) FROM results WHERE created >= ? GROUP BY label", (since,)))
+        rows = self._results(
+            "SELECT label, COALESCE(verdict, 'confident'), COUNT(*) FROM results WHERE created >= ? GROUP BY label, 2", (since,)
+        )
+        counts: dict[str, int] = {}  # every answer by its best guess
+        by_verdict = dict.fromkeys(("confident", "unsure", "unknown"), 0)
+        seen: dict[str, int] = {}  # a class as said with a verdict that may alert: what the lines count
+        for label, verdict, n in rows:
+            counts[label] = counts.get(label, 0) + n
+            by_verdict[verdict] = by_verdict.get(verdict, 0) + n
+            if verdict in self.section.verdicts:
+                seen[label] = seen.get(label, 0) + n
         alerts = self.outbox.alerts(since=since, limit=100000)
         diseased = {
             k: v
-            for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+            for k, v in sorted(seen.items(), key=lambda kv: -kv[1])
             if self.rules.wants(Candidate(0, 0, "", k, 1.0, self.section.verdicts[0], "", ""))
         }
         lines = [f"{describe_class(k)[1]} ({describe_class(k)[0]}): {v}" for k, v in diseased.items()] or ["no disease seen"]
+        doubts = [
+            f"{by_verdict[v]} {said}"
+            for v, said in (("unsure", "not sure"), ("unknown", "unlike any plant known"))
+            if by_verdict[v] and v not in self.section.verdicts
+        ]
+        if doubts:  # answers the lines do not count as findings, apart: the expert's Review page has them
+            lines.append(" and ".join(doubts) + " (ask an expert: the Review page)")
         return {
             "event_type": "digest",
             "device": self.device,
@@ -321,6 +351,7 @@ class AlertWorker(Worker):
             "photos": sum(counts.values()),
             "alerts": len(alerts),
             "by_class": counts,
+            "by_verdict": by_verdict,
             "title": f"edge-agent {self.device}: {sum(counts.values())} photos, {len(alerts)} alerts in the last 24 h",
             "message": "; ".join(lines),
             "text": "; ".join(lines),
