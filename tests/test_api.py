@@ -94,6 +94,20 @@ def test_the_alerts_endpoint_lists_the_ledger_newest_first(state):
     assert [a["label"] for a in alerts] == ["Apple___Apple_scab"]
 
 
+def test_the_health_page_says_which_alerts_were_not_sure(state):
+    from edge_agent.alerts.outbox import Outbox
+    from edge_agent.alerts.rules import Candidate
+
+    box = Outbox(state / "alerts.sqlite", 1 << 20)
+    box.record(Candidate(1, time.time(), "dev", "Tomato___Late_blight", 0.97, "confident", "p0", "a" * 64), [], 1)
+    box.record(Candidate(2, time.time(), "dev", "Apple___Apple_scab", 0.99, "unsure", "p1", "b" * 64), [], 2)
+    box.close()
+    tile = client(state).get("/health").text.split('id="alerts"')[1].split("</div>")[0]
+    first, second = tile.split("<br>")[:2]
+    assert "possibly" in first and "Apple scab" in first and "(not sure)" in first
+    assert "Late blight" in second and "possibly" not in second and "not sure" not in second
+
+
 # ---- labelling and rollback: roles and CSRF -------------------------------------
 def test_a_label_token_labels_through_the_api_into_the_trainers_queue(state):
     c, auth = remote(state, "label")
