@@ -175,6 +175,19 @@ def test_an_alert_worker_reads_a_ledger_from_before_reasons_were_kept(tmp_path, 
     w.stop()
 
 
+def test_the_last_diagnosis_home_assistant_shows_is_as_sure_as_the_answer(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path)
+    said = []
+    for verdict in ("confident", "unsure", "unknown"):
+        _result(db, "Tomato___Late_blight", verdict=verdict)
+        w.scan()
+        said.append(json.loads(w._retained_state()[0][1])["last_diagnosis"])
+    assert said == ["Late blight (Tomato)", "not sure: Late blight (Tomato)?", "not a plant it knows (best guess Late blight (Tomato))"]
+    w.stop()
+    db.close()
+
+
 def test_the_digest_counts_as_seen_only_the_answers_that_may_alert_and_the_doubtful_apart(tmp_path):
     db = ResultsDB(tmp_path / "results.sqlite")
     w = _worker(tmp_path, db.path, digest_at="00:00")

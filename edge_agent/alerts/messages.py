@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from edge_agent.alerts.rules import Candidate
 
-__all__ = ["Topics", "alert_body", "describe_class", "encode", "result_body"]
+__all__ = ["Topics", "alert_body", "describe_class", "diagnosis", "encode", "result_body"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,15 @@ def describe_class(label: str) -> tuple[str, str]:
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) + time.strftime("%z", time.localtime(t))
+
+
+def diagnosis(c: Candidate) -> str:
+    """The answer in a few words, as sure as its verdict ("Late blight (Tomato)", "not sure: Late blight (Tomato)?")."""
+    plant, condition = describe_class(c.label)
+    named = condition if condition == plant else f"{condition} ({plant})"
+    if c.verdict == "unknown":
+        return f"not a plant it knows (best guess {named})"
+    return named if c.verdict == "confident" else f"not sure: {named}?"
 
 
 def _said(c: Candidate) -> tuple[str, str]:

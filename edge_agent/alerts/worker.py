@@ -23,7 +23,7 @@ from pathlib import Path
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.alerts.homeassistant import discovery
-from edge_agent.alerts.messages import Topics, alert_body, describe_class, encode, result_body
+from edge_agent.alerts.messages import Topics, alert_body, describe_class, diagnosis, encode, result_body
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
@@ -165,8 +165,7 @@ class AlertWorker(Worker):
                 self.log.info("alert", label=a.label, confidence=round(a.confidence, 3), photo_id=a.photo_id, plant=plant)
         if rows:  # the state shows the newest result only
             with self._state_lock:
-                plant, condition = describe_class(c.label)
-                self._state |= {"last_diagnosis": condition if condition == plant else f"{condition} ({plant})", "last_label": c.label}
+                self._state |= {"last_diagnosis": diagnosis(c), "last_label": c.label, "last_verdict_reason": c.reason}
                 self._state |= {"last_confidence": round(100 * c.confidence, 1), "last_verdict": c.verdict, "last_photo_id": c.photo_id}
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
