@@ -19,6 +19,7 @@ def status(args: argparse.Namespace) -> int:
     state, db = state_db(args, cfg)
     live, running = daemon_live(cfg, state.root)
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
+    out["per_class_confident"] = db.per_class_confident()
     for key in (
         "uptime_s",
         "healthy",
@@ -123,8 +124,11 @@ def status(args: argparse.Namespace) -> int:
     downloading = (out.get("transfer") or {}).get("downloading")
     if downloading:
         print(f"receiving engine {downloading['version']}: {downloading['bytes'] >> 10} of {downloading['of'] >> 10} KiB")
+    if out["per_class"]:
+        print("answers by best guess (of them, sure):")
     for label, n in out["per_class"].items():
-        print(printable(f"  {n:6d}  {label}"))
+        sure = out["per_class_confident"].get(label, 0)
+        print(printable(f"  {n:6d}  {label}" + ("" if sure == n else f"  ({sure} sure)")))
     for err in out.get("last_errors", [])[-5:]:
         print(printable(f"  error: {err.get('photo', '')} {err['error']}"))  # a photo's name is anyone's
     return 0

@@ -395,6 +395,10 @@ class ResultsDB:
     def per_class(self) -> dict[str, int]:
         return dict(self._query("SELECT label, COUNT(*) FROM results GROUP BY label ORDER BY label"))
 
+    def per_class_confident(self) -> dict[str, int]:
+        """Of each class's answers, those the model was sure of (a result from before verdicts counts as sure)."""
+        return dict(self._query("SELECT label, COUNT(*) FROM results WHERE COALESCE(verdict, 'confident') = 'confident' GROUP BY label"))
+
     def pseudo_counts(self, engine_version: str) -> dict[str, int]:
         return dict(
             self._query(

@@ -277,3 +277,30 @@ def test_edge_agent_results_says_why_an_answer_is_not_confident_and_reads_a_ledg
     assert main(["results", "--json", "--state-dir", str(layout.root)]) == 0
     row = json.loads(capsys.readouterr().out.splitlines()[0])
     assert row["verdict"] == "unsure" and row["verdict_reason"] is None
+
+
+def test_edge_agent_status_says_how_many_of_each_classs_answers_were_sure(tmp_path, capsys):
+    """A class counted by best guess is no finding: the status line says how many of them the model was sure of."""
+    from edge_agent.cli import main
+    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.state import StateLayout
+
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    db = ResultsDB(layout.db)
+    rows = [("Apple___Apple_scab", "unsure"), ("Apple___Apple_scab", "unknown"), ("Apple___Apple_scab", "confident")]
+    rows += [("Apple___healthy", "confident"), ("Apple___healthy", None)]  # None: a result from before verdicts
+    db.commit(
+        [
+            ResultRow(f"{i:064x}", f"p{i}", None, "folder", label, 0.9, [[label, 0.9]], "v4000", {}, verdict=verdict)
+            for i, (label, verdict) in enumerate(rows)
+        ]
+    )
+    db.close()
+    assert main(["status", "--state-dir", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert "     3  Apple___Apple_scab  (1 sure)" in out and "     2  Apple___healthy\n" in out
+    assert main(["status", "--json", "--state-dir", str(layout.root)]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["per_class"] == {"Apple___Apple_scab": 3, "Apple___healthy": 2}
+    assert st["per_class_confident"] == {"Apple___Apple_scab": 1, "Apple___healthy": 2}
