@@ -64,8 +64,9 @@ def test_budget_per_day_and_labelling(tmp_path):
     assert entry.kind == "expert" and entry.label == "Tomato___healthy" and (tmp_path / "queue/expert").exists()
     with pytest.raises(LabelError, match="no photo"):
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "nope", "Apple___healthy")
-    with pytest.raises(LabelError, match="not a known class"):
+    with pytest.raises(LabelError, match="not a known class") as refused:
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "Wheat___rust")
+    assert "Did you mean" not in str(refused.value)
     with pytest.raises(LabelError, match="empty"):
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "  ")
     label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "Wheat___rust", new_class=True)
@@ -93,3 +94,30 @@ def test_cli_review_list_best_first(tmp_path, capsys):
     assert rows[0]["margin"] < rows[1]["margin"] and len(rows[0]["top_k"]) == 2
     assert main(["review", "label", "--state-dir", str(tmp_path / "state"), "p9", "Apple___healthy"]) == 2
     assert "no photo 'p9'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        ("apple scab", ["Apple___Apple_scab"]),
+        ("Tomato___Late_Blight", ["Tomato___Late_blight"]),
+        ("late blight", ["Potato___Late_blight", "Tomato___Late_blight"]),
+        ("corn rust", ["Corn_(maize)___Common_rust_"]),
+        ("appel scab", ["Apple___Apple_scab"]),
+        ("gray leaf spot", ["Corn_(maize)___Cercospora_leaf_spot Gray_leaf_spot"]),
+    ],
+)
+def test_a_mistyped_class_is_refused_with_the_class_it_most_likely_means(tmp_path, typed, meant):
+    db, _ = _db_with_pool(tmp_path, 1)
+    classes = [
+        "Apple___Apple_scab",
+        "Apple___healthy",
+        "Corn_(maize)___Cercospora_leaf_spot Gray_leaf_spot",
+        "Corn_(maize)___Common_rust_",
+        "Potato___Late_blight",
+        "Tomato___Late_blight",
+    ]
+    with pytest.raises(LabelError, match="not a known class") as refused:
+        label_photo(db, tmp_path / "queue", 1 << 30, classes, "p0", typed)
+    assert f"Did you mean {' or '.join(map(repr, meant))}?" in str(refused.value)
+    assert db.queue_entry(f"{0:064x}").kind == "review"  # nothing labelled

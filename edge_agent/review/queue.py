@@ -13,6 +13,8 @@ delivers to the trainer as a true label, exactly as the command line and the web
 from __future__ import annotations
 
 import datetime as dt
+import difflib
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +134,25 @@ def _alternate(first: list, second: list) -> list:
     return out + first[n:] + second[n:]
 
 
+def _squeezed(name: str) -> str:
+    return "".join(ch for ch in name.casefold() if ch.isalnum())
+
+
+def _meant(label: str, classes: list[str]) -> list[str]:
+    """The known classes a mistyped name most likely means: the same letters in another case or spacing, or as the
+    condition alone ("apple scab"), else classes holding every word of it ("corn rust"), else the closest spellings."""
+    said = _squeezed(label)
+    same = [c for c in classes if _squeezed(c) == said or _squeezed(c.partition("___")[2]) == said]
+    if same:
+        return same[:3]
+    words = [_squeezed(w) for w in re.split(r"[\W_]+", label) if len(w) >= 3]
+    every_word = [c for c in classes if words and all(w in _squeezed(c) for w in words)]
+    if every_word:
+        return every_word[:3]
+    spelt = {_squeezed(c): c for c in classes} | {_squeezed(c.partition("___")[2]): c for c in classes if "___" in c}
+    return list(dict.fromkeys(spelt[s] for s in difflib.get_close_matches(said, list(spelt), n=3, cutoff=0.75)))
+
+
 def label_photo(
     db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list[str], ref: str, label: str, new_class: bool = False
 ) -> QueueEntry:
@@ -148,7 +169,9 @@ def label_photo(
         shown = label.encode("ascii", "backslashreplace").decode()[:60]
         raise LabelError(f"{shown!r} is not a class name: {problem}")  # the trainer's words for the same refusal
     if label not in classes and not new_class:
-        raise LabelError(f"{label!r} is not a known class; pass --new-class to teach a new one. Known: {', '.join(classes)}")
+        meant = _meant(label, classes)
+        hint = f" Did you mean {' or '.join(map(repr, meant))}?" if meant else ""
+        raise LabelError(f"{label!r} is not a known class.{hint} Pass --new-class to teach a new one. Known: {', '.join(classes)}")
     src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))
