@@ -72,6 +72,12 @@ def test_edge_trainer_status_speaks_in_sentences_without_python_dicts_or_contrad
         "samples": {"pseudo": 0, "expert": 10, "new": 10, "new_expert": 10},
         "retrain_threshold": 200,
         "next_publish": {"sentence": "26 more expert labels, at least ...", "waiting_for": "field_check", "by_class": {"A___b": 3}},
+        "labelled": {
+            "replay_photos": 303,
+            "validation_photos": 672,
+            "origin": "shipped",
+            "problems": ["1 labelled photo(s) could not be read"],
+        },
         "last_retrain": {
             "published": None,
             "reason": "refused by the gate",
@@ -82,6 +88,7 @@ def test_edge_trainer_status_speaks_in_sentences_without_python_dicts_or_contrad
     assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
     out = capsys.readouterr().out
     assert "{'" not in out and "0 pseudo-labels and 10 expert labels" in out and "next: 26 more expert labels" in out
+    assert "true labels: 303 to replay, 672 for the gate (shipped)\n  problem: 1 labelled photo(s) could not be read" in out
     assert "no expert labels yet" not in out  # the last gate ran before them: said so, not contradicted
 
 

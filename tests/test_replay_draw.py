@@ -1,4 +1,5 @@
-"""``[trainer] replay_per_epoch``: a larger replay of labelled photos, drawn a few of each class every epoch."""
+"""The labelled photos a retrain replays: ``[trainer] replay_per_epoch`` draws a few of each class every epoch, and a
+photo that cannot be read is named."""
 
 from __future__ import annotations
 
@@ -91,3 +92,18 @@ def test_the_option_is_checked_where_the_file_is_read(tmp_path):
     bad.write_text("[trainer]\nreplay_per_epoch = -1\n")
     with pytest.raises(ConfigError, match="replay_per_epoch"):
         load_config(bad)
+
+
+def test_a_labelled_photo_that_cannot_be_read_is_left_out_and_named_as_a_problem(tmp_path):
+    from PIL import Image
+
+    good = tmp_path / "leaf.jpg"
+    Image.new("RGB", (64, 48), (40, 120, 30)).save(good)
+    broken = tmp_path / "half.jpg"
+    broken.write_bytes(good.read_bytes()[:200])  # half-copied
+    sources = LabelledSources([Sample(good, 0), Sample(broken, 0)], [Sample(tmp_path / "gone.jpg", 1)], "test")
+    labelled = load_labelled(sources)
+    assert len(labelled.train) == 1 and len(labelled.val) == 0
+    (problem,) = sources.problems
+    assert problem.startswith("2 labelled photo(s) could not be read and were left out, e.g. ") and "half.jpg" in problem
+    assert sources.describe()["problems"] == [problem]

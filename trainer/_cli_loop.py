@@ -127,6 +127,8 @@ def _status(args: argparse.Namespace) -> int:
     if st.get("labelled"):
         lab = st["labelled"]
         print(f"true labels: {lab.get('replay_photos', 0)} to replay, {lab.get('validation_photos', 0)} for the gate ({lab.get('origin')})")
+        for problem in lab.get("problems") or []:
+            print(f"  problem: {problem}")
     gate = (last or {}).get("metrics", {}).get("gate")
     if gate and "candidate_top1" in gate:
         field = gate.get("field") or {}

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from edge_agent.config import AppConfig, default_data_path
+from edge_agent.log import get_logger
 from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, PreprocessSpec, preprocess_bytes, read_limited
 from trainer import photos
 from trainer.data import DatasetError, Sample, scan_folder, stratified_split
@@ -97,14 +98,18 @@ def labelled_sources(cfg: AppConfig, classes: list[str], shipped: Path | None = 
     return LabelledSources([], [], "none", problems)
 
 
-def _tensors(samples: list[Sample], should_stop, spec: PreprocessSpec, replayed: bool = False) -> tuple[Generation, set[str]]:
+def _tensors(
+    samples: list[Sample], should_stop, spec: PreprocessSpec, replayed: bool = False, unreadable: list[str] | None = None
+) -> tuple[Generation, set[str]]:
     xs, ys, ids = [], [], set()
     for s in samples:
         check(should_stop, "while reading labelled photos")
         try:
             data = read_limited(s.path, spec)  # read once: hashed, and preprocessed as the daemon would
             xs.append(photos.photo(preprocess_bytes(data, spec)))
-        except (OSError, ImageRejected):
+        except (OSError, ImageRejected) as exc:
+            if unreadable is not None:
+                unreadable.append(f"{s.path}: {getattr(exc, 'strerror', None) or exc}")
             continue
         ys.append(s.label)
         ids.add(hashlib.sha256(data).hexdigest())
@@ -114,7 +119,12 @@ def _tensors(samples: list[Sample], should_stop, spec: PreprocessSpec, replayed:
 
 
 def load_labelled(sources: LabelledSources, should_stop=lambda: False, spec: PreprocessSpec = DEFAULT_SPEC) -> Labelled:
-    """Read and preprocess the photos of ``sources`` as the daemon does for an engine whose manifest records ``spec``."""
-    train, _ = _tensors(sources.train, should_stop, spec, replayed=True)
-    val, gate_ids = _tensors(sources.val, should_stop, spec)
+    """Read and preprocess the photos of ``sources`` as the daemon does for an engine whose manifest records ``spec``;
+    a photo that cannot be read is left out and named in ``sources.problems`` (and the log)."""
+    unreadable: list[str] = []
+    train, _ = _tensors(sources.train, should_stop, spec, replayed=True, unreadable=unreadable)
+    val, gate_ids = _tensors(sources.val, should_stop, spec, unreadable=unreadable)
+    if unreadable:
+        get_logger("trainer.labelled").warning("labelled_photos_unreadable", photos=len(unreadable), first=unreadable[:3])
+        sources.problems.append(f"{len(unreadable)} labelled photo(s) could not be read and were left out, e.g. {unreadable[0]}")
     return Labelled(train, val, gate_ids)
