@@ -66,7 +66,7 @@ def test_budget_per_day_and_labelling(tmp_path):
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "nope", "Apple___healthy")
     with pytest.raises(LabelError, match="not a known class") as refused:
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "Wheat___rust")
-    assert "Did you mean" not in str(refused.value)
+    assert "Did you mean" not in str(refused.value) and "Known: Apple___healthy, Tomato___healthy." in str(refused.value)
     with pytest.raises(LabelError, match="empty"):
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "  ")
     label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "Wheat___rust", new_class=True)
@@ -119,5 +119,5 @@ def test_a_mistyped_class_is_refused_with_the_class_it_most_likely_means(tmp_pat
     ]
     with pytest.raises(LabelError, match="not a known class") as refused:
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "p0", typed)
-    assert f"Did you mean {' or '.join(map(repr, meant))}?" in str(refused.value)
+    assert f"Did you mean {' or '.join(map(repr, meant))}? Pass --new-class" in str(refused.value) and "Known:" not in str(refused.value)
     assert db.queue_entry(f"{0:064x}").kind == "review"  # nothing labelled

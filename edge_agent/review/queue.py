@@ -169,9 +169,9 @@ def label_photo(
         shown = label.encode("ascii", "backslashreplace").decode()[:60]
         raise LabelError(f"{shown!r} is not a class name: {problem}")  # the trainer's words for the same refusal
     if label not in classes and not new_class:
-        meant = _meant(label, classes)
-        hint = f" Did you mean {' or '.join(map(repr, meant))}?" if meant else ""
-        raise LabelError(f"{label!r} is not a known class.{hint} Pass --new-class to teach a new one. Known: {', '.join(classes)}")
+        meant = _meant(label, classes)  # a guess says more than the whole list of names
+        hint = f"Did you mean {' or '.join(map(repr, meant))}?" if meant else f"Known: {', '.join(classes)}."
+        raise LabelError(f"{label!r} is not a known class. {hint} Pass --new-class to teach a new one.")
     src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))
