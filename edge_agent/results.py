@@ -21,7 +21,7 @@ from pathlib import Path
 from engines.durable import relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
-__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "missing_table", "query_readonly"]
+__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "keeps_reasons", "missing_table", "query_readonly"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -110,6 +110,12 @@ def missing_table(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> boo
     except sqlite3.Error:
         return False
     return True
+
+
+def keeps_reasons(query) -> bool:
+    """Whether the ledger ``query`` (SQL -> rows) reads has the verdict_reason column (a daemon not yet upgraded has not
+    added it: a reader opened read-only reads NULL instead)."""
+    return any(row[1] == "verdict_reason" for row in query("PRAGMA table_info(results)"))
 
 
 def iso(ts: float) -> str:
@@ -348,10 +354,6 @@ class ResultsDB:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    def _columns(self) -> set[str]:
-        """The results table's columns (a ledger opened read-only keeps those of the release that wrote it)."""
-        return {row[1] for row in self._query("PRAGMA table_info(results)")}
-
     def has(self, sha256: str) -> bool:
         """Whether a photo already has a result (the exactly-once ledger); never waits for a commit."""
         con = getattr(self._readers, "con", None)
@@ -360,7 +362,7 @@ class ResultsDB:
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
     def results(self, since: float | None = None) -> Iterator[dict]:
-        said_why = "verdict_reason" if "verdict_reason" in self._columns() else "NULL"  # read-only, not yet upgraded
+        said_why = "verdict_reason" if keeps_reasons(self._query) else "NULL"  # read-only, not yet upgraded
         rows = self._query(
             "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
             f" {said_why} FROM results WHERE created >= ? ORDER BY id",

@@ -28,7 +28,7 @@ from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
 from edge_agent.plants import combine
-from edge_agent.results import missing_table
+from edge_agent.results import keeps_reasons, missing_table
 from edge_agent.worker import Worker, spawn
 
 __all__ = ["AlertWorker"]
@@ -173,7 +173,7 @@ class AlertWorker(Worker):
     def _reason_column(self) -> str:
         """The ledger's column of verdict reasons, or an empty string where a ledger from before 2026-12 has none."""
         if not self._has_reason:
-            self._has_reason = any(r[1] == "verdict_reason" for r in self._results("PRAGMA table_info(results)"))
+            self._has_reason = keeps_reasons(self._results)
         return "COALESCE(verdict_reason, '')" if self._has_reason else "''"
 
     def _as_plant(self, c: Candidate, plant: str) -> Candidate | None:

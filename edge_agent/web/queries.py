@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
 
-from edge_agent.results import ResultRow, query_readonly
+from edge_agent.results import ResultRow, keeps_reasons, query_readonly
 
 __all__ = ["Filters", "Reader"]
 
@@ -65,7 +65,7 @@ class Reader:
     def _columns(self) -> str:
         """A result's columns as :func:`_photo` reads them (a NULL reason from a ledger that has none)."""
         if not self._reason:
-            self._reason = any(row[1] == "verdict_reason" for row in self._rows("PRAGMA table_info(results)"))
+            self._reason = keeps_reasons(self._rows)
         return f"{_COLUMNS}, {'verdict_reason' if self._reason else 'NULL'}"
 
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
