@@ -59,4 +59,19 @@ def test_flip_averaging_averages_each_photos_mirror_images_before_its_answer(mon
     x[1, :, :, 4:] = 1.0  # photo 1: bright right half, labelled 1 (right either way)
     monkeypatch.setattr(fa, "tensors", lambda paths, spec: x[: len(paths)])
     top1 = fa.averaged_top1(LeftSided(), [("p0", 0), ("p1", 1)], spec=None)
-    assert top1 == {"as it is": 1.0, "and left-right": 0.5, "all four mirrors": 0.5}
+    mirrors = ("as it is", "and left-right", "all four mirrors")
+    assert {k: top1[k] for k in mirrors} == {"as it is": 1.0, "and left-right": 0.5, "all four mirrors": 0.5}
+    assert set(top1) == set(fa.VIEWS)
+
+
+def test_a_test_time_crop_is_the_named_part_of_the_photo_at_the_full_size():
+    from benchmarks.flip_average import crop
+
+    x = torch.zeros(1, 1, 10, 10)
+    x[..., :6, :6] = 1.0  # the top-left 60 %
+    x[..., 4:6, 4:6] = 2.0  # its bottom-right corner, inside the centre
+    top_left = crop(x, 0.6, 0, 0)
+    assert top_left.shape == x.shape and top_left.min() > 0.999  # only the bright part, resized back to 10 x 10
+    assert crop(x, 0.6, 1, 1)[..., -1, -1].item() == 0.0  # the bottom-right corner is dark
+    centre = crop(x, 0.2, 0.5, 0.5)  # the 2 x 2 square in the middle: rows and columns 4-5
+    assert torch.allclose(centre, torch.full_like(x, 2.0))
