@@ -317,7 +317,7 @@ class _FastDevice:
         if self.s.arm.startswith("device"):
             chosen = [it.entry.sha256 for it in to_ask(self.db, 0, everything=True, policy=self.cfg.labels)[:k]]
         else:
-            pool = sorted(e.sha256 for e, _, _ in self.db.review_pool())
+            pool = sorted(e.sha256 for e, *_ in self.db.review_pool())
             chosen = self.rng.sample(pool, min(k, len(pool)))
         classes = self.store.open().classes
         for sha in chosen:

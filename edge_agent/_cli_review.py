@@ -7,6 +7,7 @@ import json
 import sys
 
 from edge_agent._cli_common import load, print_rows, state_db
+from edge_agent.names import printable
 
 __all__ = ["review_label", "review_list", "review_trust"]
 
@@ -33,7 +34,7 @@ def review_list(args: argparse.Namespace) -> int:
     for it in items:
         q = it.entry
         alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
-        print(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {q.file}")
+        print(printable(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {it.arrival.where}  {q.file}"))
     if left is not None and not args.all:
         print(f"-- best first; {left} of today's {cfg.labels.review_per_day} questions left", file=sys.stderr)
     return 0

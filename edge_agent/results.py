@@ -17,11 +17,12 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 from engines.durable import relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
-__all__ = ["ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "keeps_reasons", "missing_table", "query_readonly"]
+__all__ = ["Arrival", "ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "keeps_reasons", "missing_table", "query_readonly"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -120,6 +121,22 @@ def keeps_reasons(query) -> bool:
 
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Arrival(NamedTuple):
+    """How a queued photo arrived: the file it came as, its source (inbox or a camera), its plant, when it was classified
+    (all None for a queue row whose result is gone)."""
+
+    path: str | None
+    source: str | None
+    plant: str | None
+    created: float | None
+
+    @property
+    def where(self) -> str:
+        """The photo as the farmer knows it: its plant and file name (a camera's name for a frame)."""
+        name = Path(self.path).name if self.path else (self.source or "")
+        return f"plant {self.plant}: {name}" if self.plant else name
 
 
 @dataclass
@@ -303,13 +320,14 @@ class ResultsDB:
         n, newest = self._query("SELECT COUNT(*), COALESCE(MAX(labelled), 0) FROM expert_labels")[0]
         return int(n), float(newest)
 
-    def review_pool(self) -> list[tuple[QueueEntry, list, str | None]]:
-        """Photos waiting for review, each with the top-k and the verdict of its prediction."""
+    def review_pool(self) -> list[tuple[QueueEntry, list, str | None, Arrival]]:
+        """Photos waiting for review, each with the top-k and the verdict of its prediction, and how it arrived."""
         rows = self._query(
             "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
-            " COALESCE(r.top_k, '[]'), r.verdict FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
+            " COALESCE(r.top_k, '[]'), r.verdict, r.path, r.source, r.plant, r.created"
+            " FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
         )
-        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10]) for r in rows]
+        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10], Arrival(*r[11:15])) for r in rows]
 
     def unlabelled_candidates(self, limit: int) -> list[tuple[QueueEntry, str]]:
         """Review-pool photos not yet handed to the trainer unlabelled, newest first, each with its verdict."""

@@ -108,6 +108,16 @@ def test_the_health_page_says_which_alerts_were_not_sure(state):
     assert "Late blight" in second and "possibly" not in second and "not sure" not in second
 
 
+def test_the_review_queue_names_each_photos_file_and_source_in_the_api_and_on_the_page(state):
+    c = client(state)
+    items = c.get("/api/v1/review").json()["items"]
+    names = {it["name"] for it in items}
+    assert len(items) == 2 and all(it["source"] == "folder" and it["plant"] is None and it["classified"] for it in items)
+    assert all(name and name.endswith(".jpg") for name in names)
+    caption = c.get("/review").text.split('id="arrival">')[1].split("</span>")[0]
+    assert caption.split(", ")[0] in names  # the file name it arrived under, then when it was classified
+
+
 # ---- labelling and rollback: roles and CSRF -------------------------------------
 def test_a_label_token_labels_through_the_api_into_the_trainers_queue(state):
     c, auth = remote(state, "label")

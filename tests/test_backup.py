@@ -189,7 +189,7 @@ def test_a_state_directory_restored_to_another_path_keeps_its_queued_labels_and_
     daemon._shutdown()
     db = ResultsDB(fresh / "results.sqlite")
     assert db.relocate_queue(fresh / "queue") == 0
-    entries = db.queued_for_delivery(10) + [e for e, _, _ in db.review_pool()]
+    entries = db.queued_for_delivery(10) + [e for e, *_ in db.review_pool()]
     assert entries and all(Path(e.file).is_file() and Path(e.file).is_relative_to(fresh) for e in entries)
     labelled = label_photo(db, fresh / "queue", 1 << 20, classes, "p0", classes[1])
     moved = db.queue_entry(labelled.sha256)

@@ -96,6 +96,40 @@ def test_cli_review_list_best_first(tmp_path, capsys):
     assert "no photo 'p9'" in capsys.readouterr().err
 
 
+def test_each_question_says_where_its_photo_came_from_its_plant_file_name_or_camera(tmp_path, capsys):
+    from edge_agent.cli import main
+
+    state = tmp_path / "state"
+    db = ResultsDB(state / "results.sqlite")
+    spool = PhotoSpool(state / "queue", 1 << 30)
+    arrivals = {  # photo id -> (path, source, plant): from a plant's folder, straight in the inbox, a camera's frame
+        "p0": (str(state / "inbox/tree 12/IMG_0001.jpg"), "inbox", "tree 12"),
+        "p1": (str(state / "inbox/leaf.jpg"), "inbox", None),
+        "p2": (None, "camera:greenhouse", None),
+        "p3": (str(state / "inbox/gone.jpg"), "inbox", None),  # its result row is pruned below
+    }
+    results, entries = [], []
+    for i, (pid, (path, source, plant)) in enumerate(arrivals.items()):
+        sha = f"{i:064x}"
+        top_k = [["Apple___healthy", 0.4 + i * 0.1], ["Tomato___healthy", 0.3]]
+        [f] = spool.put_many([SpoolItem("review", sha, b"jpeg", ".jpg")])
+        results.append(ResultRow(sha, pid, path, source, "Apple___healthy", top_k[0][1], top_k, "v0001", {}, 1.8e9, "unsure", plant))
+        entries.append(QueueEntry(sha, pid, "review", "Apple___healthy", top_k[0][1], "v0001", str(f), 4))
+    db.commit(results, entries)
+    db._db.execute("DELETE FROM results WHERE photo_id = 'p3'")
+    db.close()
+    assert main(["review", "list", "--state-dir", str(state)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "  plant tree 12: IMG_0001.jpg  " in lines["p0"] and "  leaf.jpg  " in lines["p1"]
+    assert "  camera:greenhouse  " in lines["p2"] and str(state / "queue/review") in lines["p3"]
+    assert main(["review", "list", "--state-dir", str(state), "--json"]) == 0
+    rows = {r["photo_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert (rows["p0"]["name"], rows["p0"]["source"], rows["p0"]["plant"]) == ("IMG_0001.jpg", "inbox", "tree 12")
+    assert rows["p0"]["classified"].startswith("2027-01-15T08:00:00")
+    assert (rows["p2"]["name"], rows["p2"]["source"]) == (None, "camera:greenhouse")
+    assert (rows["p3"]["name"], rows["p3"]["source"], rows["p3"]["classified"]) == (None, None, None)
+
+
 @pytest.mark.parametrize(
     "typed, meant",
     [

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_agent.names import class_name_problem
-from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool
@@ -51,10 +51,11 @@ class ReviewItem:
     margin: float
     verdict: str | None = None  # "unknown": unlike anything the model knows (a new class may be born here)
     check: bool = False  # an answer trust covers (:func:`covered`), of a class not trusted yet: the expert's label checks it
+    arrival: Arrival = Arrival(None, None, None, None)  # the file, source and plant it came as, when it was classified
 
     def as_json(self) -> dict:
         """What ``review list --json`` prints and the API's review queue holds."""
-        q = self.entry
+        q, a = self.entry, self.arrival
         return {
             "photo_id": q.photo_id,
             "sha256": q.sha256,
@@ -64,6 +65,10 @@ class ReviewItem:
             "verdict": self.verdict,
             "top_k": self.top_k,
             "check": self.check,
+            "name": Path(a.path).name if a.path else None,
+            "source": a.source,
+            "plant": a.plant,
+            "classified": iso(a.created) if a.created is not None else None,
         }
 
 
@@ -90,9 +95,9 @@ def left_today(db: ResultsDB, per_day: int) -> int | None:
 
 def _pool(db: ResultsDB, policy: LabelsSection) -> list[ReviewItem]:
     out = []
-    for entry, top_k, verdict in db.review_pool():
+    for entry, top_k, verdict, arrival in db.review_pool():
         top_k = top_k or [[entry.label, entry.confidence or 0.0]]
-        out.append(ReviewItem(entry, top_k, margin(top_k), verdict, covered(verdict, entry.confidence, policy)))
+        out.append(ReviewItem(entry, top_k, margin(top_k), verdict, covered(verdict, entry.confidence, policy), arrival))
     return out
 
 
