@@ -40,6 +40,9 @@ def test_a_days_ten_labels_say_how_many_more_and_of_which_classes_fill_the_field
     assert len(held_back(after, tc.field_check_every)) >= tc.field_check_min
     assert nxt.expert_labels_needed == sum(nxt.by_class.values()) == 22  # 7 more held-back photos: 1 + 1 + 5 x 4
     assert max(nxt.by_class.values()) <= 9  # spread over the classes, not all of one
+    assert "22 more expert labels of any class" in nxt.sentence and "soonest" in nxt.sentence and "at least" not in nxt.sentence
+    other = samples + [_sample("Grape___healthy") for _ in range(4)]  # a class the plan did not name still fills it
+    assert len(held_back(other, tc.field_check_every)) == 2
 
 
 def test_before_any_expert_label_it_says_how_many_samples_or_labels_the_next_retrain_needs():

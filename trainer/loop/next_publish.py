@@ -69,7 +69,7 @@ def plan(samples: list[Sample], counts: dict, tc: TrainerSection) -> NextPublish
             top = sorted(by_class.items(), key=lambda kv: -kv[1])[:3]
             which = " and ".join(f"{k} of {_pretty(c)}" for c, k in top)
             return NextPublish(
-                f"{total} more expert labels, at least {which}, before a new version can be published: the field check "
+                f"{total} more expert labels of any class before a new version can be published, soonest {which}: the field check "
                 f"holds {held} of the {tc.field_check_min} photos it needs (every {tc.field_check_every}th label of a class "
                 "is kept to judge each new version on this farm's own photos)",
                 "field_check",
