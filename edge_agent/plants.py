@@ -12,14 +12,18 @@ class and at least half are ``confident`` of it on their own (each photo's verdi
 the photos the class was trained on, which a product of probabilities cannot: measured on field photos, combining
 alone made plants of an unknown disease sure); otherwise ``unsure``, with the reason (the photos disagree, or the
 evidence is not enough).
+
+Where the expert has labelled any of the plant's photos, the expert's word is the plant's diagnosis (the label named
+most, ``confident``, with how many photos said what), the model's combined classes kept beside it.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edge_agent.log import display_name
@@ -40,7 +44,8 @@ class PlantDiagnosis:
     reason: str
     photos: int
     agreeing: int  # photos whose own answer is the plant's class
-    top_k: list[tuple[str, float]]
+    top_k: list[tuple[str, float]]  # the model's classes, its photos combined
+    expert: int = 0  # photos the expert labelled: where any, the most named label is the plant's (the verdict confident)
 
     def as_dict(self) -> dict:
         return {
@@ -51,6 +56,7 @@ class PlantDiagnosis:
             "photos": self.photos,
             "agreeing": self.agreeing,
             "top_k": [[c, round(p, 4)] for c, p in self.top_k],
+            "expert": self.expert,
         }
 
 
@@ -106,6 +112,22 @@ def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classe
     return PlantDiagnosis(label, prob, verdict, reason, n, agreeing, ranked[:top])
 
 
-def diagnose(rows, num_classes: int, sure: float = 0.9) -> PlantDiagnosis:
-    """:func:`combine` over a plant's stored results (:class:`edge_agent.results.ResultRow`)."""
-    return combine([(r.top_k, r.verdict) for r in rows], num_classes, sure)
+def diagnose(rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str] | None = None) -> PlantDiagnosis:
+    """:func:`combine` over a plant's stored results (:class:`edge_agent.results.ResultRow`); where the expert labelled
+    any of its photos (``expert``: sha256 -> class), the expert's word is the plant's diagnosis instead."""
+    model = combine([(r.top_k, r.verdict) for r in rows], num_classes, sure)
+    said = [expert[r.sha256] for r in rows if expert and r.sha256 in expert]
+    if not said:
+        return model
+    named = Counter(said).most_common()  # the most named first; a tie: the one labelled on the earlier photo
+    label, k = named[0]
+    also = "".join(f", {n} {c}" for c, n in named[1:])
+    return replace(
+        model,
+        label=label,
+        probability=k / len(said),
+        verdict="confident",
+        reason=f"the expert labelled {len(said)} of {len(rows)} photos: {k} {label}{also}",
+        agreeing=sum(bool(r.top_k) and str(r.top_k[0][0]) == label for r in rows),
+        expert=len(said),
+    )

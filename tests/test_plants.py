@@ -9,7 +9,7 @@ import pytest
 
 from edge_agent.alerts.config import AlertsSection, MqttSection
 from edge_agent.alerts.worker import AlertWorker
-from edge_agent.plants import combine, plant_of
+from edge_agent.plants import combine, diagnose, plant_of
 from edge_agent.results import ResultRow, ResultsDB
 
 _n = iter(range(10**6))
@@ -40,6 +40,22 @@ def test_a_plant_mostly_unlike_anything_known_is_unknown_and_one_odd_photo_does_
     assert d.label == "A" and d.agreeing == 2
     with pytest.raises(ValueError):
         combine([], 38)
+
+
+def test_the_experts_labels_of_a_plants_photos_are_its_diagnosis_the_most_named_first():
+    rows = [
+        ResultRow(f"{i:064x}", f"p{i}", f"/inbox/t/{i}.jpg", "inbox", "A", 0.6, [["A", 0.6], ["B", 0.3]], "v1", {}, 0.0, "unsure")
+        for i in range(4)
+    ]
+    model = diagnose(rows, 38)
+    assert diagnose(rows, 38, expert={}) == model and model.expert == 0 and model.label == "A"
+    one = diagnose(rows, 38, expert={rows[2].sha256: "C"})  # the expert's word over four photos leaning to A
+    assert (one.label, one.verdict, one.probability, one.expert, one.agreeing) == ("C", "confident", 1.0, 1, 0)
+    assert one.reason == "the expert labelled 1 of 4 photos: 1 C" and one.top_k == model.top_k  # the model's kept beside it
+    two = diagnose(rows, 38, expert={rows[0].sha256: "B", rows[1].sha256: "A", rows[3].sha256: "A", "f" * 64: "B"})
+    assert (two.label, two.expert, two.agreeing) == ("A", 3, 4) and two.probability == pytest.approx(2 / 3)
+    assert two.reason == "the expert labelled 3 of 4 photos: 2 A, 1 B"  # a label of another plant's photo does not count
+    assert two.as_dict()["expert"] == 3
 
 
 def test_a_photo_belongs_to_the_plant_of_the_inbox_subfolder_it_arrived_in(tmp_path):
@@ -183,6 +199,26 @@ def test_photos_classified_under_one_plant_name_go_to_its_inbox_folder(state):
         r = c.post("/api/v1/classify", params={"wait": 0, "plant": "tree 7"}, content=photo.read_bytes(), headers=auth)
         assert r.status_code == 202
     assert len(list((state / "inbox" / "tree 7").iterdir())) == 2
+
+
+def test_a_plant_the_expert_labelled_shows_the_experts_label_on_its_page_in_the_api_and_on_the_photos_page(state):
+    from .web_helpers import client
+
+    c = client(state)
+    tree2 = c.get("/api/v1/plants/tree-2").json()
+    assert tree2["expert"] == 0 and tree2["verdict"] == "unsure"
+    sha = tree2["results"][1]["sha256"]  # the photo the model was sure showed cedar apple rust
+    db = ResultsDB(state / "results.sqlite")
+    db.mark_expert(sha, "Apple___Black_rot", "")
+    db.close()
+    tree2 = c.get("/api/v1/plants/tree-2").json()
+    assert (tree2["label"], tree2["verdict"], tree2["expert"]) == ("Apple___Black_rot", "confident", 1)
+    assert tree2["reason"] == "the expert labelled 1 of 2 photos: 1 Apple___Black_rot"
+    assert next(p for p in c.get("/api/v1/plants").json()["plants"] if p["plant"] == "tree-2")["expert"] == 1
+    section = c.get("/plants").text.split('data-plant="tree-2"')[1].split("</section>")[0]
+    assert "labelled by the expert" in section and "expert: Apple · Black rot" in section and "best guess" not in section
+    assert c.get(f"/photo/{sha}").text.split('id="expert-label">')[1].startswith("Apple · Black rot")
+    assert 'id="expert-label"' not in c.get(f"/photo/{tree2['results'][0]['sha256']}").text
 
 
 def test_the_plants_page_shows_each_plant_its_verdict_and_its_photos(state):

@@ -200,10 +200,32 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         wait_until(
             lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results WHERE plant = 'tree 1'")[0][0] == 3, 60, "the plant's photos"
         )
+        # and a plant whose photo the expert labelled: the expert's label is its diagnosis
+        tree2 = daemon.inbox / "tree 2"
+        tree2.mkdir()
+        for i, p in enumerate(sorted(GATE.glob("*/*.jpg"))[-2:]):
+            img = cv2.imread(str(p))
+            cv2.imwrite(str(tree2 / f"leaf-{i}.jpg"), cv2.GaussianBlur(img, (0, 0), 6) // 2 + 40)  # blurred and dim: unsure
+        wait_until(
+            lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results WHERE plant = 'tree 2'")[0][0] == 2, 60, "the second plant's photos"
+        )
+        queued = db_rows(
+            daemon.state,
+            "SELECT q.photo_id FROM label_queue q JOIN results r ON r.sha256 = q.sha256 WHERE r.plant = 'tree 2' AND q.kind = 'review'",
+        )
+        assert queued, "neither blurred photo went to the review pool"
+        subprocess.run(
+            [sys.executable, "-m", "edge_agent", "review", "label", "--state-dir", str(daemon.state), queued[0][0], "Apple___Black_rot"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         browser.get(base + "/plants")
         wait.until(_images_loaded)
         plant = browser.find_element(By.CSS_SELECTOR, 'section.plant[data-plant="tree 1"]')
         assert "3 photos" in plant.text and len(plant.find_elements(By.CSS_SELECTOR, ".card")) == 3
+        labelled = browser.find_element(By.CSS_SELECTOR, 'section.plant[data-plant="tree 2"]').text
+        assert "labelled by the expert" in labelled and "expert: Apple · Black rot" in labelled
         browser.save_screenshot(str(shots / "plants.png"))
 
         for page in ("engines", "health"):

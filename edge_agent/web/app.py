@@ -133,9 +133,11 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 404, "no such photo")
         found = ctx.reader.photo(sha)
         queued = ctx.reader.queue_file(sha)
+        said = ctx.reader.expert_labels([sha]).get(sha) if found else None
         name = request.query_params.get("name", "")
         quarantined = ctx.reader.quarantined(name) if name and found is None else None
-        return page(request, "photo.html", sha=sha, photo=found, queued=queued[0] if queued else None, quarantined=quarantined, name=name)
+        queued = queued[0] if queued else None
+        return page(request, "photo.html", sha=sha, photo=found, queued=queued, said=said, quarantined=quarantined, name=name)
 
     async def image(request: Request) -> Response:
         size, sha = request.path_params["size"], request.path_params["sha"]
@@ -199,10 +201,10 @@ def create_app(ctx: WebContext) -> Starlette:
             out, k = [], len(ctx.classes())
             for name, _, last in ctx.reader.plants(50):
                 rows = ctx.reader.plant(name)
-                d = diagnose(rows, k, ctx.cfg.labels.pseudo_threshold)
-                out.append(
-                    {"plant": name, "rows": rows, "last_local": datetime.fromtimestamp(last).strftime("%Y-%m-%d %H:%M"), **d.as_dict()}
-                )
+                said = ctx.reader.expert_labels([r.sha256 for r in rows])
+                d = diagnose(rows, k, ctx.cfg.labels.pseudo_threshold, said)
+                last_local = datetime.fromtimestamp(last).strftime("%Y-%m-%d %H:%M")
+                out.append({"plant": name, "rows": rows, "said": said, "last_local": last_local, **d.as_dict()})
             return out
 
         return page(request, "plants.html", plants=await run_in_threadpool(read))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
@@ -91,6 +92,14 @@ class Reader:
     def plant(self, name: str) -> list[ResultRow]:
         """One plant's photos, oldest first."""
         return [_photo(r) for r in self._rows(f"SELECT {self._columns()} FROM results WHERE plant = ? ORDER BY id", (name,))]
+
+    def expert_labels(self, sha256s: Collection[str]) -> dict[str, str]:
+        """The expert's label of each of these photos that has one (sha256 -> class)."""
+        shas, out = list(sha256s), {}
+        for i in range(0, len(shas), 500):  # SQLite's bound parameters per statement
+            part = shas[i : i + 500]
+            out.update(self._rows(f"SELECT sha256, label FROM expert_labels WHERE sha256 IN ({','.join('?' * len(part))})", part))
+        return out
 
     def queue_file(self, sha256: str) -> tuple[str, str] | None:
         """(kind, file) of the photo's label-queue entry, if it has one."""

@@ -234,12 +234,13 @@ class PlantOut(BaseModel):
 
     plant: str = Field(description="Its name: the inbox subfolder its photos arrived in.")
     photos: int
-    label: str = Field(description="The class its photos point to together.")
-    probability: float = Field(description="The combined probability of that class.")
+    label: str = Field(description="The class its photos point to together; where the expert labelled any, the expert's.")
+    probability: float = Field(description="The combined probability of that class (of the expert's labels, the share naming it).")
     verdict: Literal["confident", "unsure", "unknown"] = Field(description="The plant's verdict.")
     reason: str = Field(description="Why that verdict, in words.")
     agreeing: int = Field(description="Photos whose own answer is the plant's class.")
-    top_k: list[tuple[str, float]]
+    top_k: list[tuple[str, float]] = Field(description="The model's classes, its photos combined.")
+    expert: int = Field(0, description="Its photos the expert labelled (0: the diagnosis is the model's).")
     last: datetime = Field(description="When its newest photo was classified (UTC).")
     results: list[Result] | None = Field(None, description="Its photos' own results (one plant's page only).")
 
