@@ -219,6 +219,8 @@ def test_a_plant_the_expert_labelled_shows_the_experts_label_on_its_page_in_the_
     assert "labelled by the expert" in section and "expert: Apple · Black rot" in section and "best guess" not in section
     assert c.get(f"/photo/{sha}").text.split('id="expert-label">')[1].startswith("Apple · Black rot")
     assert 'id="expert-label"' not in c.get(f"/photo/{tree2['results'][0]['sha256']}").text
+    cards = {card.split('"')[0]: card for card in c.get("/photos").text.split('<li class="card" data-sha="')[1:]}
+    assert "expert: Apple · Black rot" in cards[sha] and sum("expert:" in card for card in cards.values()) == 1
 
 
 def test_the_plants_page_shows_each_plant_its_verdict_and_its_photos(state):

@@ -119,6 +119,7 @@ def create_app(ctx: WebContext) -> Starlette:
             request,
             "photos.html",
             photos=rows,
+            said=ctx.reader.expert_labels([r.sha256 for r in rows]),
             total=total,
             page=pg,
             pages=max(1, -(-total // size)),
