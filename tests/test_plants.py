@@ -221,6 +221,10 @@ def test_a_plant_the_expert_labelled_shows_the_experts_label_on_its_page_in_the_
     assert 'id="expert-label"' not in c.get(f"/photo/{tree2['results'][0]['sha256']}").text
     cards = {card.split('"')[0]: card for card in c.get("/photos").text.split('<li class="card" data-sha="')[1:]}
     assert "expert: Apple · Black rot" in cards[sha] and sum("expert:" in card for card in cards.values()) == 1
+    assert [r["expert_label"] for r in c.get("/api/v1/plants/tree-2").json()["results"]] == [None, "Apple___Black_rot"]
+    assert c.get(f"/api/v1/results/{sha}").json()["expert_label"] == "Apple___Black_rot"
+    listed = {r["sha256"]: r["expert_label"] for r in c.get("/api/v1/results?size=50").json()["results"]}
+    assert listed[sha] == "Apple___Black_rot" and sum(v is not None for v in listed.values()) == 1
 
 
 def test_the_plants_page_shows_each_plant_its_verdict_and_its_photos(state):

@@ -74,7 +74,8 @@ async def results(ctx: WebContext, request: Request) -> s.ResultsPage:
     filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict)
     page, size = parse_int(q.get("page")), parse_int(q.get("size"), default=ctx.cfg.web.page_size, hi=MAX_PAGE_SIZE)
     rows, total = await run_in_threadpool(ctx.reader.recent, filters, page, max(1, size))
-    return s.ResultsPage(total=total, page=page, size=max(1, size), results=[s.Result.of(r) for r in rows])
+    said = await run_in_threadpool(ctx.reader.expert_labels, [r.sha256 for r in rows])
+    return s.ResultsPage(total=total, page=page, size=max(1, size), results=[s.Result.of(r, said.get(r.sha256)) for r in rows])
 
 
 async def result(ctx: WebContext, request: Request) -> s.Result:
@@ -84,7 +85,8 @@ async def result(ctx: WebContext, request: Request) -> s.Result:
     row = await run_in_threadpool(ctx.reader.photo, sha)
     if row is None:
         raise Refused(404, f"no result for {sha}: not classified (yet), or never seen")
-    return s.Result.of(row)
+    said = await run_in_threadpool(ctx.reader.expert_labels, [sha])
+    return s.Result.of(row, said.get(sha))
 
 
 async def classify(ctx: WebContext, request: Request) -> s.Result | Response:
@@ -137,7 +139,7 @@ def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: in
     return s.PlantOut(
         plant=name,
         last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
-        results=[s.Result.of(r) for r in rows] if with_results else None,
+        results=[s.Result.of(r, said.get(r.sha256)) for r in rows] if with_results else None,
         **d.as_dict(),
     )
 

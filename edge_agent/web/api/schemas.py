@@ -62,9 +62,10 @@ class Result(BaseModel):
     created: datetime = Field(description="When the result was recorded (UTC).")
     page: str = Field(description="The photo's page on this web server.")
     plant: str | None = Field(None, description="The plant it shows (the inbox subfolder it arrived in), if any.")
+    expert_label: str | None = Field(None, description="The expert's label of it, where it has one (the truth the trainer learns).")
 
     @classmethod
-    def of(cls, row: ResultRow) -> Result:
+    def of(cls, row: ResultRow, expert_label: str | None = None) -> Result:
         from pathlib import Path
 
         return cls(
@@ -82,6 +83,7 @@ class Result(BaseModel):
             created=datetime.fromtimestamp(row.created, timezone.utc),
             page=f"/photo/{row.sha256}",
             plant=row.plant,
+            expert_label=expert_label,
         )
 
 
