@@ -149,6 +149,7 @@ def _results(args: argparse.Namespace) -> int:
             f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
             f"{row['engine_version']}  {row['path_now'] or (row['path'] + ' (no longer kept)' if row['path'] else row['source'])}"
             + (f"  ({row['verdict_reason']})" if row["verdict_reason"] else "")
+            + (f"  expert: {row['expert_label']}" if row["expert_label"] else "")
         ),
         flush=False,
     )

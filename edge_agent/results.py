@@ -386,6 +386,7 @@ class ResultsDB:
             f" {said_why} FROM results WHERE created >= ? ORDER BY id",
             (since or 0.0,),
         )
+        said = self.expert_labels()
         for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason in rows:
             yield {
                 "photo_id": pid,
@@ -400,7 +401,17 @@ class ResultsDB:
                 "engine_version": ev,
                 "timings_ms": json.loads(timings),
                 "created": iso(created),
+                "expert_label": said.get(sha),
             }
+
+    def expert_labels(self) -> dict[str, str]:
+        """The expert's label of every photo that has one (sha256 -> class; none from a ledger older than the table)."""
+        try:
+            return dict(self._query("SELECT sha256, label FROM expert_labels"))
+        except sqlite3.OperationalError as exc:
+            if missing_table(self._db, exc):
+                return {}
+            raise
 
     def counts(self) -> dict:
         q = self._query

@@ -304,3 +304,31 @@ def test_edge_agent_status_says_how_many_of_each_classs_answers_were_sure(tmp_pa
     st = json.loads(capsys.readouterr().out)
     assert st["per_class"] == {"Apple___Apple_scab": 3, "Apple___healthy": 2}
     assert st["per_class_confident"] == {"Apple___Apple_scab": 1, "Apple___healthy": 2}
+
+
+def test_edge_agent_results_prints_the_experts_label_and_reads_a_ledger_from_before_expert_labels(tmp_path, capsys):
+    import sqlite3
+
+    from edge_agent.cli import main
+    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.state import StateLayout
+
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    db = ResultsDB(layout.db)
+    rows = [
+        ResultRow(c * 64, f"p{i}", f"/inbox/{i}.jpg", "folder", "Apple___Apple_scab", 0.6, [["Apple___Apple_scab", 0.6]], "v4000", {})
+        for i, c in enumerate("ab")
+    ]
+    db.commit(rows)
+    db.mark_expert("b" * 64, "Apple___Black_rot", "")
+    db.close()
+    assert main(["results", "--state-dir", str(layout.root)]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert "expert:" not in first and second.endswith("  expert: Apple___Black_rot")
+    assert main(["results", "--json", "--state-dir", str(layout.root)]) == 0
+    assert [json.loads(line)["expert_label"] for line in capsys.readouterr().out.splitlines()] == [None, "Apple___Black_rot"]
+    with sqlite3.connect(layout.db) as con:
+        con.execute("DROP TABLE expert_labels")  # a ledger an older daemon wrote, opened read-only
+    assert main(["results", "--json", "--state-dir", str(layout.root)]) == 0
+    assert [json.loads(line)["expert_label"] for line in capsys.readouterr().out.splitlines()] == [None, None]
