@@ -121,6 +121,13 @@ class ClassifySection(Section):
         description='The crops grown here, as the class names begin ("Apple", "Corn_(maize)"): answers are chosen '
         "among their classes only; empty: every class the model knows.",
     )
+    plant_max_photos: int = Field(
+        12,
+        ge=0,
+        le=10_000,
+        description="An inbox subfolder with more photos than this is not one plant (a synced camera folder): its "
+        "photos are judged and alert one by one; 0: no limit.",
+    )
 
 
 class DaemonSection(Section):

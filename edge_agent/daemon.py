@@ -204,6 +204,7 @@ class Daemon:
             num_classes=lambda: len(self.pipeline.classifier.engine.classes),  # the one serving, after any swap
             sure=cfg.labels.pseudo_threshold,
             start_after=self._results_before_start,
+            plant_max_photos=cfg.classify.plant_max_photos,
         )
         self.alerts.start()
 

@@ -13,7 +13,9 @@ the photos the class was trained on, which a product of probabilities cannot: me
 alone made plants of an unknown disease sure); otherwise ``unsure``, with the reason (the photos disagree, or the
 evidence is not enough).
 
-Where the expert has labelled any of the plant's photos, the expert's word is the plant's diagnosis (the label named
+A subfolder with more photos than ``[classify] plant_max_photos`` (12) is not taken as one plant (a camera's folder
+synced into the inbox would otherwise be one "plant" of thousands of photos, alerting once in its life): its photos
+are judged, and alert, one by one, and the Plants page says why. Where the expert has labelled any of the plant's photos, the expert's word is the plant's diagnosis (the label named
 most, ``confident``, with how many photos said what), the model's combined classes kept beside it.
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from edge_agent.log import display_name
 
-__all__ = ["PlantDiagnosis", "combine", "diagnose", "plant_of", "PLANT_NAME"]
+__all__ = ["PlantDiagnosis", "combine", "diagnose", "plant_of", "too_many", "PLANT_NAME"]
 
 #: A plant's name as the API takes it: a folder name in the inbox (no path, no hidden file).
 PLANT_NAME = r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}"
@@ -112,10 +114,23 @@ def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classe
     return PlantDiagnosis(label, prob, verdict, reason, n, agreeing, ranked[:top])
 
 
-def diagnose(rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str] | None = None) -> PlantDiagnosis:
+def too_many(photos: int, limit: int) -> bool:
+    """Whether a folder of ``photos`` is past ``[classify] plant_max_photos`` (``limit``; 0: none): not one plant."""
+    return 0 < limit < photos
+
+
+def diagnose(rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str] | None = None, limit: int = 0) -> PlantDiagnosis:
     """:func:`combine` over a plant's stored results (:class:`edge_agent.results.ResultRow`); where the expert labelled
-    any of its photos (``expert``: sha256 -> class), the expert's word is the plant's diagnosis instead."""
+    any of its photos (``expert``: sha256 -> class), the expert's word is the plant's diagnosis instead. A folder of
+    more than ``limit`` photos is no plant: its answers are not combined into a verdict (``unsure``, saying so)."""
     model = combine([(r.top_k, r.verdict) for r in rows], num_classes, sure)
+    if too_many(len(rows), limit):  # nor does one photo's expert label speak for the folder
+        return replace(
+            model,
+            verdict="unsure",
+            reason=f"{len(rows)} photos, more than [classify] plant_max_photos ({limit}): not taken as one plant, its "
+            "photos are judged one by one (a folder of many plants?)",
+        )
     said = [expert[r.sha256] for r in rows if expert and r.sha256 in expert]
     if not said:
         return model

@@ -130,6 +130,46 @@ def test_a_plant_alerts_once_on_its_combined_diagnosis_however_many_photos_it_ha
     db.close()
 
 
+def test_a_folder_of_more_photos_than_a_plant_has_alerts_photo_by_photo_and_the_page_says_why(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [], db.path, tmp_path, "orchard", plant_max_photos=3)
+    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, 3, verdict="confident")  # three photos: still a plant
+    w.scan()
+    assert [label for label, _ in _alerts(tmp_path)] == ["Apple___Apple_scab"]  # once for the plant
+    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, 1, verdict="confident")  # the fourth: a synced camera folder
+    _plant_rows(db, "Camera", "Apple___Black_rot", 0.97, 2, verdict="confident")
+    w.scan()
+    alerts = _alerts(tmp_path)  # each photo past the third alone (as a plant: no more alert, the folder says scab)
+    assert [label for label, _ in alerts] == ["Apple___Apple_scab"] * 2 + ["Apple___Black_rot"] * 2
+    assert [c for _, c in alerts[1:]] == pytest.approx([0.95, 0.97, 0.97])
+    w.stop()
+    rows = [r for r in ResultsDB(db.path, readonly=True).results()]
+    assert len(rows) == 6
+    folder = [
+        ResultRow(
+            r["sha256"], r["photo_id"], r["path"], "inbox", r["label"], r["confidence"], r["top_k"], "v1", {}, 0.0, "confident", "Camera"
+        )
+        for r in rows
+    ]
+    d = diagnose(folder, 38, limit=3, expert={folder[0].sha256: "Apple___healthy"})
+    assert d.verdict == "unsure" and "plant_max_photos (3)" in d.reason and d.expert == 0  # nor does one label speak for it
+    assert diagnose(folder[:3], 38, limit=3).verdict == "confident" and diagnose(folder, 38, limit=0).reason != d.reason
+    db.close()
+
+
+def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_newest_photos(state):
+    from edge_agent.web import app
+
+    from .web_helpers import client
+
+    db = ResultsDB(state / "results.sqlite")
+    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, app.PLANT_CARDS + 2, verdict="confident")
+    db.close()
+    section = client(state).get("/plants").text.split('data-plant="Camera"')[1].split("</section>")[0]
+    assert "not taken as one plant" in section and "plant_max_photos (12)" in section
+    assert section.count('class="card"') == app.PLANT_CARDS and "and 2 older photos" in section
+
+
 def test_a_plants_alert_says_why_from_its_photos_together(tmp_path):
     import json
     import sqlite3

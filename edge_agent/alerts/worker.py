@@ -27,7 +27,7 @@ from edge_agent.alerts.messages import Topics, alert_body, describe_class, diagn
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
-from edge_agent.plants import combine
+from edge_agent.plants import combine, too_many
 from edge_agent.results import keeps_reasons, missing_table
 from edge_agent.worker import Worker, spawn
 
@@ -58,14 +58,17 @@ class AlertWorker(Worker):
         num_classes: Callable[[], int] = lambda: 38,
         sure: float = 0.9,
         start_after: int | None = None,
+        plant_max_photos: int = 0,
     ) -> None:
         """``num_classes``: how many classes the engine in service has; ``sure``: [labels] pseudo_threshold (a plant's
-        combined diagnosis, :mod:`edge_agent.plants`, uses both); ``start_after``: on the first start (no cursor
+        combined diagnosis, :mod:`edge_agent.plants`, uses both); ``plant_max_photos``: [classify]'s (a folder of more
+        photos alerts photo by photo); ``start_after``: on the first start (no cursor
         yet), the last result not to alert on (default: the newest now), so a daemon that started classifying before
         the worker misses none of its own results."""
         super().__init__()
         self.section, self.device = alerts, device
-        self.num_classes, self.sure = num_classes, sure
+        self.num_classes, self.sure, self.plant_max_photos = num_classes, sure, plant_max_photos
+        self._not_plants: set[str] = set()  # folders found past plant_max_photos (logged once each)
         self.rules = AlertRules(alerts, crops)
         self._crops_read = 0.0
         self.results_db = Path(results_db)
@@ -177,13 +180,22 @@ class AlertWorker(Worker):
         return "COALESCE(verdict_reason, '')" if self._has_reason else "''"
 
     def _as_plant(self, c: Candidate, plant: str) -> Candidate | None:
-        """``c`` as its plant's diagnosis from every photo of it so far; None once the plant has alerted for that class."""
-        answers = [
-            (json.loads(k), v)
-            for k, v in self._results(
-                "SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? AND id <= ?", (plant, c.result_id)
+        """``c`` as its plant's diagnosis from every photo of it so far; None once the plant has alerted for that class;
+        ``c`` itself from a folder past ``plant_max_photos`` (no plant: its photos alert one by one)."""
+        limit = self.plant_max_photos
+        if plant in self._not_plants:
+            return c
+        sql = "SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? AND id <= ? ORDER BY id"
+        answers = [(json.loads(k), v) for k, v in self._results(sql + (f" LIMIT {limit + 1}" if limit else ""), (plant, c.result_id))]
+        if too_many(len(answers), limit):
+            self._not_plants.add(plant)
+            self.log.warning(
+                "folder_not_a_plant",
+                plant=plant,
+                photos=f"more than {limit}",
+                fix="one folder a plant, or raise [classify] plant_max_photos",
             )
-        ]
+            return c
         d = combine(answers, self.num_classes(), self.sure)
         if self.outbox.get(f"plant-alerted:{plant}:{d.label}"):
             return None

@@ -68,6 +68,10 @@ def local_time(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+#: The most photos of one plant the Plants page shows.
+PLANT_CARDS = 48
+
+
 def shown_name(row) -> str:
     """A result's photo as people know it: the file name it arrived under, else its source (a camera)."""
     return Path(row.path).name if row.path else row.source
@@ -203,9 +207,12 @@ def create_app(ctx: WebContext) -> Starlette:
             for name, _, last in ctx.reader.plants(50):
                 rows = ctx.reader.plant(name)
                 said = ctx.reader.expert_labels([r.sha256 for r in rows])
-                d = diagnose(rows, k, ctx.cfg.labels.pseudo_threshold, said)
+                d = diagnose(rows, k, ctx.cfg.labels.pseudo_threshold, said, ctx.cfg.classify.plant_max_photos)
                 last_local = datetime.fromtimestamp(last).strftime("%Y-%m-%d %H:%M")
-                out.append({"plant": name, "rows": rows, "said": said, "last_local": last_local, **d.as_dict()})
+                shown = rows[-PLANT_CARDS:]  # a folder of thousands (no plant) shows its newest
+                out.append(
+                    {"plant": name, "rows": shown, "older": len(rows) - len(shown), "said": said, "last_local": last_local, **d.as_dict()}
+                )
             return out
 
         return page(request, "plants.html", plants=await run_in_threadpool(read))

@@ -135,7 +135,7 @@ def _plant_folder(ctx: WebContext, plant: str | None):
 # ---- plants -----------------------------------------------------------------------
 def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: int | None = None) -> s.PlantOut:
     said = ctx.reader.expert_labels([r.sha256 for r in rows])
-    d = diagnose(rows, num_classes or len(ctx.classes()), ctx.cfg.labels.pseudo_threshold, said)
+    d = diagnose(rows, num_classes or len(ctx.classes()), ctx.cfg.labels.pseudo_threshold, said, ctx.cfg.classify.plant_max_photos)
     return s.PlantOut(
         plant=name,
         last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
