@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["DEVICE_NAME", "device_name_problem", "class_name_problem", "CLASS_NAME_MAX", "printable"]
+__all__ = ["DEVICE_NAME", "device_name_problem", "class_name_problem", "CLASS_NAME_MAX", "class_phrase", "describe_class", "printable"]
 
 #: Letters, digits, ``.``, ``_`` and ``-``, at most 64, starting with a letter or digit; matched whole (``fullmatch``:
 #: no trailing newline slips through a ``$``).
@@ -47,3 +47,16 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def describe_class(label: str) -> tuple[str, str]:
+    """(plant, condition) of a class name such as ``Tomato___Late_blight`` -> ("Tomato", "Late blight")."""
+    plant, _, condition = label.partition("___")
+    clean = lambda s: " ".join(s.replace("_", " ").replace(",", ", ").split())  # noqa: E731
+    return clean(plant), clean(condition) or clean(plant)
+
+
+def class_phrase(label: str) -> str:
+    """A class as a sentence names it: ``Tomato___Late_blight`` -> "Late blight (Tomato)" (a one-part name as it is)."""
+    plant, condition = describe_class(label)
+    return condition if condition == plant else f"{condition} ({plant})"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edge_agent.log import display_name
+from edge_agent.names import class_phrase
 
 __all__ = ["PlantDiagnosis", "combine", "diagnose", "plant_of", "too_many", "PLANT_NAME"]
 
@@ -102,9 +103,9 @@ def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classe
     if unknown * 2 > n:
         verdict, reason = "unknown", f"{unknown} of {n} photos are unlike anything the model knows"
     elif against:
-        verdict, reason = "unsure", f"the photos disagree: one is sure of {against[0]}"
+        verdict, reason = "unsure", f"the photos disagree: one is sure of {class_phrase(against[0])}"
     elif agreeing * 2 < n:
-        verdict, reason = "unsure", f"the photos disagree: {agreeing} of {n} name {label}"
+        verdict, reason = "unsure", f"the photos disagree: {agreeing} of {n} name {class_phrase(label)}"
     elif sure_of_it * 2 < n:
         verdict, reason = "unsure", f"{sure_of_it} of {n} photos are sure of it on their own (half are needed)"
     elif prob >= sure:
@@ -136,13 +137,13 @@ def diagnose(rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str
         return model
     named = Counter(said).most_common()  # the most named first; a tie: the one labelled on the earlier photo
     label, k = named[0]
-    also = "".join(f", {n} {c}" for c, n in named[1:])
+    also = "".join(f", {n} {class_phrase(c)}" for c, n in named[1:])
     return replace(
         model,
         label=label,
         probability=k / len(said),
         verdict="confident",
-        reason=f"the expert labelled {len(said)} of {len(rows)} photos: {k} {label}{also}",
+        reason=f"the expert labelled {len(said)} of {len(rows)} photos: {k} {class_phrase(label)}{also}",
         agreeing=sum(bool(r.top_k) and str(r.top_k[0][0]) == label for r in rows),
         expert=len(said),
     )

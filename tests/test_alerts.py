@@ -12,12 +12,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
-from edge_agent.alerts.messages import alert_body, describe_class
+from edge_agent.alerts.messages import alert_body
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate, is_disease
 from edge_agent.alerts.webhook import Webhook, signature
 from edge_agent.alerts.worker import AlertWorker
 from edge_agent.config import ConfigError, parse_config
+from edge_agent.names import describe_class
 from edge_agent.results import ResultRow, ResultsDB
 
 NO_MQTT = MqttSection()

@@ -253,7 +253,7 @@ def test_a_plant_the_expert_labelled_shows_the_experts_label_on_its_page_in_the_
     db.close()
     tree2 = c.get("/api/v1/plants/tree-2").json()
     assert (tree2["label"], tree2["verdict"], tree2["expert"]) == ("Apple___Black_rot", "confident", 1)
-    assert tree2["reason"] == "the expert labelled 1 of 2 photos: 1 Apple___Black_rot"
+    assert tree2["reason"] == "the expert labelled 1 of 2 photos: 1 Black rot (Apple)"
     assert next(p for p in c.get("/api/v1/plants").json()["plants"] if p["plant"] == "tree-2")["expert"] == 1
     section = c.get("/plants").text.split('data-plant="tree-2"')[1].split("</section>")[0]
     assert "labelled by the expert" in section and "expert: Apple · Black rot" in section and "best guess" not in section

@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass
 
 from edge_agent.alerts.rules import Candidate
+from edge_agent.names import class_phrase, describe_class
 
-__all__ = ["Topics", "alert_body", "describe_class", "diagnosis", "encode", "result_body"]
+__all__ = ["Topics", "alert_body", "diagnosis", "encode", "result_body"]
 
 
 @dataclass(frozen=True)
@@ -26,21 +27,13 @@ class Topics:
         raise AttributeError(name)
 
 
-def describe_class(label: str) -> tuple[str, str]:
-    """(plant, condition) of a class name such as ``Tomato___Late_blight`` -> ("Tomato", "Late blight")."""
-    plant, _, condition = label.partition("___")
-    clean = lambda s: " ".join(s.replace("_", " ").replace(",", ", ").split())  # noqa: E731
-    return clean(plant), clean(condition) or clean(plant)
-
-
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) + time.strftime("%z", time.localtime(t))
 
 
 def diagnosis(c: Candidate) -> str:
     """The answer in a few words, as sure as its verdict ("Late blight (Tomato)", "not sure: Late blight (Tomato)?")."""
-    plant, condition = describe_class(c.label)
-    named = condition if condition == plant else f"{condition} ({plant})"
+    named = class_phrase(c.label)
     if c.verdict == "unknown":
         return f"not a plant it knows (best guess {named})"
     return named if c.verdict == "confident" else f"not sure: {named}?"

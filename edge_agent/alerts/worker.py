@@ -23,10 +23,11 @@ from pathlib import Path
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.alerts.homeassistant import discovery
-from edge_agent.alerts.messages import Topics, alert_body, describe_class, diagnosis, encode, result_body
+from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, result_body
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
+from edge_agent.names import class_phrase
 from edge_agent.plants import combine, too_many
 from edge_agent.results import keeps_reasons, missing_table
 from edge_agent.worker import Worker, spawn
@@ -347,7 +348,7 @@ class AlertWorker(Worker):
             for k, v in sorted(seen.items(), key=lambda kv: -kv[1])
             if self.rules.wants(Candidate(0, 0, "", k, 1.0, self.section.verdicts[0], "", ""))
         }
-        lines = [f"{describe_class(k)[1]} ({describe_class(k)[0]}): {v}" for k, v in diseased.items()] or ["no disease seen"]
+        lines = [f"{class_phrase(k)}: {v}" for k, v in diseased.items()] or ["no disease seen"]
         doubts = [
             f"{by_verdict[v]} {said}"
             for v, said in (("unsure", "not sure"), ("unknown", "unlike any plant known"))

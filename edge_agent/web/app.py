@@ -27,6 +27,7 @@ from starlette.templating import Jinja2Templates
 from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
+from edge_agent.names import describe_class
 from edge_agent.plants import diagnose
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
@@ -61,7 +62,8 @@ def verdict_text(verdict: str | None) -> str:
 
 def pretty_class(label: str) -> str:
     """``Tomato___Early_blight`` as people read it: ``Tomato · Early blight``."""
-    return label.replace("___", " · ").replace("_", " ")
+    plant, condition = describe_class(label)
+    return condition if condition == plant else f"{plant} · {condition}"
 
 
 def local_time(ts: float) -> str:

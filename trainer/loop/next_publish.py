@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from edge_agent.names import class_phrase
 from edge_agent.trainer_config import TrainerSection
 from trainer.field_check import held_back
 from trainer.samples import Sample
@@ -31,11 +32,6 @@ class NextPublish:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _pretty(label: str) -> str:
-    plant, _, condition = label.partition("___")
-    return f"{condition.replace('_', ' ').strip()} ({plant.replace('_', ' ')})" if condition else label
 
 
 def _field_plan(samples: list[Sample], every: int, need: int) -> dict[str, int]:
@@ -67,7 +63,7 @@ def plan(samples: list[Sample], counts: dict, tc: TrainerSection) -> NextPublish
             # those labels must also start a retrain: the expert threshold, unless the samples reach theirs first
             total = max(n, min(tc.expert_threshold - new_expert, tc.retrain_threshold - new))
             top = sorted(by_class.items(), key=lambda kv: -kv[1])[:3]
-            which = " and ".join(f"{k} of {_pretty(c)}" for c, k in top)
+            which = " and ".join(f"{k} of {class_phrase(c)}" for c, k in top)
             return NextPublish(
                 f"{total} more expert labels of any class before a new version can be published, soonest {which}: the field check "
                 f"holds {held} of the {tc.field_check_min} photos it needs (every {tc.field_check_every}th label of a class "
