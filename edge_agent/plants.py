@@ -15,8 +15,9 @@ evidence is not enough).
 
 A subfolder with more photos than ``[classify] plant_max_photos`` (12) is not taken as one plant (a camera's folder
 synced into the inbox would otherwise be one "plant" of thousands of photos, alerting once in its life): its photos
-are judged, and alert, one by one, and the Plants page says why. Where the expert has labelled any of the plant's photos, the expert's word is the plant's diagnosis (the label named
-most, ``confident``, with how many photos said what), the model's combined classes kept beside it.
+are judged, and alert, one by one, and the Plants page says why. Where the expert has labelled any of the plant's
+photos, the expert's word is the plant's diagnosis (the label named most, ``confident``, with how many photos said
+what), the model's combined classes kept beside it.
 """
 
 from __future__ import annotations

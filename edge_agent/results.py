@@ -133,9 +133,14 @@ class Arrival(NamedTuple):
     created: float | None
 
     @property
+    def name(self) -> str | None:
+        """The file name it arrived under (None: a camera's frame, or its result is gone)."""
+        return Path(self.path).name if self.path else None
+
+    @property
     def where(self) -> str:
         """The photo as the farmer knows it: its plant and file name (a camera's name for a frame)."""
-        name = Path(self.path).name if self.path else (self.source or "")
+        name = self.name or self.source or ""
         return f"plant {self.plant}: {name}" if self.plant else name
 
 

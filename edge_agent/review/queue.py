@@ -65,7 +65,7 @@ class ReviewItem:
             "verdict": self.verdict,
             "top_k": self.top_k,
             "check": self.check,
-            "name": Path(a.path).name if a.path else None,
+            "name": a.name,
             "source": a.source,
             "plant": a.plant,
             "classified": iso(a.created) if a.created is not None else None,

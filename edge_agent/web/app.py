@@ -28,7 +28,6 @@ from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
 from edge_agent.names import describe_class
-from edge_agent.plants import diagnose
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, to_ask
@@ -208,8 +207,7 @@ def create_app(ctx: WebContext) -> Starlette:
             out, k = [], len(ctx.classes())
             for name, _, last in ctx.reader.plants(50):
                 rows = ctx.reader.plant(name)
-                said = ctx.reader.expert_labels([r.sha256 for r in rows])
-                d = diagnose(rows, k, ctx.cfg.labels.pseudo_threshold, said, ctx.cfg.classify.plant_max_photos)
+                d, said = ctx.plant(rows, k)
                 last_local = datetime.fromtimestamp(last).strftime("%Y-%m-%d %H:%M")
                 shown = rows[-PLANT_CARDS:]  # a folder of thousands (no plant) shows its newest
                 out.append(

@@ -8,6 +8,7 @@ from datetime import date
 from pathlib import Path
 
 from edge_agent.config import AppConfig
+from edge_agent.plants import PlantDiagnosis, diagnose
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, wanted_classes
 from edge_agent.rollback import RollbackOutcome
@@ -37,6 +38,11 @@ class WebContext:
 
     def classes(self) -> list[str]:
         return self.store().open(verify=False).classes
+
+    def plant(self, rows: list, num_classes: int) -> tuple[PlantDiagnosis, dict[str, str]]:
+        """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
+        said = self.reader.expert_labels([r.sha256 for r in rows])
+        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, self.cfg.classify.plant_max_photos), said
 
     def db(self, readonly: bool = True) -> ResultsDB | None:
         if not self.state.db.is_file():

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
-from edge_agent.plants import PLANT_NAME, diagnose
+from edge_agent.plants import PLANT_NAME
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web.api import schemas as s
@@ -134,8 +134,7 @@ def _plant_folder(ctx: WebContext, plant: str | None):
 
 # ---- plants -----------------------------------------------------------------------
 def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: int | None = None) -> s.PlantOut:
-    said = ctx.reader.expert_labels([r.sha256 for r in rows])
-    d = diagnose(rows, num_classes or len(ctx.classes()), ctx.cfg.labels.pseudo_threshold, said, ctx.cfg.classify.plant_max_photos)
+    d, said = ctx.plant(rows, num_classes or len(ctx.classes()))
     return s.PlantOut(
         plant=name,
         last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
