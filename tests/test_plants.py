@@ -274,3 +274,55 @@ def test_the_plants_page_shows_each_plant_its_verdict_and_its_photos(state):
     assert page.status_code == 200
     assert 'data-plant="tree-1"' in page.text and 'data-plant="tree-2"' in page.text and "the photos disagree" in page.text
     time.sleep(0)
+
+
+def test_each_plant_has_a_page_of_its_own_linked_from_the_plants_page_its_photos_and_the_review_page(state):
+    import sqlite3
+
+    from .web_helpers import client
+
+    c = client(state)
+    one = c.get("/plants/tree-1")
+    assert one.status_code == 200 and '<h1><a href="/plants/tree-1">tree-1</a>' in one.text
+    assert one.text.count('class="card"') == 3 and 'data-plant="tree-2"' not in one.text
+    assert 'href="/plants/tree-2"' in c.get("/plants").text
+    sha = c.get("/api/v1/plants/tree-1").json()["results"][0]["sha256"]
+    assert 'id="plant-link" href="/plants/tree-1"' in c.get(f"/photo/{sha}").text
+    with sqlite3.connect(state / "results.sqlite") as con:  # a question in the review pool about a photo of "tree 7"
+        con.execute("UPDATE results SET plant = 'tree 7' WHERE photo_id IN ('p0', 'p1')")
+        loose = con.execute("SELECT sha256 FROM results WHERE plant IS NULL").fetchone()[0]
+    assert 'id="plant-link"' not in c.get(f"/photo/{loose}").text  # a photo of no plant names none
+    caption = c.get("/review").text.split('id="arrival">')[1].split("</span>")[0]
+    assert caption.startswith('plant <a href="/plants/tree%207" id="arrival-plant">tree 7</a>: ')
+    seven = c.get("/plants/tree%207")
+    assert seven.status_code == 200 and "<title>Plant tree 7" in seven.text and seven.text.count('class="card"') == 2
+
+
+def test_a_plant_with_no_photos_is_a_page_that_says_what_a_plant_is(state):
+    from .web_helpers import client
+
+    missing = client(state).get("/plants/tree-9")
+    assert missing.status_code == 404 and "No photos of a plant named &#39;tree-9&#39;" in missing.text
+    assert "a folder in the inbox" in missing.text
+
+
+def test_the_plants_page_lists_the_most_recent_plants_and_finds_the_others_by_name_as_the_api_does(state):
+    from edge_agent.web import app
+
+    from .web_helpers import client
+
+    db = ResultsDB(state / "results.sqlite")
+    for i in range(app.PLANTS_SHOWN + 3):
+        _plant_rows(db, f"Row-{i:02d}", "Apple___Apple_scab", 0.95, 1, verdict="confident")
+    db.close()
+    c = client(state)
+    page = c.get("/plants").text
+    total = app.PLANTS_SHOWN + 5  # and tree-1, tree-2: the oldest, not listed
+    assert page.count('<section class="plant"') == app.PLANTS_SHOWN and f"of {total} plants" in page
+    assert f'<h1>Plants <span class="muted">({total})</span>' in page and 'data-plant="tree-1"' not in page
+    found = c.get("/plants", params={"q": "TREE"}).text
+    assert found.count('<section class="plant"') == 2 and 'data-plant="tree-1"' in found and 'id="plants-shown"' not in found
+    assert [p["plant"] for p in c.get("/api/v1/plants", params={"q": "row-0"}).json()["plants"]] == [f"Row-0{i}" for i in range(9, -1, -1)]
+    none = c.get("/plants", params={"q": "%"}).text  # no wildcard: the text as typed
+    assert "No plant's name holds “%”" in none and '<section class="plant"' not in none
+    assert c.get("/api/v1/plants", params={"q": "x" * 65}).status_code == 400

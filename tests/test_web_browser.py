@@ -227,6 +227,15 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         labelled = browser.find_element(By.CSS_SELECTOR, 'section.plant[data-plant="tree 2"]').text
         assert "labelled by the expert" in labelled and "expert: Apple · Black rot" in labelled
         browser.save_screenshot(str(shots / "plants.png"))
+        browser.find_element(By.CSS_SELECTOR, 'section.plant[data-plant="tree 2"] h2 a').click()  # the plant's own page
+        wait.until(lambda b: b.current_url.endswith("/plants/tree%202"))
+        wait.until(_images_loaded)
+        assert (
+            browser.find_element(By.TAG_NAME, "h1").text.startswith("tree 2") and len(browser.find_elements(By.CSS_SELECTOR, ".card")) == 2
+        )
+        browser.save_screenshot(str(shots / "plant.png"))
+        browser.find_element(By.CSS_SELECTOR, ".card a").click()  # one of its photos links back to it
+        assert browser.find_element(By.ID, "plant-link").text == "tree 2"
 
         for page in ("engines", "health"):
             browser.get(f"{base}/{page}")

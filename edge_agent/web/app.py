@@ -71,6 +71,8 @@ def local_time(ts: float) -> str:
 
 #: The most photos of one plant the Plants page shows.
 PLANT_CARDS = 48
+#: The most plants the Plants page lists (the most recently photographed; a name search finds the others).
+PLANTS_SHOWN = 50
 
 
 def shown_name(row) -> str:
@@ -202,20 +204,31 @@ def create_app(ctx: WebContext) -> Starlette:
         fresh = standing("", [], ctx.cfg.labels).needed  # right checks a class never checked needs
         return page(request, "trust.html", rows=rows, confusion=table, columns=columns, labels=labels, policy=ctx.cfg.labels, fresh=fresh)
 
-    async def plants(request: Request) -> Response:
-        def read() -> list[dict]:
-            out, k = [], len(ctx.classes())
-            for name, _, last in ctx.reader.plants(50):
-                rows = ctx.reader.plant(name)
-                d, said = ctx.plant(rows, k)
-                last_local = datetime.fromtimestamp(last).strftime("%Y-%m-%d %H:%M")
-                shown = rows[-PLANT_CARDS:]  # a folder of thousands (no plant) shows its newest
-                out.append(
-                    {"plant": name, "rows": shown, "older": len(rows) - len(shown), "said": said, "last_local": last_local, **d.as_dict()}
-                )
-            return out
+    def plant_view(name: str, rows: list, k: int) -> dict:
+        """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
+        d, said = ctx.plant(rows, k)
+        shown = rows[-PLANT_CARDS:]
+        last_local = datetime.fromtimestamp(max(r.created for r in rows)).strftime("%Y-%m-%d %H:%M")
+        return {"plant": name, "rows": shown, "older": len(rows) - len(shown), "said": said, "last_local": last_local, **d.as_dict()}
 
-        return page(request, "plants.html", plants=await run_in_threadpool(read))
+    async def plants(request: Request) -> Response:
+        match = request.query_params.get("q", "").strip()[:64]
+
+        def read() -> tuple[list[dict], int]:
+            k = len(ctx.classes())
+            found = [plant_view(name, ctx.reader.plant(name), k) for name, _, _ in ctx.reader.plants(PLANTS_SHOWN, match)]
+            return found, (ctx.reader.plant_count(match) if len(found) == PLANTS_SHOWN else len(found))
+
+        found, total = await run_in_threadpool(read)
+        return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN)
+
+    async def plant(request: Request) -> Response:
+        name = request.path_params["plant"]
+        rows = await run_in_threadpool(ctx.reader.plant, name)
+        if not rows:
+            why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
+            return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
+        return page(request, "plant.html", pl=await run_in_threadpool(plant_view, name, rows, len(ctx.classes())))
 
     # ---- engines ------------------------------------------------------------
     async def engines(request: Request) -> Response:
@@ -344,6 +357,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/review/label", review_label, methods=["POST"]),
         Route("/trust", trust),
         Route("/plants", plants),
+        Route("/plants/{plant}", plant),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

@@ -51,6 +51,13 @@ def _photo(row: tuple) -> ResultRow:
     return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, plant, reason)
 
 
+def _plant_match(match: str) -> tuple[str, tuple]:
+    """The condition for plants whose name holds ``match`` in any case (every plant when it is empty)."""
+    if not match:
+        return "plant IS NOT NULL", ()
+    return "plant IS NOT NULL AND instr(lower(plant), ?) > 0", (match.lower(),)
+
+
 class Reader:
     """Read-only queries on ``results.sqlite`` (an absent database reads as empty)."""
 
@@ -82,12 +89,19 @@ class Reader:
         rows = self._rows(f"SELECT {self._columns()} FROM results WHERE sha256 = ?", (sha256,))
         return _photo(rows[0]) if rows else None
 
-    def plants(self, limit: int = 50) -> list[tuple[str, int, float]]:
-        """The plants photographed, the most recent first: (name, photos, the newest photo's time)."""
+    def plants(self, limit: int = 50, match: str = "") -> list[tuple[str, int, float]]:
+        """The plants photographed, the most recent first: (name, photos, the newest photo's time); only those whose name
+        holds ``match`` (any case) when it is given."""
+        where, args = _plant_match(match)
         return self._rows(
-            "SELECT plant, COUNT(*), MAX(created) FROM results WHERE plant IS NOT NULL GROUP BY plant ORDER BY MAX(id) DESC LIMIT ?",
-            (limit,),
+            f"SELECT plant, COUNT(*), MAX(created) FROM results WHERE {where} GROUP BY plant ORDER BY MAX(id) DESC LIMIT ?", (*args, limit)
         )
+
+    def plant_count(self, match: str = "") -> int:
+        """How many plants :meth:`plants` would list with no limit."""
+        where, args = _plant_match(match)
+        rows = self._rows(f"SELECT COUNT(DISTINCT plant) FROM results WHERE {where}", args)
+        return rows[0][0] if rows else 0
 
     def plant(self, name: str) -> list[ResultRow]:
         """One plant's photos, oldest first."""

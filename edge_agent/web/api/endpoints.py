@@ -143,13 +143,17 @@ def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: in
     )
 
 
-def _plants(ctx: WebContext, limit: int) -> s.Plants:
+def _plants(ctx: WebContext, limit: int, match: str) -> s.Plants:
     k = len(ctx.classes())  # read once, not once a plant
-    return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False, k) for name, _, _ in ctx.reader.plants(limit)])
+    return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False, k) for name, _, _ in ctx.reader.plants(limit, match)])
 
 
 async def plants(ctx: WebContext, request: Request) -> s.Plants:
-    return await run_in_threadpool(_plants, ctx, parse_int(request.query_params.get("limit"), default=50, hi=500))
+    q = request.query_params
+    match = q.get("q", "").strip()
+    if len(match) > 64:
+        raise BadParameter("q: at most 64 characters (a plant's name is no longer)")
+    return await run_in_threadpool(_plants, ctx, parse_int(q.get("limit"), default=50, hi=500), match)
 
 
 async def plant(ctx: WebContext, request: Request) -> s.PlantOut:
@@ -319,7 +323,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "The plants photographed (inbox subfolders), the most recent first, each with its combined diagnosis.",
         plants,
         s.Plants,
-        (Param("limit", "query", "At most this many (1 to 500, default 50).", "integer"),),
+        (
+            Param("limit", "query", "At most this many (1 to 500, default 50).", "integer"),
+            Param("q", "query", "Only the plants whose name holds this text, in any case (at most 64 characters)."),
+        ),
     ),
     Endpoint(
         "GET",
