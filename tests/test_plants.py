@@ -326,3 +326,23 @@ def test_the_plants_page_lists_the_most_recent_plants_and_finds_the_others_by_na
     none = c.get("/plants", params={"q": "%"}).text  # no wildcard: the text as typed
     assert "No plant's name holds “%”" in none and '<section class="plant"' not in none
     assert c.get("/api/v1/plants", params={"q": "x" * 65}).status_code == 400
+
+
+def test_photos_uploaded_under_a_plant_name_link_to_its_page_which_waits_for_them_until_they_are_classified(state):
+    from .test_web import _upload
+    from .web_helpers import _photos, client
+
+    c = client(state)
+    r = c.post(
+        "/upload",
+        data={"csrf": c.get("/upload").text.split('name="csrf" value="')[1].split('"')[0], "plant": "tree 8"},
+        files=[("photos", (p.name, p.read_bytes(), "image/jpeg")) for p in _photos(8)[6:8]],
+    )
+    assert r.status_code == 201 and 'id="upload-plant-link"' in r.text and 'href="/plants/tree%208"' in r.text
+    page = c.get("/plants/tree%208")
+    assert page.status_code == 200 and 'http-equiv="refresh"' in page.text
+    assert "2 photos of this plant wait in the inbox" in page.text
+    alone = _upload(c, ("leaf.jpg", _photos(8)[5].read_bytes()))  # no plant: no plant to link to
+    assert alone.status_code == 201 and 'id="upload-plant-link"' not in alone.text
+    (state / "inbox" / "tree 9").mkdir()  # an empty folder is no plant yet
+    assert c.get("/plants/tree%209").status_code == 404 and c.get("/plants/..hidden").status_code == 404

@@ -9,6 +9,7 @@ photos put into the inbox.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from datetime import datetime
@@ -28,6 +29,7 @@ from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
 from edge_agent.names import describe_class
+from edge_agent.plants import PLANT_NAME
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, to_ask
@@ -73,6 +75,17 @@ def local_time(ts: float) -> str:
 PLANT_CARDS = 48
 #: The most plants the Plants page lists (the most recently photographed; a name search finds the others).
 PLANTS_SHOWN = 50
+
+
+def _waiting(inbox: Path, plant: str, most: int = 1000) -> int:
+    """How many files wait in ``plant``'s inbox folder (up to ``most``; 0 for a name that is no folder name)."""
+    folder = inbox / plant
+    if not re.fullmatch(PLANT_NAME, plant) or not folder.is_dir():
+        return 0
+    try:
+        return sum(1 for _, f in zip(range(most), folder.iterdir()) if not f.name.startswith(".") and f.is_file())
+    except OSError:
+        return 0
 
 
 def shown_name(row) -> str:
@@ -226,6 +239,8 @@ def create_app(ctx: WebContext) -> Starlette:
         name = request.path_params["plant"]
         rows = await run_in_threadpool(ctx.reader.plant, name)
         if not rows:
+            if waiting := await run_in_threadpool(_waiting, ctx.inbox, name):  # uploaded a moment ago: not classified yet
+                return page(request, "plant.html", pl=None, name=name, waiting=waiting)
             why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
             return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
         return page(request, "plant.html", pl=await run_in_threadpool(plant_view, name, rows, len(ctx.classes())))
@@ -340,7 +355,8 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 400, "no photo in the upload (field 'photos')")
         stored = [o for o in outcomes if o.status == 201]
         status = 201 if stored else outcomes[0].status
-        return page(request, "upload.html", status=status, cap=cap, outcomes=outcomes)
+        plant = folder.name if stored and folder != ctx.inbox else None
+        return page(request, "upload.html", status=status, cap=cap, outcomes=outcomes, plant=plant)
 
     async def metrics(request: Request) -> Response:
         return Response(await run_in_threadpool(render_metrics, ctx), media_type=METRICS_TYPE)
