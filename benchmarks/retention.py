@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from edge_agent.alerts.outbox import Outbox
+from edge_agent.clock import ClockWatch
 from edge_agent.config import RetentionSection
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.retention import Retention, floor_bytes
@@ -59,7 +60,8 @@ def simulate(root: Path, days: int, per_day: int, photo_kb: int, disk_mb: int, r
 
     clock = {"now": datetime(2026, 1, 1, 6, 0).timestamp()}
     section = RetentionSection()
-    r = Retention(section, layout.root, db, now=lambda: clock["now"], usage=usage)
+    watch = ClockWatch(layout.root / "clock.json", wall=lambda: clock["now"], mono=lambda: clock["now"])  # simulated: no jumps
+    r = Retention(section, layout.root, db, now=lambda: clock["now"], usage=usage, clock=watch)
     review, alerted, least_free, n = [], [], None, 0
     floor = floor_bytes(section, usage(layout.root).total)
     for day in range(days):

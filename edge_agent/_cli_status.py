@@ -66,6 +66,8 @@ def status(args: argparse.Namespace) -> int:
             f"{kept['floor_bytes'] / 2**30:.1f} GiB free ({kept['free_bytes'] / 2**30:.1f} GiB free now); pruned since start: "
             f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
         )
+        if kept.get("clock_note"):
+            print(f"clock: {kept['clock_note']}")
         if kept.get("below_floor"):
             print(f"BELOW THE DISK FLOOR with nothing more of ours to remove; largest here: {kept.get('largest')}")
     if "engine" in out:

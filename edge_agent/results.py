@@ -483,12 +483,16 @@ class ResultsDB:
         marks = ",".join("?" * len(ids))
         return self._query(f"SELECT sha256, created, COALESCE(path, '') FROM results WHERE photo_id IN ({marks})", tuple(ids))
 
-    def prune_results(self, before: float, source: str | None = None, keep: Collection[str] = (), batch: int = 5000) -> int:
-        """Delete result rows older than ``before`` (of ``source`` only, if given), except those whose sha256 is in
-        ``keep``, in batches (the pipeline's commits wait for one batch at most); returns how many went. The newest
-        row always stays: ids are never reused, so a cursor over them (the alerts') never points past a new result."""
-        where = "id > ? AND created < ? AND id < (SELECT MAX(id) FROM results)" + (" AND source = ?" if source is not None else "")
-        extra = (source,) if source is not None else ()
+    def prune_results(
+        self, before: float, source: str | None = None, keep: Collection[str] = (), batch: int = 5000, since: float | None = None
+    ) -> int:
+        """Delete result rows older than ``before`` (and from ``since`` on, if given; of ``source`` only, if given), except
+        those whose sha256 is in ``keep``, in batches (the pipeline's commits wait for one batch at most); returns how
+        many went. The newest row always stays: ids are never reused, so a cursor over them (the alerts') never points
+        past a new result."""
+        where = "id > ? AND created < ? AND id < (SELECT MAX(id) FROM results)"
+        where += (" AND source = ?" if source is not None else "") + (" AND created >= ?" if since is not None else "")
+        extra = (*((source,) if source is not None else ()), *((since,) if since is not None else ()))
         gone, last = 0, 0
         while True:
             with self._lock:

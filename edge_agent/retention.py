@@ -17,14 +17,16 @@ whenever the disk passes its floor; what the loop still needs stays.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from pathlib import Path
 
+from edge_agent.clock import ClockWatch
 from edge_agent.config import RetentionSection
 from edge_agent.inbox_files import places
 from edge_agent.log import get_logger
@@ -73,6 +75,15 @@ def pending_alert_photos(state_root: Path, db: ResultsDB, wait_s: float = 30.0) 
     return {sha: (created, path) for sha, created, path in db.photos_by_id(ids)}
 
 
+def _date(ts: float) -> date:
+    return datetime.fromtimestamp(ts).date()
+
+
+def _midnight(day: date) -> float:
+    """When ``day`` began, local time: the earliest a photo filed under it was stamped."""
+    return datetime.combine(day, datetime.min.time()).timestamp()
+
+
 def _day(folder: Path) -> date | None:
     try:
         return datetime.strptime(folder.name, "%Y-%m-%d").date()
@@ -94,9 +105,11 @@ class Retention(Worker):
         db: ResultsDB,
         now: Callable[[], float] = time.time,
         usage: DiskUsage = shutil.disk_usage,
+        clock: ClockWatch | None = None,
     ) -> None:
         super().__init__()
         self.section, self.root, self.db, self.now, self.usage = section, Path(state_root), db, now, usage
+        self.clock = clock or ClockWatch(self.root / "clock.json", wall=now)
         self.processed, self.thumbs = self.root / "processed", self.root / "web" / "thumbs"
         self.log = get_logger("retention")
         self.pruned = Pruned()  # since start
@@ -157,24 +170,31 @@ class Retention(Worker):
         """Photos older than ``photo_days``, results and thumbnails older than ``result_days``."""
         s, now, pruned = self.section, self.now(), Pruned()
         pending = pending_alert_photos(self.root, self.db, self.alerts_wait_s)
+        shift = self.clock.shift  # a record's age counted on the clock that stamped it (a jump forward ages nothing)
         if s.photo_days > 0:
-            cutoff = (datetime.fromtimestamp(now) - timedelta(days=s.photo_days)).date()
-            self._prune_photos(pruned, lambda day: day >= cutoff, pending)
+            photo_cutoff = now - s.photo_days * 86400
+            self._prune_photos(pruned, lambda day: day >= _date(photo_cutoff - shift(_midnight(day))), pending)
         keep = set(pending)
         sources = dict(s.source_result_days)
         try:
             if s.result_days > 0:
                 default_sources = [src for src in self.db.sources() if src not in sources]
                 for src in default_sources:
-                    pruned.results += self.db.prune_results(now - s.result_days * 86400, src, keep)
+                    pruned.results += self._prune_results(now - s.result_days * 86400, src, keep)
             for src, days in sources.items():
                 if days > 0:
-                    pruned.results += self.db.prune_results(now - days * 86400, src, keep)
+                    pruned.results += self._prune_results(now - days * 86400, src, keep)
         except sqlite3.Error as exc:  # a locked or full disk: next pass
             pruned.notes.append(f"results not pruned: {exc}")
         if s.result_days > 0:
-            pruned.thumbs += self._prune_thumbs(lambda mtime: mtime < now - s.result_days * 86400)
+            pruned.thumbs += self._prune_thumbs(lambda mtime: mtime < now - s.result_days * 86400 - shift(mtime))
         return pruned
+
+    def _prune_results(self, cutoff: float, source: str, keep: set[str]) -> int:
+        """``source``'s result rows older than ``cutoff``, each counted on the clock that stamped it."""
+        return sum(
+            self.db.prune_results(hi, source, keep, since=None if math.isinf(lo) else lo) for lo, hi in self.clock.older_than(cutoff)
+        )
 
     def to_floor(self) -> Pruned:
         """The oldest photos, then thumbnails, until the disk has its floor free."""
@@ -235,6 +255,7 @@ class Retention(Worker):
 
     def run_once(self, age: bool = True) -> Pruned:
         """One pass (by age when ``age``, then the floor); the counters and :attr:`kept` updated, the pass logged."""
+        self.clock.look()
         pruned = self.by_age() if age else Pruned()
         pruned.add(self.to_floor())
         self.pruned.add(pruned)
@@ -293,6 +314,8 @@ class Retention(Worker):
             "pruned_results": self.pruned.results,
             "pruned_thumbnails": self.pruned.thumbs,
             "last_pass": self.last_pass,
+            "clock_jumps": [j._asdict() for j in self.clock.jumps[-5:]],
+            "clock_note": self.clock.note(),
         }
 
     # ---- the thread -----------------------------------------------------------------

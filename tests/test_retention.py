@@ -196,3 +196,104 @@ def test_results_print_where_a_photo_is_now_and_say_when_it_is_no_longer_kept(tm
         "/inbox/moved.jpg": str(state / "processed" / day / "moved.jpg"),
         "/inbox/pruned.jpg": None,
     }
+
+
+class _Clocks:
+    """A wall clock and a monotonic one: ``run(s)`` lets both move, ``set_forward(s)`` moves the wall clock alone."""
+
+    def __init__(self, wall: float) -> None:
+        self.wall, self.mono = wall, 1000.0
+
+    def run(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+    def set_forward(self, seconds: float) -> None:
+        self.wall += seconds
+
+
+def _kept(state: Path, db: ResultsDB) -> tuple[list[str], int]:
+    return sorted(p.name for p in (state / "processed").rglob("*.jpg")), db.counts()["processed"]
+
+
+def test_a_clock_set_forward_while_the_daemon_runs_prunes_nothing_early_and_the_jump_outlives_a_restart(tmp_path):
+    from edge_agent.clock import ClockWatch
+
+    state, db = _state(tmp_path)
+    c = _Clocks(NOW)
+    for age in (20, 5):
+        _photo(state, db, NOW - age * DAY, f"leaf-{age}.jpg")
+    section = RetentionSection(result_days=30)
+
+    def retention() -> Retention:
+        watch = ClockWatch(state / "clock.json", wall=lambda: c.wall, mono=lambda: c.mono)
+        return Retention(section, state, db, now=lambda: c.wall, usage=_disk(state, 1 << 40), clock=watch)
+
+    r = retention()
+    r.run_once()
+    c.run(60)
+    c.set_forward(90 * DAY)  # a time sync after three months without a network: every record looks 90 days older
+    assert r.run_once().photos == 0 and _kept(state, db) == (["leaf-20.jpg", "leaf-5.jpg"], 2)
+    assert "set forward 90.0 days" in r.status()["clock_note"] and json.loads((state / "clock.json").read_text())["jumps"]
+    _photo(state, db, c.wall, "leaf-new.jpg")  # stamped on the clock after the jump
+    c.run(12 * DAY)  # 32 and 17 days old on their own clock
+    r = retention()  # the daemon restarted: the jump is read back
+    r.run_once()
+    assert _kept(state, db) == (["leaf-5.jpg", "leaf-new.jpg"], 2)  # the 20-day-old went at its 30th day, not before
+    c.run(15 * DAY)  # 32 and 27 days old
+    r.run_once()
+    assert _kept(state, db) == (["leaf-new.jpg"], 1)
+
+
+def test_without_the_jump_the_same_photos_would_have_gone_at_once(tmp_path):
+    """The test above can fail: a clock that is not watched ages everything by the jump."""
+    state, db = _state(tmp_path)
+    for age in (20, 5):
+        _photo(state, db, NOW - age * DAY, f"leaf-{age}.jpg")
+    _photo(state, db, NOW + 90 * DAY, "leaf-new.jpg")
+    r = Retention(RetentionSection(result_days=30), state, db, now=lambda: NOW + 90 * DAY, usage=_disk(state, 1 << 40))
+    assert r.run_once().photos == 2 and _kept(state, db) == (["leaf-new.jpg"], 1)
+
+
+def test_a_clock_set_back_is_no_jump_and_a_torn_clock_file_reads_as_none(tmp_path):
+    from edge_agent.clock import ClockWatch
+
+    c = _Clocks(NOW)
+    watch = ClockWatch(tmp_path / "clock.json", wall=lambda: c.wall, mono=lambda: c.mono)
+    watch.look()
+    c.set_forward(-30 * DAY)
+    assert watch.look() is None and watch.jumps == [] and not (tmp_path / "clock.json").exists()
+    c.set_forward(30 * 60)  # half an hour: drift or a time zone's worth, not a jump
+    assert watch.look() is None and watch.note() is None
+    (tmp_path / "clock.json").write_text('{"jumps": [{"before": 1.0e9, "by": ')
+    torn = ClockWatch(tmp_path / "clock.json", wall=lambda: c.wall, mono=lambda: c.mono)
+    assert torn.jumps == [] and torn.shift(0.0) == 0.0
+    (tmp_path / "clock.json").write_text('{"jumps": [{"before": 1.0e9, "by": -5}, {"before": 2.0e9, "by": 86400}]}')
+    assert ClockWatch(tmp_path / "clock.json").shift(1.5e9) == 86400  # a negative step is no jump
+
+
+def test_status_and_the_health_page_say_the_clock_was_set_forward(tmp_path, capsys):
+    import os
+
+    from edge_agent.cli import main
+    from edge_agent.clock import ClockWatch
+    from edge_agent.state import write_status
+
+    state, db = _state(tmp_path)
+    c = _Clocks(NOW)
+    watch = ClockWatch(state / "clock.json", wall=lambda: c.wall, mono=lambda: c.mono)
+    r = Retention(RetentionSection(), state, db, now=lambda: c.wall, usage=_disk(state, 1 << 40), clock=watch)
+    r.run_once()
+    assert r.status()["clock_note"] is None
+    c.set_forward(15 * DAY)
+    r.run_once()
+    note = r.status()["clock_note"]
+    assert note.startswith("the clock was set forward 15.0 days at ") and note.endswith("photos and results from before keep their age")
+    db.close()
+    write_status(StateLayout(state).status, {"pid": os.getpid(), "updated": time.time(), "retention": r.status()})
+    assert main(["status", "--state-dir", str(state)]) == 0
+    assert f"clock: {note}\n" in capsys.readouterr().out
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from .web_helpers import client
+
+    assert client(state).get("/health").text.split('id="clock-jump">')[1].startswith(f"clock: {note}")
