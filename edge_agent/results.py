@@ -10,6 +10,7 @@ together.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -308,9 +309,9 @@ class ResultsDB:
                 self._rollback()
                 raise
 
-    def expert_labels_since(self, since: float) -> int:
-        """How many photos an expert labelled since ``since`` (the per-day review budget)."""
-        return self._query("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ?", (since,))[0][0]
+    def expert_labels_since(self, since: float, until: float = math.inf) -> int:
+        """How many photos an expert labelled from ``since`` to before ``until`` (the per-day review budget)."""
+        return self._query("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ? AND labelled < ?", (since, until))[0][0]
 
     def expert_checks(self) -> list[tuple[str, str | None, str, float]]:
         """Every expert label beside the model's answer to that photo: (its class, its verdict, the expert's class, its
@@ -352,9 +353,11 @@ class ResultsDB:
                 (sha256, label, verdict, time.time()),
             )
 
-    def unlabelled_sent_since(self, since: float) -> dict[tuple[str, str], int]:
-        """(class, verdict) -> unlabelled photos the trainer acknowledged since ``since``."""
-        rows = self._query("SELECT label, verdict, COUNT(*) FROM unlabelled_sent WHERE sent >= ? GROUP BY 1, 2", (since,))
+    def unlabelled_sent_since(self, since: float, until: float = math.inf) -> dict[tuple[str, str], int]:
+        """(class, verdict) -> unlabelled photos the trainer acknowledged from ``since`` to before ``until``."""
+        rows = self._query(
+            "SELECT label, verdict, COUNT(*) FROM unlabelled_sent WHERE sent >= ? AND sent < ? GROUP BY 1, 2", (since, until)
+        )
         return {(label, verdict): n for label, verdict, n in rows}
 
     def plant_answers(self, plant: str) -> list[tuple[list, str]]:

@@ -100,6 +100,13 @@ def test_the_quiet_period_holds_the_same_class_for_an_hour():
     assert not rules.quiet(_cand("X___y", created=5000), 5000 - 3600)
 
 
+def test_an_alert_stamped_after_the_photo_by_a_clock_since_set_back_silences_nothing():
+    """A board whose clock ran months ahead, then was corrected: its last alert looks to come from the future."""
+    rules = AlertRules(AlertsSection())
+    assert not rules.quiet(_cand("X___y", created=5000), 5000 + 90 * 86400)
+    assert not rules.quiet(_cand("X___y", created=5000), 5001)
+
+
 def test_a_bad_digest_time_or_webhook_url_is_refused_with_the_key_named():
     with pytest.raises(ConfigError, match=r"alerts.digest_at: must be HH:MM"):
         parse_config({"alerts": {"digest_at": "25:00"}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -72,6 +73,18 @@ def test_budget_per_day_and_labelling(tmp_path):
     label_photo(db, tmp_path / "queue", 1 << 30, classes, "p1", "Wheat___rust", new_class=True)
     assert db.queue_entry(f"{1:064x}").label == "Wheat___rust"
     assert left_today(db, 3) == 1
+
+
+def test_labels_stamped_on_a_later_day_by_a_clock_since_set_back_do_not_spend_todays_budget(tmp_path):
+    db, _ = _db_with_pool(tmp_path, 6)
+    for i, days in enumerate((0, 40, 41)):  # one today; two while the clock ran weeks ahead
+        db._db.execute(
+            "INSERT INTO expert_labels (sha256, label, labelled) VALUES (?, 'Apple___healthy', ?)",
+            (f"{i:064x}", time.time() + days * 86400),
+        )
+    assert left_today(db, 3) == 2
+    assert len(to_ask(db, policy=LabelsSection(), per_day=3)) == 2
+    assert db.expert_labels_since(time.time() - 60) == 3  # counted without the day's end, as before
 
 
 def test_prune_drops_the_least_informative(tmp_path):

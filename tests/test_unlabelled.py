@@ -191,6 +191,25 @@ def test_unlabelled_photos_reach_the_trainers_pool_after_the_labels_and_stay_in_
     assert receiver.counters["unlabelled"] == share
 
 
+def test_photos_sent_on_a_later_day_by_a_clock_since_set_back_do_not_use_up_todays_share(tmp_path, endpoints):
+    sender, db, spool, _ = make_sender(tmp_path, endpoints, unlabelled_per_day=4 * 24)
+    review = _review_photos(db, spool, 6)
+    for i in range(4 * 24):  # a whole day's share, stamped while the clock ran forty days ahead
+        db._db.execute(
+            "INSERT INTO unlabelled_sent (sha256, label, verdict, sent) VALUES (?, 'Tomato___healthy', 'unsure', ?)",
+            (f"{10**6 + i:064x}", time.time() + 40 * 86400),
+        )
+    assert sum(db.unlabelled_sent_since(start_of_day()).values()) == 4 * 24  # counted with no day's end
+    with _trainer(tmp_path, endpoints) as (_store, pool, _receiver):
+        sender.start()
+        try:
+            share = min(6, allowed_by(4 * 24))
+            wait_until(lambda: len(pool.photos()) == share, 20, "today's unlabelled photos")
+            assert {p.id for p in pool.photos()} <= set(review)
+        finally:
+            sender.stop()
+
+
 def test_a_photo_labelled_after_it_went_unlabelled_arrives_as_a_label_and_leaves_the_pool(tmp_path, endpoints):
     sender, db, spool, _ = make_sender(tmp_path, endpoints, unlabelled_per_day=10)
     [sha] = _review_photos(db, spool, 1)

@@ -9,6 +9,7 @@ SQLite cannot read is kept aside and a new one started, so a start never fails o
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 import time
@@ -163,10 +164,10 @@ class Outbox:
                 raise
         return cur.lastrowid
 
-    def alerts_since(self, since: float) -> int:
-        """How many alerts were raised since ``since``."""
+    def alerts_since(self, since: float, until: float = math.inf) -> int:
+        """How many alerts were raised from ``since`` to before ``until``."""
         with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM alerts WHERE created >= ?", (since,)).fetchone()[0]
+            return self._db.execute("SELECT COUNT(*) FROM alerts WHERE created >= ? AND created < ?", (since, until)).fetchone()[0]
 
     def alerts(self, since: float = 0.0, limit: int = 100) -> list[dict]:
         with self._lock:

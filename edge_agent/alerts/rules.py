@@ -66,5 +66,6 @@ class AlertRules:
         return True
 
     def quiet(self, c: Candidate, last_alert: float | None) -> bool:
-        """True while the class's last alert on this device is within the quiet period."""
-        return last_alert is not None and c.created - last_alert < self.section.quiet_period_s
+        """True while the class's last alert on this device is within the quiet period (one stamped after this photo, by a
+        clock since set back, silences nothing)."""
+        return last_alert is not None and 0 <= c.created - last_alert < self.section.quiet_period_s

@@ -30,13 +30,10 @@ from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
 from edge_agent.plants import combine, too_many
 from edge_agent.results import keeps_reasons, missing_table
+from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
 
 __all__ = ["AlertWorker"]
-
-
-def _start_of_day(t: float) -> float:
-    return dt.datetime.combine(dt.date.fromtimestamp(t), dt.time()).timestamp()
 
 
 class AlertWorker(Worker):
@@ -298,13 +295,13 @@ class AlertWorker(Worker):
                 self.outbox.put(self._messages(kind, body | {"time": time.time()}))
         if self.mqtt is None:  # the device's state is published for Home Assistant only
             return
-        today = _start_of_day(time.time())
-        photos = self._results("SELECT COUNT(*) FROM results WHERE created >= ?", (today,))
+        start, end = today()
+        photos = self._results("SELECT COUNT(*) FROM results WHERE created >= ? AND created < ?", (start, end))
         queued = self._results("SELECT COUNT(*) FROM label_queue")
         with self._state_lock:
             self._state |= {
                 "photos_today": photos[0][0] if photos else 0,
-                "alerts_today": self.outbox.alerts_since(today),
+                "alerts_today": self.outbox.alerts_since(start, end),
                 "engine_version": engine,
                 "queue_depth": queued[0][0] if queued else 0,
                 "healthy": bool(healthy),
@@ -332,7 +329,8 @@ class AlertWorker(Worker):
             return None
         since = now - 86400
         rows = self._results(
-            "SELECT label, COALESCE(verdict, 'confident'), COUNT(*) FROM results WHERE created >= ? GROUP BY label, 2", (since,)
+            "SELECT label, COALESCE(verdict, 'confident'), COUNT(*) FROM results WHERE created >= ? AND created <= ? GROUP BY label, 2",
+            (since, now),
         )
         counts: dict[str, int] = {}  # every answer by its best guess
         by_verdict = dict.fromkeys(("confident", "unsure", "unknown"), 0)

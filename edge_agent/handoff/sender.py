@@ -21,9 +21,10 @@ from pathlib import Path
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import HandshakeWatch, Link, client_socket, send_nowait
-from edge_agent.handoff.unlabelled import allowed_by, choose, start_of_day
+from edge_agent.handoff.unlabelled import allowed_by, choose
 from edge_agent.log import get_logger
 from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.review.queue import today
 from edge_agent.spool import PhotoSpool
 from edge_agent.worker import Worker
 
@@ -191,7 +192,7 @@ class Sender(Worker):
         per_day = self.settings.unlabelled_per_day
         if per_day <= 0 or now < self._unlabelled_next or any(i.verdict is not None for i in self._inflight.values()):
             return
-        sent = self.db.unlabelled_sent_since(start_of_day())
+        sent = self.db.unlabelled_sent_since(*today())
         chosen = choose(self.db.unlabelled_candidates(4 * per_day), sent, per_day, allowed_by(per_day))
         if not chosen:
             self._unlabelled_next = now + 60.0  # the day's share is sent, or nothing new: look again in a minute

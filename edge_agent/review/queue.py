@@ -40,6 +40,7 @@ __all__ = [
     "label_photo",
     "prune_pool",
     "start_of_day",
+    "today",
     "wanted_classes",
 ]
 
@@ -86,11 +87,19 @@ def start_of_day(now: float | None = None) -> float:
     return dt.datetime.combine(day, dt.time()).timestamp()
 
 
+def today(now: float | None = None) -> tuple[float, float]:
+    """The local day ``now`` (default: now) falls in, from its start to the next day's: a daily budget counts only what
+    is stamped within it (a clock set back would otherwise count the days it had run ahead as today)."""
+    day = dt.date.fromtimestamp(now) if now is not None else dt.date.today()
+    start = dt.datetime.combine(day, dt.time())
+    return start.timestamp(), dt.datetime.combine(day + dt.timedelta(days=1), dt.time()).timestamp()
+
+
 def left_today(db: ResultsDB, per_day: int) -> int | None:
     """Questions left in today's budget (None: no budget)."""
     if per_day <= 0:
         return None
-    return max(0, per_day - db.expert_labels_since(start_of_day()))
+    return max(0, per_day - db.expert_labels_since(*today()))
 
 
 def _pool(db: ResultsDB, policy: LabelsSection) -> list[ReviewItem]:
