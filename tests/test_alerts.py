@@ -238,6 +238,22 @@ def test_a_failed_delivery_waits_twice_as_long_each_time_up_to_the_cap(tmp_path)
     assert box.due("mqtt") == [] and box.counts()["failed:mqtt"] == 5
 
 
+def test_alerts_that_failed_while_the_clock_ran_ahead_are_due_once_it_is_set_back_and_no_wait_passes_the_cap(tmp_path):
+    import sqlite3
+
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20, retry_max_s=300)
+    box.put([("mqtt", "alert", "t", b"ahead", 1, False), ("mqtt", "alert", "t", b"waiting", 1, False)])
+    box.close()
+    with sqlite3.connect(tmp_path / "alerts.sqlite") as con:  # failed at a time forty days ahead of the clock now
+        con.execute("UPDATE outbox SET next_try = ? WHERE payload = ?", (time.time() + 40 * 86400, b"ahead"))
+        con.execute("UPDATE outbox SET next_try = ? WHERE payload = ?", (time.time() + 200, b"waiting"))  # a fair backoff
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20, retry_max_s=300)
+    (m,) = box.due("mqtt")
+    assert m.payload == b"ahead"
+    assert box.failed([m.id], "mqtt", "down") <= 300  # not the forty days the other's stamp would say
+    box.close()
+
+
 def test_past_the_quota_results_go_before_alerts_and_the_drop_is_counted(tmp_path):
     box = Outbox(tmp_path / "alerts.sqlite", quota_bytes=1 << 20)
     k = 250 << 10

@@ -143,6 +143,17 @@ def test_a_staged_rollout_gives_the_canary_the_version_first_and_the_rest_once_i
     assert staged(tmp_path).state["stage"] == "all"  # kept on disk: a restarted trainer does not start over
 
 
+def test_a_canary_whose_clock_runs_ahead_is_timed_on_the_trainers_clock_and_the_rollout_goes_on(tmp_path):
+    from types import SimpleNamespace
+
+    rollout = staged(tmp_path, period_s=1.0)
+    ahead = time.time() + 40 * 86400  # the device says it began serving forty days from now
+    canary = SimpleNamespace(name="device-0", engine_version="v0002", refused={}, pinned="", report={"since": ahead}, last_result=None)
+    assert not rollout.judge("v0002", {"device-0": canary}) and rollout.state["canaries"] == ["device-0"]
+    time.sleep(1.2)
+    assert rollout.judge("v0002", {"device-0": canary}) and rollout.state["stage"] == "all"
+
+
 @pytest.mark.parametrize(
     "case, reason",
     [

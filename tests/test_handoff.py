@@ -350,6 +350,28 @@ def test_a_key_whose_bytes_come_after_its_name_or_within_one_tick_of_the_folders
         ctx.term()
 
 
+def test_a_refused_handshake_is_logged_once_a_minute_and_a_clock_set_back_does_not_silence_it(tmp_path, monkeypatch):
+    import zmq
+
+    from edge_agent.handoff import transport
+
+    (tmp_path / "authorized").mkdir()
+    ctx = zmq.Context()
+    auth = transport.Authenticator(ctx, str(tmp_path / "authorized"))
+    said = []
+    monkeypatch.setattr(auth, "log", type("L", (), {"warning": lambda self, event, **kw: said.append(kw["refused_so_far"])})())
+    clock = [1.8e9]
+    monkeypatch.setattr(transport.time, "time", lambda: clock[0])
+    try:
+        for step in (0, 10, 61, -40 * 86400, 5):  # the third a minute on; the fourth after the clock was set back 40 days
+            clock[0] += step
+            auth._denied("10.0.0.9", "no such key")
+        assert said == [1, 3, 4] and auth.refused["10.0.0.9"]["count"] == 5
+    finally:
+        auth.stop()
+        ctx.term()
+
+
 def test_tcp_with_curve_accepts_authorized_devices_refuses_strangers_and_follows_add_and_revoke(tmp_path):
     """One certificate per device (``edge-trainer device add``): an authorized device delivers; a stranger is
     refused, logged with its address on the trainer, and its own status says the handshake was refused; adding it

@@ -32,6 +32,13 @@ class RolloutPeer(Protocol):
     last_result: dict | None
 
 
+def _device_since(report: dict, now: float) -> float:
+    """When the device says it began serving the version, on its own clock; 0 (not known) when that clock is ahead
+    of this one: a canary whose clock runs ahead would otherwise never have served long enough."""
+    since = float(report.get("since", 0.0))
+    return since if since <= now else 0.0
+
+
 class Rollout:
     """Which devices may be offered the version in service, judged again on every :meth:`judge`."""
 
@@ -85,7 +92,7 @@ class Rollout:
                 return self._stop(f"canary {name}: {why}")
             if peer.engine_version == version:
                 st["served"].setdefault(name, now)
-                since = max(float(peer.report.get("since", 0.0)), st["served"][name])
+                since = max(_device_since(peer.report, now), st["served"][name])
                 if now - since >= self.settings.period_s and int(peer.report.get("photos", 0)) >= self.settings.min_photos:
                     healthy += 1
         if healthy == len(st["canaries"]):

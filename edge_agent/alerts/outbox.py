@@ -226,12 +226,14 @@ class Outbox:
         self._db.execute("PRAGMA incremental_vacuum")
 
     def due(self, dest: str, limit: int = 50, now: float | None = None) -> list[Message]:
-        """The oldest messages for ``dest`` whose next attempt is due."""
+        """The oldest messages for ``dest`` whose next attempt is due: also those set further ahead than any wait, by a
+        clock since set back (they would otherwise wait until it caught up: months of alerts held)."""
+        now = time.time() if now is None else now
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, dest, kind, topic, payload, qos, retain, created, attempts FROM outbox WHERE dest = ? AND next_try <= ? "
-                "ORDER BY id LIMIT ?",
-                (dest, time.time() if now is None else now, limit),
+                "SELECT id, dest, kind, topic, payload, qos, retain, created, attempts FROM outbox WHERE dest = ? "
+                "AND (next_try <= ? OR next_try > ?) ORDER BY id LIMIT ?",
+                (dest, now, now + self.retry_max_s, limit),
             ).fetchall()
         return [Message(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], bool(r[6]), r[7], r[8]) for r in rows]
 
@@ -249,7 +251,8 @@ class Outbox:
             self._db.execute("PRAGMA incremental_vacuum")  # the delivered messages' pages back to the disk
 
     def failed(self, ids: list[int], dest: str, error: str) -> float:
-        """Count a failed attempt; each message waits 2^attempts seconds (up to ``retry_max_s``). Returns the wait."""
+        """Count a failed attempt; each message waits 2^attempts seconds (up to ``retry_max_s``). Returns the wait (never
+        more than ``retry_max_s``)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
@@ -259,7 +262,7 @@ class Outbox:
             self._bump(f"failed:{dest}", len(ids))
             self._db.execute("COMMIT")
             row = self._db.execute("SELECT MIN(next_try) FROM outbox WHERE dest = ?", (dest,)).fetchone()
-        return max(0.0, (row[0] or time.time()) - time.time())
+        return min(self.retry_max_s, max(0.0, (row[0] or time.time()) - time.time()))
 
     def counts(self) -> dict:
         """Pending messages per destination, bytes held, and the sent / failed / dropped counters."""

@@ -233,7 +233,7 @@ class AlertWorker(Worker):
             self._connects[d.name] = connects
             self._next_try.pop(d.name, None)
             self.outbox.retry_now(d.name)
-        if time.time() < self._next_try.get(d.name, 0.0):
+        if time.monotonic() < self._next_try.get(d.name, 0.0):  # not the wall clock: a clock set back holds nothing
             return False
         due = self.outbox.due(d.name)
         if not due:
@@ -245,7 +245,7 @@ class AlertWorker(Worker):
             if done:
                 self.outbox.delivered(done, d.name)
             wait = self.outbox.failed([m.id for m in due if m.id not in set(done)], d.name, str(exc))
-            self._next_try[d.name] = time.time() + wait
+            self._next_try[d.name] = time.monotonic() + wait
             if self._failing.get(d.name) != str(exc):
                 self.log.warning("alert_delivery_failed", destination=d.name, error=str(exc), pending=len(due), retry_in_s=round(wait, 1))
             self._failing[d.name] = str(exc)

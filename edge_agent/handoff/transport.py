@@ -200,7 +200,7 @@ class Authenticator:
     def _denied(self, address: str, reason: str) -> None:
         rec = self.refused.setdefault(address, {"count": 0, "last": 0.0, "reason": reason})
         rec["count"] += 1
-        if time.time() - rec["last"] > 60:
+        if not 0 <= time.time() - rec["last"] <= 60:  # once a minute (a clock set back silences nothing)
             self.log.warning(
                 "handshake_refused",
                 address=address,
