@@ -152,6 +152,15 @@ def test_a_canary_whose_clock_runs_ahead_is_timed_on_the_trainers_clock_and_the_
     assert not rollout.judge("v0002", {"device-0": canary}) and rollout.state["canaries"] == ["device-0"]
     time.sleep(1.2)
     assert rollout.judge("v0002", {"device-0": canary}) and rollout.state["stage"] == "all"
+    (tmp_path / "b").mkdir()
+    again = staged(tmp_path / "b", period_s=1.0)  # and the trainer's own clock, set back since it saw the canary serve
+    assert not again.judge("v0003", {"device-0": canary}) and not again.judge("v0003", {"device-0": canary})
+    canary.engine_version = "v0003"
+    assert not again.judge("v0003", {"device-0": canary})
+    again.state["served"]["device-0"] = time.time() + 40 * 86400
+    assert not again.judge("v0003", {"device-0": canary})
+    time.sleep(1.2)
+    assert again.judge("v0003", {"device-0": canary})
 
 
 @pytest.mark.parametrize(

@@ -91,7 +91,8 @@ class Rollout:
             if why:
                 return self._stop(f"canary {name}: {why}")
             if peer.engine_version == version:
-                st["served"].setdefault(name, now)
+                if st["served"].setdefault(name, now) > now:  # this clock was set back since: count from now
+                    st["served"][name] = now
                 since = max(_device_since(peer.report, now), st["served"][name])
                 if now - since >= self.settings.period_s and int(peer.report.get("photos", 0)) >= self.settings.min_photos:
                     healthy += 1
