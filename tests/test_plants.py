@@ -168,6 +168,7 @@ def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_
     section = client(state).get("/plants").text.split('data-plant="Camera"')[1].split("</section>")[0]
     assert "not taken as one plant" in section and "plant_max_photos (12)" in section
     assert section.count('class="card"') == app.PLANT_CARDS and "and 2 older photos" in section
+    assert '<a href="/photos?plant=Camera">all its photos</a>' in section
 
 
 def test_a_plants_alert_says_why_from_its_photos_together(tmp_path):
@@ -346,3 +347,18 @@ def test_photos_uploaded_under_a_plant_name_link_to_its_page_which_waits_for_the
     assert alone.status_code == 201 and 'id="upload-plant-link"' not in alone.text
     (state / "inbox" / "tree 9").mkdir()  # an empty folder is no plant yet
     assert c.get("/plants/tree%209").status_code == 404 and c.get("/plants/..hidden").status_code == 404
+
+
+def test_the_photos_page_and_the_api_show_one_plants_photos_and_say_when_no_photo_matches(state):
+    from .web_helpers import client
+
+    c = client(state)
+    page = c.get("/photos", params={"plant": "tree-1"}).text
+    assert page.count('<li class="card"') == 3 and 'id="plant-filter"' in page and 'href="/plants/tree-1"' in page
+    assert 'name="plant" value="tree-1"' in page  # the next filter keeps the plant
+    every = c.get("/photos").text
+    assert every.count('<li class="card"') == 11 and 'id="plant-filter"' not in every  # six photos of no plant, five of two
+    assert {r["plant"] for r in c.get("/api/v1/results", params={"plant": "tree-2"}).json()["results"]} == {"tree-2"}
+    assert c.get("/api/v1/results", params={"plant": "x" * 65}).status_code == 400
+    none = c.get("/photos", params={"plant": "tree-9"}).text
+    assert 'id="no-match"' in none and "No photos yet" not in none

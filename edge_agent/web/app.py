@@ -131,7 +131,7 @@ def create_app(ctx: WebContext) -> Starlette:
     # ---- recent photos ------------------------------------------------------
     async def photos(request: Request) -> Response:
         q = request.query_params
-        filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")))
+        filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), plant=q.get("plant", "")[:64])
         pg = parse_int(q.get("page"))
         size = ctx.cfg.web.page_size
         rows, total = ctx.reader.recent(filters, pg, size)

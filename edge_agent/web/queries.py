@@ -22,12 +22,16 @@ _COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_ver
 
 @dataclass(frozen=True)
 class Filters:
-    """The recent-photos filters: a class, a verdict (the API's), and a range of local days (inclusive)."""
+    """The recent-photos filters: a class, a verdict (the API's), a range of local days (inclusive), a plant."""
 
     label: str = ""
     day_from: date | None = None
     day_to: date | None = None
     verdict: str = ""
+    plant: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.label or self.day_from or self.day_to or self.verdict or self.plant)
 
     def where(self) -> tuple[str, list]:
         clauses, args = [], []
@@ -37,6 +41,9 @@ class Filters:
         if self.verdict:
             clauses.append("verdict = ?")
             args.append(self.verdict)
+        if self.plant:
+            clauses.append("plant = ?")
+            args.append(self.plant)
         if self.day_from:
             clauses.append("created >= ?")
             args.append(datetime.combine(self.day_from, time()).timestamp())

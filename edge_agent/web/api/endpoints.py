@@ -71,7 +71,10 @@ async def results(ctx: WebContext, request: Request) -> s.ResultsPage:
     verdict = q.get("verdict", "")
     if verdict not in ("", "confident", "unsure", "unknown"):
         raise BadParameter(f"verdict must be confident, unsure or unknown, not {verdict[:20]!r}")
-    filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict)
+    plant = q.get("plant", "")
+    if len(plant) > 64:
+        raise BadParameter("plant: at most 64 characters (a plant's name is no longer)")
+    filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict, plant)
     page, size = parse_int(q.get("page")), parse_int(q.get("size"), default=ctx.cfg.web.page_size, hi=MAX_PAGE_SIZE)
     rows, total = await run_in_threadpool(ctx.reader.recent, filters, page, max(1, size))
     said = await run_in_threadpool(ctx.reader.expert_labels, [r.sha256 for r in rows])
@@ -273,6 +276,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (
             Param("label", "query", "Only this class."),
             Param("verdict", "query", "Only this verdict: confident, unsure or unknown."),
+            Param("plant", "query", "Only this plant's photos (its name, as /plants lists it)."),
             Param("from", "query", _DAY),
             Param("to", "query", _DAY),
             Param("page", "query", "Page number from 0.", "integer"),
