@@ -143,12 +143,13 @@ def _results(args: argparse.Namespace) -> int:
             yield {**row, "path_now": str(now) if now else None}
 
     print_rows(
-        located(db.results(_parse_since(args.since))),
+        located(db.results(_parse_since(args.since), args.plant)),
         args.json,
         lambda row: (
             f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
             f"{row['engine_version']}  {row['path_now'] or (row['path'] + ' (no longer kept)' if row['path'] else row['source'])}"
             + (f"  ({row['verdict_reason']})" if row["verdict_reason"] else "")
+            + (f"  plant: {row['plant']}" if row["plant"] else "")
             + (f"  expert: {row['expert_label']}" if row["expert_label"] else "")
         ),
         flush=False,
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     res = sub.add_parser("results", parents=[common], help="export stored predictions")
     res.add_argument("--state-dir")
     res.add_argument("--since", help="ISO time or a duration back from now (15m, 2h, 3d)")
+    res.add_argument("--plant", help="only this plant's photos (an inbox subfolder's name)")
     res.add_argument("--json", action="store_true", help="JSON lines")
     res.set_defaults(func=_results)
 

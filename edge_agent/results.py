@@ -387,15 +387,18 @@ class ResultsDB:
             con = self._readers.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
-    def results(self, since: float | None = None) -> Iterator[dict]:
-        said_why = "verdict_reason" if keeps_reasons(self._query) else "NULL"  # read-only, not yet upgraded
+    def results(self, since: float | None = None, plant: str | None = None) -> Iterator[dict]:
+        """Every result from ``since`` on (only ``plant``'s photos, if given), oldest first, as ``edge-agent results``
+        prints them."""
+        columns = {row[1] for row in self._query("PRAGMA table_info(results)")}  # read-only, maybe not yet upgraded
+        said_why, plants = ("verdict_reason" if "verdict_reason" in columns else "NULL"), ("plant" if "plant" in columns else "NULL")
         rows = self._query(
             "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
-            f" {said_why} FROM results WHERE created >= ? ORDER BY id",
-            (since or 0.0,),
+            f" {said_why}, {plants} FROM results WHERE created >= ?{f' AND {plants} = ?' if plant else ''} ORDER BY id",
+            (since or 0.0, *((plant,) if plant else ())),
         )
         said = self.expert_labels()
-        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason in rows:
+        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason, in_plant in rows:
             yield {
                 "photo_id": pid,
                 "path": path,
@@ -410,6 +413,7 @@ class ResultsDB:
                 "timings_ms": json.loads(timings),
                 "created": iso(created),
                 "expert_label": said.get(sha),
+                "plant": in_plant,
             }
 
     def expert_labels(self) -> dict[str, str]:

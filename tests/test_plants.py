@@ -362,3 +362,17 @@ def test_the_photos_page_and_the_api_show_one_plants_photos_and_say_when_no_phot
     assert c.get("/api/v1/results", params={"plant": "x" * 65}).status_code == 400
     none = c.get("/photos", params={"plant": "tree-9"}).text
     assert 'id="no-match"' in none and "No photos yet" not in none
+
+
+def test_edge_agent_results_names_each_photos_plant_and_lists_one_plants_photos(state, capsys):
+    import json
+
+    from edge_agent.cli import main
+
+    assert main(["results", "--state-dir", str(state), "--plant", "tree-1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.endswith("  plant: tree-1") for line in lines)
+    assert main(["results", "--state-dir", str(state), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(r["plant"] or "" for r in rows) == [""] * 6 + ["tree-1"] * 3 + ["tree-2"] * 2
+    assert main(["results", "--state-dir", str(state), "--plant", "tree-9"]) == 0 and capsys.readouterr().out == ""
