@@ -519,6 +519,16 @@ class ResultsDB:
     def queue_bytes(self) -> int:
         return self._query("SELECT COALESCE(SUM(bytes), 0) FROM label_queue")[0][0]
 
+    def find_result(self, ref: str) -> tuple[str, str, str | None, str, float, str, float] | None:
+        """A result by photo id, sha256 prefix (8+ characters) or original path: (sha256, photo id, path, class,
+        confidence, engine version, when), or None (none, or more than one)."""
+        rows = self._query(
+            "SELECT sha256, photo_id, path, label, confidence, engine_version, created FROM results"
+            " WHERE photo_id = ? OR sha256 LIKE ? OR path = ? LIMIT 2",
+            (ref, ref + "%" if len(ref) >= 8 else "\0", ref),
+        )
+        return tuple(rows[0]) if len(rows) == 1 else None
+
     def find_queued(self, ref: str) -> QueueEntry | None:
         """A queue entry by photo id, sha256 prefix, or original path of its result."""
         rows = self._query(

@@ -18,7 +18,7 @@ from edge_agent.config import HandoffSection  # noqa: E402
 from edge_agent.handoff.protocol import MAGIC, ProtocolError, decode, encode  # noqa: E402
 from edge_agent.handoff.sender import Sender  # noqa: E402
 from edge_agent.handoff.transport import Link, TransportError, client_socket  # noqa: E402
-from edge_agent.results import QueueEntry, ResultsDB  # noqa: E402
+from edge_agent.results import QueueEntry, ResultRow, ResultsDB  # noqa: E402
 from edge_agent.spool import PhotoSpool, SpoolItem  # noqa: E402
 from trainer.receiver import Receiver  # noqa: E402
 from trainer.samples import SampleStore  # noqa: E402
@@ -266,6 +266,48 @@ def test_resend_is_stored_once(tmp_path):
     assert store.add(header, b"photo") is True
     assert store.add(header, b"photo") is False
     assert len(store.all()) == 1
+
+
+def test_an_expert_label_replaces_a_pseudo_label_or_an_earlier_label_of_the_photo_and_is_new_again(tmp_path):
+    store = SampleStore(tmp_path / "trainer")
+    header = {"id": "b" * 64, "kind": "pseudo", "label": "x", "confidence": 0.99, "engine_version": "v1", "ext": ".jpg"}
+    assert store.add(header, b"photo") is True
+    store.mark_used(["b" * 64], "v2")
+    assert store.add({**header, "kind": "expert", "label": "y", "confidence": 1.0}, b"photo") is True
+    (s,) = store.all()
+    assert (s.kind, s.label, s.generation) == ("expert", "y", None)  # learnt from at the next retrain
+    assert store.add({**header, "kind": "expert", "label": "y", "confidence": 1.0}, b"photo") is False  # a resend
+    assert store.add(header, b"photo") is False and store.all()[0].label == "y"  # a pseudo-label never overrides the expert
+    assert store.add({**header, "kind": "expert", "label": "z", "confidence": 1.0}, b"photo") is True
+    assert [(s.kind, s.label) for s in store.all()] == [("expert", "z")] and store.counts()["expert"] == 1
+
+
+def test_a_label_corrected_after_the_trainer_has_it_reaches_the_trainer_in_place_of_the_first(tmp_path, endpoints):
+    from datetime import datetime
+
+    from edge_agent.review.queue import label_photo
+
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    data = encode_img(leaf_image(7))
+    sha, created = hashlib.sha256(data).hexdigest(), time.time()
+    kept = tmp_path / "processed" / datetime.fromtimestamp(created).strftime("%Y-%m-%d") / "leaf.jpg"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(data)  # where the daemon moved it; a sure answer, never in the review pool
+    db.commit(
+        [
+            ResultRow(
+                sha, "p7", str(tmp_path / "inbox" / "leaf.jpg"), "inbox", "Apple___healthy", 0.99, [], "v0001", {}, created, "confident"
+            )
+        ]
+    )
+    classes = ["Apple___healthy", "Apple___Black_rot", "Apple___Apple_scab"]
+    with delivering(sender, tmp_path, endpoints) as store:
+        label_photo(db, tmp_path / "queue", 1 << 30, classes, "p7", "Apple___Black_rot")  # the expert sees it is wrong
+        wait_until(lambda: [(s.kind, s.label) for s in store.all()] == [("expert", "Apple___Black_rot")], 20, "the label")
+        wait_until(lambda: not db.queued(), 10, "acknowledged")
+        label_photo(db, tmp_path / "queue", 1 << 30, classes, "p7", "Apple___Apple_scab")  # a slip, put right
+        wait_until(lambda: [(s.kind, s.label) for s in store.all()] == [("expert", "Apple___Apple_scab")], 20, "the correction")
+    assert db.expert_labels() == {sha: "Apple___Apple_scab"} and kept.read_bytes() == data
 
 
 def test_garbage_frames_do_not_crash_the_receiver(tmp_path, endpoints):

@@ -168,3 +168,65 @@ def test_a_mistyped_class_is_refused_with_the_class_it_most_likely_means(tmp_pat
         label_photo(db, tmp_path / "queue", 1 << 30, classes, "p0", typed)
     assert f"Did you mean {' or '.join(map(repr, meant))}? Pass --new-class" in str(refused.value) and "Known:" not in str(refused.value)
     assert db.queue_entry(f"{0:064x}").kind == "review"  # nothing labelled
+
+
+def test_a_photo_in_no_queue_is_labelled_from_the_copy_kept_of_it_and_one_no_longer_kept_is_refused_with_why(tmp_path):
+    import hashlib
+    from datetime import datetime
+
+    from edge_agent.review.queue import PhotoNotQueued
+
+    state = tmp_path / "state"
+    db = ResultsDB(state / "results.sqlite")
+    classes = ["Apple___healthy", "Apple___Black_rot"]
+    created = time.time()
+    day = state / "processed" / datetime.fromtimestamp(created).strftime("%Y-%m-%d")
+    day.mkdir(parents=True)
+    rows = []
+    for i in range(3):
+        data = f"photo {i}".encode() * 100
+        (day / f"leaf-{i}.jpg").write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+        rows.append(
+            ResultRow(
+                sha, f"p{i}", str(state / "inbox" / f"leaf-{i}.jpg"), "inbox", "Apple___healthy", 0.99, [], "v1", {}, created, "confident"
+            )
+        )
+    db.commit(rows)
+    entry = label_photo(db, state / "queue", 1 << 30, classes, "p0", "Apple___Black_rot")  # a sure answer, never asked about
+    queued = db.queue_entry(rows[0].sha256)
+    assert (queued.kind, queued.label) == ("expert", "Apple___Black_rot") and entry.photo_id == "p0"
+    assert (state / "queue" / "expert").is_dir() and open(queued.file, "rb").read() == (day / "leaf-0.jpg").read_bytes()
+    assert db.expert_labels() == {rows[0].sha256: "Apple___Black_rot"}
+    (day / "leaf-1.jpg").unlink()  # pruned
+    with pytest.raises(PhotoNotQueued, match="p1: its file is no longer kept"):
+        label_photo(db, state / "queue", 1 << 30, classes, "p1", "Apple___Black_rot")
+    (day / "leaf-2.jpg").write_bytes(b"another photo under its name")
+    with pytest.raises(PhotoNotQueued, match="p2: its file is no longer kept"):
+        label_photo(db, state / "queue", 1 << 30, classes, "p2", "Apple___Black_rot")
+    assert db.expert_labels() == {rows[0].sha256: "Apple___Black_rot"} and len(db.queued()) == 1  # nothing else changed
+
+
+def test_the_photo_page_labels_any_photo_kept_and_the_review_page_links_the_photo_it_labelled(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from .web_helpers import client, csrf_of, make_state
+
+    state = make_state(tmp_path)
+    c = client(state)
+    db = ResultsDB(state / "results.sqlite")
+    queued = {q.sha256 for q in db.queued()}
+    sure = next(r["sha256"] for r in db.results() if r["sha256"] not in queued)  # not in the review pool
+    db.close()
+    page = c.get(f"/photo/{sure}").text
+    assert 'id="relabel"' in page and "Wrong answer? The right class" in page
+    r = c.post(f"/photo/{sure}/label", data={"csrf": csrf_of(c), "label": "Apple___Black_rot"})
+    assert r.status_code == 303 and r.headers["location"] == f"/photo/{sure}?labelled=1"
+    shown = c.get(r.headers["location"]).text
+    assert 'id="labelled">Labelled Apple · Black rot' in shown and "Not Apple · Black rot?" in shown
+    bad = c.post(f"/photo/{sure}/label", data={"csrf": csrf_of(c), "label": "Wheat___rust"})
+    assert bad.status_code == 400 and "not a known class" in bad.text
+    assert c.post(f"/photo/{sure}/label", data={"label": "Apple___healthy"}).status_code == 403  # no CSRF token
+    pool = next(iter(queued))
+    done = c.post("/review/label", data={"csrf": csrf_of(c), "photo": pool, "label": "Apple___healthy"})
+    said = c.get(done.headers["location"]).text.split('id="done"')[1].split("</p>")[0]
+    assert f'<a href="/photo/{pool}">' in said and "a slip is put right on its page" in said

@@ -69,9 +69,20 @@ class SampleStore:
             return self._db.execute("SELECT 1 FROM samples WHERE id = ?", (sample_id,)).fetchone() is not None
 
     def add(self, header: dict, photo: bytes) -> bool:
-        """Store a sample durably; False if it was already stored (a resend)."""
-        if self.has(header["id"]):
-            return False
+        """Store a sample durably; False if it was already stored as it is (a resend). An expert label for a photo
+        stored as a pseudo-label or with another class replaces it (the expert corrected it), new again for the next
+        retrain; a pseudo-label never replaces an expert label."""
+        with self._lock:
+            row = self._db.execute("SELECT kind, label FROM samples WHERE id = ?", (header["id"],)).fetchone()
+        if row is not None:
+            if header["kind"] != "expert" or tuple(row) == ("expert", header["label"]):
+                return False
+            with self._lock:
+                self._db.execute(
+                    "UPDATE samples SET kind = 'expert', label = ?, confidence = ?, engine_version = ?, generation = NULL WHERE id = ?",
+                    (header["label"], float(header["confidence"]), header["engine_version"], header["id"]),
+                )
+            return True
         path = self.root / "samples" / f"{header['id']}{header['ext']}"
         atomic_write(path, photo)
         with self._lock:

@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
 from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
-from edge_agent.spool import PhotoSpool
+from edge_agent.spool import PhotoSpool, QueueFull, SpoolItem
 from engines.durable import moved_here
 from engines.errors import EdgeAgentError
+from engines.store import sha256_file
 
 if TYPE_CHECKING:
     from edge_agent.config import LabelsSection
@@ -170,13 +172,13 @@ def _meant(label: str, classes: list[str]) -> list[str]:
 def label_photo(
     db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list[str], ref: str, label: str, new_class: bool = False
 ) -> QueueEntry:
-    """Give a photo of the review queue its true class; it joins the expert queue for the trainer.
+    """Give a photo its true class; it joins the expert queue for the trainer. A photo of the review pool, or any other
+    photo whose file is still kept (a sure answer the expert sees is wrong, a label given before and now corrected:
+    the trainer takes the newer label in place of the older).
 
-    ``ref`` is a photo id, a sha256 prefix (8+ characters) or the photo's original path. Raises :class:`LabelError`."""
+    ``ref`` is a photo id, a sha256 prefix (8+ characters) or the photo's original path; ``queue_root`` is the state
+    directory's ``queue/``. Raises :class:`LabelError`."""
     label = label.strip()
-    entry = db.find_queued(ref)
-    if entry is None or entry.kind not in ("review", "expert"):
-        raise PhotoNotQueued(f"no photo {ref!r} in the review queue (see `edge-agent review list`)")
     if not label:
         raise LabelError("an empty class name")
     if (problem := class_name_problem(label)) is not None:
@@ -186,9 +188,33 @@ def label_photo(
         meant = _meant(label, classes)  # a guess says more than the whole list of names
         hint = f"Did you mean {' or '.join(map(repr, meant))}?" if meant else f"Known: {', '.join(classes)}."
         raise LabelError(f"{label!r} is not a known class. {hint} Pass --new-class to teach a new one.")
+    entry = db.find_queued(ref) or _queue_again(db, queue_root, quota_bytes, ref)
     src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))
+    return entry
+
+
+def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str) -> QueueEntry:
+    """A photo in no queue (its label delivered, or never asked about) put in the expert queue again from the copy
+    the state directory keeps of it, so that a label can reach the trainer. Raises :class:`PhotoNotQueued`."""
+    found = db.find_result(ref)
+    if found is None:
+        raise PhotoNotQueued(f"no photo {ref!r} (see `edge-agent review list` or `edge-agent results`)")
+    sha, photo_id, path, label, confidence, version, created = found
+    src = where_now(queue_root.parent, path, created)
+    if src is None or sha256_file(src) != sha:
+        raise PhotoNotQueued(
+            f"photo {photo_id}: its file is no longer kept (pruned after [retention] photo_days, or a camera frame): a label needs the photo"
+        )
+    try:
+        [copy] = PhotoSpool(queue_root, quota_bytes).put_many([SpoolItem("expert", sha, src.read_bytes(), src.suffix.lower() or ".jpg")])
+    except (QueueFull, OSError) as exc:
+        raise LabelError(f"photo {photo_id} could not be queued for the trainer: {exc}") from None
+    if copy is None:
+        raise LabelError(f"photo {photo_id} could not be queued: the label queue is full ([labels] max_spool_mb); start the trainer")
+    entry = QueueEntry(sha, photo_id, "expert", label, confidence, version, str(copy), copy.stat().st_size)
+    db.commit([], [entry])
     return entry
 
 

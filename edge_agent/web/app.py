@@ -158,7 +158,32 @@ def create_app(ctx: WebContext) -> Starlette:
         name = request.query_params.get("name", "")
         quarantined = ctx.reader.quarantined(name) if name and found is None else None
         queued = queued[0] if queued else None
-        return page(request, "photo.html", sha=sha, photo=found, queued=queued, said=said, quarantined=quarantined, name=name)
+        classes = ctx.classes() if found else []
+        return page(
+            request,
+            "photo.html",
+            sha=sha,
+            photo=found,
+            queued=queued,
+            said=said,
+            quarantined=quarantined,
+            name=name,
+            classes=classes,
+            labelled=request.query_params.get("labelled"),
+        )
+
+    async def photo_label(request: Request) -> Response:
+        """The expert's label for any photo still kept, from its page (a sure answer that is wrong, a label corrected)."""
+        if (no := refused(request, "label")) is not None:
+            return no
+        sha = request.path_params["sha"]
+        data = await form(request)
+        if data is None:
+            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        if not is_sha256(sha):
+            return problem(request, 404, "no such photo")
+        await run_in_threadpool(ctx.label, sha, str(data.get("label", "")))  # Refused / BadParameter: their status page
+        return RedirectResponse(f"/photo/{sha}?labelled=1", status_code=303)
 
     async def image(request: Request) -> Response:
         size, sha = request.path_params["size"], request.path_params["sha"]
@@ -193,6 +218,7 @@ def create_app(ctx: WebContext) -> Starlette:
             per_day=ctx.cfg.labels.review_per_day,
             classes=ctx.classes(),
             done=request.query_params.get("done"),
+            done_sha=sha if is_sha256(sha := request.query_params.get("sha", "")) else None,
         )
 
     async def review_label(request: Request) -> Response:
@@ -203,7 +229,7 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
         sha, label = str(data.get("photo", "")), str(data.get("label", ""))
         entry = await run_in_threadpool(ctx.label, sha, label, data.get("new_class") == "1")  # Refused: its status page
-        return RedirectResponse(f"/review?i={parse_int(data.get('i'))}&done={entry.photo_id}", status_code=303)
+        return RedirectResponse(f"/review?i={parse_int(data.get('i'))}&done={entry.photo_id}&sha={entry.sha256}", status_code=303)
 
     async def trust(request: Request) -> Response:
         db = ctx.db()
@@ -368,6 +394,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/", root),
         Route("/photos", photos),
         Route("/photo/{sha}", photo),
+        Route("/photo/{sha}/label", photo_label, methods=["POST"]),
         Route("/img/{size}/{sha}", image),
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),
