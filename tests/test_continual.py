@@ -136,6 +136,22 @@ def test_rehearsal_never_replays_a_photo_the_generation_holds_and_keeps_each_pho
     assert len(r.before(model, model, data)) == len(data) + 2  # only the two photos it does not hold
 
 
+def test_a_photo_the_expert_moved_to_another_class_takes_its_new_class_in_the_memory_and_is_not_replayed_under_the_old(tmp_path):
+    model = build_model(3).eval()
+    r = Rehearsal(tmp_path, RehearsalConfig(per_class=5))
+    data = toy(n_per_class=3)
+    r.after(model, data)
+    moved = data.y.clone()
+    moved[0] = (int(moved[0]) + 1) % 3  # the expert corrected the first photo's class
+    corrected = Generation(data.x, moved)
+    replayed = r.before(model, model, corrected)
+    assert len(replayed) == len(data) and torch.equal(replayed.y, moved)  # the old label is not replayed beside the new
+    r.after(model, corrected)
+    kept = torch.load(tmp_path / "memory.pt")
+    same = [i for i, p in enumerate(kept["x"]) if torch.equal(p, data.x[0])]
+    assert len(same) == 1 and int(kept["y"][same[0]]) == int(moved[0])
+
+
 def test_rehearsal_keeps_the_exemplars_of_the_true_labels_and_its_old_memory_chosen_in_feature_space(tmp_path):
     model = build_model(3).eval()
     r = Rehearsal(tmp_path, RehearsalConfig(per_class=3, selection="herding"))
