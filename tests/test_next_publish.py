@@ -151,3 +151,20 @@ def test_checks_of_other_classes_still_alternate_with_the_photos_the_next_publis
         ("Apple___healthy", True),
         ("Apple___Cedar_apple_rust", False),
     ]
+
+
+def test_what_the_next_publish_waits_for_is_read_again_when_a_label_is_corrected_though_no_count_changes(tmp_path):
+    pytest.importorskip("torch", reason="the trainer's service")
+    from edge_agent.config import AppConfig
+    from trainer.service import TrainerService
+
+    service = TrainerService.__new__(TrainerService)  # what the status needs of it, not its sockets
+    service.cfg, service.state, service._plan = AppConfig(), "idle", ((), {})
+    service.samples = SampleStore(tmp_path)
+    header = {"id": "a" * 64, "kind": "expert", "label": "Apple___Apple_scab", "confidence": 1.0, "engine_version": "v2000", "ext": ".jpg"}
+    service.samples.add(header, b"photo")
+    assert "of Apple scab (Apple)" in service._next_publish(service.samples.counts())["sentence"]
+    assert service.samples.add({**header, "label": "Apple___Black_rot"}, b"photo")  # a slip put right: the counts stay
+    sentence = service._next_publish(service.samples.counts())["sentence"]
+    assert "of Black rot (Apple)" in sentence and "Apple scab" not in sentence
+    service.samples.close()

@@ -59,6 +59,8 @@ class SampleStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
+        #: Labels replaced by a later expert label since this store was opened (:meth:`add`).
+        self.corrections = 0
 
     def close(self) -> None:
         with self._lock:
@@ -82,6 +84,7 @@ class SampleStore:
                     "UPDATE samples SET kind = 'expert', label = ?, confidence = ?, engine_version = ?, generation = NULL WHERE id = ?",
                     (header["label"], float(header["confidence"]), header["engine_version"], header["id"]),
                 )
+                self.corrections += 1  # the counts may not change: what is read from the labels must be read again
             return True
         path = self.root / "samples" / f"{header['id']}{header['ext']}"
         atomic_write(path, photo)

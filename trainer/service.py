@@ -159,7 +159,7 @@ class TrainerService:
         """What the next publish waits for (the samples read again only when their counts changed)."""
         from trainer.loop.next_publish import plan
 
-        key = tuple(sorted(counts.items()))
+        key = (tuple(sorted(counts.items())), self.samples.corrections)
         if self._plan[0] != key:
             self._plan = (key, plan(self.samples.all(), counts, self.cfg.trainer).as_dict())
         out = dict(self._plan[1])
