@@ -75,7 +75,7 @@ class TrainerService:
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
         self._plan: tuple = ((), {})
-        self._field_wait: tuple[int, str | None] = (-1, None)  # (sample count, why no candidate could be judged yet)
+        self._field_wait: tuple[tuple, str | None] = ((), None)  # ((sample count, corrections), why no candidate could be judged yet)
         self._release_tried = -1  # the sample count a retrain of an upgrade's pending release last ran on
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
         self._classes_of: tuple[str | None, list[str]] = (None, [])  # the current version and its classes
@@ -214,8 +214,9 @@ class TrainerService:
         tc = self.cfg.trainer
         if not enough_new(counts, tc):
             return False
-        if self._field_wait[0] != total:  # read the samples again only when new ones have arrived
-            self._field_wait = (total, too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min))
+        key = (total, self.samples.corrections)
+        if self._field_wait[0] != key:  # read the samples again only when new ones have arrived, or a label was corrected
+            self._field_wait = (key, too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min))
         return self._field_wait[1] is None  # else a candidate could not be published: no retrain spent on it
 
     def _retrain_once(self) -> None:
