@@ -347,7 +347,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/review/{photo}/label",
         "label",
-        "Give a photo of the review queue its true class.",
+        "Give a photo its true class: one of the review queue, or any other still kept (a later label replaces an earlier).",
         review_label,
         s.Labelled,
         (
@@ -359,7 +359,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             ),
         ),
         body=s.LabelIn,
-        errors={404: "Not in the review queue."},
+        errors={404: "No such photo, or its file is no longer kept."},
     ),
     Endpoint("GET", "/engines", "read", "The engine versions, the one in service and the pin.", engines, s.Engines),
     Endpoint(
