@@ -225,6 +225,8 @@ def test_the_photo_page_labels_any_photo_kept_and_the_review_page_links_the_phot
     assert 'id="labelled">Labelled Apple · Black rot' in shown and "Not Apple · Black rot?" in shown
     bad = c.post(f"/photo/{sure}/label", data={"csrf": csrf_of(c), "label": "Wheat___rust"})
     assert bad.status_code == 400 and "not a known class" in bad.text
+    new = c.post(f"/photo/{sure}/label", data={"csrf": csrf_of(c), "label": "Wheat___rust", "new_class": "1"})
+    assert new.status_code == 303 and "Labelled Wheat · rust" in c.get(new.headers["location"]).text
     assert c.post(f"/photo/{sure}/label", data={"label": "Apple___healthy"}).status_code == 403  # no CSRF token
     pool = next(iter(queued))
     done = c.post("/review/label", data={"csrf": csrf_of(c), "photo": pool, "label": "Apple___healthy"})

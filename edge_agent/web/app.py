@@ -182,7 +182,7 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
         if not is_sha256(sha):
             return problem(request, 404, "no such photo")
-        await run_in_threadpool(ctx.label, sha, str(data.get("label", "")))  # Refused / BadParameter: their status page
+        await run_in_threadpool(ctx.label, sha, str(data.get("label", "")), data.get("new_class") == "1")  # Refused / BadParameter: shown
         return RedirectResponse(f"/photo/{sha}?labelled=1", status_code=303)
 
     async def image(request: Request) -> Response:
