@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -376,3 +377,28 @@ def test_edge_agent_results_names_each_photos_plant_and_lists_one_plants_photos(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted(r["plant"] or "" for r in rows) == [""] * 6 + ["tree-1"] * 3 + ["tree-2"] * 2
     assert main(["results", "--state-dir", str(state), "--plant", "tree-9"]) == 0 and capsys.readouterr().out == ""
+
+
+def test_a_review_question_offers_the_class_the_expert_gave_the_plants_other_photos(state):
+    import sqlite3
+
+    from .web_helpers import client
+
+    c = client(state)
+    tree1 = c.get("/api/v1/plants/tree-1").json()["results"]
+    with sqlite3.connect(state / "results.sqlite") as con:  # both questions are photos of tree-1 too
+        con.execute("UPDATE results SET plant = 'tree-1' WHERE photo_id IN ('p0', 'p1')")
+        classes = [json.loads(t)[1][0] for (t,) in con.execute("SELECT top_k FROM results WHERE photo_id = 'p0'")]
+    db = ResultsDB(state / "results.sqlite")
+    for r in tree1[:2]:
+        db.mark_expert(r["sha256"], "Tomato___Late_blight", "")
+    db.mark_expert(tree1[2]["sha256"], classes[0], "")  # a class the question's buttons already name
+    db.close()
+    form = c.get("/review").text.split('id="label-form"')[1].split("</form>")[0]
+    extra = form.split('id="same-plant"')[1].split("</button>")[0]
+    assert 'value="Tomato___Late_blight" data-key="4"' in form and "the expert's label of 2 other photos of this plant" in extra
+    named = form.split(f'value="{classes[0]}"')[1].split("</button>")[0]
+    assert "the expert's label of 1 other photo of this plant" in named
+    with sqlite3.connect(state / "results.sqlite") as con:  # a photo of no plant: nothing offered
+        con.execute("UPDATE results SET plant = NULL WHERE photo_id IN ('p0', 'p1')")
+    assert "same-plant" not in c.get("/review").text

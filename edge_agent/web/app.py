@@ -208,10 +208,13 @@ def create_app(ctx: WebContext) -> Starlette:
             finally:
                 db.close()
         i = parse_int(request.query_params.get("i"))
+        item = items[i] if i < len(items) else None
+        same_plant = await run_in_threadpool(ctx.plant_labels, item.arrival.plant, item.entry.sha256) if item else []
         return page(
             request,
             "review.html",
-            item=items[i] if i < len(items) else None,
+            item=item,
+            same_plant=dict(same_plant),
             i=i,
             n=len(items),
             left=left,

@@ -3,12 +3,13 @@ report, the two writes (a label, a rollback), and the parameters' checks."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.plants import PlantDiagnosis, diagnose
+from edge_agent.plants import PlantDiagnosis, diagnose, too_many
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, wanted_classes
 from edge_agent.rollback import RollbackOutcome
@@ -43,6 +44,17 @@ class WebContext:
         """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
         said = self.reader.expert_labels([r.sha256 for r in rows])
         return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, self.cfg.classify.plant_max_photos), said
+
+    def plant_labels(self, plant: str | None, photo: str) -> list[tuple[str, int]]:
+        """The expert's labels of the other photos of ``photo``'s ``plant``, the most given first (none for no plant, or
+        a folder past ``[classify] plant_max_photos``: not one plant)."""
+        if not plant:
+            return []
+        rows = self.reader.plant(plant)
+        if too_many(len(rows), self.cfg.classify.plant_max_photos):
+            return []
+        said = self.reader.expert_labels([r.sha256 for r in rows if r.sha256 != photo])
+        return Counter(said.values()).most_common()
 
     def db(self, readonly: bool = True) -> ResultsDB | None:
         if not self.state.db.is_file():
