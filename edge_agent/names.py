@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["DEVICE_NAME", "device_name_problem", "class_name_problem", "CLASS_NAME_MAX", "class_phrase", "describe_class", "printable"]
+__all__ = [
+    "DEVICE_NAME",
+    "device_name_problem",
+    "class_name_problem",
+    "CLASS_NAME_MAX",
+    "class_phrase",
+    "describe_class",
+    "is_disease",
+    "printable",
+]
 
 #: Letters, digits, ``.``, ``_`` and ``-``, at most 64, starting with a letter or digit; matched whole (``fullmatch``:
 #: no trailing newline slips through a ``$``).
@@ -60,3 +69,8 @@ def class_phrase(label: str) -> str:
     """A class as a sentence names it: ``Tomato___Late_blight`` -> "Late blight (Tomato)" (a one-part name as it is)."""
     plant, condition = describe_class(label)
     return condition if condition == plant else f"{condition} ({plant})"
+
+
+def is_disease(label: str) -> bool:
+    """True for a class that names a disease: every class whose name does not end in ``healthy``."""
+    return not label.lower().rstrip("_ ").endswith("healthy")

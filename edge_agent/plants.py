@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edge_agent.log import display_name
-from edge_agent.names import class_phrase
+from edge_agent.names import class_phrase, is_disease
 
-__all__ = ["PlantDiagnosis", "combine", "diagnose", "plant_of", "too_many", "PLANT_NAME"]
+__all__ = ["PlantDiagnosis", "combine", "diagnose", "in_view", "plant_of", "too_many", "PLANT_NAME", "PLANT_VIEWS", "PLANTS_LOOKED_AT"]
 
 #: A plant's name as the API takes it: a folder name in the inbox (no path, no hidden file).
 PLANT_NAME = r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}"
@@ -148,3 +148,19 @@ def diagnose(rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str
         agreeing=sum(bool(r.top_k) and str(r.top_k[0][0]) == label for r in rows),
         expert=len(said),
     )
+
+
+#: The views of plants by their diagnosis: "" every plant, "sick" sure of a disease (or so labelled by the expert),
+#: "unsure" (unsure or unknown).
+PLANT_VIEWS = {"": "every plant", "sick": "with a disease", "unsure": "not sure what they have"}
+#: The most recently photographed plants a view looks at (each one's diagnosis is made to choose).
+PLANTS_LOOKED_AT = 1000
+
+
+def in_view(verdict: str, label: str, view: str) -> bool:
+    """Whether a plant diagnosed ``label`` with ``verdict`` belongs in ``view`` (:data:`PLANT_VIEWS`)."""
+    if view == "sick":
+        return verdict == "confident" and is_disease(label)
+    if view == "unsure":
+        return verdict in ("unsure", "unknown")
+    return True

@@ -402,3 +402,27 @@ def test_a_review_question_offers_the_class_the_expert_gave_the_plants_other_pho
     with sqlite3.connect(state / "results.sqlite") as con:  # a photo of no plant: nothing offered
         con.execute("UPDATE results SET plant = NULL WHERE photo_id IN ('p0', 'p1')")
     assert "same-plant" not in c.get("/review").text
+
+
+def test_the_plants_page_shows_the_plants_with_a_disease_or_the_unsure_ones_alone(state):
+    from .web_helpers import client
+
+    c = client(state)
+    db = ResultsDB(state / "results.sqlite")
+    _plant_rows(db, "tree-3", "Corn_(maize)___healthy", 0.97, 2, verdict="confident")  # sure it is healthy: neither view
+    db.close()
+    sick = c.get("/plants", params={"show": "sick"}).text  # tree-1: sure of scab; tree-2: its photos disagree
+    assert [s.split('"')[0] for s in sick.split('data-plant="')[1:]] == ["tree-1"] and '<option value="sick" selected>' in sick
+    unsure = c.get("/plants", params={"show": "unsure"}).text
+    assert [s.split('"')[0] for s in unsure.split('data-plant="')[1:]] == ["tree-2"]
+    every = c.get("/plants", params={"show": "nonsense"}).text  # not a view: every plant
+    assert [s.split('"')[0] for s in every.split('data-plant="')[1:]] == ["tree-3", "tree-2", "tree-1"]
+    none = c.get("/plants", params={"show": "sick", "q": "tree-3"}).text
+    assert 'id="no-plants">No plant named with “tree-3” has a disease' in none
+    db = ResultsDB(state / "results.sqlite")
+    db.mark_expert(c.get("/api/v1/plants/tree-2").json()["results"][0]["sha256"], "Apple___Black_rot", "")
+    db.close()
+    assert 'data-plant="tree-2"' in c.get("/plants", params={"show": "sick"}).text  # labelled so by the expert
+    assert [p["plant"] for p in c.get("/api/v1/plants", params={"show": "sick"}).json()["plants"]] == ["tree-2", "tree-1"]
+    assert [p["plant"] for p in c.get("/api/v1/plants", params={"show": "sick", "limit": 1}).json()["plants"]] == ["tree-2"]
+    assert c.get("/api/v1/plants", params={"show": "nonsense"}).status_code == 400

@@ -12,13 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edge_agent.alerts.config import ANY_DISEASE, AlertsSection
+from edge_agent.names import is_disease
 
 __all__ = ["AlertRules", "Candidate", "is_disease"]
-
-
-def is_disease(label: str) -> bool:
-    """True for a class that names a disease: every class whose name does not end in ``healthy``."""
-    return not label.lower().rstrip("_ ").endswith("healthy")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
 from edge_agent.names import describe_class
-from edge_agent.plants import PLANT_NAME
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, to_ask
@@ -255,14 +255,25 @@ def create_app(ctx: WebContext) -> Starlette:
 
     async def plants(request: Request) -> Response:
         match = request.query_params.get("q", "").strip()[:64]
+        show = request.query_params.get("show", "")
+        show = show if show in PLANT_VIEWS else ""
 
         def read() -> tuple[list[dict], int]:
             k = len(ctx.classes())
-            found = [plant_view(name, ctx.reader.plant(name), k) for name, _, _ in ctx.reader.plants(PLANTS_SHOWN, match)]
-            return found, (ctx.reader.plant_count(match) if len(found) == PLANTS_SHOWN else len(found))
+            if not show:
+                found = [plant_view(name, ctx.reader.plant(name), k) for name, _, _ in ctx.reader.plants(PLANTS_SHOWN, match)]
+                return found, (ctx.reader.plant_count(match) if len(found) == PLANTS_SHOWN else len(found))
+            found, total = [], 0
+            for name, _, _ in ctx.reader.plants(PLANTS_LOOKED_AT, match):  # the diagnosis decides: each plant's is made
+                view = plant_view(name, ctx.reader.plant(name), k)
+                if in_view(view["verdict"], view["label"], show):
+                    total += 1
+                    if len(found) < PLANTS_SHOWN:
+                        found.append(view)
+            return found, total
 
         found, total = await run_in_threadpool(read)
-        return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN)
+        return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN, show=show, views=PLANT_VIEWS)
 
     async def plant(request: Request) -> Response:
         name = request.path_params["plant"]

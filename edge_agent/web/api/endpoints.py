@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
-from edge_agent.plants import PLANT_NAME
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import left_today, to_ask
 from edge_agent.web.api import schemas as s
@@ -146,17 +146,28 @@ def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: in
     )
 
 
-def _plants(ctx: WebContext, limit: int, match: str) -> s.Plants:
+def _plants(ctx: WebContext, limit: int, match: str, view: str) -> s.Plants:
     k = len(ctx.classes())  # read once, not once a plant
-    return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False, k) for name, _, _ in ctx.reader.plants(limit, match)])
+    if not view:
+        return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False, k) for name, _, _ in ctx.reader.plants(limit, match)])
+    out = []
+    for name, _, _ in ctx.reader.plants(PLANTS_LOOKED_AT, match):  # the diagnosis decides: each plant's is made
+        p = _plant(ctx, name, ctx.reader.plant(name), False, k)
+        if in_view(p.verdict, p.label, view):
+            out.append(p)
+            if len(out) == limit:
+                break
+    return s.Plants(plants=out)
 
 
 async def plants(ctx: WebContext, request: Request) -> s.Plants:
     q = request.query_params
-    match = q.get("q", "").strip()
+    match, view = q.get("q", "").strip(), q.get("show", "")
     if len(match) > 64:
         raise BadParameter("q: at most 64 characters (a plant's name is no longer)")
-    return await run_in_threadpool(_plants, ctx, parse_int(q.get("limit"), default=50, hi=500), match)
+    if view not in PLANT_VIEWS:
+        raise BadParameter(f"show must be sick or unsure, not {view[:20]!r}")
+    return await run_in_threadpool(_plants, ctx, parse_int(q.get("limit"), default=50, hi=500), match, view)
 
 
 async def plant(ctx: WebContext, request: Request) -> s.PlantOut:
@@ -330,6 +341,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (
             Param("limit", "query", "At most this many (1 to 500, default 50).", "integer"),
             Param("q", "query", "Only the plants whose name holds this text, in any case (at most 64 characters)."),
+            Param("show", "query", "Only the plants sure of a disease or labelled so by the expert (sick), or left unsure (unsure)."),
         ),
     ),
     Endpoint(
