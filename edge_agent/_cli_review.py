@@ -8,6 +8,7 @@ import sys
 
 from edge_agent._cli_common import load, print_rows, state_db
 from edge_agent.names import printable
+from edge_agent.plants import labels_of_others
 
 __all__ = ["review_label", "review_list", "review_trust"]
 
@@ -34,7 +35,9 @@ def review_list(args: argparse.Namespace) -> int:
     for it in items:
         q = it.entry
         alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
-        print(printable(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {it.arrival.where}  {q.file}"))
+        others = labels_of_others(*db.plant_labels(it.arrival.plant), q.sha256, cfg.classify.plant_max_photos) if it.arrival.plant else []
+        hint = f"  (the expert said {others[0][0]} of {others[0][1]} other photo{'s' * (others[0][1] > 1)} of this plant)" if others else ""
+        print(printable(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {it.arrival.where}{hint}  {q.file}"))
     if left is not None and not args.all:
         print(f"-- best first; {left} of today's {cfg.labels.review_per_day} questions left", file=sys.stderr)
     return 0

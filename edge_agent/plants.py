@@ -32,7 +32,18 @@ from pathlib import Path
 from edge_agent.log import display_name
 from edge_agent.names import class_phrase, is_disease
 
-__all__ = ["PlantDiagnosis", "combine", "diagnose", "in_view", "plant_of", "too_many", "PLANT_NAME", "PLANT_VIEWS", "PLANTS_LOOKED_AT"]
+__all__ = [
+    "PlantDiagnosis",
+    "combine",
+    "diagnose",
+    "in_view",
+    "labels_of_others",
+    "plant_of",
+    "too_many",
+    "PLANT_NAME",
+    "PLANT_VIEWS",
+    "PLANTS_LOOKED_AT",
+]
 
 #: A plant's name as the API takes it: a folder name in the inbox (no path, no hidden file).
 PLANT_NAME = r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}"
@@ -164,3 +175,11 @@ def in_view(verdict: str, label: str, view: str) -> bool:
     if view == "unsure":
         return verdict in ("unsure", "unknown")
     return True
+
+
+def labels_of_others(photos: int, said: Mapping[str, str], photo: str, limit: int = 0) -> list[tuple[str, int]]:
+    """The expert's labels (``said``: sha256 -> class) of a plant's other photos than ``photo``, the most given first;
+    none for a folder of more than ``limit`` ``photos`` (not one plant)."""
+    if too_many(photos, limit):
+        return []
+    return Counter(label for sha, label in said.items() if sha != photo).most_common()

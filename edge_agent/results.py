@@ -365,6 +365,19 @@ class ResultsDB:
         rows = self._query("SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? ORDER BY id", (plant,))
         return [(json.loads(top_k), verdict) for top_k, verdict in rows]
 
+    def plant_labels(self, plant: str) -> tuple[int, dict[str, str]]:
+        """How many photos ``plant`` has, and the expert's label of each of them that has one (sha256 -> class)."""
+        (n,) = self._query("SELECT COUNT(*) FROM results WHERE plant = ?", (plant,))[0]
+        try:
+            said = self._query(
+                "SELECT e.sha256, e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 WHERE r.plant = ?", (plant,)
+            )
+        except sqlite3.OperationalError as exc:
+            if missing_table(self._db, exc):
+                return n, {}  # a ledger older than the table: no labels
+            raise
+        return n, dict(said)
+
     def relocate_queue(self, root: Path) -> int:
         """Queue rows naming a photo under another path of the queue folder (the state directory restored or copied
         elsewhere) are pointed at it under ``root``, so that no queued label is dropped as missing; returns how many."""

@@ -426,3 +426,27 @@ def test_the_plants_page_shows_the_plants_with_a_disease_or_the_unsure_ones_alon
     assert [p["plant"] for p in c.get("/api/v1/plants", params={"show": "sick"}).json()["plants"]] == ["tree-2", "tree-1"]
     assert [p["plant"] for p in c.get("/api/v1/plants", params={"show": "sick", "limit": 1}).json()["plants"]] == ["tree-2"]
     assert c.get("/api/v1/plants", params={"show": "nonsense"}).status_code == 400
+
+
+def test_review_list_says_what_the_expert_gave_the_plants_other_photos(state, capsys):
+    import sqlite3
+
+    from edge_agent.cli import main
+
+    tree1 = [r.sha256 for r in _rows_of(state, "tree-1")]
+    with sqlite3.connect(state / "results.sqlite") as con:
+        con.execute("UPDATE results SET plant = 'tree-1' WHERE photo_id = 'p0'")
+    db = ResultsDB(state / "results.sqlite")
+    for sha in tree1[:2]:
+        db.mark_expert(sha, "Tomato___Late_blight", "")
+    db.close()
+    assert main(["review", "list", "--state-dir", str(state)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "plant tree-1: " in lines["p0"] and "(the expert said Tomato___Late_blight of 2 other photos of this plant)" in lines["p0"]
+    assert "the expert said" not in lines["p1"]  # a photo of no plant
+
+
+def _rows_of(state, plant: str) -> list[ResultRow]:
+    from edge_agent.web.queries import Reader
+
+    return Reader(state / "results.sqlite").plant(plant)
