@@ -8,22 +8,22 @@ import sys
 
 from edge_agent._cli_common import load, print_rows, state_db
 from edge_agent.names import printable
-from edge_agent.plants import labels_of_others
 
 __all__ = ["review_label", "review_list", "review_trust"]
 
 
 def review_list(args: argparse.Namespace) -> int:
-    from edge_agent.review.queue import left_today, to_ask, wanted_classes
+    from edge_agent.review.queue import left_today, others_labelled, to_ask, wanted_classes
     from edge_agent.state import trainer_live
 
     cfg = load(args)
     state, db = state_db(args, cfg)
     wanted = wanted_classes(trainer_live(cfg, state.root)[0])
     items = to_ask(db, cfg.labels.review_per_day, everything=args.all, wanted=wanted, policy=cfg.labels)
+    limit = cfg.classify.plant_max_photos
     if args.json:
         for it in items:
-            print(json.dumps({**it.as_json(), "file": it.entry.file}))
+            print(json.dumps({**it.as_json(), "plant_labels": dict(others_labelled(db, it, limit)), "file": it.entry.file}))
         return 0
     left = left_today(db, cfg.labels.review_per_day)
     if not items:
@@ -35,7 +35,7 @@ def review_list(args: argparse.Namespace) -> int:
     for it in items:
         q = it.entry
         alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
-        others = labels_of_others(*db.plant_labels(it.arrival.plant), q.sha256, cfg.classify.plant_max_photos) if it.arrival.plant else []
+        others = others_labelled(db, it, limit)
         hint = f"  (the expert said {others[0][0]} of {others[0][1]} other photo{'s' * (others[0][1] > 1)} of this plant)" if others else ""
         print(printable(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {it.arrival.where}{hint}  {q.file}"))
     if left is not None and not args.all:

@@ -444,6 +444,13 @@ def test_review_list_says_what_the_expert_gave_the_plants_other_photos(state, ca
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert "plant tree-1: " in lines["p0"] and "(the expert said Tomato___Late_blight of 2 other photos of this plant)" in lines["p0"]
     assert "the expert said" not in lines["p1"]  # a photo of no plant
+    assert main(["review", "list", "--state-dir", str(state), "--json"]) == 0
+    rows = {r["photo_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["p0"]["plant_labels"] == {"Tomato___Late_blight": 2} and rows["p1"]["plant_labels"] == {}
+    from .web_helpers import client
+
+    items = {it["photo_id"]: it for it in client(state).get("/api/v1/review").json()["items"]}
+    assert items["p0"]["plant_labels"] == {"Tomato___Late_blight": 2} and items["p1"]["plant_labels"] == {}
 
 
 def _rows_of(state, plant: str) -> list[ResultRow]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
+from edge_agent.plants import labels_of_others
 from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
@@ -40,6 +41,7 @@ __all__ = [
     "to_ask",
     "left_today",
     "label_photo",
+    "others_labelled",
     "prune_pool",
     "start_of_day",
     "today",
@@ -193,6 +195,13 @@ def label_photo(
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))
     return entry
+
+
+def others_labelled(db: ResultsDB, item: ReviewItem, limit: int) -> list[tuple[str, int]]:
+    """The classes the expert gave the other photos of the question's plant, the most given first (none for a photo of
+    no plant, or of a folder of more than ``limit`` photos: :func:`~edge_agent.plants.labels_of_others`)."""
+    plant = item.arrival.plant
+    return labels_of_others(*db.plant_labels(plant), item.entry.sha256, limit) if plant else []
 
 
 def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str) -> QueueEntry:

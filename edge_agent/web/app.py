@@ -32,7 +32,7 @@ from edge_agent.names import describe_class
 from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
-from edge_agent.review.queue import left_today, to_ask
+from edge_agent.review.queue import left_today, others_labelled, to_ask
 from edge_agent.web import charts
 from edge_agent.web._errors import refusal
 from edge_agent.web._limits import BodyLimit
@@ -200,16 +200,17 @@ def create_app(ctx: WebContext) -> Starlette:
     # ---- review -------------------------------------------------------------
     async def review(request: Request) -> Response:
         db = ctx.db()
-        items, left = [], None
+        items, left, same_plant = [], None, []
+        i = parse_int(request.query_params.get("i"))
         if db is not None:
             try:
                 items = to_ask(db, ctx.cfg.labels.review_per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels)
                 left = left_today(db, ctx.cfg.labels.review_per_day)
+                if i < len(items):
+                    same_plant = others_labelled(db, items[i], ctx.cfg.classify.plant_max_photos)
             finally:
                 db.close()
-        i = parse_int(request.query_params.get("i"))
         item = items[i] if i < len(items) else None
-        same_plant = await run_in_threadpool(ctx.plant_labels, item.arrival.plant, item.entry.sha256) if item else []
         return page(
             request,
             "review.html",

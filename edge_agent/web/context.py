@@ -8,7 +8,7 @@ from datetime import date
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.plants import PlantDiagnosis, diagnose, labels_of_others
+from edge_agent.plants import PlantDiagnosis, diagnose
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, wanted_classes
 from edge_agent.rollback import RollbackOutcome
@@ -43,17 +43,6 @@ class WebContext:
         """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
         said = self.reader.expert_labels([r.sha256 for r in rows])
         return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, self.cfg.classify.plant_max_photos), said
-
-    def plant_labels(self, plant: str | None, photo: str) -> list[tuple[str, int]]:
-        """The expert's labels of the other photos of ``photo``'s ``plant``, the most given first
-        (:func:`~edge_agent.plants.labels_of_others`; none for no plant)."""
-        db = self.db() if plant else None
-        if db is None:
-            return []
-        try:
-            return labels_of_others(*db.plant_labels(plant), photo, self.cfg.classify.plant_max_photos)
-        finally:
-            db.close()
 
     def db(self, readonly: bool = True) -> ResultsDB | None:
         if not self.state.db.is_file():

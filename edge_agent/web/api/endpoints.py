@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from edge_agent.board import as_reported
 from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
 from edge_agent.results import query_readonly
-from edge_agent.review.queue import left_today, to_ask
+from edge_agent.review.queue import left_today, others_labelled, to_ask
 from edge_agent.web.api import schemas as s
 from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int
 from edge_agent.web.photos import is_sha256
@@ -186,9 +186,11 @@ def _review(ctx: WebContext) -> s.ReviewQueue:
         return s.ReviewQueue(left_today=None if per_day <= 0 else per_day, per_day=per_day, items=[])
     try:
         items, left = to_ask(db, per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels), left_today(db, per_day)
+        limit = ctx.cfg.classify.plant_max_photos
+        out = [s.ReviewItemOut(**it.as_json(), plant_labels=dict(others_labelled(db, it, limit))) for it in items]
     finally:
         db.close()
-    return s.ReviewQueue(left_today=left, per_day=per_day, items=[s.ReviewItemOut(**it.as_json()) for it in items])
+    return s.ReviewQueue(left_today=left, per_day=per_day, items=out)
 
 
 async def review(ctx: WebContext, request: Request) -> s.ReviewQueue:

@@ -121,6 +121,7 @@ class ReviewItemOut(BaseModel):
     source: str | None = Field(None, description="Where it came from: inbox (the hot folder, uploads included) or the camera's name.")
     plant: str | None = Field(None, description="The plant it shows (the inbox subfolder it arrived in), if any.")
     classified: datetime | None = Field(None, description="When the model answered it (UTC).")
+    plant_labels: dict[str, int] = Field({}, description="The classes the expert gave the plant's other photos, and how many.")
 
 
 class ReviewQueue(BaseModel):
