@@ -2,7 +2,8 @@
 by hand, a board without a clock battery that restored its last saved time at boot) does not make what was recorded
 before the jump look older than it is, so retention never removes it early.
 
-:class:`ClockWatch` compares the wall clock with the monotonic one at each look. A forward step of more than
+:class:`ClockWatch` compares the wall clock with the time since boot at each look (Linux's ``CLOCK_BOOTTIME``,
+which counts a laptop's sleep as the wall clock does; the monotonic clock, which does not, elsewhere). A forward step of more than
 :data:`JUMP_S` is a jump: kept in ``<state>/clock.json`` as when it happened on the clock before it and by how much,
 so :meth:`ClockWatch.shift` can say how much of a record's apparent age the jumps after it made, across restarts.
 A step back is logged only: what is recorded after it looks younger than it is and is kept longer, never lost. A
@@ -30,6 +31,14 @@ JUMP_S = 3600.0
 MOST_JUMPS = 100
 
 
+def since_boot() -> float:
+    """Seconds since boot, sleep included where the system counts it (Linux), else the monotonic clock."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
+
+
 class ClockJump(NamedTuple):
     """The wall clock stepped forward ``by`` seconds when it read ``before`` (on the clock before the jump)."""
 
@@ -40,7 +49,7 @@ class ClockJump(NamedTuple):
 class ClockWatch:
     """The wall clock's forward jumps, seen by comparing it with the monotonic clock; kept in ``path``."""
 
-    def __init__(self, path: Path, wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: Path, wall: Callable[[], float] = time.time, mono: Callable[[], float] = since_boot) -> None:
         self.path, self.wall, self.mono = Path(path), wall, mono
         self.log = get_logger("clock")
         self.jumps = self._read()

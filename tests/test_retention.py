@@ -297,3 +297,17 @@ def test_status_and_the_health_page_say_the_clock_was_set_forward(tmp_path, caps
     from .web_helpers import client
 
     assert client(state).get("/health").text.split('id="clock-jump">')[1].startswith(f"clock: {note}")
+
+
+def test_the_clock_watch_counts_a_laptops_sleep_as_time_passing_not_as_a_jump(tmp_path, monkeypatch):
+    """A suspended laptop's monotonic clock stops while its wall clock runs on: the watch reads the time since boot,
+    sleep included (Linux's CLOCK_BOOTTIME), and falls back to the monotonic clock where there is none."""
+    from edge_agent import clock
+
+    assert clock.ClockWatch(tmp_path / "clock.json").mono is clock.since_boot
+    monkeypatch.setattr(clock.time, "CLOCK_BOOTTIME", 7, raising=False)
+    monkeypatch.setattr(clock.time, "clock_gettime", lambda which: 123.0 if which == 7 else -1.0)
+    assert clock.since_boot() == 123.0
+    monkeypatch.delattr(clock.time, "CLOCK_BOOTTIME")
+    monkeypatch.setattr(clock.time, "monotonic", lambda: 45.0)
+    assert clock.since_boot() == 45.0
