@@ -702,3 +702,27 @@ def test_the_crops_an_expert_labels_become_the_farms_crops_for_alerts(tmp_path, 
     assert w.status()["crops"] == ["Apple"] and w.status()["skipped_other_crop"] == 1
     w.stop()
     db.close()
+
+
+def test_the_digest_names_the_plants_with_a_disease_the_experts_label_first(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, digest_at="00:00")
+
+    def photo(plant: str, label: str, p: float, verdict: str) -> str:
+        sha = f"{next(_n):064x}"
+        top_k = [[label, p], ["Apple___healthy" if label != "Apple___healthy" else "Apple___Black_rot", round(1 - p, 4)]]
+        db.commit(
+            [ResultRow(sha, sha[:16], None, "inbox", label, p, top_k, "v1000", {}, created=time.time(), verdict=verdict, plant=plant)]
+        )
+        return sha
+
+    for _ in range(3):
+        photo("tree 1", "Apple___Apple_scab", 0.95, "confident")  # sure of scab together
+        photo("tree 2", "Apple___healthy", 0.95, "confident")  # healthy: no finding
+    labelled = [photo("tree 3", "Apple___healthy", 0.6, "unsure") for _ in range(2)]
+    db.mark_expert(labelled[0], "Apple___Black_rot", "")  # the model unsure, the expert says black rot
+    body = w.digest_due(time.time() + 1)
+    assert body["plants"] == {"tree 1": "Apple___Apple_scab", "tree 3": "Apple___Black_rot"}
+    assert body["message"].endswith("plants with a disease: tree 1 (Apple scab (Apple)), tree 3 (Black rot (Apple))")
+    w.stop()
+    db.close()

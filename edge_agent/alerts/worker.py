@@ -17,6 +17,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -354,6 +355,9 @@ class AlertWorker(Worker):
         ]
         if doubts:  # answers the lines do not count as findings, apart: the expert's Review page has them
             lines.append(" and ".join(doubts) + " (ask an expert: the Review page)")
+        plants = self._sick_plants(since, now)
+        if plants:
+            lines.append("plants with a disease: " + ", ".join(f"{p} ({class_phrase(label)})" for p, label in plants.items()))
         return {
             "event_type": "digest",
             "device": self.device,
@@ -362,10 +366,42 @@ class AlertWorker(Worker):
             "alerts": len(alerts),
             "by_class": counts,
             "by_verdict": by_verdict,
+            "plants": plants,
             "title": f"edge-agent {self.device}: {sum(counts.values())} photos, {len(alerts)} alerts in the last 24 h",
             "message": "; ".join(lines),
             "text": "; ".join(lines),
         }
+
+    def _sick_plants(self, since: float, until: float, most: int = 200) -> dict[str, str]:
+        """The plants photographed from ``since`` to ``until`` whose diagnosis is a disease the alert rules take (the
+        expert's label where the expert labelled any of their photos, else their photos combined): plant -> class."""
+        out = {}
+        for (plant,) in self._results(
+            "SELECT DISTINCT plant FROM results WHERE plant IS NOT NULL AND created >= ? AND created <= ? LIMIT ?", (since, until, most)
+        ):
+            limit = self.plant_max_photos
+            sql = "SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? ORDER BY id"
+            answers = [(json.loads(k), v) for k, v in self._results(sql + (f" LIMIT {limit + 1}" if limit else ""), (plant,))]
+            if too_many(len(answers), limit):
+                continue  # no plant: its photos were judged one by one
+            try:
+                said = self._results(
+                    "SELECT e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 WHERE r.plant = ?", (plant,)
+                )
+            except sqlite3.OperationalError as exc:
+                if self._con is None or not missing_table(self._con, exc):
+                    raise  # locked past the wait: the round fails and is tried again
+                said = []  # a ledger older than the expert's labels
+            if said:
+                label, p = Counter(lab for (lab,) in said).most_common(1)[0][0], 1.0
+            else:
+                d = combine(answers, self.num_classes(), self.sure)
+                if d.verdict != "confident":
+                    continue
+                label, p = d.label, d.probability
+            if self.rules.wants(Candidate(0, 0, "", label, p, "confident", "", "")):
+                out[plant] = label
+        return out
 
     def _digest(self) -> None:
         body = self.digest_due()
