@@ -159,16 +159,16 @@ def test_a_folder_of_more_photos_than_a_plant_has_alerts_photo_by_photo_and_the_
 
 
 def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_newest_photos(state):
-    from edge_agent.web import app
+    from edge_agent.web import plant_pages
 
     from .web_helpers import client
 
     db = ResultsDB(state / "results.sqlite")
-    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, app.PLANT_CARDS + 2, verdict="confident")
+    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, plant_pages.PLANT_CARDS + 2, verdict="confident")
     db.close()
     section = client(state).get("/plants").text.split('data-plant="Camera"')[1].split("</section>")[0]
     assert "not taken as one plant" in section and "plant_max_photos (12)" in section
-    assert section.count('class="card"') == app.PLANT_CARDS and "and 2 older photos" in section
+    assert section.count('class="card"') == plant_pages.PLANT_CARDS and "and 2 older photos" in section
     assert '<a href="/photos?plant=Camera">all its photos</a>' in section
 
 
@@ -309,18 +309,18 @@ def test_a_plant_with_no_photos_is_a_page_that_says_what_a_plant_is(state):
 
 
 def test_the_plants_page_lists_the_most_recent_plants_and_finds_the_others_by_name_as_the_api_does(state):
-    from edge_agent.web import app
+    from edge_agent.web import plant_pages
 
     from .web_helpers import client
 
     db = ResultsDB(state / "results.sqlite")
-    for i in range(app.PLANTS_SHOWN + 3):
+    for i in range(plant_pages.PLANTS_SHOWN + 3):
         _plant_rows(db, f"Row-{i:02d}", "Apple___Apple_scab", 0.95, 1, verdict="confident")
     db.close()
     c = client(state)
     page = c.get("/plants").text
-    total = app.PLANTS_SHOWN + 5  # and tree-1, tree-2: the oldest, not listed
-    assert page.count('<section class="plant"') == app.PLANTS_SHOWN and f"of {total} plants" in page
+    total = plant_pages.PLANTS_SHOWN + 5  # and tree-1, tree-2: the oldest, not listed
+    assert page.count('<section class="plant"') == plant_pages.PLANTS_SHOWN and f"of {total} plants" in page
     assert f'<h1>Plants <span class="muted">({total})</span>' in page and 'data-plant="tree-1"' not in page
     found = c.get("/plants", params={"q": "TREE"}).text
     assert found.count('<section class="plant"') == 2 and 'data-plant="tree-1"' in found and 'id="plants-shown"' not in found

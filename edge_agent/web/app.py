@@ -9,7 +9,6 @@ photos put into the inbox.
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from datetime import datetime
@@ -29,7 +28,6 @@ from edge_agent.board import as_reported
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
 from edge_agent.names import describe_class
-from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, others_labelled, to_ask
@@ -44,6 +42,7 @@ from edge_agent.web.hosts import HostCheck, page_names
 from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
 from edge_agent.web.metrics import render as render_metrics
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
+from edge_agent.web.plant_pages import plant_routes
 from edge_agent.web.queries import Filters
 from edge_agent.web.upload import plant_folder, store_upload
 
@@ -69,23 +68,6 @@ def pretty_class(label: str) -> str:
 
 def local_time(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-#: The most photos of one plant the Plants page shows.
-PLANT_CARDS = 48
-#: The most plants the Plants page lists (the most recently photographed; a name search finds the others).
-PLANTS_SHOWN = 50
-
-
-def _waiting(inbox: Path, plant: str, most: int = 1000) -> int:
-    """How many files wait in ``plant``'s inbox folder (up to ``most``; 0 for a name that is no folder name)."""
-    folder = inbox / plant
-    if not re.fullmatch(PLANT_NAME, plant) or not folder.is_dir():
-        return 0
-    try:
-        return sum(1 for _, f in zip(range(most), folder.iterdir()) if not f.name.startswith(".") and f.is_file())
-    except OSError:
-        return 0
 
 
 def shown_name(row) -> str:
@@ -247,45 +229,6 @@ def create_app(ctx: WebContext) -> Starlette:
         fresh = standing("", [], ctx.cfg.labels).needed  # right checks a class never checked needs
         return page(request, "trust.html", rows=rows, confusion=table, columns=columns, labels=labels, policy=ctx.cfg.labels, fresh=fresh)
 
-    def plant_view(name: str, rows: list, k: int) -> dict:
-        """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
-        d, said = ctx.plant(rows, k)
-        shown = rows[-PLANT_CARDS:]
-        last_local = datetime.fromtimestamp(max(r.created for r in rows)).strftime("%Y-%m-%d %H:%M")
-        return {"plant": name, "rows": shown, "older": len(rows) - len(shown), "said": said, "last_local": last_local, **d.as_dict()}
-
-    async def plants(request: Request) -> Response:
-        match = request.query_params.get("q", "").strip()[:64]
-        show = request.query_params.get("show", "")
-        show = show if show in PLANT_VIEWS else ""
-
-        def read() -> tuple[list[dict], int]:
-            k = len(ctx.classes())
-            if not show:
-                found = [plant_view(name, ctx.reader.plant(name), k) for name, _, _ in ctx.reader.plants(PLANTS_SHOWN, match)]
-                return found, (ctx.reader.plant_count(match) if len(found) == PLANTS_SHOWN else len(found))
-            found, total = [], 0
-            for name, _, _ in ctx.reader.plants(PLANTS_LOOKED_AT, match):  # the diagnosis decides: each plant's is made
-                view = plant_view(name, ctx.reader.plant(name), k)
-                if in_view(view["verdict"], view["label"], show):
-                    total += 1
-                    if len(found) < PLANTS_SHOWN:
-                        found.append(view)
-            return found, total
-
-        found, total = await run_in_threadpool(read)
-        return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN, show=show, views=PLANT_VIEWS)
-
-    async def plant(request: Request) -> Response:
-        name = request.path_params["plant"]
-        rows = await run_in_threadpool(ctx.reader.plant, name)
-        if not rows:
-            if waiting := await run_in_threadpool(_waiting, ctx.inbox, name):  # uploaded a moment ago: not classified yet
-                return page(request, "plant.html", pl=None, name=name, waiting=waiting)
-            why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
-            return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
-        return page(request, "plant.html", pl=await run_in_threadpool(plant_view, name, rows, len(ctx.classes())))
-
     # ---- engines ------------------------------------------------------------
     async def engines(request: Request) -> Response:
         store = ctx.store()
@@ -414,8 +357,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),
         Route("/trust", trust),
-        Route("/plants", plants),
-        Route("/plants/{plant}", plant),
+        *plant_routes(ctx, page, problem),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

@@ -1,0 +1,82 @@
+"""The Plants pages: every plant's diagnosis from its photos together (the most recently photographed first, found by
+name, or only those with a disease or left unsure), and one plant's page, which waits for photos just uploaded."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
+from edge_agent.web.context import WebContext
+
+__all__ = ["PLANT_CARDS", "PLANTS_SHOWN", "plant_routes"]
+
+#: The most photos of one plant the Plants page shows.
+PLANT_CARDS = 48
+#: The most plants the Plants page lists (the most recently photographed; a name search finds the others).
+PLANTS_SHOWN = 50
+
+Page = Callable[..., Response]
+
+
+def _waiting(inbox: Path, plant: str, most: int = 1000) -> int:
+    """How many files wait in ``plant``'s inbox folder (up to ``most``; 0 for a name that is no folder name)."""
+    folder = inbox / plant
+    if not re.fullmatch(PLANT_NAME, plant) or not folder.is_dir():
+        return 0
+    try:
+        return sum(1 for _, f in zip(range(most), folder.iterdir()) if not f.name.startswith(".") and f.is_file())
+    except OSError:
+        return 0
+
+
+def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, str], Response]) -> list[Route]:
+    """The routes of ``/plants`` and ``/plants/<name>``, rendered by the app's ``page`` and ``problem``."""
+
+    def plant_view(name: str, rows: list, k: int) -> dict:
+        """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
+        d, said = ctx.plant(rows, k)
+        shown = rows[-PLANT_CARDS:]
+        last_local = datetime.fromtimestamp(max(r.created for r in rows)).strftime("%Y-%m-%d %H:%M")
+        return {"plant": name, "rows": shown, "older": len(rows) - len(shown), "said": said, "last_local": last_local, **d.as_dict()}
+
+    async def plants(request: Request) -> Response:
+        match = request.query_params.get("q", "").strip()[:64]
+        show = request.query_params.get("show", "")
+        show = show if show in PLANT_VIEWS else ""
+
+        def read() -> tuple[list[dict], int]:
+            k = len(ctx.classes())
+            if not show:
+                found = [plant_view(name, ctx.reader.plant(name), k) for name, _, _ in ctx.reader.plants(PLANTS_SHOWN, match)]
+                return found, (ctx.reader.plant_count(match) if len(found) == PLANTS_SHOWN else len(found))
+            found, total = [], 0
+            for name, _, _ in ctx.reader.plants(PLANTS_LOOKED_AT, match):  # the diagnosis decides: each plant's is made
+                view = plant_view(name, ctx.reader.plant(name), k)
+                if in_view(view["verdict"], view["label"], show):
+                    total += 1
+                    if len(found) < PLANTS_SHOWN:
+                        found.append(view)
+            return found, total
+
+        found, total = await run_in_threadpool(read)
+        return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN, show=show, views=PLANT_VIEWS)
+
+    async def plant(request: Request) -> Response:
+        name = request.path_params["plant"]
+        rows = await run_in_threadpool(ctx.reader.plant, name)
+        if not rows:
+            if waiting := await run_in_threadpool(_waiting, ctx.inbox, name):  # uploaded a moment ago: not classified yet
+                return page(request, "plant.html", pl=None, name=name, waiting=waiting)
+            why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
+            return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
+        return page(request, "plant.html", pl=await run_in_threadpool(plant_view, name, rows, len(ctx.classes())))
+
+    return [Route("/plants", plants), Route("/plants/{plant}", plant)]
