@@ -168,3 +168,18 @@ def test_what_the_next_publish_waits_for_is_read_again_when_a_label_is_corrected
     sentence = service._next_publish(service.samples.counts())["sentence"]
     assert "of Black rot (Apple)" in sentence and "Apple scab" not in sentence
     service.samples.close()
+
+
+def test_edge_trainer_status_says_how_many_labels_the_expert_put_right(tmp_path, capsys):
+    pytest.importorskip("torch", reason="the trainer's command line")
+    from trainer.cli import main
+
+    root = tmp_path / "state" / "trainer"
+    root.mkdir(parents=True)
+    st = {"pid": os.getpid(), "updated": time.time(), "state": "idle", "samples": {"expert": 3, "new": 1, "new_expert": 1}}
+    (root / "status.json").write_text(json.dumps({**st, "labels_corrected": 2}))
+    assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+    assert "(1 of them expert labels); 2 put right by the expert since the start\n" in capsys.readouterr().out
+    (root / "status.json").write_text(json.dumps(st))
+    assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+    assert "put right" not in capsys.readouterr().out

@@ -91,6 +91,7 @@ def _status(args: argparse.Namespace) -> int:
     print(
         f"samples: {c.get('pseudo', 0)} pseudo-labels and {c.get('expert', 0)} expert labels; {c.get('new', 0)} new since the "
         f"last retrain ({c.get('new_expert', 0)} of them expert labels)"
+        + (f"; {st['labels_corrected']} put right by the expert since the start" if st.get("labels_corrected") else "")
     )
     pool = st.get("unlabelled_pool") or {}
     if pool.get("photos"):

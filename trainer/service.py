@@ -135,6 +135,7 @@ class TrainerService:
             "uptime_s": round(time.time() - self.started, 1),
             "state": self.state,
             "samples": counts,
+            "labels_corrected": self.samples.corrections,
             "retrain_threshold": self.cfg.trainer.retrain_threshold,
             "blocked": self.blocked,
             "labelled": self.labelled,
