@@ -359,6 +359,8 @@ def test_the_photos_page_and_the_api_show_one_plants_photos_and_say_when_no_phot
     assert 'name="plant" value="tree-1"' in page  # the next filter keeps the plant
     every = c.get("/photos").text
     assert every.count('<li class="card"') == 11 and 'id="plant-filter"' not in every  # six photos of no plant, five of two
+    assert every.count('class="small plant-link" href="/plants/tree-1">plant tree-1</a>') == 3  # each card names its plant
+    assert every.count('class="small plant-link"') == 5
     assert {r["plant"] for r in c.get("/api/v1/results", params={"plant": "tree-2"}).json()["results"]} == {"tree-2"}
     assert c.get("/api/v1/results", params={"plant": "x" * 65}).status_code == 400
     none = c.get("/photos", params={"plant": "tree-9"}).text
