@@ -17,10 +17,10 @@ import json
 import sqlite3
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.alerts.homeassistant import discovery
@@ -29,12 +29,20 @@ from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
-from edge_agent.plants import combine, too_many
+from edge_agent.plants import combine, diagnose, too_many
 from edge_agent.results import keeps_reasons, missing_table
 from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
 
 __all__ = ["AlertWorker"]
+
+
+class _PlantPhoto(NamedTuple):
+    """A plant's photo as :func:`~edge_agent.plants.diagnose` reads it."""
+
+    sha256: str
+    top_k: list
+    verdict: str
 
 
 class AlertWorker(Worker):
@@ -184,8 +192,7 @@ class AlertWorker(Worker):
         limit = self.plant_max_photos
         if plant in self._not_plants:
             return c
-        sql = "SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? AND id <= ? ORDER BY id"
-        answers = [(json.loads(k), v) for k, v in self._results(sql + (f" LIMIT {limit + 1}" if limit else ""), (plant, c.result_id))]
+        answers = [(r.top_k, r.verdict) for r in self._plant_photos(plant, c.result_id)]
         if too_many(len(answers), limit):
             self._not_plants.add(plant)
             self.log.warning(
@@ -205,6 +212,14 @@ class AlertWorker(Worker):
             verdict=d.verdict,
             reason=f"a plant of {d.photos} photo{'s' * (d.photos != 1)}: {d.reason}",
         )
+
+    def _plant_photos(self, plant: str, up_to: int | None = None) -> list[_PlantPhoto]:
+        """``plant``'s photos, oldest first (those up to result id ``up_to``), at most ``plant_max_photos`` + 1: enough
+        to tell a folder of more from a plant."""
+        limit = self.plant_max_photos
+        sql = "SELECT sha256, top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ?" + (" AND id <= ?" if up_to else "")
+        rows = self._results(sql + " ORDER BY id" + (f" LIMIT {limit + 1}" if limit else ""), (plant, up_to) if up_to else (plant,))
+        return [_PlantPhoto(sha, json.loads(k), v) for sha, k, v in rows]
 
     def _last_alert_of(self, c: Candidate) -> float | None:
         """When this class last raised an alert on this device (the ledger read once per class, then kept)."""
@@ -379,28 +394,18 @@ class AlertWorker(Worker):
         for (plant,) in self._results(
             "SELECT DISTINCT plant FROM results WHERE plant IS NOT NULL AND created >= ? AND created <= ? LIMIT ?", (since, until, most)
         ):
-            limit = self.plant_max_photos
-            sql = "SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? ORDER BY id"
-            answers = [(json.loads(k), v) for k, v in self._results(sql + (f" LIMIT {limit + 1}" if limit else ""), (plant,))]
-            if too_many(len(answers), limit):
-                continue  # no plant: its photos were judged one by one
             try:
                 said = self._results(
-                    "SELECT e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 WHERE r.plant = ?", (plant,)
+                    "SELECT e.sha256, e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 WHERE r.plant = ?", (plant,)
                 )
             except sqlite3.OperationalError as exc:
                 if self._con is None or not missing_table(self._con, exc):
                     raise  # locked past the wait: the round fails and is tried again
                 said = []  # a ledger older than the expert's labels
-            if said:
-                label, p = Counter(lab for (lab,) in said).most_common(1)[0][0], 1.0
-            else:
-                d = combine(answers, self.num_classes(), self.sure)
-                if d.verdict != "confident":
-                    continue
-                label, p = d.label, d.probability
-            if self.rules.wants(Candidate(0, 0, "", label, p, "confident", "", "")):
-                out[plant] = label
+            d = diagnose(self._plant_photos(plant), self.num_classes(), self.sure, dict(said), self.plant_max_photos)
+            sure = 1.0 if d.expert else d.probability  # the expert's word is not a probability
+            if d.verdict == "confident" and self.rules.wants(Candidate(0, 0, "", d.label, sure, "confident", "", "")):
+                out[plant] = d.label
         return out
 
     def _digest(self) -> None:
