@@ -114,10 +114,15 @@ def missing_table(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> boo
     return True
 
 
+def result_columns(query) -> set[str]:
+    """The columns of the results table of the ledger ``query`` (SQL -> rows) reads (a daemon not yet upgraded has not
+    added the newest: a reader opened read-only reads NULL instead)."""
+    return {row[1] for row in query("PRAGMA table_info(results)")}
+
+
 def keeps_reasons(query) -> bool:
-    """Whether the ledger ``query`` (SQL -> rows) reads has the verdict_reason column (a daemon not yet upgraded has not
-    added it: a reader opened read-only reads NULL instead)."""
-    return any(row[1] == "verdict_reason" for row in query("PRAGMA table_info(results)"))
+    """Whether the ledger ``query`` reads has the verdict_reason column (:func:`result_columns`)."""
+    return "verdict_reason" in result_columns(query)
 
 
 def iso(ts: float) -> str:
@@ -403,7 +408,7 @@ class ResultsDB:
     def results(self, since: float | None = None, plant: str | None = None) -> Iterator[dict]:
         """Every result from ``since`` on (only ``plant``'s photos, if given), oldest first, as ``edge-agent results``
         prints them."""
-        columns = {row[1] for row in self._query("PRAGMA table_info(results)")}  # read-only, maybe not yet upgraded
+        columns = result_columns(self._query)  # read-only, maybe not yet upgraded
         said_why, plants = ("verdict_reason" if "verdict_reason" in columns else "NULL"), ("plant" if "plant" in columns else "NULL")
         rows = self._query(
             "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
