@@ -3,12 +3,13 @@ report, the two writes (a label, a rollback), and the parameters' checks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.plants import PlantDiagnosis, diagnose
+from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, wanted_classes
 from edge_agent.rollback import RollbackOutcome
@@ -43,6 +44,17 @@ class WebContext:
         """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
         said = self.reader.expert_labels([r.sha256 for r in rows])
         return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, self.cfg.classify.plant_max_photos), said
+
+    def plants(self, match: str, view: str, limit: int) -> Iterator[tuple[str, list, PlantDiagnosis, dict[str, str]]]:
+        """The plants photographed whose name holds ``match``, the most recent first, each with its photos, diagnosis and
+        the expert's labels: the ``limit`` most recent, or, for a ``view`` (:data:`~edge_agent.plants.PLANT_VIEWS`), those
+        in it of the :data:`~edge_agent.plants.PLANTS_LOOKED_AT` most recent (each one's diagnosis made to choose)."""
+        k = len(self.classes())  # read once, not once a plant
+        for name, _, _ in self.reader.plants(PLANTS_LOOKED_AT if view else limit, match):
+            rows = self.reader.plant(name)
+            d, said = self.plant(rows, k)
+            if in_view(d.verdict, d.label, view):
+                yield name, rows, d, said
 
     def db(self, readonly: bool = True) -> ResultsDB | None:
         if not self.state.db.is_file():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
+from itertools import islice
 from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
@@ -13,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.web.context import WebContext
 
 __all__ = ["PLANT_CARDS", "PLANTS_SHOWN", "plant_routes"]
@@ -40,9 +41,8 @@ def _waiting(inbox: Path, plant: str, most: int = 1000) -> int:
 def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, str], Response]) -> list[Route]:
     """The routes of ``/plants`` and ``/plants/<name>``, rendered by the app's ``page`` and ``problem``."""
 
-    def plant_view(name: str, rows: list, k: int) -> dict:
+    def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str]) -> dict:
         """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
-        d, said = ctx.plant(rows, k)
         shown = rows[-PLANT_CARDS:]
         last_local = datetime.fromtimestamp(max(r.created for r in rows)).strftime("%Y-%m-%d %H:%M")
         return {"plant": name, "rows": shown, "older": len(rows) - len(shown), "said": said, "last_local": last_local, **d.as_dict()}
@@ -53,18 +53,11 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
         show = show if show in PLANT_VIEWS else ""
 
         def read() -> tuple[list[dict], int]:
-            k = len(ctx.classes())
-            if not show:
-                found = [plant_view(name, ctx.reader.plant(name), k) for name, _, _ in ctx.reader.plants(PLANTS_SHOWN, match)]
-                return found, (ctx.reader.plant_count(match) if len(found) == PLANTS_SHOWN else len(found))
-            found, total = [], 0
-            for name, _, _ in ctx.reader.plants(PLANTS_LOOKED_AT, match):  # the diagnosis decides: each plant's is made
-                view = plant_view(name, ctx.reader.plant(name), k)
-                if in_view(view["verdict"], view["label"], show):
-                    total += 1
-                    if len(found) < PLANTS_SHOWN:
-                        found.append(view)
-            return found, total
+            plants = ctx.plants(match, show, PLANTS_SHOWN)
+            found = [plant_view(*p) for p in islice(plants, PLANTS_SHOWN)]
+            if not show and len(found) == PLANTS_SHOWN:
+                return found, ctx.reader.plant_count(match)
+            return found, len(found) + sum(1 for _ in plants)  # a view: the rest in it counted too
 
         found, total = await run_in_threadpool(read)
         return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN, show=show, views=PLANT_VIEWS)
@@ -77,6 +70,7 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
                 return page(request, "plant.html", pl=None, name=name, waiting=waiting)
             why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
             return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
-        return page(request, "plant.html", pl=await run_in_threadpool(plant_view, name, rows, len(ctx.classes())))
+        d, said = await run_in_threadpool(ctx.plant, rows, len(ctx.classes()))
+        return page(request, "plant.html", pl=plant_view(name, rows, d, said))
 
     return [Route("/plants", plants), Route("/plants/{plant}", plant)]

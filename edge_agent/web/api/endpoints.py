@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import islice
 
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
-from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PLANTS_LOOKED_AT, in_view
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import left_today, others_labelled, to_ask
 from edge_agent.web.api import schemas as s
@@ -66,15 +67,20 @@ async def _json_body(request: Request, model: type[BaseModel]) -> BaseModel:
 
 
 # ---- results --------------------------------------------------------------------
+def _plant_name(q, key: str) -> str:
+    """The query's ``key``, a plant's name or part of one; refused past 64 characters (no plant's name is longer)."""
+    value = q.get(key, "")
+    if len(value) > 64:
+        raise BadParameter(f"{key}: at most 64 characters (a plant's name is no longer)")
+    return value
+
+
 async def results(ctx: WebContext, request: Request) -> s.ResultsPage:
     q = request.query_params
     verdict = q.get("verdict", "")
     if verdict not in ("", "confident", "unsure", "unknown"):
         raise BadParameter(f"verdict must be confident, unsure or unknown, not {verdict[:20]!r}")
-    plant = q.get("plant", "")
-    if len(plant) > 64:
-        raise BadParameter("plant: at most 64 characters (a plant's name is no longer)")
-    filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict, plant)
+    filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict, _plant_name(q, "plant"))
     page, size = parse_int(q.get("page")), parse_int(q.get("size"), default=ctx.cfg.web.page_size, hi=MAX_PAGE_SIZE)
     rows, total = await run_in_threadpool(ctx.reader.recent, filters, page, max(1, size))
     said = await run_in_threadpool(ctx.reader.expert_labels, [r.sha256 for r in rows])
@@ -136,8 +142,7 @@ def _plant_folder(ctx: WebContext, plant: str | None):
 
 
 # ---- plants -----------------------------------------------------------------------
-def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: int | None = None) -> s.PlantOut:
-    d, said = ctx.plant(rows, num_classes or len(ctx.classes()))
+def _plant(name: str, rows, d: PlantDiagnosis, said: dict[str, str], with_results: bool) -> s.PlantOut:
     return s.PlantOut(
         plant=name,
         last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
@@ -147,24 +152,12 @@ def _plant(ctx: WebContext, name: str, rows, with_results: bool, num_classes: in
 
 
 def _plants(ctx: WebContext, limit: int, match: str, view: str) -> s.Plants:
-    k = len(ctx.classes())  # read once, not once a plant
-    if not view:
-        return s.Plants(plants=[_plant(ctx, name, ctx.reader.plant(name), False, k) for name, _, _ in ctx.reader.plants(limit, match)])
-    out = []
-    for name, _, _ in ctx.reader.plants(PLANTS_LOOKED_AT, match):  # the diagnosis decides: each plant's is made
-        p = _plant(ctx, name, ctx.reader.plant(name), False, k)
-        if in_view(p.verdict, p.label, view):
-            out.append(p)
-            if len(out) == limit:
-                break
-    return s.Plants(plants=out)
+    return s.Plants(plants=[_plant(*p, False) for p in islice(ctx.plants(match, view, limit), limit)])
 
 
 async def plants(ctx: WebContext, request: Request) -> s.Plants:
     q = request.query_params
-    match, view = q.get("q", "").strip(), q.get("show", "")
-    if len(match) > 64:
-        raise BadParameter("q: at most 64 characters (a plant's name is no longer)")
+    match, view = _plant_name(q, "q").strip(), q.get("show", "")
     if view not in PLANT_VIEWS:
         raise BadParameter(f"show must be sick or unsure, not {view[:20]!r}")
     return await run_in_threadpool(_plants, ctx, parse_int(q.get("limit"), default=50, hi=500), match, view)
@@ -175,7 +168,8 @@ async def plant(ctx: WebContext, request: Request) -> s.PlantOut:
     rows = await run_in_threadpool(ctx.reader.plant, name)
     if not rows:
         raise Refused(404, f"no photos of a plant named {name[:64]!r} (a plant is an inbox subfolder, or ?plant= on classify)")
-    return await run_in_threadpool(_plant, ctx, name, rows, True)
+    d, said = await run_in_threadpool(ctx.plant, rows, len(ctx.classes()))
+    return _plant(name, rows, d, said, True)
 
 
 # ---- review ---------------------------------------------------------------------
