@@ -9,7 +9,7 @@ import sys
 from edge_agent._cli_common import load, print_rows, state_db
 from edge_agent.names import printable
 
-__all__ = ["review_label", "review_list", "review_trust"]
+__all__ = ["review_label", "review_label_plant", "review_list", "review_trust"]
 
 
 def review_list(args: argparse.Namespace) -> int:
@@ -45,26 +45,46 @@ def review_list(args: argparse.Namespace) -> int:
 
 def review_label(args: argparse.Namespace) -> int:
     from edge_agent.review.queue import LabelError, label_photo
-    from edge_agent.state import resolve_store
 
-    cfg = load(args)
-    args.readonly = False
-    state, db = state_db(args, cfg)
-    try:  # the classes of the store the daemon and trainer share (it may have grown new ones)
-        entry = label_photo(
-            db,
-            state.queue,
-            cfg.labels.max_spool_mb << 20,
-            resolve_store(cfg, state.root).open(verify=False).classes,
-            args.photo,
-            args.label,
-            args.new_class,
-        )
+    cfg, state, db, classes = _labelling(args)
+    try:
+        entry = label_photo(db, state.queue, cfg.labels.max_spool_mb << 20, classes, args.photo, args.label, args.new_class)
     except LabelError as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     print(f"{entry.photo_id}: labelled {args.label} by an expert; queued for training")
     return 0
+
+
+def review_label_plant(args: argparse.Namespace) -> int:
+    """Every photo of one plant the expert has not labelled yet, given the same class (exit 1 where one could not be)."""
+    from edge_agent.review.queue import LabelError, label_plant
+
+    cfg, state, db, classes = _labelling(args)
+    quota, limit = cfg.labels.max_spool_mb << 20, cfg.classify.plant_max_photos
+    try:
+        done = label_plant(db, state.queue, quota, classes, args.plant, args.label, args.new_class, limit=limit)
+    except LabelError as exc:
+        print(printable(f"edge-agent: {exc}"), file=sys.stderr)
+        return 2
+    for entry in done.labelled:
+        print(f"{entry.photo_id}: labelled {done.label} by an expert; queued for training")
+    for sha, why in done.missed:
+        print(printable(f"edge-agent: {sha[:16]}: not labelled: {why}"), file=sys.stderr)
+    n = len(done.labelled)
+    print(printable(f"-- {n} photo{'s' * (n != 1)} of plant {done.plant} labelled {done.label}, {len(done.missed)} not"), file=sys.stderr)
+    return 1 if done.missed else 0
+
+
+def _labelling(args: argparse.Namespace):
+    """The configuration, state directory, writable ledger and the classes of the store the daemon and trainer share
+    (it may have grown new ones) that a label needs."""
+    from edge_agent.state import resolve_store
+
+    cfg = load(args)
+    args.readonly = False
+    state, db = state_db(args, cfg)
+    return cfg, state, db, resolve_store(cfg, state.root).open(verify=False).classes
 
 
 def review_trust(args: argparse.Namespace) -> int:

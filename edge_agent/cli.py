@@ -280,12 +280,28 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--json", action="store_true")
     rl.add_argument("--all", action="store_true", help="the whole pool, ranked (not only today's budget)")
     rl.set_defaults(func=_cli_review.review_list)
-    rb = rev.add_parser("label", parents=[common], help="give a photo its true class")
-    rb.add_argument("photo", help="photo id (from review list), sha256 prefix, or original path")
-    rb.add_argument("label", help="the true class")
-    rb.add_argument("--new-class", action="store_true", help="allow a class the model does not know yet")
-    rb.add_argument("--state-dir")
-    rb.set_defaults(func=_cli_review.review_label)
+    for action, func, helptext, what, whathelp in (
+        (
+            "label",
+            _cli_review.review_label,
+            "give a photo its true class",
+            "photo",
+            "photo id (from review list), sha256 prefix, or original path",
+        ),
+        (
+            "label-plant",
+            _cli_review.review_label_plant,
+            "give every photo of a plant the expert has not labelled the same class",
+            "plant",
+            "the plant's name (its inbox folder, or the name its photos were uploaded under)",
+        ),
+    ):
+        rb = rev.add_parser(action, parents=[common], help=helptext)
+        rb.add_argument(what, help=whathelp)
+        rb.add_argument("label", help="the true class")
+        rb.add_argument("--new-class", action="store_true", help="allow a class the model does not know yet")
+        rb.add_argument("--state-dir")
+        rb.set_defaults(func=func)
     rt = rev.add_parser("trust", parents=[common], help="each labelled class: checks, and how far it is from pseudo-labels")
     rt.add_argument("--state-dir")
     rt.add_argument("--json", action="store_true")

@@ -370,6 +370,10 @@ class ResultsDB:
         rows = self._query("SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? ORDER BY id", (plant,))
         return [(json.loads(top_k), verdict) for top_k, verdict in rows]
 
+    def plant_photos(self, plant: str) -> list[str]:
+        """The sha256 of each of ``plant``'s photos, oldest first."""
+        return [sha for (sha,) in self._query("SELECT sha256 FROM results WHERE plant = ? ORDER BY id", (plant,))]
+
     def plant_labels(self, plant: str) -> tuple[int, dict[str, str]]:
         """How many photos ``plant`` has, and the expert's label of each of them that has one (sha256 -> class)."""
         (n,) = self._query("SELECT COUNT(*) FROM results WHERE plant = ?", (plant,))[0]

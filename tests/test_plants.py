@@ -459,3 +459,141 @@ def _rows_of(state, plant: str) -> list[ResultRow]:
     from edge_agent.web.queries import Reader
 
     return Reader(state / "results.sqlite").plant(plant)
+
+
+def _tree5(tmp_path) -> tuple[Path, list[str]]:
+    """A state directory whose photos p0-p3 are one plant, ``tree 5`` (p0, p1 in the review pool, p2, p3 kept in
+    processed/), p3 labelled healthy by the expert already; their sha256s."""
+    import sqlite3
+
+    from .web_helpers import make_state, sha_of
+
+    state = make_state(tmp_path)
+    with sqlite3.connect(state / "results.sqlite") as con:
+        con.execute("UPDATE results SET plant = 'tree 5' WHERE photo_id IN ('p0', 'p1', 'p2', 'p3')")
+    shas = [sha_of(state, f"p{i}") for i in range(4)]
+    db = ResultsDB(state / "results.sqlite")
+    db.mark_expert(shas[3], "Apple___healthy", "")
+    db.close()
+    return state, shas
+
+
+def _expert(state: Path) -> dict[str, str]:
+    db = ResultsDB(state / "results.sqlite", readonly=True)
+    try:
+        return db.expert_labels()
+    finally:
+        db.close()
+
+
+def _prune(state: Path, sha: str) -> None:
+    """The kept copy of photo ``sha`` in processed/ deleted (as retention does)."""
+    import hashlib
+
+    [kept] = [f for f in (state / "processed").rglob("*.jpg") if hashlib.sha256(f.read_bytes()).hexdigest() == sha]
+    kept.unlink()
+
+
+def test_labelling_a_plant_labels_each_photo_the_expert_has_not_and_a_pruned_one_does_not_stop_the_others(tmp_path):
+    from edge_agent.config import AppConfig
+    from edge_agent.review.queue import LabelError, PhotoNotQueued, label_plant
+    from edge_agent.state import resolve_store
+
+    from .web_helpers import sha_of
+
+    state, shas = _tree5(tmp_path)
+    classes = resolve_store(AppConfig(), state).open(verify=False).classes
+    _prune(state, shas[2])
+    db = ResultsDB(state / "results.sqlite")
+    q = state / "queue"
+    try:
+        with pytest.raises(LabelError, match="not a known class"):
+            label_plant(db, q, 1 << 30, classes, "tree 5", "Apple scab")
+        with pytest.raises(PhotoNotQueued, match="no photos of a plant named 'tree 9'"):
+            label_plant(db, q, 1 << 30, classes, "tree 9", "Apple___Black_rot")
+        with pytest.raises(LabelError, match=r"folder of 4 photos, more than \[classify\] plant_max_photos \(3\)"):
+            label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Black_rot", limit=3)
+        with pytest.raises(LabelError, match="is not a photo of plant 'tree 5': nothing labelled"):
+            label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Black_rot", photos=[shas[0], sha_of(state, "p5")])
+        with pytest.raises(LabelError, match="no photo chosen"):
+            label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Black_rot", photos=[])
+        assert db.expert_labels() == {shas[3]: "Apple___healthy"}  # nothing labelled by a refusal
+        done = label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Black_rot", limit=4)
+        assert [e.sha256 for e in done.labelled] == shas[:2] and [sha for sha, _ in done.missed] == [shas[2]]
+        assert "its file is no longer kept" in done.missed[0][1]
+        assert {db.queue_entry(sha).kind for sha in shas[:2]} == {"expert"} and db.queue_entry(shas[2]) is None
+        assert db.expert_labels() == {shas[0]: "Apple___Black_rot", shas[1]: "Apple___Black_rot", shas[3]: "Apple___healthy"}
+        named = label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Apple_scab", photos=[shas[3]])  # named: labelled again
+        assert [e.sha256 for e in named.labelled] == [shas[3]] and db.expert_labels()[shas[3]] == "Apple___Apple_scab"
+        again = label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___healthy")  # only the one left: still pruned
+        assert again.labelled == [] and [sha for sha, _ in again.missed] == [shas[2]] and db.expert_labels()[shas[0]] == "Apple___Black_rot"
+        db.mark_expert(shas[2], "Apple___Black_rot", "")
+        with pytest.raises(LabelError, match="each photo of plant 'tree 5' is labelled by the expert already"):
+            label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Black_rot")
+    finally:
+        db.close()
+
+
+def test_a_plants_page_labels_the_ticked_photos_with_one_class_and_refuses_a_stray_photo_or_class_labelling_nothing(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from .web_helpers import client, csrf_of, sha_of
+
+    state, shas = _tree5(tmp_path)
+    c = client(state)
+    page = c.get("/plants/tree%205").text
+    form = page.split('id="plant-label"')[1].split("</form>")[0]
+    assert 'action="/plants/tree%205/label"' in page and "The ticked photos are" in form
+    ticked = {sha: f'name="photo" value="{sha}" checked' in form for sha in shas}
+    assert ticked == {shas[0]: True, shas[1]: True, shas[2]: True, shas[3]: False}  # the expert's label is not overwritten
+    url, token = "/plants/tree%205/label", csrf_of(c)
+    stray = c.post(url, data={"csrf": token, "label": "Apple___Black_rot", "photo": [shas[0], sha_of(state, "p5")]})
+    assert stray.status_code == 400 and "is not a photo of plant" in stray.text
+    wrong = c.post(url, data={"csrf": token, "label": "Apple blackrot", "photo": shas[:3]})
+    assert wrong.status_code == 400 and "not a known class" in wrong.text
+    none = c.post(url, data={"csrf": token, "label": "Apple___Black_rot"})
+    assert none.status_code == 400 and "no photo chosen" in none.text
+    assert c.post(url, data={"label": "Apple___Black_rot", "photo": shas[:3]}).status_code == 403  # no CSRF token
+    assert _expert(state) == {shas[3]: "Apple___healthy"}  # nothing labelled by any of them
+    _prune(state, shas[2])
+    r = c.post(url, data={"csrf": token, "label": "Apple___Black_rot", "photo": shas[:3]})
+    assert r.status_code == 303 and r.headers["location"] == "/plants/tree%205?labelled=2&missed=1&as=Apple___Black_rot"
+    shown = c.get(r.headers["location"]).text
+    said = shown.split('id="plant-labelled">')[1].split("</p>")[0]
+    assert said.startswith("Labelled 2 photos Apple · Black rot: they go to the trainer") and "1 could not be" in said
+    assert shown.count("expert: Apple · Black rot") == 2 and "labelled by the expert" in shown
+    assert _expert(state) == {shas[0]: "Apple___Black_rot", shas[1]: "Apple___Black_rot", shas[3]: "Apple___healthy"}
+
+
+def test_the_api_and_review_label_plant_label_a_plants_photos_and_say_which_could_not_be(tmp_path, capsys):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from edge_agent.cli import main
+
+    from .test_api import remote
+
+    state, shas = _tree5(tmp_path)
+    c, auth = remote(state, "label")
+    url = "/api/v1/plants/tree%205/label"
+    assert c.post(url, json={"label": "Apple___Black_rot"}, headers=remote(state, "read")[1]).status_code == 403
+    assert c.post("/api/v1/plants/tree%209/label", json={"label": "Apple___Black_rot"}, headers=auth).status_code == 404
+    bad = c.post(url, json={"label": "Apple___Black_rot", "photos": ["p0"]}, headers=auth)
+    assert bad.status_code == 400 and "64 hex digits" in bad.json()["error"]
+    many = c.post(url, json={"label": "Apple___Black_rot", "photos": [shas[0]] * 501}, headers=auth)
+    assert many.status_code == 400 and "photos" in many.json()["error"]
+    assert _expert(state) == {shas[3]: "Apple___healthy"}
+    r = c.post(url, json={"label": "Apple___Black_rot", "photos": [shas[0]]}, headers=auth)
+    assert r.status_code == 200
+    assert r.json() == {
+        "plant": "tree 5",
+        "label": "Apple___Black_rot",
+        "labelled": [{"photo_id": "p0", "sha256": shas[0], "label": "Apple___Black_rot"}],
+        "not_labelled": [],
+    }
+    _prune(state, shas[2])
+    assert main(["review", "label-plant", "tree 5", "Apple___Apple_scab", "--state-dir", str(state)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["p1: labelled Apple___Apple_scab by an expert; queued for training"]  # p0, p3: the expert's
+    assert f"{shas[2][:16]}: not labelled: photo p2: its file is no longer kept" in err
+    assert "-- 1 photo of plant tree 5 labelled Apple___Apple_scab, 1 not" in err
+    assert main(["review", "label-plant", "tree 9", "Apple___Apple_scab", "--state-dir", str(state)]) == 2
+    assert "no photos of a plant named 'tree 9'" in capsys.readouterr().err
+    assert _expert(state) == {shas[0]: "Apple___Black_rot", shas[1]: "Apple___Apple_scab", shas[3]: "Apple___healthy"}

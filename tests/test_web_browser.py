@@ -233,7 +233,14 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         assert (
             browser.find_element(By.TAG_NAME, "h1").text.startswith("tree 2") and len(browser.find_elements(By.CSS_SELECTOR, ".card")) == 2
         )
+        ticks = {c.get_attribute("value"): c.is_selected() for c in browser.find_elements(By.CSS_SELECTOR, '.card input[name="photo"]')}
+        assert sorted(ticks.values()) == [False, True]  # the photo the expert labelled is not ticked; the other is
+        browser.find_element(By.CSS_SELECTOR, '#plant-label input[name="label"]').send_keys("Apple___Black_rot")
         browser.save_screenshot(str(shots / "plant.png"))
+        browser.find_element(By.CSS_SELECTOR, "#plant-label button").click()  # the ticked photo labelled as the other was
+        said = wait.until(lambda b: b.find_elements(By.ID, "plant-labelled"))[0].text
+        assert said.startswith("Labelled 1 photo Apple · Black rot")
+        assert [c.text.count("expert: Apple · Black rot") for c in browser.find_elements(By.CSS_SELECTOR, ".card")] == [1, 1]
         browser.find_element(By.CSS_SELECTOR, ".card a").click()  # one of its photos links back to it
         assert browser.find_element(By.ID, "plant-link").text == "tree 2"
 

@@ -1,4 +1,4 @@
-"""The review queue as the expert meets it: what to ask today, best first; labelling one photo; pruning the pool.
+"""The review queue as the expert meets it: what to ask today, best first; labelling a photo, or a plant's; pruning the pool.
 
 The daemon puts every photo below ``[labels] review_threshold`` into the pool (``<state>/queue/review``), and the
 confident answers that are not pseudo-labels: the *checks* (answers trust covers, of classes that have not earned it
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
-from edge_agent.plants import labels_of_others
+from edge_agent.plants import labels_of_others, too_many
 from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
@@ -41,6 +41,8 @@ __all__ = [
     "to_ask",
     "left_today",
     "label_photo",
+    "label_plant",
+    "PlantLabelled",
     "others_labelled",
     "prune_pool",
     "start_of_day",
@@ -180,6 +182,75 @@ def label_photo(
 
     ``ref`` is a photo id, a sha256 prefix (8+ characters) or the photo's original path; ``queue_root`` is the state
     directory's ``queue/``. Raises :class:`LabelError`."""
+    label = _checked_class(label, classes, new_class)
+    entry = db.find_queued(ref) or _queue_again(db, queue_root, quota_bytes, ref)
+    src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
+    moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
+    db.mark_expert(entry.sha256, label, str(moved))
+    return entry
+
+
+@dataclass(frozen=True)
+class PlantLabelled:
+    """What labelling a plant's photos did: the photos labelled, and each one that could not be, with why."""
+
+    plant: str
+    label: str
+    labelled: list[QueueEntry]
+    missed: list[tuple[str, str]]  # (sha256, why): its file no longer kept, the label queue full
+
+
+def label_plant(
+    db: ResultsDB,
+    queue_root: Path,
+    quota_bytes: int,
+    classes: list[str],
+    plant: str,
+    label: str,
+    new_class: bool = False,
+    photos: Collection[str] | None = None,
+    limit: int = 0,
+) -> PlantLabelled:
+    """Give several photos of one plant the same true class, each exactly as :func:`label_photo` does.
+
+    ``photos``: the sha256s of the plant's photos to label; None: each photo of it the expert has not labelled yet (a
+    label given one photo is not overwritten by the plant's). A folder of more than ``limit`` photos
+    (``[classify] plant_max_photos``) is no plant: its photos must be named. A photo that cannot be labelled (its file
+    pruned) does not stop the others: it is in ``missed`` with why. Raises :class:`LabelError` before labelling any
+    photo where the class, the plant or a photo named is wrong."""
+    label = _checked_class(label, classes, new_class)
+    own = db.plant_photos(plant)
+    if not own:
+        raise PhotoNotQueued(f"no photos of a plant named {plant[:64]!r} (see `edge-agent results --plant NAME`)")
+    if photos is None:
+        if too_many(len(own), limit):
+            raise LabelError(
+                f"{plant[:64]!r} is a folder of {len(own)} photos, more than [classify] plant_max_photos ({limit}): not "
+                "one plant, so name the photos to label"
+            )
+        said = db.plant_labels(plant)[1]
+        chosen = [sha for sha in own if sha not in said]
+        if not chosen:
+            raise LabelError(f"each photo of plant {plant[:64]!r} is labelled by the expert already: name a photo to label it again")
+    else:
+        mine = set(own)
+        chosen = list(dict.fromkeys(photos))  # in the order given, once each
+        if not chosen:
+            raise LabelError("no photo chosen: choose the photos of the plant to label")
+        if stray := [sha for sha in chosen if sha not in mine]:
+            raise LabelError(f"{stray[0][:16]!r} is not a photo of plant {plant[:64]!r}: nothing labelled")
+    labelled, missed = [], []
+    for sha in chosen:
+        try:
+            labelled.append(label_photo(db, queue_root, quota_bytes, classes, sha, label, new_class))
+        except LabelError as exc:  # its file pruned, the queue full: the others are labelled all the same
+            missed.append((sha, str(exc)))
+    return PlantLabelled(plant, label, labelled, missed)
+
+
+def _checked_class(label: str, classes: list[str], new_class: bool) -> str:
+    """``label`` stripped, once it is a class name the model knows (or ``new_class`` declares it new); else
+    :class:`LabelError`, suggesting the name meant."""
     label = label.strip()
     if not label:
         raise LabelError("an empty class name")
@@ -190,11 +261,7 @@ def label_photo(
         meant = _meant(label, classes)  # a guess says more than the whole list of names
         hint = f"Did you mean {' or '.join(map(repr, meant))}?" if meant else f"Known: {', '.join(classes)}."
         raise LabelError(f"{label!r} is not a known class. {hint} Pass --new-class to teach a new one.")
-    entry = db.find_queued(ref) or _queue_again(db, queue_root, quota_bytes, ref)
-    src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
-    moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
-    db.mark_expert(entry.sha256, label, str(moved))
-    return entry
+    return label
 
 
 def others_labelled(db: ResultsDB, item: ReviewItem, limit: int) -> list[tuple[str, int]]:

@@ -104,8 +104,8 @@ def create_app(ctx: WebContext) -> Starlette:
             return None
         return problem(request, 403, forbidden_text(request.state.role, role))
 
-    async def form(request: Request):
-        data = await request.form(max_files=0, max_fields=20)
+    async def form(request: Request, fields: int = 20):
+        data = await request.form(max_files=0, max_fields=fields)
         if not csrf_ok(request, data.get("csrf")):
             return None
         return data
@@ -357,7 +357,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),
         Route("/trust", trust),
-        *plant_routes(ctx, page, problem),
+        *plant_routes(ctx, page, problem, refused, form),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

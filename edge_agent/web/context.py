@@ -1,5 +1,5 @@
 """What every request of the page and the API needs: the configuration, the state directory, what the services
-report, the two writes (a label, a rollback), and the parameters' checks."""
+report, the writes (a label, a plant's labels, a rollback), and the parameters' checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from edge_agent.config import AppConfig
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view
 from edge_agent.results import QueueEntry, ResultsDB
-from edge_agent.review.queue import LabelError, PhotoNotQueued, label_photo, wanted_classes
+from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
 from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
 from edge_agent.web.queries import Reader
@@ -131,11 +131,21 @@ class WebContext:
         """The expert's label for a photo of the review queue (the page's and the API's; ``review label``'s function).
 
         Raises :class:`Refused` (404: no such photo in the queue) or :class:`BadParameter` (an unknown class)."""
+        return self._labelling(label_photo, ref, label, new_class)
+
+    def label_plant(self, plant: str, label: str, new_class: bool = False, photos: list[str] | None = None) -> PlantLabelled:
+        """The expert's label for several photos of one plant (``photos``; None: each the expert has not labelled).
+
+        Raises :class:`Refused` (404: no such plant) or :class:`BadParameter` (an unknown class, a stray photo)."""
+        return self._labelling(label_plant, plant, label, new_class, photos, self.cfg.classify.plant_max_photos)
+
+    def _labelling(self, write, *args):
+        """``write(db, queue, quota, classes, *args)`` on the writable ledger, its refusals as the page and API answer them."""
         db = self.db(readonly=False)
         if db is None:
             raise Refused(404, "no results yet: has the daemon run with this state directory?")
         try:
-            return label_photo(db, self.state.queue, self.cfg.labels.max_spool_mb << 20, self.classes(), ref, label, new_class)
+            return write(db, self.state.queue, self.cfg.labels.max_spool_mb << 20, self.classes(), *args)
         except PhotoNotQueued as exc:
             raise Refused(404, str(exc)) from None
         except LabelError as exc:

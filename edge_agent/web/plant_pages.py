@@ -1,21 +1,23 @@
 """The Plants pages: every plant's diagnosis from its photos together (the most recently photographed first, found by
-name, or only those with a disease or left unsure), and one plant's page, which waits for photos just uploaded."""
+name, or only those with a disease or left unsure), and one plant's page, which waits for photos just uploaded and
+labels the photos the expert picks with one class."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
-from edge_agent.web.context import WebContext
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, too_many
+from edge_agent.web.context import WebContext, parse_int
 
 __all__ = ["PLANT_CARDS", "PLANTS_SHOWN", "plant_routes"]
 
@@ -25,6 +27,7 @@ PLANT_CARDS = 48
 PLANTS_SHOWN = 50
 
 Page = Callable[..., Response]
+Form = Callable[..., Awaitable]
 
 
 def _waiting(inbox: Path, plant: str, most: int = 1000) -> int:
@@ -38,14 +41,26 @@ def _waiting(inbox: Path, plant: str, most: int = 1000) -> int:
         return 0
 
 
-def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, str], Response]) -> list[Route]:
-    """The routes of ``/plants`` and ``/plants/<name>``, rendered by the app's ``page`` and ``problem``."""
+def plant_routes(
+    ctx: WebContext, page: Page, problem: Callable[[Request, int, str], Response], refused: Callable, form: Form
+) -> list[Route]:
+    """The routes of ``/plants``, ``/plants/<name>`` and its labels, rendered by the app's ``page`` and ``problem``, the
+    writes checked by its ``refused`` (the token's role) and ``form`` (the CSRF token)."""
 
     def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str]) -> dict:
         """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
         shown = rows[-PLANT_CARDS:]
         last_local = datetime.fromtimestamp(max(r.created for r in rows)).strftime("%Y-%m-%d %H:%M")
-        return {"plant": name, "rows": shown, "older": len(rows) - len(shown), "said": said, "last_local": last_local, **d.as_dict()}
+        one = not too_many(len(rows), ctx.cfg.classify.plant_max_photos)  # a folder of many plants: nothing ticked
+        return {
+            "plant": name,
+            "rows": shown,
+            "older": len(rows) - len(shown),
+            "said": said,
+            "last_local": last_local,
+            "one": one,
+            **d.as_dict(),
+        }
 
     async def plants(request: Request) -> Response:
         match = request.query_params.get("q", "").strip()[:64]
@@ -71,6 +86,24 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
             why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
             return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
         d, said = await run_in_threadpool(ctx.plant, rows, len(ctx.classes()))
-        return page(request, "plant.html", pl=plant_view(name, rows, d, said))
+        q = request.query_params
+        done = {"labelled": min(parse_int(q.get("labelled")), PLANT_CARDS), "missed": min(parse_int(q.get("missed")), PLANT_CARDS)}
+        return page(
+            request, "plant.html", pl=plant_view(name, rows, d, said), classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200]
+        )
 
-    return [Route("/plants", plants), Route("/plants/{plant}", plant)]
+    async def plant_label(request: Request) -> Response:
+        """The expert's label for the photos of a plant ticked on its page (each as a photo's own label is)."""
+        if (no := refused(request, "label")) is not None:
+            return no
+        name = request.path_params["plant"]
+        data = await form(request, fields=PLANT_CARDS + 8)
+        if data is None:
+            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        photos = [str(sha) for sha in data.getlist("photo")]
+        label = str(data.get("label", ""))
+        done = await run_in_threadpool(ctx.label_plant, name, label, data.get("new_class") == "1", photos)  # Refused / BadParameter: shown
+        to = f"/plants/{quote(name)}?" + urlencode({"labelled": len(done.labelled), "missed": len(done.missed), "as": done.label})
+        return RedirectResponse(to, status_code=303)
+
+    return [Route("/plants", plants), Route("/plants/{plant}", plant), Route("/plants/{plant}/label", plant_label, methods=["POST"])]

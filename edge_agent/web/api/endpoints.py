@@ -197,6 +197,19 @@ async def review_label(ctx: WebContext, request: Request) -> s.Labelled:
     return s.Labelled(photo_id=entry.photo_id, sha256=entry.sha256, label=body.label.strip())
 
 
+async def plant_label(ctx: WebContext, request: Request) -> s.PlantLabelled:
+    body = await _json_body(request, s.PlantLabelIn)
+    if body.photos and not all(is_sha256(sha) for sha in body.photos):
+        raise BadParameter("photos: each a photo's sha256 (64 hex digits, as /api/v1/plants/{plant} gives them)")
+    done = await run_in_threadpool(ctx.label_plant, request.path_params["plant"], body.label, body.new_class, body.photos)
+    return s.PlantLabelled(
+        plant=done.plant,
+        label=done.label,
+        labelled=[s.Labelled(photo_id=e.photo_id, sha256=e.sha256, label=done.label) for e in done.labelled],
+        not_labelled=[s.NotLabelled(sha256=sha, reason=why) for sha, why in done.missed],
+    )
+
+
 # ---- engines --------------------------------------------------------------------
 def _engines(ctx: WebContext) -> s.Engines:
     store, current = ctx.store(), ctx.current()
@@ -348,6 +361,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         plant,
         s.PlantOut,
         (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),),
+        errors={404: "No photos of that plant."},
+    ),
+    Endpoint(
+        "POST",
+        "/plants/{plant}/label",
+        "label",
+        "Give several photos of one plant the same true class, each as a photo's own label (a later label replaces an earlier).",
+        plant_label,
+        s.PlantLabelled,
+        (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),),
+        body=s.PlantLabelIn,
         errors={404: "No photos of that plant."},
     ),
     Endpoint("GET", "/review", "read", "Today's questions for the expert, best first.", review, s.ReviewQueue),

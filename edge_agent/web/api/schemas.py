@@ -19,6 +19,9 @@ __all__ = [
     "ReviewQueue",
     "LabelIn",
     "Labelled",
+    "PlantLabelIn",
+    "NotLabelled",
+    "PlantLabelled",
     "EngineVersion",
     "Engines",
     "RollbackIn",
@@ -147,6 +150,35 @@ class Labelled(BaseModel):
     label: str
 
 
+class PlantLabelIn(BaseModel):
+    """The expert's answer for several photos of one plant."""
+
+    label: str = Field(description="The photos' true class.")
+    new_class: bool = Field(False, description="True: the class is new to the model (it will learn it).")
+    photos: list[str] | None = Field(
+        None,
+        max_length=500,
+        description="The sha256 of each photo of the plant to label; absent: each the expert has not labelled yet "
+        "(refused for a folder of more than [classify] plant_max_photos photos, which is no plant).",
+    )
+
+
+class NotLabelled(BaseModel):
+    """A photo of the plant that could not be labelled, and why."""
+
+    sha256: str
+    reason: str
+
+
+class PlantLabelled(BaseModel):
+    """The plant's photos labelled (each joins the expert queue for the trainer), and those that could not be."""
+
+    plant: str
+    label: str
+    labelled: list[Labelled]
+    not_labelled: list[NotLabelled]
+
+
 class EngineVersion(BaseModel):
     """One version in the engine store."""
 
@@ -262,6 +294,8 @@ SCHEMAS: tuple[type[BaseModel], ...] = (
     ReviewQueue,
     LabelIn,
     Labelled,
+    PlantLabelIn,
+    PlantLabelled,
     Engines,
     RollbackIn,
     RolledBack,
