@@ -231,7 +231,10 @@ def label_plant(
         said = db.plant_labels(plant)[1]
         chosen = [sha for sha in own if sha not in said]
         if not chosen:
-            raise LabelError(f"each photo of plant {plant[:64]!r} is labelled by the expert already: name a photo to label it again")
+            raise LabelError(
+                f"each photo of plant {plant[:64]!r} is labelled by the expert already: name a photo to label it again "
+                "(`edge-agent review label PHOTO CLASS`; `photos` in the API)"
+            )
     else:
         mine = set(own)
         chosen = list(dict.fromkeys(photos))  # in the order given, once each
