@@ -47,6 +47,18 @@ def test_every_fourth_expert_label_of_a_class_is_held_back_in_arrival_order():
     assert held_back(samples, 1) == {s.id for s in samples if s.kind == "expert"}
 
 
+def test_a_label_the_expert_put_right_keeps_its_place_and_moves_no_other_photo_into_or_out_of_the_held_back_set():
+    from dataclasses import replace
+
+    samples = [_expert(i, "A") for i in range(8)] + [_expert(100 + i, "B") for i in range(4)]
+    before = held_back(samples, 4)
+    assert before == {f"{3:064x}", f"{7:064x}", f"{103:064x}"}
+    moved = [replace(s, label="B", first_label="A") if s.id == f"{1:064x}" else s for s in samples]  # A's 2nd put right: B
+    assert held_back(moved, 4) == before  # by label alone, A's 5th and B's 3rd photo would be held back instead
+    held = [replace(s, label="B", first_label="A") if s.id == f"{3:064x}" else s for s in samples]  # a held-back one moved
+    assert held_back(held, 4) == before  # still held back (never trained on), judged under its new class
+
+
 def test_without_expert_labels_the_field_check_lets_the_lab_gate_decide():
     d = field_gate(Fixed([0]), Fixed([0]), _photos(0), torch.zeros(0, dtype=torch.long), expert_labels=0, every=4, min_photos=8)
     assert d.publish and d.metrics == {"field_photos": 0}

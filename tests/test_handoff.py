@@ -282,6 +282,40 @@ def test_an_expert_label_replaces_a_pseudo_label_or_an_earlier_label_of_the_phot
     assert [(s.kind, s.label) for s in store.all()] == [("expert", "z")] and store.counts()["expert"] == 1
 
 
+def test_a_label_put_right_keeps_its_arrival_and_first_class_and_one_that_replaces_a_pseudo_label_arrives_now(tmp_path):
+    import sqlite3
+
+    store = SampleStore(tmp_path / "trainer")
+    header = {"id": "c" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": "v1", "ext": ".jpg"}
+    assert store.add(header, b"photo") is True
+    (first,) = store.all()
+    assert (first.first_label, first.arrived_as) == (None, "x")
+    assert store.add({**header, "label": "y"}, b"photo") is True
+    assert store.add({**header, "label": "z"}, b"photo") is True  # put right twice: the class it arrived as stays
+    (s,) = store.all()
+    assert (s.label, s.first_label, s.arrived_as, s.received) == ("z", "x", "x", first.received)
+    pseudo = {**header, "id": "d" * 64, "kind": "pseudo"}
+    assert store.add(pseudo, b"other") is True
+    was = next(s for s in store.all() if s.id == "d" * 64).received
+    time.sleep(0.01)
+    assert store.add({**pseudo, "kind": "expert", "label": "y"}, b"other") is True
+    now = next(s for s in store.all() if s.id == "d" * 64)
+    assert (now.kind, now.first_label, now.arrived_as) == ("expert", "y", "y") and now.received > was  # the expert's label: now
+    store.close()
+    old = tmp_path / "old"  # a store written before the column: read, its labels as they arrived
+    old.mkdir()
+    with sqlite3.connect(old / "samples.sqlite") as con:
+        con.execute(
+            "CREATE TABLE samples (id TEXT PRIMARY KEY, kind TEXT NOT NULL, label TEXT NOT NULL, confidence REAL NOT NULL,"
+            " engine_version TEXT NOT NULL, file TEXT NOT NULL, received REAL NOT NULL, generation TEXT)"
+        )
+        con.execute("INSERT INTO samples VALUES ('e', 'expert', 'x', 1.0, 'v1', '/s/e.jpg', 5.0, 'v2')")
+    store = SampleStore(old)
+    assert store.add({**header, "id": "e", "label": "y"}, b"") is True
+    assert [(s.label, s.arrived_as, s.received) for s in store.all()] == [("y", "x", 5.0)]
+    store.close()
+
+
 def test_a_label_corrected_after_the_trainer_has_it_reaches_the_trainer_in_place_of_the_first(tmp_path, endpoints):
     from datetime import datetime
 

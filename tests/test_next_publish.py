@@ -45,6 +45,19 @@ def test_a_days_ten_labels_say_how_many_more_and_of_which_classes_fill_the_field
     assert len(held_back(other, tc.field_check_every)) == 2
 
 
+def test_a_label_put_right_counts_where_it_arrived_and_the_plan_asks_only_for_the_classes_the_labels_name_now():
+    from dataclasses import replace
+
+    tc = TrainerSection(field_check_min=1)
+    scab = [_sample("Apple___Apple_scab") for _ in range(3)]
+    moved = [replace(s, label="Apple___Black_rot", first_label="Apple___Apple_scab") for s in scab]  # each put right
+    nxt = plan(moved, _counts(moved), tc)
+    # black rot's order has no place taken: its 4th label is the first held back (by label alone: 1 more)
+    assert nxt.by_class == {"Apple___Black_rot": 4} and "Apple scab" not in nxt.sentence
+    after = moved + [_sample("Apple___Black_rot") for _ in range(4)]
+    assert len(held_back(after, tc.field_check_every)) == 1 and not held_back(moved + after[3:6], tc.field_check_every)
+
+
 def test_before_any_expert_label_it_says_how_many_samples_or_labels_the_next_retrain_needs():
     samples = [_sample("Apple___healthy", "pseudo") for _ in range(50)]
     nxt = plan(samples, _counts(samples), TrainerSection())

@@ -1,7 +1,7 @@
 """The field check: expert labels held back to judge every candidate on the device's own field.
 
-Every ``[trainer] field_check_every``-th expert label of a class (its 4th, 8th, ... in the order they arrived) is
-never trained on; together those photos are the field check set. Once an expert label exists, a candidate is
+Every ``[trainer] field_check_every``-th expert label of a class (its 4th, 8th, ... in the order they arrived; a label
+put right later keeps its place) is never trained on; together those photos are the field check set. Once an expert label exists, a candidate is
 published only if, on that set, it is right on at least as many photos as the engine in service (a tie
 publishes: the candidate has learnt from more labels), besides passing the lab gate. A photo worse is refused: the
 field loop published a version one held-back photo behind, within the one standard error an earlier rule allowed,
@@ -35,14 +35,17 @@ __all__ = ["FieldDecision", "held_back", "new_photos", "judging_photos", "field_
 
 
 def held_back(samples: Iterable[Sample], every: int) -> set[str]:
-    """The ids of the expert labels kept for the field check: per class, every ``every``-th in arrival order (0: none)."""
+    """The ids of the expert labels kept for the field check: per class, every ``every``-th in arrival order (0: none).
+
+    A label the expert put right keeps its place among the class it arrived as (:attr:`Sample.arrived_as`): moving one
+    photo to another class moves no other photo into or out of the set, and none the versions in service trained on."""
     if every <= 0:
         return set()
     seen: dict[str, int] = {}
     out = set()
     for s in sorted((s for s in samples if s.kind == "expert"), key=lambda s: (s.received, s.id)):
-        seen[s.label] = seen.get(s.label, 0) + 1
-        if seen[s.label] % every == 0:
+        seen[s.arrived_as] = seen.get(s.arrived_as, 0) + 1
+        if seen[s.arrived_as] % every == 0:
             out.add(s.id)
     return out
 

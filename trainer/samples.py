@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS samples (
     engine_version TEXT NOT NULL,
     file TEXT NOT NULL,
     received REAL NOT NULL,
-    generation TEXT
+    generation TEXT,
+    first_label TEXT
 );
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -43,6 +44,14 @@ class Sample:
     file: str
     received: float
     generation: str | None
+    #: The class an expert label first came as (None: :attr:`label`): a label the expert put right keeps its place
+    #: among the field check's photos (:func:`trainer.field_check.held_back`).
+    first_label: str | None = None
+
+    @property
+    def arrived_as(self) -> str:
+        """The class this expert label arrived as (its place in the field check's order)."""
+        return self.first_label or self.label
 
 
 #: The generation of samples a publish is under way with (``pending:<tag>``); see :meth:`SampleStore.settle_pending`.
@@ -58,6 +67,8 @@ class SampleStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        if "first_label" not in {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}:  # a store from before
+            self._db.execute("ALTER TABLE samples ADD COLUMN first_label TEXT")
         relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
         #: Labels replaced by a later expert label since this store was opened (:meth:`add`).
         self.corrections = 0
@@ -73,7 +84,8 @@ class SampleStore:
     def add(self, header: dict, photo: bytes) -> bool:
         """Store a sample durably; False if it was already stored as it is (a resend). An expert label for a photo
         stored as a pseudo-label or with another class replaces it (the expert corrected it), new again for the next
-        retrain; a pseudo-label never replaces an expert label."""
+        retrain; a pseudo-label never replaces an expert label. An expert label put right keeps the place it arrived
+        in (held back for the field check or not, as it was); one that replaces a pseudo-label arrives now."""
         with self._lock:
             row = self._db.execute("SELECT kind, label FROM samples WHERE id = ?", (header["id"],)).fetchone()
         if row is not None:
@@ -81,8 +93,10 @@ class SampleStore:
                 return False
             with self._lock:
                 self._db.execute(
-                    "UPDATE samples SET kind = 'expert', label = ?, confidence = ?, engine_version = ?, generation = NULL WHERE id = ?",
-                    (header["label"], float(header["confidence"]), header["engine_version"], header["id"]),
+                    "UPDATE samples SET kind = 'expert', label = ?, confidence = ?, engine_version = ?, generation = NULL,"
+                    " first_label = CASE kind WHEN 'expert' THEN COALESCE(first_label, label) ELSE ? END,"
+                    " received = CASE kind WHEN 'expert' THEN received ELSE ? END WHERE id = ?",
+                    (header["label"], float(header["confidence"]), header["engine_version"], header["label"], time.time(), header["id"]),
                 )
                 self.corrections += 1  # the counts may not change: what is read from the labels must be read again
             return True
@@ -106,7 +120,7 @@ class SampleStore:
     def all(self) -> list[Sample]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, kind, label, confidence, engine_version, file, received, generation FROM samples ORDER BY received"
+                "SELECT id, kind, label, confidence, engine_version, file, received, generation, first_label FROM samples ORDER BY received"
             ).fetchall()
         return [Sample(*r) for r in rows]
 

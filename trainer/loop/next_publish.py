@@ -36,10 +36,13 @@ class NextPublish:
 
 def _field_plan(samples: list[Sample], every: int, need: int) -> dict[str, int]:
     """The fewest expert labels, per class, that bring the held-back set to ``need`` photos."""
-    counts: dict[str, int] = {}
+    places: dict[str, int] = {}
+    named: set[str] = set()
     for s in samples:
         if s.kind == "expert":
-            counts[s.label] = counts.get(s.label, 0) + 1
+            places[s.arrived_as] = places.get(s.arrived_as, 0) + 1  # a label put right keeps the place it took
+            named.add(s.label)  # the classes this farm's labels name now: those asked for
+    counts = {c: places.get(c, 0) for c in named}
     plan: dict[str, int] = {}
     for _ in range(max(0, need)):
         if not counts:
