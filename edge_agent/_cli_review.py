@@ -20,10 +20,10 @@ def review_list(args: argparse.Namespace) -> int:
     state, db = state_db(args, cfg)
     wanted = wanted_classes(trainer_live(cfg, state.root)[0])
     items = to_ask(db, cfg.labels.review_per_day, everything=args.all, wanted=wanted, policy=cfg.labels)
-    limit = cfg.classify.plant_max_photos
+    limit, gap = cfg.classify.plant_max_photos, cfg.classify.plant_visit_gap_h * 3600
     if args.json:
         for it in items:
-            print(json.dumps({**it.as_json(), "plant_labels": dict(others_labelled(db, it, limit)), "file": it.entry.file}))
+            print(json.dumps({**it.as_json(), "plant_labels": dict(others_labelled(db, it, limit, gap)), "file": it.entry.file}))
         return 0
     left = left_today(db, cfg.labels.review_per_day)
     if not items:
@@ -35,7 +35,7 @@ def review_list(args: argparse.Namespace) -> int:
     for it in items:
         q = it.entry
         alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
-        others = others_labelled(db, it, limit)
+        others = others_labelled(db, it, limit, gap)
         hint = f"  (the expert said {others[0][0]} of {others[0][1]} other photo{'s' * (others[0][1] > 1)} of this plant)" if others else ""
         print(printable(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {it.arrival.where}{hint}  {q.file}"))
     if left is not None and not args.all:
@@ -61,9 +61,9 @@ def review_label_plant(args: argparse.Namespace) -> int:
     from edge_agent.review.queue import LabelError, label_plant
 
     cfg, state, db, classes = _labelling(args)
-    quota, limit = cfg.labels.max_spool_mb << 20, cfg.classify.plant_max_photos
+    quota, limit, gap = cfg.labels.max_spool_mb << 20, cfg.classify.plant_max_photos, cfg.classify.plant_visit_gap_h * 3600
     try:
-        done = label_plant(db, state.queue, quota, classes, args.plant, args.label, args.new_class, limit=limit)
+        done = label_plant(db, state.queue, quota, classes, args.plant, args.label, args.new_class, limit=limit, gap_s=gap)
     except LabelError as exc:
         print(printable(f"edge-agent: {exc}"), file=sys.stderr)
         return 2

@@ -125,8 +125,15 @@ class ClassifySection(Section):
         12,
         ge=0,
         le=10_000,
-        description="An inbox subfolder with more photos than this is not one plant (a synced camera folder): its "
-        "photos are judged and alert one by one; 0: no limit.",
+        description="An inbox subfolder with more photos than this in one visit is not one plant (a synced camera "
+        "folder): its photos are judged and alert one by one; 0: no limit.",
+    )
+    plant_visit_gap_h: float = Field(
+        12.0,
+        ge=0,
+        le=24 * 366,
+        description="Photos of one plant more than this many hours apart are separate visits: a plant's diagnosis, "
+        "alert and labels take one visit's photos (a tree sick in August is not outvoted by May's); 0: one visit.",
     )
 
 

@@ -13,7 +13,11 @@ the photos the class was trained on, which a product of probabilities cannot: me
 alone made plants of an unknown disease sure); otherwise ``unsure``, with the reason (the photos disagree, or the
 evidence is not enough).
 
-A subfolder with more photos than ``[classify] plant_max_photos`` (12) is not taken as one plant (a camera's folder
+A plant is photographed again over a season: its photos more than ``[classify] plant_visit_gap_h`` (12) hours apart
+are separate *visits* (:func:`visits`), and a diagnosis combines one visit's photos only (the newest, for the plant as
+it is now), so a tree healthy in May and sick in August is diagnosed sick, and alerts again at each visit.
+
+A subfolder with more photos than ``[classify] plant_max_photos`` (12) in one visit is not taken as one plant (a camera's folder
 synced into the inbox would otherwise be one "plant" of thousands of photos, alerting once in its life): its photos
 are judged, and alert, one by one, and the Plants page says why. Where the expert has labelled any of the plant's
 photos, the expert's word is the plant's diagnosis (the label named most, ``confident``, with how many photos said
@@ -40,6 +44,8 @@ __all__ = [
     "labels_of_others",
     "plant_of",
     "too_many",
+    "visits",
+    "newest_visit",
     "PLANT_NAME",
     "PLANT_VIEWS",
     "PLANTS_LOOKED_AT",
@@ -61,6 +67,7 @@ class PlantDiagnosis:
     agreeing: int  # photos whose own answer is the plant's class
     top_k: list[tuple[str, float]]  # the model's classes, its photos combined
     expert: int = 0  # photos the expert labelled: where any, the most named label is the plant's (the verdict confident)
+    earlier: int = 0  # photos of earlier visits, not combined (:func:`visits`)
 
     def as_dict(self) -> dict:
         return {
@@ -72,6 +79,7 @@ class PlantDiagnosis:
             "agreeing": self.agreeing,
             "top_k": [[c, round(p, 4)] for c, p in self.top_k],
             "expert": self.expert,
+            "earlier": self.earlier,
         }
 
 
@@ -127,15 +135,38 @@ def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classe
     return PlantDiagnosis(label, prob, verdict, reason, n, agreeing, ranked[:top])
 
 
+def visits(created: Sequence[float], gap_s: float) -> list[range]:
+    """A plant's photos (their times, oldest first) as visits: index ranges split where photos are more than ``gap_s``
+    apart (0: one visit)."""
+    starts = [0] + [i for i in range(1, len(created)) if gap_s > 0 and created[i] - created[i - 1] > gap_s]
+    return [range(a, b) for a, b in zip(starts, [*starts[1:], len(created)])] if created else []
+
+
+def newest_visit(rows: Sequence, gap_s: float) -> list:
+    """The rows (each with ``created``, oldest first) of the newest visit (:func:`visits`)."""
+    return list(rows[visits([r.created for r in rows], gap_s)[-1].start :]) if rows else []
+
+
 def too_many(photos: int, limit: int) -> bool:
     """Whether a folder of ``photos`` is past ``[classify] plant_max_photos`` (``limit``; 0: none): not one plant."""
     return 0 < limit < photos
 
 
-def diagnose(rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str] | None = None, limit: int = 0) -> PlantDiagnosis:
-    """:func:`combine` over a plant's stored results (:class:`edge_agent.results.ResultRow`); where the expert labelled
-    any of its photos (``expert``: sha256 -> class), the expert's word is the plant's diagnosis instead. A folder of
-    more than ``limit`` photos is no plant: its answers are not combined into a verdict (``unsure``, saying so)."""
+def diagnose(
+    rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str] | None = None, limit: int = 0, gap_s: float = 0
+) -> PlantDiagnosis:
+    """:func:`combine` over the newest visit (``gap_s``: :func:`visits`) of a plant's stored results (oldest first,
+    :class:`edge_agent.results.ResultRow`); where the expert labelled any of its photos (``expert``: sha256 -> class),
+    the expert's word is the plant's diagnosis instead. A folder of more than ``limit`` photos in a visit is no plant:
+    its answers are not combined into a verdict (``unsure``, saying so)."""
+    earlier = len(rows)
+    rows = newest_visit(rows, gap_s)
+    earlier -= len(rows)
+    return replace(_diagnose(rows, num_classes, sure, expert, limit), earlier=earlier)
+
+
+def _diagnose(rows, num_classes: int, sure: float, expert: Mapping[str, str] | None, limit: int) -> PlantDiagnosis:
+    """:func:`diagnose` of one visit's ``rows``."""
     model = combine([(r.top_k, r.verdict) for r in rows], num_classes, sure)
     if too_many(len(rows), limit):  # nor does one photo's expert label speak for the folder
         return replace(

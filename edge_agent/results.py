@@ -370,9 +370,9 @@ class ResultsDB:
         rows = self._query("SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? ORDER BY id", (plant,))
         return [(json.loads(top_k), verdict) for top_k, verdict in rows]
 
-    def plant_photos(self, plant: str) -> list[str]:
-        """The sha256 of each of ``plant``'s photos, oldest first."""
-        return [sha for (sha,) in self._query("SELECT sha256 FROM results WHERE plant = ? ORDER BY id", (plant,))]
+    def plant_photos(self, plant: str) -> list[tuple[str, float]]:
+        """Each of ``plant``'s photos, oldest first: (sha256, when it was classified)."""
+        return [(sha, t) for sha, t in self._query("SELECT sha256, created FROM results WHERE plant = ? ORDER BY id", (plant,))]
 
     def plant_labels(self, plant: str) -> tuple[int, dict[str, str]]:
         """How many photos ``plant`` has, and the expert's label of each of them that has one (sha256 -> class)."""

@@ -95,14 +95,14 @@ def test_the_pipeline_records_the_plant_of_a_photo_from_an_inbox_subfolder(tmp_p
     assert len(db.plant_answers("tree-1")) == 1
 
 
-def _plant_rows(db: ResultsDB, plant: str | None, label: str, p: float, n: int, verdict: str = "unsure") -> None:
+def _plant_rows(db: ResultsDB, plant: str | None, label: str, p: float, n: int, verdict: str = "unsure", days_ago: float = 0) -> None:
     rows = []
+    when = time.time() - days_ago * 86400
     for _ in range(n):
         sha = f"{next(_n):064x}"
-        top_k = [[label, p], ["Apple___healthy", round(1 - p - 0.01, 4)]]
-        rows.append(
-            ResultRow(sha, sha[:16], f"/inbox/{plant}/{sha[:8]}.jpg", "inbox", label, p, top_k, "v1", {}, verdict=verdict, plant=plant)
-        )
+        top_k = [[label, p], ["Apple___healthy" if label != "Apple___healthy" else "Apple___Apple_scab", round(1 - p - 0.01, 4)]]
+        path = f"/inbox/{plant}/{sha[:8]}.jpg"
+        rows.append(ResultRow(sha, sha[:16], path, "inbox", label, p, top_k, "v1", {}, when, verdict=verdict, plant=plant))
     db.commit(rows)
 
 
@@ -597,3 +597,87 @@ def test_the_api_and_review_label_plant_label_a_plants_photos_and_say_which_coul
     assert main(["review", "label-plant", "tree 9", "Apple___Apple_scab", "--state-dir", str(state)]) == 2
     assert "no photos of a plant named 'tree 9'" in capsys.readouterr().err
     assert _expert(state) == {shas[0]: "Apple___Black_rot", shas[1]: "Apple___Apple_scab", shas[3]: "Apple___healthy"}
+
+
+def test_a_plants_photos_hours_apart_are_visits_and_its_diagnosis_is_its_newest_visits():
+    from edge_agent.plants import newest_visit, visits
+
+    h = 3600.0
+    assert visits([0, 60, 20 * h, 20 * h + 5, 45 * h], 12 * h) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert visits([0, 60, 20 * h], 0) == [range(0, 3)] and visits([], 12 * h) == []
+    rows = []
+    for i, (label, days) in enumerate([("Apple___healthy", 90)] * 3 + [("Apple___Apple_scab", 0)] * 2):
+        top_k = [[label, 0.97], ["Apple___Black_rot", 0.02]]
+        rows.append(ResultRow(f"{i:064x}", f"p{i}", "", "inbox", label, 0.97, top_k, "v1", {}, 1e9 - days * 86400 + i, "confident", "t"))
+    assert [r.photo_id for r in newest_visit(rows, 12 * h)] == ["p3", "p4"]
+    now = diagnose(rows, 38, gap_s=12 * h)  # May's healthy leaves do not outvote August's scab
+    assert (now.label, now.verdict, now.photos, now.earlier) == ("Apple___Apple_scab", "confident", 2, 3)
+    assert diagnose(rows, 38).verdict == "unsure"  # as one visit: the photos disagree
+    said = diagnose(rows, 38, expert={rows[0].sha256: "Apple___healthy"}, gap_s=12 * h)  # May's label speaks for May only
+    assert (said.label, said.expert) == ("Apple___Apple_scab", 0)
+
+
+def test_a_plant_alerts_again_at_a_later_visit_and_a_tree_photographed_all_season_stays_a_plant(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(
+        AlertsSection(quiet_period_s=0), MqttSection(), [], db.path, tmp_path, "orchard", plant_max_photos=3, visit_gap_s=12 * 3600
+    )
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.95, 3, verdict="confident", days_ago=60)
+    w.scan()
+    _plant_rows(db, "tree-1", "Apple___healthy", 0.97, 3, verdict="confident", days_ago=30)  # treated: healthy
+    w.scan()
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.95, 2, verdict="confident")  # the scab is back
+    w.scan()
+    assert [label for label, _ in _alerts(tmp_path)] == ["Apple___Apple_scab", "Apple___Apple_scab"]  # once a visit
+    assert not (w._not_plants)  # 8 photos in all, never more than 3 in a visit: a plant throughout
+    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.95, 1, verdict="confident")  # the same visit: no second alert
+    w.scan()
+    assert len(_alerts(tmp_path)) == 2
+    w.stop()
+    db.close()
+
+
+def test_a_plants_page_diagnoses_its_newest_visit_lists_the_earlier_ones_and_ticks_only_the_newest(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from edge_agent.config import AppConfig
+    from edge_agent.review.queue import label_plant
+    from edge_agent.state import resolve_store
+
+    from .web_helpers import client, make_state
+
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    _plant_rows(db, "tree 8", "Apple___healthy", 0.97, 3, verdict="confident", days_ago=60)
+    _plant_rows(db, "tree 8", "Apple___Apple_scab", 0.95, 2, verdict="confident")
+    _plant_rows(db, "tree 9", "Apple___Apple_scab", 0.95, 2, verdict="confident")
+    db.close()
+    c = client(state)
+    api = c.get("/api/v1/plants/tree%208").json()
+    assert (api["label"], api["verdict"], api["photos"], api["visit_photos"]) == ("Apple___Apple_scab", "confident", 5, 2)
+    page = c.get("/plants/tree%208").text
+    assert "diagnosed from the newest visit's 2" in page and page.count('class="card earlier"') == 3
+    visits = page.split('id="visits"')[1].split("</table>")[0]
+    assert visits.count("<tr>") == 2 and "Apple · healthy" in visits  # a header and the earlier visit
+    ticked = page.split('id="plant-label"')[1].count(" checked>")
+    assert ticked == 2  # only the newest visit's photos
+    assert 'id="visits"' not in c.get("/plants/tree%209").text and "diagnosed from" not in c.get("/plants/tree%209").text  # one visit
+    classes = resolve_store(AppConfig(), state).open(verify=False).classes
+    db = ResultsDB(state / "results.sqlite")
+    try:  # by default only the newest visit's photos are labelled (their files are not kept here: named, not labelled)
+        done = label_plant(db, state / "queue", 1 << 30, classes, "tree 8", "Apple___Apple_scab", gap_s=12 * 3600)
+    finally:
+        db.close()
+    assert len(done.missed) == 2 and not done.labelled
+    assert [p["plant"] for p in c.get("/api/v1/plants?show=sick").json()["plants"]] == ["tree 9", "tree 8"]
+    from edge_agent.results import QueueEntry
+
+    tree8 = [(r["sha256"], r["photo_id"]) for r in api["results"]]
+    asked = state / "queue" / "review" / "asked.jpg"
+    asked.write_bytes(b"a photo")
+    db = ResultsDB(state / "results.sqlite")
+    db.commit([], [QueueEntry(tree8[4][0], tree8[4][1], "review", "Apple___Apple_scab", 0.5, "v1", str(asked), 7)])  # asked now
+    db.mark_expert(tree8[0][0], "Apple___healthy", "")  # May's
+    db.mark_expert(tree8[3][0], "Apple___Apple_scab", "")  # this visit's
+    db.close()
+    items = {it["photo_id"]: it for it in c.get("/api/v1/review").json()["items"]}
+    assert items[tree8[4][1]]["plant_labels"] == {"Apple___Apple_scab": 1}  # May's healthy label is not offered for August

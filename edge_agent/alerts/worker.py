@@ -29,7 +29,7 @@ from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
-from edge_agent.plants import combine, diagnose, too_many
+from edge_agent.plants import combine, diagnose, newest_visit, too_many
 from edge_agent.results import keeps_reasons, missing_table
 from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
@@ -43,6 +43,8 @@ class _PlantPhoto(NamedTuple):
     sha256: str
     top_k: list
     verdict: str
+    created: float
+    result_id: int
 
 
 class AlertWorker(Worker):
@@ -66,15 +68,17 @@ class AlertWorker(Worker):
         sure: float = 0.9,
         start_after: int | None = None,
         plant_max_photos: int = 0,
+        visit_gap_s: float = 0,
     ) -> None:
         """``num_classes``: how many classes the engine in service has; ``sure``: [labels] pseudo_threshold (a plant's
         combined diagnosis, :mod:`edge_agent.plants`, uses both); ``plant_max_photos``: [classify]'s (a folder of more
-        photos alerts photo by photo); ``start_after``: on the first start (no cursor
+        photos in a visit alerts photo by photo); ``visit_gap_s``: [classify] plant_visit_gap_h in seconds (0: every
+        photo of a plant one visit); ``start_after``: on the first start (no cursor
         yet), the last result not to alert on (default: the newest now), so a daemon that started classifying before
         the worker misses none of its own results."""
         super().__init__()
         self.section, self.device = alerts, device
-        self.num_classes, self.sure, self.plant_max_photos = num_classes, sure, plant_max_photos
+        self.num_classes, self.sure, self.plant_max_photos, self.visit_gap_s = num_classes, sure, plant_max_photos, visit_gap_s
         self._not_plants: set[str] = set()  # folders found past plant_max_photos (logged once each)
         self.rules = AlertRules(alerts, crops)
         self._crops_read = 0.0
@@ -165,13 +169,13 @@ class AlertWorker(Worker):
             if self.mqtt is not None and self._may_publish_result():
                 self.mqtt.live(self.topics.result, encode(result_body(c)))
             plant = row[7]
-            # a plant's photo: the plant's combined diagnosis so far decides, once per plant and class
-            a = c if plant is None else self._as_plant(c, plant)
+            # a plant's photo: the diagnosis of the plant's visit so far decides, once per plant, visit and class
+            a, once = (c, None) if plant is None else self._as_plant(c, plant)
             if a is not None and self.rules.wants(a) and not self.rules.quiet(a, self._last_alert_of(a)):
                 self.outbox.record(a, self._messages("alert", alert_body(a, self.section.link)), cursor=a.result_id)
                 self._last_alert[(a.label, a.device)] = a.created
-                if plant is not None:
-                    self.outbox.set(f"plant-alerted:{plant}:{a.label}", "1")
+                if once is not None:
+                    self.outbox.set(once, "1")
                 self.log.info("alert", label=a.label, confidence=round(a.confidence, 3), photo_id=a.photo_id, plant=plant)
         if rows:  # the state shows the newest result only
             with self._state_lock:
@@ -186,40 +190,37 @@ class AlertWorker(Worker):
             self._has_reason = keeps_reasons(self._results)
         return "COALESCE(verdict_reason, '')" if self._has_reason else "''"
 
-    def _as_plant(self, c: Candidate, plant: str) -> Candidate | None:
-        """``c`` as its plant's diagnosis from every photo of it so far; None once the plant has alerted for that class;
-        ``c`` itself from a folder past ``plant_max_photos`` (no plant: its photos alert one by one)."""
+    def _as_plant(self, c: Candidate, plant: str) -> tuple[Candidate | None, str | None]:
+        """``c`` as the diagnosis of its plant's visit (:func:`~edge_agent.plants.visits`) from its photos so far, and
+        the outbox key that marks the alert raised (None once the plant alerted for that class in this visit); ``c``
+        itself from a visit of more than ``plant_max_photos`` photos (no plant: its photos alert one by one)."""
         limit = self.plant_max_photos
-        if plant in self._not_plants:
-            return c
-        answers = [(r.top_k, r.verdict) for r in self._plant_photos(plant, c.result_id)]
-        if too_many(len(answers), limit):
-            self._not_plants.add(plant)
-            self.log.warning(
-                "folder_not_a_plant",
-                plant=plant,
-                photos=f"more than {limit}",
-                fix="one folder a plant, or raise [classify] plant_max_photos",
-            )
-            return c
-        d = combine(answers, self.num_classes(), self.sure)
-        if self.outbox.get(f"plant-alerted:{plant}:{d.label}"):
-            return None
-        return replace(
-            c,
-            label=d.label,
-            confidence=d.probability,
-            verdict=d.verdict,
-            reason=f"a plant of {d.photos} photo{'s' * (d.photos != 1)}: {d.reason}",
-        )
+        photos = self._plant_photos(plant, c.result_id)
+        if too_many(len(photos), limit):
+            if plant not in self._not_plants:  # logged once
+                self._not_plants.add(plant)
+                self.log.warning(
+                    "folder_not_a_plant",
+                    plant=plant,
+                    photos=f"more than {limit}",
+                    fix="one folder a plant, or raise [classify] plant_max_photos",
+                )
+            return c, None
+        d = combine([(r.top_k, r.verdict) for r in photos], self.num_classes(), self.sure)
+        once = f"plant-alerted:{plant}:{photos[0].result_id}:{d.label}"  # the visit: its first photo's result
+        if self.outbox.get(once):
+            return None, None
+        reason = f"a plant of {d.photos} photo{'s' * (d.photos != 1)}: {d.reason}"
+        return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict, reason=reason), once
 
     def _plant_photos(self, plant: str, up_to: int | None = None) -> list[_PlantPhoto]:
-        """``plant``'s photos, oldest first (those up to result id ``up_to``), at most ``plant_max_photos`` + 1: enough
-        to tell a folder of more from a plant."""
+        """``plant``'s photos of the visit of result ``up_to`` (its photos up to it; None: its newest), oldest first;
+        at most ``plant_max_photos`` + 1: enough to tell a folder of more from a plant."""
         limit = self.plant_max_photos
-        sql = "SELECT sha256, top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ?" + (" AND id <= ?" if up_to else "")
-        rows = self._results(sql + " ORDER BY id" + (f" LIMIT {limit + 1}" if limit else ""), (plant, up_to) if up_to else (plant,))
-        return [_PlantPhoto(sha, json.loads(k), v) for sha, k, v in rows]
+        sql = "SELECT sha256, top_k, COALESCE(verdict, 'unsure'), created, id FROM results WHERE plant = ?"
+        sql += (" AND id <= ?" if up_to else "") + " ORDER BY id DESC" + (f" LIMIT {limit + 1}" if limit else "")
+        rows = self._results(sql, (plant, up_to) if up_to else (plant,))
+        return newest_visit([_PlantPhoto(sha, json.loads(k), v, t, i) for sha, k, v, t, i in reversed(rows)], self.visit_gap_s)
 
     def _last_alert_of(self, c: Candidate) -> float | None:
         """When this class last raised an alert on this device (the ledger read once per class, then kept)."""
@@ -391,8 +392,9 @@ class AlertWorker(Worker):
         """The plants photographed from ``since`` to ``until`` whose diagnosis is a disease the alert rules take (the
         expert's label where the expert labelled any of their photos, else their photos combined): plant -> class."""
         out = {}
-        for (plant,) in self._results(
-            "SELECT DISTINCT plant FROM results WHERE plant IS NOT NULL AND created >= ? AND created <= ? LIMIT ?", (since, until, most)
+        for plant, last in self._results(
+            "SELECT plant, MAX(id) FROM results WHERE plant IS NOT NULL AND created >= ? AND created <= ? GROUP BY plant LIMIT ?",
+            (since, until, most),
         ):
             try:
                 said = self._results(
@@ -402,7 +404,9 @@ class AlertWorker(Worker):
                 if self._con is None or not missing_table(self._con, exc):
                     raise  # locked past the wait: the round fails and is tried again
                 said = []  # a ledger older than the expert's labels
-            d = diagnose(self._plant_photos(plant), self.num_classes(), self.sure, dict(said), self.plant_max_photos)
+            d = diagnose(
+                self._plant_photos(plant, last), self.num_classes(), self.sure, dict(said), self.plant_max_photos
+            )  # that day's visit
             sure = 1.0 if d.expert else d.probability  # the expert's word is not a probability
             if d.verdict == "confident" and self.rules.wants(Candidate(0, 0, "", d.label, sure, "confident", "", "")):
                 out[plant] = d.label

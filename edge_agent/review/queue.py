@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
-from edge_agent.plants import labels_of_others, too_many
+from edge_agent.plants import labels_of_others, too_many, visits
 from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
@@ -210,12 +210,14 @@ def label_plant(
     new_class: bool = False,
     photos: Collection[str] | None = None,
     limit: int = 0,
+    gap_s: float = 0,
 ) -> PlantLabelled:
     """Give several photos of one plant the same true class, each exactly as :func:`label_photo` does.
 
-    ``photos``: the sha256s of the plant's photos to label; None: each photo of it the expert has not labelled yet (a
-    label given one photo is not overwritten by the plant's). A folder of more than ``limit`` photos
-    (``[classify] plant_max_photos``) is no plant: its photos must be named. A photo that cannot be labelled (its file
+    ``photos``: the sha256s of the plant's photos to label; None: each photo of its newest visit (``gap_s``:
+    :func:`~edge_agent.plants.visits`) the expert has not labelled yet (a label given one photo is not overwritten by
+    the plant's, nor last season's photos). A visit of more than ``limit`` photos (``[classify] plant_max_photos``) is
+    no plant: its photos must be named. A photo that cannot be labelled (its file
     pruned) does not stop the others: it is in ``missed`` with why. Raises :class:`LabelError` before labelling any
     photo where the class, the plant or a photo named is wrong."""
     label = _checked_class(label, classes, new_class)
@@ -223,20 +225,21 @@ def label_plant(
     if not own:
         raise PhotoNotQueued(f"no photos of a plant named {plant[:64]!r} (see `edge-agent results --plant NAME`)")
     if photos is None:
-        if too_many(len(own), limit):
+        visit = [sha for sha, _ in own[visits([t for _, t in own], gap_s)[-1].start :]]
+        if too_many(len(visit), limit):
             raise LabelError(
-                f"{plant[:64]!r} is a folder of {len(own)} photos, more than [classify] plant_max_photos ({limit}): not "
+                f"{plant[:64]!r} is a folder of {len(visit)} photos, more than [classify] plant_max_photos ({limit}): not "
                 "one plant, so name the photos to label"
             )
         said = db.plant_labels(plant)[1]
-        chosen = [sha for sha in own if sha not in said]
+        chosen = [sha for sha in visit if sha not in said]
         if not chosen:
             raise LabelError(
                 f"each photo of plant {plant[:64]!r} is labelled by the expert already: name a photo to label it again "
                 "(`edge-agent review label PHOTO CLASS`; `photos` in the API)"
             )
     else:
-        mine = set(own)
+        mine = {sha for sha, _ in own}
         chosen = list(dict.fromkeys(photos))  # in the order given, once each
         if not chosen:
             raise LabelError("no photo chosen: choose the photos of the plant to label")
@@ -267,11 +270,19 @@ def _checked_class(label: str, classes: list[str], new_class: bool) -> str:
     return label
 
 
-def others_labelled(db: ResultsDB, item: ReviewItem, limit: int) -> list[tuple[str, int]]:
-    """The classes the expert gave the other photos of the question's plant, the most given first (none for a photo of
-    no plant, or of a folder of more than ``limit`` photos: :func:`~edge_agent.plants.labels_of_others`)."""
-    plant = item.arrival.plant
-    return labels_of_others(*db.plant_labels(plant), item.entry.sha256, limit) if plant else []
+def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 0) -> list[tuple[str, int]]:
+    """The classes the expert gave the other photos of the question's plant in the question's visit (``gap_s``:
+    :func:`~edge_agent.plants.visits`), the most given first (none for a photo of no plant, or of a visit of more than
+    ``limit`` photos: :func:`~edge_agent.plants.labels_of_others`)."""
+    plant, sha = item.arrival.plant, item.entry.sha256
+    own = db.plant_photos(plant) if plant else []
+    if not own:
+        return []
+    i = next((i for i, (s, _) in enumerate(own) if s == sha), len(own) - 1)
+    span = next(v for v in visits([t for _, t in own], gap_s) if i in v)
+    visit = {s for s, _ in own[span.start : span.stop]}
+    said = {s: label for s, label in db.plant_labels(plant)[1].items() if s in visit}
+    return labels_of_others(len(visit), said, sha, limit)
 
 
 def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str) -> QueueEntry:

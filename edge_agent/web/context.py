@@ -9,7 +9,7 @@ from datetime import date
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view
+from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, visits
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
@@ -43,7 +43,18 @@ class WebContext:
     def plant(self, rows: list, num_classes: int) -> tuple[PlantDiagnosis, dict[str, str]]:
         """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
         said = self.reader.expert_labels([r.sha256 for r in rows])
-        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, self.cfg.classify.plant_max_photos), said
+        cl = self.cfg.classify
+        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos, cl.plant_visit_gap_h * 3600), said
+
+    def visits(self, rows: list, num_classes: int) -> list[tuple[float, PlantDiagnosis]]:
+        """Each visit of a plant (its stored ``rows``, oldest first; :func:`~edge_agent.plants.visits`), the newest
+        first: when it began, and its photos' diagnosis."""
+        said = self.reader.expert_labels([r.sha256 for r in rows])
+        cl, sure = self.cfg.classify, self.cfg.labels.pseudo_threshold
+        spans = visits([r.created for r in rows], cl.plant_visit_gap_h * 3600)
+        return [
+            (rows[v.start].created, diagnose(rows[v.start : v.stop], num_classes, sure, said, cl.plant_max_photos)) for v in reversed(spans)
+        ]
 
     def plants(self, match: str, view: str, limit: int) -> Iterator[tuple[str, list, PlantDiagnosis, dict[str, str]]]:
         """The plants photographed whose name holds ``match``, the most recent first, each with its photos, diagnosis and
@@ -137,7 +148,8 @@ class WebContext:
         """The expert's label for several photos of one plant (``photos``; None: each the expert has not labelled).
 
         Raises :class:`Refused` (404: no such plant) or :class:`BadParameter` (an unknown class, a stray photo)."""
-        return self._labelling(label_plant, plant, label, new_class, photos, self.cfg.classify.plant_max_photos)
+        cl = self.cfg.classify
+        return self._labelling(label_plant, plant, label, new_class, photos, cl.plant_max_photos, cl.plant_visit_gap_h * 3600)
 
     def _labelling(self, write, *args):
         """``write(db, queue, quota, classes, *args)`` on the writable ledger, its refusals as the page and API answer them."""

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, too_many
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, newest_visit, too_many
 from edge_agent.web.context import WebContext, parse_int
 
 __all__ = ["PLANT_CARDS", "PLANTS_SHOWN", "plant_routes"]
@@ -41,6 +41,11 @@ def _waiting(inbox: Path, plant: str, most: int = 1000) -> int:
         return 0
 
 
+def _local(t: float) -> str:
+    """A time as the page shows it: local, to the minute."""
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
+
+
 def plant_routes(
     ctx: WebContext, page: Page, problem: Callable[[Request, int, str], Response], refused: Callable, form: Form
 ) -> list[Route]:
@@ -50,16 +55,20 @@ def plant_routes(
     def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str]) -> dict:
         """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
         shown = rows[-PLANT_CARDS:]
-        last_local = datetime.fromtimestamp(max(r.created for r in rows)).strftime("%Y-%m-%d %H:%M")
-        one = not too_many(len(rows), ctx.cfg.classify.plant_max_photos)  # a folder of many plants: nothing ticked
+        cl = ctx.cfg.classify
+        one = not too_many(d.photos, cl.plant_max_photos)  # a folder of many plants: nothing ticked
+        visit = {r.sha256 for r in newest_visit(rows, cl.plant_visit_gap_h * 3600)}  # the photos diagnosed; earlier ones dimmed
         return {
             "plant": name,
             "rows": shown,
             "older": len(rows) - len(shown),
             "said": said,
-            "last_local": last_local,
+            "last_local": _local(max(r.created for r in rows)),
             "one": one,
+            "visit": visit,
             **d.as_dict(),
+            "photos": len(rows),
+            "visit_photos": d.photos,
         }
 
     async def plants(request: Request) -> Response:
@@ -85,11 +94,15 @@ def plant_routes(
                 return page(request, "plant.html", pl=None, name=name, waiting=waiting)
             why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
             return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
-        d, said = await run_in_threadpool(ctx.plant, rows, len(ctx.classes()))
+        k = len(ctx.classes())
+        d, said = await run_in_threadpool(ctx.plant, rows, k)
+        history = [(_local(began), e) for began, e in (await run_in_threadpool(ctx.visits, rows, k))[1:]]  # the earlier visits
         q = request.query_params
         done = {"labelled": min(parse_int(q.get("labelled")), PLANT_CARDS), "missed": min(parse_int(q.get("missed")), PLANT_CARDS)}
+        pl = plant_view(name, rows, d, said)
+        gap = ctx.cfg.classify.plant_visit_gap_h
         return page(
-            request, "plant.html", pl=plant_view(name, rows, d, said), classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200]
+            request, "plant.html", pl=pl, history=history, visit_gap_h=gap, classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200]
         )
 
     async def plant_label(request: Request) -> Response:

@@ -147,7 +147,7 @@ def _plant(name: str, rows, d: PlantDiagnosis, said: dict[str, str], with_result
         plant=name,
         last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
         results=[s.Result.of(r, said.get(r.sha256)) for r in rows] if with_results else None,
-        **d.as_dict(),
+        **{**d.as_dict(), "photos": d.photos + d.earlier, "visit_photos": d.photos},
     )
 
 
@@ -180,8 +180,8 @@ def _review(ctx: WebContext) -> s.ReviewQueue:
         return s.ReviewQueue(left_today=None if per_day <= 0 else per_day, per_day=per_day, items=[])
     try:
         items, left = to_ask(db, per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels), left_today(db, per_day)
-        limit = ctx.cfg.classify.plant_max_photos
-        out = [s.ReviewItemOut(**it.as_json(), plant_labels=dict(others_labelled(db, it, limit))) for it in items]
+        limit, gap = ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_h * 3600
+        out = [s.ReviewItemOut(**it.as_json(), plant_labels=dict(others_labelled(db, it, limit, gap))) for it in items]
     finally:
         db.close()
     return s.ReviewQueue(left_today=left, per_day=per_day, items=out)

@@ -268,8 +268,11 @@ class PlantOut(BaseModel):
     """One plant: its photos' answers combined into one diagnosis (edge_agent.plants)."""
 
     plant: str = Field(description="Its name: the inbox subfolder its photos arrived in.")
-    photos: int
-    label: str = Field(description="The class its photos point to together; where the expert labelled any, the expert's.")
+    photos: int = Field(description="All its photos.")
+    visit_photos: int = Field(
+        description="Its photos of the newest visit (after a gap of more than [classify] plant_visit_gap_h): those the diagnosis combines."
+    )
+    label: str = Field(description="The class its newest visit's photos point to together; where the expert labelled any, the expert's.")
     probability: float = Field(description="The combined probability of that class (of the expert's labels, the share naming it).")
     verdict: Literal["confident", "unsure", "unknown"] = Field(description="The plant's verdict.")
     reason: str = Field(description="Why that verdict, in words.")
