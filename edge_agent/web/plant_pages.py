@@ -84,7 +84,18 @@ def plant_routes(
             return found, len(found) + sum(1 for _ in plants)  # a view: the rest in it counted too
 
         found, total = await run_in_threadpool(read)
-        return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN, show=show, views=PLANT_VIEWS)
+        gap = ctx.cfg.classify.plant_visit_gap_h
+        return page(
+            request,
+            "plants.html",
+            plants=found,
+            total=total,
+            match=match,
+            shown=PLANTS_SHOWN,
+            show=show,
+            views=PLANT_VIEWS,
+            visit_gap_h=gap,
+        )
 
     async def plant(request: Request) -> Response:
         name = request.path_params["plant"]
