@@ -142,6 +142,11 @@ def _results(args: argparse.Namespace) -> int:
             now = where_now(state.root, row["path"], datetime.fromisoformat(row["created"]).timestamp())
             yield {**row, "path_now": str(now) if now else None}
 
+    if args.csv:  # for a spreadsheet (edge_agent.export)
+        from edge_agent.export import csv_lines
+
+        sys.stdout.writelines(csv_lines(db.results(_parse_since(args.since), args.plant)))
+        return 0
     print_rows(
         located(db.results(_parse_since(args.since), args.plant)),
         args.json,
@@ -260,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--state-dir")
     res.add_argument("--since", help="ISO time or a duration back from now (15m, 2h, 3d)")
     res.add_argument("--plant", help="only this plant's photos (an inbox subfolder's name)")
-    res.add_argument("--json", action="store_true", help="JSON lines")
+    form = res.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="JSON lines")
+    form.add_argument("--csv", action="store_true", help="CSV for a spreadsheet (one header row; text that looks like a formula is quoted)")
     res.set_defaults(func=_results)
 
     bk = sub.add_parser("backup", parents=[common], help="write one file that restores this device (engines, keys, history)")

@@ -23,7 +23,18 @@ from typing import NamedTuple
 from engines.durable import relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
-__all__ = ["Arrival", "ResultsDB", "ResultRow", "QueueEntry", "LedgerUnreadable", "iso", "keeps_reasons", "missing_table", "query_readonly"]
+__all__ = [
+    "Arrival",
+    "ResultsDB",
+    "ResultRow",
+    "QueueEntry",
+    "LedgerUnreadable",
+    "iso",
+    "keeps_reasons",
+    "missing_table",
+    "query_readonly",
+    "result_record",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -127,6 +138,26 @@ def keeps_reasons(query) -> bool:
 
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def result_record(row: ResultRow, expert_label: str | None) -> dict:
+    """A result as ``edge-agent results --json`` prints it and the CSV export reads it (:mod:`edge_agent.export`)."""
+    return {
+        "photo_id": row.photo_id,
+        "path": row.path,
+        "sha256": row.sha256,
+        "source": row.source,
+        "label": row.label,
+        "confidence": row.confidence,
+        "verdict": row.verdict,
+        "verdict_reason": row.verdict_reason,
+        "top_k": row.top_k,
+        "engine_version": row.engine_version,
+        "timings_ms": row.timings,
+        "created": iso(row.created),
+        "expert_label": expert_label,
+        "plant": row.plant,
+    }
 
 
 class Arrival(NamedTuple):
@@ -421,22 +452,10 @@ class ResultsDB:
         )
         said = self.expert_labels()
         for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason, in_plant in rows:
-            yield {
-                "photo_id": pid,
-                "path": path,
-                "sha256": sha,
-                "source": source,
-                "label": label,
-                "confidence": conf,
-                "verdict": verdict,
-                "verdict_reason": reason,
-                "top_k": json.loads(top_k),
-                "engine_version": ev,
-                "timings_ms": json.loads(timings),
-                "created": iso(created),
-                "expert_label": said.get(sha),
-                "plant": in_plant,
-            }
+            row = ResultRow(
+                sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, in_plant, reason
+            )
+            yield result_record(row, said.get(sha))
 
     def expert_labels(self) -> dict[str, str]:
         """The expert's label of every photo that has one (sha256 -> class; none from a ledger older than the table)."""

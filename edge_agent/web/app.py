@@ -19,12 +19,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from edge_agent.board import as_reported
+from edge_agent.export import csv_lines
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
 from edge_agent.names import describe_class
@@ -111,9 +112,14 @@ def create_app(ctx: WebContext) -> Starlette:
         return data
 
     # ---- recent photos ------------------------------------------------------
+    def page_filters(request: Request) -> Filters:
+        """The Photos page's filters from the query: a class, a range of days, a plant."""
+        q = request.query_params
+        return Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), plant=q.get("plant", "")[:64])
+
     async def photos(request: Request) -> Response:
         q = request.query_params
-        filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), plant=q.get("plant", "")[:64])
+        filters = page_filters(request)
         pg = parse_int(q.get("page"))
         size = ctx.cfg.web.page_size
         rows, total = ctx.reader.recent(filters, pg, size)
@@ -129,6 +135,12 @@ def create_app(ctx: WebContext) -> Starlette:
             labels=ctx.reader.labels(),
             query=q,
         )
+
+    async def photos_csv(request: Request) -> Response:
+        """The Photos page's photos (its filters; every page of them) as a CSV file for a spreadsheet."""
+        name = f"edge-agent-photos-{datetime.now():%Y-%m-%d}.csv"
+        headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+        return StreamingResponse(csv_lines(ctx.reader.each(page_filters(request))), media_type="text/csv; charset=utf-8", headers=headers)
 
     async def photo(request: Request) -> Response:
         sha = request.path_params["sha"]
@@ -351,6 +363,7 @@ def create_app(ctx: WebContext) -> Starlette:
     routes = [
         Route("/", root),
         Route("/photos", photos),
+        Route("/photos.csv", photos_csv),
         Route("/photo/{sha}", photo),
         Route("/photo/{sha}/label", photo_label, methods=["POST"]),
         Route("/img/{size}/{sha}", image),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
 
-from edge_agent.results import ResultRow, keeps_reasons, query_readonly
+from edge_agent.results import ResultRow, keeps_reasons, query_readonly, result_record
 
 __all__ = ["Filters", "Reader"]
 
@@ -91,6 +91,21 @@ class Reader:
             f"SELECT {self._columns()} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size]
         )
         return [_photo(r) for r in rows], (total[0][0] if total else 0)
+
+    def each(self, filters: Filters, batch: int = 1000) -> Iterator[dict]:
+        """Every result the filters match, newest first, with the expert's label (:func:`result_record`), read
+        ``batch`` at a time from the newest down, so photos classified meanwhile neither repeat nor shift any."""
+        where, args = filters.where()
+        below = (self._rows("SELECT COALESCE(MAX(id), 0) FROM results") or [(0,)])[0][0] + 1
+        while True:
+            cond = f"{where} AND id < ?" if where else " WHERE id < ?"
+            rows = self._rows(f"SELECT id, {self._columns()} FROM results{cond} ORDER BY id DESC LIMIT ?", [*args, below, batch])
+            if not rows:
+                return
+            found = [_photo(r[1:]) for r in rows]
+            said = self.expert_labels([r.sha256 for r in found])
+            yield from (result_record(r, said.get(r.sha256)) for r in found)
+            below = rows[-1][0]
 
     def photo(self, sha256: str) -> ResultRow | None:
         rows = self._rows(f"SELECT {self._columns()} FROM results WHERE sha256 = ?", (sha256,))

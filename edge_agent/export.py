@@ -1,0 +1,63 @@
+"""Results as a spreadsheet reads them: CSV, one header row, one row a photo, no cell a spreadsheet would run.
+
+A photo's file name comes from whoever copied it into the inbox; a name such as ``=HYPERLINK(...)`` would be a
+formula in Excel or LibreOffice, so a text cell that begins with ``=``, ``+``, ``-``, ``@`` or a control character
+is written with a leading apostrophe (OWASP's advice for CSV injection), which spreadsheets show as plain text.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+
+__all__ = ["CSV_COLUMNS", "csv_lines", "safe_cell"]
+
+#: The CSV's columns, in order.
+CSV_COLUMNS = (
+    "classified (local time)",
+    "photo",
+    "plant",
+    "answer",
+    "confidence",
+    "verdict",
+    "why not sure",
+    "expert label",
+    "engine",
+    "photo id",
+    "sha256",
+)
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def safe_cell(value: object) -> str:
+    """``value`` as a CSV cell a spreadsheet shows as written (text that looks like a formula gets an apostrophe)."""
+    if value is None:
+        return ""
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text
+
+
+def _cells(row: Mapping) -> list[str]:
+    """One result (as :meth:`edge_agent.results.ResultsDB.results` gives it) as the CSV's cells."""
+    when = datetime.fromisoformat(row["created"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    photo = Path(row["path"]).name if row["path"] else row["source"]
+    cells = [when, photo, row["plant"], row["label"], f"{row['confidence']:.4f}", row["verdict"], row["verdict_reason"]]
+    return [safe_cell(c) for c in (*cells, row["expert_label"], row["engine_version"], row["photo_id"], row["sha256"])]
+
+
+def csv_lines(rows: Iterable[Mapping]) -> Iterator[str]:
+    """The header line, then one line a result (each ending in CRLF, as RFC 4180 has it)."""
+    buf = io.StringIO()
+    out = csv.writer(buf)
+    out.writerow(CSV_COLUMNS)
+    for row in rows:
+        out.writerow(_cells(row))
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+    if buf.getvalue():  # no rows: the header alone
+        yield buf.getvalue()
