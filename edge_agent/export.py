@@ -1,4 +1,5 @@
-"""Results as a spreadsheet reads them: CSV, one header row, one row a photo, no cell a spreadsheet would run.
+"""Results as a spreadsheet reads them: CSV, one header row, one row a photo (or a plant's visit), no cell a
+spreadsheet would run.
 
 A photo's file name comes from whoever copied it into the inbox; a name such as ``=HYPERLINK(...)`` would be a
 formula in Excel or LibreOffice, so a text cell that begins with ``=``, ``+``, ``-``, ``@`` or a control character
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
-__all__ = ["CSV_COLUMNS", "csv_lines", "safe_cell"]
+from edge_agent.plants import PlantDiagnosis
+
+__all__ = ["CSV_COLUMNS", "PLANT_CSV_COLUMNS", "csv_lines", "plant_csv_lines", "safe_cell"]
 
 #: The CSV's columns, in order.
 CSV_COLUMNS = (
@@ -28,6 +31,18 @@ CSV_COLUMNS = (
     "engine",
     "photo id",
     "sha256",
+)
+
+#: The plants CSV's columns: one row a visit of a plant (:func:`edge_agent.plants.visits`).
+PLANT_CSV_COLUMNS = (
+    "plant",
+    "visit began (local time)",
+    "photos",
+    "diagnosis",
+    "verdict",
+    "combined probability",
+    "why",
+    "labelled by the expert",
 )
 
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
@@ -51,11 +66,28 @@ def _cells(row: Mapping) -> list[str]:
 
 def csv_lines(rows: Iterable[Mapping]) -> Iterator[str]:
     """The header line, then one line a result (each ending in CRLF, as RFC 4180 has it)."""
+    return _lines(CSV_COLUMNS, map(_cells, rows))
+
+
+def plant_csv_lines(visits: Iterable[tuple[str, float, PlantDiagnosis]]) -> Iterator[str]:
+    """The header line, then one line a visit of a plant: (plant, when the visit began, its diagnosis)."""
+    return _lines(PLANT_CSV_COLUMNS, (_visit_cells(*v) for v in visits))
+
+
+def _visit_cells(plant: str, began: float, d: PlantDiagnosis) -> list[str]:
+    """One visit of a plant as the plants CSV's cells."""
+    when = datetime.fromtimestamp(began).strftime("%Y-%m-%d %H:%M:%S")
+    sure = "" if d.expert else f"{d.probability:.4f}"  # the expert's word is not a probability
+    return [safe_cell(c) for c in (plant, when, d.photos, d.label, d.verdict, sure, d.reason, d.expert)]
+
+
+def _lines(header: Sequence[str], rows: Iterable[list[str]]) -> Iterator[str]:
+    """``header`` and ``rows`` as CSV lines, one at a time."""
     buf = io.StringIO()
     out = csv.writer(buf)
-    out.writerow(CSV_COLUMNS)
-    for row in rows:
-        out.writerow(_cells(row))
+    out.writerow(header)
+    for cells in rows:
+        out.writerow(cells)
         yield buf.getvalue()
         buf.seek(0)
         buf.truncate()

@@ -94,3 +94,32 @@ def test_edge_agent_results_writes_the_same_csv_oldest_first(state, capsys):
     with pytest.raises(SystemExit) as both:
         main(["results", "--state-dir", str(state), "--csv", "--json"])
     assert both.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_plants_page_downloads_each_plants_season_visit_by_visit(state):
+    import time
+
+    from .web_helpers import client
+
+    db = ResultsDB(state / "results.sqlite")
+    rows = []
+    for i, (label, days) in enumerate([("Apple___healthy", 60)] * 2 + [("Apple___Apple_scab", 0)] * 2):
+        top_k = [[label, 0.97], ["Apple___Black_rot", 0.02]]
+        created = time.time() - days * 86400 + i
+        rows.append(ResultRow(f"{100 + i:064x}", f"t{i}", "", "inbox", label, 0.97, top_k, "v1", {}, created, "confident", "tree 8"))
+    db.commit(rows)
+    db.mark_expert(rows[0].sha256, "Apple___healthy", "")
+    db.close()
+    c = client(state)
+    r = c.get("/plants.csv")
+    assert r.status_code == 200 and r.headers["content-disposition"].startswith('attachment; filename="edge-agent-plants-')
+    table = _table(r.text)
+    assert [(v["plant"], v["photos"], v["diagnosis"], v["verdict"]) for v in table[:2]] == [
+        ("tree 8", "2", "Apple___healthy", "confident"),  # May: the expert's word
+        ("tree 8", "2", "Apple___Apple_scab", "confident"),  # August
+    ]
+    assert [(v["plant"], v["photos"]) for v in table[2:]] == [("tree 3", "2")]  # the most recently photographed plant first
+    assert table[0]["labelled by the expert"] == "1" and table[0]["combined probability"] == ""
+    assert float(table[1]["combined probability"]) > 0.9 and table[0]["visit began (local time)"] < table[1]["visit began (local time)"]
+    assert [v["plant"] for v in _table(c.get("/plants.csv", params={"q": "TREE 3"}).text)] == ["tree 3"]
+    assert 'id="csv" href="/plants.csv?q="' in c.get("/plants").text

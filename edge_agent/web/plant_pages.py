@@ -13,9 +13,10 @@ from urllib.parse import quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from edge_agent.export import plant_csv_lines
 from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, newest_visit, too_many
 from edge_agent.web.context import WebContext, parse_int
 
@@ -23,6 +24,8 @@ __all__ = ["PLANT_CARDS", "PLANTS_SHOWN", "plant_routes"]
 
 #: The most photos of one plant the Plants page shows.
 PLANT_CARDS = 48
+#: The most plants the plants CSV holds (the most recently photographed).
+PLANTS_EXPORTED = 100_000
 #: The most plants the Plants page lists (the most recently photographed; a name search finds the others).
 PLANTS_SHOWN = 50
 
@@ -97,6 +100,20 @@ def plant_routes(
             visit_gap_h=gap,
         )
 
+    async def plants_csv(request: Request) -> Response:
+        """Each visit of every plant (whose name holds ``q``) with its diagnosis, as a CSV file for a spreadsheet: the
+        season of each tree, the most recently photographed plant first, its visits oldest first."""
+        match = request.query_params.get("q", "").strip()[:64]
+
+        def each_visit():
+            k = len(ctx.classes())
+            for name, _, _ in ctx.reader.plants(PLANTS_EXPORTED, match):
+                for began, d in reversed(ctx.visits(ctx.reader.plant(name), k)):
+                    yield name, began, d
+
+        headers = {"Content-Disposition": f'attachment; filename="edge-agent-plants-{datetime.now():%Y-%m-%d}.csv"'}
+        return StreamingResponse(plant_csv_lines(each_visit()), media_type="text/csv; charset=utf-8", headers=headers)
+
     async def plant(request: Request) -> Response:
         name = request.path_params["plant"]
         rows = await run_in_threadpool(ctx.reader.plant, name)
@@ -130,4 +147,9 @@ def plant_routes(
         to = f"/plants/{quote(name)}?" + urlencode({"labelled": len(done.labelled), "missed": len(done.missed), "as": done.label})
         return RedirectResponse(to, status_code=303)
 
-    return [Route("/plants", plants), Route("/plants/{plant}", plant), Route("/plants/{plant}/label", plant_label, methods=["POST"])]
+    return [
+        Route("/plants", plants),
+        Route("/plants.csv", plants_csv),
+        Route("/plants/{plant}", plant),
+        Route("/plants/{plant}/label", plant_label, methods=["POST"]),
+    ]
