@@ -179,13 +179,17 @@ def test_a_plants_alert_says_why_from_its_photos_together(tmp_path):
     from edge_agent.alerts.config import WebhookSection
 
     db = ResultsDB(tmp_path / "results.sqlite")
-    w = AlertWorker(AlertsSection(), MqttSection(), [WebhookSection(url="http://127.0.0.1:9/")], db.path, tmp_path, "orchard")
-    _plant_rows(db, "tree-1", "Apple___Apple_scab", 0.95, 3, verdict="confident")
+    section = AlertsSection(link="http://farm.local:8080")
+    w = AlertWorker(section, MqttSection(), [WebhookSection(url="http://127.0.0.1:9/")], db.path, tmp_path, "orchard")
+    _plant_rows(db, "tree 1", "Apple___Apple_scab", 0.95, 3, verdict="confident")
+    _plant_rows(db, None, "Apple___Black_rot", 0.97, 1, verdict="confident")  # a photo of no plant
     w.scan()  # its first photo is sure enough on its own: the plant alerts once, then no more for the class
     with sqlite3.connect(tmp_path / "alerts.sqlite") as con:
-        (payload,) = con.execute("SELECT payload FROM outbox WHERE kind = 'alert'").fetchone()
-    body = json.loads(payload)
-    assert body["verdict"] == "confident" and body["verdict_reason"] == "a plant of 1 photo: 1 of 1 photos are sure of it; together 95%"
+        tree, alone = [json.loads(p) for (p,) in con.execute("SELECT payload FROM outbox WHERE kind = 'alert' ORDER BY id")]
+    assert tree["verdict"] == "confident" and tree["verdict_reason"] == "a plant of 1 photo: 1 of 1 photos are sure of it; together 95%"
+    assert tree["plant_name"] == "tree 1" and tree["title"] == "Apple scab seen on orchard, plant tree 1"  # the tree to walk to
+    assert tree["message"].endswith("on orchard, plant tree 1") and tree["plant_url"] == "http://farm.local:8080/plants/tree%201"
+    assert alone["plant_name"] is None and alone["title"] == "Black rot seen on orchard" and "plant_url" not in alone
     w.stop()
     db.close()
 

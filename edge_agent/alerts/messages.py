@@ -6,6 +6,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from edge_agent.alerts.rules import Candidate
 from edge_agent.names import class_phrase, describe_class
@@ -43,22 +44,24 @@ def _said(c: Candidate) -> tuple[str, str]:
     """(title, message) for people, as sure as the verdict is: only a confident answer is said as a finding."""
     plant, condition = describe_class(c.label)
     why = f": {c.reason}" if c.reason else ""
+    where = f"{c.device}, plant {c.plant_name}" if c.plant_name else c.device  # the tree to walk to
     if c.verdict == "confident":
-        return f"{condition} seen on {c.device}", f"{condition} on {plant} ({c.confidence:.0%} sure), photo {c.photo_id} on {c.device}"
+        return f"{condition} seen on {where}", f"{condition} on {plant} ({c.confidence:.0%} sure), photo {c.photo_id} on {where}"
     if c.verdict == "unknown":
         return (
-            f"A photo unlike any the model knows on {c.device}",
+            f"A photo unlike any the model knows on {where}",
             f"Not a plant or disease the model knows{why} (best guess {condition} on {plant}): ask an expert, "
-            f"photo {c.photo_id} on {c.device}",
+            f"photo {c.photo_id} on {where}",
         )
     return (
-        f"Possibly {condition} on {c.device}",
-        f"Possibly {condition} on {plant}, not sure{why} (best guess, {c.confidence:.0%}): ask an expert, photo {c.photo_id} on {c.device}",
+        f"Possibly {condition} on {where}",
+        f"Possibly {condition} on {plant}, not sure{why} (best guess, {c.confidence:.0%}): ask an expert, photo {c.photo_id} on {where}",
     )
 
 
 def alert_body(c: Candidate, page: str = "") -> dict:
-    """An alert's JSON: the class and what it means, how sure, which photo, when; ``title`` / ``message`` / ``text``
+    """An alert's JSON: the class and what it means (``plant``: the crop; ``plant_name``: the farmer's plant, where
+    the alert is a plant's), how sure, which photo, when; ``title`` / ``message`` / ``text``
     are for people (Gotify reads title and message, Slack text), worded as sure as the verdict; ``event_type`` is for
     Home Assistant."""
     plant, condition = describe_class(c.label)
@@ -80,9 +83,12 @@ def alert_body(c: Candidate, page: str = "") -> dict:
         "message": message,
         "text": message,
         "priority": 8 if c.verdict == "confident" else 5,
+        "plant_name": c.plant_name,
     }
     if page:
         body["url"] = f"{page.rstrip('/')}/photo/{c.sha256}"
+        if c.plant_name:
+            body["plant_url"] = f"{page.rstrip('/')}/plants/{quote(c.plant_name)}"
     return body
 
 

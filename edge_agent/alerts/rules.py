@@ -30,6 +30,7 @@ class Candidate:
     photo_id: str
     sha256: str
     reason: str = ""  # why the verdict is what it is, in words (a photo's when not confident; a plant's always)
+    plant_name: str | None = None  # the farmer's plant (inbox subfolder) whose visit the alert is about; None: one photo
 
 
 class AlertRules:

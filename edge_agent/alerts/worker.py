@@ -211,7 +211,7 @@ class AlertWorker(Worker):
         if self.outbox.get(once):
             return None, None
         reason = f"a plant of {d.photos} photo{'s' * (d.photos != 1)}: {d.reason}"
-        return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict, reason=reason), once
+        return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict, reason=reason, plant_name=plant), once
 
     def _plant_photos(self, plant: str, up_to: int | None = None) -> list[_PlantPhoto]:
         """``plant``'s photos of the visit of result ``up_to`` (its photos up to it; None: its newest), oldest first;
