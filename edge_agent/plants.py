@@ -17,9 +17,9 @@ A plant is photographed again over a season: its photos more than ``[classify] p
 are separate *visits* (:func:`visits`), and a diagnosis combines one visit's photos only (the newest, for the plant as
 it is now), so a tree healthy in May and sick in August is diagnosed sick, and alerts again at each visit.
 
-A subfolder with more photos than ``[classify] plant_max_photos`` (12) in one visit is not taken as one plant (a camera's folder
-synced into the inbox would otherwise be one "plant" of thousands of photos, alerting once in its life): its photos
-are judged, and alert, one by one, and the Plants page says why. Where the expert has labelled any of the plant's
+A subfolder with more photos than ``[classify] plant_max_photos`` (12) in one visit is not taken as one plant (a
+camera's folder synced into the inbox would otherwise be one "plant" of thousands of photos, alerting once in its
+life): its photos are judged, and alert, one by one, and the Plants page says why. Where the expert has labelled any of the plant's
 photos, the expert's word is the plant's diagnosis (the label named most, ``confident``, with how many photos said
 what), the model's combined classes kept beside it.
 """
@@ -46,6 +46,7 @@ __all__ = [
     "too_many",
     "visits",
     "newest_visit",
+    "visit_of",
     "PLANT_NAME",
     "PLANT_VIEWS",
     "PLANTS_LOOKED_AT",
@@ -142,9 +143,15 @@ def visits(created: Sequence[float], gap_s: float) -> list[range]:
     return [range(a, b) for a, b in zip(starts, [*starts[1:], len(created)])] if created else []
 
 
+def visit_of(created: Sequence[float], i: int, gap_s: float) -> range:
+    """The visit (:func:`visits`) that holds photo ``i`` of photos taken at ``created`` (-1: the newest)."""
+    i %= len(created)
+    return next(v for v in visits(created, gap_s) if i in v)
+
+
 def newest_visit(rows: Sequence, gap_s: float) -> list:
     """The rows (each with ``created``, oldest first) of the newest visit (:func:`visits`)."""
-    return list(rows[visits([r.created for r in rows], gap_s)[-1].start :]) if rows else []
+    return list(rows[visit_of([r.created for r in rows], -1, gap_s).start :]) if rows else []
 
 
 def too_many(photos: int, limit: int) -> bool:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
-from edge_agent.plants import labels_of_others, too_many, visits
+from edge_agent.plants import labels_of_others, too_many, visit_of
 from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
@@ -225,7 +225,7 @@ def label_plant(
     if not own:
         raise PhotoNotQueued(f"no photos of a plant named {plant[:64]!r} (see `edge-agent results --plant NAME`)")
     if photos is None:
-        visit = [sha for sha, _ in own[visits([t for _, t in own], gap_s)[-1].start :]]
+        visit = [sha for sha, _ in own[visit_of([t for _, t in own], -1, gap_s).start :]]
         if too_many(len(visit), limit):
             raise LabelError(
                 f"{plant[:64]!r} is a folder of {len(visit)} photos, more than [classify] plant_max_photos ({limit}): not "
@@ -278,8 +278,8 @@ def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 
     own = db.plant_photos(plant) if plant else []
     if not own:
         return []
-    i = next((i for i, (s, _) in enumerate(own) if s == sha), len(own) - 1)
-    span = next(v for v in visits([t for _, t in own], gap_s) if i in v)
+    i = next((i for i, (s, _) in enumerate(own) if s == sha), -1)
+    span = visit_of([t for _, t in own], i, gap_s)
     visit = {s for s, _ in own[span.start : span.stop]}
     said = {s: label for s, label in db.plant_labels(plant)[1].items() if s in visit}
     return labels_of_others(len(visit), said, sha, limit)

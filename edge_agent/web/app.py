@@ -78,7 +78,7 @@ def shown_name(row) -> str:
 
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.globals.update(colour=charts.class_colour, sizes=SIZES)
+    templates.env.globals.update(colour=charts.class_colour, sizes=SIZES, visit_gap_h=ctx.cfg.classify.plant_visit_gap_h)
     templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text)
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
 

@@ -87,18 +87,7 @@ def plant_routes(
             return found, len(found) + sum(1 for _ in plants)  # a view: the rest in it counted too
 
         found, total = await run_in_threadpool(read)
-        gap = ctx.cfg.classify.plant_visit_gap_h
-        return page(
-            request,
-            "plants.html",
-            plants=found,
-            total=total,
-            match=match,
-            shown=PLANTS_SHOWN,
-            show=show,
-            views=PLANT_VIEWS,
-            visit_gap_h=gap,
-        )
+        return page(request, "plants.html", plants=found, total=total, match=match, shown=PLANTS_SHOWN, show=show, views=PLANT_VIEWS)
 
     async def plants_csv(request: Request) -> Response:
         """Each visit of every plant (whose name holds ``q``) with its diagnosis, as a CSV file for a spreadsheet: the
@@ -128,10 +117,7 @@ def plant_routes(
         q = request.query_params
         done = {"labelled": min(parse_int(q.get("labelled")), PLANT_CARDS), "missed": min(parse_int(q.get("missed")), PLANT_CARDS)}
         pl = plant_view(name, rows, d, said)
-        gap = ctx.cfg.classify.plant_visit_gap_h
-        return page(
-            request, "plant.html", pl=pl, history=history, visit_gap_h=gap, classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200]
-        )
+        return page(request, "plant.html", pl=pl, history=history, classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200])
 
     async def plant_label(request: Request) -> Response:
         """The expert's label for the photos of a plant ticked on its page (each as a photo's own label is)."""
