@@ -685,3 +685,26 @@ def test_a_plants_page_diagnoses_its_newest_visit_lists_the_earlier_ones_and_tic
     db.close()
     items = {it["photo_id"]: it for it in c.get("/api/v1/review").json()["items"]}
     assert items[tree8[4][1]]["plant_labels"] == {"Apple___Apple_scab": 1}  # May's healthy label is not offered for August
+
+
+def test_the_review_page_after_a_label_points_to_the_photos_of_its_plants_visit_not_labelled_yet(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    import sqlite3
+
+    from .web_helpers import client, csrf_of, make_state, sha_of
+
+    state = make_state(tmp_path)
+    with sqlite3.connect(state / "results.sqlite") as con:
+        con.execute("UPDATE results SET plant = 'tree 6' WHERE photo_id IN ('p0', 'p1', 'p2')")
+    c = client(state)
+    r = c.post("/review/label", data={"csrf": csrf_of(c), "photo": sha_of(state, "p0"), "label": "Apple___Black_rot"})
+    beside = c.get(r.headers["location"]).text.split('id="beside">')[1].split("</span>")[0]
+    assert beside == 'Its plant, <a href="/plants/tree%206">tree 6</a>, has 2 more photos of this visit not labelled: label them together on its page.'
+    for photo in ("p1", "p2"):
+        r = c.post(f"/photo/{sha_of(state, photo)}/label", data={"csrf": csrf_of(c), "label": "Apple___Black_rot"})
+    again = c.post("/review/label", data={"csrf": csrf_of(c), "photo": sha_of(state, "p0"), "label": "Apple___Black_rot"})
+    assert 'id="done"' in (page := c.get(again.headers["location"]).text) and 'id="beside"' not in page  # none left
+    with sqlite3.connect(state / "results.sqlite") as con:
+        con.execute("UPDATE results SET plant = NULL")
+    alone = c.post("/review/label", data={"csrf": csrf_of(c), "photo": sha_of(state, "p0"), "label": "Apple___healthy"})
+    assert 'id="beside"' not in c.get(alone.headers["location"]).text  # a photo of no plant

@@ -205,10 +205,12 @@ def create_app(ctx: WebContext) -> Starlette:
             finally:
                 db.close()
         item = items[i] if i < len(items) else None
+        done_sha = sha if is_sha256(sha := request.query_params.get("sha", "")) else None
         return page(
             request,
             "review.html",
             item=item,
+            beside=await run_in_threadpool(ctx.unlabelled_beside, done_sha) if done_sha else None,  # the plant's other photos
             same_plant=dict(same_plant),
             i=i,
             n=len(items),
@@ -216,7 +218,7 @@ def create_app(ctx: WebContext) -> Starlette:
             per_day=ctx.cfg.labels.review_per_day,
             classes=ctx.classes(),
             done=request.query_params.get("done"),
-            done_sha=sha if is_sha256(sha := request.query_params.get("sha", "")) else None,
+            done_sha=done_sha,
         )
 
     async def review_label(request: Request) -> Response:

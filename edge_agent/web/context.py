@@ -9,7 +9,7 @@ from datetime import date
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, visits
+from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
@@ -55,6 +55,20 @@ class WebContext:
         return [
             (rows[v.start].created, diagnose(rows[v.start : v.stop], num_classes, sure, said, cl.plant_max_photos)) for v in reversed(spans)
         ]
+
+    def unlabelled_beside(self, sha256: str) -> tuple[str, int] | None:
+        """The plant of photo ``sha256`` and how many photos of its visit the expert has not labelled (None: a photo of
+        no plant, or of a visit too large to be one plant)."""
+        row = self.reader.photo(sha256)
+        if row is None or not row.plant:
+            return None
+        rows, cl = self.reader.plant(row.plant), self.cfg.classify
+        i = next((k for k, r in enumerate(rows) if r.sha256 == sha256), -1)
+        span = visit_of([r.created for r in rows], i, cl.plant_visit_gap_h * 3600)
+        if too_many(len(span), cl.plant_max_photos):
+            return None
+        said = self.reader.expert_labels([rows[k].sha256 for k in span])
+        return row.plant, sum(rows[k].sha256 not in said for k in span)
 
     def plants(self, match: str, view: str, limit: int) -> Iterator[tuple[str, list, PlantDiagnosis, dict[str, str]]]:
         """The plants photographed whose name holds ``match``, the most recent first, each with its photos, diagnosis and
