@@ -658,6 +658,8 @@ def test_a_plants_page_diagnoses_its_newest_visit_lists_the_earlier_ones_and_tic
     c = client(state)
     api = c.get("/api/v1/plants/tree%208").json()
     assert (api["label"], api["verdict"], api["photos"], api["visit_photos"]) == ("Apple___Apple_scab", "confident", 5, 2)
+    assert [(v["photos"], v["label"]) for v in api["visits"]] == [(2, "Apple___Apple_scab"), (3, "Apple___healthy")]  # newest first
+    assert api["visits"][1]["began"] < api["visits"][0]["began"] and c.get("/api/v1/plants").json()["plants"][0]["visits"] is None
     page = c.get("/plants/tree%208").text
     assert "diagnosed from the newest visit's 2" in page and page.count('class="card earlier"') == 3
     visits = page.split('id="visits"')[1].split("</table>")[0]
@@ -699,7 +701,10 @@ def test_the_review_page_after_a_label_points_to_the_photos_of_its_plants_visit_
     c = client(state)
     r = c.post("/review/label", data={"csrf": csrf_of(c), "photo": sha_of(state, "p0"), "label": "Apple___Black_rot"})
     beside = c.get(r.headers["location"]).text.split('id="beside">')[1].split("</span>")[0]
-    assert beside == 'Its plant, <a href="/plants/tree%206">tree 6</a>, has 2 more photos of this visit not labelled: label them together on its page.'
+    assert (
+        beside
+        == 'Its plant, <a href="/plants/tree%206">tree 6</a>, has 2 more photos of this visit not labelled: label them together on its page.'
+    )
     for photo in ("p1", "p2"):
         r = c.post(f"/photo/{sha_of(state, photo)}/label", data={"csrf": csrf_of(c), "label": "Apple___Black_rot"})
     again = c.post("/review/label", data={"csrf": csrf_of(c), "photo": sha_of(state, "p0"), "label": "Apple___Black_rot"})

@@ -142,17 +142,21 @@ def _plant_folder(ctx: WebContext, plant: str | None):
 
 
 # ---- plants -----------------------------------------------------------------------
-def _plant(name: str, rows, d: PlantDiagnosis, said: dict[str, str], with_results: bool) -> s.PlantOut:
+def _plant(name: str, rows, d: PlantDiagnosis, said: dict[str, str], visits: list | None = None) -> s.PlantOut:
+    """One plant as the API gives it; with ``visits`` (:meth:`WebContext.visits`), its photos' results and its visits."""
     return s.PlantOut(
         plant=name,
         last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
-        results=[s.Result.of(r, said.get(r.sha256)) for r in rows] if with_results else None,
+        results=[s.Result.of(r, said.get(r.sha256)) for r in rows] if visits is not None else None,
+        visits=[s.VisitOut(began=datetime.fromtimestamp(t, timezone.utc), **v.as_dict()) for t, v in visits]
+        if visits is not None
+        else None,
         **{**d.as_dict(), "photos": d.photos + d.earlier, "visit_photos": d.photos},
     )
 
 
 def _plants(ctx: WebContext, limit: int, match: str, view: str) -> s.Plants:
-    return s.Plants(plants=[_plant(*p, False) for p in islice(ctx.plants(match, view, limit), limit)])
+    return s.Plants(plants=[_plant(*p) for p in islice(ctx.plants(match, view, limit), limit)])
 
 
 async def plants(ctx: WebContext, request: Request) -> s.Plants:
@@ -168,8 +172,9 @@ async def plant(ctx: WebContext, request: Request) -> s.PlantOut:
     rows = await run_in_threadpool(ctx.reader.plant, name)
     if not rows:
         raise Refused(404, f"no photos of a plant named {name[:64]!r} (a plant is an inbox subfolder, or ?plant= on classify)")
-    d, said = await run_in_threadpool(ctx.plant, rows, len(ctx.classes()))
-    return _plant(name, rows, d, said, True)
+    k = len(ctx.classes())
+    d, said = await run_in_threadpool(ctx.plant, rows, k)
+    return _plant(name, rows, d, said, await run_in_threadpool(ctx.visits, rows, k))
 
 
 # ---- review ---------------------------------------------------------------------

@@ -22,6 +22,7 @@ __all__ = [
     "PlantLabelIn",
     "NotLabelled",
     "PlantLabelled",
+    "VisitOut",
     "EngineVersion",
     "Engines",
     "RollbackIn",
@@ -264,6 +265,18 @@ class Alerts(BaseModel):
     alerts: list[AlertOut]
 
 
+class VisitOut(BaseModel):
+    """One visit of a plant (its photos with no gap of more than [classify] plant_visit_gap_h) and its diagnosis."""
+
+    began: datetime = Field(description="When its first photo was classified (UTC).")
+    photos: int
+    label: str = Field(description="The class its photos point to together; where the expert labelled any, the expert's.")
+    probability: float = Field(description="The combined probability of that class (of the expert's labels, the share naming it).")
+    verdict: Literal["confident", "unsure", "unknown"]
+    reason: str
+    expert: int = Field(0, description="Its photos the expert labelled.")
+
+
 class PlantOut(BaseModel):
     """One plant: its photos' answers combined into one diagnosis (edge_agent.plants)."""
 
@@ -281,6 +294,9 @@ class PlantOut(BaseModel):
     expert: int = Field(0, description="Its photos the expert labelled (0: the diagnosis is the model's).")
     last: datetime = Field(description="When its newest photo was classified (UTC).")
     results: list[Result] | None = Field(None, description="Its photos' own results (one plant's page only).")
+    visits: list[VisitOut] | None = Field(
+        None, description="Each of its visits, the newest first, with its diagnosis (one plant's page only)."
+    )
 
 
 class Plants(BaseModel):
