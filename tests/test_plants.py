@@ -713,3 +713,21 @@ def test_the_review_page_after_a_label_points_to_the_photos_of_its_plants_visit_
         con.execute("UPDATE results SET plant = NULL")
     alone = c.post("/review/label", data={"csrf": csrf_of(c), "photo": sha_of(state, "p0"), "label": "Apple___healthy"})
     assert 'id="beside"' not in c.get(alone.headers["location"]).text  # a photo of no plant
+
+
+def test_a_plant_name_typed_in_another_case_or_with_extra_spaces_is_the_same_plant(state):
+    from .test_api import remote
+    from .web_helpers import _photos, client, csrf_of
+
+    (state / "inbox" / "Row 2").mkdir(parents=True)  # a folder the farmer made on the laptop, photos waiting in it
+    c, auth = remote(state, "label")
+    photo = _photos(8)[7].read_bytes()
+    for typed in ("TREE-1", "  tree-1 ", "row  2", "Tree 7"):  # tree-1 is a plant already photographed
+        assert c.post("/api/v1/classify", params={"wait": 0, "plant": typed}, content=photo, headers=auth).status_code == 202
+    folders = sorted(p.name for p in (state / "inbox").iterdir() if p.is_dir())
+    assert folders == ["Row 2", "Tree 7", "tree-1"]  # a new plant keeps the name as typed
+    assert len(list((state / "inbox" / "tree-1").iterdir())) == 2 and len(list((state / "inbox" / "Row 2").iterdir())) == 1
+    page = client(state)
+    r = page.post("/upload", data={"csrf": csrf_of(page), "plant": "tree 7 "}, files={"photos": ("leaf.jpg", photo, "image/jpeg")})
+    assert r.status_code == 201 and 'href="/plants/Tree%207"' in r.text  # the page links the plant it went to
+    assert len(list((state / "inbox" / "Tree 7").iterdir())) == 2

@@ -339,7 +339,7 @@ def create_app(ctx: WebContext) -> Starlette:
         if not csrf_ok(request, data.get("csrf")):
             return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
         try:
-            folder = plant_folder(ctx.inbox, str(data.get("plant") or "").strip())
+            folder = plant_folder(ctx.inbox, str(data.get("plant") or ""), ctx.reader.plant_named)
         except ValueError as exc:
             return problem(request, 400, str(exc))
         outcomes = []

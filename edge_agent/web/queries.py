@@ -125,6 +125,11 @@ class Reader:
         rows = self._rows(f"SELECT COUNT(DISTINCT plant) FROM results WHERE {where}", args)
         return rows[0][0] if rows else 0
 
+    def plant_named(self, name: str) -> str | None:
+        """The stored name of the plant called ``name`` in any case (the most recently photographed), or None."""
+        rows = self._rows("SELECT plant FROM results WHERE plant = ? COLLATE NOCASE ORDER BY id DESC LIMIT 1", (name,))
+        return rows[0][0] if rows else None
+
     def plant(self, name: str) -> list[ResultRow]:
         """One plant's photos, oldest first."""
         return [_photo(r) for r in self._rows(f"SELECT {self._columns()} FROM results WHERE plant = ? ORDER BY id", (name,))]

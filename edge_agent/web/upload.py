@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,15 +54,30 @@ def store_upload(name: str, data: bytes, inbox: Path, max_file_bytes: int, max_p
     return Outcome(shown, 201, sha, final.name)
 
 
-def plant_folder(inbox: Path, plant: str | None) -> Path:
-    """Where uploads of ``plant`` go: its subfolder of the inbox (made on first use; the inbox for no plant). Raises
-    ValueError for a name that is not a plain folder name."""
+def plant_folder(inbox: Path, plant: str | None, known: Callable[[str], str | None] = lambda _: None) -> Path:
+    """Where uploads of ``plant`` go: its subfolder of the inbox (made on first use; the inbox for no plant). A name
+    that differs only in case or spaces from a folder in the inbox, or from a plant already photographed (``known``:
+    its stored name, matched in any case), is that plant: a phone's keyboard writes "Tree 12" for the laptop's
+    "tree 12". Raises ValueError for a name that is not a plain folder name."""
+    plant = re.sub(" +", " ", (plant or "").strip(" "))  # spaces typed twice or at the end; other whitespace refused
     if not plant:
         return inbox
     if not re.fullmatch(PLANT_NAME, plant):
         raise ValueError("a plant's name is a folder name: letters, digits, space, '.', '_' or '-', at most 64, not starting with '.'")
-    folder = inbox / plant
+    folder = inbox / (_folder_named(inbox, plant) or known(plant) or plant)
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o2770)  # as the inbox: the service's group may drop photos
     return folder
+
+
+def _folder_named(inbox: Path, plant: str, most: int = 10_000) -> str | None:
+    """The name of the inbox's subfolder that is ``plant`` in any case and spacing (the first ``most`` entries read)."""
+    key = plant.casefold()
+    try:
+        for _, entry in zip(range(most), os.scandir(inbox)):
+            if entry.is_dir() and re.sub(" +", " ", entry.name.strip(" ")).casefold() == key:
+                return entry.name
+    except OSError:
+        return None
+    return None

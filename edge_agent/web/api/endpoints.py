@@ -136,7 +136,7 @@ async def classify(ctx: WebContext, request: Request) -> s.Result | Response:
 def _plant_folder(ctx: WebContext, plant: str | None):
     """Where an upload goes: the inbox, or with ``plant`` that plant's subfolder of it."""
     try:
-        return plant_folder(ctx.inbox, plant)
+        return plant_folder(ctx.inbox, plant, ctx.reader.plant_named)
     except ValueError as exc:
         raise BadParameter(f"plant: {exc}") from None
 
