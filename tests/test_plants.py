@@ -730,4 +730,6 @@ def test_a_plant_name_typed_in_another_case_or_with_extra_spaces_is_the_same_pla
     page = client(state)
     r = page.post("/upload", data={"csrf": csrf_of(page), "plant": "tree 7 "}, files={"photos": ("leaf.jpg", photo, "image/jpeg")})
     assert r.status_code == 201 and 'href="/plants/Tree%207"' in r.text  # the page links the plant it went to
+    typed = page.get("/plants/TREE-1")  # its page, typed in another case
+    assert typed.status_code == 303 and typed.headers["location"] == "/plants/tree-1"
     assert len(list((state / "inbox" / "Tree 7").iterdir())) == 2

@@ -109,6 +109,8 @@ def plant_routes(
         if not rows:
             if waiting := await run_in_threadpool(_waiting, ctx.inbox, name):  # uploaded a moment ago: not classified yet
                 return page(request, "plant.html", pl=None, name=name, waiting=waiting)
+            if (known := await run_in_threadpool(ctx.reader.plant_named, name)) is not None:  # typed in another case
+                return RedirectResponse(f"/plants/{quote(known)}", status_code=303)
             why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
             return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
         k = len(ctx.classes())
