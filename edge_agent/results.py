@@ -405,6 +405,11 @@ class ResultsDB:
         """Each of ``plant``'s photos, oldest first: (sha256, when it was classified)."""
         return [(sha, t) for sha, t in self._query("SELECT sha256, created FROM results WHERE plant = ? ORDER BY id", (plant,))]
 
+    def rename_plant(self, old: str, new: str) -> int:
+        """Every photo of plant ``old`` made a photo of ``new`` (merged with its photos where it has some); how many."""
+        with self._lock:
+            return self._db.execute("UPDATE results SET plant = ? WHERE plant = ?", (new, old)).rowcount
+
     def plant_labels(self, plant: str) -> tuple[int, dict[str, str]]:
         """How many photos ``plant`` has, and the expert's label of each of them that has one (sha256 -> class)."""
         (n,) = self._query("SELECT COUNT(*) FROM results WHERE plant = ?", (plant,))[0]

@@ -733,3 +733,35 @@ def test_a_plant_name_typed_in_another_case_or_with_extra_spaces_is_the_same_pla
     typed = page.get("/plants/TREE-1")  # its page, typed in another case
     assert typed.status_code == 303 and typed.headers["location"] == "/plants/tree-1"
     assert len(list((state / "inbox" / "Tree 7").iterdir())) == 2
+
+
+def test_a_plant_named_wrong_is_renamed_or_merged_into_another_and_a_bad_name_changes_nothing(state):
+    from .test_api import remote
+    from .web_helpers import client, csrf_of
+
+    c = client(state)
+    page = c.get("/plants/tree-2").text
+    assert 'action="/plants/tree-2/rename"' in page and "Rename this plant, or merge it into another" in page
+    url, token = "/plants/tree-2/rename", csrf_of(c)
+    for bad, said in (
+        (".hidden", "is not a plant&#39;s name"),
+        ("a/b", "is not a plant&#39;s name"),
+        ("tree-2", "named &#39;tree-2&#39; already"),
+    ):
+        r = c.post(url, data={"csrf": token, "to": bad})
+        assert r.status_code == 400 and said in r.text
+    assert c.post(url, data={"to": "tree 12"}).status_code == 403  # no CSRF token
+    assert c.post("/plants/tree-9/rename", data={"csrf": token, "to": "tree 12"}).status_code == 404
+    assert [p["plant"] for p in c.get("/api/v1/plants").json()["plants"]] == ["tree-2", "tree-1"]  # nothing changed
+    r = c.post(url, data={"csrf": token, "to": " tree 12 "})
+    assert r.status_code == 303 and r.headers["location"] == "/plants/tree%2012?renamed=tree-2"
+    said = c.get(r.headers["location"]).text.split('id="renamed">')[1].split("</p>")[0]
+    assert said.startswith("The photos of tree-2 are now this plant's.") and "rename that folder too" in said
+    assert c.get("/plants/tree-2").status_code == 404
+    api, auth = remote(state, "label")
+    merged = api.post("/api/v1/plants/tree-1/rename", json={"to": "tree 12"}, headers=auth)
+    assert merged.status_code == 200 and merged.json() == {"old": "tree-1", "plant": "tree 12", "photos": 3, "merged": True}
+    one = c.get("/api/v1/plants/tree%2012").json()
+    assert one["photos"] == 5 and [p["plant"] for p in c.get("/api/v1/plants").json()["plants"]] == ["tree 12"]
+    assert api.post("/api/v1/plants/tree-1/rename", json={"to": "x"}, headers=auth).status_code == 404
+    assert api.post("/api/v1/plants/tree%2012/rename", json={"to": "x"}, headers=remote(state, "read")[1]).status_code == 403

@@ -105,10 +105,14 @@ def create_app(ctx: WebContext) -> Starlette:
             return None
         return problem(request, 403, forbidden_text(request.state.role, role))
 
-    async def form(request: Request, fields: int = 20):
+    async def form(request: Request, role: str, fields: int = 20):
+        """A write's form, once the request's token may do what ``role`` may and the form's CSRF token is right; else
+        :class:`Refused` (403), shown as a page."""
+        if not allowed(request, role):
+            raise Refused(403, forbidden_text(request.state.role, role))
         data = await request.form(max_files=0, max_fields=fields)
         if not csrf_ok(request, data.get("csrf")):
-            return None
+            raise Refused(403, "the form is stale (CSRF token missing or wrong): reload the page")
         return data
 
     # ---- recent photos ------------------------------------------------------
@@ -168,12 +172,8 @@ def create_app(ctx: WebContext) -> Starlette:
 
     async def photo_label(request: Request) -> Response:
         """The expert's label for any photo still kept, from its page (a sure answer that is wrong, a label corrected)."""
-        if (no := refused(request, "label")) is not None:
-            return no
         sha = request.path_params["sha"]
-        data = await form(request)
-        if data is None:
-            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        data = await form(request, "label")
         if not is_sha256(sha):
             return problem(request, 404, "no such photo")
         await run_in_threadpool(ctx.label, sha, str(data.get("label", "")), data.get("new_class") == "1")  # Refused / BadParameter: shown
@@ -222,11 +222,7 @@ def create_app(ctx: WebContext) -> Starlette:
         )
 
     async def review_label(request: Request) -> Response:
-        if (no := refused(request, "label")) is not None:
-            return no
-        data = await form(request)
-        if data is None:
-            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        data = await form(request, "label")
         sha, label = str(data.get("photo", "")), str(data.get("label", ""))
         entry = await run_in_threadpool(ctx.label, sha, label, data.get("new_class") == "1")  # Refused: its status page
         return RedirectResponse(f"/review?i={parse_int(data.get('i'))}&done={entry.photo_id}&sha={entry.sha256}", status_code=303)
@@ -263,11 +259,7 @@ def create_app(ctx: WebContext) -> Starlette:
         )
 
     async def rollback(request: Request) -> Response:
-        if (no := refused(request, "admin")) is not None:
-            return no
-        data = await form(request)
-        if data is None:
-            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        data = await form(request, "admin")
         to = str(data.get("to", ""))
         if data.get("confirm") != "yes":
             return problem(request, 400, "a rollback must be confirmed")
@@ -275,10 +267,7 @@ def create_app(ctx: WebContext) -> Starlette:
         return RedirectResponse(f"/engines?rolled={done.to}", status_code=303)
 
     async def unpin(request: Request) -> Response:
-        if (no := refused(request, "admin")) is not None:
-            return no
-        if await form(request) is None:
-            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        await form(request, "admin")
         await run_in_threadpool(ctx.store().unpin)
         return RedirectResponse("/engines", status_code=303)
 
@@ -372,7 +361,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),
         Route("/trust", trust),
-        *plant_routes(ctx, page, problem, refused, form),
+        *plant_routes(ctx, page, problem, form),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

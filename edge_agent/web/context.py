@@ -1,14 +1,16 @@
 """What every request of the page and the API needs: the configuration, the state directory, what the services
-report, the writes (a label, a plant's labels, a rollback), and the parameters' checks."""
+report, the writes (a label, a plant's labels or name, a rollback), and the parameters' checks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import TypeVar
 
 from edge_agent.config import AppConfig
+from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
 from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_plant, wanted_classes
@@ -19,6 +21,8 @@ from engines.errors import EdgeAgentError
 from engines.store import StoreError
 
 __all__ = ["WebContext", "BadParameter", "Refused", "parse_day", "parse_int"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -156,25 +160,36 @@ class WebContext:
         """The expert's label for a photo of the review queue (the page's and the API's; ``review label``'s function).
 
         Raises :class:`Refused` (404: no such photo in the queue) or :class:`BadParameter` (an unknown class)."""
-        return self._labelling(label_photo, ref, label, new_class)
+        quota = self.cfg.labels.max_spool_mb << 20
+        return self._on_ledger(lambda db: label_photo(db, self.state.queue, quota, self.classes(), ref, label, new_class))
 
     def label_plant(self, plant: str, label: str, new_class: bool = False, photos: list[str] | None = None) -> PlantLabelled:
         """The expert's label for several photos of one plant (``photos``; None: each the expert has not labelled).
 
         Raises :class:`Refused` (404: no such plant) or :class:`BadParameter` (an unknown class, a stray photo)."""
-        cl = self.cfg.classify
-        return self._labelling(label_plant, plant, label, new_class, photos, cl.plant_max_photos, cl.plant_visit_gap_h * 3600)
+        quota, cl = self.cfg.labels.max_spool_mb << 20, self.cfg.classify
+        gap = cl.plant_visit_gap_h * 3600
+        return self._on_ledger(
+            lambda db: label_plant(db, self.state.queue, quota, self.classes(), plant, label, new_class, photos, cl.plant_max_photos, gap)
+        )
 
-    def _labelling(self, write, *args):
-        """``write(db, queue, quota, classes, *args)`` on the writable ledger, its refusals as the page and API answer them."""
+    def rename_plant(self, old: str, new: str) -> Renamed:
+        """Plant ``old``'s photos moved to ``new`` (:func:`edge_agent.plant_rename.rename_plant`).
+
+        Raises :class:`Refused` (404: no such plant) or :class:`BadParameter` (not a plant's name, the same name)."""
+        return self._on_ledger(lambda db: rename_plant(db, old, new))
+
+    def _on_ledger(self, write: Callable[[ResultsDB], T]) -> T:
+        """``write`` on the writable ledger, its refusals as the page and the API answer them (404: no such photo or
+        plant; 400: the rest)."""
         db = self.db(readonly=False)
         if db is None:
             raise Refused(404, "no results yet: has the daemon run with this state directory?")
         try:
-            return write(db, self.state.queue, self.cfg.labels.max_spool_mb << 20, self.classes(), *args)
-        except PhotoNotQueued as exc:
+            return write(db)
+        except (PhotoNotQueued, NoSuchPlant) as exc:
             raise Refused(404, str(exc)) from None
-        except LabelError as exc:
+        except (LabelError, PlantRenameError) as exc:
             raise BadParameter(str(exc)) from None
         finally:
             db.close()

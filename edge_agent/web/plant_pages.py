@@ -49,11 +49,9 @@ def _local(t: float) -> str:
     return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M")
 
 
-def plant_routes(
-    ctx: WebContext, page: Page, problem: Callable[[Request, int, str], Response], refused: Callable, form: Form
-) -> list[Route]:
-    """The routes of ``/plants``, ``/plants/<name>`` and its labels, rendered by the app's ``page`` and ``problem``, the
-    writes checked by its ``refused`` (the token's role) and ``form`` (the CSRF token)."""
+def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, str], Response], form: Form) -> list[Route]:
+    """The routes of ``/plants``, ``/plants/<name>``, its labels and its name, rendered by the app's ``page`` and
+    ``problem``, the writes' forms read by its ``form`` (the token's role and the CSRF token checked)."""
 
     def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str]) -> dict:
         """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
@@ -119,25 +117,33 @@ def plant_routes(
         q = request.query_params
         done = {"labelled": min(parse_int(q.get("labelled")), PLANT_CARDS), "missed": min(parse_int(q.get("missed")), PLANT_CARDS)}
         pl = plant_view(name, rows, d, said)
-        return page(request, "plant.html", pl=pl, history=history, classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200])
+        renamed = q.get("renamed", "")[:64]
+        return page(
+            request, "plant.html", pl=pl, history=history, classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200], renamed=renamed
+        )
 
     async def plant_label(request: Request) -> Response:
         """The expert's label for the photos of a plant ticked on its page (each as a photo's own label is)."""
-        if (no := refused(request, "label")) is not None:
-            return no
         name = request.path_params["plant"]
-        data = await form(request, fields=PLANT_CARDS + 8)
-        if data is None:
-            return problem(request, 403, "the form is stale (CSRF token missing or wrong): reload the page")
+        data = await form(request, "label", fields=PLANT_CARDS + 8)
         photos = [str(sha) for sha in data.getlist("photo")]
         label = str(data.get("label", ""))
         done = await run_in_threadpool(ctx.label_plant, name, label, data.get("new_class") == "1", photos)  # Refused / BadParameter: shown
         to = f"/plants/{quote(name)}?" + urlencode({"labelled": len(done.labelled), "missed": len(done.missed), "as": done.label})
         return RedirectResponse(to, status_code=303)
 
+    async def plant_rename(request: Request) -> Response:
+        """A plant renamed, or merged into another, from its page."""
+        data = await form(request, "label")
+        done = await run_in_threadpool(
+            ctx.rename_plant, request.path_params["plant"], str(data.get("to", ""))
+        )  # Refused / BadParameter: shown
+        return RedirectResponse(f"/plants/{quote(done.new)}?" + urlencode({"renamed": done.old[:64]}), status_code=303)
+
     return [
         Route("/plants", plants),
         Route("/plants.csv", plants_csv),
         Route("/plants/{plant}", plant),
         Route("/plants/{plant}/label", plant_label, methods=["POST"]),
+        Route("/plants/{plant}/rename", plant_rename, methods=["POST"]),
     ]

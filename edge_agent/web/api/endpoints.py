@@ -215,6 +215,12 @@ async def plant_label(ctx: WebContext, request: Request) -> s.PlantLabelled:
     )
 
 
+async def plant_rename(ctx: WebContext, request: Request) -> s.PlantRenamed:
+    body = await _json_body(request, s.PlantRenameIn)
+    done = await run_in_threadpool(ctx.rename_plant, request.path_params["plant"], body.to)
+    return s.PlantRenamed(old=done.old, plant=done.new, photos=done.photos, merged=done.merged)
+
+
 # ---- engines --------------------------------------------------------------------
 def _engines(ctx: WebContext) -> s.Engines:
     store, current = ctx.store(), ctx.current()
@@ -290,6 +296,9 @@ async def alerts(ctx: WebContext, request: Request) -> s.Alerts:
 
 
 _DAY = "A local day, YYYY-MM-DD (inclusive)."
+#: The path parameter of one plant's endpoints.
+_PLANT = (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),)
+
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "GET",
@@ -365,7 +374,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "One plant: its photos' answers combined into one diagnosis, and each photo's result.",
         plant,
         s.PlantOut,
-        (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),),
+        _PLANT,
         errors={404: "No photos of that plant."},
     ),
     Endpoint(
@@ -375,8 +384,19 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Give several photos of one plant the same true class, each as a photo's own label (a later label replaces an earlier).",
         plant_label,
         s.PlantLabelled,
-        (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),),
+        _PLANT,
         body=s.PlantLabelIn,
+        errors={404: "No photos of that plant."},
+    ),
+    Endpoint(
+        "POST",
+        "/plants/{plant}/rename",
+        "label",
+        "Rename a plant (a name typed wrong), or merge it into another: its photos' records move to the new name.",
+        plant_rename,
+        s.PlantRenamed,
+        _PLANT,
+        body=s.PlantRenameIn,
         errors={404: "No photos of that plant."},
     ),
     Endpoint("GET", "/review", "read", "Today's questions for the expert, best first.", review, s.ReviewQueue),

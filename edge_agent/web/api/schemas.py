@@ -22,6 +22,8 @@ __all__ = [
     "PlantLabelIn",
     "NotLabelled",
     "PlantLabelled",
+    "PlantRenameIn",
+    "PlantRenamed",
     "VisitOut",
     "EngineVersion",
     "Engines",
@@ -162,6 +164,21 @@ class PlantLabelIn(BaseModel):
         description="The sha256 of each photo of the plant to label; absent: each the expert has not labelled yet "
         "(refused for a folder of more than [classify] plant_max_photos photos, which is no plant).",
     )
+
+
+class PlantRenameIn(BaseModel):
+    """A plant's new name (a plant that has photos already: the two are merged)."""
+
+    to: str = Field(description="The new name: letters, digits, space, '.', '_' or '-', at most 64.")
+
+
+class PlantRenamed(BaseModel):
+    """The plant's photos moved to the new name."""
+
+    old: str
+    plant: str = Field(description="The new name.")
+    photos: int = Field(description="How many photos moved.")
+    merged: bool = Field(description="True: the new name had photos already, and the two plants are one now.")
 
 
 class NotLabelled(BaseModel):
@@ -315,6 +332,8 @@ SCHEMAS: tuple[type[BaseModel], ...] = (
     Labelled,
     PlantLabelIn,
     PlantLabelled,
+    PlantRenameIn,
+    PlantRenamed,
     Engines,
     RollbackIn,
     RolledBack,
