@@ -765,3 +765,10 @@ def test_a_plant_named_wrong_is_renamed_or_merged_into_another_and_a_bad_name_ch
     assert one["photos"] == 5 and [p["plant"] for p in c.get("/api/v1/plants").json()["plants"]] == ["tree 12"]
     assert api.post("/api/v1/plants/tree-1/rename", json={"to": "x"}, headers=auth).status_code == 404
     assert api.post("/api/v1/plants/tree%2012/rename", json={"to": "x"}, headers=remote(state, "read")[1]).status_code == 403
+
+
+def test_the_upload_page_offers_the_plants_already_photographed_as_names(state):
+    from .web_helpers import client
+
+    offered = client(state).get("/upload").text.split('<datalist id="known-plants">')[1].split("</datalist>")[0]
+    assert offered == '<option value="tree-2"><option value="tree-1">'  # the most recent first: a name picked, not typed again

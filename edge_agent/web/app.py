@@ -76,6 +76,10 @@ def shown_name(row) -> str:
     return Path(row.path).name if row.path else row.source
 
 
+#: How many plant names the Upload page's name field offers (the most recently photographed).
+KNOWN_PLANTS_OFFERED = 500
+
+
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(colour=charts.class_colour, sizes=SIZES, visit_gap_h=ctx.cfg.classify.plant_visit_gap_h)
@@ -312,8 +316,12 @@ def create_app(ctx: WebContext) -> Starlette:
         return page(request, "fleet.html", tv=ctx.trainer_view(), now=time.time())
 
     # ---- upload -------------------------------------------------------------
+    def known_plants() -> list[str]:
+        """The plants photographed, the most recent first, for the Upload page's name field to offer (no name typed twice)."""
+        return [name for name, _, _ in ctx.reader.plants(KNOWN_PLANTS_OFFERED)]
+
     async def upload_page(request: Request) -> Response:
-        return page(request, "upload.html", cap=ctx.cfg.preprocess.max_file_bytes, outcomes=None)
+        return page(request, "upload.html", cap=ctx.cfg.preprocess.max_file_bytes, outcomes=None, known_plants=known_plants())
 
     async def upload(request: Request) -> Response:
         if (no := refused(request, "label")) is not None:
@@ -343,7 +351,7 @@ def create_app(ctx: WebContext) -> Starlette:
         stored = [o for o in outcomes if o.status == 201]
         status = 201 if stored else outcomes[0].status
         plant = folder.name if stored and folder != ctx.inbox else None
-        return page(request, "upload.html", status=status, cap=cap, outcomes=outcomes, plant=plant)
+        return page(request, "upload.html", status=status, cap=cap, outcomes=outcomes, plant=plant, known_plants=known_plants())
 
     async def metrics(request: Request) -> Response:
         return Response(await run_in_threadpool(render_metrics, ctx), media_type=METRICS_TYPE)
