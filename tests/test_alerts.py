@@ -721,8 +721,10 @@ def test_the_digest_names_the_plants_with_a_disease_the_experts_label_first(tmp_
         photo("tree 2", "Apple___healthy", 0.95, "confident")  # healthy: no finding
     labelled = [photo("tree 3", "Apple___healthy", 0.6, "unsure") for _ in range(2)]
     db.mark_expert(labelled[0], "Apple___Black_rot", "")  # the model unsure, the expert says black rot
+    photo("tree 4", "Apple___Cedar_apple_rust", 0.6, "unsure")  # unsure, no expert yet: a tree to show the expert
     body = w.digest_due(time.time() + 1)
-    assert body["plants"] == {"tree 1": "Apple___Apple_scab", "tree 3": "Apple___Black_rot"}
-    assert body["message"].endswith("plants with a disease: tree 1 (Apple scab (Apple)), tree 3 (Black rot (Apple))")
+    assert body["plants"] == {"tree 1": "Apple___Apple_scab", "tree 3": "Apple___Black_rot"} and body["plants_unsure"] == ["tree 4"]
+    assert "; plants with a disease: tree 1 (Apple scab (Apple)), tree 3 (Black rot (Apple)); " in body["message"]
+    assert body["message"].endswith("plants the model is not sure of: tree 4 (ask an expert: the Plants page)")
     w.stop()
     db.close()

@@ -371,9 +371,11 @@ class AlertWorker(Worker):
         ]
         if doubts:  # answers the lines do not count as findings, apart: the expert's Review page has them
             lines.append(" and ".join(doubts) + " (ask an expert: the Review page)")
-        plants = self._sick_plants(since, now)
+        plants, unsure = self._day_plants(since, now)
         if plants:
             lines.append("plants with a disease: " + ", ".join(f"{p} ({class_phrase(label)})" for p, label in plants.items()))
+        if unsure:  # the trees to show the expert: their pages label their photos together
+            lines.append("plants the model is not sure of: " + ", ".join(unsure) + " (ask an expert: the Plants page)")
         return {
             "event_type": "digest",
             "device": self.device,
@@ -383,15 +385,17 @@ class AlertWorker(Worker):
             "by_class": counts,
             "by_verdict": by_verdict,
             "plants": plants,
+            "plants_unsure": unsure,
             "title": f"edge-agent {self.device}: {sum(counts.values())} photos, {len(alerts)} alerts in the last 24 h",
             "message": "; ".join(lines),
             "text": "; ".join(lines),
         }
 
-    def _sick_plants(self, since: float, until: float, most: int = 200) -> dict[str, str]:
-        """The plants photographed from ``since`` to ``until`` whose diagnosis is a disease the alert rules take (the
-        expert's label where the expert labelled any of their photos, else their photos combined): plant -> class."""
-        out = {}
+    def _day_plants(self, since: float, until: float, most: int = 200) -> tuple[dict[str, str], list[str]]:
+        """The plants photographed from ``since`` to ``until`` whose diagnosis (the expert's label where the expert
+        labelled any of that visit's photos, else its photos combined) is a disease the alert rules take (plant ->
+        class), and those it leaves unsure or unknown (a folder of many plants is neither)."""
+        out, unsure = {}, []
         for plant, last in self._results(
             "SELECT plant, MAX(id) FROM results WHERE plant IS NOT NULL AND created >= ? AND created <= ? GROUP BY plant LIMIT ?",
             (since, until, most),
@@ -410,7 +414,9 @@ class AlertWorker(Worker):
             sure = 1.0 if d.expert else d.probability  # the expert's word is not a probability
             if d.verdict == "confident" and self.rules.wants(Candidate(0, 0, "", d.label, sure, "confident", "", "")):
                 out[plant] = d.label
-        return out
+            elif d.verdict in ("unsure", "unknown") and not too_many(d.photos, self.plant_max_photos):
+                unsure.append(plant)
+        return out, unsure
 
     def _digest(self) -> None:
         body = self.digest_due()
