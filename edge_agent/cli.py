@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from edge_agent import _cli_engine, _cli_review, _cli_status
+from edge_agent import _cli_engine, _cli_plants, _cli_review, _cli_status
 from edge_agent._cli_common import load as _load
 from edge_agent._cli_common import print_rows
 from edge_agent._cli_common import state_db as _state_db
@@ -313,6 +313,26 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--state-dir")
     rt.add_argument("--json", action="store_true")
     rt.set_defaults(func=_cli_review.review_trust)
+
+    pl = sub.add_parser("plants", help="the plants photographed (inbox subfolders), each with one diagnosis").add_subparsers(
+        dest="action", required=True
+    )
+    pls = pl.add_parser(
+        "list", parents=[common], help="each plant, the most recently photographed first, with its newest visit's diagnosis"
+    )
+    pls.add_argument("--state-dir")
+    pls.add_argument("--show", choices=("sick", "unsure"), default="", help="only those with a disease, or those left unsure")
+    pls.add_argument("--name", default="", help="only the plants whose name holds this text (any case)")
+    pls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    pls.add_argument("--json", action="store_true", help="JSON lines")
+    pls.set_defaults(func=_cli_plants.plants_list)
+    plr = pl.add_parser(
+        "rename", parents=[common], help="move a plant's photos to another name (a name typed wrong; an existing plant: merged)"
+    )
+    plr.add_argument("old", help="the plant's name now")
+    plr.add_argument("new", help="its name from now on")
+    plr.add_argument("--state-dir")
+    plr.set_defaults(func=_cli_plants.plants_rename)
 
     web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
     web.add_argument("--state-dir")

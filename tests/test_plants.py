@@ -772,3 +772,26 @@ def test_the_upload_page_offers_the_plants_already_photographed_as_names(state):
 
     offered = client(state).get("/upload").text.split('<datalist id="known-plants">')[1].split("</datalist>")[0]
     assert offered == '<option value="tree-2"><option value="tree-1">'  # the most recent first: a name picked, not typed again
+
+
+def test_edge_agent_plants_lists_each_plants_diagnosis_and_renames_one(state, capsys):
+    from edge_agent.cli import main
+
+    assert main(["plants", "list", "--state-dir", str(state)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["tree-2", "tree-1"]
+    assert lines[1].split("  ")[1:4] == ["confident", "Apple___Apple_scab", "3 of 3 photos (newest visit)"]
+    assert main(["plants", "list", "--state-dir", str(state), "--show", "unsure", "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["plant"], row["verdict"], row["photos"], row["visit_photos"]) == ("tree-2", "unsure", 2, 2)
+    assert main(["plants", "list", "--state-dir", str(state), "--name", "nothing"]) == 0
+    assert capsys.readouterr().out == "no plants in that view\n"
+    assert main(["plants", "rename", "tree-2", "tree-1", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "2 photos of plant tree-2 are plant tree-1's now (merged with the photos it had)" in out and "rename that folder too" in out
+    assert main(["plants", "rename", "tree-2", "tree 9", "--state-dir", str(state)]) == 2
+    assert "no photos of a plant named 'tree-2'" in capsys.readouterr().err
+    assert main(["plants", "rename", "tree-1", "../x", "--state-dir", str(state)]) == 2
+    assert "is not a plant's name" in capsys.readouterr().err
+    assert main(["plants", "list", "--state-dir", str(state), "--json"]) == 0
+    assert [json.loads(line)["photos"] for line in capsys.readouterr().out.splitlines()] == [5]

@@ -1,0 +1,71 @@
+"""``edge-agent plants ...``: the plants photographed with their diagnoses, and a plant named wrong put right."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from itertools import islice
+
+from edge_agent._cli_common import load, print_rows, state_db
+from edge_agent.names import printable
+
+__all__ = ["plants_list", "plants_rename"]
+
+
+def plants_list(args: argparse.Namespace) -> int:
+    """Each plant, the most recently photographed first, with its newest visit's diagnosis (the Plants page's)."""
+    from edge_agent.results import iso
+    from edge_agent.web.context import WebContext
+
+    cfg = load(args)
+    state, db = state_db(args, cfg)
+    db.close()
+    ctx = WebContext(cfg, state, state.root / "inbox", "")
+    rows = (
+        {
+            "plant": name,
+            "photos": len(photos),
+            "visit_photos": d.photos,
+            "label": d.label,
+            "verdict": d.verdict,
+            "probability": round(d.probability, 4),
+            "reason": d.reason,
+            "expert": d.expert,
+            "last": iso(max(r.created for r in photos)),
+        }
+        for name, photos, d, _ in ctx.plants(args.name.strip()[:64], args.show, args.limit)
+    )
+    found = list(islice(rows, args.limit))
+    if not found and not args.json:
+        print("no plants" + (" in that view" if args.show or args.name else " yet: a plant is a folder in the inbox (inbox/<plant>/)"))
+
+    def line(p: dict) -> str:
+        said = "labelled by the expert" if p["expert"] else p["verdict"]
+        when = datetime.fromisoformat(p["last"]).astimezone().strftime("%Y-%m-%d %H:%M")
+        return (
+            f"{p['plant']}  {said}  {p['label']}  {p['visit_photos']} of {p['photos']} photos (newest visit)  last {when}  ({p['reason']})"
+        )
+
+    print_rows(found, args.json, line)
+    return 0
+
+
+def plants_rename(args: argparse.Namespace) -> int:
+    """Plant OLD's photos moved to NEW (merged where NEW has photos): a name typed wrong put right."""
+    from edge_agent.plant_rename import PlantRenameError, rename_plant
+
+    cfg = load(args)
+    args.readonly = False
+    _state, db = state_db(args, cfg)
+    try:
+        done = rename_plant(db, args.old, args.new)
+    except PlantRenameError as exc:
+        print(printable(f"edge-agent: {exc}"), file=sys.stderr)
+        return 2
+    finally:
+        db.close()
+    joined = " (merged with the photos it had)" if done.merged else ""
+    print(printable(f"{done.photos} photos of plant {done.old} are plant {done.new}'s now{joined}"))
+    print(printable(f"photos that arrive later in the inbox folder {done.old}/ are plant {done.old} again: rename that folder too"))
+    return 0
