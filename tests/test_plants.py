@@ -662,6 +662,8 @@ def test_a_plants_page_diagnoses_its_newest_visit_lists_the_earlier_ones_and_tic
     assert api["visits"][1]["began"] < api["visits"][0]["began"] and c.get("/api/v1/plants").json()["plants"][0]["visits"] is None
     page = c.get("/plants/tree%208").text
     assert "diagnosed from the newest visit's 2" in page and page.count('class="card earlier"') == 3
+    listed = c.get("/plants").text.split('data-plant="tree 8"')[1].split("</section>")[0]  # the list: the newest visit's
+    assert listed.count('class="card"') == 2 and "earlier" not in listed.split("older")[0] and "and 3 older photos" in listed
     visits = page.split('id="visits"')[1].split("</table>")[0]
     assert visits.count("<tr>") == 2 and "Apple · healthy" in visits  # a header and the earlier visit
     ticked = page.split('id="plant-label"')[1].count(" checked>")

@@ -53,12 +53,14 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
     """The routes of ``/plants``, ``/plants/<name>``, its labels and its name, rendered by the app's ``page`` and
     ``problem``, the writes' forms read by its ``form`` (the token's role and the CSRF token checked)."""
 
-    def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str]) -> dict:
-        """One plant as its section shows it: the diagnosis, its newest photos (a folder of thousands is no plant)."""
-        shown = rows[-PLANT_CARDS:]
+    def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str], every_visit: bool = False) -> dict:
+        """One plant as its section shows it: the diagnosis, the newest visit's photos (``every_visit``: its newest
+        photos of any visit, as its own page shows them; a folder of thousands is no plant)."""
         cl = ctx.cfg.classify
         one = not too_many(d.photos, cl.plant_max_photos)  # a folder of many plants: nothing ticked
-        visit = {r.sha256 for r in newest_visit(rows, cl.plant_visit_gap_h * 3600)}  # the photos diagnosed; earlier ones dimmed
+        newest = newest_visit(rows, cl.plant_visit_gap_h * 3600)
+        visit = {r.sha256 for r in newest}  # the photos diagnosed; earlier ones dimmed
+        shown = (rows if every_visit else newest)[-PLANT_CARDS:]
         return {
             "plant": name,
             "rows": shown,
@@ -116,7 +118,7 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
         history = [(_local(began), e) for began, e in (await run_in_threadpool(ctx.visits, rows, k))[1:]]  # the earlier visits
         q = request.query_params
         done = {"labelled": min(parse_int(q.get("labelled")), PLANT_CARDS), "missed": min(parse_int(q.get("missed")), PLANT_CARDS)}
-        pl = plant_view(name, rows, d, said)
+        pl = plant_view(name, rows, d, said, every_visit=True)
         renamed = q.get("renamed", "")[:64]
         return page(
             request, "plant.html", pl=pl, history=history, classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200], renamed=renamed
