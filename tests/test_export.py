@@ -123,3 +123,5 @@ def test_the_plants_page_downloads_each_plants_season_visit_by_visit(state):
     assert float(table[1]["combined probability"]) > 0.9 and table[0]["visit began (local time)"] < table[1]["visit began (local time)"]
     assert [v["plant"] for v in _table(c.get("/plants.csv", params={"q": "TREE 3"}).text)] == ["tree 3"]
     assert 'id="csv" href="/plants.csv?q="' in c.get("/plants").text
+    link = c.get("/plants/tree%208").text.split('id="plant-csv" href="')[1].split('"')[0]
+    assert link == "/photos.csv?plant=tree%208" and len(_table(c.get(link).text)) == 4  # the plant's own photos
