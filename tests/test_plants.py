@@ -556,6 +556,8 @@ def test_a_plants_page_labels_the_ticked_photos_with_one_class_and_refuses_a_str
     assert wrong.status_code == 400 and "not a known class" in wrong.text
     none = c.post(url, data={"csrf": token, "label": "Apple___Black_rot"})
     assert none.status_code == 400 and "no photo chosen" in none.text
+    flood = c.post(url, data={"csrf": token, "label": "Apple___Black_rot", "photo": [shas[0]] * 200})  # more than a page holds
+    assert flood.status_code == 400 and "Too many fields" in flood.text
     assert c.post(url, data={"label": "Apple___Black_rot", "photo": shas[:3]}).status_code == 403  # no CSRF token
     assert _expert(state) == {shas[3]: "Apple___healthy"}  # nothing labelled by any of them
     _prune(state, shas[2])
