@@ -20,7 +20,7 @@ def review_list(args: argparse.Namespace) -> int:
     state, db = state_db(args, cfg)
     wanted = wanted_classes(trainer_live(cfg, state.root)[0])
     items = to_ask(db, cfg.labels.review_per_day, everything=args.all, wanted=wanted, policy=cfg.labels)
-    limit, gap = cfg.classify.plant_max_photos, cfg.classify.plant_visit_gap_h * 3600
+    limit, gap = cfg.classify.plant_max_photos, cfg.classify.plant_visit_gap_s
     if args.json:
         for it in items:
             print(json.dumps({**it.as_json(), "plant_labels": dict(others_labelled(db, it, limit, gap)), "file": it.entry.file}))
@@ -61,7 +61,7 @@ def review_label_plant(args: argparse.Namespace) -> int:
     from edge_agent.review.queue import LabelError, label_plant
 
     cfg, state, db, classes = _labelling(args)
-    quota, limit, gap = cfg.labels.max_spool_mb << 20, cfg.classify.plant_max_photos, cfg.classify.plant_visit_gap_h * 3600
+    quota, limit, gap = cfg.labels.max_spool_mb << 20, cfg.classify.plant_max_photos, cfg.classify.plant_visit_gap_s
     try:
         done = label_plant(db, state.queue, quota, classes, args.plant, args.label, args.new_class, limit=limit, gap_s=gap)
     except LabelError as exc:

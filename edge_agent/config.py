@@ -136,6 +136,11 @@ class ClassifySection(Section):
         "alert and labels take one visit's photos (a tree sick in August is not outvoted by May's); 0: one visit.",
     )
 
+    @property
+    def plant_visit_gap_s(self) -> float:
+        """``plant_visit_gap_h`` in seconds, as :func:`edge_agent.plants.visits` takes it."""
+        return self.plant_visit_gap_h * 3600
+
 
 class DaemonSection(Section):
     state_dir: str = Field(

@@ -205,7 +205,7 @@ class Daemon:
             sure=cfg.labels.pseudo_threshold,
             start_after=self._results_before_start,
             plant_max_photos=cfg.classify.plant_max_photos,
-            visit_gap_s=cfg.classify.plant_visit_gap_h * 3600,
+            visit_gap_s=cfg.classify.plant_visit_gap_s,
         )
         self.alerts.start()
 

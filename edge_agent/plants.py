@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -48,12 +49,21 @@ __all__ = [
     "newest_visit",
     "visit_of",
     "PLANT_NAME",
+    "PLANT_NAME_RULE",
+    "tidy_name",
     "PLANT_VIEWS",
     "PLANTS_LOOKED_AT",
 ]
 
 #: A plant's name as the API takes it: a folder name in the inbox (no path, no hidden file).
 PLANT_NAME = r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}"
+#: :data:`PLANT_NAME` in words, for refusals.
+PLANT_NAME_RULE = "letters, digits, space, '.', '_' or '-', at most 64, not starting with '.'"
+
+
+def tidy_name(name: str) -> str:
+    """A plant's name as typed, spaces typed twice or at either end taken out (other whitespace is kept, and refused)."""
+    return re.sub(" +", " ", name.strip(" "))
 
 
 @dataclass(frozen=True)

@@ -410,18 +410,17 @@ class ResultsDB:
         with self._lock:
             return self._db.execute("UPDATE results SET plant = ? WHERE plant = ?", (new, old)).rowcount
 
-    def plant_labels(self, plant: str) -> tuple[int, dict[str, str]]:
-        """How many photos ``plant`` has, and the expert's label of each of them that has one (sha256 -> class)."""
-        (n,) = self._query("SELECT COUNT(*) FROM results WHERE plant = ?", (plant,))[0]
+    def plant_labels(self, plant: str) -> dict[str, str]:
+        """The expert's label of each of ``plant``'s photos that has one (sha256 -> class)."""
         try:
             said = self._query(
                 "SELECT e.sha256, e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 WHERE r.plant = ?", (plant,)
             )
         except sqlite3.OperationalError as exc:
             if missing_table(self._db, exc):
-                return n, {}  # a ledger older than the table: no labels
+                return {}  # a ledger older than the table: no labels
             raise
-        return n, dict(said)
+        return dict(said)
 
     def relocate_queue(self, root: Path) -> int:
         """Queue rows naming a photo under another path of the queue folder (the state directory restored or copied

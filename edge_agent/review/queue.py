@@ -89,8 +89,7 @@ class PhotoNotQueued(LabelError):
 
 def start_of_day(now: float | None = None) -> float:
     """The start of the local day ``now`` (default: now) falls in, in epoch seconds (the daily budgets' day)."""
-    day = dt.date.fromtimestamp(now) if now is not None else dt.date.today()
-    return dt.datetime.combine(day, dt.time()).timestamp()
+    return today(now)[0]
 
 
 def today(now: float | None = None) -> tuple[float, float]:
@@ -231,7 +230,7 @@ def label_plant(
                 f"{plant[:64]!r} is a folder of {len(visit)} photos, more than [classify] plant_max_photos ({limit}): not "
                 "one plant, so name the photos to label"
             )
-        said = db.plant_labels(plant)[1]
+        said = db.plant_labels(plant)
         chosen = [sha for sha in visit if sha not in said]
         if not chosen:
             raise LabelError(
@@ -281,7 +280,7 @@ def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 
     i = next((i for i, (s, _) in enumerate(own) if s == sha), -1)
     span = visit_of([t for _, t in own], i, gap_s)
     visit = {s for s, _ in own[span.start : span.stop]}
-    said = {s: label for s, label in db.plant_labels(plant)[1].items() if s in visit}
+    said = {s: label for s, label in db.plant_labels(plant).items() if s in visit}
     return labels_of_others(len(visit), said, sha, limit)
 
 

@@ -205,7 +205,7 @@ def create_app(ctx: WebContext) -> Starlette:
                 items = to_ask(db, ctx.cfg.labels.review_per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels)
                 left = left_today(db, ctx.cfg.labels.review_per_day)
                 if i < len(items):
-                    same_plant = others_labelled(db, items[i], ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_h * 3600)
+                    same_plant = others_labelled(db, items[i], ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_s)
             finally:
                 db.close()
         item = items[i] if i < len(items) else None

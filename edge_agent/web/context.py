@@ -48,14 +48,14 @@ class WebContext:
         """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
         said = self.reader.expert_labels([r.sha256 for r in rows])
         cl = self.cfg.classify
-        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos, cl.plant_visit_gap_h * 3600), said
+        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos, cl.plant_visit_gap_s), said
 
     def visits(self, rows: list, num_classes: int) -> list[tuple[float, PlantDiagnosis]]:
         """Each visit of a plant (its stored ``rows``, oldest first; :func:`~edge_agent.plants.visits`), the newest
         first: when it began, and its photos' diagnosis."""
         said = self.reader.expert_labels([r.sha256 for r in rows])
         cl, sure = self.cfg.classify, self.cfg.labels.pseudo_threshold
-        spans = visits([r.created for r in rows], cl.plant_visit_gap_h * 3600)
+        spans = visits([r.created for r in rows], cl.plant_visit_gap_s)
         return [
             (rows[v.start].created, diagnose(rows[v.start : v.stop], num_classes, sure, said, cl.plant_max_photos)) for v in reversed(spans)
         ]
@@ -68,7 +68,7 @@ class WebContext:
             return None
         rows, cl = self.reader.plant(row.plant), self.cfg.classify
         i = next((k for k, r in enumerate(rows) if r.sha256 == sha256), -1)
-        span = visit_of([r.created for r in rows], i, cl.plant_visit_gap_h * 3600)
+        span = visit_of([r.created for r in rows], i, cl.plant_visit_gap_s)
         if too_many(len(span), cl.plant_max_photos):
             return None
         said = self.reader.expert_labels([rows[k].sha256 for k in span])
@@ -168,7 +168,7 @@ class WebContext:
 
         Raises :class:`Refused` (404: no such plant) or :class:`BadParameter` (an unknown class, a stray photo)."""
         quota, cl = self.cfg.labels.max_spool_mb << 20, self.cfg.classify
-        gap = cl.plant_visit_gap_h * 3600
+        gap = cl.plant_visit_gap_s
         return self._on_ledger(
             lambda db: label_plant(db, self.state.queue, quota, self.classes(), plant, label, new_class, photos, cl.plant_max_photos, gap)
         )

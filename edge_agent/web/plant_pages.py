@@ -17,7 +17,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edge_agent.export import plant_csv_lines
-from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, newest_visit, too_many
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, too_many
 from edge_agent.web.context import WebContext, parse_int
 
 __all__ = ["PLANT_CARDS", "PLANTS_SHOWN", "plant_routes"]
@@ -58,7 +58,7 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
         photos of any visit, as its own page shows them; a folder of thousands is no plant)."""
         cl = ctx.cfg.classify
         one = not too_many(d.photos, cl.plant_max_photos)  # a folder of many plants: nothing ticked
-        newest = newest_visit(rows, cl.plant_visit_gap_h * 3600)
+        newest = rows[d.earlier :]  # the visit diagnosed
         visit = {r.sha256 for r in newest}  # the photos diagnosed; earlier ones dimmed
         shown = (rows if every_visit else newest)[-PLANT_CARDS:]
         return {
@@ -113,7 +113,8 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
                 return RedirectResponse(f"/plants/{quote(known)}", status_code=303)
             why = "a plant is a folder in the inbox, or photos uploaded under one plant name (see Plants)"
             return problem(request, 404, f"No photos of a plant named {name[:64]!r}: {why}.")
-        k = len(ctx.classes())
+        classes = ctx.classes()
+        k = len(classes)
         d, said = await run_in_threadpool(ctx.plant, rows, k)
         history = [(_local(began), e) for began, e in (await run_in_threadpool(ctx.visits, rows, k))[1:]]  # the earlier visits
         q = request.query_params
@@ -121,7 +122,7 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
         pl = plant_view(name, rows, d, said, every_visit=True)
         renamed = q.get("renamed", "")[:64]
         return page(
-            request, "plant.html", pl=pl, history=history, classes=ctx.classes(), done=done, as_class=q.get("as", "")[:200], renamed=renamed
+            request, "plant.html", pl=pl, history=history, classes=classes, done=done, as_class=q.get("as", "")[:200], renamed=renamed
         )
 
     async def plant_label(request: Request) -> Response:

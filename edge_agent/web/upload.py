@@ -19,7 +19,7 @@ from pathlib import Path
 
 from edge_agent.imageheader import ImageRejected, ImageTooLarge, check_image
 from edge_agent.inbox_files import place
-from edge_agent.plants import PLANT_NAME
+from edge_agent.plants import PLANT_NAME, PLANT_NAME_RULE, tidy_name
 
 __all__ = ["Outcome", "plant_folder", "store_upload", "EXTENSIONS"]
 
@@ -59,11 +59,11 @@ def plant_folder(inbox: Path, plant: str | None, known: Callable[[str], str | No
     that differs only in case or spaces from a folder in the inbox, or from a plant already photographed (``known``:
     its stored name, matched in any case), is that plant: a phone's keyboard writes "Tree 12" for the laptop's
     "tree 12". Raises ValueError for a name that is not a plain folder name."""
-    plant = re.sub(" +", " ", (plant or "").strip(" "))  # spaces typed twice or at the end; other whitespace refused
+    plant = tidy_name(plant or "")
     if not plant:
         return inbox
     if not re.fullmatch(PLANT_NAME, plant):
-        raise ValueError("a plant's name is a folder name: letters, digits, space, '.', '_' or '-', at most 64, not starting with '.'")
+        raise ValueError(f"a plant's name is a folder name: {PLANT_NAME_RULE}")
     folder = inbox / (_folder_named(inbox, plant) or known(plant) or plant)
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def _folder_named(inbox: Path, plant: str, most: int = 10_000) -> str | None:
     key = plant.casefold()
     try:
         for _, entry in zip(range(most), os.scandir(inbox)):
-            if entry.is_dir() and re.sub(" +", " ", entry.name.strip(" ")).casefold() == key:
+            if entry.is_dir() and tidy_name(entry.name).casefold() == key:
                 return entry.name
     except OSError:
         return None

@@ -185,7 +185,7 @@ def _review(ctx: WebContext) -> s.ReviewQueue:
         return s.ReviewQueue(left_today=None if per_day <= 0 else per_day, per_day=per_day, items=[])
     try:
         items, left = to_ask(db, per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels), left_today(db, per_day)
-        limit, gap = ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_h * 3600
+        limit, gap = ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_s
         out = [s.ReviewItemOut(**it.as_json(), plant_labels=dict(others_labelled(db, it, limit, gap))) for it in items]
     finally:
         db.close()
