@@ -132,7 +132,7 @@ class ClassifySection(Section):
         12.0,
         ge=0,
         le=24 * 366,
-        description="Photos of one plant more than this many hours apart are separate visits: a plant's diagnosis, "
+        description="Photos of one plant taken (EXIF, else classified) more than this many hours apart are separate visits: a plant's diagnosis, "
         "alert and labels take one visit's photos (a tree sick in August is not outvoted by May's); 0: one visit.",
     )
 

@@ -21,6 +21,7 @@ __all__ = ["CSV_COLUMNS", "PLANT_CSV_COLUMNS", "csv_lines", "plant_csv_lines", "
 #: The CSV's columns, in order.
 CSV_COLUMNS = (
     "classified (local time)",
+    "taken (local time)",
     "photo",
     "plant",
     "answer",
@@ -58,9 +59,11 @@ def safe_cell(value: object) -> str:
 
 def _cells(row: Mapping) -> list[str]:
     """One result (as :meth:`edge_agent.results.ResultsDB.results` gives it) as the CSV's cells."""
-    when = datetime.fromisoformat(row["created"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    when, taken = (
+        datetime.fromisoformat(row[k]).astimezone().strftime("%Y-%m-%d %H:%M:%S") if row.get(k) else "" for k in ("created", "taken")
+    )
     photo = Path(row["path"]).name if row["path"] else row["source"]
-    cells = [when, photo, row["plant"], row["label"], f"{row['confidence']:.4f}", row["verdict"], row["verdict_reason"]]
+    cells = [when, taken, photo, row["plant"], row["label"], f"{row['confidence']:.4f}", row["verdict"], row["verdict_reason"]]
     return [safe_cell(c) for c in (*cells, row["expert_label"], row["engine_version"], row["photo_id"], row["sha256"])]
 
 

@@ -1,4 +1,4 @@
-"""Read an image's format, size and EXIF orientation from its header, without decoding it.
+"""Read an image's format, size, EXIF orientation and EXIF block from its header, without decoding it.
 
 This is the first line of defence against bad input: a decompression bomb is
 rejected from the dimensions in its header before a single pixel is allocated,
@@ -8,7 +8,8 @@ and a half-copied JPEG or PNG is recognised by its missing end marker.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from engines.errors import EdgeAgentError
 
@@ -22,6 +23,7 @@ __all__ = [
     "read_header",
     "check_image",
     "IMAGE_EXTENSIONS",
+    "ifd_entries",
 ]
 
 #: File extensions of the formats the header parser and decoder accept.
@@ -54,6 +56,7 @@ class ImageHeader:
     width: int
     height: int
     orientation: int = 1  # EXIF orientation 1..8 (1 = as stored)
+    exif: bytes = field(default=b"", repr=False, compare=False)  # the TIFF-structured EXIF block (JPEG, TIFF), or b""
 
     @property
     def pixels(self) -> int:
@@ -112,7 +115,7 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 def _jpeg(data: bytes) -> ImageHeader:
     pos, n = 2, len(data)
     size: tuple[int, int] | None = None
-    orientation = 1
+    orientation, exif = 1, b""
     while True:
         # Skip fill bytes before a marker.
         while pos < n and data[pos] == 0xFF and pos + 1 < n and data[pos + 1] == 0xFF:
@@ -132,7 +135,8 @@ def _jpeg(data: bytes) -> ImageHeader:
             raise HeaderError("corrupt JPEG (bad segment length)")
         segment = data[pos + 4 : pos + 2 + length]
         if marker == 0xE1 and segment[:6] == b"Exif\x00\x00":
-            orientation = _exif_orientation(segment[6:])
+            exif = segment[6:]
+            orientation = _exif_orientation(exif)
         elif marker in _SOF:
             if len(segment) < 5:
                 raise HeaderTruncated("truncated JPEG (frame header cut off)")
@@ -150,28 +154,34 @@ def _jpeg(data: bytes) -> ImageHeader:
     width, height = size
     if width == 0 or height == 0:
         raise HeaderError("corrupt JPEG (zero width or height)")
-    return ImageHeader("jpeg", width, height, orientation)
+    return ImageHeader("jpeg", width, height, orientation, exif)
+
+
+def ifd_entries(tiff: bytes, offset: int | None = None) -> Iterator[tuple[str, int, int, int, bytes]]:
+    """(byte order, tag, type, count, the 4 value-or-offset bytes) of each entry of a TIFF-structured block's directory
+    at ``offset`` (None: the first); none where the block is too short or its byte order unknown, at most 512."""
+    endian = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if endian is None or len(tiff) < 8:
+        return
+    if offset is None:
+        (offset,) = struct.unpack(endian + "I", tiff[4:8])
+    if offset + 2 > len(tiff):
+        return
+    (count,) = struct.unpack(endian + "H", tiff[offset : offset + 2])
+    for i in range(min(count, 512)):
+        entry = tiff[offset + 2 + 12 * i : offset + 14 + 12 * i]
+        if len(entry) < 12:
+            return
+        tag, typ, cnt = struct.unpack(endian + "HHI", entry[:8])
+        yield endian, tag, typ, cnt, entry[8:12]
 
 
 def _exif_orientation(tiff: bytes) -> int:
     """Orientation tag (0x0112) from a TIFF-structured EXIF block; 1 when absent or odd."""
-    if len(tiff) < 8:
-        return 1
-    endian = {b"II": "<", b"MM": ">"}.get(tiff[:2])
-    if endian is None:
-        return 1
-    (ifd,) = struct.unpack(endian + "I", tiff[4:8])
-    if ifd + 2 > len(tiff):
-        return 1
-    (count,) = struct.unpack(endian + "H", tiff[ifd : ifd + 2])
-    for i in range(min(count, 512)):
-        entry = tiff[ifd + 2 + 12 * i : ifd + 14 + 12 * i]
-        if len(entry) < 12:
-            break
-        tag, typ, _cnt = struct.unpack(endian + "HHI", entry[:8])
+    for endian, tag, typ, _cnt, value in ifd_entries(tiff):
         if tag == 0x0112 and typ == 3:
-            (value,) = struct.unpack(endian + "H", entry[8:10])
-            return value if 1 <= value <= 8 else 1
+            (orientation,) = struct.unpack(endian + "H", value[:2])
+            return orientation if 1 <= orientation <= 8 else 1
     return 1
 
 
@@ -221,7 +231,7 @@ def _tiff(data: bytes) -> ImageHeader:
     if end > len(data):
         raise HeaderTruncated(f"truncated TIFF (image data ends at byte {end}, the file has {len(data)}: file incomplete?)")
     orientation = (tags.get(274) or [1])[0]
-    return ImageHeader("tiff", width, height, orientation if 1 <= orientation <= 8 else 1)
+    return ImageHeader("tiff", width, height, orientation if 1 <= orientation <= 8 else 1, data)
 
 
 #: ftyp brands of HEIF stills coded with HEVC (an iPhone's HEIC) that libheif decodes.

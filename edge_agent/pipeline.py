@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge_agent.capture_time import taken_at
 from edge_agent.classifier import Classifier, Prediction
 from edge_agent.config import LabelsSection, PipelineSection
 from edge_agent.golden import GoldenSet
@@ -62,6 +63,7 @@ class Job:
     timings: dict = field(default_factory=dict)
     ext: str = ".jpg"
     origin: Origin | None = None  # the inbox file as read, when the queue may hard-link it
+    taken: float | None = None  # when the photo was taken (EXIF, believed: edge_agent.capture_time), or None
 
     @property
     def photo_id(self) -> str:
@@ -231,6 +233,7 @@ class Pipeline:
                 return
             t1 = time.perf_counter()
             job.tensor = preprocess_bytes(job.data, spec)
+            job.taken = taken_at(job.data, job.detected)
             job.timings["preprocess"] = round((time.perf_counter() - t1) * 1000, 3)
         except ImageTruncated as exc:
             if self.retry_incomplete(job):
@@ -382,6 +385,7 @@ class Pipeline:
                     p.verdict,
                     plant_of(j.path, self.inbox) if self.inbox is not None else None,
                     p.verdict_reason,
+                    j.taken,
                 )
             )
         return self.db.commit(results, entries) if results or entries else []

@@ -13,8 +13,9 @@ the photos the class was trained on, which a product of probabilities cannot: me
 alone made plants of an unknown disease sure); otherwise ``unsure``, with the reason (the photos disagree, or the
 evidence is not enough).
 
-A plant is photographed again over a season: its photos more than ``[classify] plant_visit_gap_h`` (12) hours apart
-are separate *visits* (:func:`visits`), and a diagnosis combines one visit's photos only (the newest, for the plant as
+A plant is photographed again over a season: its photos taken more than ``[classify] plant_visit_gap_h`` (12) hours
+apart are separate *visits* (:func:`visits`; when taken is the photo's EXIF time where it is believed, else when it was
+classified: :mod:`edge_agent.capture_time`), and a diagnosis combines one visit's photos only (the newest, for the plant as
 it is now), so a tree healthy in May and sick in August is diagnosed sick, and alerts again at each visit.
 
 A subfolder with more photos than ``[classify] plant_max_photos`` (12) in one visit is not taken as one plant (a
@@ -146,22 +147,23 @@ def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classe
     return PlantDiagnosis(label, prob, verdict, reason, n, agreeing, ranked[:top])
 
 
-def visits(created: Sequence[float], gap_s: float) -> list[range]:
-    """A plant's photos (their times, oldest first) as visits: index ranges split where photos are more than ``gap_s``
-    apart (0: one visit)."""
-    starts = [0] + [i for i in range(1, len(created)) if gap_s > 0 and created[i] - created[i - 1] > gap_s]
-    return [range(a, b) for a, b in zip(starts, [*starts[1:], len(created)])] if created else []
+def visits(taken: Sequence[float], gap_s: float) -> list[range]:
+    """A plant's photos (when each was taken, :attr:`edge_agent.results.ResultRow.when`, oldest first) as visits:
+    index ranges split where photos are more than ``gap_s`` apart (0: one visit)."""
+    starts = [0] + [i for i in range(1, len(taken)) if gap_s > 0 and taken[i] - taken[i - 1] > gap_s]
+    return [range(a, b) for a, b in zip(starts, [*starts[1:], len(taken)])] if taken else []
 
 
-def visit_of(created: Sequence[float], i: int, gap_s: float) -> range:
-    """The visit (:func:`visits`) that holds photo ``i`` of photos taken at ``created`` (-1: the newest)."""
-    i %= len(created)
-    return next(v for v in visits(created, gap_s) if i in v)
+def visit_of(taken: Sequence[float], i: int, gap_s: float) -> range:
+    """The visit (:func:`visits`) that holds photo ``i`` of photos taken at ``taken`` (-1: the newest)."""
+    i %= len(taken)
+    return next(v for v in visits(taken, gap_s) if i in v)
 
 
 def newest_visit(rows: Sequence, gap_s: float) -> list:
-    """The rows (each with ``created``, oldest first) of the newest visit (:func:`visits`)."""
-    return list(rows[visit_of([r.created for r in rows], -1, gap_s).start :]) if rows else []
+    """The rows (each with ``when``, :attr:`edge_agent.results.ResultRow.when`, oldest first) of the newest visit
+    (:func:`visits`)."""
+    return list(rows[visit_of([r.when for r in rows], -1, gap_s).start :]) if rows else []
 
 
 def too_many(photos: int, limit: int) -> bool:

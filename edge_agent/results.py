@@ -30,7 +30,7 @@ __all__ = [
     "QueueEntry",
     "LedgerUnreadable",
     "iso",
-    "keeps_reasons",
+    "when_sql",
     "missing_table",
     "query_readonly",
     "result_record",
@@ -131,9 +131,11 @@ def result_columns(query) -> set[str]:
     return {row[1] for row in query("PRAGMA table_info(results)")}
 
 
-def keeps_reasons(query) -> bool:
-    """Whether the ledger ``query`` reads has the verdict_reason column (:func:`result_columns`)."""
-    return "verdict_reason" in result_columns(query)
+def when_sql(columns: set[str]) -> str:
+    """The SQL of the time that tells a plant's visits apart (:mod:`edge_agent.capture_time`) in a results table of
+    ``columns`` (:func:`result_columns`): when the photo was taken where known, else when it was classified (all a
+    ledger not yet upgraded keeps)."""
+    return "COALESCE(taken, created)" if "taken" in columns else "created"
 
 
 def iso(ts: float) -> str:
@@ -155,6 +157,7 @@ def result_record(row: ResultRow, expert_label: str | None) -> dict:
         "engine_version": row.engine_version,
         "timings_ms": row.timings,
         "created": iso(row.created),
+        "taken": None if row.taken is None else iso(row.taken),
         "expert_label": expert_label,
         "plant": row.plant,
     }
@@ -196,6 +199,12 @@ class ResultRow:
     verdict: str | None = None  # confident | unsure | unknown; None for results stored before verdicts existed
     plant: str | None = None  # the inbox subfolder it arrived in (edge_agent.plants), None: a photo on its own
     verdict_reason: str | None = None  # why the verdict is not confident, in words ("" when it is; None before 2026-12)
+    taken: float | None = None  # when it was taken (EXIF, edge_agent.capture_time), None: not known or not believed
+
+    @property
+    def when(self) -> float:
+        """When the photo was taken where that is known, else when it was classified: what a plant's visits split by."""
+        return self.created if self.taken is None else self.taken
 
 
 @dataclass
@@ -237,6 +246,8 @@ class ResultsDB:
                 db.execute("ALTER TABLE results ADD COLUMN plant TEXT")
             if "verdict_reason" not in columns:  # a ledger from before reasons were kept: its rows keep NULL
                 db.execute("ALTER TABLE results ADD COLUMN verdict_reason TEXT")
+            if "taken" not in columns:  # a ledger from before capture times: its photos count as taken when classified
+                db.execute("ALTER TABLE results ADD COLUMN taken REAL")
             db.execute("CREATE INDEX IF NOT EXISTS results_plant ON results(plant) WHERE plant IS NOT NULL")
             check = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a truncated file can pass the steps above
             if check != "ok":
@@ -284,7 +295,7 @@ class ResultsDB:
                 for r in results:
                     cur.execute(
                         "INSERT OR IGNORE INTO results (sha256, photo_id, path, source, label, confidence, top_k,"
-                        " engine_version, timings, created, verdict, plant, verdict_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        " engine_version, timings, created, verdict, plant, verdict_reason, taken) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         (
                             r.sha256,
                             r.photo_id,
@@ -299,6 +310,7 @@ class ResultsDB:
                             r.verdict,
                             r.plant,
                             r.verdict_reason,
+                            r.taken,
                         ),
                     )
                     inserted.append(cur.rowcount == 1)
@@ -402,8 +414,9 @@ class ResultsDB:
         return [(json.loads(top_k), verdict) for top_k, verdict in rows]
 
     def plant_photos(self, plant: str) -> list[tuple[str, float]]:
-        """Each of ``plant``'s photos, oldest first: (sha256, when it was classified)."""
-        return [(sha, t) for sha, t in self._query("SELECT sha256, created FROM results WHERE plant = ? ORDER BY id", (plant,))]
+        """Each of ``plant``'s photos, oldest first: (sha256, when it was taken, :attr:`ResultRow.when`)."""
+        when = when_sql(result_columns(self._query))
+        return list(self._query(f"SELECT sha256, {when} FROM results WHERE plant = ? ORDER BY {when}, id", (plant,)))
 
     def rename_plant(self, old: str, new: str) -> int:
         """Every photo of plant ``old`` made a photo of ``new`` (merged with its photos where it has some); how many."""
@@ -448,16 +461,16 @@ class ResultsDB:
         """Every result from ``since`` on (only ``plant``'s photos, if given), oldest first, as ``edge-agent results``
         prints them."""
         columns = result_columns(self._query)  # read-only, maybe not yet upgraded
-        said_why, plants = ("verdict_reason" if "verdict_reason" in columns else "NULL"), ("plant" if "plant" in columns else "NULL")
+        said_why, plants, taken = (c if c in columns else "NULL" for c in ("verdict_reason", "plant", "taken"))
         rows = self._query(
             "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
-            f" {said_why}, {plants} FROM results WHERE created >= ?{f' AND {plants} = ?' if plant else ''} ORDER BY id",
+            f" {said_why}, {plants}, {taken} FROM results WHERE created >= ?{f' AND {plants} = ?' if plant else ''} ORDER BY id",
             (since or 0.0, *((plant,) if plant else ())),
         )
         said = self.expert_labels()
-        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason, in_plant in rows:
+        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason, in_plant, when in rows:
             row = ResultRow(
-                sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, in_plant, reason
+                sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, in_plant, reason, when
             )
             yield result_record(row, said.get(sha))
 

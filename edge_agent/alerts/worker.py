@@ -29,8 +29,8 @@ from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
-from edge_agent.plants import combine, diagnose, newest_visit, too_many
-from edge_agent.results import keeps_reasons, missing_table
+from edge_agent.plants import combine, diagnose, too_many, visit_of
+from edge_agent.results import missing_table, result_columns, when_sql
 from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
 
@@ -43,7 +43,7 @@ class _PlantPhoto(NamedTuple):
     sha256: str
     top_k: list
     verdict: str
-    created: float
+    when: float  # edge_agent.results.ResultRow.when
     result_id: int
 
 
@@ -114,7 +114,7 @@ class AlertWorker(Worker):
         self.destinations += [w for w, _ in self.webhooks]
         self._con: sqlite3.Connection | None = None
         self._con_lock = threading.Lock()
-        self._has_reason = False  # the ledger has a verdict_reason column (asked until it has: the daemon adds it)
+        self._kept: set[str] = set()  # the results table's columns (asked until it has the newest: the daemon adds them)
         if not self.outbox.get("cursor"):
             self.outbox.set("cursor", str(self._max_result_id() if start_after is None else start_after))
 
@@ -184,11 +184,15 @@ class AlertWorker(Worker):
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
 
+    def _column(self, name: str) -> bool:
+        """Whether the ledger's results table has column ``name`` (a ledger from before it has not)."""
+        if name not in self._kept:
+            self._kept = result_columns(self._results)
+        return name in self._kept
+
     def _reason_column(self) -> str:
         """The ledger's column of verdict reasons, or an empty string where a ledger from before 2026-12 has none."""
-        if not self._has_reason:
-            self._has_reason = keeps_reasons(self._results)
-        return "COALESCE(verdict_reason, '')" if self._has_reason else "''"
+        return "COALESCE(verdict_reason, '')" if self._column("verdict_reason") else "''"
 
     def _as_plant(self, c: Candidate, plant: str) -> tuple[Candidate | None, str | None]:
         """``c`` as the diagnosis of its plant's visit (:func:`~edge_agent.plants.visits`) from its photos so far, and
@@ -207,20 +211,30 @@ class AlertWorker(Worker):
                 )
             return c, None
         d = combine([(r.top_k, r.verdict) for r in photos], self.num_classes(), self.sure)
-        once = f"plant-alerted:{plant}:{photos[0].result_id}:{d.label}"  # the visit: its first photo's result
+        once = f"plant-alerted:{plant}:{min(p.result_id for p in photos)}:{d.label}"  # the visit: its first result
         if self.outbox.get(once):
             return None, None
         reason = f"a plant of {d.photos} photo{'s' * (d.photos != 1)}: {d.reason}"
         return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict, reason=reason, plant_name=plant), once
 
-    def _plant_photos(self, plant: str, up_to: int | None = None) -> list[_PlantPhoto]:
-        """``plant``'s photos of the visit of result ``up_to`` (its photos up to it; None: its newest), oldest first;
-        at most ``plant_max_photos`` + 1: enough to tell a folder of more from a plant."""
-        limit = self.plant_max_photos
-        sql = "SELECT sha256, top_k, COALESCE(verdict, 'unsure'), created, id FROM results WHERE plant = ?"
-        sql += (" AND id <= ?" if up_to else "") + " ORDER BY id DESC" + (f" LIMIT {limit + 1}" if limit else "")
-        rows = self._results(sql, (plant, up_to) if up_to else (plant,))
-        return newest_visit([_PlantPhoto(sha, json.loads(k), v, t, i) for sha, k, v, t, i in reversed(rows)], self.visit_gap_s)
+    def _plant_photos(self, plant: str, up_to: int) -> list[_PlantPhoto]:
+        """``plant``'s photos of the visit that holds result ``up_to``, of those classified up to it, oldest first
+        (:attr:`~edge_agent.results.ResultRow.when`); at most ``plant_max_photos`` + 1: enough to tell a folder of
+        more from a plant."""
+        self._column("taken")
+        when = when_sql(self._kept)
+        times = self._results(f"SELECT id, {when} FROM results WHERE plant = ? AND id <= ? ORDER BY {when}, id", (plant, up_to))
+        at = next((i for i, (result, _) in enumerate(times) if result == up_to), len(times) - 1)
+        if at < 0:
+            return []
+        ids = [times[i][0] for i in visit_of([t for _, t in times], at, self.visit_gap_s)]
+        if self.plant_max_photos:
+            ids = ids[: self.plant_max_photos + 1]
+        marks = ",".join("?" * len(ids))
+        rows = self._results(
+            f"SELECT sha256, top_k, COALESCE(verdict, 'unsure'), {when}, id FROM results WHERE id IN ({marks})", tuple(ids)
+        )
+        return sorted((_PlantPhoto(sha, json.loads(k), v, t, i) for sha, k, v, t, i in rows), key=lambda p: (p.when, p.result_id))
 
     def _last_alert_of(self, c: Candidate) -> float | None:
         """When this class last raised an alert on this device (the ledger read once per class, then kept)."""

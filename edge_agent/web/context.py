@@ -55,9 +55,9 @@ class WebContext:
         first: when it began, and its photos' diagnosis."""
         said = self.reader.expert_labels([r.sha256 for r in rows])
         cl, sure = self.cfg.classify, self.cfg.labels.pseudo_threshold
-        spans = visits([r.created for r in rows], cl.plant_visit_gap_s)
+        spans = visits([r.when for r in rows], cl.plant_visit_gap_s)
         return [
-            (rows[v.start].created, diagnose(rows[v.start : v.stop], num_classes, sure, said, cl.plant_max_photos)) for v in reversed(spans)
+            (rows[v.start].when, diagnose(rows[v.start : v.stop], num_classes, sure, said, cl.plant_max_photos)) for v in reversed(spans)
         ]
 
     def unlabelled_beside(self, sha256: str) -> tuple[str, int] | None:
@@ -68,7 +68,7 @@ class WebContext:
             return None
         rows, cl = self.reader.plant(row.plant), self.cfg.classify
         i = next((k for k, r in enumerate(rows) if r.sha256 == sha256), -1)
-        span = visit_of([r.created for r in rows], i, cl.plant_visit_gap_s)
+        span = visit_of([r.when for r in rows], i, cl.plant_visit_gap_s)
         if too_many(len(span), cl.plant_max_photos):
             return None
         said = self.reader.expert_labels([rows[k].sha256 for k in span])

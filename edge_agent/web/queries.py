@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
 
-from edge_agent.results import ResultRow, keeps_reasons, query_readonly, result_record
+from edge_agent.results import ResultRow, query_readonly, result_columns, result_record, when_sql
 
 __all__ = ["Filters", "Reader"]
 
@@ -54,8 +54,10 @@ class Filters:
 
 
 def _photo(row: tuple) -> ResultRow:
-    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, plant, reason = row
-    return ResultRow(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, plant, reason)
+    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, plant, reason, taken = row
+    return ResultRow(
+        sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, plant, reason, taken
+    )
 
 
 def _plant_match(match: str) -> tuple[str, tuple]:
@@ -72,16 +74,16 @@ class Reader:
 
     def __init__(self, db_path: Path) -> None:
         self.path = db_path
-        self._reason = False  # whether the ledger keeps verdict reasons (a daemon not yet upgraded has not added them)
+        self._kept: set[str] = set()  # the results table's columns (a daemon not yet upgraded has not added the newest)
 
     def _rows(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         return query_readonly(self.path, sql, args, timeout=self.wait_s)
 
     def _columns(self) -> str:
-        """A result's columns as :func:`_photo` reads them (a NULL reason from a ledger that has none)."""
-        if not self._reason:
-            self._reason = keeps_reasons(self._rows)
-        return f"{_COLUMNS}, {'verdict_reason' if self._reason else 'NULL'}"
+        """A result's columns as :func:`_photo` reads them (NULL for those a ledger not yet upgraded has not)."""
+        if not {"verdict_reason", "taken"} <= self._kept:
+            self._kept = result_columns(self._rows)
+        return ", ".join([_COLUMNS, *(c if c in self._kept else "NULL" for c in ("verdict_reason", "taken"))])
 
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all."""
@@ -131,8 +133,10 @@ class Reader:
         return rows[0][0] if rows else None
 
     def plant(self, name: str) -> list[ResultRow]:
-        """One plant's photos, oldest first."""
-        return [_photo(r) for r in self._rows(f"SELECT {self._columns()} FROM results WHERE plant = ? ORDER BY id", (name,))]
+        """One plant's photos, oldest first (by :attr:`ResultRow.when`)."""
+        columns = self._columns()
+        when = when_sql(self._kept)
+        return [_photo(r) for r in self._rows(f"SELECT {columns} FROM results WHERE plant = ? ORDER BY {when}, id", (name,))]
 
     def expert_labels(self, sha256s: Collection[str]) -> dict[str, str]:
         """The expert's label of each of these photos that has one (sha256 -> class)."""

@@ -66,6 +66,9 @@ class Result(BaseModel):
     engine_version: str
     timings_ms: dict[str, float] = Field(description="Milliseconds per stage; total: from arrival to the result.")
     created: datetime = Field(description="When the result was recorded (UTC).")
+    taken: datetime | None = Field(
+        None, description="When the photo was taken (UTC), from its EXIF where believed; null where not known (see created)."
+    )
     page: str = Field(description="The photo's page on this web server.")
     plant: str | None = Field(None, description="The plant it shows (the inbox subfolder it arrived in), if any.")
     expert_label: str | None = Field(None, description="The expert's label of it, where it has one (the truth the trainer learns).")
@@ -87,6 +90,7 @@ class Result(BaseModel):
             engine_version=row.engine_version,
             timings_ms={k: float(v) for k, v in (row.timings or {}).items() if isinstance(v, (int, float))},
             created=datetime.fromtimestamp(row.created, timezone.utc),
+            taken=None if row.taken is None else datetime.fromtimestamp(row.taken, timezone.utc),
             page=f"/photo/{row.sha256}",
             plant=row.plant,
             expert_label=expert_label,
