@@ -39,6 +39,7 @@ def status(args: argparse.Namespace) -> int:
         "disk_full",
         "retention",
         "store_problem",
+        "clock_behind",
     ):
         if key in live:
             out[key] = live[key]
@@ -58,6 +59,8 @@ def status(args: argparse.Namespace) -> int:
         print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
     if out.get("store_problem"):
         print(f"STATE DISK FULL: {out['store_problem']}")
+    if out.get("clock_behind"):
+        print(f"CLOCK BEHIND: {out['clock_behind']}")
     kept = out.get("retention")
     if kept and "photos" in kept:
         since = f" since {kept['oldest_photo_day']}" if kept.get("oldest_photo_day") else ""

@@ -6,20 +6,40 @@ clock is not always right: one never set says 2000 or 2015, one set to another z
 believed where it lies between :data:`BELIEVED_DAYS` before the photo arrived and a day after (a later one is taken as
 the time it arrived); otherwise, or without EXIF (a screenshot, most PNGs, WebPs, a photo sent through a messenger that
 strips it), the photo counts as taken when it was classified, as before this module.
+
+The other way round, a phone's clock (set by its network, its EXIF time written with its zone) tells when this
+device's own clock is behind: a board without a clock battery, offline, starts at the time it was switched off, and
+stamps every result with the wrong day. :func:`clock_behind` says so from the latest such photos.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
 
 from edge_agent.imageheader import HeaderError, ifd_entries, read_header
 
-__all__ = ["BELIEVED_DAYS", "exif_time", "parse_exif_time", "believed", "taken_at"]
+__all__ = [
+    "BELIEVED_DAYS",
+    "CLOCK_WINDOW",
+    "CLOCK_AHEAD",
+    "Capture",
+    "exif_time",
+    "parse_exif_time",
+    "believed",
+    "read_capture",
+    "clock_behind",
+]
 
 #: How far before its arrival a photo's EXIF time is believed (older: a camera's clock never set, taken as arrival).
 BELIEVED_DAYS = 366
+
+#: How many of the latest photos with a zoned EXIF time this device's clock is judged on, and how many of them taken
+#: more than a day after it said they arrived make it behind (one camera set wrong is not enough).
+CLOCK_WINDOW, CLOCK_AHEAD = 10, 3
 
 _EXIF_IFD = 0x8769  # the pointer from the first directory to the Exif directory
 _ORIGINAL, _DIGITIZED = 0x9003, 0x9004  # DateTimeOriginal, DateTimeDigitized ("YYYY:MM:DD HH:MM:SS")
@@ -53,6 +73,14 @@ def exif_time(tiff: bytes) -> tuple[str, str]:
     return "", ""
 
 
+def _zone(offset: str) -> timezone | None:
+    """The zone of an EXIF offset ("+02:00"), or None where it is none (blank, "   :  ", "+99:00")."""
+    zone = _ZONE.fullmatch(offset)
+    if zone is None or int(zone[2]) > 14 or int(zone[3]) >= 60:
+        return None
+    return timezone(timedelta(hours=int(zone[2]), minutes=int(zone[3])) * (1 if zone[1] == "+" else -1))
+
+
 def parse_exif_time(text: str, offset: str = "") -> float | None:
     """Seconds since the epoch of an EXIF time ("2026:05:04 10:11:12") in its zone offset ("+02:00"), or in this
     device's local time where none is written (a camera keeps the local time of the farm it is used on); None where
@@ -61,10 +89,9 @@ def parse_exif_time(text: str, offset: str = "") -> float | None:
         when = datetime.strptime(text[:19], "%Y:%m:%d %H:%M:%S")
     except ValueError:
         return None
-    zone = _ZONE.fullmatch(offset)
-    if zone and int(zone[2]) <= 14 and int(zone[3]) < 60:
-        shift = timedelta(hours=int(zone[2]), minutes=int(zone[3])) * (1 if zone[1] == "+" else -1)
-        when = when.replace(tzinfo=timezone(shift))
+    zone = _zone(offset)
+    if zone is not None:
+        when = when.replace(tzinfo=zone)
     try:
         return when.timestamp()  # naive: this device's local time
     except (OverflowError, OSError, ValueError):  # year 1 in a zone east of it
@@ -78,18 +105,43 @@ def believed(taken: float | None, arrived: float) -> float | None:
     return min(taken, arrived)
 
 
-def taken_at(data: bytes, arrived: float) -> float | None:
-    """When the photo of ``data`` was taken, from its EXIF, where it is :func:`believed`; None otherwise (no EXIF, an
-    unreadable one, a HEIC without pillow-heif)."""
+class Capture(NamedTuple):
+    """When a photo was taken, as far as its EXIF tells."""
+
+    taken: float | None  # :func:`believed`; None: not known, or not believed
+    ahead: float | None  # seconds its EXIF time, written with a zone, is after it arrived (< 0: before); None: no zone
+
+
+def read_capture(data: bytes, arrived: float) -> Capture:
+    """When the photo of ``data``, which arrived at ``arrived``, was taken, from its EXIF (nothing from a photo with
+    none, an unreadable one, or a HEIC without pillow-heif)."""
     try:
         header = read_header(data)
     except HeaderError:
-        return None
+        return Capture(None, None)
     tiff = header.exif or (_heif_exif(data) if header.format == "heif" else b"")
     try:
-        return believed(parse_exif_time(*exif_time(tiff)), arrived) if tiff else None
+        text, zone = exif_time(tiff) if tiff else ("", "")
+        when = parse_exif_time(text, zone)
     except (struct.error, ValueError):  # an EXIF block cut short or garbled: the photo is classified all the same
+        return Capture(None, None)
+    return Capture(believed(when, arrived), None if when is None or _zone(zone) is None else when - arrived)
+
+
+def clock_behind(aheads: Sequence[float]) -> str | None:
+    """A sentence for ``status`` and the Health page where :data:`CLOCK_AHEAD` of the latest photos with a zoned EXIF
+    time (``aheads``: :attr:`Capture.ahead` of at most :data:`CLOCK_WINDOW`) were taken more than a day after this
+    device's clock said they arrived; None otherwise."""
+    late = sorted(a for a in aheads if a > 86400)
+    if len(late) < CLOCK_AHEAD:
         return None
+    return (
+        f"{len(late)} of the last {len(aheads)} photos from phones were taken, by their own clocks, about "
+        f"{late[len(late) // 2] / 86400:.1f} days after this device's clock says they arrived: its clock is probably "
+        "behind (a board without a clock battery starts at the time it was switched off), and results, visits and the "
+        "daily digest go by the wrong day; set it (sudo timedatectl set-time 'YYYY-MM-DD HH:MM:SS'), or connect it to a "
+        "network once"
+    )
 
 
 def _heif_exif(data: bytes) -> bytes:

@@ -7,7 +7,8 @@ which counts a laptop's sleep as the wall clock does; the monotonic clock, which
 :data:`JUMP_S` is a jump: kept in ``<state>/clock.json`` as when it happened on the clock before it and by how much,
 so :meth:`ClockWatch.shift` can say how much of a record's apparent age the jumps after it made, across restarts.
 A step back is logged only: what is recorded after it looks younger than it is and is kept longer, never lost. A
-jump while the daemon is stopped cannot be told from time passing and is not seen.
+jump while the daemon is stopped cannot be told from time passing and is not seen here; a clock left behind by one is
+told by the phones' photos (:func:`edge_agent.capture_time.clock_behind`).
 """
 
 from __future__ import annotations

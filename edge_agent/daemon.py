@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_agent.board import BoardSensors
+from edge_agent.capture_time import clock_behind
 from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
 from edge_agent.log import get_logger
@@ -73,6 +74,7 @@ class Daemon:
         self.healthy = False
         self.watchdog_sent = 0
         self._status_trouble: str | None = None
+        self._clock_behind = False  # whether photos from phones say this device's clock is behind (logged when it changes)
 
     # ---- set-up -------------------------------------------------------------
     def _setup(self) -> None:
@@ -306,6 +308,7 @@ class Daemon:
             "last_errors": list(p.last_errors),
             "ledger": self.ledger_note,
             "store_problem": self.store_note,
+            "clock_behind": clock_behind(list(p.camera_clocks)),
         }
         if self.folder:
             out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported), "missing": self.folder.missing}
@@ -339,6 +342,9 @@ class Daemon:
         if trouble != self._status_trouble:  # said once when it starts and once when it ends
             self.log.error("status_write_failed", error=trouble) if trouble else self.log.info("status_write_recovered")
             self._status_trouble = trouble
+        if bool(st["clock_behind"]) != self._clock_behind:  # said once when it starts and once when it ends
+            self.log.warning("clock_behind", note=st["clock_behind"]) if st["clock_behind"] else self.log.info("clock_no_longer_behind")
+            self._clock_behind = bool(st["clock_behind"])
         c = st["counters"]
         self.notifier.status(
             f"{c['processed']} classified, {c['quarantined']} quarantined, {c['queued_pseudo']} pseudo-labels queued, "

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.capture_time import taken_at
+from edge_agent.capture_time import CLOCK_WINDOW, Capture, read_capture
 from edge_agent.classifier import Classifier, Prediction
 from edge_agent.config import LabelsSection, PipelineSection
 from edge_agent.golden import GoldenSet
@@ -63,7 +63,7 @@ class Job:
     timings: dict = field(default_factory=dict)
     ext: str = ".jpg"
     origin: Origin | None = None  # the inbox file as read, when the queue may hard-link it
-    taken: float | None = None  # when the photo was taken (EXIF, believed: edge_agent.capture_time), or None
+    capture: Capture = Capture(None, None)  # when the photo was taken, from its EXIF (edge_agent.capture_time)
 
     @property
     def photo_id(self) -> str:
@@ -125,6 +125,7 @@ class Pipeline:
         self.progress = 0
         self.last_progress = time.monotonic()
         self.last_errors: deque = deque(maxlen=10)
+        self.camera_clocks: deque = deque(maxlen=CLOCK_WINDOW)  # Capture.ahead of the latest photos with a zoned time
         self.latency = LatencyHistograms()
         #: Recent confident photos, kept across restarts, so a swap right after a start is checked too (hotswap.py).
         self.golden = GoldenSet(state_dir / "golden.npz")
@@ -233,7 +234,7 @@ class Pipeline:
                 return
             t1 = time.perf_counter()
             job.tensor = preprocess_bytes(job.data, spec)
-            job.taken = taken_at(job.data, job.detected)
+            job.capture = read_capture(job.data, job.detected)
             job.timings["preprocess"] = round((time.perf_counter() - t1) * 1000, 3)
         except ImageTruncated as exc:
             if self.retry_incomplete(job):
@@ -385,13 +386,15 @@ class Pipeline:
                     p.verdict,
                     plant_of(j.path, self.inbox) if self.inbox is not None else None,
                     p.verdict_reason,
-                    j.taken,
+                    j.capture.taken,
                 )
             )
         return self.db.commit(results, entries) if results or entries else []
 
     def _classified(self, job: Job, kind: str | None) -> None:
         p = job.prediction
+        if job.capture.ahead is not None:
+            self.camera_clocks.append(job.capture.ahead)
         if kind is not None:
             self.counters[f"queued_{kind}"] += 1
         self.counters["processed"] += 1

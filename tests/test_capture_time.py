@@ -1,5 +1,6 @@
 """When a photo was taken: read from its EXIF, believed only where a camera's clock can be, and a plant's visits told
-apart by it (a card of a week's photos copied in at once is not one visit)."""
+apart by it (a card of a week's photos copied in at once is not one visit); phones' clocks tell when this device's is
+behind."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from itertools import count
 
 import pytest
 
-from edge_agent.capture_time import BELIEVED_DAYS, believed, exif_time, parse_exif_time, taken_at
+from edge_agent.capture_time import BELIEVED_DAYS, believed, clock_behind, exif_time, parse_exif_time, read_capture
 from edge_agent.results import ResultRow, ResultsDB
 
 Image = pytest.importorskip("PIL.Image")
@@ -33,6 +34,10 @@ def _exif(original: str = "", offset: str = "", digitized: str = "", changed: st
     block = exif.tobytes()
     assert block[:6] == b"Exif\x00\x00"
     return block[6:]
+
+
+def taken_at(data: bytes, arrived: float) -> float | None:
+    return read_capture(data, arrived).taken
 
 
 def photo(fmt: str = "JPEG", seed: int = 0, **times: str) -> bytes:
@@ -62,6 +67,26 @@ def test_a_photos_exif_time_is_read_in_its_zone_and_the_time_a_file_was_changed_
     assert parse_exif_time("2026:05:04 10:11:12", "+99:00") == parse_exif_time("2026:05:04 10:11:12")  # no zone at all
     for nonsense in ("", "0000:00:00 00:00:00", "2026:02:30 10:00:00", "    :  :     :  :  ", "yesterday"):
         assert parse_exif_time(nonsense) is None, nonsense
+
+
+def test_a_photo_whose_time_has_its_zone_says_how_far_it_is_from_this_devices_clock_and_one_without_does_not():
+    now = round(time.time())
+    original, offset = exif_stamp(now - 3600)
+    zoned = read_capture(photo(original=original, offset=offset), now)
+    assert zoned.taken == now - 3600 and zoned.ahead == -3600
+    ahead = read_capture(photo(original=exif_stamp(now + 3 * DAY)[0], offset="+02:00"), now)
+    assert ahead.taken is None and abs(ahead.ahead - 3 * DAY) < 1  # not believed, but it tells how far
+    assert read_capture(photo(original="2026:05:04 10:11:12"), now).ahead is None  # no zone: the camera's local time
+    assert read_capture(photo(original="2026:05:04 10:11:12", offset="+99:00"), now).ahead is None
+    assert read_capture(b"not a photo", now) == (None, None)
+
+
+def test_phones_clocks_a_day_ahead_say_this_devices_clock_is_behind_and_one_camera_set_wrong_does_not():
+    assert clock_behind([]) is None and clock_behind([-60.0] * 10) is None
+    assert clock_behind([5 * DAY, 5 * DAY, -60.0]) is None  # two photos: one camera set wrong, maybe
+    note = clock_behind([-60.0] * 7 + [3 * DAY, 3.2 * DAY, 4 * DAY])
+    assert note.startswith("3 of the last 10 photos from phones were taken, by their own clocks, about 3.2 days after")
+    assert "sudo timedatectl set-time" in note
 
 
 def test_a_heic_photos_exif_time_is_read_through_libheif():
@@ -130,6 +155,55 @@ def test_the_pipeline_records_when_each_photo_was_taken_and_a_photo_without_exif
     assert records["a.jpg"]["taken"] == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
     assert records["b.jpg"]["taken"] is None
     db.close()
+
+
+def test_a_devices_clock_behind_the_phones_photos_is_said_by_status_and_the_health_page(tmp_path, tiny_store, capsys):
+    """A board without a clock battery, offline, starts at the time it was switched off: photos from phones (their
+    clocks set by the network, their zone written) taken days after its clock says they arrived say so."""
+    import os
+
+    from edge_agent.cli import main
+    from edge_agent.config import PipelineSection
+    from edge_agent.pipeline import Job
+    from edge_agent.state import StateLayout, write_status
+    from engines.loader import open_engine
+
+    from .test_engines import ort_config
+    from .test_pipeline import FixedEngine, make_pipeline
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    later = time.time() + 4 * DAY  # the phones' "now", four days after this device's
+    for i in range(4):
+        original, offset = exif_stamp(later + 60 * i)
+        (inbox / f"phone{i}.jpg").write_bytes(photo(seed=i, original=original, offset=offset))
+    with open_engine(tiny_store, ort_config()) as engine:
+        p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine), settings=PipelineSection(max_batch=2, max_wait_ms=0), inbox=inbox)
+        try:
+            for i in range(2):
+                p.submit(Job("inbox", inbox / f"phone{i}.jpg"))
+            assert p.drain(30)
+            assert clock_behind(list(p.camera_clocks)) is None  # two photos: not yet
+            for i in range(2, 4):
+                p.submit(Job("inbox", inbox / f"phone{i}.jpg"))
+            assert p.drain(30)
+            note = clock_behind(list(p.camera_clocks))
+        finally:
+            p.stop()
+    assert db._query("SELECT COUNT(*), COUNT(taken) FROM results") == [(4, 0)]  # classified; their times not believed
+    db.close()
+    assert note.startswith("4 of the last 4 photos from phones were taken, by their own clocks, about 4.0 days after")
+    state = tmp_path  # the pipeline's ledger is there
+    StateLayout(state).create()
+    write_status(StateLayout(state).status, {"pid": os.getpid(), "updated": time.time(), "clock_behind": note})
+    assert main(["status", "--state-dir", str(state)]) == 0
+    assert f"CLOCK BEHIND: {note}\n" in capsys.readouterr().out
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    import html
+
+    from .web_helpers import client
+
+    assert f'id="clock-behind">Clock behind: {note}' in html.unescape(client(state).get("/health").text)
 
 
 def _card(db: ResultsDB, plant: str, label: str, taken: list[float], verdict: str = "confident") -> list[str]:
