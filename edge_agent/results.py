@@ -165,12 +165,13 @@ def result_record(row: ResultRow, expert_label: str | None) -> dict:
 
 class Arrival(NamedTuple):
     """How a queued photo arrived: the file it came as, its source (inbox or a camera), its plant, when it was classified
-    (all None for a queue row whose result is gone)."""
+    and when taken (all None for a queue row whose result is gone)."""
 
     path: str | None
     source: str | None
     plant: str | None
     created: float | None
+    taken: float | None = None  # ResultRow.taken
 
     @property
     def name(self) -> str | None:
@@ -376,12 +377,13 @@ class ResultsDB:
 
     def review_pool(self) -> list[tuple[QueueEntry, list, str | None, Arrival]]:
         """Photos waiting for review, each with the top-k and the verdict of its prediction, and how it arrived."""
+        taken = "r.taken" if "taken" in result_columns(self._query) else "NULL"  # read-only, maybe not yet upgraded
         rows = self._query(
             "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
-            " COALESCE(r.top_k, '[]'), r.verdict, r.path, r.source, r.plant, r.created"
+            f" COALESCE(r.top_k, '[]'), r.verdict, r.path, r.source, r.plant, r.created, {taken}"
             " FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
         )
-        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10], Arrival(*r[11:15])) for r in rows]
+        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10], Arrival(*r[11:16])) for r in rows]
 
     def unlabelled_candidates(self, limit: int) -> list[tuple[QueueEntry, str]]:
         """Review-pool photos not yet handed to the trainer unlabelled, newest first, each with its verdict."""

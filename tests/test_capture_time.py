@@ -14,7 +14,7 @@ from itertools import count
 import pytest
 
 from edge_agent.capture_time import BELIEVED_DAYS, believed, clock_behind, exif_time, parse_exif_time, read_capture
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -230,8 +230,11 @@ def test_a_card_of_a_weeks_photos_copied_in_at_once_is_one_visit_a_day_not_one_v
     monday, friday = now - 6 * DAY, now - 2 * DAY
     db = ResultsDB(state / "results.sqlite")
     # copied in one minute, in the card's own order (file names), not the order they were taken
-    _card(db, "tree 12", "Apple___Apple_scab", [friday, friday + 60])
+    fri = _card(db, "tree 12", "Apple___Apple_scab", [friday, friday + 60])
     _card(db, "tree 12", "Apple___healthy", [monday, monday + 30, monday + 90])
+    asked = state / "queue" / "review" / "asked.jpg"
+    asked.write_bytes(b"a photo")
+    db.commit([], [QueueEntry(fri[0], fri[0][:16], "review", "Apple___Apple_scab", 0.5, "v1", str(asked), 7)])
     rows = [r for r in db._query("SELECT photo_id FROM results WHERE plant = 'tree 12' ORDER BY id")]
     db.close()
     from edge_agent.web.queries import Reader
@@ -252,6 +255,13 @@ def test_a_card_of_a_weeks_photos_copied_in_at_once_is_one_visit_a_day_not_one_v
     assert sheet[0].startswith("classified (local time),taken (local time),photo,")
     taken_cells = sorted(line.split(",")[1] for line in sheet[1:])
     assert taken_cells[0] == datetime.fromtimestamp(monday).strftime("%Y-%m-%d %H:%M:%S")
+    items = {it["sha256"]: it for it in c.get("/api/v1/review").json()["items"]}
+    assert abs(datetime.fromisoformat(items[fri[0]]["taken"]).timestamp() - friday) < 1  # the expert sees when it was taken
+    assert [it["taken"] for sha, it in items.items() if sha != fri[0]] == [None, None]
+    pages = [c.get(f"/review?i={i}").text for i in range(3)]
+    asked_page = next(page for page in pages if fri[0][:16] in page)
+    assert f"taken {datetime.fromtimestamp(friday).strftime('%Y-%m-%d %H:%M')}" in asked_page
+    assert sum("taken " in page.split('id="arrival"')[1].split("</span>")[0] for page in pages) == 1
     no_time = c.get("/photos.csv").text.splitlines()[-1].split(",")  # make_state's photos: no EXIF, an empty cell
     assert no_time[1] == ""
 

@@ -58,7 +58,7 @@ class ReviewItem:
     margin: float
     verdict: str | None = None  # "unknown": unlike anything the model knows (a new class may be born here)
     check: bool = False  # an answer trust covers (:func:`covered`), of a class not trusted yet: the expert's label checks it
-    arrival: Arrival = Arrival(None, None, None, None)  # the file, source and plant it came as, when it was classified
+    arrival: Arrival = Arrival(None, None, None, None)  # the file, source and plant it came as, when it was classified and taken
 
     def as_json(self) -> dict:
         """What ``review list --json`` prints and the API's review queue holds."""
@@ -76,6 +76,7 @@ class ReviewItem:
             "source": a.source,
             "plant": a.plant,
             "classified": iso(a.created) if a.created is not None else None,
+            "taken": iso(a.taken) if a.taken is not None else None,
         }
 
 

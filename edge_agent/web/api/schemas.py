@@ -131,6 +131,7 @@ class ReviewItemOut(BaseModel):
     source: str | None = Field(None, description="Where it came from: inbox (the hot folder, uploads included) or the camera's name.")
     plant: str | None = Field(None, description="The plant it shows (the inbox subfolder it arrived in), if any.")
     classified: datetime | None = Field(None, description="When the model answered it (UTC).")
+    taken: datetime | None = Field(None, description="When the photo was taken (UTC), from its EXIF where believed.")
     plant_labels: dict[str, int] = Field({}, description="The classes the expert gave the plant's other photos, and how many.")
 
 
@@ -289,7 +290,7 @@ class Alerts(BaseModel):
 class VisitOut(BaseModel):
     """One visit of a plant (its photos with no gap of more than [classify] plant_visit_gap_h) and its diagnosis."""
 
-    began: datetime = Field(description="When its first photo was classified (UTC).")
+    began: datetime = Field(description="When its first photo was taken (UTC; when classified where its EXIF says not).")
     photos: int
     label: str = Field(description="The class its photos point to together; where the expert labelled any, the expert's.")
     probability: float = Field(description="The combined probability of that class (of the expert's labels, the share naming it).")
