@@ -9,10 +9,9 @@ later in the old folder are the old plant again, so the answer says to rename th
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from edge_agent.plants import PLANT_NAME, PLANT_NAME_RULE, tidy_name
+from edge_agent.plants import name_problem, tidy_name
 from edge_agent.results import ResultsDB
 from engines.errors import EdgeAgentError
 
@@ -41,8 +40,9 @@ def rename_plant(db: ResultsDB, old: str, new: str) -> Renamed:
     """Move every photo of plant ``old`` to plant ``new`` (merging where ``new`` has photos). Raises
     :class:`PlantRenameError`, changing nothing, where ``old`` has no photos or ``new`` is not a plant's name."""
     new = tidy_name(new)
-    if not re.fullmatch(PLANT_NAME, new):
-        raise PlantRenameError(f"{new[:70]!r} is not a plant's name: {PLANT_NAME_RULE}")
+    problem = name_problem(new)
+    if problem:
+        raise PlantRenameError(f"{new[:70]!r} is not a plant's name: {problem}")
     if new == old:
         raise PlantRenameError(f"the plant is named {old!r} already")
     merged = bool(db.plant_photos(new))

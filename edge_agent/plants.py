@@ -20,7 +20,9 @@ it is now), so a tree healthy in May and sick in August is diagnosed sick, and a
 
 A subfolder with more photos than ``[classify] plant_max_photos`` (12) in one visit is not taken as one plant (a
 camera's folder synced into the inbox would otherwise be one "plant" of thousands of photos, alerting once in its
-life): its photos are judged, and alert, one by one, and the Plants page says why. Where the expert has labelled any of the plant's
+life): its photos are judged, and alert, one by one, and the Plants page says why. A subfolder named as a phone or
+camera names its photo folder (``DCIM``, ``Camera``, ``100APPLE``: :data:`CAMERA_FOLDER`) is no plant however few
+photos a day it brings: its photos stand alone. Where the expert has labelled any of the plant's
 photos, the expert's word is the plant's diagnosis (the label named most, ``confident``, with how many photos said
 what), the model's combined classes kept beside it.
 """
@@ -51,7 +53,9 @@ __all__ = [
     "visit_of",
     "PLANT_NAME",
     "PLANT_NAME_RULE",
+    "CAMERA_FOLDER",
     "tidy_name",
+    "name_problem",
     "PLANT_VIEWS",
     "PLANTS_LOOKED_AT",
 ]
@@ -60,6 +64,23 @@ __all__ = [
 PLANT_NAME = r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}"
 #: :data:`PLANT_NAME` in words, for refusals.
 PLANT_NAME_RULE = "letters, digits, space, '.', '_' or '-', at most 64, not starting with '.'"
+
+
+#: Names phones and cameras give their photo folders (DCF's "100APPLE" and "101NIKON", Android's "Camera", Windows'
+#: "Camera Roll", ...): such a folder synced into the inbox holds many plants' photos, so it is no plant.
+CAMERA_FOLDER = re.compile(r"(?i:dcim|camera|camera roll|screenshots|pictures|photos|whatsapp images)|[1-9][0-9]{2}[A-Z0-9_]{5}")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (as :func:`tidy_name` leaves it) cannot name a new plant, in words; None where it can."""
+    if not re.fullmatch(PLANT_NAME, name):
+        return f"a plant's name is a folder name: {PLANT_NAME_RULE}"
+    if CAMERA_FOLDER.fullmatch(name):
+        return (
+            f"{name!r} is how a phone or camera names its photo folder, and such a folder in the inbox is taken as "
+            "photos on their own, not one plant: name the plant otherwise (its row and number)"
+        )
+    return None
 
 
 def tidy_name(name: str) -> str:
@@ -96,14 +117,17 @@ class PlantDiagnosis:
 
 
 def plant_of(path: str | os.PathLike | None, inbox: str | os.PathLike) -> str | None:
-    """The plant a photo belongs to: the inbox subfolder it arrived in (None: straight in the inbox, or elsewhere)."""
+    """The plant a photo belongs to: the inbox subfolder it arrived in (None: straight in the inbox, in a camera's
+    photo folder, :data:`CAMERA_FOLDER`, or elsewhere)."""
     if not path:
         return None
     try:
         rel = Path(path).relative_to(inbox)
     except ValueError:
         return None
-    return display_name(rel.parts[0])[:200] if len(rel.parts) > 1 else None  # a non-UTF-8 folder name escaped
+    if len(rel.parts) < 2 or CAMERA_FOLDER.fullmatch(rel.parts[0]):
+        return None
+    return display_name(rel.parts[0])[:200]  # a non-UTF-8 folder name escaped
 
 
 def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classes: int, sure: float = 0.9, top: int = 3) -> PlantDiagnosis:

@@ -68,6 +68,26 @@ def test_a_photo_belongs_to_the_plant_of_the_inbox_subfolder_it_arrived_in(tmp_p
     assert plant_of(None, inbox) is None
 
 
+def test_a_phones_or_cameras_photo_folder_synced_into_the_inbox_is_no_plant_and_no_plant_is_given_its_name(state):
+    from .test_api import remote
+    from .web_helpers import _photos
+
+    inbox = state / "inbox"
+    for folder in ("DCIM", "Camera", "camera roll", "100APPLE", "101NIKON", "WhatsApp Images", "Screenshots"):
+        assert plant_of(inbox / folder / "IMG_0001.jpg", inbox) is None, folder
+        assert plant_of(inbox / folder / "2026" / "IMG_0001.jpg", inbox) is None, folder
+    for folder in ("tree 12", "100trees", "row 3 camera", "099APPLE"):  # plants' names, however alike
+        assert plant_of(inbox / folder / "IMG_0001.jpg", inbox) == folder
+    c, auth = remote(state, "label")
+    before = sorted(p.name for p in inbox.rglob("*"))
+    r = c.post("/api/v1/classify", params={"wait": 0, "plant": "camera"}, content=_photos(8)[7].read_bytes(), headers=auth)
+    assert r.status_code == 400 and "how a phone or camera names its photo folder" in r.json()["error"]
+    assert sorted(p.name for p in inbox.rglob("*")) == before  # nothing stored
+    renamed = c.post("/api/v1/plants/tree-1/rename", json={"to": "DCIM"}, headers=auth)
+    assert renamed.status_code == 400 and "is not a plant's name: 'DCIM' is how a phone" in renamed.json()["error"]
+    assert [p["plant"] for p in c.get("/api/v1/plants", headers=auth).json()["plants"]] == ["tree-2", "tree-1"]
+
+
 def test_the_pipeline_records_the_plant_of_a_photo_from_an_inbox_subfolder(tmp_path, tiny_store):
     from edge_agent.config import PipelineSection
     from edge_agent.pipeline import Job

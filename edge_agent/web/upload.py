@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from edge_agent.imageheader import ImageRejected, ImageTooLarge, check_image
 from edge_agent.inbox_files import place
-from edge_agent.plants import PLANT_NAME, PLANT_NAME_RULE, tidy_name
+from edge_agent.plants import name_problem, tidy_name
 
 __all__ = ["Outcome", "plant_folder", "store_upload", "EXTENSIONS"]
 
@@ -62,8 +61,9 @@ def plant_folder(inbox: Path, plant: str | None, known: Callable[[str], str | No
     plant = tidy_name(plant or "")
     if not plant:
         return inbox
-    if not re.fullmatch(PLANT_NAME, plant):
-        raise ValueError(f"a plant's name is a folder name: {PLANT_NAME_RULE}")
+    problem = name_problem(plant)
+    if problem:
+        raise ValueError(problem)
     folder = inbox / (_folder_named(inbox, plant) or known(plant) or plant)
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
