@@ -9,6 +9,7 @@ from itertools import islice
 
 from edge_agent._cli_common import load, print_rows, state_db
 from edge_agent.names import printable
+from edge_agent.state import inbox_dir
 
 __all__ = ["plants_list", "plants_rename"]
 
@@ -21,7 +22,7 @@ def plants_list(args: argparse.Namespace) -> int:
     cfg = load(args)
     state, db = state_db(args, cfg)
     db.close()
-    ctx = WebContext(cfg, state, state.root / "inbox", "")
+    ctx = WebContext(cfg, state, inbox_dir(cfg, state.root), "")
     rows = (
         {
             "plant": name,
@@ -54,12 +55,13 @@ def plants_list(args: argparse.Namespace) -> int:
 def plants_rename(args: argparse.Namespace) -> int:
     """Plant OLD's photos moved to NEW (merged where NEW has photos): a name typed wrong put right."""
     from edge_agent.plant_rename import PlantRenameError, rename_plant
+    from edge_agent.web.queries import Reader
 
     cfg = load(args)
     args.readonly = False
-    _state, db = state_db(args, cfg)
+    state, db = state_db(args, cfg)
     try:
-        done = rename_plant(db, args.old, args.new)
+        done = rename_plant(db, args.old, args.new, inbox_dir(cfg, state.root), Reader(state.db).plant_named)
     except PlantRenameError as exc:
         print(printable(f"edge-agent: {exc}"), file=sys.stderr)
         return 2
@@ -67,5 +69,6 @@ def plants_rename(args: argparse.Namespace) -> int:
         db.close()
     joined = " (merged with the photos it had)" if done.merged else ""
     print(printable(f"{done.photos} photos of plant {done.old} are plant {done.new}'s now{joined}"))
-    print(printable(f"photos that arrive later in the inbox folder {done.old}/ are plant {done.old} again: rename that folder too"))
+    if done.folder_note:
+        print(printable(done.folder_note))
     return 0

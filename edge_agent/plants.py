@@ -56,6 +56,7 @@ __all__ = [
     "CAMERA_FOLDER",
     "tidy_name",
     "name_problem",
+    "folder_named",
     "PLANT_VIEWS",
     "PLANTS_LOOKED_AT",
 ]
@@ -86,6 +87,18 @@ def name_problem(name: str) -> str | None:
 def tidy_name(name: str) -> str:
     """A plant's name as typed, spaces typed twice or at either end taken out (other whitespace is kept, and refused)."""
     return re.sub(" +", " ", name.strip(" "))
+
+
+def folder_named(inbox: Path, plant: str, most: int = 10_000) -> str | None:
+    """The name of the inbox's subfolder that is ``plant`` in any case and spacing (the first ``most`` entries read)."""
+    key = plant.casefold()
+    try:
+        for _, entry in zip(range(most), os.scandir(inbox)):
+            if entry.is_dir() and tidy_name(entry.name).casefold() == key:
+                return entry.name
+    except OSError:
+        return None
+    return None
 
 
 @dataclass(frozen=True)

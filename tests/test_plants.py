@@ -778,17 +778,41 @@ def test_a_plant_named_wrong_is_renamed_or_merged_into_another_and_a_bad_name_ch
     assert c.post("/plants/tree-9/rename", data={"csrf": token, "to": "tree 12"}).status_code == 404
     assert [p["plant"] for p in c.get("/api/v1/plants").json()["plants"]] == ["tree-2", "tree-1"]  # nothing changed
     r = c.post(url, data={"csrf": token, "to": " tree 12 "})
-    assert r.status_code == 303 and r.headers["location"] == "/plants/tree%2012?renamed=tree-2"
+    assert r.status_code == 303 and r.headers["location"] == "/plants/tree%2012?renamed=tree-2&folder="
     said = c.get(r.headers["location"]).text.split('id="renamed">')[1].split("</p>")[0]
-    assert said.startswith("The photos of tree-2 are now this plant's.") and "rename that folder too" in said
+    assert said == "The photos of tree-2 are now this plant's."  # no inbox folder of that name: nothing more to say
     assert c.get("/plants/tree-2").status_code == 404
     api, auth = remote(state, "label")
     merged = api.post("/api/v1/plants/tree-1/rename", json={"to": "tree 12"}, headers=auth)
-    assert merged.status_code == 200 and merged.json() == {"old": "tree-1", "plant": "tree 12", "photos": 3, "merged": True}
+    assert merged.status_code == 200
+    assert merged.json() == {"old": "tree-1", "plant": "tree 12", "photos": 3, "merged": True, "folder": "", "note": ""}
     one = c.get("/api/v1/plants/tree%2012").json()
     assert one["photos"] == 5 and [p["plant"] for p in c.get("/api/v1/plants").json()["plants"]] == ["tree 12"]
     assert api.post("/api/v1/plants/tree-1/rename", json={"to": "x"}, headers=auth).status_code == 404
     assert api.post("/api/v1/plants/tree%2012/rename", json={"to": "x"}, headers=remote(state, "read")[1]).status_code == 403
+
+
+def test_a_plants_empty_inbox_folder_is_renamed_with_it_or_removed_when_merged_and_the_page_says_so(state):
+    from .test_api import remote
+    from .web_helpers import client, csrf_of
+
+    inbox = state / "inbox"
+    (inbox / "tree-1").mkdir(parents=True)
+    (inbox / "tree-2").mkdir()
+    c = client(state)
+    r = c.post("/plants/tree-2/rename", data={"csrf": csrf_of(c), "to": "tree 12"})
+    assert r.status_code == 303 and r.headers["location"] == "/plants/tree%2012?renamed=tree-2&folder=renamed"
+    said = c.get(r.headers["location"]).text.split('id="renamed">')[1].split("</p>")[0]
+    assert "Its inbox folder tree-2/ is tree 12/ now: photos dropped in it are tree 12&#39;s." in said
+    assert (inbox / "tree 12").is_dir() and not (inbox / "tree-2").exists()
+    api, auth = remote(state, "label")
+    merged = api.post("/api/v1/plants/tree%2012/rename", json={"to": "Tree-1"}, headers=auth).json()  # tree-1, in any case
+    assert (merged["plant"], merged["merged"], merged["folder"]) == ("tree-1", True, "removed")
+    assert merged["note"] == "Its inbox folder tree 12/ was empty and is removed: drop tree-1's photos in tree-1/."
+    assert sorted(p.name for p in inbox.iterdir() if p.is_dir()) == ["tree-1"]
+    alone = api.post("/api/v1/plants/tree-1/rename", json={"to": "row 1 tree 1"}, headers=auth).json()
+    assert alone["folder"] == "renamed" and (inbox / "row 1 tree 1").is_dir()
+    assert c.get("/plants/row%201%20tree%201?renamed=x&folder=nonsense").status_code == 200  # an unknown fate: no note
 
 
 def test_the_upload_page_offers_the_plants_already_photographed_as_names(state):
@@ -810,9 +834,13 @@ def test_edge_agent_plants_lists_each_plants_diagnosis_and_renames_one(state, ca
     assert (row["plant"], row["verdict"], row["photos"], row["visit_photos"]) == ("tree-2", "unsure", 2, 2)
     assert main(["plants", "list", "--state-dir", str(state), "--name", "nothing"]) == 0
     assert capsys.readouterr().out == "no plants in that view\n"
-    assert main(["plants", "rename", "tree-2", "tree-1", "--state-dir", str(state)]) == 0
+    (state / "inbox" / "tree-2").mkdir(parents=True)
+    (state / "inbox" / "tree-2" / "still copying.jpg").write_bytes(b"half a photo")
+    assert main(["plants", "rename", "tree-2", "TREE-1", "--state-dir", str(state)]) == 0  # typed in capitals: tree-1
     out = capsys.readouterr().out
-    assert "2 photos of plant tree-2 are plant tree-1's now (merged with the photos it had)" in out and "rename that folder too" in out
+    assert "2 photos of plant tree-2 are plant tree-1's now (merged with the photos it had)" in out
+    assert "Its inbox folder tree-2/ still holds files, so it is left as it is" in out
+    assert (state / "inbox" / "tree-2" / "still copying.jpg").is_file()
     assert main(["plants", "rename", "tree-2", "tree 9", "--state-dir", str(state)]) == 2
     assert "no photos of a plant named 'tree-2'" in capsys.readouterr().err
     assert main(["plants", "rename", "tree-1", "../x", "--state-dir", str(state)]) == 2

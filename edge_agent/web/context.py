@@ -177,7 +177,7 @@ class WebContext:
         """Plant ``old``'s photos moved to ``new`` (:func:`edge_agent.plant_rename.rename_plant`).
 
         Raises :class:`Refused` (404: no such plant) or :class:`BadParameter` (not a plant's name, the same name)."""
-        return self._on_ledger(lambda db: rename_plant(db, old, new))
+        return self._on_ledger(lambda db: rename_plant(db, old, new, self.inbox, self.reader.plant_named))
 
     def _on_ledger(self, write: Callable[[ResultsDB], T]) -> T:
         """``write`` on the writable ledger, its refusals as the page and the API answer them (404: no such photo or

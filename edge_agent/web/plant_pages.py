@@ -17,6 +17,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edge_agent.export import plant_csv_lines
+from edge_agent.plant_rename import FOLDER_FATES, Renamed
 from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, too_many
 from edge_agent.web.context import WebContext, parse_int
 
@@ -120,9 +121,18 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
         q = request.query_params
         done = {"labelled": min(parse_int(q.get("labelled")), PLANT_CARDS), "missed": min(parse_int(q.get("missed")), PLANT_CARDS)}
         pl = plant_view(name, rows, d, said, every_visit=True)
-        renamed = q.get("renamed", "")[:64]
+        renamed, fate = q.get("renamed", "")[:64], q.get("folder", "")
+        folder_note = Renamed(renamed, name, 0, False, fate).folder_note if fate in FOLDER_FATES else ""
         return page(
-            request, "plant.html", pl=pl, history=history, classes=classes, done=done, as_class=q.get("as", "")[:200], renamed=renamed
+            request,
+            "plant.html",
+            pl=pl,
+            history=history,
+            classes=classes,
+            done=done,
+            as_class=q.get("as", "")[:200],
+            renamed=renamed,
+            folder_note=folder_note,
         )
 
     async def plant_label(request: Request) -> Response:
@@ -141,7 +151,9 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
         done = await run_in_threadpool(
             ctx.rename_plant, request.path_params["plant"], str(data.get("to", ""))
         )  # Refused / BadParameter: shown
-        return RedirectResponse(f"/plants/{quote(done.new)}?" + urlencode({"renamed": done.old[:64]}), status_code=303)
+        return RedirectResponse(
+            f"/plants/{quote(done.new)}?" + urlencode({"renamed": done.old[:64], "folder": done.folder}), status_code=303
+        )
 
     return [
         Route("/plants", plants),

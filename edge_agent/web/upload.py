@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edge_agent.imageheader import ImageRejected, ImageTooLarge, check_image
 from edge_agent.inbox_files import place
-from edge_agent.plants import name_problem, tidy_name
+from edge_agent.plants import folder_named, name_problem, tidy_name
 
 __all__ = ["Outcome", "plant_folder", "store_upload", "EXTENSIONS"]
 
@@ -64,20 +64,8 @@ def plant_folder(inbox: Path, plant: str | None, known: Callable[[str], str | No
     problem = name_problem(plant)
     if problem:
         raise ValueError(problem)
-    folder = inbox / (_folder_named(inbox, plant) or known(plant) or plant)
+    folder = inbox / (folder_named(inbox, plant) or known(plant) or plant)
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o2770)  # as the inbox: the service's group may drop photos
     return folder
-
-
-def _folder_named(inbox: Path, plant: str, most: int = 10_000) -> str | None:
-    """The name of the inbox's subfolder that is ``plant`` in any case and spacing (the first ``most`` entries read)."""
-    key = plant.casefold()
-    try:
-        for _, entry in zip(range(most), os.scandir(inbox)):
-            if entry.is_dir() and tidy_name(entry.name).casefold() == key:
-                return entry.name
-    except OSError:
-        return None
-    return None

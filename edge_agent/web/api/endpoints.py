@@ -218,7 +218,7 @@ async def plant_label(ctx: WebContext, request: Request) -> s.PlantLabelled:
 async def plant_rename(ctx: WebContext, request: Request) -> s.PlantRenamed:
     body = await _json_body(request, s.PlantRenameIn)
     done = await run_in_threadpool(ctx.rename_plant, request.path_params["plant"], body.to)
-    return s.PlantRenamed(old=done.old, plant=done.new, photos=done.photos, merged=done.merged)
+    return s.PlantRenamed(old=done.old, plant=done.new, photos=done.photos, merged=done.merged, folder=done.folder, note=done.folder_note)
 
 
 # ---- engines --------------------------------------------------------------------

@@ -184,6 +184,11 @@ class PlantRenamed(BaseModel):
     plant: str = Field(description="The new name.")
     photos: int = Field(description="How many photos moved.")
     merged: bool = Field(description="True: the new name had photos already, and the two plants are one now.")
+    folder: Literal["renamed", "removed", "kept", ""] = Field(
+        "",
+        description="What became of the old name's inbox folder: renamed to the new name, removed (empty), kept (it holds files), or none.",
+    )
+    note: str = Field("", description="The same in a sentence.")
 
 
 class NotLabelled(BaseModel):
