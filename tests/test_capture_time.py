@@ -5,6 +5,7 @@ behind."""
 from __future__ import annotations
 
 import io
+import json
 import random
 import sqlite3
 import time
@@ -283,7 +284,12 @@ def test_a_plant_alerts_once_a_visit_however_its_cards_photos_arrive_in_time(tmp
         w.scan()
         with sqlite3.connect(tmp_path / "alerts.sqlite") as con:
             alerts = con.execute("SELECT label FROM alerts ORDER BY id").fetchall()
+            sent = [json.loads(p) for (p,) in con.execute("SELECT payload FROM outbox WHERE kind = 'alert' ORDER BY id")]
         assert alerts == [("Apple___Apple_scab",), ("Apple___Apple_scab",)]  # once for Friday, once for Monday
+        for body, newest in zip(sent, (friday + 660, monday + 60)):  # each says when its visit was photographed
+            assert abs(datetime.fromisoformat(body["taken"]).timestamp() - newest) < 1
+            stamp = datetime.fromtimestamp(newest).strftime("%Y-%m-%d %H:%M")
+            assert body["title"] == f"Apple scab seen on orchard, plant tree 12 (photographed {stamp})", body["title"]
     finally:
         w.stop()
         db.close()

@@ -154,11 +154,11 @@ def test_a_plant_alerts_once_on_its_combined_diagnosis_however_many_photos_it_ha
 def test_a_folder_of_more_photos_than_a_plant_has_alerts_photo_by_photo_and_the_page_says_why(tmp_path):
     db = ResultsDB(tmp_path / "results.sqlite")
     w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [], db.path, tmp_path, "orchard", plant_max_photos=3)
-    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, 3, verdict="confident")  # three photos: still a plant
+    _plant_rows(db, "phone sync", "Apple___Apple_scab", 0.95, 3, verdict="confident")  # three photos: still a plant
     w.scan()
     assert [label for label, _ in _alerts(tmp_path)] == ["Apple___Apple_scab"]  # once for the plant
-    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, 1, verdict="confident")  # the fourth: a synced camera folder
-    _plant_rows(db, "Camera", "Apple___Black_rot", 0.97, 2, verdict="confident")
+    _plant_rows(db, "phone sync", "Apple___Apple_scab", 0.95, 1, verdict="confident")  # the fourth: a synced camera folder
+    _plant_rows(db, "phone sync", "Apple___Black_rot", 0.97, 2, verdict="confident")
     w.scan()
     alerts = _alerts(tmp_path)  # each photo past the third alone (as a plant: no more alert, the folder says scab)
     assert [label for label, _ in alerts] == ["Apple___Apple_scab"] * 2 + ["Apple___Black_rot"] * 2
@@ -168,7 +168,18 @@ def test_a_folder_of_more_photos_than_a_plant_has_alerts_photo_by_photo_and_the_
     assert len(rows) == 6
     folder = [
         ResultRow(
-            r["sha256"], r["photo_id"], r["path"], "inbox", r["label"], r["confidence"], r["top_k"], "v1", {}, 0.0, "confident", "Camera"
+            r["sha256"],
+            r["photo_id"],
+            r["path"],
+            "inbox",
+            r["label"],
+            r["confidence"],
+            r["top_k"],
+            "v1",
+            {},
+            0.0,
+            "confident",
+            "phone sync",
         )
         for r in rows
     ]
@@ -184,12 +195,12 @@ def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_
     from .web_helpers import client
 
     db = ResultsDB(state / "results.sqlite")
-    _plant_rows(db, "Camera", "Apple___Apple_scab", 0.95, plant_pages.PLANT_CARDS + 2, verdict="confident")
+    _plant_rows(db, "phone sync", "Apple___Apple_scab", 0.95, plant_pages.PLANT_CARDS + 2, verdict="confident")
     db.close()
-    section = client(state).get("/plants").text.split('data-plant="Camera"')[1].split("</section>")[0]
+    section = client(state).get("/plants").text.split('data-plant="phone sync"')[1].split("</section>")[0]
     assert "not taken as one plant" in section and "plant_max_photos (12)" in section
     assert section.count('class="card"') == plant_pages.PLANT_CARDS and "and 2 older photos" in section
-    assert '<a href="/photos?plant=Camera">all its photos</a>' in section
+    assert '<a href="/photos?plant=phone%20sync">all its photos</a>' in section
 
 
 def test_a_plants_alert_says_why_from_its_photos_together(tmp_path):
@@ -209,6 +220,7 @@ def test_a_plants_alert_says_why_from_its_photos_together(tmp_path):
     assert tree["verdict"] == "confident" and tree["verdict_reason"] == "a plant of 1 photo: 1 of 1 photos are sure of it; together 95%"
     assert tree["plant_name"] == "tree 1" and tree["title"] == "Apple scab seen on orchard, plant tree 1"  # the tree to walk to
     assert tree["message"].endswith("on orchard, plant tree 1") and tree["plant_url"] == "http://farm.local:8080/plants/tree%201"
+    assert tree["taken"] is None and alone["taken"] is None  # no EXIF: when classified is all that is known (time)
     assert alone["plant_name"] is None and alone["title"] == "Black rot seen on orchard" and "plant_url" not in alone
     w.stop()
     db.close()

@@ -40,11 +40,18 @@ def diagnosis(c: Candidate) -> str:
     return named if c.verdict == "confident" else f"not sure: {named}?"
 
 
+#: A photo taken this long (seconds) before it was classified (a card copied in days later) says so in its alert.
+OLD_PHOTO_S = 6 * 3600
+
+
 def _said(c: Candidate) -> tuple[str, str]:
-    """(title, message) for people, as sure as the verdict is: only a confident answer is said as a finding."""
+    """(title, message) for people, as sure as the verdict is: only a confident answer is said as a finding; a photo
+    taken well before it was classified says when (the disease was there then)."""
     plant, condition = describe_class(c.label)
     why = f": {c.reason}" if c.reason else ""
     where = f"{c.device}, plant {c.plant_name}" if c.plant_name else c.device  # the tree to walk to
+    if c.taken is not None and c.created - c.taken > OLD_PHOTO_S:
+        where += f" (photographed {time.strftime('%Y-%m-%d %H:%M', time.localtime(c.taken))})"
     if c.verdict == "confident":
         return f"{condition} seen on {where}", f"{condition} on {plant} ({c.confidence:.0%} sure), photo {c.photo_id} on {where}"
     if c.verdict == "unknown":
@@ -61,7 +68,8 @@ def _said(c: Candidate) -> tuple[str, str]:
 
 def alert_body(c: Candidate, page: str = "") -> dict:
     """An alert's JSON: the class and what it means (``plant``: the crop; ``plant_name``: the farmer's plant, where
-    the alert is a plant's), how sure, which photo, when; ``title`` / ``message`` / ``text``
+    the alert is a plant's), how sure, which photo, when (``time``: classified; ``taken``: photographed, where its EXIF
+    says); ``title`` / ``message`` / ``text``
     are for people (Gotify reads title and message, Slack text), worded as sure as the verdict; ``event_type`` is for
     Home Assistant."""
     plant, condition = describe_class(c.label)
@@ -79,6 +87,7 @@ def alert_body(c: Candidate, page: str = "") -> dict:
         "photo_id": c.photo_id,
         "result_id": c.result_id,
         "time": _iso(c.created),
+        "taken": None if c.taken is None else _iso(c.taken),
         "title": title,
         "message": message,
         "text": message,

@@ -161,11 +161,11 @@ class AlertWorker(Worker):
         cursor = int(self.outbox.get("cursor", "0"))
         rows = self._results(
             "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256, plant,"
-            f" {self._reason_column()} FROM results WHERE id > ? ORDER BY id LIMIT 500",
+            f" {self._reason_column()}, {'taken' if self._column('taken') else 'NULL'} FROM results WHERE id > ? ORDER BY id LIMIT 500",
             (cursor,),
         )
         for row in rows:
-            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6], row[8])
+            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6], row[8], taken=row[9])
             if self.mqtt is not None and self._may_publish_result():
                 self.mqtt.live(self.topics.result, encode(result_body(c)))
             plant = row[7]
@@ -215,7 +215,9 @@ class AlertWorker(Worker):
         if self.outbox.get(once):
             return None, None
         reason = f"a plant of {d.photos} photo{'s' * (d.photos != 1)}: {d.reason}"
-        return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict, reason=reason, plant_name=plant), once
+        newest = max(p.when for p in photos)  # when taken where known, else classified (not after c.created)
+        taken = newest if newest < c.created else c.taken
+        return replace(c, label=d.label, confidence=d.probability, verdict=d.verdict, reason=reason, plant_name=plant, taken=taken), once
 
     def _plant_photos(self, plant: str, up_to: int) -> list[_PlantPhoto]:
         """``plant``'s photos of the visit that holds result ``up_to``, of those classified up to it, oldest first
