@@ -151,6 +151,45 @@ def test_a_plant_alerts_once_on_its_combined_diagnosis_however_many_photos_it_ha
     db.close()
 
 
+def test_a_large_folders_photos_are_judged_from_a_few_photos_around_each_not_its_whole_season(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [], db.path, tmp_path, "orchard", plant_max_photos=3)
+    read = []
+    results = w._results
+    w._results = lambda sql, args=(): read.append((sql, rows := results(sql, args))) or rows
+    now = time.time()
+    rows = []
+    for i in range(300):  # a synced folder of 300 photos taken a minute apart, copied in out of order
+        sha = f"{next(_n):064x}"
+        taken = now - 86400 + 60 * ((i * 7) % 300)
+        top_k = [["Apple___Apple_scab", 0.95], ["Apple___healthy", 0.04]]
+        rows.append(
+            ResultRow(
+                sha,
+                sha[:16],
+                f"/inbox/s/{sha[:8]}.jpg",
+                "inbox",
+                top_k[0][0],
+                0.95,
+                top_k,
+                "v1",
+                {},
+                now,
+                "confident",
+                "phone sync",
+                "",
+                taken,
+            )
+        )
+    db.commit(rows)
+    w.scan()
+    around = [len(r) for sql, r in read if "plant = ?" in sql]
+    assert len(around) >= 300 and max(around) <= 4  # never the folder's every photo at each of its photos
+    assert "phone sync" in w._not_plants  # a plant for its first three photos, then a folder of many
+    w.stop()
+    db.close()
+
+
 def test_a_folder_of_more_photos_than_a_plant_has_alerts_photo_by_photo_and_the_page_says_why(tmp_path):
     db = ResultsDB(tmp_path / "results.sqlite")
     w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [], db.path, tmp_path, "orchard", plant_max_photos=3)

@@ -221,15 +221,19 @@ class AlertWorker(Worker):
 
     def _plant_photos(self, plant: str, up_to: int) -> list[_PlantPhoto]:
         """``plant``'s photos of the visit that holds result ``up_to``, of those classified up to it, oldest first
-        (:attr:`~edge_agent.results.ResultRow.when`); at most ``plant_max_photos`` + 1: enough to tell a folder of
-        more from a plant."""
+        (:attr:`~edge_agent.results.ResultRow.when`); at most ``plant_max_photos`` + 1, enough to tell a folder of more
+        from a plant, read around it in time (not a large folder's every photo at each of its photos)."""
         self._column("taken")
         when = when_sql(self._kept)
-        times = self._results(f"SELECT id, {when} FROM results WHERE plant = ? AND id <= ? ORDER BY {when}, id", (plant, up_to))
-        at = next((i for i, (result, _) in enumerate(times) if result == up_to), len(times) - 1)
-        if at < 0:
+        found = self._results(f"SELECT {when} FROM results WHERE id = ? AND plant = ?", (up_to, plant))
+        if not found:
             return []
-        ids = [times[i][0] for i in visit_of([t for _, t in times], at, self.visit_gap_s)]
+        most = f" LIMIT {self.plant_max_photos + 1}" if self.plant_max_photos else ""
+        side = f"SELECT id, {when} FROM results WHERE plant = ? AND id <= ? AND ({when}, id) {{}} (?, ?) ORDER BY {when} {{}}, id {{}}"
+        args = (plant, up_to, found[0][0], up_to)
+        before = self._results(side.format("<", "DESC", "DESC") + most, args)
+        times = [*reversed(before), (up_to, found[0][0]), *self._results(side.format(">", "ASC", "ASC") + most, args)]
+        ids = [times[i][0] for i in visit_of([t for _, t in times], len(before), self.visit_gap_s)]  # past an end: too many
         if self.plant_max_photos:
             ids = ids[: self.plant_max_photos + 1]
         marks = ",".join("?" * len(ids))
