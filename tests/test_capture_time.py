@@ -250,6 +250,9 @@ def test_a_card_of_a_weeks_photos_copied_in_at_once_is_one_visit_a_day_not_one_v
     began = datetime.fromisoformat(api["visits"][1]["began"]).timestamp()
     assert abs(began - monday) < 1  # the visit began when its first photo was taken, not when it was copied in
     assert all(r["taken"] is not None for r in api["results"])
+    cards = c.get("/photos?plant=tree%2012").text
+    assert cards.count('class="taken"') == 5 and f"taken {datetime.fromtimestamp(monday).strftime('%Y-%m-%d %H:%M')}" in cards
+    assert c.get("/photos").text.count('class="taken"') == 5  # make_state's 6 photos have no EXIF: when classified
     page = c.get(f"/photo/{api['results'][0]['sha256']}").text
     assert 'id="taken"' in page and "the camera's clock" in page
     sheet = c.get("/photos.csv?plant=tree%2012").text.splitlines()

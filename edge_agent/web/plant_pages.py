@@ -67,7 +67,7 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
             "rows": shown,
             "older": len(rows) - len(shown),
             "said": said,
-            "last_local": _local(max(r.created for r in rows)),
+            "last_local": _local(max(r.when for r in rows)),  # when last photographed (taken, else classified)
             "one": one,
             "visit": visit,
             **d.as_dict(),
