@@ -205,6 +205,7 @@ def test_a_devices_clock_behind_the_phones_photos_is_said_by_status_and_the_heal
     from .web_helpers import client
 
     assert f'id="clock-behind">Clock behind: {note}' in html.unescape(client(state).get("/health").text)
+    assert "\nedge_agent_clock_behind 1\n" in client(state).get("/metrics").text
 
 
 def _card(db: ResultsDB, plant: str, label: str, taken: list[float], verdict: str = "confident") -> list[str]:

@@ -88,6 +88,12 @@ def _daemon(x: Exposition, st: dict, up: bool) -> None:
     x.one("edge_agent_daemon_up", "gauge", "1 while the daemon runs and refreshes its status.", up)
     if not st:
         return
+    x.one(
+        "edge_agent_clock_behind",
+        "gauge",
+        "1 while photos from phones say this device's clock is behind (edge-agent status says by how much).",
+        bool(st.get("clock_behind")),
+    )
     engine = st.get("engine") or {}
     x.one(
         "edge_agent_engine_info",
