@@ -155,6 +155,7 @@ def _results(args: argparse.Namespace) -> int:
             f"{row['engine_version']}  {row['path_now'] or (row['path'] + ' (no longer kept)' if row['path'] else row['source'])}"
             + (f"  ({row['verdict_reason']})" if row["verdict_reason"] else "")
             + (f"  plant: {row['plant']}" if row["plant"] else "")
+            + (f"  taken: {row['taken']}" if row["taken"] else "")
             + (f"  expert: {row['expert_label']}" if row["expert_label"] else "")
         ),
         flush=False,

@@ -128,7 +128,7 @@ def test_a_garbled_or_cut_exif_block_reads_as_no_time_and_never_raises():
     assert taken_at(jpeg[: len(jpeg) // 2], time.time()) is None  # a half-copied photo: no time (it is retried later)
 
 
-def test_the_pipeline_records_when_each_photo_was_taken_and_a_photo_without_exif_has_none(tmp_path, tiny_store):
+def test_the_pipeline_records_when_each_photo_was_taken_and_a_photo_without_exif_has_none(tmp_path, tiny_store, capsys):
     from edge_agent.config import PipelineSection
     from edge_agent.pipeline import Job
     from engines.loader import open_engine
@@ -152,6 +152,14 @@ def test_the_pipeline_records_when_each_photo_was_taken_and_a_photo_without_exif
             p.stop()
     taken = {path.rsplit("/", 1)[1]: when for path, when in db._query("SELECT path, taken FROM results")}
     assert taken == {"a.jpg": t, "b.jpg": None}
+    db.close()
+    from edge_agent.cli import main
+
+    assert main(["results", "--state-dir", str(tmp_path)]) == 0
+    lines = {line.split("/")[-1].split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["a.jpg"].endswith(f"taken: {datetime.fromtimestamp(t, timezone.utc).isoformat(timespec='milliseconds')}")
+    assert "taken:" not in lines["b.jpg"]
+    db = ResultsDB(tmp_path / "results.sqlite", readonly=True)
     records = {r["path"].rsplit("/", 1)[1]: r for r in db.results()}
     assert records["a.jpg"]["taken"] == datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
     assert records["b.jpg"]["taken"] is None
