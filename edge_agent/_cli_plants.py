@@ -33,7 +33,7 @@ def plants_list(args: argparse.Namespace) -> int:
             "probability": round(d.probability, 4),
             "reason": d.reason,
             "expert": d.expert,
-            "last": iso(max(r.created for r in photos)),
+            "last": iso(max(r.when for r in photos)),  # when last photographed (taken, else classified)
         }
         for name, photos, d, _ in ctx.plants(args.name.strip()[:64], args.show, args.limit)
     )

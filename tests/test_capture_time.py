@@ -256,6 +256,7 @@ def test_a_card_of_a_weeks_photos_copied_in_at_once_is_one_visit_a_day_not_one_v
     c = client(state)
     api = c.get("/api/v1/plants/tree%2012").json()
     assert [(v["photos"], v["label"]) for v in api["visits"]] == [(2, "Apple___Apple_scab"), (3, "Apple___healthy")]
+    assert abs(datetime.fromisoformat(api["last"]).timestamp() - (friday + 60)) < 1  # last photographed, not copied in
     began = datetime.fromisoformat(api["visits"][1]["began"]).timestamp()
     assert abs(began - monday) < 1  # the visit began when its first photo was taken, not when it was copied in
     assert all(r["taken"] is not None for r in api["results"])

@@ -146,7 +146,7 @@ def _plant(name: str, rows, d: PlantDiagnosis, said: dict[str, str], visits: lis
     """One plant as the API gives it; with ``visits`` (:meth:`WebContext.visits`), its photos' results and its visits."""
     return s.PlantOut(
         plant=name,
-        last=datetime.fromtimestamp(max(r.created for r in rows), timezone.utc),
+        last=datetime.fromtimestamp(max(r.when for r in rows), timezone.utc),
         results=[s.Result.of(r, said.get(r.sha256)) for r in rows] if visits is not None else None,
         visits=[s.VisitOut(began=datetime.fromtimestamp(t, timezone.utc), **v.as_dict()) for t, v in visits]
         if visits is not None

@@ -319,7 +319,7 @@ class PlantOut(BaseModel):
     agreeing: int = Field(description="Photos whose own answer is the plant's class.")
     top_k: list[tuple[str, float]] = Field(description="The model's classes, its photos combined.")
     expert: int = Field(0, description="Its photos the expert labelled (0: the diagnosis is the model's).")
-    last: datetime = Field(description="When its newest photo was classified (UTC).")
+    last: datetime = Field(description="When it was last photographed (UTC): its newest photo's EXIF time, else when classified.")
     results: list[Result] | None = Field(None, description="Its photos' own results (one plant's page only).")
     visits: list[VisitOut] | None = Field(
         None, description="Each of its visits, the newest first, with its diagnosis (one plant's page only)."
