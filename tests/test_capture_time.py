@@ -308,6 +308,17 @@ def test_a_plant_alerts_once_a_visit_however_its_cards_photos_arrive_in_time(tmp
         db.close()
 
 
+def test_a_results_live_message_says_when_its_photo_was_taken():
+    from edge_agent.alerts.messages import result_body
+    from edge_agent.alerts.rules import Candidate
+
+    now = time.time()
+    c = Candidate(1, now, "orchard", "Apple___Apple_scab", 0.95, "confident", "p1", "0" * 64, taken=now - 3 * DAY)
+    body = result_body(c)
+    assert abs(datetime.fromisoformat(body["taken"]).timestamp() - (now - 3 * DAY)) < 1
+    assert result_body(Candidate(1, now, "orchard", "Apple___Apple_scab", 0.95, "confident", "p1", "0" * 64))["taken"] is None
+
+
 def test_a_ledger_from_before_capture_times_is_read_as_taken_when_classified_and_upgraded_when_the_daemon_opens_it(tmp_path):
     from edge_agent.web.queries import Reader
 

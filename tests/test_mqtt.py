@@ -117,6 +117,8 @@ def test_alerts_results_state_and_discovery_reach_the_broker(tmp_path, broker):
     _result(db, "Tomato___healthy")
     heard.wait(lambda: len(heard.on("edge-agent/greenhouse/result")) == 3)
     heard.wait(lambda: len(heard.on("edge-agent/greenhouse/alert")) == 1)
+    result = json.loads(heard.on("edge-agent/greenhouse/result")[0])
+    assert result["label"] == "Tomato___Late_blight" and result["taken"] is None  # no EXIF: when classified (time) only
     alert = json.loads(heard.on("edge-agent/greenhouse/alert")[0])
     assert alert["event_type"] == "disease" and alert["label"] == "Tomato___Late_blight"
     w.observe({"engine": {"engine_version": "v1000"}, "healthy": True})

@@ -111,6 +111,7 @@ def result_body(c: Candidate) -> dict:
         "photo_id": c.photo_id,
         "result_id": c.result_id,
         "time": _iso(c.created),
+        "taken": None if c.taken is None else _iso(c.taken),
     }
 
 
