@@ -249,6 +249,7 @@ class ResultsDB:
                 db.execute("ALTER TABLE results ADD COLUMN verdict_reason TEXT")
             if "taken" not in columns:  # a ledger from before capture times: its photos count as taken when classified
                 db.execute("ALTER TABLE results ADD COLUMN taken REAL")
+            db.execute("CREATE INDEX IF NOT EXISTS results_when ON results(COALESCE(taken, created))")  # the Photos page's days
             db.execute("CREATE INDEX IF NOT EXISTS results_plant ON results(plant) WHERE plant IS NOT NULL")
             check = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a truncated file can pass the steps above
             if check != "ok":

@@ -9,7 +9,7 @@ import json
 import random
 import sqlite3
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from itertools import count
 
 import pytest
@@ -260,6 +260,11 @@ def test_a_card_of_a_weeks_photos_copied_in_at_once_is_one_visit_a_day_not_one_v
     began = datetime.fromisoformat(api["visits"][1]["began"]).timestamp()
     assert abs(began - monday) < 1  # the visit began when its first photo was taken, not when it was copied in
     assert all(r["taken"] is not None for r in api["results"])
+    day = datetime.fromtimestamp(monday).strftime("%Y-%m-%d")
+    that_day = c.get(f"/photos?from={day}&to={day}").text  # the photos taken that day, though copied in today
+    assert that_day.count('<li class="card"') == 3
+    assert c.get(f"/api/v1/results?from={day}&to={day}").json()["total"] == 3
+    assert len(c.get(f"/photos.csv?from={day}&to={day}").text.splitlines()) == 4  # the header and Monday's three
     cards = c.get("/photos?plant=tree%2012").text
     assert cards.count('class="taken"') == 5 and f"taken {datetime.fromtimestamp(monday).strftime('%Y-%m-%d %H:%M')}" in cards
     assert c.get("/photos").text.count('class="taken"') == 5  # make_state's 6 photos have no EXIF: when classified
@@ -320,16 +325,18 @@ def test_a_results_live_message_says_when_its_photo_was_taken():
 
 
 def test_a_ledger_from_before_capture_times_is_read_as_taken_when_classified_and_upgraded_when_the_daemon_opens_it(tmp_path):
-    from edge_agent.web.queries import Reader
+    from edge_agent.web.queries import Filters, Reader
 
     path = tmp_path / "results.sqlite"
     db = ResultsDB(path)
     _card(db, "tree 1", "Apple___Apple_scab", [time.time() - DAY])
-    db._db.execute("ALTER TABLE results DROP COLUMN taken")  # as a daemon before this change left it
+    db._db.execute("DROP INDEX results_when")  # as a daemon before this change left it
+    db._db.execute("ALTER TABLE results DROP COLUMN taken")
     db.close()
     old = Reader(path).plant("tree 1")  # the page, before the daemon is restarted
     assert len(old) == 1 and old[0].taken is None and old[0].when == old[0].created
     assert ResultsDB(path, readonly=True).plant_photos("tree 1")[0][1] == old[0].created
+    assert Reader(path).recent(Filters(day_from=date.today() - timedelta(days=2)), 0, 10)[1] == 1  # days: when classified
     db = ResultsDB(path)  # the daemon upgraded: the column is back, the old photo has no time
     try:
         assert db._query("SELECT taken FROM results") == [(None,)]

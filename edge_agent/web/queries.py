@@ -33,7 +33,9 @@ class Filters:
     def __bool__(self) -> bool:
         return bool(self.label or self.day_from or self.day_to or self.verdict or self.plant)
 
-    def where(self) -> tuple[str, list]:
+    def where(self, when: str = "created") -> tuple[str, list]:
+        """The SQL condition and its arguments; days are of ``when`` (the SQL of a result's time: when taken, else
+        classified, :func:`~edge_agent.results.when_sql`)."""
         clauses, args = [], []
         if self.label:
             clauses.append("label = ?")
@@ -45,10 +47,10 @@ class Filters:
             clauses.append("plant = ?")
             args.append(self.plant)
         if self.day_from:
-            clauses.append("created >= ?")
+            clauses.append(f"{when} >= ?")
             args.append(datetime.combine(self.day_from, time()).timestamp())
         if self.day_to:
-            clauses.append("created < ?")
+            clauses.append(f"{when} < ?")
             args.append(datetime.combine(self.day_to + timedelta(days=1), time()).timestamp())
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
@@ -86,22 +88,22 @@ class Reader:
         return ", ".join([_COLUMNS, *(c if c in self._kept else "NULL" for c in ("verdict_reason", "taken"))])
 
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
-        """One page of results, newest first, and how many match in all."""
-        where, args = filters.where()
+        """One page of results, newest first, and how many match in all (days: when taken, else classified)."""
+        columns = self._columns()
+        where, args = filters.where(when_sql(self._kept))
         total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
-        rows = self._rows(
-            f"SELECT {self._columns()} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size]
-        )
+        rows = self._rows(f"SELECT {columns} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size])
         return [_photo(r) for r in rows], (total[0][0] if total else 0)
 
     def each(self, filters: Filters, batch: int = 1000) -> Iterator[dict]:
         """Every result the filters match, newest first, with the expert's label (:func:`result_record`), read
         ``batch`` at a time from the newest down, so photos classified meanwhile neither repeat nor shift any."""
-        where, args = filters.where()
+        columns = self._columns()
+        where, args = filters.where(when_sql(self._kept))
         below = (self._rows("SELECT COALESCE(MAX(id), 0) FROM results") or [(0,)])[0][0] + 1
         while True:
             cond = f"{where} AND id < ?" if where else " WHERE id < ?"
-            rows = self._rows(f"SELECT id, {self._columns()} FROM results{cond} ORDER BY id DESC LIMIT ?", [*args, below, batch])
+            rows = self._rows(f"SELECT id, {columns} FROM results{cond} ORDER BY id DESC LIMIT ?", [*args, below, batch])
             if not rows:
                 return
             found = [_photo(r[1:]) for r in rows]

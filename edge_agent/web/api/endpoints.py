@@ -295,7 +295,7 @@ async def alerts(ctx: WebContext, request: Request) -> s.Alerts:
     return await run_in_threadpool(recent_alerts, ctx, parse_int(request.query_params.get("limit"), default=50, hi=1000))
 
 
-_DAY = "A local day, YYYY-MM-DD (inclusive)."
+_DAY = "A local day, YYYY-MM-DD (inclusive), of when the photo was taken (its EXIF), else classified."
 #: The path parameter of one plant's endpoints.
 _PLANT = (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),)
 
