@@ -69,7 +69,8 @@ def rename_plant(
     problem = name_problem(new)
     if problem:
         raise PlantRenameError(f"{new[:70]!r} is not a plant's name: {problem}")
-    same = (folder_named(inbox, new) if inbox is not None else None) or known(new)
+    folder = folder_named(inbox, new) if inbox is not None else None  # the inbox's folder of that name, in any case
+    same = folder or known(new)
     if same and same != old:  # another plant's name typed in another case: that plant
         new = same
     if new == old:
@@ -78,18 +79,17 @@ def rename_plant(
     moved = db.rename_plant(old, new)
     if not moved:
         raise NoSuchPlant(f"no photos of a plant named {old[:64]!r}")
-    return Renamed(old, new, moved, merged, _move_folder(inbox, old, new) if inbox is not None else "")
+    return Renamed(old, new, moved, merged, _move_folder(inbox, old, new, folder) if inbox is not None else "")
 
 
-def _move_folder(inbox: Path, old: str, new: str) -> str:
-    """The old name's inbox folder renamed to the new name where it is empty (removed where the new one's exists);
-    what became of it (:data:`FOLDER_FATES`). A folder that cannot be changed (permissions, a file dropped in it
-    meanwhile) is kept."""
+def _move_folder(inbox: Path, old: str, new: str, folder: str | None) -> str:
+    """The old name's inbox folder renamed to the new name where it is empty (removed where the new one's, ``folder``,
+    exists); what became of it (:data:`FOLDER_FATES`). A folder that cannot be changed (permissions, a file dropped in
+    it meanwhile) is kept."""
     src = inbox / old
     if src.is_symlink() or not src.is_dir():
         return ""
-    named = folder_named(inbox, new)
-    dst = inbox / (named if named and named != old else new)  # the same folder: a name put right in case only
+    dst = inbox / (folder if folder and folder != old else new)  # the same folder: a name put right in case only
     try:
         if dst.is_dir():
             src.rmdir()  # refused where it is not empty

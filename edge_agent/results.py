@@ -30,7 +30,7 @@ __all__ = [
     "QueueEntry",
     "LedgerUnreadable",
     "iso",
-    "when_sql",
+    "LedgerColumns",
     "missing_table",
     "query_readonly",
     "result_record",
@@ -131,11 +131,28 @@ def result_columns(query) -> set[str]:
     return {row[1] for row in query("PRAGMA table_info(results)")}
 
 
-def when_sql(columns: set[str]) -> str:
-    """The SQL of the time that tells a plant's visits apart (:mod:`edge_agent.capture_time`) in a results table of
-    ``columns`` (:func:`result_columns`): when the photo was taken where known, else when it was classified (all a
-    ledger not yet upgraded keeps)."""
-    return "COALESCE(taken, created)" if "taken" in columns else "created"
+class LedgerColumns:
+    """The columns of the results table a reader of the ledger finds (``query``: SQL -> rows), asked again until it has
+    the one wanted: a daemon not yet upgraded has not added the newest, and adds them when it starts."""
+
+    def __init__(self, query) -> None:
+        self._query, self._kept = query, set()
+
+    def has(self, name: str) -> bool:
+        """Whether the results table has column ``name``."""
+        if name not in self._kept:
+            self._kept = result_columns(self._query)
+        return name in self._kept
+
+    def or_null(self, name: str) -> str:
+        """Column ``name``, or NULL where the ledger has none."""
+        return name if self.has(name) else "NULL"
+
+    @property
+    def when(self) -> str:
+        """The SQL of the time that tells a plant's visits apart (:mod:`edge_agent.capture_time`): when the photo was
+        taken where known, else when it was classified (all a ledger not yet upgraded keeps)."""
+        return "COALESCE(taken, created)" if self.has("taken") else "created"
 
 
 def iso(ts: float) -> str:
@@ -378,7 +395,7 @@ class ResultsDB:
 
     def review_pool(self) -> list[tuple[QueueEntry, list, str | None, Arrival]]:
         """Photos waiting for review, each with the top-k and the verdict of its prediction, and how it arrived."""
-        taken = "r.taken" if "taken" in result_columns(self._query) else "NULL"  # read-only, maybe not yet upgraded
+        taken = "r.taken" if LedgerColumns(self._query).has("taken") else "NULL"  # read-only, maybe not yet upgraded
         rows = self._query(
             "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
             f" COALESCE(r.top_k, '[]'), r.verdict, r.path, r.source, r.plant, r.created, {taken}"
@@ -418,7 +435,7 @@ class ResultsDB:
 
     def plant_photos(self, plant: str) -> list[tuple[str, float]]:
         """Each of ``plant``'s photos, oldest first: (sha256, when it was taken, :attr:`ResultRow.when`)."""
-        when = when_sql(result_columns(self._query))
+        when = LedgerColumns(self._query).when
         return list(self._query(f"SELECT sha256, {when} FROM results WHERE plant = ? ORDER BY {when}, id", (plant,)))
 
     def rename_plant(self, old: str, new: str) -> int:
@@ -463,8 +480,8 @@ class ResultsDB:
     def results(self, since: float | None = None, plant: str | None = None) -> Iterator[dict]:
         """Every result from ``since`` on (only ``plant``'s photos, if given), oldest first, as ``edge-agent results``
         prints them."""
-        columns = result_columns(self._query)  # read-only, maybe not yet upgraded
-        said_why, plants, taken = (c if c in columns else "NULL" for c in ("verdict_reason", "plant", "taken"))
+        kept = LedgerColumns(self._query)  # read-only, maybe not yet upgraded
+        said_why, plants, taken = map(kept.or_null, ("verdict_reason", "plant", "taken"))
         rows = self._query(
             "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
             f" {said_why}, {plants}, {taken} FROM results WHERE created >= ?{f' AND {plants} = ?' if plant else ''} ORDER BY id",

@@ -30,7 +30,7 @@ from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
 from edge_agent.plants import combine, diagnose, too_many, visit_of
-from edge_agent.results import missing_table, result_columns, when_sql
+from edge_agent.results import LedgerColumns, missing_table
 from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
 
@@ -114,7 +114,7 @@ class AlertWorker(Worker):
         self.destinations += [w for w, _ in self.webhooks]
         self._con: sqlite3.Connection | None = None
         self._con_lock = threading.Lock()
-        self._kept: set[str] = set()  # the results table's columns (asked until it has the newest: the daemon adds them)
+        self._ledger = LedgerColumns(self._results)  # the results table's columns (the daemon adds the newest)
         if not self.outbox.get("cursor"):
             self.outbox.set("cursor", str(self._max_result_id() if start_after is None else start_after))
 
@@ -161,7 +161,7 @@ class AlertWorker(Worker):
         cursor = int(self.outbox.get("cursor", "0"))
         rows = self._results(
             "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256, plant,"
-            f" {self._reason_column()}, {'taken' if self._column('taken') else 'NULL'} FROM results WHERE id > ? ORDER BY id LIMIT 500",
+            f" {self._reason_column()}, {self._ledger.or_null('taken')} FROM results WHERE id > ? ORDER BY id LIMIT 500",
             (cursor,),
         )
         for row in rows:
@@ -184,15 +184,9 @@ class AlertWorker(Worker):
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
 
-    def _column(self, name: str) -> bool:
-        """Whether the ledger's results table has column ``name`` (a ledger from before it has not)."""
-        if name not in self._kept:
-            self._kept = result_columns(self._results)
-        return name in self._kept
-
     def _reason_column(self) -> str:
         """The ledger's column of verdict reasons, or an empty string where a ledger from before 2026-12 has none."""
-        return "COALESCE(verdict_reason, '')" if self._column("verdict_reason") else "''"
+        return "COALESCE(verdict_reason, '')" if self._ledger.has("verdict_reason") else "''"
 
     def _as_plant(self, c: Candidate, plant: str) -> tuple[Candidate | None, str | None]:
         """``c`` as the diagnosis of its plant's visit (:func:`~edge_agent.plants.visits`) from its photos so far, and
@@ -223,8 +217,7 @@ class AlertWorker(Worker):
         """``plant``'s photos of the visit that holds result ``up_to``, of those classified up to it, oldest first
         (:attr:`~edge_agent.results.ResultRow.when`); at most ``plant_max_photos`` + 1, enough to tell a folder of more
         from a plant, read around it in time (not a large folder's every photo at each of its photos)."""
-        self._column("taken")
-        when = when_sql(self._kept)
+        when = self._ledger.when
         found = self._results(f"SELECT {when} FROM results WHERE id = ? AND plant = ?", (up_to, plant))
         if not found:
             return []

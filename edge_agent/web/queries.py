@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
 
-from edge_agent.results import ResultRow, query_readonly, result_columns, result_record, when_sql
+from edge_agent.results import LedgerColumns, ResultRow, query_readonly, result_record
 
 __all__ = ["Filters", "Reader"]
 
@@ -35,7 +35,7 @@ class Filters:
 
     def where(self, when: str = "created") -> tuple[str, list]:
         """The SQL condition and its arguments; days are of ``when`` (the SQL of a result's time: when taken, else
-        classified, :func:`~edge_agent.results.when_sql`)."""
+        classified, :attr:`~edge_agent.results.LedgerColumns.when`)."""
         clauses, args = [], []
         if self.label:
             clauses.append("label = ?")
@@ -76,21 +76,19 @@ class Reader:
 
     def __init__(self, db_path: Path) -> None:
         self.path = db_path
-        self._kept: set[str] = set()  # the results table's columns (a daemon not yet upgraded has not added the newest)
+        self._ledger = LedgerColumns(self._rows)  # a daemon not yet upgraded has not added the newest columns
 
     def _rows(self, sql: str, args: tuple | list = ()) -> list[tuple]:
         return query_readonly(self.path, sql, args, timeout=self.wait_s)
 
     def _columns(self) -> str:
         """A result's columns as :func:`_photo` reads them (NULL for those a ledger not yet upgraded has not)."""
-        if not {"verdict_reason", "taken"} <= self._kept:
-            self._kept = result_columns(self._rows)
-        return ", ".join([_COLUMNS, *(c if c in self._kept else "NULL" for c in ("verdict_reason", "taken"))])
+        return ", ".join([_COLUMNS, self._ledger.or_null("verdict_reason"), self._ledger.or_null("taken")])
 
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all (days: when taken, else classified)."""
         columns = self._columns()
-        where, args = filters.where(when_sql(self._kept))
+        where, args = filters.where(self._ledger.when)
         total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
         rows = self._rows(f"SELECT {columns} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size])
         return [_photo(r) for r in rows], (total[0][0] if total else 0)
@@ -99,7 +97,7 @@ class Reader:
         """Every result the filters match, newest first, with the expert's label (:func:`result_record`), read
         ``batch`` at a time from the newest down, so photos classified meanwhile neither repeat nor shift any."""
         columns = self._columns()
-        where, args = filters.where(when_sql(self._kept))
+        where, args = filters.where(self._ledger.when)
         below = (self._rows("SELECT COALESCE(MAX(id), 0) FROM results") or [(0,)])[0][0] + 1
         while True:
             cond = f"{where} AND id < ?" if where else " WHERE id < ?"
@@ -137,7 +135,7 @@ class Reader:
     def plant(self, name: str) -> list[ResultRow]:
         """One plant's photos, oldest first (by :attr:`ResultRow.when`)."""
         columns = self._columns()
-        when = when_sql(self._kept)
+        when = self._ledger.when
         return [_photo(r) for r in self._rows(f"SELECT {columns} FROM results WHERE plant = ? ORDER BY {when}, id", (name,))]
 
     def expert_labels(self, sha256s: Collection[str]) -> dict[str, str]:
