@@ -10,6 +10,7 @@ strips it), the photo counts as taken when it was classified, as before this mod
 The other way round, a phone's clock (set by its network, its EXIF time written with its zone) tells when this
 device's own clock is behind: a board without a clock battery, offline, starts at the time it was switched off, and
 stamps every result with the wrong day. :func:`clock_behind` says so from the latest such photos.
+:mod:`edge_agent.capture` reads a photo's EXIF block once for this and for where it was taken.
 """
 
 from __future__ import annotations
@@ -18,21 +19,10 @@ import re
 import struct
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import NamedTuple
 
-from edge_agent.imageheader import HeaderError, ifd_entries, read_header
+from edge_agent.imageheader import ifd_entries
 
-__all__ = [
-    "BELIEVED_DAYS",
-    "CLOCK_WINDOW",
-    "CLOCK_AHEAD",
-    "Capture",
-    "exif_time",
-    "parse_exif_time",
-    "believed",
-    "read_capture",
-    "clock_behind",
-]
+__all__ = ["BELIEVED_DAYS", "CLOCK_WINDOW", "CLOCK_AHEAD", "exif_time", "parse_exif_time", "believed", "time_of", "clock_behind"]
 
 #: How far before its arrival a photo's EXIF time is believed (older: a camera's clock never set, taken as arrival).
 BELIEVED_DAYS = 366
@@ -105,27 +95,13 @@ def believed(taken: float | None, arrived: float) -> float | None:
     return min(taken, arrived)
 
 
-class Capture(NamedTuple):
-    """When a photo was taken, as far as its EXIF tells."""
-
-    taken: float | None  # :func:`believed`; None: not known, or not believed
-    ahead: float | None  # seconds its EXIF time, written with a zone, is after it arrived (< 0: before); None: no zone
-
-
-def read_capture(data: bytes, arrived: float) -> Capture:
-    """When the photo of ``data``, which arrived at ``arrived``, was taken, from its EXIF (nothing from a photo with
-    none, an unreadable one, or a HEIC without pillow-heif)."""
-    try:
-        header = read_header(data)
-    except HeaderError:
-        return Capture(None, None)
-    tiff = header.exif or (_heif_exif(data) if header.format == "heif" else b"")
-    try:
-        text, zone = exif_time(tiff) if tiff else ("", "")
-        when = parse_exif_time(text, zone)
-    except (struct.error, ValueError):  # an EXIF block cut short or garbled: the photo is classified all the same
-        return Capture(None, None)
-    return Capture(believed(when, arrived), None if when is None or _zone(zone) is None else when - arrived)
+def time_of(tiff: bytes, arrived: float) -> tuple[float | None, float | None]:
+    """When a TIFF-structured EXIF block's photo, which arrived at ``arrived``, was taken (:func:`believed`), and how
+    many seconds its time, written with a zone, is after it arrived (None: no zone); raises ``struct.error`` or
+    ``ValueError`` where the block is garbled."""
+    text, zone = exif_time(tiff)
+    when = parse_exif_time(text, zone)
+    return believed(when, arrived), None if when is None or _zone(zone) is None else when - arrived
 
 
 def clock_behind(aheads: Sequence[float]) -> str | None:
@@ -142,14 +118,3 @@ def clock_behind(aheads: Sequence[float]) -> str | None:
         "daily digest go by the wrong day; set it (sudo timedatectl set-time 'YYYY-MM-DD HH:MM:SS'), or connect it to a "
         "network once"
     )
-
-
-def _heif_exif(data: bytes) -> bytes:
-    """A HEIC's EXIF block through libheif (pillow-heif; its header only, no pixel decoded), or b""."""
-    try:
-        import pillow_heif
-
-        exif = pillow_heif.open_heif(data).info.get("exif") or b""
-    except Exception:  # no pillow-heif, or a file libheif refuses (the decoder says why when it classifies it)
-        return b""
-    return exif[6:] if exif[:6] == b"Exif\x00\x00" else exif

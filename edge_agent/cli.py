@@ -156,6 +156,7 @@ def _results(args: argparse.Namespace) -> int:
             + (f"  ({row['verdict_reason']})" if row["verdict_reason"] else "")
             + (f"  plant: {row['plant']}" if row["plant"] else "")
             + (f"  taken: {row['taken']}" if row["taken"] else "")
+            + (f"  at: {row['latitude']},{row['longitude']}" if row["latitude"] is not None else "")
             + (f"  expert: {row['expert_label']}" if row["expert_label"] else "")
         ),
         flush=False,

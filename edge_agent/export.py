@@ -32,6 +32,8 @@ CSV_COLUMNS = (
     "engine",
     "photo id",
     "sha256",
+    "latitude",
+    "longitude",
 )
 
 #: The plants CSV's columns: one row a visit of a plant (:func:`edge_agent.plants.visits`).
@@ -64,7 +66,8 @@ def _cells(row: Mapping) -> list[str]:
     )
     photo = Path(row["path"]).name if row["path"] else row["source"]
     cells = [when, taken, photo, row["plant"], row["label"], f"{row['confidence']:.4f}", row["verdict"], row["verdict_reason"]]
-    return [safe_cell(c) for c in (*cells, row["expert_label"], row["engine_version"], row["photo_id"], row["sha256"])]
+    ids = (row["expert_label"], row["engine_version"], row["photo_id"], row["sha256"], row.get("latitude"), row.get("longitude"))
+    return [safe_cell(c) for c in (*cells, *ids)]
 
 
 def csv_lines(rows: Iterable[Mapping]) -> Iterator[str]:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.capture_time import CLOCK_WINDOW, Capture, read_capture
+from edge_agent.capture import Capture, read_capture
+from edge_agent.capture_time import CLOCK_WINDOW
 from edge_agent.classifier import Classifier, Prediction
 from edge_agent.config import LabelsSection, PipelineSection
 from edge_agent.golden import GoldenSet
@@ -63,7 +64,7 @@ class Job:
     timings: dict = field(default_factory=dict)
     ext: str = ".jpg"
     origin: Origin | None = None  # the inbox file as read, when the queue may hard-link it
-    capture: Capture = Capture(None, None)  # when the photo was taken, from its EXIF (edge_agent.capture_time)
+    capture: Capture = Capture()  # when and where the photo was taken, from its EXIF (edge_agent.capture)
 
     @property
     def photo_id(self) -> str:
@@ -387,6 +388,7 @@ class Pipeline:
                     plant_of(j.path, self.inbox) if self.inbox is not None else None,
                     p.verdict_reason,
                     j.capture.taken,
+                    *(j.capture.place or (None, None)),
                 )
             )
         return self.db.commit(results, entries) if results or entries else []

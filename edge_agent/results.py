@@ -14,7 +14,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -131,6 +131,11 @@ def result_columns(query) -> set[str]:
     return {row[1] for row in query("PRAGMA table_info(results)")}
 
 
+#: A result's columns every ledger has, then those added since (a reader of a ledger not yet upgraded reads NULL).
+RESULT_COLUMNS = ("sha256", "photo_id", "path", "source", "label", "confidence", "top_k", "engine_version", "timings", "created", "verdict")
+RESULT_LATER_COLUMNS = ("plant", "verdict_reason", "taken", "lat", "lon")
+
+
 class LedgerColumns:
     """The columns of the results table a reader of the ledger finds (``query``: SQL -> rows), asked again until it has
     the one wanted: a daemon not yet upgraded has not added the newest, and adds them when it starts."""
@@ -147,6 +152,12 @@ class LedgerColumns:
     def or_null(self, name: str) -> str:
         """Column ``name``, or NULL where the ledger has none."""
         return name if self.has(name) else "NULL"
+
+    def row_sql(self, prefix: str = "") -> str:
+        """The columns :meth:`ResultRow.from_sql` reads, each of table alias ``prefix`` (NULL for those a ledger not
+        yet upgraded has not)."""
+        later = [f"{prefix}{name}" if self.has(name) else "NULL" for name in RESULT_LATER_COLUMNS]
+        return ", ".join([*(f"{prefix}{name}" for name in RESULT_COLUMNS), *later])
 
     @property
     def when(self) -> str:
@@ -175,6 +186,8 @@ def result_record(row: ResultRow, expert_label: str | None) -> dict:
         "timings_ms": row.timings,
         "created": iso(row.created),
         "taken": None if row.taken is None else iso(row.taken),
+        "latitude": row.lat,
+        "longitude": row.lon,
         "expert_label": expert_label,
         "plant": row.plant,
     }
@@ -218,6 +231,19 @@ class ResultRow:
     plant: str | None = None  # the inbox subfolder it arrived in (edge_agent.plants), None: a photo on its own
     verdict_reason: str | None = None  # why the verdict is not confident, in words ("" when it is; None before 2026-12)
     taken: float | None = None  # when it was taken (EXIF, edge_agent.capture_time), None: not known or not believed
+    lat: float | None = None  # where it was taken (EXIF GPS, edge_agent.capture_place): degrees north; None: not known
+    lon: float | None = None  # degrees east
+
+    @classmethod
+    def from_sql(cls, row: Sequence) -> "ResultRow":
+        """A result read with :meth:`LedgerColumns.row_sql`'s columns."""
+        sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, *later = row
+        return cls(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, *later)
+
+    @property
+    def place(self) -> tuple[float, float] | None:
+        """(latitude, longitude) where the photo was taken, None where its EXIF did not say."""
+        return None if self.lat is None or self.lon is None else (self.lat, self.lon)
 
     @property
     def when(self) -> float:
@@ -266,7 +292,11 @@ class ResultsDB:
                 db.execute("ALTER TABLE results ADD COLUMN verdict_reason TEXT")
             if "taken" not in columns:  # a ledger from before capture times: its photos count as taken when classified
                 db.execute("ALTER TABLE results ADD COLUMN taken REAL")
+            for name in ("lat", "lon"):  # a ledger from before places: its photos have none
+                if name not in columns:
+                    db.execute(f"ALTER TABLE results ADD COLUMN {name} REAL")
             db.execute("CREATE INDEX IF NOT EXISTS results_when ON results(COALESCE(taken, created))")  # the Photos page's days
+            db.execute("CREATE INDEX IF NOT EXISTS results_place ON results(lat) WHERE lat IS NOT NULL")  # photos near a place
             db.execute("CREATE INDEX IF NOT EXISTS results_plant ON results(plant) WHERE plant IS NOT NULL")
             check = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a truncated file can pass the steps above
             if check != "ok":
@@ -314,7 +344,8 @@ class ResultsDB:
                 for r in results:
                     cur.execute(
                         "INSERT OR IGNORE INTO results (sha256, photo_id, path, source, label, confidence, top_k,"
-                        " engine_version, timings, created, verdict, plant, verdict_reason, taken) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        " engine_version, timings, created, verdict, plant, verdict_reason, taken, lat, lon)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         (
                             r.sha256,
                             r.photo_id,
@@ -330,6 +361,8 @@ class ResultsDB:
                             r.plant,
                             r.verdict_reason,
                             r.taken,
+                            r.lat,
+                            r.lon,
                         ),
                     )
                     inserted.append(cur.rowcount == 1)
@@ -481,18 +514,14 @@ class ResultsDB:
         """Every result from ``since`` on (only ``plant``'s photos, if given), oldest first, as ``edge-agent results``
         prints them."""
         kept = LedgerColumns(self._query)  # read-only, maybe not yet upgraded
-        said_why, plants, taken = map(kept.or_null, ("verdict_reason", "plant", "taken"))
+        plants = kept.or_null("plant")
         rows = self._query(
-            "SELECT sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict,"
-            f" {said_why}, {plants}, {taken} FROM results WHERE created >= ?{f' AND {plants} = ?' if plant else ''} ORDER BY id",
+            f"SELECT {kept.row_sql()} FROM results WHERE created >= ?{f' AND {plants} = ?' if plant else ''} ORDER BY id",
             (since or 0.0, *((plant,) if plant else ())),
         )
         said = self.expert_labels()
-        for sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, reason, in_plant, when in rows:
-            row = ResultRow(
-                sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, in_plant, reason, when
-            )
-            yield result_record(row, said.get(sha))
+        for row in map(ResultRow.from_sql, rows):
+            yield result_record(row, said.get(row.sha256))
 
     def expert_labels(self) -> dict[str, str]:
         """The expert's label of every photo that has one (sha256 -> class; none from a ledger older than the table)."""

@@ -11,7 +11,7 @@ from urllib.parse import quote
 from edge_agent.alerts.rules import Candidate
 from edge_agent.names import class_phrase, describe_class
 
-__all__ = ["Topics", "alert_body", "diagnosis", "encode", "result_body"]
+__all__ = ["Topics", "alert_body", "diagnosis", "encode", "place_attributes", "result_body"]
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,17 @@ def _said(c: Candidate) -> tuple[str, str]:
     )
 
 
+def place_attributes(c: Candidate) -> dict:
+    """Where the photo was taken (EXIF GPS) as ``latitude`` and ``longitude``, the attributes by which Home Assistant's
+    map card places an entity; both None where not known."""
+    lat, lon = c.place or (None, None)
+    return {"latitude": lat, "longitude": lon}
+
+
 def alert_body(c: Candidate, page: str = "") -> dict:
     """An alert's JSON: the class and what it means (``plant``: the crop; ``plant_name``: the farmer's plant, where
     the alert is a plant's), how sure, which photo, when (``time``: classified; ``taken``: photographed, where its EXIF
-    says); ``title`` / ``message`` / ``text``
+    says), where (``latitude``, ``longitude``: its photo's GPS, where its EXIF says); ``title`` / ``message`` / ``text``
     are for people (Gotify reads title and message, Slack text), worded as sure as the verdict; ``event_type`` is for
     Home Assistant."""
     plant, condition = describe_class(c.label)
@@ -88,6 +95,7 @@ def alert_body(c: Candidate, page: str = "") -> dict:
         "result_id": c.result_id,
         "time": _iso(c.created),
         "taken": None if c.taken is None else _iso(c.taken),
+        **place_attributes(c),
         "title": title,
         "message": message,
         "text": message,
@@ -112,6 +120,7 @@ def result_body(c: Candidate) -> dict:
         "result_id": c.result_id,
         "time": _iso(c.created),
         "taken": None if c.taken is None else _iso(c.taken),
+        **place_attributes(c),
     }
 
 

@@ -32,6 +32,7 @@ class Candidate:
     reason: str = ""  # why the verdict is what it is, in words (a photo's when not confident; a plant's always)
     plant_name: str | None = None  # the farmer's plant (inbox subfolder) whose visit the alert is about; None: one photo
     taken: float | None = None  # when its photo (a plant's: its visit's newest) was taken, from EXIF; None: not known
+    place: tuple[float, float] | None = None  # (latitude, longitude) of its photo, from EXIF GPS; None: not known
 
 
 class AlertRules:

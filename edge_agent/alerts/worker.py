@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.alerts.homeassistant import discovery
-from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, result_body
+from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, place_attributes, result_body
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.log import get_logger
@@ -161,11 +161,13 @@ class AlertWorker(Worker):
         cursor = int(self.outbox.get("cursor", "0"))
         rows = self._results(
             "SELECT id, created, label, confidence, COALESCE(verdict, 'confident'), photo_id, sha256, plant,"
-            f" {self._reason_column()}, {self._ledger.or_null('taken')} FROM results WHERE id > ? ORDER BY id LIMIT 500",
+            f" {self._reason_column()}, {', '.join(map(self._ledger.or_null, ('taken', 'lat', 'lon')))} FROM results"
+            " WHERE id > ? ORDER BY id LIMIT 500",
             (cursor,),
         )
         for row in rows:
-            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6], row[8], taken=row[9])
+            place = None if row[10] is None or row[11] is None else (row[10], row[11])
+            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6], row[8], taken=row[9], place=place)
             if self.mqtt is not None and self._may_publish_result():
                 self.mqtt.live(self.topics.result, encode(result_body(c)))
             plant = row[7]
@@ -181,6 +183,7 @@ class AlertWorker(Worker):
             with self._state_lock:
                 self._state |= {"last_diagnosis": diagnosis(c), "last_label": c.label, "last_verdict_reason": c.reason}
                 self._state |= {"last_confidence": round(100 * c.confidence, 1), "last_verdict": c.verdict, "last_photo_id": c.photo_id}
+                self._state |= place_attributes(c)  # Home Assistant's map card places the Last diagnosis sensor by them
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
 

@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from edge_agent.board import as_reported
+from edge_agent.capture_place import NEAR_M, geo_uri
 from edge_agent.export import csv_lines
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
@@ -38,7 +39,7 @@ from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
 from edge_agent.web.api.endpoints import recent_alerts
 from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
-from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int
+from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int, parse_near
 from edge_agent.web.hosts import HostCheck, page_names
 from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
 from edge_agent.web.metrics import render as render_metrics
@@ -82,8 +83,10 @@ KNOWN_PLANTS_OFFERED = 500
 
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.globals.update(colour=charts.class_colour, sizes=SIZES, visit_gap_h=ctx.cfg.classify.plant_visit_gap_h)
-    templates.env.filters.update(pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text)
+    templates.env.globals.update(colour=charts.class_colour, sizes=SIZES, visit_gap_h=ctx.cfg.classify.plant_visit_gap_h, near_m=NEAR_M)
+    templates.env.filters.update(
+        pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text, geo=lambda p: geo_uri(*p)
+    )
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
 
     def page(request: Request, template: str, status: int = 200, **context) -> Response:
@@ -121,9 +124,12 @@ def create_app(ctx: WebContext) -> Starlette:
 
     # ---- recent photos ------------------------------------------------------
     def page_filters(request: Request) -> Filters:
-        """The Photos page's filters from the query: a class, a range of days, a plant."""
+        """The Photos page's filters from the query: a class, a range of days, a plant, near a place."""
         q = request.query_params
-        return Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), plant=q.get("plant", "")[:64])
+        near, within = parse_near(q)
+        return Filters(
+            q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), plant=q.get("plant", "")[:64], near=near, within_m=within
+        )
 
     async def photos(request: Request) -> Response:
         q = request.query_params

@@ -9,6 +9,7 @@ from datetime import date
 from pathlib import Path
 from typing import TypeVar
 
+from edge_agent.capture_place import NEAR_M, Place, parse_place
 from edge_agent.config import AppConfig
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
@@ -20,7 +21,7 @@ from edge_agent.web.queries import Reader
 from engines.errors import EdgeAgentError
 from engines.store import StoreError
 
-__all__ = ["WebContext", "BadParameter", "Refused", "parse_day", "parse_int"]
+__all__ = ["WebContext", "BadParameter", "Refused", "parse_day", "parse_int", "parse_near"]
 
 T = TypeVar("T")
 
@@ -234,6 +235,21 @@ def parse_day(text: str | None) -> date | None:
     if not 1970 <= day.year <= 2999:
         raise BadParameter(f"no photos can be from {day.isoformat()}")
     return day
+
+
+def parse_near(q) -> tuple[Place | None, int]:
+    """A query's ``near`` (latitude,longitude; None when empty) and ``within`` (metres, 1 to 10,000; 15 when empty);
+    raises :class:`BadParameter`."""
+    within = parse_int(q.get("within"), default=NEAR_M, hi=10_000)
+    if within < 1:
+        raise BadParameter("within: at least 1 metre")
+    text = q.get("near", "")
+    if not text:
+        return None, within
+    try:
+        return parse_place(text), within
+    except ValueError as exc:
+        raise BadParameter(f"near: {exc}") from None
 
 
 def parse_int(text: str | None, default: int = 0, hi: int = 1_000_000) -> int:

@@ -6,32 +6,48 @@ never waits for the page.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
+from urllib.parse import urlencode
 
+from edge_agent.capture_place import NEAR_M, Place, metres_per_degree
 from edge_agent.results import LedgerColumns, ResultRow, query_readonly, result_record
 
 __all__ = ["Filters", "Reader"]
 
-_COLUMNS = "sha256, photo_id, path, source, label, confidence, top_k, engine_version, timings, created, verdict, plant"
-
 
 @dataclass(frozen=True)
 class Filters:
-    """The recent-photos filters: a class, a verdict (the API's), a range of local days (inclusive), a plant."""
+    """The recent-photos filters: a class, a verdict (the API's), a range of local days (inclusive), a plant, and
+    a place with how near to it (metres) a photo was taken (its EXIF GPS)."""
 
     label: str = ""
     day_from: date | None = None
     day_to: date | None = None
     verdict: str = ""
     plant: str = ""
+    near: Place | None = None
+    within_m: int = NEAR_M
 
     def __bool__(self) -> bool:
-        return bool(self.label or self.day_from or self.day_to or self.verdict or self.plant)
+        return bool(self.label or self.day_from or self.day_to or self.verdict or self.plant or self.near)
+
+    def query(self, without: str = "") -> str:
+        """The filters as a URL's query (``without``: one of them left out), for links to more of the same photos."""
+        near = f"{self.near.lat},{self.near.lon}" if self.near else ""
+        pairs = {
+            "label": self.label,
+            "from": self.day_from.isoformat() if self.day_from else "",
+            "to": self.day_to.isoformat() if self.day_to else "",
+            "verdict": self.verdict,
+            "plant": self.plant,
+            "near": near,
+            "within": str(self.within_m) if near and self.within_m != NEAR_M else "",
+        }
+        return urlencode({k: v for k, v in pairs.items() if v and k != without and not (without == "near" and k == "within")})
 
     def where(self, when: str = "created") -> tuple[str, list]:
         """The SQL condition and its arguments; days are of ``when`` (the SQL of a result's time: when taken, else
@@ -52,14 +68,15 @@ class Filters:
         if self.day_to:
             clauses.append(f"{when} < ?")
             args.append(datetime.combine(self.day_to + timedelta(days=1), time()).timestamp())
+        if self.near:  # a box for the index, then the distance on a plane (a farm is flat at this scale)
+            north, east = metres_per_degree(self.near.lat)
+            dlat, dlon = self.within_m / north, self.within_m / east
+            clauses.append(
+                "lat BETWEEN ? AND ? AND lon BETWEEN ? AND ? AND ((lat - ?) * ?) * ((lat - ?) * ?) + ((lon - ?) * ?) * ((lon - ?) * ?) <= ?"
+            )
+            lat, lon = self.near
+            args += [lat - dlat, lat + dlat, lon - dlon, lon + dlon, lat, north, lat, north, lon, east, lon, east, self.within_m**2]
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
-
-
-def _photo(row: tuple) -> ResultRow:
-    sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, plant, reason, taken = row
-    return ResultRow(
-        sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, plant, reason, taken
-    )
 
 
 def _plant_match(match: str) -> tuple[str, tuple]:
@@ -82,36 +99,42 @@ class Reader:
         return query_readonly(self.path, sql, args, timeout=self.wait_s)
 
     def _columns(self) -> str:
-        """A result's columns as :func:`_photo` reads them (NULL for those a ledger not yet upgraded has not)."""
-        return ", ".join([_COLUMNS, self._ledger.or_null("verdict_reason"), self._ledger.or_null("taken")])
+        """A result's columns as :meth:`ResultRow.from_sql` reads them (NULL for those a ledger not yet upgraded has not)."""
+        return self._ledger.row_sql()
+
+    def _where(self, filters: Filters) -> tuple[str, list]:
+        """The filters' SQL on this ledger (a ledger not yet upgraded has no places: no photo is near any)."""
+        if filters.near and not self._ledger.has("lat"):
+            return " WHERE 0", []
+        return filters.where(self._ledger.when)
 
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all (days: when taken, else classified)."""
         columns = self._columns()
-        where, args = filters.where(self._ledger.when)
+        where, args = self._where(filters)
         total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
         rows = self._rows(f"SELECT {columns} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size])
-        return [_photo(r) for r in rows], (total[0][0] if total else 0)
+        return [ResultRow.from_sql(r) for r in rows], (total[0][0] if total else 0)
 
     def each(self, filters: Filters, batch: int = 1000) -> Iterator[dict]:
         """Every result the filters match, newest first, with the expert's label (:func:`result_record`), read
         ``batch`` at a time from the newest down, so photos classified meanwhile neither repeat nor shift any."""
         columns = self._columns()
-        where, args = filters.where(self._ledger.when)
+        where, args = self._where(filters)
         below = (self._rows("SELECT COALESCE(MAX(id), 0) FROM results") or [(0,)])[0][0] + 1
         while True:
             cond = f"{where} AND id < ?" if where else " WHERE id < ?"
             rows = self._rows(f"SELECT id, {columns} FROM results{cond} ORDER BY id DESC LIMIT ?", [*args, below, batch])
             if not rows:
                 return
-            found = [_photo(r[1:]) for r in rows]
+            found = [ResultRow.from_sql(r[1:]) for r in rows]
             said = self.expert_labels([r.sha256 for r in found])
             yield from (result_record(r, said.get(r.sha256)) for r in found)
             below = rows[-1][0]
 
     def photo(self, sha256: str) -> ResultRow | None:
         rows = self._rows(f"SELECT {self._columns()} FROM results WHERE sha256 = ?", (sha256,))
-        return _photo(rows[0]) if rows else None
+        return ResultRow.from_sql(rows[0]) if rows else None
 
     def plants(self, limit: int = 50, match: str = "") -> list[tuple[str, int, float]]:
         """The plants photographed, the most recent first: (name, photos, the newest photo's time); only those whose name
@@ -136,7 +159,7 @@ class Reader:
         """One plant's photos, oldest first (by :attr:`ResultRow.when`)."""
         columns = self._columns()
         when = self._ledger.when
-        return [_photo(r) for r in self._rows(f"SELECT {columns} FROM results WHERE plant = ? ORDER BY {when}, id", (name,))]
+        return [ResultRow.from_sql(r) for r in self._rows(f"SELECT {columns} FROM results WHERE plant = ? ORDER BY {when}, id", (name,))]
 
     def expert_labels(self, sha256s: Collection[str]) -> dict[str, str]:
         """The expert's label of each of these photos that has one (sha256 -> class)."""

@@ -17,11 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
+from edge_agent.capture_place import NEAR_M
 from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import left_today, others_labelled, to_ask
 from edge_agent.web.api import schemas as s
-from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int
+from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int, parse_near
 from edge_agent.web.photos import is_sha256
 from edge_agent.web.queries import Filters
 from edge_agent.web.upload import plant_folder, store_upload
@@ -80,7 +81,8 @@ async def results(ctx: WebContext, request: Request) -> s.ResultsPage:
     verdict = q.get("verdict", "")
     if verdict not in ("", "confident", "unsure", "unknown"):
         raise BadParameter(f"verdict must be confident, unsure or unknown, not {verdict[:20]!r}")
-    filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict, _plant_name(q, "plant"))
+    near, within = parse_near(q)
+    filters = Filters(q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), verdict, _plant_name(q, "plant"), near, within)
     page, size = parse_int(q.get("page")), parse_int(q.get("size"), default=ctx.cfg.web.page_size, hi=MAX_PAGE_SIZE)
     rows, total = await run_in_threadpool(ctx.reader.recent, filters, page, max(1, size))
     said = await run_in_threadpool(ctx.reader.expert_labels, [r.sha256 for r in rows])
@@ -313,6 +315,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Param("plant", "query", "Only this plant's photos (its name, as /plants lists it)."),
             Param("from", "query", _DAY),
             Param("to", "query", _DAY),
+            Param("near", "query", "Only photos taken near this place (its EXIF GPS): latitude,longitude in degrees."),
+            Param("within", "query", f"How near to ``near``, in metres (1 to 10000; default {NEAR_M}).", "integer"),
             Param("page", "query", "Page number from 0.", "integer"),
             Param("size", "query", f"Results per page (1 to {MAX_PAGE_SIZE}; default [web] page_size).", "integer"),
         ),

@@ -69,6 +69,8 @@ class Result(BaseModel):
     taken: datetime | None = Field(
         None, description="When the photo was taken (UTC), from its EXIF where believed; null where not known (see created)."
     )
+    latitude: float | None = Field(None, description="Where the photo was taken, degrees north, from its EXIF GPS; null where not known.")
+    longitude: float | None = Field(None, description="Where the photo was taken, degrees east, from its EXIF GPS; null where not known.")
     page: str = Field(description="The photo's page on this web server.")
     plant: str | None = Field(None, description="The plant it shows (the inbox subfolder it arrived in), if any.")
     expert_label: str | None = Field(None, description="The expert's label of it, where it has one (the truth the trainer learns).")
@@ -91,6 +93,8 @@ class Result(BaseModel):
             timings_ms={k: float(v) for k, v in (row.timings or {}).items() if isinstance(v, (int, float))},
             created=datetime.fromtimestamp(row.created, timezone.utc),
             taken=None if row.taken is None else datetime.fromtimestamp(row.taken, timezone.utc),
+            latitude=row.lat,
+            longitude=row.lon,
             page=f"/photo/{row.sha256}",
             plant=row.plant,
             expert_label=expert_label,

@@ -1,0 +1,265 @@
+"""Where a photo was taken: read from its EXIF's GPS directory, kept only where it is a place on Earth, stored with its
+result, shown on its page with the photos taken near it, and carried by the CSV, the API, the CLI and the alerts."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import sqlite3
+import struct
+import time
+from itertools import count
+
+import pytest
+
+from edge_agent.capture import read_capture
+from edge_agent.capture_place import NEAR_M, Place, exif_place, geo_uri, metres_per_degree, parse_place
+from edge_agent.imageheader import ifd_entries
+from edge_agent.results import ResultRow, ResultsDB
+
+Image = pytest.importorskip("PIL.Image")
+TiffImagePlugin = pytest.importorskip("PIL.TiffImagePlugin")
+
+_n = count(1)
+ORCHARD = (47.397812, 8.547231)  # an orchard's tree, in degrees north and east
+
+
+def _dms(deg: float) -> tuple:
+    """Degrees as a phone writes them: whole degrees, whole minutes, seconds to a hundredth, each a fraction."""
+    r = TiffImagePlugin.IFDRational
+    d = int(deg)
+    m = int((deg - d) * 60)
+    s = round(((deg - d) * 60 - m) * 60 * 100)
+    return (r(d, 1), r(m, 1), r(s, 100))
+
+
+def _gps(lat: float | None, lon: float | None, lat_ref: str = "", lon_ref: str = "", status: str = "", raw: dict | None = None) -> bytes:
+    """An EXIF block (as a JPEG's APP1 holds it, with "Exif\\0\\0") whose GPS directory says ``lat``, ``lon``."""
+    exif = Image.Exif()
+    gps = exif.get_ifd(0x8825)
+    if lat is not None:
+        gps[1], gps[2] = lat_ref or ("N" if lat >= 0 else "S"), _dms(abs(lat))
+    if lon is not None:
+        gps[3], gps[4] = lon_ref or ("E" if lon >= 0 else "W"), _dms(abs(lon))
+    if status:
+        gps[9] = status
+    gps.update(raw or {})
+    return exif.tobytes()
+
+
+def photo(fmt: str = "JPEG", seed: int = 0, **gps) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (20 + seed % 200, 160, 40)).save(out, fmt, **({"exif": _gps(**gps)} if gps else {}))
+    return out.getvalue()
+
+
+def place_of(data: bytes) -> Place | None:
+    return read_capture(data, time.time()).place
+
+
+def test_a_phones_gps_position_is_read_in_every_hemisphere_from_jpeg_and_tiff():
+    for lat, lon in (ORCHARD, (-33.868820, 151.209290), (-12.046374, -77.042793), (40.712776, -74.005974)):
+        for fmt in ("JPEG", "TIFF"):
+            got = place_of(photo(fmt, lat=lat, lon=lon))
+            assert got is not None and abs(got.lat - lat) < 1e-5 and abs(got.lon - lon) < 1e-5, (fmt, lat, lon, got)
+    assert place_of(photo()) is None  # no EXIF at all
+    assert place_of(b"not a photo") is None
+
+
+def test_a_heic_photos_position_is_read_through_libheif():
+    pillow_heif = pytest.importorskip("pillow_heif")
+    out = io.BytesIO()
+    pillow_heif.from_pillow(Image.new("RGB", (64, 48), (30, 150, 40))).save(out, exif=_gps(*ORCHARD))
+    got = place_of(out.getvalue())
+    assert got is not None and abs(got.lat - ORCHARD[0]) < 1e-5 and abs(got.lon - ORCHARD[1]) < 1e-5
+
+
+def test_no_fix_a_void_fix_half_a_position_or_one_off_the_earth_is_no_place():
+    r = TiffImagePlugin.IFDRational
+    assert place_of(photo(lat=0.0, lon=0.0)) is None  # a phone without a fix writes 0, 0
+    assert place_of(photo(lat=ORCHARD[0], lon=ORCHARD[1], status="V")) is None  # the receiver said void
+    assert place_of(photo(lat=ORCHARD[0], lon=ORCHARD[1], status="A")) is not None  # active: kept
+    assert place_of(photo(lat=ORCHARD[0], lon=None)) is None  # half a position
+    assert place_of(photo(lat=ORCHARD[0], lon=ORCHARD[1], lat_ref="X")) is None  # no hemisphere
+    assert place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(91, 1), r(0, 1), r(0, 1)), 3: "E", 4: _dms(8.5)})) is None
+    assert place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(61, 1), r(0, 1)), 3: "E", 4: _dms(8.5)})) is None
+    assert place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(3, 1), r(0, 1)), 3: "E", 4: (r(181, 1),)})) is None
+    tiny = place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(30, 1), r(0, 1)), 3: "E", 4: (r(8, 1),)}))
+    assert tiny == Place(47.5, 8.0)  # degrees and minutes only, as some cameras write it
+
+
+def test_a_zero_denominator_or_a_garbled_or_cut_gps_block_reads_as_no_place_and_never_raises():
+    good = _gps(*ORCHARD)[6:]
+    assert exif_place(good) is not None
+    zero = bytearray(good)
+    gps = next(struct.unpack(e + "I", v)[0] for e, tag, _t, _c, v in ifd_entries(good) if tag == 0x8825)
+    values = next(struct.unpack(e + "I", v)[0] for e, tag, _t, _c, v in ifd_entries(good, gps) if tag == 2)
+    zero[values + 20 : values + 24] = bytes(4)  # the latitude's seconds over 0
+    assert exif_place(bytes(zero)) is None
+    rng = random.Random(11)
+    for _ in range(400):
+        bad = bytearray(good)
+        for _ in range(rng.randint(1, 6)):
+            bad[rng.randrange(len(bad))] = rng.randrange(256)
+        for block in (bytes(bad), bytes(bad[: rng.randrange(len(bad) + 1)])):
+            got = exif_place(block)  # no exception, whatever the bytes
+            assert got is None or (-90 <= got.lat <= 90 and -180 <= got.lon <= 180 and (got.lat, got.lon) != (0, 0))
+    jpeg = photo(lat=ORCHARD[0], lon=ORCHARD[1])
+    assert place_of(jpeg[: len(jpeg) // 2]) is None  # a half-copied photo: no place (it is retried later)
+
+
+def test_a_place_typed_in_a_query_is_read_or_refused_saying_why():
+    assert parse_place("47.3978, 8.5472") == Place(47.3978, 8.5472)
+    assert parse_place("-33.8688,151.2093") == Place(-33.8688, 151.2093)
+    for bad in ("", "47.3", "a,b", "1,2,3", "91,0", "0,181", "nan,1", "inf,0", "1e999,0", "4" * 50 + ",1"):
+        with pytest.raises(ValueError, match="place|Earth"):
+            parse_place(bad)
+    assert geo_uri(*ORCHARD) == "geo:47.397812,8.547231"
+    north, east = metres_per_degree(ORCHARD[0])
+    assert 111_000 < north < 111_200 and 75_000 < east < 75_400  # a degree east is shorter away from the equator
+
+
+def _rows(db: ResultsDB, places: list[tuple[float, float] | None], label: str = "Apple___Apple_scab") -> list[str]:
+    rows, now = [], time.time()
+    for place in places:
+        sha = f"{next(_n):064x}"
+        top_k = [[label, 0.96], ["Apple___healthy", 0.03]]
+        lat, lon = place or (None, None)
+        rows.append(
+            ResultRow(
+                sha, sha[:16], f"/inbox/{sha[:8]}.jpg", "inbox", label, 0.96, top_k, "v1", {}, now, "confident", None, "", None, lat, lon
+            )
+        )
+    db.commit(rows)
+    return [r.sha256 for r in rows]
+
+
+def _metres(north: float, east: float) -> tuple[float, float]:
+    """The orchard's tree moved ``north`` and ``east`` metres."""
+    dn, de = metres_per_degree(ORCHARD[0])
+    return round(ORCHARD[0] + north / dn, 6), round(ORCHARD[1] + east / de, 6)
+
+
+def test_the_photos_page_finds_the_photos_taken_near_a_photo_and_the_api_and_csv_carry_where(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from .web_helpers import client, make_state
+
+    state = make_state(tmp_path)  # six photos without GPS
+    db = ResultsDB(state / "results.sqlite")
+    here, near, across, far = _rows(db, [ORCHARD, _metres(8, -6), _metres(0, 14.5), _metres(12, 12)])
+    diagonal = _rows(db, [_metres(14, 14)])[0]  # inside the box of 15 m, but 19.8 m away: not near
+    db.close()
+    c = client(state)
+    page = c.get(f"/photo/{here}").text
+    assert 'id="place"' in page and 'href="geo:47.397812,8.547231"' in page
+    link = page.split('id="near-link" href="')[1].split('"')[0]
+    assert link == "/photos?near=47.397812,8.547231"
+    assert f"within {NEAR_M} m" in page
+    every = c.get("/api/v1/results?size=100").json()["results"]
+    without = [r for r in every if r["latitude"] is None]
+    assert len(without) == 6 and all(r["longitude"] is None for r in without)
+    assert 'id="place"' not in c.get(f"/photo/{without[0]['sha256']}").text  # no GPS: no Where
+    got = c.get(link).text
+    cards = {part.split('"')[0] for part in got.split('data-sha="')[1:]}
+    assert cards == {here, near, across}  # 10 m and 14.5 m away are near; 17 m and 19.8 m are not
+    assert 'id="near-filter"' in got and "within 15 m of" in got
+    wider = c.get("/photos?near=47.397812,8.547231&within=25").text
+    assert {part.split('"')[0] for part in wider.split('data-sha="')[1:]} == {here, near, across, far, diagonal}
+    api = c.get("/api/v1/results?near=47.397812,8.547231").json()
+    assert api["total"] == 3 and {r["sha256"] for r in api["results"]} == {here, near, across}
+    first = next(r for r in api["results"] if r["sha256"] == here)
+    assert (first["latitude"], first["longitude"]) == ORCHARD
+    for bad in ("near=91,0", "near=abc", "near=1,2&within=0", "near=1,2&within=99999", "near=nan,1"):
+        r = c.get(f"/api/v1/results?{bad}")
+        assert r.status_code == 400, bad
+        assert r.json()["error"].startswith(("near: ", "within: ", "not a number")), (bad, r.json())
+        assert c.get(f"/photos?{bad}").status_code == 400, bad
+    sheet = c.get("/photos.csv?near=47.397812,8.547231").text.splitlines()
+    assert sheet[0].endswith(",latitude,longitude") and len(sheet) == 4
+    assert any(line.endswith(",47.397812,8.547231") for line in sheet[1:])
+    csv_link = got.split('id="csv" href="')[1].split('"')[0]
+    assert csv_link == "/photos.csv?near=47.397812%2C8.547231"
+    assert c.get("/photos.csv").text.splitlines()[-1].endswith(",,")  # a photo without GPS: two empty cells
+    anywhere = got.split('id="near-filter"')[1].split("anywhere")[0].rsplit('href="', 1)[1].split('"')[0]
+    assert anywhere == "/photos?"
+
+
+def test_the_pipeline_records_where_each_photo_was_taken_and_the_cli_and_json_say_it(tmp_path, tiny_store, capsys):
+    from edge_agent.config import PipelineSection
+    from edge_agent.pipeline import Job
+    from engines.loader import open_engine
+
+    from .test_engines import ort_config
+    from .test_pipeline import FixedEngine, make_pipeline
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "a.jpg").write_bytes(photo(lat=ORCHARD[0], lon=ORCHARD[1]))
+    (inbox / "b.jpg").write_bytes(photo(seed=1))
+    with open_engine(tiny_store, ort_config()) as engine:
+        p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine), settings=PipelineSection(max_batch=2, max_wait_ms=0), inbox=inbox)
+        try:
+            for name in ("a.jpg", "b.jpg"):
+                p.submit(Job("inbox", inbox / name))
+            assert p.drain(30)
+        finally:
+            p.stop()
+    places = {path.rsplit("/", 1)[1]: (lat, lon) for path, lat, lon in db._query("SELECT path, lat, lon FROM results")}
+    assert places["b.jpg"] == (None, None)
+    assert abs(places["a.jpg"][0] - ORCHARD[0]) < 2e-6 and abs(places["a.jpg"][1] - ORCHARD[1]) < 2e-6  # 0.01" as written
+    records = {r["path"].rsplit("/", 1)[1]: r for r in db.results()}
+    assert (records["a.jpg"]["latitude"], records["a.jpg"]["longitude"]) == places["a.jpg"] and records["b.jpg"]["latitude"] is None
+    db.close()
+    from edge_agent.cli import main
+
+    assert main(["results", "--state-dir", str(tmp_path)]) == 0
+    lines = {line.split("/")[-1].split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert f"  at: {places['a.jpg'][0]},{places['a.jpg'][1]}" in lines["a.jpg"] and "at:" not in lines["b.jpg"]
+
+
+def test_an_alert_and_the_state_say_where_the_photo_was_taken_for_home_assistants_map(tmp_path):
+    from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
+    from edge_agent.alerts.messages import result_body
+    from edge_agent.alerts.rules import Candidate
+    from edge_agent.alerts.worker import AlertWorker
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    hook = WebhookSection(url="http://127.0.0.1:9/alerts")  # never sent here (the worker's thread is not started): queued
+    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [hook], db.path, tmp_path, "orchard")
+    try:
+        _rows(db, [ORCHARD])
+        w.scan()
+        assert (w._state["latitude"], w._state["longitude"]) == ORCHARD
+        _rows(db, [None], label="Apple___Black_rot")
+        w.scan()
+        assert (w._state["latitude"], w._state["longitude"]) == (None, None)  # the newest photo's, not an older one's
+        with sqlite3.connect(tmp_path / "alerts.sqlite") as con:
+            sent = [json.loads(p) for (p,) in con.execute("SELECT payload FROM outbox WHERE kind = 'alert' ORDER BY id")]
+        assert [(b["latitude"], b["longitude"]) for b in sent] == [ORCHARD, (None, None)]
+    finally:
+        w.stop()
+        db.close()
+    c = Candidate(1, time.time(), "orchard", "Apple___Apple_scab", 0.95, "confident", "p1", "0" * 64, place=ORCHARD)
+    assert (result_body(c)["latitude"], result_body(c)["longitude"]) == ORCHARD
+
+
+def test_a_ledger_from_before_places_reads_as_none_near_anywhere_and_is_upgraded_when_the_daemon_opens_it(tmp_path):
+    from edge_agent.web.queries import Filters, Reader
+
+    path = tmp_path / "results.sqlite"
+    db = ResultsDB(path)
+    _rows(db, [None])
+    db._db.execute("DROP INDEX results_place")  # as a daemon before this change left it
+    db._db.execute("ALTER TABLE results DROP COLUMN lat")
+    db._db.execute("ALTER TABLE results DROP COLUMN lon")
+    db.close()
+    reader = Reader(path)  # the page, before the daemon is restarted
+    assert reader.recent(Filters(), 0, 10)[0][0].place is None
+    assert reader.recent(Filters(near=Place(*ORCHARD)), 0, 10) == ([], 0)  # no error: no photo has a place yet
+    assert [r["latitude"] for r in ResultsDB(path, readonly=True).results()] == [None]
+    db = ResultsDB(path)  # the daemon upgraded: the columns are back, the old photo has no place
+    try:
+        assert db._query("SELECT lat, lon FROM results") == [(None, None)]
+    finally:
+        db.close()
