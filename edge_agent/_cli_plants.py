@@ -34,6 +34,8 @@ def plants_list(args: argparse.Namespace) -> int:
             "reason": d.reason,
             "expert": d.expert,
             "last": iso(max(r.when for r in photos)),  # when last photographed (taken, else classified)
+            "latitude": d.place[0] if d.place else None,  # where its newest visit's photos were taken (EXIF GPS)
+            "longitude": d.place[1] if d.place else None,
         }
         for name, photos, d, _ in ctx.plants(args.name.strip()[:64], args.show, args.limit)
     )
@@ -44,9 +46,8 @@ def plants_list(args: argparse.Namespace) -> int:
     def line(p: dict) -> str:
         said = "labelled by the expert" if p["expert"] else p["verdict"]
         when = datetime.fromisoformat(p["last"]).astimezone().strftime("%Y-%m-%d %H:%M")
-        return (
-            f"{p['plant']}  {said}  {p['label']}  {p['visit_photos']} of {p['photos']} photos (newest visit)  last {when}  ({p['reason']})"
-        )
+        at = f"  at {p['latitude']},{p['longitude']}" if p["latitude"] is not None else ""
+        return f"{p['plant']}  {said}  {p['label']}  {p['visit_photos']} of {p['photos']} photos (newest visit)  last {when}{at}  ({p['reason']})"
 
     print_rows(found, args.json, line)
     return 0

@@ -12,12 +12,14 @@ strips it), the photo has no place. Garbled or cut blocks read as no place and n
 from __future__ import annotations
 
 import math
+import statistics
 import struct
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from edge_agent.imageheader import ifd_entries
 
-__all__ = ["NEAR_M", "Place", "exif_place", "geo_uri", "metres_per_degree", "parse_place"]
+__all__ = ["NEAR_M", "Place", "exif_place", "geo_uri", "metres_per_degree", "middle", "parse_place"]
 
 #: How near (metres) another photo's place must be to count as taken "near here": a phone's fix is good to a few
 #: metres under open sky, and an orchard's trees stand 3-5 m apart, so it is the tree and its neighbours.
@@ -108,6 +110,15 @@ def parse_place(text: str) -> Place:
     if not (-90 <= lat <= 90 and -180 <= lon <= 180):  # also refuses nan
         raise ValueError(f"no place on Earth: latitude {lat:g} (-90..90), longitude {lon:g} (-180..180)")
     return Place(round(lat, 6), round(lon, 6))
+
+
+def middle(places: Iterable[tuple[float, float] | None]) -> Place | None:
+    """Where several photos of one plant were taken: the median latitude and longitude of those with a place (one
+    bad fix among them does not move it), None where none has one."""
+    known = [p for p in places if p is not None]
+    if not known:
+        return None
+    return Place(round(statistics.median(p[0] for p in known), 6), round(statistics.median(p[1] for p in known), 6))
 
 
 def geo_uri(lat: float, lon: float) -> str:

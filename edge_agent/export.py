@@ -46,6 +46,8 @@ PLANT_CSV_COLUMNS = (
     "combined probability",
     "why",
     "labelled by the expert",
+    "latitude",
+    "longitude",
 )
 
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
@@ -84,7 +86,8 @@ def _visit_cells(plant: str, began: float, d: PlantDiagnosis) -> list[str]:
     """One visit of a plant as the plants CSV's cells."""
     when = datetime.fromtimestamp(began).strftime("%Y-%m-%d %H:%M:%S")
     sure = "" if d.expert else f"{d.probability:.4f}"  # the expert's word is not a probability
-    return [safe_cell(c) for c in (plant, when, d.photos, d.label, d.verdict, sure, d.reason, d.expert)]
+    lat, lon = d.place or (None, None)
+    return [safe_cell(c) for c in (plant, when, d.photos, d.label, d.verdict, sure, d.reason, d.expert, lat, lon)]
 
 
 def _lines(header: Sequence[str], rows: Iterable[list[str]]) -> Iterator[str]:

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from edge_agent.capture_place import middle
 from edge_agent.log import display_name
 from edge_agent.names import class_phrase, is_disease
 
@@ -114,6 +115,7 @@ class PlantDiagnosis:
     top_k: list[tuple[str, float]]  # the model's classes, its photos combined
     expert: int = 0  # photos the expert labelled: where any, the most named label is the plant's (the verdict confident)
     earlier: int = 0  # photos of earlier visits, not combined (:func:`visits`)
+    place: tuple[float, float] | None = None  # where its photos were taken (their EXIF GPS, the median); None: not known
 
     def as_dict(self) -> dict:
         return {
@@ -126,6 +128,8 @@ class PlantDiagnosis:
             "top_k": [[c, round(p, 4)] for c, p in self.top_k],
             "expert": self.expert,
             "earlier": self.earlier,
+            "latitude": self.place[0] if self.place else None,
+            "longitude": self.place[1] if self.place else None,
         }
 
 
@@ -218,7 +222,8 @@ def diagnose(
     earlier = len(rows)
     rows = newest_visit(rows, gap_s)
     earlier -= len(rows)
-    return replace(_diagnose(rows, num_classes, sure, expert, limit), earlier=earlier)
+    place = None if too_many(len(rows), limit) else middle(getattr(r, "place", None) for r in rows)  # a folder of many: nowhere
+    return replace(_diagnose(rows, num_classes, sure, expert, limit), earlier=earlier, place=place)
 
 
 def _diagnose(rows, num_classes: int, sure: float, expert: Mapping[str, str] | None, limit: int) -> PlantDiagnosis:

@@ -149,16 +149,18 @@ def test_the_photos_page_finds_the_photos_taken_near_a_photo_and_the_api_and_csv
     db = ResultsDB(state / "results.sqlite")
     here, near, across, far = _rows(db, [ORCHARD, _metres(8, -6), _metres(0, 14.5), _metres(12, 12)])
     diagonal = _rows(db, [_metres(14, 14)])[0]  # inside the box of 15 m, but 19.8 m away: not near
+    alone = _rows(db, [_metres(1000, 0)])[0]
     db.close()
     c = client(state)
     page = c.get(f"/photo/{here}").text
     assert 'id="place"' in page and 'href="geo:47.397812,8.547231"' in page
     link = page.split('id="near-link" href="')[1].split('"')[0]
     assert link == "/photos?near=47.397812,8.547231"
-    assert f"within {NEAR_M} m" in page
+    assert f"2 other photos taken within {NEAR_M} m" in page
+    assert f'id="near-none">no other photo taken within {NEAR_M} m' in c.get(f"/photo/{alone}").text
     every = c.get("/api/v1/results?size=100").json()["results"]
     without = [r for r in every if r["latitude"] is None]
-    assert len(without) == 6 and all(r["longitude"] is None for r in without)
+    assert len(every) == 12 and len(without) == 6 and all(r["longitude"] is None for r in without)
     assert 'id="place"' not in c.get(f"/photo/{without[0]['sha256']}").text  # no GPS: no Where
     got = c.get(link).text
     cards = {part.split('"')[0] for part in got.split('data-sha="')[1:]}
@@ -263,3 +265,56 @@ def test_a_ledger_from_before_places_reads_as_none_near_anywhere_and_is_upgraded
         assert db._query("SELECT lat, lon FROM results") == [(None, None)]
     finally:
         db.close()
+
+
+def _plant_rows(db: ResultsDB, plant: str, places: list[tuple[float, float] | None], taken: float) -> None:
+    rows = []
+    for i, place in enumerate(places):
+        sha = f"{next(_n):064x}"
+        lat, lon = place or (None, None)
+        top_k = [["Apple___Apple_scab", 0.96], ["Apple___healthy", 0.03]]
+        rows.append(
+            ResultRow(
+                sha, sha[:16], f"/inbox/{plant}/{sha[:8]}.jpg", "inbox", "Apple___Apple_scab", 0.96, top_k, "v1", {},
+                time.time(), "confident", plant, "", taken + 60 * i, lat, lon,
+            )
+        )  # fmt: skip
+    db.commit(rows)
+
+
+def test_a_plant_is_where_its_visits_photos_were_taken_one_bad_fix_does_not_move_it_and_a_folder_of_many_is_nowhere(tmp_path, capsys):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    import csv
+
+    from .web_helpers import client, make_state
+
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    now = time.time()
+    _plant_rows(db, "tree 12", [_metres(50, 50), _metres(51, 50)], now - 9 * 86400)  # an earlier visit, elsewhere
+    _plant_rows(db, "tree 12", [ORCHARD, _metres(2, 1), None, _metres(-1, -2), _metres(900, 0)], now - 86400)  # one bad fix
+    _plant_rows(db, "tree 13", [None, None], now - 86400)  # a camera without GPS
+    _plant_rows(db, "camera roll", [_metres(k * 40, 0) for k in range(14)], now - 86400)  # no plant: nowhere
+    db.close()
+    c = client(state)
+    api = c.get("/api/v1/plants/tree%2012").json()
+    lat, lon = api["latitude"], api["longitude"]
+    assert abs(lat - ORCHARD[0]) * 111_132 < 2 and abs(lon - ORCHARD[1]) * 75_200 < 2  # the median: within 2 m of the tree
+    earlier = api["visits"][1]
+    assert abs(earlier["latitude"] - _metres(50.5, 50)[0]) < 1e-5  # each visit where its own photos were taken
+    assert c.get("/api/v1/plants/tree%2013").json()["latitude"] is None
+    assert c.get("/api/v1/plants/camera%20roll").json()["latitude"] is None
+    page = c.get("/plants/tree%2012").text
+    assert f'class="plant-place" href="geo:{lat:.6f},{lon:.6f}"' in page
+    assert 'class="plant-place"' not in c.get("/plants/tree%2013").text
+    table = list(csv.DictReader(c.get("/plants.csv").text.splitlines()))
+    rows = {(r["plant"], r["photos"]): r for r in table}
+    assert float(rows[("tree 12", "5")]["latitude"]) == lat and float(rows[("tree 12", "2")]["longitude"]) > lon
+    assert rows[("tree 13", "2")]["latitude"] == "" and rows[("camera roll", "14")]["latitude"] == ""
+    from edge_agent.cli import main
+
+    assert main(["plants", "list", "--state-dir", str(state), "--json"]) == 0
+    listed = {p["plant"]: p for p in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert (listed["tree 12"]["latitude"], listed["tree 12"]["longitude"]) == (lat, lon) and listed["tree 13"]["latitude"] is None
+    assert main(["plants", "list", "--state-dir", str(state), "--name", "tree 12"]) == 0
+    assert f"  at {lat},{lon}  " in capsys.readouterr().out

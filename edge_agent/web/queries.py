@@ -108,13 +108,18 @@ class Reader:
             return " WHERE 0", []
         return filters.where(self._ledger.when)
 
+    def count(self, filters: Filters) -> int:
+        """How many results the filters match."""
+        where, args = self._where(filters)
+        total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
+        return total[0][0] if total else 0
+
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all (days: when taken, else classified)."""
         columns = self._columns()
         where, args = self._where(filters)
-        total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
         rows = self._rows(f"SELECT {columns} FROM results{where} ORDER BY id DESC LIMIT ? OFFSET ?", [*args, page_size, page * page_size])
-        return [ResultRow.from_sql(r) for r in rows], (total[0][0] if total else 0)
+        return [ResultRow.from_sql(r) for r in rows], self.count(filters)
 
     def each(self, filters: Filters, batch: int = 1000) -> Iterator[dict]:
         """Every result the filters match, newest first, with the expert's label (:func:`result_record`), read

@@ -306,6 +306,10 @@ class VisitOut(BaseModel):
     verdict: Literal["confident", "unsure", "unknown"]
     reason: str
     expert: int = Field(0, description="Its photos the expert labelled.")
+    latitude: float | None = Field(
+        None, description="Where its photos were taken (their EXIF GPS, the median), degrees north; null where not known."
+    )
+    longitude: float | None = Field(None, description="The same, degrees east.")
 
 
 class PlantOut(BaseModel):
@@ -324,6 +328,10 @@ class PlantOut(BaseModel):
     top_k: list[tuple[str, float]] = Field(description="The model's classes, its photos combined.")
     expert: int = Field(0, description="Its photos the expert labelled (0: the diagnosis is the model's).")
     last: datetime = Field(description="When it was last photographed (UTC): its newest photo's EXIF time, else when classified.")
+    latitude: float | None = Field(
+        None, description="Where its newest visit's photos were taken (their EXIF GPS, the median), degrees north; null where not known."
+    )
+    longitude: float | None = Field(None, description="The same, degrees east.")
     results: list[Result] | None = Field(None, description="Its photos' own results (one plant's page only).")
     visits: list[VisitOut] | None = Field(
         None, description="Each of its visits, the newest first, with its diagnosis (one plant's page only)."
