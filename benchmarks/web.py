@@ -1,4 +1,4 @@
-"""The web page's footprint: idle RSS, and the recent-photos page with 10,000 results stored.
+"""The web page's footprint: idle RSS, and the recent-photos page (and the Map) with 10,000 results stored.
 
 ``python -m benchmarks.web [--results 10000] [--out benchmarks/results/web]``
 
@@ -53,9 +53,27 @@ def fill_state(state: Path, n: int) -> None:
             if i >= 2000
             else [[label, 0.5], ["Apple___healthy", 0.3 + i * 1e-4], ["Tomato___healthy", 0.1]]
         )  # the review pool's
+        lat, lon = 47.3978 + (i // 40 % 50) * 4.5e-5, 8.5472 + (i % 40) * 5.3e-5  # a 200 m by 160 m orchard, 2,000 trees
         rows.append(
-            ResultRow(sha, sha[:16], path, "folder", label, 0.95, top_k, "v0001", {"total": 9.0}, now - (n - i) * 30)
-        )  # one every 30 s: 10,000 span three and a half days
+            ResultRow(
+                sha,
+                sha[:16],
+                path,
+                "folder",
+                label,
+                0.95,
+                top_k,
+                "v0001",
+                {"total": 9.0},
+                now - (n - i) * 30,
+                None,
+                None,
+                None,
+                None,
+                lat,
+                lon,
+            )
+        )  # one every 30 s: 10,000 span three and a half days, each with a GPS position
     # and a full review pool ([labels] review_pool, 2000): every page counts it for the Review badge
     queued = [
         QueueEntry(r.sha256, r.photo_id, "review", r.label, 0.5, "v0001", str(state / "queue" / "review" / "x.jpg"), 1000)
@@ -120,6 +138,8 @@ def measure_web(state: Path, repeats: int) -> dict:
             "/photos (first page, 48 of all)": _timed(client, "/photos", repeats),
             "/photos?page=150 (deep page)": _timed(client, "/photos?page=150", repeats),
             f"/photos?label={label}": _timed(client, f"/photos?label={label}", repeats),
+            "/photos?near=... (15 m of a tree)": _timed(client, "/photos?near=47.3990,8.5480", repeats),
+            "/map (the newest 5,000 of 10,000 with a place)": _timed(client, "/map", max(5, repeats // 5)),
             "/health": _timed(client, "/health", max(5, repeats // 5)),
             "/engines": _timed(client, "/engines", max(5, repeats // 5)),
             "/review": _timed(client, "/review", max(5, repeats // 5)),

@@ -11,6 +11,7 @@ import re
 import unicodedata
 
 __all__ = [
+    "pretty_class",
     "DEVICE_NAME",
     "device_name_problem",
     "class_name_problem",
@@ -63,6 +64,12 @@ def describe_class(label: str) -> tuple[str, str]:
     plant, _, condition = label.partition("___")
     clean = lambda s: " ".join(s.replace("_", " ").replace(",", ", ").split())  # noqa: E731
     return clean(plant), clean(condition) or clean(plant)
+
+
+def pretty_class(label: str) -> str:
+    """``Tomato___Early_blight`` as people read it: ``Tomato · Early blight``."""
+    plant, condition = describe_class(label)
+    return condition if condition == plant else f"{plant} · {condition}"
 
 
 def class_phrase(label: str) -> str:

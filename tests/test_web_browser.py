@@ -244,6 +244,32 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         browser.find_element(By.CSS_SELECTOR, ".card a").click()  # one of its photos links back to it
         assert browser.find_element(By.ID, "plant-link").text == "tree 2"
 
+        # photos from a phone with its GPS on: drawn where they were taken, each dot a link to its photo
+        from PIL import Image, TiffImagePlugin
+
+        def dms(x: float) -> tuple:
+            r, d = TiffImagePlugin.IFDRational, int(x)
+            return (r(d, 1), r(int((x - d) * 60), 1), r(round(((x - d) * 60 - int((x - d) * 60)) * 6000), 100))
+
+        for i, p in enumerate(sorted(GATE.glob("*/*.jpg"))[3:6]):
+            exif = Image.Exif()
+            gps = exif.get_ifd(0x8825)
+            gps[1], gps[2], gps[3], gps[4] = "N", dms(47.3978 + i * 0.00005), "E", dms(8.5472 + i * 0.00004)
+            Image.open(p).save(daemon.inbox / f"gps-{i}.jpg", "JPEG", exif=exif.tobytes(), quality=90)
+        wait_until(lambda: db_rows(daemon.state, "SELECT COUNT(*) FROM results WHERE lat IS NOT NULL")[0][0] == 3, 60, "the GPS photos")
+        browser.get(base + "/map")
+        dots = browser.find_elements(By.CSS_SELECTOR, "#field-map circle.dot")
+        assert len(dots) == 3 and browser.find_element(By.ID, "map-scale").text.endswith("m")
+        assert "have no position" in browser.find_element(By.ID, "map-without").text
+        size = browser.get_window_size()
+        browser.set_window_size(1200, 1000)  # the whole map in the shot
+        browser.save_screenshot(str(shots / "map.png"))
+        browser.set_window_size(size["width"], size["height"])
+        ActionChains(browser).move_to_element(dots[0]).click().perform()  # a dot opens its photo
+        wait.until(lambda b: "/photo/" in b.current_url)
+        place = browser.find_element(By.ID, "place").text
+        assert place.startswith("47.39") and "2 other photos taken within 15 m" in place, place
+
         for page in ("engines", "health"):
             browser.get(f"{base}/{page}")
             assert browser.find_elements(By.CSS_SELECTOR, "#engines, #daemon")

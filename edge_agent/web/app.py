@@ -29,7 +29,7 @@ from edge_agent.capture_place import NEAR_M, Place, geo_uri
 from edge_agent.export import csv_lines
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
-from edge_agent.names import describe_class
+from edge_agent.names import pretty_class
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import left_today, others_labelled, to_ask
@@ -39,8 +39,9 @@ from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
 from edge_agent.web.api.endpoints import recent_alerts
 from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
-from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int, parse_near
+from edge_agent.web.context import BadParameter, Refused, WebContext, page_filters, parse_int
 from edge_agent.web.hosts import HostCheck, page_names
+from edge_agent.web.map_page import map_routes
 from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
 from edge_agent.web.metrics import render as render_metrics
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
@@ -60,12 +61,6 @@ def verdict_text(verdict: str | None) -> str:
 
     text = PHRASES.get(verdict or "", "")
     return text[:1].upper() + text[1:]
-
-
-def pretty_class(label: str) -> str:
-    """``Tomato___Early_blight`` as people read it: ``Tomato · Early blight``."""
-    plant, condition = describe_class(label)
-    return condition if condition == plant else f"{plant} · {condition}"
 
 
 def local_time(ts: float) -> str:
@@ -123,17 +118,9 @@ def create_app(ctx: WebContext) -> Starlette:
         return data
 
     # ---- recent photos ------------------------------------------------------
-    def page_filters(request: Request) -> Filters:
-        """The Photos page's filters from the query: a class, a range of days, a plant, near a place."""
-        q = request.query_params
-        near, within = parse_near(q)
-        return Filters(
-            q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), plant=q.get("plant", "")[:64], near=near, within_m=within
-        )
-
     async def photos(request: Request) -> Response:
         q = request.query_params
-        filters = page_filters(request)
+        filters = page_filters(request.query_params)
         pg = parse_int(q.get("page"))
         size = ctx.cfg.web.page_size
         rows, total = ctx.reader.recent(filters, pg, size)
@@ -154,7 +141,9 @@ def create_app(ctx: WebContext) -> Starlette:
         """The Photos page's photos (its filters; every page of them) as a CSV file for a spreadsheet."""
         name = f"edge-agent-photos-{datetime.now():%Y-%m-%d}.csv"
         headers = {"Content-Disposition": f'attachment; filename="{name}"'}
-        return StreamingResponse(csv_lines(ctx.reader.each(page_filters(request))), media_type="text/csv; charset=utf-8", headers=headers)
+        return StreamingResponse(
+            csv_lines(ctx.reader.each(page_filters(request.query_params))), media_type="text/csv; charset=utf-8", headers=headers
+        )
 
     async def photo(request: Request) -> Response:
         sha = request.path_params["sha"]
@@ -378,6 +367,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/review/label", review_label, methods=["POST"]),
         Route("/trust", trust),
         *plant_routes(ctx, page, problem, form),
+        *map_routes(ctx, page, local_time),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

@@ -17,11 +17,11 @@ from edge_agent.results import QueueEntry, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
 from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
-from edge_agent.web.queries import Reader
+from edge_agent.web.queries import Filters, Reader
 from engines.errors import EdgeAgentError
 from engines.store import StoreError
 
-__all__ = ["WebContext", "BadParameter", "Refused", "parse_day", "parse_int", "parse_near"]
+__all__ = ["WebContext", "BadParameter", "Refused", "page_filters", "parse_day", "parse_int", "parse_near"]
 
 T = TypeVar("T")
 
@@ -235,6 +235,14 @@ def parse_day(text: str | None) -> date | None:
     if not 1970 <= day.year <= 2999:
         raise BadParameter(f"no photos can be from {day.isoformat()}")
     return day
+
+
+def page_filters(q) -> Filters:
+    """The Photos and Map pages' filters from a query: a class, a range of days, a plant, near a place."""
+    near, within = parse_near(q)
+    return Filters(
+        q.get("label", ""), parse_day(q.get("from")), parse_day(q.get("to")), plant=q.get("plant", "")[:64], near=near, within_m=within
+    )
 
 
 def parse_near(q) -> tuple[Place | None, int]:

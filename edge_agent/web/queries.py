@@ -114,6 +114,21 @@ class Reader:
         total = self._rows(f"SELECT COUNT(*) FROM results{where}", args)
         return total[0][0] if total else 0
 
+    def places(self, filters: Filters, limit: int) -> tuple[list[tuple], int]:
+        """The newest ``limit`` photos the filters match that have a place, each (sha256, latitude, longitude, label,
+        confidence, verdict, plant, when taken else classified); and how many they match have none."""
+        if not self._ledger.has("lat"):  # a ledger not yet upgraded: no photo has a place
+            return [], self.count(filters)
+        where, args = self._where(filters)
+        joined = f"{where} AND" if where else " WHERE"
+        rows = self._rows(
+            f"SELECT sha256, lat, lon, label, confidence, verdict, plant, {self._ledger.when} FROM results{joined}"
+            " lat IS NOT NULL AND lon IS NOT NULL ORDER BY id DESC LIMIT ?",
+            [*args, limit],
+        )
+        without = self._rows(f"SELECT COUNT(*) FROM results{joined} (lat IS NULL OR lon IS NULL)", args)
+        return rows, (without[0][0] if without else 0)
+
     def recent(self, filters: Filters, page: int, page_size: int) -> tuple[list[ResultRow], int]:
         """One page of results, newest first, and how many match in all (days: when taken, else classified)."""
         columns = self._columns()
