@@ -145,3 +145,16 @@ def test_the_map_of_a_ledger_from_before_places_says_no_photo_has_one_and_does_n
     db.close()
     r = client(state).get("/map")
     assert r.status_code == 200 and "None of the 6 photos has a position" in r.text
+
+
+def test_the_heap_is_given_back_where_glibc_can_and_elsewhere_nothing_happens(monkeypatch):
+    import ctypes.util
+    import platform
+
+    from edge_agent.web import _heap
+
+    monkeypatch.setattr(_heap, "_libc", None)
+    assert _heap.trim_heap() is (platform.libc_ver()[0] == "glibc")
+    monkeypatch.setattr(_heap, "_libc", None)
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libno-such-c-library.so.9")
+    assert _heap.trim_heap() is False and _heap.trim_heap() is False  # asked once, then remembered

@@ -37,6 +37,44 @@ def test_rank_puts_near_duplicates_last():
     assert order[:2] == ["dup0", "other"]  # ten identical photos are not all asked about first
 
 
+def _rank_step_by_step(candidates, limit=None, class_penalty=0.15, duplicate_l1=0.02):
+    """The module's rule as written, one pass over the whole pool a step (the reference the fast ranking must equal)."""
+    from edge_agent.review.rank import _distance
+
+    pool = sorted(((margin(c.top_k), c) for c in candidates), key=lambda mc: (mc[0], mc[1].id))
+    want = len(pool) if limit is None else min(limit, len(pool))
+    chosen, per_class, duplicates = [], {}, []
+    while pool and len(chosen) < want:
+        best = min(range(len(pool)), key=lambda i: (pool[i][0] + class_penalty * per_class.get(pool[i][1].label, 0), pool[i][1].id))
+        c = pool.pop(best)[1]
+        if any(o.label == c.label and _distance(o.top_k, c.top_k) <= duplicate_l1 for o in chosen):
+            duplicates.append(c)
+            continue
+        chosen.append(c)
+        per_class[c.label] = per_class.get(c.label, 0) + 1
+    return (chosen + duplicates)[:want]
+
+
+def test_the_ranking_takes_the_same_photos_in_the_same_order_as_the_rule_taken_step_by_step():
+    import random
+
+    rng = random.Random(5)
+    labels = [f"C{i}" for i in range(6)]
+    for _ in range(1500):
+        cands = []
+        for i in range(rng.randint(0, 30)):
+            names = rng.sample(labels, rng.randint(0, 3))
+            probs = sorted((round(rng.choice([rng.random(), 0.5, 0.51, 0.49]), 3) for _ in names), reverse=True)
+            if cands and rng.random() < 0.3:  # a near-duplicate of an earlier photo
+                base = rng.choice(cands).top_k
+                names, probs = [n for n, _ in base], [round(p + rng.uniform(-0.01, 0.01), 3) for _, p in base]
+            cands.append(Candidate(f"id{rng.randint(0, 99):02d}{i}", list(zip(names, probs))))
+        limit, penalty, l1 = rng.choice([None, 1, 3, 10]), rng.choice([0.15, 0.0, 0.3]), rng.choice([0.02, 0.0, 0.1])
+        assert [c.id for c in rank(cands, limit, penalty, l1)] == [c.id for c in _rank_step_by_step(cands, limit, penalty, l1)]
+    many = [Candidate(f"{i:05d}", [[f"C{i % 38}", 0.5 + i % 97 / 300], ["x", 0.3]]) for i in range(600)]
+    assert [c.id for c in rank(many)] == [c.id for c in _rank_step_by_step(many)]
+
+
 def _db_with_pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool]:
     db = ResultsDB(tmp_path / "results.sqlite")
     spool = PhotoSpool(tmp_path / "queue", 1 << 30)

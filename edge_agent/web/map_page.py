@@ -11,13 +11,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from edge_agent.names import pretty_class
+from edge_agent.web._heap import trim_heap
 from edge_agent.web.context import WebContext, page_filters
 from edge_agent.web.field_map import STATES, MapPoint, field_map, state_of
 
 __all__ = ["MAP_POINTS", "map_routes"]
 
-#: The most photos the map draws (the newest the filters match).
-MAP_POINTS = 5000
+#: The most photos the map draws (the newest the filters match; days choose older ones): 2,000 keep the page under
+#: half a megabyte and the web process within its 60 MB (5,000 took it to 62.5 MB; benchmarks.web).
+MAP_POINTS = 2000
 
 
 def _title(label: str, confidence: float, verdict: str | None, expert: str | None, plant: str | None, when: str) -> str:
@@ -50,7 +52,7 @@ def map_routes(ctx: WebContext, page: Callable[..., Response], local_time: Calla
             for sha, lat, lon, label, conf, verdict, plant, when in rows
         ]
         drawing = field_map(points)
-        return page(
+        shown = page(
             request,
             "map.html",
             fm=drawing,
@@ -61,5 +63,7 @@ def map_routes(ctx: WebContext, page: Callable[..., Response], local_time: Calla
             found=len(rows),
             states=STATES,
         )
+        trim_heap()  # the page's objects are freed: give their memory back (edge_agent.web._heap)
+        return shown
 
     return [Route("/map", field_map_page)]

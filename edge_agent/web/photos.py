@@ -15,6 +15,7 @@ from pathlib import Path
 
 from edge_agent.imageheader import ImageRejected, check_image
 from edge_agent.inbox_files import places
+from edge_agent.web._heap import trim_heap
 from edge_agent.web.queries import Reader
 
 __all__ = ["PhotoFiles", "SIZES", "is_sha256"]
@@ -91,6 +92,7 @@ class PhotoFiles:
         if path is None:
             return None
         data = shrink(path.read_bytes(), longest, self.max_file_bytes, self.max_pixels)
+        trim_heap()  # a decoded photo's memory back to the system (edge_agent.web._heap)
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
