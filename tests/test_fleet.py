@@ -45,7 +45,9 @@ def curve(tmp_path_factory) -> dict:
         if not (root / "authorized" / f"{name}.key").exists():
             (root / name).mkdir(exist_ok=True)
             pub, _ = zmq.auth.create_certificates(root / name, name)
-            shutil.copy(pub, root / "authorized" / f"{name}.key")
+            tmp = root / "authorized" / f".{name}.key.tmp"  # whole or not there, as `edge-trainer device add` writes it:
+            shutil.copy(pub, tmp)  # a key read half-written refuses the handshake, and a refused client never reconnects
+            os.replace(tmp, root / "authorized" / f"{name}.key")
         return CurveKeys(secret=str(root / name / f"{name}.key_secret"), server_public=str(tpub))
 
     return {
@@ -627,6 +629,7 @@ def test_a_hello_in_another_devices_name_is_refused_and_invented_names_make_no_r
     posing.stop()
     ctx = zmq.Context()
     sock = client_socket(ctx, zmq.DEALER, server.link.transfer, curve["enrolled"]("inventor"))
+    sock.setsockopt(zmq.SNDTIMEO, 30_000)  # a connection refused fails here, not at the suite's 300 s timeout
     try:
         started = time.monotonic()
         for i in range(10_000):
