@@ -13,6 +13,7 @@ __all__ = ["review_label", "review_label_plant", "review_list", "review_trust"]
 
 
 def review_list(args: argparse.Namespace) -> int:
+    from edge_agent.capture_place import NEAR_M
     from edge_agent.review.queue import left_today, others_labelled, to_ask, wanted_classes
     from edge_agent.state import trainer_live
 
@@ -23,7 +24,12 @@ def review_list(args: argparse.Namespace) -> int:
     limit, gap = cfg.classify.plant_max_photos, cfg.classify.plant_visit_gap_s
     if args.json:
         for it in items:
-            print(json.dumps({**it.as_json(), "plant_labels": dict(others_labelled(db, it, limit, gap)), "file": it.entry.file}))
+            beside = others_labelled(db, it, limit, gap)
+            said = {
+                "plant_labels": dict(beside.labels) if beside.of == "plant" else {},
+                "near_labels": dict(beside.labels) if beside.of == "near" else {},
+            }
+            print(json.dumps({**it.as_json(), **said, "file": it.entry.file}))
         return 0
     left = left_today(db, cfg.labels.review_per_day)
     if not items:
@@ -35,8 +41,9 @@ def review_list(args: argparse.Namespace) -> int:
     for it in items:
         q = it.entry
         alts = ", ".join(f"{lab} {p:.2f}" for lab, p in it.top_k[:3])
-        others = others_labelled(db, it, limit, gap)
-        hint = f"  (the expert said {others[0][0]} of {others[0][1]} other photo{'s' * (others[0][1] > 1)} of this plant)" if others else ""
+        others, of = others_labelled(db, it, limit, gap)
+        whose = "of this plant" if of == "plant" else f"taken within {NEAR_M} m of it"
+        hint = f"  (the expert said {others[0][0]} of {others[0][1]} other photo{'s' * (others[0][1] > 1)} {whose})" if others else ""
         print(printable(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {it.arrival.where}{hint}  {q.file}"))
     if left is not None and not args.all:
         print(f"-- best first; {left} of today's {cfg.labels.review_per_day} questions left", file=sys.stderr)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from edge_agent.imageheader import ifd_entries
 
-__all__ = ["NEAR_M", "Place", "exif_place", "geo_uri", "metres_per_degree", "middle", "parse_place"]
+__all__ = ["NEAR_M", "Place", "exif_place", "geo_uri", "metres_per_degree", "middle", "near_sql", "parse_place"]
 
 #: How near (metres) another photo's place must be to count as taken "near here": a phone's fix is good to a few
 #: metres under open sky, and an orchard's trees stand 3-5 m apart, so it is the tree and its neighbours.
@@ -96,6 +96,18 @@ def exif_place(tiff: bytes) -> Place | None:
 def metres_per_degree(lat: float) -> tuple[float, float]:
     """How many metres a degree of latitude and one of longitude span at latitude ``lat`` (good to 0.5 % over a farm)."""
     return 111_132.0, max(111_320.0 * math.cos(math.radians(lat)), 1.0)
+
+
+def near_sql(near: tuple[float, float], within_m: float, prefix: str = "") -> tuple[str, list]:
+    """The SQL condition (and its arguments) that a result (columns ``lat``, ``lon`` of table alias ``prefix``) was
+    taken within ``within_m`` metres of ``near``: a box an index can use, then the distance on a plane (a farm is flat
+    at this scale)."""
+    lat0, lon0 = near
+    north, east = metres_per_degree(lat0)
+    dlat, dlon = within_m / north, within_m / east
+    lat, lon = f"{prefix}lat", f"{prefix}lon"
+    sql = f"{lat} BETWEEN ? AND ? AND {lon} BETWEEN ? AND ? AND (({lat} - ?) * ?) * (({lat} - ?) * ?) + (({lon} - ?) * ?) * (({lon} - ?) * ?) <= ?"
+    return sql, [lat0 - dlat, lat0 + dlat, lon0 - dlon, lon0 + dlon, lat0, north, lat0, north, lon0, east, lon0, east, within_m**2]
 
 
 def parse_place(text: str) -> Place:

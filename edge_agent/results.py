@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
+from edge_agent.capture_place import near_sql
 from engines.durable import relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
@@ -163,7 +164,11 @@ class LedgerColumns:
     def when(self) -> str:
         """The SQL of the time that tells a plant's visits apart (:mod:`edge_agent.capture_time`): when the photo was
         taken where known, else when it was classified (all a ledger not yet upgraded keeps)."""
-        return "COALESCE(taken, created)" if self.has("taken") else "created"
+        return self.when_of("")
+
+    def when_of(self, prefix: str) -> str:
+        """:attr:`when` of the results table under alias ``prefix`` ("r.")."""
+        return f"COALESCE({prefix}taken, {prefix}created)" if self.has("taken") else f"{prefix}created"
 
 
 def iso(ts: float) -> str:
@@ -202,6 +207,13 @@ class Arrival(NamedTuple):
     plant: str | None
     created: float | None
     taken: float | None = None  # ResultRow.taken
+    lat: float | None = None  # ResultRow.lat
+    lon: float | None = None
+
+    @property
+    def place(self) -> tuple[float, float] | None:
+        """Where the photo was taken (its EXIF GPS), None where not known."""
+        return None if self.lat is None or self.lon is None else (self.lat, self.lon)
 
     @property
     def name(self) -> str | None:
@@ -428,13 +440,14 @@ class ResultsDB:
 
     def review_pool(self) -> list[tuple[QueueEntry, list, str | None, Arrival]]:
         """Photos waiting for review, each with the top-k and the verdict of its prediction, and how it arrived."""
-        taken = "r.taken" if LedgerColumns(self._query).has("taken") else "NULL"  # read-only, maybe not yet upgraded
+        kept = LedgerColumns(self._query)  # read-only, maybe not yet upgraded
+        later = ", ".join(f"r.{c}" if kept.has(c) else "NULL" for c in ("taken", "lat", "lon"))
         rows = self._query(
             "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
-            f" COALESCE(r.top_k, '[]'), r.verdict, r.path, r.source, r.plant, r.created, {taken}"
+            f" COALESCE(r.top_k, '[]'), r.verdict, r.path, r.source, r.plant, r.created, {later}"
             " FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
         )
-        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10], Arrival(*r[11:16])) for r in rows]
+        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10], Arrival(*r[11:18])) for r in rows]
 
     def unlabelled_candidates(self, limit: int) -> list[tuple[QueueEntry, str]]:
         """Review-pool photos not yet handed to the trainer unlabelled, newest first, each with its verdict."""
@@ -475,6 +488,26 @@ class ResultsDB:
         """Every photo of plant ``old`` made a photo of ``new`` (merged with its photos where it has some); how many."""
         with self._lock:
             return self._db.execute("UPDATE results SET plant = ? WHERE plant = ?", (new, old)).rowcount
+
+    def labels_near(self, place: tuple[float, float], within_m: float, since: float, until: float) -> dict[str, str]:
+        """The expert's label of each photo taken within ``within_m`` metres of ``place`` between ``since`` and
+        ``until`` (when taken, else classified): sha256 -> class (none from a ledger without places or labels)."""
+        kept = LedgerColumns(self._query)
+        if not kept.has("lat"):
+            return {}
+        near, args = near_sql(place, within_m, "r.")
+        when = kept.when_of("r.")
+        try:
+            said = self._query(
+                f"SELECT e.sha256, e.label FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 WHERE {near}"
+                f" AND {when} BETWEEN ? AND ?",
+                (*args, since, until),
+            )
+        except sqlite3.OperationalError as exc:
+            if missing_table(self._db, exc):
+                return {}
+            raise
+        return dict(said)
 
     def plant_labels(self, plant: str) -> dict[str, str]:
         """The expert's label of each of ``plant``'s photos that has one (sha256 -> class)."""

@@ -318,3 +318,60 @@ def test_a_plant_is_where_its_visits_photos_were_taken_one_bad_fix_does_not_move
     assert (listed["tree 12"]["latitude"], listed["tree 12"]["longitude"]) == (lat, lon) and listed["tree 13"]["latitude"] is None
     assert main(["plants", "list", "--state-dir", str(state), "--name", "tree 12"]) == 0
     assert f"  at {lat},{lon}  " in capsys.readouterr().out
+
+
+def test_the_review_page_says_what_the_expert_called_the_photos_taken_beside_a_question_the_same_visit(tmp_path, capsys):
+    """A farmer who photographs the orchard without a folder a tree: the expert's labels of the photos taken within
+    15 m the same visit are the question's hint, as a plant's other photos are; not those of last month, nor 40 m off."""
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from edge_agent.results import QueueEntry
+
+    from .web_helpers import client, make_state
+
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    now, scab, rot = time.time(), "Apple___Apple_scab", "Apple___Black_rot"
+
+    def photo_at(place, label, verdict, taken, said=None):
+        sha = f"{next(_n):064x}"
+        top_k = [[label, 0.55], [scab if label != scab else rot, 0.40]]
+        lat, lon = place or (None, None)
+        db.commit(
+            [
+                ResultRow(
+                    sha, sha[:16], f"/inbox/{sha[:8]}.jpg", "inbox", label, 0.55, top_k, "v1", {}, now, verdict, None, "", taken, lat, lon
+                )
+            ]
+        )
+        if said:
+            db.mark_expert(sha, said, "")
+        return sha
+
+    asked = photo_at(ORCHARD, rot, "unsure", now - 3600)  # the model hesitates between black rot and scab
+    photo_at(_metres(4, 3), scab, "unsure", now - 3000, said=scab)
+    photo_at(_metres(-6, 2), rot, "unsure", now - 2000, said=scab)
+    photo_at(_metres(40, 0), rot, "unsure", now - 2500, said=rot)  # another tree
+    photo_at(ORCHARD, scab, "confident", now - 30 * 86400, said="Apple___healthy")  # the same tree last month
+    alone = photo_at(None, rot, "unsure", now - 3600)  # no position: no hint
+    file = state / "queue" / "review" / "asked.jpg"
+    file.write_bytes(b"a photo")
+    db.commit([], [QueueEntry(sha, sha[:16], "review", rot, 0.55, "v1", str(file), 7) for sha in (asked, alone)])
+    db.close()
+    c = client(state)
+    items = {it["sha256"]: it for it in c.get("/api/v1/review").json()["items"]}
+    assert items[asked]["near_labels"] == {scab: 2} and items[asked]["plant_labels"] == {}
+    assert items[alone]["near_labels"] == {} and items[alone]["plant_labels"] == {}
+    pages = [c.get(f"/review?i={i}").text for i in range(len(items))]
+    page = next(p for p in pages if f'name="photo" value="{asked}"' in p)
+    assert "the expert's label of 2 other photos taken within 15 m of it" in page
+    assert "the expert's label of" not in next(p for p in pages if f'name="photo" value="{alone}"' in p)
+    from edge_agent.cli import main
+
+    assert main(["review", "list", "--state-dir", str(state), "--all"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and sum("taken within 15 m of it" in ln for ln in out) == 1  # make_state queued two more
+    line = next(ln for ln in out if "taken within 15 m of it" in ln)
+    assert f"(the expert said {scab} of 2 other photos taken within 15 m of it)" in line
+    assert main(["review", "list", "--state-dir", str(state), "--all", "--json"]) == 0
+    listed = {j["sha256"]: j for j in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert listed[asked]["near_labels"] == {scab: 2} and listed[alone]["near_labels"] == {}

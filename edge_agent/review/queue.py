@@ -15,11 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import re
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from edge_agent.capture_place import NEAR_M
 from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
 from edge_agent.plants import labels_of_others, too_many, visit_of
@@ -44,6 +46,7 @@ __all__ = [
     "label_plant",
     "PlantLabelled",
     "others_labelled",
+    "Beside",
     "prune_pool",
     "start_of_day",
     "today",
@@ -270,19 +273,38 @@ def _checked_class(label: str, classes: list[str], new_class: bool) -> str:
     return label
 
 
-def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 0) -> list[tuple[str, int]]:
+class Beside(NamedTuple):
+    """What the expert said of the photos beside a question's: the classes, the most given first, and whose
+    photos they are ("plant": its plant's, in the same visit; "near": taken within :data:`NEAR_M` metres of it, within
+    a visit's time; "": none)."""
+
+    labels: list[tuple[str, int]]
+    of: str = ""
+
+
+def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 0) -> Beside:
     """The classes the expert gave the other photos of the question's plant in the question's visit (``gap_s``:
-    :func:`~edge_agent.plants.visits`), the most given first (none for a photo of no plant, or of a visit of more than
-    ``limit`` photos: :func:`~edge_agent.plants.labels_of_others`)."""
-    plant, sha = item.arrival.plant, item.entry.sha256
-    own = db.plant_photos(plant) if plant else []
-    if not own:
-        return []
-    i = next((i for i, (s, _) in enumerate(own) if s == sha), -1)
-    span = visit_of([t for _, t in own], i, gap_s)
-    visit = {s for s, _ in own[span.start : span.stop]}
-    said = {s: label for s, label in db.plant_labels(plant).items() if s in visit}
-    return labels_of_others(len(visit), said, sha, limit)
+    :func:`~edge_agent.plants.visits`; none for a visit of more than ``limit`` photos:
+    :func:`~edge_agent.plants.labels_of_others`); for a photo of no plant, those of the photos taken within
+    :data:`NEAR_M` metres of it and ``gap_s`` of its time (the same tree, photographed without a folder a tree)."""
+    plant, sha, arrival = item.arrival.plant, item.entry.sha256, item.arrival
+    if plant:
+        own = db.plant_photos(plant)
+        if not own:
+            return Beside([])
+        i = next((i for i, (s, _) in enumerate(own) if s == sha), -1)
+        span = visit_of([t for _, t in own], i, gap_s)
+        visit = {s for s, _ in own[span.start : span.stop]}
+        said = {s: label for s, label in db.plant_labels(plant).items() if s in visit}
+        labels = labels_of_others(len(visit), said, sha, limit)
+        return Beside(labels, "plant" if labels else "")
+    when = arrival.taken if arrival.taken is not None else arrival.created
+    if arrival.place is None or when is None:
+        return Beside([])
+    since, until = (when - gap_s, when + gap_s) if gap_s > 0 else (0.0, 1e18)  # no visits: the whole season
+    said = db.labels_near(arrival.place, NEAR_M, since, until)
+    labels = Counter(label for s, label in said.items() if s != sha).most_common()
+    return Beside(labels, "near" if labels else "")
 
 
 def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str) -> QueueEntry:

@@ -32,7 +32,7 @@ from edge_agent.log import get_logger
 from edge_agent.names import pretty_class
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
-from edge_agent.review.queue import left_today, others_labelled, to_ask
+from edge_agent.review.queue import Beside, left_today, others_labelled, to_ask
 from edge_agent.web import charts
 from edge_agent.web._errors import refusal
 from edge_agent.web._limits import BodyLimit
@@ -195,14 +195,14 @@ def create_app(ctx: WebContext) -> Starlette:
     # ---- review -------------------------------------------------------------
     async def review(request: Request) -> Response:
         db = ctx.db()
-        items, left, same_plant = [], None, []
+        items, left, beside = [], None, Beside([])
         i = parse_int(request.query_params.get("i"))
         if db is not None:
             try:
                 items = to_ask(db, ctx.cfg.labels.review_per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels)
                 left = left_today(db, ctx.cfg.labels.review_per_day)
                 if i < len(items):
-                    same_plant = others_labelled(db, items[i], ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_s)
+                    beside = others_labelled(db, items[i], ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_s)
             finally:
                 db.close()
         item = items[i] if i < len(items) else None
@@ -212,7 +212,8 @@ def create_app(ctx: WebContext) -> Starlette:
             "review.html",
             item=item,
             beside=await run_in_threadpool(ctx.unlabelled_beside, done_sha) if done_sha else None,  # the plant's other photos
-            same_plant=dict(same_plant),
+            same_plant=dict(beside.labels),
+            same_of="of this plant" if beside.of == "plant" else f"taken within {NEAR_M} m of it",
             i=i,
             n=len(items),
             left=left,

@@ -13,7 +13,7 @@ from datetime import date, datetime, time, timedelta
 from pathlib import Path
 from urllib.parse import urlencode
 
-from edge_agent.capture_place import NEAR_M, Place, metres_per_degree
+from edge_agent.capture_place import NEAR_M, Place, near_sql
 from edge_agent.results import LedgerColumns, ResultRow, query_readonly, result_record
 
 __all__ = ["Filters", "Reader"]
@@ -68,14 +68,10 @@ class Filters:
         if self.day_to:
             clauses.append(f"{when} < ?")
             args.append(datetime.combine(self.day_to + timedelta(days=1), time()).timestamp())
-        if self.near:  # a box for the index, then the distance on a plane (a farm is flat at this scale)
-            north, east = metres_per_degree(self.near.lat)
-            dlat, dlon = self.within_m / north, self.within_m / east
-            clauses.append(
-                "lat BETWEEN ? AND ? AND lon BETWEEN ? AND ? AND ((lat - ?) * ?) * ((lat - ?) * ?) + ((lon - ?) * ?) * ((lon - ?) * ?) <= ?"
-            )
-            lat, lon = self.near
-            args += [lat - dlat, lat + dlat, lon - dlon, lon + dlon, lat, north, lat, north, lon, east, lon, east, self.within_m**2]
+        if self.near:
+            sql, near_args = near_sql(self.near, self.within_m)
+            clauses.append(sql)
+            args += near_args
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 

@@ -188,7 +188,11 @@ def _review(ctx: WebContext) -> s.ReviewQueue:
     try:
         items, left = to_ask(db, per_day, wanted=ctx.wanted(), policy=ctx.cfg.labels), left_today(db, per_day)
         limit, gap = ctx.cfg.classify.plant_max_photos, ctx.cfg.classify.plant_visit_gap_s
-        out = [s.ReviewItemOut(**it.as_json(), plant_labels=dict(others_labelled(db, it, limit, gap))) for it in items]
+        out = []
+        for it in items:
+            beside = others_labelled(db, it, limit, gap)
+            labels = {f"{beside.of}_labels": dict(beside.labels)} if beside.of else {}
+            out.append(s.ReviewItemOut(**it.as_json(), **labels))
     finally:
         db.close()
     return s.ReviewQueue(left_today=left, per_day=per_day, items=out)

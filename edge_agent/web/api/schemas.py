@@ -137,6 +137,10 @@ class ReviewItemOut(BaseModel):
     classified: datetime | None = Field(None, description="When the model answered it (UTC).")
     taken: datetime | None = Field(None, description="When the photo was taken (UTC), from its EXIF where believed.")
     plant_labels: dict[str, int] = Field({}, description="The classes the expert gave the plant's other photos, and how many.")
+    near_labels: dict[str, int] = Field(
+        {},
+        description="For a photo of no plant: the classes the expert gave the photos taken within 15 m of it the same visit, and how many.",
+    )
 
 
 class ReviewQueue(BaseModel):
