@@ -631,6 +631,20 @@ def test_an_ntfy_alert_opens_the_photo_when_tapped(tmp_path, receiver):
     hook.send(box.due("webhook:0"))
     headers, _ = receiver.got[0]
     assert headers["Click"] == "http://greenhouse.local:8080/photo/" + "ab" * 32
+    assert "Actions" not in headers  # no position: no map button
+
+
+def test_an_ntfy_alert_with_a_position_has_a_map_button_that_opens_the_phones_map_app_there(tmp_path, receiver):
+    from dataclasses import replace
+
+    hook = Webhook(WebhookSection(url=receiver.url, format="ntfy"), 0)
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    body = alert_body(replace(_cand("Apple___Apple_scab"), place=(47.397812, -8.547231)), "http://greenhouse.local:8080")
+    box.put([("webhook:0", "alert", receiver.url, json.dumps(body).encode(), 1, False)])
+    hook.send(box.due("webhook:0"))
+    headers, _ = receiver.got[0]
+    assert json.loads(headers["Actions"]) == [{"action": "view", "label": "Map", "url": "geo:47.397812,-8.547231"}]
+    assert headers["Click"].endswith("/photo/" + "ab" * 32)  # a tap still opens the photo
 
 
 def test_alerts_raised_before_a_destination_existed_are_not_sent_to_it_and_later_ones_are(tmp_path, receiver):

@@ -183,6 +183,8 @@ def test_the_photos_page_finds_the_photos_taken_near_a_photo_and_the_api_and_csv
     csv_link = got.split('id="csv" href="')[1].split('"')[0]
     assert csv_link == "/photos.csv?near=47.397812%2C8.547231"
     assert c.get("/photos.csv").text.splitlines()[-1].endswith(",,")  # a photo without GPS: two empty cells
+    upload = c.get("/upload").text  # the Upload page says why a phone's uploads have no position
+    assert 'id="upload-gps"' in upload and "copy the photos" in upload
     anywhere = got.split('id="near-filter"')[1].split("anywhere")[0].rsplit('href="', 1)[1].split('"')[0]
     assert anywhere == "/photos?"
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from edge_agent.alerts.config import WebhookSection
 from edge_agent.alerts.outbox import DeliveryError, Message, PartialDelivery
+from edge_agent.capture_place import geo_uri
 from edge_agent.names import printable
 
 __all__ = ["Webhook", "signature", "shown_url"]
@@ -39,6 +40,15 @@ def shown_url(url: str) -> str:
 def signature(secret: bytes, timestamp: str, body: bytes) -> str:
     """The value of ``X-Edge-Agent-Signature`` for ``body`` sent at ``timestamp``."""
     return "sha256=" + hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def _map_action(doc: dict) -> dict[str, str]:
+    """ntfy's Actions header with a "Map" button opening the phone's map app where the alert's photo was taken (its
+    ``geo:`` link), where the alert says; none otherwise. JSON, as ntfy takes it, since a geo link holds a comma."""
+    lat, lon = doc.get("latitude"), doc.get("longitude")
+    if not isinstance(lat, (int, float)) or not isinstance(lon, (int, float)):
+        return {}
+    return {"Actions": json.dumps([{"action": "view", "label": "Map", "url": geo_uri(lat, lon)}])}
 
 
 class Webhook:
@@ -68,6 +78,7 @@ class Webhook:
                 "Tags": "seedling,warning",
                 "Priority": "high" if m.kind == "alert" and doc.get("verdict", "confident") == "confident" else "default",
                 **({"Click": doc["url"]} if doc.get("url") else {}),  # a tap on the notification opens the photo
+                **_map_action(doc),
             }
             headers = {k: v.encode("utf-8").decode("latin-1") for k, v in headers.items()}  # header values are Latin-1 on the wire
         else:
