@@ -265,7 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     res = sub.add_parser("results", parents=[common], help="export stored predictions")
     res.add_argument("--state-dir")
-    res.add_argument("--since", help="ISO time or a duration back from now (15m, 2h, 3d)")
+    res.add_argument(
+        "--since",
+        help="only photos classified since: an ISO time or a duration back from now (15m, 2h, 3d); the Photos page filters by when taken",
+    )
     res.add_argument("--plant", help="only this plant's photos (an inbox subfolder's name)")
     form = res.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="JSON lines")
