@@ -183,6 +183,20 @@ class CameraSection(Section):
     backoff_initial_s: float = Field(1.0, gt=0, description="First wait before reopening; doubles on each failure.")
     backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between reopen attempts.")
     jpeg_quality: int = Field(95, ge=50, le=100, description="JPEG quality of frames kept for the label queues.")
+    place: str = Field(
+        "",
+        max_length=40,
+        description="Where the camera stands, as latitude,longitude in degrees (its frames' place on the Map); empty: not known.",
+    )
+
+    @field_validator("place")
+    @classmethod
+    def _place(cls, value: str) -> str:
+        from edge_agent.capture_place import parse_place
+
+        if value.strip():
+            parse_place(value)  # ValueError saying why
+        return value.strip()
 
 
 class RetentionSection(Section):

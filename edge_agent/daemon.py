@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_agent.board import BoardSensors
+from edge_agent.capture_place import parse_place
 from edge_agent.capture_time import clock_behind
 from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
@@ -62,6 +63,7 @@ class Daemon:
         self.pipeline: Pipeline | None = None
         self.folder: FolderSource | None = None
         self.camera: CameraSource | None = None
+        self._camera_place: tuple[float, float] | None = None  # [camera] place: where its frames were taken
         self.sender: Sender | None = None
         self.fetcher: EngineFetcher | None = None
         self.watcher: EngineWatcher | None = None
@@ -135,6 +137,7 @@ class Daemon:
         if cfg.camera.enabled:
             from edge_agent.sources.camera import CameraSource
 
+            self._camera_place = parse_place(cfg.camera.place) if cfg.camera.place else None
             self.camera = CameraSource(cfg.camera, self._frame)
             self.camera.start()
             self.camera.first_attempt.wait(15)  # READY only after the camera was tried once
@@ -255,7 +258,7 @@ class Daemon:
                 return
 
     def _frame(self, name: str, data: bytes) -> None:
-        if not self.pipeline.submit(Job(source=name, data=data), timeout=1.0):
+        if not self.pipeline.submit(Job(source=name, data=data, place=self._camera_place), timeout=1.0):
             self.log.warning("frame_dropped", source=name, reason="pipeline full")
 
     def _done(self, job: Job) -> None:

@@ -377,3 +377,36 @@ def test_the_review_page_says_what_the_expert_called_the_photos_taken_beside_a_q
     assert main(["review", "list", "--state-dir", str(state), "--all", "--json"]) == 0
     listed = {j["sha256"]: j for j in map(json.loads, capsys.readouterr().out.splitlines())}
     assert listed[asked]["near_labels"] == {scab: 2} and listed[alone]["near_labels"] == {}
+
+
+def test_a_fixed_cameras_place_is_its_frames_and_a_place_off_the_earth_is_refused_naming_the_key_and_file(tmp_path, tiny_store):
+    from edge_agent.config import ConfigError, PipelineSection, load_config
+    from edge_agent.pipeline import Job
+    from engines.loader import open_engine
+
+    from .test_engines import ort_config
+    from .test_pipeline import FixedEngine, make_pipeline
+
+    bad = tmp_path / "edge-agent.toml"
+    bad.write_text('[camera]\nplace = "91.5, 8.2"\n')
+    with pytest.raises(ConfigError, match=r"camera\.place.*no place on Earth: latitude 91\.5") as exc:
+        load_config(bad)
+    assert str(bad) in str(exc.value)
+    bad.write_text('[camera]\nplace = "greenhouse 2"\n')
+    with pytest.raises(ConfigError, match=r"camera\.place.*latitude,longitude"):
+        load_config(bad)
+    bad.write_text('[camera]\nplace = " -33.8688, 151.2093 "\n')
+    assert load_config(bad).camera.place == "-33.8688, 151.2093"
+    with open_engine(tiny_store, ort_config()) as engine:
+        p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine), settings=PipelineSection(max_batch=2, max_wait_ms=0))
+        try:
+            p.submit(Job("camera:0", data=photo(seed=3), place=(-33.8688, 151.2093)))  # a frame: no EXIF, the camera's place
+            p.submit(Job("camera:0", data=photo(seed=4, lat=ORCHARD[0], lon=ORCHARD[1]), place=(-33.8688, 151.2093)))  # its own wins
+            p.submit(Job("camera:1", data=photo(seed=5)))  # a camera whose place is not configured
+            assert p.drain(30)
+        finally:
+            p.stop()
+    places = sorted(db._query("SELECT source, lat, lon FROM results"), key=lambda r: (r[0], r[1] or 0))
+    db.close()
+    assert places[0] == ("camera:0", -33.8688, 151.2093) and places[1][0] == "camera:0" and abs(places[1][1] - ORCHARD[0]) < 2e-6
+    assert places[2] == ("camera:1", None, None)
