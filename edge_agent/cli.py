@@ -15,6 +15,7 @@ from edge_agent._cli_common import load as _load
 from edge_agent._cli_common import print_rows
 from edge_agent._cli_common import state_db as _state_db
 from edge_agent._cli_common import store_of as _store
+from edge_agent.capture_place import NEAR_M
 from edge_agent.names import printable
 
 __all__ = ["main", "build_parser"]
@@ -128,12 +129,27 @@ def _parse_since(text: str | None) -> float | None:
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 
+def _parse_near(text: str | None, within: float) -> tuple:
+    """``--near`` and ``--within`` as :meth:`ResultsDB.results` takes them (nothing when ``--near`` is not given)."""
+    from edge_agent.capture_place import parse_place
+
+    if text is None:
+        return ()
+    if not 1 <= within <= 10_000:  # also refuses nan
+        raise SystemExit(f"edge-agent: --within {within:g}: from 1 to 10000 metres")
+    try:
+        return (parse_place(text), within)
+    except ValueError as exc:
+        raise SystemExit(f"edge-agent: --near: {exc}") from None
+
+
 def _results(args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from edge_agent.inbox_files import where_now
     from edge_agent.verdict import phrase
 
+    near = _parse_near(args.near, args.within)
     cfg = _load(args)
     state, db = _state_db(args, cfg)
 
@@ -145,10 +161,10 @@ def _results(args: argparse.Namespace) -> int:
     if args.csv:  # for a spreadsheet (edge_agent.export)
         from edge_agent.export import csv_lines
 
-        sys.stdout.writelines(csv_lines(db.results(_parse_since(args.since), args.plant)))
+        sys.stdout.writelines(csv_lines(db.results(_parse_since(args.since), args.plant, *near)))
         return 0
     print_rows(
-        located(db.results(_parse_since(args.since), args.plant)),
+        located(db.results(_parse_since(args.since), args.plant, *near)),
         args.json,
         lambda row: (
             f"{row['created']}  {phrase(row['verdict'], row['label']):60} {row['confidence']:.3f}  {row['verdict'] or '-':9}  "
@@ -270,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="only photos classified since: an ISO time or a duration back from now (15m, 2h, 3d); the Photos page filters by when taken",
     )
     res.add_argument("--plant", help="only this plant's photos (an inbox subfolder's name)")
+    res.add_argument("--near", metavar="LAT,LON", help="only photos taken near this place (their EXIF GPS), in degrees")
+    res.add_argument("--within", type=float, default=NEAR_M, metavar="M", help=f"how near to --near, in metres (default {NEAR_M})")
     form = res.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="JSON lines")
     form.add_argument("--csv", action="store_true", help="CSV for a spreadsheet (one header row; text that looks like a formula is quoted)")

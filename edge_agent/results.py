@@ -543,15 +543,21 @@ class ResultsDB:
             con = self._readers.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
-    def results(self, since: float | None = None, plant: str | None = None) -> Iterator[dict]:
-        """Every result from ``since`` on (only ``plant``'s photos, if given), oldest first, as ``edge-agent results``
-        prints them."""
+    def results(
+        self, since: float | None = None, plant: str | None = None, near: tuple[float, float] | None = None, within_m: float = 15.0
+    ) -> Iterator[dict]:
+        """Every result classified from ``since`` on (only ``plant``'s photos, and those taken within ``within_m``
+        metres of ``near``, where given), oldest first, as ``edge-agent results`` prints them."""
         kept = LedgerColumns(self._query)  # read-only, maybe not yet upgraded
-        plants = kept.or_null("plant")
-        rows = self._query(
-            f"SELECT {kept.row_sql()} FROM results WHERE created >= ?{f' AND {plants} = ?' if plant else ''} ORDER BY id",
-            (since or 0.0, *((plant,) if plant else ())),
-        )
+        where, args = ["created >= ?"], [since or 0.0]
+        if plant:
+            where.append(f"{kept.or_null('plant')} = ?")
+            args.append(plant)
+        if near is not None:
+            sql, near_args = near_sql(near, within_m) if kept.has("lat") else ("0", [])  # no places yet: none near
+            where.append(sql)
+            args += near_args
+        rows = self._query(f"SELECT {kept.row_sql()} FROM results WHERE {' AND '.join(where)} ORDER BY id", tuple(args))
         said = self.expert_labels()
         for row in map(ResultRow.from_sql, rows):
             yield result_record(row, said.get(row.sha256))

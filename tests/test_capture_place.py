@@ -220,6 +220,13 @@ def test_the_pipeline_records_where_each_photo_was_taken_and_the_cli_and_json_sa
     assert main(["results", "--state-dir", str(tmp_path)]) == 0
     lines = {line.split("/")[-1].split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert f"  at: {places['a.jpg'][0]},{places['a.jpg'][1]}" in lines["a.jpg"] and "at:" not in lines["b.jpg"]
+    assert main(["results", "--state-dir", str(tmp_path), "--near", "47.3979, 8.5472", "--json"]) == 0  # 12 m away
+    assert [json.loads(ln)["path"].rsplit("/", 1)[1] for ln in capsys.readouterr().out.splitlines()] == ["a.jpg"]
+    assert main(["results", "--state-dir", str(tmp_path), "--near", "47.3979,8.5472", "--within", "5", "--csv"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # the header alone: none within 5 m
+    for bad, said in ((["--near", "91,0"], "--near: no place on Earth"), (["--near", "1,2", "--within", "0"], "--within 0")):
+        with pytest.raises(SystemExit, match=said):
+            main(["results", "--state-dir", str(tmp_path), *bad])
 
 
 def test_an_alert_and_the_state_say_where_the_photo_was_taken_for_home_assistants_map(tmp_path):
