@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from edge_agent.imageheader import ifd_entries
 
-__all__ = ["NEAR_M", "Place", "exif_place", "geo_uri", "metres_per_degree", "middle", "near_sql", "parse_place"]
+__all__ = ["NEAR_M", "Place", "east_of", "exif_place", "geo_uri", "metres_per_degree", "middle", "near_sql", "parse_place"]
 
 #: How near (metres) another photo's place must be to count as taken "near here": a phone's fix is good to a few
 #: metres under open sky, and an orchard's trees stand 3-5 m apart, so it is the tree and its neighbours.
@@ -98,16 +98,30 @@ def metres_per_degree(lat: float) -> tuple[float, float]:
     return 111_132.0, max(111_320.0 * math.cos(math.radians(lat)), 1.0)
 
 
+def east_of(lon: float, lon0: float) -> float:
+    """Degrees east from ``lon0`` to ``lon``, the short way round (a farm across the 180th meridian, as on Taveuni, Fiji,
+    is one farm)."""
+    return (lon - lon0 + 540.0) % 360.0 - 180.0
+
+
 def near_sql(near: tuple[float, float], within_m: float, prefix: str = "") -> tuple[str, list]:
     """The SQL condition (and its arguments) that a result (columns ``lat``, ``lon`` of table alias ``prefix``) was
     taken within ``within_m`` metres of ``near``: a box an index can use, then the distance on a plane (a farm is flat
-    at this scale)."""
+    at this scale), across the 180th meridian too."""
     lat0, lon0 = near
     north, east = metres_per_degree(lat0)
     dlat, dlon = within_m / north, within_m / east
     lat, lon = f"{prefix}lat", f"{prefix}lon"
-    sql = f"{lat} BETWEEN ? AND ? AND {lon} BETWEEN ? AND ? AND (({lat} - ?) * ?) * (({lat} - ?) * ?) + (({lon} - ?) * ?) * (({lon} - ?) * ?) <= ?"
-    return sql, [lat0 - dlat, lat0 + dlat, lon0 - dlon, lon0 + dlon, lat0, north, lat0, north, lon0, east, lon0, east, within_m**2]
+    west_end, east_end = lon0 - dlon, lon0 + dlon
+    if -180 <= west_end and east_end <= 180:
+        box, box_args, d, d_args = f"{lon} BETWEEN ? AND ?", [west_end, east_end], f"({lon} - ?)", [lon0]
+    else:  # the box crosses the 180th meridian: its two halves, and the difference the short way round
+        box, box_args = f"({lon} >= ? OR {lon} <= ?)", [east_of(west_end, 0.0), east_of(east_end, 0.0)]
+        d = f"(CASE WHEN {lon} - ? > 180 THEN {lon} - ? - 360 WHEN {lon} - ? < -180 THEN {lon} - ? + 360 ELSE {lon} - ? END)"
+        d_args = [lon0] * 5
+    sql = f"{lat} BETWEEN ? AND ? AND {box} AND (({lat} - ?) * ?) * (({lat} - ?) * ?) + ({d} * ?) * ({d} * ?) <= ?"
+    args = [lat0 - dlat, lat0 + dlat, *box_args, lat0, north, lat0, north, *d_args, east, *d_args, east, within_m**2]
+    return sql, args
 
 
 def parse_place(text: str) -> Place:
@@ -130,7 +144,9 @@ def middle(places: Iterable[tuple[float, float] | None]) -> Place | None:
     known = [p for p in places if p is not None]
     if not known:
         return None
-    return Place(round(statistics.median(p[0] for p in known), 6), round(statistics.median(p[1] for p in known), 6))
+    lon0 = statistics.median_low(p[1] for p in known)  # one of theirs: an average across the 180th meridian is 0
+    east = statistics.median(east_of(p[1], lon0) for p in known)
+    return Place(round(statistics.median(p[0] for p in known), 6), round(east_of(lon0 + east, 0.0), 6))
 
 
 def geo_uri(lat: float, lon: float) -> str:

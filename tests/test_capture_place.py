@@ -417,3 +417,33 @@ def test_a_fixed_cameras_place_is_its_frames_and_a_place_off_the_earth_is_refuse
     db.close()
     assert places[0] == ("camera:0", -33.8688, 151.2093) and places[1][0] == "camera:0" and abs(places[1][1] - ORCHARD[0]) < 2e-6
     assert places[2] == ("camera:1", None, None)
+
+
+def test_a_farm_across_the_180th_meridian_is_one_farm_near_on_the_map_and_in_the_middle(tmp_path):
+    """Taveuni (Fiji) lies across the 180th meridian: two trees 11 m apart, one at 179.99995 E and one at 179.99995 W."""
+    from edge_agent.capture_place import middle
+    from edge_agent.web.field_map import MapPoint, field_map
+    from edge_agent.web.queries import Filters, Reader
+
+    east_tree, west_tree, far = (-16.8, 179.99995), (-16.8, -179.99995), (-16.8, -179.999)  # far: 106 m west of the line
+    assert abs(middle([east_tree, west_tree]).lon) > 179.9999  # not 0, half the world away
+    db = ResultsDB(tmp_path / "results.sqlite")
+    shas = {}
+    for name, (lat, lon) in (("east", east_tree), ("west", west_tree), ("far", far)):
+        sha = f"{next(_n):064x}"
+        shas[name] = sha
+        db.commit(
+            [
+                ResultRow(
+                    sha, sha[:16], None, "inbox", "Apple___healthy", 0.9, [], "v1", {}, time.time(), "confident", None, "", None, lat, lon
+                )
+            ]
+        )
+    db.close()
+    reader = Reader(tmp_path / "results.sqlite")
+    for here in (east_tree, west_tree):
+        rows, total = reader.recent(Filters(near=Place(*here)), 0, 10)
+        assert {r.sha256 for r in rows} == {shas["east"], shas["west"]} and total == 2, here
+    assert reader.count(Filters(near=Place(*west_tree), within_m=200)) == 3
+    drawing = field_map([MapPoint(f"{i:064x}", lat, lon, "healthy", "") for i, (lat, lon) in enumerate((east_tree, west_tree, far))])
+    assert drawing.drawn == 3 and drawing.span_m < 200  # not 40,000 km wide

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from edge_agent.capture_place import metres_per_degree
+from edge_agent.capture_place import east_of, metres_per_degree
 from edge_agent.names import is_disease
 
 __all__ = ["STATES", "MapPoint", "FieldMap", "state_of", "field_map"]
@@ -83,9 +83,9 @@ def field_map(points: Sequence[MapPoint], width: int = 900, height: int = 600, m
     if not points:
         return FieldMap("", 0, 0, counts, 0.0)
     lat0 = statistics.median(p.lat for p in points)
-    lon0 = statistics.median(p.lon for p in points)
+    lon0 = statistics.median_low(p.lon for p in points)  # one of theirs: an average across the 180th meridian is 0
     north, east = metres_per_degree(lat0)
-    xy = [((p.lon - lon0) * east, (p.lat - lat0) * north) for p in points]
+    xy = [(east_of(p.lon, lon0) * east, (p.lat - lat0) * north) for p in points]
     kept = _kept(xy, min_span_m)
     inside = [v for v, k in zip(xy, kept) if k]
     x_lo, x_hi = min(x for x, _ in inside), max(x for x, _ in inside)
