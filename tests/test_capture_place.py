@@ -157,6 +157,9 @@ def test_the_photos_page_finds_the_photos_taken_near_a_photo_and_the_api_and_csv
     link = page.split('id="near-link" href="')[1].split('"')[0]
     assert link == "/photos?near=47.397812,8.547231"
     assert f"2 other photos taken within {NEAR_M} m" in page
+    spot = page.split('id="spot">')[1].split("</dd>")[0]  # the three photos here, their answers together
+    assert "Apple · Apple scab" in spot and "the 3 photos taken within 15 m and 12 hours of it, together" in spot
+    assert 'id="spot"' not in c.get(f"/photo/{alone}").text  # alone: nothing to combine
     assert f'id="near-none">no other photo taken within {NEAR_M} m' in c.get(f"/photo/{alone}").text
     every = c.get("/api/v1/results?size=100").json()["results"]
     without = [r for r in every if r["latitude"] is None]
@@ -447,3 +450,31 @@ def test_a_farm_across_the_180th_meridian_is_one_farm_near_on_the_map_and_in_the
     assert reader.count(Filters(near=Place(*west_tree), within_m=200)) == 3
     drawing = field_map([MapPoint(f"{i:064x}", lat, lon, "healthy", "") for i, (lat, lon) in enumerate((east_tree, west_tree, far))])
     assert drawing.drawn == 3 and drawing.span_m < 200  # not 40,000 km wide
+
+
+def test_a_photos_spot_combines_the_photos_taken_beside_it_that_visit_not_last_months_nor_a_plants(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from .web_helpers import client, make_state
+
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    now = time.time()
+
+    def at(place, label, p, taken, plant=None):
+        sha = f"{next(_n):064x}"
+        top_k = [[label, p], ["Apple___healthy" if label != "Apple___healthy" else "Apple___Apple_scab", 1 - p]]
+        verdict = "confident" if p >= 0.9 else "unsure"
+        db.commit(
+            [ResultRow(sha, sha[:16], f"/inbox/{sha[:8]}.jpg", "inbox", label, p, top_k, "v1", {}, now, verdict, plant, "", taken, *place)]
+        )
+        return sha
+
+    first = at(ORCHARD, "Apple___Apple_scab", 0.8, now - 3600)  # unsure alone
+    at(_metres(3, 0), "Apple___Apple_scab", 0.85, now - 3000)  # unsure alone, sure together
+    at(ORCHARD, "Apple___healthy", 0.99, now - 30 * 86400)  # the same tree last month: not this visit
+    tree = at(_metres(1, 1), "Apple___healthy", 0.99, now - 3500, plant="tree 9")  # a plant's photo: its plant speaks
+    db.close()
+    c = client(state)
+    spot = c.get(f"/photo/{first}").text.split('id="spot">')[1].split("</dd>")[0]
+    assert "the 3 photos taken within 15 m and 12 hours of it" in spot  # the two, and the plant's photo beside them
+    assert 'id="spot"' not in c.get(f"/photo/{tree}").text  # a plant's photo: its plant speaks, no spot

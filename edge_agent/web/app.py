@@ -157,6 +157,7 @@ def create_app(ctx: WebContext) -> Starlette:
         queued = queued[0] if queued else None
         classes = ctx.classes() if found else []
         near = ctx.reader.count(Filters(near=Place(*found.place))) if found and found.place else 0  # itself included
+        spot = ctx.spot(found, len(classes)) if found else None
         return page(
             request,
             "photo.html",
@@ -168,6 +169,7 @@ def create_app(ctx: WebContext) -> Starlette:
             name=name,
             classes=classes,
             near=near,
+            spot=spot,
             labelled=request.query_params.get("labelled"),
         )
 

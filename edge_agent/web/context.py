@@ -13,7 +13,7 @@ from edge_agent.capture_place import NEAR_M, Place, parse_place
 from edge_agent.config import AppConfig
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
-from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
 from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
@@ -50,6 +50,19 @@ class WebContext:
         said = self.reader.expert_labels([r.sha256 for r in rows])
         cl = self.cfg.classify
         return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos, cl.plant_visit_gap_s), said
+
+    def spot(self, row: ResultRow, num_classes: int) -> PlantDiagnosis | None:
+        """The answers of the photos taken within :data:`NEAR_M` metres of ``row``, a photo of no plant, within a visit's
+        time of it, combined as a plant's are (the same tree and its neighbours photographed without a folder a tree);
+        None where it has no place, is a plant's, or fewer than two (or more than ``plant_max_photos``) are there."""
+        cl = self.cfg.classify
+        if row.plant or row.place is None:
+            return None
+        rows = self.reader.near_visit(Place(*row.place), NEAR_M, row.when, cl.plant_visit_gap_s, cl.plant_max_photos + 1)
+        if len(rows) < 2 or too_many(len(rows), cl.plant_max_photos):
+            return None
+        said = self.reader.expert_labels([r.sha256 for r in rows])
+        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos)
 
     def visits(self, rows: list, num_classes: int) -> list[tuple[float, PlantDiagnosis]]:
         """Each visit of a plant (its stored ``rows``, oldest first; :func:`~edge_agent.plants.visits`), the newest

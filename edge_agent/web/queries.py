@@ -104,6 +104,19 @@ class Reader:
             return " WHERE 0", []
         return filters.where(self._ledger.when)
 
+    def near_visit(self, place: Place, within_m: float, when: float, gap_s: float, limit: int) -> list[ResultRow]:
+        """The photos taken within ``within_m`` metres of ``place`` and ``gap_s`` seconds of ``when`` (when taken, else
+        classified; the whole season where ``gap_s`` is 0), in time order, at most ``limit``."""
+        if not self._ledger.has("lat"):
+            return []
+        near, args = near_sql(place, within_m)
+        w = self._ledger.when
+        span = (when - gap_s, when + gap_s) if gap_s > 0 else (0.0, 1e18)
+        rows = self._rows(
+            f"SELECT {self._columns()} FROM results WHERE {near} AND {w} BETWEEN ? AND ? ORDER BY {w}, id LIMIT ?", [*args, *span, limit]
+        )
+        return [ResultRow.from_sql(r) for r in rows]
+
     def count(self, filters: Filters) -> int:
         """How many results the filters match."""
         where, args = self._where(filters)
