@@ -49,11 +49,22 @@ def _walk(paths: list[str], extensions: set[str]) -> Iterator[Path]:
             yield p
 
 
+def _taken_at(path: Path):
+    """When and where the photo at ``path`` was taken (:func:`edge_agent.capture.read_capture`; nothing where unreadable)."""
+    from edge_agent.capture import Capture, read_capture
+
+    try:
+        return read_capture(path.read_bytes(), time.time())
+    except OSError:
+        return Capture()
+
+
 def _classify(args: argparse.Namespace) -> int:
     from edge_agent._truth import precision_check
     from edge_agent.classifier import Classifier
     from edge_agent.log import get_logger
     from edge_agent.preprocess import ImageRejected
+    from edge_agent.results import iso
     from edge_agent.verdict import phrase
     from engines.loader import open_engine
 
@@ -76,6 +87,7 @@ def _classify(args: argparse.Namespace) -> int:
                 print(printable(f"{path}: ERROR {exc}"), flush=True)
             continue
         if args.json:
+            taken = _taken_at(path)
             row = {
                 "path": str(path),
                 "label": pred.label,
@@ -85,6 +97,9 @@ def _classify(args: argparse.Namespace) -> int:
                 "top_k": [[c, p] for c, p in pred.top_k],
                 "engine_version": pred.engine_version,
                 "ms": pred.ms,
+                "taken": None if taken.taken is None else iso(taken.taken),  # its EXIF, as the daemon keeps it
+                "latitude": taken.place.lat if taken.place else None,
+                "longitude": taken.place.lon if taken.place else None,
             }
             print(json.dumps(row), flush=True)
         else:

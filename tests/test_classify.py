@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,12 +47,23 @@ def test_classify_real_photos_json(plantvillage, tmp_path):
     folder.mkdir()
     for i, p in enumerate(photos):
         shutil.copy(p, folder / f"{i:02d}_{p.name}")
+    from PIL import Image, TiffImagePlugin  # one photo from a phone: when and where it was taken, in its EXIF
+
+    exif, r = Image.Exif(), TiffImagePlugin.IFDRational
+    exif.get_ifd(0x8769).update({0x9003: time.strftime("%Y:%m:%d %H:%M:%S", time.localtime(time.time() - 86400))})
+    exif.get_ifd(0x8825).update({1: "S", 2: (r(33, 1), r(52, 1), r(744, 100)), 3: "E", 4: (r(151, 1), r(12, 1), r(3348, 100))})
+    Image.open(photos[0]).save(folder / "00_phone.jpg", "JPEG", exif=exif.tobytes())
+    (folder / f"00_{photos[0].name}").unlink()
     out = run_cli("classify", "--json", str(folder))
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(rows) == len(photos)
+    phone = next(row for row in rows if row["path"].endswith("00_phone.jpg"))
+    assert (phone["latitude"], phone["longitude"]) == (-33.868733, 151.2093) and phone["taken"] is not None
+    assert all(row["latitude"] is None and row["taken"] is None for row in rows if row is not phone)
+    keys = {"path", "label", "confidence", "verdict", "verdict_reason", "top_k", "engine_version", "ms", "taken", "latitude", "longitude"}
     for row in rows:
-        assert set(row) == {"path", "label", "confidence", "verdict", "verdict_reason", "top_k", "engine_version", "ms"}
+        assert set(row) == keys
         assert row["verdict"] in ("confident", "unsure", "unknown") and (row["verdict_reason"] == "") == (row["verdict"] == "confident")
         assert len(row["top_k"]) == 3 and row["top_k"][0][0] == row["label"]
         assert 0 < row["confidence"] <= 1 and row["ms"] > 0 and row["engine_version"].startswith("v")
