@@ -121,6 +121,10 @@ def test_the_map_page_draws_the_photos_with_a_place_each_a_link_to_its_photo_fil
     assert 'id="map-without">6 photos of the season have no position' in page
     assert "Apple · Apple scab 95% · plant tree 1 ·" in page  # the dot's hover text
     assert re.search(r"healthy \(2\).*a disease \(1\)", page.split('id="map-legend"')[1].split("</p>")[0])
+    sick_only = c.get("/map?show=sick").text  # the legend's "a disease": only those dots, every count still said
+    assert set(_dots(sick_only)) == {scab} and re.search(r"healthy \(2\).*a disease \(1\)", sick_only.split('id="map-legend"')[1])
+    assert 'class="key on" data-show="sick" href="/map?"' in sick_only  # the chosen kind's link shows every kind again
+    assert 'id="map-none-shown"' in c.get("/map?show=unknown").text and c.get("/map?show=blue").status_code == 400
     only = c.get("/map?label=Apple___healthy").text
     assert set(_dots(only)) == {healthy, elsewhere} and "6 photos" not in only  # the filters' photos only
     tree = c.get("/map?plant=tree%201").text

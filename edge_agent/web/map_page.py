@@ -1,5 +1,5 @@
 """The Map page: the season's photos drawn where they were taken (:mod:`edge_agent.web.field_map`), filtered as
-the Photos page is (a class, a range of days, a plant)."""
+the Photos page is (a class, a range of days, a plant), and to one kind of dot (``show``: those with a disease...)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 from edge_agent.names import pretty_class
 from edge_agent.web._heap import trim_heap
-from edge_agent.web.context import WebContext, page_filters
+from edge_agent.web.context import BadParameter, WebContext, page_filters
 from edge_agent.web.field_map import STATES, MapPoint, field_map, state_of
 
 __all__ = ["MAP_POINTS", "map_routes"]
@@ -51,7 +51,11 @@ def map_routes(ctx: WebContext, page: Callable[..., Response], local_time: Calla
             )
             for sha, lat, lon, label, conf, verdict, plant, when in rows
         ]
-        drawing = field_map(points)
+        show = request.query_params.get("show", "")
+        if show and show not in STATES:
+            raise BadParameter(f"show: one of {', '.join(STATES)}, not {show[:20]!r}")
+        counts = {key: sum(p.state == key for p in points) for key in STATES}  # the legend's, whatever is shown
+        drawing = field_map([p for p in points if p.state == show] if show else points)
         shown = page(
             request,
             "map.html",
@@ -62,6 +66,8 @@ def map_routes(ctx: WebContext, page: Callable[..., Response], local_time: Calla
             most=MAP_POINTS,
             found=len(rows),
             states=STATES,
+            show=show,
+            counts=counts,
         )
         trim_heap()  # the page's objects are freed: give their memory back (edge_agent.web._heap)
         return shown
