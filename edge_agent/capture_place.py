@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from edge_agent.imageheader import ifd_entries
 
-__all__ = ["NEAR_M", "Place", "east_of", "exif_place", "geo_uri", "metres_per_degree", "middle", "near_sql", "parse_place"]
+__all__ = ["NEAR_M", "Place", "east_of", "exif_place", "geo_uri", "metres_per_degree", "middle", "near_sql", "parse_place", "place_of"]
 
 #: How near (metres) another photo's place must be to count as taken "near here": a phone's fix is good to a few
 #: metres under open sky, and an orchard's trees stand 3-5 m apart, so it is the tree and its neighbours.
@@ -68,6 +68,11 @@ def _degrees(parts: list[float] | None, ref: str, positive: str, negative: str, 
     if deg > limit:
         return None
     return round(deg if ref == positive else -deg, 6)
+
+
+def place_of(lat: float | None, lon: float | None) -> Place | None:
+    """A place from a stored latitude and longitude, None where either is not known."""
+    return None if lat is None or lon is None else Place(lat, lon)
 
 
 def exif_place(tiff: bytes) -> Place | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_agent.board import BoardSensors
-from edge_agent.capture_place import parse_place
+from edge_agent.capture_place import Place, parse_place
 from edge_agent.capture_time import clock_behind
 from edge_agent.classifier import Classifier
 from edge_agent.config import AppConfig, default_store_path
@@ -63,7 +63,7 @@ class Daemon:
         self.pipeline: Pipeline | None = None
         self.folder: FolderSource | None = None
         self.camera: CameraSource | None = None
-        self._camera_place: tuple[float, float] | None = None  # [camera] place: where its frames were taken
+        self._camera_place: Place | None = None  # [camera] place: where its frames were taken
         self.sender: Sender | None = None
         self.fetcher: EngineFetcher | None = None
         self.watcher: EngineWatcher | None = None

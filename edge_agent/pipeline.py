@@ -66,7 +66,7 @@ class Job:
     ext: str = ".jpg"
     origin: Origin | None = None  # the inbox file as read, when the queue may hard-link it
     capture: Capture = Capture()  # when and where the photo was taken, from its EXIF (edge_agent.capture)
-    place: tuple[float, float] | None = None  # where a fixed camera stands ([camera] place): its frames' place
+    place: Place | None = None  # where a fixed camera stands ([camera] place): its frames' place
 
     @property
     def photo_id(self) -> str:
@@ -239,7 +239,7 @@ class Pipeline:
             job.tensor = preprocess_bytes(job.data, spec)
             job.capture = read_capture(job.data, job.detected)
             if job.capture.place is None and job.place is not None:  # a fixed camera's frame: where it stands
-                job.capture = job.capture._replace(place=Place(*job.place))
+                job.capture = job.capture._replace(place=job.place)
             job.timings["preprocess"] = round((time.perf_counter() - t1) * 1000, 3)
         except ImageTruncated as exc:
             if self.retry_incomplete(job):

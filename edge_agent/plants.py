@@ -52,6 +52,7 @@ __all__ = [
     "visits",
     "newest_visit",
     "visit_of",
+    "visit_window",
     "PLANT_NAME",
     "PLANT_NAME_RULE",
     "CAMERA_FOLDER",
@@ -193,6 +194,12 @@ def visits(taken: Sequence[float], gap_s: float) -> list[range]:
     index ranges split where photos are more than ``gap_s`` apart (0: one visit)."""
     starts = [0] + [i for i in range(1, len(taken)) if gap_s > 0 and taken[i] - taken[i - 1] > gap_s]
     return [range(a, b) for a, b in zip(starts, [*starts[1:], len(taken)])] if taken else []
+
+
+def visit_window(when: float, gap_s: float) -> tuple[float, float]:
+    """The times a photo taken at ``when`` shares a visit with at most (``gap_s`` either side; the whole season where
+    ``gap_s`` is 0, as :func:`visits` takes it), for a query by time."""
+    return (when - gap_s, when + gap_s) if gap_s > 0 else (0.0, 1e18)
 
 
 def visit_of(taken: Sequence[float], i: int, gap_s: float) -> range:

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from edge_agent.capture_place import near_sql
+from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
 from engines.durable import relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
@@ -150,14 +150,14 @@ class LedgerColumns:
             self._kept = result_columns(self._query)
         return name in self._kept
 
-    def or_null(self, name: str) -> str:
-        """Column ``name``, or NULL where the ledger has none."""
-        return name if self.has(name) else "NULL"
+    def or_null(self, name: str, prefix: str = "") -> str:
+        """Column ``name`` (of table alias ``prefix``), or NULL where the ledger has none."""
+        return f"{prefix}{name}" if self.has(name) else "NULL"
 
     def row_sql(self, prefix: str = "") -> str:
         """The columns :meth:`ResultRow.from_sql` reads, each of table alias ``prefix`` (NULL for those a ledger not
         yet upgraded has not)."""
-        later = [f"{prefix}{name}" if self.has(name) else "NULL" for name in RESULT_LATER_COLUMNS]
+        later = [self.or_null(name, prefix) for name in RESULT_LATER_COLUMNS]
         return ", ".join([*(f"{prefix}{name}" for name in RESULT_COLUMNS), *later])
 
     @property
@@ -211,9 +211,14 @@ class Arrival(NamedTuple):
     lon: float | None = None
 
     @property
-    def place(self) -> tuple[float, float] | None:
+    def place(self) -> Place | None:
         """Where the photo was taken (its EXIF GPS), None where not known."""
-        return None if self.lat is None or self.lon is None else (self.lat, self.lon)
+        return place_of(self.lat, self.lon)
+
+    @property
+    def when(self) -> float | None:
+        """:attr:`ResultRow.when`: when taken where known, else when classified (None for a result gone)."""
+        return self.created if self.taken is None else self.taken
 
     @property
     def name(self) -> str | None:
@@ -253,9 +258,9 @@ class ResultRow:
         return cls(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, *later)
 
     @property
-    def place(self) -> tuple[float, float] | None:
+    def place(self) -> Place | None:
         """(latitude, longitude) where the photo was taken, None where its EXIF did not say."""
-        return None if self.lat is None or self.lon is None else (self.lat, self.lon)
+        return place_of(self.lat, self.lon)
 
     @property
     def when(self) -> float:
@@ -441,7 +446,7 @@ class ResultsDB:
     def review_pool(self) -> list[tuple[QueueEntry, list, str | None, Arrival]]:
         """Photos waiting for review, each with the top-k and the verdict of its prediction, and how it arrived."""
         kept = LedgerColumns(self._query)  # read-only, maybe not yet upgraded
-        later = ", ".join(f"r.{c}" if kept.has(c) else "NULL" for c in ("taken", "lat", "lon"))
+        later = ", ".join(kept.or_null(c, "r.") for c in ("taken", "lat", "lon"))
         rows = self._query(
             "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
             f" COALESCE(r.top_k, '[]'), r.verdict, r.path, r.source, r.plant, r.created, {later}"
@@ -544,7 +549,7 @@ class ResultsDB:
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
     def results(
-        self, since: float | None = None, plant: str | None = None, near: tuple[float, float] | None = None, within_m: float = 15.0
+        self, since: float | None = None, plant: str | None = None, near: tuple[float, float] | None = None, within_m: float = NEAR_M
     ) -> Iterator[dict]:
         """Every result classified from ``since`` on (only ``plant``'s photos, and those taken within ``within_m``
         metres of ``near``, where given), oldest first, as ``edge-agent results`` prints them."""

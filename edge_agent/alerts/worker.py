@@ -27,6 +27,7 @@ from edge_agent.alerts.homeassistant import discovery
 from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, place_attributes, result_body
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
+from edge_agent.capture_place import place_of
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
 from edge_agent.plants import combine, diagnose, too_many, visit_of
@@ -166,8 +167,9 @@ class AlertWorker(Worker):
             (cursor,),
         )
         for row in rows:
-            place = None if row[10] is None or row[11] is None else (row[10], row[11])
-            c = Candidate(row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6], row[8], taken=row[9], place=place)
+            c = Candidate(
+                row[0], row[1], self.device, row[2], row[3], row[4], row[5], row[6], row[8], taken=row[9], place=place_of(*row[10:12])
+            )
             if self.mqtt is not None and self._may_publish_result():
                 self.mqtt.live(self.topics.result, encode(result_body(c)))
             plant = row[7]

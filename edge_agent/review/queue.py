@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from edge_agent.capture_place import NEAR_M
 from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
-from edge_agent.plants import labels_of_others, too_many, visit_of
+from edge_agent.plants import labels_of_others, too_many, visit_of, visit_window
 from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
@@ -298,11 +298,9 @@ def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 
         said = {s: label for s, label in db.plant_labels(plant).items() if s in visit}
         labels = labels_of_others(len(visit), said, sha, limit)
         return Beside(labels, "plant" if labels else "")
-    when = arrival.taken if arrival.taken is not None else arrival.created
-    if arrival.place is None or when is None:
+    if arrival.place is None or arrival.when is None:
         return Beside([])
-    since, until = (when - gap_s, when + gap_s) if gap_s > 0 else (0.0, 1e18)  # no visits: the whole season
-    said = db.labels_near(arrival.place, NEAR_M, since, until)
+    said = db.labels_near(arrival.place, NEAR_M, *visit_window(arrival.when, gap_s))
     labels = Counter(label for s, label in said.items() if s != sha).most_common()
     return Beside(labels, "near" if labels else "")
 

@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from edge_agent.board import as_reported
-from edge_agent.capture_place import NEAR_M, Place, geo_uri
+from edge_agent.capture_place import NEAR_M, geo_uri
 from edge_agent.export import csv_lines
 from edge_agent.imageheader import ImageRejected
 from edge_agent.log import get_logger
@@ -156,7 +156,7 @@ def create_app(ctx: WebContext) -> Starlette:
         quarantined = ctx.reader.quarantined(name) if name and found is None else None
         queued = queued[0] if queued else None
         classes = ctx.classes() if found else []
-        near = ctx.reader.count(Filters(near=Place(*found.place))) if found and found.place else 0  # itself included
+        near = ctx.reader.count(Filters(near=found.place)) if found and found.place else 0  # itself included
         spot = ctx.spot(found, len(classes)) if found else None
         return page(
             request,

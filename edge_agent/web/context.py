@@ -58,7 +58,7 @@ class WebContext:
         cl = self.cfg.classify
         if row.plant or row.place is None:
             return None
-        rows = self.reader.near_visit(Place(*row.place), NEAR_M, row.when, cl.plant_visit_gap_s, cl.plant_max_photos + 1)
+        rows = self.reader.near_visit(row.place, NEAR_M, row.when, cl.plant_visit_gap_s, cl.plant_max_photos + 1)
         if len(rows) < 2 or too_many(len(rows), cl.plant_max_photos):
             return None
         said = self.reader.expert_labels([r.sha256 for r in rows])

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from edge_agent.capture_place import NEAR_M, Place, near_sql
+from edge_agent.plants import visit_window
 from edge_agent.results import LedgerColumns, ResultRow, query_readonly, result_record
 
 __all__ = ["Filters", "Reader"]
@@ -111,9 +112,9 @@ class Reader:
             return []
         near, args = near_sql(place, within_m)
         w = self._ledger.when
-        span = (when - gap_s, when + gap_s) if gap_s > 0 else (0.0, 1e18)
         rows = self._rows(
-            f"SELECT {self._columns()} FROM results WHERE {near} AND {w} BETWEEN ? AND ? ORDER BY {w}, id LIMIT ?", [*args, *span, limit]
+            f"SELECT {self._columns()} FROM results WHERE {near} AND {w} BETWEEN ? AND ? ORDER BY {w}, id LIMIT ?",
+            [*args, *visit_window(when, gap_s), limit],
         )
         return [ResultRow.from_sql(r) for r in rows]
 
