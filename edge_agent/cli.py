@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from edge_agent import _cli_engine, _cli_plants, _cli_review, _cli_status
+from edge_agent import _cli_classes, _cli_engine, _cli_plants, _cli_review, _cli_status
 from edge_agent._cli_common import load as _load
 from edge_agent._cli_common import print_rows
 from edge_agent._cli_common import state_db as _state_db
@@ -371,6 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     plr.add_argument("new", help="its name from now on")
     plr.add_argument("--state-dir")
     plr.set_defaults(func=_cli_plants.plants_rename)
+
+    cls = sub.add_parser(
+        "classes", parents=[common], help="what the model knows, crop by crop; with a class: what causes it, what to look for, what to do"
+    )
+    cls.add_argument("name", nargs="?", default="", help="one class: its model name (Tomato___Late_blight) or its name (late blight)")
+    cls.add_argument("--state-dir")
+    cls.add_argument("--json", action="store_true", help="JSON lines")
+    cls.set_defaults(func=_cli_classes.classes)
 
     web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
     web.add_argument("--state-dir")

@@ -411,6 +411,11 @@ class WebSection(Section):
     idle_timeout_s: float = Field(
         10.0, gt=0, le=600, description="A connection that has not sent a whole request in this many seconds is closed."
     )
+    class_notes: str = Field(
+        "",
+        description="A TOML file of the farm's own notes on the classes (its language, its extension service's advice), "
+        "read over the shipped ones key by key when `edge-agent web` starts; empty: the shipped notes only.",
+    )
 
 
 class LogSection(Section):

@@ -39,6 +39,7 @@ from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
 from edge_agent.web.api.endpoints import recent_alerts
 from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
+from edge_agent.web.class_pages import class_routes
 from edge_agent.web.context import BadParameter, Refused, WebContext, page_filters, parse_int
 from edge_agent.web.hosts import HostCheck, page_names
 from edge_agent.web.map_page import map_routes
@@ -78,7 +79,13 @@ KNOWN_PLANTS_OFFERED = 500
 
 def create_app(ctx: WebContext) -> Starlette:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.globals.update(colour=charts.class_colour, sizes=SIZES, visit_gap_h=ctx.cfg.classify.plant_visit_gap_h, near_m=NEAR_M)
+    templates.env.globals.update(
+        colour=charts.class_colour,
+        sizes=SIZES,
+        visit_gap_h=ctx.cfg.classify.plant_visit_gap_h,
+        near_m=NEAR_M,
+        notes=ctx.notes,  # read here: a farm's notes file that cannot be used stops the page at start (NotesError)
+    )
     templates.env.filters.update(
         pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text, geo=lambda p: geo_uri(*p)
     )
@@ -158,6 +165,8 @@ def create_app(ctx: WebContext) -> Starlette:
         classes = ctx.classes() if found else []
         near = ctx.reader.count(Filters(near=found.place)) if found and found.place else 0  # itself included
         spot = ctx.spot(found, len(classes)) if found else None
+        shown = said or (found.label if found and found.verdict != "unknown" else "")  # a photo unlike any it knows: none
+        about = ctx.notes.get(shown) if shown else None
         return page(
             request,
             "photo.html",
@@ -170,6 +179,7 @@ def create_app(ctx: WebContext) -> Starlette:
             classes=classes,
             near=near,
             spot=spot,
+            about=about,
             labelled=request.query_params.get("labelled"),
         )
 
@@ -371,6 +381,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/trust", trust),
         *plant_routes(ctx, page, problem, form),
         *map_routes(ctx, page, local_time),
+        *class_routes(ctx, page, problem),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

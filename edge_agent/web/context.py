@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
+from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
 from edge_agent.capture_place import NEAR_M, Place, parse_place
+from edge_agent.class_notes import ClassNotes, load_notes
 from edge_agent.config import AppConfig
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
@@ -44,6 +46,12 @@ class WebContext:
 
     def classes(self) -> list[str]:
         return self.store().open(verify=False).classes
+
+    @cached_property
+    def notes(self) -> ClassNotes:
+        """The notes on the classes: the shipped ones with ``[web] class_notes`` over them (read once; raises
+        :class:`~edge_agent.class_notes.NotesError`)."""
+        return load_notes(self.cfg.web.class_notes)
 
     def plant(self, rows: list, num_classes: int) -> tuple[PlantDiagnosis, dict[str, str]]:
         """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""

@@ -212,6 +212,15 @@ class Reader:
     def labels(self) -> list[str]:
         return [r[0] for r in self._rows("SELECT DISTINCT label FROM results ORDER BY label")]
 
+    def per_class(self) -> dict[str, tuple[int, int, int]]:
+        """{class: (photos the model answered as it, of them sure, photos the expert labelled as it)} over what is kept."""
+        out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        for label, n, sure in self._rows("SELECT label, COUNT(*), SUM(verdict = 'confident') FROM results GROUP BY label"):
+            out[label][:2] = [n, sure or 0]
+        for label, n in self._rows("SELECT label, COUNT(*) FROM expert_labels GROUP BY label"):
+            out[label][2] = n
+        return {label: (a, b, c) for label, (a, b, c) in out.items()}
+
     def per_day_per_class(self, days: int) -> dict[str, dict[str, int]]:
         """{local day: {class: photos}} for the last ``days`` days."""
         since = datetime.combine(date.today() - timedelta(days=days - 1), time()).timestamp()

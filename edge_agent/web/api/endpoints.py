@@ -22,6 +22,7 @@ from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import left_today, others_labelled, to_ask
 from edge_agent.web.api import schemas as s
+from edge_agent.web.class_pages import season_classes
 from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int, parse_near
 from edge_agent.web.photos import is_sha256
 from edge_agent.web.queries import Filters
@@ -301,6 +302,18 @@ async def alerts(ctx: WebContext, request: Request) -> s.Alerts:
     return await run_in_threadpool(recent_alerts, ctx, parse_int(request.query_params.get("limit"), default=50, hi=1000))
 
 
+async def classes(ctx: WebContext, request: Request) -> s.Classes:
+    return s.Classes(classes=[s.ClassOut.of(v) for v in await run_in_threadpool(season_classes, ctx)])
+
+
+async def one_class(ctx: WebContext, request: Request) -> s.ClassOut:
+    label = request.path_params["label"]
+    view = next((v for v in await run_in_threadpool(season_classes, ctx) if v.label == label), None)
+    if view is None:
+        raise Refused(404, f"the model knows no class {label[:100]!r} (GET /api/v1/classes lists them)")
+    return s.ClassOut.of(view)
+
+
 _DAY = "A local day, YYYY-MM-DD (inclusive), of when the photo was taken (its EXIF), else classified."
 #: The path parameter of one plant's endpoints.
 _PLANT = (Param("plant", "path", "The plant's name (its inbox subfolder).", pattern="^" + PLANT_NAME + "$"),)
@@ -425,6 +438,19 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         ),
         body=s.LabelIn,
         errors={404: "No such photo, or its file is no longer kept."},
+    ),
+    Endpoint(
+        "GET", "/classes", "read", "Every class the model knows, with what causes it, what to look for and what to do.", classes, s.Classes
+    ),
+    Endpoint(
+        "GET",
+        "/classes/{label}",
+        "read",
+        "One class, with the notes on it and the season's photos of it.",
+        one_class,
+        s.ClassOut,
+        (Param("label", "path", "The model's name for it, as /classes lists it (URL-encoded)."),),
+        errors={404: "The model knows no such class."},
     ),
     Endpoint("GET", "/engines", "read", "The engine versions, the one in service and the pin.", engines, s.Engines),
     Endpoint(

@@ -36,6 +36,8 @@ __all__ = [
     "Alerts",
     "PlantOut",
     "Plants",
+    "ClassOut",
+    "Classes",
     "SCHEMAS",
 ]
 
@@ -348,6 +350,51 @@ class Plants(BaseModel):
     plants: list[PlantOut]
 
 
+class ClassOut(BaseModel):
+    """A class the model knows (or the expert made), with the project's or the farm's notes on it."""
+
+    label: str = Field(description="The model's name for it (what results' label and top_k give).")
+    crop: str = Field(description="The plant it is of (the first part of its name); empty for a one-part name.")
+    title: str = Field(description="As the farmer reads it: the notes' name for it, else the condition's part of its name.")
+    disease: bool = Field(description="False for a healthy class.")
+    known: bool = Field(description="The model in service answers it (false: a class only the expert has used so far).")
+    photos: int = Field(description="Photos kept that the model answered as it.")
+    sure: int = Field(description="Of them, those answered sure (verdict confident).")
+    labelled: int = Field(description="Photos the expert labelled as it.")
+    cause: str = Field("", description="What causes it.")
+    look_for: str = Field("", description="What to look for on the plant to confirm it by eye.")
+    spread: str = Field("", description="How and when it spreads.")
+    act: str = Field("", description="What is done about it (general advice: ask the local extension service before spraying).")
+    urgency: str = Field("", description="Why it cannot wait; empty where it can.")
+    looks_like: list[str] = Field([], description="Classes it is often confused with.")
+    source: str = Field("", description="Where to read more (a web address).")
+
+    @classmethod
+    def of(cls, v) -> ClassOut:
+        """From a :class:`edge_agent.web.class_pages.ClassView`."""
+        note = v.note
+        text = {k: getattr(note, k) for k in ("cause", "look_for", "spread", "act", "urgency", "source")} if note else {}
+        looks = list(note.looks_like) if note else []
+        return cls(
+            label=v.label,
+            crop=v.crop,
+            title=v.title,
+            disease=v.disease,
+            known=v.known,
+            photos=v.photos,
+            sure=v.sure,
+            labelled=v.labelled,
+            looks_like=looks,
+            **text,
+        )
+
+
+class Classes(BaseModel):
+    """Every class the model in service knows, crop by crop."""
+
+    classes: list[ClassOut]
+
+
 SCHEMAS: tuple[type[BaseModel], ...] = (
     Problem,
     Result,
@@ -368,4 +415,6 @@ SCHEMAS: tuple[type[BaseModel], ...] = (
     Alerts,
     Plants,
     PlantOut,
+    Classes,
+    ClassOut,
 )

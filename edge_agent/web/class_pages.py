@@ -1,0 +1,83 @@
+"""The Diseases pages: every class the model in service knows, crop by crop, with the season's photos of it, and one
+class's page: what causes it, what to look for to confirm it by eye, how it spreads and what is done about it
+(:mod:`edge_agent.class_notes`), beside the photos the model answered as it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from edge_agent.class_notes import ClassNote, ClassNotes
+from edge_agent.names import describe_class, is_disease
+from edge_agent.web.context import WebContext
+
+__all__ = ["ClassView", "class_views", "season_classes", "class_routes"]
+
+
+@dataclass(frozen=True)
+class ClassView:
+    """One class as the Diseases pages, the API and ``edge-agent classes`` show it."""
+
+    label: str
+    crop: str  # the plant part of its name ("Tomato")
+    title: str  # as the farmer reads it (a farm's name for it, else the condition's part of its name)
+    disease: bool
+    known: bool  # the model in service answers it (else: a class only the expert has used, or only notes describe)
+    note: ClassNote | None
+    photos: int = 0  # photos the model answered as it, of those kept
+    sure: int = 0  # of them, answered sure
+    labelled: int = 0  # photos the expert labelled as it
+
+
+def class_views(notes: ClassNotes, classes: list[str], counts: dict[str, tuple[int, int, int]]) -> list[ClassView]:
+    """``classes`` (the model's) and any other the expert has labelled photos as (``counts``, :meth:`Reader.per_class
+    <edge_agent.web.queries.Reader.per_class>`), crop by crop, each with its notes."""
+    known = set(classes)
+    labels = classes + sorted(label for label, (_, _, labelled) in counts.items() if label not in known and labelled)
+    views = []
+    for label in labels:
+        crop, condition = describe_class(label)
+        crop = crop if crop != condition else ""
+        views.append(
+            ClassView(label, crop, notes.title(label), is_disease(label), label in known, notes.get(label), *counts.get(label, (0, 0, 0)))
+        )
+    return sorted(views, key=lambda v: (v.crop.lower(), not v.disease, v.title.lower()))
+
+
+def season_classes(ctx: WebContext) -> list[ClassView]:
+    """:func:`class_views` of the model in service and the photos kept on ``ctx``'s state directory."""
+    return class_views(ctx.notes, ctx.classes(), ctx.reader.per_class() if ctx.state.db.exists() else {})
+
+
+def class_routes(ctx: WebContext, page: Callable[..., Response], problem: Callable[[Request, int, str], Response]) -> list[Route]:
+    """The routes of ``/classes`` and ``/classes/<class>``, rendered by the app's ``page`` and ``problem``."""
+
+    async def classes_page(request: Request) -> Response:
+        views = await run_in_threadpool(season_classes, ctx)
+        crops: dict[str, list[ClassView]] = {}
+        for v in views:
+            crops.setdefault(v.crop, []).append(v)
+        return page(
+            request,
+            "classes.html",
+            crops=crops,
+            diseases=sum(v.disease and v.known for v in views),
+            stray=ctx.notes.unknown_to([v.label for v in views]),
+            notes_file=ctx.cfg.web.class_notes,
+        )
+
+    async def class_page(request: Request) -> Response:
+        label = request.path_params["label"]
+        views = await run_in_threadpool(season_classes, ctx)
+        view = next((v for v in views if v.label == label), None)
+        if view is None:
+            return problem(request, 404, f"the model knows no class {label[:100]!r}: the Diseases page lists those it knows")
+        same_crop = [v for v in views if v.crop == view.crop and v.disease and v.label != label and v.known]
+        return page(request, "class.html", v=view, same_crop=same_crop, notes_file=ctx.cfg.web.class_notes)
+
+    return [Route("/classes", classes_page), Route("/classes/{label}", class_page)]

@@ -1,0 +1,266 @@
+"""What each class is, for the farmer: the shipped notes cover every disease the shipped model knows, a farm's own
+file replaces them key by key and is refused with the file, class and key named, and the Diseases pages, a photo's
+page, the API and ``edge-agent classes`` show them."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from starlette.testclient import TestClient
+
+from edge_agent.class_notes import MAX_NOTES_BYTES, NotesError, load_notes
+from edge_agent.cli import main
+from edge_agent.config import AppConfig, default_store_path
+from edge_agent.names import is_disease
+from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.state import StateLayout
+from edge_agent.web.app import WebContext, create_app
+from engines.store import EngineStore
+
+from .web_helpers import LOCAL, make_state
+
+SHIPPED_CLASSES = EngineStore(default_store_path()).open(verify=False).classes
+DISEASES = [c for c in SHIPPED_CLASSES if is_disease(c)]
+
+
+def _client(state: Path, notes: Path | str = "") -> TestClient:
+    cfg = AppConfig()
+    cfg = cfg.model_copy(update={"web": cfg.web.model_copy(update={"class_notes": str(notes)})})
+    app = create_app(WebContext(cfg, StateLayout(state), state / "inbox", "127.0.0.1"))
+    return TestClient(app, base_url="http://localhost", client=LOCAL, follow_redirects=False)
+
+
+def _add(state: Path, label: str, verdict: str | None, n: int = 1, expert: str | None = None) -> list[str]:
+    """``n`` results answered ``label`` with ``verdict``; the expert's label ``expert`` on each where given."""
+    db = ResultsDB(state / "results.sqlite")
+    shas = []
+    for i in range(n):
+        sha = f"{hash((label, verdict, expert, i)) & (1 << 64) - 1:016x}".rjust(64, "c")
+        shas.append(sha)
+        top = [[label, 0.9], [SHIPPED_CLASSES[0], 0.05]]
+        db.commit([ResultRow(sha, sha[:16], f"/x/{sha[:8]}.jpg", "folder", label, 0.9, top, "v0001", {}, verdict=verdict)], [])
+        if expert:
+            db._db.execute("INSERT INTO expert_labels (sha256, label, labelled) VALUES (?, ?, ?)", (sha, expert, time.time()))
+            db._db.commit()
+    db.close()
+    return shas
+
+
+# ---- the shipped notes ------------------------------------------------------------
+def test_every_disease_of_the_shipped_model_has_a_note_that_says_what_to_look_for_and_what_to_do():
+    notes = load_notes()
+    assert len(DISEASES) == 26
+    for label in DISEASES:
+        note = notes.get(label)
+        assert note is not None, label
+        assert note.cause and note.look_for and note.spread and note.act, label
+        assert "extension service" in note.act or "plant protection service" in note.act or note.act.startswith("Pull"), label
+        for other in note.looks_like:
+            assert other in SHIPPED_CLASSES and other != label, (label, other)
+        assert not note.source or note.source.startswith(("https://", "http://")), label
+    assert notes.unknown_to(SHIPPED_CLASSES) == []  # no note names a class the model does not know (a misspelt key)
+    assert notes.missing(SHIPPED_CLASSES) == []
+    assert all(notes.get(c) is None for c in SHIPPED_CLASSES if not is_disease(c))
+
+
+def test_a_class_that_cannot_wait_says_so_and_the_rest_do_not():
+    notes = load_notes()
+    urgent = {label for label in DISEASES if notes.get(label).urgency}
+    assert urgent == {"Potato___Late_blight", "Tomato___Late_blight", "Orange___Haunglongbing_(Citrus_greening)"}
+
+
+def test_a_class_reads_as_the_farmer_calls_it():
+    notes = load_notes()
+    assert notes.title("Corn_(maize)___Cercospora_leaf_spot Gray_leaf_spot") == "Gray leaf spot"
+    assert notes.title("Apple___Apple_scab") == "Apple scab"
+    assert notes.title("Apple___healthy") == "Healthy"
+    assert notes.title("Coffee___Leaf_rust") == "Leaf rust"  # no note: the condition's part of its name
+
+
+# ---- a farm's own file ---------------------------------------------------------------
+def test_a_farms_file_replaces_the_shipped_notes_key_by_key_and_adds_its_own_classes(tmp_path):
+    farm = tmp_path / "notes.toml"
+    farm.write_text(
+        '["Apple___Apple_scab"]\nname = "Schorf"\nact = "Laub im Herbst mulchen; fragen Sie Ihre Beratung."\n\n'
+        '["Apple___Unknown_blotch"]\nlook_for = "Braune Flecken."\n',
+        encoding="utf-8",
+    )
+    notes = load_notes(farm)
+    scab = notes.get("Apple___Apple_scab")
+    assert scab.title == "Schorf" and scab.act.startswith("Laub")
+    assert scab.look_for == load_notes().get("Apple___Apple_scab").look_for  # the keys it does not give stay shipped
+    assert notes.get("Apple___Unknown_blotch").look_for == "Braune Flecken."
+    assert notes.unknown_to(SHIPPED_CLASSES) == ["Apple___Unknown_blotch"]
+    assert notes.sources[-1] == farm
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('["Apple___Apple_scab"\nact = "x"\n', "not TOML"),
+        ('["Apple___Apple_scab"]\nadvice = "x"\n', '["Apple___Apple_scab"] advice: not a key of a class note'),
+        ('["Apple___Apple_scab"]\nact = 3\n', '["Apple___Apple_scab"] act: must be text'),
+        ('["Apple___Apple_scab"]\nact = "' + "x" * 2001 + '"\n', "act: must be text of at most 2000"),
+        ('["Apple___Apple_scab"]\nlooks_like = "Apple___Black_rot"\n', "looks_like: must be a list of class names"),
+        ('["Apple___Apple_scab"]\nsource = "javascript:alert(1)"\n', "source: must be a web address"),
+        ('"Apple___Apple_scab" = "x"\n', "must be a table"),
+        ('["a/b"]\nact = "x"\n', "is not a class name (holds a path separator)"),
+    ],
+)
+def test_a_farms_file_that_cannot_be_used_is_refused_naming_the_file_class_and_key(tmp_path, text, says):
+    farm = tmp_path / "notes.toml"
+    farm.write_text(text, encoding="utf-8")
+    with pytest.raises(NotesError) as exc:
+        load_notes(farm)
+    assert str(farm) in str(exc.value) and says in str(exc.value)
+
+
+def test_a_missing_huge_or_binary_notes_file_is_refused_with_what_to_do(tmp_path):
+    with pytest.raises(NotesError, match=r"cannot read the class notes .*set \[web\] class_notes to"):
+        load_notes(tmp_path / "nowhere.toml")
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"#" * (MAX_NOTES_BYTES + 1))
+    with pytest.raises(NotesError, match="larger than"):
+        load_notes(huge)
+    binary = tmp_path / "photo.toml"
+    binary.write_bytes(b"\xff\xd8\xff\xe0 not text")
+    with pytest.raises(NotesError, match="not UTF-8"):
+        load_notes(binary)
+
+
+def test_the_page_does_not_start_on_a_notes_file_it_cannot_use(tmp_path):
+    state = make_state(tmp_path)
+    bad = tmp_path / "notes.toml"
+    bad.write_text('["Apple___Apple_scab"]\nwhat = "x"\n', encoding="utf-8")
+    with pytest.raises(NotesError, match="what: not a key"):
+        _client(state, bad)
+
+
+# ---- the Diseases pages -----------------------------------------------------------------
+def test_the_diseases_page_lists_what_the_model_knows_crop_by_crop_with_the_seasons_photos(tmp_path):
+    state = make_state(tmp_path)
+    _add(state, "Tomato___Late_blight", "confident", 3)
+    _add(state, "Tomato___Late_blight", "unsure", 1)
+    c = _client(state)
+    r = c.get("/classes")
+    assert r.status_code == 200
+    assert "26 diseases of 14 crops" in r.text
+    assert r.text.count('class="crop"') == 14
+    item = r.text.split('data-class="Tomato___Late_blight"')[1].split("</li>")[0]
+    assert "urgent" in item and "4 photos" in item and "(3 sure)" in item
+    assert 'href="/photos?label=Tomato___Late_blight"' in item
+    assert '<a href="/classes" >Diseases</a>' in c.get("/photos").text  # in the menu
+
+
+def test_a_class_page_says_what_to_look_for_how_it_spreads_what_to_do_and_where_its_photos_are(tmp_path):
+    state = make_state(tmp_path)
+    _add(state, "Tomato___Late_blight", "confident", 2)
+    c = _client(state)
+    r = c.get("/classes/Tomato___Late_blight")
+    assert r.status_code == 200
+    for part in ('id="urgency"', 'id="look-for"', 'id="cause"', 'id="spread"', 'id="act"', 'id="source"'):
+        assert part in r.text, part
+    assert 'href="/classes/Tomato___Early_blight">Early blight</a>' in r.text  # often confused with
+    assert "2 photos the model answered as Late blight</a> (2 sure)" in r.text
+    assert 'href="/map?label=Tomato___Late_blight"' in r.text
+    assert "ask your extension service" in r.text
+    # a name with spaces, commas and brackets, URL-encoded as the links write it
+    label = "Corn_(maize)___Cercospora_leaf_spot Gray_leaf_spot"
+    r = c.get("/classes/" + quote(label))
+    assert r.status_code == 200 and "<h1>Gray leaf spot" in r.text
+
+
+def test_a_healthy_class_says_what_healthy_means_to_the_model_and_an_unknown_class_is_a_404(tmp_path):
+    state = make_state(tmp_path)
+    c = _client(state)
+    r = c.get("/classes/Tomato___healthy")
+    assert r.status_code == 200 and 'id="healthy"' in r.text and "can look healthy to it" in r.text
+    assert 'href="/classes/Tomato___Late_blight"' in r.text  # the diseases of tomato it knows
+    r = c.get("/classes/Tomato___Blossom_end_rot")
+    assert r.status_code == 404 and "knows no class" in r.text
+
+
+def test_a_class_the_expert_made_is_listed_and_asks_for_notes_until_a_farms_file_gives_them(tmp_path):
+    state = make_state(tmp_path)
+    _add(state, "Apple___Apple_scab", "unsure", 2, expert="Apple___Marssonina_blotch")
+    c = _client(state)
+    item = c.get("/classes").text.split('data-class="Apple___Marssonina_blotch"')[1].split("</li>")[0]
+    assert "the model in service does not answer it yet" in item and "the expert named 2" in item
+    assert 'id="no-note"' in c.get("/classes/Apple___Marssonina_blotch").text
+    farm = tmp_path / "notes.toml"
+    farm.write_text('["Apple___Marssonina_blotch"]\nlook_for = "Dark green patches turning brown, leaves yellow early."\n', encoding="utf-8")
+    r = _client(state, farm).get("/classes/Apple___Marssonina_blotch")
+    assert 'id="look-for"' in r.text and "leaves yellow early" in r.text and 'id="no-note"' not in r.text
+
+
+def test_notes_on_a_class_the_model_does_not_know_are_pointed_out(tmp_path):
+    state = make_state(tmp_path)
+    farm = tmp_path / "notes.toml"
+    farm.write_text('["Tomato___Late_Blight"]\nname = "Krautfäule"\n', encoding="utf-8")  # a capital B: no such class
+    r = _client(state, farm).get("/classes")
+    assert 'id="stray-notes"' in r.text and "Tomato___Late_Blight" in r.text.split('id="stray-notes"')[1]
+    assert 'id="stray-notes"' not in _client(state).get("/classes").text
+
+
+# ---- a photo's page ----------------------------------------------------------------------
+def test_a_photos_page_says_what_to_look_for_to_confirm_its_answer(tmp_path):
+    state = make_state(tmp_path)
+    c = _client(state)
+    (sure,) = _add(state, "Potato___Late_blight", "confident")
+    (unsure,) = _add(state, "Grape___Black_rot", "unsure")
+    (unknown,) = _add(state, "Apple___Apple_scab", "unknown")
+    (healthy,) = _add(state, "Apple___healthy", "confident")
+    (corrected,) = _add(state, "Apple___healthy", "confident", expert="Apple___Cedar_apple_rust")
+
+    def about(sha: str) -> str:
+        text = c.get(f"/photo/{sha}").text
+        return text.split('id="about"')[1].split("</section>")[0] if 'id="about"' in text else ""
+
+    page = about(sure)
+    assert "About Late blight" in page and 'id="urgency"' in page and 'id="look-for"' in page and 'id="act"' in page
+    assert 'id="spread"' not in page  # the class's page has the rest
+    assert 'href="/classes/Potato___Late_blight"' in page
+    assert "If it is Black rot: check the plant" in about(unsure)
+    assert about(unknown) == ""  # a photo unlike any it knows: no disease to confirm
+    assert about(healthy) == ""
+    assert "About Cedar apple rust" in about(corrected) and "(the expert's label)" in about(corrected)
+    assert 'href="/classes/Apple___healthy">Apple · healthy</a>' in c.get(f"/photo/{healthy}").text  # top classes link
+
+
+# ---- the API and the command line ------------------------------------------------------
+def test_the_api_gives_every_class_with_its_notes_and_one_class_by_its_encoded_name(tmp_path):
+    state = make_state(tmp_path)
+    _add(state, "Tomato___Late_blight", "confident", 2)
+    c = _client(state)
+    every = c.get("/api/v1/classes").json()["classes"]
+    assert len(every) == len(SHIPPED_CLASSES)
+    late = next(x for x in every if x["label"] == "Tomato___Late_blight")
+    assert late["photos"] == 2 and late["sure"] == 2 and late["urgency"] and late["looks_like"] == ["Tomato___Early_blight"]
+    one = c.get("/api/v1/classes/" + quote("Pepper,_bell___Bacterial_spot")).json()
+    assert one["crop"] == "Pepper, bell" and one["look_for"] and one["known"]
+    r = c.get("/api/v1/classes/Nothing")
+    assert r.status_code == 404 and r.json()["status"] == 404
+
+
+def test_edge_agent_classes_lists_them_and_prints_one_before_and_after_the_daemons_first_start(tmp_path, capsys):
+    empty = tmp_path / "fresh"
+    assert main(["classes", "--state-dir", str(empty)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(SHIPPED_CLASSES) and any("Potato: Late blight  URGENT  [Potato___Late_blight]" in x for x in lines)
+    assert not empty.exists()  # reading made nothing
+    assert main(["classes", "--state-dir", str(empty), "late blight"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Look for:") == 2 and "Late blight (Potato)" in out and "Late blight (Tomato)" in out
+    assert main(["classes", "--state-dir", str(empty), "blight"]) == 2
+    err = capsys.readouterr().err
+    assert "knows no class 'blight'" in err and "Potato___Late_blight" in err
+    state = make_state(tmp_path)
+    _add(state, "Tomato___Late_blight", "confident", 2)
+    assert main(["classes", "--state-dir", str(state), "--json", "Tomato___Late_blight"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["photos"] == 2 and row["title"] == "Late blight" and row["look_for"]
+
