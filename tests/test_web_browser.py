@@ -243,6 +243,16 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         assert [c.text.count("expert: Apple · Black rot") for c in browser.find_elements(By.CSS_SELECTOR, ".card")] == [1, 1]
         browser.find_element(By.CSS_SELECTOR, ".card a").click()  # one of its photos links back to it
         assert browser.find_element(By.ID, "plant-link").text == "tree 2"
+        about = browser.find_element(By.ID, "about")  # what to look for on the tree to confirm the expert's class
+        assert about.text.startswith("About Black rot (the expert's label)") and "Frog-eye" in browser.find_element(By.ID, "look-for").text
+        about.find_element(By.ID, "about-link").click()  # the class's own page: its cause, how it spreads, its photos
+        wait.until(lambda b: b.current_url.endswith("/classes/Apple___Black_rot"))
+        assert browser.find_element(By.TAG_NAME, "h1").text == "Black rot (Apple)" and browser.find_element(By.ID, "spread").text
+        browser.save_screenshot(str(shots / "class.png"))
+        browser.find_element(By.LINK_TEXT, "Every class the model knows").click()
+        wait.until(lambda b: b.current_url.endswith("/classes"))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "section.crop")) == 14
+        browser.save_screenshot(str(shots / "classes.png"))
 
         # photos from a phone with its GPS on: drawn where they were taken, each dot a link to its photo
         from PIL import Image, TiffImagePlugin
