@@ -22,7 +22,7 @@ from edge_agent.names import class_name_problem, describe_class, is_disease
 from engines.durable import read_at_most
 from engines.errors import EdgeAgentError
 
-__all__ = ["ClassNote", "ClassNotes", "NotesError", "load_notes", "shipped_notes_path", "MAX_NOTES_BYTES", "MAX_TEXT"]
+__all__ = ["ClassNote", "ClassNotes", "NotesError", "load_notes", "notes_or_shipped", "shipped_notes_path", "MAX_NOTES_BYTES", "MAX_TEXT"]
 
 #: The largest notes file read (the shipped one, 26 diseases, is about 20 KB).
 MAX_NOTES_BYTES = 1 << 20
@@ -101,6 +101,16 @@ def load_notes(extra: str | Path | None = None) -> ClassNotes:
         return ClassNotes(notes, (shipped,))
     path = Path(extra).expanduser()
     return ClassNotes(_read(path, notes), (shipped, path))
+
+
+def notes_or_shipped(extra: str | Path | None, log) -> ClassNotes:
+    """:func:`load_notes`, or where the farm's file cannot be used, the shipped notes and one warning in ``log``: the
+    daemon's alerts go out whatever a notes file holds (the page refuses to start on it, and says why)."""
+    try:
+        return load_notes(extra)
+    except NotesError as exc:
+        log.warning("class_notes_unusable", error=str(exc), using="the shipped notes")
+        return load_notes()
 
 
 def _read(path: Path, under: dict[str, ClassNote]) -> dict[str, ClassNote]:

@@ -5,6 +5,7 @@ page, the API and ``edge-agent classes`` show them."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -264,3 +265,63 @@ def test_edge_agent_classes_lists_them_and_prints_one_before_and_after_the_daemo
     row = json.loads(capsys.readouterr().out)
     assert row["photos"] == 2 and row["title"] == "Late blight" and row["look_for"]
 
+
+
+# ---- alerts ---------------------------------------------------------------------------------
+def test_an_alert_tells_the_farmer_what_to_look_for_and_why_it_cannot_wait(tmp_path):
+    from edge_agent.alerts.messages import alert_body
+    from edge_agent.alerts.rules import Candidate
+
+    notes = load_notes()
+
+    def body(label: str, verdict: str) -> dict:
+        c = Candidate(1, 1000.0, "greenhouse", label, 0.9, verdict, "p1", "ab" * 32, "" if verdict == "confident" else "too dark")
+        return alert_body(c, "http://greenhouse.local:8080/", notes.get(label))
+
+    sure = body("Tomato___Late_blight", "confident")
+    assert sure["urgency"].startswith("Spreads through a field") and sure["look_for"].startswith("Pale to dark green")
+    assert "\nUrgent: Spreads through a field in days" in sure["message"] and "\nLook for: Pale to dark green" in sure["message"]
+    assert sure["class_url"] == "http://greenhouse.local:8080/classes/Tomato___Late_blight"
+    unsure = body("Apple___Apple_scab", "unsure")
+    assert "\nIf it is Apple scab, look for: Olive-green" in unsure["message"] and unsure["urgency"] == ""
+    unknown = body("Apple___Apple_scab", "unknown")  # a photo unlike any it knows: nothing to look for
+    assert unknown["look_for"] == "" and "look for" not in unknown["message"].lower()
+    corn = body("Corn_(maize)___Cercospora_leaf_spot Gray_leaf_spot", "confident")
+    assert corn["class_url"].endswith("/classes/Corn_%28maize%29___Cercospora_leaf_spot%20Gray_leaf_spot")
+    healthy = body("Apple___healthy", "confident")
+    assert healthy["look_for"] == "" and "\n" not in healthy["message"]
+
+
+def test_the_daemons_alerts_carry_the_notes_and_a_notes_file_it_cannot_use_leaves_the_shipped_ones(tmp_path):
+    from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
+    from edge_agent.alerts.worker import AlertWorker
+    from edge_agent.class_notes import notes_or_shipped
+
+    class Log:
+        said: list = []
+
+        def warning(self, event, **kw):
+            self.said.append((event, kw))
+
+    bad = tmp_path / "notes.toml"
+    bad.write_text('["Tomato___Late_blight"]\nact = 1\n', encoding="utf-8")
+    log = Log()
+    notes = notes_or_shipped(bad, log)
+    assert notes.get("Tomato___Late_blight").act == load_notes().get("Tomato___Late_blight").act
+    assert log.said[0][0] == "class_notes_unusable" and str(bad) in log.said[0][1]["error"]
+    farm = tmp_path / "farm.toml"
+    farm.write_text('["Tomato___Late_blight"]\nlook_for = "Braunfäule an Blatt und Frucht."\n', encoding="utf-8")
+    db = ResultsDB(tmp_path / "results.sqlite")
+    hook = WebhookSection(url="http://127.0.0.1:9/alerts")  # never sent here (the worker's thread is not started): queued
+    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [hook], db.path, tmp_path, "greenhouse", notes=notes_or_shipped(farm, log))
+    try:
+        _add(tmp_path, "Tomato___Late_blight", "confident")
+        w.scan()
+        con = sqlite3.connect(tmp_path / "alerts.sqlite")
+        (payload,) = con.execute("SELECT payload FROM outbox WHERE kind = 'alert'").fetchone()
+        con.close()
+        sent = json.loads(payload)
+        assert sent["look_for"] == "Braunfäule an Blatt und Frucht." and sent["urgency"]  # the farm's key, the shipped rest
+    finally:
+        w.stop()
+        db.close()

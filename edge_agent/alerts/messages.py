@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from edge_agent.alerts.rules import Candidate
+from edge_agent.class_notes import ClassNote
 from edge_agent.names import class_phrase, describe_class
 
 __all__ = ["Topics", "alert_body", "diagnosis", "encode", "place_attributes", "result_body"]
@@ -73,14 +74,28 @@ def place_attributes(c: Candidate) -> dict:
     return {"latitude": lat, "longitude": lon}
 
 
-def alert_body(c: Candidate, page: str = "") -> dict:
+def _check(c: Candidate, note: ClassNote | None) -> tuple[str, str]:
+    """(what to look for on the plant, why it cannot wait) from the class's notes, for an answer that names a disease
+    (sure, or the best guess of one not sure); nothing for a photo unlike any the model knows."""
+    if note is None or c.verdict == "unknown":
+        return "", ""
+    return note.look_for, note.urgency
+
+
+def alert_body(c: Candidate, page: str = "", note: ClassNote | None = None) -> dict:
     """An alert's JSON: the class and what it means (``plant``: the crop; ``plant_name``: the farmer's plant, where
     the alert is a plant's), how sure, which photo, when (``time``: classified; ``taken``: photographed, where its EXIF
     says), where (``latitude``, ``longitude``: its photo's GPS, where its EXIF says); ``title`` / ``message`` / ``text``
     are for people (Gotify reads title and message, Slack text), worded as sure as the verdict; ``event_type`` is for
-    Home Assistant."""
+    Home Assistant; ``look_for`` and ``urgency`` are the class's notes (:mod:`edge_agent.class_notes`), told in the
+    message too, so the farmer can check the plant from the phone's notification."""
     plant, condition = describe_class(c.label)
     title, message = _said(c)
+    look_for, urgency = _check(c, note)
+    if urgency:
+        message += f"\nUrgent: {urgency}"
+    if look_for:
+        message += f"\n{'Look for' if c.verdict == 'confident' else f'If it is {condition}, look for'}: {look_for}"
     body = {
         "event_type": "disease",
         "alert_id": f"{c.device}-{c.result_id}",
@@ -101,9 +116,12 @@ def alert_body(c: Candidate, page: str = "") -> dict:
         "text": message,
         "priority": 8 if c.verdict == "confident" else 5,
         "plant_name": c.plant_name,
+        "look_for": look_for,
+        "urgency": urgency,
     }
     if page:
         body["url"] = f"{page.rstrip('/')}/photo/{c.sha256}"
+        body["class_url"] = f"{page.rstrip('/')}/classes/{quote(c.label)}"
         if c.plant_name:
             body["plant_url"] = f"{page.rstrip('/')}/plants/{quote(c.plant_name)}"
     return body

@@ -28,6 +28,7 @@ from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, pl
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.capture_place import place_of
+from edge_agent.class_notes import ClassNotes, load_notes
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
 from edge_agent.plants import combine, diagnose, too_many, visit_of
@@ -70,11 +71,13 @@ class AlertWorker(Worker):
         start_after: int | None = None,
         plant_max_photos: int = 0,
         visit_gap_s: float = 0,
+        notes: ClassNotes | None = None,
     ) -> None:
         """``num_classes``: how many classes the engine in service has; ``sure``: [labels] pseudo_threshold (a plant's
         combined diagnosis, :mod:`edge_agent.plants`, uses both); ``plant_max_photos``: [classify]'s (a folder of more
         photos in a visit alerts photo by photo); ``visit_gap_s``: [classify] plant_visit_gap_h in seconds (0: every
-        photo of a plant one visit); ``start_after``: on the first start (no cursor
+        photo of a plant one visit); ``notes``: what to look for and why it cannot wait, told in each alert (None: the
+        shipped notes); ``start_after``: on the first start (no cursor
         yet), the last result not to alert on (default: the newest now), so a daemon that started classifying before
         the worker misses none of its own results."""
         super().__init__()
@@ -82,6 +85,7 @@ class AlertWorker(Worker):
         self.num_classes, self.sure, self.plant_max_photos, self.visit_gap_s = num_classes, sure, plant_max_photos, visit_gap_s
         self._not_plants: set[str] = set()  # folders found past plant_max_photos (logged once each)
         self.rules = AlertRules(alerts, crops)
+        self.notes = notes if notes is not None else load_notes()
         self._crops_read = 0.0
         self.results_db = Path(results_db)
         self.outbox = Outbox(Path(state_dir) / "alerts.sqlite", alerts.queue_mb << 20, alerts.retry_max_s)
@@ -176,7 +180,9 @@ class AlertWorker(Worker):
             # a plant's photo: the diagnosis of the plant's visit so far decides, once per plant, visit and class
             a, once = (c, None) if plant is None else self._as_plant(c, plant)
             if a is not None and self.rules.wants(a) and not self.rules.quiet(a, self._last_alert_of(a)):
-                self.outbox.record(a, self._messages("alert", alert_body(a, self.section.link)), cursor=a.result_id)
+                self.outbox.record(
+                    a, self._messages("alert", alert_body(a, self.section.link, self.notes.get(a.label))), cursor=a.result_id
+                )
                 self._last_alert[(a.label, a.device)] = a.created
                 if once is not None:
                     self.outbox.set(once, "1")
