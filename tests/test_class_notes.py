@@ -193,7 +193,9 @@ def test_a_class_the_expert_made_is_listed_and_asks_for_notes_until_a_farms_file
     assert "the model in service does not answer it yet" in item and "the expert named 2" in item
     assert 'id="no-note"' in c.get("/classes/Apple___Marssonina_blotch").text
     farm = tmp_path / "notes.toml"
-    farm.write_text('["Apple___Marssonina_blotch"]\nlook_for = "Dark green patches turning brown, leaves yellow early."\n', encoding="utf-8")
+    farm.write_text(
+        '["Apple___Marssonina_blotch"]\nlook_for = "Dark green patches turning brown, leaves yellow early."\n', encoding="utf-8"
+    )
     r = _client(state, farm).get("/classes/Apple___Marssonina_blotch")
     assert 'id="look-for"' in r.text and "leaves yellow early" in r.text and 'id="no-note"' not in r.text
 
@@ -266,7 +268,6 @@ def test_edge_agent_classes_lists_them_and_prints_one_before_and_after_the_daemo
     assert row["photos"] == 2 and row["title"] == "Late blight" and row["look_for"]
 
 
-
 # ---- alerts ---------------------------------------------------------------------------------
 def test_an_alert_tells_the_farmer_what_to_look_for_and_why_it_cannot_wait(tmp_path):
     from edge_agent.alerts.messages import alert_body
@@ -313,7 +314,9 @@ def test_the_daemons_alerts_carry_the_notes_and_a_notes_file_it_cannot_use_leave
     farm.write_text('["Tomato___Late_blight"]\nlook_for = "Braunfäule an Blatt und Frucht."\n', encoding="utf-8")
     db = ResultsDB(tmp_path / "results.sqlite")
     hook = WebhookSection(url="http://127.0.0.1:9/alerts")  # never sent here (the worker's thread is not started): queued
-    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [hook], db.path, tmp_path, "greenhouse", notes=notes_or_shipped(farm, log))
+    w = AlertWorker(
+        AlertsSection(quiet_period_s=0), MqttSection(), [hook], db.path, tmp_path, "greenhouse", notes=notes_or_shipped(farm, log)
+    )
     try:
         _add(tmp_path, "Tomato___Late_blight", "confident")
         w.scan()
@@ -325,3 +328,35 @@ def test_the_daemons_alerts_carry_the_notes_and_a_notes_file_it_cannot_use_leave
     finally:
         w.stop()
         db.close()
+
+
+def test_a_plants_page_says_what_to_look_for_on_the_tree_for_its_diagnosis(tmp_path):
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    for i in range(3):
+        sha = f"{i:064x}"
+        top = [["Apple___Black_rot", 0.97], ["Apple___Apple_scab", 0.02]]
+        db.commit(
+            [
+                ResultRow(
+                    sha,
+                    sha[:16],
+                    f"/x/tree/{i}.jpg",
+                    "folder",
+                    "Apple___Black_rot",
+                    0.97,
+                    top,
+                    "v0001",
+                    {},
+                    verdict="confident",
+                    plant="tree 7",
+                )
+            ],
+            [],
+        )
+    db.close()
+    c = _client(state)
+    page = c.get("/plants/tree%207").text
+    about = page.split('id="about"')[1].split("</section>")[0]
+    assert "About Black rot" in about and "Frog-eye" in about
+    assert 'class="class-link" href="/classes/Apple___Black_rot"' in c.get("/plants").text  # the diagnosis links its class
