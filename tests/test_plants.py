@@ -258,7 +258,10 @@ def test_a_plants_alert_says_why_from_its_photos_together(tmp_path):
         tree, alone = [json.loads(p) for (p,) in con.execute("SELECT payload FROM outbox WHERE kind = 'alert' ORDER BY id")]
     assert tree["verdict"] == "confident" and tree["verdict_reason"] == "a plant of 1 photo: 1 of 1 photos are sure of it; together 95%"
     assert tree["plant_name"] == "tree 1" and tree["title"] == "Apple scab seen on orchard, plant tree 1"  # the tree to walk to
-    assert tree["message"].splitlines()[0].endswith("on orchard, plant tree 1") and tree["plant_url"] == "http://farm.local:8080/plants/tree%201"
+    assert (
+        tree["message"].splitlines()[0].endswith("on orchard, plant tree 1")
+        and tree["plant_url"] == "http://farm.local:8080/plants/tree%201"
+    )
     assert tree["taken"] is None and alone["taken"] is None  # no EXIF: when classified is all that is known (time)
     assert alone["plant_name"] is None and alone["title"] == "Black rot seen on orchard" and "plant_url" not in alone
     w.stop()
