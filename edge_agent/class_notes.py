@@ -49,6 +49,12 @@ class ClassNote:
     source: str = ""  # where to read more (a URL)
 
     @property
+    def hint(self) -> str:
+        """The first clause of what to look for ("Long, narrow, rectangular tan to grey spots ..."): one line that tells
+        this class from the others where a labeller chooses between them."""
+        return self.look_for.split(";")[0].split(". ")[0].rstrip(".").strip()
+
+    @property
     def title(self) -> str:
         """The class as the farmer reads it: the farm's name, else the disease's part of the model's name."""
         title = self.name or describe_class(self.label)[1]

@@ -360,3 +360,16 @@ def test_a_plants_page_says_what_to_look_for_on_the_tree_for_its_diagnosis(tmp_p
     about = page.split('id="about"')[1].split("</section>")[0]
     assert "About Black rot" in about and "Frog-eye" in about
     assert 'class="class-link" href="/classes/Apple___Black_rot"' in c.get("/plants").text  # the diagnosis links its class
+
+
+def test_the_review_page_tells_each_offered_class_by_its_first_sign(tmp_path):
+    state = make_state(tmp_path)  # its review pool: photos the model hesitates on between its first three classes
+    page = _client(state).get("/review").text
+    hints = [h.split("</span>")[0] for h in page.split('<span class="hint small muted">')[1:]]
+    notes = load_notes()
+    assert hints and hints[0] == notes.get(SHIPPED_CLASSES[0]).hint.replace("'", "&#39;")
+    assert notes.get("Corn_(maize)___Common_rust_").hint.endswith("(rub one: brown powder comes off on the finger)")
+    assert (
+        notes.get("Potato___Late_blight").hint
+        == "Pale to dark green water-soaked patches, often at the leaf tips and edges, turning brown-black within days"
+    )
