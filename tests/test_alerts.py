@@ -647,6 +647,30 @@ def test_an_ntfy_alert_with_a_position_has_a_map_button_that_opens_the_phones_ma
     assert headers["Click"].endswith("/photo/" + "ab" * 32)  # a tap still opens the photo
 
 
+def test_a_sure_alert_of_a_disease_that_cannot_wait_breaks_through_and_offers_what_to_do(tmp_path, receiver):
+    from dataclasses import replace
+
+    from edge_agent.class_notes import load_notes
+
+    notes = load_notes()
+    hook = Webhook(WebhookSection(url=receiver.url, format="ntfy"), 0)
+    box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+    page = "http://greenhouse.local:8080"
+    late = alert_body(replace(_cand("Tomato___Late_blight"), place=(47.4, 8.5)), page, notes.get("Tomato___Late_blight"))
+    scab = alert_body(_cand("Apple___Apple_scab"), page, notes.get("Apple___Apple_scab"))
+    maybe = alert_body(replace(_cand("Tomato___Late_blight"), verdict="unsure"), page, notes.get("Tomato___Late_blight"))
+    assert (late["priority"], scab["priority"], maybe["priority"]) == (10, 8, 5)  # Gotify's scale, in the JSON
+    box.put([("webhook:0", "alert", receiver.url, json.dumps(b).encode(), i, False) for i, b in enumerate((late, scab, maybe), 1)])
+    hook.send(box.due("webhook:0"))
+    assert [h["Priority"] for h, _ in receiver.got] == ["urgent", "high", "default"]
+    first = receiver.got[0][0]
+    assert json.loads(first["Actions"]) == [
+        {"action": "view", "label": "Map", "url": "geo:47.400000,8.500000"},
+        {"action": "view", "label": "What to do", "url": page + "/classes/Tomato___Late_blight"},
+    ]
+    assert "Look for: Pale to dark green" in receiver.got[0][1].decode()  # the notification's text says how to check
+
+
 def test_alerts_raised_before_a_destination_existed_are_not_sent_to_it_and_later_ones_are(tmp_path, receiver):
     """As Frigate and Home Assistant notify: of what happens from now on. Earlier alerts stay in the ledger, the
     API and the Health page; a destination added later does not get a flood of stale ones."""

@@ -114,7 +114,7 @@ def alert_body(c: Candidate, page: str = "", note: ClassNote | None = None) -> d
         "title": title,
         "message": message,
         "text": message,
-        "priority": 8 if c.verdict == "confident" else 5,
+        "priority": (10 if urgency else 8) if c.verdict == "confident" else 5,  # Gotify's scale: 10 for what cannot wait
         "plant_name": c.plant_name,
         "look_for": look_for,
         "urgency": urgency,

@@ -42,13 +42,25 @@ def signature(secret: bytes, timestamp: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
-def _map_action(doc: dict) -> dict[str, str]:
-    """ntfy's Actions header with a "Map" button opening the phone's map app where the alert's photo was taken (its
-    ``geo:`` link), where the alert says; none otherwise. JSON, as ntfy takes it, since a geo link holds a comma."""
+def _actions(doc: dict) -> dict[str, str]:
+    """ntfy's Actions header: a "Map" button opening the phone's map app where the alert's photo was taken (its
+    ``geo:`` link), where the alert says, and a "What to do" button opening its disease's page, where the alert links
+    the page; none otherwise. JSON, as ntfy takes it, since a geo link holds a comma."""
+    actions = []
     lat, lon = doc.get("latitude"), doc.get("longitude")
-    if not isinstance(lat, (int, float)) or not isinstance(lon, (int, float)):
-        return {}
-    return {"Actions": json.dumps([{"action": "view", "label": "Map", "url": geo_uri(lat, lon)}])}
+    if isinstance(lat, (int, float)) and isinstance(lon, (int, float)):
+        actions.append({"action": "view", "label": "Map", "url": geo_uri(lat, lon)})
+    if doc.get("class_url") and doc.get("look_for"):
+        actions.append({"action": "view", "label": "What to do", "url": doc["class_url"]})
+    return {"Actions": json.dumps(actions)} if actions else {}
+
+
+def _ntfy_priority(kind: str, doc: dict) -> str:
+    """ntfy's priority: ``urgent`` (through Do Not Disturb, on most phones) for a sure answer of a disease that cannot
+    wait, ``high`` for any other sure answer, ``default`` for the rest."""
+    if kind != "alert" or doc.get("verdict", "confident") != "confident":
+        return "default"
+    return "urgent" if doc.get("urgency") else "high"
 
 
 class Webhook:
@@ -76,9 +88,9 @@ class Webhook:
             headers |= {
                 "Title": doc.get("title", "edge-agent"),
                 "Tags": "seedling,warning",
-                "Priority": "high" if m.kind == "alert" and doc.get("verdict", "confident") == "confident" else "default",
+                "Priority": _ntfy_priority(m.kind, doc),
                 **({"Click": doc["url"]} if doc.get("url") else {}),  # a tap on the notification opens the photo
-                **_map_action(doc),
+                **_actions(doc),
             }
             headers = {k: v.encode("utf-8").decode("latin-1") for k, v in headers.items()}  # header values are Latin-1 on the wire
         else:
