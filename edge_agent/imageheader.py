@@ -56,7 +56,7 @@ class ImageHeader:
     width: int
     height: int
     orientation: int = 1  # EXIF orientation 1..8 (1 = as stored)
-    exif: bytes = field(default=b"", repr=False, compare=False)  # the TIFF-structured EXIF block (JPEG, TIFF), or b""
+    exif: bytes = field(default=b"", repr=False, compare=False)  # the TIFF-structured EXIF block (JPEG, TIFF, PNG, WebP), or b""
 
     @property
     def pixels(self) -> int:
@@ -296,7 +296,50 @@ def _png(data: bytes) -> ImageHeader:
         raise HeaderError("corrupt PNG (zero width or height)")
     if data.rfind(b"IEND", len(data) - 64) < 0:
         raise HeaderTruncated("truncated PNG (no IEND chunk: file incomplete?)")
-    return ImageHeader("png", width, height)
+    exif = _tiff_block(_png_chunk(data, b"eXIf"))
+    return ImageHeader("png", width, height, _exif_orientation(exif) if exif else 1, exif)
+
+
+#: The most chunks read looking for one (a 24 MP PNG written in 8 KB IDAT chunks has about 9,000).
+_MAX_CHUNKS = 100_000
+
+
+def _png_chunk(data: bytes, kind: bytes) -> bytes:
+    """The data of a PNG's first chunk of ``kind`` (``eXIf``: PNG 1.5's EXIF, before or after the image data), or
+    b"" where there is none or it is cut short."""
+    pos, n = 8, len(data)
+    for _ in range(_MAX_CHUNKS):
+        if pos + 8 > n:
+            return b""
+        length, name = struct.unpack(">I4s", data[pos : pos + 8])
+        if name == kind:
+            return data[pos + 8 : pos + 8 + length] if pos + 8 + length <= n else b""
+        if name == b"IEND":
+            return b""
+        pos += 12 + length
+    return b""
+
+
+def _webp_chunk(data: bytes, kind: bytes) -> bytes:
+    """The data of a WebP's first RIFF chunk of ``kind`` (``EXIF``, in an extended file), or b"" where there is none or
+    it is cut short."""
+    pos, n = 12, len(data)
+    for _ in range(_MAX_CHUNKS):
+        if pos + 8 > n:
+            return b""
+        name, (size,) = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])
+        if name == kind:
+            return data[pos + 8 : pos + 8 + size] if pos + 8 + size <= n else b""
+        pos += 8 + size + (size & 1)  # chunks are padded to an even length
+    return b""
+
+
+def _tiff_block(block: bytes) -> bytes:
+    """A TIFF-structured EXIF block as JPEG's APP1 holds it after its "Exif" header, from a PNG's or WebP's chunk
+    (some writers keep that header there too); b"" for anything else."""
+    if block[:6] == b"Exif\x00\x00":
+        block = block[6:]
+    return block if block[:4] in (b"II*\x00", b"MM\x00*") else b""
 
 
 def _bmp(data: bytes) -> ImageHeader:
@@ -334,4 +377,5 @@ def _webp(data: bytes) -> ImageHeader:
         raise HeaderError("corrupt WebP header")
     if width == 0 or height == 0:
         raise HeaderError("corrupt WebP (zero width or height)")
-    return ImageHeader("webp", width, height)
+    exif = _tiff_block(_webp_chunk(data, b"EXIF")) if chunk == b"VP8X" else b""
+    return ImageHeader("webp", width, height, _exif_orientation(exif) if exif else 1, exif)

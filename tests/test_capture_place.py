@@ -58,9 +58,9 @@ def place_of(data: bytes) -> Place | None:
     return read_capture(data, time.time()).place
 
 
-def test_a_phones_gps_position_is_read_in_every_hemisphere_from_jpeg_and_tiff():
+def test_a_phones_gps_position_is_read_in_every_hemisphere_from_jpeg_tiff_png_and_webp():
     for lat, lon in (ORCHARD, (-33.868820, 151.209290), (-12.046374, -77.042793), (40.712776, -74.005974)):
-        for fmt in ("JPEG", "TIFF"):
+        for fmt in ("JPEG", "TIFF", "PNG", "WEBP"):  # PNG's eXIf chunk and WebP's EXIF chunk as a JPEG's APP1
             got = place_of(photo(fmt, lat=lat, lon=lon))
             assert got is not None and abs(got.lat - lat) < 1e-5 and abs(got.lon - lon) < 1e-5, (fmt, lat, lon, got)
     assert place_of(photo()) is None  # no EXIF at all

@@ -55,11 +55,11 @@ def exif_stamp(t: float) -> tuple[str, str]:
     return datetime.fromtimestamp(t, timezone(timedelta(hours=2))).strftime("%Y:%m:%d %H:%M:%S"), "+02:00"
 
 
-def test_a_photos_exif_time_is_read_in_its_zone_and_the_time_a_file_was_changed_is_not_taken_for_it():
+def test_a_photos_exif_time_is_read_in_its_zone_from_jpeg_tiff_png_and_webp_and_the_time_a_file_was_changed_is_not_taken_for_it():
     now = time.time()
     t = round(now - 3 * DAY)
     original, offset = exif_stamp(t)
-    for fmt in ("JPEG", "TIFF"):
+    for fmt in ("JPEG", "TIFF", "PNG", "WEBP"):
         assert taken_at(photo(fmt, original=original, offset=offset), now) == t, fmt
     assert exif_time(_exif(digitized="2026:05:04 10:11:12")) == ("2026:05:04 10:11:12", "")  # the scanner's time serves
     assert exif_time(_exif(changed="2026:05:04 10:11:12")) == ("", "")  # DateTime: rewritten by any editor

@@ -250,6 +250,50 @@ def test_a_tiff_gives_the_tensor_of_a_png_of_the_same_upright_pixels(orientation
         np.testing.assert_array_equal(preprocess_bytes(tiff), preprocess_bytes(png))
 
 
+def _with_exif(img_bgr: np.ndarray, fmt: str, orientation: int, prefixed: bool = True) -> bytes:
+    """``img_bgr`` as a lossless PNG or WebP whose EXIF (PNG's eXIf chunk, WebP's EXIF chunk) says ``orientation``;
+    ``prefixed``: the block keeps JPEG's "Exif" header, as some writers leave it."""
+    import io
+
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    block = exif.tobytes()
+    block = block if prefixed else block[6:]
+    out = io.BytesIO()
+    Image.fromarray(img_bgr[:, :, ::-1]).save(out, fmt, exif=block, **({"lossless": True} if fmt == "WEBP" else {}))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_png_or_webp_with_an_exif_orientation_is_read_upright_as_a_jpeg_is(fmt, orientation):
+    """A phone or an editor that writes PNG or WebP with EXIF: the pixels are turned upright here, as the page's
+    thumbnail (Pillow's exif_transpose) and a browser show them; before, the model saw them as stored."""
+    img = np.random.default_rng(orientation).integers(0, 256, (90, 120, 3), dtype=np.uint8)
+    upright = encode(pp._apply_orientation(img, orientation), ".png")
+    for prefixed in (True, False):
+        data = _with_exif(img, fmt, orientation, prefixed)
+        header = read_header(data)
+        assert (header.format, header.orientation, header.exif[:2] in (b"II", b"MM")) == (fmt.lower(), orientation, True)
+        np.testing.assert_array_equal(preprocess_bytes(data), preprocess_bytes(upright))
+
+
+def test_a_png_or_webp_whose_exif_is_cut_or_garbled_is_read_as_stored():
+    img = np.random.default_rng(0).integers(0, 256, (90, 120, 3), dtype=np.uint8)
+    png = _with_exif(img, "PNG", 6)
+    at = png.index(b"eXIf")
+    cut = png[: at + 4] + b"garbage!" + png[at + 12 :]  # the block's TIFF header overwritten: no EXIF, no rotation
+    assert read_header(cut).orientation == 1 and read_header(cut).exif == b""
+    webp = bytearray(_with_exif(img, "WEBP", 6))
+    at = webp.index(b"EXIF")
+    webp[at + 4 : at + 8] = struct.pack("<I", 1 << 30)  # a chunk that claims to run past the file's end
+    assert read_header(bytes(webp)).exif == b""
+    plain = encode(img, ".png")
+    assert read_header(plain).orientation == 1 and read_header(plain).exif == b""
+
+
 def test_a_truncated_or_huge_or_bigtiff_is_refused_with_the_reason():
     tiff = _tiff(np.zeros((64, 64, 3), np.uint8))
     with pytest.raises(ImageRejected, match="truncated TIFF"):
