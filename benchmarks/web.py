@@ -140,6 +140,8 @@ def measure_web(state: Path, repeats: int) -> dict:
             f"/photos?label={label}": _timed(client, f"/photos?label={label}", repeats),
             "/photos?near=... (15 m of a tree)": _timed(client, "/photos?near=47.3990,8.5480", repeats),
             "/map (the newest 2,000 of 10,000 with a place)": _timed(client, "/map", max(5, repeats // 5)),
+            "/classes (every class's season)": _timed(client, "/classes", max(5, repeats // 5)),
+            f"/classes/{label}": _timed(client, f"/classes/{label}", max(5, repeats // 5)),
             "/health": _timed(client, "/health", max(5, repeats // 5)),
             "/engines": _timed(client, "/engines", max(5, repeats // 5)),
             "/review": _timed(client, "/review", max(5, repeats // 5)),

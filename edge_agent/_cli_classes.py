@@ -7,6 +7,7 @@ import argparse
 import sys
 import textwrap
 from dataclasses import asdict
+from datetime import datetime
 
 from edge_agent._cli_common import load, print_rows
 from edge_agent.names import printable
@@ -51,7 +52,12 @@ def classes(args: argparse.Namespace) -> int:
 
 
 def _row(v) -> dict:
-    row = {k: getattr(v, k) for k in ("label", "crop", "title", "disease", "known", "photos", "sure", "labelled")}
+    from edge_agent.results import iso
+
+    row = {k: getattr(v, k) for k in ("label", "crop", "title", "disease", "known")}
+    se = v.season
+    row |= {"photos": se.photos, "sure": se.sure, "labelled": se.labelled, "found": se.found, "plants": se.plants}
+    row |= {"first": iso(se.first) if se.first is not None else None, "last": iso(se.last) if se.last is not None else None}
     note = asdict(v.note) if v.note else {}
     note.pop("label", None)
     note.pop("name", None)
@@ -59,9 +65,15 @@ def _row(v) -> dict:
     return row
 
 
+def _day(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d")
+
+
 def _line(r: dict) -> str:
     urgent = "  URGENT" if r.get("urgency") else ""
     seen = f"  {r['photos']} photos ({r['sure']} sure)" if r["photos"] else ""
+    if r["disease"] and r["found"]:
+        seen += f", found on {r['found']}" + (f" of {r['plants']} plants" if r["plants"] else "")
     said = f"  the expert named {r['labelled']}" if r["labelled"] else ""
     kind = "" if r["disease"] else "  (healthy)"
     return f"{r['crop'] or '-'}: {r['title']}{kind}{urgent}  [{r['label']}]{seen}{said}"
@@ -92,5 +104,9 @@ def _page(v) -> list[str]:
             lines.append("  Often confused with: " + ", ".join(note.looks_like))
         if note.source:
             lines.append(f"  Read more: {note.source}")
-    lines.append(f"  this season: {v.photos} photos answered as it ({v.sure} sure), {v.labelled} labelled by the expert")
+    se = v.season
+    lines.append(f"  this season: {se.photos} photos answered as it ({se.sure} sure), {se.labelled} labelled by the expert")
+    if v.disease and se.found:
+        on = f" of {se.plants} plants" if se.plants else ""
+        lines.append(f"  found on {se.found} photos{on}, first photographed {_day(se.first)}, last {_day(se.last)}")
     return lines

@@ -373,3 +373,41 @@ def test_the_review_page_tells_each_offered_class_by_its_first_sign(tmp_path):
         notes.get("Potato___Late_blight").hint
         == "Pale to dark green water-soaked patches, often at the leaf tips and edges, turning brown-black within days"
     )
+
+
+def test_the_season_says_where_and_when_a_disease_was_found_by_a_sure_answer_or_the_experts_label(tmp_path, capsys):
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    day = 86400.0
+    may = time.mktime((2026, 5, 12, 10, 0, 0, 0, 0, -1))
+    rows = [  # (label, verdict, plant, taken)
+        ("Apple___Apple_scab", "confident", "tree 1", may),
+        ("Apple___Apple_scab", "confident", "tree 1", may + day),
+        ("Apple___Apple_scab", "confident", "tree 3", may + 20 * day),
+        ("Apple___Apple_scab", "unsure", "tree 4", may + 30 * day),  # not sure: not found
+        ("Apple___Apple_scab", "confident", "tree 5", may + 40 * day),  # the expert said black rot: not found
+        ("Apple___healthy", "unsure", "tree 6", may + 25 * day),  # the expert said scab: found
+    ]
+    for i, (label, verdict, plant, taken) in enumerate(rows):
+        sha = f"{i + 1:064x}"
+        top = [[label, 0.97], ["Apple___Black_rot", 0.02]]
+        db.commit(
+            [ResultRow(sha, sha[:16], f"/x/{i}.jpg", "folder", label, 0.97, top, "v0001", {}, verdict=verdict, plant=plant, taken=taken)],
+            [],
+        )
+    db._db.execute("INSERT INTO expert_labels (sha256, label, labelled) VALUES (?, 'Apple___Black_rot', 0)", (f"{5:064x}",))
+    db._db.execute("INSERT INTO expert_labels (sha256, label, labelled) VALUES (?, 'Apple___Apple_scab', 0)", (f"{6:064x}",))
+    db._db.commit()
+    db.close()
+    c = _client(state)
+    scab = c.get("/api/v1/classes/Apple___Apple_scab").json()
+    assert (scab["found"], scab["plants"]) == (4, 3)  # trees 1, 3 and 6
+    assert scab["first"].startswith("2026-05-12") and scab["last"].startswith("2026-06-06")  # tree 6, 25 days on
+    item = c.get("/classes").text.split('data-class="Apple___Apple_scab"')[1].split("</li>")[0]
+    assert "found on 3 plants, 12 May 2026 to 06 Jun 2026" in item
+    found = c.get("/classes/Apple___Apple_scab").text.split('id="found"')[1].split("</p>")[0]
+    assert "on 4 photos of 3 plants, first photographed 12 May 2026, last 06 Jun 2026" in found
+    assert [p.split('"')[0] for p in found.split('href="/plants/')[1:]] == ["tree%206", "tree%203", "tree%201"]  # newest first
+    assert c.get("/api/v1/classes/Apple___Black_rot").json()["found"] == 1  # the expert's correction counts for its class
+    assert main(["classes", "--state-dir", str(state), "Apple___Apple_scab"]) == 0
+    assert "found on 4 photos of 3 plants, first photographed 2026-05-12, last 2026-06-06" in capsys.readouterr().out

@@ -87,7 +87,12 @@ def create_app(ctx: WebContext) -> Starlette:
         notes=ctx.notes,  # read here: a farm's notes file that cannot be used stops the page at start (NotesError)
     )
     templates.env.filters.update(
-        pretty=pretty_class, localtime=local_time, shown_name=shown_name, verdict_text=verdict_text, geo=lambda p: geo_uri(*p)
+        pretty=pretty_class,
+        localtime=local_time,
+        localday=lambda t: datetime.fromtimestamp(t).strftime("%d %b %Y"),
+        shown_name=shown_name,
+        verdict_text=verdict_text,
+        geo=lambda p: geo_uri(*p),
     )
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
 

@@ -15,6 +15,7 @@ from starlette.routing import Route
 from edge_agent.class_notes import ClassNote, ClassNotes
 from edge_agent.names import describe_class, is_disease
 from edge_agent.web.context import WebContext
+from edge_agent.web.queries import ClassSeason
 
 __all__ = ["ClassView", "class_views", "season_classes", "class_routes"]
 
@@ -29,22 +30,22 @@ class ClassView:
     disease: bool
     known: bool  # the model in service answers it (else: a class only the expert has used, or only notes describe)
     note: ClassNote | None
-    photos: int = 0  # photos the model answered as it, of those kept
-    sure: int = 0  # of them, answered sure
-    labelled: int = 0  # photos the expert labelled as it
+    season: ClassSeason = ClassSeason()  # its photos kept: answered, sure, labelled, found (on how many plants, when)
 
 
-def class_views(notes: ClassNotes, classes: list[str], counts: dict[str, tuple[int, int, int]]) -> list[ClassView]:
-    """``classes`` (the model's) and any other the expert has labelled photos as (``counts``, :meth:`Reader.per_class
+def class_views(notes: ClassNotes, classes: list[str], seasons: dict[str, ClassSeason]) -> list[ClassView]:
+    """``classes`` (the model's) and any other the expert has labelled photos as (``seasons``, :meth:`Reader.per_class
     <edge_agent.web.queries.Reader.per_class>`), crop by crop, each with its notes."""
     known = set(classes)
-    labels = classes + sorted(label for label, (_, _, labelled) in counts.items() if label not in known and labelled)
+    labels = classes + sorted(label for label, season in seasons.items() if label not in known and season.labelled)
     views = []
     for label in labels:
         crop, condition = describe_class(label)
         crop = crop if crop != condition else ""
         views.append(
-            ClassView(label, crop, notes.title(label), is_disease(label), label in known, notes.get(label), *counts.get(label, (0, 0, 0)))
+            ClassView(
+                label, crop, notes.title(label), is_disease(label), label in known, notes.get(label), seasons.get(label, ClassSeason())
+            )
         )
     return sorted(views, key=lambda v: (v.crop.lower(), not v.disease, v.title.lower()))
 
@@ -78,6 +79,7 @@ def class_routes(ctx: WebContext, page: Callable[..., Response], problem: Callab
         if view is None:
             return problem(request, 404, f"the model knows no class {label[:100]!r}: the Diseases page lists those it knows")
         same_crop = [v for v in views if v.crop == view.crop and v.disease and v.label != label and v.known]
-        return page(request, "class.html", v=view, same_crop=same_crop, notes_file=ctx.cfg.web.class_notes)
+        plants = await run_in_threadpool(ctx.reader.found_on, label) if view.season.plants else []
+        return page(request, "class.html", v=view, same_crop=same_crop, plants=plants, notes_file=ctx.cfg.web.class_notes)
 
     return [Route("/classes", classes_page), Route("/classes/{label}", class_page)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
 from urllib.parse import urlencode
@@ -17,7 +17,20 @@ from edge_agent.capture_place import NEAR_M, Place, near_sql
 from edge_agent.plants import visit_window
 from edge_agent.results import LedgerColumns, ResultRow, query_readonly, result_record
 
-__all__ = ["Filters", "Reader"]
+__all__ = ["ClassSeason", "Filters", "Reader"]
+
+
+@dataclass(frozen=True)
+class ClassSeason:
+    """One class over the photos kept (:meth:`Reader.per_class`)."""
+
+    photos: int = 0  # the model answered it
+    sure: int = 0  # of them, sure
+    labelled: int = 0  # the expert labelled it
+    found: int = 0  # photos it was found on: a sure answer the expert did not correct, or the expert's label
+    plants: int = 0  # plants it was found on
+    first: float | None = None  # when the first and last of those photos were taken (else classified)
+    last: float | None = None
 
 
 @dataclass(frozen=True)
@@ -212,14 +225,38 @@ class Reader:
     def labels(self) -> list[str]:
         return [r[0] for r in self._rows("SELECT DISTINCT label FROM results ORDER BY label")]
 
-    def per_class(self) -> dict[str, tuple[int, int, int]]:
-        """{class: (photos the model answered as it, of them sure, photos the expert labelled as it)} over what is kept."""
-        out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    def per_class(self) -> dict[str, ClassSeason]:
+        """Each class's season over what is kept: the photos the model answered as it (of them, sure), the photos the
+        expert labelled as it, and where it was found (a sure answer the expert did not correct, or the expert's label):
+        how many photos, on how many plants, first and last photographed."""
+        out: dict[str, ClassSeason] = defaultdict(ClassSeason)
         for label, n, sure in self._rows("SELECT label, COUNT(*), SUM(verdict = 'confident') FROM results GROUP BY label"):
-            out[label][:2] = [n, sure or 0]
+            out[label] = replace(out[label], photos=n, sure=sure or 0)
         for label, n in self._rows("SELECT label, COUNT(*) FROM expert_labels GROUP BY label"):
-            out[label][2] = n
-        return {label: (a, b, c) for label, (a, b, c) in out.items()}
+            out[label] = replace(out[label], labelled=n)
+        when = self._ledger.when_of("r.")
+        found = self._rows(
+            f"SELECT COALESCE(e.label, r.label) AS cls, COUNT(*), COUNT(DISTINCT r.plant), MIN({when}), MAX({when})"
+            " FROM results r LEFT JOIN expert_labels e ON e.sha256 = r.sha256"
+            " WHERE e.label IS NOT NULL OR r.verdict = 'confident' GROUP BY cls"
+        )
+        for label, n, plants, first, last in found:
+            out[label] = replace(out[label], found=n, plants=plants, first=first, last=last)
+        return dict(out)
+
+    def found_on(self, label: str, limit: int = 20) -> list[str]:
+        """The plants ``label`` was found on (a sure answer the expert did not correct, or the expert's label), the most
+        recently photographed first, at most ``limit``."""
+        when = self._ledger.when_of("r.")
+        return [
+            plant
+            for plant, _ in self._rows(
+                f"SELECT r.plant, MAX({when}) AS last FROM results r LEFT JOIN expert_labels e ON e.sha256 = r.sha256"
+                " WHERE r.plant IS NOT NULL AND COALESCE(e.label, CASE WHEN r.verdict = 'confident' THEN r.label END) = ?"
+                " GROUP BY r.plant ORDER BY last DESC LIMIT ?",
+                (label, limit),
+            )
+        ]
 
     def per_day_per_class(self, days: int) -> dict[str, dict[str, int]]:
         """{local day: {class: photos}} for the last ``days`` days."""

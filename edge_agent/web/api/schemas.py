@@ -42,6 +42,11 @@ __all__ = [
 ]
 
 
+def _stamp(t: float | None) -> datetime | None:
+    """A time kept as seconds since the epoch, in UTC (None as it is)."""
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc)
+
+
 class Problem(BaseModel):
     """Why a request failed."""
 
@@ -94,7 +99,7 @@ class Result(BaseModel):
             engine_version=row.engine_version,
             timings_ms={k: float(v) for k, v in (row.timings or {}).items() if isinstance(v, (int, float))},
             created=datetime.fromtimestamp(row.created, timezone.utc),
-            taken=None if row.taken is None else datetime.fromtimestamp(row.taken, timezone.utc),
+            taken=_stamp(row.taken),
             latitude=row.lat,
             longitude=row.lon,
             page=f"/photo/{row.sha256}",
@@ -361,6 +366,10 @@ class ClassOut(BaseModel):
     photos: int = Field(description="Photos kept that the model answered as it.")
     sure: int = Field(description="Of them, those answered sure (verdict confident).")
     labelled: int = Field(description="Photos the expert labelled as it.")
+    found: int = Field(0, description="Photos it was found on: a sure answer the expert did not correct, or the expert's label.")
+    plants: int = Field(0, description="Plants it was found on.")
+    first: datetime | None = Field(None, description="When the first photo it was found on was taken (else classified).")
+    last: datetime | None = Field(None, description="When the last photo it was found on was taken (else classified).")
     cause: str = Field("", description="What causes it.")
     look_for: str = Field("", description="What to look for on the plant to confirm it by eye.")
     spread: str = Field("", description="How and when it spreads.")
@@ -381,9 +390,13 @@ class ClassOut(BaseModel):
             title=v.title,
             disease=v.disease,
             known=v.known,
-            photos=v.photos,
-            sure=v.sure,
-            labelled=v.labelled,
+            photos=v.season.photos,
+            sure=v.season.sure,
+            labelled=v.season.labelled,
+            found=v.season.found,
+            plants=v.season.plants,
+            first=_stamp(v.season.first),
+            last=_stamp(v.season.last),
             looks_like=looks,
             **text,
         )
