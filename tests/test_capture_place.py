@@ -478,3 +478,57 @@ def test_a_photos_spot_combines_the_photos_taken_beside_it_that_visit_not_last_m
     spot = c.get(f"/photo/{first}").text.split('id="spot">')[1].split("</dd>")[0]
     assert "the 3 photos taken within 15 m and 12 hours of it" in spot  # the two, and the plant's photo beside them
     assert 'id="spot"' not in c.get(f"/photo/{tree}").text  # a plant's photo: its plant speaks, no spot
+
+
+def test_the_photos_of_a_spot_ticked_on_a_photos_page_are_labelled_at_once_and_only_they(tmp_path):
+    """The same tree photographed leaf by leaf without a folder a tree: its photos labelled together, as a plant's are."""
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    import hashlib
+
+    from edge_agent.web.queries import Reader
+
+    from .web_helpers import client, csrf_of, make_state
+
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    now = time.time()
+    day = state / "processed" / time.strftime("%Y-%m-%d", time.localtime(now))
+    day.mkdir(parents=True, exist_ok=True)
+
+    def at(place, seed):
+        data = photo(seed=seed)  # a file the state directory keeps, as the daemon leaves it
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"leaf-{seed}.jpg"
+        (day / name).write_bytes(data)
+        top_k = [["Apple___Apple_scab", 0.8], ["Apple___healthy", 0.2]]
+        row = ResultRow(sha, sha[:16], str(state / "inbox" / name), "folder", "Apple___Apple_scab", 0.8, top_k, "v1", {}, now, "unsure")
+        row.lat, row.lon = place
+        db.commit([row])
+        return sha
+
+    a, b, c_ = at(ORCHARD, 10), at(_metres(2, 0), 60), at(_metres(0, 4), 110)  # colours far apart: different files
+    far = at(_metres(500, 0), 160)  # another row of the orchard: no spot with these
+    db.close()
+    web = client(state)
+    page = web.get(f"/photo/{a}").text
+    form = page.split('id="spot-label"')[1].split("</form>")[0]
+    assert form.count('name="photo"') == 3 and form.count(" checked>") == 3  # none labelled yet: every one ticked
+    token = csrf_of(web)
+
+    def post(sha, photos, label="Apple___Black_rot"):
+        return web.post(f"/photo/{sha}/label-spot", data={"csrf": token, "label": label, "photo": photos})
+
+    def said():
+        return Reader(state / "results.sqlite").expert_labels([a, b, c_, far])
+
+    assert post(a, [a, far]).status_code == 400 and said() == {}  # a photo of another spot: nothing labelled
+    assert post(a, []).status_code == 400 and said() == {}
+    assert post(a, [a, b], "Apple___Black_rott").status_code == 400 and said() == {}  # a class typed wrong
+    assert post(far, [far]).status_code == 404  # alone: no spot
+    r = post(a, [a, b])  # the neighbour's leaf (c_) unticked
+    assert r.status_code == 303 and r.headers["location"].endswith("spot_labelled=2&spot_missed=0")
+    assert said() == {a: "Apple___Black_rot", b: "Apple___Black_rot"}
+    page = web.get(r.headers["location"]).text
+    assert "Labelled 2 photos" in page.split('id="spot-labelled"')[1].split("</p>")[0]
+    form = page.split('id="spot-label"')[1].split("</form>")[0]
+    assert form.count(" checked>") == 1 and form.count("expert: Apple · Black rot") == 2  # only c_ is left ticked

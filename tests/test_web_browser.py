@@ -279,6 +279,15 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         wait.until(lambda b: "/photo/" in b.current_url)
         place = browser.find_element(By.ID, "place").text
         assert place.startswith("47.39") and "2 other photos taken within 15 m" in place, place
+        spot = browser.find_element(By.ID, "spot-label")  # the three leaves of one tree, labelled together
+        assert len(spot.find_elements(By.CSS_SELECTOR, 'input[name="photo"]:checked')) == 3
+        spot.find_element(By.CSS_SELECTOR, 'input[name="label"]').send_keys("Apple___Apple_scab")
+        browser.execute_script("arguments[0].scrollIntoView()", spot)
+        browser.save_screenshot(str(shots / "spot.png"))
+        spot.find_element(By.CSS_SELECTOR, "button").click()
+        said = wait.until(lambda b: b.find_elements(By.ID, "spot-labelled"))[0].text
+        assert said.startswith("Labelled 3 photos"), said
+        assert db_rows(daemon.state, "SELECT COUNT(*) FROM expert_labels WHERE label = 'Apple___Apple_scab'")[0][0] >= 3
 
         for page in ("engines", "health"):
             browser.get(f"{base}/{page}")

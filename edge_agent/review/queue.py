@@ -44,6 +44,7 @@ __all__ = [
     "left_today",
     "label_photo",
     "label_plant",
+    "label_photos",
     "PlantLabelled",
     "others_labelled",
     "Beside",
@@ -248,13 +249,23 @@ def label_plant(
             raise LabelError("no photo chosen: choose the photos of the plant to label")
         if stray := [sha for sha in chosen if sha not in mine]:
             raise LabelError(f"{stray[0][:16]!r} is not a photo of plant {plant[:64]!r}: nothing labelled")
+    return PlantLabelled(plant, label, *label_photos(db, queue_root, quota_bytes, classes, chosen, label, new_class))
+
+
+def label_photos(
+    db: ResultsDB, queue_root: Path, quota_bytes: int, classes: list[str], chosen: list[str], label: str, new_class: bool = False
+) -> tuple[list[QueueEntry], list[tuple[str, str]]]:
+    """Each of ``chosen`` (sha256s) given ``label`` as :func:`label_photo` does: (the labelled, and each photo that could
+    not be with why: its file pruned, the queue full; the others are labelled all the same). Raises :class:`LabelError`
+    before labelling any where the class is wrong."""
+    label = _checked_class(label, classes, new_class)
     labelled, missed = [], []
     for sha in chosen:
         try:
             labelled.append(label_photo(db, queue_root, quota_bytes, classes, sha, label, new_class))
-        except LabelError as exc:  # its file pruned, the queue full: the others are labelled all the same
+        except LabelError as exc:
             missed.append((sha, str(exc)))
-    return PlantLabelled(plant, label, labelled, missed)
+    return labelled, missed
 
 
 def _checked_class(label: str, classes: list[str], new_class: bool) -> str:

@@ -13,6 +13,7 @@ import shutil
 import time
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -169,7 +170,7 @@ def create_app(ctx: WebContext) -> Starlette:
         queued = queued[0] if queued else None
         classes = ctx.classes() if found else []
         near = ctx.reader.count(Filters(near=found.place)) if found and found.place else 0  # itself included
-        spot = ctx.spot(found, len(classes)) if found else None
+        spot, spot_rows, spot_said = (ctx.spot(found, len(classes)) if found else None) or (None, [], {})
         shown = said or (found.label if found and found.verdict != "unknown" else "")  # a photo unlike any it knows: none
         about = ctx.notes.get(shown) if shown else None
         return page(
@@ -184,8 +185,12 @@ def create_app(ctx: WebContext) -> Starlette:
             classes=classes,
             near=near,
             spot=spot,
+            spot_rows=spot_rows,
+            spot_said=spot_said,
             about=about,
             labelled=request.query_params.get("labelled"),
+            spot_labelled=parse_int(request.query_params.get("spot_labelled"), default=-1),
+            spot_missed=parse_int(request.query_params.get("spot_missed")),
         )
 
     async def photo_label(request: Request) -> Response:
@@ -196,6 +201,18 @@ def create_app(ctx: WebContext) -> Starlette:
             return problem(request, 404, "no such photo")
         await run_in_threadpool(ctx.label, sha, str(data.get("label", "")), data.get("new_class") == "1")  # Refused / BadParameter: shown
         return RedirectResponse(f"/photo/{sha}?labelled=1", status_code=303)
+
+    async def photo_label_spot(request: Request) -> Response:
+        """The expert's label for the photos of a photo's spot (taken within 15 m of it, the same visit) ticked on its
+        page: the same tree photographed without a folder a tree, labelled at once."""
+        sha = request.path_params["sha"]
+        data = await form(request, "label", fields=ctx.cfg.classify.plant_max_photos + 8)
+        if not is_sha256(sha):
+            return problem(request, 404, "no such photo")
+        photos, label = [str(p) for p in data.getlist("photo")], str(data.get("label", ""))
+        done = await run_in_threadpool(ctx.label_spot, sha, label, data.get("new_class") == "1", photos)  # Refused / BadParameter: shown
+        to = f"/photo/{sha}?" + urlencode({"spot_labelled": len(done.labelled), "spot_missed": len(done.missed)})
+        return RedirectResponse(to, status_code=303)
 
     async def image(request: Request) -> Response:
         size, sha = request.path_params["size"], request.path_params["sha"]
@@ -380,6 +397,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/photos.csv", photos_csv),
         Route("/photo/{sha}", photo),
         Route("/photo/{sha}/label", photo_label, methods=["POST"]),
+        Route("/photo/{sha}/label-spot", photo_label_spot, methods=["POST"]),
         Route("/img/{size}/{sha}", image),
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),

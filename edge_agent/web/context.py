@@ -16,7 +16,7 @@ from edge_agent.config import AppConfig
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
-from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_plant, wanted_classes
+from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_photos, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
 from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
 from edge_agent.web.queries import Filters, Reader
@@ -59,18 +59,24 @@ class WebContext:
         cl = self.cfg.classify
         return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos, cl.plant_visit_gap_s), said
 
-    def spot(self, row: ResultRow, num_classes: int) -> PlantDiagnosis | None:
+    def spot(self, row: ResultRow, num_classes: int) -> tuple[PlantDiagnosis, list[ResultRow], dict[str, str]] | None:
         """The answers of the photos taken within :data:`NEAR_M` metres of ``row``, a photo of no plant, within a visit's
-        time of it, combined as a plant's are (the same tree and its neighbours photographed without a folder a tree);
-        None where it has no place, is a plant's, or fewer than two (or more than ``plant_max_photos``) are there."""
+        time of it, combined as a plant's are (the same tree and its neighbours photographed without a folder a tree),
+        with those photos and the expert's labels of them; None where it has no place, is a plant's, or fewer than two
+        (or more than ``plant_max_photos``) are there."""
+        rows = self.spot_rows(row)
+        if rows is None:
+            return None
+        said = self.reader.expert_labels([r.sha256 for r in rows])
+        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, self.cfg.classify.plant_max_photos), rows, said
+
+    def spot_rows(self, row: ResultRow) -> list[ResultRow] | None:
+        """The photos of :meth:`spot` (``row``'s own included), in time order; None where it has none."""
         cl = self.cfg.classify
         if row.plant or row.place is None:
             return None
         rows = self.reader.near_visit(row.place, NEAR_M, row.when, cl.plant_visit_gap_s, cl.plant_max_photos + 1)
-        if len(rows) < 2 or too_many(len(rows), cl.plant_max_photos):
-            return None
-        said = self.reader.expert_labels([r.sha256 for r in rows])
-        return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos)
+        return None if len(rows) < 2 or too_many(len(rows), cl.plant_max_photos) else rows
 
     def visits(self, rows: list, num_classes: int) -> list[tuple[float, PlantDiagnosis]]:
         """Each visit of a plant (its stored ``rows``, oldest first; :func:`~edge_agent.plants.visits`), the newest
@@ -193,6 +199,27 @@ class WebContext:
         gap = cl.plant_visit_gap_s
         return self._on_ledger(
             lambda db: label_plant(db, self.state.queue, quota, self.classes(), plant, label, new_class, photos, cl.plant_max_photos, gap)
+        )
+
+    def label_spot(self, sha256: str, label: str, new_class: bool, photos: list[str]) -> PlantLabelled:
+        """The expert's label for the photos of photo ``sha256``'s spot (:meth:`spot`) ticked on its page, each as a
+        photo's own label is.
+
+        Raises :class:`Refused` (404: no such photo, or it has no spot) or :class:`BadParameter` (an unknown class, no
+        photo ticked, a photo not of the spot)."""
+        row = self.reader.photo(sha256)
+        rows = self.spot_rows(row) if row is not None else None
+        if rows is None:
+            raise Refused(404, "no photos taken beside this one (within 15 m, the same visit) to label together")
+        chosen = list(dict.fromkeys(photos))
+        if not chosen:
+            raise BadParameter("no photo ticked: tick the photos of this spot to label")
+        spot = {r.sha256 for r in rows}
+        if stray := [sha for sha in chosen if sha not in spot]:
+            raise BadParameter(f"{stray[0][:16]!r} is not a photo of this spot: nothing labelled")
+        quota = self.cfg.labels.max_spool_mb << 20
+        return self._on_ledger(
+            lambda db: PlantLabelled("", label, *label_photos(db, self.state.queue, quota, self.classes(), chosen, label, new_class))
         )
 
     def rename_plant(self, old: str, new: str) -> Renamed:
