@@ -13,7 +13,6 @@ import shutil
 import time
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -46,9 +45,9 @@ from edge_agent.web.hosts import HostCheck, page_names
 from edge_agent.web.map_page import map_routes
 from edge_agent.web.metrics import CONTENT_TYPE as METRICS_TYPE
 from edge_agent.web.metrics import render as render_metrics
+from edge_agent.web.photo_pages import photo_routes
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.plant_pages import plant_routes
-from edge_agent.web.queries import Filters
 from edge_agent.web.upload import plant_folder, store_upload
 
 __all__ = ["create_app", "WebContext"]
@@ -157,62 +156,6 @@ def create_app(ctx: WebContext) -> Starlette:
         return StreamingResponse(
             csv_lines(ctx.reader.each(page_filters(request.query_params))), media_type="text/csv; charset=utf-8", headers=headers
         )
-
-    async def photo(request: Request) -> Response:
-        sha = request.path_params["sha"]
-        if not is_sha256(sha):
-            return problem(request, 404, "no such photo")
-        found = ctx.reader.photo(sha)
-        queued = ctx.reader.queue_file(sha)
-        said = ctx.reader.expert_labels([sha]).get(sha) if found else None
-        name = request.query_params.get("name", "")
-        quarantined = ctx.reader.quarantined(name) if name and found is None else None
-        queued = queued[0] if queued else None
-        classes = ctx.classes() if found else []
-        near = ctx.reader.count(Filters(near=found.place)) if found and found.place else 0  # itself included
-        spot, spot_rows, spot_said = (ctx.spot(found, len(classes)) if found else None) or (None, [], {})
-        shown = said or (found.label if found and found.verdict != "unknown" else "")  # a photo unlike any it knows: none
-        about = ctx.notes.get(shown) if shown else None
-        return page(
-            request,
-            "photo.html",
-            sha=sha,
-            photo=found,
-            queued=queued,
-            said=said,
-            quarantined=quarantined,
-            name=name,
-            classes=classes,
-            near=near,
-            spot=spot,
-            spot_rows=spot_rows,
-            spot_said=spot_said,
-            about=about,
-            labelled=request.query_params.get("labelled"),
-            spot_labelled=parse_int(request.query_params.get("spot_labelled"), default=-1),
-            spot_missed=parse_int(request.query_params.get("spot_missed")),
-        )
-
-    async def photo_label(request: Request) -> Response:
-        """The expert's label for any photo still kept, from its page (a sure answer that is wrong, a label corrected)."""
-        sha = request.path_params["sha"]
-        data = await form(request, "label")
-        if not is_sha256(sha):
-            return problem(request, 404, "no such photo")
-        await run_in_threadpool(ctx.label, sha, str(data.get("label", "")), data.get("new_class") == "1")  # Refused / BadParameter: shown
-        return RedirectResponse(f"/photo/{sha}?labelled=1", status_code=303)
-
-    async def photo_label_spot(request: Request) -> Response:
-        """The expert's label for the photos of a photo's spot (taken within 15 m of it, the same visit) ticked on its
-        page: the same tree photographed without a folder a tree, labelled at once."""
-        sha = request.path_params["sha"]
-        data = await form(request, "label", fields=ctx.cfg.classify.plant_max_photos + 8)
-        if not is_sha256(sha):
-            return problem(request, 404, "no such photo")
-        photos, label = [str(p) for p in data.getlist("photo")], str(data.get("label", ""))
-        done = await run_in_threadpool(ctx.label_spot, sha, label, data.get("new_class") == "1", photos)  # Refused / BadParameter: shown
-        to = f"/photo/{sha}?" + urlencode({"spot_labelled": len(done.labelled), "spot_missed": len(done.missed)})
-        return RedirectResponse(to, status_code=303)
 
     async def image(request: Request) -> Response:
         size, sha = request.path_params["size"], request.path_params["sha"]
@@ -395,9 +338,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/", root),
         Route("/photos", photos),
         Route("/photos.csv", photos_csv),
-        Route("/photo/{sha}", photo),
-        Route("/photo/{sha}/label", photo_label, methods=["POST"]),
-        Route("/photo/{sha}/label-spot", photo_label_spot, methods=["POST"]),
+        *photo_routes(ctx, page, problem, form),
         Route("/img/{size}/{sha}", image),
         Route("/review", review),
         Route("/review/label", review_label, methods=["POST"]),
