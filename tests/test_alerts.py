@@ -214,6 +214,20 @@ def test_the_digest_counts_as_seen_only_the_answers_that_may_alert_and_the_doubt
     db.close()
 
 
+def test_the_digest_marks_a_disease_that_cannot_wait(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, digest_at="00:00")
+    _result(db, "Potato___Late_blight")
+    _result(db, "Apple___Apple_scab")
+    body = w.digest_due(time.time())
+    assert body["message"].startswith("Late blight (Potato): 1 (urgent); Apple scab (Apple): 1") or body["message"].startswith(
+        "Apple scab (Apple): 1; Late blight (Potato): 1 (urgent)"
+    ), body["message"]
+    assert "Apple scab (Apple): 1 (urgent)" not in body["message"]
+    w.stop()
+    db.close()
+
+
 # ---- the outbox --------------------------------------------------------------------------
 def test_the_outbox_keeps_messages_across_a_restart_until_delivered(tmp_path):
     box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)

@@ -387,7 +387,7 @@ class AlertWorker(Worker):
             for k, v in sorted(seen.items(), key=lambda kv: -kv[1])
             if self.rules.wants(Candidate(0, 0, "", k, 1.0, self.section.verdicts[0], "", ""))
         }
-        lines = [f"{class_phrase(k)}: {v}" for k, v in diseased.items()] or ["no disease seen"]
+        lines = [f"{class_phrase(k)}: {v}{' (urgent)' if self._urgent(k) else ''}" for k, v in diseased.items()] or ["no disease seen"]
         doubts = [
             f"{by_verdict[v]} {said}"
             for v, said in (("unsure", "not sure"), ("unknown", "unlike any plant known"))
@@ -441,6 +441,11 @@ class AlertWorker(Worker):
             elif d.verdict in ("unsure", "unknown") and not too_many(d.photos, self.plant_max_photos):
                 unsure.append(plant)
         return out, unsure
+
+    def _urgent(self, label: str) -> bool:
+        """The class's notes say it cannot wait (late blight, citrus greening)."""
+        note = self.notes.get(label)
+        return bool(note and note.urgency)
 
     def _digest(self) -> None:
         body = self.digest_due()
