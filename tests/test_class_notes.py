@@ -325,6 +325,10 @@ def test_the_daemons_alerts_carry_the_notes_and_a_notes_file_it_cannot_use_leave
         con.close()
         sent = json.loads(payload)
         assert sent["look_for"] == "Braunfäule an Blatt und Frucht." and sent["urgency"]  # the farm's key, the shipped rest
+        assert w._state["last_look_for"] == "Braunfäule an Blatt und Frucht."  # Home Assistant's Last diagnosis attribute
+        _add(tmp_path, "Apple___Apple_scab", "unknown")
+        w.scan()
+        assert w._state["last_look_for"] == ""  # a photo unlike any it knows: nothing to look for
     finally:
         w.stop()
         db.close()

@@ -192,6 +192,8 @@ class AlertWorker(Worker):
                 self._state |= {"last_diagnosis": diagnosis(c), "last_label": c.label, "last_verdict_reason": c.reason}
                 self._state |= {"last_confidence": round(100 * c.confidence, 1), "last_verdict": c.verdict, "last_photo_id": c.photo_id}
                 self._state |= place_attributes(c)  # Home Assistant's map card places the Last diagnosis sensor by them
+                note = self.notes.get(c.label) if c.verdict != "unknown" else None
+                self._state["last_look_for"] = note.look_for if note else ""  # the Last diagnosis sensor's attribute: how to check
             self.outbox.set("cursor", str(rows[-1][0]))
         return len(rows)
 
