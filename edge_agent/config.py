@@ -416,6 +416,25 @@ class WebSection(Section):
         description="A TOML file of the farm's own notes on the classes (its language, its extension service's advice), "
         "read over the shipped ones key by key when `edge-agent web` starts; empty: the shipped notes only.",
     )
+    map_image: str = Field(
+        "",
+        description="An image of the farm from above (a drone photo, a saved satellite view: JPEG, PNG or WebP) drawn "
+        "under the Map's dots, placed by map_bounds; empty: no image (the device has no map tiles).",
+    )
+    map_bounds: list[float] = Field(
+        [], description="Where map_image's edges lie, in degrees: [south, west, north, east] (read them off any map app)."
+    )
+
+    @model_validator(mode="after")
+    def _map_image_placed(self) -> "WebSection":
+        b = self.map_bounds
+        if self.map_image and len(b) != 4:
+            raise ValueError("map_image needs map_bounds = [south, west, north, east] (degrees) to place it")
+        if b and (len(b) != 4 or not (-90 <= b[0] < b[2] <= 90 and -180 <= b[1] <= 180 and -180 <= b[3] <= 180 and b[1] != b[3])):
+            raise ValueError(
+                "map_bounds: [south, west, north, east] in degrees, south below north (latitudes -90..90, longitudes -180..180)"
+            )
+        return self
 
 
 class LogSection(Section):

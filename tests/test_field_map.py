@@ -162,3 +162,70 @@ def test_the_heap_is_given_back_where_glibc_can_and_elsewhere_nothing_happens(mo
     monkeypatch.setattr(_heap, "_libc", None)
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libno-such-c-library.so.9")
     assert _heap.trim_heap() is False and _heap.trim_heap() is False  # asked once, then remembered
+
+
+def test_the_farms_image_lies_under_the_dots_with_its_corners_where_its_bounds_say():
+    from edge_agent.web.field_map import Backdrop
+
+    nw, se = _point(30, -20), _point(-10, 40)  # photos taken at the image's north-west and south-east corners
+    middle = _point(5, 5)
+    (south, west), (north, east) = _at(-10, -20), _at(30, 40)
+    drawn = field_map([nw, se, middle], backdrop=Backdrop("/map/image", south, west, north, east))
+    image = re.search(
+        r'<image class="map-image" id="map-image" href="/map/image" x="([-\d.]+)" y="([-\d.]+)" width="([\d.]+)" height="([\d.]+)"',
+        drawn.svg,
+    )
+    x, y, w, h = map(float, image.groups())
+    dots = _dots(drawn.svg)
+    assert (x, y) == pytest.approx(dots[nw.sha256], abs=0.15) and (x + w, y + h) == pytest.approx(dots[se.sha256], abs=0.15)
+    assert drawn.svg.index("<image") < drawn.svg.index("<circle")  # under the dots
+    assert "<image" not in field_map([nw, se, middle]).svg
+
+
+def test_the_map_page_draws_the_farms_image_when_configured_and_says_why_when_it_cannot(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    import cv2
+    import numpy as np
+    from starlette.testclient import TestClient
+
+    from edge_agent.config import AppConfig, ConfigError, parse_config
+    from edge_agent.state import StateLayout
+    from edge_agent.web.app import WebContext, create_app
+
+    from .web_helpers import LOCAL, make_state
+
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    _rows(db, [("Apple___healthy", "confident", _at(0, 0), None), ("Apple___Apple_scab", "confident", _at(10, 10), None)])
+    db.close()
+    (south, west), (north, east) = _at(-50, -50), _at(50, 50)
+
+    def client(image: str) -> TestClient:
+        cfg = AppConfig()
+        cfg = cfg.model_copy(
+            update={"web": cfg.web.model_copy(update={"map_image": image, "map_bounds": [south, west, north, east] if image else []})}
+        )
+        return TestClient(
+            create_app(WebContext(cfg, StateLayout(state), state / "inbox", "127.0.0.1")), base_url="http://localhost", client=LOCAL
+        )
+
+    photo = tmp_path / "drone.png"
+    photo.write_bytes(cv2.imencode(".png", np.full((60, 80, 3), 90, np.uint8))[1].tobytes())
+    c = client(str(photo))
+    page = c.get("/map").text
+    assert 'id="map-image"' in page and "the farm's own image from above" in page and 'id="map-image-problem"' not in page
+    r = c.get("/map/image")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png" and r.content == photo.read_bytes()
+    for bad, said in ((tmp_path / "gone.jpg", "cannot be read"), (tmp_path / "notes.txt", "not a supported image")):
+        if bad.suffix == ".txt":
+            bad.write_text("not a photo")
+        c = client(str(bad))
+        page = c.get("/map").text
+        assert 'id="map-image"' not in page and said in page.split('id="map-image-problem"')[1].split("</p>")[0]
+        assert c.get("/map").status_code == 200 and c.get("/map/image").status_code == 404  # the dots drawn all the same
+    none = client("")
+    assert none.get("/map/image").status_code == 404 and "<code>[web] map_image</code> and <code>map_bounds</code>" in none.get("/map").text
+    with pytest.raises(ConfigError, match="map_image needs map_bounds"):
+        parse_config({"web": {"map_image": str(photo)}})
+    with pytest.raises(ConfigError, match="south below north"):
+        parse_config({"web": {"map_image": str(photo), "map_bounds": [north, west, south, east]}})

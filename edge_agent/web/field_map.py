@@ -1,5 +1,6 @@
 """The season's photos drawn where they were taken: an inline SVG of the farm from the photos' GPS positions, each
-photo a dot coloured by what it shows, with no map tiles (the device is offline) and no JavaScript.
+photo a dot coloured by what it shows, with no map tiles (the device is offline) and no JavaScript; under them, where
+the farm gives one, an image of the farm from above (a drone photo, a saved satellite view).
 
 A phone's fix is good to a few metres, so the dots of one tree cluster and a row of sick trees shows as a row of red.
 The view holds the photos within three times the distance from their middle that 90 % of them lie within (a photo
@@ -17,7 +18,7 @@ from html import escape
 from edge_agent.capture_place import east_of, metres_per_degree
 from edge_agent.names import is_disease
 
-__all__ = ["STATES", "MapPoint", "FieldMap", "state_of", "field_map"]
+__all__ = ["STATES", "Backdrop", "MapPoint", "FieldMap", "state_of", "field_map"]
 
 #: What a dot shows, in the order drawn (the last on top), with its colour and its legend's words.
 STATES = {
@@ -76,9 +77,24 @@ def _kept(xy: list[tuple[float, float]], min_span_m: float) -> list[bool]:
     return [k <= limit for k in d]
 
 
-def field_map(points: Sequence[MapPoint], width: int = 900, height: int = 600, min_span_m: float = 40.0) -> FieldMap:
+@dataclass(frozen=True)
+class Backdrop:
+    """An image of the farm from above drawn under the dots (``[web] map_image``): its address, and where its edges lie
+    in degrees (``[web] map_bounds``)."""
+
+    href: str
+    south: float
+    west: float
+    north: float
+    east: float
+
+
+def field_map(
+    points: Sequence[MapPoint], width: int = 900, height: int = 600, min_span_m: float = 40.0, backdrop: Backdrop | None = None
+) -> FieldMap:
     """The points drawn north up on a plane around their median (a farm is flat at this scale), the view holding
-    those near the rest (see the module) with a margin, at least ``min_span_m`` across; a scale bar in metres."""
+    those near the rest (see the module) with a margin, at least ``min_span_m`` across; a scale bar in metres; the
+    ``backdrop`` under them, stretched to its edges on the same plane."""
     counts = {s: 0 for s in STATES}
     if not points:
         return FieldMap("", 0, 0, counts, 0.0)
@@ -100,6 +116,15 @@ def field_map(points: Sequence[MapPoint], width: int = 900, height: int = 600, m
 
     parts = [f'<svg class="field-map" id="field-map" viewBox="0 0 {width} {height}" role="img" aria-label="photos where they were taken">']
     parts.append(f'<rect x="0" y="0" width="{width}" height="{height}" class="map-ground"/>')
+    if backdrop is not None:
+        (left, top), (right, bottom) = (
+            at(east_of(lon, lon0) * east, (lat - lat0) * north)
+            for lat, lon in ((backdrop.north, backdrop.west), (backdrop.south, backdrop.east))
+        )
+        parts.append(
+            f'<image class="map-image" id="map-image" href="{escape(backdrop.href)}" x="{left:.1f}" y="{top:.1f}" '
+            f'width="{right - left:.1f}" height="{bottom - top:.1f}" preserveAspectRatio="none"/>'
+        )
     drawn = outside = 0
     order = {s: i for i, s in enumerate(STATES)}
     for p, (x, y), k in sorted(zip(points, xy, kept), key=lambda t: order.get(t[0].state, 0)):
@@ -128,7 +153,8 @@ def field_map(points: Sequence[MapPoint], width: int = 900, height: int = 600, m
     words = f"{bar / 1000:g} km" if bar >= 1000 else f"{bar:g} m"
     y0 = height - 14
     parts.append(
-        f'<g class="scale" id="map-scale"><line x1="{pad}" y1="{y0}" x2="{pad + bar_px:.1f}" y2="{y0}"/>'
+        f'<g class="scale" id="map-scale"><line class="halo" x1="{pad}" y1="{y0}" x2="{pad + bar_px:.1f}" y2="{y0}"/>'
+        f'<line x1="{pad}" y1="{y0}" x2="{pad + bar_px:.1f}" y2="{y0}"/>'
         f'<text x="{pad + bar_px / 2:.1f}" y="{y0 - 6}" text-anchor="middle">{words}</text></g>'
     )
     parts.append(f'<text class="north" x="{width - pad}" y="{pad + 4}" text-anchor="end">N ↑</text>')

@@ -3,23 +3,58 @@ the Photos page is (a class, a range of days, a plant), and to one kind of dot (
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
+from edge_agent.imageheader import HeaderError, read_header
 from edge_agent.names import pretty_class
 from edge_agent.web._heap import trim_heap
 from edge_agent.web.context import BadParameter, WebContext, page_filters
-from edge_agent.web.field_map import STATES, MapPoint, field_map, state_of
+from edge_agent.web.field_map import STATES, Backdrop, MapPoint, field_map, state_of
+from engines.durable import read_at_most
 
-__all__ = ["MAP_POINTS", "map_routes"]
+__all__ = ["MAP_POINTS", "MAP_IMAGE_BYTES", "map_routes"]
 
 #: The most photos the map draws (the newest the filters match; days choose older ones): 2,000 keep the page under
 #: half a megabyte and the web process within its 60 MB (5,000 took it to 62.5 MB; benchmarks.web).
 MAP_POINTS = 2000
+
+
+#: The largest image of the farm served under the map (a drone photo of a few hectares at 5 cm a pixel, as a JPEG).
+MAP_IMAGE_BYTES = 32 << 20
+
+
+def _image_problem(path: str) -> tuple[str, str]:
+    """(why the farm's image cannot be drawn, or ""; its media type), read once for each version of the file."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"[web] map_image {path}: cannot be read ({exc.strerror or exc})", ""
+    return _checked(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _checked(path: str, mtime_ns: int, size: int) -> tuple[str, str]:
+    """:func:`_image_problem` of one version of the file (its whole header and completeness read)."""
+    try:
+        data = read_at_most(path, MAP_IMAGE_BYTES)
+    except OSError as exc:
+        return f"[web] map_image {path}: cannot be read ({exc.strerror or exc})", ""
+    if data is None:
+        return f"[web] map_image {path}: larger than {MAP_IMAGE_BYTES >> 20} MB (save it smaller)", ""
+    try:
+        kind = read_header(data).format
+    except HeaderError as exc:
+        return f"[web] map_image {path}: {exc}", ""
+    if kind not in ("jpeg", "png", "webp"):
+        return f"[web] map_image {path}: a {kind.upper()}, which browsers do not draw (save it as JPEG or PNG)", ""
+    return "", f"image/{kind}"
 
 
 def _title(label: str, confidence: float, verdict: str | None, expert: str | None, plant: str | None, when: str) -> str:
@@ -55,7 +90,12 @@ def map_routes(ctx: WebContext, page: Callable[..., Response], local_time: Calla
         if show and show not in STATES:
             raise BadParameter(f"show: one of {', '.join(STATES)}, not {show[:20]!r}")
         counts = {key: sum(p.state == key for p in points) for key in STATES}  # the legend's, whatever is shown
-        drawing = field_map([p for p in points if p.state == show] if show else points)
+        web = ctx.cfg.web
+        problem = ""
+        if web.map_image:
+            problem, _ = await run_in_threadpool(_image_problem, web.map_image)
+        backdrop = Backdrop("/map/image", *web.map_bounds) if web.map_image and not problem else None
+        drawing = field_map([p for p in points if p.state == show] if show else points, backdrop=backdrop)
         shown = page(
             request,
             "map.html",
@@ -68,8 +108,20 @@ def map_routes(ctx: WebContext, page: Callable[..., Response], local_time: Calla
             states=STATES,
             show=show,
             counts=counts,
+            backdrop_problem=problem,
+            backdrop=backdrop is not None,
         )
         trim_heap()  # the page's objects are freed: give their memory back (edge_agent.web._heap)
         return shown
 
-    return [Route("/map", field_map_page)]
+    async def map_image(request: Request) -> Response:
+        """The farm's image under the map (``[web] map_image``), streamed from its file (the page's memory stays small)."""
+        path = ctx.cfg.web.map_image
+        if not path:
+            return Response("no map_image configured ([web] map_image)\n", 404, media_type="text/plain")
+        problem, media = await run_in_threadpool(_image_problem, path)
+        if problem:
+            return Response(f"{problem}\n", 404, media_type="text/plain")
+        return FileResponse(path, media_type=media, headers={"Cache-Control": "private, max-age=3600"})
+
+    return [Route("/map", field_map_page), Route("/map/image", map_image)]
