@@ -18,7 +18,7 @@ __all__ = ["classes"]
 def classes(args: argparse.Namespace) -> int:
     """Every class with the season's photos of it, or (``CLASS``) its notes; before the daemon's first start, the
     shipped model's classes without photos."""
-    from edge_agent.class_notes import load_notes
+    from edge_agent.class_notes import PAGE_NOTES, load_notes
     from edge_agent.config import default_store_path
     from edge_agent.state import StateLayout, inbox_dir, resolve_state_dir
     from edge_agent.web.class_pages import class_views, season_classes
@@ -31,7 +31,7 @@ def classes(args: argparse.Namespace) -> int:
         views = season_classes(WebContext(cfg, state, inbox_dir(cfg, state.root), ""))
     else:  # nothing classified yet: the model the daemon would serve first
         shipped = EngineStore(cfg.store.resolved() if cfg.store.path else default_store_path())
-        views = class_views(load_notes(cfg.web.class_notes), shipped.open(verify=False).classes, {})
+        views = class_views(load_notes(cfg.web.class_notes, state.root / PAGE_NOTES), shipped.open(verify=False).classes, {})
     if args.name:
         wanted = args.name.strip().lower()
         found = [v for v in views if wanted in (v.label.lower(), v.title.lower(), f"{v.crop} {v.title}".lower())]

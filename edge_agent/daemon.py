@@ -196,7 +196,7 @@ class Daemon:
             return
         from edge_agent import __version__
         from edge_agent.alerts.worker import AlertWorker
-        from edge_agent.class_notes import notes_or_shipped
+        from edge_agent.class_notes import PAGE_NOTES, notes_or_shipped
 
         self.alerts = AlertWorker(
             cfg.alerts,
@@ -212,7 +212,7 @@ class Daemon:
             start_after=self._results_before_start,
             plant_max_photos=cfg.classify.plant_max_photos,
             visit_gap_s=cfg.classify.plant_visit_gap_s,
-            notes=notes_or_shipped(cfg.web.class_notes, self.log),
+            notes=notes_or_shipped(cfg.web.class_notes, self.state.root / PAGE_NOTES, self.log),
         )
         self.alerts.start()
 

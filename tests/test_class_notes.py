@@ -307,7 +307,7 @@ def test_the_daemons_alerts_carry_the_notes_and_a_notes_file_it_cannot_use_leave
     bad = tmp_path / "notes.toml"
     bad.write_text('["Tomato___Late_blight"]\nact = 1\n', encoding="utf-8")
     log = Log()
-    notes = notes_or_shipped(bad, log)
+    notes = notes_or_shipped(bad, None, log)
     assert notes.get("Tomato___Late_blight").act == load_notes().get("Tomato___Late_blight").act
     assert log.said[0][0] == "class_notes_unusable" and str(bad) in log.said[0][1]["error"]
     farm = tmp_path / "farm.toml"
@@ -315,7 +315,7 @@ def test_the_daemons_alerts_carry_the_notes_and_a_notes_file_it_cannot_use_leave
     db = ResultsDB(tmp_path / "results.sqlite")
     hook = WebhookSection(url="http://127.0.0.1:9/alerts")  # never sent here (the worker's thread is not started): queued
     w = AlertWorker(
-        AlertsSection(quiet_period_s=0), MqttSection(), [hook], db.path, tmp_path, "greenhouse", notes=notes_or_shipped(farm, log)
+        AlertsSection(quiet_period_s=0), MqttSection(), [hook], db.path, tmp_path, "greenhouse", notes=notes_or_shipped(farm, None, log)
     )
     try:
         _add(tmp_path, "Tomato___Late_blight", "confident")
@@ -415,3 +415,84 @@ def test_the_season_says_where_and_when_a_disease_was_found_by_a_sure_answer_or_
     assert c.get("/api/v1/classes/Apple___Black_rot").json()["found"] == 1  # the expert's correction counts for its class
     assert main(["classes", "--state-dir", str(state), "Apple___Apple_scab"]) == 0
     assert "found on 4 photos of 3 plants, first photographed 2026-05-12, last 2026-06-06" in capsys.readouterr().out
+
+
+# ---- the farm's notes written on the page -------------------------------------------------
+def test_a_farms_notes_written_on_a_class_page_replace_the_shipped_keys_at_once_everywhere(tmp_path):
+    from edge_agent.class_notes import PAGE_NOTES
+
+    from .web_helpers import csrf_of
+
+    state = make_state(tmp_path)
+    (sure,) = _add(state, "Apple___Apple_scab", "confident")
+    c = _client(state)
+    page = c.get("/classes/Apple___Apple_scab").text
+    form = page.split('id="notes-form"')[1].split("</form>")[0]
+    assert 'placeholder="Rake up, shred or bury' in form and '<textarea name="act"' in form  # the shipped text, greyed
+    token = csrf_of(c)
+    act = 'Falllaub im Herbst "mulchen";\nSpritzfolge nach dem Warndienst — fragen Sie Ihre Beratung. 🍎'
+    r = c.post("/classes/Apple___Apple_scab/notes", data={"csrf": token, "name": "Schorf", "act": act, "look_for": "  "})
+    assert r.status_code == 303 and r.headers["location"] == "/classes/Apple___Apple_scab?saved=1"
+    page = c.get(r.headers["location"]).text
+    assert "<h1>Schorf" in page and 'id="notes-saved"' in page and "2 written here" in page
+    assert page.split('id="act">')[1].split("</dd>")[0] == act.replace('"', "&#34;")  # quotes, a newline, an emoji kept
+    assert "Olive-green to brown spots" in page.split('id="look-for">')[1]  # a key left empty: the shipped one
+    about = c.get(f"/photo/{sure}").text.split('id="about"')[1].split("</section>")[0]
+    assert "About Schorf" in about and "Falllaub im Herbst" in about  # the same process, no restart
+    assert load_notes(page=state / PAGE_NOTES).get("Apple___Apple_scab").act == act  # a TOML file as a farm would write
+    r = c.post("/classes/Apple___Apple_scab/notes", data={"csrf": token, "name": "", "act": ""})  # emptied: the entry goes
+    assert r.status_code == 303 and "Apple___Apple_scab" not in (state / PAGE_NOTES).read_text(encoding="utf-8")
+    assert "<h1>Apple scab" in c.get("/classes/Apple___Apple_scab").text
+
+
+def test_notes_the_page_cannot_take_are_refused_and_the_file_is_left_as_it_was(tmp_path):
+    from edge_agent.class_notes import PAGE_NOTES
+
+    from .web_helpers import csrf_of
+
+    state = make_state(tmp_path)
+    c = _client(state)
+    token = csrf_of(c)
+
+    def post(label: str, **fields):
+        return c.post(f"/classes/{quote(label)}/notes", data={"csrf": token, **fields})
+
+    assert post("Apple___Apple_scab", act="ok").status_code == 303
+    before = (state / PAGE_NOTES).read_bytes()
+    assert post("Apple___Apple_scab", act="a\x1b[2Jb").status_code == 400  # a terminal escape
+    assert post("Apple___Apple_scab", source="javascript:alert(1)").status_code == 400
+    assert post("Apple___Apple_scab", act="x" * 2001).status_code == 400
+    assert post("Apple___No_such", act="x").status_code == 404
+    assert c.post("/classes/Apple___Apple_scab/notes", data={"act": "no token"}).status_code == 403
+    assert (state / PAGE_NOTES).read_bytes() == before
+    (state / PAGE_NOTES).write_text('["Apple___Apple_scab"]\nact = \n', encoding="utf-8")  # a hand edit gone wrong
+    r = post("Apple___Black_rot", act="y")
+    assert r.status_code == 400 and "fix or delete it by hand" in r.text
+    assert (state / PAGE_NOTES).read_text(encoding="utf-8") == '["Apple___Apple_scab"]\nact = \n'  # never overwritten
+    page = c.get("/classes/Apple___Apple_scab").text
+    assert "<h1>Apple scab" in page and "fix or delete it by hand" in page.split('id="notes-problem"')[1]  # said; notes before stand
+
+
+def test_the_daemons_alerts_take_notes_written_on_the_page_without_a_restart(tmp_path):
+    from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
+    from edge_agent.alerts.worker import AlertWorker
+    from edge_agent.class_notes import NotesSource
+    from edge_agent.farm_notes import save_note
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    page = tmp_path / "class-notes.toml"
+    hook = WebhookSection(url="http://127.0.0.1:9/alerts")  # never sent here: queued
+    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [hook], db.path, tmp_path, "greenhouse", notes=NotesSource(None, page))
+    try:
+        _add(tmp_path, "Tomato___Late_blight", "confident")
+        w.scan()
+        save_note(page, "Tomato___Late_blight", {"look_for": "Braune Flecken mit weissem Rand."})
+        _add(tmp_path, "Tomato___Late_blight", "confident", n=2)
+        w.scan()
+        con = sqlite3.connect(tmp_path / "alerts.sqlite")
+        said = [json.loads(p)["look_for"] for (p,) in con.execute("SELECT payload FROM outbox WHERE kind = 'alert' ORDER BY id")]
+        con.close()
+        assert said[0].startswith("Pale to dark green") and said[-1] == "Braune Flecken mit weissem Rand."
+    finally:
+        w.stop()
+        db.close()

@@ -248,6 +248,12 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         about.find_element(By.ID, "about-link").click()  # the class's own page: its cause, how it spreads, its photos
         wait.until(lambda b: b.current_url.endswith("/classes/Apple___Black_rot"))
         assert browser.find_element(By.TAG_NAME, "h1").text == "Black rot (Apple)" and browser.find_element(By.ID, "spread").text
+        browser.find_element(By.CSS_SELECTOR, "#farm-notes summary").click()  # this farm's own words, on the page
+        browser.find_element(By.CSS_SELECTOR, '#notes-form textarea[name="act"]').send_keys("Mumien beim Schnitt entfernen.")
+        browser.find_element(By.CSS_SELECTOR, "#notes-form button").click()
+        wait.until(lambda b: b.find_elements(By.ID, "notes-saved"))
+        assert browser.find_element(By.ID, "act").text == "Mumien beim Schnitt entfernen."
+        browser.execute_script("window.scrollTo(0, 0)")
         browser.save_screenshot(str(shots / "class.png"))
         browser.find_element(By.LINK_TEXT, "Every class the model knows").click()
         wait.until(lambda b: b.current_url.endswith("/classes"))

@@ -28,7 +28,7 @@ from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, pl
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.capture_place import place_of
-from edge_agent.class_notes import ClassNotes, load_notes
+from edge_agent.class_notes import NotesSource
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
 from edge_agent.plants import combine, diagnose, too_many, visit_of
@@ -71,7 +71,7 @@ class AlertWorker(Worker):
         start_after: int | None = None,
         plant_max_photos: int = 0,
         visit_gap_s: float = 0,
-        notes: ClassNotes | None = None,
+        notes: NotesSource | None = None,
     ) -> None:
         """``num_classes``: how many classes the engine in service has; ``sure``: [labels] pseudo_threshold (a plant's
         combined diagnosis, :mod:`edge_agent.plants`, uses both); ``plant_max_photos``: [classify]'s (a folder of more
@@ -85,7 +85,7 @@ class AlertWorker(Worker):
         self.num_classes, self.sure, self.plant_max_photos, self.visit_gap_s = num_classes, sure, plant_max_photos, visit_gap_s
         self._not_plants: set[str] = set()  # folders found past plant_max_photos (logged once each)
         self.rules = AlertRules(alerts, crops)
-        self.notes = notes if notes is not None else load_notes()
+        self.notes = notes if notes is not None else NotesSource()
         self._crops_read = 0.0
         self.results_db = Path(results_db)
         self.outbox = Outbox(Path(state_dir) / "alerts.sqlite", alerts.queue_mb << 20, alerts.retry_max_s)

@@ -78,13 +78,14 @@ KNOWN_PLANTS_OFFERED = 500
 
 
 def create_app(ctx: WebContext) -> Starlette:
+    ctx.notes.labels()  # a notes file that cannot be used stops the page at start (NotesError), not at a photo
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals.update(
         colour=charts.class_colour,
         sizes=SIZES,
         visit_gap_h=ctx.cfg.classify.plant_visit_gap_h,
         near_m=NEAR_M,
-        notes=ctx.notes,  # read here: a farm's notes file that cannot be used stops the page at start (NotesError)
+        notes=ctx.notes_source,  # read again when a file changes (a farm's file, the page's own)
     )
     templates.env.filters.update(
         pretty=pretty_class,
@@ -345,7 +346,7 @@ def create_app(ctx: WebContext) -> Starlette:
         Route("/trust", trust),
         *plant_routes(ctx, page, problem, form),
         *map_routes(ctx, page, local_time),
-        *class_routes(ctx, page, problem),
+        *class_routes(ctx, page, problem, form),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

@@ -4,17 +4,19 @@ class's page: what causes it, what to look for to confirm it by eye, how it spre
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from edge_agent.class_notes import ClassNote, ClassNotes
+from edge_agent.class_notes import ClassNote, ClassNotes, NotesError
+from edge_agent.farm_notes import page_note, save_note
 from edge_agent.names import describe_class, is_disease
-from edge_agent.web.context import WebContext
+from edge_agent.web.context import BadParameter, WebContext
 from edge_agent.web.queries import ClassSeason
 
 __all__ = ["ClassView", "class_views", "season_classes", "class_routes"]
@@ -55,8 +57,11 @@ def season_classes(ctx: WebContext) -> list[ClassView]:
     return class_views(ctx.notes, ctx.classes(), ctx.reader.per_class() if ctx.state.db.exists() else {})
 
 
-def class_routes(ctx: WebContext, page: Callable[..., Response], problem: Callable[[Request, int, str], Response]) -> list[Route]:
-    """The routes of ``/classes`` and ``/classes/<class>``, rendered by the app's ``page`` and ``problem``."""
+def class_routes(
+    ctx: WebContext, page: Callable[..., Response], problem: Callable[[Request, int, str], Response], form: Callable[..., Awaitable]
+) -> list[Route]:
+    """The routes of ``/classes``, ``/classes/<class>`` and its farm's notes, rendered by the app's ``page`` and
+    ``problem``, the notes' form read by its ``form`` (the token's role and the CSRF token checked)."""
 
     async def classes_page(request: Request) -> Response:
         views = await run_in_threadpool(season_classes, ctx)
@@ -80,6 +85,57 @@ def class_routes(ctx: WebContext, page: Callable[..., Response], problem: Callab
             return problem(request, 404, f"the model knows no class {label[:100]!r}: the Diseases page lists those it knows")
         same_crop = [v for v in views if v.crop == view.crop and v.disease and v.label != label and v.known]
         plants = await run_in_threadpool(ctx.reader.found_on, label) if view.season.plants else []
-        return page(request, "class.html", v=view, same_crop=same_crop, plants=plants, notes_file=ctx.cfg.web.class_notes)
+        own, own_problem = {}, ""
+        try:
+            own = await run_in_threadpool(page_note, ctx.page_notes, label)
+        except NotesError as exc:  # a hand edit gone wrong: said above the form, which then refuses to write over it
+            own_problem = str(exc)
+        return page(
+            request,
+            "class.html",
+            v=view,
+            same_crop=same_crop,
+            plants=plants,
+            notes_file=ctx.cfg.web.class_notes,
+            own=own,
+            own_problem=own_problem,
+            under=_under(ctx, label),
+            saved=request.query_params.get("saved"),
+            keys=NOTE_FIELDS,
+        )
 
-    return [Route("/classes", classes_page), Route("/classes/{label}", class_page)]
+    async def class_notes_post(request: Request) -> Response:
+        """This farm's notes on a class, written on its page (each key over the shipped note's)."""
+        label = request.path_params["label"]
+        data = await form(request, "label")
+        if label not in {v.label for v in await run_in_threadpool(season_classes, ctx)}:
+            return problem(request, 404, f"the model knows no class {label[:100]!r}: the Diseases page lists those it knows")
+        texts = {key: str(data.get(key, "")) for key, _ in NOTE_FIELDS}
+        try:
+            await run_in_threadpool(save_note, ctx.page_notes, label, texts)
+        except NotesError as exc:
+            raise BadParameter(str(exc)) from None
+        return RedirectResponse(f"/classes/{quote(label)}?saved=1", status_code=303)
+
+    return [
+        Route("/classes", classes_page),
+        Route("/classes/{label}", class_page),
+        Route("/classes/{label}/notes", class_notes_post, methods=["POST"]),
+    ]
+
+
+#: The keys of a note the page writes, with what each is called there, in the order shown.
+NOTE_FIELDS = (
+    ("name", "The farm's name for it"),
+    ("look_for", "Look for"),
+    ("cause", "Cause"),
+    ("spread", "How it spreads"),
+    ("act", "What to do"),
+    ("urgency", "Urgent because (empty: it can wait)"),
+    ("source", "Read more (a web address)"),
+)
+
+
+def _under(ctx: WebContext, label: str) -> ClassNote:
+    """The note below the page's own: the shipped one with ``[web] class_notes`` over it (the placeholders)."""
+    return ctx.notes_below_page.get(label) or ClassNote(label)

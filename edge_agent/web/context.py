@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from edge_agent.capture_place import NEAR_M, Place, parse_place
-from edge_agent.class_notes import ClassNotes, load_notes
+from edge_agent.class_notes import PAGE_NOTES, ClassNotes, NotesSource
 from edge_agent.config import AppConfig
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
@@ -48,10 +48,25 @@ class WebContext:
         return self.store().open(verify=False).classes
 
     @cached_property
+    def notes_source(self) -> NotesSource:
+        """Where the notes on the classes come from: the shipped ones, ``[web] class_notes`` and the page's own file."""
+        return NotesSource(self.cfg.web.class_notes, self.page_notes)
+
+    @cached_property
+    def notes_below_page(self) -> NotesSource:
+        """The notes without the page's own file: what a key the page leaves empty shows."""
+        return NotesSource(self.cfg.web.class_notes)
+
+    @property
+    def page_notes(self) -> Path:
+        """The farm's notes written on the page (:mod:`edge_agent.farm_notes`)."""
+        return self.state.root / PAGE_NOTES
+
+    @property
     def notes(self) -> ClassNotes:
-        """The notes on the classes: the shipped ones with ``[web] class_notes`` over them (read once; raises
+        """The notes on the classes as their files are now (the first read raises
         :class:`~edge_agent.class_notes.NotesError`)."""
-        return load_notes(self.cfg.web.class_notes)
+        return self.notes_source.current()
 
     def plant(self, rows: list, num_classes: int) -> tuple[PlantDiagnosis, dict[str, str]]:
         """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
