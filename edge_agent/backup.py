@@ -5,8 +5,9 @@ with the same keys and history.
 file with its sha256: the results ledger and the alert outbox (consistent copies through SQLite's backup API, taken
 while the daemon runs), the engine store, the trainer's signing key and samples, the page's token hashes and CSRF
 secret, the golden photos, the label queue and review pool, and, with ``--photos``, ``processed/``. The
-configuration file and CURVE keys kept outside the state directory go in too, under ``outside/``, with the paths
-they came from. Thumbnails, status files and ``quarantine/`` are left out (remade, or not worth keeping).
+configuration file, the CURVE keys and the farm's notes file and Map image the configuration names, kept outside the
+state directory, go in too, under ``outside/``, with the paths they came from (the notes written on the page are in
+the state directory: ``class-notes.toml``). Thumbnails, status files and ``quarantine/`` are left out (remade, or not worth keeping).
 
 ``edge-agent restore`` takes such a file into a state directory that holds no results yet (``--force`` first moves
 an existing one aside): every member must be a plain file named in ``backup.json`` with the hash it records, or
@@ -76,8 +77,9 @@ def _sqlite_copy(src: Path) -> bytes:
 
 
 def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
-    """The configuration file and CURVE keys that live outside ``state_dir``: name in the backup -> path."""
-    paths = [cfg.source, cfg.handoff.curve_secret_key, cfg.handoff.curve_server_key]
+    """The configuration file, the CURVE keys and the farm's own files the configuration names (its notes on the
+    classes, its image for the Map) that live outside ``state_dir``: name in the backup -> path."""
+    paths = [cfg.source, cfg.handoff.curve_secret_key, cfg.handoff.curve_server_key, cfg.web.class_notes, cfg.web.map_image]
     out: dict[str, Path] = {}
     for p in [Path(x).expanduser() for x in paths if x]:
         if p.is_file() and not p.resolve().is_relative_to(state_dir.resolve()):

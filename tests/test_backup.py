@@ -207,3 +207,28 @@ def test_a_row_whose_file_is_where_it_says_is_left_as_it_is(tmp_path, monkeypatc
     assert moved_here("samples/x.jpg", tmp_path) is None  # the same file, named relative to the working directory
     assert moved_here("/gone/samples/x.jpg", tmp_path) == tmp_path / "samples" / "x.jpg"
     assert moved_here("/gone/samples/y.jpg", tmp_path) is None  # not here either: the caller's own handling decides
+
+
+def test_the_farms_notes_and_map_image_go_into_the_backup_wherever_they_are_kept(tmp_path):
+    state = make_state(tmp_path)
+    (state / "class-notes.toml").write_text('["Apple___Apple_scab"]\nname = "Schorf"\n', encoding="utf-8")  # written on the page
+    farm = tmp_path / "etc" / "edge-agent"
+    farm.mkdir(parents=True)
+    (farm / "notes.toml").write_text('["Apple___Black_rot"]\nact = "Mumien entfernen."\n', encoding="utf-8")
+    (farm / "orchard.jpg").write_bytes(b"\xff\xd8\xff an image of the farm")
+    cfg = AppConfig()
+    cfg = cfg.model_copy(
+        update={
+            "web": cfg.web.model_copy(
+                update={"class_notes": str(farm / "notes.toml"), "map_image": str(farm / "orchard.jpg"), "map_bounds": [1, 2, 3, 4]}
+            )
+        }
+    )
+    manifest = backup(cfg, state, tmp_path / "b.tar.gz")
+    assert "class-notes.toml" in manifest["files"]
+    assert sorted(Path(p).name for p in manifest["outside"].values()) == ["notes.toml", "orchard.jpg"]
+    done = restore(tmp_path / "b.tar.gz", tmp_path / "new" / "state")
+    assert (done.state_dir / "class-notes.toml").read_text(encoding="utf-8") == (state / "class-notes.toml").read_text(encoding="utf-8")
+    back = {Path(original).name: Path(now) for now, original in done.outside.items()}
+    assert back["notes.toml"].read_bytes() == (farm / "notes.toml").read_bytes()
+    assert back["orchard.jpg"].read_bytes() == (farm / "orchard.jpg").read_bytes()
