@@ -532,3 +532,8 @@ def test_the_photos_of_a_spot_ticked_on_a_photos_page_are_labelled_at_once_and_o
     assert "Labelled 2 photos" in page.split('id="spot-labelled"')[1].split("</p>")[0]
     form = page.split('id="spot-label"')[1].split("</form>")[0]
     assert form.count(" checked>") == 1 and form.count("expert: Apple · Black rot") == 2  # only c_ is left ticked
+    api = web.post(f"/api/v1/results/{a}/spot/label", json={"label": "Apple___healthy", "photos": [c_]}, headers={"X-CSRF-Token": token})
+    assert api.status_code == 200 and [x["sha256"] for x in api.json()["labelled"]] == [c_]  # a program, the same way
+    assert said()[c_] == "Apple___healthy"
+    stray = web.post(f"/api/v1/results/{a}/spot/label", json={"label": "Apple___healthy", "photos": [far]}, headers={"X-CSRF-Token": token})
+    assert stray.status_code == 400 and "not a photo of this spot" in stray.json()["error"]

@@ -496,3 +496,24 @@ def test_the_daemons_alerts_take_notes_written_on_the_page_without_a_restart(tmp
     finally:
         w.stop()
         db.close()
+
+
+def test_a_program_writes_a_farms_notes_and_labels_a_spot_through_the_api(tmp_path):
+    from edge_agent.web.auth import Tokens
+
+    state = make_state(tmp_path)
+    token = Tokens(state / "web").new("label")
+    reader_token = Tokens(state / "web").new("read")
+    c = _client(state)
+    auth = {"Authorization": f"Bearer {token}"}
+    r = c.post("/api/v1/classes/Apple___Apple_scab/notes", json={"name": "Schorf", "act": "Laub mulchen."}, headers=auth)
+    assert r.status_code == 200 and r.json()["title"] == "Schorf" and r.json()["act"] == "Laub mulchen."
+    assert r.json()["look_for"].startswith("Olive-green")  # not given: the shipped one
+    bad = c.post("/api/v1/classes/Apple___Apple_scab/notes", json={"source": "ftp://x"}, headers=auth)
+    assert bad.status_code == 400 and "source: must be a web address" in bad.json()["error"]
+    assert c.post("/api/v1/classes/Nope/notes", json={"act": "x"}, headers=auth).status_code == 404
+    read_only = c.post("/api/v1/classes/Apple___Apple_scab/notes", json={"act": "x"}, headers={"Authorization": f"Bearer {reader_token}"})
+    assert read_only.status_code in (401, 403)  # a token that may read may not write
+    assert c.get("/api/v1/classes/Apple___Apple_scab").json()["act"] == "Laub mulchen."
+    missing = c.post(f"/api/v1/results/{'a' * 64}/spot/label", json={"label": "Apple___Black_rot", "photos": ["a" * 64]}, headers=auth)
+    assert missing.status_code == 404 and "to label together" in missing.json()["error"]

@@ -18,6 +18,8 @@ from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
 from edge_agent.capture_place import NEAR_M
+from edge_agent.class_notes import NotesError
+from edge_agent.farm_notes import save_note
 from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import left_today, others_labelled, to_ask
@@ -222,6 +224,20 @@ async def plant_label(ctx: WebContext, request: Request) -> s.PlantLabelled:
     )
 
 
+async def spot_label(ctx: WebContext, request: Request) -> s.PlantLabelled:
+    body = await _json_body(request, s.SpotLabelIn)
+    sha = request.path_params["sha256"]
+    if not is_sha256(sha) or not all(is_sha256(p) for p in body.photos):
+        raise BadParameter("the photo and each of photos: a photo's sha256 (64 hex digits)")
+    done = await run_in_threadpool(ctx.label_spot, sha, body.label, body.new_class, body.photos)
+    return s.PlantLabelled(
+        plant="",
+        label=done.label,
+        labelled=[s.Labelled(photo_id=e.photo_id, sha256=e.sha256, label=done.label) for e in done.labelled],
+        not_labelled=[s.NotLabelled(sha256=sha, reason=why) for sha, why in done.missed],
+    )
+
+
 async def plant_rename(ctx: WebContext, request: Request) -> s.PlantRenamed:
     body = await _json_body(request, s.PlantRenameIn)
     done = await run_in_threadpool(ctx.rename_plant, request.path_params["plant"], body.to)
@@ -304,6 +320,18 @@ async def alerts(ctx: WebContext, request: Request) -> s.Alerts:
 
 async def classes(ctx: WebContext, request: Request) -> s.Classes:
     return s.Classes(classes=[s.ClassOut.of(v) for v in await run_in_threadpool(season_classes, ctx)])
+
+
+async def class_notes(ctx: WebContext, request: Request) -> s.ClassOut:
+    body = await _json_body(request, s.ClassNotesIn)
+    label = request.path_params["label"]
+    if label not in {v.label for v in await run_in_threadpool(season_classes, ctx)}:
+        raise Refused(404, f"the model knows no class {label[:100]!r} (GET /api/v1/classes lists them)")
+    try:
+        await run_in_threadpool(save_note, ctx.page_notes, label, body.model_dump())
+    except NotesError as exc:
+        raise BadParameter(str(exc)) from None
+    return await one_class(ctx, request)
 
 
 async def one_class(ctx: WebContext, request: Request) -> s.ClassOut:
@@ -420,6 +448,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body=s.PlantRenameIn,
         errors={404: "No photos of that plant."},
     ),
+    Endpoint(
+        "POST",
+        "/results/{sha256}/spot/label",
+        "label",
+        "Give the photos of one spot (taken within 15 m of this photo, the same visit: one tree without a folder) the same true class.",
+        spot_label,
+        s.PlantLabelled,
+        (Param("sha256", "path", "A photo of the spot (its SHA-256).", pattern="^[0-9a-f]{64}$"),),
+        body=s.SpotLabelIn,
+        errors={404: "No such photo, or no photos taken beside it."},
+    ),
     Endpoint("GET", "/review", "read", "Today's questions for the expert, best first.", review, s.ReviewQueue),
     Endpoint(
         "POST",
@@ -450,6 +489,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         one_class,
         s.ClassOut,
         (Param("label", "path", "The model's name for it, as /classes lists it (URL-encoded)."),),
+        errors={404: "The model knows no such class."},
+    ),
+    Endpoint(
+        "POST",
+        "/classes/{label}/notes",
+        "label",
+        "Write this farm's notes on a class (its language, its extension service's advice): each key over the shipped one.",
+        class_notes,
+        s.ClassOut,
+        (Param("label", "path", "The model's name for it, as /classes lists it (URL-encoded)."),),
+        body=s.ClassNotesIn,
         errors={404: "The model knows no such class."},
     ),
     Endpoint("GET", "/engines", "read", "The engine versions, the one in service and the pin.", engines, s.Engines),

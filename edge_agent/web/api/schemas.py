@@ -38,6 +38,8 @@ __all__ = [
     "Plants",
     "ClassOut",
     "Classes",
+    "ClassNotesIn",
+    "SpotLabelIn",
     "SCHEMAS",
 ]
 
@@ -402,6 +404,29 @@ class ClassOut(BaseModel):
         )
 
 
+class ClassNotesIn(BaseModel):
+    """This farm's notes on a class (what the class's page writes): each key given replaces the shipped note's; one
+    absent or empty shows the note below it."""
+
+    name: str = Field("", max_length=2000, description="The farm's name for the class.")
+    look_for: str = Field("", max_length=2000, description="What to look for on the plant to confirm it.")
+    cause: str = Field("", max_length=2000, description="What causes it.")
+    spread: str = Field("", max_length=2000, description="How and when it spreads.")
+    act: str = Field("", max_length=2000, description="What is done about it.")
+    urgency: str = Field("", max_length=2000, description="Why it cannot wait; empty where it can.")
+    source: str = Field("", max_length=2000, description="Where to read more (a web address).")
+
+
+class SpotLabelIn(BaseModel):
+    """The expert's answer for several photos of one spot (taken within 15 m of a photo, the same visit)."""
+
+    label: str = Field(description="The photos' true class.")
+    new_class: bool = Field(False, description="True: the class is new to the model (it will learn it).")
+    photos: list[str] = Field(
+        max_length=500, description="The sha256 of each photo of the spot to label (as /api/v1/results?near= gives them)."
+    )
+
+
 class Classes(BaseModel):
     """Every class the model in service knows, crop by crop."""
 
@@ -430,4 +455,6 @@ SCHEMAS: tuple[type[BaseModel], ...] = (
     PlantOut,
     Classes,
     ClassOut,
+    ClassNotesIn,
+    SpotLabelIn,
 )
