@@ -1,6 +1,7 @@
 """The Diseases pages: every class the model in service knows, crop by crop, with the season's photos of it, and one
 class's page: what causes it, what to look for to confirm it by eye, how it spreads and what is done about it
-(:mod:`edge_agent.class_notes`), beside the photos the model answered as it."""
+(:mod:`edge_agent.class_notes`), beside the photos the model answered as it and where it was found; and the farm's own
+notes on it written there (:mod:`edge_agent.farm_notes`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from edge_agent.names import describe_class, is_disease
 from edge_agent.web.context import BadParameter, WebContext
 from edge_agent.web.queries import ClassSeason
 
-__all__ = ["ClassView", "class_views", "season_classes", "class_routes"]
+__all__ = ["ClassView", "NOTE_FIELDS", "class_views", "season_classes", "class_routes"]
 
 
 @dataclass(frozen=True)
