@@ -36,7 +36,8 @@ def save_note(path: Path, label: str, texts: dict[str, str]) -> dict[str, str]:
     """``label``'s entry in the page's notes file replaced by ``texts`` (its text keys; an empty one is left out, so the
     note below shows there; an entry with none is removed); the entry kept. Raises :class:`NotesError` naming the key
     where a text is not one a note takes (too long, control characters, a source that is no web address), and where the
-    file as it stands cannot be read, before anything is written."""
+    file as it stands cannot be read, before anything is written; and where it cannot be written (a full disk), with
+    the file as it was."""
     entry = {k: texts[k].replace("\r\n", "\n").strip() for k in TEXT_KEYS if (texts.get(k) or "").strip()}
     note_values("the page", label, entry)  # the checks every notes file's entries pass
     with _lock:
@@ -48,8 +49,11 @@ def save_note(path: Path, label: str, texts: dict[str, str]) -> dict[str, str]:
         text = _HEADER + "".join(_entry(name, values) for name, values in table.items())
         if len(text.encode()) > MAX_NOTES_BYTES:
             raise NotesError(f"{path}: the notes would grow past {MAX_NOTES_BYTES} bytes: shorten some")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, text.encode("utf-8"))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, text.encode("utf-8"))
+        except OSError as exc:  # a full disk, a read-only card: the notes before stay as they were
+            raise NotesError(f"{path}: cannot be written ({exc.strerror or exc}): nothing was changed") from None
     return entry
 
 

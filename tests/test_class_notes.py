@@ -517,3 +517,21 @@ def test_a_program_writes_a_farms_notes_and_labels_a_spot_through_the_api(tmp_pa
     assert c.get("/api/v1/classes/Apple___Apple_scab").json()["act"] == "Laub mulchen."
     missing = c.post(f"/api/v1/results/{'a' * 64}/spot/label", json={"label": "Apple___Black_rot", "photos": ["a" * 64]}, headers=auth)
     assert missing.status_code == 404 and "to label together" in missing.json()["error"]
+
+
+def test_notes_that_cannot_be_written_on_a_full_disk_say_so_and_leave_the_file_as_it_was(tmp_path, monkeypatch):
+    import errno
+
+    from edge_agent import farm_notes
+
+    page = tmp_path / "class-notes.toml"
+    farm_notes.save_note(page, "Apple___Apple_scab", {"act": "before"})
+    before = page.read_bytes()
+
+    def full(path, data, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(farm_notes, "atomic_write", full)
+    with pytest.raises(NotesError, match="cannot be written \\(No space left on device\\): nothing was changed"):
+        farm_notes.save_note(page, "Apple___Apple_scab", {"act": "after"})
+    assert page.read_bytes() == before and list(tmp_path.iterdir()) == [page]
