@@ -4,9 +4,10 @@ A phone writes where each photo was taken (latitude and longitude in degrees, mi
 and a hemisphere letter); a farmer who photographs the orchard row by row without a folder per tree finds the sick
 ones again by it, and a spreadsheet or a map program draws the season's photos from the CSV's columns. A position is
 kept where both halves are written, their fractions are whole (no zero denominator, minutes and seconds under 60),
-it lies on Earth, the receiver did not mark it void (GPSStatus "V"), and it is not 0, 0 (a phone without a fix
-writes that); otherwise, or without GPS (a camera without a receiver, a photo sent through a messenger, which
-strips it), the photo has no place. Garbled or cut blocks read as no place and never raise.
+it lies on Earth, the receiver did not mark it void (GPSStatus "V") nor said it may be more than 50 m off
+(GPSHPositioningError: a photo taken indoors), and it is not 0, 0 (a phone without a fix writes that); otherwise, or
+without GPS (a camera without a receiver, a photo sent through a messenger, which strips it), the photo has no place.
+Garbled or cut blocks read as no place and never raise.
 """
 
 from __future__ import annotations
@@ -19,14 +20,30 @@ from typing import NamedTuple
 
 from edge_agent.imageheader import ifd_entries
 
-__all__ = ["NEAR_M", "Place", "east_of", "exif_place", "geo_uri", "metres_per_degree", "middle", "near_sql", "parse_place", "place_of"]
+__all__ = [
+    "MAX_ERROR_M",
+    "NEAR_M",
+    "Place",
+    "east_of",
+    "exif_place",
+    "geo_uri",
+    "metres_per_degree",
+    "middle",
+    "near_sql",
+    "parse_place",
+    "place_of",
+]
 
 #: How near (metres) another photo's place must be to count as taken "near here": a phone's fix is good to a few
 #: metres under open sky, and an orchard's trees stand 3-5 m apart, so it is the tree and its neighbours.
 NEAR_M = 15
 
+#: The largest error (metres) of a fix kept, where the phone writes how far off its fix may be (GPSHPositioningError,
+#: as iPhones and recent Androids do): a photo taken indoors, placed 200 m off, would sit among the wrong trees.
+MAX_ERROR_M = 50.0
+
 _GPS_IFD = 0x8825  # the pointer from the first directory to the GPS directory
-_STATUS, _LAT_REF, _LAT, _LON_REF, _LON = 0x0009, 0x0001, 0x0002, 0x0003, 0x0004
+_STATUS, _LAT_REF, _LAT, _LON_REF, _LON, _ERROR = 0x0009, 0x0001, 0x0002, 0x0003, 0x0004, 0x001F
 _RATIONAL, _SRATIONAL, _ASCII = 5, 10, 2
 
 
@@ -89,7 +106,12 @@ def exif_place(tiff: bytes) -> Place | None:
             got[tag] = _letter(count, value)
         elif tag in (_LAT, _LON):
             got[tag] = _rationals(tiff, endian, typ, count, value)
+        elif tag == _ERROR:
+            got[tag] = _rationals(tiff, endian, typ, count, value)
     if got.get(_STATUS) == "V":  # the receiver said its fix is void
+        return None
+    error = got.get(_ERROR)
+    if error and error[0] > MAX_ERROR_M:  # the phone said its fix may be this far off: not where the tree is
         return None
     lat = _degrees(got.get(_LAT), got.get(_LAT_REF, ""), "N", "S", 90)  # type: ignore[arg-type]
     lon = _degrees(got.get(_LON), got.get(_LON_REF, ""), "E", "W", 180)  # type: ignore[arg-type]

@@ -75,7 +75,7 @@ def test_a_heic_photos_position_is_read_through_libheif():
     assert got is not None and abs(got.lat - ORCHARD[0]) < 1e-5 and abs(got.lon - ORCHARD[1]) < 1e-5
 
 
-def test_no_fix_a_void_fix_half_a_position_or_one_off_the_earth_is_no_place():
+def test_no_fix_a_void_fix_half_a_position_one_off_the_earth_or_one_the_phone_says_is_far_off_is_no_place():
     r = TiffImagePlugin.IFDRational
     assert place_of(photo(lat=0.0, lon=0.0)) is None  # a phone without a fix writes 0, 0
     assert place_of(photo(lat=ORCHARD[0], lon=ORCHARD[1], status="V")) is None  # the receiver said void
@@ -87,6 +87,12 @@ def test_no_fix_a_void_fix_half_a_position_or_one_off_the_earth_is_no_place():
     assert place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(3, 1), r(0, 1)), 3: "E", 4: (r(181, 1),)})) is None
     tiny = place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(30, 1), r(0, 1)), 3: "E", 4: (r(8, 1),)}))
     assert tiny == Place(47.5, 8.0)  # degrees and minutes only, as some cameras write it
+    here = {"lat": ORCHARD[0], "lon": ORCHARD[1]}
+    as_is = place_of(photo(**here))
+    assert place_of(photo(**here, raw={0x1F: r(48, 10)})) == as_is  # the phone says within 4.8 m: kept
+    assert place_of(photo(**here, raw={0x1F: r(50, 1)})) == as_is  # 50 m: kept
+    assert place_of(photo(**here, raw={0x1F: r(250, 1)})) is None  # 250 m off (indoors): among the wrong trees, no place
+    assert place_of(photo(**here, raw={0x1F: r(5, 0)})) == as_is  # an error it cannot say: the fix as it is
 
 
 def test_a_zero_denominator_or_a_garbled_or_cut_gps_block_reads_as_no_place_and_never_raises():
