@@ -535,3 +535,20 @@ def test_notes_that_cannot_be_written_on_a_full_disk_say_so_and_leave_the_file_a
     with pytest.raises(NotesError, match="cannot be written \\(No space left on device\\): nothing was changed"):
         farm_notes.save_note(page, "Apple___Apple_scab", {"act": "after"})
     assert page.read_bytes() == before and list(tmp_path.iterdir()) == [page]
+
+
+def test_a_photo_the_model_is_not_sure_of_names_its_other_likely_guesses_by_their_first_sign(tmp_path):
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    top = [["Apple___Apple_scab", 0.55], ["Apple___Black_rot", 0.30], ["Apple___Cedar_apple_rust", 0.02]]
+    for i, verdict in enumerate(("unsure", "confident")):
+        sha = f"{i + 100:064x}"
+        db.commit([ResultRow(sha, sha[:16], f"/x/{i}.jpg", "folder", "Apple___Apple_scab", 0.55, top, "v0001", {}, verdict=verdict)], [])
+    db.close()
+    c = _client(state)
+    unsure = c.get(f"/photo/{100:064x}").text.split('id="about"')[1].split("</section>")[0]
+    assert "If it is Apple scab: check the plant" in unsure
+    assert unsure.count('class="small other-guess"') == 1  # black rot at 30 %; cedar apple rust at 2 % is not named
+    assert "Or, if it is Black rot (Apple · Black rot): &#39;Frog-eye&#39; leaf spots" in unsure
+    sure = c.get(f"/photo/{101:064x}").text.split('id="about"')[1].split("</section>")[0]
+    assert "other-guess" not in sure

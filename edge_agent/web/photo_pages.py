@@ -16,7 +16,10 @@ from edge_agent.web.context import WebContext, parse_int
 from edge_agent.web.photos import is_sha256
 from edge_agent.web.queries import Filters
 
-__all__ = ["photo_routes"]
+__all__ = ["OTHER_GUESS", "photo_routes"]
+
+#: How likely (the model's probability) another class must be for a photo it is not sure of to name it too.
+OTHER_GUESS = 0.05
 
 
 def photo_routes(
@@ -40,6 +43,12 @@ def photo_routes(
         spot, spot_rows, spot_said = (ctx.spot(found, len(classes)) if found else None) or (None, [], {})
         shown = said or (found.label if found and found.verdict != "unknown" else "")  # a photo unlike any it knows: none
         about = ctx.notes.get(shown) if shown else None
+        # not sure, and not labelled: the other guesses the model gave weight to, each by its first sign to look for
+        others = (
+            [n for c, p in found.top_k[1:3] if p >= OTHER_GUESS and (n := ctx.notes.get(c))]
+            if found and found.verdict == "unsure" and not said
+            else []
+        )
         return page(
             request,
             "photo.html",
@@ -55,6 +64,7 @@ def photo_routes(
             spot_rows=spot_rows,
             spot_said=spot_said,
             about=about,
+            others=others,
             labelled=request.query_params.get("labelled"),
             spot_labelled=parse_int(request.query_params.get("spot_labelled"), default=-1),
             spot_missed=parse_int(request.query_params.get("spot_missed")),
