@@ -72,6 +72,11 @@ class ClassNote:
         return self.look_for.split(";")[0].split(". ")[0].rstrip(".").strip()
 
     @property
+    def told(self) -> bool:
+        """The note says how to check or what to do (one that only names the class, as a farm's may, does not)."""
+        return bool(self.look_for or self.act or self.urgency)
+
+    @property
     def title(self) -> str:
         """The class as the farmer reads it: the farm's name, else the disease's part of the model's name."""
         title = self.name or describe_class(self.label)[1]

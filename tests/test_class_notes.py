@@ -552,3 +552,14 @@ def test_a_photo_the_model_is_not_sure_of_names_its_other_likely_guesses_by_thei
     assert "Or, if it is Black rot (Apple · Black rot): &#39;Frog-eye&#39; leaf spots" in unsure
     sure = c.get(f"/photo/{101:064x}").text.split('id="about"')[1].split("</section>")[0]
     assert "other-guess" not in sure
+
+
+def test_a_note_that_only_names_a_class_adds_no_empty_section_to_a_photos_page(tmp_path):
+    from edge_agent.farm_notes import save_note
+
+    state = make_state(tmp_path)
+    (healthy,) = _add(state, "Apple___healthy", "confident")
+    save_note(state / "class-notes.toml", "Apple___healthy", {"name": "Gesund"})
+    c = _client(state)
+    assert 'id="about"' not in c.get(f"/photo/{healthy}").text
+    assert "<h1>Gesund" in c.get("/classes/Apple___healthy").text  # the name serves where names are shown
