@@ -149,6 +149,7 @@ class NotesSource:
         self._stamp: tuple | None = None
         self._notes: ClassNotes | None = None
         self._lock = threading.Lock()
+        self.problem = ""  # why a file changed since cannot be used (the notes read before in force), or """
 
     def current(self) -> ClassNotes:
         """The notes as their files are now."""
@@ -157,9 +158,11 @@ class NotesSource:
             if stamp != self._stamp:
                 try:
                     self._notes = load_notes(self.extra, self.page)
+                    self.problem = ""
                 except NotesError as exc:
                     if self._notes is None:
                         raise
+                    self.problem = str(exc)
                     get_logger("notes").warning("class_notes_unusable", error=str(exc), using="the notes read before")
                 self._stamp = stamp
             return self._notes

@@ -471,6 +471,10 @@ def test_notes_the_page_cannot_take_are_refused_and_the_file_is_left_as_it_was(t
     assert (state / PAGE_NOTES).read_text(encoding="utf-8") == '["Apple___Apple_scab"]\nact = \n'  # never overwritten
     page = c.get("/classes/Apple___Apple_scab").text
     assert "<h1>Apple scab" in page and "fix or delete it by hand" in page.split('id="notes-problem"')[1]  # said; notes before stand
+    health = c.get("/health").text  # where the one who runs the device looks
+    assert "not TOML" in health.split('id="notes-problem"')[1].split("</p>")[0]
+    (state / PAGE_NOTES).write_text('["Apple___Apple_scab"]\nact = "fixed"\n', encoding="utf-8")
+    assert 'id="notes-problem"' not in c.get("/health").text  # fixed by hand: read again, the warning gone
 
 
 def test_the_daemons_alerts_take_notes_written_on_the_page_without_a_restart(tmp_path):

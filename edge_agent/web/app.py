@@ -285,6 +285,7 @@ def create_app(ctx: WebContext) -> Starlette:
             now=now,
             board=as_reported(daemon, daemon_up),
             alerts=recent_alerts(ctx, 3).alerts,
+            notes_problem=(ctx.notes, ctx.notes_source.problem)[1],  # read now: a file changed since is checked
         )
 
     # ---- fleet --------------------------------------------------------------
