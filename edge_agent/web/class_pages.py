@@ -15,9 +15,9 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from edge_agent.class_notes import ClassNote, ClassNotes, NotesError
-from edge_agent.farm_notes import page_note, save_note
+from edge_agent.farm_notes import page_note
 from edge_agent.names import describe_class, is_disease
-from edge_agent.web.context import BadParameter, WebContext
+from edge_agent.web.context import WebContext
 from edge_agent.web.queries import ClassSeason
 
 __all__ = ["ClassView", "NOTE_FIELDS", "class_views", "season_classes", "class_routes"]
@@ -109,13 +109,8 @@ def class_routes(
         """This farm's notes on a class, written on its page (each key over the shipped note's)."""
         label = request.path_params["label"]
         data = await form(request, "label")
-        if label not in {v.label for v in await run_in_threadpool(season_classes, ctx)}:
-            return problem(request, 404, f"the model knows no class {label[:100]!r}: the Diseases page lists those it knows")
         texts = {key: str(data.get(key, "")) for key, _ in NOTE_FIELDS}
-        try:
-            await run_in_threadpool(save_note, ctx.page_notes, label, texts)
-        except NotesError as exc:
-            raise BadParameter(str(exc)) from None
+        await run_in_threadpool(ctx.write_notes, label, texts)  # Refused / BadParameter: shown
         return RedirectResponse(f"/classes/{quote(label)}?saved=1", status_code=303)
 
     return [

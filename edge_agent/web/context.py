@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from edge_agent.capture_place import NEAR_M, Place, parse_place
-from edge_agent.class_notes import PAGE_NOTES, ClassNotes, NotesSource
+from edge_agent.class_notes import PAGE_NOTES, ClassNotes, NotesError, NotesSource
 from edge_agent.config import AppConfig
+from edge_agent.farm_notes import save_note
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
@@ -236,6 +237,18 @@ class WebContext:
         return self._on_ledger(
             lambda db: PlantLabelled("", label, *label_photos(db, self.state.queue, quota, self.classes(), chosen, label, new_class))
         )
+
+    def write_notes(self, label: str, texts: dict[str, str]) -> None:
+        """This farm's notes on ``label`` written to the page's file (:func:`edge_agent.farm_notes.save_note`).
+
+        Raises :class:`Refused` (404: a class the model does not know and the expert has not named) or
+        :class:`BadParameter` (a text a note does not take, a file that cannot be read or written)."""
+        if label not in self.classes() and not self.reader.expert_named(label):
+            raise Refused(404, f"the model knows no class {label[:100]!r} (the Diseases page and GET /api/v1/classes list them)")
+        try:
+            save_note(self.page_notes, label, texts)
+        except NotesError as exc:
+            raise BadParameter(str(exc)) from None
 
     def rename_plant(self, old: str, new: str) -> Renamed:
         """Plant ``old``'s photos moved to ``new`` (:func:`edge_agent.plant_rename.rename_plant`).

@@ -20,6 +20,12 @@ from edge_agent.results import LedgerColumns, ResultRow, query_readonly, result_
 __all__ = ["ClassSeason", "Filters", "Reader"]
 
 
+#: The results with the expert's label of each, where there is one (``r`` and ``e``).
+_WITH_LABELS = "results r LEFT JOIN expert_labels e ON e.sha256 = r.sha256"
+#: The class a result was found to show: the expert's label, else a sure answer's class, else none (NULL).
+_FOUND = "COALESCE(e.label, CASE WHEN r.verdict = 'confident' THEN r.label END)"
+
+
 @dataclass(frozen=True)
 class ClassSeason:
     """One class over the photos kept (:meth:`Reader.per_class`)."""
@@ -236,9 +242,8 @@ class Reader:
             out[label] = replace(out[label], labelled=n)
         when = self._ledger.when_of("r.")
         found = self._rows(
-            f"SELECT COALESCE(e.label, r.label) AS cls, COUNT(*), COUNT(DISTINCT r.plant), MIN({when}), MAX({when})"
-            " FROM results r LEFT JOIN expert_labels e ON e.sha256 = r.sha256"
-            " WHERE e.label IS NOT NULL OR r.verdict = 'confident' GROUP BY cls"
+            f"SELECT {_FOUND} AS cls, COUNT(*), COUNT(DISTINCT r.plant), MIN({when}), MAX({when}) FROM {_WITH_LABELS}"
+            f" WHERE {_FOUND} IS NOT NULL GROUP BY cls"
         )
         for label, n, plants, first, last in found:
             out[label] = replace(out[label], found=n, plants=plants, first=first, last=last)
@@ -251,12 +256,15 @@ class Reader:
         return [
             plant
             for plant, _ in self._rows(
-                f"SELECT r.plant, MAX({when}) AS last FROM results r LEFT JOIN expert_labels e ON e.sha256 = r.sha256"
-                " WHERE r.plant IS NOT NULL AND COALESCE(e.label, CASE WHEN r.verdict = 'confident' THEN r.label END) = ?"
-                " GROUP BY r.plant ORDER BY last DESC LIMIT ?",
+                f"SELECT r.plant, MAX({when}) AS last FROM {_WITH_LABELS}"
+                f" WHERE r.plant IS NOT NULL AND {_FOUND} = ? GROUP BY r.plant ORDER BY last DESC LIMIT ?",
                 (label, limit),
             )
         ]
+
+    def expert_named(self, label: str) -> bool:
+        """The expert has labelled a photo as ``label`` (a class the model may not know yet)."""
+        return bool(self._rows("SELECT 1 FROM expert_labels WHERE label = ? LIMIT 1", (label,)))
 
     def per_day_per_class(self, days: int) -> dict[str, dict[str, int]]:
         """{local day: {class: photos}} for the last ``days`` days."""

@@ -18,11 +18,9 @@ from starlette.responses import JSONResponse, Response
 
 from edge_agent.board import as_reported
 from edge_agent.capture_place import NEAR_M
-from edge_agent.class_notes import NotesError
-from edge_agent.farm_notes import save_note
 from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.results import query_readonly
-from edge_agent.review.queue import left_today, others_labelled, to_ask
+from edge_agent.review.queue import PlantLabelled, left_today, others_labelled, to_ask
 from edge_agent.web.api import schemas as s
 from edge_agent.web.class_pages import season_classes
 from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int, parse_near
@@ -215,7 +213,11 @@ async def plant_label(ctx: WebContext, request: Request) -> s.PlantLabelled:
     body = await _json_body(request, s.PlantLabelIn)
     if body.photos and not all(is_sha256(sha) for sha in body.photos):
         raise BadParameter("photos: each a photo's sha256 (64 hex digits, as /api/v1/plants/{plant} gives them)")
-    done = await run_in_threadpool(ctx.label_plant, request.path_params["plant"], body.label, body.new_class, body.photos)
+    return _labelled(await run_in_threadpool(ctx.label_plant, request.path_params["plant"], body.label, body.new_class, body.photos))
+
+
+def _labelled(done: PlantLabelled) -> s.PlantLabelled:
+    """What labelling several photos at once did (a plant's, a spot's), as the API answers it."""
     return s.PlantLabelled(
         plant=done.plant,
         label=done.label,
@@ -229,13 +231,7 @@ async def spot_label(ctx: WebContext, request: Request) -> s.PlantLabelled:
     sha = request.path_params["sha256"]
     if not is_sha256(sha) or not all(is_sha256(p) for p in body.photos):
         raise BadParameter("the photo and each of photos: a photo's sha256 (64 hex digits)")
-    done = await run_in_threadpool(ctx.label_spot, sha, body.label, body.new_class, body.photos)
-    return s.PlantLabelled(
-        plant="",
-        label=done.label,
-        labelled=[s.Labelled(photo_id=e.photo_id, sha256=e.sha256, label=done.label) for e in done.labelled],
-        not_labelled=[s.NotLabelled(sha256=sha, reason=why) for sha, why in done.missed],
-    )
+    return _labelled(await run_in_threadpool(ctx.label_spot, sha, body.label, body.new_class, body.photos))
 
 
 async def plant_rename(ctx: WebContext, request: Request) -> s.PlantRenamed:
@@ -324,13 +320,7 @@ async def classes(ctx: WebContext, request: Request) -> s.Classes:
 
 async def class_notes(ctx: WebContext, request: Request) -> s.ClassOut:
     body = await _json_body(request, s.ClassNotesIn)
-    label = request.path_params["label"]
-    if label not in {v.label for v in await run_in_threadpool(season_classes, ctx)}:
-        raise Refused(404, f"the model knows no class {label[:100]!r} (GET /api/v1/classes lists them)")
-    try:
-        await run_in_threadpool(save_note, ctx.page_notes, label, body.model_dump())
-    except NotesError as exc:
-        raise BadParameter(str(exc)) from None
+    await run_in_threadpool(ctx.write_notes, request.path_params["label"], body.model_dump())
     return await one_class(ctx, request)
 
 
