@@ -106,9 +106,12 @@ class ClassNotes:
         """The note on ``label``, or None (a healthy class, a class no file describes)."""
         return self._notes.get(label)
 
-    def title(self, label: str) -> str:
-        """``label`` as the farmer reads it: its note's name, else the condition's part of the model's name."""
-        return (self._notes.get(label) or ClassNote(label)).title
+    def title(self, label: str, beside: str = "") -> str:
+        """``label`` as the farmer reads it: its note's name, else the condition's part of the model's name; named
+        beside the class ``beside`` of another crop, its crop added ("Bacterial spot (Tomato)" on a pepper's page)."""
+        title = (self._notes.get(label) or ClassNote(label)).title
+        crop = describe_class(label)[0]
+        return f"{title} ({crop})" if beside and crop != describe_class(beside)[0] else title
 
     def labels(self) -> list[str]:
         """Every class a note describes, in the files' order."""
@@ -170,8 +173,8 @@ class NotesSource:
     def get(self, label: str) -> ClassNote | None:
         return self.current().get(label)
 
-    def title(self, label: str) -> str:
-        return self.current().title(label)
+    def title(self, label: str, beside: str = "") -> str:
+        return self.current().title(label, beside)
 
 
 def notes_or_shipped(extra: str | Path | None, page: Path | None, log) -> NotesSource:

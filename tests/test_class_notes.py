@@ -175,6 +175,14 @@ def test_a_class_page_says_what_to_look_for_how_it_spreads_what_to_do_and_where_
     assert r.status_code == 200 and "<h1>Gray leaf spot" in r.text
 
 
+def test_a_look_alike_of_another_crop_is_named_with_its_crop(tmp_path):
+    c = _client(make_state(tmp_path))
+    r = c.get("/classes/" + quote("Pepper,_bell___Bacterial_spot"))
+    assert f'href="/classes/{quote("Tomato___Bacterial_spot")}">Bacterial spot (Tomato)</a>' in r.text  # not its own name again
+    r = c.get("/classes/Potato___Early_blight")
+    assert 'href="/classes/Potato___Late_blight">Late blight</a>' in r.text  # the same crop: the name alone
+
+
 def test_a_healthy_class_says_what_healthy_means_to_the_model_and_an_unknown_class_is_a_404(tmp_path):
     state = make_state(tmp_path)
     c = _client(state)
