@@ -8,9 +8,9 @@ from typing import NamedTuple
 
 from edge_agent.capture_place import Place, exif_place
 from edge_agent.capture_time import time_of
-from edge_agent.imageheader import HeaderError, read_header
+from edge_agent.imageheader import HeaderError, ImageHeader, read_header
 
-__all__ = ["Capture", "read_capture"]
+__all__ = ["Capture", "exif_block", "read_capture"]
 
 
 class Capture(NamedTuple):
@@ -28,7 +28,7 @@ def read_capture(data: bytes, arrived: float) -> Capture:
         header = read_header(data)
     except HeaderError:
         return Capture()
-    tiff = header.exif or (_heif_exif(data) if header.format == "heif" else b"")
+    tiff = exif_block(data, header)
     if not tiff:
         return Capture()
     try:
@@ -40,6 +40,12 @@ def read_capture(data: bytes, arrived: float) -> Capture:
     except (struct.error, ValueError):
         place = None
     return Capture(taken, ahead, place)
+
+
+def exif_block(data: bytes, header: ImageHeader) -> bytes:
+    """The TIFF-structured EXIF block of the photo ``data`` whose header is ``header`` (a HEIC's through libheif), or
+    b"" where it has none."""
+    return header.exif or (_heif_exif(data) if header.format == "heif" else b"")
 
 
 def _heif_exif(data: bytes) -> bytes:

@@ -21,6 +21,7 @@ from typing import NamedTuple
 from edge_agent.imageheader import ifd_entries
 
 __all__ = [
+    "GPS_IFD",
     "MAX_ERROR_M",
     "NEAR_M",
     "Place",
@@ -42,7 +43,8 @@ NEAR_M = 15
 #: as iPhones and recent Androids do): a photo taken indoors, placed 200 m off, would sit among the wrong trees.
 MAX_ERROR_M = 50.0
 
-_GPS_IFD = 0x8825  # the pointer from the first directory to the GPS directory
+#: The tag of the pointer from the first directory of an EXIF block to its GPS directory.
+GPS_IFD = 0x8825
 _STATUS, _LAT_REF, _LAT, _LON_REF, _LON, _ERROR = 0x0009, 0x0001, 0x0002, 0x0003, 0x0004, 0x001F
 _RATIONAL, _SRATIONAL, _ASCII = 5, 10, 2
 
@@ -96,7 +98,7 @@ def exif_place(tiff: bytes) -> Place | None:
     """Where a TIFF-structured EXIF block says its photo was taken (see the module), or None."""
     sub = None
     for endian, tag, typ, _count, value in ifd_entries(tiff):
-        if tag == _GPS_IFD and typ in (4, 13):
+        if tag == GPS_IFD and typ in (4, 13):
             (sub,) = struct.unpack(endian + "I", value)
     if sub is None:
         return None

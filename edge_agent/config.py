@@ -347,6 +347,10 @@ class HandoffSection(Section):
         description="Most review-pool photos a day handed to the trainer without a label, with the model's answer, for "
         "retrains that learn from unlabelled photos (after the labels; 0: none).",
     )
+    send_place: bool = Field(
+        False,
+        description="Hand photos to the trainer with the GPS position in their EXIF and XMP (off: it is blanked, every other byte kept).",
+    )
     endpoint: str = Field(
         "", description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run)."
     )

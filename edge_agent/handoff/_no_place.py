@@ -1,0 +1,111 @@
+"""A photo as the trainer gets it: where it was taken blanked out of its EXIF and XMP, every other byte as it was.
+
+The trainer learns from pixels and needs no position; a cooperative's trainer, serving many farms, should not learn
+where each farm's trees stand. The GPS directory of the EXIF block is emptied in place (its entry count 0, its entries
+and the values they point at zeroed) and the XMP's ``exif:GPS...`` values are overwritten with spaces, so no offset
+moves: orientation, time and pixels read as before (a PNG's changed chunks get their checksums again). A photo without
+a position comes back as it was, byte for byte. Where a position is still read after that (an EXIF block a HEIC keeps
+in pieces), the photo goes as a PNG of its upright pixels, with no metadata at all; where it cannot be decoded here
+either (no pillow-heif), as blanked as this module could.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import time
+import zlib
+
+import cv2
+
+from edge_agent.capture import exif_block, read_capture
+from edge_agent.capture_place import GPS_IFD
+from edge_agent.imageheader import HeaderError, ImageRejected, ifd_entries, read_header
+from edge_agent.preprocess import decode_bgr
+
+__all__ = ["without_place"]
+
+#: Bytes per value of each TIFF type (BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT, SLONG, SRATIONAL,
+#: FLOAT, DOUBLE).
+_EXIF_IFD = 0x8769  # the pointer to the directory that holds when the photo was taken
+_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8}
+#: An XMP position: ``exif:GPSLatitude="48,30.5N"`` or ``<exif:GPSLatitude>48,30.5N</exif:GPSLatitude>``.
+_XMP_GPS = re.compile(rb"exif:GPS[A-Za-z]+\s*=\s*[\"']([^\"'<>]*)|<exif:GPS[A-Za-z]+>([^<]*)")
+
+
+def without_place(data: bytes) -> tuple[bytes, str | None]:
+    """``data`` with its position blanked (see the module), and the file extension it now needs: None where it is still
+    the same format (every photo but a HEIC keeping its EXIF in pieces), ``".png"`` where it was re-encoded."""
+    try:
+        header = read_header(data)
+    except HeaderError:  # not a photo the daemon could have classified: the trainer refuses it as it is
+        return data, None
+    out = bytearray(data)
+    changed: list[tuple[int, int]] = []
+    tiff = exif_block(data, header)
+    start = data.find(tiff) if tiff else -1
+    if start >= 0:
+        changed += _empty_gps(out, start, len(tiff))
+    for match in _XMP_GPS.finditer(data):
+        a, b = match.span(1) if match.group(1) is not None else match.span(2)
+        out[a:b] = b" " * (b - a)
+        changed.append((a, b))
+    if not changed:
+        return data, None
+    if header.format == "png":
+        _png_checksums(out, changed)
+    blanked = bytes(out)
+    if read_capture(blanked, time.time()).place is None:
+        return blanked, None
+    try:  # the position is kept somewhere this module cannot reach: the pixels alone
+        ok, png = cv2.imencode(".png", decode_bgr(data))
+    except (ImageRejected, cv2.error):  # not decodable here (no pillow-heif): what could be blanked is
+        return blanked, None
+    return (png.tobytes(), ".png") if ok else (blanked, None)
+
+
+def _empty_gps(buf: bytearray, start: int, length: int) -> list[tuple[int, int]]:
+    """Empty the GPS directory of the TIFF-structured block at ``buf[start:start + length]`` in place; the byte
+    ranges (of ``buf``) changed, none where the block has no GPS directory."""
+    tiff = bytes(buf[start : start + length])
+    sub = next((struct.unpack(e + "I", v)[0] for e, tag, typ, _c, v in ifd_entries(tiff) if tag == GPS_IFD and typ in (4, 13)), None)
+    if sub is None or sub < 8 or sub + 2 > length:
+        return []
+    endian = "<" if tiff[:2] == b"II" else ">"
+    kept = [_directory(tiff, endian, struct.unpack(endian + "I", tiff[4:8])[0])]  # the first (orientation)
+    kept += [
+        _directory(tiff, e, struct.unpack(e + "I", v)[0]) for e, tag, typ, _c, v in ifd_entries(tiff) if tag == _EXIF_IFD and typ in (4, 13)
+    ]
+    (count,) = struct.unpack(endian + "H", tiff[sub : sub + 2])
+    changed = [(sub, min(sub + 6 + 12 * min(count, 512), length))]  # its count, entries and next pointer
+    for e, _tag, typ, n, value in ifd_entries(tiff, sub):
+        size = _SIZES.get(typ, 0) * n
+        if size > 4:  # the value lives elsewhere in the block
+            (off,) = struct.unpack(e + "I", value)
+            changed.append((off, min(off + size, length)))
+    # a garbled block may point anywhere: never zero the directories that say the orientation and the time
+    changed = [(start + a, start + b) for a, b in changed if 8 <= a < b and not any(a < k1 and b > k0 for k0, k1 in kept)]
+    for a, b in changed:
+        buf[a:b] = bytes(b - a)
+    return changed
+
+
+def _directory(tiff: bytes, endian: str, offset: int) -> tuple[int, int]:
+    """The byte range of the TIFF directory at ``offset``: its count, entries and next pointer."""
+    count = struct.unpack(endian + "H", tiff[offset : offset + 2])[0] if offset + 2 <= len(tiff) else 0
+    return offset, offset + 6 + 12 * count
+
+
+def _png_checksums(buf: bytearray, changed: list[tuple[int, int]]) -> None:
+    """Write again the CRC of each PNG chunk whose data holds a changed range (a reader checks them)."""
+    pos, n = 8, len(buf)
+    while pos + 12 <= n:
+        size, name = struct.unpack(">I4s", buf[pos : pos + 8])
+        end = pos + 8 + size
+        if end + 4 > n:
+            return
+        if any(a < end and b > pos + 8 for a, b in changed):
+            buf[end : end + 4] = struct.pack(">I", zlib.crc32(bytes(buf[pos + 4 : end])))
+        if name == b"IEND":
+            return
+        pos = end + 4

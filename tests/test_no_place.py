@@ -1,0 +1,145 @@
+"""Where the farm's trees stand stays on the farm: photos handed to the trainer have their GPS position blanked out of
+their EXIF and XMP, every other byte kept (pixels, orientation, time), unless ``[handoff] send_place`` says otherwise."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import struct
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edge_agent.capture import read_capture
+from edge_agent.handoff import _no_place
+from edge_agent.handoff._no_place import without_place
+from edge_agent.imageheader import ifd_entries, read_header
+from edge_agent.preprocess import decode_bgr
+
+from .test_capture_place import ORCHARD, _gps
+
+TAKEN = "2026:06:14 09:30:00"
+
+
+def _exif(orientation: int = 1) -> bytes:
+    """An EXIF block with a position, when the photo was taken and ``orientation``."""
+    exif = Image.Exif()
+    exif.load(_gps(*ORCHARD))
+    exif[0x0112] = orientation
+    exif.get_ifd(0x8769)[0x9003] = TAKEN
+    return exif.tobytes()
+
+
+def _photo(fmt: str, orientation: int = 1, **kw) -> bytes:
+    out = io.BytesIO()
+    rng = np.random.default_rng(3)
+    Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(out, fmt, exif=_exif(orientation), **kw)
+    return out.getvalue()
+
+
+def _when_where(data: bytes):
+    got = read_capture(data, time.mktime(time.strptime(TAKEN, "%Y:%m:%d %H:%M:%S")) + 3600)
+    return got.taken, got.place
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF"])
+def test_a_photo_handed_over_keeps_no_position_but_its_pixels_orientation_time_and_size(fmt):
+    data = _photo(fmt, orientation=6, **({"lossless": True} if fmt == "WEBP" else {}))
+    taken, place = _when_where(data)
+    assert place is not None and taken is not None
+    out, ext = without_place(data)
+    assert ext is None and len(out) == len(data)  # blanked in place: no offset moved
+    assert _when_where(out) == (taken, None)
+    assert read_header(out).orientation == 6
+    assert np.array_equal(decode_bgr(out), decode_bgr(data))
+    assert Image.open(io.BytesIO(out)).getexif().get_ifd(0x8825) == {}  # another reader finds no position either
+    Image.open(io.BytesIO(out)).load()  # a PNG's checksums hold
+
+
+def test_a_heic_photos_position_is_blanked_too():
+    pillow_heif = pytest.importorskip("pillow_heif")
+    buf = io.BytesIO()
+    pillow_heif.from_pillow(Image.new("RGB", (64, 48), (30, 150, 40))).save(buf, exif=_exif())
+    data = buf.getvalue()
+    assert _when_where(data)[1] is not None
+    out, ext = without_place(data)
+    assert ext is None and _when_where(out)[1] is None and _when_where(out)[0] is not None
+
+
+def test_a_photo_without_a_position_is_handed_over_byte_for_byte():
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (30, 150, 40)).save(out, "JPEG")
+    data = out.getvalue()
+    assert without_place(data) == (data, None)
+    assert without_place(b"not a photo") == (b"not a photo", None)
+
+
+def test_a_position_in_the_xmp_is_blanked_and_the_rest_of_the_xmp_kept():
+    xmp = (
+        b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+        b'<rdf:Description xmlns:exif="http://ns.adobe.com/exif/1.0/" xmlns:xmp="http://ns.adobe.com/xap/1.0/" '
+        b'exif:GPSLatitude="47,23.8687N" exif:GPSLongitude="8,32.8339E" xmp:CreatorTool="Camera">'
+        b"<exif:GPSAltitude>4200/10</exif:GPSAltitude></rdf:Description></rdf:RDF></x:xmpmeta>"
+    )
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (30, 150, 40)).save(out, "JPEG", xmp=xmp)
+    data = out.getvalue()
+    assert b"47,23.8687N" in data
+    blanked, _ = without_place(data)
+    assert b"47,23.8687N" not in blanked and b"8,32.8339E" not in blanked and b"4200/10" not in blanked
+    assert b'xmp:CreatorTool="Camera"' in blanked and len(blanked) == len(data)
+    assert np.array_equal(decode_bgr(blanked), decode_bgr(data))
+
+
+def test_a_position_that_cannot_be_blanked_in_place_goes_as_the_upright_pixels_alone(monkeypatch):
+    data = _photo("PNG", orientation=6)
+    monkeypatch.setattr(_no_place, "_empty_gps", lambda buf, start, length: [(0, 0)])  # as a HEIC keeping EXIF in pieces
+    out, ext = without_place(data)
+    assert ext == ".png" and _when_where(out) == (None, None)
+    assert read_header(out).orientation == 1 and np.array_equal(decode_bgr(out), decode_bgr(data))
+
+
+def test_a_garbled_gps_block_never_raises_and_never_blanks_the_orientation():
+    good = _photo("JPEG", orientation=6)
+    start = good.find(b"Exif\x00\x00") + 6
+    (length,) = struct.unpack(">H", good[start - 8 : start - 6])  # the APP1 segment's, from its marker on
+    rng = random.Random(5)
+    for _ in range(300):
+        bad = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            bad[start + rng.randrange(length - 8)] = rng.randrange(256)  # within the EXIF block
+        orientation = read_header(bytes(bad)).orientation
+        out, _ = without_place(bytes(bad))  # no exception, whatever the bytes
+        if orientation == 6:
+            assert read_header(out).orientation == 6
+    tiff = good[start:]
+    gps = next(struct.unpack(e + "I", v)[0] for e, tag, _t, _c, v in ifd_entries(tiff) if tag == 0x8825)
+    assert gps > 8
+
+
+def test_the_trainer_gets_photos_without_their_position_unless_the_farm_sends_it(tmp_path):
+    pytest.importorskip("zmq")
+    from edge_agent.results import QueueEntry
+    from edge_agent.spool import SpoolItem
+
+    from .daemon_helpers import wait_until
+    from .test_handoff import delivering, make_sender
+
+    for send_place in (False, True):
+        root = tmp_path / str(send_place)
+        endpoints = (f"ipc://{root}/run/handoff.sock", f"ipc://{root}/run/engines.sock")
+        sender, db, spool, _ = make_sender(root, endpoints, send_place=send_place)
+        data = _photo("JPEG")
+        sha = hashlib.sha256(data).hexdigest()
+        [f] = spool.put_many([SpoolItem("expert", sha, data)])
+        db.commit([], [QueueEntry(sha, sha[:16], "expert", "Apple___Apple_scab", 1.0, "v0001", str(f), len(data))])
+        with delivering(sender, root, endpoints) as store:
+            wait_until(lambda: not db.queued_for_delivery(10), 20, "acknowledged")
+            [sample] = store.all()
+        got = open(sample.file, "rb").read()
+        assert sample.id == sha  # the device's id of the photo, whatever was blanked
+        assert (_when_where(got)[1] is not None) is send_place
+        assert np.array_equal(decode_bgr(got), decode_bgr(data))
