@@ -137,7 +137,7 @@ def test_the_trainer_gets_photos_without_their_position_unless_the_farm_sends_it
         [f] = spool.put_many([SpoolItem("expert", sha, data)])
         db.commit([], [QueueEntry(sha, sha[:16], "expert", "Apple___Apple_scab", 1.0, "v0001", str(f), len(data))])
         with delivering(sender, root, endpoints) as store:
-            wait_until(lambda: not db.queued_for_delivery(10), 20, "acknowledged")
+            wait_until(lambda db=db: not db.queued_for_delivery(10), 20, "acknowledged")
             [sample] = store.all()
         got = open(sample.file, "rb").read()
         assert sample.id == sha  # the device's id of the photo, whatever was blanked
