@@ -46,7 +46,7 @@ def without_place(data: bytes) -> tuple[bytes, str | None]:
     start = data.find(tiff) if tiff else -1
     if start >= 0:
         changed += _empty_gps(out, start, len(tiff))
-    for match in _XMP_GPS.finditer(data):
+    for match in _XMP_GPS.finditer(data) if b"exif:GPS" in data else ():
         a, b = match.span(1) if match.group(1) is not None else match.span(2)
         out[a:b] = b" " * (b - a)
         changed.append((a, b))
