@@ -69,6 +69,10 @@ def status(args: argparse.Namespace) -> int:
             f"{kept['floor_bytes'] / 2**30:.1f} GiB free ({kept['free_bytes'] / 2**30:.1f} GiB free now); pruned since start: "
             f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
         )
+        if "engines" in kept:
+            rule = f"the {kept['engine_versions']} newest retrains kept" if kept.get("engine_versions") else "every version kept"
+            gone = f"; {kept['pruned_engines']} older deleted since start" if kept.get("pruned_engines") else ""
+            print(f"engines: {kept['engines']} versions ({kept['engine_bytes'] >> 20} MiB), {rule}{gone}")
         if kept.get("clock_note"):
             print(f"clock: {kept['clock_note']}")
         if kept.get("below_floor"):

@@ -215,6 +215,13 @@ class RetentionSection(Section):
         10.0, ge=0, le=90, description="...or less than this share of the disk, whichever is smaller (a big disk is not emptied)."
     )
     interval_s: float = Field(600.0, ge=10, le=86400, description="How often old photos and results are pruned (the floor: every minute).")
+    engine_versions: int = Field(
+        5,
+        ge=0,
+        le=100000,
+        description="The farm's own retrained engine versions kept on disk, newest first, besides the one in service, the "
+        "releases and a rollback's pin (older ones are deleted; 0: all kept).",
+    )
 
 
 class PipelineSection(Section):

@@ -151,7 +151,15 @@ class Daemon:
         if self.cfg.retention.enabled:
             from edge_agent.retention import Retention
 
-            self.retention = Retention(self.cfg.retention, self.state.root, self.db)
+            own = self.store.root.resolve() != default_store_path().resolve()  # never the package's own store
+            self.retention = Retention(
+                self.cfg.retention,
+                self.state.root,
+                self.db,
+                store=self.store if own else None,
+                serving=lambda: self.pipeline.classifier.engine.engine_version,
+                engine_cache=getattr(self.cfg.engine, "cache_dir", ""),
+            )
             self.retention.start()
         self._start_alerts()
         self._start_learning_links()

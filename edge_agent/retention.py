@@ -6,9 +6,11 @@ whenever the disk passes its floor; what the loop still needs stays.
   thumbnails too. A result row may outlive its photo: the history stays.
 * Whenever less than the floor is free (``min_free_gb`` or ``min_free_percent`` of the disk, whichever is smaller), the
   oldest processed photos go, then the oldest thumbnails, until the floor is met; looked at every minute.
+* Old engine versions: the farm's own retrains beyond the ``engine_versions`` newest, on each pass by age
+  (:mod:`edge_agent.engine_keep`; never the one in service, a release, a rollback's pin or the golden photos' version).
 * Never removed: the label queue's and review pool's photos (``queue/``: copies of their own, which the hand-off
-  and the expert need), the golden photos (``golden.npz``), the engines, and the photo of an alert not yet delivered
-  (its link must open).
+  and the expert need), the golden photos (``golden.npz``), and the photo of an alert not yet delivered (its link
+  must open).
 
 :class:`Retention` runs in the daemon as a thread; :meth:`Retention.status` is what ``status``, the Health page and
 ``/metrics`` show: what is kept, what was pruned, the floor.
@@ -28,11 +30,13 @@ from pathlib import Path
 
 from edge_agent.clock import ClockWatch
 from edge_agent.config import RetentionSection
+from edge_agent.engine_keep import prune_engines
 from edge_agent.inbox_files import places
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB, query_readonly
 from edge_agent.worker import Worker
-from engines.store import sha256_file
+from engines.prune import store_bytes
+from engines.store import EngineStore, sha256_file
 
 __all__ = ["Retention", "Pruned", "floor_bytes", "pending_alert_photos"]
 
@@ -52,6 +56,8 @@ class Pruned:
     photo_bytes: int = 0
     results: int = 0
     thumbs: int = 0
+    engines: int = 0  # engine versions deleted
+    engine_bytes: int = 0
     kept_for_alerts: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -60,6 +66,8 @@ class Pruned:
         self.photo_bytes += other.photo_bytes
         self.results += other.results
         self.thumbs += other.thumbs
+        self.engines += other.engines
+        self.engine_bytes += other.engine_bytes
 
 
 def pending_alert_photos(state_root: Path, db: ResultsDB, wait_s: float = 30.0) -> dict[str, tuple[float, str]]:
@@ -106,9 +114,15 @@ class Retention(Worker):
         now: Callable[[], float] = time.time,
         usage: DiskUsage = shutil.disk_usage,
         clock: ClockWatch | None = None,
+        store: EngineStore | None = None,
+        serving: Callable[[], str] = lambda: "",
+        engine_cache: str = "",
     ) -> None:
+        """``store``: the engine store whose old retrains go (None: none, as the package's own store), ``serving``
+        the version the daemon serves now, ``engine_cache`` the engines' cache folder."""
         super().__init__()
         self.section, self.root, self.db, self.now, self.usage = section, Path(state_root), db, now, usage
+        self.store, self.serving, self.engine_cache = store, serving, engine_cache
         self.clock = clock or ClockWatch(self.root / "clock.json", wall=now)
         self.processed, self.thumbs = self.root / "processed", self.root / "web" / "thumbs"
         self.log = get_logger("retention")
@@ -243,6 +257,15 @@ class Retention(Worker):
             gone, freed = gone + 1, freed + size
         return gone
 
+    def old_engines(self) -> Pruned:
+        """Delete the store's old retrains (:func:`edge_agent.engine_keep.prune_engines`)."""
+        if self.store is None or not self.section.engine_versions:
+            return Pruned()
+        deleted = prune_engines(self.store, self.section.engine_versions, self.root, [self.serving()], self.engine_cache)
+        if deleted:
+            self.log.info("engines_pruned", versions=[d.version for d in deleted], mb=round(sum(d.bytes for d in deleted) / 1e6, 1))
+        return Pruned(engines=len(deleted), engine_bytes=sum(d.bytes for d in deleted))
+
     def _drop_empty_days(self) -> None:
         if self.processed.is_dir():
             today = datetime.fromtimestamp(self.now()).strftime("%Y-%m-%d")
@@ -257,6 +280,8 @@ class Retention(Worker):
         """One pass (by age when ``age``, then the floor); the counters and :attr:`kept` updated, the pass logged."""
         self.clock.look()
         pruned = self.by_age() if age else Pruned()
+        if age:
+            pruned.add(self.old_engines())
         pruned.add(self.to_floor())
         self.pruned.add(pruned)
         self.last_pass = self.now()
@@ -284,9 +309,11 @@ class Retention(Worker):
                 pass
         u = self.usage(self.root)
         floor = floor_bytes(self.section, u.total)
+        engines = store_bytes(self.store) if self.store is not None else None
         self.kept = {
             "photos": len(photos),
             "photo_bytes": size,
+            **({"engines": engines[0], "engine_bytes": engines[1]} if engines else {}),
             "oldest_photo_day": photos[0][0].isoformat() if photos else None,
             "free_bytes": u.free,
             "floor_bytes": floor,
@@ -313,6 +340,9 @@ class Retention(Worker):
             "pruned_bytes": self.pruned.photo_bytes,
             "pruned_results": self.pruned.results,
             "pruned_thumbnails": self.pruned.thumbs,
+            "pruned_engines": self.pruned.engines,
+            "pruned_engine_bytes": self.pruned.engine_bytes,
+            "engine_versions": s.engine_versions,
             "last_pass": self.last_pass,
             "clock_jumps": [j._asdict() for j in self.clock.jumps[-5:]],
             "clock_note": self.clock.note(),

@@ -60,7 +60,8 @@ def adopt_shipped_release(store: EngineStore, shipped: Path) -> str | None:
     if (store.root / release).exists():
         return None
     current = store.current()
-    farm_taught = store.read_manifest(current).get("parent") in store.versions() or store.pin() is not None
+    parent = store.parent_of(current)
+    farm_taught = (parent is not None and (parent in store.versions() or parent in store.pruned())) or store.pin() is not None
     install_shipped(store, shipped, release, make_current=not farm_taught)
     if farm_taught:
         from engines.durable import atomic_write

@@ -6,6 +6,7 @@ Layout::
       v0001/  model.onnx  model.int8.onnx  manifest.json
       v0002/  ...
       current            # text file holding the name of the version in service
+      pruned.json        # old versions deleted (engines.prune), each with its parent
       .lock              # serialises publishers
 
 A version directory is immutable once it exists. Publishing writes everything to
@@ -40,6 +41,7 @@ MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"  # see engines.signing
 CURRENT = "current"
 PIN = "pinned"  # a local rollback's pin: {"version", "from", "at"} (JSON)
+PRUNED = "pruned.json"  # the versions engines.prune deleted: {version: parent}
 MANIFEST_FORMAT = 1
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
 #: No file of a version may be larger (a model here is a few MB; TensorRT plans are built on the device, not stored).
@@ -224,7 +226,8 @@ class EngineStore:
 
     # ---- writing -------------------------------------------------------
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
+        """Hold the store's lock (publishers, installs, switches and :mod:`engines.prune` take turns)."""
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -235,12 +238,31 @@ class EngineStore:
 
     def _next_version(self) -> str:
         nums = [int(_VERSION_RE.match(p.name).group(1)) for p in self.root.iterdir() if _VERSION_RE.match(p.name)]
+        nums += [int(name[1:]) for name in self.pruned()]  # a deleted version's name is never handed out again
         return f"v{max(nums, default=0) + 1:04d}"
 
-    def _clean_partial(self) -> None:
+    def clean_partial(self) -> None:
+        """Remove what a publish or a prune stopped half-way left (``.tmp-*``, ``.pruned-*``); under :meth:`locked`."""
         for p in self.root.iterdir():
-            if p.name.startswith(".tmp-"):
+            if p.name.startswith((".tmp-", ".pruned-")):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+    def pruned(self) -> dict[str, str]:
+        """The versions :mod:`engines.prune` deleted, each with its parent (a lineage is followed across them)."""
+        try:
+            record = json.loads((self.root / PRUNED).read_text())
+        except (OSError, ValueError):
+            return {}
+        return (
+            {k: v for k, v in record.items() if _VERSION_RE.match(str(k)) and _VERSION_RE.match(str(v))} if isinstance(record, dict) else {}
+        )
+
+    def parent_of(self, version: str) -> str | None:
+        """The version ``version`` was retrained from: its manifest's ``parent``, or for a deleted version the one
+        recorded; None for a release (the first of its lineage) or a version the store never held."""
+        if (self.root / version / MANIFEST).is_file():
+            return self.read_manifest(version).get("parent") or None
+        return self.pruned().get(version)
 
     def publish(
         self, files: Mapping[str, str | os.PathLike], manifest: Mapping, make_current: bool = True, sign=None, version: str | None = None
@@ -259,8 +281,8 @@ class EngineStore:
         for kind, fname in dict(manifest.get("artifacts", {})).items():
             if fname not in files:
                 raise StoreError(f"artifact {kind!r} names {fname!r}, which is not among the files")
-        with self._locked():
-            self._clean_partial()
+        with self.locked():
+            self.clean_partial()
             nxt = self._next_version()
             if version is None:
                 version = nxt
@@ -319,7 +341,7 @@ class EngineStore:
         manifest, and put it in service. A version the store already holds is only put in service. An ``offered``
         one is put in service only if :meth:`offer_refusal` still allows it under the store's lock (a rollback
         in another process cannot slip between the check and the switch); else :class:`OfferRefused`."""
-        with self._locked():
+        with self.locked():
             if offered and make_current:
                 self._refuse_offer(version)
             src, dst = self.incoming(version), self.root / version
@@ -351,7 +373,7 @@ class EngineStore:
         """Put ``version`` in service after verifying it (and with ``trust``, that a trusted key signed it); an
         ``offered`` one only if :meth:`offer_refusal` allows it under the store's lock, else :class:`OfferRefused`."""
         opened = self.open(version, trust=trust)
-        with self._locked():
+        with self.locked():
             if offered:
                 self._refuse_offer(version)
             self._write_current(version)
@@ -363,20 +385,20 @@ class EngineStore:
             raise OfferRefused(why)
 
     def rollback(self, to: str | None = None, trust=None) -> StoreVersion:
-        """Switch back to ``to``, or else to the current version's parent (or the previous one); with ``trust``, only
+        """Switch back to ``to``, or else to the current version's parent (or the previous one held); with ``trust``, only
         to a version a trusted key signed (the daemon would refuse any other). The device is then pinned there
         (:meth:`pin`): offers of the version rolled back from, or any older one, are refused until a newer one
         arrives or :meth:`unpin` lifts it."""
         cur = self.current()
         if to is None:
             to = self.read_manifest(cur).get("parent")
-            if not to:
+            if not to or not (self.root / to / MANIFEST).is_file():  # a release, or its parent deleted (engines.prune)
                 older = [v for v in self.versions() if int(v[1:]) < int(cur[1:])]
                 if not older:
                     raise StoreError(f"{cur} has no parent and no older version to roll back to")
                 to = older[-1]
         opened = self.open(to, trust=trust)
-        with self._locked():  # the switch and its pin together: an offer checked between them would undo the rollback
+        with self.locked():  # the switch and its pin together: an offer checked between them would undo the rollback
             now = self.current()  # another process may have put a newer one in service since ``cur`` was read
             if to != cur or to != now:
                 newest = max((cur, now, (self.pin() or {}).get("from", cur)), key=lambda v: int(v[1:]))

@@ -30,15 +30,18 @@ __all__ = ["adopt_strategy_state", "lineage_root"]
 
 
 def lineage_root(store: EngineStore, name: str) -> str:
-    """The first version of ``name``'s lineage (following ``parent`` while the store still holds it)."""
-    seen = set()
+    """The first version of ``name``'s lineage: ``parent`` followed while the store holds it or records it deleted
+    (:mod:`engines.prune` never deletes a first version); the oldest one held where the chain leaves the store."""
+    held, pruned = set(store.versions()), store.pruned()
+    seen, root = set(), name
     while name not in seen:
         seen.add(name)
-        parent = store.read_manifest(name).get("parent")
-        if not parent or parent not in store.versions():
-            return name
+        parent = store.parent_of(name)
+        if not parent or (parent not in held and parent not in pruned):
+            return root
         name = parent
-    return name
+        root = name if name in held else root
+    return root
 
 
 def _same_input(store: EngineStore, old_root: str | None, root: str) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from edge_agent.config import AppConfig, TrainerSection
+from edge_agent.engine_keep import prune_engines
 from edge_agent.log import get_logger
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
@@ -257,6 +258,21 @@ class TrainerService:
             if self.last is not None and self.last is not before:
                 outcome = "published" if self.last.published else ("failed" if self.last.reason.startswith("failed") else "refused")
                 self.retrains[outcome] += 1
+                if self.last.published:
+                    self._prune_engines()
+
+    def _prune_engines(self) -> None:
+        """Delete the store's old retrains as the daemon's retention does (a store of its own, or one the daemon on this
+        state directory shares: the versions it serves and checks against stay)."""
+        if not self.cfg.retention.enabled:
+            return
+        try:
+            deleted = prune_engines(self.store, self.cfg.retention.engine_versions, self.state_dir, [self.store.current()])
+        except OSError as exc:  # a read-only or full disk: the versions stay, the next publish tries again
+            self.log.warning("engines_prune_failed", error=repr(exc))
+            return
+        if deleted:
+            self.log.info("engines_pruned", versions=[d.version for d in deleted], mb=round(sum(d.bytes for d in deleted) / 1e6, 1))
 
     def run(self) -> int:
         if self.cfg.trainer.nice:

@@ -150,6 +150,15 @@ def _daemon(x: Exposition, st: dict, up: bool) -> None:
             kept.get("pruned_photos", 0),
         )
         x.one("edge_agent_retention_pruned_results_total", "counter", "Result rows removed by age.", kept.get("pruned_results", 0))
+        if "engines" in kept:
+            x.one("edge_agent_engine_versions", "gauge", "Engine versions held in the store.", kept["engines"])
+            x.one("edge_agent_engine_bytes", "gauge", "Bytes of the engine versions held in the store.", kept.get("engine_bytes", 0))
+            x.one(
+                "edge_agent_retention_pruned_engines_total",
+                "counter",
+                "Old retrained engine versions deleted ([retention] engine_versions).",
+                kept.get("pruned_engines", 0),
+            )
         x.one("edge_agent_disk_free_bytes", "gauge", "Free bytes on the state directory's disk.", kept.get("free_bytes", 0))
         x.one(
             "edge_agent_disk_floor_bytes", "gauge", "The free space retention keeps ([retention] min_free_*).", kept.get("floor_bytes", 0)

@@ -1,0 +1,48 @@
+"""Which engine versions a daemon relies on, and the pass that deletes the rest of a store's old retrains
+(:mod:`engines.prune`): run by the daemon's retention and by the trainer after it publishes, on one store or two.
+
+A daemon relies on the version it serves (its status file says which, so a trainer on the same state directory
+knows it too) and on the version its golden photos were labelled by (a start compares the engine in service with
+it); both are kept whatever their age, beside what :func:`engines.prune.prune_versions` always keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from engines.prune import Deleted, forget_caches, prune_versions
+from engines.store import EngineStore
+
+__all__ = ["GOLDEN_FILE", "prune_engines", "versions_in_use"]
+
+#: The golden photos' file in the state directory (:mod:`edge_agent.golden`).
+GOLDEN_FILE = "golden.npz"
+
+
+def versions_in_use(state_root: Path) -> set[str]:
+    """The version the daemon on ``state_root`` serves and the one its golden photos were labelled by (none where a
+    file is missing or unreadable: the store's own rules still keep the version in service and the newest)."""
+    used = set()
+    try:
+        version = json.loads((state_root / "status.json").read_text())["engine"]["engine_version"]
+        used |= {version} if isinstance(version, str) else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        with np.load(state_root / GOLDEN_FILE) as golden:
+            used.add(str(golden["version"]))
+    except (OSError, ValueError, KeyError):
+        pass
+    return used
+
+
+def prune_engines(store: EngineStore, keep: int, state_root: Path, serving: Iterable[str] = (), cache: str = "") -> list[Deleted]:
+    """Delete ``store``'s retrains that nothing needs, keeping the ``keep`` newest (0: all), the versions in use on
+    ``state_root`` and ``serving``; what this machine built for them (``cache``: the engines' cache folder) goes too."""
+    deleted = prune_versions(store, keep, versions_in_use(state_root) | set(serving))
+    forget_caches(deleted, cache)
+    return deleted

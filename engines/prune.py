@@ -1,0 +1,107 @@
+"""Old engine versions leave the disk: a season of retrains (about 33 MB each for EfficientNet-Lite0: FP32 and INT8
+ONNX and the weights the next retrain starts from) would otherwise fill a Raspberry Pi's card.
+
+A version is deleted only where nothing needs it. Never: a release (a version without a parent: the shipped models
+and the first version of any new lineage, which the gate compares candidates with and an upgrade or rollback may
+return to), the version in service, a rollback's pin, the versions the caller names (the one a daemon serves, the
+one its golden photos were labelled by), nor the ``keep`` newest of the rest. Each deleted version's parent is
+recorded in the store's ``pruned.json`` first, so a lineage is still followed to its first version across the gap
+and the name is never handed out again; the directory is renamed aside, then removed, so a crash leaves either the
+version whole or a leftover the next pass removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from engines.durable import atomic_write, fsync_dir
+from engines.store import PRUNED, EngineStore, StoreError
+
+__all__ = ["Deleted", "forget_caches", "prune_versions", "store_bytes"]
+
+
+class Deleted(NamedTuple):
+    """A version deleted: its name, the bytes it took and its FP32 model's sha256 (the key of its TensorRT plans)."""
+
+    version: str
+    bytes: int
+    onnx_sha256: str
+
+
+def prune_versions(store: EngineStore, keep: int, protect: Iterable[str] = ()) -> list[Deleted]:
+    """Delete the versions of ``store`` nothing needs (see the module), keeping the ``keep`` newest retrained ones
+    (0: delete none); the versions deleted, oldest first."""
+    if keep <= 0 or not store.root.is_dir():
+        return []
+    with store.locked():
+        store.clean_partial()
+        try:
+            current = store.current()
+        except StoreError:  # no version in service: nothing can be judged unneeded
+            return []
+        spared = {current, *protect, (store.pin() or {}).get("version")}
+        retrained: list[tuple[str, dict]] = []
+        for version in store.versions():
+            try:
+                manifest = store.read_manifest(version)
+            except StoreError:  # a manifest that cannot be read is left for a person to look at (open() refuses it)
+                continue
+            if manifest.get("parent"):
+                retrained.append((version, manifest))
+        doomed = [(v, m) for v, m in retrained[: max(0, len(retrained) - keep)] if v not in spared]
+        if not doomed:
+            return []
+        record = store.pruned() | {v: m["parent"] for v, m in doomed}
+        atomic_write(store.root / PRUNED, (json.dumps(record, indent=0, sort_keys=True) + "\n").encode())
+        deleted = []
+        for version, manifest in doomed:
+            files = manifest.get("files") or {}
+            size = _bytes(store.root / version)
+            aside = store.root / f".pruned-{version}"
+            os.rename(store.root / version, aside)
+            fsync_dir(store.root)
+            shutil.rmtree(aside, ignore_errors=True)
+            deleted.append(Deleted(version, size, str((files.get("model.onnx") or {}).get("sha256", ""))))
+        return deleted
+
+
+def store_bytes(store: EngineStore) -> tuple[int, int]:
+    """(versions held, their bytes on disk)."""
+    versions = store.versions()
+    return len(versions), sum(_bytes(store.root / version) for version in versions)
+
+
+def _bytes(folder: Path) -> int:
+    """The bytes of the files in ``folder`` (a version's: no subfolders)."""
+    size = 0
+    for f in folder.iterdir():
+        try:
+            size += f.stat().st_size
+        except OSError:
+            continue
+    return size
+
+
+def forget_caches(deleted: Iterable[Deleted], configured_cache: str = "") -> int:
+    """Remove what this machine built for the ``deleted`` versions (TensorRT plans, the INT8-or-FP32 answers) from the
+    engines' cache (:func:`engines.cache.cache_dir`); the files removed."""
+    from engines.cache import cache_dir
+
+    removed = 0
+    for gone in deleted:
+        patterns = [("ort-precision", f"{gone.version}-*.json")]
+        if gone.onnx_sha256:
+            patterns.append(("trt-plans", f"{gone.onnx_sha256[:12]}-*"))
+        for sub, pattern in patterns:
+            for f in cache_dir(configured_cache, sub).glob(pattern):
+                try:
+                    f.unlink()
+                    removed += 1
+                except OSError:
+                    continue
+    return removed

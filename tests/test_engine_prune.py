@@ -1,0 +1,165 @@
+"""A season of retrains does not fill the disk: old retrained engine versions are deleted, never a release, the one
+in service, a rollback's pin, what a daemon serves or checks against, nor the newest few; a lineage is still followed
+to its first version across the gap, and a rollback, an upgrade and the version numbers still work."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from starlette.testclient import TestClient
+
+from edge_agent.config import RetentionSection
+from edge_agent.engine_keep import prune_engines
+from edge_agent.results import ResultsDB
+from edge_agent.retention import Retention
+from edge_agent.state import StateLayout
+from engines.prune import prune_versions, store_bytes
+from engines.store import EngineStore
+
+from .test_store import _manifest
+
+
+def _season(tmp_path: Path, retrains: int = 12) -> EngineStore:
+    """A store of one release (v1000) and ``retrains`` versions retrained one from the other, the newest in service."""
+    store = EngineStore(tmp_path / "engines")
+    for i in range(retrains + 1):
+        src = tmp_path / f"model-{i}.onnx"
+        src.write_bytes(f"weights of version {i}".encode() * 1000)
+        manifest = _manifest() | ({"parent": None} if i == 0 else {})
+        store.publish({"model.onnx": src}, manifest, version=f"v{1000 + i}")
+    return store
+
+
+def test_old_retrains_go_and_the_release_the_one_in_service_a_pin_what_is_named_and_the_newest_stay(tmp_path):
+    store = _season(tmp_path)
+    store.rollback("v1003")  # pinned there by a rollback...
+    store.set_current("v1012")  # ...and a newer version put in service by hand later: the pin's version still stays
+    (store.root / "pinned").write_text(json.dumps({"version": "v1003", "from": "v1012", "at": "now"}))
+    before = store_bytes(store)
+    deleted = prune_versions(store, keep=3, protect=["v1005"])
+    assert [d.version for d in deleted] == ["v1001", "v1002", "v1004", "v1006", "v1007", "v1008", "v1009"]
+    assert store.versions() == ["v1000", "v1003", "v1005", "v1010", "v1011", "v1012"]
+    assert store.current() == "v1012" and store.open("v1012").name == "v1012"
+    assert store_bytes(store)[1] == before[1] - sum(d.bytes for d in deleted) and all(d.bytes > 0 for d in deleted)
+    assert all(d.onnx_sha256 for d in deleted)
+    assert store.pruned()["v1009"] == "v1008" and store.parent_of("v1004") == "v1003"
+    assert prune_versions(store, keep=3, protect=["v1005"]) == []  # nothing more to do
+
+
+def test_a_lineage_is_followed_across_deleted_versions_to_its_first_version(tmp_path):
+    from trainer.lineage import lineage_root
+
+    store = _season(tmp_path)
+    prune_versions(store, keep=2)
+    assert store.versions() == ["v1000", "v1011", "v1012"]
+    assert lineage_root(store, "v1012") == "v1000"  # the gate's first version, not v1011
+
+
+def test_keep_zero_deletes_nothing_and_a_store_with_no_version_in_service_is_left_alone(tmp_path):
+    store = _season(tmp_path, retrains=4)
+    assert prune_versions(store, keep=0) == [] and len(store.versions()) == 5
+    (store.root / "current").unlink()
+    assert prune_versions(store, keep=1) == [] and len(store.versions()) == 5
+
+
+def test_a_deleted_name_is_never_handed_out_again_and_a_prune_stopped_half_way_is_finished(tmp_path):
+    store = _season(tmp_path, retrains=3)
+    prune_versions(store, keep=1)
+    (store.root / "v1003").rename(store.root / ".pruned-v1003")  # as if killed between the rename and the removal
+    (store.root / "pruned.json").write_text(json.dumps(store.pruned() | {"v1003": "v1002"}))
+    store.set_current("v1000")
+    assert store.versions() == ["v1000"]
+    src = tmp_path / "next.onnx"
+    src.write_bytes(b"next")
+    assert store.publish({"model.onnx": src}, _manifest()).name == "v1004"  # not v1001 nor v1003 again
+    assert not (store.root / ".pruned-v1003").exists()
+
+
+def test_a_rollback_goes_to_the_newest_version_held_when_the_parent_was_deleted(tmp_path):
+    store = _season(tmp_path, retrains=4)
+    prune_versions(store, keep=1)
+    assert store.versions() == ["v1000", "v1004"]
+    assert store.rollback().name == "v1000" and store.current() == "v1000"
+
+
+def test_an_upgrade_still_knows_a_retrain_whose_parent_was_deleted_is_the_farms_own(tmp_path):
+    from edge_agent.upgrade import adopt_shipped_release
+
+    store = _season(tmp_path, retrains=3)
+    prune_versions(store, keep=1)
+    shipped = EngineStore(tmp_path / "shipped")
+    src = tmp_path / "release.onnx"
+    src.write_bytes(b"a new release")
+    shipped.publish({"model.onnx": src}, _manifest() | {"parent": None}, version="v2000")
+    assert adopt_shipped_release(store, shipped.root) == "v2000"
+    assert store.current() == "v1003"  # the farm's own version stays in service; the release waits for the field check
+
+
+def test_a_trainer_on_the_daemons_state_directory_keeps_what_the_daemon_serves_and_checks_against(tmp_path):
+    store = _season(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "status.json").write_text(json.dumps({"engine": {"engine_version": "v1002"}}))  # a swap it refused since
+    np.savez(state / "golden.npz", x=np.zeros((1, 3, 2, 2), np.float16), y=np.zeros(1, np.int64), version=np.array("v1004"))
+    deleted = prune_engines(store, 2, state, [store.current()])
+    assert "v1002" in store.versions() and "v1004" in store.versions() and "v1003" not in store.versions()
+    assert len(deleted) == 8
+
+
+def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    store = _season(tmp_path)
+    plans = tmp_path / "cache" / "edge-agent" / "trt-plans"
+    plans.mkdir(parents=True)
+    sha = {v: store.read_manifest(v)["files"]["model.onnx"]["sha256"] for v in store.versions()}
+    for v in ("v1001", "v1012"):
+        (plans / f"{sha[v][:12]}-fp16-abc.plan").write_bytes(b"plan")
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    db = ResultsDB(layout.db)
+    r = Retention(RetentionSection(), layout.root, db, store=store, serving=lambda: "v1012")
+    r.run_once(age=True)
+    assert len(store.versions()) == 6  # the release and the 5 newest retrains
+    assert [p.name[:12] for p in plans.glob("*.plan")] == [sha["v1012"][:12]]  # the deleted version's plan went with it
+    st = r.status()
+    assert st["engines"] == 6 and st["pruned_engines"] == 7 and st["engine_versions"] == 5
+    (layout.root / "status.json").write_text(json.dumps({"retention": st, "updated": time.time(), "pid": 0}))
+    from edge_agent.config import AppConfig
+    from edge_agent.web.app import WebContext, create_app
+
+    from .web_helpers import LOCAL
+
+    app = create_app(WebContext(AppConfig(), layout, layout.root / "inbox", "127.0.0.1"))
+    page = TestClient(app, base_url="http://localhost", client=LOCAL).get("/health").text
+    assert "engines: 6 versions" in page and "the 5 newest retrains kept; 7 older deleted since start" in page
+    off = Retention(RetentionSection(engine_versions=0), layout.root, db, store=store, serving=lambda: "v1012")
+    assert off.old_engines().engines == 0
+    db.close()
+
+
+def test_the_trainer_deletes_old_retrains_after_it_publishes_and_keeps_what_the_daemon_serves(tmp_path, monkeypatch):
+    from edge_agent.config import parse_config
+    from trainer import service
+    from trainer.retrain import RetrainResult
+
+    cfg = parse_config({"trainer": {"retrain_threshold": 1, "field_check_every": 0}, "retention": {"engine_versions": 2}})
+    svc = service.TrainerService(cfg, tmp_path)
+    store = svc.store
+    first = store.current()
+
+    def publish(i: int) -> str:
+        src = tmp_path / f"retrain-{i}.onnx"
+        src.write_bytes(f"retrain {i}".encode())
+        return store.publish({"model.onnx": src}, _manifest(store.read_manifest(first)["classes"])).name
+
+    made = [publish(i) for i in range(4)]
+    (tmp_path / "status.json").write_text(json.dumps({"engine": {"engine_version": made[0]}}))  # the daemon serves it still
+    svc.samples.add({"id": "a" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": first, "ext": ".jpg"}, b"x")
+    monkeypatch.setattr(service, "retrain_in_child", lambda *a, **k: RetrainResult(publish(9), "published", {}, 1, 1.0))
+    svc._retrain_once()
+    held = store.versions()
+    assert first in held and made[0] in held and made[-1] in held and made[1] not in held and made[2] not in held
+    svc.samples.close()
