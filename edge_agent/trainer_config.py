@@ -99,6 +99,13 @@ class TrainerSection(Section):
     expert_threshold: int = Field(
         10, ge=1, description="Retrain once this many new expert labels have arrived, however few samples else (a day's questions)."
     )
+    pseudo_per_class: int = Field(
+        100,
+        ge=0,
+        le=1_000_000,
+        description="Most pseudo-labels of a class kept and trained on, the newest (older ones are deleted before a retrain, "
+        "so a season's disk, memory and retrain time stay bounded; 0: all kept).",
+    )
     field_check_every: int = Field(
         4,
         ge=0,

@@ -163,3 +163,47 @@ def test_the_trainer_deletes_old_retrains_after_it_publishes_and_keeps_what_the_
     held = store.versions()
     assert first in held and made[0] in held and made[-1] in held and made[1] not in held and made[2] not in held
     svc.samples.close()
+
+
+def test_a_trainer_keeps_the_newest_pseudo_labels_of_each_class_and_every_expert_label(tmp_path):
+    from trainer.samples import SampleStore
+
+    samples = SampleStore(tmp_path / "trainer")
+
+    def add(i: int, label: str, kind: str = "pseudo") -> str:
+        sample_id = f"{i:064x}"
+        samples.add(
+            {"id": sample_id, "kind": kind, "label": label, "confidence": 0.99, "engine_version": "v4000", "ext": ".jpg"}, b"p" * 100
+        )
+        time.sleep(0.001)  # arrival order
+        return sample_id
+
+    scab = [add(i, "Apple___Apple_scab") for i in range(30)]
+    rot = [add(100 + i, "Apple___Black_rot") for i in range(5)]
+    experts = [add(200 + i, "Apple___Apple_scab", "expert") for i in range(12)]
+    samples.mark_pending([scab[0]], "publishing")  # a publish under way: left for it to settle
+    assert samples.drop_old_pseudo(0) == (0, 0)  # 0: every one kept
+    assert samples.drop_old_pseudo(10) == (19, 1900)
+    held = {s.id: s for s in samples.all()}
+    assert set(scab[-10:]) <= set(held) and not set(scab[1:-10]) & set(held) and scab[0] in held
+    assert set(rot) <= set(held) and set(experts) <= set(held)  # fewer than 10 of its own; the expert's never go
+    assert len(list((tmp_path / "trainer" / "samples").iterdir())) == len(held)  # their photos went with them
+    assert samples.get_state("pseudo_deleted") == "19" and samples.drop_old_pseudo(10) == (0, 0)
+    samples.close()
+
+
+def test_edge_trainer_status_says_how_many_pseudo_labels_went(tmp_path, capsys):
+    from trainer.cli import main
+
+    (tmp_path / "trainer").mkdir()
+    status = {
+        "pid": 1,
+        "updated": 0,
+        "state": "idle",
+        "samples": {"pseudo": 400, "expert": 30},
+        "pseudo_deleted": 37,
+        "pseudo_per_class": 100,
+    }
+    (tmp_path / "trainer" / "status.json").write_text(json.dumps(status))
+    main(["status", "--state-dir", str(tmp_path)])
+    assert "400 pseudo-labels (the 100 newest of each class; 37 older deleted) and 30 expert labels" in capsys.readouterr().out

@@ -92,6 +92,28 @@ def test_retrain_trains_on_the_teachers_labels_and_holds_back_the_rest(tiny_stor
     samples.close()
 
 
+def test_a_retrain_trains_on_the_newest_pseudo_labels_of_each_class_and_deletes_the_older(tiny_store, tmp_path):
+    from edge_agent.config import parse_config
+    from engines.store import EngineStore
+    from trainer import retrain as service
+    from trainer.samples import SampleStore
+
+    store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
+    samples = SampleStore(tmp_path / "trainer")
+    received = [CLASSES[0], CLASSES[0], CLASSES[2], CLASSES[1]]
+    ids = []
+    for i, label in enumerate(received):
+        ids.append(f"{i:064x}")
+        sample = {"id": ids[-1], "kind": "pseudo", "label": label, "confidence": 0.95, "engine_version": "v0001", "ext": ".jpg"}
+        samples.add(sample, encode(leaf_image(500 + i)))
+        time.sleep(0.01)
+    cfg = parse_config({"trainer": {**_open_gate(tmp_path), "recheck_pseudo": False, "pseudo_per_class": 1}})
+    service.retrain(cfg, store, samples, tmp_path / "strategy")
+    assert json.loads(samples.get_state("last_retrain_pseudo")) == dict(zip(ids[1:], received[1:]))  # the older of two went
+    assert {s.id for s in samples.all()} == set(ids[1:]) and samples.get_state("pseudo_deleted") == "1"
+    samples.close()
+
+
 @pytest.mark.parametrize("expert", [False, True])
 def test_a_retrain_on_pseudo_labels_alone_takes_the_cautious_step(tiny_store, tmp_path, monkeypatch, expert):
     """Pseudo-labels alone carry little (the measured bound): pseudo_only_lr and a step among pseudo_only_steps; with

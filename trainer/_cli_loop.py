@@ -88,8 +88,9 @@ def _status(args: argparse.Namespace) -> int:
     last = st.get("last_retrain")
     c = st.get("samples") or {}
     print(f"trainer: {'running, ' + st['state'] if live else 'not running (edge-trainer serve, or systemctl start edge-trainer)'}")
+    kept = f" (the {st['pseudo_per_class']} newest of each class; {st['pseudo_deleted']} older deleted)" if st.get("pseudo_deleted") else ""
     print(
-        f"samples: {c.get('pseudo', 0)} pseudo-labels and {c.get('expert', 0)} expert labels; {c.get('new', 0)} new since the "
+        f"samples: {c.get('pseudo', 0)} pseudo-labels{kept} and {c.get('expert', 0)} expert labels; {c.get('new', 0)} new since the "
         f"last retrain ({c.get('new_expert', 0)} of them expert labels)"
         + (f"; {st['labels_corrected']} put right by the expert since the start" if st.get("labels_corrected") else "")
     )

@@ -208,6 +208,9 @@ def retrain(
     sources = labelled_sources(cfg, classes)
     progress("reading photos")
     labelled = load_labelled(sources, should_stop, spec)
+    dropped, freed = samples.drop_old_pseudo(tc.pseudo_per_class)  # a season's pseudo-labels: the newest of each class
+    if dropped:
+        log.info("pseudo_labels_deleted", deleted=dropped, mb=round(freed / 1e6, 1), kept_per_class=tc.pseudo_per_class)
     stored = samples.all()
     check_ids = held_back(stored, tc.field_check_every)
     expert_labels = sum(1 for s in stored if s.kind == "expert")

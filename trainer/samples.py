@@ -148,6 +148,39 @@ class SampleStore:
                 self._db.execute("UPDATE samples SET generation = ? WHERE generation = ?", (settled[tag], PENDING + tag))
         return settled
 
+    def drop_old_pseudo(self, per_class: int) -> tuple[int, int]:
+        """Delete each class's pseudo-labels beyond its ``per_class`` newest (none being published: a publish under
+        way settles them first); expert labels are never deleted. Returns (deleted, their bytes); the running total
+        is kept in the state table (``pseudo_deleted``)."""
+        if per_class <= 0:
+            return 0, 0
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, label, file FROM samples WHERE kind = 'pseudo' AND COALESCE(generation, '') NOT LIKE ?"
+                " ORDER BY received DESC, id",
+                (PENDING + "%",),
+            ).fetchall()
+        seen: dict[str, int] = {}
+        doomed = []
+        for sample_id, label, file in rows:
+            seen[label] = seen.get(label, 0) + 1
+            if seen[label] > per_class:
+                doomed.append((sample_id, file))
+        if not doomed:
+            return 0, 0
+        with self._lock:  # the rows first: a photo without a row is never read, a row without its photo would be
+            self._db.executemany("DELETE FROM samples WHERE id = ? AND kind = 'pseudo'", [(i,) for i, _ in doomed])
+        size = 0
+        for _, file in doomed:
+            try:
+                size += Path(file).stat().st_size
+                Path(file).unlink()
+            except OSError:
+                continue
+        total = int(self.get_state("pseudo_deleted", "0") or 0) + len(doomed)
+        self.set_state("pseudo_deleted", str(total))
+        return len(doomed), size
+
     def counts(self) -> dict:
         with self._lock:
             rows = self._db.execute("SELECT kind, generation IS NULL, COUNT(*) FROM samples GROUP BY 1, 2").fetchall()
