@@ -26,11 +26,13 @@ __all__ = ["Deleted", "forget_caches", "prune_versions", "store_bytes"]
 
 
 class Deleted(NamedTuple):
-    """A version deleted: its name, the bytes it took and its FP32 model's sha256 (the key of its TensorRT plans)."""
+    """A version deleted: its name, the bytes it took, and the sha256 of its FP32 and INT8 models (the keys of what a
+    machine built for it: TensorRT plans, the INT8-or-FP32 answer)."""
 
     version: str
     bytes: int
     onnx_sha256: str
+    int8_sha256: str = ""
 
 
 def prune_versions(store: EngineStore, keep: int, protect: Iterable[str] = ()) -> list[Deleted]:
@@ -66,7 +68,8 @@ def prune_versions(store: EngineStore, keep: int, protect: Iterable[str] = ()) -
             os.rename(store.root / version, aside)
             fsync_dir(store.root)
             shutil.rmtree(aside, ignore_errors=True)
-            deleted.append(Deleted(version, size, str((files.get("model.onnx") or {}).get("sha256", ""))))
+            sha = {name: str((meta or {}).get("sha256", "")) for name, meta in files.items() if isinstance(meta, dict)}
+            deleted.append(Deleted(version, size, sha.get("model.onnx", ""), sha.get("model.int8.onnx", "")))
         return deleted
 
 
@@ -94,7 +97,7 @@ def forget_caches(deleted: Iterable[Deleted], configured_cache: str = "") -> int
 
     removed = 0
     for gone in deleted:
-        patterns = [("ort-precision", f"{gone.version}-*.json")]
+        patterns = [("ort-precision", f"{gone.version}-{gone.int8_sha256[:16]}-*.json")] if gone.int8_sha256 else []
         if gone.onnx_sha256:
             patterns.append(("trt-plans", f"{gone.onnx_sha256[:12]}-*"))
         for sub, pattern in patterns:

@@ -28,8 +28,10 @@ def _season(tmp_path: Path, retrains: int = 12) -> EngineStore:
     for i in range(retrains + 1):
         src = tmp_path / f"model-{i}.onnx"
         src.write_bytes(f"weights of version {i}".encode() * 1000)
+        int8 = tmp_path / f"model-{i}.int8.onnx"
+        int8.write_bytes(f"8-bit weights of version {i}".encode() * 250)
         manifest = _manifest() | ({"parent": None} if i == 0 else {})
-        store.publish({"model.onnx": src}, manifest, version=f"v{1000 + i}")
+        store.publish({"model.onnx": src, "model.int8.onnx": int8}, manifest, version=f"v{1000 + i}")
     return store
 
 
@@ -117,6 +119,11 @@ def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(
     sha = {v: store.read_manifest(v)["files"]["model.onnx"]["sha256"] for v in store.versions()}
     for v in ("v1001", "v1012"):
         (plans / f"{sha[v][:12]}-fp16-abc.plan").write_bytes(b"plan")
+    answers = tmp_path / "cache" / "edge-agent" / "ort-precision"
+    answers.mkdir()
+    (answers / "v1001-0123456789abcdef-ort1.23.json").write_text("{}")  # another store's v1001 (another INT8 file)
+    int8 = store.read_manifest("v1001")["files"]["model.int8.onnx"]["sha256"][:16]
+    (answers / f"v1001-{int8}-ort1.23.json").write_text("{}")  # this machine's INT8-or-FP32 answer for v1001
     layout = StateLayout(tmp_path / "state")
     layout.create()
     db = ResultsDB(layout.db)
@@ -124,6 +131,7 @@ def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(
     r.run_once(age=True)
     assert len(store.versions()) == 6  # the release and the 5 newest retrains
     assert [p.name[:12] for p in plans.glob("*.plan")] == [sha["v1012"][:12]]  # the deleted version's plan went with it
+    assert [p.name for p in answers.iterdir()] == ["v1001-0123456789abcdef-ort1.23.json"]  # another store's v1001 stays
     st = r.status()
     assert st["engines"] == 6 and st["pruned_engines"] == 7 and st["engine_versions"] == 5
     (layout.root / "status.json").write_text(json.dumps({"retention": st, "updated": time.time(), "pid": 0}))
