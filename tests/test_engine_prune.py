@@ -215,3 +215,22 @@ def test_edge_trainer_status_says_how_many_pseudo_labels_went(tmp_path, capsys):
     (tmp_path / "trainer" / "status.json").write_text(json.dumps(status))
     main(["status", "--state-dir", str(tmp_path)])
     assert "400 pseudo-labels (the 100 newest of each class; 37 older deleted) and 30 expert labels" in capsys.readouterr().out
+
+
+def test_a_store_that_cannot_be_written_keeps_its_versions_and_the_photos_pass_goes_on(tmp_path, monkeypatch):
+    from engines import prune
+
+    store = _season(tmp_path, retrains=8)
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    db = ResultsDB(layout.db)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prune, "atomic_write", full)
+    r = Retention(RetentionSection(), layout.root, db, store=store, serving=lambda: "v1008")
+    r.run_once(age=True)  # no exception: logged, the next pass tries again
+    assert len(store.versions()) == 9 and r.last_pass is not None and r.status()["pruned_engines"] == 0
+    assert store.pruned() == {}
+    db.close()

@@ -270,7 +270,7 @@ class TrainerService:
             return
         try:
             deleted = prune_engines(self.store, self.cfg.retention.engine_versions, self.state_dir, [self.store.current()])
-        except OSError as exc:  # a read-only or full disk: the versions stay, the next publish tries again
+        except (OSError, StoreError) as exc:  # a read-only or full disk: the versions stay, the next publish tries again
             self.log.warning("engines_prune_failed", error=repr(exc))
             return
         if deleted:
