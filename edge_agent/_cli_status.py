@@ -70,7 +70,8 @@ def status(args: argparse.Namespace) -> int:
             f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
         )
         if "engines" in kept:
-            rule = f"the {kept['engine_versions']} newest retrains kept" if kept.get("engine_versions") else "every version kept"
+            n = kept.get("engine_versions")
+            rule = ("the newest retrain kept" if n == 1 else f"the {n} newest retrains kept") if n else "every version kept"
             gone = f"; {kept['pruned_engines']} older deleted since start" if kept.get("pruned_engines") else ""
             print(f"engines: {kept['engines']} versions ({kept['engine_bytes'] >> 20} MiB), {rule}{gone}")
         if kept.get("clock_note"):

@@ -234,3 +234,18 @@ def test_a_store_that_cannot_be_written_keeps_its_versions_and_the_photos_pass_g
     assert len(store.versions()) == 9 and r.last_pass is not None and r.status()["pruned_engines"] == 0
     assert store.pruned() == {}
     db.close()
+
+
+def test_edge_agent_status_says_how_many_versions_are_held_and_kept(tmp_path, capsys):
+    from edge_agent.cli import main
+
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    ResultsDB(layout.db).close()
+    kept = {"photos": 0, "photo_bytes": 0, "photo_days": 30, "floor_bytes": 1 << 30, "free_bytes": 1 << 34, "pruned_photos": 0}
+    for n, says in ((1, "the newest retrain kept; 3 older deleted"), (5, "the 5 newest retrains kept; 3 older"), (0, "every version kept")):
+        retention = kept | {"pruned_results": 0, "engines": 6, "engine_bytes": 200 << 20, "engine_versions": n, "pruned_engines": 3}
+        (layout.root / "status.json").write_text(json.dumps({"pid": 0, "updated": time.time(), "retention": retention}))
+        main(["status", "--state-dir", str(layout.root)])
+        out = capsys.readouterr().out
+        assert "engines: 6 versions (200 MiB), " + says in out, out
