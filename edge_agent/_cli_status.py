@@ -7,6 +7,7 @@ import json
 import time
 
 from edge_agent._cli_common import load, state_db
+from edge_agent.engine_keep import engines_line
 from edge_agent.names import printable
 
 __all__ = ["status"]
@@ -70,10 +71,11 @@ def status(args: argparse.Namespace) -> int:
             f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
         )
         if "engines" in kept:
-            n = kept.get("engine_versions")
-            rule = ("the newest retrain kept" if n == 1 else f"the {n} newest retrains kept") if n else "every version kept"
-            gone = f"; {kept['pruned_engines']} older deleted since start" if kept.get("pruned_engines") else ""
-            print(f"engines: {kept['engines']} versions ({kept['engine_bytes'] >> 20} MiB), {rule}{gone}")
+            print(
+                engines_line(
+                    kept["engines"], kept["engine_bytes"], kept.get("engine_versions", 0), kept.get("pruned_engines", 0), "since start"
+                )
+            )
         if kept.get("clock_note"):
             print(f"clock: {kept['clock_note']}")
         if kept.get("below_floor"):

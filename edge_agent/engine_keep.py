@@ -12,12 +12,10 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
-
 from engines.prune import Deleted, forget_caches, prune_versions
 from engines.store import EngineStore
 
-__all__ = ["GOLDEN_FILE", "prune_engines", "versions_in_use"]
+__all__ = ["GOLDEN_FILE", "engines_line", "prune_engines", "versions_in_use"]
 
 #: The golden photos' file in the state directory (:mod:`edge_agent.golden`).
 GOLDEN_FILE = "golden.npz"
@@ -32,6 +30,8 @@ def versions_in_use(state_root: Path) -> set[str]:
         used |= {version} if isinstance(version, str) else set()
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    import numpy as np  # here: `status`, which formats a line of this module, does not load numpy
+
     try:
         with np.load(state_root / GOLDEN_FILE) as golden:
             used.add(str(golden["version"]))
@@ -46,3 +46,11 @@ def prune_engines(store: EngineStore, keep: int, state_root: Path, serving: Iter
     deleted = prune_versions(store, keep, versions_in_use(state_root) | set(serving))
     forget_caches(deleted, cache)
     return deleted
+
+
+def engines_line(held: int, size: int, keep: int, deleted: int, when: str) -> str:
+    """What a store holds and keeps, in one line for ``status``: "engines: 6 versions (200 MiB), the 5 newest
+    retrains kept; 3 older deleted ``when``"."""
+    rule = ("the newest retrain kept" if keep == 1 else f"the {keep} newest retrains kept") if keep else "every version kept"
+    gone = f"; {deleted} older deleted {when}" if deleted else ""
+    return f"engines: {held} versions ({size >> 20} MiB), {rule}{gone}"

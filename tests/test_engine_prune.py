@@ -168,6 +168,7 @@ def test_the_trainer_deletes_old_retrains_after_it_publishes_and_keeps_what_the_
     svc.samples.add({"id": "a" * 64, "kind": "expert", "label": "x", "confidence": 1.0, "engine_version": first, "ext": ".jpg"}, b"x")
     monkeypatch.setattr(service, "retrain_in_child", lambda *a, **k: RetrainResult(publish(9), "published", {}, 1, 1.0))
     svc._retrain_once()
+    assert svc.status()["engines"] | {"bytes": 0} == {"versions": len(store.versions()), "bytes": 0, "keep": 2, "deleted": 2}
     held = store.versions()
     assert first in held and made[0] in held and made[-1] in held and made[1] not in held and made[2] not in held
     svc.samples.close()
@@ -200,7 +201,7 @@ def test_a_trainer_keeps_the_newest_pseudo_labels_of_each_class_and_every_expert
     samples.close()
 
 
-def test_edge_trainer_status_says_how_many_pseudo_labels_went(tmp_path, capsys):
+def test_edge_trainer_status_says_how_many_pseudo_labels_and_engine_versions_went(tmp_path, capsys):
     from trainer.cli import main
 
     (tmp_path / "trainer").mkdir()
@@ -211,10 +212,14 @@ def test_edge_trainer_status_says_how_many_pseudo_labels_went(tmp_path, capsys):
         "samples": {"pseudo": 400, "expert": 30},
         "pseudo_deleted": 37,
         "pseudo_per_class": 100,
+        "engines": {"versions": 6, "bytes": 200 << 20, "keep": 5, "deleted": 12},
+        "store": "/srv/coop/engines",
     }
     (tmp_path / "trainer" / "status.json").write_text(json.dumps(status))
     main(["status", "--state-dir", str(tmp_path)])
-    assert "400 pseudo-labels (the 100 newest of each class; 37 older deleted) and 30 expert labels" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "400 pseudo-labels (the 100 newest of each class; 37 older deleted) and 30 expert labels" in out
+    assert "engines: 6 versions (200 MiB), the 5 newest retrains kept; 12 older deleted in all (store /srv/coop/engines)" in out
 
 
 def test_a_store_that_cannot_be_written_keeps_its_versions_and_the_photos_pass_goes_on(tmp_path, monkeypatch):

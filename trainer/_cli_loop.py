@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from edge_agent.engine_keep import engines_line
 from trainer._cli_common import STATE_HELP, add_config_options, running, service_config
 
 __all__ = ["add_commands"]
@@ -131,6 +132,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"true labels: {lab.get('replay_photos', 0)} to replay, {lab.get('validation_photos', 0)} for the gate ({lab.get('origin')})")
         for problem in lab.get("problems") or []:
             print(f"  problem: {problem}")
+    if st.get("engines"):
+        e = st["engines"]
+        print(f"{engines_line(e['versions'], e['bytes'], e['keep'], e['deleted'], 'in all')} (store {st.get('store')})")
     gate = (last or {}).get("metrics", {}).get("gate")
     if gate and "candidate_top1" in gate:
         field = gate.get("field") or {}

@@ -21,6 +21,7 @@ from edge_agent.log import get_logger
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
 from edge_agent.upgrade import pending_release
+from engines.prune import store_bytes
 from engines.signing import load_or_create_key
 from engines.store import StoreError
 from trainer._child import retrain_in_child
@@ -155,6 +156,7 @@ class TrainerService:
             "last_retrain": asdict(self.last) if self.last else None,
             "retrains": dict(self.retrains),
             "store": str(self.store.root),
+            "engines": self._engines(),
             "retraining": self.retraining,
             "release_pending": pending_release(self.store),
         }
@@ -262,6 +264,12 @@ class TrainerService:
                 self.retrains[outcome] += 1
                 if self.last.published:
                     self._prune_engines()
+
+    def _engines(self) -> dict:
+        """The store's versions and bytes, the rule that keeps them and how many were deleted in all."""
+        held, size = store_bytes(self.store)
+        keep = self.cfg.retention.engine_versions if self.cfg.retention.enabled else 0
+        return {"versions": held, "bytes": size, "keep": keep, "deleted": len(self.store.pruned())}
 
     def _prune_engines(self) -> None:
         """Delete the store's old retrains as the daemon's retention does (a store of its own, or one the daemon on this
