@@ -56,6 +56,10 @@ def engine_list(args: argparse.Namespace) -> int:
             print(f"* in service; the store names {view['current']}, which the daemon refused (below)")
         for v, why in view["refused"].items():
             print(f"REFUSED {v}: {why}")
+        gone = sorted(store.pruned(), key=lambda v: int(v[1:]))
+        if gone:
+            shown = ", ".join(gone[-10:]) + (f" and {len(gone) - 10} before" if len(gone) > 10 else "")
+            print(f"deleted as old retrains ([retention] engine_versions = {cfg.retention.engine_versions}): {shown}")
         if view["pinned"]:
             print(
                 f"PINNED to {view['pinned'].get('version')} by a rollback from {view['pinned'].get('from')} (edge-agent engine unpin lifts it)"

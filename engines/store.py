@@ -210,6 +210,11 @@ class EngineStore:
         before any path is made of it."""
         if not _VERSION_RE.match(version):
             raise StoreError(f"{self.root}: no version {version!r} (a version is named v and four digits or more: v4001)")
+        if version in self.pruned() and not (self.root / version / MANIFEST).is_file():
+            raise StoreError(
+                f"{self.root}: {version} was deleted as an old retrain ([retention] engine_versions keeps the newest); "
+                f"held: {', '.join(self.versions())}"
+            )
         return _read_manifest(self.root / version, version)
 
     def open(self, version: str | None = None, verify: bool = True, trust=None) -> StoreVersion:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from starlette.testclient import TestClient
 
 from edge_agent.config import RetentionSection
@@ -254,3 +255,18 @@ def test_edge_agent_status_says_how_many_versions_are_held_and_kept(tmp_path, ca
         main(["status", "--state-dir", str(layout.root)])
         out = capsys.readouterr().out
         assert "engines: 6 versions (200 MiB), " + says in out, out
+
+
+def test_a_deleted_version_asked_for_by_name_is_said_to_be_deleted_and_the_engine_list_names_them(tmp_path, capsys):
+    from edge_agent.cli import main
+    from engines.store import StoreError
+
+    store = _season(tmp_path, retrains=4)
+    prune_versions(store, keep=2)
+    with pytest.raises(StoreError, match="v1001 was deleted as an old retrain .* held: v1000, v1003, v1004"):
+        store.rollback("v1001")
+    assert store.current() == "v1004"
+    with pytest.raises(StoreError, match="no version 'v1009'"):  # never held: as before
+        store.open("v1009")
+    main(["engine", "list", "--store", str(store.root)])
+    assert "deleted as old retrains ([retention] engine_versions = 5): v1001, v1002" in capsys.readouterr().out
