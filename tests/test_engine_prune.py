@@ -270,3 +270,11 @@ def test_a_deleted_version_asked_for_by_name_is_said_to_be_deleted_and_the_engin
         store.open("v1009")
     main(["engine", "list", "--store", str(store.root)])
     assert "deleted as old retrains ([retention] engine_versions = 5): v1001, v1002" in capsys.readouterr().out
+
+
+def test_a_version_whose_manifest_cannot_be_read_is_left_for_a_person_to_look_at(tmp_path):
+    store = _season(tmp_path, retrains=6)
+    (store.root / "v1002" / "manifest.json").write_text("{ torn")
+    deleted = prune_versions(store, keep=2)
+    assert [d.version for d in deleted] == ["v1001", "v1003", "v1004"]
+    assert "v1002" in store.versions()  # not judged: neither deleted nor counted among the newest
