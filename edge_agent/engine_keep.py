@@ -12,8 +12,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from edge_agent.log import get_logger
 from engines.prune import Deleted, forget_caches, prune_versions
-from engines.store import EngineStore
+from engines.store import EngineStore, StoreError
 
 __all__ = ["GOLDEN_FILE", "engines_line", "prune_engines", "versions_in_use"]
 
@@ -40,11 +41,20 @@ def versions_in_use(state_root: Path) -> set[str]:
     return used
 
 
-def prune_engines(store: EngineStore, keep: int, state_root: Path, serving: Iterable[str] = (), cache: str = "") -> list[Deleted]:
+def prune_engines(store: EngineStore, keep: int, state_root: Path, serving: Iterable[str] = (), cache: str = "", log=None) -> list[Deleted]:
     """Delete ``store``'s retrains that nothing needs, keeping the ``keep`` newest (0: all), the versions in use on
-    ``state_root`` and ``serving``; what this machine built for them (``cache``: the engines' cache folder) goes too."""
-    deleted = prune_versions(store, keep, versions_in_use(state_root) | set(serving))
+    ``state_root`` and ``serving``; what this machine built for them (``cache``: the engines' cache folder) goes too.
+    What was deleted is logged; a store that cannot be written (a full or read-only disk) keeps its versions and says
+    so in ``log`` (default: the ``engines`` logger), and the next pass tries again."""
+    log = log or get_logger("engines")
+    try:
+        deleted = prune_versions(store, keep, versions_in_use(state_root) | set(serving))
+    except (OSError, StoreError) as exc:
+        log.warning("engines_prune_failed", error=repr(exc)[:300])
+        return []
     forget_caches(deleted, cache)
+    if deleted:
+        log.info("engines_pruned", versions=[d.version for d in deleted], mb=round(sum(d.bytes for d in deleted) / 1e6, 1))
     return deleted
 
 

@@ -36,7 +36,7 @@ from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB, query_readonly
 from edge_agent.worker import Worker
 from engines.prune import store_bytes
-from engines.store import EngineStore, StoreError, sha256_file
+from engines.store import EngineStore, sha256_file
 
 __all__ = ["Retention", "Pruned", "floor_bytes", "pending_alert_photos"]
 
@@ -261,13 +261,7 @@ class Retention(Worker):
         """Delete the store's old retrains (:func:`edge_agent.engine_keep.prune_engines`)."""
         if self.store is None or not self.section.engine_versions:
             return Pruned()
-        try:
-            deleted = prune_engines(self.store, self.section.engine_versions, self.root, [self.serving()], self.engine_cache)
-        except (OSError, StoreError) as exc:  # a read-only or full disk: the versions stay, the photos' pass goes on
-            self.log.warning("engines_prune_failed", error=repr(exc)[:300])
-            return Pruned()
-        if deleted:
-            self.log.info("engines_pruned", versions=[d.version for d in deleted], mb=round(sum(d.bytes for d in deleted) / 1e6, 1))
+        deleted = prune_engines(self.store, self.section.engine_versions, self.root, [self.serving()], self.engine_cache, self.log)
         return Pruned(engines=len(deleted), engine_bytes=sum(d.bytes for d in deleted))
 
     def _drop_empty_days(self) -> None:

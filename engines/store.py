@@ -210,7 +210,7 @@ class EngineStore:
         before any path is made of it."""
         if not _VERSION_RE.match(version):
             raise StoreError(f"{self.root}: no version {version!r} (a version is named v and four digits or more: v4001)")
-        if version in self.pruned() and not (self.root / version / MANIFEST).is_file():
+        if not (self.root / version / MANIFEST).is_file() and version in self.pruned():
             raise StoreError(
                 f"{self.root}: {version} was deleted as an old retrain ([retention] engine_versions keeps the newest); "
                 f"held: {', '.join(self.versions())}"

@@ -36,7 +36,7 @@ def lineage_root(store: EngineStore, name: str) -> str:
     seen, root = set(), name
     while name not in seen:
         seen.add(name)
-        parent = store.parent_of(name)
+        parent = (store.read_manifest(name).get("parent") or None) if name in held else pruned.get(name)
         if not parent or (parent not in held and parent not in pruned):
             return root
         name = parent

@@ -274,15 +274,8 @@ class TrainerService:
     def _prune_engines(self) -> None:
         """Delete the store's old retrains as the daemon's retention does (a store of its own, or one the daemon on this
         state directory shares: the versions it serves and checks against stay)."""
-        if not self.cfg.retention.enabled:
-            return
-        try:
-            deleted = prune_engines(self.store, self.cfg.retention.engine_versions, self.state_dir, [self.store.current()])
-        except (OSError, StoreError) as exc:  # a read-only or full disk: the versions stay, the next publish tries again
-            self.log.warning("engines_prune_failed", error=repr(exc))
-            return
-        if deleted:
-            self.log.info("engines_pruned", versions=[d.version for d in deleted], mb=round(sum(d.bytes for d in deleted) / 1e6, 1))
+        if self.cfg.retention.enabled:
+            prune_engines(self.store, self.cfg.retention.engine_versions, self.state_dir, [self.store.current()], log=self.log)
 
     def run(self) -> int:
         if self.cfg.trainer.nice:

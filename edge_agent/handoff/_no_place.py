@@ -25,9 +25,9 @@ from edge_agent.preprocess import decode_bgr
 
 __all__ = ["without_place"]
 
+_EXIF_IFD = 0x8769  # the pointer to the directory that holds when the photo was taken
 #: Bytes per value of each TIFF type (BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT, SLONG, SRATIONAL,
 #: FLOAT, DOUBLE).
-_EXIF_IFD = 0x8769  # the pointer to the directory that holds when the photo was taken
 _SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8}
 #: An XMP position: ``exif:GPSLatitude="48,30.5N"`` or ``<exif:GPSLatitude>48,30.5N</exif:GPSLatitude>``.
 _XMP_GPS = re.compile(rb"exif:GPS[A-Za-z]+\s*=\s*[\"']([^\"'<>]*)|<exif:GPS[A-Za-z]+>([^<]*)")
@@ -76,24 +76,26 @@ def _empty_gps(buf: bytearray, start: int, length: int) -> list[tuple[int, int]]
     kept += [
         _directory(tiff, e, struct.unpack(e + "I", v)[0]) for e, tag, typ, _c, v in ifd_entries(tiff) if tag == _EXIF_IFD and typ in (4, 13)
     ]
-    (count,) = struct.unpack(endian + "H", tiff[sub : sub + 2])
-    changed = [(sub, min(sub + 6 + 12 * min(count, 512), length))]  # its count, entries and next pointer
+    changed = [_directory(tiff, endian, sub)]  # its count, entries and next pointer
     for e, _tag, typ, n, value in ifd_entries(tiff, sub):
         size = _SIZES.get(typ, 0) * n
         if size > 4:  # the value lives elsewhere in the block
             (off,) = struct.unpack(e + "I", value)
-            changed.append((off, min(off + size, length)))
+            changed.append((off, off + size))
     # a garbled block may point anywhere: never zero the directories that say the orientation and the time
-    changed = [(start + a, start + b) for a, b in changed if 8 <= a < b and not any(a < k1 and b > k0 for k0, k1 in kept)]
+    changed = [
+        (start + a, start + min(b, length)) for a, b in changed if 8 <= a < min(b, length) and not any(a < k1 and b > k0 for k0, k1 in kept)
+    ]
     for a, b in changed:
         buf[a:b] = bytes(b - a)
     return changed
 
 
 def _directory(tiff: bytes, endian: str, offset: int) -> tuple[int, int]:
-    """The byte range of the TIFF directory at ``offset``: its count, entries and next pointer."""
+    """The byte range of the TIFF directory at ``offset``: its count, entries (at most 512, as they are read) and next
+    pointer."""
     count = struct.unpack(endian + "H", tiff[offset : offset + 2])[0] if offset + 2 <= len(tiff) else 0
-    return offset, offset + 6 + 12 * count
+    return offset, offset + 6 + 12 * min(count, 512)
 
 
 def _png_checksums(buf: bytearray, changed: list[tuple[int, int]]) -> None:
