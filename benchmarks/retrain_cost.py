@@ -2,7 +2,7 @@
 field and lab top-1 of the engine in service before and after it, over seeds.
 
 ``python -m benchmarks.retrain_cost --out DIR [--labels 100] [--seeds 1 2 3] [--field apple-orchard] [--store DIR]
-[--unlabelled N [--no-term]] [--set SECTION.KEY=VALUE ...]``
+[--unlabelled N [--no-term]] [--then N] [--set SECTION.KEY=VALUE ...]``
 
 Per seed: the field's photos are split stratified (25 % held out as the field test); ``--labels`` of the rest, drawn
 stratified at random, are the expert's labels, stored in a fresh state directory's sample store as the daemon's
@@ -10,8 +10,9 @@ hand-off would, and ``--unlabelled`` of the rest in its unlabelled pool; the tra
 label, INT8) and :func:`trainer._child.retrain_in_child`, as ``edge-trainer serve`` runs it, retrain once. Peak
 memory is the retrain child's maximum resident set (each seed in its own process). Before and after: the engine in
 service through :class:`edge_agent.classifier.Classifier` (as the daemon runs it) on the field test and on the
-release's lab test photos (its ``split.json``; never trained or gated on). Writes ``DIR/seed-N.json`` and
-``DIR/summary.md``.
+release's lab test photos (its ``split.json``; never trained or gated on). ``--then N``: N more labels (drawn as the
+first) arrive after the first retrain and a second one runs, as the next day of a season would (its figures under
+``then``). Writes ``DIR/seed-N.json`` and ``DIR/summary.md``.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def one_seed(
     keep: Path | None = None,
     precision: float | None = None,
     sets: dict | None = None,
+    then: int = 0,
 ) -> dict:
     """Set up a state directory, measure, retrain once, measure again (``sets``: configuration sections that
     differ from the shipped ones, as :func:`benchmarks._sets.config_sets` reads them)."""
@@ -103,10 +105,10 @@ def one_seed(
     from engines.store import EngineStore
     from trainer._child import retrain_in_child
     from trainer.data import recorded_split
-    from trainer.samples import SampleStore
 
     configure_logging("warning", "console")
     test, labelled, rest = _split(field, seed, labels)
+    more = [x for x in _split(field, seed, labels + then)[1] if x not in labelled]  # the same draw, carried on
     with tempfile.TemporaryDirectory(prefix="retrain-cost-") as tmp:
         state = Path(tmp)
         seed_store(shipped_store or default_store_path(), state / "engines")
@@ -114,12 +116,7 @@ def one_seed(
         shipped = store.open()
         lab_test = [(s.path, shipped.classes[s.label]) for s in recorded_split(shipped, lab)["test"]]
         before = {"field": _top1(store.root, test), "lab": _top1(store.root, lab_test), "version": shipped.name}
-        samples = SampleStore(state / "trainer")
-        for p, cls in labelled:
-            data = p.read_bytes()
-            header = {"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": cls, "confidence": 1.0}
-            samples.add({**header, "engine_version": shipped.name, "ext": p.suffix}, data)
-        samples.close()
+        _label(state, labelled, shipped.name)
         _fill_pool(state / "trainer", store.root, rest[:unlabelled])
         sections = {
             "daemon": {"state_dir": str(state)},
@@ -128,20 +125,38 @@ def one_seed(
         }
         cfg = parse_config(with_sets(sections, sets))
         load_or_create_key(state / "trainer" / "signing.key")
-        t0 = time.perf_counter()
-        result = retrain_in_child(
-            cfg,
-            store.root,
-            state / "trainer",
-            state / "trainer" / "strategy",
-            state / "trainer" / "signing.key",
-            announce=lambda v: None,
-            progress=lambda *a, **k: None,
-            should_stop=lambda: False,
-        )
-        seconds = time.perf_counter() - t0
+
+        def once():
+            t0 = time.perf_counter()
+            result = retrain_in_child(
+                cfg,
+                store.root,
+                state / "trainer",
+                state / "trainer" / "strategy",
+                state / "trainer" / "signing.key",
+                announce=lambda v: None,
+                progress=lambda *a, **k: None,
+                should_stop=lambda: False,
+            )
+            after = {"field": _top1(store.root, test), "lab": _top1(store.root, lab_test), "version": store.current()}
+            return result, time.perf_counter() - t0, after
+
+        result, seconds, after = once()
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        after = {"field": _top1(store.root, test), "lab": _top1(store.root, lab_test), "version": store.current()}
+        second = None
+        if more:
+            _label(state, more, store.current())
+            result2, seconds2, after2 = once()
+            second = {
+                "labels_added": len(more),
+                "after": after2,
+                "published": result2.published,
+                "reason": result2.reason,
+                "retrain_seconds": round(seconds2, 1),
+                "peak_rss_mb_both": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024),
+                "samples": result2.metrics.get("samples"),
+                "gate": result2.metrics.get("gate"),
+            }
         if keep is not None:  # the store after the retrain, for other benchmarks (benchmarks.plants --store)
             shutil.copytree(store.root, keep, dirs_exist_ok=True)
     return {
@@ -160,7 +175,20 @@ def one_seed(
         "memory": result.metrics.get("memory"),  # the retrain's own record: peak RSS by the end of each phase
         "unlabelled_pool": unlabelled,
         "sets": sets or {},
+        "then": second,
     }
+
+
+def _label(state: Path, photos: list, version: str) -> None:
+    """``photos`` stored in the trainer's sample store as expert labels, as the daemon's hand-off would."""
+    from trainer.samples import SampleStore
+
+    samples = SampleStore(state / "trainer")
+    for p, cls in photos:
+        data = p.read_bytes()
+        header = {"id": hashlib.sha256(data).hexdigest(), "kind": "expert", "label": cls, "confidence": 1.0}
+        samples.add({**header, "engine_version": version, "ext": p.suffix}, data)
+    samples.close()
 
 
 def summarise(out: Path) -> str:
@@ -187,6 +215,17 @@ def summarise(out: Path) -> str:
         f"Published: {sum(bool(r['published']) for r in runs)} of {len(runs)}. Retrain wall time "
         f"{ms([r['retrain_seconds'] for r in runs])} s, peak RSS {max(r['retrain_peak_rss_mb'] for r in runs)} MB (2 CPU cores).",
     ]
+    thens = [r["then"] for r in runs if r.get("then")]
+    if thens:
+        lines[2] = lines[2].replace("`;", f" --then {thens[0]['labels_added']}`;", 1)
+        waiting = [t["samples"].get("waiting", 0) for t in thens]
+        lines += [
+            "",
+            f"Then {thens[0]['labels_added']} more labels and a second retrain: field top-1 {ms([t['after']['field'] for t in thens])}, "
+            f"lab top-1 {ms([t['after']['lab'] for t in thens])}; published {sum(bool(t['published']) for t in thens)} of {len(thens)}; "
+            f"trained on {ms([t['samples']['expert'] for t in thens])} expert labels ({ms(waiting)} waiting); "
+            f"wall time {ms([t['retrain_seconds'] for t in thens])} s, peak RSS of both {max(t['peak_rss_mb_both'] for t in thens)} MB.",
+        ]
     phases = [r["memory"]["by_phase"] for r in runs if r.get("memory")]
     if phases:
         lines += ["", "Peak RSS (MB) the retrain had reached by the end of each phase (the retrain's own record, seed by seed):", ""]
@@ -212,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="A configuration value (TOML) other than the shipped one."
     )
+    ap.add_argument("--then", type=int, default=0, help="Labels that arrive after the first retrain, for a second one.")
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a seed in its own process
     args = ap.parse_args(argv)
     from benchmarks._sets import config_sets
@@ -239,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             keep,
             args.precision,
             sets,
+            args.then,
         )
         (out / f"seed-{args.one}.json").write_text(json.dumps(result, indent=2) + "\n")
         return 0
@@ -252,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 + (["--keep", args.keep] if args.keep else [])
             )
             cmd += ["--precision", str(args.precision)] if args.precision else []
-            cmd += [f"--set={item}" for item in args.set]
+            cmd += [f"--set={item}" for item in args.set] + (["--then", str(args.then)] if args.then else [])
             subprocess.run(cmd, check=True, cwd=REPO)
     print(summarise(out))
     return 0

@@ -106,6 +106,13 @@ class TrainerSection(Section):
         description="Most pseudo-labels of a class kept and trained on, the newest (older ones are deleted before a retrain, "
         "so a season's disk, memory and retrain time stay bounded; 0: all kept).",
     )
+    labels_per_retrain: int = Field(
+        800,
+        ge=0,
+        le=1_000_000,
+        description="Most received labels one retrain trains on: every one new since the last retrain, then a class-balanced "
+        "draw of the older ones, so a season's retrain time and memory stay bounded (0: all).",
+    )
     field_check_every: int = Field(
         4,
         ge=0,

@@ -113,6 +113,12 @@ def _status(args: argparse.Namespace) -> int:
     if last:
         outcome = f"published {last['published']}" if last["published"] else "not published"
         print(f"last retrain: {outcome}: {last['reason']}")
+        trained = last.get("metrics", {}).get("samples") or {}
+        if trained.get("waiting"):
+            print(
+                f"  trained on {trained['expert'] + trained['pseudo']} of the labels received, the new ones first; "
+                f"{trained['waiting']} older ones wait for a later retrain's draw ([trainer] labels_per_retrain)"
+            )
     else:
         print("last retrain: none yet")
     r = st.get("retraining")

@@ -2,7 +2,8 @@
 
 The engine in service (its torch weights) is fine-tuned with the configured strategy on the replayed true
 labels (:mod:`trainer.labelled`) + every expert label (weight ``expert_weight``) + every pseudo-label received so
-far (checked again by the engine in service, :mod:`trainer.recheck`); the candidate is gated on photos it never
+far (checked again by the engine in service, :mod:`trainer.recheck`), at most ``labels_per_retrain`` of them, the new
+ones first (:mod:`trainer.loop.label_budget`); the candidate is gated on photos it never
 trained on: the lab gate photos and, once the expert has labelled any photo, the expert labels held back as the field
 check set (:mod:`trainer.field_check`, which also decides whether BatchNorm statistics adapted to the field's photos
 are kept); if it passes both it is calibrated, exported, published atomically and announced. Samples are marked
@@ -34,6 +35,7 @@ from trainer.field_check import FieldDecision, adapt_batchnorm, field_gate, held
 from trainer.gate import gate
 from trainer.labelled import empty_generation, labelled_sources, load_labelled
 from trainer.lineage import adopt_strategy_state, lineage_root
+from trainer.loop import label_budget
 from trainer.loop.gate_logits import GateLogits, photos_digest
 from trainer.loop.lab_steps import with_lab_steps
 from trainer.loop.release_adoption import against_serving, lineage_base, settle_pending
@@ -214,7 +216,12 @@ def retrain(
     stored = samples.all()
     check_ids = held_back(stored, tc.field_check_every)
     expert_labels = sum(1 for s in stored if s.kind == "expert")
-    received, ids, new_classes = _received(stored, classes, tc.expert_weight, labelled.gate_ids | check_ids, should_stop, spec)
+    never = labelled.gate_ids | check_ids
+    # A season's labels: at most labels_per_retrain, the new ones first (the others wait for a later retrain's draw)
+    _, waiting = label_budget.choose([s for s in stored if s.id not in never], tc.labels_per_retrain, seed=f"{tc.seed}/{len(stored)}")
+    if waiting:
+        log.info("labels_waiting", waiting=len(waiting), labels_per_retrain=tc.labels_per_retrain)
+    received, ids, new_classes = _received(stored, classes, tc.expert_weight, never | waiting, should_stop, spec)
     field = _field_check(stored, check_ids, classes, should_stop, spec)
     if base is not None:  # the bare release against the farm's version: no worse on the field, it serves at once
         bare = against_serving(
@@ -246,6 +253,7 @@ def retrain(
         "pseudo": int(received.pseudo.sum()),
         "left_out_as_gate_photos": sum(1 for i in ids if i in labelled.gate_ids),
         "field_check": len(field),
+        "waiting": len(waiting),  # past [trainer] labels_per_retrain: left for a later retrain's draw
     }
     log.info("retrain_started", parent=current.name, validation=len(val), new_classes=new_classes, labelled_from=sources.origin, **counts)
     if len(data) < 2:
