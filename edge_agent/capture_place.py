@@ -23,6 +23,7 @@ from edge_agent.imageheader import ifd_entries
 __all__ = [
     "GPS_IFD",
     "MAX_ERROR_M",
+    "distance_m",
     "NEAR_M",
     "Place",
     "east_of",
@@ -131,6 +132,12 @@ def east_of(lon: float, lon0: float) -> float:
     """Degrees east from ``lon0`` to ``lon``, the short way round (a farm across the 180th meridian, as on Taveuni, Fiji,
     is one farm)."""
     return (lon - lon0 + 540.0) % 360.0 - 180.0
+
+
+def distance_m(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """Metres between two places on a plane (a farm is flat at this scale), across the 180th meridian too."""
+    north, east = metres_per_degree(a[0])
+    return math.hypot((b[0] - a[0]) * north, east_of(b[1], a[1]) * east)
 
 
 def near_sql(near: tuple[float, float], within_m: float, prefix: str = "") -> tuple[str, list]:

@@ -20,7 +20,9 @@ it is now), so a tree healthy in May and sick in August is diagnosed sick, and a
 
 A subfolder with more photos than ``[classify] plant_max_photos`` (12) in one visit is not taken as one plant (a
 camera's folder synced into the inbox would otherwise be one "plant" of thousands of photos, alerting once in its
-life): its photos are judged, and alert, one by one, and the Plants page says why. A subfolder named as a phone or
+life), nor one whose photos were taken far apart (two or more over :data:`PLANT_SPREAD_M` metres from where the
+visit's photos were taken, by their EXIF GPS: a phone's album of a walk round the farm under a name of its own):
+its photos are judged, and alert, one by one, and the Plants page says why (:func:`not_one_plant`). A subfolder named as a phone or
 camera names its photo folder (``DCIM``, ``Camera``, ``100APPLE``: :data:`CAMERA_FOLDER`) is no plant however few
 photos a day it brings: its photos stand alone. Where the expert has labelled any of the plant's
 photos, the expert's word is the plant's diagnosis (the label named most, ``confident``, with how many photos said
@@ -37,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from edge_agent.capture_place import middle
+from edge_agent.capture_place import distance_m, middle
 from edge_agent.log import display_name
 from edge_agent.names import class_phrase, is_disease
 
@@ -48,7 +50,8 @@ __all__ = [
     "in_view",
     "labels_of_others",
     "plant_of",
-    "too_many",
+    "not_one_plant",
+    "PLANT_SPREAD_M",
     "visits",
     "newest_visit",
     "visit_of",
@@ -117,6 +120,7 @@ class PlantDiagnosis:
     expert: int = 0  # photos the expert labelled: where any, the most named label is the plant's (the verdict confident)
     earlier: int = 0  # photos of earlier visits, not combined (:func:`visits`)
     place: tuple[float, float] | None = None  # where its photos were taken (their EXIF GPS, the median); None: not known
+    not_one: str = ""  # why the visit's photos are not one plant (:func:`not_one_plant`); "": they may be
 
     def as_dict(self) -> dict:
         return {
@@ -131,6 +135,7 @@ class PlantDiagnosis:
             "earlier": self.earlier,
             "latitude": self.place[0] if self.place else None,
             "longitude": self.place[1] if self.place else None,
+            "not_one_plant": self.not_one or None,
         }
 
 
@@ -214,9 +219,24 @@ def newest_visit(rows: Sequence, gap_s: float) -> list:
     return list(rows[visit_of([r.when for r in rows], -1, gap_s).start :]) if rows else []
 
 
-def too_many(photos: int, limit: int) -> bool:
-    """Whether a folder of ``photos`` is past ``[classify] plant_max_photos`` (``limit``; 0: none): not one plant."""
-    return 0 < limit < photos
+#: How far (metres) from where a visit's photos were taken (their median place) two of them may be and still be of
+#: one plant: a tree's crown spans a few metres and a phone's fix under leaves is good to 5-20 m (a fix said to be
+#: more than 50 m off is not kept), while a walk round a farm spans hundreds; one stray fix alone does not count.
+PLANT_SPREAD_M = 60.0
+
+
+def not_one_plant(places: Sequence[tuple[float, float] | None], limit: int) -> str:
+    """Why the photos of one visit of a folder (``places``: each one's, None where not known) are not one plant: more
+    than ``limit`` of them (``[classify] plant_max_photos``; 0: no limit), or two or more taken over
+    :data:`PLANT_SPREAD_M` metres from where the others were; "" where they may be."""
+    if 0 < limit < len(places):
+        return f"{len(places)} photos, more than [classify] plant_max_photos ({limit})"
+    mid = middle(places)
+    far = sorted((distance_m(mid, p) for p in places if p is not None), reverse=True) if mid else []
+    if len(far) >= 2 and far[1] > PLANT_SPREAD_M:
+        k = sum(d > PLANT_SPREAD_M for d in far)
+        return f"{k} of its {len(far)} photos were taken more than {PLANT_SPREAD_M:.0f} m from the middle of them (up to {far[0]:.0f} m)"
+    return ""
 
 
 def diagnose(
@@ -224,24 +244,25 @@ def diagnose(
 ) -> PlantDiagnosis:
     """:func:`combine` over the newest visit (``gap_s``: :func:`visits`) of a plant's stored results (oldest first,
     :class:`edge_agent.results.ResultRow`); where the expert labelled any of its photos (``expert``: sha256 -> class),
-    the expert's word is the plant's diagnosis instead. A folder of more than ``limit`` photos in a visit is no plant:
-    its answers are not combined into a verdict (``unsure``, saying so)."""
+    the expert's word is the plant's diagnosis instead. A visit that is no plant (:func:`not_one_plant`: more than
+    ``limit`` photos, or taken far apart) is not combined into a verdict (``unsure``, saying why)."""
     earlier = len(rows)
     rows = newest_visit(rows, gap_s)
     earlier -= len(rows)
-    place = None if too_many(len(rows), limit) else middle(getattr(r, "place", None) for r in rows)  # a folder of many: nowhere
-    return replace(_diagnose(rows, num_classes, sure, expert, limit), earlier=earlier, place=place)
+    places = [getattr(r, "place", None) for r in rows]
+    why = not_one_plant(places, limit)
+    place = None if why else middle(places)  # a folder of many plants: nowhere
+    return replace(_diagnose(rows, num_classes, sure, expert, why), earlier=earlier, place=place, not_one=why)
 
 
-def _diagnose(rows, num_classes: int, sure: float, expert: Mapping[str, str] | None, limit: int) -> PlantDiagnosis:
-    """:func:`diagnose` of one visit's ``rows``."""
+def _diagnose(rows, num_classes: int, sure: float, expert: Mapping[str, str] | None, why_not_one: str) -> PlantDiagnosis:
+    """:func:`diagnose` of one visit's ``rows`` (``why_not_one``: :func:`not_one_plant`'s reason, "" for a plant)."""
     model = combine([(r.top_k, r.verdict) for r in rows], num_classes, sure)
-    if too_many(len(rows), limit):  # nor does one photo's expert label speak for the folder
+    if why_not_one:  # nor does one photo's expert label speak for the folder
         return replace(
             model,
             verdict="unsure",
-            reason=f"{len(rows)} photos, more than [classify] plant_max_photos ({limit}): not taken as one plant, its "
-            "photos are judged one by one (a folder of many plants?)",
+            reason=f"{why_not_one}: not taken as one plant, its photos are judged one by one (a folder of many plants?)",
         )
     said = [expert[r.sha256] for r in rows if expert and r.sha256 in expert]
     if not said:
@@ -276,9 +297,11 @@ def in_view(verdict: str, label: str, view: str) -> bool:
     return True
 
 
-def labels_of_others(photos: int, said: Mapping[str, str], photo: str, limit: int = 0) -> list[tuple[str, int]]:
+def labels_of_others(
+    places: Sequence[tuple[float, float] | None], said: Mapping[str, str], photo: str, limit: int = 0
+) -> list[tuple[str, int]]:
     """The expert's labels (``said``: sha256 -> class) of a plant's other photos than ``photo``, the most given first;
-    none for a folder of more than ``limit`` ``photos`` (not one plant)."""
-    if too_many(photos, limit):
+    none for a visit that is no plant (its photos' ``places``, :func:`not_one_plant`)."""
+    if not_one_plant(places, limit):
         return []
     return Counter(label for sha, label in said.items() if sha != photo).most_common()

@@ -484,10 +484,12 @@ class ResultsDB:
         rows = self._query("SELECT top_k, COALESCE(verdict, 'unsure') FROM results WHERE plant = ? ORDER BY id", (plant,))
         return [(json.loads(top_k), verdict) for top_k, verdict in rows]
 
-    def plant_photos(self, plant: str) -> list[tuple[str, float]]:
-        """Each of ``plant``'s photos, oldest first: (sha256, when it was taken, :attr:`ResultRow.when`)."""
-        when = LedgerColumns(self._query).when
-        return list(self._query(f"SELECT sha256, {when} FROM results WHERE plant = ? ORDER BY {when}, id", (plant,)))
+    def plant_photos(self, plant: str) -> list[tuple[str, float, Place | None]]:
+        """Each of ``plant``'s photos, oldest first: (sha256, when it was taken, :attr:`ResultRow.when`, where)."""
+        kept = LedgerColumns(self._query)
+        when, lat, lon = kept.when, kept.or_null("lat"), kept.or_null("lon")
+        rows = self._query(f"SELECT sha256, {when}, {lat}, {lon} FROM results WHERE plant = ? ORDER BY {when}, id", (plant,))
+        return [(sha, t, place_of(la, lo)) for sha, t, la, lo in rows]
 
     def rename_plant(self, old: str, new: str) -> int:
         """Every photo of plant ``old`` made a photo of ``new`` (merged with its photos where it has some); how many."""

@@ -115,15 +115,85 @@ def test_the_pipeline_records_the_plant_of_a_photo_from_an_inbox_subfolder(tmp_p
     assert len(db.plant_answers("tree-1")) == 1
 
 
-def _plant_rows(db: ResultsDB, plant: str | None, label: str, p: float, n: int, verdict: str = "unsure", days_ago: float = 0) -> None:
+def _plant_rows(
+    db: ResultsDB, plant: str | None, label: str, p: float, n: int, verdict: str = "unsure", days_ago: float = 0, places: list | None = None
+) -> None:
     rows = []
     when = time.time() - days_ago * 86400
-    for _ in range(n):
+    for i in range(n):
         sha = f"{next(_n):064x}"
         top_k = [[label, p], ["Apple___healthy" if label != "Apple___healthy" else "Apple___Apple_scab", round(1 - p - 0.01, 4)]]
         path = f"/inbox/{plant}/{sha[:8]}.jpg"
-        rows.append(ResultRow(sha, sha[:16], path, "inbox", label, p, top_k, "v1", {}, when, verdict=verdict, plant=plant))
+        lat, lon = places[i] if places else (None, None)
+        rows.append(
+            ResultRow(sha, sha[:16], path, "inbox", label, p, top_k, "v1", {}, when, verdict=verdict, plant=plant, lat=lat, lon=lon)
+        )
     db.commit(rows)
+
+
+#: An apple tree in an orchard, and places east of it, metres away (a degree of longitude is about 78 km at 45.5 N).
+_TREE = (45.5, 9.2)
+
+
+def _east(metres: float) -> tuple[float, float]:
+    return (_TREE[0], _TREE[1] + metres / 78_000)
+
+
+def test_a_folder_whose_photos_were_taken_far_apart_is_no_plant_and_one_stray_fix_does_not_make_it_so():
+    def rows(places):
+        top_k = [["Apple___Apple_scab", 0.95], ["Apple___healthy", 0.04]]
+        return [
+            ResultRow(
+                f"{i:064x}",
+                f"p{i}",
+                f"/inbox/walk/{i}.jpg",
+                "inbox",
+                "Apple___Apple_scab",
+                0.95,
+                top_k,
+                "v1",
+                {},
+                0.0,
+                "confident",
+                "walk",
+                lat=lat,
+                lon=lon,
+            )
+            for i, (lat, lon) in enumerate(place or (None, None) for place in places)
+        ]
+
+    tree = diagnose(rows([_east(0), _east(3), _east(-4), _east(2), _east(250)]), 38, limit=12)  # one fix 250 m off
+    assert tree.verdict == "confident" and not tree.not_one and tree.place == pytest.approx(_east(2), abs=1e-6)
+    assert tree.as_dict()["not_one_plant"] is None
+    walk = diagnose(rows([_east(0), _east(3), _east(120), _east(240), _east(400)]), 38, limit=12, expert={f"{0:064x}": "Apple___healthy"})
+    assert walk.verdict == "unsure" and walk.place is None and walk.expert == 0  # nor does one label speak for it
+    assert walk.not_one == "4 of its 5 photos were taken more than 60 m from the middle of them (up to 280 m)"
+    assert walk.reason.startswith(walk.not_one + ": not taken as one plant") and walk.as_dict()["not_one_plant"] == walk.not_one
+    unknown = diagnose(rows([None, None, None]), 38, limit=12)
+    assert not unknown.not_one and unknown.verdict == "confident"  # no places: a folder of few photos is a plant
+    across = [(-17.0, 179.99995), (-17.0, -179.99995), (-17.0, 179.99998)]  # 5 to 11 m apart across the 180th meridian
+    assert not diagnose(rows(across), 38, limit=12).not_one
+
+
+def test_a_walk_round_the_farm_in_one_folder_alerts_photo_by_photo_and_labels_no_photo_as_a_plant(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(quiet_period_s=0), MqttSection(), [], db.path, tmp_path, "orchard")
+    _plant_rows(db, "tree 7", "Apple___Apple_scab", 0.95, 3, verdict="confident", places=[_east(0), _east(2), _east(-3)])
+    _plant_rows(db, "Farm", "Apple___Apple_scab", 0.95, 3, verdict="confident", places=[_east(500), _east(700), _east(900)])
+    w.scan()
+    alerts = _alerts(tmp_path)
+    assert [label for label, _ in alerts] == ["Apple___Apple_scab"] * 4  # the tree once, each of the walk's photos alone
+    assert "Farm" in w._not_plants and "tree 7" not in w._not_plants
+    w.stop()
+    from edge_agent.review.queue import LabelError, label_plant
+
+    with pytest.raises(
+        LabelError,
+        match=r"'Farm' is a folder whose newest visit is not one plant \(2 of its 3 photos were taken more than 60 m from the middle of them \(up to 200 m\)\)",
+    ):
+        label_plant(db, tmp_path / "queue", 1 << 30, ["Apple___Apple_scab", "Apple___healthy"], "Farm", "Apple___healthy")
+    assert db.expert_labels() == {}
+    db.close()
 
 
 def _alerts(tmp_path) -> list[tuple[str, float]]:
@@ -589,7 +659,7 @@ def test_labelling_a_plant_labels_each_photo_the_expert_has_not_and_a_pruned_one
             label_plant(db, q, 1 << 30, classes, "tree 5", "Apple scab")
         with pytest.raises(PhotoNotQueued, match="no photos of a plant named 'tree 9'"):
             label_plant(db, q, 1 << 30, classes, "tree 9", "Apple___Black_rot")
-        with pytest.raises(LabelError, match=r"folder of 4 photos, more than \[classify\] plant_max_photos \(3\)"):
+        with pytest.raises(LabelError, match=r"visit is not one plant \(4 photos, more than \[classify\] plant_max_photos \(3\)\)"):
             label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Black_rot", limit=3)
         with pytest.raises(LabelError, match="is not a photo of plant 'tree 5': nothing labelled"):
             label_plant(db, q, 1 << 30, classes, "tree 5", "Apple___Black_rot", photos=[shas[0], sha_of(state, "p5")])

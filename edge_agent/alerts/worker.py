@@ -27,11 +27,11 @@ from edge_agent.alerts.homeassistant import discovery
 from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, place_attributes, result_body
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
-from edge_agent.capture_place import place_of
+from edge_agent.capture_place import Place, place_of
 from edge_agent.class_notes import NotesSource
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
-from edge_agent.plants import combine, diagnose, too_many, visit_of
+from edge_agent.plants import combine, diagnose, not_one_plant, visit_of
 from edge_agent.results import LedgerColumns, missing_table
 from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
@@ -47,6 +47,7 @@ class _PlantPhoto(NamedTuple):
     verdict: str
     when: float  # edge_agent.results.ResultRow.when
     result_id: int
+    place: Place | None = None  # where it was taken (edge_agent.capture_place)
 
 
 class AlertWorker(Worker):
@@ -207,15 +208,10 @@ class AlertWorker(Worker):
         itself from a visit of more than ``plant_max_photos`` photos (no plant: its photos alert one by one)."""
         limit = self.plant_max_photos
         photos = self._plant_photos(plant, c.result_id)
-        if too_many(len(photos), limit):
+        if why := not_one_plant([p.place for p in photos], limit):
             if plant not in self._not_plants:  # logged once
                 self._not_plants.add(plant)
-                self.log.warning(
-                    "folder_not_a_plant",
-                    plant=plant,
-                    photos=f"more than {limit}",
-                    fix="one folder a plant, or raise [classify] plant_max_photos",
-                )
+                self.log.warning("folder_not_a_plant", plant=plant, why=why, fix="one folder a tree, or raise [classify] plant_max_photos")
             return c, None
         d = combine([(r.top_k, r.verdict) for r in photos], self.num_classes(), self.sure)
         once = f"plant-alerted:{plant}:{min(p.result_id for p in photos)}:{d.label}"  # the visit: its first result
@@ -243,10 +239,12 @@ class AlertWorker(Worker):
         if self.plant_max_photos:
             ids = ids[: self.plant_max_photos + 1]
         marks = ",".join("?" * len(ids))
+        lat, lon = self._ledger.or_null("lat"), self._ledger.or_null("lon")
         rows = self._results(
-            f"SELECT sha256, top_k, COALESCE(verdict, 'unsure'), {when}, id FROM results WHERE id IN ({marks})", tuple(ids)
+            f"SELECT sha256, top_k, COALESCE(verdict, 'unsure'), {when}, id, {lat}, {lon} FROM results WHERE id IN ({marks})", tuple(ids)
         )
-        return sorted((_PlantPhoto(sha, json.loads(k), v, t, i) for sha, k, v, t, i in rows), key=lambda p: (p.when, p.result_id))
+        photos = (_PlantPhoto(sha, json.loads(k), v, t, i, place_of(la, lo)) for sha, k, v, t, i, la, lo in rows)
+        return sorted(photos, key=lambda p: (p.when, p.result_id))
 
     def _last_alert_of(self, c: Candidate) -> float | None:
         """When this class last raised an alert on this device (the ledger read once per class, then kept)."""
@@ -440,7 +438,7 @@ class AlertWorker(Worker):
             sure = 1.0 if d.expert else d.probability  # the expert's word is not a probability
             if d.verdict == "confident" and self.rules.wants(Candidate(0, 0, "", d.label, sure, "confident", "", "")):
                 out[plant] = d.label
-            elif d.verdict in ("unsure", "unknown") and not too_many(d.photos, self.plant_max_photos):
+            elif d.verdict in ("unsure", "unknown") and not d.not_one:
                 unsure.append(plant)
         return out, unsure
 

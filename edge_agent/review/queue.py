@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from edge_agent.capture_place import NEAR_M
 from edge_agent.inbox_files import where_now
 from edge_agent.names import class_name_problem
-from edge_agent.plants import labels_of_others, too_many, visit_of, visit_window
+from edge_agent.plants import labels_of_others, not_one_plant, visit_of, visit_window
 from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
@@ -220,8 +220,8 @@ def label_plant(
 
     ``photos``: the sha256s of the plant's photos to label; None: each photo of its newest visit (``gap_s``:
     :func:`~edge_agent.plants.visits`) the expert has not labelled yet (a label given one photo is not overwritten by
-    the plant's, nor last season's photos). A visit of more than ``limit`` photos (``[classify] plant_max_photos``) is
-    no plant: its photos must be named. A photo that cannot be labelled (its file
+    the plant's, nor last season's photos). A visit that is no plant (:func:`~edge_agent.plants.not_one_plant`: more
+    than ``limit`` photos, ``[classify] plant_max_photos``, or taken far apart): its photos must be named. A photo that cannot be labelled (its file
     pruned) does not stop the others: it is in ``missed`` with why. Raises :class:`LabelError` before labelling any
     photo where the class, the plant or a photo named is wrong."""
     label = _checked_class(label, classes, new_class)
@@ -229,12 +229,10 @@ def label_plant(
     if not own:
         raise PhotoNotQueued(f"no photos of a plant named {plant[:64]!r} (see `edge-agent results --plant NAME`)")
     if photos is None:
-        visit = [sha for sha, _ in own[visit_of([t for _, t in own], -1, gap_s).start :]]
-        if too_many(len(visit), limit):
-            raise LabelError(
-                f"{plant[:64]!r} is a folder of {len(visit)} photos, more than [classify] plant_max_photos ({limit}): not "
-                "one plant, so name the photos to label"
-            )
+        newest = own[visit_of([t for _, t, _ in own], -1, gap_s).start :]
+        visit = [sha for sha, _, _ in newest]
+        if why := not_one_plant([place for _, _, place in newest], limit):
+            raise LabelError(f"{plant[:64]!r} is a folder whose newest visit is not one plant ({why}): name the photos to label")
         said = db.plant_labels(plant)
         chosen = [sha for sha in visit if sha not in said]
         if not chosen:
@@ -243,7 +241,7 @@ def label_plant(
                 "(`edge-agent review label PHOTO CLASS`; `photos` in the API)"
             )
     else:
-        mine = {sha for sha, _ in own}
+        mine = {sha for sha, _, _ in own}
         chosen = list(dict.fromkeys(photos))  # in the order given, once each
         if not chosen:
             raise LabelError("no photo chosen: choose the photos of the plant to label")
@@ -303,11 +301,12 @@ def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 
         own = db.plant_photos(plant)
         if not own:
             return Beside([])
-        i = next((i for i, (s, _) in enumerate(own) if s == sha), -1)
-        span = visit_of([t for _, t in own], i, gap_s)
-        visit = {s for s, _ in own[span.start : span.stop]}
+        i = next((i for i, (s, _, _) in enumerate(own) if s == sha), -1)
+        v = visit_of([t for _, t, _ in own], i, gap_s)
+        span = own[v.start : v.stop]
+        visit = {s for s, _, _ in span}
         said = {s: label for s, label in db.plant_labels(plant).items() if s in visit}
-        labels = labels_of_others(len(visit), said, sha, limit)
+        labels = labels_of_others([place for _, _, place in span], said, sha, limit)
         return Beside(labels, "plant" if labels else "")
     if arrival.place is None or arrival.when is None:
         return Beside([])

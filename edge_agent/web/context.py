@@ -15,7 +15,7 @@ from edge_agent.class_notes import PAGE_NOTES, ClassNotes, NotesError, NotesSour
 from edge_agent.config import AppConfig
 from edge_agent.farm_notes import save_note
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
-from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, too_many, visit_of, visits
+from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, not_one_plant, visit_of, visits
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_photos, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
@@ -92,7 +92,7 @@ class WebContext:
         if row.plant or row.place is None:
             return None
         rows = self.reader.near_visit(row.place, NEAR_M, row.when, cl.plant_visit_gap_s, cl.plant_max_photos + 1)
-        return None if len(rows) < 2 or too_many(len(rows), cl.plant_max_photos) else rows
+        return None if len(rows) < 2 or not_one_plant([r.place for r in rows], cl.plant_max_photos) else rows
 
     def visits(self, rows: list, num_classes: int) -> list[tuple[float, PlantDiagnosis]]:
         """Each visit of a plant (its stored ``rows``, oldest first; :func:`~edge_agent.plants.visits`), the newest
@@ -106,14 +106,14 @@ class WebContext:
 
     def unlabelled_beside(self, sha256: str) -> tuple[str, int] | None:
         """The plant of photo ``sha256`` and how many photos of its visit the expert has not labelled (None: a photo of
-        no plant, or of a visit too large to be one plant)."""
+        no plant, or of a visit that is not one plant: too large, or taken far apart)."""
         row = self.reader.photo(sha256)
         if row is None or not row.plant:
             return None
         rows, cl = self.reader.plant(row.plant), self.cfg.classify
         i = next((k for k, r in enumerate(rows) if r.sha256 == sha256), -1)
         span = visit_of([r.when for r in rows], i, cl.plant_visit_gap_s)
-        if too_many(len(span), cl.plant_max_photos):
+        if not_one_plant([rows[k].place for k in span], cl.plant_max_photos):
             return None
         said = self.reader.expert_labels([rows[k].sha256 for k in span])
         return row.plant, sum(rows[k].sha256 not in said for k in span)

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from edge_agent.export import plant_csv_lines
 from edge_agent.plant_rename import FOLDER_FATES, Renamed
-from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis, too_many
+from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.web.context import WebContext, parse_int
 
 __all__ = ["PLANT_CARDS", "PLANTS_SHOWN", "plant_routes"]
@@ -57,8 +57,7 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
     def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str], every_visit: bool = False) -> dict:
         """One plant as its section shows it: the diagnosis, the newest visit's photos (``every_visit``: its newest
         photos of any visit, as its own page shows them; a folder of thousands is no plant)."""
-        cl = ctx.cfg.classify
-        one = not too_many(d.photos, cl.plant_max_photos)  # a folder of many plants: nothing ticked
+        one = not d.not_one  # a folder of many plants: nothing ticked
         newest = rows[d.earlier :]  # the visit diagnosed
         visit = {r.sha256 for r in newest}  # the photos diagnosed; earlier ones dimmed
         shown = (rows if every_visit else newest)[-PLANT_CARDS:]
