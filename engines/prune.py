@@ -91,8 +91,8 @@ def _bytes(folder: Path) -> int:
 
 
 def forget_caches(deleted: Iterable[Deleted], configured_cache: str = "") -> int:
-    """Remove what this machine built for the ``deleted`` versions (TensorRT plans, the INT8-or-FP32 answers) from the
-    engines' cache (:func:`engines.cache.cache_dir`); the files removed."""
+    """Remove what this machine built for the ``deleted`` versions (TensorRT plans, ONNX Runtime's TensorRT engines, the
+    INT8-or-FP32 answers) from the engines' cache (:func:`engines.cache.cache_dir`); the files removed."""
     from engines.cache import cache_dir
 
     removed = 0
@@ -100,6 +100,10 @@ def forget_caches(deleted: Iterable[Deleted], configured_cache: str = "") -> int
         patterns = [("ort-precision", f"{gone.version}-{gone.int8_sha256[:16]}-*.json")] if gone.int8_sha256 else []
         if gone.onnx_sha256:
             patterns.append(("trt-plans", f"{gone.onnx_sha256[:12]}-*"))
+            engines = cache_dir(configured_cache) / "ort-trt" / gone.onnx_sha256[:12]  # ONNX Runtime's TensorRT engines
+            if engines.is_dir():
+                removed += sum(1 for f in engines.rglob("*") if f.is_file())
+                shutil.rmtree(engines, ignore_errors=True)
         for sub, pattern in patterns:
             for f in cache_dir(configured_cache, sub).glob(pattern):
                 try:

@@ -120,6 +120,11 @@ def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(
     sha = {v: store.read_manifest(v)["files"]["model.onnx"]["sha256"] for v in store.versions()}
     for v in ("v1001", "v1012"):
         (plans / f"{sha[v][:12]}-fp16-abc.plan").write_bytes(b"plan")
+        ort_trt = tmp_path / "cache" / "edge-agent" / "ort-trt" / sha[v][:12]  # ONNX Runtime's TensorRT engines of v
+        ort_trt.mkdir(parents=True)
+        (ort_trt / "TensorrtExecutionProvider_TRTKernel_graph_main_graph_1_0_0_fp16_sm87.engine").write_bytes(b"engine")
+    timing = tmp_path / "cache" / "edge-agent" / "ort-trt" / "TensorrtExecutionProvider_cache_sm87.timing"
+    timing.write_bytes(b"kernel timings: any model's")
     answers = tmp_path / "cache" / "edge-agent" / "ort-precision"
     answers.mkdir()
     (answers / "v1001-0123456789abcdef-ort1.23.json").write_text("{}")  # another store's v1001 (another INT8 file)
@@ -132,6 +137,7 @@ def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(
     r.run_once(age=True)
     assert len(store.versions()) == 6  # the release and the 5 newest retrains
     assert [p.name[:12] for p in plans.glob("*.plan")] == [sha["v1012"][:12]]  # the deleted version's plan went with it
+    assert sorted(p.name for p in timing.parent.iterdir()) == sorted([sha["v1012"][:12], timing.name])  # and its engines
     assert [p.name for p in answers.iterdir()] == ["v1001-0123456789abcdef-ort1.23.json"]  # another store's v1001 stays
     st = r.status()
     assert st["engines"] == 6 and st["pruned_engines"] == 7 and st["engine_versions"] == 5

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,6 +237,12 @@ def test_tensorrt_ep_gets_documented_options_and_a_shape_profile(gpu_onnxruntime
     (name, trt), (cuda_name, cuda), cpu = gpu_onnxruntime.seen[0]
     assert (name, cuda_name, cpu) == ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
     assert trt["trt_fp16_enable"] is True and trt["trt_engine_cache_enable"] is True
+    from engines.store import EngineStore
+
+    store = EngineStore(tiny_store)
+    own = store.read_manifest(store.current())["files"]["model.onnx"]["sha256"][:12]
+    assert trt["trt_engine_cache_path"] == str(tmp_path / "cache" / "ort-trt" / own)  # a folder the version's deletion removes
+    assert trt["trt_timing_cache_path"] == str(tmp_path / "cache" / "ort-trt") and Path(trt["trt_engine_cache_path"]).is_dir()
     assert trt["trt_profile_min_shapes"] == "input:1x3x128x128"
     assert trt["trt_profile_max_shapes"] == "input:16x3x128x128"
     assert trt["trt_max_workspace_size"] == 1024 << 20

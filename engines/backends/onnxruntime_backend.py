@@ -122,7 +122,9 @@ def provider_chain(config: OnnxRuntimeConfig, precision: str, version: StoreVers
     """The ``providers`` argument of ``InferenceSession``: the configured provider with its documented options
     (https://onnxruntime.ai/docs/execution-providers/), then the providers ONNX Runtime may hand unsupported
     nodes to. The TensorRT EP gets an explicit shape profile (batch 1..trt_max_batch), so it builds one engine
-    up front instead of one per new batch size, and caches engines and kernel timings on disk."""
+    up front instead of one per new batch size, and caches engines and kernel timings on disk: the engines in a folder
+    of the version's own (``ort-trt/<its model's sha256, 12 digits>``, which :func:`engines.prune.forget_caches` deletes
+    with the version), the kernel timings, which any model reuses, in ``ort-trt`` itself."""
     if config.provider == "cpu":
         return ["CPUExecutionProvider"]
     cuda = ("CUDAExecutionProvider", {"device_id": config.device_id, "arena_extend_strategy": "kSameAsRequested"})
@@ -130,13 +132,14 @@ def provider_chain(config: OnnxRuntimeConfig, precision: str, version: StoreVers
         return [cuda, "CPUExecutionProvider"]
     name = version.manifest["input"]["name"]
     dims = "x".join(str(int(v)) for v in version.manifest["input"]["shape"][1:])
+    own = str(((version.manifest.get("files") or {}).get("model.onnx") or {}).get("sha256", ""))[:12] or version.name
     cache = str(cache_dir(config.cache_dir, "ort-trt"))
     trt = {
         "device_id": config.device_id,
         "trt_fp16_enable": precision == "fp16",
         "trt_max_workspace_size": config.trt_workspace_mb << 20,
         "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": cache,
+        "trt_engine_cache_path": str(cache_dir(config.cache_dir, f"ort-trt/{own}")),
         "trt_timing_cache_enable": True,
         "trt_timing_cache_path": cache,
         "trt_profile_min_shapes": f"{name}:1x{dims}",
