@@ -235,7 +235,8 @@ def not_one_plant(places: Sequence[tuple[float, float] | None], limit: int) -> s
     far = sorted((distance_m(mid, p) for p in places if p is not None), reverse=True) if mid else []
     if len(far) >= 2 and far[1] > PLANT_SPREAD_M:
         k = sum(d > PLANT_SPREAD_M for d in far)
-        return f"{k} of its {len(far)} photos were taken more than {PLANT_SPREAD_M:.0f} m from the middle of them (up to {far[0]:.0f} m)"
+        where = f"{len(far)} photos with a position" if len(far) < len(places) else f"{len(far)} photos"
+        return f"{k} of its {where} were taken more than {PLANT_SPREAD_M:.0f} m from the middle of them (up to {far[0]:.0f} m)"
     return ""
 
 

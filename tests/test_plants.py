@@ -169,6 +169,8 @@ def test_a_folder_whose_photos_were_taken_far_apart_is_no_plant_and_one_stray_fi
     assert walk.verdict == "unsure" and walk.place is None and walk.expert == 0  # nor does one label speak for it
     assert walk.not_one == "4 of its 5 photos were taken more than 60 m from the middle of them (up to 280 m)"
     assert walk.reason.startswith(walk.not_one + ": not taken as one plant") and walk.as_dict()["not_one_plant"] == walk.not_one
+    mixed = diagnose(rows([_east(0), None, _east(200), _east(400)]), 38, limit=12)
+    assert mixed.not_one == "2 of its 3 photos with a position were taken more than 60 m from the middle of them (up to 200 m)"
     unknown = diagnose(rows([None, None, None]), 38, limit=12)
     assert not unknown.not_one and unknown.verdict == "confident"  # no places: a folder of few photos is a plant
     across = [(-17.0, 179.99995), (-17.0, -179.99995), (-17.0, 179.99998)]  # 5 to 11 m apart across the 180th meridian
@@ -308,6 +310,7 @@ def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_
     db.close()
     section = client(state).get("/plants").text.split('data-plant="phone sync"')[1].split("</section>")[0]
     assert "not taken as one plant" in section and "plant_max_photos (12)" in section
+    assert "Not one plant" in section and "best guess" not in section  # its photos together mean nothing
     assert section.count('class="card"') == plant_pages.PLANT_CARDS and "and 2 older photos" in section
     assert '<a href="/photos?plant=phone%20sync">all its photos</a>' in section
 
