@@ -3,7 +3,8 @@
 A phone writes where each photo was taken (latitude and longitude in degrees, minutes and seconds, each a fraction,
 and a hemisphere letter); a farmer who photographs the orchard row by row without a folder per tree finds the sick
 ones again by it, and a spreadsheet or a map program draws the season's photos from the CSV's columns. A position is
-kept where both halves are written, their fractions are whole (no zero denominator, minutes and seconds under 60),
+kept where both halves are written, their fractions are whole (no zero denominator, minutes and seconds no more than
+60: a phone that rounds 59.996 seconds to hundredths writes 60.00),
 it lies on Earth, the receiver did not mark it void (GPSStatus "V") nor said it may be more than 50 m off
 (GPSHPositioningError: a photo taken indoors), and it is not 0, 0 (a phone without a fix writes that); otherwise, or
 without GPS (a camera without a receiver, a photo sent through a messenger, which strips it), the photo has no place.
@@ -82,7 +83,7 @@ def _degrees(parts: list[float] | None, ref: str, positive: str, negative: str, 
     if not parts or ref not in (positive, negative):
         return None
     d, m, s = (parts + [0.0, 0.0])[:3]
-    if min(d, m, s) < 0 or m >= 60 or s >= 60:
+    if min(d, m, s) < 0 or m > 60 or s > 60:
         return None
     deg = d + m / 60 + s / 3600
     if deg > limit:

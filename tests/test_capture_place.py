@@ -85,6 +85,8 @@ def test_no_fix_a_void_fix_half_a_position_one_off_the_earth_or_one_the_phone_sa
     assert place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(91, 1), r(0, 1), r(0, 1)), 3: "E", 4: _dms(8.5)})) is None
     assert place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(61, 1), r(0, 1)), 3: "E", 4: _dms(8.5)})) is None
     assert place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(3, 1), r(0, 1)), 3: "E", 4: (r(181, 1),)})) is None
+    rounded = place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(11, 1), r(6000, 100)), 3: "E", 4: _dms(8.5)}))
+    assert rounded is not None and rounded.lat == pytest.approx(47 + 12 / 60)  # 59.996 s rounded to 60.00 s: kept
     tiny = place_of(photo(lat=None, lon=None, raw={1: "N", 2: (r(47, 1), r(30, 1), r(0, 1)), 3: "E", 4: (r(8, 1),)}))
     assert tiny == Place(47.5, 8.0)  # degrees and minutes only, as some cameras write it
     here = {"lat": ORCHARD[0], "lon": ORCHARD[1]}
