@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -318,6 +320,26 @@ def test_stale_plan_is_rebuilt(tmp_path, failure):
     engine, built = load_or_build(_key(), tmp_path, lambda: b"NEW", deserialize)
     assert built and engine == ("engine", b"NEW")
     assert (tmp_path / _key().filename).read_bytes() == b"NEW"
+
+
+def test_a_plan_built_after_a_tensorrt_upgrade_replaces_the_older_tensorrts_and_keeps_the_rest(tmp_path):
+    from dataclasses import asdict
+
+    def leftover(**change) -> Path:
+        old = _key(**change)
+        (tmp_path / old.filename).write_bytes(b"OLD")
+        (tmp_path / old.filename).with_suffix(".json").write_text(json.dumps(asdict(old)))
+        return tmp_path / old.filename
+
+    jetpack5 = leftover(tensorrt_version="8.5.2")  # the same model and precision, built before the upgrade
+    fp32 = leftover(tensorrt_version="8.5.2", precision="fp32")  # another precision: its own plan, not this one's
+    batch = leftover(max_batch=8)  # this TensorRT, another batch profile: not known to be stale
+    other = leftover(onnx_sha256="cd" * 32, tensorrt_version="8.5.2")  # another model's (a version kept)
+    unknown = tmp_path / f"{_key().onnx_sha256[:12]}-fp16-{'0' * 24}.plan"
+    unknown.write_bytes(b"NO KEY")  # no key beside it: kept
+    _, built = load_or_build(_key(), tmp_path, lambda: b"NEW", lambda b: ("engine", b))
+    assert built and not jetpack5.exists() and not jetpack5.with_suffix(".json").exists()
+    assert all(p.exists() for p in (fp32, batch, other, unknown, tmp_path / _key().filename))
 
 
 def test_plan_that_never_loads_is_an_error(tmp_path):

@@ -54,7 +54,8 @@ def load_or_build(
     key: PlanKey, cache_dir: Path, build: Callable[[], bytes], deserialize: Callable[[bytes], T | None], log: Any = None
 ) -> tuple[T, bool]:
     """Return (engine, built_now). Uses the cached plan for ``key`` when it deserialises,
-    else builds one, stores it atomically beside a JSON copy of the key, and loads it."""
+    else builds one, stores it atomically beside a JSON copy of the key, and loads it; a plan built now replaces those
+    of the same model and precision an earlier TensorRT built (a JetPack upgrade's leftovers, 10-30 MB each)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     plan_path = cache_dir / key.filename
     if plan_path.is_file():
@@ -77,7 +78,29 @@ def load_or_build(
     engine = deserialize(plan)
     if engine is None:
         raise PlanBuildError(f"a freshly built plan for {key.filename} does not deserialise")
+    for old in _older_tensorrt(key, cache_dir):
+        old.unlink(missing_ok=True)
+        old.with_suffix(".json").unlink(missing_ok=True)
+        if log is not None:
+            log.info("trt_plan_deleted", plan=str(old), reason=f"built by another TensorRT than {key.tensorrt_version}")
     return engine, True
+
+
+def _older_tensorrt(key: PlanKey, cache_dir: Path) -> list[Path]:
+    """The plans in ``cache_dir`` for ``key``'s model and precision whose recorded key names another TensorRT version."""
+    found = []
+    for plan in cache_dir.glob(f"{key.onnx_sha256[:12]}-{key.precision}-*.plan"):
+        try:
+            recorded = json.loads(plan.with_suffix(".json").read_text())
+        except (OSError, ValueError):
+            continue  # no key beside it: not known to be stale, kept
+        if (
+            isinstance(recorded, dict)
+            and recorded.get("onnx_sha256") == key.onnx_sha256
+            and recorded.get("tensorrt_version") not in (None, key.tensorrt_version)
+        ):
+            found.append(plan)
+    return found
 
 
 def build_plan(
