@@ -649,7 +649,7 @@ def test_a_thousand_idle_connections_neither_take_the_page_down_nor_flood_the_lo
     assert "Traceback" not in text and text.count("connections_closed") <= 2 and len(text) < 20_000
 
 
-def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version_and_if_not_why(state):
+def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version_and_how_many_labels_waited(state):
     store = resolve_store(AppConfig(), state)
     v1 = store.open(SHIPPED)
     base = {k: v for k, v in v1.manifest.items() if k not in ("version", "files", "created", "parent", "metrics")}
@@ -663,11 +663,15 @@ def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version
         store.publish({n: v1.path / n for n in v1.manifest["files"]}, {**base, "metrics": {"gate": gate, "unlabelled": t}}).name
         for t in terms
     ]
+    many = {"pseudo": 0, "expert": 800, "waiting": 412}  # a season's labels past [trainer] labels_per_retrain
+    names.append(store.publish({n: v1.path / n for n in v1.manifest["files"]}, {**base, "metrics": {"gate": gate, "samples": many}}).name)
     page = client(state).get("/engines").text
     cell = {n: page.split(f'data-version="{n}"')[1].split('class="small trained-on"')[1].split("</td>")[0] for n in [*names, SHIPPED]}
     assert "57 unlabelled photos" in cell[names[0]] and "no unlabelled" not in cell[names[0]]
     assert "no unlabelled photos: the field check preferred the candidate without them" in cell[names[1]]
     assert "no unlabelled photos: the field check holds 6 of the 12 photos" in cell[names[2]]
     assert "unlabelled" not in cell[SHIPPED]  # the shipped model: trained before any field photo
+    assert "800 expert labels<br><span" in cell[names[3]] and "412 older labels waited for a later retrain" in cell[names[3]]
+    assert "waited" not in cell[names[0]]
     assert "release (efficientnet-lite0, fine-tuned from ImageNet weights)" in page.split(f'data-version="{SHIPPED}"')[1]
     assert "release (LeafNet5, trained from scratch)" in page.split('data-version="v1000"')[1]
