@@ -12,7 +12,7 @@ import pytest
 from trainer.loop.label_budget import choose
 from trainer.samples import Sample
 
-from .conftest import encode, leaf_image, make_class_folders
+from .conftest import encode, leaf_image
 
 
 def _sample(n: int, label: str, kind: str = "expert", new: bool = False) -> Sample:
@@ -69,22 +69,15 @@ def test_a_retrain_trains_on_the_budget_and_leaves_none_of_the_rest_as_new(tiny_
     from trainer.cli import main
     from trainer.samples import SampleStore
 
+    from .test_recheck import _open_gate
+
     store = EngineStore(shutil.copytree(tiny_store, tmp_path / "store"))
     samples = SampleStore(tmp_path / "trainer")
     for i in range(7):
         sample = {"id": f"{i:064x}", "kind": "expert", "label": CLASSES[i % 3], "confidence": 1.0, "engine_version": "v0001", "ext": ".jpg"}
         samples.add(sample, encode(leaf_image(700 + i)))
         time.sleep(0.01)
-    tc = {
-        "labelled_data": str(make_class_folders(tmp_path / "labelled", CLASSES, 4)),
-        "epochs": 1,
-        "int8": False,
-        "gate_tolerance": 1.0,
-        "gate_max_class_drop": 1.0,
-        "field_check_every": 0,
-        "calibrate": False,
-        "labels_per_retrain": 4,
-    }
+    tc = {**_open_gate(tmp_path), "labels_per_retrain": 4}
     result = service.retrain(parse_config({"trainer": tc}), store, samples, tmp_path / "strategy")
     assert result.published, result.reason
     assert result.metrics["samples"]["expert"] == 4 and result.metrics["samples"]["waiting"] == 3
