@@ -36,6 +36,7 @@ def plants_list(args: argparse.Namespace) -> int:
             "last": iso(max(r.when for r in photos)),  # when last photographed (taken, else classified)
             "latitude": d.place[0] if d.place else None,  # where its newest visit's photos were taken (EXIF GPS)
             "longitude": d.place[1] if d.place else None,
+            "not_one_plant": d.not_one or None,  # why its newest visit is not one plant
         }
         for name, photos, d, _ in ctx.plants(args.name.strip()[:64], args.show, args.limit)
     )

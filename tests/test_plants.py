@@ -300,7 +300,7 @@ def test_a_folder_of_more_photos_than_a_plant_has_alerts_photo_by_photo_and_the_
     db.close()
 
 
-def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_newest_photos(state):
+def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_newest_photos(state, capsys):
     from edge_agent.web import plant_pages
 
     from .web_helpers import client
@@ -311,6 +311,15 @@ def test_the_plants_page_shows_a_folder_of_many_photos_as_no_plant_and_only_its_
     section = client(state).get("/plants").text.split('data-plant="phone sync"')[1].split("</section>")[0]
     assert "not taken as one plant" in section and "plant_max_photos (12)" in section
     assert "Not one plant" in section and "best guess" not in section  # its photos together mean nothing
+    why = f"{plant_pages.PLANT_CARDS + 2} photos, more than [classify] plant_max_photos (12)"
+    api = client(state).get("/api/v1/plants/phone%20sync").json()
+    assert api["not_one_plant"] == why and api["visits"][0]["not_one_plant"] == why
+    assert client(state).get("/api/v1/plants").json()["plants"][0]["not_one_plant"] == why
+    from edge_agent.cli import main
+
+    capsys.readouterr()
+    assert main(["plants", "list", "--json", "--state-dir", str(state)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["not_one_plant"] == why
     assert section.count('class="card"') == plant_pages.PLANT_CARDS and "and 2 older photos" in section
     assert '<a href="/photos?plant=phone%20sync">all its photos</a>' in section
 

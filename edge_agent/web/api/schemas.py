@@ -309,6 +309,13 @@ class Alerts(BaseModel):
     alerts: list[AlertOut]
 
 
+#: What the API says of a visit that is not one plant.
+_NOT_ONE = (
+    "Why its photos are not one plant (more than [classify] plant_max_photos, or taken far apart by their GPS): they are "
+    "judged and alert one by one; null where they may be one."
+)
+
+
 class VisitOut(BaseModel):
     """One visit of a plant (its photos with no gap of more than [classify] plant_visit_gap_h) and its diagnosis."""
 
@@ -323,6 +330,7 @@ class VisitOut(BaseModel):
         None, description="Where its photos were taken (their EXIF GPS, the median), degrees north; null where not known."
     )
     longitude: float | None = Field(None, description="The same, degrees east.")
+    not_one_plant: str | None = Field(None, description=_NOT_ONE)
 
 
 class PlantOut(BaseModel):
@@ -345,6 +353,7 @@ class PlantOut(BaseModel):
         None, description="Where its newest visit's photos were taken (their EXIF GPS, the median), degrees north; null where not known."
     )
     longitude: float | None = Field(None, description="The same, degrees east.")
+    not_one_plant: str | None = Field(None, description=_NOT_ONE)
     results: list[Result] | None = Field(None, description="Its photos' own results (one plant's page only).")
     visits: list[VisitOut] | None = Field(
         None, description="Each of its visits, the newest first, with its diagnosis (one plant's page only)."
