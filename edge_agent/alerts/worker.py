@@ -205,7 +205,8 @@ class AlertWorker(Worker):
     def _as_plant(self, c: Candidate, plant: str) -> tuple[Candidate | None, str | None]:
         """``c`` as the diagnosis of its plant's visit (:func:`~edge_agent.plants.visits`) from its photos so far, and
         the outbox key that marks the alert raised (None once the plant alerted for that class in this visit); ``c``
-        itself from a visit of more than ``plant_max_photos`` photos (no plant: its photos alert one by one)."""
+        itself from a visit that is no plant (:func:`~edge_agent.plants.not_one_plant`: more than ``plant_max_photos``
+        photos, or taken far apart): its photos alert one by one."""
         limit = self.plant_max_photos
         photos = self._plant_photos(plant, c.result_id)
         if why := not_one_plant([p.place for p in photos], limit):
