@@ -76,6 +76,8 @@ def status(args: argparse.Namespace) -> int:
                     kept["engines"], kept["engine_bytes"], kept.get("engine_versions", 0), kept.get("pruned_engines", 0), "since start"
                 )
             )
+        if kept.get("trainer_photos"):
+            print(f"trainer's labels: {kept['trainer_photos']} photos ({kept['trainer_bytes'] >> 20} MiB), the expert's kept always")
         if kept.get("clock_note"):
             print(f"clock: {kept['clock_note']}")
         if kept.get("below_floor"):

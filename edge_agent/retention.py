@@ -8,6 +8,8 @@ whenever the disk passes its floor; what the loop still needs stays.
   oldest processed photos go, then the oldest thumbnails, until the floor is met; looked at every minute.
 * Old engine versions: the farm's own retrains beyond the ``engine_versions`` newest, on each pass by age
   (:mod:`edge_agent.engine_keep`; never the one in service, a release, a rollback's pin or the golden photos' version).
+* Measured, never removed: the photos of the labels a trainer sharing the state directory holds (``trainer/samples``:
+  the expert's are the farm's truth, its pseudo-labels bounded by ``[trainer] pseudo_per_class``).
 * Never removed: the label queue's and review pool's photos (``queue/``: copies of their own, which the hand-off
   and the expert need), the golden photos (``golden.npz``), and the photo of an alert not yet delivered (its link
   must open).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sqlite3
 import time
@@ -81,6 +84,22 @@ def pending_alert_photos(state_root: Path, db: ResultsDB, wait_s: float = 30.0) 
         except (ValueError, KeyError, TypeError):
             continue
     return {sha: (created, path) for sha, created, path in db.photos_by_id(ids)}
+
+
+def _files_in(folder: Path) -> tuple[int, int]:
+    """How many files ``folder`` holds (not below it) and their bytes; (0, 0) where it is missing or unreadable."""
+    count = size = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        count, size = count + 1, size + entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return count, size
 
 
 def _date(ts: float) -> date:
@@ -308,10 +327,12 @@ class Retention(Worker):
         u = self.usage(self.root)
         floor = floor_bytes(self.section, u.total)
         engines = store_bytes(self.store) if self.store is not None else None
+        labels = _files_in(self.root / "trainer" / "samples")
         self.kept = {
             "photos": len(photos),
             "photo_bytes": size,
             **({"engines": engines[0], "engine_bytes": engines[1]} if engines else {}),
+            **({"trainer_photos": labels[0], "trainer_bytes": labels[1]} if labels[0] else {}),
             "oldest_photo_day": photos[0][0].isoformat() if photos else None,
             "free_bytes": u.free,
             "floor_bytes": floor,

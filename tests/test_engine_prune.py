@@ -132,6 +132,10 @@ def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(
     (answers / f"v1001-{int8}-ort1.23.json").write_text("{}")  # this machine's INT8-or-FP32 answer for v1001
     layout = StateLayout(tmp_path / "state")
     layout.create()
+    labels = layout.root / "trainer" / "samples"  # a trainer sharing the state directory: its labels' photos
+    labels.mkdir(parents=True)
+    for i in range(3):
+        (labels / f"{i:064x}.jpg").write_bytes(bytes(1 << 20))
     db = ResultsDB(layout.db)
     r = Retention(RetentionSection(), layout.root, db, store=store, serving=lambda: "v1012")
     r.run_once(age=True)
@@ -141,6 +145,7 @@ def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(
     assert [p.name for p in answers.iterdir()] == ["v1001-0123456789abcdef-ort1.23.json"]  # another store's v1001 stays
     st = r.status()
     assert st["engines"] == 6 and st["pruned_engines"] == 7 and st["engine_versions"] == 5
+    assert (st["trainer_photos"], st["trainer_bytes"]) == (3, 3 << 20) and len(list(labels.iterdir())) == 3  # measured, kept
     (layout.root / "status.json").write_text(json.dumps({"retention": st, "updated": time.time(), "pid": 0}))
     from edge_agent.config import AppConfig
     from edge_agent.web.app import WebContext, create_app
@@ -150,6 +155,9 @@ def test_the_daemons_retention_deletes_old_retrains_and_their_plans_and_says_so(
     app = create_app(WebContext(AppConfig(), layout, layout.root / "inbox", "127.0.0.1"))
     page = TestClient(app, base_url="http://localhost", client=LOCAL).get("/health").text
     assert "engines: 6 versions" in page and "the 5 newest retrains kept; 7 older deleted since start" in page
+    assert "trainer's labels: 3 photos (3 MiB), the expert's kept always" in page
+    metrics = TestClient(app, base_url="http://localhost", client=LOCAL).get("/metrics").text
+    assert f"edge_agent_trainer_label_bytes {3 << 20}" in metrics
     off = Retention(RetentionSection(engine_versions=0), layout.root, db, store=store, serving=lambda: "v1012")
     assert off.old_engines().engines == 0
     db.close()
@@ -248,7 +256,7 @@ def test_a_store_that_cannot_be_written_keeps_its_versions_and_the_photos_pass_g
     db.close()
 
 
-def test_edge_agent_status_says_how_many_versions_are_held_and_kept(tmp_path, capsys):
+def test_edge_agent_status_says_how_many_versions_are_held_and_kept_and_what_the_trainers_labels_take(tmp_path, capsys):
     from edge_agent.cli import main
 
     layout = StateLayout(tmp_path / "state")
@@ -261,6 +269,11 @@ def test_edge_agent_status_says_how_many_versions_are_held_and_kept(tmp_path, ca
         main(["status", "--state-dir", str(layout.root)])
         out = capsys.readouterr().out
         assert "engines: 6 versions (200 MiB), " + says in out, out
+        assert ("trainer's labels" in out) is False
+    retention |= {"trainer_photos": 1812, "trainer_bytes": 7 << 30}  # a trainer here, a season of the expert's photos
+    (layout.root / "status.json").write_text(json.dumps({"pid": 0, "updated": time.time(), "retention": retention}))
+    main(["status", "--state-dir", str(layout.root)])
+    assert "trainer's labels: 1812 photos (7168 MiB), the expert's kept always" in capsys.readouterr().out
 
 
 def test_a_deleted_version_asked_for_by_name_is_said_to_be_deleted_and_the_engine_list_names_them(tmp_path, capsys):

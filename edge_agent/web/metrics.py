@@ -159,6 +159,8 @@ def _daemon(x: Exposition, st: dict, up: bool) -> None:
                 "Old retrained engine versions deleted ([retention] engine_versions).",
                 kept.get("pruned_engines", 0),
             )
+        if "trainer_photos" in kept:
+            x.one("edge_agent_trainer_label_bytes", "gauge", "Bytes of the label photos a trainer here holds.", kept["trainer_bytes"])
         x.one("edge_agent_disk_free_bytes", "gauge", "Free bytes on the state directory's disk.", kept.get("free_bytes", 0))
         x.one(
             "edge_agent_disk_floor_bytes", "gauge", "The free space retention keeps ([retention] min_free_*).", kept.get("floor_bytes", 0)
