@@ -199,7 +199,7 @@ def summarise(out: Path) -> str:
 
     r0 = runs[0]
     lines = [
-        "# One retrain on an expert's field labels",
+        "# One retrain on an expert's field labels" + (", then a second after more arrive" if r0.get("then") else ""),
         "",
         f"`python -m benchmarks.retrain_cost --out {out} --labels {r0['labels']}"
         + (f" --unlabelled {r0['unlabelled_pool']}" if r0.get("unlabelled_pool") else "")

@@ -42,6 +42,7 @@ def test_the_summary_gives_the_second_retrain_of_a_then_run_and_the_command_that
         }
         (tmp_path / f"seed-{seed}.json").write_text(json.dumps(run))
     text = summarise(tmp_path)
+    assert text.startswith("# One retrain on an expert's field labels, then a second after more arrive\n")
     assert "--labels 200 --set trainer.labels_per_retrain=300 --then 200`; 2 seeds" in text
     assert "Then 200 more labels and a second retrain: field top-1 0.850 +- 0.071, lab top-1 0.970 +- 0.000" in text
     assert "trained on 300.000 +- 0.000 expert labels (100.000 +- 0.000 waiting); wall time 250.000 +- 0.000 s" in text
