@@ -87,5 +87,5 @@ def test_a_retrain_trains_on_the_budget_and_leaves_none_of_the_rest_as_new(tiny_
     last = {"published": result.published, "reason": result.reason, "metrics": result.metrics}
     (tmp_path / "trainer" / "status.json").write_text(json.dumps({"pid": 1, "updated": 0, "state": "idle", "last_retrain": last}))
     main(["status", "--state-dir", str(tmp_path)])
-    assert "trained on 4 of the labels received, the new ones first; 3 older ones wait for a later retrain" in capsys.readouterr().out
+    assert "trained on 4 of the 7 labels it could, the new ones first; 3 wait for a later retrain's draw" in capsys.readouterr().out
     samples.close()

@@ -649,6 +649,20 @@ def test_a_thousand_idle_connections_neither_take_the_page_down_nor_flood_the_lo
     assert "Traceback" not in text and text.count("connections_closed") <= 2 and len(text) < 20_000
 
 
+def test_the_engines_page_says_whether_the_trainers_last_retrain_published_a_version(state):
+    import os
+
+    (state / "trainer").mkdir(exist_ok=True)
+    status = state / "trainer" / "status.json"
+    for last, says in (
+        ({"published": "v4001", "reason": "candidate is not worse"}, "last retrain published v4001"),
+        ({"published": None, "reason": "field check: top-1 0.80 < current 0.85"}, "last candidate not published: field check: top-1 0.80"),
+    ):
+        status.write_text(json.dumps({"pid": os.getpid(), "updated": time.time(), "state": "idle", "last_retrain": last}))
+        line = client(state).get("/engines").text.split('id="engines-trainer"')[1].split("</p>")[0]
+        assert says in line and ("not published" in line) is (last["published"] is None), line
+
+
 def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version_and_how_many_labels_waited(state):
     store = resolve_store(AppConfig(), state)
     v1 = store.open(SHIPPED)
@@ -671,7 +685,7 @@ def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version
     assert "no unlabelled photos: the field check preferred the candidate without them" in cell[names[1]]
     assert "no unlabelled photos: the field check holds 6 of the 12 photos" in cell[names[2]]
     assert "unlabelled" not in cell[SHIPPED]  # the shipped model: trained before any field photo
-    assert "800 expert labels<br><span" in cell[names[3]] and "412 older labels waited for a later retrain" in cell[names[3]]
+    assert "800 expert labels<br><span" in cell[names[3]] and "412 more labels waited for a later retrain" in cell[names[3]]
     assert "waited" not in cell[names[0]]
     assert "release (efficientnet-lite0, fine-tuned from ImageNet weights)" in page.split(f'data-version="{SHIPPED}"')[1]
     assert "release (LeafNet5, trained from scratch)" in page.split('data-version="v1000"')[1]

@@ -115,9 +115,10 @@ def _status(args: argparse.Namespace) -> int:
         print(f"last retrain: {outcome}: {last['reason']}")
         trained = last.get("metrics", {}).get("samples") or {}
         if trained.get("waiting"):
+            used = trained["expert"] + trained["pseudo"]
             print(
-                f"  trained on {trained['expert'] + trained['pseudo']} of the labels received, the new ones first; "
-                f"{trained['waiting']} older ones wait for a later retrain's draw ([trainer] labels_per_retrain)"
+                f"  trained on {used} of the {used + trained['waiting']} labels it could, the new ones first; "
+                f"{trained['waiting']} wait for a later retrain's draw ([trainer] labels_per_retrain)"
             )
     else:
         print("last retrain: none yet")
