@@ -356,7 +356,8 @@ class HandoffSection(Section):
     )
     send_place: bool = Field(
         False,
-        description="Hand photos to the trainer with the GPS position in their EXIF and XMP (off: it is blanked, every other byte kept).",
+        description="Hand photos to the trainer with the GPS position, owner's name and serial numbers in their EXIF and XMP "
+        "(off: they are blanked, every other byte kept).",
     )
     endpoint: str = Field(
         "", description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run)."

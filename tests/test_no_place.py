@@ -1,5 +1,6 @@
-"""Where the farm's trees stand stays on the farm: photos handed to the trainer have their GPS position blanked out of
-their EXIF and XMP, every other byte kept (pixels, orientation, time), unless ``[handoff] send_place`` says otherwise."""
+"""Where the farm's trees stand stays on the farm: photos handed to the trainer have their GPS position (and the names
+and serial numbers of who took them, with what) blanked out of their EXIF and XMP, every other byte kept (pixels,
+orientation, time), unless ``[handoff] send_place`` says otherwise."""
 
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ def test_a_photo_handed_over_keeps_no_position_but_its_pixels_orientation_time_a
     assert np.array_equal(decode_bgr(out), decode_bgr(data))
     assert Image.open(io.BytesIO(out)).getexif().get_ifd(0x8825) == {}  # another reader finds no position either
     Image.open(io.BytesIO(out)).load()  # a PNG's checksums hold
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "TIFF"])
+def test_a_photo_handed_over_names_neither_its_camera_nor_who_took_it_and_keeps_the_rest(fmt):
+    exif = Image.Exif()
+    exif[0x0112], exif[0x013B], exif[0x8298], exif[0x010F] = 6, "Maria Rossi", "(c) Rossi farm", "Canon"  # artist, copyright, make
+    sub = exif.get_ifd(0x8769)
+    sub[0x9003], sub[0xA430], sub[0xA431], sub[0xA435] = TAKEN, "Maria", "0123456789", "ab"  # time, owner, body, lens (<= 4: inline)
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (30, 160, 40)).save(out, fmt, exif=exif.tobytes())
+    data = out.getvalue()
+    blanked, ext = without_place(data)
+    assert ext is None and len(blanked) == len(data)
+    for secret in (b"Maria Rossi", b"Rossi farm", b"0123456789", b"Maria"):
+        assert secret in data and secret not in blanked, secret
+    got = Image.open(io.BytesIO(blanked)).getexif()
+    assert (got[0x0112], got[0x010F], got.get_ifd(0x8769)[0x9003]) == (6, "Canon", TAKEN)  # orientation, make, time kept
+    assert all(not str(got.get_ifd(0x8769).get(t, "")).strip("\x00") for t in (0xA430, 0xA431, 0xA435))
+    assert _when_where(blanked)[0] is not None and np.array_equal(decode_bgr(blanked), decode_bgr(data))
 
 
 def test_a_heic_photos_position_is_blanked_too():

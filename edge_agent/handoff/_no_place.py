@@ -1,10 +1,13 @@
-"""A photo as the trainer gets it: where it was taken blanked out of its EXIF and XMP, every other byte as it was.
+"""A photo as the trainer gets it: where it was taken, and who took it, blanked out of its EXIF and XMP, every other byte
+as it was.
 
 The trainer learns from pixels and needs no position; a cooperative's trainer, serving many farms, should not learn
-where each farm's trees stand. The GPS directory of the EXIF block is emptied in place (its entry count 0, its entries
-and the values they point at zeroed) and the XMP's ``exif:GPS...`` values are overwritten with spaces, so no offset
-moves: orientation, time and pixels read as before (a PNG's changed chunks get their checksums again). A photo without
-a position comes back as it was, byte for byte. Where a position is still read after that (an EXIF block a HEIC keeps
+where each farm's trees stand, nor whose camera took each photo. The GPS directory of the EXIF block is emptied in
+place (its entry count 0, its entries and the values they point at zeroed), the text of the tags that name a person or
+a camera (:data:`_WHO`: the artist, the copyright holder, the camera's owner and its body's and lens's serial numbers)
+is zeroed, and the XMP's ``exif:GPS...`` values are overwritten with spaces, so no offset moves: orientation, time
+and pixels read as before (a PNG's changed chunks get their checksums again). A photo with neither comes back as it
+was, byte for byte. Where a position is still read after that (an EXIF block a HEIC keeps
 in pieces), the photo goes as a PNG of its upright pixels, with no metadata at all; where it cannot be decoded here
 either (no pillow-heif), as blanked as this module could.
 """
@@ -26,6 +29,9 @@ from edge_agent.preprocess import decode_bgr
 __all__ = ["without_place"]
 
 _EXIF_IFD = 0x8769  # the pointer to the directory that holds when the photo was taken
+#: Tags whose text names who took a photo or with which camera: Artist and Copyright (first directory),
+#: CameraOwnerName, BodySerialNumber and LensSerialNumber (EXIF directory).
+_WHO = {0x013B, 0x8298, 0xA430, 0xA431, 0xA435}
 #: Bytes per value of each TIFF type (BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT, SLONG, SRATIONAL,
 #: FLOAT, DOUBLE).
 _SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8}
@@ -46,6 +52,7 @@ def without_place(data: bytes) -> tuple[bytes, str | None]:
     start = data.find(tiff) if tiff else -1
     if start >= 0:
         changed += _empty_gps(out, start, len(tiff))
+        changed += _blank_who(out, start, len(tiff))
     for match in _XMP_GPS.finditer(data) if b"exif:GPS" in data else ():
         a, b = match.span(1) if match.group(1) is not None else match.span(2)
         out[a:b] = b" " * (b - a)
@@ -86,6 +93,35 @@ def _empty_gps(buf: bytearray, start: int, length: int) -> list[tuple[int, int]]
     changed = [
         (start + a, start + min(b, length)) for a, b in changed if 8 <= a < min(b, length) and not any(a < k1 and b > k0 for k0, k1 in kept)
     ]
+    for a, b in changed:
+        buf[a:b] = bytes(b - a)
+    return changed
+
+
+def _blank_who(buf: bytearray, start: int, length: int) -> list[tuple[int, int]]:
+    """Zero the values of the :data:`_WHO` tags of the TIFF-structured block at ``buf[start:start + length]`` (in its
+    first and EXIF directories) in place; the byte ranges (of ``buf``) changed."""
+    tiff = bytes(buf[start : start + length])
+    endian = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if endian is None or length < 8:
+        return []
+    first = struct.unpack(endian + "I", tiff[4:8])[0]
+    directories = [first] + [
+        struct.unpack(e + "I", v)[0] for e, tag, typ, _c, v in ifd_entries(tiff) if tag == _EXIF_IFD and typ in (4, 13)
+    ]
+    changed = []
+    for offset in directories:
+        for i, (e, tag, typ, n, value) in enumerate(ifd_entries(tiff, offset)):
+            if tag not in _WHO or typ not in (1, 2, 7) or n == 0:  # BYTE, ASCII, UNDEFINED: text
+                continue
+            if n <= 4:  # the text is in the entry itself
+                at = offset + 2 + 12 * i + 8
+            else:  # where it points, which a garbled block may aim at a directory: never zeroed
+                at = struct.unpack(e + "I", value)[0]
+                if any(at < k1 and at + n > k0 for k0, k1 in (_directory(tiff, endian, d) for d in directories)):
+                    continue
+            if 8 <= at < length:
+                changed.append((start + at, start + min(at + n, length)))
     for a, b in changed:
         buf[a:b] = bytes(b - a)
     return changed
