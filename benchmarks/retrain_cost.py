@@ -171,6 +171,7 @@ def one_seed(
         "retrain_seconds": round(seconds, 1),
         "retrain_peak_rss_mb": round(peak_mb),
         "gate": result.metrics.get("gate"),
+        "samples": result.metrics.get("samples"),  # what it trained on (expert, pseudo, waiting past labels_per_retrain)
         "unlabelled": result.metrics.get("unlabelled"),
         "memory": result.metrics.get("memory"),  # the retrain's own record: peak RSS by the end of each phase
         "unlabelled_pool": unlabelled,

@@ -107,7 +107,7 @@ class TrainerSection(Section):
         "so a season's disk, memory and retrain time stay bounded; 0: all kept).",
     )
     labels_per_retrain: int = Field(
-        600,
+        500,
         ge=0,
         le=1_000_000,
         description="Most received labels one retrain trains on: every one new since the last retrain, then a class-balanced "
