@@ -101,8 +101,10 @@ def test_a_position_in_the_xmp_is_blanked_and_the_rest_of_the_xmp_kept():
     xmp = (
         b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
         b'<rdf:Description xmlns:exif="http://ns.adobe.com/exif/1.0/" xmlns:xmp="http://ns.adobe.com/xap/1.0/" '
+        b'xmlns:aux="http://ns.adobe.com/exif/1.0/aux/" aux:SerialNumber="SN-778812" '
         b'exif:GPSLatitude="47,23.8687N" exif:GPSLongitude="8,32.8339E" xmp:CreatorTool="Camera">'
-        b"<exif:GPSAltitude>4200/10</exif:GPSAltitude></rdf:Description></rdf:RDF></x:xmpmeta>"
+        b"<exif:GPSAltitude>4200/10</exif:GPSAltitude><exifEX:BodySerialNumber>B-99</exifEX:BodySerialNumber>"
+        b"</rdf:Description></rdf:RDF></x:xmpmeta>"
     )
     out = io.BytesIO()
     Image.new("RGB", (64, 48), (30, 150, 40)).save(out, "JPEG", xmp=xmp)
@@ -110,6 +112,7 @@ def test_a_position_in_the_xmp_is_blanked_and_the_rest_of_the_xmp_kept():
     assert b"47,23.8687N" in data
     blanked, _ = without_place(data)
     assert b"47,23.8687N" not in blanked and b"8,32.8339E" not in blanked and b"4200/10" not in blanked
+    assert b"SN-778812" not in blanked and b"B-99" not in blanked and b"SN-778812" in data  # the camera's serials too
     assert b'xmp:CreatorTool="Camera"' in blanked and len(blanked) == len(data)
     assert np.array_equal(decode_bgr(blanked), decode_bgr(data))
 

@@ -5,7 +5,7 @@ The trainer learns from pixels and needs no position; a cooperative's trainer, s
 where each farm's trees stand, nor whose camera took each photo. The GPS directory of the EXIF block is emptied in
 place (its entry count 0, its entries and the values they point at zeroed), the text of the tags that name a person or
 a camera (:data:`_WHO`: the artist, the copyright holder, the camera's owner and its body's and lens's serial numbers)
-is zeroed, and the XMP's ``exif:GPS...`` values are overwritten with spaces, so no offset moves: orientation, time
+is zeroed, and the XMP's ``exif:GPS...`` values and serial numbers are overwritten with spaces, so no offset moves: orientation, time
 and pixels read as before (a PNG's changed chunks get their checksums again). A photo with neither comes back as it
 was, byte for byte. Where a position is still read after that (an EXIF block a HEIC keeps
 in pieces), the photo goes as a PNG of its upright pixels, with no metadata at all; where it cannot be decoded here
@@ -35,8 +35,10 @@ _WHO = {0x013B, 0x8298, 0xA430, 0xA431, 0xA435}
 #: Bytes per value of each TIFF type (BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT, SLONG, SRATIONAL,
 #: FLOAT, DOUBLE).
 _SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8}
-#: An XMP position: ``exif:GPSLatitude="48,30.5N"`` or ``<exif:GPSLatitude>48,30.5N</exif:GPSLatitude>``.
-_XMP_GPS = re.compile(rb"exif:GPS[A-Za-z]+\s*=\s*[\"']([^\"'<>]*)|<exif:GPS[A-Za-z]+>([^<]*)")
+#: The XMP properties blanked: the position (``exif:GPSLatitude="48,30.5N"`` or
+#: ``<exif:GPSLatitude>48,30.5N</exif:GPSLatitude>``) and the camera's serial numbers and owner's name.
+_XMP_NAMES = rb"exif:GPS[A-Za-z]+|(?:aux|exifEX):(?:SerialNumber|BodySerialNumber|LensSerialNumber|CameraOwnerName|OwnerName)"
+_XMP_GPS = re.compile(rb"(?:" + _XMP_NAMES + rb")\s*=\s*[\"']([^\"'<>]*)|<(?:" + _XMP_NAMES + rb")>([^<]*)")
 
 
 def without_place(data: bytes) -> tuple[bytes, str | None]:
@@ -53,7 +55,7 @@ def without_place(data: bytes) -> tuple[bytes, str | None]:
     if start >= 0:
         changed += _empty_gps(out, start, len(tiff))
         changed += _blank_who(out, start, len(tiff))
-    for match in _XMP_GPS.finditer(data) if b"exif:GPS" in data else ():
+    for match in _XMP_GPS.finditer(data) if b"exif:GPS" in data or b"aux:" in data or b"exifEX:" in data else ():
         a, b = match.span(1) if match.group(1) is not None else match.span(2)
         out[a:b] = b" " * (b - a)
         changed.append((a, b))
