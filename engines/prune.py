@@ -98,17 +98,17 @@ def forget_caches(deleted: Iterable[Deleted], configured_cache: str = "") -> int
     removed = 0
     for gone in deleted:
         patterns = [("ort-precision", f"{gone.version}-{gone.int8_sha256[:16]}-*.json")] if gone.int8_sha256 else []
-        if gone.onnx_sha256:
-            patterns.append(("trt-plans", f"{gone.onnx_sha256[:12]}-*"))
-            engines = cache_dir(configured_cache) / "ort-trt" / gone.onnx_sha256[:12]  # ONNX Runtime's TensorRT engines
-            if engines.is_dir():
-                removed += sum(1 for f in engines.rglob("*") if f.is_file())
-                shutil.rmtree(engines, ignore_errors=True)
+        if gone.onnx_sha256:  # its TensorRT plans, and the folder of ONNX Runtime's TensorRT engines
+            patterns += [("trt-plans", f"{gone.onnx_sha256[:12]}-*"), ("ort-trt", gone.onnx_sha256[:12])]
         for sub, pattern in patterns:
             for f in cache_dir(configured_cache, sub).glob(pattern):
                 try:
-                    f.unlink()
-                    removed += 1
+                    if f.is_dir():
+                        removed += sum(1 for g in f.rglob("*") if g.is_file())
+                        shutil.rmtree(f, ignore_errors=True)
+                    else:
+                        f.unlink()
+                        removed += 1
                 except OSError:
                     continue
     return removed

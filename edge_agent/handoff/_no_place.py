@@ -81,10 +81,7 @@ def _empty_gps(buf: bytearray, start: int, length: int) -> list[tuple[int, int]]
     if sub is None or sub < 8 or sub + 2 > length:
         return []
     endian = "<" if tiff[:2] == b"II" else ">"
-    kept = [_directory(tiff, endian, struct.unpack(endian + "I", tiff[4:8])[0])]  # the first (orientation)
-    kept += [
-        _directory(tiff, e, struct.unpack(e + "I", v)[0]) for e, tag, typ, _c, v in ifd_entries(tiff) if tag == _EXIF_IFD and typ in (4, 13)
-    ]
+    kept = [_directory(tiff, endian, d) for d in _kept_directories(tiff, endian)]
     changed = [_directory(tiff, endian, sub)]  # its count, entries and next pointer
     for e, _tag, typ, n, value in ifd_entries(tiff, sub):
         size = _SIZES.get(typ, 0) * n
@@ -107,10 +104,8 @@ def _blank_who(buf: bytearray, start: int, length: int) -> list[tuple[int, int]]
     endian = {b"II": "<", b"MM": ">"}.get(tiff[:2])
     if endian is None or length < 8:
         return []
-    first = struct.unpack(endian + "I", tiff[4:8])[0]
-    directories = [first] + [
-        struct.unpack(e + "I", v)[0] for e, tag, typ, _c, v in ifd_entries(tiff) if tag == _EXIF_IFD and typ in (4, 13)
-    ]
+    directories = _kept_directories(tiff, endian)
+    kept = [_directory(tiff, endian, d) for d in directories]
     changed = []
     for offset in directories:
         for i, (e, tag, typ, n, value) in enumerate(ifd_entries(tiff, offset)):
@@ -120,13 +115,19 @@ def _blank_who(buf: bytearray, start: int, length: int) -> list[tuple[int, int]]
                 at = offset + 2 + 12 * i + 8
             else:  # where it points, which a garbled block may aim at a directory: never zeroed
                 at = struct.unpack(e + "I", value)[0]
-                if any(at < k1 and at + n > k0 for k0, k1 in (_directory(tiff, endian, d) for d in directories)):
+                if any(at < k1 and at + n > k0 for k0, k1 in kept):
                     continue
             if 8 <= at < length:
                 changed.append((start + at, start + min(at + n, length)))
     for a, b in changed:
         buf[a:b] = bytes(b - a)
     return changed
+
+
+def _kept_directories(tiff: bytes, endian: str) -> list[int]:
+    """The offsets of the first directory (the orientation) and the EXIF directories (the time) of a TIFF block."""
+    first = struct.unpack(endian + "I", tiff[4:8])[0]
+    return [first] + [struct.unpack(e + "I", v)[0] for e, tag, typ, _c, v in ifd_entries(tiff) if tag == _EXIF_IFD and typ in (4, 13)]
 
 
 def _directory(tiff: bytes, endian: str, offset: int) -> tuple[int, int]:
