@@ -7,6 +7,8 @@ import json
 import time
 
 from edge_agent._cli_common import load, state_db
+from edge_agent.backup import last_backup
+from edge_agent.backup_schedule import backup_lines
 from edge_agent.engine_keep import engines_line
 from edge_agent.names import printable
 
@@ -41,9 +43,11 @@ def status(args: argparse.Namespace) -> int:
         "retention",
         "store_problem",
         "clock_behind",
+        "backup",
     ):
         if key in live:
             out[key] = live[key]
+    out["last_backup"] = last_backup(state.root)
     try:
         from edge_agent.state import resolve_store
         from edge_agent.upgrade import pending_release
@@ -82,6 +86,8 @@ def status(args: argparse.Namespace) -> int:
             print(f"clock: {kept['clock_note']}")
         if kept.get("below_floor"):
             print(f"BELOW THE DISK FLOOR with nothing more of ours to remove; largest here: {kept.get('largest')}")
+    for text, _warn in backup_lines(cfg.backup, out["last_backup"], out.get("backup") if running else None, time.time()):
+        print(printable(f"backup: {text}"))
     if "engine" in out:
         e = out["engine"]
         print(

@@ -8,6 +8,9 @@ secret, the golden photos, the label queue and review pool, and, with ``--photos
 configuration file, the CURVE keys and the farm's notes file and Map image the configuration names, kept outside the
 state directory, go in too, under ``outside/``, with the paths they came from (the notes written on the page are in
 the state directory: ``class-notes.toml``). Thumbnails, status files and ``quarantine/`` are left out (remade, or not worth keeping).
+Each file is archived as it was when listed (the databases copied, the rest hard-linked), so a daemon that goes on
+meanwhile cannot make a file differ from its recorded hash; the state directory records the last backup written of
+it (:data:`RECORD`: what ``status``, the Health page and the daemon's schedule, :mod:`edge_agent.backup_schedule`, read).
 
 ``edge-agent restore`` takes such a file into a state directory that holds no results yet (``--force`` first moves
 an existing one aside): every member must be a plain file named in ``backup.json`` with the hash it records, or
@@ -24,26 +27,35 @@ import os
 import shutil
 import sqlite3
 import tarfile
+import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from edge_agent.config import AppConfig
 from engines.errors import EdgeAgentError
 
-__all__ = ["BackupError", "Restored", "backup", "restore", "FORMAT"]
+__all__ = ["BackupError", "BackupStopped", "Restored", "backup", "last_backup", "planned_bytes", "restore", "FORMAT", "RECORD"]
 
 FORMAT = 1
 MANIFEST = "backup.json"
+#: The state directory's record of the last backup written of it (or restored into it): what ``status``, the Health
+#: page and the daemon's schedule read.
+RECORD = "last-backup.json"
 #: SQLite files copied through the backup API (a plain copy of a live WAL database may be torn).
 DATABASES = ("results.sqlite", "alerts.sqlite", "trainer/samples.sqlite", "trainer/unlabelled.sqlite")
 #: What a backup leaves out: remade on demand, the services' live status, or not worth keeping.
-SKIPPED = ("web/thumbs", "quarantine", "inbox", "restored", "status.json", "trainer/status.json", "run", ".tmp-")
+SKIPPED = ("web/thumbs", "quarantine", "inbox", "restored", "status.json", "trainer/status.json", "run", ".tmp-", RECORD)
 
 
 class BackupError(EdgeAgentError):
     """A backup could not be written, or a file is not a backup this version can restore (nothing was changed)."""
+
+
+class BackupStopped(BackupError):
+    """A backup was given up half-way because its taker is stopping (nothing was written)."""
 
 
 @dataclass(frozen=True)
@@ -64,16 +76,17 @@ def _skipped(rel: str, photos: bool) -> bool:
     )
 
 
-def _sqlite_copy(src: Path) -> bytes:
-    """A consistent copy of the SQLite database ``src`` (the writer may go on), as bytes."""
-    tmp = src.with_name(f".tmp-backup-{os.getpid()}-{src.name}")
+def _sqlite_copy(src: Path, dst: Path) -> Path:
+    """A consistent copy of the SQLite database ``src`` (the writer may go on) at ``dst``: a season's ledger is
+    streamed into the archive from disk, never held in memory (the daemon takes backups too)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    con, out = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30), sqlite3.connect(dst)
     try:
-        with sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30) as con, sqlite3.connect(tmp) as out:
-            con.backup(out)
-        out.close()
-        return tmp.read_bytes()
+        con.backup(out)
     finally:
-        tmp.unlink(missing_ok=True)
+        out.close()
+        con.close()
+    return dst
 
 
 def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
@@ -93,14 +106,34 @@ def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
     return out
 
 
-def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False) -> dict:
-    """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600); returns its manifest."""
-    from edge_agent import __version__
+def _snapshot(members: dict[str, Path], folder: Path) -> dict[str, Path]:
+    """``members`` as they are now, each read later from ``folder``: the databases copied through SQLite's backup
+    API, every other file hard-linked (a file the daemon replaces or deletes while the archive is written is read
+    as it was when listed, so its recorded sha256 holds; a file on another disk is read where it is). A file gone
+    since it was listed is left out."""
+    out: dict[str, Path] = {}
+    for i, (name, src) in enumerate(members.items()):
+        if name in DATABASES:
+            out[name] = _sqlite_copy(src, folder / name.replace("/", "-"))
+            continue
+        link = folder / "files" / str(i)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, link)
+        except FileNotFoundError:
+            continue
+        except OSError:  # another disk (an outside store, the configuration), or links refused: read in place
+            link = src
+        out[name] = link
+    return out
 
-    state_dir = Path(state_dir)
+
+def _members(cfg: AppConfig, state_dir: Path, photos: bool) -> tuple[dict[str, Path], dict[str, str]]:
+    """What a backup of ``state_dir`` holds (name in the backup -> file; the live databases as they are) and the files
+    from outside it (name -> the path they came from)."""
     if not (state_dir / "results.sqlite").is_file() and not (state_dir / "engines").is_dir():
         raise BackupError(f"{state_dir} holds no results and no engines: is it the state directory (--state-dir)?")
-    members: dict[str, Path | bytes] = {}
+    members: dict[str, Path] = {}
     for folder, dirs, files in os.walk(state_dir):
         rel_dir = Path(folder).relative_to(state_dir).as_posix()
         under = "" if rel_dir == "." else f"{rel_dir}/"
@@ -110,7 +143,7 @@ def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False) -> 
             path = Path(folder) / name
             if _skipped(rel, photos) or path.is_symlink() or not path.is_file():
                 continue
-            members[rel] = _sqlite_copy(path) if rel in DATABASES else path
+            members[rel] = path
     if cfg.store.path:
         store = Path(cfg.store.resolved())
         for f in sorted(store.rglob("*")):
@@ -120,50 +153,102 @@ def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False) -> 
     members.update({name: Path(p) for name, p in outside.items()})
     if cfg.store.path:
         outside["outside/store"] = str(Path(cfg.store.resolved()))
-    files = {}
-    for name, src in members.items():
-        data = src if isinstance(src, bytes) else None
-        h, size = hashlib.sha256(), 0
-        if data is not None:
-            h.update(data)
-            size = len(data)
-        else:
+    return members, outside
+
+
+def planned_bytes(cfg: AppConfig, state_dir: Path, photos: bool = False) -> int:
+    """The bytes of the files a backup of ``state_dir`` would hold: what its archive takes at most, give or take
+    the tar headers (photos and engines do not compress; the databases do)."""
+    total = 0
+    for path in _members(cfg, Path(state_dir), photos)[0].values():
+        try:
+            total += path.stat().st_size
+        except OSError:  # gone since it was listed (a photo pruned): not in the backup either
+            pass
+    return total
+
+
+def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False, should_stop: Callable[[], bool] = lambda: False) -> dict:
+    """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600), record it in the state directory
+    (:data:`RECORD`) and return its manifest; raises :class:`BackupStopped`, having written nothing, where
+    ``should_stop()`` turns true on the way (the daemon stopping)."""
+    from edge_agent import __version__
+
+    state_dir = Path(state_dir)
+    members, outside = _members(cfg, state_dir, photos)
+    copies = state_dir / f".tmp-backup-{os.getpid()}-{threading.get_ident()}"
+    out = Path(out)
+    tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
+    try:
+        members = _snapshot(members, copies)
+        files = {}
+        for name, src in members.items():
+            h, size = hashlib.sha256(), 0
             with open(src, "rb") as f:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     h.update(chunk)
                     size += len(chunk)
-        files[name] = {"sha256": h.hexdigest(), "bytes": size}
-    manifest = {
-        "format": FORMAT,
-        "edge_agent": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "state_dir": str(state_dir.resolve()),
-        "photos": photos,
-        "files": files,
-        "outside": outside,
-    }
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
-    try:
+            files[name] = {"sha256": h.hexdigest(), "bytes": size}
+            if should_stop():
+                raise BackupStopped(f"{out}: not written, stopped while reading {name}")
+        manifest = {
+            "format": FORMAT,
+            "edge_agent": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "created_s": time.time(),
+            "state_dir": str(state_dir.resolve()),
+            "photos": photos,
+            "files": files,
+            "outside": outside,
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
             _add(tar, MANIFEST, json.dumps(manifest, indent=2).encode())
             for name, src in members.items():
-                if isinstance(src, bytes):
-                    _add(tar, name, src)
-                else:
-                    info = tarfile.TarInfo(name)
-                    info.size, info.mtime, info.mode = files[name]["bytes"], int(src.stat().st_mtime), 0o600
-                    with open(src, "rb") as f:
-                        tar.addfile(info, f)
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = files[name]["bytes"], int(src.stat().st_mtime), 0o600
+                with open(src, "rb") as f:
+                    tar.addfile(info, f)
+                if should_stop():
+                    raise BackupStopped(f"{out}: not written, stopped while writing {name}")
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise BackupError(f"{out}: could not write the backup: {exc.strerror or exc}") from None
+    except sqlite3.Error as exc:  # a database locked past 30 s, or no room for its copy in the state directory
+        raise BackupError(f"{state_dir}: could not copy a database for the backup ({exc}); nothing written") from None
+    except (BackupError, tarfile.TarError):
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(copies, ignore_errors=True)
+    _record(state_dir, {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": out.stat().st_size, "files": len(files)})
     return manifest
+
+
+def last_backup(state_dir: Path) -> dict | None:
+    """The last backup written of ``state_dir`` (or restored into it): ``{"time", "path", "bytes", "files"}`` and
+    ``"restored"`` (when it was restored here), or None where none is recorded or the record is unreadable."""
+    try:
+        data = json.loads((Path(state_dir) / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("time"), (int, float)) and isinstance(data.get("path"), str)
+    return data if ok else None
+
+
+def _record(state_dir: Path, taken: dict) -> None:
+    """Write :data:`RECORD` atomically; a disk too full for it leaves the record before (the backup itself is whole)."""
+    path = state_dir / RECORD
+    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{RECORD}")
+    try:
+        tmp.write_text(json.dumps(taken))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -242,6 +327,10 @@ def restore(archive: Path, state_dir: Path, force: bool = False) -> Restored:
         (staging / "restored").mkdir(exist_ok=True)
         os.replace(staging / "outside", staging / "restored" / "outside")
     os.replace(staging, state_dir)
+    created = manifest.get("created_s")
+    if isinstance(created, (int, float)):  # the backup restored is this state's last one (from before 2026-12-03: unknown)
+        size = archive.stat().st_size
+        _record(state_dir, {"time": created, "path": str(archive.resolve()), "bytes": size, "files": len(files), "restored": time.time()})
     outside = {}
     for name, original in (manifest.get("outside") or {}).items():
         if name == "outside/store":

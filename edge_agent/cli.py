@@ -252,9 +252,18 @@ def _web(args: argparse.Namespace) -> int:
 
 
 def _install_systemd(args: argparse.Namespace) -> int:
-    from edge_agent.units import install
+    from edge_agent.units import install, writable_folders
 
-    written = install(Path(args.unit_dir), args.bin_dir, args.user, dry_run=args.dry_run, create_user=not args.no_user, jetson=args.jetson)
+    folders = writable_folders(_load(args))
+    written = install(
+        Path(args.unit_dir),
+        args.bin_dir,
+        args.user,
+        dry_run=args.dry_run,
+        create_user=not args.no_user,
+        jetson=args.jetson,
+        writable=folders,
+    )
     for path in written:
         print(f"wrote {path}")
     if written:

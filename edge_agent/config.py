@@ -224,6 +224,19 @@ class RetentionSection(Section):
     )
 
 
+class BackupSection(Section):
+    dir: str = Field(
+        "",
+        description="Folder the daemon writes a backup into every every_h hours (a USB stick's or a share's; it must exist); "
+        "empty: none, take one with `edge-agent backup`.",
+    )
+    every_h: float = Field(24.0, ge=1, le=8760, description="Hours between two backups (one taken by hand counts too).")
+    keep: int = Field(
+        7, ge=1, le=1000, description="This device's newest backups kept in dir; its older ones are deleted, nothing else there."
+    )
+    photos: bool = Field(False, description="Put the processed photos in each backup too (the history and the labels are in without them).")
+
+
 class PipelineSection(Section):
     max_batch: int = Field(
         16,
@@ -480,6 +493,7 @@ class AppConfig(Section):
     camera: CameraSection = Field(default_factory=CameraSection)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
     retention: RetentionSection = Field(default_factory=RetentionSection)
+    backup: BackupSection = Field(default_factory=BackupSection)
     labels: LabelsSection = Field(default_factory=LabelsSection)
     handoff: HandoffSection = Field(default_factory=HandoffSection)
     hotswap: HotswapSection = Field(default_factory=HotswapSection)

@@ -69,6 +69,7 @@ class Daemon:
         self.watcher: EngineWatcher | None = None
         self.alerts = None
         self.retention = None
+        self.backups = None
         self.store_note: str | None = None
         self._seed_after_ready = False  # a first start: <state>/engines is seeded just after READY=1
         self._results_before_start = 0
@@ -161,6 +162,11 @@ class Daemon:
                 engine_cache=getattr(self.cfg.engine, "cache_dir", ""),
             )
             self.retention.start()
+        if self.cfg.backup.dir:
+            from edge_agent.backup_schedule import BackupSchedule
+
+            self.backups = BackupSchedule(self.cfg, self.state.root)
+            self.backups.start()
         self._start_alerts()
         self._start_learning_links()
 
@@ -292,7 +298,7 @@ class Daemon:
         p = self.pipeline
         sources_ok = all(
             s.alive()
-            for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts, self.retention)
+            for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts, self.retention, self.backups)
             if s is not None
         )
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
@@ -337,6 +343,8 @@ class Daemon:
             out["alerts"] = self.alerts.status()
         if self.retention:
             out["retention"] = self.retention.status()
+        if self.backups:
+            out["backup"] = self.backups.status()
         out["board"] = self.board.read()
         out["latency_ms"] = self.pipeline.latency.as_dict()
         return out
@@ -421,7 +429,7 @@ class Daemon:
     def _shutdown(self) -> int:
         self.notifier.stopping()
         self.log.info("stopping", in_flight=self.pipeline.in_flight)
-        for s in (self.folder, self.camera, self.watcher, self.retention):
+        for s in (self.folder, self.camera, self.watcher, self.retention, self.backups):
             if s is not None:
                 s.stop()
         drained = self.pipeline.drain(self.cfg.daemon.drain_timeout_s)

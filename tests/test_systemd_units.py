@@ -82,22 +82,46 @@ def test_install_systemd_writes_units_for_this_environment(tmp_path):
     assert f"ExecStart={Path(sys.executable).parent}/edge-agent web" in (tmp_path / "edge-web.service").read_text()
 
 
-def test_install_systemd_jetson_adds_the_gpu_drop_in(tmp_path):
+def _install(units: Path, *args: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "install-systemd", "--unit-dir", str(tmp_path), "--no-user", "--jetson"],
+        [sys.executable, "-m", "edge_agent", "install-systemd", "--unit-dir", str(units), "--no-user", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def _read_with_the_unit(units: Path, dropin: str) -> None:
+    """The drop-in is read with the daemon's unit, every key in it known and every value parsed."""
+    if shutil.which("systemd-analyze"):
+        check = subprocess.run(
+            ["systemd-analyze", "verify", str(units / "edge-agent.service")],
+            capture_output=True,
+            text=True,
+            env={"SYSTEMD_UNIT_PATH": f"{units}:", "PATH": "/usr/bin:/bin"},
+        )
+        assert dropin not in check.stderr, check.stderr
+
+
+def test_install_systemd_jetson_adds_the_gpu_drop_in(tmp_path):
+    _install(tmp_path, "--jetson")
     dropin = (tmp_path / "edge-agent.service.d" / "jetson.conf").read_text()
     assert "DevicePolicy=auto" in dropin and "SupplementaryGroups=video render" in dropin
     assert not (tmp_path / "edge-trainer.service.d").exists()
-    if shutil.which("systemd-analyze"):  # the drop-in is read with the unit, and every key in it is known
-        check = subprocess.run(
-            ["systemd-analyze", "verify", str(tmp_path / "edge-agent.service")],
-            capture_output=True,
-            text=True,
-            env={"SYSTEMD_UNIT_PATH": f"{tmp_path}:", "PATH": "/usr/bin:/bin"},
-        )
-        assert "jetson.conf" not in check.stderr, check.stderr
+    _read_with_the_unit(tmp_path, "jetson.conf")
+
+
+def test_install_systemd_opens_the_folders_the_configuration_names_outside_the_state_directory(tmp_path):
+    """ProtectSystem=strict leaves every folder read-only to the daemon but its own: a [backup] dir on a stick and an
+    [inbox] path elsewhere are opened by a drop-in written from the configuration, and it goes when they do."""
+    conf = tmp_path / "edge-agent.toml"
+    conf.write_text('[backup]\ndir = "/media/farm backup"\n[inbox]\npath = "/srv/photos"\n')
+    units = tmp_path / "units"
+    _install(units, "--config", str(conf))
+    dropin = units / "edge-agent.service.d" / "paths.conf"
+    assert 'ReadWritePaths="-/media/farm backup" "-/srv/photos"' in dropin.read_text()
+    _read_with_the_unit(units, "paths.conf")  # the quoted path with its space parsed too
+    conf.write_text("")
+    _install(units, "--config", str(conf))
+    assert not dropin.exists() and (units / "edge-agent.service").is_file()

@@ -314,7 +314,8 @@ class AlertWorker(Worker):
         engine = status.get("engine", {}).get("engine_version")
         refused = dict((status.get("hotswap") or {}).get("refused") or {})
         healthy = status.get("healthy")
-        before, self._observed = self._observed, {"engine": engine, "refused": refused, "healthy": healthy}
+        backup_failed = (status.get("backup") or {}).get("failed")
+        before, self._observed = self._observed, {"engine": engine, "refused": refused, "healthy": healthy, "backup": bool(backup_failed)}
         if before:
             events = []
             if engine != before["engine"]:
@@ -333,6 +334,18 @@ class AlertWorker(Worker):
                         },
                     )
                 )
+            if bool(backup_failed) != before["backup"]:  # a backup that could not be written, and the next that was
+                said = (
+                    {
+                        "title": f"edge-agent {self.device}: backup failed",
+                        "message": f"{backup_failed['error']} (tried again hourly)",
+                        "error": backup_failed["error"],
+                        "failing_since": backup_failed["since"],
+                    }
+                    if backup_failed
+                    else {"title": f"edge-agent {self.device}: backups written again", "message": "the last backup was written"}
+                )
+                events.append(("health", {"event": "backup_failed" if backup_failed else "backup_written", "device": self.device} | said))
             for kind, body in events:
                 self.outbox.put(self._messages(kind, body | {"time": time.time()}))
         if self.mqtt is None:  # the device's state is published for Home Assistant only

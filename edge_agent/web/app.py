@@ -24,6 +24,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from edge_agent.backup import last_backup
+from edge_agent.backup_schedule import backup_lines
 from edge_agent.board import as_reported
 from edge_agent.capture_place import NEAR_M, geo_uri
 from edge_agent.export import csv_lines
@@ -286,6 +288,7 @@ def create_app(ctx: WebContext) -> Starlette:
             board=as_reported(daemon, daemon_up),
             alerts=recent_alerts(ctx, 3).alerts,
             notes_problem=(ctx.notes, ctx.notes_source.problem)[1],  # read now: a file changed since is checked
+            backup=backup_lines(ctx.cfg.backup, last_backup(ctx.state.root), daemon.get("backup") if daemon_up else None, now),
         )
 
     # ---- fleet --------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from edge_agent.backup import last_backup
 from edge_agent.results import query_readonly
 from edge_agent.web.context import WebContext
 
@@ -210,5 +211,22 @@ def render(ctx: WebContext) -> str:
     _database(x, ctx.state.db)
     _daemon(x, daemon, daemon_up)
     _alert_ledger(x, ctx.state.root / "alerts.sqlite")
+    _backup(x, last_backup(ctx.state.root), daemon.get("backup") if daemon_up else None)
     _trainer(x, trainer, trainer_up)
     return x.text()
+
+
+def _backup(x: Exposition, last: dict | None, schedule: dict | None) -> None:
+    x.one(
+        "edge_agent_backup_last_timestamp_seconds",
+        "gauge",
+        "When the last backup of this state directory was taken (0: never; edge-agent backup or [backup] dir).",
+        last["time"] if last else 0,
+    )
+    if schedule is not None:
+        x.one(
+            "edge_agent_backup_failing",
+            "gauge",
+            "1 while the daemon's last try to write a backup into [backup] dir failed.",
+            bool(schedule.get("failed")),
+        )

@@ -1,0 +1,262 @@
+"""Backups on their own: the daemon writes one into ``[backup] dir`` (a USB stick, a NAS share) every ``every_h``
+hours and keeps the ``keep`` newest of this device's there, so a dead SD card costs a farm a day of its season, not
+the season; ``status``, the Health page, ``/metrics`` and the health alerts say when the last one was taken, and why
+one failed.
+
+A backup is written by :func:`edge_agent.backup.backup` in a thread of the daemon at the lowest CPU priority (the
+photos go on being classified). It is never written where it cannot be whole: a folder that is not there (a stick
+not plugged in: it is never created, which would fill the SD card under the mount point) or too small for it after
+deleting this device's oldest backups there (the newest always kept), on the state directory's own disk (a mount
+point whose stick is not plugged in), or that this process may not write (read-only, another user's, a folder the
+systemd unit does not open: ``edge-agent install-systemd`` opens ``[backup] dir``) is a failure, said and tried again
+hourly. Files there that are not this
+device's backups (``edge-agent-<device>-<YYYYmmdd-HHMMSS>.tar.gz``) are never touched.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, planned_bytes
+from edge_agent.config import AppConfig, BackupSection
+from edge_agent.log import get_logger
+from edge_agent.worker import Worker
+
+__all__ = ["BackupSchedule", "backup_lines", "device_name", "own_backups", "take"]
+
+#: How long after a failure the next try waits (or ``every_h``, if shorter).
+RETRY_S = 3600.0
+#: How long after the daemon starts a device that never had a backup takes its first (start-up is left alone).
+FIRST_DELAY_S = 600.0
+#: Room left beside a backup's planned bytes for tar's headers and the manifest.
+_SLACK = 1 << 20
+_NAME = re.compile(r"edge-agent-(?P<device>[A-Za-z0-9_.-]+)-(?P<when>\d{8}-\d{6})\.tar\.gz")
+
+
+def device_name() -> str:
+    """This device's name in its backups' file names: the host name, with anything but letters, digits, ``_.-`` as ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname()) or "device"
+
+
+def own_backups(folder: Path, device: str) -> list[Path]:
+    """This device's backups in ``folder``, oldest first."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    ours = [n for n in names if (m := _NAME.fullmatch(n)) and m["device"] == device]
+    return [folder / n for n in sorted(ours, key=lambda n: _NAME.fullmatch(n)["when"])]
+
+
+def _same_disk(a: Path, b: Path) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why this process may not write into ``folder`` (None where it may)."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return (
+            "is read-only here: mounted read-only, or, under systemd, not a folder the service may write (run "
+            "sudo edge-agent install-systemd again after setting [backup] dir, then restart edge-agent)"
+        )
+    return (
+        f"may not be written by the user {getpass.getuser()}: mount the stick for it (uid=edge-agent in /etc/fstab, "
+        "docs/operations.md) or give it the folder"
+    )
+
+
+def take(cfg: AppConfig, state_root: Path, should_stop=lambda: False, device: str | None = None, now: float | None = None) -> dict:
+    """Write one backup into ``[backup] dir`` and delete this device's older ones beyond ``keep``; returns
+    ``{"path", "bytes", "deleted"}``; raises :class:`BackupError` naming the folder and what to do, having deleted
+    nothing but to make room (this device's oldest backups there, never its newest)."""
+    section = cfg.backup
+    folder = Path(section.dir).expanduser()
+    device = device or device_name()
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist: is the USB stick or share plugged in and mounted?"
+        raise BackupError(f"{folder} {what} ([backup] dir)")
+    if _same_disk(folder, state_root):
+        raise BackupError(
+            f"{folder} is on the state directory's own disk, where a backup dies with the card: is the USB stick or share "
+            "mounted there? ([backup] dir)"
+        )
+    why = _unwritable(folder)
+    if why:
+        raise BackupError(f"{folder} {why}")
+    need = planned_bytes(cfg, state_root, section.photos) + _SLACK
+    usage = shutil.disk_usage(folder)
+    deleted: list[str] = []
+    ours = own_backups(folder, device)
+    while usage.free < need and len(ours) > 1:  # make room: this device's oldest first, never its newest
+        oldest = ours.pop(0)
+        oldest.unlink(missing_ok=True)
+        deleted.append(oldest.name)
+        usage = shutil.disk_usage(folder)
+    if usage.free < need:
+        raise BackupError(
+            f"{folder} has {usage.free >> 20} MiB free, a backup needs about {need >> 20} MiB: free space there, or point "
+            "[backup] dir at a larger disk"
+        )
+    for stale in folder.glob(f".tmp-*-edge-agent-{device}-*.tar.gz"):  # half-written by a daemon killed mid-backup
+        stale.unlink(missing_ok=True)
+    out = folder / f"edge-agent-{device}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}.tar.gz"
+    backup(cfg, state_root, out, photos=section.photos, should_stop=should_stop)
+    for old in [p for p in own_backups(folder, device)[: -section.keep] if p != out]:  # (the clock set back: it sorts first)
+        old.unlink(missing_ok=True)
+        deleted.append(old.name)
+    return {"path": str(out), "bytes": out.stat().st_size, "deleted": deleted}
+
+
+class BackupSchedule(Worker):
+    """The daemon's thread that takes a backup whenever one is due (see the module)."""
+
+    thread_name = "backup"
+
+    def __init__(self, cfg: AppConfig, state_root: Path, clock=time.time, poll_s: float = 60.0, first_delay_s: float | None = None) -> None:
+        super().__init__()
+        self.cfg, self.section, self.state_root = cfg, cfg.backup, Path(state_root)
+        self.clock, self.poll_s = clock, poll_s
+        self.started = clock()
+        self.first_delay_s = FIRST_DELAY_S if first_delay_s is None else first_delay_s
+        self.log = get_logger("backup")
+        self.running = False
+        self.failed: dict | None = None  # {"time", "error", "since"}: the last try failed
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    def due(self, now: float) -> bool:
+        """Whether a backup should be written now."""
+        if self.failed and now - self.failed["time"] < min(RETRY_S, self.section.every_h * 3600):
+            return False
+        last = last_backup(self.state_root)
+        if last is None:
+            return now - self.started >= self.first_delay_s
+        age = now - last["time"]
+        return age >= self.section.every_h * 3600 or age < -300  # negative: the clock was set back since
+
+    def next_due(self, now: float) -> float:
+        """When the next backup is due (a time; ``now`` or before: at the next look)."""
+        if self.failed:
+            return self.failed["time"] + min(RETRY_S, self.section.every_h * 3600)
+        last = last_backup(self.state_root)
+        if last is None:
+            return self.started + self.first_delay_s
+        return last["time"] + self.section.every_h * 3600 if last["time"] <= now + 300 else now
+
+    def run_once(self) -> dict | None:
+        """Take a backup now; returns what :func:`take` did, or None where it failed (recorded in :attr:`failed`)."""
+        with self._lock:
+            self.running = True
+            try:
+                done = take(self.cfg, self.state_root, should_stop=self._stop.is_set, now=self.clock())
+            except BackupStopped:
+                return None
+            except Exception as exc:  # noqa: BLE001 - BackupError says what to do; anything else is said too, never kills the thread
+                now = self.clock()
+                since = self.failed["since"] if self.failed else now
+                self.failed = {"time": now, "error": str(exc) if isinstance(exc, BackupError) else repr(exc)[:300], "since": since}
+                self.log.error("backup_failed", error=str(exc), failing_since=since)
+                return None
+            finally:
+                self.running = False
+            if self.failed:
+                self.log.info("backup_recovered", failing_since=self.failed["since"])
+            self.failed = None
+            self.taken += 1
+            self.log.info("backup_written", path=done["path"], bytes=done["bytes"], deleted=done["deleted"])
+            return done
+
+    def status(self) -> dict:
+        """What ``status`` and the pages show of the schedule (the last backup itself is in the state's record)."""
+        now = self.clock()
+        return {
+            "dir": self.section.dir,
+            "every_h": self.section.every_h,
+            "keep": self.section.keep,
+            "running": self.running,
+            "failed": self.failed,
+            "next": self.next_due(now),
+            "taken": self.taken,
+        }
+
+    def _run(self) -> None:
+        try:  # the photos go first: this thread (only) at the lowest CPU priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
+        while not self._stop.wait(self.poll_s):
+            if self.due(self.clock()):
+                self.run_once()
+
+
+def _span(seconds: float) -> str:
+    if seconds < 5400:
+        return f"{max(1, round(seconds / 60))} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def _ago(seconds: float) -> str:
+    return "just now" if seconds < 60 else f"{_span(seconds)} ago"
+
+
+def _within(seconds: float) -> str:
+    return "at the next look" if seconds < 60 else f"in {_span(seconds)}"
+
+
+def backup_lines(section: BackupSection, last: dict | None, schedule: dict | None, now: float) -> list[tuple[str, bool]]:
+    """What ``status`` and the Health page say of backups, as lines ``(text, warn)``: the last one, the schedule
+    (``schedule``: :meth:`BackupSchedule.status` where the daemon runs one), and what to do where there is none."""
+    out: list[tuple[str, bool]] = []
+    stale_s = 2 * section.every_h * 3600 if section.dir else 7 * 86400
+    if last is None:
+        out.append(("no backup taken yet", True))
+    else:
+        size = f"{last.get('bytes', 0) / 2**20:.0f} MiB"
+        if last.get("restored"):
+            out.append(
+                (f"restored here {_ago(now - last['restored'])} from a backup taken {_ago(now - last['time'])} ({last['path']})", False)
+            )
+        else:
+            out.append((f"last backup {_ago(now - last['time'])}, {size}: {last['path']}", now - last["time"] > stale_s))
+    if not section.dir:
+        if last is None or now - last["time"] > stale_s:
+            out.append(
+                (
+                    "a dead SD card loses the season's history and labels: set [backup] dir to a USB stick's folder for a "
+                    f"backup every {section.every_h:g} h, or run edge-agent backup --out FILE now and then",
+                    True,
+                )
+            )
+        else:
+            out.append((f"taken by hand ([backup] dir unset: none on its own every {section.every_h:g} h)", False))
+        return out
+    if schedule is None:
+        out.append((f"every {section.every_h:g} h into {section.dir} while the daemon runs (it is not running)", True))
+        return out
+    if schedule.get("running"):
+        out.append((f"writing one into {section.dir} now", False))
+    else:
+        nxt = schedule.get("next") or now
+        out.append((f"every {section.every_h:g} h into {section.dir}, the {section.keep} newest kept; next {_within(nxt - now)}", False))
+    failed = schedule.get("failed")
+    if failed:
+        out.append((f"FAILED {_ago(now - failed['time'])}: {failed['error']}; tried again hourly", True))
+    return out

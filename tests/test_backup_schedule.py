@@ -1,0 +1,285 @@
+"""Backups on their own: the daemon writes one into ``[backup] dir`` every ``every_h`` hours, keeps this device's
+newest there and nothing else touched, never writes where it cannot be whole, and says when the last one was taken
+and why one failed (``status``, the Health page, ``/metrics``, the health alerts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, restore
+from edge_agent.backup_schedule import BackupSchedule, backup_lines, device_name, own_backups, take
+from edge_agent.config import AppConfig, override
+from edge_agent.results import ResultsDB
+
+from .web_helpers import make_state
+
+HOUR = 3600.0
+
+
+def _cfg(folder: Path, **backup) -> AppConfig:
+    return override(AppConfig(), {"backup.dir": str(folder), **{f"backup.{k}": v for k, v in backup.items()}})
+
+
+@pytest.fixture(autouse=True)
+def stick(monkeypatch):
+    """The test's folders are on the state directory's disk: taken as a stick of their own but where a test says."""
+    monkeypatch.setattr("edge_agent.backup_schedule._same_disk", lambda a, b: False)
+
+
+@pytest.fixture(scope="module")
+def season(tmp_path_factory) -> Path:
+    return make_state(tmp_path_factory.mktemp("season"))
+
+
+@pytest.fixture()
+def state(tmp_path, season) -> Path:
+    """A copy of the module's state directory, for a test to back up and change as it likes."""
+    out = tmp_path / "state"
+    shutil.copytree(season, out)
+    return out
+
+
+def test_the_schedule_keeps_this_devices_newest_backups_and_touches_nothing_else_there(tmp_path, state):
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    (usb / "holiday.jpg").write_bytes(b"the farmer's own file")
+    (usb / "edge-agent-shed-20260101-000000.tar.gz").write_bytes(b"another device's backup")
+    cfg = _cfg(usb, keep=2)
+    t0 = time.time()
+    done = [take(cfg, state, device="barn", now=t0 + i * 86400) for i in range(3)]
+    kept = own_backups(usb, "barn")
+    assert [p.name for p in kept] == [Path(d["path"]).name for d in done[1:]]
+    assert done[2]["deleted"] == [Path(done[0]["path"]).name]
+    assert (usb / "holiday.jpg").read_bytes() == b"the farmer's own file"
+    assert (usb / "edge-agent-shed-20260101-000000.tar.gz").exists()
+    assert last_backup(state)["path"] == str(kept[-1].resolve()) and last_backup(state)["bytes"] == kept[-1].stat().st_size
+    restored = restore(kept[-1], tmp_path / "new-card")
+    db = ResultsDB(restored.state_dir / "results.sqlite", readonly=True)
+    assert db.counts() == ResultsDB(state / "results.sqlite", readonly=True).counts()
+    assert last_backup(restored.state_dir)["restored"] >= t0  # the restored device knows its backup, and that it was restored
+
+
+def test_a_folder_that_is_not_there_is_a_failure_said_and_tried_again_hourly_and_never_created(tmp_path, state):
+    usb = tmp_path / "media" / "usb"
+    now = [time.time()]
+    sched = BackupSchedule(_cfg(usb), state, clock=lambda: now[0], first_delay_s=0)
+    assert sched.due(now[0])
+    assert sched.run_once() is None
+    assert "does not exist: is the USB stick" in sched.failed["error"] and not usb.exists()
+    assert not sched.due(now[0] + 0.5 * HOUR)
+    lines = backup_lines(sched.section, last_backup(state), sched.status(), now[0] + 60)
+    assert any(warn and text.startswith("FAILED") and "does not exist" in text for text, warn in lines)
+    now[0] += HOUR + 1
+    assert sched.due(now[0])
+    usb.mkdir(parents=True)  # the stick is back
+    assert sched.run_once() is not None and sched.failed is None and len(own_backups(usb, device_name())) == 1
+
+
+def test_a_folder_too_small_loses_only_this_devices_oldest_backups_and_never_its_newest(tmp_path, state, monkeypatch):
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    old = [usb / f"edge-agent-barn-2026110{i}-000000.tar.gz" for i in (1, 2, 3)]
+    for p in old:
+        p.write_bytes(b"an older backup")
+    other = usb / "edge-agent-shed-20261101-000000.tar.gz"
+    other.write_bytes(b"another device's")
+    real = shutil.disk_usage
+    room = {"free": 0}
+
+    def usage(path):
+        total, used, _ = real(path)
+        gone = sum(not p.exists() for p in old)  # each backup deleted frees a gigabyte
+        return type(real(path))(total, used, room["free"] + gone * (1 << 30))
+
+    monkeypatch.setattr("edge_agent.backup_schedule.shutil.disk_usage", usage)
+    done = take(_cfg(usb), state, device="barn")
+    assert done["deleted"] == [old[0].name] and old[1].exists() and old[2].exists() and other.exists()
+    for p in own_backups(usb, "barn")[2:]:
+        p.unlink()  # only the two older ones again
+    old[0].write_bytes(b"an older backup")
+    monkeypatch.setattr("edge_agent.backup_schedule.shutil.disk_usage", lambda path: type(real(path))(10 << 30, 10 << 30, 1 << 20))
+    with pytest.raises(BackupError, match=r"has 1 MiB free, a backup needs about \d+ MiB"):
+        take(_cfg(usb), state, device="barn")
+    assert [p.exists() for p in old] == [False, False, True] and other.exists()  # the newest is never deleted
+
+
+def test_a_folder_on_the_state_directorys_own_disk_is_refused_as_a_mount_point_whose_stick_is_not_there(tmp_path, state, monkeypatch):
+    folder = tmp_path / "media" / "usb"  # the mount point, on the card, with no stick in it
+    folder.mkdir(parents=True)
+    monkeypatch.undo()
+    with pytest.raises(BackupError, match="is on the state directory's own disk, where a backup dies with the card"):
+        take(_cfg(folder), state, device="barn")
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "read_only, why",
+    [(True, "is read-only here: .* install-systemd again"), (False, "may not be written by the user .*uid=edge-agent in /etc/fstab")],
+)
+def test_a_folder_this_user_may_not_write_is_refused_with_what_to_do(tmp_path, state, monkeypatch, read_only, why):
+    folder = tmp_path / "usb"
+    folder.mkdir()
+    flags = os.statvfs(folder).f_flag | (os.ST_RDONLY if read_only else 0)
+    monkeypatch.setattr("edge_agent.backup_schedule.os.access", lambda path, mode: False)  # (root may write anywhere)
+    monkeypatch.setattr("edge_agent.backup_schedule.os.statvfs", lambda path: type("V", (), {"f_flag": flags})())
+    with pytest.raises(BackupError, match=why):
+        take(_cfg(folder), state, device="barn")
+    assert list(folder.iterdir()) == []
+
+
+def test_a_backup_stopped_half_way_leaves_nothing_behind(tmp_path, state):
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    files = len(backup(AppConfig(), state, usb / "whole.tar.gz")["files"])
+    record = last_backup(state)
+    for after in (3, files + 3):  # while the files are read, and while the archive is written
+        calls = iter(range(10**6))
+        with pytest.raises(BackupStopped):
+            backup(AppConfig(), state, usb / "b.tar.gz", should_stop=lambda calls=calls, after=after: next(calls) >= after)
+        assert [p.name for p in usb.iterdir()] == ["whole.tar.gz"] and last_backup(state) == record
+        assert not [p for p in state.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_files_replaced_or_deleted_while_the_archive_is_written_still_restore(tmp_path, state):
+    """The daemon goes on while a backup is written: a file it replaces (atomically) or deletes after the backup
+    listed it is archived as it was, so the sha256 the backup records still matches and the restore takes it."""
+    notes = state / "class-notes.toml"
+    notes.write_text("# as it was\n")
+    review = sorted((state / "queue" / "review").iterdir())[0]
+    before = review.read_bytes()
+    changed = []
+
+    def meanwhile():
+        if not changed:
+            tmp = notes.with_name("notes.new")
+            tmp.write_text("# written by the page meanwhile, longer than before\n")
+            os.replace(tmp, notes)
+            review.unlink()
+            changed.append(1)
+        return False
+
+    out = tmp_path / "b.tar.gz"
+    backup(AppConfig(), state, out, should_stop=meanwhile)
+    back = restore(out, tmp_path / "new-card").state_dir
+    assert (back / "class-notes.toml").read_text() == "# as it was\n"
+    assert (back / "queue" / "review" / review.name).read_bytes() == before
+
+
+def test_a_backup_is_due_by_the_last_one_taken_by_hand_too_and_after_the_clock_was_set_back(tmp_path, state):
+    sched = BackupSchedule(_cfg(tmp_path), state, first_delay_s=600)
+    now = time.time()
+    assert not sched.due(now) and sched.due(now + 601)  # none yet: 10 minutes after the start
+    record = state / "last-backup.json"
+    for age_h, due in ((1, False), (23.9, False), (24.1, True), (-24, True)):
+        record.write_text(json.dumps({"time": now - age_h * HOUR, "path": "/media/usb/x.tar.gz", "bytes": 1, "files": 1}))
+        assert sched.due(now) is due, age_h
+    record.write_text("{not json")
+    assert last_backup(state) is None
+
+
+def test_the_thread_writes_the_backup_when_due_and_at_low_priority(tmp_path, state):
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    sched = BackupSchedule(_cfg(usb), state, poll_s=0.05, first_delay_s=0)
+    sched.start()
+    try:
+        end = time.monotonic() + 60
+        while not sched.taken and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        sched.stop()
+    assert sched.taken == 1 and len(list(usb.glob("edge-agent-*.tar.gz"))) == 1
+    assert not sched.due(time.time())
+
+
+def test_status_says_when_the_last_backup_was_taken_and_what_to_do_where_none_is(tmp_path, state):
+    import subprocess
+    import sys
+
+    conf = tmp_path / "edge-agent.toml"
+    conf.write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\n")
+    repo = Path(__file__).resolve().parents[1]
+
+    def status() -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_agent", "status", "--config", str(conf)], capture_output=True, text=True, cwd=repo
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    first = status()
+    assert "backup: no backup taken yet" in first and "set [backup] dir to a USB stick's folder" in first
+    backup(AppConfig(), state, tmp_path / "by-hand.tar.gz")
+    second = status()
+    size = f"{(tmp_path / 'by-hand.tar.gz').stat().st_size / 2**20:.0f}"
+    assert f"backup: last backup just now, {size} MiB: {tmp_path / 'by-hand.tar.gz'}" in second
+    assert "backup: taken by hand" in second and "a dead SD card" not in second
+
+
+def test_the_health_page_and_metrics_say_when_the_last_backup_was_taken(tmp_path, state):
+    pytest.importorskip("starlette")
+    from .web_helpers import client
+
+    c = client(state)
+    page = c.get("/health").text
+    assert 'id="backup"' in page and "no backup taken yet" in page
+    assert "edge_agent_backup_last_timestamp_seconds 0" in c.get("/metrics").text
+    backup(AppConfig(), state, tmp_path / "b.tar.gz")
+    assert "last backup just now" in c.get("/health").text
+    [line] = [x for x in c.get("/metrics").text.splitlines() if x.startswith("edge_agent_backup_last_timestamp_seconds ")]
+    assert abs(float(line.split()[1]) - time.time()) < 60
+
+
+def test_a_backup_that_fails_and_the_next_that_is_written_are_health_events(tmp_path):
+    from edge_agent.alerts.config import AlertsSection, WebhookSection
+    from edge_agent.alerts.worker import AlertWorker
+
+    from .test_alerts import NO_MQTT
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(), NO_MQTT, [WebhookSection(url="http://127.0.0.1:9/", events=["health"])], db.path, tmp_path, "barn")
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}, "backup": {"failed": None}}
+    w.observe(st)
+    failed = {"time": time.time(), "error": "/media/usb does not exist: is the USB stick plugged in?", "since": time.time()}
+    w.observe(st | {"backup": {"failed": failed}})
+    w.observe(st | {"backup": {"failed": failed | {"time": time.time() + HOUR}}})  # failing still: said once
+    w.observe(st)
+    sent = [json.loads(m.payload) for m in w.outbox.due("webhook:0")]
+    assert [(d["event"], d["title"]) for d in sent] == [
+        ("backup_failed", "edge-agent barn: backup failed"),
+        ("backup_written", "edge-agent barn: backups written again"),
+    ]
+    assert "USB stick" in sent[0]["message"]
+    w.stop()
+    db.close()
+
+
+def test_the_daemon_runs_the_schedule_where_a_folder_is_configured_and_says_so(tmp_path):
+    from .daemon_helpers import DaemonProc, wait_until
+
+    usb = tmp_path / "usb"
+    d = DaemonProc(tmp_path / "state", {"backup": {"dir": str(usb)}}).start()
+    try:
+        d.wait_ready()
+        status = tmp_path / "state" / "status.json"
+        wait_until(lambda: status.is_file() and "backup" in json.loads(status.read_text()), 30, "the schedule in the status")
+        st = json.loads(status.read_text())["backup"]
+        assert st["dir"] == str(usb) and st["every_h"] == 24 and st["failed"] is None and st["next"] > time.time() + 300
+    finally:
+        assert d.terminate() == 0
+
+
+def test_a_database_that_cannot_be_copied_is_a_failure_said_and_the_schedule_goes_on(tmp_path, state):
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    (state / "alerts.sqlite").write_bytes(b"not a database, " * 512)  # torn by a dead card, say
+    sched = BackupSchedule(_cfg(usb), state, first_delay_s=0)
+    assert sched.run_once() is None
+    assert "could not copy a database for the backup" in sched.failed["error"] and list(usb.iterdir()) == []
+    assert not [p for p in state.iterdir() if p.name.startswith(".tmp-")]
