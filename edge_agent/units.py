@@ -182,26 +182,28 @@ DevicePolicy=auto
 """
 
 
-#: The daemon's drop-in naming the folders outside its state directory that it writes (``ProtectSystem=strict`` leaves
-#: every other folder read-only to it): written by ``install-systemd`` from the configuration, removed where it names none.
-PATHS_DROPIN = "edge-agent.service.d/paths.conf"
+#: Each service's drop-in naming the folders outside its state directory that it writes (``ProtectSystem=strict``
+#: leaves every other folder read-only to it): written by ``install-systemd`` from the configuration, removed where it
+#: names none.
+PATHS_DROPIN = "paths.conf"
 
 
-def writable_folders(cfg) -> list[str]:
-    """The folders outside the state directory the daemon writes, by the configuration ``cfg``: ``[backup] dir`` (its
-    backups) and ``[inbox] path`` (photos moved out of it, its rejects)."""
-    return [str(Path(p).expanduser().absolute()) for p in (cfg.backup.dir, cfg.inbox.path) if p]
+def writable_folders(cfg) -> dict[str, list[str]]:
+    """The folders outside the state directory each service writes, by the configuration ``cfg``: the daemon
+    ``[backup] dir`` (its backups) and ``[inbox] path`` (photos moved out of it); the page the inbox (uploads)."""
+    backup, inbox = ([str(Path(p).expanduser().absolute())] if p else [] for p in (cfg.backup.dir, cfg.inbox.path))
+    return {"edge-agent.service": backup + inbox, "edge-web.service": inbox}
 
 
-def paths_dropin(folders: list[str]) -> str:
-    """The text of :data:`PATHS_DROPIN` for ``folders``."""
+def paths_dropin(unit: str, folders: list[str]) -> str:
+    """The text of ``unit``'s :data:`PATHS_DROPIN` for ``folders``."""
     quoted = " ".join('"-' + f.replace("\\", "\\\\").replace('"', '\\"') + '"' for f in folders)
     return (
-        f"# {PATHS_DROPIN} (written by `edge-agent install-systemd` from the configuration; run it again when these change)\n"
+        f"# {unit}.d/{PATHS_DROPIN} (written by `edge-agent install-systemd` from the configuration; run it again when it changes)\n"
         "[Service]\n"
-        "# Folders outside the state directory the daemon writes ([backup] dir, [inbox] path): ProtectSystem=strict leaves\n"
-        "# every other folder read-only to it. '-': a folder not there when the service starts (a stick not plugged in) is\n"
-        "# no error; a stick mounted after the service started is writable as it is mounted.\n"
+        "# Folders outside the state directory this service writes ([backup] dir, [inbox] path): ProtectSystem=strict\n"
+        "# leaves every other folder read-only to it. '-': a folder not there when the service starts (a stick not plugged\n"
+        "# in) is no error; a stick mounted after the service started is writable as it is mounted.\n"
         f"ReadWritePaths={quoted}\n"
     )
 
@@ -222,20 +224,21 @@ def install(
     dry_run: bool = False,
     create_user: bool = True,
     jetson: bool = False,
-    writable: list[str] = (),
+    writable: dict[str, list[str]] | None = None,
 ) -> list[Path]:
     """Write the units for the environment ``bin_dir`` (default: this one), create the user, reload systemd.
-    ``jetson``: also the daemon's drop-in that lets it reach the GPU (:data:`JETSON_DROPIN`); ``writable``: the
-    folders outside the state directory it writes (:data:`PATHS_DROPIN`; none: that drop-in removed)."""
+    ``jetson``: also the daemon's drop-in that lets it reach the GPU (:data:`JETSON_DROPIN`); ``writable``: unit ->
+    the folders outside the state directory it writes (:data:`PATHS_DROPIN`; none: that drop-in removed)."""
     bin_dir = bin_dir or str(Path(sys.executable).parent)
     docs = str(Path(__file__).resolve().parents[1] / "README.md")
     units = render(bin_dir, user, docs)
     if jetson:
         units["edge-agent.service.d/jetson.conf"] = JETSON_DROPIN
-    if writable:
-        units[PATHS_DROPIN] = paths_dropin(list(writable))
-    elif not dry_run:
-        (unit_dir / PATHS_DROPIN).unlink(missing_ok=True)
+    for unit, folders in (writable or {}).items():
+        if folders:
+            units[f"{unit}.d/{PATHS_DROPIN}"] = paths_dropin(unit, folders)
+        elif not dry_run:
+            (unit_dir / f"{unit}.d" / PATHS_DROPIN).unlink(missing_ok=True)
     if dry_run:
         for name, text in units.items():
             print(f"# ---- {unit_dir / name}\n{text}")

@@ -119,9 +119,10 @@ def test_install_systemd_opens_the_folders_the_configuration_names_outside_the_s
     conf.write_text('[backup]\ndir = "/media/farm backup"\n[inbox]\npath = "/srv/photos"\n')
     units = tmp_path / "units"
     _install(units, "--config", str(conf))
-    dropin = units / "edge-agent.service.d" / "paths.conf"
+    dropin, web = units / "edge-agent.service.d" / "paths.conf", units / "edge-web.service.d" / "paths.conf"
     assert 'ReadWritePaths="-/media/farm backup" "-/srv/photos"' in dropin.read_text()
+    assert 'ReadWritePaths="-/srv/photos"' in web.read_text()  # the page's uploads go into the inbox
     _read_with_the_unit(units, "paths.conf")  # the quoted path with its space parsed too
     conf.write_text("")
     _install(units, "--config", str(conf))
-    assert not dropin.exists() and (units / "edge-agent.service").is_file()
+    assert not dropin.exists() and not web.exists() and (units / "edge-agent.service").is_file()
