@@ -246,7 +246,7 @@ def backup_lines(section: BackupSection, last: dict | None, schedule: dict | Non
                 )
             )
         else:
-            out.append((f"taken by hand ([backup] dir unset: none on its own every {section.every_h:g} h)", False))
+            out.append((f"[backup] dir unset: none is taken on its own every {section.every_h:g} h", False))
         return out
     if schedule is None:
         out.append((f"every {section.every_h:g} h into {section.dir} while the daemon runs (it is not running)", True))

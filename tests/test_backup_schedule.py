@@ -219,7 +219,7 @@ def test_status_says_when_the_last_backup_was_taken_and_what_to_do_where_none_is
     second = status()
     size = f"{(tmp_path / 'by-hand.tar.gz').stat().st_size / 2**20:.0f}"
     assert f"backup: last backup just now, {size} MiB: {tmp_path / 'by-hand.tar.gz'}" in second
-    assert "backup: taken by hand" in second and "a dead SD card" not in second
+    assert "backup: [backup] dir unset: none is taken on its own every 24 h" in second and "a dead SD card" not in second
 
 
 def test_the_health_page_and_metrics_say_when_the_last_backup_was_taken(tmp_path, state):
