@@ -166,3 +166,58 @@ def test_the_trainer_gets_photos_without_their_position_unless_the_farm_sends_it
         assert sample.id == sha  # the device's id of the photo, whatever was blanked
         assert (_when_where(got)[1] is not None) is send_place
         assert np.array_equal(decode_bgr(got), decode_bgr(data))
+
+
+def test_the_makers_own_note_where_it_keeps_the_cameras_serial_number_is_zeroed():
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    sub = exif.get_ifd(0x8769)
+    sub[0x9003], sub[0x927C] = TAKEN, b"Nikon\x00\x02\x10\x00\x00MM\x00*SERIAL-4471902 and the maker's own data"
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (30, 160, 40)).save(out, "JPEG", exif=exif.tobytes())
+    data = out.getvalue()
+    blanked, ext = without_place(data)
+    assert b"SERIAL-4471902" in data and b"SERIAL-4471902" not in blanked and b"Nikon" not in blanked
+    assert ext is None and len(blanked) == len(data) and read_header(blanked).orientation == 6
+    assert _when_where(blanked)[0] is not None and np.array_equal(decode_bgr(blanked), decode_bgr(data))
+
+
+def _png_with(add) -> bytes:
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    add(info)
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(out, "PNG", pnginfo=info)
+    return out.getvalue()
+
+
+GPS_XMP = '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:Description exif:GPSLatitude="47,23.8687N" exif:GPSLongitude="8,32.8339E"/></x:xmpmeta>'
+
+
+@pytest.mark.parametrize(
+    "what, add",
+    [
+        ("compressed XMP", lambda info: info.add_itxt("XML:com.adobe.xmp", GPS_XMP, zip=True)),
+        ("ImageMagick's EXIF profile", lambda info: info.add_text("Raw profile type exif", "\nexif\n  120\n4578696600004d4d", zip=True)),
+        ("ImageMagick's profile uncompressed", lambda info: info.add_text("Raw profile type xmp", "\nxmp\n 40\n3c783a786d706d657461")),
+    ],
+)
+def test_a_png_whose_metadata_is_compressed_or_hex_goes_as_its_pixels_alone(what, add):
+    """The position inside a compressed or hex-encoded chunk cannot be blanked in place (nor is it decompressed here:
+    it may be a bomb): the photo goes as its pixels, with no metadata at all."""
+    data = _png_with(add)
+    out, ext = without_place(data)
+    assert ext == ".png" and np.array_equal(decode_bgr(out), decode_bgr(data))
+    chunks = []
+    pos = 8
+    while pos < len(out):
+        size, name = struct.unpack(">I4s", out[pos : pos + 8])
+        chunks.append(name)
+        pos += 12 + size
+    assert not {b"iTXt", b"zTXt", b"tEXt"} & set(chunks), (what, chunks)
+
+
+def test_a_png_with_compressed_text_that_is_not_metadata_is_handed_over_byte_for_byte():
+    data = _png_with(lambda info: info.add_itxt("Description", "a leaf of tree 12, as the farmer wrote it", zip=True))
+    assert without_place(data) == (data, None)

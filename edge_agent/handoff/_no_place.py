@@ -4,9 +4,10 @@ as it was.
 The trainer learns from pixels and needs no position; a cooperative's trainer, serving many farms, should not learn
 where each farm's trees stand, nor whose camera took each photo. The GPS directory of the EXIF block is emptied in
 place (its entry count 0, its entries and the values they point at zeroed), the text of the tags that name a person or
-a camera (:data:`_WHO`: the artist, the copyright holder, the camera's owner and its body's and lens's serial numbers)
-is zeroed, and the XMP's ``exif:GPS...`` values and serial numbers are overwritten with spaces, so no offset moves: orientation, time
-and pixels read as before (a PNG's changed chunks get their checksums again). A photo with neither comes back as it
+a camera (:data:`_WHO`: the artist, the copyright holder, the camera's owner, its body's and lens's serial numbers,
+and the maker's own note, where makers keep the serial number) is zeroed, and the XMP's ``exif:GPS...`` values and serial numbers are overwritten with spaces, so no offset moves: orientation, time
+and pixels read as before (a PNG's changed chunks get their checksums again). A PNG whose XMP or EXIF is compressed
+or hex-encoded in a text chunk goes as its pixels alone, as below. A photo with neither comes back as it
 was, byte for byte. Where a position is still read after that (an EXIF block a HEIC keeps
 in pieces), the photo goes as a PNG of its upright pixels, with no metadata at all; where it cannot be decoded here
 either (no pillow-heif), as blanked as this module could.
@@ -30,8 +31,9 @@ __all__ = ["without_place"]
 
 _EXIF_IFD = 0x8769  # the pointer to the directory that holds when the photo was taken
 #: Tags whose text names who took a photo or with which camera: Artist and Copyright (first directory),
-#: CameraOwnerName, BodySerialNumber and LensSerialNumber (EXIF directory).
-_WHO = {0x013B, 0x8298, 0xA430, 0xA431, 0xA435}
+#: CameraOwnerName, BodySerialNumber and LensSerialNumber (EXIF directory), and the MakerNote (EXIF directory: each
+#: maker's own format, where Canon, Nikon and others keep the camera's serial number; zeroed whole).
+_WHO = {0x013B, 0x8298, 0xA430, 0xA431, 0xA435, 0x927C}
 #: Bytes per value of each TIFF type (BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT, SLONG, SRATIONAL,
 #: FLOAT, DOUBLE).
 _SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8}
@@ -59,12 +61,13 @@ def without_place(data: bytes) -> tuple[bytes, str | None]:
         a, b = match.span(1) if match.group(1) is not None else match.span(2)
         out[a:b] = b" " * (b - a)
         changed.append((a, b))
-    if not changed:
+    packed = header.format == "png" and _png_packed_metadata(data)
+    if not changed and not packed:
         return data, None
     if header.format == "png":
         _png_checksums(out, changed)
     blanked = bytes(out)
-    if read_capture(blanked, time.time()).place is None:
+    if not packed and read_capture(blanked, time.time()).place is None:
         return blanked, None
     try:  # the position is kept somewhere this module cannot reach: the pixels alone
         ok, png = cv2.imencode(".png", decode_bgr(data))
@@ -135,6 +138,26 @@ def _directory(tiff: bytes, endian: str, offset: int) -> tuple[int, int]:
     pointer."""
     count = struct.unpack(endian + "H", tiff[offset : offset + 2])[0] if offset + 2 <= len(tiff) else 0
     return offset, offset + 6 + 12 * min(count, 512)
+
+
+def _png_packed_metadata(data: bytes) -> bool:
+    """Whether the PNG ``data`` holds metadata this module cannot blank in place: its XMP compressed (``iTXt`` with its
+    flag set, ``zTXt``), or ImageMagick's hex-encoded raw profiles (``Raw profile type exif``, ``... xmp``, ``... APP1``);
+    such a photo goes as its pixels alone (nothing is decompressed here: a compressed chunk may be a bomb)."""
+    pos, n = 8, len(data)
+    while pos + 12 <= n:
+        size, name = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + min(size, 80)]
+        keyword, _, rest = body.partition(b"\x00")
+        text = name in (b"tEXt", b"zTXt", b"iTXt")
+        if text and keyword.startswith(b"Raw profile type"):  # hex, compressed or not
+            return True
+        if keyword == b"XML:com.adobe.xmp" and (name == b"zTXt" or (name == b"iTXt" and rest[:1] != b"\x00")):  # compressed
+            return True
+        if name == b"IEND":
+            return False
+        pos += 12 + size
+    return False
 
 
 def _png_checksums(buf: bytearray, changed: list[tuple[int, int]]) -> None:
