@@ -11,6 +11,7 @@ the state directory: ``class-notes.toml``). Thumbnails, status files and ``quara
 Each file is archived as it was when listed (the databases copied, the rest hard-linked), so a daemon that goes on
 meanwhile cannot make a file differ from its recorded hash; the state directory records the last backup written of
 it (:data:`RECORD`: what ``status``, the Health page and the daemon's schedule, :mod:`edge_agent.backup_schedule`, read).
+Given a passphrase, the archive is sealed as it is written (:mod:`edge_agent._backup_seal`), and a restore needs it.
 
 ``edge-agent restore`` takes such a file into a state directory that holds no results yet (``--force`` first moves
 an existing one aside): every member must be a plain file named in ``backup.json`` with the hash it records, or
@@ -37,7 +38,18 @@ from pathlib import Path, PurePosixPath
 from edge_agent.config import AppConfig
 from engines.errors import EdgeAgentError
 
-__all__ = ["BackupError", "BackupStopped", "Restored", "backup", "last_backup", "planned_bytes", "restore", "FORMAT", "RECORD"]
+__all__ = [
+    "BackupError",
+    "BackupSealed",
+    "BackupStopped",
+    "Restored",
+    "backup",
+    "last_backup",
+    "planned_bytes",
+    "restore",
+    "FORMAT",
+    "RECORD",
+]
 
 FORMAT = 1
 MANIFEST = "backup.json"
@@ -56,6 +68,10 @@ class BackupError(EdgeAgentError):
 
 class BackupStopped(BackupError):
     """A backup was given up half-way because its taker is stopping (nothing was written)."""
+
+
+class BackupSealed(BackupError):
+    """A backup sealed with a passphrase was to be restored without one (nothing was changed)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,9 @@ def _members(cfg: AppConfig, state_dir: Path, photos: bool) -> tuple[dict[str, P
         for f in sorted(store.rglob("*")):
             if f.is_file() and not f.is_symlink() and not _skipped(f.name, True):
                 members[f"outside/store/{f.relative_to(store).as_posix()}"] = f
+    if cfg.backup.passphrase_file:  # never the passphrase in the backup it seals
+        secret = Path(cfg.backup.passphrase_file).expanduser().resolve()
+        members = {name: p for name, p in members.items() if p.resolve() != secret}
     outside = {name: str(p) for name, p in _outside_files(cfg, state_dir).items()}
     members.update({name: Path(p) for name, p in outside.items()})
     if cfg.store.path:
@@ -168,11 +187,20 @@ def planned_bytes(cfg: AppConfig, state_dir: Path, photos: bool = False) -> int:
     return total
 
 
-def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False, should_stop: Callable[[], bool] = lambda: False) -> dict:
-    """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600), record it in the state directory
-    (:data:`RECORD`) and return its manifest; raises :class:`BackupStopped`, having written nothing, where
-    ``should_stop()`` turns true on the way (the daemon stopping)."""
+def backup(
+    cfg: AppConfig,
+    state_dir: Path,
+    out: Path,
+    photos: bool = False,
+    should_stop: Callable[[], bool] = lambda: False,
+    passphrase: bytes | None = None,
+) -> dict:
+    """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600; sealed with ``passphrase`` where one is
+    given, :mod:`edge_agent._backup_seal`), record it in the state directory (:data:`RECORD`) and return its manifest;
+    raises :class:`BackupStopped`, having written nothing, where ``should_stop()`` turns true on the way (the daemon
+    stopping)."""
     from edge_agent import __version__
+    from edge_agent._backup_seal import SealingWriter
 
     state_dir = Path(state_dir)
     members, outside = _members(cfg, state_dir, photos)
@@ -203,17 +231,21 @@ def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False, sho
         }
         out.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
-            _add(tar, MANIFEST, json.dumps(manifest, indent=2).encode())
-            for name, src in members.items():
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = files[name]["bytes"], int(src.stat().st_mtime), 0o600
-                with open(src, "rb") as f:
-                    tar.addfile(info, f)
-                if should_stop():
-                    raise BackupStopped(f"{out}: not written, stopped while writing {name}")
+        with os.fdopen(fd, "wb") as raw:
+            sink = SealingWriter(raw, passphrase) if passphrase else raw
+            with tarfile.open(fileobj=sink, mode="w:gz", compresslevel=1) as tar:
+                _add(tar, MANIFEST, json.dumps(manifest, indent=2).encode())
+                for name, src in members.items():
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime, info.mode = files[name]["bytes"], int(src.stat().st_mtime), 0o600
+                    with open(src, "rb") as f:
+                        tar.addfile(info, f)
+                    if should_stop():
+                        raise BackupStopped(f"{out}: not written, stopped while writing {name}")
+            if passphrase:
+                sink.finish()
             raw.flush()
-            os.fsync(raw.fileno())
+            os.fsync(raw.fileno())  # the archive's end too, before it takes its name
         os.replace(tmp, out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -225,7 +257,8 @@ def backup(cfg: AppConfig, state_dir: Path, out: Path, photos: bool = False, sho
         raise
     finally:
         shutil.rmtree(copies, ignore_errors=True)
-    _record(state_dir, {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": out.stat().st_size, "files": len(files)})
+    taken = {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": out.stat().st_size, "files": len(files)}
+    _record(state_dir, taken | {"sealed": bool(passphrase)})
     return manifest
 
 
@@ -262,12 +295,31 @@ def _safe(name: str) -> bool:
     return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name and "\x00" not in name
 
 
-def restore(archive: Path, state_dir: Path, force: bool = False) -> Restored:
-    """Put the backup ``archive`` into ``state_dir`` (see the module's docstring); raises BackupError, having changed
-    nothing, for a file that is not a whole, untampered backup, or a state directory that already holds results."""
+def restore(archive: Path, state_dir: Path, force: bool = False, passphrase: bytes | None = None) -> Restored:
+    """Put the backup ``archive`` into ``state_dir`` (see the module's docstring), opening it with ``passphrase``
+    where it is sealed; raises BackupError, having changed nothing, for a file that is not a whole, untampered backup
+    (:class:`BackupSealed` where it is sealed and no passphrase was given), or a state directory that already holds
+    results."""
+    from edge_agent._backup_seal import is_sealed, unseal
+
     archive, state_dir = Path(archive), Path(state_dir)
+    if not is_sealed(archive):
+        return _restore(archive, archive, state_dir, force)
+    if passphrase is None:
+        raise BackupSealed(f"{archive}: sealed with a passphrase: give it (--passphrase-file FILE, or typed when asked)")
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    plain = state_dir.with_name(f".tmp-unsealed-{os.getpid()}-{state_dir.name}.tar.gz")
     try:
-        tar = tarfile.open(archive, mode="r:gz")
+        unseal(archive, plain, passphrase)
+        return _restore(plain, archive, state_dir, force)
+    finally:
+        plain.unlink(missing_ok=True)
+
+
+def _restore(source: Path, archive: Path, state_dir: Path, force: bool) -> Restored:
+    """:func:`restore` of the archive in the file ``source`` (``archive`` itself, or it unsealed)."""
+    try:
+        tar = tarfile.open(source, mode="r:gz")
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise BackupError(f"{archive}: not a readable backup ({exc})") from None
     with tar:

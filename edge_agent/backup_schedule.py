@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from edge_agent._backup_seal import SUFFIX, read_passphrase
 from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, planned_bytes
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
@@ -37,7 +38,7 @@ RETRY_S = 3600.0
 FIRST_DELAY_S = 600.0
 #: Room left beside a backup's planned bytes for tar's headers and the manifest.
 _SLACK = 1 << 20
-_NAME = re.compile(r"edge-agent-(?P<device>[A-Za-z0-9_.-]+)-(?P<when>\d{8}-\d{6})\.tar\.gz")
+_NAME = re.compile(r"edge-agent-(?P<device>[A-Za-z0-9_.-]+)-(?P<when>\d{8}-\d{6})\.tar\.gz(?:\.sealed)?")
 
 
 def device_name() -> str:
@@ -99,6 +100,7 @@ def take(cfg: AppConfig, state_root: Path, should_stop=lambda: False, device: st
     why = _unwritable(folder)
     if why:
         raise BackupError(f"{folder} {why}")
+    passphrase = read_passphrase(section.passphrase_file) if section.passphrase_file else None
     need = planned_bytes(cfg, state_root, section.photos) + _SLACK
     usage = shutil.disk_usage(folder)
     deleted: list[str] = []
@@ -113,10 +115,11 @@ def take(cfg: AppConfig, state_root: Path, should_stop=lambda: False, device: st
             f"{folder} has {usage.free >> 20} MiB free, a backup needs about {need >> 20} MiB: free space there, or point "
             "[backup] dir at a larger disk"
         )
-    for stale in folder.glob(f".tmp-*-edge-agent-{device}-*.tar.gz"):  # half-written by a daemon killed mid-backup
+    for stale in folder.glob(f".tmp-*-edge-agent-{device}-*.tar.gz*"):  # half-written by a daemon killed mid-backup
         stale.unlink(missing_ok=True)
-    out = folder / f"edge-agent-{device}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}.tar.gz"
-    backup(cfg, state_root, out, photos=section.photos, should_stop=should_stop)
+    suffix = ".tar.gz" + (SUFFIX if passphrase else "")
+    out = folder / f"edge-agent-{device}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}{suffix}"
+    backup(cfg, state_root, out, photos=section.photos, should_stop=should_stop, passphrase=passphrase)
     for old in [p for p in own_backups(folder, device)[: -section.keep] if p != out]:  # (the clock set back: it sorts first)
         old.unlink(missing_ok=True)
         deleted.append(old.name)
@@ -256,6 +259,8 @@ def backup_lines(section: BackupSection, last: dict | None, schedule: dict | Non
     else:
         nxt = schedule.get("next") or now
         out.append((f"every {section.every_h:g} h into {section.dir}, the {section.keep} newest kept; next {_within(nxt - now)}", False))
+    if not section.passphrase_file:
+        out.append(("not sealed: the stick holds this device's keys as they are ([backup] passphrase_file seals them)", False))
     failed = schedule.get("failed")
     if failed:
         out.append((f"FAILED {_ago(now - failed['time'])}: {failed['error']}; tried again hourly", True))

@@ -197,27 +197,42 @@ def _results(args: argparse.Namespace) -> int:
 
 def _backup(args: argparse.Namespace) -> int:
 
+    from edge_agent._backup_seal import SUFFIX, read_passphrase
     from edge_agent.backup import backup
     from edge_agent.state import resolve_state_dir
 
     cfg = _load(args)
     state = resolve_state_dir(args.state_dir, cfg)
-    out = Path(args.out or f"edge-agent-backup-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
-    manifest = backup(cfg, state, out, photos=args.photos)
+    seal_with = args.passphrase_file or cfg.backup.passphrase_file
+    passphrase = read_passphrase(seal_with) if seal_with else None
+    out = Path(args.out or f"edge-agent-backup-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz" + (SUFFIX if passphrase else ""))
+    manifest = backup(cfg, state, out, photos=args.photos, passphrase=passphrase)
     size = out.stat().st_size
-    print(f"wrote {out} ({size / 1e6:.1f} MB, {len(manifest['files'])} files from {state}; mode 0600: it holds the device's keys)")
+    how = f"sealed with the passphrase in {seal_with}: a restore needs it" if passphrase else "mode 0600: it holds the device's keys"
+    print(f"wrote {out} ({size / 1e6:.1f} MB, {len(manifest['files'])} files from {state}; {how})")
     if manifest["outside"]:
         print("also in it, from outside the state directory: " + ", ".join(manifest["outside"].values()))
-    print(f"restore it with: edge-agent restore {out} --state-dir NEW_STATE_DIR")
+    print(f"restore it with: edge-agent restore {out} --state-dir NEW_STATE_DIR" + (" --passphrase-file FILE" if passphrase else ""))
     return 0
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from edge_agent.backup import restore
+    from edge_agent._backup_seal import read_passphrase
+    from edge_agent.backup import BackupSealed, restore
     from edge_agent.state import resolve_state_dir
 
     cfg = _load(args)
-    done = restore(Path(args.archive), resolve_state_dir(args.state_dir, cfg), force=args.force)
+    state = resolve_state_dir(args.state_dir, cfg)
+    passphrase = read_passphrase(args.passphrase_file) if args.passphrase_file else None
+    try:
+        done = restore(Path(args.archive), state, force=args.force, passphrase=passphrase)
+    except BackupSealed:
+        if passphrase is not None or not sys.stdin.isatty():
+            raise
+        import getpass
+
+        typed = getpass.getpass(f"{args.archive} is sealed; its passphrase: ").strip().encode()
+        done = restore(Path(args.archive), state, force=args.force, passphrase=typed)
     print(f"restored {done.files} files into {done.state_dir}")
     if done.moved_aside:
         print(f"the state directory that was there is kept as {done.moved_aside}")
@@ -320,12 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
     bk = sub.add_parser("backup", parents=[common], help="write one file that restores this device (engines, keys, history)")
     bk.add_argument("--state-dir")
     bk.add_argument("--out", help="the backup file (default: edge-agent-backup-<date>.tar.gz here)")
+    bk.add_argument("--passphrase-file", help="seal it with the passphrase on this file's first line (default: [backup] passphrase_file)")
     bk.add_argument("--photos", action="store_true", help="include processed/ (every kept photo; large)")
     bk.set_defaults(func=_backup)
     rs = sub.add_parser("restore", parents=[common], help="put a backup into a new state directory")
     rs.add_argument("archive", help="the file `edge-agent backup` wrote")
     rs.add_argument("--state-dir")
     rs.add_argument("--force", action="store_true", help="move an existing state directory aside first")
+    rs.add_argument("--passphrase-file", help="the passphrase a sealed backup was sealed with, on this file's first line (else asked)")
     rs.set_defaults(func=_restore)
 
     rev = sub.add_parser("review", help="the expert review queue").add_subparsers(dest="action", required=True)

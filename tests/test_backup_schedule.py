@@ -283,3 +283,110 @@ def test_a_database_that_cannot_be_copied_is_a_failure_said_and_the_schedule_goe
     assert sched.run_once() is None
     assert "could not copy a database for the backup" in sched.failed["error"] and list(usb.iterdir()) == []
     assert not [p for p in state.iterdir() if p.name.startswith(".tmp-")]
+
+
+def _secret(tmp_path: Path, text: str = "correct horse battery staple\n") -> Path:
+    p = tmp_path / "backup.pass"
+    p.write_text(text)
+    return p
+
+
+def test_a_sealed_backup_holds_nothing_readable_and_restores_only_with_its_passphrase(tmp_path, state):
+    from edge_agent._backup_seal import MAGIC
+    from edge_agent.backup import BackupSealed
+    from engines.signing import load_or_create_key
+
+    key = load_or_create_key(state / "trainer" / "signing.key")
+    out = tmp_path / "usb" / "farm.tar.gz.sealed"
+    backup(AppConfig(), state, out, passphrase=b"correct horse battery staple")
+    data = out.read_bytes()
+    assert data.startswith(MAGIC) and b"\x1f\x8b" not in data[: len(MAGIC) + 64]  # no gzip stream to be seen
+    assert (state / "trainer" / "signing.key").read_bytes() not in data and key.seed.hex().encode() not in data
+    assert last_backup(state)["sealed"] is True
+    with pytest.raises(BackupSealed, match="sealed with a passphrase"):
+        restore(out, tmp_path / "new-card")
+    with pytest.raises(BackupError, match="the wrong passphrase"):
+        restore(out, tmp_path / "new-card", passphrase=b"correct horse battery")
+    assert not (tmp_path / "new-card").exists() and not list(tmp_path.glob(".tmp-*"))
+    back = restore(out, tmp_path / "new-card", passphrase=b"correct horse battery staple").state_dir
+    assert (back / "trainer" / "signing.key").read_bytes() == (state / "trainer" / "signing.key").read_bytes()
+    assert ResultsDB(back / "results.sqlite", readonly=True).counts() == ResultsDB(state / "results.sqlite", readonly=True).counts()
+
+
+@pytest.mark.parametrize(
+    "what, change, why",
+    [
+        ("a byte changed", lambda d: d[:5000] + bytes([d[5000] ^ 1]) + d[5001:], "cannot be opened"),
+        ("cut short", lambda d: d[:-100], "damaged|cut short"),
+        ("its last part gone", lambda d: _drop_last_chunk(d), "cut short"),
+        ("bytes added", lambda d: d + b"more", "bytes after its end"),
+        ("a forged header", lambda d: _forged_limits(d), "key-derivation limits"),
+    ],
+)
+def test_a_sealed_backup_damaged_or_changed_restores_nothing_and_says_why(tmp_path, state, what, change, why):
+    good = tmp_path / "good.tar.gz.sealed"
+    backup(AppConfig(), state, good, passphrase=b"pass phrase")
+    bad = tmp_path / "bad.tar.gz.sealed"
+    bad.write_bytes(change(good.read_bytes()))
+    with pytest.raises(BackupError, match=why):
+        restore(bad, tmp_path / "new-card", passphrase=b"pass phrase")
+    assert not (tmp_path / "new-card").exists() and not list(tmp_path.glob(".tmp-*")), what
+
+
+def _drop_last_chunk(data: bytes) -> bytes:
+    """The file without its final (tagged) chunk: every chunk before it whole, the end missing."""
+    import struct
+
+    from edge_agent._backup_seal import MAGIC
+
+    pos, last = len(MAGIC) + 16 + 16 + 24, None
+    while pos < len(data):
+        last = pos
+        pos += 4 + struct.unpack(">I", data[pos : pos + 4])[0]
+    return data[:last]
+
+
+def _forged_limits(data: bytes) -> bytes:
+    import struct
+
+    from edge_agent._backup_seal import MAGIC
+
+    at = len(MAGIC) + 16
+    return data[:at] + struct.pack(">QQ", 4, 1 << 40) + data[at + 16 :]  # a terabyte of memory asked for
+
+
+def test_the_schedule_seals_with_the_passphrase_file_and_never_puts_the_passphrase_in(tmp_path, state):
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    secret = _secret(state)  # kept, carelessly, in the state directory
+    cfg = _cfg(usb, passphrase_file=str(secret), keep=1)
+    first = take(cfg, state, device="barn", now=time.time())
+    second = take(cfg, state, device="barn", now=time.time() + 86400)
+    assert Path(second["path"]).name.endswith(".tar.gz.sealed") and second["deleted"] == [Path(first["path"]).name]
+    back = restore(Path(second["path"]), tmp_path / "new-card", passphrase=b"correct horse battery staple").state_dir
+    assert not (back / "backup.pass").exists() and (back / "results.sqlite").is_file()
+    lines = backup_lines(cfg.backup, last_backup(state), BackupSchedule(cfg, state).status(), time.time())
+    assert not any("not sealed" in text for text, _ in lines)
+    lines = backup_lines(_cfg(usb).backup, last_backup(state), BackupSchedule(_cfg(usb), state).status(), time.time())
+    assert any("not sealed: the stick holds this device's keys" in text for text, _ in lines)
+    (tmp_path / "empty.pass").write_text("\n")
+    with pytest.raises(BackupError, match="the passphrase file is empty"):
+        take(_cfg(usb, passphrase_file=str(tmp_path / "empty.pass")), state, device="barn")
+
+
+def test_the_command_line_seals_and_restores_with_a_passphrase_file_and_says_so_without_one(tmp_path, state):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "edge_agent", *a], capture_output=True, text=True, cwd=repo, stdin=subprocess.DEVNULL
+    )  # noqa: E731
+    secret = _secret(tmp_path)
+    out = tmp_path / "b.tar.gz.sealed"
+    made = run("backup", "--state-dir", str(state), "--out", str(out), "--passphrase-file", str(secret))
+    assert made.returncode == 0 and f"sealed with the passphrase in {secret}" in made.stdout, made.stderr
+    refused = run("restore", str(out), "--state-dir", str(tmp_path / "fresh"))
+    assert refused.returncode == 2 and "sealed with a passphrase" in refused.stderr
+    back = run("restore", str(out), "--state-dir", str(tmp_path / "fresh"), "--passphrase-file", str(secret))
+    assert back.returncode == 0 and "restored" in back.stdout, back.stderr
