@@ -110,11 +110,11 @@ def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
     classes, its image for the Map) that live outside ``state_dir``: name in the backup -> path."""
     paths = [cfg.source, cfg.handoff.curve_secret_key, cfg.handoff.curve_server_key, cfg.web.class_notes, cfg.web.map_image]
     out: dict[str, Path] = {}
-    for p in [Path(x).expanduser() for x in paths if x]:
+    for p in [Path(x).expanduser().absolute() for x in paths if x]:
         if p.is_file() and not p.resolve().is_relative_to(state_dir.resolve()):
             out[f"outside/{len(out)}/{p.name}"] = p
     if cfg.handoff.curve_authorized_dir:
-        folder = Path(cfg.handoff.curve_authorized_dir).expanduser()
+        folder = Path(cfg.handoff.curve_authorized_dir).expanduser().absolute()
         if folder.is_dir() and not folder.resolve().is_relative_to(state_dir.resolve()):
             n = len(out)
             for key in sorted(folder.glob("*.key")):

@@ -231,7 +231,10 @@ def _restore(args: argparse.Namespace) -> int:
             raise
         import getpass
 
-        typed = getpass.getpass(f"{args.archive} is sealed; its passphrase: ").strip().encode()
+        try:
+            typed = getpass.getpass(f"{args.archive} is sealed; its passphrase: ").strip().encode()
+        except (EOFError, KeyboardInterrupt):  # nothing typed: what it needs, said as without a terminal
+            raise BackupSealed(f"{args.archive}: sealed with a passphrase, none typed (or give --passphrase-file FILE)") from None
         done = restore(Path(args.archive), state, force=args.force, passphrase=typed)
     print(f"restored {done.files} files into {done.state_dir}")
     if done.moved_aside:

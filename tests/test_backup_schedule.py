@@ -390,3 +390,53 @@ def test_the_command_line_seals_and_restores_with_a_passphrase_file_and_says_so_
     assert refused.returncode == 2 and "sealed with a passphrase" in refused.stderr
     back = run("restore", str(out), "--state-dir", str(tmp_path / "fresh"), "--passphrase-file", str(secret))
     assert back.returncode == 0 and "restored" in back.stdout, back.stderr
+
+
+def test_a_configuration_named_by_a_relative_path_is_restored_with_where_it_was_in_full(tmp_path, state):
+    import subprocess
+    import sys
+
+    (tmp_path / "edge-agent.toml").write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\n")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "edge_agent", *a], capture_output=True, text=True, cwd=tmp_path)  # noqa: E731
+    made = run("backup", "--config", "edge-agent.toml", "--out", "b.tar.gz")
+    assert made.returncode == 0, made.stderr
+    back = run("restore", "b.tar.gz", "--state-dir", "fresh")
+    assert back.returncode == 0 and f"was {tmp_path / 'edge-agent.toml'};" in back.stdout, back.stdout + back.stderr
+
+
+def _restore_on_a_terminal(archive: Path, dest: Path, typed: bytes) -> tuple[int, str]:
+    """``edge-agent restore`` run on a terminal (a pty) where ``typed`` is typed at its prompt."""
+    import pty
+    import select
+    import sys
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its terminal is the pty
+        os.execv(sys.executable, [sys.executable, "-m", "edge_agent", "restore", str(archive), "--state-dir", str(dest)])
+    out, end = b"", time.monotonic() + 60
+
+    def read() -> bytes:  # what the terminal shows next; b"" once the child is gone or a minute is up
+        if not select.select([fd], [], [], max(0.0, end - time.monotonic()))[0]:
+            return b""
+        try:
+            return os.read(fd, 4096)
+        except OSError:  # the child is gone
+            return b""
+
+    while b"passphrase: " not in out and (chunk := read()):
+        out += chunk
+    os.write(fd, typed)
+    while chunk := read():
+        out += chunk
+    if time.monotonic() >= end:
+        os.kill(pid, 9)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out.decode(errors="replace")
+
+
+def test_restore_asks_for_a_sealed_backups_passphrase_on_a_terminal_and_never_echoes_it(tmp_path, state):
+    out = tmp_path / "b.tar.gz.sealed"
+    backup(AppConfig(), state, out, passphrase=b"the farm passphrase")
+    rc, said = _restore_on_a_terminal(out, tmp_path / "new", b"not it\n")
+    assert rc == 2 and "the wrong passphrase" in said and "not it" not in said
+    rc, said = _restore_on_a_terminal(out, tmp_path / "new", b"the farm passphrase\n")
+    assert rc == 0 and "restored" in said and "the farm passphrase" not in said, said
