@@ -11,6 +11,7 @@ no-op) or finds it done; nothing is lost or counted twice.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import queue
@@ -47,6 +48,12 @@ _STOP = object()
 
 #: Seconds the stages together get to end once stopped (after the drain): a stage stuck in inference is abandoned then.
 STOP_JOIN_S = 5.0
+#: What a photo that cannot leave a read-only inbox is told (the hardened systemd unit opens only the folders
+#: ``install-systemd`` was given).
+_READ_ONLY_INBOX = (
+    " (the inbox is read-only to the daemon: under systemd, run sudo edge-agent install-systemd again to open [inbox] path "
+    "to it, then restart edge-agent)"
+)
 
 
 @dataclass
@@ -430,8 +437,9 @@ class Pipeline:
         try:
             self.files.finish(job.path)
         except OSError as exc:  # the photo stays in the inbox; a rescan finds it again (as a duplicate: no second result)
-            self.last_errors.append({"time": time.time(), "error": f"could not move {job.name}: {exc}"})
-            self.log.error("finalize_failed", photo=job.name, error=str(exc))
+            hint = _READ_ONLY_INBOX if exc.errno == errno.EROFS else ""
+            self.last_errors.append({"time": time.time(), "error": f"could not move {job.name}: {exc}{hint}"})
+            self.log.error("finalize_failed", photo=job.name, error=str(exc) + hint)
 
     def _quarantine(self, job: Job) -> None:
         moved_to = None

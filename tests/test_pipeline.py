@@ -418,3 +418,17 @@ def test_damaged_golden_file_is_ignored(tmp_path, engine, content):
     p, *_ = make_pipeline(tmp_path, engine)
     assert p.golden.photos() == [] and p.alive()
     p.stop()
+
+
+def test_a_photo_that_cannot_leave_a_read_only_inbox_says_how_to_open_it(tmp_path, engine, monkeypatch):
+    """The hardened systemd unit leaves an inbox outside the state directory read-only unless install-systemd opened
+    it: the photo's result is kept, it stays, and the error says what to run."""
+    import errno
+
+    p, db, _, _ = make_pipeline(tmp_path, engine)
+    monkeypatch.setattr(p.files, "finish", lambda path: (_ for _ in ()).throw(OSError(errno.EROFS, "Read-only file system", str(path))))
+    [photo] = drop(tmp_path / "inbox", 1)
+    p.submit(Job("inbox", photo))
+    assert p.drain(30) and photo.exists() and len(list(db.results())) == 1
+    assert "run sudo edge-agent install-systemd again to open [inbox] path" in p.last_errors[-1]["error"]
+    p.stop()
