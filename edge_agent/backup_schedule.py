@@ -143,11 +143,19 @@ class BackupSchedule(Worker):
         self.taken = 0
         self._lock = threading.Lock()
 
+    def _failure(self, last: dict | None) -> dict | None:
+        """The last try's failure, unless a backup was written since (by hand): then it is over."""
+        if self.failed and last is not None and last["time"] > self.failed["time"]:
+            self.log.info("backup_recovered", failing_since=self.failed["since"], by=last["path"])
+            self.failed = None
+        return self.failed
+
     def due(self, now: float) -> bool:
         """Whether a backup should be written now."""
-        if self.failed and now - self.failed["time"] < min(RETRY_S, self.section.every_h * 3600):
-            return False
         last = last_backup(self.state_root)
+        failed = self._failure(last)
+        if failed and now - failed["time"] < min(RETRY_S, self.section.every_h * 3600):
+            return False
         if last is None:
             return now - self.started >= self.first_delay_s
         age = now - last["time"]
@@ -155,9 +163,10 @@ class BackupSchedule(Worker):
 
     def next_due(self, now: float) -> float:
         """When the next backup is due (a time; ``now`` or before: at the next look)."""
-        if self.failed:
-            return self.failed["time"] + min(RETRY_S, self.section.every_h * 3600)
         last = last_backup(self.state_root)
+        failed = self._failure(last)
+        if failed:
+            return failed["time"] + min(RETRY_S, self.section.every_h * 3600)
         if last is None:
             return self.started + self.first_delay_s
         return last["time"] + self.section.every_h * 3600 if last["time"] <= now + 300 else now
@@ -188,13 +197,14 @@ class BackupSchedule(Worker):
     def status(self) -> dict:
         """What ``status`` and the pages show of the schedule (the last backup itself is in the state's record)."""
         now = self.clock()
+        nxt = self.next_due(now)  # (first: a failure a backup by hand has ended is cleared)
         return {
             "dir": self.section.dir,
             "every_h": self.section.every_h,
             "keep": self.section.keep,
             "running": self.running,
             "failed": self.failed,
-            "next": self.next_due(now),
+            "next": nxt,
             "taken": self.taken,
         }
 

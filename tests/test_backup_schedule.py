@@ -440,3 +440,12 @@ def test_restore_asks_for_a_sealed_backups_passphrase_on_a_terminal_and_never_ec
     assert rc == 2 and "the wrong passphrase" in said and "not it" not in said
     rc, said = _restore_on_a_terminal(out, tmp_path / "new", b"the farm passphrase\n")
     assert rc == 0 and "restored" in said and "the farm passphrase" not in said, said
+
+
+def test_a_backup_taken_by_hand_ends_a_failure_of_the_schedule(tmp_path, state):
+    sched = BackupSchedule(_cfg(tmp_path / "not-plugged-in"), state, first_delay_s=0)
+    assert sched.run_once() is None and sched.status()["failed"]
+    backup(AppConfig(), state, tmp_path / "by-hand.tar.gz")
+    st = sched.status()
+    assert st["failed"] is None and st["next"] > time.time() + 23 * HOUR
+    assert not any(text.startswith("FAILED") for text, _ in backup_lines(sched.section, last_backup(state), st, time.time()))
