@@ -4,13 +4,13 @@ the season; ``status``, the Health page, ``/metrics`` and the health alerts say 
 one failed.
 
 A backup is written by :func:`edge_agent.backup.backup` in a thread of the daemon at the lowest CPU priority (the
-photos go on being classified). It is never written where it cannot be whole: a folder that is not there (a stick
-not plugged in: it is never created, which would fill the SD card under the mount point) or too small for it after
-deleting this device's oldest backups there (the newest always kept), on the state directory's own disk (a mount
-point whose stick is not plugged in), or that this process may not write (read-only, another user's, a folder the
-systemd unit does not open: ``edge-agent install-systemd`` opens ``[backup] dir``) is a failure, said and tried again
-hourly. Files there that are not this
-device's backups (``edge-agent-<device>-<YYYYmmdd-HHMMSS>.tar.gz``) are never touched.
+photos go on being classified), sealed where ``[backup] passphrase_file`` names a passphrase. It is never written
+where it cannot be whole; each of these is a failure, said and tried again hourly: a folder that is not there (a
+stick not plugged in: it is never created, which would fill the SD card under the mount point), a folder on the
+state directory's own disk (a mount point with no stick in it), a folder this process may not write (read-only,
+another user's, or one the systemd unit does not open: ``edge-agent install-systemd`` opens ``[backup] dir``), or
+too little room after deleting this device's oldest backups there (its newest is always kept). Files there that are
+not this device's backups (``edge-agent-<device>-<YYYYmmdd-HHMMSS>.tar.gz[.sealed]``) are never touched.
 """
 
 from __future__ import annotations
