@@ -618,6 +618,36 @@ def test_engine_swaps_refusals_and_health_changes_become_events(tmp_path, receiv
     db.close()
 
 
+def test_engine_and_health_events_say_what_happened_on_a_phone(tmp_path, receiver):
+    """An ntfy notification shows a title and the message: an event with neither arrived blank."""
+    db = ResultsDB(tmp_path / "results.sqlite")
+    hook = WebhookSection(url=receiver.url, format="ntfy", events=["engine", "health"])
+    w = AlertWorker(AlertsSection(), NO_MQTT, [hook], db.path, tmp_path, "shed")
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
+    w.observe(st)
+    errors = [{"error": "camera 0 stopped answering"}]
+    w.observe(
+        st
+        | {
+            "engine": {"engine_version": "v1001"},
+            "hotswap": {"refused": {"v1002": "signature does not verify"}},
+            "healthy": False,
+            "last_errors": errors,
+        }
+    )
+    w.observe(st | {"engine": {"engine_version": "v1001"}, "hotswap": {"refused": {"v1002": "signature does not verify"}}})
+    w.deliver()
+    got = [(h["Title"], b.decode()) for h, b in receiver.got]
+    assert got == [
+        ("edge-agent shed: now serving v1001", "swapped from v1000 to v1001"),
+        ("edge-agent shed: refused engine v1002", "signature does not verify"),
+        ("edge-agent shed: unhealthy", "camera 0 stopped answering"),
+        ("edge-agent shed: healthy again", "every part runs"),
+    ]
+    w.stop()
+    db.close()
+
+
 def test_the_daily_digest_goes_once_a_day_after_its_hour(tmp_path):
     db = ResultsDB(tmp_path / "results.sqlite")
     w = _worker(tmp_path, db.path, digest_at="07:30")

@@ -12,7 +12,7 @@ from edge_agent.alerts.rules import Candidate
 from edge_agent.class_notes import ClassNote
 from edge_agent.names import class_phrase, describe_class
 
-__all__ = ["Topics", "alert_body", "diagnosis", "encode", "place_attributes", "result_body"]
+__all__ = ["Topics", "alert_body", "diagnosis", "encode", "place_attributes", "result_body", "status_events"]
 
 
 @dataclass(frozen=True)
@@ -144,3 +144,36 @@ def result_body(c: Candidate) -> dict:
 
 def encode(body: dict) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> list[tuple[str, dict]]:
+    """The engine and health events between two of the daemon's statuses (``engine``, ``refused``, ``healthy``,
+    ``backup``: the schedule's failure or None), each with a ``title`` and ``message`` a phone shows (ntfy)."""
+    head = f"edge-agent {device}"
+    out: list[tuple[str, dict]] = []
+    if now["engine"] != before["engine"]:
+        said = {"title": f"{head}: now serving {now['engine']}", "message": f"swapped from {before['engine']} to {now['engine']}"}
+        out.append(("engine", {"event": "swapped", "from": before["engine"], "to": now["engine"], "device": device} | said))
+    for version, reason in now["refused"].items():
+        if version not in before["refused"]:
+            said = {"title": f"{head}: refused engine {version}", "message": str(reason)}
+            out.append(("engine", {"event": "refused", "version": version, "reason": reason, "device": device} | said))
+    if now["healthy"] != before["healthy"]:
+        why = "; ".join(str(e.get("error", "")) for e in errors if e.get("error")) or "edge-agent status says what stopped"
+        said = (
+            {"title": f"{head}: healthy again", "message": "every part runs"}
+            if now["healthy"]
+            else {"title": f"{head}: unhealthy", "message": why}
+        )
+        out.append(("health", {"event": "healthy" if now["healthy"] else "unhealthy", "device": device, "errors": errors} | said))
+    failed = now["backup"]
+    if bool(failed) != bool(before["backup"]):  # a backup that could not be written, and the next that was
+        if failed:
+            said = {"title": f"{head}: backup failed", "message": f"{failed['error']} (tried again hourly)"}
+            out.append(
+                ("health", {"event": "backup_failed", "device": device, "error": failed["error"], "failing_since": failed["since"]} | said)
+            )
+        else:
+            said = {"title": f"{head}: backups written again", "message": "the last backup was written"}
+            out.append(("health", {"event": "backup_written", "device": device} | said))
+    return out

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.alerts.homeassistant import discovery
-from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, place_attributes, result_body
+from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, place_attributes, result_body, status_events
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.capture_place import Place, place_of
@@ -314,38 +314,10 @@ class AlertWorker(Worker):
         engine = status.get("engine", {}).get("engine_version")
         refused = dict((status.get("hotswap") or {}).get("refused") or {})
         healthy = status.get("healthy")
-        backup_failed = (status.get("backup") or {}).get("failed")
-        before, self._observed = self._observed, {"engine": engine, "refused": refused, "healthy": healthy, "backup": bool(backup_failed)}
+        backup_failed = (status.get("backup") or {}).get("failed") or None
+        before, self._observed = self._observed, {"engine": engine, "refused": refused, "healthy": healthy, "backup": backup_failed}
         if before:
-            events = []
-            if engine != before["engine"]:
-                events.append(("engine", {"event": "swapped", "from": before["engine"], "to": engine, "device": self.device}))
-            for version, reason in refused.items():
-                if version not in before["refused"]:
-                    events.append(("engine", {"event": "refused", "version": version, "reason": reason, "device": self.device}))
-            if healthy != before["healthy"]:
-                events.append(
-                    (
-                        "health",
-                        {
-                            "event": "healthy" if healthy else "unhealthy",
-                            "device": self.device,
-                            "errors": status.get("last_errors", [])[-3:],
-                        },
-                    )
-                )
-            if bool(backup_failed) != before["backup"]:  # a backup that could not be written, and the next that was
-                said = (
-                    {
-                        "title": f"edge-agent {self.device}: backup failed",
-                        "message": f"{backup_failed['error']} (tried again hourly)",
-                        "error": backup_failed["error"],
-                        "failing_since": backup_failed["since"],
-                    }
-                    if backup_failed
-                    else {"title": f"edge-agent {self.device}: backups written again", "message": "the last backup was written"}
-                )
-                events.append(("health", {"event": "backup_failed" if backup_failed else "backup_written", "device": self.device} | said))
+            events = status_events(self.device, before, self._observed, status.get("last_errors", [])[-3:])
             for kind, body in events:
                 self.outbox.put(self._messages(kind, body | {"time": time.time()}))
         if self.mqtt is None:  # the device's state is published for Home Assistant only
