@@ -22,6 +22,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from edge_agent._backup_seal import SUFFIX, read_passphrase
@@ -131,8 +132,18 @@ class BackupSchedule(Worker):
 
     thread_name = "backup"
 
-    def __init__(self, cfg: AppConfig, state_root: Path, clock=time.time, poll_s: float = 60.0, first_delay_s: float | None = None) -> None:
+    def __init__(
+        self,
+        cfg: AppConfig,
+        state_root: Path,
+        clock=time.time,
+        poll_s: float = 60.0,
+        first_delay_s: float | None = None,
+        defer: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        """``defer()``: why another service takes this state directory's backups (None: this one does)."""
         super().__init__()
+        self.defer = defer
         self.cfg, self.section, self.state_root = cfg, cfg.backup, Path(state_root)
         self.clock, self.poll_s = clock, poll_s
         self.started = clock()
@@ -152,6 +163,8 @@ class BackupSchedule(Worker):
 
     def due(self, now: float) -> bool:
         """Whether a backup should be written now."""
+        if self.defer():
+            return False
         last = last_backup(self.state_root)
         failed = self._failure(last)
         if failed and now - failed["time"] < min(RETRY_S, self.section.every_h * 3600):
@@ -205,6 +218,7 @@ class BackupSchedule(Worker):
             "running": self.running,
             "failed": self.failed,
             "next": nxt,
+            "deferred": self.defer(),
             "taken": self.taken,
         }
 
@@ -263,6 +277,9 @@ def backup_lines(section: BackupSection, last: dict | None, schedule: dict | Non
         return out
     if schedule is None:
         out.append((f"every {section.every_h:g} h into {section.dir} while the daemon runs (it is not running)", True))
+        return out
+    if schedule.get("deferred"):
+        out.append((str(schedule["deferred"]), False))
         return out
     if schedule.get("running"):
         out.append((f"writing one into {section.dir} now", False))

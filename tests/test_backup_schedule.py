@@ -449,3 +449,41 @@ def test_a_backup_taken_by_hand_ends_a_failure_of_the_schedule(tmp_path, state):
     st = sched.status()
     assert st["failed"] is None and st["next"] > time.time() + 23 * HOUR
     assert not any(text.startswith("FAILED") for text, _ in backup_lines(sched.section, last_backup(state), st, time.time()))
+
+
+def test_a_trainer_alone_on_its_machine_backs_up_its_signing_key_and_leaves_a_shared_state_to_the_daemon(tmp_path):
+    import subprocess
+    import sys
+
+    from edge_agent.config import parse_config
+    from trainer import service
+
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    state = tmp_path / "trainer-machine"
+    conf = tmp_path / "edge-agent.toml"
+    conf.write_text(f"[backup]\ndir = {json.dumps(str(usb))}\n")
+    svc = service.TrainerService(parse_config({"backup": {"dir": str(usb)}}), state)
+    svc._start_backups()
+    try:
+        svc.backups.first_delay_s = 0
+        assert svc.backups.due(time.time()) and svc.backups.run_once() is not None
+        [made] = own_backups(usb, device_name())
+        back = restore(made, tmp_path / "new-machine").state_dir
+        key = svc.root.relative_to(state) / "signing.key"
+        assert (back / key).read_bytes() == (state / key).read_bytes()
+        svc._write_status()
+        shown = subprocess.run(
+            [sys.executable, "-m", "trainer", "status", "--config", str(conf), "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert "backup: last backup just now" in shown.stdout, shown.stdout + shown.stderr
+        ResultsDB(state / "results.sqlite").close()  # a daemon starts on this state directory: its backups hold the trainer's
+        st = svc.status()["backup"]
+        assert "the daemon on this state directory takes its backups" in st["deferred"] and not svc.backups.due(time.time() + 2 * 86400)
+    finally:
+        svc.backups.stop()
+        svc.samples.close()
+        svc.unlabelled.close()

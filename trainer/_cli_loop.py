@@ -157,6 +157,12 @@ def _status(args: argparse.Namespace) -> int:
             )
         )
         print(f"last gate: lab {gate['candidate_top1']:.4f} vs {gate['current_top1']:.4f}{on_field}")
+    if st.get("backup") or not (state / "results.sqlite").exists():  # a trainer alone on its machine: its own backups
+        from edge_agent.backup import last_backup
+        from edge_agent.backup_schedule import backup_lines
+
+        for text, _warn in backup_lines(cfg.backup, last_backup(state), st.get("backup") if live else None, time.time()):
+            print(f"backup: {text}")
     if st.get("blocked"):
         print(f"NOT RETRAINING: {st['blocked']}")
     elif st.get("waiting_for_new_samples"):

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from edge_agent.backup_schedule import BackupSchedule
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.engine_keep import prune_engines
 from edge_agent.log import get_logger
@@ -80,6 +81,7 @@ class TrainerService:
         self._field_wait: tuple[tuple, str | None] = ((), None)  # ((sample count, corrections), why no candidate could be judged yet)
         self._release_tried = -1  # the sample count a retrain of an upgrade's pending release last ran on
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
+        self.backups: BackupSchedule | None = None
         self._classes_of: tuple[str | None, list[str]] = (None, [])  # the current version and its classes
 
     def _sign_unsigned_versions(self) -> None:
@@ -100,6 +102,20 @@ class TrainerService:
                 continue
             sign_version(vdir, self.signing_key)
             self.log.info("signed_existing_version", engine_version=version, key=self.signing_key.public_hex[:16])
+
+    def _start_backups(self) -> None:
+        """With ``[backup] dir``: a trainer on a machine of its own backs up its state there as the daemon does (its
+        signing key above all, which every device of the fleet trusts)."""
+        if self.cfg.backup.dir:
+            self.backups = BackupSchedule(self.cfg, self.state_dir, defer=self._daemon_takes_backups)
+            self.backups.start()
+
+    def _daemon_takes_backups(self) -> str | None:
+        """Why this trainer leaves the backups to the daemon: it shares the state directory (the daemon's backup holds
+        the trainer's state too), else None."""
+        if (self.state_dir / "results.sqlite").exists():
+            return "the daemon on this state directory takes its backups (the trainer's state is in them)"
+        return None
 
     @property
     def request_file(self) -> Path:
@@ -159,6 +175,7 @@ class TrainerService:
             "engines": self._engines(),
             "retraining": self.retraining,
             "release_pending": pending_release(self.store),
+            "backup": self.backups.status() if self.backups is not None else None,
         }
 
     def _next_publish(self, counts: dict) -> dict:
@@ -283,6 +300,7 @@ class TrainerService:
         self.blocked = self.check_validation()
         self.receiver.start()
         self.server.start()
+        self._start_backups()
         self.log.info("serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled)
         if self.blocked:
             self.log.warning("no_validation_photos", reason=self.blocked)
@@ -300,6 +318,8 @@ class TrainerService:
             self._stop.wait(0.5)
         self.receiver.stop()
         self.server.stop()
+        if self.backups is not None:
+            self.backups.stop()
         self._write_status()
         self.samples.close()
         self.unlabelled.close()
