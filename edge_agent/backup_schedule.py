@@ -276,7 +276,13 @@ def backup_lines(section: BackupSection, last: dict | None, schedule: dict | Non
             out.append((f"[backup] dir unset: none is taken on its own every {section.every_h:g} h", False))
         return out
     if schedule is None:
-        out.append((f"every {section.every_h:g} h into {section.dir} while the daemon runs (it is not running)", True))
+        out.append(
+            (
+                f"every {section.every_h:g} h into {section.dir} by the daemon: it is not running, or was started before "
+                "[backup] dir was set (restart it)",
+                True,
+            )
+        )
         return out
     if schedule.get("deferred"):
         out.append((str(schedule["deferred"]), False))

@@ -220,6 +220,8 @@ def test_status_says_when_the_last_backup_was_taken_and_what_to_do_where_none_is
     size = f"{(tmp_path / 'by-hand.tar.gz').stat().st_size / 2**20:.0f}"
     assert f"backup: last backup just now, {size} MiB: {tmp_path / 'by-hand.tar.gz'}" in second
     assert "backup: [backup] dir unset: none is taken on its own every 24 h" in second and "a dead SD card" not in second
+    conf.write_text(f"[daemon]\nstate_dir = {json.dumps(str(state))}\n[backup]\ndir = {json.dumps(str(tmp_path / 'usb'))}\n")
+    assert f"backup: every 24 h into {tmp_path / 'usb'} by the daemon: it is not running" in status()
 
 
 def test_the_health_page_and_metrics_say_when_the_last_backup_was_taken(tmp_path, state):
