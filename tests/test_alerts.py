@@ -810,3 +810,27 @@ def test_the_digest_names_the_plants_with_a_disease_the_experts_label_first(tmp_
     assert body["message"].endswith("plants the model is not sure of: tree 4 (ask an expert: the Plants page)")
     w.stop()
     db.close()
+
+
+def test_home_assistant_is_told_when_the_last_backup_was_taken(tmp_path):
+    from edge_agent.alerts.homeassistant import SENSORS
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path)
+    sent = []
+
+    class _Mqtt:
+        def live(self, topic, payload, retain=False):
+            if topic == w.topics.state:
+                sent.append(json.loads(payload))
+
+    w.mqtt = _Mqtt()
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
+    w.observe(st)
+    assert sent[-1]["last_backup"] is None  # Home Assistant shows it unknown
+    (tmp_path / "last-backup.json").write_text(json.dumps({"time": 1764806400.0, "path": "/media/usb/b.tar.gz", "bytes": 1, "files": 1}))
+    w.observe(st)
+    assert sent[-1]["last_backup"] == "2025-12-04T00:00:00+00:00"  # a change is published at once
+    assert SENSORS["last_backup"][2]["device_class"] == "timestamp"
+    w.stop()
+    db.close()

@@ -23,6 +23,11 @@ SENSORS = {
     "alerts_today": ("Alerts today", "alerts_today", {"state_class": "total_increasing", "icon": "mdi:alert"}),
     "engine_version": ("Engine version", "engine_version", {"entity_category": "diagnostic", "icon": "mdi:chip"}),
     "queue_depth": ("Label queue", "queue_depth", {"entity_category": "diagnostic", "state_class": "measurement"}),
+    "last_backup": (
+        "Last backup",
+        "last_backup",
+        {"device_class": "timestamp", "entity_category": "diagnostic", "icon": "mdi:backup-restore"},
+    ),
 }
 
 

@@ -27,6 +27,7 @@ from edge_agent.alerts.homeassistant import discovery
 from edge_agent.alerts.messages import Topics, alert_body, diagnosis, encode, place_attributes, result_body, status_events
 from edge_agent.alerts.outbox import DeliveryError, Outbox
 from edge_agent.alerts.rules import AlertRules, Candidate
+from edge_agent.backup import last_backup
 from edge_agent.capture_place import Place, place_of
 from edge_agent.class_notes import NotesSource
 from edge_agent.log import get_logger
@@ -89,6 +90,7 @@ class AlertWorker(Worker):
         self.notes = notes if notes is not None else NotesSource()
         self._crops_read = 0.0
         self.results_db = Path(results_db)
+        self.state_dir = Path(state_dir)
         self.outbox = Outbox(Path(state_dir) / "alerts.sqlite", alerts.queue_mb << 20, alerts.retry_max_s)
         self.log = get_logger("alerts", device=device)
         if self.outbox.recovered:
@@ -332,6 +334,7 @@ class AlertWorker(Worker):
                 "engine_version": engine,
                 "queue_depth": queued[0][0] if queued else 0,
                 "healthy": bool(healthy),
+                "last_backup": _when(last_backup(self.state_dir)),
             }
         now = time.monotonic()
         state = self._retained_state()
@@ -470,3 +473,8 @@ class AlertWorker(Worker):
         self.outbox.close()
         if self._con is not None:
             self._con.close()
+
+
+def _when(backup: dict | None) -> str | None:
+    """When ``backup`` was taken, as Home Assistant's timestamp sensors read it (ISO 8601 with its zone), or None."""
+    return dt.datetime.fromtimestamp(backup["time"], dt.timezone.utc).isoformat(timespec="seconds") if backup else None
