@@ -190,9 +190,10 @@ PATHS_DROPIN = "paths.conf"
 
 def writable_folders(cfg) -> dict[str, list[str]]:
     """The folders outside the state directory each service writes, by the configuration ``cfg``: the daemon
-    ``[backup] dir`` (its backups) and ``[inbox] path`` (photos moved out of it); the page the inbox (uploads)."""
+    ``[backup] dir`` (its backups) and ``[inbox] path`` (photos moved out of it); the page the inbox (uploads); the
+    trainer ``[backup] dir`` (its own backups, where it runs alone on its machine)."""
     backup, inbox = ([str(Path(p).expanduser().absolute())] if p else [] for p in (cfg.backup.dir, cfg.inbox.path))
-    return {"edge-agent.service": backup + inbox, "edge-web.service": inbox}
+    return {"edge-agent.service": backup + inbox, "edge-web.service": inbox, "edge-trainer.service": backup}
 
 
 def paths_dropin(unit: str, folders: list[str]) -> str:

@@ -122,7 +122,9 @@ def test_install_systemd_opens_the_folders_the_configuration_names_outside_the_s
     dropin, web = units / "edge-agent.service.d" / "paths.conf", units / "edge-web.service.d" / "paths.conf"
     assert 'ReadWritePaths="-/media/farm backup" "-/srv/photos"' in dropin.read_text()
     assert 'ReadWritePaths="-/srv/photos"' in web.read_text()  # the page's uploads go into the inbox
+    trainer = units / "edge-trainer.service.d" / "paths.conf"
+    assert 'ReadWritePaths="-/media/farm backup"\n' in trainer.read_text()  # a trainer alone backs itself up
     _read_with_the_unit(units, "paths.conf")  # the quoted path with its space parsed too
     conf.write_text("")
     _install(units, "--config", str(conf))
-    assert not dropin.exists() and not web.exists() and (units / "edge-agent.service").is_file()
+    assert not dropin.exists() and not web.exists() and not trainer.exists() and (units / "edge-agent.service").is_file()
