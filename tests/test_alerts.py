@@ -735,17 +735,23 @@ def test_alerts_raised_before_a_destination_existed_are_not_sent_to_it_and_later
     db.close()
 
 
-def test_the_retained_state_is_published_when_it_changes_and_otherwise_once_a_minute(tmp_path):
-    db = ResultsDB(tmp_path / "results.sqlite")
-    w = _worker(tmp_path, db.path)
-    sent = []
+def _states_sent(w: AlertWorker) -> list[dict]:
+    """The retained states ``w`` publishes from here on (a result goes out live on a topic of its own, not kept)."""
+    sent: list[dict] = []
 
     class _Mqtt:
         def live(self, topic, payload, retain=False):
-            if topic == w.topics.state:  # (a result goes out live on its own topic)
+            if topic == w.topics.state:
                 sent.append(json.loads(payload))
 
     w.mqtt = _Mqtt()
+    return sent
+
+
+def test_the_retained_state_is_published_when_it_changes_and_otherwise_once_a_minute(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path)
+    sent = _states_sent(w)
     st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
     for _ in range(10):  # the daemon's status every 2 s, nothing new
         w.observe(st)
@@ -817,14 +823,7 @@ def test_home_assistant_is_told_when_the_last_backup_was_taken(tmp_path):
 
     db = ResultsDB(tmp_path / "results.sqlite")
     w = _worker(tmp_path, db.path)
-    sent = []
-
-    class _Mqtt:
-        def live(self, topic, payload, retain=False):
-            if topic == w.topics.state:
-                sent.append(json.loads(payload))
-
-    w.mqtt = _Mqtt()
+    sent = _states_sent(w)
     st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
     w.observe(st)
     assert sent[-1]["last_backup"] is None  # Home Assistant shows it unknown
