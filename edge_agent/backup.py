@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from edge_agent.config import AppConfig
+from engines.durable import atomic_write
 from engines.errors import EdgeAgentError
 
 __all__ = [
@@ -275,13 +276,10 @@ def last_backup(state_dir: Path) -> dict | None:
 
 def _record(state_dir: Path, taken: dict) -> None:
     """Write :data:`RECORD` atomically; a disk too full for it leaves the record before (the backup itself is whole)."""
-    path = state_dir / RECORD
-    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{RECORD}")
     try:
-        tmp.write_text(json.dumps(taken))
-        os.replace(tmp, path)
+        atomic_write(state_dir / RECORD, json.dumps(taken).encode())
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

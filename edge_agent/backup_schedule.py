@@ -163,19 +163,12 @@ class BackupSchedule(Worker):
 
     def due(self, now: float) -> bool:
         """Whether a backup should be written now."""
-        if self.defer():
-            return False
-        last = last_backup(self.state_root)
-        failed = self._failure(last)
-        if failed and now - failed["time"] < min(RETRY_S, self.section.every_h * 3600):
-            return False
-        if last is None:
-            return now - self.started >= self.first_delay_s
-        age = now - last["time"]
-        return age >= self.section.every_h * 3600 or age < -300  # negative: the clock was set back since
+        return not self.defer() and now >= self.next_due(now)
 
     def next_due(self, now: float) -> float:
-        """When the next backup is due (a time; ``now`` or before: at the next look)."""
+        """When the next backup is due (a time; ``now`` or before: at the next look): an hour after a failure (or
+        ``every_h``, if shorter), ``every_h`` after the last backup (``now`` where the clock was set back since), and
+        for a device with none yet :data:`FIRST_DELAY_S` after the start."""
         last = last_backup(self.state_root)
         failed = self._failure(last)
         if failed:

@@ -24,6 +24,7 @@ __all__ = [
     "check_image",
     "IMAGE_EXTENSIONS",
     "ifd_entries",
+    "png_chunks",
 ]
 
 #: File extensions of the formats the header parser and decoder accept.
@@ -304,19 +305,26 @@ def _png(data: bytes) -> ImageHeader:
 _MAX_CHUNKS = 100_000
 
 
-def _png_chunk(data: bytes, kind: bytes) -> bytes:
-    """The data of a PNG's first chunk of ``kind`` (``eXIf``: PNG 1.5's EXIF, before or after the image data), or
-    b"" where there is none or it is cut short."""
+def png_chunks(data: bytes | bytearray) -> Iterator[tuple[int, bytes, int]]:
+    """The chunks of the PNG ``data`` as ``(offset, type, data length)``, the offset that of its length field: up to
+    ``IEND``, the end of ``data`` or :data:`_MAX_CHUNKS` (a chunk's data may run past the end of a file cut short)."""
     pos, n = 8, len(data)
     for _ in range(_MAX_CHUNKS):
         if pos + 8 > n:
-            return b""
+            return
         length, name = struct.unpack(">I4s", data[pos : pos + 8])
-        if name == kind:
-            return data[pos + 8 : pos + 8 + length] if pos + 8 + length <= n else b""
+        yield pos, name, length
         if name == b"IEND":
-            return b""
+            return
         pos += 12 + length
+
+
+def _png_chunk(data: bytes, kind: bytes) -> bytes:
+    """The data of a PNG's first chunk of ``kind`` (``eXIf``: PNG 1.5's EXIF, before or after the image data), or
+    b"" where there is none or it is cut short."""
+    for pos, name, length in png_chunks(data):
+        if name == kind:
+            return data[pos + 8 : pos + 8 + length] if pos + 8 + length <= len(data) else b""
     return b""
 
 

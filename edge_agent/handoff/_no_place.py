@@ -24,7 +24,7 @@ import cv2
 
 from edge_agent.capture import exif_block, read_capture
 from edge_agent.capture_place import GPS_IFD
-from edge_agent.imageheader import HeaderError, ImageRejected, ifd_entries, read_header
+from edge_agent.imageheader import HeaderError, ImageRejected, ifd_entries, png_chunks, read_header
 from edge_agent.preprocess import decode_bgr
 
 __all__ = ["without_place"]
@@ -144,32 +144,22 @@ def _png_packed_metadata(data: bytes) -> bool:
     """Whether the PNG ``data`` holds metadata this module cannot blank in place: its XMP compressed (``iTXt`` with its
     flag set, ``zTXt``), or ImageMagick's hex-encoded raw profiles (``Raw profile type exif``, ``... xmp``, ``... APP1``);
     such a photo goes as its pixels alone (nothing is decompressed here: a compressed chunk may be a bomb)."""
-    pos, n = 8, len(data)
-    while pos + 12 <= n:
-        size, name = struct.unpack(">I4s", data[pos : pos + 8])
-        body = data[pos + 8 : pos + 8 + min(size, 80)]
-        keyword, _, rest = body.partition(b"\x00")
-        text = name in (b"tEXt", b"zTXt", b"iTXt")
-        if text and keyword.startswith(b"Raw profile type"):  # hex, compressed or not
+    for pos, name, size in png_chunks(data):
+        if name not in (b"tEXt", b"zTXt", b"iTXt"):
+            continue
+        keyword, _, rest = data[pos + 8 : pos + 8 + min(size, 80)].partition(b"\x00")
+        if keyword.startswith(b"Raw profile type"):  # hex, compressed or not
             return True
         if keyword == b"XML:com.adobe.xmp" and (name == b"zTXt" or (name == b"iTXt" and rest[:1] != b"\x00")):  # compressed
             return True
-        if name == b"IEND":
-            return False
-        pos += 12 + size
     return False
 
 
 def _png_checksums(buf: bytearray, changed: list[tuple[int, int]]) -> None:
     """Write again the CRC of each PNG chunk whose data holds a changed range (a reader checks them)."""
-    pos, n = 8, len(buf)
-    while pos + 12 <= n:
-        size, name = struct.unpack(">I4s", buf[pos : pos + 8])
+    for pos, _name, size in png_chunks(buf):
         end = pos + 8 + size
-        if end + 4 > n:
+        if end + 4 > len(buf):
             return
         if any(a < end and b > pos + 8 for a, b in changed):
             buf[end : end + 4] = struct.pack(">I", zlib.crc32(bytes(buf[pos + 4 : end])))
-        if name == b"IEND":
-            return
-        pos = end + 4
