@@ -18,7 +18,19 @@ from nacl import pwhash
 
 from edge_agent.backup import BackupError
 
-__all__ = ["MAGIC", "SUFFIX", "SealError", "SealingWriter", "is_sealed", "read_passphrase", "unseal"]
+__all__ = [
+    "MAGIC",
+    "SUFFIX",
+    "SealError",
+    "Sealer",
+    "SealingWriter",
+    "Unsealer",
+    "UnsealingReader",
+    "is_sealed",
+    "read_passphrase",
+    "sealed_size",
+    "unseal",
+]
 
 MAGIC = b"edge-agent backup, sealed v1\n"
 #: What a sealed backup's file name ends in (after ``.tar.gz``).
@@ -30,6 +42,8 @@ _SALT = pwhash.argon2id.SALTBYTES
 #: Argon2id's limits: libsodium's "interactive" ones (64 MiB, 2 passes): a Pi 5 derives the key in well under a second,
 #: beside a running daemon.
 _OPS, _MEM = pwhash.argon2id.OPSLIMIT_INTERACTIVE, pwhash.argon2id.MEMLIMIT_INTERACTIVE
+#: A sealed file's header: the magic line, the salt, the limits, secretstream's header.
+_HEAD = len(MAGIC) + _SALT + 16 + _HEADER
 
 
 class SealError(BackupError):
@@ -53,15 +67,27 @@ def _key(passphrase: bytes, salt: bytes, ops: int, mem: int) -> bytes:
     return pwhash.argon2id.kdf(_na.crypto_secretstream_xchacha20poly1305_KEYBYTES, passphrase, salt, opslimit=ops, memlimit=mem)
 
 
+class Sealer:
+    """A key derived once from a passphrase under a new salt: what seals one backup's archive and the shared files it
+    adds (:mod:`edge_agent._backup_files`), one Argon2id derivation for them all."""
+
+    def __init__(self, passphrase: bytes) -> None:
+        self.salt = os.urandom(_SALT)
+        self.key = _key(passphrase, self.salt, _OPS, _MEM)
+
+    def writer(self, raw) -> SealingWriter:
+        """A writer that seals into the open file ``raw``."""
+        return SealingWriter(raw, self)
+
+
 class SealingWriter:
     """A file-like object that seals what is written to it into ``raw`` (call :meth:`finish` after the last write)."""
 
-    def __init__(self, raw, passphrase: bytes) -> None:
-        salt = os.urandom(_SALT)
+    def __init__(self, raw, sealer: Sealer) -> None:
         self._state = _na.crypto_secretstream_xchacha20poly1305_state()
-        header = _na.crypto_secretstream_xchacha20poly1305_init_push(self._state, _key(passphrase, salt, _OPS, _MEM))
+        header = _na.crypto_secretstream_xchacha20poly1305_init_push(self._state, sealer.key)
         self._raw, self._buf = raw, bytearray()
-        raw.write(MAGIC + salt + struct.pack(">QQ", _OPS, _MEM) + header)
+        raw.write(MAGIC + sealer.salt + struct.pack(">QQ", _OPS, _MEM) + header)
 
     def write(self, data) -> int:
         self._buf += data
@@ -83,6 +109,97 @@ class SealingWriter:
         self._buf.clear()
 
 
+def sealed_size(plain_bytes: int) -> int:
+    """The size of the sealed file that ``plain_bytes`` bytes become."""
+    full = plain_bytes // _CHUNK
+    return _HEAD + full * (4 + _CHUNK + _ABYTES) + 4 + (plain_bytes - full * _CHUNK) + _ABYTES
+
+
+class Unsealer:
+    """Opens sealed files with one passphrase, deriving the key once for each salt met (a backup's shared files were
+    sealed under the salts of the backups that added them)."""
+
+    def __init__(self, passphrase: bytes) -> None:
+        self.passphrase = passphrase
+        self._keys: dict[bytes, bytes] = {}
+
+    def key(self, src, head: bytes) -> bytes:
+        """The key for the sealed file ``src`` whose first bytes are ``head``; raises :class:`SealError`."""
+        if len(head) < _HEAD or not head.startswith(MAGIC):
+            raise SealError(f"{src}: not a sealed edge-agent backup")
+        salt = head[len(MAGIC) : len(MAGIC) + _SALT]
+        ops, mem = struct.unpack(">QQ", head[len(MAGIC) + _SALT : len(MAGIC) + _SALT + 16])
+        if not (_OPS <= ops <= pwhash.argon2id.OPSLIMIT_MAX and _MEM <= mem <= 1 << 30):  # a forged header's limits: never
+            raise SealError(f"{src}: its header asks for key-derivation limits no edge-agent writes (changed?)")
+        if head[: _HEAD - _HEADER] not in self._keys:
+            self._keys[head[: _HEAD - _HEADER]] = _key(self.passphrase, salt, ops, mem)
+        return self._keys[head[: _HEAD - _HEADER]]
+
+    def open(self, src: Path) -> UnsealingReader:
+        """A reader of what the sealed file ``src`` holds; raises :class:`SealError`."""
+        try:
+            f = open(src, "rb")
+        except OSError as exc:
+            raise SealError(f"{src}: could not be opened ({exc.strerror or exc})") from None
+        try:
+            return UnsealingReader(f, src, self)
+        except BaseException:
+            f.close()
+            raise
+
+
+class UnsealingReader:
+    """A file-like reader of a sealed file's plaintext, checked chunk by chunk as it is read (see :func:`unseal`)."""
+
+    def __init__(self, f, src, unsealer: Unsealer) -> None:
+        self._f, self._src, self._buf, self._final, self._first = f, src, bytearray(), False, True
+        try:
+            head = f.read(_HEAD)
+        except OSError as exc:
+            raise SealError(f"{src}: could not be opened ({exc.strerror or exc})") from None
+        self._state = _na.crypto_secretstream_xchacha20poly1305_state()
+        _na.crypto_secretstream_xchacha20poly1305_init_pull(self._state, head[-_HEADER:], unsealer.key(src, head))
+
+    def _pull(self) -> None:
+        src, f = self._src, self._f
+        try:
+            size = f.read(4)
+            if len(size) < 4:
+                raise SealError(f"{src}: cut short (its last part is missing): copy it again from where it was written")
+            (n,) = struct.unpack(">I", size)
+            chunk = f.read(n) if n <= _CHUNK + _ABYTES else b""
+            if len(chunk) != n or n < _ABYTES:
+                raise SealError(f"{src}: damaged (a part of {n} bytes where at most {_CHUNK + _ABYTES} fit)")
+            try:
+                plain, tag = _na.crypto_secretstream_xchacha20poly1305_pull(self._state, chunk, None)
+            except Exception:  # noqa: BLE001 - libsodium's CryptoError: the wrong passphrase, or changed bytes
+                why = "the wrong passphrase, or a damaged or changed file" if self._first else "damaged or changed"
+                raise SealError(f"{src}: cannot be opened: {why}") from None
+            self._buf += plain
+            self._final, self._first = tag == _na.crypto_secretstream_xchacha20poly1305_TAG_FINAL, False
+            if self._final and f.read(1):
+                raise SealError(f"{src}: bytes after its end (changed?)")
+        except OSError as exc:
+            raise SealError(f"{src}: could not be read ({exc.strerror or exc})") from None
+
+    def read(self, n: int = -1) -> bytes:
+        while not self._final and (n < 0 or len(self._buf) < n):
+            self._pull()
+        n = len(self._buf) if n < 0 else min(n, len(self._buf))
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> UnsealingReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def is_sealed(path: Path) -> bool:
     """Whether the file ``path`` is a sealed backup."""
     try:
@@ -92,37 +209,14 @@ def is_sealed(path: Path) -> bool:
         return False
 
 
-def unseal(src: Path, dst: Path, passphrase: bytes) -> None:
-    """Write the archive sealed in ``src`` to ``dst``; raises :class:`SealError` (``dst`` then removed)."""
+def unseal(src: Path, dst: Path, passphrase: bytes | Unsealer) -> None:
+    """Write the archive sealed in ``src`` to ``dst``, checked whole (the wrong passphrase, a changed byte, a file cut
+    short or extended); raises :class:`SealError` (``dst`` then removed)."""
+    unsealer = passphrase if isinstance(passphrase, Unsealer) else Unsealer(passphrase)
     try:
-        with open(src, "rb") as f, open(dst, "wb") as out:
-            head = f.read(len(MAGIC) + _SALT + 16 + _HEADER)
-            if len(head) < len(MAGIC) + _SALT + 16 + _HEADER or not head.startswith(MAGIC):
-                raise SealError(f"{src}: not a sealed edge-agent backup")
-            salt = head[len(MAGIC) : len(MAGIC) + _SALT]
-            ops, mem = struct.unpack(">QQ", head[len(MAGIC) + _SALT : len(MAGIC) + _SALT + 16])
-            if not (_OPS <= ops <= pwhash.argon2id.OPSLIMIT_MAX and _MEM <= mem <= 1 << 30):  # a forged header's limits: never
-                raise SealError(f"{src}: its header asks for key-derivation limits no edge-agent writes (changed?)")
-            state = _na.crypto_secretstream_xchacha20poly1305_state()
-            _na.crypto_secretstream_xchacha20poly1305_init_pull(state, head[-_HEADER:], _key(passphrase, salt, ops, mem))
-            final, first = False, True
-            while not final:
-                size = f.read(4)
-                if len(size) < 4:
-                    raise SealError(f"{src}: cut short (its last part is missing): copy it again from where it was written")
-                (n,) = struct.unpack(">I", size)
-                chunk = f.read(n) if n <= _CHUNK + _ABYTES else b""
-                if len(chunk) != n or n < _ABYTES:
-                    raise SealError(f"{src}: damaged (a part of {n} bytes where at most {_CHUNK + _ABYTES} fit)")
-                try:
-                    plain, tag = _na.crypto_secretstream_xchacha20poly1305_pull(state, chunk, None)
-                except Exception:  # noqa: BLE001 - libsodium's CryptoError: the wrong passphrase, or changed bytes
-                    why = "the wrong passphrase, or a damaged or changed file" if first else "damaged or changed"
-                    raise SealError(f"{src}: cannot be opened: {why}") from None
-                out.write(plain)
-                final, first = tag == _na.crypto_secretstream_xchacha20poly1305_TAG_FINAL, False
-            if f.read(1):
-                raise SealError(f"{src}: bytes after its end (changed?)")
+        with unsealer.open(src) as reader, open(dst, "wb") as out:
+            for chunk in iter(lambda: reader.read(_CHUNK), b""):
+                out.write(chunk)
     except SealError:
         Path(dst).unlink(missing_ok=True)
         raise

@@ -12,6 +12,9 @@ Each file is archived as it was when listed (the databases copied, the rest hard
 meanwhile cannot make a file differ from its recorded hash; the state directory records the last backup written of
 it (:data:`RECORD`: what ``status``, the Health page and the daemon's schedule, :mod:`edge_agent.backup_schedule`, read).
 Given a passphrase, the archive is sealed as it is written (:mod:`edge_agent._backup_seal`), and a restore needs it.
+The daemon's backups into a folder (:mod:`edge_agent.backup_schedule`) keep the photos and engines once, in a folder
+beside them that they share (:mod:`edge_agent._backup_files`), so each writes only what is new; a restore reads them
+from there, checked against the same hashes.
 
 ``edge-agent restore`` takes such a file into a state directory that holds no results yet (``--force`` first moves
 an existing one aside): every member must be a plain file named in ``backup.json`` with the hash it records, or
@@ -21,10 +24,12 @@ original paths printed, for the operator to copy back (they may need root).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sqlite3
 import tarfile
@@ -34,10 +39,14 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from edge_agent.config import AppConfig
 from engines.durable import atomic_write
 from engines.errors import EdgeAgentError
+
+if TYPE_CHECKING:
+    from edge_agent._backup_seal import Unsealer
 
 __all__ = [
     "BackupError",
@@ -46,21 +55,32 @@ __all__ = [
     "Restored",
     "backup",
     "last_backup",
-    "planned_bytes",
+    "read_manifest",
     "restore",
     "FORMAT",
+    "FORMATS",
     "RECORD",
 ]
 
-FORMAT = 1
+#: The backup format written: 2 names shared files beside the archive (:mod:`edge_agent._backup_files`); a backup with
+#: none is written as format 1, which versions before them restore too.
+FORMAT = 2
+FORMATS = (1, 2)
 MANIFEST = "backup.json"
 #: The state directory's record of the last backup written of it (or restored into it): what ``status``, the Health
 #: page and the daemon's schedule read.
 RECORD = "last-backup.json"
+#: The state directory's record of its files' sha256 as of the last backup, each keyed by what ``stat`` said of the
+#: file (size, mtime, inode): a backup reads again only the files new or changed since (a season's photos are read
+#: once, not every day). A file changed less than :data:`_SETTLED_NS` before it was listed is read again next time
+#: (a file's times tick coarsely: a write in the same tick would not change them).
+HASHES = "backup-hashes.json"
+_SETTLED_NS = 2_000_000_000
+_SHA = re.compile(r"[0-9a-f]{64}")
 #: SQLite files copied through the backup API (a plain copy of a live WAL database may be torn).
 DATABASES = ("results.sqlite", "alerts.sqlite", "trainer/samples.sqlite", "trainer/unlabelled.sqlite")
 #: What a backup leaves out: remade on demand, the services' live status, or not worth keeping.
-SKIPPED = ("web/thumbs", "quarantine", "inbox", "restored", "status.json", "trainer/status.json", "run", ".tmp-", RECORD)
+SKIPPED = ("web/thumbs", "quarantine", "inbox", "restored", "status.json", "trainer/status.json", "run", ".tmp-", RECORD, HASHES)
 
 
 class BackupError(EdgeAgentError):
@@ -81,6 +101,7 @@ class Restored:
 
     state_dir: Path
     files: int
+    shared: int  # of them, read from the shared files beside the archive
     outside: dict[str, str]  # where each file from outside the state directory is now -> where it came from
     moved_aside: Path | None
 
@@ -123,12 +144,14 @@ def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
     return out
 
 
-def _snapshot(members: dict[str, Path], folder: Path) -> dict[str, Path]:
+def _snapshot(members: dict[str, Path], folder: Path) -> tuple[dict[str, Path], dict[str, tuple[int, int, int]]]:
     """``members`` as they are now, each read later from ``folder``: the databases copied through SQLite's backup
     API, every other file hard-linked (a file the daemon replaces or deletes while the archive is written is read
     as it was when listed, so its recorded sha256 holds; a file on another disk is read where it is). A file gone
-    since it was listed is left out."""
+    since it was listed is left out. Also what ``stat`` said of each file but the databases before it was linked
+    (size, mtime in ns, inode: the key of :data:`HASHES`)."""
     out: dict[str, Path] = {}
+    stats: dict[str, tuple[int, int, int]] = {}
     for i, (name, src) in enumerate(members.items()):
         if name in DATABASES:
             out[name] = _sqlite_copy(src, folder / name.replace("/", "-"))
@@ -136,13 +159,45 @@ def _snapshot(members: dict[str, Path], folder: Path) -> dict[str, Path]:
         link = folder / "files" / str(i)
         link.parent.mkdir(parents=True, exist_ok=True)
         try:
+            st = os.stat(src)
+        except FileNotFoundError:
+            continue
+        except OSError:  # read (or refused) when archived
+            st = None
+        try:
             os.link(src, link)
         except FileNotFoundError:
             continue
         except OSError:  # another disk (an outside store, the configuration), or links refused: read in place
             link = src
+        if st is not None:
+            stats[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
         out[name] = link
-    return out
+    return out, stats
+
+
+def _read_hashes(state_dir: Path) -> dict[str, list]:
+    """:data:`HASHES` of ``state_dir`` (name -> [size, mtime_ns, inode, sha256]); empty where none or unreadable."""
+    try:
+        data = json.loads((state_dir / HASHES).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        k: v
+        for k, v in data.items()
+        if isinstance(v, list) and len(v) == 4 and all(type(x) is int for x in v[:3]) and isinstance(v[3], str) and _SHA.fullmatch(v[3])
+    }
+
+
+def _hash(src: Path) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    with open(src, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
 
 
 def _members(cfg: AppConfig, state_dir: Path, photos: bool) -> tuple[dict[str, Path], dict[str, str]]:
@@ -176,18 +231,6 @@ def _members(cfg: AppConfig, state_dir: Path, photos: bool) -> tuple[dict[str, P
     return members, outside
 
 
-def planned_bytes(cfg: AppConfig, state_dir: Path, photos: bool = False) -> int:
-    """The bytes of the files a backup of ``state_dir`` would hold: what its archive takes at most, give or take
-    the tar headers (photos and engines do not compress; the databases do)."""
-    total = 0
-    for path in _members(cfg, Path(state_dir), photos)[0].values():
-        try:
-            total += path.stat().st_size
-        except OSError:  # gone since it was listed (a photo pruned): not in the backup either
-            pass
-    return total
-
-
 def backup(
     cfg: AppConfig,
     state_dir: Path,
@@ -195,33 +238,65 @@ def backup(
     photos: bool = False,
     should_stop: Callable[[], bool] = lambda: False,
     passphrase: bytes | None = None,
+    shared: Path | None = None,
+    room: Callable[[int, set[str]], None] = lambda need, planned: None,
 ) -> dict:
     """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600; sealed with ``passphrase`` where one is
-    given, :mod:`edge_agent._backup_seal`), record it in the state directory (:data:`RECORD`) and return its manifest;
-    raises :class:`BackupStopped`, having written nothing, where ``should_stop()`` turns true on the way (the daemon
-    stopping)."""
+    given, :mod:`edge_agent._backup_seal`), record it in the state directory (:data:`RECORD`) and return its manifest
+    with ``bytes`` (what it restores) and ``written`` (what this call wrote: the archive and the new shared files);
+    raises :class:`BackupStopped`, having written no archive, where ``should_stop()`` turns true on the way (the
+    daemon stopping). With ``shared`` (a folder beside ``out``, :mod:`edge_agent._backup_files`), the photos and
+    engines already there are named rather than written again, and the new ones are written there; ``room(need,
+    planned)`` is called first with the bytes still to write and the shared files the backup will name (to make room
+    without deleting those)."""
     from edge_agent import __version__
-    from edge_agent._backup_seal import SealingWriter
+    from edge_agent._backup_files import SHARED_MIN, SharedFiles
+    from edge_agent._backup_seal import Sealer, Unsealer
 
     state_dir = Path(state_dir)
     members, outside = _members(cfg, state_dir, photos)
     copies = state_dir / f".tmp-backup-{os.getpid()}-{threading.get_ident()}"
     out = Path(out)
     tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
+    sealer = Sealer(passphrase) if passphrase else None
+    pool = SharedFiles(shared, sealer, Unsealer(passphrase) if passphrase else None) if shared else None
+    written = 0
     try:
-        members = _snapshot(members, copies)
-        files = {}
+        members, stats = _snapshot(members, copies)
+        files, known, hashes, settled = {}, _read_hashes(state_dir), {}, time.time_ns() - _SETTLED_NS
         for name, src in members.items():
-            h, size = hashlib.sha256(), 0
-            with open(src, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-                    size += len(chunk)
-            files[name] = {"sha256": h.hexdigest(), "bytes": size}
+            st, hit = stats.get(name), known.get(name)
+            if st is not None and hit is not None and tuple(hit[:3]) == st:  # read at the last backup, unchanged since
+                files[name] = {"sha256": hit[3], "bytes": st[0]}
+                hashes[name] = hit
+            else:
+                sha, size = _hash(src)
+                files[name] = {"sha256": sha, "bytes": size}
+                if st is not None and st[0] == size and st[1] < settled:
+                    hashes[name] = [*st, sha]
             if should_stop():
                 raise BackupStopped(f"{out}: not written, stopped while reading {name}")
+        new: dict[str, list[str]] = {}  # sha256 -> the members whose bytes are to be written as one shared file
+        if pool is not None:
+            for name, meta in files.items():
+                if name in DATABASES or meta["bytes"] < SHARED_MIN:
+                    continue
+                found = None if meta["sha256"] in new else pool.find(meta["sha256"], meta["bytes"])
+                if found:
+                    meta["shared"] = found
+                else:
+                    new.setdefault(meta["sha256"], []).append(name)
+        planned = {m["shared"] for m in files.values() if "shared" in m}
+        room(sum(m["bytes"] for m in files.values() if "shared" not in m), planned)
+        for sha, names in new.items():
+            shared_name = pool.put(members[names[0]], sha)
+            written += pool.size_of(shared_name, files[names[0]]["bytes"])
+            for name in names:
+                files[name]["shared"] = shared_name
+            if should_stop():
+                raise BackupStopped(f"{out}: not written, stopped while writing the shared file of {names[0]}")
         manifest = {
-            "format": FORMAT,
+            "format": FORMAT if pool is not None else 1,
             "edge_agent": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "created_s": time.time(),
@@ -230,27 +305,32 @@ def backup(
             "files": files,
             "outside": outside,
         }
+        if pool is not None:
+            manifest["shared_dir"] = pool.root.name
         out.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as raw:
-            sink = SealingWriter(raw, passphrase) if passphrase else raw
+            sink = sealer.writer(raw) if sealer else raw
             with tarfile.open(fileobj=sink, mode="w:gz", compresslevel=1) as tar:
                 _add(tar, MANIFEST, json.dumps(manifest, indent=2).encode())
                 for name, src in members.items():
+                    if "shared" in files[name]:
+                        continue
                     info = tarfile.TarInfo(name)
                     info.size, info.mtime, info.mode = files[name]["bytes"], int(src.stat().st_mtime), 0o600
                     with open(src, "rb") as f:
                         tar.addfile(info, f)
                     if should_stop():
                         raise BackupStopped(f"{out}: not written, stopped while writing {name}")
-            if passphrase:
+            if sealer:
                 sink.finish()
             raw.flush()
             os.fsync(raw.fileno())  # the archive's end too, before it takes its name
         os.replace(tmp, out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise BackupError(f"{out}: could not write the backup: {exc.strerror or exc}") from None
+        big = " (its disk takes no file over 4 GiB, as FAT32: format it exFAT or ext4; the daemon's backups: [backup] shared_files on)"
+        raise BackupError(f"{out}: could not write the backup: {exc.strerror or exc}{big if exc.errno == errno.EFBIG else ''}") from None
     except sqlite3.Error as exc:  # a database locked past 30 s, or no room for its copy in the state directory
         raise BackupError(f"{state_dir}: could not copy a database for the backup ({exc}); nothing written") from None
     except (BackupError, tarfile.TarError):
@@ -258,9 +338,55 @@ def backup(
         raise
     finally:
         shutil.rmtree(copies, ignore_errors=True)
-    taken = {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": out.stat().st_size, "files": len(files)}
+    try:
+        atomic_write(state_dir / HASHES, json.dumps(hashes).encode())
+    except OSError:  # a disk too full for it: the next backup reads every file again
+        pass
+    size = out.stat().st_size
+    on_stick = {m["shared"]: m["bytes"] for m in files.values() if "shared" in m}
+    total = size + sum(pool.size_of(n, b) for n, b in on_stick.items()) if pool else size
+    taken = {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": total, "written": size + written, "files": len(files)}
     _record(state_dir, taken | {"sealed": bool(passphrase)})
-    return manifest
+    return manifest | {"bytes": total, "written": size + written}
+
+
+def read_manifest(archive: Path, passphrase: bytes | Unsealer | None = None) -> dict:
+    """The manifest of the backup ``archive`` (read from its start, unsealed with ``passphrase`` where it is
+    sealed); raises :class:`BackupError` (:class:`BackupSealed` where it is sealed and no passphrase is given)."""
+    from edge_agent._backup_seal import Unsealer, is_sealed
+
+    archive = Path(archive)
+    if is_sealed(archive):
+        if passphrase is None:
+            raise BackupSealed(f"{archive}: sealed with a passphrase: give it (--passphrase-file FILE, or typed when asked)")
+        unsealer = passphrase if isinstance(passphrase, Unsealer) else Unsealer(passphrase)
+        src = unsealer.open(archive)
+    else:
+        try:
+            src = open(archive, "rb")
+        except OSError as exc:
+            raise BackupError(f"{archive}: not a readable backup ({exc.strerror or exc})") from None
+    with src:
+        try:
+            with tarfile.open(fileobj=src, mode="r|gz") as tar:
+                return _manifest_of(tar, archive)[1]
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            raise BackupError(f"{archive}: not a readable backup ({exc})") from None
+
+
+def _manifest_of(tar: tarfile.TarFile, archive: Path) -> tuple[tarfile.TarInfo, dict]:
+    """The first member of the backup being read by ``tar`` and the manifest it holds; raises :class:`BackupError`."""
+    try:
+        first = tar.next()
+        if first is None or first.name != MANIFEST or not first.isfile() or first.size > 64 << 20:
+            raise BackupError(f"{archive}: not an edge-agent backup (no {MANIFEST} first)")
+        manifest = json.loads(tar.extractfile(first).read())
+    except (tarfile.TarError, EOFError, ValueError, OSError, zlib.error) as exc:
+        raise BackupError(f"{archive}: not a readable backup ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS or not isinstance(manifest.get("files"), dict):
+        what = manifest.get("format") if isinstance(manifest, dict) else None
+        raise BackupError(f"{archive}: backup format {what!r}, this version restores formats {', '.join(map(str, FORMATS))}")
+    return first, manifest
 
 
 def last_backup(state_dir: Path) -> dict | None:
@@ -296,43 +422,73 @@ def _safe(name: str) -> bool:
 def restore(archive: Path, state_dir: Path, force: bool = False, passphrase: bytes | None = None) -> Restored:
     """Put the backup ``archive`` into ``state_dir`` (see the module's docstring), opening it with ``passphrase``
     where it is sealed; raises BackupError, having changed nothing, for a file that is not a whole, untampered backup
-    (:class:`BackupSealed` where it is sealed and no passphrase was given), or a state directory that already holds
-    results."""
-    from edge_agent._backup_seal import is_sealed, unseal
+    (:class:`BackupSealed` where it is sealed and no passphrase was given), one whose shared files are not beside it,
+    or a state directory that already holds results."""
+    from edge_agent._backup_seal import Unsealer, is_sealed, unseal
 
     archive, state_dir = Path(archive), Path(state_dir)
+    unsealer = Unsealer(passphrase) if passphrase is not None else None
     if not is_sealed(archive):
-        return _restore(archive, archive, state_dir, force)
-    if passphrase is None:
+        return _restore(archive, archive, state_dir, force, unsealer)
+    if unsealer is None:
         raise BackupSealed(f"{archive}: sealed with a passphrase: give it (--passphrase-file FILE, or typed when asked)")
     state_dir.parent.mkdir(parents=True, exist_ok=True)
     plain = state_dir.with_name(f".tmp-unsealed-{os.getpid()}-{state_dir.name}.tar.gz")
     try:
-        unseal(archive, plain, passphrase)
-        return _restore(plain, archive, state_dir, force)
+        unseal(archive, plain, unsealer)
+        return _restore(plain, archive, state_dir, force, unsealer)
     finally:
         plain.unlink(missing_ok=True)
 
 
-def _restore(source: Path, archive: Path, state_dir: Path, force: bool) -> Restored:
+def _shared_sources(archive: Path, manifest: dict, unsealer: Unsealer | None) -> dict[str, Path]:
+    """Where each file the backup ``archive`` keeps among its shared files is (name -> path), all there; raises
+    :class:`BackupError` saying what is missing and what to do (nothing is restored)."""
+    from edge_agent._backup_files import shared_name_ok
+
+    names = {n: m["shared"] for n, m in manifest["files"].items() if isinstance(m, dict) and "shared" in m}
+    if not names:
+        return {}
+    root_name = manifest.get("shared_dir")
+    if not all(isinstance(s, str) and isinstance(root_name, str) and shared_name_ok(root_name, s) for s in names.values()):
+        raise BackupError(f"{archive}: a shared file is named outside its folder: refused")
+    root = archive.parent / root_name
+    missing = sorted({s for s in names.values() if not (root / s).is_file()})
+    if missing:
+        where = f"{root} lacks {len(missing)} of them (e.g. {missing[0]})" if root.is_dir() else f"{root} is not there"
+        raise BackupError(
+            f"{archive}: its photos and engines are kept in the folder {root_name} beside it, and {where}: copy that folder "
+            "whole from the stick beside the backup; nothing restored"
+        )
+    if unsealer is None and any(s.endswith(".sealed") for s in names.values()):
+        raise BackupSealed(f"{archive}: its shared files are sealed with a passphrase: give it (--passphrase-file FILE)")
+    return {n: root / s for n, s in names.items()}
+
+
+def _copy_checked(src, dst: Path, sha256: str, archive: Path, name: str) -> None:
+    """Copy the open file ``src`` to ``dst``, checking that its bytes hash to ``sha256``; raises :class:`BackupError`."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with open(dst, "wb") as out:
+        for chunk in iter(lambda: src.read(1 << 20), b""):
+            h.update(chunk)
+            out.write(chunk)
+    if h.hexdigest() != sha256:
+        raise BackupError(f"{archive}: {name} does not match its recorded sha256 (damaged or tampered): nothing restored")
+
+
+def _restore(source: Path, archive: Path, state_dir: Path, force: bool, unsealer: Unsealer | None) -> Restored:
     """:func:`restore` of the archive in the file ``source`` (``archive`` itself, or it unsealed)."""
     try:
         tar = tarfile.open(source, mode="r:gz")
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise BackupError(f"{archive}: not a readable backup ({exc})") from None
     with tar:
-        try:
-            first = tar.next()
-            if first is None or first.name != MANIFEST or not first.isfile() or first.size > 64 << 20:
-                raise BackupError(f"{archive}: not an edge-agent backup (no {MANIFEST} first)")
-            manifest = json.loads(tar.extractfile(first).read())
-        except (tarfile.TarError, EOFError, ValueError, OSError) as exc:
-            raise BackupError(f"{archive}: not a readable backup ({exc})") from None
-        if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-            raise BackupError(f"{archive}: backup format {manifest.get('format')!r}, this version restores format {FORMAT}")
+        first, manifest = _manifest_of(tar, archive)
         files: dict = manifest["files"]
         if not all(_safe(n) for n in files):
             raise BackupError(f"{archive}: a member names a path outside the state directory: refused")
+        shared = _shared_sources(archive, manifest, unsealer)
         if (state_dir / "results.sqlite").is_file() and not force:
             raise BackupError(
                 f"{state_dir} already holds a results ledger: restore into a new state directory, or pass --force to move "
@@ -346,21 +502,17 @@ def _restore(source: Path, archive: Path, state_dir: Path, force: bool) -> Resto
                 name = member.name
                 if member is first or (name == MANIFEST and member.offset == first.offset):
                     continue  # read above
-                if name not in files or name in seen or not member.isfile():
+                if name not in files or name in seen or name in shared or not member.isfile():
                     raise BackupError(f"{archive}: member {name!r} is not a file the backup lists: refused")
                 seen.add(name)
-                dst = staging / name
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                h = hashlib.sha256()
-                with tar.extractfile(member) as src, open(dst, "wb") as out:
-                    for chunk in iter(lambda: src.read(1 << 20), b""):
-                        h.update(chunk)
-                        out.write(chunk)
-                if h.hexdigest() != files[name]["sha256"]:
-                    raise BackupError(f"{archive}: {name} does not match its recorded sha256 (damaged or tampered): nothing restored")
-            if seen != set(files):
-                missing = sorted(set(files) - seen)[:3]
-                raise BackupError(f"{archive}: incomplete, {len(set(files) - seen)} files missing (e.g. {missing}): nothing restored")
+                with tar.extractfile(member) as src:
+                    _copy_checked(src, staging / name, files[name]["sha256"], archive, name)
+            if seen != set(files) - set(shared):
+                lost = set(files) - set(shared) - seen
+                raise BackupError(f"{archive}: incomplete, {len(lost)} files missing (e.g. {sorted(lost)[:3]}): nothing restored")
+            for name, path in shared.items():
+                with unsealer.open(path) if path.name.endswith(".sealed") else open(path, "rb") as src:
+                    _copy_checked(src, staging / name, files[name]["sha256"], archive, name)
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise BackupError(f"{archive}: damaged ({exc}): nothing restored") from None
@@ -379,7 +531,7 @@ def _restore(source: Path, archive: Path, state_dir: Path, force: bool) -> Resto
     os.replace(staging, state_dir)
     created = manifest.get("created_s")
     if isinstance(created, (int, float)):  # the backup restored is this state's last one (from before 2026-12-03: unknown)
-        size = archive.stat().st_size
+        size = archive.stat().st_size + sum(p.stat().st_size for p in shared.values())
         _record(state_dir, {"time": created, "path": str(archive.resolve()), "bytes": size, "files": len(files), "restored": time.time()})
     outside = {}
     for name, original in (manifest.get("outside") or {}).items():
@@ -387,4 +539,4 @@ def _restore(source: Path, archive: Path, state_dir: Path, force: bool) -> Resto
             outside[str(state_dir / "restored" / "outside" / "store")] = original
         else:
             outside[str(state_dir / "restored" / name)] = original
-    return Restored(state_dir, len(files), outside, aside)
+    return Restored(state_dir, len(files), len(shared), outside, aside)

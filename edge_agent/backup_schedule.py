@@ -15,6 +15,8 @@ not this device's backups (``edge-agent-<device>-<YYYYmmdd-HHMMSS>.tar.gz[.seale
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import getpass
 import os
 import re
@@ -25,8 +27,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edge_agent._backup_seal import SUFFIX, read_passphrase
-from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, planned_bytes
+from edge_agent._backup_files import SharedFiles, referenced, shared_root
+from edge_agent._backup_seal import SUFFIX, Unsealer, read_passphrase
+from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, read_manifest
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
 from edge_agent.worker import Worker
@@ -37,6 +40,8 @@ __all__ = ["BackupSchedule", "backup_lines", "device_name", "own_backups", "take
 RETRY_S = 3600.0
 #: How long after the daemon starts a device that never had a backup takes its first (start-up is left alone).
 FIRST_DELAY_S = 600.0
+#: The lock file in the state directory held while a backup of it is written into a folder (``*.lock``: never backed up).
+LOCK = "backup.lock"
 #: Room left beside a backup's planned bytes for tar's headers and the manifest.
 _SLACK = 1 << 20
 _NAME = re.compile(r"edge-agent-(?P<device>[A-Za-z0-9_.-]+)-(?P<when>\d{8}-\d{6})\.tar\.gz(?:\.sealed)?")
@@ -84,9 +89,12 @@ def _unwritable(folder: Path) -> str | None:
 
 
 def take(cfg: AppConfig, state_root: Path, should_stop=lambda: False, device: str | None = None, now: float | None = None) -> dict:
-    """Write one backup into ``[backup] dir`` and delete this device's older ones beyond ``keep``; returns
-    ``{"path", "bytes", "deleted"}``; raises :class:`BackupError` naming the folder and what to do, having deleted
-    nothing but to make room (this device's oldest backups there, never its newest)."""
+    """Write one backup into ``[backup] dir`` (its photos and engines shared with this device's other backups there,
+    unless ``shared_files`` is off) and delete this device's older ones beyond ``keep`` and the shared files no backup
+    left names; returns ``{"path", "bytes", "written", "deleted", "shared_deleted", "shared_freed", "shared_kept"}``
+    (``bytes``: what it restores; ``shared_kept``: why no shared file could be deleted); raises :class:`BackupError`
+    naming the folder and what to do, having deleted nothing but to make room (this device's oldest backups there,
+    never its newest)."""
     section = cfg.backup
     folder = Path(section.dir).expanduser()
     device = device or device_name()
@@ -102,29 +110,88 @@ def take(cfg: AppConfig, state_root: Path, should_stop=lambda: False, device: st
     if why:
         raise BackupError(f"{folder} {why}")
     passphrase = read_passphrase(section.passphrase_file) if section.passphrase_file else None
-    need = planned_bytes(cfg, state_root, section.photos) + _SLACK
-    usage = shutil.disk_usage(folder)
+    with _one_at_a_time(state_root, should_stop):
+        return _take(cfg, state_root, folder, device, passphrase, should_stop, now)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(state_root: Path, should_stop):
+    """Held while a backup of ``state_root`` is written into a folder: the daemon's and one asked for by hand wait
+    for each other (either's clean-up would delete the shared files the other has written and not yet named)."""
+    fd = os.open(state_root / LOCK, os.O_RDONLY | os.O_CREAT, 0o644)  # (read-only: one a root's backup made serves too)
+    with os.fdopen(fd) as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if should_stop():
+                    raise BackupStopped(f"{state_root}: stopped while another backup of it was being written") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _take(cfg: AppConfig, state_root: Path, folder: Path, device: str, passphrase: bytes | None, should_stop, now) -> dict:
+    """:func:`take` once its checks have passed and it holds the lock."""
+    section = cfg.backup
+    unsealer = Unsealer(passphrase) if passphrase else None
+    shared = shared_root(folder, device) if section.shared_files else None
     deleted: list[str] = []
+    freed, kept = [0, 0], [None]  # shared files and bytes deleted; why none could be (a backup there unreadable)
     ours = own_backups(folder, device)
-    while usage.free < need and len(ours) > 1:  # make room: this device's oldest first, never its newest
-        oldest = ours.pop(0)
-        oldest.unlink(missing_ok=True)
-        deleted.append(oldest.name)
+
+    def collect(planned: set[str]) -> None:
+        """Delete the shared files no backup left names (nor this one will); none while one of them cannot be read."""
+        if shared is None:
+            return
+        try:
+            names = referenced(ours, lambda p: read_manifest(p, unsealer))
+        except BackupError as exc:  # its shared files are kept until it is deleted itself
+            kept[0] = str(exc)
+            return
+        kept[0] = None
+        files, size = SharedFiles(shared).collect(names | planned)
+        freed[0], freed[1] = freed[0] + files, freed[1] + size
+
+    def room(need: int, planned: set[str]) -> None:
+        """Make room for ``need`` more bytes: this device's oldest backups deleted first, never its newest."""
+        need += _SLACK
         usage = shutil.disk_usage(folder)
-    if usage.free < need:
-        raise BackupError(
-            f"{folder} has {usage.free >> 20} MiB free, a backup needs about {need >> 20} MiB: free space there, or point "
-            "[backup] dir at a larger disk"
-        )
+        while usage.free < need and len(ours) > 1:
+            oldest = ours.pop(0)
+            oldest.unlink(missing_ok=True)
+            deleted.append(oldest.name)
+            collect(planned)
+            usage = shutil.disk_usage(folder)
+        if usage.free < need:
+            raise BackupError(
+                f"{folder} has {usage.free >> 20} MiB free, a backup needs about {need >> 20} MiB more: free space there, or "
+                "point [backup] dir at a larger disk"
+            )
+
     for stale in folder.glob(f".tmp-*-edge-agent-{device}-*.tar.gz*"):  # half-written by a daemon killed mid-backup
         stale.unlink(missing_ok=True)
     suffix = ".tar.gz" + (SUFFIX if passphrase else "")
     out = folder / f"edge-agent-{device}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}{suffix}"
-    backup(cfg, state_root, out, photos=section.photos, should_stop=should_stop, passphrase=passphrase)
-    for old in [p for p in own_backups(folder, device)[: -section.keep] if p != out]:  # (the clock set back: it sorts first)
+    manifest = backup(cfg, state_root, out, section.photos, should_stop, passphrase, shared=shared, room=room)
+    ours = own_backups(folder, device)
+    for old in [p for p in ours[: -section.keep] if p != out]:  # (the clock set back: it sorts first)
         old.unlink(missing_ok=True)
         deleted.append(old.name)
-    return {"path": str(out), "bytes": out.stat().st_size, "deleted": deleted}
+    ours = own_backups(folder, device)
+    collect(set())
+    return {
+        "path": str(out),
+        "bytes": manifest["bytes"],
+        "written": manifest["written"],
+        "deleted": deleted,
+        "shared_deleted": freed[0],
+        "shared_freed": freed[1],
+        "shared_kept": kept[0],
+    }
 
 
 class BackupSchedule(Worker):
@@ -197,7 +264,16 @@ class BackupSchedule(Worker):
                 self.log.info("backup_recovered", failing_since=self.failed["since"])
             self.failed = None
             self.taken += 1
-            self.log.info("backup_written", path=done["path"], bytes=done["bytes"], deleted=done["deleted"])
+            self.log.info(
+                "backup_written",
+                path=done["path"],
+                bytes=done["bytes"],
+                written=done["written"],
+                deleted=done["deleted"],
+                shared_deleted=done["shared_deleted"],
+            )
+            if done["shared_kept"]:
+                self.log.warning("backup_shared_files_kept", why=done["shared_kept"])
             return done
 
     def status(self) -> dict:
@@ -255,6 +331,9 @@ def backup_lines(section: BackupSection, last: dict | None, schedule: dict | Non
                 (f"restored here {_ago(now - last['restored'])} from a backup taken {_ago(now - last['time'])} ({last['path']})", False)
             )
         else:
+            written = last.get("written")
+            if isinstance(written, int) and written < last.get("bytes", 0):
+                size += f" ({written / 2**20:.0f} MiB written, the rest shared with the backups before it)"
             out.append((f"last backup {_ago(now - last['time'])}, {size}: {last['path']}", now - last["time"] > stale_s))
     if not section.dir:
         if last is None or now - last["time"] > stale_s:

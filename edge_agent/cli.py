@@ -204,6 +204,8 @@ def _backup(args: argparse.Namespace) -> int:
     cfg = _load(args)
     state = resolve_state_dir(args.state_dir, cfg)
     seal_with = args.passphrase_file or cfg.backup.passphrase_file
+    if not args.out and cfg.backup.dir:
+        return _backup_into_dir(cfg, state, args.photos, seal_with)
     passphrase = read_passphrase(seal_with) if seal_with else None
     out = Path(args.out or f"edge-agent-backup-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz" + (SUFFIX if passphrase else ""))
     manifest = backup(cfg, state, out, photos=args.photos, passphrase=passphrase)
@@ -213,6 +215,25 @@ def _backup(args: argparse.Namespace) -> int:
     if manifest["outside"]:
         print("also in it, from outside the state directory: " + ", ".join(manifest["outside"].values()))
     print(f"restore it with: edge-agent restore {out} --state-dir NEW_STATE_DIR" + (" --passphrase-file FILE" if passphrase else ""))
+    return 0
+
+
+def _backup_into_dir(cfg, state: Path, photos: bool, seal_with: str) -> int:
+    """``edge-agent backup`` with ``[backup] dir`` set and no ``--out``: one written there now, as the daemon writes them."""
+    from edge_agent.backup_schedule import take
+    from edge_agent.config import override
+
+    cfg = override(cfg, {"backup.photos": photos or cfg.backup.photos, "backup.passphrase_file": seal_with})
+    done = take(cfg, state)
+    how = f"sealed with the passphrase in {seal_with}: a restore needs it" if seal_with else "not sealed: it holds the device's keys"
+    print(f"wrote {done['path']} into [backup] dir ({done['written'] / 1e6:.1f} MB written, {done['bytes'] / 1e6:.1f} MB restores; {how})")
+    if done["deleted"]:
+        print(f"deleted this device's older backups there beyond keep = {cfg.backup.keep}: {', '.join(done['deleted'])}")
+    if done["shared_kept"]:
+        print(f"no shared file deleted: {done['shared_kept']}")
+    print(
+        f"restore it with: edge-agent restore {done['path']} --state-dir NEW_STATE_DIR" + (" --passphrase-file FILE" if seal_with else "")
+    )
     return 0
 
 
@@ -236,7 +257,8 @@ def _restore(args: argparse.Namespace) -> int:
         except (EOFError, KeyboardInterrupt):  # nothing typed: what it needs, said as without a terminal
             raise BackupSealed(f"{args.archive}: sealed with a passphrase, none typed (or give --passphrase-file FILE)") from None
         done = restore(Path(args.archive), state, force=args.force, passphrase=typed)
-    print(f"restored {done.files} files into {done.state_dir}")
+    shared = f" ({done.shared} of them from the shared files beside it)" if done.shared else ""
+    print(f"restored {done.files} files into {done.state_dir}{shared}")
     if done.moved_aside:
         print(f"the state directory that was there is kept as {done.moved_aside}")
     for now, was in done.outside.items():
@@ -337,7 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bk = sub.add_parser("backup", parents=[common], help="write one file that restores this device (engines, keys, history)")
     bk.add_argument("--state-dir")
-    bk.add_argument("--out", help="the backup file (default: edge-agent-backup-<date>.tar.gz here)")
+    bk.add_argument(
+        "--out",
+        help="the backup file, whole (default: one into [backup] dir as the daemon writes them, else edge-agent-backup-<date>.tar.gz here)",
+    )
     bk.add_argument("--passphrase-file", help="seal it with the passphrase on this file's first line (default: [backup] passphrase_file)")
     bk.add_argument("--photos", action="store_true", help="include processed/ (every kept photo; large)")
     bk.set_defaults(func=_backup)

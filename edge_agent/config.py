@@ -235,6 +235,11 @@ class BackupSection(Section):
         7, ge=1, le=1000, description="This device's newest backups kept in dir; its older ones are deleted, nothing else there."
     )
     photos: bool = Field(False, description="Put the processed photos in each backup too (the history and the labels are in without them).")
+    shared_files: bool = Field(
+        True,
+        description="Keep photos and engines once in dir, in a folder this device's backups share, so each backup writes "
+        "only what is new; false: every backup whole in one file.",
+    )
     passphrase_file: str = Field(
         "",
         description="A file whose first line is the passphrase every backup is sealed with (keep it off the device too: a "

@@ -58,7 +58,12 @@ def test_the_schedule_keeps_this_devices_newest_backups_and_touches_nothing_else
     assert done[2]["deleted"] == [Path(done[0]["path"]).name]
     assert (usb / "holiday.jpg").read_bytes() == b"the farmer's own file"
     assert (usb / "edge-agent-shed-20260101-000000.tar.gz").exists()
-    assert last_backup(state)["path"] == str(kept[-1].resolve()) and last_backup(state)["bytes"] == kept[-1].stat().st_size
+    shared = [p for p in (usb / "edge-agent-barn.files").rglob("*") if p.is_file()]
+    on_stick = kept[-1].stat().st_size + sum(p.stat().st_size for p in shared)
+    assert last_backup(state)["path"] == str(kept[-1].resolve()) and last_backup(state)["bytes"] == on_stick
+    assert sorted(p.name for p in usb.iterdir()) == sorted(
+        ["holiday.jpg", "edge-agent-shed-20260101-000000.tar.gz", "edge-agent-barn.files"] + [p.name for p in kept]
+    )
     restored = restore(kept[-1], tmp_path / "new-card")
     db = ResultsDB(restored.state_dir / "results.sqlite", readonly=True)
     assert db.counts() == ResultsDB(state / "results.sqlite", readonly=True).counts()

@@ -1,0 +1,146 @@
+"""The files a device's backups in one folder share: a photo or an engine is written onto the stick once, under its
+sha256, and every backup that holds it names it there, so a day's backup writes what is new since the last (not a
+season's photos every day) and no file it writes outgrows the 4 GiB a FAT32 stick takes.
+
+They live in ``<dir>/edge-agent-<device>.files/``: ``<ab>/<sha256>`` as they are, or, in a sealed backup,
+``<ab>/<sha256>-<salt>.sealed``, sealed under the key of the backup that added them (its salt in the name: a
+passphrase changed since starts new copies, and the backups sealed with the old one still restore with it). Every
+file is written under a temporary name and renamed whole; one is taken as there only at the size it must have (and,
+sealed, where the passphrase opens its salt's files). A file no backup in the folder names is deleted once the
+backups naming it are, and never while a backup there cannot be read (its files are kept until it is deleted itself).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from edge_agent._backup_seal import Sealer, SealError, Unsealer, sealed_size
+
+__all__ = ["SHARED_MIN", "SharedFiles", "referenced", "shared_name_ok", "shared_root"]
+
+#: Files at least this large are shared (photos, engines); smaller ones and the databases go into each archive.
+SHARED_MIN = 64 << 10
+_NAME = re.compile(r"(?P<sha>[0-9a-f]{64})(?:-(?P<salt>[0-9a-f]{32})\.sealed)?")
+_ROOT = re.compile(r"edge-agent-[A-Za-z0-9_.-]+\.files")
+
+
+def shared_root(folder: Path, device: str) -> Path:
+    """Where the backups of ``device`` in ``folder`` keep the files they share."""
+    return Path(folder) / f"edge-agent-{device}.files"
+
+
+def shared_name_ok(root_name: str, name: str) -> bool:
+    """Whether a manifest's shared folder and file name are ones a backup writes (no path leads elsewhere)."""
+    head, _, tail = name.partition("/")
+    m = _NAME.fullmatch(tail)
+    return bool(_ROOT.fullmatch(root_name)) and bool(m) and head == m["sha"][:2]
+
+
+class SharedFiles:
+    """The shared files of one device's backups in one folder (see the module), for one backup's writing."""
+
+    def __init__(self, root: Path, sealer: Sealer | None = None, unsealer: Unsealer | None = None) -> None:
+        self.root, self.sealer, self.unsealer = Path(root), sealer, unsealer
+        self._opens: dict[str, bool] = {sealer.salt.hex(): True} if sealer else {}
+
+    def size_of(self, name: str, plain_bytes: int) -> int:
+        """The bytes on the stick of the shared file ``name`` that holds ``plain_bytes``."""
+        return sealed_size(plain_bytes) if name.endswith(".sealed") else plain_bytes
+
+    def find(self, sha: str, plain_bytes: int) -> str | None:
+        """The name of a whole shared file holding the bytes ``sha`` that this backup may name, or None."""
+        folder = self.root / sha[:2]
+        if self.sealer is None:
+            p = folder / sha
+            return f"{sha[:2]}/{sha}" if _size(p) == plain_bytes else None
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            return None
+        for n in names:
+            m = _NAME.fullmatch(n)
+            if (
+                m
+                and m["sha"] == sha
+                and m["salt"]
+                and _size(folder / n) == sealed_size(plain_bytes)
+                and self._salt_opens(folder / n, m["salt"])
+            ):
+                return f"{sha[:2]}/{n}"
+        return None
+
+    def _salt_opens(self, path: Path, salt: str) -> bool:
+        """Whether this passphrase opens the files sealed under ``salt`` (tried once on one of them)."""
+        if salt not in self._opens:
+            try:
+                with self.unsealer.open(path) as reader:
+                    reader.read(1)
+                self._opens[salt] = True
+            except SealError:
+                self._opens[salt] = False
+        return self._opens[salt]
+
+    def put(self, src: Path, sha: str) -> str:
+        """Write the file ``src`` (whose bytes hash to ``sha``) as a shared file and return its name; raises OSError."""
+        name = f"{sha}-{self.sealer.salt.hex()}.sealed" if self.sealer else sha
+        folder = self.root / sha[:2]
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{os.getpid()}-{name}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as raw, open(src, "rb") as f:
+                sink = self.sealer.writer(raw) if self.sealer else raw
+                shutil.copyfileobj(f, sink, 1 << 20)
+                if self.sealer:
+                    sink.finish()
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.replace(tmp, folder / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return f"{sha[:2]}/{name}"
+
+    def collect(self, keep: Iterable[str]) -> tuple[int, int]:
+        """Delete the shared files not in ``keep`` (names as the manifests give them) and any left half-written;
+        returns how many files and bytes were deleted. Nothing else in the folder is touched."""
+        keep, files, freed = set(keep), 0, 0
+        try:
+            heads = sorted(os.listdir(self.root))
+        except OSError:
+            return 0, 0
+        for head in heads:
+            folder = self.root / head
+            if not re.fullmatch(r"[0-9a-f]{2}", head) or not folder.is_dir():
+                continue
+            for n in sorted(os.listdir(folder)):
+                if (_NAME.fullmatch(n) and f"{head}/{n}" not in keep) or n.startswith(".tmp-"):  # (.tmp-: a backup killed)
+                    freed += _size(folder / n) or 0
+                    (folder / n).unlink(missing_ok=True)
+                    files += 1
+            try:
+                folder.rmdir()  # (only where now empty)
+            except OSError:
+                pass
+        return files, freed
+
+
+def referenced(archives: Iterable[Path], read_manifest: Callable[[Path], dict]) -> set[str]:
+    """The shared files the manifests of ``archives`` name; raises what ``read_manifest`` raises for one it cannot read."""
+    names: set[str] = set()
+    for archive in archives:
+        for meta in (read_manifest(archive).get("files") or {}).values():
+            if isinstance(meta, dict) and isinstance(meta.get("shared"), str):
+                names.add(meta["shared"])
+    return names
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
