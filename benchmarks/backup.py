@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from edge_agent.backup import restore
 from edge_agent.backup_schedule import take
 from edge_agent.config import AppConfig, override
+from edge_agent.restore import restore
 from edge_agent.results import ResultRow, ResultsDB
 from edge_agent.state import StateLayout, resolve_store
 

@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from edge_agent._backup_readback import HashingWriter, read_back
 from edge_agent._backup_seal import Sealer, SealError, Unsealer, sealed_size
 
 __all__ = ["SHARED_MIN", "SharedFiles", "referenced", "shared_name_ok", "shared_root"]
@@ -85,7 +86,8 @@ class SharedFiles:
         return self._opens[salt]
 
     def put(self, src: Path, sha: str) -> str:
-        """Write the file ``src`` (whose bytes hash to ``sha``) as a shared file and return its name; raises OSError."""
+        """Write the file ``src`` (whose bytes hash to ``sha``) as a shared file, read it back from the disk, and return
+        its name; raises OSError, or :class:`~edge_agent._backup_readback.ReadBackMismatch`."""
         name = f"{sha}-{self.sealer.salt.hex()}.sealed" if self.sealer else sha
         folder = self.root / sha[:2]
         folder.mkdir(parents=True, exist_ok=True)
@@ -93,7 +95,8 @@ class SharedFiles:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as raw, open(src, "rb") as f:
-                sink = self.sealer.writer(raw) if self.sealer else raw
+                hashed = HashingWriter(raw)
+                sink = self.sealer.writer(hashed) if self.sealer else hashed
                 shutil.copyfileobj(f, sink, 1 << 20)
                 if self.sealer:
                     sink.finish()
@@ -103,6 +106,7 @@ class SharedFiles:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        read_back(folder / name, hashed.hexdigest(), hashed.size)
         return f"{sha[:2]}/{name}"
 
     def collect(self, keep: Iterable[str]) -> tuple[int, int]:

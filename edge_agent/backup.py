@@ -1,4 +1,4 @@
-"""Backup and restore: one file that puts a device back on a new SD card or a new board, serving the same engine
+"""Backup: one file that puts a device back on a new SD card or a new board, serving the same engine
 with the same keys and history.
 
 ``edge-agent backup`` writes a ``.tar.gz`` (mode 0600: it holds secrets) with ``backup.json`` first, naming every
@@ -15,11 +15,7 @@ Given a passphrase, the archive is sealed as it is written (:mod:`edge_agent._ba
 The daemon's backups into a folder (:mod:`edge_agent.backup_schedule`) keep the photos and engines once, in a folder
 beside them that they share (:mod:`edge_agent._backup_files`), so each writes only what is new; a restore reads them
 from there, checked against the same hashes.
-
-``edge-agent restore`` takes such a file into a state directory that holds no results yet (``--force`` first moves
-an existing one aside): every member must be a plain file named in ``backup.json`` with the hash it records, or
-nothing is written. Files that lived outside the state directory are put under ``<state>/restored/`` and their
-original paths printed, for the operator to copy back (they may need root).
+``edge-agent restore`` (:mod:`edge_agent.restore`) puts it back, or checks it, file by file against those hashes.
 """
 
 from __future__ import annotations
@@ -35,32 +31,14 @@ import sqlite3
 import tarfile
 import threading
 import time
-import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from edge_agent.config import AppConfig
 from engines.durable import atomic_write
 from engines.errors import EdgeAgentError
 
-if TYPE_CHECKING:
-    from edge_agent._backup_seal import Unsealer
-
-__all__ = [
-    "BackupError",
-    "BackupSealed",
-    "BackupStopped",
-    "Restored",
-    "backup",
-    "last_backup",
-    "read_manifest",
-    "restore",
-    "FORMAT",
-    "FORMATS",
-    "RECORD",
-]
+__all__ = ["BackupError", "BackupSealed", "BackupStopped", "backup", "last_backup", "write_record", "FORMAT", "FORMATS", "RECORD"]
 
 #: The backup format written: 2 names shared files beside the archive (:mod:`edge_agent._backup_files`); a backup with
 #: none is written as format 1, which versions before them restore too.
@@ -93,17 +71,6 @@ class BackupStopped(BackupError):
 
 class BackupSealed(BackupError):
     """A backup sealed with a passphrase was to be restored without one (nothing was changed)."""
-
-
-@dataclass(frozen=True)
-class Restored:
-    """What :func:`restore` put where."""
-
-    state_dir: Path
-    files: int
-    shared: int  # of them, read from the shared files beside the archive
-    outside: dict[str, str]  # where each file from outside the state directory is now -> where it came from
-    moved_aside: Path | None
 
 
 def _skipped(rel: str, photos: bool) -> bool:
@@ -251,6 +218,7 @@ def backup(
     without deleting those)."""
     from edge_agent import __version__
     from edge_agent._backup_files import SHARED_MIN, SharedFiles
+    from edge_agent._backup_readback import HashingWriter, read_back
     from edge_agent._backup_seal import Sealer, Unsealer
 
     state_dir = Path(state_dir)
@@ -310,7 +278,8 @@ def backup(
         out.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as raw:
-            sink = sealer.writer(raw) if sealer else raw
+            hashed = HashingWriter(raw)
+            sink = sealer.writer(hashed) if sealer else hashed
             with tarfile.open(fileobj=sink, mode="w:gz", compresslevel=1) as tar:
                 _add(tar, MANIFEST, json.dumps(manifest, indent=2).encode())
                 for name, src in members.items():
@@ -327,6 +296,7 @@ def backup(
             raw.flush()
             os.fsync(raw.fileno())  # the archive's end too, before it takes its name
         os.replace(tmp, out)
+        read_back(out, hashed.hexdigest(), hashed.size)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         big = " (its disk takes no file over 4 GiB, as FAT32: format it exFAT or ext4; the daemon's backups: [backup] shared_files on)"
@@ -346,47 +316,8 @@ def backup(
     on_stick = {m["shared"]: m["bytes"] for m in files.values() if "shared" in m}
     total = size + sum(pool.size_of(n, b) for n, b in on_stick.items()) if pool else size
     taken = {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": total, "written": size + written, "files": len(files)}
-    _record(state_dir, taken | {"sealed": bool(passphrase)})
+    write_record(state_dir, taken | {"sealed": bool(passphrase)})
     return manifest | {"bytes": total, "written": size + written}
-
-
-def read_manifest(archive: Path, passphrase: bytes | Unsealer | None = None) -> dict:
-    """The manifest of the backup ``archive`` (read from its start, unsealed with ``passphrase`` where it is
-    sealed); raises :class:`BackupError` (:class:`BackupSealed` where it is sealed and no passphrase is given)."""
-    from edge_agent._backup_seal import Unsealer, is_sealed
-
-    archive = Path(archive)
-    if is_sealed(archive):
-        if passphrase is None:
-            raise BackupSealed(f"{archive}: sealed with a passphrase: give it (--passphrase-file FILE, or typed when asked)")
-        unsealer = passphrase if isinstance(passphrase, Unsealer) else Unsealer(passphrase)
-        src = unsealer.open(archive)
-    else:
-        try:
-            src = open(archive, "rb")
-        except OSError as exc:
-            raise BackupError(f"{archive}: not a readable backup ({exc.strerror or exc})") from None
-    with src:
-        try:
-            with tarfile.open(fileobj=src, mode="r|gz") as tar:
-                return _manifest_of(tar, archive)[1]
-        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-            raise BackupError(f"{archive}: not a readable backup ({exc})") from None
-
-
-def _manifest_of(tar: tarfile.TarFile, archive: Path) -> tuple[tarfile.TarInfo, dict]:
-    """The first member of the backup being read by ``tar`` and the manifest it holds; raises :class:`BackupError`."""
-    try:
-        first = tar.next()
-        if first is None or first.name != MANIFEST or not first.isfile() or first.size > 64 << 20:
-            raise BackupError(f"{archive}: not an edge-agent backup (no {MANIFEST} first)")
-        manifest = json.loads(tar.extractfile(first).read())
-    except (tarfile.TarError, EOFError, ValueError, OSError, zlib.error) as exc:
-        raise BackupError(f"{archive}: not a readable backup ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS or not isinstance(manifest.get("files"), dict):
-        what = manifest.get("format") if isinstance(manifest, dict) else None
-        raise BackupError(f"{archive}: backup format {what!r}, this version restores formats {', '.join(map(str, FORMATS))}")
-    return first, manifest
 
 
 def last_backup(state_dir: Path) -> dict | None:
@@ -400,7 +331,7 @@ def last_backup(state_dir: Path) -> dict | None:
     return data if ok else None
 
 
-def _record(state_dir: Path, taken: dict) -> None:
+def write_record(state_dir: Path, taken: dict) -> None:
     """Write :data:`RECORD` atomically; a disk too full for it leaves the record before (the backup itself is whole)."""
     try:
         atomic_write(state_dir / RECORD, json.dumps(taken).encode())
@@ -412,131 +343,3 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
     tar.addfile(info, io.BytesIO(data))
-
-
-def _safe(name: str) -> bool:
-    p = PurePosixPath(name)
-    return bool(name) and not p.is_absolute() and ".." not in p.parts and "\\" not in name and "\x00" not in name
-
-
-def restore(archive: Path, state_dir: Path, force: bool = False, passphrase: bytes | None = None) -> Restored:
-    """Put the backup ``archive`` into ``state_dir`` (see the module's docstring), opening it with ``passphrase``
-    where it is sealed; raises BackupError, having changed nothing, for a file that is not a whole, untampered backup
-    (:class:`BackupSealed` where it is sealed and no passphrase was given), one whose shared files are not beside it,
-    or a state directory that already holds results."""
-    from edge_agent._backup_seal import Unsealer, is_sealed, unseal
-
-    archive, state_dir = Path(archive), Path(state_dir)
-    unsealer = Unsealer(passphrase) if passphrase is not None else None
-    if not is_sealed(archive):
-        return _restore(archive, archive, state_dir, force, unsealer)
-    if unsealer is None:
-        raise BackupSealed(f"{archive}: sealed with a passphrase: give it (--passphrase-file FILE, or typed when asked)")
-    state_dir.parent.mkdir(parents=True, exist_ok=True)
-    plain = state_dir.with_name(f".tmp-unsealed-{os.getpid()}-{state_dir.name}.tar.gz")
-    try:
-        unseal(archive, plain, unsealer)
-        return _restore(plain, archive, state_dir, force, unsealer)
-    finally:
-        plain.unlink(missing_ok=True)
-
-
-def _shared_sources(archive: Path, manifest: dict, unsealer: Unsealer | None) -> dict[str, Path]:
-    """Where each file the backup ``archive`` keeps among its shared files is (name -> path), all there; raises
-    :class:`BackupError` saying what is missing and what to do (nothing is restored)."""
-    from edge_agent._backup_files import shared_name_ok
-
-    names = {n: m["shared"] for n, m in manifest["files"].items() if isinstance(m, dict) and "shared" in m}
-    if not names:
-        return {}
-    root_name = manifest.get("shared_dir")
-    if not all(isinstance(s, str) and isinstance(root_name, str) and shared_name_ok(root_name, s) for s in names.values()):
-        raise BackupError(f"{archive}: a shared file is named outside its folder: refused")
-    root = archive.parent / root_name
-    missing = sorted({s for s in names.values() if not (root / s).is_file()})
-    if missing:
-        where = f"{root} lacks {len(missing)} of them (e.g. {missing[0]})" if root.is_dir() else f"{root} is not there"
-        raise BackupError(
-            f"{archive}: its photos and engines are kept in the folder {root_name} beside it, and {where}: copy that folder "
-            "whole from the stick beside the backup; nothing restored"
-        )
-    if unsealer is None and any(s.endswith(".sealed") for s in names.values()):
-        raise BackupSealed(f"{archive}: its shared files are sealed with a passphrase: give it (--passphrase-file FILE)")
-    return {n: root / s for n, s in names.items()}
-
-
-def _copy_checked(src, dst: Path, sha256: str, archive: Path, name: str) -> None:
-    """Copy the open file ``src`` to ``dst``, checking that its bytes hash to ``sha256``; raises :class:`BackupError`."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
-    with open(dst, "wb") as out:
-        for chunk in iter(lambda: src.read(1 << 20), b""):
-            h.update(chunk)
-            out.write(chunk)
-    if h.hexdigest() != sha256:
-        raise BackupError(f"{archive}: {name} does not match its recorded sha256 (damaged or tampered): nothing restored")
-
-
-def _restore(source: Path, archive: Path, state_dir: Path, force: bool, unsealer: Unsealer | None) -> Restored:
-    """:func:`restore` of the archive in the file ``source`` (``archive`` itself, or it unsealed)."""
-    try:
-        tar = tarfile.open(source, mode="r:gz")
-    except (OSError, tarfile.TarError, EOFError) as exc:
-        raise BackupError(f"{archive}: not a readable backup ({exc})") from None
-    with tar:
-        first, manifest = _manifest_of(tar, archive)
-        files: dict = manifest["files"]
-        if not all(_safe(n) for n in files):
-            raise BackupError(f"{archive}: a member names a path outside the state directory: refused")
-        shared = _shared_sources(archive, manifest, unsealer)
-        if (state_dir / "results.sqlite").is_file() and not force:
-            raise BackupError(
-                f"{state_dir} already holds a results ledger: restore into a new state directory, or pass --force to move "
-                "this one aside first"
-            )
-        staging = state_dir.with_name(f".tmp-restore-{os.getpid()}-{state_dir.name}")
-        shutil.rmtree(staging, ignore_errors=True)
-        seen = set()
-        try:
-            for member in tar:
-                name = member.name
-                if member is first or (name == MANIFEST and member.offset == first.offset):
-                    continue  # read above
-                if name not in files or name in seen or name in shared or not member.isfile():
-                    raise BackupError(f"{archive}: member {name!r} is not a file the backup lists: refused")
-                seen.add(name)
-                with tar.extractfile(member) as src:
-                    _copy_checked(src, staging / name, files[name]["sha256"], archive, name)
-            if seen != set(files) - set(shared):
-                lost = set(files) - set(shared) - seen
-                raise BackupError(f"{archive}: incomplete, {len(lost)} files missing (e.g. {sorted(lost)[:3]}): nothing restored")
-            for name, path in shared.items():
-                with unsealer.open(path) if path.name.endswith(".sealed") else open(path, "rb") as src:
-                    _copy_checked(src, staging / name, files[name]["sha256"], archive, name)
-        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise BackupError(f"{archive}: damaged ({exc}): nothing restored") from None
-        except BackupError:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    aside = None
-    if state_dir.exists() and any(state_dir.iterdir()):
-        aside = state_dir.with_name(f"{state_dir.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(state_dir, aside)
-    elif state_dir.exists():
-        state_dir.rmdir()
-    if (staging / "outside").is_dir():
-        (staging / "restored").mkdir(exist_ok=True)
-        os.replace(staging / "outside", staging / "restored" / "outside")
-    os.replace(staging, state_dir)
-    created = manifest.get("created_s")
-    if isinstance(created, (int, float)):  # the backup restored is this state's last one (from before 2026-12-03: unknown)
-        size = archive.stat().st_size + sum(p.stat().st_size for p in shared.values())
-        _record(state_dir, {"time": created, "path": str(archive.resolve()), "bytes": size, "files": len(files), "restored": time.time()})
-    outside = {}
-    for name, original in (manifest.get("outside") or {}).items():
-        if name == "outside/store":
-            outside[str(state_dir / "restored" / "outside" / "store")] = original
-        else:
-            outside[str(state_dir / "restored" / name)] = original
-    return Restored(state_dir, len(files), len(shared), outside, aside)

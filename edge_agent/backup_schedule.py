@@ -29,9 +29,10 @@ from pathlib import Path
 
 from edge_agent._backup_files import SharedFiles, referenced, shared_root
 from edge_agent._backup_seal import SUFFIX, Unsealer, read_passphrase
-from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, read_manifest
+from edge_agent.backup import BackupError, BackupStopped, backup, last_backup
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
+from edge_agent.restore import read_manifest
 from edge_agent.worker import Worker
 
 __all__ = ["BackupSchedule", "backup_lines", "device_name", "own_backups", "take"]

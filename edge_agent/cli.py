@@ -237,26 +237,43 @@ def _backup_into_dir(cfg, state: Path, photos: bool, seal_with: str) -> int:
     return 0
 
 
-def _restore(args: argparse.Namespace) -> int:
-    from edge_agent._backup_seal import read_passphrase
-    from edge_agent.backup import BackupSealed, restore
-    from edge_agent.state import resolve_state_dir
+def _asking_passphrase(archive: str, passphrase: bytes | None, do):
+    """``do(passphrase)``, asking for the passphrase on a terminal where the backup is sealed and none was given."""
+    from edge_agent.backup import BackupSealed
 
-    cfg = _load(args)
-    state = resolve_state_dir(args.state_dir, cfg)
-    passphrase = read_passphrase(args.passphrase_file) if args.passphrase_file else None
     try:
-        done = restore(Path(args.archive), state, force=args.force, passphrase=passphrase)
+        return do(passphrase)
     except BackupSealed:
         if passphrase is not None or not sys.stdin.isatty():
             raise
         import getpass
 
         try:
-            typed = getpass.getpass(f"{args.archive} is sealed; its passphrase: ").strip().encode()
+            typed = getpass.getpass(f"{archive} is sealed; its passphrase: ").strip().encode()
         except (EOFError, KeyboardInterrupt):  # nothing typed: what it needs, said as without a terminal
-            raise BackupSealed(f"{args.archive}: sealed with a passphrase, none typed (or give --passphrase-file FILE)") from None
-        done = restore(Path(args.archive), state, force=args.force, passphrase=typed)
+            raise BackupSealed(f"{archive}: sealed with a passphrase, none typed (or give --passphrase-file FILE)") from None
+        return do(typed)
+
+
+def _restore(args: argparse.Namespace) -> int:
+    from edge_agent._backup_seal import read_passphrase
+    from edge_agent.restore import restore
+    from edge_agent.state import resolve_state_dir
+
+    passphrase = read_passphrase(args.passphrase_file) if args.passphrase_file else None
+    if args.check:
+        from edge_agent.restore import check
+
+        done = _asking_passphrase(args.archive, passphrase, lambda p: check(Path(args.archive), passphrase=p))
+        shared = f", {done.shared} of them from the shared files beside it" if done.shared else ""
+        taken = time.strftime("%Y-%m-%d %H:%M", time.localtime(done.created_s)) if done.created_s else "at an unknown time"
+        print(
+            f"{args.archive}: whole, taken {taken}: {done.files} files{shared}, {done.bytes / 1e6:.1f} MB read from its disk, each matching its sha256"
+        )
+        return 0
+    cfg = _load(args)
+    state = resolve_state_dir(args.state_dir, cfg)
+    done = _asking_passphrase(args.archive, passphrase, lambda p: restore(Path(args.archive), state, force=args.force, passphrase=p))
     shared = f" ({done.shared} of them from the shared files beside it)" if done.shared else ""
     print(f"restored {done.files} files into {done.state_dir}{shared}")
     if done.moved_aside:
@@ -370,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("archive", help="the file `edge-agent backup` wrote")
     rs.add_argument("--state-dir")
     rs.add_argument("--force", action="store_true", help="move an existing state directory aside first")
+    rs.add_argument("--check", action="store_true", help="read it whole from its disk and check every file's sha256; write nothing")
     rs.add_argument("--passphrase-file", help="the passphrase a sealed backup was sealed with, on this file's first line (else asked)")
     rs.set_defaults(func=_restore)
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.backup import BackupError, backup, restore
+from edge_agent.backup import BackupError, backup
 from edge_agent.config import AppConfig
+from edge_agent.restore import restore
 from edge_agent.results import ResultsDB
 from edge_agent.state import resolve_store
 from engines.signing import load_or_create_key

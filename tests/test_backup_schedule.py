@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, restore
+from edge_agent.backup import BackupError, BackupStopped, backup, last_backup
 from edge_agent.backup_schedule import BackupSchedule, backup_lines, device_name, own_backups, take
 from edge_agent.config import AppConfig, override
+from edge_agent.restore import restore
 from edge_agent.results import ResultsDB
 
 from .web_helpers import make_state

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.backup import BackupError, BackupSealed, BackupStopped, backup, last_backup, read_manifest, restore
+from edge_agent.backup import BackupError, BackupSealed, BackupStopped, backup, last_backup
 from edge_agent.backup_schedule import backup_lines, device_name, own_backups, take
 from edge_agent.config import AppConfig, override
+from edge_agent.restore import read_manifest, restore
 
 from .web_helpers import make_state
 
@@ -389,3 +390,59 @@ def test_a_backup_asked_for_by_hand_waits_for_the_daemons_and_a_stopping_daemon_
         fcntl.flock(held, fcntl.LOCK_UN)
     waiting.join(60)
     assert len(done) == 1 and own_backups(usb, "barn") == [Path(done[0]["path"])]
+
+
+@pytest.mark.parametrize("lies_about", ["a shared file", "the archive"])
+def test_a_stick_that_gives_back_other_bytes_than_were_written_fails_the_backup_and_keeps_nothing_of_it(
+    state, usb, monkeypatch, lies_about
+):
+    from edge_agent._backup_readback import ReadBackMismatch
+
+    before = take(_cfg(usb), state, device="barn", now=time.time() - DAY)
+    _photo(state, "new.jpg")
+    shared_before = _shared(usb)
+
+    def dropped(f):  # the stick, asked for the file again, gives back something else (a counterfeit's wrapped-around blocks)
+        path = Path(f.name)
+        if (lies_about == "the archive") == path.name.startswith("edge-agent-barn-"):
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+
+    monkeypatch.setattr("edge_agent._backup_readback.uncached", dropped)
+    with pytest.raises(ReadBackMismatch, match="a failing stick, or a counterfeit one that holds less than it claims"):
+        take(_cfg(usb), state, device="barn")
+    assert own_backups(usb, "barn") == [Path(before["path"])] and last_backup(state)["path"] == str(Path(before["path"]).resolve())
+    if lies_about == "a shared file":
+        assert _shared(usb) == shared_before  # the new photo's copy, read back wrong, is gone
+    monkeypatch.undo()
+    monkeypatch.setattr("edge_agent.backup_schedule._same_disk", lambda a, b: False)
+    done = take(_cfg(usb), state, device="barn")  # a stick that behaves again: written whole
+    restore(Path(done["path"]), usb.parent / "card")
+
+
+def test_restore_check_reads_a_backup_whole_from_its_disk_and_writes_nothing(tmp_path, state, usb, capsys, monkeypatch):
+    from edge_agent.cli import main
+    from edge_agent.restore import check
+
+    secret = tmp_path / "pass"
+    secret.write_text("correct horse battery staple\n")
+    _photo(state, "scab.jpg")
+    done = take(_cfg(usb, passphrase_file=str(secret)), state, device="barn")
+    read: list[Path] = []
+    monkeypatch.setattr("edge_agent._backup_readback.drop_cached", lambda p: read.append(Path(p)))
+    checked = check(Path(done["path"]), passphrase=b"correct horse battery staple")
+    root = usb / "edge-agent-barn.files"
+    manifest = read_manifest(Path(done["path"]), b"correct horse battery staple")
+    assert set(read) == {Path(done["path"])} | set(root.rglob("*.sealed"))  # each read from the disk, not from memory
+    assert checked.shared == sum("shared" in m for m in manifest["files"].values()) and checked.files == len(manifest["files"])
+    assert main(["restore", done["path"], "--check", "--passphrase-file", str(secret)]) == 0
+    said = capsys.readouterr().out
+    assert f"{done['path']}: whole, taken " in said and f"{checked.files} files, {checked.shared} of them from the shared files" in said
+    assert not (tmp_path / "edge-state").exists() and not list(tmp_path.glob(".tmp-*"))
+    one = sorted(root.rglob("*.sealed"))[-1]
+    data = bytearray(one.read_bytes())
+    data[-5] ^= 1
+    one.write_bytes(bytes(data))
+    assert main(["restore", done["path"], "--check", "--passphrase-file", str(secret)]) == 2
+    assert "damaged or changed" in capsys.readouterr().err
