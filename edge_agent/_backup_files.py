@@ -12,13 +12,14 @@ backups naming it are, and never while a backup there cannot be read (its files 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from edge_agent._backup_readback import HashingWriter, read_back
+from edge_agent._backup_readback import HashingWriter, drop_cached, read_back
 from edge_agent._backup_seal import Sealer, SealError, Unsealer, sealed_size
 
 __all__ = ["SHARED_MIN", "SharedFiles", "referenced", "shared_name_ok", "shared_root"]
@@ -108,6 +109,27 @@ class SharedFiles:
             raise
         read_back(folder / name, hashed.hexdigest(), hashed.size)
         return f"{sha[:2]}/{name}"
+
+    def damaged(self, named: dict[str, str], should_stop: Callable[[], bool] = lambda: False) -> list[str] | None:
+        """The shared files of ``named`` (name -> the sha256 of what it holds) that do not read back from the disk (not
+        from memory) as what they hold, or are not there; None where ``should_stop()`` turned true on the way."""
+        bad = []
+        for name, sha in sorted(named.items()):
+            if should_stop():
+                return None
+            path = self.root / name
+            drop_cached(path)
+            h = hashlib.sha256()
+            try:
+                with self.unsealer.open(path) if name.endswith(".sealed") else open(path, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+            except (OSError, SealError, AttributeError):  # (AttributeError: a sealed file and no passphrase to open it)
+                bad.append(name)
+                continue
+            if h.hexdigest() != sha:
+                bad.append(name)
+        return bad
 
     def collect(self, keep: Iterable[str]) -> tuple[int, int]:
         """Delete the shared files not in ``keep`` (names as the manifests give them) and any left half-written;

@@ -316,6 +316,9 @@ def backup(
     on_stick = {m["shared"]: m["bytes"] for m in files.values() if "shared" in m}
     total = size + sum(pool.size_of(n, b) for n, b in on_stick.items()) if pool else size
     taken = {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": total, "written": size + written, "files": len(files)}
+    checked = (last_backup(state_dir) or {}).get("checked")
+    if isinstance(checked, (int, float)):  # when the files on the stick last all read back whole (backup_schedule)
+        taken["checked"] = checked
     write_record(state_dir, taken | {"sealed": bool(passphrase)})
     return manifest | {"bytes": total, "written": size + written}
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from edge_agent._backup_files import SharedFiles, referenced, shared_root
 from edge_agent._backup_seal import SUFFIX, Unsealer, read_passphrase
-from edge_agent.backup import BackupError, BackupStopped, backup, last_backup
+from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, write_record
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
 from edge_agent.restore import read_manifest
@@ -184,6 +184,9 @@ def _take(cfg: AppConfig, state_root: Path, folder: Path, device: str, passphras
         deleted.append(old.name)
     ours = own_backups(folder, device)
     collect(set())
+    checked = None
+    if shared is not None and section.check_every_days:
+        checked = _check_shared(state_root, out, manifest, SharedFiles(shared, unsealer=unsealer), section, should_stop, now)
     return {
         "path": str(out),
         "bytes": manifest["bytes"],
@@ -192,7 +195,35 @@ def _take(cfg: AppConfig, state_root: Path, folder: Path, device: str, passphras
         "shared_deleted": freed[0],
         "shared_freed": freed[1],
         "shared_kept": kept[0],
+        "checked": checked,
     }
+
+
+def _check_shared(state_root: Path, out: Path, manifest: dict, files: SharedFiles, section: BackupSection, should_stop, now) -> int | None:
+    """Every ``check_every_days``, read back from the stick every shared file the backup ``out`` just written names
+    (a stick can damage what it held well when written); the record keeps when they last all read back whole. Returns
+    how many were read (None: not due, or stopped); raises :class:`BackupError` where some are damaged: those are
+    deleted, and ``out`` with them (it names them), so the next backup, an hour later, writes them again."""
+    now = time.time() if now is None else now
+    record = last_backup(state_root) or {}
+    last = record.get("checked") if isinstance(record.get("checked"), (int, float)) else None
+    if last is not None and last <= now and now - last < section.check_every_days * 86400:
+        return None
+    named = {m["shared"]: m["sha256"] for m in manifest["files"].values() if isinstance(m, dict) and "shared" in m}
+    bad = files.damaged(named, should_stop)
+    if bad is None:
+        return None
+    if bad:
+        for name in bad:
+            (files.root / name).unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
+        raise BackupError(
+            f"{len(bad)} of the {len(named)} photos and engines this device's backups keep in {files.root} read back damaged "
+            f"from the stick (e.g. {bad[0]}): deleted, with the backup just written; the next backup writes them again. A "
+            "stick that damages files again is failing, or holds less than it claims: replace it"
+        )
+    write_record(state_root, record | {"checked": now})
+    return len(named)
 
 
 class BackupSchedule(Worker):
@@ -365,6 +396,13 @@ def backup_lines(section: BackupSection, last: dict | None, schedule: dict | Non
     else:
         nxt = schedule.get("next") or now
         out.append((f"every {section.every_h:g} h into {section.dir}, the {section.keep} newest kept; next {_within(nxt - now)}", False))
+    if section.shared_files and section.check_every_days and last and isinstance(last.get("checked"), (int, float)):
+        out.append(
+            (
+                f"every photo and engine on the stick read back whole {_ago(now - last['checked'])} (every {section.check_every_days:g} days)",
+                False,
+            )
+        )
     if not section.passphrase_file:
         out.append(("not sealed: the stick holds this device's keys as they are ([backup] passphrase_file seals them)", False))
     failed = schedule.get("failed")

@@ -240,6 +240,13 @@ class BackupSection(Section):
         description="Keep photos and engines once in dir, in a folder this device's backups share, so each backup writes "
         "only what is new; false: every backup whole in one file.",
     )
+    check_every_days: float = Field(
+        7.0,
+        ge=0,
+        le=365,
+        description="Days between reading back from dir every photo and engine the newest backup names (a damaged one is "
+        "deleted and written again by the next backup); 0: never.",
+    )
     passphrase_file: str = Field(
         "",
         description="A file whose first line is the passphrase every backup is sealed with (keep it off the device too: a "

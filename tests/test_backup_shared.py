@@ -446,3 +446,30 @@ def test_restore_check_reads_a_backup_whole_from_its_disk_and_writes_nothing(tmp
     one.write_bytes(bytes(data))
     assert main(["restore", done["path"], "--check", "--passphrase-file", str(secret)]) == 2
     assert "damaged or changed" in capsys.readouterr().err
+
+
+def test_every_week_the_stick_is_read_back_and_a_damaged_photo_is_deleted_and_written_again_by_the_next_backup(tmp_path, state, usb):
+    from edge_agent.backup_schedule import BackupSchedule
+
+    cfg, t0 = _cfg(usb, keep=3), time.time()
+    photo = _photo(state, "scab.jpg")
+    sha = hashlib.sha256(photo.read_bytes()).hexdigest()
+    first = take(cfg, state, device="barn", now=t0)
+    assert first["checked"] and last_backup(state)["checked"] == t0  # the first: every file read back
+    copy = usb / "edge-agent-barn.files" / sha[:2] / sha
+    data = bytearray(copy.read_bytes())
+    data[1000] ^= 0xFF  # the stick damages it, weeks after it was written whole
+    copy.write_bytes(bytes(data))
+    second = take(cfg, state, device="barn", now=t0 + DAY)
+    assert second["checked"] is None and last_backup(state)["checked"] == t0  # not due: a day since
+    lines = backup_lines(cfg.backup, last_backup(state), BackupSchedule(cfg, state).status(), t0 + DAY)
+    assert any("every photo and engine on the stick read back whole" in text for text, _ in lines)
+    with pytest.raises(
+        BackupError, match=r"1 of the \d+ photos and engines .* read back damaged from the stick .*deleted, with the backup just written"
+    ):
+        take(cfg, state, device="barn", now=t0 + 8 * DAY)
+    assert not copy.exists() and len(own_backups(usb, "barn")) == 2  # the week's backup, naming it, is gone too
+    again = take(cfg, state, device="barn", now=t0 + 8 * DAY + 3600)  # an hour later: written again, read back whole
+    assert copy.read_bytes() == photo.read_bytes() and again["checked"] and last_backup(state)["checked"] == t0 + 8 * DAY + 3600
+    restored = restore(Path(again["path"]), tmp_path / "card")
+    assert (restored.state_dir / "trainer" / "photos" / "scab.jpg").read_bytes() == photo.read_bytes()
