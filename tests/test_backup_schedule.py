@@ -14,36 +14,16 @@ import pytest
 
 from edge_agent.backup import BackupError, BackupStopped, backup, last_backup
 from edge_agent.backup_schedule import BackupSchedule, backup_lines, device_name, own_backups, take
-from edge_agent.config import AppConfig, override
+from edge_agent.config import AppConfig
 from edge_agent.restore import restore
 from edge_agent.results import ResultsDB
 
-from .web_helpers import make_state
+from .backup_helpers import stick_cfg, stick_fixtures
 
 HOUR = 3600.0
 
 
-def _cfg(folder: Path, **backup) -> AppConfig:
-    return override(AppConfig(), {"backup.dir": str(folder), **{f"backup.{k}": v for k, v in backup.items()}})
-
-
-@pytest.fixture(autouse=True)
-def stick(monkeypatch):
-    """The test's folders are on the state directory's disk: taken as a stick of their own but where a test says."""
-    monkeypatch.setattr("edge_agent.backup_schedule._same_disk", lambda a, b: False)
-
-
-@pytest.fixture(scope="module")
-def season(tmp_path_factory) -> Path:
-    return make_state(tmp_path_factory.mktemp("season"))
-
-
-@pytest.fixture()
-def state(tmp_path, season) -> Path:
-    """A copy of the module's state directory, for a test to back up and change as it likes."""
-    out = tmp_path / "state"
-    shutil.copytree(season, out)
-    return out
+stick, season, state = stick_fixtures()
 
 
 def test_the_schedule_keeps_this_devices_newest_backups_and_touches_nothing_else_there(tmp_path, state):
@@ -51,7 +31,7 @@ def test_the_schedule_keeps_this_devices_newest_backups_and_touches_nothing_else
     usb.mkdir()
     (usb / "holiday.jpg").write_bytes(b"the farmer's own file")
     (usb / "edge-agent-shed-20260101-000000.tar.gz").write_bytes(b"another device's backup")
-    cfg = _cfg(usb, keep=2)
+    cfg = stick_cfg(usb, keep=2)
     t0 = time.time()
     done = [take(cfg, state, device="barn", now=t0 + i * 86400) for i in range(3)]
     kept = own_backups(usb, "barn")
@@ -74,7 +54,7 @@ def test_the_schedule_keeps_this_devices_newest_backups_and_touches_nothing_else
 def test_a_folder_that_is_not_there_is_a_failure_said_and_tried_again_hourly_and_never_created(tmp_path, state):
     usb = tmp_path / "media" / "usb"
     now = [time.time()]
-    sched = BackupSchedule(_cfg(usb), state, clock=lambda: now[0], first_delay_s=0)
+    sched = BackupSchedule(stick_cfg(usb), state, clock=lambda: now[0], first_delay_s=0)
     assert sched.due(now[0])
     assert sched.run_once() is None
     assert "does not exist: is the USB stick" in sched.failed["error"] and not usb.exists()
@@ -104,14 +84,14 @@ def test_a_folder_too_small_loses_only_this_devices_oldest_backups_and_never_its
         return type(real(path))(total, used, room["free"] + gone * (1 << 30))
 
     monkeypatch.setattr("edge_agent.backup_schedule.shutil.disk_usage", usage)
-    done = take(_cfg(usb), state, device="barn")
+    done = take(stick_cfg(usb), state, device="barn")
     assert done["deleted"] == [old[0].name] and old[1].exists() and old[2].exists() and other.exists()
     for p in own_backups(usb, "barn")[2:]:
         p.unlink()  # only the two older ones again
     old[0].write_bytes(b"an older backup")
     monkeypatch.setattr("edge_agent.backup_schedule.shutil.disk_usage", lambda path: type(real(path))(10 << 30, 10 << 30, 1 << 20))
     with pytest.raises(BackupError, match=r"has 1 MiB free, a backup needs about \d+ MiB"):
-        take(_cfg(usb), state, device="barn")
+        take(stick_cfg(usb), state, device="barn")
     assert [p.exists() for p in old] == [False, False, True] and other.exists()  # the newest is never deleted
 
 
@@ -120,7 +100,7 @@ def test_a_folder_on_the_state_directorys_own_disk_is_refused_as_a_mount_point_w
     folder.mkdir(parents=True)
     monkeypatch.undo()
     with pytest.raises(BackupError, match="is on the state directory's own disk, where a backup dies with the card"):
-        take(_cfg(folder), state, device="barn")
+        take(stick_cfg(folder), state, device="barn")
     assert list(folder.iterdir()) == []
 
 
@@ -135,7 +115,7 @@ def test_a_folder_this_user_may_not_write_is_refused_with_what_to_do(tmp_path, s
     monkeypatch.setattr("edge_agent.backup_schedule.os.access", lambda path, mode: False)  # (root may write anywhere)
     monkeypatch.setattr("edge_agent.backup_schedule.os.statvfs", lambda path: type("V", (), {"f_flag": flags})())
     with pytest.raises(BackupError, match=why):
-        take(_cfg(folder), state, device="barn")
+        take(stick_cfg(folder), state, device="barn")
     assert list(folder.iterdir()) == []
 
 
@@ -178,7 +158,7 @@ def test_files_replaced_or_deleted_while_the_archive_is_written_still_restore(tm
 
 
 def test_a_backup_is_due_by_the_last_one_taken_by_hand_too_and_after_the_clock_was_set_back(tmp_path, state):
-    sched = BackupSchedule(_cfg(tmp_path), state, first_delay_s=600)
+    sched = BackupSchedule(stick_cfg(tmp_path), state, first_delay_s=600)
     now = time.time()
     assert not sched.due(now) and sched.due(now + 601)  # none yet: 10 minutes after the start
     record = state / "last-backup.json"
@@ -192,7 +172,7 @@ def test_a_backup_is_due_by_the_last_one_taken_by_hand_too_and_after_the_clock_w
 def test_the_thread_writes_the_backup_when_due_and_at_low_priority(tmp_path, state):
     usb = tmp_path / "usb"
     usb.mkdir()
-    sched = BackupSchedule(_cfg(usb), state, poll_s=0.05, first_delay_s=0)
+    sched = BackupSchedule(stick_cfg(usb), state, poll_s=0.05, first_delay_s=0)
     sched.start()
     try:
         end = time.monotonic() + 60
@@ -287,7 +267,7 @@ def test_a_database_that_cannot_be_copied_is_a_failure_said_and_the_schedule_goe
     usb = tmp_path / "usb"
     usb.mkdir()
     (state / "alerts.sqlite").write_bytes(b"not a database, " * 512)  # torn by a dead card, say
-    sched = BackupSchedule(_cfg(usb), state, first_delay_s=0)
+    sched = BackupSchedule(stick_cfg(usb), state, first_delay_s=0)
     assert sched.run_once() is None
     assert "could not copy a database for the backup" in sched.failed["error"] and list(usb.iterdir()) == []
     assert not [p for p in state.iterdir() if p.name.startswith(".tmp-")]
@@ -367,7 +347,7 @@ def test_the_schedule_seals_with_the_passphrase_file_and_never_puts_the_passphra
     usb = tmp_path / "usb"
     usb.mkdir()
     secret = _secret(state)  # kept, carelessly, in the state directory
-    cfg = _cfg(usb, passphrase_file=str(secret), keep=1)
+    cfg = stick_cfg(usb, passphrase_file=str(secret), keep=1)
     first = take(cfg, state, device="barn", now=time.time())
     second = take(cfg, state, device="barn", now=time.time() + 86400)
     assert Path(second["path"]).name.endswith(".tar.gz.sealed") and second["deleted"] == [Path(first["path"]).name]
@@ -375,11 +355,11 @@ def test_the_schedule_seals_with_the_passphrase_file_and_never_puts_the_passphra
     assert not (back / "backup.pass").exists() and (back / "results.sqlite").is_file()
     lines = backup_lines(cfg.backup, last_backup(state), BackupSchedule(cfg, state).status(), time.time())
     assert not any("not sealed" in text for text, _ in lines)
-    lines = backup_lines(_cfg(usb).backup, last_backup(state), BackupSchedule(_cfg(usb), state).status(), time.time())
+    lines = backup_lines(stick_cfg(usb).backup, last_backup(state), BackupSchedule(stick_cfg(usb), state).status(), time.time())
     assert any("not sealed: the stick holds this device's keys" in text for text, _ in lines)
     (tmp_path / "empty.pass").write_text("\n")
     with pytest.raises(BackupError, match="the passphrase file is empty"):
-        take(_cfg(usb, passphrase_file=str(tmp_path / "empty.pass")), state, device="barn")
+        take(stick_cfg(usb, passphrase_file=str(tmp_path / "empty.pass")), state, device="barn")
 
 
 def test_the_command_line_seals_and_restores_with_a_passphrase_file_and_says_so_without_one(tmp_path, state):
@@ -451,7 +431,7 @@ def test_restore_asks_for_a_sealed_backups_passphrase_on_a_terminal_and_never_ec
 
 
 def test_a_backup_taken_by_hand_ends_a_failure_of_the_schedule(tmp_path, state):
-    sched = BackupSchedule(_cfg(tmp_path / "not-plugged-in"), state, first_delay_s=0)
+    sched = BackupSchedule(stick_cfg(tmp_path / "not-plugged-in"), state, first_delay_s=0)
     assert sched.run_once() is None and sched.status()["failed"]
     backup(AppConfig(), state, tmp_path / "by-hand.tar.gz")
     st = sched.status()

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import shutil
+import tarfile
 import time
 from pathlib import Path
 
@@ -17,34 +19,15 @@ import pytest
 
 from edge_agent.backup import BackupError, BackupSealed, BackupStopped, backup, last_backup
 from edge_agent.backup_schedule import backup_lines, device_name, own_backups, take
-from edge_agent.config import AppConfig, override
+from edge_agent.config import AppConfig
 from edge_agent.restore import read_manifest, restore
 
-from .web_helpers import make_state
+from .backup_helpers import stick_cfg, stick_fixtures
 
 DAY = 86400.0
 
 
-def _cfg(folder: Path, **backup) -> AppConfig:
-    return override(AppConfig(), {"backup.dir": str(folder), **{f"backup.{k}": v for k, v in backup.items()}})
-
-
-@pytest.fixture(autouse=True)
-def stick(monkeypatch):
-    """The test's folders are on the state directory's disk: taken as a stick of their own."""
-    monkeypatch.setattr("edge_agent.backup_schedule._same_disk", lambda a, b: False)
-
-
-@pytest.fixture(scope="module")
-def season(tmp_path_factory) -> Path:
-    return make_state(tmp_path_factory.mktemp("season"))
-
-
-@pytest.fixture()
-def state(tmp_path, season) -> Path:
-    out = tmp_path / "state"
-    shutil.copytree(season, out)
-    return out
+stick, season, state = stick_fixtures()
 
 
 @pytest.fixture()
@@ -62,6 +45,16 @@ def _photo(state: Path, name: str, size: int = 300_000, seed: int = 0) -> Path:
     return p
 
 
+def _manifest_only(out: Path, manifest: dict) -> Path:
+    """A backup archive at ``out`` holding ``manifest`` alone."""
+    data = json.dumps(manifest).encode()
+    with tarfile.open(out, "w:gz") as tar:
+        info = tarfile.TarInfo("backup.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return out
+
+
 def _shared(usb: Path, device: str = "barn") -> dict[str, int]:
     root = usb / f"edge-agent-{device}.files"
     return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()} if root.is_dir() else {}
@@ -76,7 +69,7 @@ def _restored_files(state: Path) -> dict[str, str]:
 
 
 def test_a_days_backup_writes_only_what_is_new_and_every_kept_backup_restores_whole(tmp_path, state, usb):
-    cfg, t0 = _cfg(usb, keep=3), time.time()
+    cfg, t0 = stick_cfg(usb, keep=3), time.time()
     first = take(cfg, state, device="barn", now=t0)
     assert first["written"] > 50 << 20 and first["written"] >= first["bytes"] - (1 << 20)  # the engines, once
     photo = _photo(state, "scab-1.jpg")
@@ -97,7 +90,7 @@ def test_a_days_backup_writes_only_what_is_new_and_every_kept_backup_restores_wh
 
 
 def test_a_shared_file_is_deleted_with_the_last_backup_that_names_it_and_nothing_else_there_is_touched(state, usb):
-    cfg, t0 = _cfg(usb, keep=2), time.time()
+    cfg, t0 = stick_cfg(usb, keep=2), time.time()
     gone = _photo(state, "gone.jpg")
     take(cfg, state, device="barn", now=t0)
     gone_sha = hashlib.sha256(gone.read_bytes()).hexdigest()
@@ -118,7 +111,7 @@ def test_a_shared_file_is_deleted_with_the_last_backup_that_names_it_and_nothing
 
 
 def test_a_backup_there_that_cannot_be_read_keeps_every_shared_file_until_it_is_deleted_itself(state, usb):
-    cfg, t0 = _cfg(usb, keep=2), time.time()
+    cfg, t0 = stick_cfg(usb, keep=2), time.time()
     gone = _photo(state, "gone.jpg")
     take(cfg, state, device="barn", now=t0)
     sha = hashlib.sha256(gone.read_bytes()).hexdigest()
@@ -128,11 +121,11 @@ def test_a_backup_there_that_cannot_be_read_keeps_every_shared_file_until_it_is_
     third = take(cfg, state, device="barn", now=t0 + 2 * DAY)  # deletes the damaged one: the rest can be read again
     assert third["shared_kept"] is None and f"{sha[:2]}/{sha}" not in _shared(usb)
     only = _photo(state, "only-in-the-fourth.jpg")
-    fourth = take(_cfg(usb, keep=3), state, device="barn", now=t0 + 3 * DAY)
+    fourth = take(stick_cfg(usb, keep=3), state, device="barn", now=t0 + 3 * DAY)
     only_sha = hashlib.sha256(only.read_bytes()).hexdigest()
     only.unlink()
     Path(fourth["path"]).write_bytes(b"damaged too")  # the one backup naming it cannot be read: it names what it may
-    fifth = take(_cfg(usb, keep=3), state, device="barn", now=t0 + 4 * DAY)
+    fifth = take(stick_cfg(usb, keep=3), state, device="barn", now=t0 + 4 * DAY)
     assert "not a readable backup" in fifth["shared_kept"] and f"{only_sha[:2]}/{only_sha}" in _shared(usb)
 
 
@@ -140,16 +133,16 @@ def test_making_room_never_deletes_a_shared_file_the_new_backup_names(tmp_path, 
     t0 = time.time()
     photo = _photo(state, "scab-1.jpg")
     kept = photo.read_bytes()
-    take(_cfg(usb), state, device="barn", now=t0)
+    take(stick_cfg(usb), state, device="barn", now=t0)
     photo.unlink()  # the second backup does not name it
-    take(_cfg(usb), state, device="barn", now=t0 + DAY)
+    take(stick_cfg(usb), state, device="barn", now=t0 + DAY)
     photo.write_bytes(kept)  # back (a label restored): the third names the copy only the first named
     real = shutil.disk_usage
     monkeypatch.setattr(  # no room while both older backups are there
         "edge_agent.backup_schedule.shutil.disk_usage",
         lambda path: type(real(path))(1 << 40, 0, 0 if len(own_backups(usb, "barn")) >= 2 else 1 << 40),
     )
-    done = take(_cfg(usb), state, device="barn", now=t0 + 2 * DAY)
+    done = take(stick_cfg(usb), state, device="barn", now=t0 + 2 * DAY)
     assert len(done["deleted"]) == 1 and done["written"] < len(kept)  # the first went; its copy of the photo stayed
     restored = restore(Path(done["path"]), tmp_path / "card")
     assert (restored.state_dir / "trainer" / "photos" / "scab-1.jpg").read_bytes() == kept
@@ -157,7 +150,7 @@ def test_making_room_never_deletes_a_shared_file_the_new_backup_names(tmp_path, 
 
 def test_a_backup_whose_shared_files_are_missing_or_changed_restores_nothing_and_says_what_to_copy(tmp_path, state, usb):
     _photo(state, "scab-1.jpg")
-    done = take(_cfg(usb), state, device="barn")
+    done = take(stick_cfg(usb), state, device="barn")
     archive = Path(done["path"])
     elsewhere = tmp_path / "copied" / archive.name
     elsewhere.parent.mkdir()
@@ -180,22 +173,14 @@ def test_a_backup_whose_shared_files_are_missing_or_changed_restores_nothing_and
 
 
 def test_a_manifest_naming_a_shared_file_outside_its_folder_is_refused(tmp_path, state, usb):
-    import tarfile
 
-    done = take(_cfg(usb), state, device="barn")
+    done = take(stick_cfg(usb), state, device="barn")
     manifest = read_manifest(Path(done["path"]))
     name = next(n for n, m in manifest["files"].items() if "shared" in m)
     for shared_dir, shared in (("edge-agent-barn.files", "../../etc/passwd"), ("..", manifest["files"][name]["shared"])):
         forged = manifest | {"shared_dir": shared_dir}
         forged["files"] = manifest["files"] | {name: manifest["files"][name] | {"shared": shared}}
-        data = json.dumps(forged).encode()
-        out = usb / "edge-agent-barn-20200101-000000.tar.gz"
-        with tarfile.open(out, "w:gz") as tar:
-            info = tarfile.TarInfo("backup.json")
-            info.size = len(data)
-            import io
-
-            tar.addfile(info, io.BytesIO(data))
+        out = _manifest_only(usb / "edge-agent-barn-20200101-000000.tar.gz", forged)
         with pytest.raises(BackupError, match="a shared file is named outside its folder: refused"):
             restore(out, tmp_path / "card")
 
@@ -205,15 +190,15 @@ def test_sealed_shared_files_hold_nothing_readable_and_a_new_passphrase_starts_n
     secret.write_text("correct horse battery staple\n")
     photo = _photo(state, "scab-1.jpg")
     t0 = time.time()
-    first = take(_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0)
+    first = take(stick_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0)
     files = _shared(usb)
     assert files and all(n.endswith(".sealed") for n in files)
     for p in (usb / "edge-agent-barn.files").rglob("*.sealed"):
         assert photo.read_bytes()[:4096] not in p.read_bytes()
-    second = take(_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0 + DAY)
+    second = take(stick_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0 + DAY)
     assert second["written"] < 1 << 20 and _shared(usb) == files  # the same key opens them: named again
     secret.write_text("a new passphrase\n")
-    third = take(_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0 + 2 * DAY)
+    third = take(stick_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0 + 2 * DAY)
     assert third["written"] > 50 << 20 and set(files) < set(_shared(usb))  # new copies; the old ones kept for the backups before
     with pytest.raises(BackupSealed):
         restore(Path(first["path"]), tmp_path / "card")
@@ -231,25 +216,25 @@ def test_a_backup_stopped_half_way_leaves_no_archive_and_the_next_reuses_the_sha
     calls = iter(range(10**6))
     n_files = len(backup(AppConfig(), state, usb.parent / "count.tar.gz")["files"])
     with pytest.raises(BackupStopped):  # stopped while the shared files are written
-        take(_cfg(usb), state, device="barn", should_stop=lambda: next(calls) >= n_files + 2)
+        take(stick_cfg(usb), state, device="barn", should_stop=lambda: next(calls) >= n_files + 2)
     assert own_backups(usb, "barn") == [] and not list(usb.rglob(".tmp-*"))
     whole = _shared(usb)
     assert whole
-    done = take(_cfg(usb), state, device="barn")
+    done = take(stick_cfg(usb), state, device="barn")
     assert done["written"] < done["bytes"] - sum(whole.values()) + (1 << 20)  # what was written whole is not written again
 
 
 def test_a_shared_file_left_half_written_by_a_killed_backup_is_deleted_by_the_next(state, usb):
-    take(_cfg(usb), state, device="barn")
+    take(stick_cfg(usb), state, device="barn")
     half = usb / "edge-agent-barn.files" / "ab" / f".tmp-4242-{'ab' + '0' * 62}"
     half.parent.mkdir(exist_ok=True)
     half.write_bytes(b"half")
-    take(_cfg(usb), state, device="barn", now=time.time() + DAY)
+    take(stick_cfg(usb), state, device="barn", now=time.time() + DAY)
     assert not half.exists()
 
 
 def test_shared_files_off_writes_every_backup_whole_in_one_file_restorable_by_itself(tmp_path, state, usb):
-    done = take(_cfg(usb, shared_files=False), state, device="barn")
+    done = take(stick_cfg(usb, shared_files=False), state, device="barn")
     assert not (usb / "edge-agent-barn.files").exists() and done["written"] == done["bytes"] > 50 << 20
     assert read_manifest(Path(done["path"]))["format"] == 1  # what versions before shared files restore
     moved = tmp_path / "elsewhere" / Path(done["path"]).name
@@ -259,15 +244,7 @@ def test_shared_files_off_writes_every_backup_whole_in_one_file_restorable_by_it
 
 
 def test_a_backup_in_a_format_this_version_does_not_know_is_refused_with_the_formats_it_restores(tmp_path, usb):
-    import io
-    import tarfile
-
-    data = json.dumps({"format": 3, "files": {}}).encode()
-    out = usb / "future.tar.gz"
-    with tarfile.open(out, "w:gz") as tar:
-        info = tarfile.TarInfo("backup.json")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+    out = _manifest_only(usb / "future.tar.gz", {"format": 3, "files": {}})
     with pytest.raises(BackupError, match="backup format 3, this version restores formats 1, 2"):
         restore(out, tmp_path / "card")
 
@@ -366,7 +343,7 @@ def test_edge_agent_backup_with_a_folder_configured_writes_one_there_as_the_daem
     kept = own_backups(usb, device_name())
     assert len(kept) == 1 and f"wrote {kept[0]} into [backup] dir" in said and "MB restores; not sealed" in said
     assert (usb / f"edge-agent-{device_name()}.files").is_dir()
-    schedule = BackupSchedule(_cfg(usb), state)
+    schedule = BackupSchedule(stick_cfg(usb), state)
     assert schedule.next_due(time.time()) > time.time() + 23 * 3600  # the schedule counts it as the last
     assert main(["backup", "--config", str(config), "--state-dir", str(state), "--out", str(tmp_path / "whole.tar.gz")]) == 0
     assert read_manifest(tmp_path / "whole.tar.gz")["format"] == 1  # --out: one file, whole
@@ -381,12 +358,12 @@ def test_a_backup_asked_for_by_hand_waits_for_the_daemons_and_a_stopping_daemon_
     with open(state / LOCK, "a+") as held:  # the daemon's backup, being written
         fcntl.flock(held, fcntl.LOCK_EX)
         done: list = []
-        waiting = threading.Thread(target=lambda: done.append(take(_cfg(usb), state, device="barn")))
+        waiting = threading.Thread(target=lambda: done.append(take(stick_cfg(usb), state, device="barn")))
         waiting.start()
         time.sleep(0.6)
         assert not done and own_backups(usb, "barn") == []
         with pytest.raises(BackupStopped, match="stopped while another backup of it was being written"):
-            take(_cfg(usb), state, device="barn", should_stop=lambda: True)
+            take(stick_cfg(usb), state, device="barn", should_stop=lambda: True)
         fcntl.flock(held, fcntl.LOCK_UN)
     waiting.join(60)
     assert len(done) == 1 and own_backups(usb, "barn") == [Path(done[0]["path"])]
@@ -398,7 +375,7 @@ def test_a_stick_that_gives_back_other_bytes_than_were_written_fails_the_backup_
 ):
     from edge_agent._backup_readback import ReadBackMismatch
 
-    before = take(_cfg(usb), state, device="barn", now=time.time() - DAY)
+    before = take(stick_cfg(usb), state, device="barn", now=time.time() - DAY)
     _photo(state, "new.jpg")
     shared_before = _shared(usb)
 
@@ -411,13 +388,13 @@ def test_a_stick_that_gives_back_other_bytes_than_were_written_fails_the_backup_
 
     monkeypatch.setattr("edge_agent._backup_readback.uncached", dropped)
     with pytest.raises(ReadBackMismatch, match="a failing stick, or a counterfeit one that holds less than it claims"):
-        take(_cfg(usb), state, device="barn")
+        take(stick_cfg(usb), state, device="barn")
     assert own_backups(usb, "barn") == [Path(before["path"])] and last_backup(state)["path"] == str(Path(before["path"]).resolve())
     if lies_about == "a shared file":
         assert _shared(usb) == shared_before  # the new photo's copy, read back wrong, is gone
     monkeypatch.undo()
     monkeypatch.setattr("edge_agent.backup_schedule._same_disk", lambda a, b: False)
-    done = take(_cfg(usb), state, device="barn")  # a stick that behaves again: written whole
+    done = take(stick_cfg(usb), state, device="barn")  # a stick that behaves again: written whole
     restore(Path(done["path"]), usb.parent / "card")
 
 
@@ -428,7 +405,7 @@ def test_restore_check_reads_a_backup_whole_from_its_disk_and_writes_nothing(tmp
     secret = tmp_path / "pass"
     secret.write_text("correct horse battery staple\n")
     _photo(state, "scab.jpg")
-    done = take(_cfg(usb, passphrase_file=str(secret)), state, device="barn")
+    done = take(stick_cfg(usb, passphrase_file=str(secret)), state, device="barn")
     read: list[Path] = []
     monkeypatch.setattr("edge_agent._backup_readback.drop_cached", lambda p: read.append(Path(p)))
     checked = check(Path(done["path"]), passphrase=b"correct horse battery staple")
@@ -451,7 +428,7 @@ def test_restore_check_reads_a_backup_whole_from_its_disk_and_writes_nothing(tmp
 def test_every_week_the_stick_is_read_back_and_a_damaged_photo_is_deleted_and_written_again_by_the_next_backup(tmp_path, state, usb):
     from edge_agent.backup_schedule import BackupSchedule
 
-    cfg, t0 = _cfg(usb, keep=3), time.time()
+    cfg, t0 = stick_cfg(usb, keep=3), time.time()
     photo = _photo(state, "scab.jpg")
     sha = hashlib.sha256(photo.read_bytes()).hexdigest()
     first = take(cfg, state, device="barn", now=t0)
