@@ -8,7 +8,7 @@ import time
 
 from edge_agent._cli_common import load, state_db
 from edge_agent.backup import last_backup
-from edge_agent.backup_schedule import backup_lines
+from edge_agent.backup_schedule import backup_lines, requested
 from edge_agent.engine_keep import engines_line
 from edge_agent.names import printable
 
@@ -86,7 +86,8 @@ def status(args: argparse.Namespace) -> int:
             print(f"clock: {kept['clock_note']}")
         if kept.get("below_floor"):
             print(f"BELOW THE DISK FLOOR with nothing more of ours to remove; largest here: {kept.get('largest')}")
-    for text, _warn in backup_lines(cfg.backup, out["last_backup"], out.get("backup") if running else None, time.time()):
+    schedule = out.get("backup") if running else None
+    for text, _warn in backup_lines(cfg.backup, out["last_backup"], schedule, time.time(), requested(state.root)):
         print(printable(f"backup: {text}"))
     if "engine" in out:
         e = out["engine"]

@@ -53,12 +53,27 @@ RECORD = "last-backup.json"
 #: once, not every day). A file changed less than :data:`_SETTLED_NS` before it was listed is read again next time
 #: (a file's times tick coarsely: a write in the same tick would not change them).
 HASHES = "backup-hashes.json"
+#: The file in the state directory that asks the daemon's schedule for a backup now
+#: (:func:`edge_agent.backup_schedule.request_backup`).
+REQUEST = "backup-requested.json"
 _SETTLED_NS = 2_000_000_000
 _SHA = re.compile(r"[0-9a-f]{64}")
 #: SQLite files copied through the backup API (a plain copy of a live WAL database may be torn).
 DATABASES = ("results.sqlite", "alerts.sqlite", "trainer/samples.sqlite", "trainer/unlabelled.sqlite")
 #: What a backup leaves out: remade on demand, the services' live status, or not worth keeping.
-SKIPPED = ("web/thumbs", "quarantine", "inbox", "restored", "status.json", "trainer/status.json", "run", ".tmp-", RECORD, HASHES)
+SKIPPED = (
+    "web/thumbs",
+    "quarantine",
+    "inbox",
+    "restored",
+    "status.json",
+    "trainer/status.json",
+    "run",
+    ".tmp-",
+    RECORD,
+    HASHES,
+    "backup-requested.json",
+)
 
 
 class BackupError(EdgeAgentError):

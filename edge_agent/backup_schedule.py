@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import getpass
+import json
 import os
 import re
 import shutil
@@ -29,23 +30,43 @@ from pathlib import Path
 
 from edge_agent._backup_files import SharedFiles, referenced, shared_root
 from edge_agent._backup_seal import SUFFIX, Unsealer, read_passphrase
-from edge_agent.backup import BackupError, BackupStopped, backup, last_backup, write_record
+from edge_agent.backup import REQUEST, BackupError, BackupStopped, backup, last_backup, write_record
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
 from edge_agent.restore import read_manifest
 from edge_agent.worker import Worker
+from engines.durable import atomic_write
 
-__all__ = ["BackupSchedule", "backup_lines", "device_name", "own_backups", "take"]
+__all__ = ["BackupSchedule", "POLL_S", "backup_lines", "device_name", "own_backups", "request_backup", "requested", "take"]
 
 #: How long after a failure the next try waits (or ``every_h``, if shorter).
 RETRY_S = 3600.0
 #: How long after the daemon starts a device that never had a backup takes its first (start-up is left alone).
 FIRST_DELAY_S = 600.0
+#: How often the daemon's schedule looks whether a backup is due (or asked for).
+POLL_S = 60.0
 #: The lock file in the state directory held while a backup of it is written into a folder (``*.lock``: never backed up).
 LOCK = "backup.lock"
 #: Room left beside a backup's planned bytes for tar's headers and the manifest.
 _SLACK = 1 << 20
 _NAME = re.compile(r"edge-agent-(?P<device>[A-Za-z0-9_.-]+)-(?P<when>\d{8}-\d{6})\.tar\.gz(?:\.sealed)?")
+
+
+def request_backup(state_root: Path) -> float:
+    """Ask the daemon's schedule for a backup now (the page's "Back up now"): it writes one at its next look, within
+    :data:`POLL_S`; returns when it was asked. Raises OSError where the state directory cannot be written."""
+    now = time.time()
+    atomic_write(Path(state_root) / REQUEST, json.dumps({"time": now}).encode())
+    return now
+
+
+def requested(state_root: Path) -> float | None:
+    """When a backup now was asked for and not yet taken (None: it was not)."""
+    try:
+        data = json.loads((Path(state_root) / REQUEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return float(data["time"]) if isinstance(data, dict) and isinstance(data.get("time"), (int, float)) else None
 
 
 def device_name() -> str:
@@ -236,7 +257,7 @@ class BackupSchedule(Worker):
         cfg: AppConfig,
         state_root: Path,
         clock=time.time,
-        poll_s: float = 60.0,
+        poll_s: float = POLL_S,
         first_delay_s: float | None = None,
         defer: Callable[[], str | None] = lambda: None,
     ) -> None:
@@ -262,7 +283,7 @@ class BackupSchedule(Worker):
 
     def due(self, now: float) -> bool:
         """Whether a backup should be written now."""
-        return not self.defer() and now >= self.next_due(now)
+        return not self.defer() and (requested(self.state_root) is not None or now >= self.next_due(now))
 
     def next_due(self, now: float) -> float:
         """When the next backup is due (a time; ``now`` or before: at the next look): an hour after a failure (or
@@ -280,6 +301,7 @@ class BackupSchedule(Worker):
         """Take a backup now; returns what :func:`take` did, or None where it failed (recorded in :attr:`failed`)."""
         with self._lock:
             self.running = True
+            asked = requested(self.state_root)
             try:
                 done = take(self.cfg, self.state_root, should_stop=self._stop.is_set, now=self.clock())
             except BackupStopped:
@@ -292,6 +314,8 @@ class BackupSchedule(Worker):
                 return None
             finally:
                 self.running = False
+                if asked is not None and requested(self.state_root) == asked:  # answered (a newer request stays)
+                    (self.state_root / REQUEST).unlink(missing_ok=True)
             if self.failed:
                 self.log.info("backup_recovered", failing_since=self.failed["since"])
             self.failed = None
@@ -321,6 +345,7 @@ class BackupSchedule(Worker):
             "next": nxt,
             "deferred": self.defer(),
             "taken": self.taken,
+            "requested": requested(self.state_root),
         }
 
     def _run(self) -> None:
@@ -349,9 +374,12 @@ def _within(seconds: float) -> str:
     return "at the next look" if seconds < 60 else f"in {_span(seconds)}"
 
 
-def backup_lines(section: BackupSection, last: dict | None, schedule: dict | None, now: float) -> list[tuple[str, bool]]:
+def backup_lines(
+    section: BackupSection, last: dict | None, schedule: dict | None, now: float, asked: float | None = None
+) -> list[tuple[str, bool]]:
     """What ``status`` and the Health page say of backups, as lines ``(text, warn)``: the last one, the schedule
-    (``schedule``: :meth:`BackupSchedule.status` where the daemon runs one), and what to do where there is none."""
+    (``schedule``: :meth:`BackupSchedule.status` where the daemon runs one; ``asked``: when one was asked for now, if
+    the schedule has not said so yet), and what to do where there is none."""
     out: list[tuple[str, bool]] = []
     stale_s = 2 * section.every_h * 3600 if section.dir else 7 * 86400
     if last is None:
@@ -387,12 +415,17 @@ def backup_lines(section: BackupSection, last: dict | None, schedule: dict | Non
                 True,
             )
         )
+        if asked:
+            out.append((f"asked for {_ago(now - asked)}: written when the daemon runs again", True))
         return out
+    asked = schedule.get("requested") or asked
     if schedule.get("deferred"):
         out.append((str(schedule["deferred"]), False))
         return out
     if schedule.get("running"):
         out.append((f"writing one into {section.dir} now", False))
+    elif asked:
+        out.append((f"asked for {_ago(now - asked)}: the daemon writes it within a minute", False))
     else:
         nxt = schedule.get("next") or now
         out.append((f"every {section.every_h:g} h into {section.dir}, the {section.keep} newest kept; next {_within(nxt - now)}", False))

@@ -475,3 +475,61 @@ def test_a_trainer_alone_on_its_machine_backs_up_its_signing_key_and_leaves_a_sh
         svc.backups.stop()
         svc.samples.close()
         svc.unlabelled.close()
+
+
+def test_back_up_now_on_the_health_page_asks_the_daemon_which_writes_one_at_its_next_look(tmp_path, state):
+    pytest.importorskip("starlette")
+    from edge_agent.backup_schedule import request_backup, requested
+
+    from .web_helpers import client, csrf_of
+
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    cfg = stick_cfg(usb)
+    c = client(state, cfg=cfg)
+    assert 'id="backup-now"' in c.get("/health").text
+    assert c.post("/health/backup", data={}).status_code == 403 and requested(state) is None  # no CSRF token: refused
+    r = c.post("/health/backup", data={"csrf": csrf_of(c)})
+    assert r.status_code == 303 and requested(state) is not None
+    assert "asked for just now: written when the daemon runs again" in c.get("/health").text  # (no daemon runs here)
+    schedule = BackupSchedule(cfg, state)
+    assert schedule.next_due(time.time()) > time.time() + 500 and schedule.due(time.time())  # not due by the clock: asked
+    real_take = take
+
+    def meanwhile(*a, **kw):  # asked again while this one is written: that request stays for the next look
+        done = real_take(*a, **kw)
+        time.sleep(0.01)
+        request_backup(state)
+        return done
+
+    import edge_agent.backup_schedule as schedule_module
+
+    schedule_module.take, was = meanwhile, schedule_module.take
+    try:
+        assert schedule.run_once() is not None and requested(state) is not None and len(own_backups(usb, device_name())) == 1
+    finally:
+        schedule_module.take = was
+    assert schedule.run_once() is not None and requested(state) is None and not schedule.due(time.time())
+    assert "asked for" not in c.get("/health").text
+
+
+def test_back_up_now_without_a_folder_configured_is_refused_with_what_to_set(tmp_path, state):
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from edge_agent.backup_schedule import requested
+    from edge_agent.web.auth import Tokens
+
+    from .web_helpers import REMOTE, app_for, client, csrf_of
+
+    c = client(state)
+    assert 'id="backup-now"' not in c.get("/health").text
+    r = c.post("/health/backup", data={"csrf": csrf_of(c)})
+    assert r.status_code == 409 and "no [backup] dir is set" in r.text and requested(state) is None
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    api = TestClient(app_for(state, cfg=stick_cfg(usb)), base_url="http://localhost", client=REMOTE, follow_redirects=False)
+    read, admin = (Tokens(state / "web").new(role) for role in ("read", "admin"))
+    assert api.post("/api/v1/backup", headers={"Authorization": f"Bearer {read}"}).status_code == 403
+    r = api.post("/api/v1/backup", headers={"Authorization": f"Bearer {admin}"})
+    assert r.status_code == 200 and r.json()["dir"] == str(usb) and r.json()["requested"] == requested(state)

@@ -58,8 +58,8 @@ def make_state(tmp_path: Path) -> Path:
     return root
 
 
-def app_for(state: Path, bind: str = "127.0.0.1", **preprocess) -> TestClient:
-    cfg = AppConfig()
+def app_for(state: Path, bind: str = "127.0.0.1", cfg: AppConfig | None = None, **preprocess) -> TestClient:
+    cfg = cfg or AppConfig()
     if preprocess:
         cfg = cfg.model_copy(update={"preprocess": cfg.preprocess.model_copy(update=preprocess)})
     return create_app(WebContext(cfg, StateLayout(state), state / "inbox", bind))

@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from edge_agent.backup import last_backup
-from edge_agent.backup_schedule import backup_lines
+from edge_agent.backup_schedule import backup_lines, requested
 from edge_agent.board import as_reported
 from edge_agent.capture_place import NEAR_M, geo_uri
 from edge_agent.export import csv_lines
@@ -41,6 +41,7 @@ from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
 from edge_agent.web.api.endpoints import recent_alerts
 from edge_agent.web.auth import AccessMiddleware, Tokens, allowed, csrf_ok, csrf_secret, forbidden_text, is_local_bind
+from edge_agent.web.backup_now import backup_routes
 from edge_agent.web.class_pages import class_routes
 from edge_agent.web.context import BadParameter, Refused, WebContext, page_filters, parse_int
 from edge_agent.web.hosts import HostCheck, page_names
@@ -288,7 +289,10 @@ def create_app(ctx: WebContext) -> Starlette:
             board=as_reported(daemon, daemon_up),
             alerts=recent_alerts(ctx, 3).alerts,
             notes_problem=(ctx.notes, ctx.notes_source.problem)[1],  # read now: a file changed since is checked
-            backup=backup_lines(ctx.cfg.backup, last_backup(ctx.state.root), daemon.get("backup") if daemon_up else None, now),
+            backup=backup_lines(
+                ctx.cfg.backup, last_backup(ctx.state.root), daemon.get("backup") if daemon_up else None, now, requested(ctx.state.root)
+            ),
+            backup_dir=ctx.cfg.backup.dir,
         )
 
     # ---- fleet --------------------------------------------------------------
@@ -351,6 +355,7 @@ def create_app(ctx: WebContext) -> Starlette:
         *plant_routes(ctx, page, problem, form),
         *map_routes(ctx, page, local_time),
         *class_routes(ctx, page, problem, form),
+        *backup_routes(ctx, form),
         Route("/engines", engines),
         Route("/engines/rollback", rollback, methods=["POST"]),
         Route("/engines/unpin", unpin, methods=["POST"]),

@@ -22,6 +22,7 @@ from edge_agent.plants import PLANT_NAME, PLANT_VIEWS, PlantDiagnosis
 from edge_agent.results import query_readonly
 from edge_agent.review.queue import PlantLabelled, left_today, others_labelled, to_ask
 from edge_agent.web.api import schemas as s
+from edge_agent.web.backup_now import ask
 from edge_agent.web.class_pages import season_classes
 from edge_agent.web.context import BadParameter, Refused, WebContext, parse_day, parse_int, parse_near
 from edge_agent.web.photos import is_sha256
@@ -258,6 +259,10 @@ async def rollback(ctx: WebContext, request: Request) -> s.RolledBack | Response
     if done.state in ("serving", "stopped"):
         return out
     return JSONResponse(out.model_dump(mode="json"), status_code=202 if done.state == "pending" else 409)
+
+
+async def backup_now(ctx: WebContext, request: Request) -> s.BackupAsked:
+    return s.BackupAsked(**await run_in_threadpool(ask, ctx))
 
 
 # ---- health, fleet, alerts ------------------------------------------------------
@@ -506,6 +511,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             409: "It failed verification (tampered or incomplete), or the daemon refused it (state refused, with the reason).",
         },
         extra={202: (s.RolledBack, "Put in the store; the daemon had not taken it within two hot swap polls.")},
+    ),
+    Endpoint(
+        "POST",
+        "/backup",
+        "admin",
+        "Ask the daemon for a backup into [backup] dir now (it writes it within a minute, as the daily ones; GET /health says when).",
+        backup_now,
+        s.BackupAsked,
+        errors={409: "No [backup] dir is set.", 507: "The state directory cannot be written."},
     ),
     Endpoint("GET", "/health", "read", "The daemon's and trainer's status, queues, disk, temperature and power.", health, s.Health),
     Endpoint("GET", "/fleet", "read", "The daemons served by a trainer on this machine.", fleet, s.Fleet),

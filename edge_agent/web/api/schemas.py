@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from edge_agent.results import ResultRow
 
 __all__ = [
+    "BackupAsked",
     "Problem",
     "Result",
     "ResultsPage",
@@ -242,6 +243,14 @@ class Engines(BaseModel):
     versions: list[EngineVersion]
 
 
+class BackupAsked(BaseModel):
+    """A backup asked of the daemon: it writes it into ``dir`` at its next look, within a minute (or when it runs again)."""
+
+    requested: float = Field(description="When it was asked for (seconds since the epoch).")
+    dir: str = Field(description="[backup] dir, where it is written.")
+    daemon_running: bool = Field(description="Whether the daemon runs now (else it is written when it starts).")
+
+
 class RollbackIn(BaseModel):
     """Which version to put back in service (its signature and every file are checked first)."""
 
@@ -443,6 +452,7 @@ class Classes(BaseModel):
 
 
 SCHEMAS: tuple[type[BaseModel], ...] = (
+    BackupAsked,
     Problem,
     Result,
     ResultsPage,
