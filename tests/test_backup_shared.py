@@ -441,6 +441,11 @@ def test_every_week_the_stick_is_read_back_and_a_damaged_photo_is_deleted_and_wr
     assert second["checked"] is None and last_backup(state)["checked"] == t0  # not due: a day since
     lines = backup_lines(cfg.backup, last_backup(state), BackupSchedule(cfg, state).status(), t0 + DAY)
     assert any("every photo and engine on the stick read back whole" in text for text, _ in lines)
+    from edge_agent.web.metrics import Exposition, _backup
+
+    x = Exposition()
+    _backup(x, last_backup(state), None)
+    assert f"edge_agent_backup_checked_timestamp_seconds {t0!r}" in x.lines  # /metrics: alert on its age
     with pytest.raises(
         BackupError, match=r"1 of the \d+ photos and engines .* read back damaged from the stick .*deleted, with the backup just written"
     ):

@@ -223,6 +223,14 @@ def _backup(x: Exposition, last: dict | None, schedule: dict | None) -> None:
         "When the last backup of this state directory was taken (0: never; edge-agent backup or [backup] dir).",
         last["time"] if last else 0,
     )
+    checked = (last or {}).get("checked")
+    if isinstance(checked, (int, float)):
+        x.one(
+            "edge_agent_backup_checked_timestamp_seconds",
+            "gauge",
+            "When every photo and engine on the stick last read back whole ([backup] check_every_days).",
+            checked,
+        )
     if schedule is not None:
         x.one(
             "edge_agent_backup_failing",
