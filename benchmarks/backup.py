@@ -6,7 +6,7 @@ the backups there and with every backup whole in one file, and what a restore ta
 
 A state directory as a season leaves it: the shipped engines, ``--results`` result rows, ``--photos`` expert-labelled
 photos of ``--photo-mb`` MB each in the trainer's samples (random bytes: a JPEG does not compress either). Then, day
-after day, ``--new`` labelled photos arrive and the schedule's own :func:`edge_agent.backup_schedule.take` writes a
+after day, ``--new`` labelled photos arrive and the schedule's own :func:`edge_agent.backup_folder.take` writes a
 backup into ``--stick`` (a folder on another disk; /dev/shm by default), once with ``[backup] shared_files`` (the
 default) and once without it. Measured: seconds and bytes written per day, bytes on the stick after each day, and the
 seconds to restore the last backup. Writes ``backup.json`` and ``backup.md``.
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edge_agent.backup_schedule import take
+from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, override
 from edge_agent.restore import restore
 from edge_agent.results import ResultRow, ResultsDB

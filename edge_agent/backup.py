@@ -12,7 +12,7 @@ Each file is archived as it was when listed (the databases copied, the rest hard
 meanwhile cannot make a file differ from its recorded hash; the state directory records the last backup written of
 it (:data:`RECORD`: what ``status``, the Health page and the daemon's schedule, :mod:`edge_agent.backup_schedule`, read).
 Given a passphrase, the archive is sealed as it is written (:mod:`edge_agent._backup_seal`), and a restore needs it.
-The daemon's backups into a folder (:mod:`edge_agent.backup_schedule`) keep the photos and engines once, in a folder
+The daemon's backups into a folder (:mod:`edge_agent.backup_folder`) keep the photos and engines once, in a folder
 beside them that they share (:mod:`edge_agent._backup_files`), so each writes only what is new; a restore reads them
 from there, checked against the same hashes.
 ``edge-agent restore`` (:mod:`edge_agent.restore`) puts it back, or checks it, file by file against those hashes.
@@ -332,7 +332,7 @@ def backup(
     total = size + sum(pool.size_of(n, b) for n, b in on_stick.items()) if pool else size
     taken = {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": total, "written": size + written, "files": len(files)}
     checked = (last_backup(state_dir) or {}).get("checked")
-    if isinstance(checked, (int, float)):  # when the files on the stick last all read back whole (backup_schedule)
+    if isinstance(checked, (int, float)):  # when the files on the stick last all read back whole (backup_folder)
         taken["checked"] = checked
     write_record(state_dir, taken | {"sealed": bool(passphrase)})
     return manifest | {"bytes": total, "written": size + written}

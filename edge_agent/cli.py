@@ -220,7 +220,7 @@ def _backup(args: argparse.Namespace) -> int:
 
 def _backup_into_dir(cfg, state: Path, photos: bool, seal_with: str) -> int:
     """``edge-agent backup`` with ``[backup] dir`` set and no ``--out``: one written there now, as the daemon writes them."""
-    from edge_agent.backup_schedule import take
+    from edge_agent.backup_folder import take
     from edge_agent.config import override
 
     cfg = override(cfg, {"backup.photos": photos or cfg.backup.photos, "backup.passphrase_file": seal_with})

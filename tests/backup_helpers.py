@@ -25,7 +25,7 @@ def stick_fixtures():
 
     @pytest.fixture(autouse=True)
     def stick(monkeypatch):
-        monkeypatch.setattr("edge_agent.backup_schedule._same_disk", lambda a, b: False)
+        monkeypatch.setattr("edge_agent.backup_folder._same_disk", lambda a, b: False)
 
     @pytest.fixture(scope="module")
     def season(tmp_path_factory) -> Path:

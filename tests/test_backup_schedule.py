@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from edge_agent.backup import BackupError, BackupStopped, backup, last_backup
-from edge_agent.backup_schedule import BackupSchedule, backup_lines, device_name, own_backups, take
+from edge_agent.backup_folder import device_name, own_backups, take
+from edge_agent.backup_schedule import BackupSchedule, backup_lines
 from edge_agent.config import AppConfig
 from edge_agent.restore import restore
 from edge_agent.results import ResultsDB
@@ -83,13 +84,13 @@ def test_a_folder_too_small_loses_only_this_devices_oldest_backups_and_never_its
         gone = sum(not p.exists() for p in old)  # each backup deleted frees a gigabyte
         return type(real(path))(total, used, room["free"] + gone * (1 << 30))
 
-    monkeypatch.setattr("edge_agent.backup_schedule.shutil.disk_usage", usage)
+    monkeypatch.setattr("edge_agent.backup_folder.shutil.disk_usage", usage)
     done = take(stick_cfg(usb), state, device="barn")
     assert done["deleted"] == [old[0].name] and old[1].exists() and old[2].exists() and other.exists()
     for p in own_backups(usb, "barn")[2:]:
         p.unlink()  # only the two older ones again
     old[0].write_bytes(b"an older backup")
-    monkeypatch.setattr("edge_agent.backup_schedule.shutil.disk_usage", lambda path: type(real(path))(10 << 30, 10 << 30, 1 << 20))
+    monkeypatch.setattr("edge_agent.backup_folder.shutil.disk_usage", lambda path: type(real(path))(10 << 30, 10 << 30, 1 << 20))
     with pytest.raises(BackupError, match=r"has 1 MiB free, a backup needs about \d+ MiB"):
         take(stick_cfg(usb), state, device="barn")
     assert [p.exists() for p in old] == [False, False, True] and other.exists()  # the newest is never deleted
@@ -112,8 +113,8 @@ def test_a_folder_this_user_may_not_write_is_refused_with_what_to_do(tmp_path, s
     folder = tmp_path / "usb"
     folder.mkdir()
     flags = os.statvfs(folder).f_flag | (os.ST_RDONLY if read_only else 0)
-    monkeypatch.setattr("edge_agent.backup_schedule.os.access", lambda path, mode: False)  # (root may write anywhere)
-    monkeypatch.setattr("edge_agent.backup_schedule.os.statvfs", lambda path: type("V", (), {"f_flag": flags})())
+    monkeypatch.setattr("edge_agent.backup_folder.os.access", lambda path, mode: False)  # (root may write anywhere)
+    monkeypatch.setattr("edge_agent.backup_folder.os.statvfs", lambda path: type("V", (), {"f_flag": flags})())
     with pytest.raises(BackupError, match=why):
         take(stick_cfg(folder), state, device="barn")
     assert list(folder.iterdir()) == []

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from edge_agent.backup import BackupError, BackupSealed, BackupStopped, backup, last_backup
-from edge_agent.backup_schedule import backup_lines, device_name, own_backups, take
+from edge_agent.backup_folder import device_name, own_backups, take
+from edge_agent.backup_schedule import backup_lines
 from edge_agent.config import AppConfig
 from edge_agent.restore import read_manifest, restore
 
@@ -139,7 +140,7 @@ def test_making_room_never_deletes_a_shared_file_the_new_backup_names(tmp_path, 
     photo.write_bytes(kept)  # back (a label restored): the third names the copy only the first named
     real = shutil.disk_usage
     monkeypatch.setattr(  # no room while both older backups are there
-        "edge_agent.backup_schedule.shutil.disk_usage",
+        "edge_agent.backup_folder.shutil.disk_usage",
         lambda path: type(real(path))(1 << 40, 0, 0 if len(own_backups(usb, "barn")) >= 2 else 1 << 40),
     )
     done = take(stick_cfg(usb), state, device="barn", now=t0 + 2 * DAY)
@@ -353,7 +354,7 @@ def test_a_backup_asked_for_by_hand_waits_for_the_daemons_and_a_stopping_daemon_
     import fcntl
     import threading
 
-    from edge_agent.backup_schedule import LOCK
+    from edge_agent.backup_folder import LOCK
 
     with open(state / LOCK, "a+") as held:  # the daemon's backup, being written
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -393,7 +394,7 @@ def test_a_stick_that_gives_back_other_bytes_than_were_written_fails_the_backup_
     if lies_about == "a shared file":
         assert _shared(usb) == shared_before  # the new photo's copy, read back wrong, is gone
     monkeypatch.undo()
-    monkeypatch.setattr("edge_agent.backup_schedule._same_disk", lambda a, b: False)
+    monkeypatch.setattr("edge_agent.backup_folder._same_disk", lambda a, b: False)
     done = take(stick_cfg(usb), state, device="barn")  # a stick that behaves again: written whole
     restore(Path(done["path"]), usb.parent / "card")
 
