@@ -245,6 +245,39 @@ def test_a_photo_in_no_queue_is_labelled_from_the_copy_kept_of_it_and_one_no_lon
     assert db.expert_labels() == {rows[0].sha256: "Apple___Black_rot"} and len(db.queued()) == 1  # nothing else changed
 
 
+def test_a_photo_queued_again_never_waits_for_the_daemons_sender_with_the_models_answer_as_the_experts_label(tmp_path, monkeypatch):
+    """The daemon's sender delivers whatever the label queue holds, from its own thread or process: the moment a photo
+    in no queue is queued again, it must already carry the expert's label (it carried the model's answer until the
+    label was written a moment later: a sender reading in between taught the trainer the very answer corrected)."""
+    import hashlib
+    from datetime import datetime
+
+    from edge_agent.review import queue as review_queue
+
+    state = tmp_path / "state"
+    db = ResultsDB(state / "results.sqlite")
+    created = time.time()
+    day = state / "processed" / datetime.fromtimestamp(created).strftime("%Y-%m-%d")
+    day.mkdir(parents=True)
+    data = b"a leaf the model was sure of" * 100
+    (day / "leaf.jpg").write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    db.commit(
+        [ResultRow(sha, "p0", str(state / "inbox" / "leaf.jpg"), "inbox", "Apple___healthy", 0.99, [], "v1", {}, created, "confident")]
+    )
+    seen = []
+    real_move = review_queue.PhotoSpool.move
+
+    def move(spool, src, kind):  # what a sender reading the queue now would deliver
+        seen.extend((e.kind, e.label) for e in db.queued_for_delivery(10))
+        return real_move(spool, src, kind)
+
+    monkeypatch.setattr(review_queue.PhotoSpool, "move", move)
+    label_photo(db, state / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p0", "Apple___Black_rot")
+    assert seen == [("expert", "Apple___Black_rot")]
+    assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
+
+
 def test_the_photo_page_labels_any_photo_kept_and_the_review_page_links_the_photo_it_labelled(tmp_path):
     pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
     from .web_helpers import client, csrf_of, make_state

@@ -187,7 +187,7 @@ def label_photo(
     ``ref`` is a photo id, a sha256 prefix (8+ characters) or the photo's original path; ``queue_root`` is the state
     directory's ``queue/``. Raises :class:`LabelError`."""
     label = _checked_class(label, classes, new_class)
-    entry = db.find_queued(ref) or _queue_again(db, queue_root, quota_bytes, ref)
+    entry = db.find_queued(ref) or _queue_again(db, queue_root, quota_bytes, ref, label)
     src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
     db.mark_expert(entry.sha256, label, str(moved))
@@ -315,13 +315,15 @@ def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 
     return Beside(labels, "near" if labels else "")
 
 
-def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str) -> QueueEntry:
-    """A photo in no queue (its label delivered, or never asked about) put in the expert queue again from the copy
-    the state directory keeps of it, so that a label can reach the trainer. Raises :class:`PhotoNotQueued`."""
+def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str, label: str) -> QueueEntry:
+    """A photo in no queue (its label delivered, or never asked about) put in the expert queue again, with the
+    expert's ``label``, from the copy the state directory keeps of it, so that the label can reach the trainer. (Queued
+    with the model's answer first, the daemon's sender could deliver that as the expert's label before the expert's
+    was written: the trainer then learnt the very answer the expert corrected.) Raises :class:`PhotoNotQueued`."""
     found = db.find_result(ref)
     if found is None:
         raise PhotoNotQueued(f"no photo {ref!r} (see `edge-agent review list` or `edge-agent results`)")
-    sha, photo_id, path, label, confidence, version, created = found
+    sha, photo_id, path, _answer, _confidence, version, created = found
     src = where_now(queue_root.parent, path, created)
     if src is None or sha256_file(src) != sha:
         raise PhotoNotQueued(
@@ -333,7 +335,7 @@ def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str) ->
         raise LabelError(f"photo {photo_id} could not be queued for the trainer: {exc}") from None
     if copy is None:
         raise LabelError(f"photo {photo_id} could not be queued: the label queue is full ([labels] max_spool_mb); start the trainer")
-    entry = QueueEntry(sha, photo_id, "expert", label, confidence, version, str(copy), copy.stat().st_size)
+    entry = QueueEntry(sha, photo_id, "expert", label, 1.0, version, str(copy), copy.stat().st_size)
     db.commit([], [entry])
     return entry
 
