@@ -715,3 +715,59 @@ def test_a_new_socket_is_watched_even_when_the_address_pyzmq_would_name_after_it
         for sock in (first, second, squatter):
             sock.close(0)
         ctx.term()
+
+
+def test_a_pseudo_label_relabelled_by_the_expert_while_in_flight_is_sent_again_as_the_experts_never_dropped(tmp_path, endpoints):
+    """The trainer's ack is for the label it was sent: the expert's label written meanwhile (the photo's file moved to
+    the expert queue) is not acknowledged by it, and a resend carries the expert's label from the file where it is now
+    (before, the ack deleted the expert's label, and a resend read the old path, found nothing and dropped it)."""
+    from edge_agent.review.queue import label_photo
+
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    data = encode_img(leaf_image(3))
+    sha = hashlib.sha256(data).hexdigest()
+    db.commit(
+        [
+            ResultRow(
+                sha, "p3", str(tmp_path / "inbox" / "leaf.jpg"), "inbox", "Apple___healthy", 0.99, [], "v0001", {}, time.time(), "confident"
+            )
+        ]
+    )
+    [copy] = spool.put_many([SpoolItem("pseudo", sha, data, ".jpg")])
+    db.commit([], [QueueEntry(sha, "p3", "pseudo", "Apple___healthy", 0.99, "v0001", str(copy), len(data))])
+    sent: list[dict] = []
+
+    class Socket:  # what the sender puts on the wire
+        def send_multipart(self, frames, flags=0):
+            sent.append(decode(frames).header)
+
+    sender._deliver(Socket(), time.monotonic())
+    assert [(h["kind"], h["label"]) for h in sent] == [("pseudo", "Apple___healthy")]
+    label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p3", "Apple___Black_rot")
+    assert not copy.exists()  # moved to the expert queue
+    sender._handle(encode("ack", {"id": sha}))  # the trainer acknowledges the pseudo-label it was sent
+    assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]  # kept: not the label acked
+    sender._deliver(Socket(), time.monotonic() + 1)
+    assert [(h["kind"], h["label"]) for h in sent[1:]] == [("expert", "Apple___Black_rot")]
+    label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p3", "Apple___healthy")  # put right again
+    sender._deliver(Socket(), time.monotonic() + 2)  # no ack yet: resent, as it is now
+    assert [(h["kind"], h["label"]) for h in sent[2:]] == [("expert", "Apple___healthy")]
+    sender._handle(encode("ack", {"id": sha}))  # the newest, acknowledged
+    assert db.queued_for_delivery(10) == [] and db.expert_labels() == {sha: "Apple___healthy"}
+    data = encode_img(leaf_image(4))  # a pseudo-label in flight, relabelled before any ack: its file moves
+    sha = hashlib.sha256(data).hexdigest()
+    db.commit(
+        [
+            ResultRow(
+                sha, "p4", str(tmp_path / "inbox" / "l4.jpg"), "inbox", "Apple___healthy", 0.99, [], "v0001", {}, time.time(), "confident"
+            )
+        ]
+    )
+    [copy] = spool.put_many([SpoolItem("pseudo", sha, data, ".jpg")])
+    db.commit([], [QueueEntry(sha, "p4", "pseudo", "Apple___healthy", 0.99, "v0001", str(copy), len(data))])
+    sender._deliver(Socket(), time.monotonic() + 3)
+    label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p4", "Apple___Black_rot")
+    assert not copy.exists()
+    sender._deliver(Socket(), time.monotonic() + 5)  # resent from where the photo is now
+    assert (sent[-1]["id"], sent[-1]["kind"], sent[-1]["label"]) == (sha, "expert", "Apple___Black_rot")
+    assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]

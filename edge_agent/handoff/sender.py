@@ -38,6 +38,8 @@ class _InFlight:
     attempts: int
     file: str
     verdict: str | None = None  # an unlabelled photo (its verdict); None: a label
+    kind: str | None = None  # the label sent (pseudo or expert) and its class: an ack is for them, not for a newer one
+    label: str | None = None
 
 
 def sample_header(entry: QueueEntry, file: str, device: str = "") -> dict:
@@ -171,8 +173,11 @@ class Sender(Worker):
         for sha, item in list(self._inflight.items()):
             wait = min(s.ack_timeout_s * 2 ** (item.attempts - 1), s.backoff_max_s)
             if now - item.sent >= wait:
-                if self._send_item(sock, sha, item.file, resend=True, verdict=item.verdict):
+                entry = self.db.queue_entry(sha) if item.verdict is None else None  # (relabelled meanwhile: as it is now)
+                if self._send_item(sock, sha, entry.file if entry else item.file, entry=entry, resend=True, verdict=item.verdict):
                     item.sent, item.attempts = now, item.attempts + 1
+                    if entry is not None:
+                        item.file, item.kind, item.label = entry.file, entry.kind, entry.label
         room = s.window - len(self._inflight)
         if room <= 0:
             return
@@ -181,7 +186,7 @@ class Sender(Worker):
             if entry.sha256 in self._inflight:
                 continue
             if self._send_item(sock, entry.sha256, entry.file, entry=entry):
-                self._inflight[entry.sha256] = _InFlight(now, 1, entry.file)
+                self._inflight[entry.sha256] = _InFlight(now, 1, entry.file, kind=entry.kind, label=entry.label)
                 room -= 1
                 if room == 0:
                     return
@@ -251,6 +256,10 @@ class Sender(Worker):
                 if entry is not None:
                     self.db.mark_unlabelled_sent(sha, entry.label or "", item.verdict)
                     self.counters["unlabelled_acked"] += 1
+            elif entry is not None and item is not None and item.kind and (entry.kind, entry.label) != (item.kind, item.label):
+                # relabelled while in flight (the expert's label of a pseudo-label, or a label put right): the trainer
+                # has the older; the newer is sent at the next look, and the trainer takes it in place of the older
+                self.log.info("label_changed_in_flight", photo_id=entry.photo_id, sent=item.label, now=entry.label)
             elif entry is not None:  # the file first: the row is what says "still queued"
                 self.spool.remove(Path(entry.file))
                 self.db.remove_queued([sha])
