@@ -717,6 +717,19 @@ def test_a_new_socket_is_watched_even_when_the_address_pyzmq_would_name_after_it
         ctx.term()
 
 
+def _queued_pseudo(db: ResultsDB, spool: PhotoSpool, tmp_path: Path, n: int) -> tuple[str, Path]:
+    """A sure answer ``p<n>`` (Apple___healthy) queued as a pseudo-label, as the daemon queues one: its sha256 and file."""
+    data = encode_img(leaf_image(n))
+    sha = hashlib.sha256(data).hexdigest()
+    row = ResultRow(
+        sha, f"p{n}", str(tmp_path / "inbox" / f"l{n}.jpg"), "inbox", "Apple___healthy", 0.99, [], "v0001", {}, time.time(), "confident"
+    )
+    db.commit([row])
+    [copy] = spool.put_many([SpoolItem("pseudo", sha, data, ".jpg")])
+    db.commit([], [QueueEntry(sha, f"p{n}", "pseudo", "Apple___healthy", 0.99, "v0001", str(copy), len(data))])
+    return sha, copy
+
+
 def test_a_pseudo_label_relabelled_by_the_expert_while_in_flight_is_sent_again_as_the_experts_never_dropped(tmp_path, endpoints):
     """The trainer's ack is for the label it was sent: the expert's label written meanwhile (the photo's file moved to
     the expert queue) is not acknowledged by it, and a resend carries the expert's label from the file where it is now
@@ -724,17 +737,7 @@ def test_a_pseudo_label_relabelled_by_the_expert_while_in_flight_is_sent_again_a
     from edge_agent.review.queue import label_photo
 
     sender, db, spool, _ = make_sender(tmp_path, endpoints)
-    data = encode_img(leaf_image(3))
-    sha = hashlib.sha256(data).hexdigest()
-    db.commit(
-        [
-            ResultRow(
-                sha, "p3", str(tmp_path / "inbox" / "leaf.jpg"), "inbox", "Apple___healthy", 0.99, [], "v0001", {}, time.time(), "confident"
-            )
-        ]
-    )
-    [copy] = spool.put_many([SpoolItem("pseudo", sha, data, ".jpg")])
-    db.commit([], [QueueEntry(sha, "p3", "pseudo", "Apple___healthy", 0.99, "v0001", str(copy), len(data))])
+    sha, copy = _queued_pseudo(db, spool, tmp_path, 3)
     sent: list[dict] = []
 
     class Socket:  # what the sender puts on the wire
@@ -754,17 +757,7 @@ def test_a_pseudo_label_relabelled_by_the_expert_while_in_flight_is_sent_again_a
     assert [(h["kind"], h["label"]) for h in sent[2:]] == [("expert", "Apple___healthy")]
     sender._handle(encode("ack", {"id": sha}))  # the newest, acknowledged
     assert db.queued_for_delivery(10) == [] and db.expert_labels() == {sha: "Apple___healthy"}
-    data = encode_img(leaf_image(4))  # a pseudo-label in flight, relabelled before any ack: its file moves
-    sha = hashlib.sha256(data).hexdigest()
-    db.commit(
-        [
-            ResultRow(
-                sha, "p4", str(tmp_path / "inbox" / "l4.jpg"), "inbox", "Apple___healthy", 0.99, [], "v0001", {}, time.time(), "confident"
-            )
-        ]
-    )
-    [copy] = spool.put_many([SpoolItem("pseudo", sha, data, ".jpg")])
-    db.commit([], [QueueEntry(sha, "p4", "pseudo", "Apple___healthy", 0.99, "v0001", str(copy), len(data))])
+    sha, copy = _queued_pseudo(db, spool, tmp_path, 4)  # a pseudo-label in flight, relabelled before any ack: its file moves
     sender._deliver(Socket(), time.monotonic() + 3)
     label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p4", "Apple___Black_rot")
     assert not copy.exists()
