@@ -12,7 +12,6 @@ backups naming it are, and never while a backup there cannot be read (its files 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -21,8 +20,9 @@ from pathlib import Path
 
 from edge_agent._backup_readback import HashingWriter, drop_cached, read_back
 from edge_agent._backup_seal import Sealer, SealError, Unsealer, sealed_size
+from engines.store import sha256_stream
 
-__all__ = ["SHARED_MIN", "SharedFiles", "referenced", "shared_name_ok", "shared_root"]
+__all__ = ["SHARED_MIN", "SharedFiles", "open_shared", "referenced", "shared_name_ok", "shared_root"]
 
 #: Files at least this large are shared (photos, engines); smaller ones and the databases go into each archive.
 SHARED_MIN = 64 << 10
@@ -119,15 +119,11 @@ class SharedFiles:
                 return None
             path = self.root / name
             drop_cached(path)
-            h = hashlib.sha256()
             try:
-                with self.unsealer.open(path) if name.endswith(".sealed") else open(path, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-            except (OSError, SealError, AttributeError):  # (AttributeError: a sealed file and no passphrase to open it)
-                bad.append(name)
-                continue
-            if h.hexdigest() != sha:
+                with open_shared(path, self.unsealer) as f:
+                    if sha256_stream(f)[0] != sha:
+                        bad.append(name)
+            except (OSError, SealError):
                 bad.append(name)
         return bad
 
@@ -153,6 +149,16 @@ class SharedFiles:
             except OSError:
                 pass
         return files, freed
+
+
+def open_shared(path: Path, unsealer: Unsealer | None):
+    """The shared file ``path`` opened for reading what it holds (unsealed as read where it is sealed); raises OSError,
+    or :class:`~edge_agent._backup_seal.SealError` (a sealed one and no passphrase: ``unsealer`` None)."""
+    if not path.name.endswith(".sealed"):
+        return open(path, "rb")
+    if unsealer is None:
+        raise SealError(f"{path}: sealed with a passphrase, and none given")
+    return unsealer.open(path)
 
 
 def referenced(archives: Iterable[Path], read_manifest: Callable[[Path], dict]) -> set[str]:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from edge_agent.backup import BackupError
+from engines.store import sha256_stream
 
 __all__ = ["HashingWriter", "ReadBackMismatch", "drop_cached", "read_back", "uncached"]
 
@@ -61,17 +62,14 @@ def drop_cached(path: Path) -> None:
 def read_back(path: Path, sha256: str, size: int) -> None:
     """Read the synced file ``path`` again from its disk; raises :class:`ReadBackMismatch` (the file deleted) where
     its bytes are not the ``size`` bytes hashing to ``sha256`` that were written."""
-    h, n = hashlib.sha256(), 0
     try:
         with open(path, "rb") as f:
             uncached(f)
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-                n += len(chunk)
+            digest, n = sha256_stream(f)
     except OSError as exc:
         why = f"could not be read back ({exc.strerror or exc})"
     else:
-        if n == size and h.hexdigest() == sha256:
+        if n == size and digest == sha256:
             return
         why = f"read back from its disk {n} bytes unlike the {size} written"
     Path(path).unlink(missing_ok=True)

@@ -21,7 +21,6 @@ from there, checked against the same hashes.
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import json
 import os
@@ -37,6 +36,7 @@ from pathlib import Path
 from edge_agent.config import AppConfig
 from engines.durable import atomic_write
 from engines.errors import EdgeAgentError
+from engines.store import sha256_stream
 
 __all__ = ["BackupError", "BackupSealed", "BackupStopped", "backup", "last_backup", "write_record", "FORMAT", "FORMATS", "RECORD"]
 
@@ -174,12 +174,8 @@ def _read_hashes(state_dir: Path) -> dict[str, list]:
 
 
 def _hash(src: Path) -> tuple[str, int]:
-    h, size = hashlib.sha256(), 0
     with open(src, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+        return sha256_stream(f)
 
 
 def _members(cfg: AppConfig, state_dir: Path, photos: bool) -> tuple[dict[str, Path], dict[str, str]]:

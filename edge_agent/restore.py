@@ -13,7 +13,6 @@ claims more room than it has, gives back other bytes than were written).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tarfile
@@ -23,8 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from edge_agent._backup_files import open_shared, shared_name_ok
 from edge_agent._backup_seal import Unsealer, is_sealed, unseal
 from edge_agent.backup import FORMATS, MANIFEST, BackupError, BackupSealed, write_record
+from engines.store import sha256_stream
 
 __all__ = ["Checked", "Restored", "check", "read_manifest", "restore"]
 
@@ -105,8 +106,6 @@ def _safe(name: str) -> bool:
 def _shared_sources(archive: Path, manifest: dict, unsealer: Unsealer | None) -> dict[str, Path]:
     """Where each file the backup ``archive`` keeps among its shared files is (name -> path), all there; raises
     :class:`BackupError` saying what is missing and what to do (nothing is restored)."""
-    from edge_agent._backup_files import shared_name_ok
-
     names = {n: m["shared"] for n, m in manifest["files"].items() if isinstance(m, dict) and "shared" in m}
     if not names:
         return {}
@@ -129,13 +128,8 @@ def _shared_sources(archive: Path, manifest: dict, unsealer: Unsealer | None) ->
 def _read_checked(src, out, sha256: str, archive: Path, name: str) -> int:
     """Copy the open file ``src`` to ``out`` (None: read only), checking that its bytes hash to ``sha256``; the
     bytes read; raises :class:`BackupError`."""
-    h, size = hashlib.sha256(), 0
-    for chunk in iter(lambda: src.read(1 << 20), b""):
-        h.update(chunk)
-        size += len(chunk)
-        if out is not None:
-            out.write(chunk)
-    if h.hexdigest() != sha256:
+    digest, size = sha256_stream(src, out)
+    if digest != sha256:
         raise BackupError(f"{archive}: {name} does not match its recorded sha256 (damaged or tampered): nothing restored")
     return size
 
@@ -171,7 +165,7 @@ def _read_all(
             raise BackupError(f"{archive}: incomplete, {len(lost)} files missing (e.g. {sorted(lost)[:3]}): nothing restored")
         for name, path in shared.items():
             before_read(path)
-            with unsealer.open(path) if path.name.endswith(".sealed") else open(path, "rb") as src, sink(name) as out:
+            with open_shared(path, unsealer) as src, sink(name) as out:
                 size += _read_checked(src, out, files[name]["sha256"], archive, name)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise BackupError(f"{archive}: damaged ({exc}): nothing restored") from None

@@ -119,11 +119,20 @@ def _check_digest(what: str, digest: str, expected: str) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return sha256_stream(f)[0]
+
+
+def sha256_stream(f, out=None) -> tuple[str, int]:
+    """The sha256 and length of what the open file ``f`` holds from where it is, read in 1 MiB chunks (each also
+    written to ``out``, where given)."""
+    h, size = hashlib.sha256(), 0
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+        size += len(chunk)
+        if out is not None:
+            out.write(chunk)
+    return h.hexdigest(), size
 
 
 def _step(name: str) -> None:
