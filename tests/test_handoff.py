@@ -16,7 +16,7 @@ zmq = pytest.importorskip("zmq")
 
 from edge_agent.config import HandoffSection  # noqa: E402
 from edge_agent.handoff.protocol import MAGIC, ProtocolError, decode, encode  # noqa: E402
-from edge_agent.handoff.sender import Sender  # noqa: E402
+from edge_agent.handoff.sender import Sender, sample_header  # noqa: E402
 from edge_agent.handoff.transport import Link, TransportError, client_socket  # noqa: E402
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB  # noqa: E402
 from edge_agent.spool import PhotoSpool, SpoolItem  # noqa: E402
@@ -764,3 +764,73 @@ def test_a_pseudo_label_relabelled_by_the_expert_while_in_flight_is_sent_again_a
     sender._deliver(Socket(), time.monotonic() + 5)  # resent from where the photo is now
     assert (sent[-1]["id"], sent[-1]["kind"], sent[-1]["label"]) == (sha, "expert", "Apple___Black_rot")
     assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
+
+
+def test_the_ack_of_an_older_label_arriving_after_the_newer_was_sent_leaves_the_newer_queued_until_its_own_ack(tmp_path, endpoints):
+    """The trainer names the label it acknowledges: a pseudo-label acked only after the expert's label of the photo was
+    sent (the trainer slow, the link lossy) no longer counts as the expert's delivery; before, the row went with that
+    ack, and a trainer that then failed to store the expert's label (its disk full) lost it."""
+    from edge_agent.review.queue import label_photo
+
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    sha, _copy = _queued_pseudo(db, spool, tmp_path, 5)
+    sent: list[dict] = []
+
+    class Socket:  # what the sender puts on the wire
+        def send_multipart(self, frames, flags=0):
+            sent.append(decode(frames).header)
+
+    sender._deliver(Socket(), time.monotonic())
+    label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p5", "Apple___Black_rot")
+    sender._deliver(Socket(), time.monotonic() + 1)  # no ack yet: resent, as it is now
+    assert [(h["kind"], h["label"]) for h in sent] == [("pseudo", "Apple___healthy"), ("expert", "Apple___Black_rot")]
+    sender._handle(encode("ack", {"id": sha, "kind": "pseudo", "label": "Apple___healthy"}))  # the first send's ack
+    assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
+    assert sender.counters["acked"] == 0
+    sender._handle(encode("ack", {"id": sha, "kind": "expert", "label": "Apple___Black_rot"}))  # the expert's, stored
+    assert db.queued_for_delivery(10) == [] and sender.counters["acked"] == 1
+
+
+def test_a_refusal_of_an_older_label_keeps_the_label_the_expert_put_right_meanwhile_queued(tmp_path, endpoints):
+    """A label the trainer refuses (a class it does not take) that the expert put right while it was in flight: the
+    refusal is for the old class, so the photo is not set aside; the new label is sent next."""
+    from edge_agent.review.queue import label_photo
+
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    sha, _copy = _queued_pseudo(db, spool, tmp_path, 6)
+    classes = ["Apple___healthy", "Apple___Black_rot", "Apple___Blotch"]
+    label_photo(db, tmp_path / "queue", 1 << 30, classes, "p6", "Apple___Blotch")  # a class this trainer will refuse
+    sent: list[dict] = []
+
+    class Socket:
+        def send_multipart(self, frames, flags=0):
+            sent.append(decode(frames).header)
+
+    sender._deliver(Socket(), time.monotonic())
+    label_photo(db, tmp_path / "queue", 1 << 30, classes, "p6", "Apple___Black_rot")  # put right before the answer
+    why = "new classes are taken from the trainer's own device only"
+    sender._handle(encode("refused", {"id": sha, "reason": why, "kind": "expert", "label": "Apple___Blotch"}))
+    assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
+    assert db.counts()["quarantined"] == 0 and sender.counters["refused"] == 0
+    sender._deliver(Socket(), time.monotonic() + 1)
+    assert (sent[-1]["kind"], sent[-1]["label"]) == ("expert", "Apple___Black_rot")
+    sender._handle(encode("refused", {"id": sha, "reason": why, "kind": "expert", "label": "Apple___Black_rot"}))
+    assert db.queued_for_delivery(10) == [] and db.counts()["quarantined"] == 1  # refused as it is now: set aside
+
+
+def test_the_trainer_names_the_label_it_acknowledges_or_refuses(tmp_path):
+    """What the receiver answers carries the sample's kind and label, so the device deletes that label only."""
+    receiver = Receiver(SampleStore(tmp_path / "trainer"), HandoffSection(), Link("ipc://x", "ipc://y"), classes=lambda: ["A"])
+    out: list = []
+
+    class Router:  # what the receiver puts on the wire
+        def send_multipart(self, frames, flags=0):
+            out.append(decode(frames[1:]))
+
+    photo = encode_img(leaf_image(7))
+    sha = hashlib.sha256(photo).hexdigest()
+    for label, answer in (("Tomato___healthy", "refused"), ("A", "ack")):  # a pseudo-label of no class it has; one of A
+        header = sample_header(QueueEntry(sha, "p7", "pseudo", label, 0.97, "v0001", "p7.jpg", len(photo)), "p7.jpg")
+        receiver._handle(Router(), [b"peer", *encode("sample", header, photo)])
+        assert out[-1].kind == answer
+        assert (out[-1].header["id"], out[-1].header["kind"], out[-1].header["label"]) == (sha, "pseudo", label)

@@ -254,3 +254,32 @@ def test_no_unlabelled_photo_goes_with_unlabelled_per_day_0(tmp_path, endpoints)
             assert not pool.photos() and sender.counters["unlabelled_sent"] == 0
         finally:
             sender.stop()
+
+
+def test_an_unlabelled_photo_answered_twice_by_the_trainer_stays_in_the_experts_review_pool(tmp_path, endpoints):
+    """A photo sent again before the trainer's answer came back (a slow link, a busy trainer) is answered twice: the
+    second answer finds nothing in flight and must not take the photo out of the review pool as if a label was
+    delivered or refused (before, a second ack deleted the photo and its row, a second refusal quarantined it)."""
+    from edge_agent.handoff.protocol import decode, encode
+
+    sender, db, spool, _ = make_sender(tmp_path, endpoints, unlabelled_per_day=2 * 24)  # 2 allowed by any hour
+    review = _review_photos(db, spool, 2)
+    sent: list[dict] = []
+
+    class Socket:  # what the sender puts on the wire
+        def send_multipart(self, frames, flags=0):
+            sent.append(decode(frames).header)
+
+    for answer, t in (("ack", 0.0), ("refused", 10.0)):
+        sender._deliver(Socket(), time.monotonic() + t)
+        sha = sent[-1]["id"]
+        assert sent[-1]["kind"] == "unlabelled" and sha in review
+        sender._deliver(Socket(), time.monotonic() + t + 1)  # no answer yet: sent again
+        assert sent[-1]["id"] == sha and len([h for h in sent if h["id"] == sha]) == 2
+        header = {"id": sha} if answer == "ack" else {"id": sha, "reason": "this trainer keeps no unlabelled photos"}
+        sender._handle(encode(answer, header))
+        sender._handle(encode(answer, header))  # the answer to the second send
+        entry = db.queue_entry(sha)
+        assert entry is not None and entry.kind == "review" and Path(entry.file).is_file()
+    assert {e.sha256 for e, *_ in db.review_pool()} == set(review)  # both still there for the expert
+    assert db.counts()["quarantined"] == 0 and sender.counters["refused"] == 0

@@ -146,9 +146,7 @@ class Receiver(Worker):
             self.log.warning(
                 "sample_refused", id=msg.header["id"][:16], device=who, claimed=msg.header["device"], reason="in another device's name"
             )
-            router.send_multipart(
-                [peer, *encode("refused", {"id": msg.header["id"], "reason": f"sent with {who}'s key in another device's name"})]
-            )
+            self._answer(router, peer, "refused", msg.header, reason=f"sent with {who}'s key in another device's name")
             return
         if who is not None and msg.kind == "sample":
             msg.header["device"] = who  # a sample is its key's device's (a name of no device is taken as its key's)
@@ -167,7 +165,7 @@ class Receiver(Worker):
                     device=msg.header.get("device"),
                     reason=why,
                 )
-                router.send_multipart([peer, *encode("refused", {"id": msg.header["id"], "reason": why})])
+                self._answer(router, peer, "refused", msg.header, reason=why)
                 return
             try:
                 if msg.header["kind"] == "unlabelled":
@@ -182,7 +180,7 @@ class Receiver(Worker):
                 return
             unlabelled = msg.header["kind"] == "unlabelled"
             self.counters["duplicates" if not new else "unlabelled" if unlabelled else "received"] += 1
-            router.send_multipart([peer, *encode("ack", {"id": msg.header["id"]})])
+            self._answer(router, peer, "ack", msg.header)
             if new and not unlabelled:
                 device = msg.header.get("device") or "?"
                 self.by_device[device] = self.by_device.get(device, 0) + 1
@@ -191,6 +189,11 @@ class Receiver(Worker):
         else:
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
+
+    def _answer(self, router, peer: bytes, answer: str, sample: dict, **extra) -> None:
+        """An ack or a refusal naming the label it answers for: the device keeps a newer label of the photo queued."""
+        header = {"id": sample["id"], **extra, "kind": sample["kind"], "label": sample["label"]}
+        router.send_multipart([peer, *encode(answer, header)])
 
     def _refusal(self, header: dict) -> str | None:
         """Why a sample's label cannot be taken, or None."""

@@ -10,9 +10,11 @@ Kinds:
 * ``sample`` (daemon -> trainer): ``{"id", "kind": "pseudo"|"expert"|"unlabelled", "label", "confidence",
   "engine_version", "ext"}`` and optionally ``"device"`` (the daemon's name) and, for an unlabelled photo, ``"verdict"``
   (its ``label`` is then the model's answer, not a label) + photo
-* ``ack`` (trainer -> daemon): ``{"id"}``, sent only after the sample is stored durably
-* ``refused`` (trainer -> daemon): ``{"id", "reason"}``, a sample the trainer will never take (its label names a
-  class it cannot accept); the daemon keeps the photo aside, out of the delivery queue
+* ``ack`` (trainer -> daemon): ``{"id", "kind", "label"}``, sent only after the sample is stored durably; ``kind`` and
+  ``label`` are the sample's (trainers before them send ``{"id"}``): the daemon deletes only that label, not a newer
+  one the expert wrote of the same photo while it was in flight
+* ``refused`` (trainer -> daemon): ``{"id", "reason", "kind", "label"}``, a sample the trainer will never take (its
+  label names a class it cannot accept); the daemon keeps the photo aside, out of the delivery queue
 * ``heartbeat`` (both ways): ``{"role", "time"}``; the trainer's adds ``"state"`` (idle, retraining, ...), ``"version"``
   (the version in service) and ``"published"`` (when it was published): what a device's page shows of the trainer
 * ``engine`` (trainer PUB -> daemon SUB): ``{"version"}``, a new engine was published
@@ -84,6 +86,12 @@ class Field:
         return value
 
 
+#: The label an ack or a refusal answers for (optional: trainers before it name the photo alone).
+_ANSWERED = {
+    "kind": Field(str, required=False, choices=("pseudo", "expert", "unlabelled")),
+    "label": Field(str, required=False, max_len=200),
+}
+
 _SCHEMAS = {
     "sample": {
         "id": Field(str, pattern=_ID),
@@ -95,8 +103,8 @@ _SCHEMAS = {
         "device": Field(str, required=False, max_len=64, pattern=DEVICE_NAME),
         "verdict": Field(str, required=False, choices=("confident", "unsure", "unknown")),
     },
-    "ack": {"id": Field(str, pattern=_ID)},
-    "refused": {"id": Field(str, pattern=_ID), "reason": Field(str, max_len=300)},
+    "ack": {"id": Field(str, pattern=_ID), **_ANSWERED},
+    "refused": {"id": Field(str, pattern=_ID), "reason": Field(str, max_len=300), **_ANSWERED},
     "heartbeat": {
         "role": Field(str, max_len=32),
         "time": Field(float, lo=0.0, hi=1e11),

@@ -247,27 +247,9 @@ class Sender(Worker):
             self.trainer_seen = time.monotonic()
             h = msg.header
             self.trainer_info = {k: h[k] for k in ("state", "version", "published") if k in h} | {"heard": round(time.time(), 1)}
-        elif msg.kind == "ack":
+        elif msg.kind in ("ack", "refused"):
             self.trainer_seen = time.monotonic()
-            sha = msg.header["id"]
-            item = self._inflight.pop(sha, None)
-            entry = self.db.queue_entry(sha)
-            if item is not None and item.verdict is not None:  # an unlabelled photo: it stays in the review pool
-                if entry is not None:
-                    self.db.mark_unlabelled_sent(sha, entry.label or "", item.verdict)
-                    self.counters["unlabelled_acked"] += 1
-            elif entry is not None and item is not None and item.kind and (entry.kind, entry.label) != (item.kind, item.label):
-                # relabelled while in flight (the expert's label of a pseudo-label, or a label put right): the trainer
-                # has the older; the newer is sent at the next look, and the trainer takes it in place of the older
-                self.log.info("label_changed_in_flight", photo_id=entry.photo_id, sent=item.label, now=entry.label)
-            elif entry is not None:  # the file first: the row is what says "still queued"
-                self.spool.remove(Path(entry.file))
-                self.db.remove_queued([sha])
-                self.counters["acked"] += 1
-                self.log.debug("delivered", photo_id=entry.photo_id, kind=entry.kind)
-        elif msg.kind == "refused":
-            self.trainer_seen = time.monotonic()
-            self._refused(msg.header["id"], msg.header["reason"])
+            self._answered(msg.kind, msg.header)
         elif msg.kind == "engine":
             self.counters["announcements"] += 1
             self.log.info("engine_announced", version=msg.header["version"])
@@ -276,24 +258,52 @@ class Sender(Worker):
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
 
-    def _refused(self, sha: str, reason: str) -> None:
-        """The trainer will never take this sample: its photo is kept in the spool's ``refused/`` folder, recorded
-        with the reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue. An
-        unlabelled photo refused stays in the review pool and is not offered again."""
+    def _answered(self, answer: str, header: dict) -> None:
+        """The trainer's ack or refusal of a sample: only the label it answers for leaves the queue.
+
+        A trainer names the label it answers for (older ones do not: then it is the one in flight). An answer for an
+        older label than the one queued now (relabelled while in flight) leaves the newer queued, sent next; an answer
+        with nothing in flight that names no label (a second answer, to a resend) changes nothing; an unlabelled
+        photo stays in the review pool whatever the answer."""
+        sha = header["id"]
         item = self._inflight.pop(sha, None)
         entry = self.db.queue_entry(sha)
         if entry is None:
             return
-        if item is not None and item.verdict is not None:
-            self.db.mark_unlabelled_sent(sha, entry.label or "", item.verdict)
-            self.log.warning("unlabelled_refused", photo_id=entry.photo_id, reason=reason)
+        if (item is not None and item.verdict is not None) or entry.kind == "review" or header.get("kind") == "unlabelled":
+            if item is not None and item.verdict is not None:  # counted in the day's share, never offered again
+                self.db.mark_unlabelled_sent(sha, entry.label or "", item.verdict)
+                if answer == "ack":
+                    self.counters["unlabelled_acked"] += 1
+                else:
+                    self.log.warning("unlabelled_refused", photo_id=entry.photo_id, reason=header["reason"])
             return
+        if "kind" in header and "label" in header:
+            sent = (header["kind"], header["label"])
+        elif item is not None and item.kind:
+            sent = (item.kind, item.label)
+        else:
+            self.log.debug("answer_for_nothing_in_flight", photo_id=entry.photo_id, answer=answer)
+            return
+        if (entry.kind, entry.label) != sent:  # the newer is sent at the next look; the trainer takes it in place
+            self.log.info("label_changed_in_flight", photo_id=entry.photo_id, sent=sent[1], now=entry.label, answer=answer)
+        elif answer == "ack":  # the file first: the row is what says "still queued"
+            self.spool.remove(Path(entry.file))
+            self.db.remove_queued([sha])
+            self.counters["acked"] += 1
+            self.log.debug("delivered", photo_id=entry.photo_id, kind=entry.kind)
+        else:
+            self._refused(entry, header["reason"])
+
+    def _refused(self, entry: QueueEntry, reason: str) -> None:
+        """The trainer will never take this label: its photo is kept in the spool's ``refused/`` folder, recorded with
+        the reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue."""
         why = f"the trainer refused the {entry.kind} label {entry.label!r}: {reason}"
         try:
             kept = str(self.spool.move(Path(entry.file), "refused"))
         except OSError as exc:
             kept, why = None, f"{why} (the photo could not be moved aside: {exc})"
         self.db.add_quarantine(entry.file, kept, why, source="trainer")
-        self.db.remove_queued([sha])
+        self.db.remove_queued([entry.sha256])
         self.counters["refused"] += 1
         self.log.warning("sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept)
