@@ -334,8 +334,7 @@ class _FastDevice:
         for e in self.db.queued_for_delivery(10**6):
             self.samples.add(sample_header(e, e.file), Path(e.file).read_bytes())
             self.unlabelled.discard(e.sha256)
-            self.db.remove_queued([e.sha256])
-            self.spool.remove(Path(e.file))
+            self.db.remove_queued_entry(e, lambda e=e: self.spool.remove(Path(e.file)))
         per_day = self.cfg.handoff.unlabelled_per_day
         # each benchmark day is one local day's share: its days pass in minutes, so counted from local midnight every
         # day after the first would find the share already spent (as every loop run before 2026-11-28 did)

@@ -14,7 +14,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -411,8 +411,9 @@ class ResultsDB:
                 (path, moved_to, reason, source, time.time()),
             )
 
-    def mark_expert(self, sha256: str, label: str, file: str) -> None:
-        """An expert gave a queued photo its true class: it becomes a training label."""
+    def mark_expert(self, sha256: str, label: str, file: str) -> bool:
+        """An expert gave a queued photo its true class: it becomes a training label. False where the photo is in no
+        queue any more (its label delivered meanwhile; the expert's label is recorded all the same): queue it again."""
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -420,11 +421,33 @@ class ResultsDB:
                 cur.execute(
                     "UPDATE label_queue SET kind = 'expert', label = ?, confidence = 1.0, file = ? WHERE sha256 = ?", (label, file, sha256)
                 )
+                queued = cur.rowcount > 0
                 cur.execute("INSERT OR REPLACE INTO expert_labels (sha256, label, labelled) VALUES (?,?,?)", (sha256, label, time.time()))
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()
                 raise
+        return queued
+
+    def remove_queued_entry(self, entry: QueueEntry, first: Callable[[], object] = lambda: None) -> bool:
+        """Delete ``entry``'s row only while it is as it was read (not relabelled since, by this process or another),
+        calling ``first`` (delete or move its file) inside the same write transaction; False, nothing done, if not."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                same = cur.execute(
+                    "SELECT 1 FROM label_queue WHERE sha256 = ? AND kind = ? AND label IS ? AND file = ?",
+                    (entry.sha256, entry.kind, entry.label, entry.file),
+                ).fetchone()
+                if same:
+                    first()
+                    cur.execute("DELETE FROM label_queue WHERE sha256 = ?", (entry.sha256,))
+                cur.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        return same is not None
 
     def expert_labels_since(self, since: float, until: float = math.inf) -> int:
         """How many photos an expert labelled from ``since`` to before ``until`` (the per-day review budget)."""
@@ -533,10 +556,6 @@ class ResultsDB:
         elsewhere) are pointed at it under ``root``, so that no queued label is dropped as missing; returns how many."""
         with self._lock:
             return relocate_rows(self._db, "label_queue", "sha256", root)
-
-    def remove_queued(self, sha256s: Iterable[str]) -> None:
-        with self._lock:
-            self._db.executemany("DELETE FROM label_queue WHERE sha256 = ?", [(s,) for s in sha256s])
 
     # ---- reading ---------------------------------------------------------
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:

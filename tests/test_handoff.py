@@ -834,3 +834,47 @@ def test_the_trainer_names_the_label_it_acknowledges_or_refuses(tmp_path):
         receiver._handle(Router(), [b"peer", *encode("sample", header, photo)])
         assert out[-1].kind == answer
         assert (out[-1].header["id"], out[-1].header["kind"], out[-1].header["label"]) == (sha, "pseudo", label)
+
+
+def test_an_expert_relabelling_a_photo_the_instant_the_sender_reads_it_keeps_the_experts_label_and_its_file(
+    tmp_path, endpoints, monkeypatch
+):
+    """The sender's check that the row is still the label answered (or still the file it could not read) and its delete
+    are one transaction with the expert's relabelling from the page (another process): a relabel landing just after the
+    sender read the row wins (before, the older's ack deleted the row and the expert's label with it, or the file of an
+    expert's label put right, which keeps its path; and a row read before its photo moved to the expert folder was
+    dropped as "photo missing")."""
+    from edge_agent.review.queue import label_photo
+
+    sender, db, spool, _ = make_sender(tmp_path, endpoints)
+    classes = ["Apple___healthy", "Apple___Black_rot", "Apple___Blotch"]
+    sent: list[dict] = []
+
+    class Socket:
+        def send_multipart(self, frames, flags=0):
+            sent.append(decode(frames).header)
+
+    real_read = db.queue_entry
+    for n, first in ((10, None), (11, "Apple___Blotch")):  # a pseudo-label in flight; an expert's label in flight
+        sha, _copy = _queued_pseudo(db, spool, tmp_path, n)
+        if first:
+            label_photo(db, tmp_path / "queue", 1 << 30, classes, f"p{n}", first)
+        sender._deliver(Socket(), time.monotonic())
+        read = real_read(sha)
+        monkeypatch.setattr(
+            db,
+            "queue_entry",
+            lambda s, n=n: (real_read(s), label_photo(db, tmp_path / "queue", 1 << 30, classes, f"p{n}", "Apple___Black_rot"))[0],
+        )
+        sender._handle(encode("ack", {"id": sha, "kind": read.kind, "label": read.label}))
+        monkeypatch.undo()
+        queued = db.queue_entry(sha)
+        assert queued is not None and (queued.kind, queued.label) == ("expert", "Apple___Black_rot") and Path(queued.file).is_file()
+        assert sender.counters["acked"] == 0
+        assert db.remove_queued_entry(queued)
+    sha, copy = _queued_pseudo(db, spool, tmp_path, 12)  # read for sending, then its photo moved to the expert folder
+    [entry] = db.queued_for_delivery(10)
+    label_photo(db, tmp_path / "queue", 1 << 30, classes, "p12", "Apple___Black_rot")
+    assert not sender._send_item(Socket(), sha, entry.file, entry=entry)
+    queued = db.queue_entry(sha)
+    assert queued is not None and (queued.kind, queued.label) == ("expert", "Apple___Black_rot") and Path(queued.file).is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,6 +133,26 @@ def test_prune_drops_the_least_informative(tmp_path):
     assert kept == {"p0", "p1", "p2", "p3"}  # p4, p5 had the largest margins
     assert len(list((tmp_path / "queue/review").iterdir())) == 4
     assert prune_pool(db, spool, keep=4, policy=LabelsSection()) == 0
+
+
+def test_a_pool_photo_the_expert_labels_while_the_pool_is_pruned_keeps_its_label(tmp_path, monkeypatch):
+    """Pruning reads the pool, then deletes: a photo chosen to go that the expert labels in between (from the page, as
+    the daemon prunes) stays, with the expert's label and its file (before, its row went by sha256, label and all)."""
+    from edge_agent.review import queue as review_queue
+
+    db, spool = _db_with_pool(tmp_path, 6)
+    real = review_queue._alternate
+
+    def chosen_then_labelled(checks, unsure):  # p5 is among the least informative, chosen to go: then labelled
+        order = real(checks, unsure)
+        label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Tomato___healthy"], "p5", "Tomato___healthy")
+        return order
+
+    monkeypatch.setattr(review_queue, "_alternate", chosen_then_labelled)
+    assert prune_pool(db, spool, keep=4, policy=LabelsSection()) == 1  # p4 alone
+    [labelled] = db.queued_for_delivery(10)
+    assert (labelled.photo_id, labelled.kind, labelled.label) == ("p5", "expert", "Tomato___healthy") and Path(labelled.file).is_file()
+    assert {q.photo_id for q in db.queued()} == {"p0", "p1", "p2", "p3", "p5"}
 
 
 def test_cli_review_list_best_first(tmp_path, capsys):
@@ -276,6 +297,58 @@ def test_a_photo_queued_again_never_waits_for_the_daemons_sender_with_the_models
     label_photo(db, state / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p0", "Apple___Black_rot")
     assert seen == [("expert", "Apple___Black_rot")]
     assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
+
+
+def _pseudo_queued_with_kept_copy(state: Path, n: int):
+    """A sure answer ``p<n>`` queued as a pseudo-label, its inbox photo kept under ``processed/``: its queue entry."""
+    import hashlib
+    from datetime import datetime
+
+    db = ResultsDB(state / "results.sqlite")
+    created = time.time()
+    day = state / "processed" / datetime.fromtimestamp(created).strftime("%Y-%m-%d")
+    day.mkdir(parents=True, exist_ok=True)
+    data = f"leaf {n} the model was sure of".encode() * 100
+    (day / f"leaf{n}.jpg").write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    [copy] = PhotoSpool(state / "queue", 1 << 30).put_many([SpoolItem("pseudo", sha, data)])
+    entry = QueueEntry(sha, f"p{n}", "pseudo", "Apple___healthy", 0.99, "v1", str(copy), len(data))
+    row = ResultRow(
+        sha, f"p{n}", str(state / "inbox" / f"leaf{n}.jpg"), "inbox", "Apple___healthy", 0.99, [], "v1", {}, created, "confident"
+    )
+    db.commit([row], [entry])
+    return db, entry
+
+
+def test_a_label_given_the_instant_the_daemon_delivers_the_photos_older_label_is_queued_again_never_lost(tmp_path, monkeypatch):
+    """The daemon's sender may delete a pseudo-label's row and copy (the trainer acknowledged it) at any instant of the
+    expert's labelling of the photo, from another process: the expert's label is queued again, from the copy just moved
+    to the expert folder or the one the state directory keeps (before, it was written to no row and never reached the
+    trainer, which kept the model's answer)."""
+    state = tmp_path / "state"
+    classes = ["Apple___healthy", "Apple___Black_rot"]
+    spool = PhotoSpool(state / "queue", 1 << 30)
+    for n, when in ((1, "before the move"), (2, "after the move")):
+        db, entry = _pseudo_queued_with_kept_copy(state, n)
+
+        def deliver(db=db, entry=entry):  # what the sender does on the trainer's ack of the pseudo-label it read
+            assert db.remove_queued_entry(entry, lambda: spool.remove(Path(entry.file)))
+
+        if when == "before the move":
+            real_find = db.find_queued
+            monkeypatch.setattr(db, "find_queued", lambda ref, real_find=real_find: (real_find(ref), deliver())[0])
+        else:
+            real_mark = db.mark_expert
+            monkeypatch.setattr(db, "mark_expert", lambda *a, real_mark=real_mark: (deliver(), real_mark(*a))[1])
+        label_photo(db, state / "queue", 1 << 30, classes, f"p{n}", "Apple___Black_rot")
+        monkeypatch.undo()
+        [queued] = db.queued_for_delivery(10)
+        assert (queued.sha256, queued.kind, queued.label) == (entry.sha256, "expert", "Apple___Black_rot"), when
+        assert Path(queued.file).parent.name == "expert" and Path(queued.file).is_file(), when
+        assert db.expert_labels() == {entry.sha256: "Apple___Black_rot"}, when
+        assert sorted(p.name for p in (state / "queue" / "expert").iterdir()) == [Path(queued.file).name], when
+        assert db.remove_queued_entry(queued, lambda queued=queued: spool.remove(Path(queued.file)))
+        db._db.execute("DELETE FROM expert_labels")
 
 
 def test_the_photo_page_labels_any_photo_kept_and_the_review_page_links_the_photo_it_labelled(tmp_path):

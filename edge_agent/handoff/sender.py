@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edge_agent.config import HandoffSection
@@ -218,13 +218,14 @@ class Sender(Worker):
         except FileNotFoundError:
             data = None
         if data is None or hashlib.sha256(data).hexdigest() != sha:  # gone, or changed on disk since it was queued
+            if not self.db.remove_queued_entry(replace(entry, file=file)):  # relabelled since read (its file moved):
+                return False  # sent at the next look as it is now
             self.log.error(
                 "queued_photo_missing" if data is None else "queued_photo_changed",
                 photo_id=entry.photo_id,
                 file=file,
                 action="dropped from queue",
             )
-            self.db.remove_queued([sha])
             self._inflight.pop(sha, None)
             return False
         header = sample_header(entry, file, self.device)
@@ -287,11 +288,13 @@ class Sender(Worker):
             return
         if (entry.kind, entry.label) != sent:  # the newer is sent at the next look; the trainer takes it in place
             self.log.info("label_changed_in_flight", photo_id=entry.photo_id, sent=sent[1], now=entry.label, answer=answer)
-        elif answer == "ack":  # the file first: the row is what says "still queued"
-            self.spool.remove(Path(entry.file))
-            self.db.remove_queued([sha])
-            self.counters["acked"] += 1
-            self.log.debug("delivered", photo_id=entry.photo_id, kind=entry.kind)
+        elif answer == "ack":
+            # the file first, the row after (the row is what says "still queued"), in one transaction with the check
+            # that the row is still this label: an expert relabelling it this instant, from the page, waits, then
+            # finds it delivered and queues it again (review.queue.label_photo)
+            if self.db.remove_queued_entry(entry, lambda: self.spool.remove(Path(entry.file))):
+                self.counters["acked"] += 1
+                self.log.debug("delivered", photo_id=entry.photo_id, kind=entry.kind)
         else:
             self._refused(entry, header["reason"])
 
@@ -299,11 +302,18 @@ class Sender(Worker):
         """The trainer will never take this label: its photo is kept in the spool's ``refused/`` folder, recorded with
         the reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue."""
         why = f"the trainer refused the {entry.kind} label {entry.label!r}: {reason}"
-        try:
-            kept = str(self.spool.move(Path(entry.file), "refused"))
-        except OSError as exc:
-            kept, why = None, f"{why} (the photo could not be moved aside: {exc})"
-        self.db.add_quarantine(entry.file, kept, why, source="trainer")
-        self.db.remove_queued([entry.sha256])
+        kept: dict[str, str | None] = {}
+
+        def aside() -> None:
+            try:
+                kept["to"] = str(self.spool.move(Path(entry.file), "refused"))
+            except OSError as exc:
+                kept["to"], kept["problem"] = None, str(exc)
+
+        if not self.db.remove_queued_entry(entry, aside):  # relabelled this instant: sent again as it is now
+            return
+        if "problem" in kept:
+            why = f"{why} (the photo could not be moved aside: {kept['problem']})"
+        self.db.add_quarantine(entry.file, kept["to"], why, source="trainer")
         self.counters["refused"] += 1
-        self.log.warning("sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept)
+        self.log.warning("sample_refused", photo_id=entry.photo_id, kind=entry.kind, label=entry.label, reason=reason, kept=kept["to"])

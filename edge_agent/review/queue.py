@@ -18,6 +18,7 @@ import re
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -187,10 +188,14 @@ def label_photo(
     ``ref`` is a photo id, a sha256 prefix (8+ characters) or the photo's original path; ``queue_root`` is the state
     directory's ``queue/``. Raises :class:`LabelError`."""
     label = _checked_class(label, classes, new_class)
-    entry = db.find_queued(ref) or _queue_again(db, queue_root, quota_bytes, ref, label)
-    src = moved_here(entry.file, queue_root) or Path(entry.file)  # the state directory restored elsewhere
-    moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert") if src.exists() else src
-    db.mark_expert(entry.sha256, label, str(moved))
+    entry = db.find_queued(ref)
+    src = entry and (moved_here(entry.file, queue_root) or Path(entry.file))  # (the state directory restored elsewhere)
+    if src is None or not src.exists():  # in no queue, or delivered this instant (its copy deleted): from the kept copy
+        entry = _queue_again(db, queue_root, quota_bytes, ref, label)
+        src = Path(entry.file)
+    moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert")
+    if not db.mark_expert(entry.sha256, label, str(moved)):  # its label delivered between the two: queued again
+        entry = _queue_again(db, queue_root, quota_bytes, ref, label)
     return entry
 
 
@@ -317,24 +322,29 @@ def others_labelled(db: ResultsDB, item: ReviewItem, limit: int, gap_s: float = 
 
 def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str, label: str) -> QueueEntry:
     """A photo in no queue (its label delivered, or never asked about) put in the expert queue again, with the
-    expert's ``label``, from the copy the state directory keeps of it, so that the label can reach the trainer. (Queued
+    expert's ``label``, from the copy the state directory keeps of it (or the queue's own, where the photo's label was
+    delivered just after this labelling moved it to the expert folder), so that the label can reach the trainer. (Queued
     with the model's answer first, the daemon's sender could deliver that as the expert's label before the expert's
     was written: the trainer then learnt the very answer the expert corrected.) Raises :class:`PhotoNotQueued`."""
     found = db.find_result(ref)
     if found is None:
         raise PhotoNotQueued(f"no photo {ref!r} (see `edge-agent review list` or `edge-agent results`)")
     sha, photo_id, path, _answer, _confidence, version, created = found
-    src = where_now(queue_root.parent, path, created)
-    if src is None or sha256_file(src) != sha:
-        raise PhotoNotQueued(
-            f"photo {photo_id}: its file is no longer kept (pruned after [retention] photo_days, or a camera frame): a label needs the photo"
-        )
-    try:
-        [copy] = PhotoSpool(queue_root, quota_bytes).put_many([SpoolItem("expert", sha, src.read_bytes(), src.suffix.lower() or ".jpg")])
-    except (QueueFull, OSError) as exc:
-        raise LabelError(f"photo {photo_id} could not be queued for the trainer: {exc}") from None
+    copy = next((f for f in (queue_root / "expert").glob(f"{sha}.*") if sha256_file(f) == sha), None)
     if copy is None:
-        raise LabelError(f"photo {photo_id} could not be queued: the label queue is full ([labels] max_spool_mb); start the trainer")
+        src = where_now(queue_root.parent, path, created)
+        if src is None or sha256_file(src) != sha:
+            raise PhotoNotQueued(
+                f"photo {photo_id}: its file is no longer kept (pruned after [retention] photo_days, or a camera frame): a label needs the photo"
+            )
+        try:
+            [copy] = PhotoSpool(queue_root, quota_bytes).put_many(
+                [SpoolItem("expert", sha, src.read_bytes(), src.suffix.lower() or ".jpg")]
+            )
+        except (QueueFull, OSError) as exc:
+            raise LabelError(f"photo {photo_id} could not be queued for the trainer: {exc}") from None
+        if copy is None:
+            raise LabelError(f"photo {photo_id} could not be queued: the label queue is full ([labels] max_spool_mb); start the trainer")
     entry = QueueEntry(sha, photo_id, "expert", label, 1.0, version, str(copy), copy.stat().st_size)
     db.commit([], [entry])
     return entry
@@ -349,7 +359,5 @@ def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int, policy: LabelsSectio
     checks = sorted((it for it in pool if it.check), key=lambda it: -it.entry.created)
     unsure = sorted((it for it in pool if not it.check), key=lambda it: it.margin)
     drop = _alternate(checks, unsure)[keep:]
-    db.remove_queued([item.entry.sha256 for item in drop])
-    for item in drop:
-        spool.remove(Path(item.entry.file))
-    return len(drop)
+    # each only while it is still in the pool: one the expert labels this instant stays, with their label
+    return sum(db.remove_queued_entry(it.entry, partial(spool.remove, Path(it.entry.file))) for it in drop)
