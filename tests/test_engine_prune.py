@@ -205,7 +205,7 @@ def test_a_trainer_keeps_the_newest_pseudo_labels_of_each_class_and_every_expert
     scab = [add(i, "Apple___Apple_scab") for i in range(30)]
     rot = [add(100 + i, "Apple___Black_rot") for i in range(5)]
     experts = [add(200 + i, "Apple___Apple_scab", "expert") for i in range(12)]
-    samples.mark_pending([scab[0]], "publishing")  # a publish under way: left for it to settle
+    samples.mark_pending([s for s in samples.all() if s.id == scab[0]], "publishing")  # a publish under way: left for it to settle
     assert samples.drop_old_pseudo(0) == (0, 0)  # 0: every one kept
     assert samples.drop_old_pseudo(10) == (19, 1900)
     held = {s.id: s for s in samples.all()}

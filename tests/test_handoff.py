@@ -272,7 +272,7 @@ def test_an_expert_label_replaces_a_pseudo_label_or_an_earlier_label_of_the_phot
     store = SampleStore(tmp_path / "trainer")
     header = {"id": "b" * 64, "kind": "pseudo", "label": "x", "confidence": 0.99, "engine_version": "v1", "ext": ".jpg"}
     assert store.add(header, b"photo") is True
-    store.mark_used(["b" * 64], "v2")
+    store.mark_used(store.all(), "v2")
     assert store.add({**header, "kind": "expert", "label": "y", "confidence": 1.0}, b"photo") is True
     (s,) = store.all()
     assert (s.kind, s.label, s.generation) == ("expert", "y", None)  # learnt from at the next retrain
@@ -280,6 +280,46 @@ def test_an_expert_label_replaces_a_pseudo_label_or_an_earlier_label_of_the_phot
     assert store.add(header, b"photo") is False and store.all()[0].label == "y"  # a pseudo-label never overrides the expert
     assert store.add({**header, "kind": "expert", "label": "z", "confidence": 1.0}, b"photo") is True
     assert [(s.kind, s.label) for s in store.all()] == [("expert", "z")] and store.counts()["expert"] == 1
+
+
+def test_a_label_the_expert_puts_right_while_a_retrain_runs_stays_new_and_keeps_its_photo(tmp_path):
+    """A retrain reads the labels, trains for minutes, then marks what it read as used, and first deletes old
+    pseudo-labels it chose: a correction that arrives in between (the receiver's thread) is marked only where it is as
+    read, so it stays new for the next retrain, and a pseudo-label chosen to go that became the expert's keeps its
+    photo (before, the retrain marked the correction trained on, and deleted the photo of the expert's label)."""
+    store = SampleStore(tmp_path / "trainer")
+    header = {"id": "c" * 64, "kind": "pseudo", "label": "x", "confidence": 0.99, "engine_version": "v1", "ext": ".jpg"}
+    store.add(header, b"photo")
+    read = store.all()  # what the retrain read
+    assert store.add({**header, "kind": "expert", "label": "y", "confidence": 1.0}, b"photo") is True  # arrives meanwhile
+    store.mark_used(read, "v2")
+    (s,) = store.all()
+    assert (s.kind, s.label, s.generation) == ("expert", "y", None) and store.counts()["new_expert"] == 1
+
+    for i in range(3):  # three pseudo-labels of x newer than the first: it is the one to go at 3 a class
+        store.add({**header, "id": f"{i:064x}", "label": "x"}, b"photo")
+    store.add({**header, "id": "d" * 64, "label": "x"}, b"old photo")
+    store._db.execute("UPDATE samples SET received = 0 WHERE id = ?", ("d" * 64,))
+    real = store._db
+
+    class Labelled:  # the expert's label of the doomed photo lands between the retrain's choice and its delete
+        def _hook(self, sql):
+            if sql.startswith("DELETE FROM samples"):
+                real.execute("UPDATE samples SET kind = 'expert', label = 'y', generation = NULL WHERE id = ?", ("d" * 64,))
+
+        def execute(self, sql, *args):
+            self._hook(sql)
+            return real.execute(sql, *args)
+
+        def executemany(self, sql, *args):
+            self._hook(sql)
+            return real.executemany(sql, *args)
+
+    store._db = Labelled()
+    assert store.drop_old_pseudo(3) == (0, 0)
+    store._db = real
+    kept = {s.id: s for s in store.all()}["d" * 64]
+    assert (kept.kind, kept.label) == ("expert", "y") and Path(kept.file).read_bytes() == b"old photo"
 
 
 def test_a_label_put_right_keeps_its_arrival_and_first_class_and_one_that_replaces_a_pseudo_label_arrives_now(tmp_path):

@@ -476,8 +476,9 @@ def test_samples_a_stopped_publish_left_pending_are_settled_on_the_next_start(tm
         data = f"photo {i}".encode()
         ids.append(hashlib.sha256(data).hexdigest())
         samples.add({"id": ids[-1], "ext": ".jpg", "kind": "expert", "label": "A", "confidence": 1.0, "engine_version": "v0001"}, data)
-    samples.mark_pending(ids[:2], "v0001-1")  # this publish went through before the kill
-    samples.mark_pending(ids[2:], "v0001-2")  # this one did not
+    stored = samples.all()
+    samples.mark_pending([s for s in stored if s.id in ids[:2]], "v0001-1")  # this publish went through before the kill
+    samples.mark_pending([s for s in stored if s.id in ids[2:]], "v0001-2")  # this one did not
     v1 = store.open()
     manifest = {k: v for k, v in v1.manifest.items() if k not in ("version", "files", "created", "parent")}
     published = store.publish({n: v1.path / n for n in v1.manifest["files"]}, {**manifest, "training": {"sample_batch": "v0001-1"}})

@@ -401,7 +401,7 @@ def retrain(
     log.info("gate", publish=decision.publish, reason=decision.reason, **decision.metrics)
     if not decision.publish:
         kept.prune()
-        samples.mark_used(ids, f"refused:{int(time.time())}")
+        samples.mark_used(stored, f"refused:{int(time.time())}")
         metrics["memory"] = memory.summary()
         log.info("retrain_memory", **metrics["memory"])
         return RetrainResult(None, decision.reason, metrics, len(ids), time.perf_counter() - t0)
@@ -438,7 +438,7 @@ def retrain(
     # a trainer stopped anywhere after it finds them settled on its next start (settle_published), never retrained.
     progress("publishing")
     tag = f"{current.name}-{time.time_ns()}"
-    samples.mark_pending(ids, tag)
+    samples.mark_pending(stored, tag)
     try:
         version = publish_model(
             candidate,
@@ -458,7 +458,7 @@ def retrain(
     except BaseException:
         settle_published(store, samples)
         raise
-    samples.mark_used(ids, version.name)
+    samples.mark_used(stored, version.name)
     with torch.no_grad():
         kept.keep(version, candidate.head(val_features))  # calibrated, as published: the next retrain's version in service
     kept.prune()

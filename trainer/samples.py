@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,14 +124,19 @@ class SampleStore:
             ).fetchall()
         return [Sample(*r) for r in rows]
 
-    def mark_used(self, ids: list[str], generation: str) -> None:
+    def mark_used(self, samples: Iterable[Sample], generation: str) -> None:
+        """Mark ``samples`` (as :meth:`all` read them) used by ``generation``: a label the expert put right since they
+        were read (:meth:`add`) stays new, for the next retrain, and is not taken as trained on."""
         with self._lock:
-            self._db.executemany("UPDATE samples SET generation = ? WHERE id = ?", [(generation, i) for i in ids])
+            self._db.executemany(
+                "UPDATE samples SET generation = ? WHERE id = ? AND kind = ? AND label = ?",
+                [(generation, s.id, s.kind, s.label) for s in samples],
+            )
 
-    def mark_pending(self, ids: list[str], tag: str) -> None:
-        """Mark ``ids`` as being published with ``tag`` (written into that version's manifest) before the publish, so
+    def mark_pending(self, samples: Iterable[Sample], tag: str) -> None:
+        """Mark ``samples`` as being published with ``tag`` (written into that version's manifest) before the publish, so
         a trainer stopped at any point afterwards can tell, on its next start, whether they were (:meth:`settle_pending`)."""
-        self.mark_used(ids, PENDING + tag)
+        self.mark_used(samples, PENDING + tag)
 
     def settle_pending(self, published_with: Callable[[str], str | None]) -> dict[str, str | None]:
         """Samples a stopped publish left pending: marked with the version published with their tag
@@ -168,18 +173,21 @@ class SampleStore:
                 doomed.append((sample_id, file))
         if not doomed:
             return 0, 0
+        gone = []
         with self._lock:  # the rows first: a photo without a row is never read, a row without its photo would be
-            self._db.executemany("DELETE FROM samples WHERE id = ? AND kind = 'pseudo'", [(i,) for i, _ in doomed])
+            for sample_id, file in doomed:  # (not one the expert labelled since it was read: its photo stays)
+                if self._db.execute("DELETE FROM samples WHERE id = ? AND kind = 'pseudo'", (sample_id,)).rowcount:
+                    gone.append(file)
         size = 0
-        for _, file in doomed:
+        for file in gone:
             try:
                 size += Path(file).stat().st_size
                 Path(file).unlink()
             except OSError:
                 continue
-        total = int(self.get_state("pseudo_deleted", "0") or 0) + len(doomed)
+        total = int(self.get_state("pseudo_deleted", "0") or 0) + len(gone)
         self.set_state("pseudo_deleted", str(total))
-        return len(doomed), size
+        return len(gone), size
 
     def counts(self) -> dict:
         with self._lock:
