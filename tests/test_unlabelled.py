@@ -283,3 +283,27 @@ def test_an_unlabelled_photo_answered_twice_by_the_trainer_stays_in_the_experts_
         assert entry is not None and entry.kind == "review" and Path(entry.file).is_file()
     assert {e.sha256 for e, *_ in db.review_pool()} == set(review)  # both still there for the expert
     assert db.counts()["quarantined"] == 0 and sender.counters["refused"] == 0
+
+
+def test_a_photo_the_trainer_holds_labelled_is_acknowledged_unlabelled_but_not_kept_in_the_pool(tmp_path):
+    """An unlabelled photo's resend that arrives after its expert label (labelled while the first send was in flight)
+    is acknowledged and not kept: the label says more, and the pool would hold the photo twice (before, it was kept)."""
+    from edge_agent.handoff.protocol import decode, encode
+    from edge_agent.handoff.sender import sample_header
+
+    store = SampleStore(tmp_path / "trainer")
+    pool = UnlabelledPool(tmp_path / "trainer", 100, 1 << 30)
+    receiver = Receiver(store, HandoffSection(), Link("ipc://x", "ipc://y"), pool=pool)
+    out: list = []
+
+    class Router:  # what the receiver puts on the wire
+        def send_multipart(self, frames, flags=0):
+            out.append(decode(frames[1:]))
+
+    photo = encode_img(leaf_image(900))
+    sha = hashlib.sha256(photo).hexdigest()
+    label = sample_header(QueueEntry(sha, "p", "expert", "Tomato___Early_blight", 1.0, "v0001", "p.jpg", len(photo)), "p.jpg")
+    receiver._handle(Router(), [b"peer", *encode("sample", label, photo)])
+    receiver._handle(Router(), [b"peer", *encode("sample", label | {"kind": "unlabelled", "verdict": "unsure"}, photo)])
+    assert [m.kind for m in out] == ["ack", "ack"] and store.has(sha)
+    assert pool.photos() == [] and receiver.counters["unlabelled"] == 0

@@ -168,8 +168,8 @@ class Receiver(Worker):
                 self._answer(router, peer, "refused", msg.header, reason=why)
                 return
             try:
-                if msg.header["kind"] == "unlabelled":
-                    new = self.pool.add(msg.header, msg.payload)
+                if msg.header["kind"] == "unlabelled":  # (one labelled already is acknowledged, not kept twice)
+                    new = not self.store.has(msg.header["id"]) and self.pool.add(msg.header, msg.payload)
                 else:
                     new = self.store.add(msg.header, msg.payload)
                     if self.pool is not None:
@@ -201,7 +201,7 @@ class Receiver(Worker):
             if self.pool is None or self.pool.max_photos <= 0:
                 return "this trainer keeps no unlabelled photos ([trainer] unlabelled_pool = 0)"
             if self.store.has(header["id"]):
-                return None  # labelled already: acknowledged, not kept twice
+                return None  # labelled already: acknowledged, not kept twice (_handle)
         if self.classes is None:
             return None
         label = header["label"]
