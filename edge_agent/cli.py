@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
             _cli_review.review_label,
             "give a photo its true class",
             "photo",
-            "photo id (from review list), sha256 prefix, or original path",
+            "photo id (from review list), sha256 prefix, original path, or file name (refused where two photos had it)",
         ),
         (
             "label-plant",

@@ -281,6 +281,17 @@ class QueueEntry:
     created: float = field(default_factory=time.time)
 
 
+#: A result named by photo id, sha256 prefix (8+ characters) or original path (indexed, tried first).
+_REF = "(photo_id = ? OR sha256 LIKE ? OR path = ?)"
+#: A result named by its file name alone (a full scan: tried only where :data:`_REF` names none).
+_NAMED = "(length(path) > length(?) AND substr(path, -length(?)) = ? AND substr(path, -length(?) - 1, 1) = '/')"
+
+
+def _ref_args(ref: str) -> tuple:
+    """The parameters of :data:`_REF` for ``ref``."""
+    return (ref, ref + "%" if len(ref) >= 8 else "\0", ref)
+
+
 class ResultsDB:
     """Thread-safe access to ``results.sqlite`` (one connection, serialised by a lock)."""
 
@@ -691,22 +702,36 @@ class ResultsDB:
     def queue_bytes(self) -> int:
         return self._query("SELECT COALESCE(SUM(bytes), 0) FROM label_queue")[0][0]
 
+    def _result_shas(self, ref: str) -> list[str]:
+        """The sha256 of the results ``ref`` names (at most two): by photo id, sha256 prefix (8+ characters) or
+        original path; failing those, by the file name alone (as ``review list`` and ``results`` show it)."""
+        rows = self._query(f"SELECT sha256 FROM results WHERE {_REF} LIMIT 2", _ref_args(ref))
+        if not rows and ref and "/" not in ref:
+            rows = self._query(f"SELECT sha256 FROM results WHERE {_NAMED} LIMIT 2", (ref,) * 4)
+        return [sha for (sha,) in rows]
+
     def find_result(self, ref: str) -> tuple[str, str, str | None, str, float, str, float] | None:
-        """A result by photo id, sha256 prefix (8+ characters) or original path: (sha256, photo id, path, class,
-        confidence, engine version, when), or None (none, or more than one)."""
+        """A result by photo id, sha256 prefix (8+ characters), original path or file name: (sha256, photo id, path,
+        class, confidence, engine version, when), or None (none, or more than one: :meth:`results_named` says which)."""
+        shas = self._result_shas(ref)
+        if len(shas) != 1:
+            return None
         rows = self._query(
-            "SELECT sha256, photo_id, path, label, confidence, engine_version, created FROM results"
-            " WHERE photo_id = ? OR sha256 LIKE ? OR path = ? LIMIT 2",
-            (ref, ref + "%" if len(ref) >= 8 else "\0", ref),
+            "SELECT sha256, photo_id, path, label, confidence, engine_version, created FROM results WHERE sha256 = ?", (shas[0],)
         )
-        return tuple(rows[0]) if len(rows) == 1 else None
+        return tuple(rows[0]) if rows else None
+
+    def results_named(self, ref: str) -> int:
+        """How many results ``ref`` names, up to 2 (:meth:`find_result`): 2 is a name several photos had."""
+        return len(self._result_shas(ref))
 
     def find_queued(self, ref: str) -> QueueEntry | None:
-        """A queue entry by photo id, sha256 prefix, or original path of its result."""
+        """A queue entry by photo id or sha256 prefix, or by what names its result (:meth:`find_result`)."""
+        columns = "sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created"
         rows = self._query(
-            "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created"
-            " FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256"
-            " WHERE q.photo_id = ? OR q.sha256 LIKE ? OR r.path = ?",
-            (ref, ref + "%" if len(ref) >= 8 else "\0", ref),
+            f"SELECT {columns} FROM label_queue WHERE photo_id = ? OR sha256 LIKE ? LIMIT 2", (ref, ref + "%" if len(ref) >= 8 else "\0")
         )
+        if not rows:
+            shas = self._result_shas(ref)
+            rows = self._query(f"SELECT {columns} FROM label_queue WHERE sha256 = ?", (shas[0],)) if len(shas) == 1 else []
         return QueueEntry(*rows[0]) if len(rows) == 1 else None

@@ -168,6 +168,32 @@ def test_cli_review_list_best_first(tmp_path, capsys):
     assert "no photo 'p9'" in capsys.readouterr().err
 
 
+def test_a_photo_is_labelled_by_the_file_name_review_list_shows_and_a_name_two_photos_had_asks_for_its_id(tmp_path, capsys):
+    """`review list` shows each photo's file name: a farmer labels by it (it said "no photo"), and a name two photos
+    had (IMG_0001.jpg from two phones) is refused with what to give instead, never labelling the wrong one."""
+    from edge_agent.cli import main
+
+    state = tmp_path / "state"
+    db, spool = _db_with_pool(state, 3)
+    sha = f"{99:064x}"
+    [f] = spool.put_many([SpoolItem("review", sha, b"jpeg", ".jpg")])
+    top_k = [["Apple___healthy", 0.5], ["Tomato___healthy", 0.4]]
+    db.commit(
+        [ResultRow(sha, "p99", "/in/phone2/1.jpg", "folder", "Apple___healthy", 0.5, top_k, "v0001", {})],
+        [QueueEntry(sha, "p99", "review", "Apple___healthy", 0.5, "v0001", str(f), 4)],
+    )
+    db.close()
+    label = ["review", "label", "--state-dir", str(state)]
+    assert main([*label, "0.jpg", "Tomato___healthy"]) == 0
+    assert "p0: labelled Tomato___healthy by an expert" in capsys.readouterr().out
+    assert main([*label, "1.jpg", "Tomato___healthy"]) == 2
+    assert "more than one photo is named '1.jpg': give its id" in capsys.readouterr().err
+    assert main([*label, "in/0.jpg", "Tomato___healthy"]) == 2  # a part of a path is no name: only the whole path
+    assert main([*label, "7.jpg", "Tomato___healthy"]) == 2 and "no photo '7.jpg'" in capsys.readouterr().err
+    db = ResultsDB(state / "results.sqlite")
+    assert db.expert_labels() == {f"{0:064x}": "Tomato___healthy"}
+
+
 def test_each_question_says_where_its_photo_came_from_its_plant_file_name_or_camera(tmp_path, capsys):
     from edge_agent.cli import main
 

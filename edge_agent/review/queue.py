@@ -327,6 +327,8 @@ def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str, la
     with the model's answer first, the daemon's sender could deliver that as the expert's label before the expert's
     was written: the trainer then learnt the very answer the expert corrected.) Raises :class:`PhotoNotQueued`."""
     found = db.find_result(ref)
+    if found is None and db.results_named(ref) > 1:
+        raise PhotoNotQueued(f"more than one photo is named {ref!r}: give its id (the first column of `edge-agent review list`)")
     if found is None:
         raise PhotoNotQueued(f"no photo {ref!r} (see `edge-agent review list` or `edge-agent results`)")
     sha, photo_id, path, _answer, _confidence, version, created = found
