@@ -62,6 +62,17 @@ def make_sender(tmp_path, endpoints, curve=None, device="", **kw):
     return sender, db, spool, announced
 
 
+class Wire(list):
+    """A fake socket: the headers a sender puts on it; ``routed``: a receiver's ROUTER, the messages (peer dropped)."""
+
+    def __init__(self, routed: bool = False) -> None:
+        super().__init__()
+        self.routed = routed
+
+    def send_multipart(self, frames, flags=0):
+        self.append(decode(frames[1:]) if self.routed else decode(frames).header)
+
+
 @contextlib.contextmanager
 def delivering(sender, tmp_path, endpoints):
     """A trainer-side receiver and the sender running; yields the trainer's sample store."""
@@ -778,30 +789,26 @@ def test_a_pseudo_label_relabelled_by_the_expert_while_in_flight_is_sent_again_a
 
     sender, db, spool, _ = make_sender(tmp_path, endpoints)
     sha, copy = _queued_pseudo(db, spool, tmp_path, 3)
-    sent: list[dict] = []
+    sent = Wire()  # what the sender puts on the wire
 
-    class Socket:  # what the sender puts on the wire
-        def send_multipart(self, frames, flags=0):
-            sent.append(decode(frames).header)
-
-    sender._deliver(Socket(), time.monotonic())
+    sender._deliver(sent, time.monotonic())
     assert [(h["kind"], h["label"]) for h in sent] == [("pseudo", "Apple___healthy")]
     label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p3", "Apple___Black_rot")
     assert not copy.exists()  # moved to the expert queue
     sender._handle(encode("ack", {"id": sha}))  # the trainer acknowledges the pseudo-label it was sent
     assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]  # kept: not the label acked
-    sender._deliver(Socket(), time.monotonic() + 1)
+    sender._deliver(sent, time.monotonic() + 1)
     assert [(h["kind"], h["label"]) for h in sent[1:]] == [("expert", "Apple___Black_rot")]
     label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p3", "Apple___healthy")  # put right again
-    sender._deliver(Socket(), time.monotonic() + 2)  # no ack yet: resent, as it is now
+    sender._deliver(sent, time.monotonic() + 2)  # no ack yet: resent, as it is now
     assert [(h["kind"], h["label"]) for h in sent[2:]] == [("expert", "Apple___healthy")]
     sender._handle(encode("ack", {"id": sha}))  # the newest, acknowledged
     assert db.queued_for_delivery(10) == [] and db.expert_labels() == {sha: "Apple___healthy"}
     sha, copy = _queued_pseudo(db, spool, tmp_path, 4)  # a pseudo-label in flight, relabelled before any ack: its file moves
-    sender._deliver(Socket(), time.monotonic() + 3)
+    sender._deliver(sent, time.monotonic() + 3)
     label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p4", "Apple___Black_rot")
     assert not copy.exists()
-    sender._deliver(Socket(), time.monotonic() + 5)  # resent from where the photo is now
+    sender._deliver(sent, time.monotonic() + 5)  # resent from where the photo is now
     assert (sent[-1]["id"], sent[-1]["kind"], sent[-1]["label"]) == (sha, "expert", "Apple___Black_rot")
     assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
 
@@ -814,15 +821,11 @@ def test_the_ack_of_an_older_label_arriving_after_the_newer_was_sent_leaves_the_
 
     sender, db, spool, _ = make_sender(tmp_path, endpoints)
     sha, _copy = _queued_pseudo(db, spool, tmp_path, 5)
-    sent: list[dict] = []
+    sent = Wire()  # what the sender puts on the wire
 
-    class Socket:  # what the sender puts on the wire
-        def send_multipart(self, frames, flags=0):
-            sent.append(decode(frames).header)
-
-    sender._deliver(Socket(), time.monotonic())
+    sender._deliver(sent, time.monotonic())
     label_photo(db, tmp_path / "queue", 1 << 30, ["Apple___healthy", "Apple___Black_rot"], "p5", "Apple___Black_rot")
-    sender._deliver(Socket(), time.monotonic() + 1)  # no ack yet: resent, as it is now
+    sender._deliver(sent, time.monotonic() + 1)  # no ack yet: resent, as it is now
     assert [(h["kind"], h["label"]) for h in sent] == [("pseudo", "Apple___healthy"), ("expert", "Apple___Black_rot")]
     sender._handle(encode("ack", {"id": sha, "kind": "pseudo", "label": "Apple___healthy"}))  # the first send's ack
     assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
@@ -840,19 +843,15 @@ def test_a_refusal_of_an_older_label_keeps_the_label_the_expert_put_right_meanwh
     sha, _copy = _queued_pseudo(db, spool, tmp_path, 6)
     classes = ["Apple___healthy", "Apple___Black_rot", "Apple___Blotch"]
     label_photo(db, tmp_path / "queue", 1 << 30, classes, "p6", "Apple___Blotch")  # a class this trainer will refuse
-    sent: list[dict] = []
+    sent = Wire()  # what the sender puts on the wire
 
-    class Socket:
-        def send_multipart(self, frames, flags=0):
-            sent.append(decode(frames).header)
-
-    sender._deliver(Socket(), time.monotonic())
+    sender._deliver(sent, time.monotonic())
     label_photo(db, tmp_path / "queue", 1 << 30, classes, "p6", "Apple___Black_rot")  # put right before the answer
     why = "new classes are taken from the trainer's own device only"
     sender._handle(encode("refused", {"id": sha, "reason": why, "kind": "expert", "label": "Apple___Blotch"}))
     assert [(e.kind, e.label) for e in db.queued_for_delivery(10)] == [("expert", "Apple___Black_rot")]
     assert db.counts()["quarantined"] == 0 and sender.counters["refused"] == 0
-    sender._deliver(Socket(), time.monotonic() + 1)
+    sender._deliver(sent, time.monotonic() + 1)
     assert (sent[-1]["kind"], sent[-1]["label"]) == ("expert", "Apple___Black_rot")
     sender._handle(encode("refused", {"id": sha, "reason": why, "kind": "expert", "label": "Apple___Black_rot"}))
     assert db.queued_for_delivery(10) == [] and db.counts()["quarantined"] == 1  # refused as it is now: set aside
@@ -861,17 +860,13 @@ def test_a_refusal_of_an_older_label_keeps_the_label_the_expert_put_right_meanwh
 def test_the_trainer_names_the_label_it_acknowledges_or_refuses(tmp_path):
     """What the receiver answers carries the sample's kind and label, so the device deletes that label only."""
     receiver = Receiver(SampleStore(tmp_path / "trainer"), HandoffSection(), Link("ipc://x", "ipc://y"), classes=lambda: ["A"])
-    out: list = []
-
-    class Router:  # what the receiver puts on the wire
-        def send_multipart(self, frames, flags=0):
-            out.append(decode(frames[1:]))
+    out = Wire(routed=True)  # what the receiver puts on the wire
 
     photo = encode_img(leaf_image(7))
     sha = hashlib.sha256(photo).hexdigest()
     for label, answer in (("Tomato___healthy", "refused"), ("A", "ack")):  # a pseudo-label of no class it has; one of A
         header = sample_header(QueueEntry(sha, "p7", "pseudo", label, 0.97, "v0001", "p7.jpg", len(photo)), "p7.jpg")
-        receiver._handle(Router(), [b"peer", *encode("sample", header, photo)])
+        receiver._handle(out, [b"peer", *encode("sample", header, photo)])
         assert out[-1].kind == answer
         assert (out[-1].header["id"], out[-1].header["kind"], out[-1].header["label"]) == (sha, "pseudo", label)
 
@@ -888,18 +883,14 @@ def test_an_expert_relabelling_a_photo_the_instant_the_sender_reads_it_keeps_the
 
     sender, db, spool, _ = make_sender(tmp_path, endpoints)
     classes = ["Apple___healthy", "Apple___Black_rot", "Apple___Blotch"]
-    sent: list[dict] = []
-
-    class Socket:
-        def send_multipart(self, frames, flags=0):
-            sent.append(decode(frames).header)
+    sent = Wire()  # what the sender puts on the wire
 
     real_read = db.queue_entry
     for n, first in ((10, None), (11, "Apple___Blotch")):  # a pseudo-label in flight; an expert's label in flight
         sha, _copy = _queued_pseudo(db, spool, tmp_path, n)
         if first:
             label_photo(db, tmp_path / "queue", 1 << 30, classes, f"p{n}", first)
-        sender._deliver(Socket(), time.monotonic())
+        sender._deliver(sent, time.monotonic())
         read = real_read(sha)
         monkeypatch.setattr(
             db,
@@ -915,6 +906,6 @@ def test_an_expert_relabelling_a_photo_the_instant_the_sender_reads_it_keeps_the
     sha, copy = _queued_pseudo(db, spool, tmp_path, 12)  # read for sending, then its photo moved to the expert folder
     [entry] = db.queued_for_delivery(10)
     label_photo(db, tmp_path / "queue", 1 << 30, classes, "p12", "Apple___Black_rot")
-    assert not sender._send_item(Socket(), sha, entry.file, entry=entry)
+    assert not sender._send_item(sent, sha, entry.file, entry=entry)
     queued = db.queue_entry(sha)
     assert queued is not None and (queued.kind, queued.label) == ("expert", "Apple___Black_rot") and Path(queued.file).is_file()

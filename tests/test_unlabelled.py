@@ -24,7 +24,7 @@ from trainer.samples import SampleStore  # noqa: E402
 from .conftest import encode as encode_img  # noqa: E402
 from .conftest import leaf_image  # noqa: E402
 from .daemon_helpers import wait_until  # noqa: E402
-from .test_handoff import make_sender, queue_photos  # noqa: E402
+from .test_handoff import Wire, make_sender, queue_photos  # noqa: E402
 
 
 @pytest.fixture
@@ -260,21 +260,17 @@ def test_an_unlabelled_photo_answered_twice_by_the_trainer_stays_in_the_experts_
     """A photo sent again before the trainer's answer came back (a slow link, a busy trainer) is answered twice: the
     second answer finds nothing in flight and must not take the photo out of the review pool as if a label was
     delivered or refused (before, a second ack deleted the photo and its row, a second refusal quarantined it)."""
-    from edge_agent.handoff.protocol import decode, encode
+    from edge_agent.handoff.protocol import encode
 
     sender, db, spool, _ = make_sender(tmp_path, endpoints, unlabelled_per_day=2 * 24)  # 2 allowed by any hour
     review = _review_photos(db, spool, 2)
-    sent: list[dict] = []
-
-    class Socket:  # what the sender puts on the wire
-        def send_multipart(self, frames, flags=0):
-            sent.append(decode(frames).header)
+    sent = Wire()  # what the sender puts on the wire
 
     for answer, t in (("ack", 0.0), ("refused", 10.0)):
-        sender._deliver(Socket(), time.monotonic() + t)
+        sender._deliver(sent, time.monotonic() + t)
         sha = sent[-1]["id"]
         assert sent[-1]["kind"] == "unlabelled" and sha in review
-        sender._deliver(Socket(), time.monotonic() + t + 1)  # no answer yet: sent again
+        sender._deliver(sent, time.monotonic() + t + 1)  # no answer yet: sent again
         assert sent[-1]["id"] == sha and len([h for h in sent if h["id"] == sha]) == 2
         header = {"id": sha} if answer == "ack" else {"id": sha, "reason": "this trainer keeps no unlabelled photos"}
         sender._handle(encode(answer, header))
@@ -288,22 +284,18 @@ def test_an_unlabelled_photo_answered_twice_by_the_trainer_stays_in_the_experts_
 def test_a_photo_the_trainer_holds_labelled_is_acknowledged_unlabelled_but_not_kept_in_the_pool(tmp_path):
     """An unlabelled photo's resend that arrives after its expert label (labelled while the first send was in flight)
     is acknowledged and not kept: the label says more, and the pool would hold the photo twice (before, it was kept)."""
-    from edge_agent.handoff.protocol import decode, encode
+    from edge_agent.handoff.protocol import encode
     from edge_agent.handoff.sender import sample_header
 
     store = SampleStore(tmp_path / "trainer")
     pool = UnlabelledPool(tmp_path / "trainer", 100, 1 << 30)
     receiver = Receiver(store, HandoffSection(), Link("ipc://x", "ipc://y"), pool=pool)
-    out: list = []
-
-    class Router:  # what the receiver puts on the wire
-        def send_multipart(self, frames, flags=0):
-            out.append(decode(frames[1:]))
+    out = Wire(routed=True)  # what the receiver puts on the wire
 
     photo = encode_img(leaf_image(900))
     sha = hashlib.sha256(photo).hexdigest()
     label = sample_header(QueueEntry(sha, "p", "expert", "Tomato___Early_blight", 1.0, "v0001", "p.jpg", len(photo)), "p.jpg")
-    receiver._handle(Router(), [b"peer", *encode("sample", label, photo)])
-    receiver._handle(Router(), [b"peer", *encode("sample", label | {"kind": "unlabelled", "verdict": "unsure"}, photo)])
+    receiver._handle(out, [b"peer", *encode("sample", label, photo)])
+    receiver._handle(out, [b"peer", *encode("sample", label | {"kind": "unlabelled", "verdict": "unsure"}, photo)])
     assert [m.kind for m in out] == ["ack", "ack"] and store.has(sha)
     assert pool.photos() == [] and receiver.counters["unlabelled"] == 0
