@@ -5,7 +5,8 @@ whenever the disk passes its floor; what the loop still needs stays.
   first; result rows older than ``result_days`` (per source: ``source_result_days``) and the page's cached
   thumbnails too. A result row may outlive its photo: the history stays.
 * Whenever less than the floor is free (``min_free_gb`` or ``min_free_percent`` of the disk, whichever is smaller), the
-  oldest processed photos go, then the oldest thumbnails, until the floor is met; looked at every minute.
+  oldest processed photos go, then the oldest thumbnails, until the floor is met; looked at every minute. A photo the
+  label queue or review pool holds too (the same file, hard-linked) stays: deleting it would free nothing.
 * Old engine versions: the farm's own retrains beyond the ``engine_versions`` newest, on each pass by age
   (:mod:`edge_agent.engine_keep`; never the one in service, a release, a rollback's pin or the golden photos' version).
 * Measured, never removed: the photos of the labels a trainer sharing the state directory holds (``trainer/samples``:
@@ -189,14 +190,18 @@ class Retention(Worker):
             known = self._hashes[path] = (st.st_size, st.st_mtime_ns, sha256_file(path))
         return known[2]
 
-    def _remove(self, path: Path, pruned: Pruned) -> None:
+    def _remove(self, path: Path, pruned: Pruned, frees_only: bool = False) -> None:
+        """Delete a processed photo, counting the bytes that frees: none where the label queue or review pool holds the
+        same file (a hard link, as the spool makes); with ``frees_only`` (the floor) such a photo is kept instead."""
         try:
-            size = path.stat().st_size
+            st = path.stat()
+            if frees_only and st.st_nlink > 1:
+                return
             path.unlink()
         except OSError:
             return
         pruned.photos += 1
-        pruned.photo_bytes += size
+        pruned.photo_bytes += st.st_size if st.st_nlink == 1 else 0
 
     # ---- the passes -----------------------------------------------------------------
     def by_age(self) -> Pruned:
@@ -237,13 +242,17 @@ class Retention(Worker):
         if u.free >= floor:
             return pruned
         need = floor - u.free
-        self._prune_photos(pruned, lambda day: pruned.photo_bytes >= need, pending_alert_photos(self.root, self.db, self.alerts_wait_s))
+        pending = pending_alert_photos(self.root, self.db, self.alerts_wait_s)
+        self._prune_photos(pruned, lambda day: pruned.photo_bytes >= need, pending, frees_only=True)
         if pruned.photo_bytes < need:
             pruned.thumbs += self._prune_thumbs(lambda mtime: True, need - pruned.photo_bytes)
         return pruned
 
-    def _prune_photos(self, pruned: Pruned, enough: Callable[[date], bool], pending: dict[str, tuple[float, str]]) -> None:
-        """Remove processed photos oldest first until ``enough(day of the next)``, never a ``pending`` alert's."""
+    def _prune_photos(
+        self, pruned: Pruned, enough: Callable[[date], bool], pending: dict[str, tuple[float, str]], frees_only: bool = False
+    ) -> None:
+        """Remove processed photos oldest first until ``enough(day of the next)``, never a ``pending`` alert's (nor,
+        with ``frees_only``, one whose removal frees nothing: :meth:`_remove`)."""
         protected = self._protected(pending)
         for day, f in self._photos_oldest_first():
             if enough(day):
@@ -251,7 +260,7 @@ class Retention(Worker):
             if f in protected:
                 pruned.kept_for_alerts += 1
                 continue
-            self._remove(f, pruned)
+            self._remove(f, pruned, frees_only)
         self._drop_empty_days()
 
     def _prune_thumbs(self, old: Callable[[float], bool], need: int | None = None) -> int:

@@ -4,6 +4,7 @@ loop needs (the label queue, the golden photos, an undelivered alert's photo) st
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import sqlite3
 import time
@@ -109,6 +110,33 @@ def test_below_the_floor_the_oldest_photos_go_first_until_it_is_met(tmp_path):
     left = sorted(p.name for p in (state / "processed").rglob("*.jpg"))
     assert left == [f"p{i:02d}.jpg" for i in range(20 - len(left), 20)]  # the newest kept
     assert not r.status()["below_floor"]
+
+
+def test_below_the_floor_a_photo_the_review_pool_holds_too_is_kept_for_it_frees_nothing(tmp_path):
+    """The spool hard-links a queued photo to the inbox file the daemon then moves to processed/: deleting that
+    processed photo frees no byte while the review pool holds it. The floor passes over it to photos that free space,
+    and counts only the bytes freed (before, it deleted the oldest photos, all held by the pool on a farm whose expert
+    is behind, reported them freed, and went on; the photos the expert labels later from processed/ were gone)."""
+    state, db = _state(tmp_path)
+    names = [f"p{i:02d}.jpg" for i in range(10)]
+    for i, name in enumerate(names):
+        _photo(state, db, NOW - (9 - i) * 3600, name, size=100_000)
+    held = [next((state / "processed").rglob(n)) for n in names[:4]]  # the four oldest, in the review pool
+    (state / "queue" / "review").mkdir(parents=True, exist_ok=True)
+    for f in held:
+        os.link(f, state / "queue" / "review" / f"{hashlib.sha256(f.read_bytes()).hexdigest()}.jpg")
+
+    def used() -> int:  # a disk counts a hard-linked file once
+        return sum({(f.stat().st_dev, f.stat().st_ino): f.stat().st_size for f in state.rglob("*") if f.is_file()}.values())
+
+    total = used() + 300_000  # 300 kB free
+    section = RetentionSection(min_free_gb=0.0006, min_free_percent=50)  # floor: about 644 kB: 4 photos to free
+    r = Retention(section, state, db, now=lambda: NOW, usage=lambda _path: Usage(total, used(), total - used()))
+    pruned = r.run_once(age=False)
+    assert total - used() >= floor_bytes(section, total)
+    assert pruned.photo_bytes == total - used() - 300_000 == 400_000  # what it says it freed, it freed
+    left = sorted(p.name for p in (state / "processed").rglob("*.jpg"))
+    assert left == [*names[:4], *names[8:]]  # the pool's four kept; the oldest of the rest went
 
 
 def test_the_photo_of_an_alert_not_yet_delivered_is_kept_however_old_and_whatever_the_floor(tmp_path):
