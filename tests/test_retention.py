@@ -4,8 +4,8 @@ loop needs (the label queue, the golden photos, an undelivered alert's photo) st
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import sqlite3
 import time
 from collections import namedtuple
