@@ -52,17 +52,23 @@ class InboxFiles:
 
     def quarantine(self, name: str, tag: str, reason: dict, path: Path | None = None, data: bytes | None = None) -> Path:
         """Move ``path`` (or write ``data``) into quarantine under ``name``, with ``reason`` beside it as JSON; returns
-        where it went (raises OSError). A name too long for the reason file's suffix is cut, ``tag`` and the suffix kept."""
+        where it went (raises OSError where the photo could not go). A name too long for the reason file's suffix is
+        cut, ``tag`` and the suffix kept. The photo first, each file whole or not at all: on a full disk the photo
+        still leaves the inbox (a rename takes no room), and a reason that cannot be written is left to the results
+        database and the log rather than as an empty file."""
         if len(os.fsencode(name)) > 180:  # room for "-N" and ".reason.json" under the 255-byte name limit
             name = os.fsdecode(os.fsencode(name)[:120]) + f"-{tag}{Path(name).suffix[:10]}"
         dst = free_name(self.quarantine_dir / name)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.with_name(dst.name + ".reason.json").write_text(json.dumps(reason, indent=2) + "\n")
         if path is not None:
             if path.exists() or path.is_symlink():
                 shutil.move(str(path), dst)
         elif data is not None:
-            dst.write_bytes(data)
+            atomic_write(dst, data, durable=False)
+        try:
+            atomic_write(dst.with_name(dst.name + ".reason.json"), (json.dumps(reason, indent=2) + "\n").encode(), durable=False)
+        except OSError:
+            pass  # (the caller records the reason in the results database and logs it)
         return dst
 
 

@@ -52,6 +52,34 @@ def test_quarantine_keeps_the_photo_and_its_reason_under_a_free_shortened_name(t
     assert json.loads(first.with_name(first.name + ".reason.json").read_text()) == {"reason": "empty file"}
 
 
+def test_quarantine_on_a_full_disk_still_takes_the_photo_out_of_the_inbox_and_leaves_no_empty_reason_file(tmp_path):
+    """A truncated photo (a copy the full disk cut short) is quarantined by a rename, which takes no room; its reason,
+    which needs room, is left to the database and the log (before, the reason was written first: it failed, left an
+    empty file, and the photo stayed in the inbox). The child's writes are capped at 8 bytes, as a full disk caps them."""
+    import subprocess
+    import sys
+    import textwrap
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "leaf.jpg").write_bytes(b"\xff\xd8 cut short")
+    child = textwrap.dedent(
+        f"""
+        import resource, signal
+        from pathlib import Path
+        from edge_agent.inbox_files import InboxFiles
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8, 8))
+        print(InboxFiles(Path({str(tmp_path)!r}), "move").quarantine("leaf.jpg", "ab12", {{"reason": "truncated JPEG"}}, Path({str(inbox / "leaf.jpg")!r})))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not (inbox / "leaf.jpg").exists()
+    assert sorted(p.name for p in (tmp_path / "quarantine").iterdir()) == ["leaf.jpg"]
+    assert (tmp_path / "quarantine" / "leaf.jpg").read_bytes() == b"\xff\xd8 cut short"
+
+
 def test_place_writes_whole_files_under_a_free_name_and_leaves_nothing_when_the_disk_is_full(tmp_path, monkeypatch):
     inbox = tmp_path / "inbox"
     assert place(inbox, "up.jpg", b"one").name == "up.jpg"
