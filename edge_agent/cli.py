@@ -509,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import sqlite3
 
+    from edge_agent.storage_errors import LOCKED, storage_problem
     from engines.errors import EdgeAgentError
 
     args = build_parser().parse_args(argv)
@@ -517,12 +518,23 @@ def main(argv: list[str] | None = None) -> int:
     except (EdgeAgentError, FileNotFoundError) as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
-    except sqlite3.DatabaseError as exc:  # a truncated ledger (a failing SD card): one line, not a traceback
-        print(
+    except BrokenPipeError:
+        return 0
+    except (sqlite3.DatabaseError, OSError) as exc:
+        problem = storage_problem(exc)
+        if problem == "full":  # one line, not a traceback; never taken for a damaged ledger
+            print(
+                f"edge-agent: the disk is full ({exc}): free space (edge-agent status says what holds it), then try again", file=sys.stderr
+            )
+            return 2
+        if problem == "locked":
+            print(f"edge-agent: {LOCKED}", file=sys.stderr)
+            return 2
+        if not isinstance(exc, sqlite3.DatabaseError):
+            raise
+        print(  # a truncated ledger (a failing SD card): one line, not a traceback
             f"edge-agent: the results database is unreadable ({exc}); the daemon keeps it aside and starts a new "
             "one at its next start (edge-agent status then says so)",
             file=sys.stderr,
         )
         return 2
-    except BrokenPipeError:
-        return 0

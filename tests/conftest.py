@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import struct
 from pathlib import Path
 
@@ -138,3 +139,19 @@ def tiny_store(tmp_path_factory, signing_key) -> Path:
         signing_key=signing_key,
     )
     return root
+
+
+def sqlite_full_error() -> sqlite3.OperationalError:
+    """A genuine SQLITE_FULL error ("database or disk is full", the code a full disk gives): a database capped at two
+    pages, filled."""
+    con = sqlite3.connect(":memory:")
+    con.execute("CREATE TABLE t (x)")
+    con.execute("PRAGMA max_page_count = 2")
+    try:
+        for _ in range(100):
+            con.execute("INSERT INTO t VALUES (?)", ("x" * 1000,))
+    except sqlite3.OperationalError as exc:
+        return exc
+    finally:
+        con.close()
+    raise AssertionError("the capped database took every row")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from edge_agent.state import resolve_store  # noqa: E402
 from edge_agent.web.api.openapi import document, reference  # noqa: E402
 from edge_agent.web.auth import Tokens  # noqa: E402
 
+from .conftest import sqlite_full_error  # noqa: E402
 from .daemon_helpers import SHIPPED, SHIPPED_NEXT  # noqa: E402
 from .web_helpers import REMOTE, _photos, _second_version, app_for, client, csrf_of, make_state, sha_of  # noqa: E402
 
@@ -128,6 +131,29 @@ def test_a_label_token_labels_through_the_api_into_the_trainers_queue(state):
     assert c.post(f"/api/v1/review/{'0' * 64}/label", json={"label": "Apple___healthy"}, headers=auth).status_code == 404
     r = c.post(f"/api/v1/review/{sha_of(state, 'p1')}/label", json={"label": "Banana___x"}, headers=auth)
     assert r.status_code == 400 and "not a known class" in r.json()["error"]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a database error carries its code from Python 3.11")
+def test_a_label_the_full_disk_cannot_take_is_said_as_a_full_disk_on_the_api_and_the_page(state, monkeypatch):
+    """A write the disk cannot take is a 507 saying the disk is full and nothing was written (it was a 500, "the device
+    could not answer this request"), on the API and the page; the photo stays in the review pool, its file where its
+    row says (it had been moved to the expert queue's folder first: the pool then showed a photo it could not find)."""
+    full = sqlite_full_error()
+    assert full.sqlite_errorcode == sqlite3.SQLITE_FULL
+
+    def mark_expert(self, *a, **k):
+        raise full
+
+    monkeypatch.setattr(ResultsDB, "mark_expert", mark_expert)
+    sha = sha_of(state, "p0")
+    c, auth = remote(state, "label")
+    r = c.post(f"/api/v1/review/{sha}/label", json={"label": "Apple___healthy"}, headers=auth)
+    assert r.status_code == 507 and r.json()["error"].startswith("the device's disk is full: nothing was written")
+    page = client(state)
+    r = page.post("/review/label", data={"csrf": csrf_of(page), "photo": sha, "label": "Apple___healthy", "i": "0"})
+    assert r.status_code == 507 and "disk is full: nothing was written" in r.text and "<html" in r.text.lower()
+    entry = ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha)
+    assert entry.kind == "review" and Path(entry.file).is_file()  # its photo where its row says (it had gone to expert/)
 
 
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"label": 5}', b'{"label": "' + b"x" * 10 + b'", "new_class": "maybe"}'])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -192,6 +193,30 @@ def test_a_photo_is_labelled_by_the_file_name_review_list_shows_and_a_name_two_p
     assert main([*label, "7.jpg", "Tomato___healthy"]) == 2 and "no photo '7.jpg'" in capsys.readouterr().err
     db = ResultsDB(state / "results.sqlite")
     assert db.expert_labels() == {f"{0:064x}": "Tomato___healthy"}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a database error carries its code from Python 3.11")
+def test_a_label_the_full_disk_cannot_take_is_said_as_a_full_disk_not_a_damaged_database(tmp_path, capsys, monkeypatch):
+    """`review label` on a full disk says the disk is full, in one line (it said the results database was unreadable
+    and would be set aside); the photo stays in the review pool with its file where its row says."""
+    from edge_agent.cli import main
+
+    from .conftest import sqlite_full_error
+
+    state = tmp_path / "state"
+    db, _ = _db_with_pool(state, 2)
+    db.close()
+    full = sqlite_full_error()
+
+    def mark_expert(self, *a, **k):
+        raise full
+
+    monkeypatch.setattr(ResultsDB, "mark_expert", mark_expert)
+    assert main(["review", "label", "--state-dir", str(state), "p0", "Tomato___healthy"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edge-agent: the disk is full") and "unreadable" not in err and len(err.splitlines()) == 1
+    entry = ResultsDB(state / "results.sqlite", readonly=True).queue_entry(f"{0:064x}")
+    assert entry.kind == "review" and Path(entry.file).is_file()
 
 
 def test_each_question_says_where_its_photo_came_from_its_plant_file_name_or_camera(tmp_path, capsys):

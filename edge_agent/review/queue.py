@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import os
 import re
 from collections import Counter
 from collections.abc import Collection
@@ -194,7 +195,13 @@ def label_photo(
         entry = _queue_again(db, queue_root, quota_bytes, ref, label)
         src = Path(entry.file)
     moved = PhotoSpool(queue_root, quota_bytes).move(src, "expert")
-    if not db.mark_expert(entry.sha256, label, str(moved)):  # its label delivered between the two: queued again
+    try:
+        queued = db.mark_expert(entry.sha256, label, str(moved))
+    except BaseException:  # not written (a full disk, records locked): the photo goes back to where its row says
+        if moved != src:
+            os.replace(moved, src)
+        raise
+    if not queued:  # its label delivered between the two: queued again
         entry = _queue_again(db, queue_root, quota_bytes, ref, label)
     return entry
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-__all__ = ["refusal", "REASONS"]
+from edge_agent.storage_errors import FULL_DISK, LOCKED, storage_problem
+
+__all__ = ["refusal", "storage_refusal", "REASONS"]
 
 REASONS = {
     400: "Bad Request",
@@ -18,6 +20,7 @@ REASONS = {
     415: "Unsupported Media Type",
     500: "Internal Server Error",
     503: "Service Unavailable",
+    507: "Insufficient Storage",
 }
 
 
@@ -26,3 +29,15 @@ def refusal(path: str, status: int, message: str, headers: dict[str, str] | None
     if path.startswith("/api/"):
         return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
     return PlainTextResponse(f"{status} {REASONS.get(status, 'Error')}: {message}\n", status_code=status, headers=headers)
+
+
+def storage_refusal(exc: BaseException) -> tuple[int, str, dict[str, str]] | None:
+    """How to refuse a write the device's storage did not take (status, message, headers), or None where ``exc`` is
+    something else (:func:`~edge_agent.storage_errors.storage_problem`): 507 on a full disk, 503 on records another
+    process held locked past the wait."""
+    problem = storage_problem(exc)
+    if problem == "full":
+        return 507, FULL_DISK, {}
+    if problem == "locked":
+        return 503, LOCKED, {"Retry-After": "5"}
+    return None

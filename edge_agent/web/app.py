@@ -10,6 +10,7 @@ photos put into the inbox.
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import time
 from datetime import datetime
 from pathlib import Path
@@ -36,7 +37,7 @@ from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import Beside, left_today, others_labelled, to_ask
 from edge_agent.web import charts
-from edge_agent.web._errors import refusal
+from edge_agent.web._errors import refusal, storage_refusal
 from edge_agent.web._limits import BodyLimit
 from edge_agent.web.api import api_routes
 from edge_agent.web.api.endpoints import recent_alerts
@@ -382,6 +383,17 @@ def create_app(ctx: WebContext) -> Starlette:
         get_logger("web").error("web_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
         return refusal(request.url.path, 500, "the device could not answer this request; its log says why (journalctl -u edge-agent)")
 
+    async def storage_failed(request: Request, exc: Exception) -> Response:
+        """A write the disk or the records did not take (a full disk: 507; locked: 503), said as such; else 500."""
+        said = storage_refusal(exc)
+        if said is None:
+            return await server_error(request, exc)
+        status, message, headers = said
+        get_logger("web").error("web_write_failed", path=request.url.path, status=status, error=f"{type(exc).__name__}: {exc}")
+        if request.url.path.startswith("/api/") or "role" not in request.scope.get("state", {}):
+            return refusal(request.url.path, status, message, headers)
+        return problem(request, status, message)
+
     async def ledger_unreadable(request: Request, exc: LedgerUnreadable) -> Response:
         """503 while a database cannot be read (locked past the wait): said, never shown as an empty list."""
         get_logger("web").warning("web_database_unreadable", path=request.url.path, error=str(exc))
@@ -408,6 +420,8 @@ def create_app(ctx: WebContext) -> Starlette:
             BadParameter: bad_parameter,
             HTTPException: http_error,
             LedgerUnreadable: ledger_unreadable,
+            sqlite3.OperationalError: storage_failed,
+            OSError: storage_failed,
             Exception: server_error,
         },
     )

@@ -1,0 +1,31 @@
+"""What a storage error means to whoever asked: a full disk, records another process held locked, or a damaged
+database, told apart by their codes (SQLite's result code, the OS's errno), never by their text."""
+
+from __future__ import annotations
+
+import errno
+from typing import Literal
+
+__all__ = ["FULL_DISK", "LOCKED", "storage_problem"]
+
+#: SQLite's result codes (``sqlite3.SQLITE_*`` from Python 3.11, which also gives an error its ``sqlite_errorcode``).
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
+
+FULL_DISK = (
+    "the device's disk is full: nothing was written. Free space (the Health page and `edge-agent status` say what holds it), then try again"
+)
+LOCKED = "another process held the device's records locked: nothing was written; try again in a few seconds"
+
+
+def storage_problem(exc: BaseException) -> Literal["full", "locked", "damaged"] | None:
+    """``"full"`` (no room: SQLite's FULL, ENOSPC, EDQUOT), ``"locked"`` (SQLite's BUSY or LOCKED past the wait),
+    ``"damaged"`` (CORRUPT, NOTADB), or None: another error, or a database error from Python 3.10, which carries no
+    code."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code == _SQLITE_FULL or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+        return "full"
+    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return "locked"
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return "damaged"
+    return None
