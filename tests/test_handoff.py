@@ -909,3 +909,39 @@ def test_an_expert_relabelling_a_photo_the_instant_the_sender_reads_it_keeps_the
     assert not sender._send_item(sent, sha, entry.file, entry=entry)
     queued = db.queue_entry(sha)
     assert queued is not None and (queued.kind, queued.label) == ("expert", "Apple___Black_rot") and Path(queued.file).is_file()
+
+
+def test_a_trainer_that_cannot_store_labels_acks_none_and_says_so_to_devices_and_in_its_status(tmp_path, monkeypatch, capsys):
+    """A full disk on the trainer: no label is acknowledged (the device keeps each and sends it again), the receiver
+    says why and since when (the heartbeat's state the devices show: "labels not stored: disk full"; `edge-trainer
+    status`), and the first label stored again clears it (before, only a counter no page showed went up)."""
+    import errno
+    import json
+    import os
+
+    from trainer.cli import main
+
+    store = SampleStore(tmp_path / "trainer")
+    receiver = Receiver(store, HandoffSection(), Link("ipc://x", "ipc://y"))
+    out = Wire(routed=True)
+    photo = encode_img(leaf_image(11))
+    sha = hashlib.sha256(photo).hexdigest()
+    header = sample_header(QueueEntry(sha, "p11", "expert", "Apple___healthy", 1.0, "v0001", "p.jpg", len(photo)), "p.jpg")
+    real_add = SampleStore.add
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SampleStore, "add", full)
+    receiver._handle(out, [b"peer", *encode("sample", header, photo)])
+    assert out == [] and receiver.store_problem["full"] and receiver.counters["store_errors"] == 1
+    assert receiver.problem_state == "labels not stored: disk full"  # what the trainer's heartbeat tells the devices
+    (tmp_path / "trainer" / "status.json").write_text(
+        json.dumps({"pid": os.getpid(), "updated": time.time(), "state": "idle", "samples": {}, "store_problem": receiver.store_problem})
+    )
+    assert main(["status", "--state-dir", str(tmp_path)]) == 0
+    assert "LABELS NOT STORED since" in capsys.readouterr().out
+    monkeypatch.setattr(SampleStore, "add", real_add)
+    receiver._handle(out, [b"peer", *encode("sample", header, photo)])
+    assert [m.kind for m in out] == ["ack"] and receiver.store_problem is None and store.has(sha)
+    assert receiver.problem_state is None

@@ -163,6 +163,11 @@ def _status(args: argparse.Namespace) -> int:
 
         for text, _warn in backup_lines(cfg.backup, last_backup(state), st.get("backup") if live else None, time.time()):
             print(f"backup: {text}")
+    if live and (problem := st.get("store_problem")):
+        why = "the disk is full" if problem.get("full") else problem.get("error", "?")
+        print(
+            f"LABELS NOT STORED since {time.strftime('%H:%M', time.localtime(problem.get('since', 0)))}: {why}; the devices keep them and send them again"
+        )
     if st.get("blocked"):
         print(f"NOT RETRAINING: {st['blocked']}")
     elif st.get("waiting_for_new_samples"):

@@ -27,6 +27,7 @@ from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import Authenticator, Link, peer_name, rebind, server_socket
 from edge_agent.log import get_logger
 from edge_agent.names import class_name_problem
+from edge_agent.storage_errors import storage_problem
 from edge_agent.worker import Worker
 from trainer.loop.unlabelled_pool import UnlabelledPool
 from trainer.samples import SampleStore
@@ -71,6 +72,8 @@ class Receiver(Worker):
         }
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
+        #: Why samples cannot be stored now (``error``, ``full``: the disk, ``since``), None while they can.
+        self.store_problem: dict | None = None
         self._announce: list[str] = []
         self.auth: Authenticator | None = None
         self._lock = threading.Lock()
@@ -176,8 +179,11 @@ class Receiver(Worker):
                         self.pool.discard(msg.header["id"])  # labelled now: the label says more
             except Exception as exc:  # disk full...: no ack, the daemon keeps it and resends
                 self.counters["store_errors"] += 1
+                since = (self.store_problem or {}).get("since", time.time())
+                self.store_problem = {"error": repr(exc)[:300], "full": storage_problem(exc) == "full", "since": since}
                 self.log.error("sample_store_failed", error=repr(exc), id=msg.header["id"][:16])
                 return
+            self.store_problem = None
             unlabelled = msg.header["kind"] == "unlabelled"
             self.counters["duplicates" if not new else "unlabelled" if unlabelled else "received"] += 1
             self._answer(router, peer, "ack", msg.header)
@@ -189,6 +195,13 @@ class Receiver(Worker):
         else:
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
+
+    @property
+    def problem_state(self) -> str | None:
+        """The state a heartbeat tells the devices while samples cannot be stored (it takes the trainer's own), or None."""
+        if self.store_problem is None:
+            return None
+        return "labels not stored: disk full" if self.store_problem["full"] else "labels not stored"
 
     def _answer(self, router, peer: bytes, answer: str, sample: dict, **extra) -> None:
         """An ack or a refusal naming the label it answers for: the device keeps a newer label of the photo queued."""

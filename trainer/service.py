@@ -163,6 +163,7 @@ class TrainerService:
             "waiting_for_field_check": self._field_wait[1],
             "next_publish": self._next_publish(counts),
             "receiver": dict(self.receiver.counters),
+            "store_problem": self.receiver.store_problem,
             "unlabelled_pool": self.unlabelled.summary(),
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
@@ -191,13 +192,15 @@ class TrainerService:
         return out
 
     def _describe(self) -> dict:
-        """What a heartbeat tells the devices: this trainer's state, the version in service and when it was published."""
+        """What a heartbeat tells the devices: this trainer's state (that it cannot store their labels, first), the
+        version in service and when it was published."""
+        state = self.receiver.problem_state or self.state[:32]
         try:
             version = self.store.current()
             published = (self.store.root / version / "manifest.json").stat().st_mtime
         except (StoreError, OSError):
-            return {"state": self.state[:32]}
-        return {"state": self.state[:32], "version": version, "published": round(published, 1)}
+            return {"state": state}
+        return {"state": state, "version": version, "published": round(published, 1)}
 
     def _classes(self) -> list[str]:
         """The classes of the engine in service (read again only when the current version changes)."""
