@@ -663,6 +663,21 @@ def test_the_engines_page_says_whether_the_trainers_last_retrain_published_a_ver
         assert says in line and ("not published" in line) is (last["published"] is None), line
 
 
+def test_the_health_page_says_when_the_trainer_here_cannot_store_labels(state):
+    """A trainer on this state directory whose disk is full stores no label: the Trainer tile says so (its status had
+    it, no page did); a trainer that stores them again says nothing of it."""
+    import os
+
+    (state / "trainer").mkdir(exist_ok=True)
+    status = state / "trainer" / "status.json"
+    for problem in ({"error": "OSError(28, 'No space left on device')", "full": True, "since": time.time()}, None):
+        status.write_text(json.dumps({"pid": os.getpid(), "updated": time.time(), "state": "idle", "store_problem": problem}))
+        tile = client(state).get("/health").text.split('id="trainer"')[1].split("</div>")[0]
+        assert ('id="trainer-store-problem"' in tile) is (problem is not None)
+        if problem:
+            assert "labels not stored: the disk is full: the devices keep them" in tile
+
+
 def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version_and_how_many_labels_waited(state):
     store = resolve_store(AppConfig(), state)
     v1 = store.open(SHIPPED)
