@@ -4,9 +4,15 @@ database, told apart by their codes (SQLite's result code, the OS's errno), neve
 from __future__ import annotations
 
 import errno
+import os
+import shutil
+import sqlite3
 from typing import Literal
 
-__all__ = ["FULL_DISK", "LOCKED", "storage_problem"]
+__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "storage_problem"]
+
+#: Free bytes under which a disk counts as full for a database error that carries no code (Python 3.10).
+NEARLY_FULL = 4 << 20
 
 #: SQLite's result codes (``sqlite3.SQLITE_*`` from Python 3.11, which also gives an error its ``sqlite_errorcode``).
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
@@ -17,11 +23,18 @@ FULL_DISK = (
 LOCKED = "another process held the device's records locked: nothing was written; try again in a few seconds"
 
 
-def storage_problem(exc: BaseException) -> Literal["full", "locked", "damaged"] | None:
+def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) -> Literal["full", "locked", "damaged"] | None:
     """``"full"`` (no room: SQLite's FULL, ENOSPC, EDQUOT), ``"locked"`` (SQLite's BUSY or LOCKED past the wait),
-    ``"damaged"`` (CORRUPT, NOTADB), or None: another error, or a database error from Python 3.10, which carries no
-    code."""
+    ``"damaged"`` (CORRUPT, NOTADB), or None: another error. A database error from Python 3.10 carries no code (JetPack
+    6's Python): with ``where`` (the folder the database is in) it counts as ``"full"`` while that disk has less than
+    :data:`NEARLY_FULL` free, as None otherwise."""
     code = getattr(exc, "sqlite_errorcode", None)
+    if code is None and where is not None and isinstance(exc, sqlite3.OperationalError):
+        try:
+            if shutil.disk_usage(where).free < NEARLY_FULL:
+                return "full"
+        except OSError:
+            pass
     if code == _SQLITE_FULL or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
         return "full"
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED):

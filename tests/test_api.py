@@ -156,6 +156,27 @@ def test_a_label_the_full_disk_cannot_take_is_said_as_a_full_disk_on_the_api_and
     assert entry.kind == "review" and Path(entry.file).is_file()  # its photo where its row says (it had gone to expert/)
 
 
+def test_a_database_error_without_a_code_as_python_3_10_raises_is_a_full_disk_only_where_the_disk_is_nearly_full(state, monkeypatch):
+    """JetPack 6's Python (3.10) gives a database error no code: the page then asks the disk. Under 4 MiB free it is a
+    full disk (507); with room, the device's own failure (500), never a full disk it is not."""
+    from collections import namedtuple
+
+    from edge_agent import storage_errors
+
+    def mark_expert(self, *a, **k):
+        raise sqlite3.OperationalError("database or disk is full")  # made by hand: no sqlite_errorcode, as on 3.10
+
+    monkeypatch.setattr(ResultsDB, "mark_expert", mark_expert)
+    usage = namedtuple("usage", "total used free")
+    sha = sha_of(state, "p0")
+    c, auth = remote(state, "label")
+    for free, status in ((1 << 20, 507), (1 << 30, 500)):
+        monkeypatch.setattr(storage_errors.shutil, "disk_usage", lambda _where, free=free: usage(1 << 34, (1 << 34) - free, free))
+        r = c.post(f"/api/v1/review/{sha}/label", json={"label": "Apple___healthy"}, headers=auth)
+        assert r.status_code == status, (free, r.text)
+    assert ResultsDB(state / "results.sqlite", readonly=True).queue_entry(sha).kind == "review"
+
+
 @pytest.mark.parametrize("body", [b"", b"{", b"[]", b'{"label": 5}', b'{"label": "' + b"x" * 10 + b'", "new_class": "maybe"}'])
 def test_a_garbage_label_body_is_answered_400_and_labels_nothing(state, body):
     c, auth = remote(state, "admin")

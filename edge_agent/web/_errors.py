@@ -31,11 +31,11 @@ def refusal(path: str, status: int, message: str, headers: dict[str, str] | None
     return PlainTextResponse(f"{status} {REASONS.get(status, 'Error')}: {message}\n", status_code=status, headers=headers)
 
 
-def storage_refusal(exc: BaseException) -> tuple[int, str, dict[str, str]] | None:
-    """How to refuse a write the device's storage did not take (status, message, headers), or None where ``exc`` is
-    something else (:func:`~edge_agent.storage_errors.storage_problem`): 507 on a full disk, 503 on records another
-    process held locked past the wait."""
-    problem = storage_problem(exc)
+def storage_refusal(exc: BaseException, where=None) -> tuple[int, str, dict[str, str]] | None:
+    """How to refuse a write the device's storage (the state directory ``where``) did not take (status, message,
+    headers), or None where ``exc`` is something else (:func:`~edge_agent.storage_errors.storage_problem`): 507 on a
+    full disk, 503 on records another process held locked past the wait."""
+    problem = storage_problem(exc, where)
     if problem == "full":
         return 507, FULL_DISK, {}
     if problem == "locked":

@@ -385,7 +385,7 @@ def create_app(ctx: WebContext) -> Starlette:
 
     async def storage_failed(request: Request, exc: Exception) -> Response:
         """A write the disk or the records did not take (a full disk: 507; locked: 503), said as such; else 500."""
-        said = storage_refusal(exc)
+        said = storage_refusal(exc, ctx.state.root)
         if said is None:
             return await server_error(request, exc)
         status, message, headers = said
