@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except (sqlite3.DatabaseError, OSError) as exc:
-        problem = storage_problem(exc)
+        problem = storage_problem(exc, getattr(args, "state_dir", None))  # (the folder, for Python 3.10's codeless errors)
         if problem == "full":  # one line, not a traceback; never taken for a damaged ledger
             print(
                 f"edge-agent: the disk is full ({exc}): free space (edge-agent status says what holds it), then try again", file=sys.stderr
