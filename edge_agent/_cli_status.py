@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 
 from edge_agent._cli_common import load, state_db
@@ -69,9 +70,13 @@ def status(args: argparse.Namespace) -> int:
     kept = out.get("retention")
     if kept and "photos" in kept:
         since = f" since {kept['oldest_photo_day']}" if kept.get("oldest_photo_day") else ""
+        try:  # now, not as the daemon's last status said it (a full disk keeps it from writing its status)
+            free = shutil.disk_usage(state.root).free
+        except OSError:
+            free = kept["free_bytes"]
         print(
             f"kept: {kept['photos']} photos ({kept['photo_bytes'] >> 20} MiB){since}, for {kept['photo_days']:g} days, never below "
-            f"{kept['floor_bytes'] / 2**30:.1f} GiB free ({kept['free_bytes'] / 2**30:.1f} GiB free now); pruned since start: "
+            f"{kept['floor_bytes'] / 2**30:.1f} GiB free ({free / 2**30:.1f} GiB free now); pruned since start: "
             f"{kept['pruned_photos']} photos, {kept['pruned_results']} results"
         )
         if "engines" in kept:

@@ -276,6 +276,25 @@ def test_edge_agent_status_says_how_many_versions_are_held_and_kept_and_what_the
     assert "trainer's labels: 1812 photos (7168 MiB), the expert's kept always" in capsys.readouterr().out
 
 
+def test_edge_agent_status_says_the_space_free_now_not_what_the_daemons_last_status_said(tmp_path, capsys, monkeypatch):
+    """A full disk keeps the daemon from writing its status: "GiB free now" is read from the disk when asked (it
+    showed the 16 GiB of a status written before the disk filled, beside "DISK FULL")."""
+    from collections import namedtuple
+
+    from edge_agent import _cli_status
+    from edge_agent.cli import main
+
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    ResultsDB(layout.db).close()
+    kept = {"photos": 0, "photo_bytes": 0, "photo_days": 30, "floor_bytes": 1 << 30, "free_bytes": 1 << 34, "pruned_photos": 0}
+    (layout.root / "status.json").write_text(json.dumps({"pid": 0, "updated": time.time(), "retention": kept | {"pruned_results": 0}}))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(_cli_status.shutil, "disk_usage", lambda _p: usage(1 << 35, (1 << 35) - (3 << 20), 3 << 20))
+    main(["status", "--state-dir", str(layout.root)])
+    assert "(0.0 GiB free now)" in capsys.readouterr().out
+
+
 def test_a_deleted_version_asked_for_by_name_is_said_to_be_deleted_and_the_engine_list_names_them(tmp_path, capsys):
     from edge_agent.cli import main
     from engines.store import StoreError
