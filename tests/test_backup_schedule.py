@@ -249,6 +249,31 @@ def test_a_backup_that_fails_and_the_next_that_is_written_are_health_events(tmp_
     db.close()
 
 
+def test_a_trainer_that_stores_no_labels_and_stores_them_again_are_health_events_once_each(tmp_path):
+    """The trainer's heartbeat says when it cannot store labels (its disk full): the device's alerts say so once, and
+    once when it stores them again (the labels waited on the device, unsaid but on its status)."""
+    from edge_agent.alerts.config import AlertsSection, WebhookSection
+    from edge_agent.alerts.worker import AlertWorker
+
+    from .test_alerts import NO_MQTT
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(), NO_MQTT, [WebhookSection(url="http://127.0.0.1:9/", events=["health"])], db.path, tmp_path, "barn")
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}, "backup": {"failed": None}}
+    storing = {"trainer_alive": True, "trainer": {"state": "idle", "stores_labels": True}}
+    stuck = {"trainer_alive": True, "trainer": {"state": "labels not stored: disk full", "stores_labels": False}}
+    for handoff in (storing, stuck, stuck, {"trainer_alive": False, "trainer": {}}, stuck, storing, {"trainer": {"state": "idle"}}):
+        w.observe(st | {"handoff": handoff})
+    sent = [json.loads(m.payload) for m in w.outbox.due("webhook:0")]
+    assert [(d["event"], d["title"]) for d in sent] == [  # once each: a trainer silent a while is no news either way
+        ("trainer_not_storing", "edge-agent barn: the trainer stores no labels"),
+        ("trainer_storing", "edge-agent barn: the trainer stores labels again"),
+    ]
+    assert sent[0]["message"].startswith("labels not stored: disk full: the labels wait on this device")
+    w.stop()
+    db.close()
+
+
 def test_the_daemon_runs_the_schedule_where_a_folder_is_configured_and_says_so(tmp_path):
     from .daemon_helpers import DaemonProc, wait_until
 

@@ -945,3 +945,14 @@ def test_a_trainer_that_cannot_store_labels_acks_none_and_says_so_to_devices_and
     receiver._handle(out, [b"peer", *encode("sample", header, photo)])
     assert [m.kind for m in out] == ["ack"] and receiver.store_problem is None and store.has(sha)
     assert receiver.problem_state is None
+
+
+def test_the_device_keeps_what_the_trainers_heartbeat_says_of_storing_its_labels(tmp_path, endpoints):
+    """`stores_labels` on the trainer's heartbeat (false while its disk is full) reaches the device's status, which its
+    alerts and pages read; a trainer from before, which sends none, is not taken as one that stores none."""
+    sender, *_ = make_sender(tmp_path, endpoints)
+    beat = {"role": "trainer", "time": time.time(), "state": "labels not stored: disk full", "stores_labels": False}
+    sender._handle(encode("heartbeat", beat))
+    assert sender.status()["trainer"]["stores_labels"] is False and sender.status()["trainer"]["state"].startswith("labels not")
+    sender._handle(encode("heartbeat", {"role": "trainer", "time": time.time(), "state": "idle"}))
+    assert "stores_labels" not in sender.status()["trainer"]

@@ -194,13 +194,13 @@ class TrainerService:
     def _describe(self) -> dict:
         """What a heartbeat tells the devices: this trainer's state (that it cannot store their labels, first), the
         version in service and when it was published."""
-        state = self.receiver.problem_state or self.state[:32]
+        said = {"state": self.receiver.problem_state or self.state[:32], "stores_labels": self.receiver.store_problem is None}
         try:
             version = self.store.current()
             published = (self.store.root / version / "manifest.json").stat().st_mtime
         except (StoreError, OSError):
-            return {"state": state}
-        return {"state": state, "version": version, "published": round(published, 1)}
+            return said
+        return {**said, "version": version, "published": round(published, 1)}
 
     def _classes(self) -> list[str]:
         """The classes of the engine in service (read again only when the current version changes)."""

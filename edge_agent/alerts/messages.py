@@ -148,7 +148,8 @@ def encode(body: dict) -> bytes:
 
 def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> list[tuple[str, dict]]:
     """The engine and health events between two of the daemon's statuses (``engine``, ``refused``, ``healthy``,
-    ``backup``: the schedule's failure or None), each with a ``title`` and ``message`` a phone shows (ntfy)."""
+    ``backup``: the schedule's failure or None, ``trainer_stuck``: the trainer's state while it stores no labels, or
+    None), each with a ``title`` and ``message`` a phone shows (ntfy)."""
     head = f"edge-agent {device}"
     out: list[tuple[str, dict]] = []
     if now["engine"] != before["engine"]:
@@ -176,4 +177,15 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
         else:
             said = {"title": f"{head}: backups written again", "message": "the last backup was written"}
             out.append(("health", {"event": "backup_written", "device": device} | said))
+    stuck = now.get("trainer_stuck")
+    if bool(stuck) != bool(before.get("trainer_stuck")):  # the trainer cannot store this device's labels, and can again
+        if stuck:
+            said = {
+                "title": f"{head}: the trainer stores no labels",
+                "message": f"{stuck}: the labels wait on this device and are sent again",
+            }
+            out.append(("health", {"event": "trainer_not_storing", "device": device, "trainer_state": stuck} | said))
+        else:
+            said = {"title": f"{head}: the trainer stores labels again", "message": "the labels that waited are being sent"}
+            out.append(("health", {"event": "trainer_storing", "device": device} | said))
     return out

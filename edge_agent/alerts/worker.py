@@ -317,7 +317,14 @@ class AlertWorker(Worker):
         refused = dict((status.get("hotswap") or {}).get("refused") or {})
         healthy = status.get("healthy")
         backup_failed = (status.get("backup") or {}).get("failed") or None
-        before, self._observed = self._observed, {"engine": engine, "refused": refused, "healthy": healthy, "backup": backup_failed}
+        handoff = status.get("handoff") or {}
+        if handoff.get("trainer_alive"):  # a trainer that stores no labels (they wait here); a silent one is no news
+            trainer = handoff.get("trainer") or {}
+            stuck = trainer.get("state") if trainer.get("stores_labels") is False else None
+        else:
+            stuck = (self._observed or {}).get("trainer_stuck")
+        now = {"engine": engine, "refused": refused, "healthy": healthy, "backup": backup_failed, "trainer_stuck": stuck}
+        before, self._observed = self._observed, now
         if before:
             events = status_events(self.device, before, self._observed, status.get("last_errors", [])[-3:])
             for kind, body in events:

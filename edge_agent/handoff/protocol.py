@@ -16,7 +16,8 @@ Kinds:
 * ``refused`` (trainer -> daemon): ``{"id", "reason", "kind", "label"}``, a sample the trainer will never take (its
   label names a class it cannot accept); the daemon keeps the photo aside, out of the delivery queue
 * ``heartbeat`` (both ways): ``{"role", "time"}``; the trainer's adds ``"state"`` (idle, retraining, ...), ``"version"``
-  (the version in service) and ``"published"`` (when it was published): what a device's page shows of the trainer
+  (the version in service), ``"published"`` (when it was published) and ``"stores_labels"`` (false while it cannot store
+  the labels it is sent: a full disk): what a device's page shows of the trainer, and what its alerts say
 * ``engine`` (trainer PUB -> daemon SUB): ``{"version"}``, a new engine was published
 """
 
@@ -111,6 +112,7 @@ _SCHEMAS = {
         "state": Field(str, required=False, max_len=32),
         "version": Field(str, required=False, max_len=32),
         "published": Field(float, required=False, lo=0.0, hi=1e11),
+        "stores_labels": Field(bool, required=False),
     },
     "engine": {"version": Field(str, pattern=VERSION)},
 }
