@@ -165,9 +165,9 @@ def _status(args: argparse.Namespace) -> int:
             print(f"backup: {text}")
     if live and (problem := st.get("store_problem")):
         why = "the disk is full" if problem.get("full") else problem.get("error", "?")
-        print(
-            f"LABELS NOT STORED since {time.strftime('%H:%M', time.localtime(problem.get('since', 0)))}: {why}; the devices keep them and send them again"
-        )
+        since = problem.get("since", 0)
+        when = time.strftime("%H:%M" if time.time() - since < 20 * 3600 else "%Y-%m-%d %H:%M", time.localtime(since))
+        print(f"LABELS NOT STORED since {when}: {why}; the devices keep them and send them again")
     if st.get("blocked"):
         print(f"NOT RETRAINING: {st['blocked']}")
     elif st.get("waiting_for_new_samples"):
