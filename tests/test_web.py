@@ -676,6 +676,7 @@ def test_the_health_page_says_when_the_trainer_here_cannot_store_labels(state):
         assert ('id="trainer-store-problem"' in tile) is (problem is not None)
         if problem:
             assert "labels not stored: the disk is full: the devices keep them" in tile
+        assert ('<p class="big">labels not stored</p>' in tile) is (problem is not None)  # not "idle" above it
 
 
 def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version_and_how_many_labels_waited(state):

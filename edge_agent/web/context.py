@@ -155,7 +155,7 @@ class WebContext:
             return {
                 "where": "here",
                 "up": up,
-                "state": st.get("state") if up else "not running",
+                "state": ("labels not stored" if st.get("store_problem") else st.get("state")) if up else "not running",
                 "status": st,
                 "fleet": st.get("fleet") or [],
                 "rollout": st.get("rollout"),
