@@ -702,28 +702,23 @@ class ResultsDB:
     def queue_bytes(self) -> int:
         return self._query("SELECT COALESCE(SUM(bytes), 0) FROM label_queue")[0][0]
 
-    def _result_shas(self, ref: str) -> list[str]:
-        """The sha256 of the results ``ref`` names (at most two): by photo id, sha256 prefix (8+ characters) or
+    def _named(self, ref: str, columns: str = "sha256") -> list[tuple]:
+        """``columns`` of the results ``ref`` names (at most two): by photo id, sha256 prefix (8+ characters) or
         original path; failing those, by the file name alone (as ``review list`` and ``results`` show it)."""
-        rows = self._query(f"SELECT sha256 FROM results WHERE {_REF} LIMIT 2", _ref_args(ref))
+        rows = self._query(f"SELECT {columns} FROM results WHERE {_REF} LIMIT 2", _ref_args(ref))
         if not rows and ref and "/" not in ref:
-            rows = self._query(f"SELECT sha256 FROM results WHERE {_NAMED} LIMIT 2", (ref,) * 4)
-        return [sha for (sha,) in rows]
+            rows = self._query(f"SELECT {columns} FROM results WHERE {_NAMED} LIMIT 2", (ref,) * 4)
+        return rows
 
     def find_result(self, ref: str) -> tuple[str, str, str | None, str, float, str, float] | None:
         """A result by photo id, sha256 prefix (8+ characters), original path or file name: (sha256, photo id, path,
         class, confidence, engine version, when), or None (none, or more than one: :meth:`results_named` says which)."""
-        shas = self._result_shas(ref)
-        if len(shas) != 1:
-            return None
-        rows = self._query(
-            "SELECT sha256, photo_id, path, label, confidence, engine_version, created FROM results WHERE sha256 = ?", (shas[0],)
-        )
-        return tuple(rows[0]) if rows else None
+        rows = self._named(ref, "sha256, photo_id, path, label, confidence, engine_version, created")
+        return tuple(rows[0]) if len(rows) == 1 else None
 
     def results_named(self, ref: str) -> int:
         """How many results ``ref`` names, up to 2 (:meth:`find_result`): 2 is a name several photos had."""
-        return len(self._result_shas(ref))
+        return len(self._named(ref))
 
     def find_queued(self, ref: str) -> QueueEntry | None:
         """A queue entry by photo id or sha256 prefix, or by what names its result (:meth:`find_result`)."""
@@ -732,6 +727,6 @@ class ResultsDB:
             f"SELECT {columns} FROM label_queue WHERE photo_id = ? OR sha256 LIKE ? LIMIT 2", (ref, ref + "%" if len(ref) >= 8 else "\0")
         )
         if not rows:
-            shas = self._result_shas(ref)
-            rows = self._query(f"SELECT {columns} FROM label_queue WHERE sha256 = ?", (shas[0],)) if len(shas) == 1 else []
+            named = self._named(ref)
+            rows = self._query(f"SELECT {columns} FROM label_queue WHERE sha256 = ?", named[0]) if len(named) == 1 else []
         return QueueEntry(*rows[0]) if len(rows) == 1 else None

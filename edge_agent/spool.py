@@ -13,12 +13,12 @@ it again after a crash is harmless.
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 from pathlib import Path
 from typing import NamedTuple
 
+from edge_agent.storage_errors import NO_ROOM
 from engines.durable import atomic_write, fsync_dir, sync_filesystem
 from engines.errors import EdgeAgentError
 
@@ -96,7 +96,7 @@ class PhotoSpool:
                 self._used -= reserved
             for f in written:
                 f.unlink(missing_ok=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno in NO_ROOM:
                 raise QueueFull(f"disk full while queuing: {exc}") from None
             raise
         return out

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_agent.config import AppConfig, default_store_path
+from edge_agent.storage_errors import NO_ROOM
 from engines.errors import EdgeAgentError
 from engines.store import EngineStore
 
@@ -236,7 +237,7 @@ def write_status(path: Path, doc: dict) -> str | None:
         atomic_write(path, body.ljust(STATUS_SLOT_BYTES), durable=False, mode=STATUS_MODE)
         return None
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno not in NO_ROOM:
             raise
         why = f"disk full: {exc.strerror}"
     doc = {**doc, "disk_full": why}

@@ -9,7 +9,10 @@ import shutil
 import sqlite3
 from typing import Literal
 
-__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "storage_problem"]
+__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "storage_problem"]
+
+#: The errnos of a write the disk had no room for (a full disk, a user's quota spent).
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 #: Free bytes under which a disk counts as full for a database error that carries no code (Python 3.10).
 NEARLY_FULL = 4 << 20
@@ -35,7 +38,7 @@ def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) 
                 return "full"
         except OSError:
             pass
-    if code == _SQLITE_FULL or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+    if code == _SQLITE_FULL or (isinstance(exc, OSError) and exc.errno in NO_ROOM):
         return "full"
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return "locked"

@@ -373,11 +373,15 @@ def create_app(ctx: WebContext) -> Starlette:
     async def bad_parameter(request: Request, exc: BadParameter) -> Response:
         return problem(request, exc.status if isinstance(exc, Refused) else 400, str(exc))
 
+    def answer(request: Request, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        """A refusal in the request's shape: JSON on the API (and before the page knows the request's role), else the page."""
+        if request.url.path.startswith("/api/") or "role" not in request.scope.get("state", {}):
+            return refusal(request.url.path, status, message, headers)
+        return problem(request, status, message)
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         """Starlette's own refusals (no such page, wrong method, a malformed multipart body) in this page's shape."""
-        if request.url.path.startswith("/api/") or "role" not in request.scope.get("state", {}):
-            return refusal(request.url.path, exc.status_code, str(exc.detail), exc.headers)
-        return problem(request, exc.status_code, str(exc.detail))
+        return answer(request, exc.status_code, str(exc.detail), exc.headers)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         get_logger("web").error("web_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
@@ -390,9 +394,7 @@ def create_app(ctx: WebContext) -> Starlette:
             return await server_error(request, exc)
         status, message, headers = said
         get_logger("web").error("web_write_failed", path=request.url.path, status=status, error=f"{type(exc).__name__}: {exc}")
-        if request.url.path.startswith("/api/") or "role" not in request.scope.get("state", {}):
-            return refusal(request.url.path, status, message, headers)
-        return problem(request, status, message)
+        return answer(request, status, message, headers)
 
     async def ledger_unreadable(request: Request, exc: LedgerUnreadable) -> Response:
         """503 while a database cannot be read (locked past the wait): said, never shown as an empty list."""
