@@ -32,6 +32,7 @@ def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) 
     6's Python): with ``where`` (the folder the database is in) it counts as ``"full"`` while that disk has less than
     :data:`NEARLY_FULL` free, as None otherwise."""
     code = getattr(exc, "sqlite_errorcode", None)
+    code = None if code is None else code & 0xFF  # an extended code (BUSY_SNAPSHOT...) as its primary, as missing_table reads it
     if code is None and where is not None and isinstance(exc, sqlite3.OperationalError):
         try:
             if shutil.disk_usage(where).free < NEARLY_FULL:
