@@ -506,6 +506,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _state_dir_of(args: argparse.Namespace) -> Path | None:
+    """The state directory a command used, as it chose it (--state-dir, the config, $STATE_DIRECTORY, ./edge-state), or None."""
+    from edge_agent.state import resolve_state_dir
+
+    try:
+        return resolve_state_dir(getattr(args, "state_dir", None), _load(args))
+    except Exception:  # a config that cannot be read: its error was not the one being told  # noqa: BLE001
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     import sqlite3
 
@@ -521,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except (sqlite3.DatabaseError, OSError) as exc:
-        problem = storage_problem(exc, getattr(args, "state_dir", None))  # (the folder, for Python 3.10's codeless errors)
+        problem = storage_problem(exc, _state_dir_of(args))  # (the folder, for Python 3.10's codeless errors)
         if problem == "full":  # one line, not a traceback; never taken for a damaged ledger
             print(
                 f"edge-agent: the disk is full ({exc}): free space (edge-agent status says what holds it), then try again", file=sys.stderr

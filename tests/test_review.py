@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -217,6 +218,36 @@ def test_a_label_the_full_disk_cannot_take_is_said_as_a_full_disk_not_a_damaged_
     assert err.startswith("edge-agent: the disk is full") and "unreadable" not in err and len(err.splitlines()) == 1
     entry = ResultsDB(state / "results.sqlite", readonly=True).queue_entry(f"{0:064x}")
     assert entry.kind == "review" and Path(entry.file).is_file()
+
+
+def test_a_codeless_database_error_as_python_3_10_raises_is_a_full_disk_without_state_dir_too(tmp_path, capsys, monkeypatch):
+    """JetPack 6's Python gives a database error no code, so the disk of the state directory is asked: a command given
+    no --state-dir (the default ./edge-state, as a farmer runs it) asks the same disk, and a full one is said as full
+    (it said the results database was unreadable and would be set aside)."""
+    import shutil
+
+    from edge_agent import storage_errors
+    from edge_agent.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    db, _ = _db_with_pool(tmp_path / "edge-state", 2)
+    db.close()
+    asked = []
+
+    def mark_expert(self, *a, **k):
+        raise sqlite3.OperationalError("database or disk is full")  # no sqlite_errorcode, as on 3.10
+
+    def disk_usage(where):
+        asked.append(Path(where).resolve())
+        return shutil._ntuple_diskusage(1 << 34, (1 << 34) - (1 << 20), 1 << 20)  # 1 MiB free
+
+    monkeypatch.setattr(ResultsDB, "mark_expert", mark_expert)
+    monkeypatch.setattr(storage_errors.shutil, "disk_usage", disk_usage)
+    assert main(["review", "label", "p0", "Tomato___healthy"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edge-agent: the disk is full") and "unreadable" not in err, err
+    assert asked == [(tmp_path / "edge-state").resolve()]
 
 
 def test_each_question_says_where_its_photo_came_from_its_plant_file_name_or_camera(tmp_path, capsys):
