@@ -3,16 +3,15 @@ database, told apart by their codes (SQLite's result code, the OS's errno), neve
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import sqlite3
 from typing import Literal
 
+from engines.durable import NO_ROOM
+
 __all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "storage_problem"]
 
-#: The errnos of a write the disk had no room for (a full disk, a user's quota spent).
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 #: Free bytes under which a disk counts as full for a database error that carries no code (Python 3.10).
 NEARLY_FULL = 4 << 20

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path, PurePath
 
-__all__ = ["fsync_dir", "fsync_file", "atomic_write", "read_at_most", "sync_filesystem", "set_aside", "moved_here", "relocate_rows"]
+__all__ = [
+    "NO_ROOM",
+    "fsync_dir",
+    "fsync_file",
+    "atomic_write",
+    "read_at_most",
+    "sync_filesystem",
+    "set_aside",
+    "moved_here",
+    "relocate_rows",
+]
+
+#: The errnos of a write the disk had no room for (a full disk, a user's quota spent).
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 def read_at_most(path: str | os.PathLike, limit: int) -> bytes | None:

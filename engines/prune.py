@@ -4,23 +4,23 @@ ONNX and the weights the next retrain starts from) would otherwise fill a Raspbe
 A version is deleted only where nothing needs it. Never: a release (a version without a parent: the shipped models
 and the first version of any new lineage, which the gate compares candidates with and an upgrade or rollback may
 return to), the version in service, a rollback's pin, the versions the caller names (the one a daemon serves, the
-one its golden photos were labelled by), nor the ``keep`` newest of the rest. Each deleted version's parent is
-recorded in the store's ``pruned.json`` first, so a lineage is still followed to its first version across the gap
-and the name is never handed out again; the directory is renamed aside, then removed, so a crash leaves either the
-version whole or a leftover the next pass removes.
+one its golden photos were labelled by), nor the ``keep`` newest of the rest. A deleted version's directory is
+renamed aside (a rename takes no room), its parent recorded in the store's ``pruned.json``, then it is removed, so a
+lineage is still followed to its first version across the gap and the name is never handed out again; a crash leaves
+the version whole or a leftover whose manifest still names its parent, which the next pass records and removes. On a
+disk too full to take the record, the leftovers' models go first (:meth:`~engines.store.EngineStore.settle_pruned`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from engines.durable import atomic_write, fsync_dir
-from engines.store import PRUNED, EngineStore, StoreError
+from engines.durable import fsync_dir
+from engines.store import EngineStore, StoreError
 
 __all__ = ["Deleted", "forget_caches", "prune_versions", "store_bytes"]
 
@@ -58,18 +58,15 @@ def prune_versions(store: EngineStore, keep: int, protect: Iterable[str] = ()) -
         doomed = [(v, m) for v, m in retrained[: max(0, len(retrained) - keep)] if v not in spared]
         if not doomed:
             return []
-        record = store.pruned() | {v: m["parent"] for v, m in doomed}
-        atomic_write(store.root / PRUNED, (json.dumps(record, indent=0, sort_keys=True) + "\n").encode())
         deleted = []
         for version, manifest in doomed:
             files = manifest.get("files") or {}
             size = _bytes(store.root / version)
-            aside = store.root / f".pruned-{version}"
-            os.rename(store.root / version, aside)
-            fsync_dir(store.root)
-            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(store.root / version, store.root / f".pruned-{version}")  # takes no room: a full disk too
             sha = {name: str((meta or {}).get("sha256", "")) for name, meta in files.items() if isinstance(meta, dict)}
             deleted.append(Deleted(version, size, sha.get("model.onnx", ""), sha.get("model.int8.onnx", "")))
+        fsync_dir(store.root)
+        store.settle_pruned()
         return deleted
 
 

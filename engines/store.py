@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from engines.durable import atomic_write, fsync_dir, fsync_file
+from engines.durable import NO_ROOM, atomic_write, fsync_dir, fsync_file
 from engines.errors import EdgeAgentError
 
 __all__ = ["EngineStore", "StoreVersion", "StoreError", "TamperedError", "OfferRefused", "MANIFEST", "sha256_file"]
@@ -256,20 +256,61 @@ class EngineStore:
         return f"v{max(nums, default=0) + 1:04d}"
 
     def clean_partial(self) -> None:
-        """Remove what a publish or a prune stopped half-way left (``.tmp-*``, ``.pruned-*``); under :meth:`locked`."""
+        """Remove what a publish or a prune stopped half-way left (``.tmp-*``; ``.pruned-*`` once its parent is
+        recorded: :meth:`settle_pruned`); under :meth:`locked`."""
         for p in self.root.iterdir():
-            if p.name.startswith((".tmp-", ".pruned-")):
+            if p.name.startswith(".tmp-"):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        self.settle_pruned()
+
+    def settle_pruned(self) -> bool:
+        """Record the parents of the versions set aside for deletion (``.pruned-*``, each still holding its manifest)
+        in ``pruned.json``, then remove them; under :meth:`locked`. On a disk too full to take the record, their other
+        files go first (the room a prune is for) and the record is written again; where even that fails they stay, each
+        its manifest alone, for the next pass (False)."""
+        aside = sorted(p for p in self.root.iterdir() if p.name.startswith(".pruned-") and p.is_dir())
+        if not aside:
+            return True
+        record = (json.dumps(self.pruned(), indent=0, sort_keys=True) + "\n").encode()
+        try:
+            atomic_write(self.root / PRUNED, record)
+        except OSError as exc:
+            if exc.errno not in NO_ROOM:
+                raise
+            for folder in aside:
+                for f in folder.iterdir():
+                    if f.name != MANIFEST:
+                        f.unlink(missing_ok=True)
+            try:
+                atomic_write(self.root / PRUNED, record)
+            except OSError as again:
+                if again.errno not in NO_ROOM:
+                    raise
+                return False
+        for folder in aside:
+            shutil.rmtree(folder, ignore_errors=True)
+        return True
 
     def pruned(self) -> dict[str, str]:
-        """The versions :mod:`engines.prune` deleted, each with its parent (a lineage is followed across them)."""
+        """The versions :mod:`engines.prune` deleted, each with its parent (a lineage is followed across them): those
+        recorded in ``pruned.json`` and those set aside but not recorded yet (their manifest says)."""
         try:
             record = json.loads((self.root / PRUNED).read_text())
         except (OSError, ValueError):
-            return {}
-        return (
+            record = {}
+        found = (
             {k: v for k, v in record.items() if _VERSION_RE.match(str(k)) and _VERSION_RE.match(str(v))} if isinstance(record, dict) else {}
         )
+        with contextlib.suppress(OSError):
+            for folder in self.root.glob(".pruned-v*"):
+                try:
+                    parent = json.loads((folder / MANIFEST).read_text()).get("parent")
+                except (OSError, ValueError, AttributeError):
+                    continue
+                name = folder.name.removeprefix(".pruned-")
+                if _VERSION_RE.match(name) and isinstance(parent, str) and _VERSION_RE.match(parent):
+                    found.setdefault(name, parent)
+        return found
 
     def parent_of(self, version: str) -> str | None:
         """The version ``version`` was retrained from: its manifest's ``parent``, or for a deleted version the one

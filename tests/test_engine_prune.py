@@ -237,23 +237,89 @@ def test_edge_trainer_status_says_how_many_pseudo_labels_and_engine_versions_wen
     assert "engines: 6 versions (200 MiB), the 5 newest retrains kept; 12 older deleted in all (store /srv/coop/engines)" in out
 
 
-def test_a_store_that_cannot_be_written_keeps_its_versions_and_the_photos_pass_goes_on(tmp_path, monkeypatch):
-    from engines import prune
+def _full_disk_for_the_record(monkeypatch, times: int) -> list[str]:
+    """The store's ``pruned.json`` cannot be written the first ``times`` tries (ENOSPC, a full disk); the tries made."""
+    from engines import durable, prune
+    from engines import store as store_module
+
+    tries, write = [], durable.atomic_write
+
+    def atomic_write(path, data):
+        if Path(path).name == "pruned.json":
+            tries.append(Path(path).name)
+            if len(tries) <= times:
+                raise OSError(28, "No space left on device")
+        return write(path, data)
+
+    for module in (store_module, prune):  # wherever the store's files are written from
+        if hasattr(module, "atomic_write"):
+            monkeypatch.setattr(module, "atomic_write", atomic_write)
+    return tries
+
+
+def test_on_a_full_disk_old_versions_free_their_room_first_and_are_recorded_then(tmp_path, monkeypatch):
+    """A disk too full for the few bytes of ``pruned.json`` kept every old version (33 MB each) and stayed full: the
+    versions set aside give up their models first, then the record is written and they go."""
+    store = _season(tmp_path, retrains=5)
+    tries = _full_disk_for_the_record(monkeypatch, times=1)
+    deleted = prune_versions(store, keep=1)
+    assert [d.version for d in deleted] == ["v1001", "v1002", "v1003", "v1004"] and len(tries) == 2
+    assert store.versions() == ["v1000", "v1005"] and not list(store.root.glob(".pruned-*"))
+    assert store.pruned() == {"v1001": "v1000", "v1002": "v1001", "v1003": "v1002", "v1004": "v1003"}
+    assert json.loads((store.root / "pruned.json").read_text()) == store.pruned()
+
+
+def test_a_disk_that_stays_full_loses_the_old_models_keeps_their_lineage_and_records_it_once_it_can(tmp_path, monkeypatch):
+    """Where even the freed room cannot take the record (another writer fills it), each version set aside keeps only its
+    manifest: its parent still answers, its name is not handed out again, and the next pass with room records and
+    removes it. The photos pass goes on meanwhile (logged, no exception)."""
+    from trainer.lineage import lineage_root
 
     store = _season(tmp_path, retrains=8)
     layout = StateLayout(tmp_path / "state")
     layout.create()
     db = ResultsDB(layout.db)
-
-    def full(*a, **k):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(prune, "atomic_write", full)
+    _full_disk_for_the_record(monkeypatch, times=2)
+    before = store_bytes(store)[1]
     r = Retention(RetentionSection(), layout.root, db, store=store, serving=lambda: "v1008")
-    r.run_once(age=True)  # no exception: logged, the next pass tries again
-    assert len(store.versions()) == 9 and r.last_pass is not None and r.status()["pruned_engines"] == 0
-    assert store.pruned() == {}
+    r.run_once(age=True)
+    kept = RetentionSection().engine_versions
+    assert kept == 5 and r.last_pass is not None and r.status()["pruned_engines"] == 3
+    assert len(store.versions()) == 1 + kept and store_bytes(store)[1] < before
+    aside = sorted(p.name for p in store.root.glob(".pruned-*"))
+    assert aside == [".pruned-v1001", ".pruned-v1002", ".pruned-v1003"]
+    assert all([f.name for f in (store.root / a).iterdir()] == ["manifest.json"] for a in aside)  # the models are gone
+    assert not (store.root / "pruned.json").exists() and store.parent_of("v1002") == "v1001"
+    assert lineage_root(store, "v1008") == "v1000"
+    src = tmp_path / "next.onnx"
+    src.write_bytes(b"next")
+    assert store.publish({"model.onnx": src}, _manifest(), make_current=False).name == "v1009"  # room now: recorded
+    assert not list(store.root.glob(".pruned-*")) and json.loads((store.root / "pruned.json").read_text())["v1003"] == "v1002"
     db.close()
+
+
+def test_a_store_that_cannot_be_written_otherwise_raises_and_loses_no_version(tmp_path, monkeypatch):
+    """Another error writing the record (a read-only store) is not taken for a full disk: nothing is deleted, the
+    versions set aside stay whole and are recorded and removed by the next pass that can write."""
+    from engines import prune
+    from engines import store as store_module
+
+    store = _season(tmp_path, retrains=3)
+
+    def read_only(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as m:
+        for module in (store_module, prune):
+            if hasattr(module, "atomic_write"):
+                m.setattr(module, "atomic_write", read_only)
+        with pytest.raises(PermissionError):
+            prune_versions(store, keep=1)
+    assert sorted(p.name for p in store.root.glob(".pruned-*")) == [".pruned-v1001", ".pruned-v1002"]
+    assert (store.root / ".pruned-v1001" / "model.onnx").is_file()  # whole: only a full disk frees the models first
+    assert store.pruned() == {"v1001": "v1000", "v1002": "v1001"}
+    assert prune_versions(store, keep=1) == [] and not list(store.root.glob(".pruned-*"))
+    assert json.loads((store.root / "pruned.json").read_text()) == {"v1001": "v1000", "v1002": "v1001"}
 
 
 def test_edge_agent_status_says_how_many_versions_are_held_and_kept_and_what_the_trainers_labels_take(tmp_path, capsys):
