@@ -438,6 +438,23 @@ def test_the_plants_page_shows_each_plant_its_verdict_and_its_photos(state):
     time.sleep(0)
 
 
+def test_a_plant_not_answered_confidently_shows_its_score_as_a_guess_not_in_the_colour_of_a_sure_answer(state):
+    """Four photos the model calls "not a plant I know" at 97 %: the plant reads "Not a plant I know", and its combined
+    100 % is not painted the green of a sure answer beside it (the two together read as a sure finding)."""
+    from edge_agent.results import ResultsDB
+    from edge_agent.state import StateLayout
+
+    from .web_helpers import client
+
+    db = ResultsDB(StateLayout(state).db)
+    _plant_rows(db, "tree-9", "Apple___healthy", 0.97, 4, verdict="unknown")
+    db.close()
+    c = client(state)
+    assert c.get("/api/v1/plants/tree-9").json()["verdict"] == "unknown"
+    section = c.get("/plants/tree-9").text.split('data-plant="tree-9"')[1].split("</p>")[0]
+    assert "Not a plant I know" in section and '<span class="conf ">100 %</span>' in section and "conf high" not in section
+
+
 def test_each_plant_has_a_page_of_its_own_linked_from_the_plants_page_its_photos_and_the_review_page(state):
     import sqlite3
 

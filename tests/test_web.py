@@ -484,6 +484,7 @@ def test_an_unsure_or_unknown_answer_reads_as_such_not_as_a_disease_name(state):
     page = c.get("/photos").text
     assert 'class="verdict unsure">Not sure: ask an expert<' in page and 'class="verdict unknown">Not a plant I know<' in page
     assert page.count("best guess: ") == 2  # the class is only a guess there; the six confident-era rows show their class
+    assert page.count('class="conf ">93 %<') == 2 and 'class="conf high">93 %<' not in page  # a guess's 93 % is not green
     photo = c.get(f"/photo/{rows[1].sha256}").text
     assert "Not a plant I know" in photo and "Best guess:" in photo and '<dd id="verdict">unknown</dd>' in photo
     old = c.get(f"/photo/{sha_of(state, 'p3')}").text  # a result stored before verdicts existed
