@@ -348,41 +348,50 @@ class EngineStore:
             except StoreError:
                 parent = None
             tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=self.root))
-            os.chmod(tmp, 0o755)  # readable by a daemon running as another user
-            _step("tmpdir")
-            entries = {}
-            for fname, src in files.items():
-                dst = tmp / fname
-                shutil.copyfile(src, dst)
-                fsync_file(dst)
-                entries[fname] = {"sha256": sha256_file(dst), "bytes": dst.stat().st_size}
-                _step("file")
-            full = {
-                "format": MANIFEST_FORMAT,
-                "version": version,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "parent": parent,
-                **{k: v for k, v in manifest.items() if k not in ("version", "files", "format", "created", "parent")},
-                "files": entries,
-            }
-            if "parent" in manifest:
-                full["parent"] = manifest["parent"]
-            mpath = tmp / MANIFEST
-            mpath.write_text(json.dumps(full, indent=2, sort_keys=False) + "\n")
-            fsync_file(mpath)
-            if sign is not None:
-                spath = tmp / SIGNATURE_FILE
-                spath.write_bytes(sign(mpath.read_bytes()))
-                fsync_file(spath)
-            fsync_dir(tmp)
-            _step("manifest")
-            os.rename(tmp, self.root / version)
+            try:
+                self._fill(tmp, files, manifest, version, parent, sign)
+                os.rename(tmp, self.root / version)
+            except BaseException:  # a full disk, a source gone: what was copied goes now, not at the next publish
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             fsync_dir(self.root)
             _step("renamed")
             if make_current:
                 self._write_current(version)
             _step("current")
         return self.open(version)
+
+    @staticmethod
+    def _fill(tmp: Path, files: Mapping[str, str | os.PathLike], manifest: Mapping, version: str, parent: str | None, sign) -> None:
+        """Write a version's files, manifest and signature into ``tmp``, each made durable (:meth:`publish`)."""
+        os.chmod(tmp, 0o755)  # readable by a daemon running as another user
+        _step("tmpdir")
+        entries = {}
+        for fname, src in files.items():
+            dst = tmp / fname
+            shutil.copyfile(src, dst)
+            fsync_file(dst)
+            entries[fname] = {"sha256": sha256_file(dst), "bytes": dst.stat().st_size}
+            _step("file")
+        full = {
+            "format": MANIFEST_FORMAT,
+            "version": version,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "parent": parent,
+            **{k: v for k, v in manifest.items() if k not in ("version", "files", "format", "created", "parent")},
+            "files": entries,
+        }
+        if "parent" in manifest:
+            full["parent"] = manifest["parent"]
+        mpath = tmp / MANIFEST
+        mpath.write_text(json.dumps(full, indent=2, sort_keys=False) + "\n")
+        fsync_file(mpath)
+        if sign is not None:
+            spath = tmp / SIGNATURE_FILE
+            spath.write_bytes(sign(mpath.read_bytes()))
+            fsync_file(spath)
+        fsync_dir(tmp)
+        _step("manifest")
 
     # ---- versions that arrive from elsewhere (engine transfer) ---------------
     def incoming(self, version: str) -> Path:

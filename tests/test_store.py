@@ -135,6 +135,26 @@ def test_publish_interrupted_at_each_step_leaves_current_complete(tmp_path, monk
     assert not [p for p in store.root.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_a_publish_the_disk_cannot_take_leaves_nothing_half_written_and_the_version_in_service(tmp_path, monkeypatch):
+    """A retrain's version on a full disk: the part copied before ENOSPC was left in ``.tmp-*`` until the next publish
+    (up to a version's 33 MB on a disk already full); it goes at once now, and the next publish takes the same name."""
+    store = EngineStore(tmp_path / "store")
+    _publish(store, tmp_path, b"good")
+    copy = store_mod.shutil.copyfile
+
+    def half_then_full(src, dst, *a, **k):
+        Path(dst).write_bytes(Path(src).read_bytes()[:2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_mod.shutil, "copyfile", half_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        _publish(store, tmp_path, b"new version")
+    assert [p.name for p in store.root.iterdir() if p.name.startswith(".tmp-")] == []
+    assert store.current() == "v0001" and store.versions() == ["v0001"]
+    monkeypatch.setattr(store_mod.shutil, "copyfile", copy)
+    assert _publish(store, tmp_path, b"new version").name == "v0002"
+
+
 @pytest.mark.parametrize("kill_at", STEPS)
 def test_publish_killed_with_sigkill_at_each_step(tmp_path, kill_at):
     store = EngineStore(tmp_path / "store")
