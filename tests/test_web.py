@@ -680,6 +680,21 @@ def test_the_health_page_says_when_the_trainer_here_cannot_store_labels(state):
         assert ('<p class="big">labels not stored</p>' in tile) is (problem is not None)  # not "idle" above it
 
 
+def test_the_health_page_says_when_the_trainer_here_waits_for_room_to_retrain(state):
+    """A trainer whose disk has no room for a retrain's version starts none and says so: the Trainer tile heads it
+    "waiting for room" and says what it waits for; with room again, nothing of it."""
+    import os
+
+    (state / "trainer").mkdir(exist_ok=True)
+    status = state / "trainer" / "status.json"
+    why = "the disk is full: a retrain writes about 80 MiB and 3 MiB is free; it starts once there is room (the labels wait)"
+    for waiting in (why, None):
+        status.write_text(json.dumps({"pid": os.getpid(), "updated": time.time(), "state": "idle", "waiting_for_room": waiting}))
+        tile = client(state).get("/health").text.split('id="trainer"')[1].split("</div>")[0]
+        assert ('id="trainer-room"' in tile) is (waiting is not None) and (why in tile) is (waiting is not None)
+        assert ('<p class="big">waiting for room</p>' in tile) is (waiting is not None), tile
+
+
 def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version_and_how_many_labels_waited(state):
     store = resolve_store(AppConfig(), state)
     v1 = store.open(SHIPPED)

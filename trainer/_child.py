@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -20,10 +21,21 @@ from pathlib import Path
 
 from edge_agent.config import AppConfig
 from edge_agent.log import get_logger, logging_settings
+from edge_agent.storage_errors import storage_problem
+from engines.errors import EdgeAgentError
+from trainer.loop.room import MARGIN
 from trainer.retrain import RetrainResult
 from trainer.stop import Stopped
 
-__all__ = ["retrain_in_child"]
+__all__ = ["RetrainDiskFull", "RetrainFailed", "retrain_in_child"]
+
+
+class RetrainFailed(EdgeAgentError, RuntimeError):
+    """The retrain's process failed (its error as it said it) or died."""
+
+
+class RetrainDiskFull(RetrainFailed):
+    """The retrain failed for want of room on the disk (the trainer waits for room, not for new samples)."""
 
 
 def _child(
@@ -57,13 +69,24 @@ def _child(
     except Stopped as exc:
         conn.send(("stopped", str(exc)))
     except Exception as exc:  # noqa: BLE001 - the service records it and waits for new samples
-        conn.send(("error", repr(exc)))
+        conn.send(("error", repr(exc), _for_want_of_room(exc, Path(store_root))))
     finally:
         samples.close()
         conn.close()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # no wait at interpreter shutdown for a thread a library left behind: the work is done
+
+
+def _for_want_of_room(exc: BaseException, root: Path) -> bool:
+    """Whether a retrain failed on a full disk: by the error's code, or (torch and ONNX say it in words alone) by the
+    disk of ``root`` left with less than :data:`trainer.loop.room.MARGIN` free."""
+    if storage_problem(exc, root) == "full":
+        return True
+    try:
+        return shutil.disk_usage(root).free < MARGIN
+    except OSError:
+        return False
 
 
 def _die_with_parent() -> None:
@@ -89,7 +112,8 @@ def retrain_in_child(
     stop_grace_s: float = 4.0,
 ) -> RetrainResult:
     """One retrain in a child process; the same outcomes as :func:`trainer.retrain.retrain` (raises
-    :class:`trainer.stop.Stopped` once ``should_stop()``, RuntimeError when the child fails or dies)."""
+    :class:`trainer.stop.Stopped` once ``should_stop()``, :class:`RetrainFailed` when the child fails or dies,
+    :class:`RetrainDiskFull` where it failed for want of room)."""
     log = get_logger("trainer.child")
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
@@ -150,10 +174,10 @@ def retrain_in_child(
     if outcome is None:
         if stop_sent is not None:
             raise Stopped("stop requested (the retrain's process ended)")
-        raise RuntimeError(f"the retrain's process died (exit code {proc.exitcode}): out of memory?")
-    kind, payload = outcome
+        raise RetrainFailed(f"the retrain's process died (exit code {proc.exitcode}): out of memory?")
+    kind, payload, *full = outcome
     if kind == "result":
         return RetrainResult(**payload)
     if kind == "stopped":
         raise Stopped(payload)
-    raise RuntimeError(payload)
+    raise (RetrainDiskFull if full and full[0] else RetrainFailed)(payload)

@@ -170,6 +170,8 @@ def _status(args: argparse.Namespace) -> int:
         print(f"LABELS NOT STORED since {when}: {why}; the devices keep them and send them again")
     if st.get("blocked"):
         print(f"NOT RETRAINING: {st['blocked']}")
+    elif live and st.get("waiting_for_room"):
+        print(f"NOT RETRAINING: {st['waiting_for_room']}")
     elif st.get("waiting_for_new_samples"):
         print("the last retrain failed: waiting for new samples before the next")
     return 0

@@ -25,9 +25,10 @@ from edge_agent.upgrade import pending_release
 from engines.prune import store_bytes
 from engines.signing import load_or_create_key
 from engines.store import StoreError
-from trainer._child import retrain_in_child
+from trainer._child import RetrainDiskFull, retrain_in_child
 from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
+from trainer.loop.room import RoomWatch
 from trainer.loop.unlabelled_pool import UnlabelledPool
 from trainer.receiver import Receiver
 from trainer.retrain import RetrainResult, balance_pseudo, retrain, settle_published
@@ -77,6 +78,7 @@ class TrainerService:
         self.retrains = {"published": 0, "refused": 0, "failed": 0}
         self.labelled: dict = {}
         self._hold: int | None = None  # after a failed retrain: the sample count it failed on
+        self.room = RoomWatch(self.store, self.log)  # a retrain starts only where its version fits on the disk
         self._plan: tuple = ((), {})
         self._field_wait: tuple[tuple, str | None] = ((), None)  # ((sample count, corrections), why no candidate could be judged yet)
         self._release_tried = -1  # the sample count a retrain of an upgrade's pending release last ran on
@@ -160,6 +162,7 @@ class TrainerService:
             "blocked": self.blocked,
             "labelled": self.labelled,
             "waiting_for_new_samples": self._hold is not None,
+            "waiting_for_room": self.room.reason,
             "waiting_for_field_check": self._field_wait[1],
             "next_publish": self._next_publish(counts),
             "receiver": dict(self.receiver.counters),
@@ -194,7 +197,8 @@ class TrainerService:
     def _describe(self) -> dict:
         """What a heartbeat tells the devices: this trainer's state (that it cannot store their labels, first), the
         version in service and when it was published."""
-        said = {"state": self.receiver.problem_state or self.state[:32], "stores_labels": self.receiver.store_problem is None}
+        state = self.receiver.problem_state or ("waiting for room: disk full" if self.room.reason else self.state[:32])
+        said = {"state": state, "stores_labels": self.receiver.store_problem is None}
         try:
             version = self.store.current()
             published = (self.store.root / version / "manifest.json").stat().st_mtime
@@ -245,6 +249,10 @@ class TrainerService:
             self._field_wait = (key, too_few_to_judge(self.samples.all(), tc.field_check_every, tc.field_check_min))
         return self._field_wait[1] is None  # else a candidate could not be published: no retrain spent on it
 
+    def _start_now(self, requested: bool) -> bool:
+        """Whether a retrain starts now: asked for, or due and not blocked, and the disk has room for its version."""
+        return self.room.check() is None and (requested or (self._due() and not self.blocked))
+
     def _retrain_once(self) -> None:
         self.blocked = self.check_validation()
         if self.blocked:
@@ -268,8 +276,13 @@ class TrainerService:
                 progress=self._progress,
                 should_stop=self._stop.is_set,
             )
+            self.room.succeeded()
         except Stopped as exc:
             self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
+        except RetrainDiskFull as exc:  # not the samples' fault: the next retrain waits for room, not for new ones
+            self.room.failed_for_room()
+            self.log.error("retrain_failed", error=str(exc), next="starts again once the disk has room")
+            self.last = RetrainResult(None, f"failed: the disk is full: {exc}", {}, 0, 0.0)
         except Exception as exc:
             counts = self.samples.counts()
             self._hold = counts["pseudo"] + counts["expert"]
@@ -310,7 +323,7 @@ class TrainerService:
         next_status = 0.0
         while not self._stop.is_set():
             requested = self.request_file.exists()
-            if requested or (self._due() and not self.blocked):
+            if self._start_now(requested):
                 self.request_file.unlink(missing_ok=True)
                 self._retrain_once()
             if time.monotonic() >= next_status:

@@ -155,7 +155,7 @@ class WebContext:
             return {
                 "where": "here",
                 "up": up,
-                "state": ("labels not stored" if st.get("store_problem") else st.get("state")) if up else "not running",
+                "state": _trainer_state(st) if up else "not running",
                 "status": st,
                 "fleet": st.get("fleet") or [],
                 "rollout": st.get("rollout"),
@@ -286,6 +286,13 @@ class WebContext:
             return roll_back(self.cfg, self.state.root, store, to, daemon_trust(self.cfg, self.state.root))
         except StoreError as exc:
             raise Refused(409, f"cannot put {to} in service: {exc}") from None
+
+
+def _trainer_state(st: dict) -> str:
+    """A running trainer's state as its tile heads it: what stops it first (labels not stored, no room to retrain)."""
+    if st.get("store_problem"):
+        return "labels not stored"
+    return "waiting for room" if st.get("waiting_for_room") else st.get("state")
 
 
 class BadParameter(EdgeAgentError, ValueError):
