@@ -379,8 +379,24 @@ def test_an_upload_onto_a_full_disk_says_so_and_leaves_no_part_file(state, monke
     monkeypatch.setattr(inbox_files.os, "fsync", full)
     c = client(state)
     r = _upload(c, ("a.jpg", _photos(8)[7].read_bytes()))
-    assert r.status_code == 507 and "No space left" in r.text
+    assert r.status_code == 507 and "the device&#39;s disk is full: nothing was written" in r.text, r.text
     assert list((state / "inbox").iterdir()) == []
+
+
+def test_an_upload_into_an_inbox_that_cannot_be_written_is_not_called_a_full_disk(state, monkeypatch):
+    """A permission refused (the inbox made by another user) is the device's fault, named with the folder, not a 507
+    telling the farmer to free space that is there."""
+    import errno
+
+    import edge_agent.inbox_files as inbox_files
+
+    def refused(fd):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(inbox_files.os, "fsync", refused)
+    r = _upload(client(state), ("a.jpg", _photos(8)[7].read_bytes()))
+    assert r.status_code == 500 and "could not store the photo in " in r.text and "Permission denied" in r.text, r.text
+    assert "disk is full" not in r.text and list((state / "inbox").iterdir()) == []
 
 
 def test_an_upload_with_no_file_is_a_clear_error(state):

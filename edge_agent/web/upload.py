@@ -19,6 +19,7 @@ from pathlib import Path
 from edge_agent.imageheader import ImageRejected, ImageTooLarge, check_image
 from edge_agent.inbox_files import place
 from edge_agent.plants import folder_named, name_problem, tidy_name
+from edge_agent.storage_errors import FULL_DISK, NO_ROOM
 
 __all__ = ["Outcome", "plant_folder", "store_upload", "EXTENSIONS"]
 
@@ -28,7 +29,7 @@ EXTENSIONS = {"jpeg": ".jpg", "png": ".png", "bmp": ".bmp", "webp": ".webp", "ti
 @dataclass(frozen=True)
 class Outcome:
     name: str  # as the browser named it (shown, never used as a path)
-    status: int  # 201 stored, 413 too large, 415 not an image we take, 507 no room
+    status: int  # 201 stored, 413 too large, 415 not an image we take, 507 no room, 500 the inbox cannot be written
     sha256: str | None = None
     stored_as: str | None = None
     error: str | None = None
@@ -49,7 +50,9 @@ def store_upload(name: str, data: bytes, inbox: Path, max_file_bytes: int, max_p
     try:
         final = place(inbox, f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{sha[:12]}{EXTENSIONS[header.format]}", data)
     except OSError as exc:
-        return Outcome(shown, 507, sha, error=f"could not store the photo: {exc.strerror or exc}")
+        if exc.errno in NO_ROOM:
+            return Outcome(shown, 507, sha, error=FULL_DISK)
+        return Outcome(shown, 500, sha, error=f"could not store the photo in {inbox}: {exc.strerror or exc}")
     return Outcome(shown, 201, sha, final.name)
 
 
