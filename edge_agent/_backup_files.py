@@ -3,8 +3,11 @@ sha256, and every backup that holds it names it there, so a day's backup writes 
 season's photos every day) and no file it writes outgrows the 4 GiB a FAT32 stick takes.
 
 They live in ``<dir>/edge-agent-<device>.files/``: ``<ab>/<sha256>`` as they are, or, in a sealed backup,
-``<ab>/<sha256>-<salt>.sealed``, sealed under the key of the backup that added them (its salt in the name: a
-passphrase changed since starts new copies, and the backups sealed with the old one still restore with it). Every
+``<ab>/<tag>-<salt>.sealed``, sealed under the key of the backup that added them and named by a tag keyed with it
+(:func:`~edge_agent._backup_seal.name_tag`: a sealed stick does not tell one who has the same photo that it is
+there; its salt in the name: a passphrase changed since starts new copies, and the backups sealed with the old one
+still restore with it; sealed files of backups before keyed names, ``<sha256>-<salt>.sealed``, still restore, and
+are written once more under a keyed name by the next backup). Every
 file is written under a temporary name and renamed whole; one is taken as there only at the size it must have (and,
 sealed, where the passphrase opens its salt's files). A file no backup in the folder names is deleted once the
 backups naming it are, and never while a backup there cannot be read (its files are kept until it is deleted itself).
@@ -19,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from edge_agent._backup_readback import HashingWriter, drop_cached, read_back
-from edge_agent._backup_seal import Sealer, SealError, Unsealer, sealed_size
+from edge_agent._backup_seal import Sealer, SealError, Unsealer, name_tag, sealed_size
 from engines.store import sha256_stream
 
 __all__ = ["SHARED_MIN", "SharedFiles", "open_shared", "referenced", "shared_name_ok", "shared_root"]
@@ -48,6 +51,7 @@ class SharedFiles:
     def __init__(self, root: Path, sealer: Sealer | None = None, unsealer: Unsealer | None = None) -> None:
         self.root, self.sealer, self.unsealer = Path(root), sealer, unsealer
         self._opens: dict[str, bool] = {sealer.salt.hex(): True} if sealer else {}
+        self._salt_keys: dict[str, bytes] | None = None  # salt -> key, for the salts this passphrase opens (listed once)
 
     def size_of(self, name: str, plain_bytes: int) -> int:
         """The bytes on the stick of the shared file ``name`` that holds ``plain_bytes``."""
@@ -55,25 +59,40 @@ class SharedFiles:
 
     def find(self, sha: str, plain_bytes: int) -> str | None:
         """The name of a whole shared file holding the bytes ``sha`` that this backup may name, or None."""
-        folder = self.root / sha[:2]
         if self.sealer is None:
-            p = folder / sha
-            return f"{sha[:2]}/{sha}" if _size(p) == plain_bytes else None
-        try:
-            names = sorted(os.listdir(folder))
-        except OSError:
-            return None
-        for n in names:
-            m = _NAME.fullmatch(n)
-            if (
-                m
-                and m["sha"] == sha
-                and m["salt"]
-                and _size(folder / n) == sealed_size(plain_bytes)
-                and self._salt_opens(folder / n, m["salt"])
-            ):
-                return f"{sha[:2]}/{n}"
+            return f"{sha[:2]}/{sha}" if _size(self.root / sha[:2] / sha) == plain_bytes else None
+        for salt, key in self._keys().items():
+            n = f"{name_tag(key, sha)}-{salt}.sealed"
+            if _size(self.root / n[:2] / n) == sealed_size(plain_bytes):
+                return f"{n[:2]}/{n}"
         return None
+
+    def _keys(self) -> dict[str, bytes]:
+        """The keys of the salts the sealed files here are under that this passphrase opens (each tried once on one of
+        its files), this backup's own first: the folder is listed once a backup."""
+        if self._salt_keys is None:
+            self._salt_keys = {self.sealer.salt.hex(): self.sealer.key}
+            one: dict[str, Path] = {}
+            try:
+                heads = sorted(os.listdir(self.root))
+            except OSError:
+                heads = []
+            for head in heads:
+                try:
+                    names = sorted(os.listdir(self.root / head))
+                except OSError:
+                    continue
+                for n in names:
+                    m = _NAME.fullmatch(n)
+                    if m and m["salt"] and m["salt"] not in one:
+                        one[m["salt"]] = self.root / head / n
+            for salt, path in one.items():
+                if salt not in self._salt_keys and self._salt_opens(path, salt):
+                    try:
+                        self._salt_keys[salt] = self.unsealer.key_of(path)
+                    except SealError:
+                        continue
+        return self._salt_keys
 
     def _salt_opens(self, path: Path, salt: str) -> bool:
         """Whether this passphrase opens the files sealed under ``salt`` (tried once on one of them)."""
@@ -89,8 +108,8 @@ class SharedFiles:
     def put(self, src: Path, sha: str) -> str:
         """Write the file ``src`` (whose bytes hash to ``sha``) as a shared file, read it back from the disk, and return
         its name; raises OSError, or :class:`~edge_agent._backup_readback.ReadBackMismatch`."""
-        name = f"{sha}-{self.sealer.salt.hex()}.sealed" if self.sealer else sha
-        folder = self.root / sha[:2]
+        name = self.sealer.shared_name(sha) if self.sealer else sha
+        folder = self.root / name[:2]
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".tmp-{os.getpid()}-{name}"
         try:
@@ -108,7 +127,7 @@ class SharedFiles:
             tmp.unlink(missing_ok=True)
             raise
         read_back(folder / name, hashed.hexdigest(), hashed.size)
-        return f"{sha[:2]}/{name}"
+        return f"{name[:2]}/{name}"
 
     def damaged(self, named: dict[str, str], should_stop: Callable[[], bool] = lambda: False) -> list[str] | None:
         """The shared files of ``named`` (name -> the sha256 of what it holds) that do not read back from the disk (not

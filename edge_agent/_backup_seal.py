@@ -9,6 +9,8 @@ checked chunk by chunk; a wrong passphrase, a changed byte, a truncated or exten
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import struct
 from pathlib import Path
@@ -27,6 +29,7 @@ __all__ = [
     "Unsealer",
     "UnsealingReader",
     "is_sealed",
+    "name_tag",
     "read_passphrase",
     "sealed_size",
     "unseal",
@@ -67,6 +70,14 @@ def _key(passphrase: bytes, salt: bytes, ops: int, mem: int) -> bytes:
     return pwhash.argon2id.kdf(_na.crypto_secretstream_xchacha20poly1305_KEYBYTES, passphrase, salt, opslimit=ops, memlimit=mem)
 
 
+def name_tag(key: bytes, sha: str) -> str:
+    """The name a sealed shared file holding the bytes ``sha`` takes under ``key`` (64 hex digits): keyed, so a stick
+    does not tell one who has the same photo that it is there, and the same under one key, so the next backup of that
+    passphrase finds it again."""
+    subkey = hashlib.blake2b(b"edge-agent shared file name", key=key, digest_size=32).digest()
+    return hmac.new(subkey, bytes.fromhex(sha), hashlib.sha256).hexdigest()
+
+
 class Sealer:
     """A key derived once from a passphrase under a new salt: what seals one backup's archive and the shared files it
     adds (:mod:`edge_agent._backup_files`), one Argon2id derivation for them all."""
@@ -74,6 +85,10 @@ class Sealer:
     def __init__(self, passphrase: bytes) -> None:
         self.salt = os.urandom(_SALT)
         self.key = _key(passphrase, self.salt, _OPS, _MEM)
+
+    def shared_name(self, sha: str) -> str:
+        """The file name of a shared file holding the bytes ``sha`` sealed by this backup (:func:`name_tag`, the salt)."""
+        return f"{name_tag(self.key, sha)}-{self.salt.hex()}.sealed"
 
     def writer(self, raw) -> SealingWriter:
         """A writer that seals into the open file ``raw``."""
@@ -134,6 +149,16 @@ class Unsealer:
         if head[: _HEAD - _HEADER] not in self._keys:
             self._keys[head[: _HEAD - _HEADER]] = _key(self.passphrase, salt, ops, mem)
         return self._keys[head[: _HEAD - _HEADER]]
+
+    def key_of(self, src: Path) -> bytes:
+        """The key the sealed file ``src`` was sealed under, derived from its header (its passphrase is not checked:
+        :meth:`open` it for that); raises :class:`SealError`."""
+        try:
+            with open(src, "rb") as f:
+                head = f.read(_HEAD)
+        except OSError as exc:
+            raise SealError(f"{src}: could not be opened ({exc.strerror or exc})") from None
+        return self.key(src, head)
 
     def open(self, src: Path) -> UnsealingReader:
         """A reader of what the sealed file ``src`` holds; raises :class:`SealError`."""

@@ -211,6 +211,50 @@ def test_sealed_shared_files_hold_nothing_readable_and_a_new_passphrase_starts_n
         restore(Path(third["path"]), tmp_path / "wrong", passphrase=b"correct horse battery staple")
 
 
+def test_a_sealed_stick_names_no_file_by_the_sha256_of_what_it_holds(tmp_path, state, usb):
+    """Sealed shared files were named by the sha256 of the photo or engine they hold: one who found the stick and had
+    the same photo could tell it was there. Their names are keyed with the backup's key now, and found again by the
+    next backup of the same passphrase (nothing written twice)."""
+    secret = tmp_path / "passphrase"
+    secret.write_text("correct horse battery staple\n")
+    _photo(state, "scab-1.jpg")
+    t0 = time.time()
+    take(stick_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0)
+    held = {
+        hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in state.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.stat().st_size >= 64 << 10
+    }
+    names = [n.split("/")[1].split("-")[0] for n in _shared(usb)]
+    assert len(held) >= 2 and len(names) >= 2 and not held & set(names)  # no name is a sha256 of the device's files
+    second = take(stick_cfg(usb, passphrase_file=str(secret)), state, device="barn", now=t0 + DAY)
+    assert second["written"] < 1 << 20
+
+
+def test_sealed_shared_files_named_by_their_sha256_before_still_restore_and_are_written_once_more_keyed(tmp_path, state, usb, monkeypatch):
+    """A stick of sealed backups from before keyed names: they restore as they are; the next backup writes its files
+    under keyed names once, and the old names go with the last backup that names them."""
+    from edge_agent._backup_seal import Sealer
+
+    secret = tmp_path / "passphrase"
+    secret.write_text("correct horse battery staple\n")
+    photo = _photo(state, "scab-1.jpg")
+    t0 = time.time()
+    with monkeypatch.context() as m:
+        m.setattr(Sealer, "shared_name", lambda self, sha: f"{sha}-{self.salt.hex()}.sealed")  # as backups before named them
+        old = take(stick_cfg(usb, passphrase_file=str(secret), keep=1), state, device="barn", now=t0)
+    legacy = set(_shared(usb))
+    assert f"{hashlib.sha256(photo.read_bytes()).hexdigest()[:2]}/{hashlib.sha256(photo.read_bytes()).hexdigest()}" in {
+        n.rsplit("-", 1)[0] for n in legacy
+    }
+    restore(Path(old["path"]), tmp_path / "old", passphrase=b"correct horse battery staple")
+    assert (tmp_path / "old" / "trainer" / "photos" / "scab-1.jpg").read_bytes() == photo.read_bytes()
+    new = take(stick_cfg(usb, passphrase_file=str(secret), keep=1), state, device="barn", now=t0 + DAY)
+    assert new["written"] > 50 << 20 and not legacy & set(_shared(usb))  # written keyed; the old ones went with their backup
+    restore(Path(new["path"]), tmp_path / "new", passphrase=b"correct horse battery staple")
+    assert (tmp_path / "new" / "trainer" / "photos" / "scab-1.jpg").read_bytes() == photo.read_bytes()
+
+
 def test_a_backup_stopped_half_way_leaves_no_archive_and_the_next_reuses_the_shared_files_it_wrote_whole(state, usb):
     for i in range(3):
         _photo(state, f"p{i}.jpg")
