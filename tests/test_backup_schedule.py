@@ -274,6 +274,33 @@ def test_a_trainer_that_stores_no_labels_and_stores_them_again_are_health_events
     db.close()
 
 
+def test_a_trainer_with_no_room_to_retrain_and_with_room_again_are_health_events_once_each(tmp_path):
+    """The trainer's heartbeat says when no retrain can start for want of room on its disk: the device's alerts say so
+    once, and once when it has room again (the loop stalls silently otherwise: no new version, no error anywhere);
+    a trainer from before, which never says, is no news."""
+    from edge_agent.alerts.config import AlertsSection, WebhookSection
+    from edge_agent.alerts.worker import AlertWorker
+
+    from .test_alerts import NO_MQTT
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(), NO_MQTT, [WebhookSection(url="http://127.0.0.1:9/", events=["health"])], db.path, tmp_path, "barn")
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}, "backup": {"failed": None}}
+    room = {"trainer_alive": True, "trainer": {"state": "idle", "stores_labels": True, "waits_for_room": False}}
+    full = {"trainer_alive": True, "trainer": {"state": "waiting for room: disk full", "stores_labels": True, "waits_for_room": True}}
+    older = {"trainer_alive": True, "trainer": {"state": "idle"}}
+    for handoff in (older, room, full, full, {"trainer_alive": False, "trainer": {}}, full, room, older):
+        w.observe(st | {"handoff": handoff})
+    sent = [json.loads(m.payload) for m in w.outbox.due("webhook:0")]
+    assert [(d["event"], d["title"]) for d in sent] == [
+        ("trainer_waiting_for_room", "edge-agent barn: the trainer cannot retrain: its disk is full"),
+        ("trainer_room_again", "edge-agent barn: the trainer has room to retrain again"),
+    ]
+    assert sent[0]["message"].startswith("waiting for room: disk full: no new version until there is room")
+    w.stop()
+    db.close()
+
+
 def test_the_daemon_runs_the_schedule_where_a_folder_is_configured_and_says_so(tmp_path):
     from .daemon_helpers import DaemonProc, wait_until
 

@@ -956,3 +956,7 @@ def test_the_device_keeps_what_the_trainers_heartbeat_says_of_storing_its_labels
     assert sender.status()["trainer"]["stores_labels"] is False and sender.status()["trainer"]["state"].startswith("labels not")
     sender._handle(encode("heartbeat", {"role": "trainer", "time": time.time(), "state": "idle"}))
     assert "stores_labels" not in sender.status()["trainer"]
+    sender._handle(
+        encode("heartbeat", {"role": "trainer", "time": time.time(), "state": "waiting for room: disk full", "waits_for_room": True})
+    )
+    assert sender.status()["trainer"]["waits_for_room"] is True  # and a trainer with no room to retrain, its alerts

@@ -34,10 +34,11 @@ def test_a_retrain_due_on_a_full_disk_waits_for_room_says_so_and_starts_once_the
     assert not svc._start_now(False) and not svc._start_now(True)  # due, even asked for: no room for its version
     why = svc.status()["waiting_for_room"]
     assert why.startswith("the disk is full: a retrain writes about ") and "1 MiB is free" in why and "the labels wait" in why
-    assert svc._describe()["state"] == "waiting for room: disk full"  # what each device's status shows of its trainer
+    said = svc._describe()  # what each device's status shows of its trainer, and its alerts read
+    assert said["state"] == "waiting for room: disk full" and said["waits_for_room"] is True
     free[0] = 10 << 30
     assert svc._start_now(False) and svc.status()["waiting_for_room"] is None
-    assert svc._describe()["state"] == "idle"
+    assert svc._describe()["state"] == "idle" and svc._describe()["waits_for_room"] is False
     svc.samples.close()
 
 

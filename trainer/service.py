@@ -198,7 +198,7 @@ class TrainerService:
         """What a heartbeat tells the devices: this trainer's state (that it cannot store their labels, first), the
         version in service and when it was published."""
         state = self.receiver.problem_state or ("waiting for room: disk full" if self.room.reason else self.state[:32])
-        said = {"state": state, "stores_labels": self.receiver.store_problem is None}
+        said = {"state": state, "stores_labels": self.receiver.store_problem is None, "waits_for_room": self.room.reason is not None}
         try:
             version = self.store.current()
             published = (self.store.root / version / "manifest.json").stat().st_mtime

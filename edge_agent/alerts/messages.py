@@ -188,4 +188,15 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
         else:
             said = {"title": f"{head}: the trainer stores labels again", "message": "the labels that waited are being sent"}
             out.append(("health", {"event": "trainer_storing", "device": device} | said))
+    no_room = now.get("trainer_no_room")
+    if bool(no_room) != bool(before.get("trainer_no_room")):  # the trainer's disk has no room for a retrain, and has again
+        if no_room:
+            said = {
+                "title": f"{head}: the trainer cannot retrain: its disk is full",
+                "message": f"{no_room}: no new version until there is room on the trainer's disk; the labels wait there",
+            }
+            out.append(("health", {"event": "trainer_waiting_for_room", "device": device, "trainer_state": no_room} | said))
+        else:
+            said = {"title": f"{head}: the trainer has room to retrain again", "message": "the labels that waited are trained on"}
+            out.append(("health", {"event": "trainer_room_again", "device": device} | said))
     return out

@@ -318,12 +318,20 @@ class AlertWorker(Worker):
         healthy = status.get("healthy")
         backup_failed = (status.get("backup") or {}).get("failed") or None
         handoff = status.get("handoff") or {}
-        if handoff.get("trainer_alive"):  # a trainer that stores no labels (they wait here); a silent one is no news
+        if handoff.get("trainer_alive"):  # a trainer that stores no labels (they wait here), or cannot retrain for want of room
             trainer = handoff.get("trainer") or {}
             stuck = trainer.get("state") if trainer.get("stores_labels") is False else None
-        else:
-            stuck = (self._observed or {}).get("trainer_stuck")
-        now = {"engine": engine, "refused": refused, "healthy": healthy, "backup": backup_failed, "trainer_stuck": stuck}
+            no_room = trainer.get("state") if trainer.get("waits_for_room") is True else None
+        else:  # a silent one is no news
+            stuck, no_room = ((self._observed or {}).get(k) for k in ("trainer_stuck", "trainer_no_room"))
+        now = {
+            "engine": engine,
+            "refused": refused,
+            "healthy": healthy,
+            "backup": backup_failed,
+            "trainer_stuck": stuck,
+            "trainer_no_room": no_room,
+        }
         before, self._observed = self._observed, now
         if before:
             events = status_events(self.device, before, self._observed, status.get("last_errors", [])[-3:])

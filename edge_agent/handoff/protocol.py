@@ -16,8 +16,9 @@ Kinds:
 * ``refused`` (trainer -> daemon): ``{"id", "reason", "kind", "label"}``, a sample the trainer will never take (its
   label names a class it cannot accept); the daemon keeps the photo aside, out of the delivery queue
 * ``heartbeat`` (both ways): ``{"role", "time"}``; the trainer's adds ``"state"`` (idle, retraining, ...), ``"version"``
-  (the version in service), ``"published"`` (when it was published) and ``"stores_labels"`` (false while it cannot store
-  the labels it is sent: a full disk): what a device's page shows of the trainer, and what its alerts say
+  (the version in service), ``"published"`` (when it was published), ``"stores_labels"`` (false while it cannot store
+  the labels it is sent: a full disk) and ``"waits_for_room"`` (true while no retrain can start for want of room on its
+  disk): what a device's page shows of the trainer, and what its alerts say
 * ``engine`` (trainer PUB -> daemon SUB): ``{"version"}``, a new engine was published
 """
 
@@ -113,6 +114,7 @@ _SCHEMAS = {
         "version": Field(str, required=False, max_len=32),
         "published": Field(float, required=False, lo=0.0, hi=1e11),
         "stores_labels": Field(bool, required=False),
+        "waits_for_room": Field(bool, required=False),
     },
     "engine": {"version": Field(str, pattern=VERSION)},
 }

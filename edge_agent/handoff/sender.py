@@ -247,7 +247,7 @@ class Sender(Worker):
             self.counters["heartbeats_in"] += 1
             self.trainer_seen = time.monotonic()
             h = msg.header
-            self.trainer_info = {k: h[k] for k in ("state", "version", "published", "stores_labels") if k in h} | {
+            self.trainer_info = {k: h[k] for k in ("state", "version", "published", "stores_labels", "waits_for_room") if k in h} | {
                 "heard": round(time.time(), 1)
             }
         elif msg.kind in ("ack", "refused"):
