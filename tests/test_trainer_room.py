@@ -20,11 +20,25 @@ def _service(tmp_path, free: list[int]):
     return svc
 
 
-def test_room_needed_is_twice_the_version_in_service_and_a_margin(tmp_path):
+def test_room_needed_is_the_version_in_service_where_it_is_built_and_where_it_is_published_and_a_margin(tmp_path):
+    """Built in the temporary folder, then published into the store: twice the version on one disk, once on each of two."""
+    import os
+    from pathlib import Path
+
+    import pytest
+
     svc = _service(tmp_path, [0])
     folder = svc.store.root / svc.store.current()
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-    assert size > 1 << 20 and room_needed(svc.store) == 2 * size + MARGIN
+    (tmp_path / "tmp").mkdir()
+    assert size > 1 << 20 and room_needed(svc.store, tmp_path / "tmp") == {svc.store.root: 2 * size + MARGIN}
+    other = Path("/dev/shm")  # a RAM disk: another disk than the test's folder
+    if not other.is_dir() or os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        svc.samples.close()
+        pytest.skip("no second disk here")
+    assert room_needed(svc.store, other) == {svc.store.root: size + MARGIN, other: size + MARGIN}
+    room = RoomWatch(svc.store, svc.log, free=lambda p: (10 << 30) if p == svc.store.root else 1 << 20, temp=other)
+    assert room.check().startswith("the disk of /dev/shm (where a retrain builds its version) is full: a retrain writes about")
     svc.samples.close()
 
 
@@ -67,7 +81,7 @@ def test_a_retrain_that_failed_on_a_full_disk_waits_for_twice_the_room_not_for_n
     might be its cause); the room asked after such a failure is twice what it started with, then as before."""
     free = [10 << 30]
     svc = _service(tmp_path, free)
-    need = room_needed(svc.store)
+    [need] = room_needed(svc.store).values()  # (one disk here: the store's and the temporary folder's)
 
     def full(*a, **k):
         raise _child.RetrainDiskFull("OSError(28, 'No space left on device')")

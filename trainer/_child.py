@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -80,13 +81,16 @@ def _child(
 
 def _for_want_of_room(exc: BaseException, root: Path) -> bool:
     """Whether a retrain failed on a full disk: by the error's code, or (torch and ONNX say it in words alone) by the
-    disk of ``root`` left with less than :data:`trainer.loop.room.MARGIN` free."""
+    disk of ``root`` or of the temporary folder left with less than :data:`trainer.loop.room.MARGIN` free."""
     if storage_problem(exc, root) == "full":
         return True
-    try:
-        return shutil.disk_usage(root).free < MARGIN
-    except OSError:
-        return False
+    for folder in (root, Path(tempfile.gettempdir())):
+        try:
+            if shutil.disk_usage(folder).free < MARGIN:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _die_with_parent() -> None:
