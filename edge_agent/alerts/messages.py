@@ -146,10 +146,30 @@ def encode(body: dict) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+#: (status key, (event, title, message) when it starts, the same when it ends) for each trouble of the trainer a
+#: device's alerts say: it stores no labels (they wait on the device), its disk has no room for a retrain.
+_TRAINER_TROUBLES = (
+    (
+        "trainer_stuck",
+        ("trainer_not_storing", "the trainer stores no labels", "{state}: the labels wait on this device and are sent again"),
+        ("trainer_storing", "the trainer stores labels again", "the labels that waited are being sent"),
+    ),
+    (
+        "trainer_no_room",
+        (
+            "trainer_waiting_for_room",
+            "the trainer cannot retrain: its disk is full",
+            "{state}: no new version until there is room on the trainer's disk; the labels wait there",
+        ),
+        ("trainer_room_again", "the trainer has room to retrain again", "the labels that waited are trained on"),
+    ),
+)
+
+
 def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> list[tuple[str, dict]]:
     """The engine and health events between two of the daemon's statuses (``engine``, ``refused``, ``healthy``,
-    ``backup``: the schedule's failure or None, ``trainer_stuck``: the trainer's state while it stores no labels, or
-    None), each with a ``title`` and ``message`` a phone shows (ntfy)."""
+    ``backup``: the schedule's failure or None, ``trainer_stuck`` / ``trainer_no_room``: the trainer's state while it
+    stores no labels / has no room to retrain, or None), each with a ``title`` and ``message`` a phone shows (ntfy)."""
     head = f"edge-agent {device}"
     out: list[tuple[str, dict]] = []
     if now["engine"] != before["engine"]:
@@ -177,26 +197,11 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
         else:
             said = {"title": f"{head}: backups written again", "message": "the last backup was written"}
             out.append(("health", {"event": "backup_written", "device": device} | said))
-    stuck = now.get("trainer_stuck")
-    if bool(stuck) != bool(before.get("trainer_stuck")):  # the trainer cannot store this device's labels, and can again
-        if stuck:
-            said = {
-                "title": f"{head}: the trainer stores no labels",
-                "message": f"{stuck}: the labels wait on this device and are sent again",
-            }
-            out.append(("health", {"event": "trainer_not_storing", "device": device, "trainer_state": stuck} | said))
-        else:
-            said = {"title": f"{head}: the trainer stores labels again", "message": "the labels that waited are being sent"}
-            out.append(("health", {"event": "trainer_storing", "device": device} | said))
-    no_room = now.get("trainer_no_room")
-    if bool(no_room) != bool(before.get("trainer_no_room")):  # the trainer's disk has no room for a retrain, and has again
-        if no_room:
-            said = {
-                "title": f"{head}: the trainer cannot retrain: its disk is full",
-                "message": f"{no_room}: no new version until there is room on the trainer's disk; the labels wait there",
-            }
-            out.append(("health", {"event": "trainer_waiting_for_room", "device": device, "trainer_state": no_room} | said))
-        else:
-            said = {"title": f"{head}: the trainer has room to retrain again", "message": "the labels that waited are trained on"}
-            out.append(("health", {"event": "trainer_room_again", "device": device} | said))
+    # The trainer's troubles, each said once when it starts (with the trainer's state) and once when it ends.
+    for key, on, off in _TRAINER_TROUBLES:
+        state = now.get(key)
+        if bool(state) != bool(before.get(key)):
+            event, title, message = on if state else off
+            said = {"title": f"{head}: {title}", "message": message.format(state=state)}
+            out.append(("health", {"event": event, "device": device} | ({"trainer_state": state} if state else {}) | said))
     return out
