@@ -50,7 +50,6 @@ class SharedFiles:
 
     def __init__(self, root: Path, sealer: Sealer | None = None, unsealer: Unsealer | None = None) -> None:
         self.root, self.sealer, self.unsealer = Path(root), sealer, unsealer
-        self._opens: dict[str, bool] = {sealer.salt.hex(): True} if sealer else {}
         self._salt_keys: dict[str, bytes] | None = None  # salt -> key, for the salts this passphrase opens (listed once)
 
     def size_of(self, name: str, plain_bytes: int) -> int:
@@ -87,23 +86,15 @@ class SharedFiles:
                     if m and m["salt"] and m["salt"] not in one:
                         one[m["salt"]] = self.root / head / n
             for salt, path in one.items():
-                if salt not in self._salt_keys and self._salt_opens(path, salt):
-                    try:
-                        self._salt_keys[salt] = self.unsealer.key_of(path)
-                    except SealError:
-                        continue
+                if salt in self._salt_keys:
+                    continue
+                try:  # whether this passphrase opens the files of this salt: tried on one of them
+                    with self.unsealer.open(path) as reader:
+                        reader.read(1)
+                    self._salt_keys[salt] = self.unsealer.key_of(path)
+                except SealError:
+                    continue
         return self._salt_keys
-
-    def _salt_opens(self, path: Path, salt: str) -> bool:
-        """Whether this passphrase opens the files sealed under ``salt`` (tried once on one of them)."""
-        if salt not in self._opens:
-            try:
-                with self.unsealer.open(path) as reader:
-                    reader.read(1)
-                self._opens[salt] = True
-            except SealError:
-                self._opens[salt] = False
-        return self._opens[salt]
 
     def put(self, src: Path, sha: str) -> str:
         """Write the file ``src`` (whose bytes hash to ``sha``) as a shared file, read it back from the disk, and return
