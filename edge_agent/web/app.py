@@ -68,6 +68,13 @@ def verdict_text(verdict: str | None) -> str:
     return text[:1].upper() + text[1:]
 
 
+def score_class(probability: float, verdict: str | None) -> str:
+    """How a score is coloured: low under 0.6; high from 0.9, beside a sure answer only (a guess's 100 % is no finding)."""
+    if probability < 0.6:
+        return "low"
+    return "high" if probability >= 0.9 and verdict not in ("unsure", "unknown") else ""
+
+
 def local_time(ts: float) -> str:
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -97,6 +104,7 @@ def create_app(ctx: WebContext) -> Starlette:
         localday=lambda t: datetime.fromtimestamp(t).strftime("%d %b %Y"),
         shown_name=shown_name,
         verdict_text=verdict_text,
+        score_class=score_class,
         geo=lambda p: geo_uri(*p),
     )
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
