@@ -20,6 +20,7 @@ from pathlib import Path
 
 from edge_agent.config import HandoffSection
 from edge_agent.handoff._no_place import without_place
+from edge_agent.handoff._reduce import reduced
 from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.transport import HandshakeWatch, Link, client_socket, send_nowait
 from edge_agent.handoff.unlabelled import allowed_by, choose
@@ -229,7 +230,11 @@ class Sender(Worker):
             self._inflight.pop(sha, None)
             return False
         header = sample_header(entry, file, self.device)
-        if not self.settings.send_place:  # where the farm's trees stand stays on the farm
+        copy = reduced(data, self.settings.photo_side)  # what a training looks at, not a season of phone photos
+        if copy is not None:
+            data, ext = copy
+            header |= {"ext": ext}
+        elif not self.settings.send_place:  # where the farm's trees stand stays on the farm
             data, ext = without_place(data)
             header |= {"ext": ext} if ext else {}
         if verdict is not None:

@@ -1,0 +1,58 @@
+"""A photo as the trainer needs it: no larger than any training looks at, so a season of phone photos does not fill the
+trainer's disk, its backups and the farm's link.
+
+The trainer reads a photo only through the one preprocessing path, which squashes it to the model's input (192-256
+px today). A 12 MP phone photo is 3-5 MB; at a shorter side of 1024 px (four times the largest input, and what
+preprocessing's own reduced decode would keep for an input of up to 512 px) it is about a tenth of that. A photo
+whose shorter side is larger than ``side`` goes as its upright pixels reduced to that side (aspect kept within a
+JPEG block, each side a whole number of them; ``cv2.INTER_AREA``, decoded at libjpeg's reduced scale where that
+keeps the side), as a JPEG of quality
+:data:`QUALITY` with no metadata at all (so no position either); a photo no larger, one this module cannot decode,
+and one whose reduced copy would be no smaller go as they are. The same bytes give the same copy, so a resend is
+the same photo.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import cv2
+
+from edge_agent.preprocess import DEFAULT_SPEC, ImageRejected, check_header, decode_bgr
+
+__all__ = ["QUALITY", "reduced"]
+
+#: The JPEG block (4:2:0 chroma) each side of a copy is a whole number of: a part block at its edge came back from
+#: preprocessing's reduced decode up to 40 pixel levels off the original's tensor, against 10 at most in whole blocks.
+_MCU = 16
+
+#: JPEG quality of a reduced copy: preprocessing's tensor of it is within about one pixel level of the original's.
+QUALITY = 95
+
+
+def reduced(data: bytes, side: int) -> tuple[bytes, str] | None:
+    """``data`` reduced to a shorter side of ``side`` pixels (see the module) and its extension, ``".jpg"``; None
+    where the photo goes as it is (``side`` 0, no larger than that, not decodable here, or no smaller reduced)."""
+    if side <= 0:
+        return None
+    try:
+        header = check_header(data)
+        if min(header.width, header.height) <= side:
+            return None
+        # decode_bgr's reduced scale leaves the shorter side at least twice the spec's size: at least ``side`` here
+        img = decode_bgr(data, replace(DEFAULT_SPEC, size=math.ceil(side / 2)))
+    except (ImageRejected, cv2.error):
+        return None
+    h, w = img.shape[:2]
+    scale = max(_MCU, side // _MCU * _MCU) / min(h, w)
+    img = cv2.resize(img, (_whole_blocks(w * scale), _whole_blocks(h * scale)), interpolation=cv2.INTER_AREA)
+    ok, out = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, QUALITY])
+    if not ok or out.nbytes >= len(data):
+        return None
+    return out.tobytes(), ".jpg"
+
+
+def _whole_blocks(length: float) -> int:
+    """``length`` rounded to a whole number of :data:`_MCU` blocks (one at least)."""
+    return max(_MCU, round(length / _MCU) * _MCU)

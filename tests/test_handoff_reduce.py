@@ -1,0 +1,138 @@
+"""A season of phone photos does not fill the trainer's disk: a photo larger than ``[handoff] photo_side`` goes to the
+trainer reduced to it, upright, as JPEG with no metadata, and gives the model nearly the tensor the daemon saw; a
+smaller one, one that cannot be decoded, or one whose copy would be no smaller goes as it is."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from edge_agent.capture import read_capture
+from edge_agent.handoff._reduce import reduced
+from edge_agent.imageheader import read_header
+from edge_agent.preprocess import DEFAULT_SPEC, decode_bgr, preprocess_bytes
+
+from .test_no_place import _exif
+
+
+def _scene(h: int, w: int, seed: int = 5) -> np.ndarray:
+    """A photo-like BGR image: smooth shapes at every scale down to a few pixels, and sensor noise."""
+    rng = np.random.default_rng(seed)
+    img = np.zeros((h, w, 3), np.float32)
+    for cells, weight in ((6, 60), (40, 30), (200, 15)):
+        small = rng.uniform(0, 255, (cells, max(2, cells * w // h), 3)).astype(np.float32)
+        img += weight / 105 * cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)
+    img += rng.normal(0, 3, img.shape).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _jpeg(img: np.ndarray, orientation: int = 1, quality: int = 92) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(img[:, :, ::-1]).save(out, "JPEG", quality=quality, exif=_exif(orientation))
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def phone_photo() -> bytes:
+    """A 2400 x 1800 JPEG stored sideways (orientation 6) with a position and a time in its EXIF."""
+    return _jpeg(_scene(1800, 2400), orientation=6)
+
+
+def test_a_phone_sized_photo_goes_upright_at_the_side_as_jpeg_without_any_metadata(phone_photo):
+    assert read_capture(phone_photo, time.time()).place is not None
+    copy, ext = reduced(phone_photo, 1024)
+    assert ext == ".jpg" and len(copy) < len(phone_photo) / 2
+    header = read_header(copy)
+    assert header.format == "jpeg" and header.orientation == 1
+    assert (header.width, header.height) == (1024, 1360)  # upright (1800 x 2400), the aspect kept in whole blocks
+    assert header.width % 16 == 0 and header.height % 16 == 0
+    assert read_capture(copy, time.time()).place is None and not Image.open(io.BytesIO(copy)).getexif()
+    upright, got = (cv2.resize(decode_bgr(d), (256, 340), interpolation=cv2.INTER_AREA).astype(int) for d in (phone_photo, copy))
+    assert np.abs(got - upright).mean() < 2 < np.abs(got - upright[::-1, ::-1]).mean()  # the same picture, the same way up
+
+
+@pytest.mark.parametrize("size", [192, 224, 256])
+def test_the_reduced_copy_gives_the_model_nearly_the_tensor_the_daemon_sees(phone_photo, size):
+    spec = DEFAULT_SPEC.__class__(size=size, mean=(0.5,) * 3, std=(1 / 255,) * 3)  # the tensor in pixel levels
+    daemon, trainer = preprocess_bytes(phone_photo, spec), preprocess_bytes(reduced(phone_photo, 1024)[0], spec)
+    levels = np.abs(daemon - trainer)
+    assert levels.mean() < 1.0 and levels.max() <= 12
+
+
+def test_a_copy_with_part_blocks_at_its_edges_would_have_moved_the_tensor_further(phone_photo, monkeypatch):
+    """Why each side is a whole number of JPEG blocks: the copy of 1365 px, the aspect to the pixel, is further off."""
+    from edge_agent.handoff import _reduce
+
+    spec = DEFAULT_SPEC.__class__(size=192, mean=(0.5,) * 3, std=(1 / 255,) * 3)
+    daemon = preprocess_bytes(phone_photo, spec)
+    whole = np.abs(daemon - preprocess_bytes(reduced(phone_photo, 1024)[0], spec)).mean()
+    monkeypatch.setattr(_reduce, "_whole_blocks", round)
+    assert read_header(reduced(phone_photo, 1024)[0]).height == 1365
+    part = np.abs(daemon - preprocess_bytes(reduced(phone_photo, 1024)[0], spec)).mean()
+    assert part > whole * 1.3
+
+
+def test_a_large_png_goes_as_a_jpeg_copy_too():
+    png = cv2.imencode(".png", _scene(1500, 2000))[1].tobytes()
+    copy, ext = reduced(png, 1024)
+    assert ext == ".jpg" and read_header(copy).format == "jpeg" and (read_header(copy).height, read_header(copy).width) == (1024, 1360)
+
+
+def test_a_photo_no_larger_than_the_side_or_with_no_side_set_goes_as_it_is(phone_photo):
+    assert reduced(_jpeg(_scene(1024, 1400)), 1024) is None  # its shorter side is the side already
+    assert reduced(phone_photo, 0) is None  # photo_side = 0: as taken
+    assert reduced(phone_photo, 1800) is None
+
+
+def test_a_photo_this_module_cannot_decode_goes_as_it_is_without_an_error(phone_photo):
+    assert reduced(phone_photo[: len(phone_photo) // 2], 1024) is None  # half copied
+    assert reduced(b"not a photo", 1024) is None
+    broken = bytearray(phone_photo)
+    broken[len(broken) // 2 : len(broken) // 2 + 4000] = bytes(4000)
+    out = reduced(bytes(broken), 1024)  # libjpeg decodes what it can of a damaged scan, or refuses: never a raise
+    assert out is None or out[1] == ".jpg"
+
+
+def test_a_photo_whose_copy_would_be_no_smaller_goes_as_it_is():
+    flat = cv2.imencode(".png", np.full((1100, 1100, 3), 120, np.uint8))[1].tobytes()  # a few kB however large
+    assert reduced(flat, 1024) is None
+
+
+def test_the_same_photo_gives_the_same_copy_so_a_resend_is_the_same_photo(phone_photo):
+    assert reduced(phone_photo, 1024) == reduced(phone_photo, 1024)
+
+
+def test_the_trainer_stores_a_phone_photo_reduced_and_keeps_the_devices_id(tmp_path, phone_photo):
+    pytest.importorskip("zmq")
+    from edge_agent.results import QueueEntry
+    from edge_agent.spool import SpoolItem
+
+    from .daemon_helpers import wait_until
+    from .test_handoff import delivering, make_sender
+
+    small = _jpeg(_scene(600, 800, seed=6))
+    for side in (1024, 0):
+        root = tmp_path / str(side)
+        endpoints = (f"ipc://{root}/run/handoff.sock", f"ipc://{root}/run/engines.sock")
+        sender, db, spool, _ = make_sender(root, endpoints, photo_side=side, send_place=True)
+        entries = []
+        for data in (phone_photo, small):
+            sha = hashlib.sha256(data).hexdigest()
+            [f] = spool.put_many([SpoolItem("expert", sha, data)])
+            entries.append(QueueEntry(sha, sha[:16], "expert", "Apple___Apple_scab", 1.0, "v0001", str(f), len(data)))
+        db.commit([], entries)
+        with delivering(sender, root, endpoints) as store:
+            wait_until(lambda db=db: not db.queued_for_delivery(10), 20, "acknowledged")
+            got = {s.id: open(s.file, "rb").read() for s in store.all()}
+        assert got[hashlib.sha256(small).hexdigest()] == small  # no larger than the side: as taken
+        big = got[hashlib.sha256(phone_photo).hexdigest()]  # the device's id of the photo, whatever was sent
+        if side:
+            assert big == reduced(phone_photo, side)[0]
+        else:
+            assert big == phone_photo  # photo_side = 0 (and send_place): byte for byte
