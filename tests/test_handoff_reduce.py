@@ -136,3 +136,41 @@ def test_the_trainer_stores_a_phone_photo_reduced_and_keeps_the_devices_id(tmp_p
             assert big == reduced(phone_photo, side)[0]
         else:
             assert big == phone_photo  # photo_side = 0 (and send_place): byte for byte
+
+
+def test_a_photo_larger_than_a_hand_off_frame_is_set_aside_once_not_resent_for_ever(tmp_path):
+    """The trainer drops a frame over ``max_payload_mb`` unread: such a label would sit in flight for ever, holding a
+    slot of the window, and such an unlabelled photo would stop every other from going."""
+    pytest.importorskip("zmq")
+    from edge_agent.results import QueueEntry
+    from edge_agent.spool import SpoolItem
+
+    from .daemon_helpers import wait_until
+    from .test_handoff import make_sender
+    from .test_unlabelled import _review_photos, _trainer
+
+    endpoints = (f"ipc://{tmp_path}/run/handoff.sock", f"ipc://{tmp_path}/run/engines.sock")
+    sender, db, spool, _ = make_sender(tmp_path, endpoints, photo_side=0, max_payload_mb=1, unlabelled_per_day=4 * 24)
+    noise = np.random.default_rng(1)
+    big, huge = (cv2.imencode(".jpg", noise.integers(0, 255, (1100, 1100, 3), dtype=np.uint8))[1].tobytes() for _ in "ab")
+    assert len(big) > 1 << 20 and len(huge) > 1 << 20
+    small = _jpeg(_scene(300, 400, seed=7))
+    entries = []
+    for kind, data in (("expert", big), ("expert", small), ("review", huge)):
+        sha = hashlib.sha256(data).hexdigest()
+        [f] = spool.put_many([SpoolItem(kind, sha, data)])
+        entries.append(QueueEntry(sha, sha[:16], kind, "Apple___Apple_scab", 0.6, "v0001", str(f), len(data)))
+    db.commit([], entries)
+    [later] = _review_photos(db, spool, 1)
+    with _trainer(tmp_path, endpoints) as (store, pool, receiver):
+        sender.start()
+        try:
+            wait_until(lambda: [p.id for p in pool.photos()] == [later], 20, "the next unlabelled photo, past the large one")
+            assert [s.id for s in store.all()] == [hashlib.sha256(small).hexdigest()]
+            assert db.queued_for_delivery(10) == [] and receiver.counters["malformed"] == 0  # nothing sent in vain
+        finally:
+            sender.stop()
+    [(reason, moved)] = db._db.execute("SELECT reason, moved_to FROM quarantine").fetchall()
+    assert "refused the expert label" in reason and "max_payload_mb = 1" in reason and "photo_side" in reason
+    assert open(moved, "rb").read() == big  # kept aside, as the trainer's refusals are
+    assert db.queue_entry(hashlib.sha256(huge).hexdigest()).kind == "review"  # still there for the expert

@@ -237,6 +237,9 @@ class Sender(Worker):
         elif not self.settings.send_place:  # where the farm's trees stand stays on the farm
             data, ext = without_place(data)
             header |= {"ext": ext} if ext else {}
+        if len(data) > self.settings.max_payload_mb << 20:  # a frame the trainer drops unread would be resent for ever
+            self._too_large(entry, len(data), verdict)
+            return False
         if verdict is not None:
             header |= {"kind": "unlabelled", "verdict": verdict}
         ok = self._send(sock, encode("sample", header, data))
@@ -305,10 +308,24 @@ class Sender(Worker):
         else:
             self._refused(entry, header["reason"])
 
-    def _refused(self, entry: QueueEntry, reason: str) -> None:
-        """The trainer will never take this label: its photo is kept in the spool's ``refused/`` folder, recorded with
-        the reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue."""
-        why = f"the trainer refused the {entry.kind} label {entry.label!r}: {reason}"
+    def _too_large(self, entry: QueueEntry, size: int, verdict: str | None) -> None:
+        """A photo larger than a hand-off frame carries: a label is refused here (kept aside, as the trainer's refusals
+        are), a photo nobody labelled is counted as offered and stays in the review pool; neither blocks the rest."""
+        self._inflight.pop(entry.sha256, None)
+        why = (
+            f"the photo is {size / 2**20:.1f} MiB as sent, more than a hand-off frame carries ([handoff] max_payload_mb = "
+            f"{self.settings.max_payload_mb}); [handoff] photo_side (now {self.settings.photo_side}) reduces a larger photo"
+        )
+        if verdict is None:
+            self._refused(entry, why, by="the hand-off")
+            return
+        self.db.mark_unlabelled_sent(entry.sha256, entry.label or "", verdict)
+        self.log.warning("unlabelled_refused", photo_id=entry.photo_id, reason=why)
+
+    def _refused(self, entry: QueueEntry, reason: str, by: str = "the trainer") -> None:
+        """``by`` will never take this label: its photo is kept in the spool's ``refused/`` folder, recorded with the
+        reason (``edge-agent status`` counts it among the quarantined), and leaves the delivery queue."""
+        why = f"{by} refused the {entry.kind} label {entry.label!r}: {reason}"
         kept: dict[str, str | None] = {}
 
         def aside() -> None:
