@@ -99,6 +99,17 @@ def test_a_photo_this_module_cannot_decode_goes_as_it_is_without_an_error(phone_
     assert out is None or out[1] == ".jpg"
 
 
+def test_a_photo_that_runs_out_of_memory_or_fails_to_encode_goes_as_it_is(phone_photo, monkeypatch):
+    def fails(*_a, **_k):
+        raise MemoryError
+
+    monkeypatch.setattr(cv2, "resize", fails)
+    assert reduced(phone_photo, 1024) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(cv2, "imencode", lambda *a, **k: (False, None))
+    assert reduced(phone_photo, 1024) is None
+
+
 def test_a_photo_whose_copy_would_be_no_smaller_goes_as_it_is():
     flat = cv2.imencode(".png", np.full((1100, 1100, 3), 120, np.uint8))[1].tobytes()  # a few kB however large
     assert reduced(flat, 1024) is None

@@ -42,12 +42,14 @@ def reduced(data: bytes, side: int) -> tuple[bytes, str] | None:
             return None
         # decode_bgr's reduced scale leaves the shorter side at least twice the spec's size: at least ``side`` here
         img = decode_bgr(data, replace(DEFAULT_SPEC, size=math.ceil(side / 2)))
-    except (ImageRejected, cv2.error):
+        h, w = img.shape[:2]
+        if min(h, w) <= side:  # decoded smaller than its header said (a HEIC's thumbnail): nothing to reduce
+            return None
+        scale = max(_MCU, side // _MCU * _MCU) / min(h, w)
+        img = cv2.resize(img, (_whole_blocks(w * scale), _whole_blocks(h * scale)), interpolation=cv2.INTER_AREA)
+        ok, out = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, QUALITY])
+    except (ImageRejected, cv2.error, MemoryError):  # what cannot be reduced here goes as it is
         return None
-    h, w = img.shape[:2]
-    scale = max(_MCU, side // _MCU * _MCU) / min(h, w)
-    img = cv2.resize(img, (_whole_blocks(w * scale), _whole_blocks(h * scale)), interpolation=cv2.INTER_AREA)
-    ok, out = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, QUALITY])
     if not ok or out.nbytes >= len(data):
         return None
     return out.tobytes(), ".jpg"
