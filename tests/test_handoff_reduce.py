@@ -78,10 +78,16 @@ def test_a_copy_with_part_blocks_at_its_edges_would_have_moved_the_tensor_furthe
     assert part > whole * 1.3
 
 
-def test_a_large_png_goes_as_a_jpeg_copy_too():
-    png = cv2.imencode(".png", _scene(1500, 2000))[1].tobytes()
-    copy, ext = reduced(png, 1024)
+@pytest.mark.parametrize("fmt", ["PNG", "HEIF"])
+def test_a_large_png_or_heic_goes_as_a_jpeg_copy_too(fmt):
+    if fmt == "HEIF":
+        pytest.importorskip("pillow_heif").register_heif_opener()
+    out = io.BytesIO()
+    Image.fromarray(_scene(1500, 2000)[:, :, ::-1]).save(out, fmt, exif=_exif(1), **({"quality": 95} if fmt == "HEIF" else {}))
+    assert read_capture(out.getvalue(), time.time()).place is not None
+    copy, ext = reduced(out.getvalue(), 1024)
     assert ext == ".jpg" and read_header(copy).format == "jpeg" and (read_header(copy).height, read_header(copy).width) == (1024, 1360)
+    assert read_capture(copy, time.time()).place is None
 
 
 def test_a_photo_no_larger_than_the_side_or_with_no_side_set_goes_as_it_is(phone_photo):
