@@ -367,12 +367,17 @@ class LabelsSection(Section):
     review_pool: int = Field(
         2000,
         ge=1,
-        description="Most photos kept waiting for review; beyond it the least informative (largest margin between the two "
-        "most probable classes) leave the pool, so it never crowds pseudo-labels out of the disk quota.",
+        description="Most photos kept waiting for review, in at most half of max_spool_mb; beyond either the least informative "
+        "(largest margin between the two most probable classes) leave the pool, so new photos and pseudo-labels keep room.",
     )
     max_spool_mb: int = Field(
         2048, ge=1, description="Disk quota for queued photos (MiB). When full: queuing stops, predictions go on, status says so."
     )
+
+    @property
+    def review_pool_bytes(self) -> int:
+        """The most bytes the review pool's photos may take: half the queue's quota (``max_spool_mb``)."""
+        return (self.max_spool_mb << 20) // 2
 
 
 class HandoffSection(Section):

@@ -409,8 +409,9 @@ class Daemon:
             if time.monotonic() >= next_status:
                 self._write_status()
                 next_status = time.monotonic() + self.cfg.daemon.status_interval_s
-            if time.monotonic() >= next_prune:
-                self._prune_review_pool()
+            full = self.pipeline is not None and self.pipeline.queue_full
+            if time.monotonic() >= next_prune or (full and time.monotonic() >= next_prune - 55.0):
+                self._prune_review_pool()  # every minute, every 5 s while the queue's quota turns photos away
                 next_prune = time.monotonic() + 60.0
             self._stop.wait(0.5)
         return self._shutdown()
@@ -419,7 +420,8 @@ class Daemon:
         from edge_agent.review.queue import prune_pool
 
         try:
-            dropped = prune_pool(self.db, self.spool, self.cfg.labels.review_pool, self.cfg.labels)
+            labels = self.cfg.labels
+            dropped = prune_pool(self.db, self.spool, labels.review_pool, labels, max_bytes=labels.review_pool_bytes)
         except Exception as exc:  # a locked database: try again next time
             self.log.warning("review_pool_prune_failed", error=repr(exc))
             return

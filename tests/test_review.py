@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import sys
@@ -458,3 +459,45 @@ def test_the_photo_page_labels_any_photo_kept_and_the_review_page_links_the_phot
     done = c.post("/review/label", data={"csrf": csrf_of(c), "photo": pool, "label": "Apple___healthy"})
     said = c.get(done.headers["location"]).text.split('id="done"')[1].split("</p>")[0]
     assert f'<a href="/photo/{pool}">' in said and "a slip is put right on its page" in said
+
+
+def test_prune_keeps_as_many_of_the_most_informative_photos_as_the_pools_bytes_allow(tmp_path):
+    db, spool = _db_with_pool(tmp_path, 6)  # 4 bytes a photo
+    assert prune_pool(db, spool, keep=10, policy=LabelsSection(), max_bytes=14) == 3
+    assert {i.entry.photo_id for i in to_ask(db, policy=LabelsSection(), per_day=0)} == {"p0", "p1", "p2"}
+    assert prune_pool(db, spool, keep=10, policy=LabelsSection(), max_bytes=12) == 0  # 12 bytes held: within
+    assert prune_pool(db, spool, keep=2, policy=LabelsSection(), max_bytes=12) == 1  # the count binds first
+    assert LabelsSection(max_spool_mb=2048).review_pool_bytes == 1 << 30
+
+
+def test_a_review_pool_of_phone_photos_leaves_the_queue_room_for_new_photos(tmp_path):
+    """Phone photos fill the label queue's quota (2 GiB: about 550 photos of 3.5 MB) long before the pool's 2,000:
+    the pool held its oldest photos for ever and queued no new one. Now it keeps at most half the quota, the most
+    informative first, and is pruned within seconds while the quota turns photos away."""
+    import cv2
+
+    from .daemon_helpers import DaemonProc, db_rows, wait_until
+    from .test_handoff_reduce import _scene
+
+    d = DaemonProc(
+        tmp_path / "state", {"labels": {"max_spool_mb": 1, "trust_checks": LabelsSection().trust_checks}, "handoff": {"enabled": False}}
+    ).start()
+    d.wait_ready()
+    photos = [cv2.imencode(".jpg", _scene(600, 800, seed=s), [cv2.IMWRITE_JPEG_QUALITY, 97])[1].tobytes() for s in range(10)]
+    assert all(150_000 < len(p) < 400_000 for p in photos)
+
+    def pool() -> list[tuple[str, int]]:
+        return db_rows(d.state, "SELECT sha256, bytes FROM label_queue WHERE kind = 'review'")
+
+    for i, data in enumerate(photos[:6]):  # more than the 1 MiB quota: some are turned away
+        (d.inbox / f"first{i}.jpg").write_bytes(data)
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 6, 60, "six results")
+    wait_until(lambda: 0 < sum(b for _, b in pool()) <= 1 << 19, 30, "the pool within half the quota")
+    for i, data in enumerate(photos[6:]):
+        (d.inbox / f"later{i}.jpg").write_bytes(data)
+    later = {hashlib.sha256(p).hexdigest() for p in photos[6:]}
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 10, 60, "ten results")
+    wait_until(lambda: later & {sha for sha, _ in pool()}, 30, "a later photo in the pool")
+    assert sum(b for _, b in pool()) <= 1 << 20
+    assert any(e.get("event") == "review_pool_pruned" for e in d.events())
+    assert d.terminate() == 0

@@ -16,10 +16,12 @@ import datetime as dt
 import difflib
 import os
 import re
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -359,14 +361,18 @@ def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str, la
     return entry
 
 
-def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int, policy: LabelsSection) -> int:
-    """Drop the least informative photos beyond ``keep`` from the pool (checks and unsure photos alternately kept, each
-    newest or smallest margin first); returns how many left."""
+def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int, policy: LabelsSection, max_bytes: int | None = None) -> int:
+    """Drop the least informative photos beyond ``keep`` photos or ``max_bytes`` of theirs from the pool (checks and
+    unsure photos alternately kept, each newest or smallest margin first); returns how many left."""
     pool = _pool(db, policy)
-    if len(pool) <= keep:
+    if len(pool) <= keep and (max_bytes is None or sum(it.entry.bytes for it in pool) <= max_bytes):
         return 0
     checks = sorted((it for it in pool if it.check), key=lambda it: -it.entry.created)
     unsure = sorted((it for it in pool if not it.check), key=lambda it: it.margin)
-    drop = _alternate(checks, unsure)[keep:]
+    kept = _alternate(checks, unsure)[:keep]
+    if max_bytes is not None:  # as many of the most informative as the bytes allow
+        kept = kept[: bisect_right(list(accumulate(it.entry.bytes for it in kept)), max_bytes)]
+    kept_ids = {it.entry.sha256 for it in kept}
+    drop = [it for it in pool if it.entry.sha256 not in kept_ids]
     # each only while it is still in the pool: one the expert labels this instant stays, with their label
     return sum(db.remove_queued_entry(it.entry, partial(spool.remove, Path(it.entry.file))) for it in drop)
