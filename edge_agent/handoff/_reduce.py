@@ -6,10 +6,9 @@ px today). A 12 MP phone photo is 3-5 MB; at a shorter side of 1024 px (four tim
 preprocessing's own reduced decode would keep for an input of up to 512 px) it is about a tenth of that. A photo
 whose shorter side is larger than ``side`` goes as its upright pixels reduced to that side (aspect kept within a
 JPEG block, each side a whole number of them; ``cv2.INTER_AREA``, decoded at libjpeg's reduced scale where that
-keeps the side), as a JPEG of quality
-:data:`QUALITY` with no metadata at all (so no position either); a photo no larger, one this module cannot decode,
-and one whose reduced copy would be no smaller go as they are. The same bytes give the same copy, so a resend is
-the same photo.
+keeps the side), as a JPEG of quality :data:`QUALITY` with no metadata at all (so no position either); a photo no
+larger, one this module cannot decode or reduce, and one whose reduced copy would be no smaller go as they are. The
+same bytes give the same copy, so a resend is the same photo.
 """
 
 from __future__ import annotations
