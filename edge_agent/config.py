@@ -394,12 +394,12 @@ class HandoffSection(Section):
         ge=0,
         le=100000,
         description="Photos whose shorter side is larger go to the trainer reduced to this many pixels, upright, as JPEG "
-        "with no metadata (a 12 MP phone photo about 0.3 MB instead of 2-5 MB); 0: as taken.",
+        "without metadata but send_place's EXIF (a 12 MP phone photo about 0.3 MB instead of 2-5 MB); 0: as taken.",
     )
     send_place: bool = Field(
         False,
         description="Hand photos to the trainer with the GPS position, owner's name and serial numbers in their EXIF and XMP "
-        "(off: they are blanked, every other byte kept; a photo photo_side reduces keeps no metadata either way).",
+        "(off: they are blanked, every other byte kept; a photo photo_side reduces keeps its EXIF only when on).",
     )
     endpoint: str = Field(
         "", description="Trainer's hand-off socket; empty means ipc://<runtime dir>/handoff.sock ($RUNTIME_DIRECTORY or <state>/run)."

@@ -57,6 +57,28 @@ def test_a_phone_sized_photo_goes_upright_at_the_side_as_jpeg_without_any_metada
     assert np.abs(got - upright).mean() < 2 < np.abs(got - upright[::-1, ::-1]).mean()  # the same picture, the same way up
 
 
+def test_with_send_place_the_copy_keeps_the_position_and_time_upright_without_the_old_thumbnail(phone_photo):
+    copy, ext = reduced(phone_photo, 1024, keep_exif=True)
+    assert ext == ".jpg" and read_header(copy).orientation == 1 and (read_header(copy).width, read_header(copy).height) == (1024, 1360)
+    assert read_capture(copy, time.time() + 3600) == read_capture(phone_photo, time.time() + 3600)  # where and when
+    got, upright = (cv2.resize(decode_bgr(d), (256, 340), interpolation=cv2.INTER_AREA).astype(int) for d in (copy, phone_photo))
+    assert np.abs(got - upright).mean() < 2  # not turned a second time by its orientation
+    exif = Image.open(io.BytesIO(copy)).getexif()
+    assert exif.get(0x0112) == 1 and exif.get_ifd(0x8825) and not exif.get_ifd(1)  # no thumbnail stored the old way up
+    assert reduced(phone_photo, 1024, keep_exif=False)[0] == reduced(phone_photo, 1024)[0]
+
+
+def test_with_send_place_a_photo_whose_exif_cannot_be_set_upright_goes_as_taken():
+    img = _scene(1800, 2400)
+    bad = io.BytesIO()
+    Image.fromarray(img[:, :, ::-1]).save(bad, "JPEG", quality=92, exif=b"Exif\x00\x00MM\x00*\x00\x00\x7f\xff")  # no directory
+    data = bad.getvalue()
+    if b"\x7f\xff" not in data:
+        pytest.skip("this Pillow rewrote the block")
+    assert reduced(data, 1024) is not None  # without send_place nothing of it is kept: reduced as ever
+    assert reduced(data, 1024, keep_exif=True) is None  # the position it may hold cannot be kept upright: as taken
+
+
 @pytest.mark.parametrize("size", [192, 224, 256])
 def test_the_reduced_copy_gives_the_model_nearly_the_tensor_the_daemon_sees(phone_photo, size):
     spec = DEFAULT_SPEC.__class__(size=size, mean=(0.5,) * 3, std=(1 / 255,) * 3)  # the tensor in pixel levels
@@ -150,7 +172,8 @@ def test_the_trainer_stores_a_phone_photo_reduced_and_keeps_the_devices_id(tmp_p
         assert got[hashlib.sha256(small).hexdigest()] == small  # no larger than the side: as taken
         big = got[hashlib.sha256(phone_photo).hexdigest()]  # the device's id of the photo, whatever was sent
         if side:
-            assert big == reduced(phone_photo, side)[0]
+            assert big == reduced(phone_photo, side, keep_exif=True)[0]  # send_place: reduced, its position kept
+            assert read_capture(big, time.time()).place is not None
         else:
             assert big == phone_photo  # photo_side = 0 (and send_place): byte for byte
 

@@ -230,7 +230,7 @@ class Sender(Worker):
             self._inflight.pop(sha, None)
             return False
         header = sample_header(entry, file, self.device)
-        copy = reduced(data, self.settings.photo_side)  # what a training looks at, not a season of phone photos
+        copy = reduced(data, self.settings.photo_side, keep_exif=self.settings.send_place)  # not a season of phone photos
         if copy is not None:
             data, ext = copy
             header |= {"ext": ext}
