@@ -256,7 +256,7 @@ def _asking_passphrase(archive: str, passphrase: bytes | None, do):
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from edge_agent._backup_seal import read_passphrase
+    from edge_agent._backup_seal import is_sealed, read_passphrase
     from edge_agent.restore import restore
     from edge_agent.state import resolve_state_dir
 
@@ -280,6 +280,12 @@ def _restore(args: argparse.Namespace) -> int:
         print(f"the state directory that was there is kept as {done.moved_aside}")
     for now, was in done.outside.items():
         print(f"  {now}: was {was}; copy it back there (sudo cp -a) or point the config at it")
+    secret = cfg.backup.passphrase_file
+    if is_sealed(Path(args.archive)) and not (secret and Path(secret).expanduser().is_file()):
+        print(
+            "the backup was sealed, and a passphrase is never in the backup it seals: write it again, one line, into "
+            f"{secret or 'the file [backup] passphrase_file names'} (chmod 600) before the next backup, which fails until then"
+        )
     print("next: edge-agent status --state-dir " + str(done.state_dir) + "  (then start the service)")
     return 0
 

@@ -431,6 +431,18 @@ def test_the_command_line_seals_and_restores_with_a_passphrase_file_and_says_so_
     assert refused.returncode == 2 and "sealed with a passphrase" in refused.stderr
     back = run("restore", str(out), "--state-dir", str(tmp_path / "fresh"), "--passphrase-file", str(secret))
     assert back.returncode == 0 and "restored" in back.stdout, back.stderr
+    # a new card has no passphrase file (never in the backup it seals): the next backup would fail; it says so now
+    assert "write it again, one line, into the file [backup] passphrase_file names" in back.stdout
+    conf = tmp_path / "edge-agent.toml"
+    conf.write_text(f"[backup]\npassphrase_file = {json.dumps(str(tmp_path / 'gone.pass'))}\n")
+    named = run("restore", str(out), "--state-dir", str(tmp_path / "fresh2"), "--passphrase-file", str(secret), "--config", str(conf))
+    assert named.returncode == 0 and f"into {tmp_path / 'gone.pass'} (chmod 600)" in named.stdout, named.stdout + named.stderr
+    conf.write_text(f"[backup]\npassphrase_file = {json.dumps(str(secret))}\n")
+    there = run("restore", str(out), "--state-dir", str(tmp_path / "fresh3"), "--passphrase-file", str(secret), "--config", str(conf))
+    assert there.returncode == 0 and "write it again" not in there.stdout  # the file is there: nothing to do
+    plain = tmp_path / "plain.tar.gz"
+    assert run("backup", "--state-dir", str(state), "--out", str(plain)).returncode == 0
+    assert "write it again" not in run("restore", str(plain), "--state-dir", str(tmp_path / "fresh4")).stdout
 
 
 def test_a_configuration_named_by_a_relative_path_is_restored_with_where_it_was_in_full(tmp_path, state):
