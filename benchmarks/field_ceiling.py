@@ -1,7 +1,7 @@
 """How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
 
 ``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]
-[--size N] [--store DIR]``
+[--size N] [--store DIR] [--crops Apple]``
 
 The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
 what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
@@ -46,10 +46,18 @@ def resized(store, size: int):
 
 
 def retrain_on(
-    n: int, field: str, seed: int, work: Path, sets: dict | None = None, size: int | None = None, source: str | None = None
+    n: int,
+    field: str,
+    seed: int,
+    work: Path,
+    sets: dict | None = None,
+    size: int | None = None,
+    source: str | None = None,
+    crops: list[str] | None = None,
 ) -> dict:
     """The shipped model (or ``source``'s current version; at input side ``size``, default its own) retrained on ``n``
-    true-labelled stream photos: field and lab top-1 of what is in service."""
+    true-labelled stream photos: field and lab top-1 of what is in service (and with ``crops``, the field's top-1
+    of its answers restricted to those crops, as ``[classify] crops`` restricts the daemon's)."""
     from edge_agent.config import parse_config
     from edge_agent.handoff.sender import sample_header
     from edge_agent.results import QueueEntry
@@ -77,7 +85,10 @@ def retrain_on(
     r = retrain(cfg, store, samples, work / "trainer" / "strategy")
     samples.close()
     measured = _Measure(parse_config({}), test, lab)(store)
-    return {"labels": n, "published": r.published, "reason": r.reason, "seconds": round(time.time() - t0, 1), **measured}
+    seconds = round(time.time() - t0, 1)  # (the retrain and its measurement, as before --crops)
+    if crops:
+        measured["field_crops"] = _Measure(parse_config({"classify": {"crops": crops}}), test, [])(store)["field"]
+    return {"labels": n, "published": r.published, "reason": r.reason, "seconds": seconds, **measured}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--size", type=int, default=None, help="Republish the shipped weights at this input side first (a multiple of 32).")
     ap.add_argument("--store", default=None, help="Start from this store's current version (a release candidate), not the shipped one.")
+    ap.add_argument("--crops", default="", help="Also measure the field with [classify] crops (comma-separated, e.g. 'Apple').")
     args = ap.parse_args(argv)
+    crops = [c for c in args.crops.split(",") if c]
     sets = config_sets(args.set)  # first: a malformed one is refused before any work
     source = str(starting_store(args.store)) if args.store else None
     out = Path(args.out)
@@ -111,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.labels:
         if any(r["labels"] == n for r in rows):
             continue
-        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets, args.size, source))
+        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets, args.size, source, crops))
         print(json.dumps(rows[-1]), flush=True)
         path.write_text(
             json.dumps({"field": args.field, "seed": args.seed, "sets": sets, "size": args.size, "store": source, "rows": rows}, indent=2)
@@ -123,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         *([f"Retrain configuration changed: {json.dumps(sets)}\n"] if sets else []),
         *([f"Started from {source}'s current version, not the shipped model\n"] if source else []),
         *([f"The shipped weights republished at input side {args.size} px first (a new lineage)\n"] if args.size else []),
-        "| true field labels trained on | published | field top-1 | lab top-1 | seconds |",
-        "|---|---|---|---|---|",
+        f"| true field labels trained on | published | field top-1 |{f' field top-1, crops {args.crops} |' if crops else ''} lab top-1 | seconds |",
+        f"|---|---|---|{'---|' if crops else ''}---|---|",
     ]
     lines += [
-        f"| {r['labels']} | {r['published'] or 'refused: ' + r['reason']} | {r['field']:.3f} | {r['lab']:.3f} | {r['seconds']} |"
+        f"| {r['labels']} | {r['published'] or 'refused: ' + r['reason']} | {r['field']:.3f} |"
+        + (f" {r['field_crops']:.3f} |" if crops and "field_crops" in r else " - |" if crops else "")
+        + f" {r['lab']:.3f} | {r['seconds']} |"
         for r in sorted(rows, key=lambda r: r["labels"])
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -148,6 +148,7 @@ class _Measure:
                 key: {
                     name: (np.stack([preprocess_file(p, spec) for p, _ in photos]), [y for _, y in photos])
                     for name, photos in self.photos.items()
+                    if photos
                 }
             }
         return self._sets[key]

@@ -80,6 +80,10 @@ def test_the_measure_gives_each_engine_the_photos_its_own_manifest_asks_for(tmp_
     assert store.open().manifest["preprocess"]["size"] != 128
     figures = _Measure(parse_config({}), photos, photos[:2])(store)
     assert set(figures) == {"field", "lab"} and all(0.0 <= v <= 1.0 for v in figures.values())
+    classes = store.open().classes
+    apple = [(p, classes.index("Apple___healthy")) for p, _ in photos]
+    crops = _Measure(parse_config({"classify": {"crops": ["Apple"]}}), apple, [])(store)  # field_ceiling --crops: no lab set
+    assert set(crops) == {"field"} and crops["field"] >= _Measure(parse_config({}), apple, [])(store)["field"]
 
 
 def test_a_set_value_is_read_as_toml_and_a_malformed_one_or_full_mode_is_refused_with_the_fix(tmp_path):
