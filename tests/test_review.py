@@ -482,22 +482,26 @@ def test_a_review_pool_of_phone_photos_leaves_the_queue_room_for_new_photos(tmp_
     d = DaemonProc(
         tmp_path / "state", {"labels": {"max_spool_mb": 1, "trust_checks": LabelsSection().trust_checks}, "handoff": {"enabled": False}}
     ).start()
-    d.wait_ready()
-    photos = [cv2.imencode(".jpg", _scene(600, 800, seed=s), [cv2.IMWRITE_JPEG_QUALITY, 97])[1].tobytes() for s in range(10)]
-    assert all(150_000 < len(p) < 400_000 for p in photos)
+    try:
+        d.wait_ready()
+        photos = [cv2.imencode(".jpg", _scene(600, 800, seed=s), [cv2.IMWRITE_JPEG_QUALITY, 97])[1].tobytes() for s in range(10)]
+        assert all(150_000 < len(p) < 400_000 for p in photos)
 
-    def pool() -> list[tuple[str, int]]:
-        return db_rows(d.state, "SELECT sha256, bytes FROM label_queue WHERE kind = 'review'")
+        def pool() -> list[tuple[str, int]]:
+            return db_rows(d.state, "SELECT sha256, bytes FROM label_queue WHERE kind = 'review'")
 
-    for i, data in enumerate(photos[:6]):  # more than the 1 MiB quota: some are turned away
-        (d.inbox / f"first{i}.jpg").write_bytes(data)
-    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 6, 60, "six results")
-    wait_until(lambda: 0 < sum(b for _, b in pool()) <= 1 << 19, 30, "the pool within half the quota")
-    for i, data in enumerate(photos[6:]):
-        (d.inbox / f"later{i}.jpg").write_bytes(data)
-    later = {hashlib.sha256(p).hexdigest() for p in photos[6:]}
-    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 10, 60, "ten results")
-    wait_until(lambda: later & {sha for sha, _ in pool()}, 30, "a later photo in the pool")
-    assert sum(b for _, b in pool()) <= 1 << 20
-    assert any(e.get("event") == "review_pool_pruned" for e in d.events())
+        for i, data in enumerate(photos[:6]):  # more than the 1 MiB quota: some are turned away
+            (d.inbox / f"first{i}.jpg").write_bytes(data)
+        wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 6, 60, "six results")
+        wait_until(lambda: 0 < sum(b for _, b in pool()) <= 1 << 19, 30, "the pool within half the quota")
+        for i, data in enumerate(photos[6:]):
+            (d.inbox / f"later{i}.jpg").write_bytes(data)
+        later = {hashlib.sha256(p).hexdigest() for p in photos[6:]}
+        wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 10, 60, "ten results")
+        wait_until(lambda: later & {sha for sha, _ in pool()}, 30, "a later photo in the pool")
+        assert sum(b for _, b in pool()) <= 1 << 20
+        assert any(e.get("event") == "review_pool_pruned" for e in d.events())
+    except BaseException:  # a failure leaves no daemon running after the test
+        d.kill()
+        raise
     assert d.terminate() == 0
