@@ -3,7 +3,7 @@
 ``python -m benchmarks.handoff_photo --out benchmarks/results/handoff-photo`` turns each field photo (orchard and
 corn, 1,382) into a stand-in for a phone photo, because the data holds none larger than 512 px: upscaled to 4032 x 3024
 (12 MP, a phone's 4:3) with cubic interpolation, sensor-like noise added (Gaussian, ``--noise`` levels) and saved as
-JPEG quality 92. Each stand-in and its reduced copy (:func:`edge_agent.handoff._reduce.reduced`, as the hand-off
+JPEG quality 92. Each stand-in and its reduced copy (:func:`edge_agent.handoff.reduce.reduced`, as the hand-off
 sends it) go through :class:`Classifier` as the daemon runs the engine; it reports bytes, the time to reduce, how
 often the two answers and verdicts agree, how far the top class's probability moves, and top-1 on each. What it
 cannot say: how a real 12 MP photo's fine detail (which an upscaled 256 px photo lacks) fares; the reduction keeps
@@ -25,7 +25,7 @@ from benchmarks.field import SHARED, field_sets
 from edge_agent._truth import precision_check
 from edge_agent.classifier import Classifier
 from edge_agent.config import default_store_path, parse_config
-from edge_agent.handoff._reduce import reduced
+from edge_agent.handoff.reduce import reduced
 from engines.loader import open_engine
 from engines.store import EngineStore
 

@@ -394,7 +394,8 @@ class HandoffSection(Section):
         ge=0,
         le=100000,
         description="Photos whose shorter side is larger go to the trainer reduced to this many pixels, upright, as JPEG "
-        "without metadata but send_place's EXIF (a 12 MP phone photo about 0.3 MB instead of 2-5 MB); 0: as taken.",
+        "without metadata but send_place's EXIF (a 12 MP phone photo about 0.3 MB instead of 2-5 MB), and a trainer keeps any it holds "
+        "larger reduced to it; 0: as taken.",
     )
     send_place: bool = Field(
         False,

@@ -16,6 +16,7 @@ __all__ = [
     "set_aside",
     "moved_here",
     "relocate_rows",
+    "replace_row_file",
 ]
 
 #: The errnos of a write the disk had no room for (a full disk, a user's quota spent).
@@ -127,3 +128,22 @@ def relocate_rows(db, table: str, key: str, root: str | os.PathLike) -> int:
     if moved:
         db.executemany(f"UPDATE {table} SET file = ? WHERE {key} = ?", moved)
     return len(moved)
+
+
+def replace_row_file(
+    db, lock, table: str, key: str, row_id: str, old: str, new: str | os.PathLike, data: bytes, size_column: str = ""
+) -> bool:
+    """Write ``data`` durably at ``new`` and point ``table``'s row ``row_id`` (named by ``key``; SQLite connection
+    ``db`` used under ``lock``) at it where the row still names the file ``old``, which is then removed if another;
+    True where it did. A row deleted or moved meanwhile keeps what it has and ``new`` is removed, so no file is left
+    without its row and no row without its file. ``size_column``: a column that holds the file's bytes, set too."""
+    new = Path(new)
+    atomic_write(new, data)
+    size = f", {size_column} = {len(data)}" if size_column else ""
+    with lock:
+        done = db.execute(f"UPDATE {table} SET file = ?{size} WHERE {key} = ? AND file = ?", (str(new), row_id, old)).rowcount == 1
+    if not done:  # (where ``new`` is ``old``, no row names it any longer: the row is gone)
+        new.unlink(missing_ok=True)
+    elif os.path.abspath(new) != os.path.abspath(old):
+        Path(old).unlink(missing_ok=True)
+    return done

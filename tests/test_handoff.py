@@ -74,10 +74,11 @@ class Wire(list):
 
 
 @contextlib.contextmanager
-def delivering(sender, tmp_path, endpoints):
-    """A trainer-side receiver and the sender running; yields the trainer's sample store."""
+def delivering(sender, tmp_path, endpoints, **settings):
+    """A trainer-side receiver (its ``[handoff]`` section's ``settings``) and the sender running; yields the trainer's
+    sample store."""
     store = SampleStore(tmp_path / "trainer")
-    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2), Link(*endpoints))
+    receiver = Receiver(store, HandoffSection(heartbeat_s=0.2, **settings), Link(*endpoints))
     receiver.start()
     sender.start()
     try:

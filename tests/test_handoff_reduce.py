@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from edge_agent.capture import read_capture
-from edge_agent.handoff._reduce import reduced
+from edge_agent.handoff.reduce import reduced
 from edge_agent.imageheader import read_header
 from edge_agent.preprocess import DEFAULT_SPEC, decode_bgr, preprocess_bytes
 
@@ -89,7 +89,7 @@ def test_the_reduced_copy_gives_the_model_nearly_the_tensor_the_daemon_sees(phon
 
 def test_a_copy_with_part_blocks_at_its_edges_would_have_moved_the_tensor_further(phone_photo, monkeypatch):
     """Why each side is a whole number of JPEG blocks: the copy of 1365 px, the aspect to the pixel, is further off."""
-    from edge_agent.handoff import _reduce
+    from edge_agent.handoff import reduce as _reduce
 
     spec = DEFAULT_SPEC.__class__(size=192, mean=(0.5,) * 3, std=(1 / 255,) * 3)
     daemon = preprocess_bytes(phone_photo, spec)
@@ -138,6 +138,11 @@ def test_a_photo_that_runs_out_of_memory_or_fails_to_encode_goes_as_it_is(phone_
     assert reduced(phone_photo, 1024) is None
 
 
+def test_a_photo_exactly_twice_the_side_is_reduced_though_its_reduced_decode_is_the_side_already():
+    copy, _ = reduced(_jpeg(_scene(2048, 2720, seed=4)), 1024)  # libjpeg's half scale gives 1024 x 1360 itself
+    assert (read_header(copy).width, read_header(copy).height) == (1360, 1024)
+
+
 def test_a_photo_whose_copy_would_be_no_smaller_goes_as_it_is():
     flat = cv2.imencode(".png", np.full((1100, 1100, 3), 120, np.uint8))[1].tobytes()  # a few kB however large
     assert reduced(flat, 1024) is None
@@ -166,7 +171,7 @@ def test_the_trainer_stores_a_phone_photo_reduced_and_keeps_the_devices_id(tmp_p
             [f] = spool.put_many([SpoolItem("expert", sha, data)])
             entries.append(QueueEntry(sha, sha[:16], "expert", "Apple___Apple_scab", 1.0, "v0001", str(f), len(data)))
         db.commit([], entries)
-        with delivering(sender, root, endpoints) as store:
+        with delivering(sender, root, endpoints, photo_side=side) as store:  # (a trainer reduces what it gets: its own side)
             wait_until(lambda db=db: not db.queued_for_delivery(10), 20, "acknowledged")
             got = {s.id: open(s.file, "rb").read() for s in store.all()}
         assert got[hashlib.sha256(small).hexdigest()] == small  # no larger than the side: as taken

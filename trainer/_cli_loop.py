@@ -102,6 +102,12 @@ def _status(args: argparse.Namespace) -> int:
             f"unlabelled: {pool['photos']} photos from {devices} device{'' if devices == 1 else 's'} "
             f"({pool.get('bytes', 0) / 2**20:.1f} MiB; at most {pool.get('limit_photos')} photos, {pool.get('limit_bytes', 0) >> 20} MiB)"
         )
+    shrink = st.get("reducing_photos") if live else None
+    if shrink:
+        print(
+            f"reducing stored photos to [handoff] photo_side: {shrink['left']} left to check, {shrink['reduced']} reduced "
+            f"({shrink['bytes_saved'] / 2**20:.1f} MiB freed so far; between retrains)"
+        )
     term = (last or {}).get("metrics", {}).get("unlabelled")
     if term:
         taught = term.get("taken", term.get("pool_photos", 0))

@@ -1,7 +1,8 @@
 """Trainer side of the hand-off: store what arrives, acknowledge it, announce new engines.
 
 A ROUTER socket takes samples from any number of daemons; each is stored
-durably (:class:`~trainer.samples.SampleStore`) before its ``ack`` goes back.
+durably (:class:`~trainer.samples.SampleStore`) before its ``ack`` goes back, a photo larger than ``[handoff]
+photo_side`` reduced to it as the hand-off of a device since 2026-12-04 sends it (:mod:`edge_agent.handoff.reduce`).
 Heartbeats are answered, so a daemon knows the trainer is alive. Malformed or
 oversized frames are dropped, counted and logged. A PUB socket announces each
 published engine version.
@@ -24,6 +25,7 @@ from collections.abc import Callable, Collection
 
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
+from edge_agent.handoff.reduce import reduced
 from edge_agent.handoff.transport import Authenticator, Link, peer_name, rebind, server_socket
 from edge_agent.log import get_logger
 from edge_agent.names import class_name_problem
@@ -171,10 +173,11 @@ class Receiver(Worker):
                 self._answer(router, peer, "refused", msg.header, reason=why)
                 return
             try:
+                header, photo = self._as_kept(msg.header, msg.payload)
                 if msg.header["kind"] == "unlabelled":  # (one labelled already is acknowledged, not kept twice)
-                    new = not self.store.has(msg.header["id"]) and self.pool.add(msg.header, msg.payload)
+                    new = not self.store.has(msg.header["id"]) and self.pool.add(header, photo)
                 else:
-                    new = self.store.add(msg.header, msg.payload)
+                    new = self.store.add(header, photo)
                     if self.pool is not None:
                         self.pool.discard(msg.header["id"])  # labelled now: the label says more
             except Exception as exc:  # disk full...: no ack, the daemon keeps it and resends
@@ -195,6 +198,14 @@ class Receiver(Worker):
         else:
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
+
+    def _as_kept(self, header: dict, photo: bytes) -> tuple[dict, bytes]:
+        """The sample as stored: a photo larger than ``[handoff] photo_side`` reduced to it (a device from before its
+        hand-off reduced photos, or one with ``photo_side = 0``), its EXIF kept as the device sent it; a photo stored
+        already is not reduced again (a resend, a corrected label)."""
+        if self.store.has(header["id"]) or (copy := reduced(photo, self.settings.photo_side, keep_exif=True)) is None:
+            return header, photo
+        return {**header, "ext": copy[1]}, copy[0]
 
     @property
     def problem_state(self) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.durable import atomic_write, relocate_rows
+from engines.durable import atomic_write, relocate_rows, replace_row_file
 
 __all__ = ["PENDING", "SampleStore", "Sample"]
 
@@ -116,6 +116,11 @@ class SampleStore:
                 ),
             )
         return cur.rowcount == 1
+
+    def replace_photo(self, sample_id: str, old: str, data: bytes, ext: str) -> bool:
+        """Keep sample ``sample_id``'s photo as ``data`` (a reduced copy) where its row still names the file ``old``."""
+        new = self.root / "samples" / f"{sample_id}{ext}"
+        return replace_row_file(self._db, self._lock, "samples", "id", sample_id, old, new, data)
 
     def all(self) -> list[Sample]:
         with self._lock:

@@ -29,6 +29,7 @@ from trainer._child import RetrainDiskFull, retrain_in_child
 from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
 from trainer.loop.room import RoomWatch
+from trainer.loop.stored_photos import StoredPhotos
 from trainer.loop.unlabelled_pool import UnlabelledPool
 from trainer.receiver import Receiver
 from trainer.retrain import RetrainResult, balance_pseudo, retrain, settle_published
@@ -63,6 +64,7 @@ class TrainerService:
         new_classes = not link.endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes
         tc = cfg.trainer
         self.unlabelled = UnlabelledPool(self.root, tc.unlabelled_pool, tc.unlabelled_pool_mb << 20)
+        self.stored_photos = StoredPhotos(self.samples, self.unlabelled, cfg.handoff.photo_side, self.log)
         self.receiver = Receiver(
             self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes, describe=self._describe, pool=self.unlabelled
         )
@@ -168,6 +170,7 @@ class TrainerService:
             "receiver": dict(self.receiver.counters),
             "store_problem": self.receiver.store_problem,
             "unlabelled_pool": self.unlabelled.summary(),
+            "reducing_photos": self.stored_photos.status(),
             "daemons_seen": len(self.receiver.peers),
             "fleet": self.server.fleet(dict(self.receiver.by_device)),
             "handshakes_refused": self.server.handshakes_refused()[:20],
@@ -326,6 +329,7 @@ class TrainerService:
             if self._start_now(requested):
                 self.request_file.unlink(missing_ok=True)
                 self._retrain_once()
+            self.stored_photos.step()  # between retrains, never during one
             if time.monotonic() >= next_status:
                 if self.blocked and not self.state == "training":
                     self.blocked = self.check_validation()  # the user may have added photos since

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from edge_agent.config import HandoffSection
 from edge_agent.handoff._no_place import without_place
-from edge_agent.handoff._reduce import reduced
 from edge_agent.handoff.protocol import decode_or_drop, encode
+from edge_agent.handoff.reduce import reduced
 from edge_agent.handoff.transport import HandshakeWatch, Link, client_socket, send_nowait
 from edge_agent.handoff.unlabelled import allowed_by, choose
 from edge_agent.log import get_logger

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from edge_agent.log import get_logger
 from edge_agent.results import query_readonly
-from engines.durable import atomic_write, relocate_rows
+from engines.durable import atomic_write, relocate_rows, replace_row_file
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
 
@@ -138,6 +138,11 @@ class UnlabelledPool:
                 return
             self._db.execute("DELETE FROM pool WHERE id = ?", (photo_id,))
         Path(row[0]).unlink(missing_ok=True)
+
+    def replace_photo(self, photo_id: str, old: str, data: bytes, ext: str) -> bool:
+        """Keep photo ``photo_id`` as ``data`` (a reduced copy) where its row still names the file ``old``."""
+        new = self.dir / f"{photo_id}{ext}"
+        return replace_row_file(self._db, self._lock, "pool", "id", photo_id, old, new, data, size_column="bytes")
 
     def photos(self) -> list[UnlabelledPhoto]:
         """Every photo held, oldest first."""

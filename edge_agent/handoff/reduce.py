@@ -47,7 +47,7 @@ def reduced(data: bytes, side: int, keep_exif: bool = False) -> tuple[bytes, str
         # decode_bgr's reduced scale leaves the shorter side at least twice the spec's size: at least ``side`` here
         img = decode_bgr(data, replace(DEFAULT_SPEC, size=math.ceil(side / 2)))
         h, w = img.shape[:2]
-        if min(h, w) <= side:  # decoded smaller than its header said (a HEIC's thumbnail): nothing to reduce
+        if min(h, w) < side:  # decoded smaller than its header said (a HEIC's thumbnail): nothing to reduce
             return None
         scale = max(_MCU, side // _MCU * _MCU) / min(h, w)
         img = cv2.resize(img, (_whole_blocks(w * scale), _whole_blocks(h * scale)), interpolation=cv2.INTER_AREA)

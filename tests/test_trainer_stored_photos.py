@@ -1,0 +1,218 @@
+"""The trainer keeps every photo at the size training needs, whoever sent it: a photo larger than ``[handoff]
+photo_side`` that a device sent as taken (one from before its hand-off reduced photos, or with ``photo_side = 0``) is
+stored reduced, and photos stored larger before are reduced once, between retrains, keeping their ids and labels."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import pytest
+
+from edge_agent.capture import read_capture
+from edge_agent.config import HandoffSection
+from edge_agent.handoff.protocol import encode
+from edge_agent.handoff.reduce import reduced
+from edge_agent.handoff.transport import Link
+from edge_agent.imageheader import read_header
+from edge_agent.log import get_logger
+from trainer.loop import stored_photos
+from trainer.loop.stored_photos import DONE_KEY, StoredPhotos
+from trainer.loop.unlabelled_pool import UnlabelledPool
+from trainer.receiver import Receiver
+from trainer.samples import SampleStore
+
+from .test_handoff import Wire
+from .test_handoff_reduce import _jpeg, _scene
+
+
+@pytest.fixture(scope="module")
+def phone_photo() -> bytes:
+    """A 2400 x 1800 JPEG stored sideways with a position and a time in its EXIF, as a phone takes it."""
+    return _jpeg(_scene(1800, 2400), orientation=6)
+
+
+def _header(data: bytes, kind: str = "expert", label: str = "Apple___Apple_scab", ext: str = ".jpg") -> dict:
+    sha = hashlib.sha256(data).hexdigest()
+    return {"id": sha, "kind": kind, "label": label, "confidence": 1.0, "engine_version": "v0001", "ext": ext, "verdict": "unsure"}
+
+
+def _receive(receiver: Receiver, header: dict, data: bytes) -> str:
+    router = Wire(routed=True)
+    receiver._handle(router, [b"peer", *encode("sample", header, data)])
+    [answer] = router
+    return answer.kind
+
+
+@pytest.mark.parametrize("side", [1024, 0])
+def test_a_phone_photo_a_device_sent_as_taken_is_stored_reduced_under_the_devices_id(tmp_path, phone_photo, side):
+    store, pool = SampleStore(tmp_path), UnlabelledPool(tmp_path, 100, 1 << 30)
+    receiver = Receiver(store, HandoffSection(photo_side=side), Link("ipc://unused", "ipc://unused2"), pool=pool)
+    unlabelled = _jpeg(_scene(1800, 2400, seed=8))
+    small = _jpeg(_scene(600, 800, seed=6))
+    for data, kind in ((phone_photo, "expert"), (small, "expert"), (unlabelled, "unlabelled")):
+        assert _receive(receiver, _header(data, kind), data) == "ack"
+    got = {s.id: Path(s.file).read_bytes() for s in store.all()}
+    [held] = pool.photos()
+    assert got[_header(small)["id"]] == small  # no larger than the side: as sent
+    big, other = got[_header(phone_photo)["id"]], Path(held.file).read_bytes()
+    assert held.id == _header(unlabelled)["id"] and held.bytes == len(other)
+    if side:
+        assert big == reduced(phone_photo, side, keep_exif=True)[0] and len(big) < len(phone_photo) / 2
+        assert read_capture(big, time.time()).place is not None  # what the device chose to send is kept
+        assert min(read_header(big).width, read_header(big).height) == side
+        assert other == reduced(unlabelled, side, keep_exif=True)[0]
+    else:
+        assert (big, other) == (phone_photo, unlabelled)  # photo_side = 0: as sent, byte for byte
+    before = Path(store.all()[0].file).stat().st_mtime_ns
+    assert _receive(receiver, _header(phone_photo, label="Apple___Black_rot"), phone_photo) == "ack"  # the expert put it right
+    assert {s.label for s in store.all() if s.id == _header(phone_photo)["id"]} == {"Apple___Black_rot"}
+    assert Path(store.all()[0].file).stat().st_mtime_ns == before  # stored already: not reduced again
+    pool.close()
+
+
+def _stored(tmp_path, phone_photo):
+    """A label store and pool as a trainer from before left them: a phone JPEG, a phone PNG, a small photo and an
+    undecodable one labelled; a phone photo in the pool."""
+    store, pool = SampleStore(tmp_path), UnlabelledPool(tmp_path, 100, 1 << 30)
+    png = cv2.imencode(".png", _scene(1500, 2000, seed=9))[1].tobytes()
+    small, junk = _jpeg(_scene(600, 800, seed=6)), b"\xff\xd8\xff\xe0 half a photo"
+    photos = {"jpeg": (phone_photo, ".jpg"), "png": (png, ".png"), "small": (small, ".jpg"), "junk": (junk, ".jpg")}
+    for name, (data, ext) in photos.items():
+        assert store.add(_header(data, "expert" if name != "small" else "pseudo", ext=ext), data)
+    unlabelled = _jpeg(_scene(1800, 2400, seed=8))
+    assert pool.add(_header(unlabelled, "unlabelled"), unlabelled)
+    return store, pool, {**{k: v[0] for k, v in photos.items()}, "pool": unlabelled}
+
+
+def test_photos_stored_larger_before_are_reduced_once_keeping_their_ids_and_labels(tmp_path, phone_photo):
+    store, pool, sent = _stored(tmp_path, phone_photo)
+    labels = {s.id: (s.kind, s.label) for s in store.all()}
+    dirty = sorted(p.name for p in (tmp_path / "samples").iterdir())
+    shrink = StoredPhotos(store, pool, 1024, get_logger("test"))
+    shrink.step(budget_s=0.0)  # one photo a step at least: listed, not all done
+    assert shrink.status()["left"] == 4 and not shrink.done
+    while not shrink.done:
+        shrink.step()
+    assert shrink.status() is None and store.get_state(DONE_KEY) == "1024"
+    rows = {s.id: s for s in store.all()}
+    assert {i: (s.kind, s.label) for i, s in rows.items()} == labels  # ids and labels as they were
+    for name in ("jpeg", "png"):
+        row = rows[_header(sent[name])["id"]]
+        data = Path(row.file).read_bytes()
+        assert row.file.endswith(".jpg") and data == reduced(sent[name], 1024, keep_exif=True)[0]
+    for name in ("small", "junk"):  # no larger, or not decodable: as they were
+        assert Path(rows[_header(sent[name])["id"]].file).read_bytes() == sent[name]
+    [held] = pool.photos()
+    assert Path(held.file).read_bytes() == reduced(sent["pool"], 1024, keep_exif=True)[0] and held.bytes == Path(held.file).stat().st_size
+    left = sorted(p.name for p in (tmp_path / "samples").iterdir())
+    assert len(left) == len(dirty) and not any(n.endswith(".png") for n in left)  # the PNG replaced, nothing left over
+    assert shrink.reduced == 3 and shrink.bytes_after < shrink.bytes_before / 4
+    assert StoredPhotos(store, pool, 1024, get_logger("test")).done  # a restart does not check them again
+    again = StoredPhotos(store, pool, 512, get_logger("test"))  # ...unless the side was made smaller
+    assert not again.done
+    again.step(budget_s=60)
+    assert again.done and again.reduced == 4  # the three, and the small photo (800 x 600) now larger than the side
+    pool.close()
+
+
+def test_photo_side_0_reduces_nothing_stored(tmp_path, phone_photo):
+    store, pool, sent = _stored(tmp_path, phone_photo)
+    shrink = StoredPhotos(store, pool, 0, get_logger("test"))
+    shrink.step(budget_s=60)
+    assert shrink.done and shrink.reduced == 0 and store.get_state(DONE_KEY) is None
+    assert sorted(Path(s.file).read_bytes() for s in store.all()) == sorted(sent[k] for k in ("jpeg", "png", "small", "junk"))
+    pool.close()
+
+
+def test_a_photo_deleted_or_evicted_during_the_pass_leaves_no_file_and_loses_none(tmp_path, phone_photo):
+    store, pool, sent = _stored(tmp_path, phone_photo)
+    shrink = StoredPhotos(store, pool, 1024, get_logger("test"))
+    shrink.step(budget_s=0.0)  # listed, and the oldest (the phone JPEG) reduced
+    assert shrink.reduced == 1
+    rows = {s.id: s for s in store.all()}
+    png = rows[_header(sent["png"])["id"]]
+    store._db.execute("DELETE FROM samples WHERE id = ?", (png.id,))  # dropped meanwhile (as an old pseudo-label is)
+    [held] = pool.photos()
+    pool.discard(held.id)  # labelled meanwhile: it leaves the pool
+    Path(rows[_header(sent["junk"])["id"]].file).unlink()  # a file gone under the pass
+    while not shrink.done:
+        shrink.step()
+    assert not (tmp_path / "samples" / f"{png.id}.jpg").exists()  # no copy written for a row that is gone
+    assert not list((tmp_path / "unlabelled").iterdir())
+    assert shrink.reduced == 1 and {s.id for s in store.all()} == {_header(sent[k])["id"] for k in ("jpeg", "small", "junk")}
+    # a row that moved to another file keeps it, and the copy is removed
+    store2, pool2, sent2 = _stored(tmp_path / "b", phone_photo)
+    row = next(s for s in store2.all() if s.id == _header(sent2["png"])["id"])
+    assert not store2.replace_photo(row.id, "/elsewhere/old.png", b"copy", ".jpg")
+    assert not (tmp_path / "b" / "samples" / f"{row.id}.jpg").exists() and Path(row.file).read_bytes() == sent2["png"]
+    pool.close()
+    pool2.close()
+
+
+def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_later(tmp_path, phone_photo, monkeypatch, capsys):
+    store, pool, sent = _stored(tmp_path, phone_photo)
+    import engines.durable
+
+    real = engines.durable.atomic_write
+
+    def full(path, data, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(engines.durable, "atomic_write", full)
+    shrink = StoredPhotos(store, pool, 1024, get_logger("test"))
+    shrink.step(budget_s=60)
+    assert not shrink.done and shrink.status() is None and store.get_state(DONE_KEY) is None
+    said = capsys.readouterr().out
+    assert "stored_photo_not_reduced" in said and "No space left" in said and "in 600 s" in said
+    assert sorted(Path(s.file).read_bytes() for s in store.all()) == sorted(sent[k] for k in ("jpeg", "png", "small", "junk"))
+    assert not [p for p in (tmp_path / "samples").iterdir() if p.name.startswith(".tmp")]
+    shrink.step(budget_s=60)
+    assert shrink.reduced == 0  # not before the retry time
+    monkeypatch.setattr(engines.durable, "atomic_write", real)
+    monkeypatch.setattr(stored_photos, "_RETRY_S", 0.0)
+    shrink._not_before = 0.0
+    shrink.step(budget_s=60)
+    assert shrink.done and shrink.reduced == 3
+    pool.close()
+
+
+def test_the_trainer_steps_the_pass_between_retrains_and_says_so_in_its_status(tmp_path, phone_photo, monkeypatch):
+    """The service's loop runs the pass, never while a retrain runs (the loop runs one or the other), and its status
+    says how far it is."""
+    from edge_agent.config import parse_config
+    from trainer import service
+
+    _stored(tmp_path / "trainer", phone_photo)[1].close()
+    svc = service.TrainerService(parse_config({}), tmp_path)
+    assert svc.status()["reducing_photos"] is None  # not begun
+    svc.stored_photos.step(budget_s=0.0)
+    assert svc.status()["reducing_photos"]["left"] == 4
+    states, real_step = [], StoredPhotos.step
+
+    def step(self, budget_s=0.5):
+        states.append(svc.state)
+        real_step(self, budget_s=0.0)
+
+    def retrain():
+        svc.state = "training"
+        svc.state = "idle"
+
+    monkeypatch.setattr(StoredPhotos, "step", step)
+    monkeypatch.setattr(svc, "_start_now", lambda requested: True)  # a retrain every turn of the loop
+    monkeypatch.setattr(svc, "_retrain_once", retrain)
+    runner = threading.Thread(target=svc.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not svc.stored_photos.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert svc.stored_photos.done and svc.stored_photos.reduced == 3 and set(states) == {"idle"}
+        assert svc.status()["reducing_photos"] is None and svc.samples.get_state(DONE_KEY) == "1024"
+    finally:
+        svc.request_stop()
+        runner.join(10)
