@@ -12,6 +12,7 @@ from pathlib import Path
 
 import cv2
 import pytest
+from structlog.testing import capture_logs
 
 from edge_agent.capture import read_capture
 from edge_agent.config import HandoffSection
@@ -154,7 +155,7 @@ def test_a_photo_deleted_or_evicted_during_the_pass_leaves_no_file_and_loses_non
     pool2.close()
 
 
-def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_later(tmp_path, phone_photo, monkeypatch, capsys):
+def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_later(tmp_path, phone_photo, monkeypatch):
     store, pool, sent = _stored(tmp_path, phone_photo)
     import engines.durable
 
@@ -165,10 +166,11 @@ def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_late
 
     monkeypatch.setattr(engines.durable, "atomic_write", full)
     shrink = StoredPhotos(store, pool, 1024, get_logger("test"))
-    shrink.step(budget_s=60)
+    with capture_logs() as logs:
+        shrink.step(budget_s=60)
     assert not shrink.done and shrink.status() is None and store.get_state(DONE_KEY) is None
-    said = capsys.readouterr().out
-    assert "stored_photo_not_reduced" in said and "No space left" in said and "in 600 s" in said
+    [said] = [e for e in logs if e["event"] == "stored_photo_not_reduced"]
+    assert "No space left" in said["error"] and said["next"] == "in 600 s" and said["log_level"] == "warning"
     assert sorted(Path(s.file).read_bytes() for s in store.all()) == sorted(sent[k] for k in ("jpeg", "png", "small", "junk"))
     assert not [p for p in (tmp_path / "samples").iterdir() if p.name.startswith(".tmp")]
     shrink.step(budget_s=60)
