@@ -76,6 +76,22 @@ def test_a_phone_photo_a_device_sent_as_taken_is_stored_reduced_under_the_device
     pool.close()
 
 
+def test_a_photo_the_trainer_fails_to_reduce_is_stored_as_sent_and_acknowledged(tmp_path, phone_photo, monkeypatch):
+    from trainer import receiver as receiver_module
+
+    def broken(*a, **kw):
+        raise ValueError("a decoder's bug")
+
+    monkeypatch.setattr(receiver_module, "reduced", broken)
+    store = SampleStore(tmp_path)
+    receiver = Receiver(store, HandoffSection(), Link("ipc://unused", "ipc://unused2"))
+    with capture_logs() as logs:
+        assert _receive(receiver, _header(phone_photo), phone_photo) == "ack"
+    [sample] = store.all()
+    assert Path(sample.file).read_bytes() == phone_photo and receiver.store_problem is None
+    assert [e["error"] for e in logs if e["event"] == "photo_not_reduced"] == ["ValueError: a decoder's bug"]
+
+
 def _stored(tmp_path, phone_photo):
     """A label store and pool as a trainer from before left them: a phone JPEG, a phone PNG, a small photo and an
     undecodable one labelled; a phone photo in the pool."""

@@ -203,9 +203,14 @@ class Receiver(Worker):
         """The sample as stored: a photo larger than ``[handoff] photo_side`` reduced to it (a device from before its
         hand-off reduced photos, or one with ``photo_side = 0``), its EXIF kept as the device sent it; a photo stored
         already is not reduced again (a resend, a corrected label)."""
-        if self.store.has(header["id"]) or (copy := reduced(photo, self.settings.photo_side, keep_exif=True)) is None:
+        if self.store.has(header["id"]):
             return header, photo
-        return {**header, "ext": copy[1]}, copy[0]
+        try:
+            copy = reduced(photo, self.settings.photo_side, keep_exif=True)
+        except Exception as exc:  # noqa: BLE001 - a saving never costs a label: the photo is kept as sent
+            self.log.warning("photo_not_reduced", id=header["id"][:16], error=f"{type(exc).__name__}: {exc}", kept="as sent")
+            copy = None
+        return (header, photo) if copy is None else ({**header, "ext": copy[1]}, copy[0])
 
     @property
     def problem_state(self) -> str | None:
