@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -196,6 +197,36 @@ def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_late
     shrink._not_before = 0.0
     shrink.step(budget_s=60)
     assert shrink.done and shrink.reduced == 3
+    pool.close()
+
+
+def test_a_locked_database_stops_the_pass_and_a_photo_that_fails_alone_stays_as_it_is(tmp_path, phone_photo, monkeypatch):
+    store, pool, sent = _stored(tmp_path, phone_photo)
+    shrink = StoredPhotos(store, pool, 1024, get_logger("test"))
+    real = SampleStore.replace_photo
+
+    def locked(*a, **kw):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(SampleStore, "replace_photo", locked)
+    with capture_logs() as logs:
+        shrink.step(budget_s=60)  # (the service's loop would have died of it)
+    assert not shrink.done and [e["next"] for e in logs if e["event"] == "stored_photo_not_reduced"] == ["in 600 s"]
+    monkeypatch.setattr(SampleStore, "replace_photo", real)
+    odd = _header(sent["png"])["id"]
+
+    def fails_on_the_png(data, side, keep_exif=False):
+        if hashlib.sha256(data).hexdigest() == odd:
+            raise ValueError("a decoder's bug")
+        return reduced(data, side, keep_exif)
+
+    monkeypatch.setattr(stored_photos, "reduced", fails_on_the_png)
+    shrink._not_before = 0.0
+    with capture_logs() as logs:
+        shrink.step(budget_s=60)
+    assert shrink.done and shrink.reduced == 2  # the phone JPEG and the pool's photo
+    assert [e["kept"] for e in logs if e["event"] == "stored_photo_not_reduced"] == ["as it is"]
+    assert next(Path(s.file).read_bytes() for s in store.all() if s.id == odd) == sent["png"]
     pool.close()
 
 

@@ -11,6 +11,7 @@ recorded in the label store, so a restart checks them again only where the pass 
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -45,9 +46,19 @@ class StoredPhotos:
         return {"left": len(self._todo), "reduced": self.reduced, "bytes_saved": self.bytes_before - self.bytes_after}
 
     def step(self, budget_s: float = 0.5) -> None:
-        """Check and reduce stored photos for about ``budget_s`` seconds (one at least); the pass ends recorded as done."""
+        """Check and reduce stored photos for about ``budget_s`` seconds (one at least); the pass ends recorded as done.
+        A disk or database that fails (full, not writable, locked) stops the pass with every photo as it was, tried again
+        :data:`_RETRY_S` later; a photo that fails on its own stays as it is."""
         if self.done or time.monotonic() < self._not_before:
             return
+        try:
+            self._step(budget_s)
+        except (OSError, sqlite3.Error) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.log.warning("stored_photo_not_reduced", error=error, next=f"in {_RETRY_S:.0f} s")
+            self._todo, self._not_before = None, time.monotonic() + _RETRY_S
+
+    def _step(self, budget_s: float) -> None:
         if self._todo is None:
             self._todo = [(self.samples, s.id, s.file) for s in self.samples.all()]
             self._todo += [(self.pool, p.id, p.file) for p in self.pool.photos()]
@@ -57,10 +68,10 @@ class StoredPhotos:
             store, row_id, file = self._todo[-1]
             try:
                 self._one(store, row_id, file)
-            except OSError as exc:  # the disk full, or the folder not writable: nothing lost, tried again later
-                self.log.warning("stored_photo_not_reduced", file=file, error=f"{type(exc).__name__}: {exc}", next=f"in {_RETRY_S:.0f} s")
-                self._todo, self._not_before = None, time.monotonic() + _RETRY_S
-                return
+            except (OSError, sqlite3.Error):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a decoder's failure on this photo: it stays as it is
+                self.log.warning("stored_photo_not_reduced", file=file, error=f"{type(exc).__name__}: {exc}", kept="as it is")
             self._todo.pop()
             if time.monotonic() >= until:
                 break
