@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import os
 import sqlite3
 import threading
 import time
@@ -230,17 +232,22 @@ def test_a_locked_database_stops_the_pass_and_a_photo_that_fails_alone_stays_as_
     pool.close()
 
 
-def test_the_trainer_steps_the_pass_between_retrains_and_says_so_in_its_status(tmp_path, phone_photo, monkeypatch):
+def test_the_trainer_steps_the_pass_between_retrains_and_says_so_in_its_status(tmp_path, phone_photo, monkeypatch, capsys):
     """The service's loop runs the pass, never while a retrain runs (the loop runs one or the other), and its status
     says how far it is."""
     from edge_agent.config import parse_config
     from trainer import service
+    from trainer.cli import main
 
     _stored(tmp_path / "trainer", phone_photo)[1].close()
     svc = service.TrainerService(parse_config({}), tmp_path)
     assert svc.status()["reducing_photos"] is None  # not begun
     svc.stored_photos.step(budget_s=0.0)
     assert svc.status()["reducing_photos"]["left"] == 4
+    (tmp_path / "trainer" / "status.json").write_text(json.dumps({**svc.status(), "pid": os.getpid()}))
+    main(["status", "--state-dir", str(tmp_path)])
+    said = capsys.readouterr().out
+    assert "reducing stored photos to [handoff] photo_side: 4 left to check, 1 reduced (" in said and "MiB freed so far" in said
     states, real_step = [], StoredPhotos.step
 
     def step(self, budget_s=0.5):
