@@ -95,6 +95,29 @@ def test_a_photo_the_trainer_fails_to_reduce_is_stored_as_sent_and_acknowledged(
     assert [e["error"] for e in logs if e["event"] == "photo_not_reduced"] == ["ValueError: a decoder's bug"]
 
 
+def test_damaged_phone_photos_are_each_stored_and_acknowledged_never_left_unstored(tmp_path, phone_photo):
+    """Bytes flipped in the EXIF block or the picture, or the photo cut short: each is kept, reduced or as sent."""
+    import random
+
+    rng = random.Random(7)
+    store = SampleStore(tmp_path)
+    receiver = Receiver(store, HandoffSection(), Link("ipc://unused", "ipc://unused2"))
+    for i in range(48):
+        b = bytearray(phone_photo)
+        if i % 3 == 0:
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(2, 400)] = rng.randrange(256)
+        elif i % 3 == 1:
+            b = b[: rng.randrange(10, len(b))]
+        else:
+            for _ in range(rng.randint(1, 20)):
+                b[rng.randrange(2, len(b))] = rng.randrange(256)
+        assert _receive(receiver, _header(bytes(b)), bytes(b)) == "ack"
+    assert len(store.all()) == 48 and receiver.counters["store_errors"] == 0 and receiver.store_problem is None
+    sizes = [Path(s.file).stat().st_size for s in store.all()]
+    assert min(sizes) < len(phone_photo) / 2  # most were still reduced
+
+
 def _stored(tmp_path, phone_photo):
     """A label store and pool as a trainer from before left them: a phone JPEG, a phone PNG, a small photo and an
     undecodable one labelled; a phone photo in the pool."""
