@@ -197,7 +197,7 @@ def test_a_photo_deleted_or_evicted_during_the_pass_leaves_no_file_and_loses_non
     pool2.close()
 
 
-def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_later(tmp_path, phone_photo, monkeypatch):
+def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_later(tmp_path, phone_photo, monkeypatch, capsys):
     store, pool, sent = _stored(tmp_path, phone_photo)
     import engines.durable
 
@@ -210,7 +210,18 @@ def test_a_full_disk_stops_the_pass_with_every_photo_kept_and_it_runs_again_late
     shrink = StoredPhotos(store, pool, 1024, get_logger("test"))
     with capture_logs() as logs:
         shrink.step(budget_s=60)
-    assert not shrink.done and shrink.status() is None and store.get_state(DONE_KEY) is None
+    assert not shrink.done and store.get_state(DONE_KEY) is None
+    paused = shrink.status()
+    assert "No space left" in paused["paused"] and 590 <= paused["again_in_s"] <= 600  # what status says meanwhile
+    from trainer.cli import main
+
+    (tmp_path / "state" / "trainer").mkdir(parents=True)
+    status = {"pid": os.getpid(), "updated": time.time(), "state": "idle", "reducing_photos": paused}
+    (tmp_path / "state" / "trainer" / "status.json").write_text(json.dumps(status))
+    main(["status", "--state-dir", str(tmp_path / "state")])
+    said = capsys.readouterr().out
+    assert "reducing stored photos to [handoff] photo_side: paused (OSError: [Errno 28] No space left on device" in said
+    assert f"tried again in {paused['again_in_s']} s" in said
     [said] = [e for e in logs if e["event"] == "stored_photo_not_reduced"]
     assert "No space left" in said["error"] and said["next"] == "in 600 s" and said["log_level"] == "warning"
     assert sorted(Path(s.file).read_bytes() for s in store.all()) == sorted(sent[k] for k in ("jpeg", "png", "small", "junk"))

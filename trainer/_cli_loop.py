@@ -103,7 +103,9 @@ def _status(args: argparse.Namespace) -> int:
             f"({pool.get('bytes', 0) / 2**20:.1f} MiB; at most {pool.get('limit_photos')} photos, {pool.get('limit_bytes', 0) >> 20} MiB)"
         )
     shrink = st.get("reducing_photos") if live else None
-    if shrink:
+    if shrink and shrink.get("paused"):
+        print(f"reducing stored photos to [handoff] photo_side: paused ({shrink['paused']}); tried again in {shrink['again_in_s']} s")
+    elif shrink:
         print(
             f"reducing stored photos to [handoff] photo_side: {shrink['left']} left to check, {shrink['reduced']} reduced "
             f"({shrink['bytes_saved'] / 2**20:.1f} MiB freed so far; between retrains)"

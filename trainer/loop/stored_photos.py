@@ -38,12 +38,16 @@ class StoredPhotos:
         self.bytes_before = self.bytes_after = 0
         self._todo: list[tuple[SampleStore | UnlabelledPool, str, str]] | None = None
         self._not_before = 0.0
+        self._failed = ""  # why the pass waits (after a failure)
 
     def status(self) -> dict | None:
-        """While a pass runs: photos left to check and what was reduced so far; None when none runs."""
-        if self.done or self._todo is None:
+        """While a pass runs: photos left to check and what was reduced so far, and while it waits after a failure, why
+        and for how long (``paused``, ``again_in_s``); None when none runs."""
+        wait = self._not_before - time.monotonic()
+        if self.done or (self._todo is None and wait <= 0):
             return None
-        return {"left": len(self._todo), "reduced": self.reduced, "bytes_saved": self.bytes_before - self.bytes_after}
+        out = {"left": len(self._todo or ()), "reduced": self.reduced, "bytes_saved": self.bytes_before - self.bytes_after}
+        return out | ({"paused": self._failed, "again_in_s": round(wait)} if wait > 0 else {})
 
     def step(self, budget_s: float = 0.5) -> None:
         """Check and reduce stored photos for about ``budget_s`` seconds (one at least); the pass ends recorded as done.
@@ -54,8 +58,8 @@ class StoredPhotos:
         try:
             self._step(budget_s)
         except (OSError, sqlite3.Error) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            self.log.warning("stored_photo_not_reduced", error=error, next=f"in {_RETRY_S:.0f} s")
+            self._failed = f"{type(exc).__name__}: {exc}"[:300]
+            self.log.warning("stored_photo_not_reduced", error=self._failed, next=f"in {_RETRY_S:.0f} s")
             self._todo, self._not_before = None, time.monotonic() + _RETRY_S
 
     def _step(self, budget_s: float) -> None:
