@@ -8,8 +8,8 @@ secret, the golden photos, the label queue and review pool, and, with ``--photos
 configuration file, the CURVE keys and the farm's notes file and Map image the configuration names, kept outside the
 state directory, go in too, under ``outside/``, with the paths they came from (the notes written on the page are in
 the state directory: ``class-notes.toml``). Thumbnails, status files and ``quarantine/`` are left out (remade, or not worth keeping).
-Each file is archived as it was when listed (the databases copied, the rest hard-linked), so a daemon that goes on
-meanwhile cannot make a file differ from its recorded hash; the state directory records the last backup written of
+Each file is archived as it was when listed (the rest hard-linked first, then the databases copied), so a daemon
+that goes on meanwhile cannot make a file differ from its recorded hash, nor a row name a photo the backup lacks; the state directory records the last backup written of
 it (:data:`RECORD`: what ``status``, the Health page and the daemon's schedule, :mod:`edge_agent.backup_schedule`, read).
 Given a passphrase, the archive is sealed as it is written (:mod:`edge_agent._backup_seal`), and a restore needs it.
 The daemon's backups into a folder (:mod:`edge_agent.backup_folder`) keep the photos and engines once, in a folder
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import io
+import itertools
 import json
 import os
 import re
@@ -126,35 +127,49 @@ def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
     return out
 
 
-def _snapshot(members: dict[str, Path], folder: Path) -> tuple[dict[str, Path], dict[str, tuple[int, int, int]]]:
-    """``members`` as they are now, each read later from ``folder``: the databases copied through SQLite's backup
-    API, every other file hard-linked (a file the daemon replaces or deletes while the archive is written is read
-    as it was when listed, so its recorded sha256 holds; a file on another disk is read where it is). A file gone
-    since it was listed is left out. Also what ``stat`` said of each file but the databases before it was linked
-    (size, mtime in ns, inode: the key of :data:`HASHES`)."""
-    out: dict[str, Path] = {}
+def _snapshot(
+    members: dict[str, Path], folder: Path, relist: Callable[[], dict[str, Path]] = dict
+) -> tuple[dict[str, Path], dict[str, tuple[int, int, int]]]:
+    """``members`` as they are now, each read later from ``folder``: every file but the databases hard-linked first
+    (a file the daemon replaces or deletes while the archive is written is read as it was when linked, so its
+    recorded sha256 holds; a file on another disk is read where it is), then the databases copied through SQLite's
+    backup API, then the files ``relist()`` names that were not there before. Every store writes a photo before the
+    row that names it, and deletes the row before the photo, so each row of a database copy names a file the
+    snapshot holds, whatever the daemon and the trainer add, remove or replace meanwhile (a label's photo the trainer
+    reduces, a pseudo-label dropped, a queued photo sent). A file gone since it was listed is left out. Also what
+    ``stat`` said of each file but the databases before it was linked (size, mtime in ns, inode: the key of
+    :data:`HASHES`)."""
+    linked: dict[str, Path] = {}
     stats: dict[str, tuple[int, int, int]] = {}
-    for i, (name, src) in enumerate(members.items()):
-        if name in DATABASES:
-            out[name] = _sqlite_copy(src, folder / name.replace("/", "-"))
-            continue
-        link = folder / "files" / str(i)
-        link.parent.mkdir(parents=True, exist_ok=True)
+    numbers = itertools.count()
+
+    def link(name: str, src: Path) -> None:
+        dst = folder / "files" / str(next(numbers))
+        dst.parent.mkdir(parents=True, exist_ok=True)
         try:
             st = os.stat(src)
         except FileNotFoundError:
-            continue
+            return
         except OSError:  # read (or refused) when archived
             st = None
         try:
-            os.link(src, link)
+            os.link(src, dst)
         except FileNotFoundError:
-            continue
+            return
         except OSError:  # another disk (an outside store, the configuration), or links refused: read in place
-            link = src
+            dst = src
         if st is not None:
             stats[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
-        out[name] = link
+        linked[name] = dst
+
+    for name, src in members.items():
+        if name not in DATABASES:
+            link(name, src)
+    copies = {name: _sqlite_copy(src, folder / name.replace("/", "-")) for name, src in members.items() if name in DATABASES}
+    late = {name: src for name, src in relist().items() if name not in members and name not in DATABASES}
+    for name, src in late.items():
+        link(name, src)
+    out = {name: copies.get(name) or linked[name] for name in [*members, *late] if name in copies or name in linked}
     return out, stats
 
 
@@ -241,7 +256,7 @@ def backup(
     pool = SharedFiles(shared, sealer, Unsealer(passphrase) if passphrase else None) if shared else None
     written = 0
     try:
-        members, stats = _snapshot(members, copies)
+        members, stats = _snapshot(members, copies, lambda: _members(cfg, state_dir, photos)[0])
         files, known, hashes, settled = {}, _read_hashes(state_dir), {}, time.time_ns() - _SETTLED_NS
         for name, src in members.items():
             st, hit = stats.get(name), known.get(name)
