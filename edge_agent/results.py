@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
-from engines.durable import relocate_rows, set_aside
+from engines.durable import connect_writable, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
 __all__ = [
@@ -299,6 +299,7 @@ class ResultsDB:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._readers = threading.local()  # per-thread read connections: WAL lets them read while a commit fsyncs
+        self._reader_cons: list[sqlite3.Connection] = []  # every one of them, closed with the ledger
         if readonly:
             self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
         else:
@@ -306,7 +307,7 @@ class ResultsDB:
             self._db = self._open_writable()
 
     def _open_writable(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        db = connect_writable(self.path)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")  # a committed result survives a power cut
@@ -357,7 +358,12 @@ class ResultsDB:
         return cls(path), note
 
     def close(self) -> None:
+        """Close every connection, the threads' readers first: the last to close folds the write-ahead log into
+        ``results.sqlite``, so a stopped daemon's ledger is that one file (a copy of it alone holds every result)."""
         with self._lock:
+            for con in self._reader_cons:
+                con.close()
+            self._reader_cons.clear()
             self._db.close()
 
     # ---- writing ---------------------------------------------------------
@@ -576,8 +582,10 @@ class ResultsDB:
     def has(self, sha256: str) -> bool:
         """Whether a photo already has a result (the exactly-once ledger); never waits for a commit."""
         con = getattr(self._readers, "con", None)
-        if con is None:
-            con = self._readers.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30)
+        if con is None:  # (closed by close(), from another thread)
+            con = self._readers.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+            with self._lock:
+                self._reader_cons.append(con)
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None
 
     def results(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 from pathlib import Path, PurePath
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "moved_here",
     "relocate_rows",
     "replace_row_file",
+    "connect_writable",
 ]
 
 #: The errnos of a write the disk had no room for (a full disk, a user's quota spent).
@@ -147,3 +149,22 @@ def replace_row_file(
     elif os.path.abspath(new) != os.path.abspath(old):
         Path(old).unlink(missing_ok=True)
     return done
+
+
+def connect_writable(path: str | os.PathLike) -> sqlite3.Connection:
+    """A read-write connection to the SQLite database ``path`` (autocommit, any thread, waiting up to 30 s for a lock),
+    after removing the empty write-ahead log and index that a reader running as another user left beside it.
+
+    SQLite makes ``-wal`` and ``-shm`` as whoever opens a database in WAL mode first; where a closed writer left none,
+    a read-only look by another member of the service's group (``edge-agent status`` while the daemon is stopped)
+    makes them as that user, and the writer's next start could read but never write (\"attempt to write a readonly
+    database\" on its first result). A log with content (commits not yet folded in) is never removed."""
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    try:
+        stale = (not wal.exists() or wal.stat().st_size == 0) and any(p.exists() and not os.access(p, os.W_OK) for p in (wal, shm))
+        if stale:
+            shm.unlink(missing_ok=True)
+            wal.unlink(missing_ok=True)
+    except OSError:  # (a folder this user cannot change: SQLite's own error says what it says)
+        pass
+    return sqlite3.connect(path, check_same_thread=False, timeout=30, isolation_level=None)

@@ -7,14 +7,13 @@ after both are durable. Ids are content hashes, so a resend is stored once.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.durable import atomic_write, relocate_rows, replace_row_file
+from engines.durable import atomic_write, connect_writable, relocate_rows, replace_row_file
 
 __all__ = ["PENDING", "SampleStore", "Sample"]
 
@@ -63,7 +62,7 @@ class SampleStore:
         self.root = Path(root)
         (self.root / "samples").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.root / "samples.sqlite", check_same_thread=False, timeout=30, isolation_level=None)
+        self._db = connect_writable(self.root / "samples.sqlite")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)

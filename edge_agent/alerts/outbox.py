@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.alerts.rules import Candidate
-from engines.durable import set_aside
+from engines.durable import connect_writable, set_aside
 from engines.errors import EdgeAgentError
 
 __all__ = ["DeliveryError", "PartialDelivery", "Message", "Outbox", "PRIORITY"]
@@ -102,7 +102,7 @@ class Outbox:
             self._db = self._open()
 
     def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        db = connect_writable(self.path)
         try:
             if db.execute("PRAGMA page_count").fetchone()[0] == 0:  # a new file: freed pages go back to the disk
                 db.execute("PRAGMA auto_vacuum = INCREMENTAL")

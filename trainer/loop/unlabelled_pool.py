@@ -19,7 +19,7 @@ from pathlib import Path
 
 from edge_agent.log import get_logger
 from edge_agent.results import query_readonly
-from engines.durable import atomic_write, relocate_rows, replace_row_file
+from engines.durable import atomic_write, connect_writable, relocate_rows, replace_row_file
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
 
@@ -63,7 +63,7 @@ class UnlabelledPool:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_photos, self.max_bytes = max_photos, max_bytes
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.root / "unlabelled.sqlite", check_same_thread=False, timeout=30, isolation_level=None)
+        self._db = connect_writable(self.root / "unlabelled.sqlite")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)

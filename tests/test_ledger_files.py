@@ -1,0 +1,84 @@
+"""The databases the services write: a stopped daemon's ledger is one file that holds every result, and a read-only
+look by another user while a service is stopped never leaves it unable to write."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from edge_agent.results import ResultRow, ResultsDB
+
+
+def _row(i: int) -> ResultRow:
+    return ResultRow(f"{i:064x}", f"p{i}", None, "folder", "Apple___healthy", 0.97, [["Apple___healthy", 0.97]], "v4000", {})
+
+
+def test_a_closed_ledger_is_one_file_that_holds_every_result_though_other_threads_read_it(tmp_path):
+    """The pipeline's threads each read the ledger through a connection of their own (``has``); closing it closes
+    them too, so the last close folds the write-ahead log in: a copy of ``results.sqlite`` alone, taken while the
+    daemon is stopped, holds every result (before, the log stayed beside it, and the copy held none)."""
+    db = ResultsDB(tmp_path / "results.sqlite")
+    db.commit([_row(1), _row(2)])
+    seen = []
+    readers = [threading.Thread(target=lambda: seen.append(db.has(_row(1).sha256))) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    assert seen == [True, True]
+    db.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.sqlite"]
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "results.sqlite", tmp_path / "copy" / "results.sqlite")
+    assert ResultsDB(tmp_path / "copy" / "results.sqlite", readonly=True).counts()["processed"] == 2
+
+
+def _stores(root: Path):
+    """Each service's database, opened for writing: (its file, a writer that records one row, its close)."""
+    from edge_agent.alerts.outbox import Outbox
+    from trainer.loop.unlabelled_pool import UnlabelledPool
+    from trainer.samples import SampleStore
+
+    header = {"id": "a" * 64, "ext": ".jpg", "kind": "expert", "label": "Apple___healthy", "confidence": 1.0, "engine_version": "v1"}
+    yield root / "results.sqlite", lambda: ResultsDB(root / "results.sqlite"), lambda s: s.commit([_row(3)])
+    yield root / "alerts.sqlite", lambda: Outbox(root / "alerts.sqlite", 1 << 20), lambda s: s.set("cursor", "1")
+    yield root / "samples.sqlite", lambda: SampleStore(root), lambda s: s.add(header, b"a photo")
+    yield root / "unlabelled.sqlite", lambda: UnlabelledPool(root, 10, 1 << 20), lambda s: s.add(header, b"a photo")
+
+
+@pytest.mark.parametrize("which", ["results", "alerts", "samples", "unlabelled"])
+def test_an_empty_log_that_a_reader_under_another_user_left_is_removed_before_a_writer_opens_and_one_with_commits_never_is(
+    tmp_path, monkeypatch, which
+):
+    """SQLite makes ``-wal`` and ``-shm`` as whoever opens a database first: ``edge-agent status`` run by another
+    member of the service's group while the daemon is stopped left them as that user, and the daemon's next start
+    could not write (``attempt to write a readonly database``; tried with two users on this VM). The files are
+    another user's here because ``os.access`` says this process cannot write them (root can write any file)."""
+    path, opened, write = next((p, o, w) for p, o, w in _stores(tmp_path) if p.stem == which)
+    store = opened()
+    store.close()
+    assert not Path(f"{path}-wal").exists()
+    reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # the other user's look: an empty log and index
+    reader.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    reader.close()  # (its process gone: a read-only connection leaves them)
+    assert Path(f"{path}-wal").stat().st_size == 0 and Path(f"{path}-shm").exists()
+    theirs = {f"{path}-wal", f"{path}-shm"}
+    os.link(f"{path}-shm", tmp_path / "their-shm")  # (keeps its inode from being reused by the writer's own)
+    access = os.access
+    monkeypatch.setattr("engines.durable.os.access", lambda p, mode: str(p) not in theirs and access(p, mode))
+    store = opened()
+    write(store)
+    assert not os.path.samefile(f"{path}-shm", tmp_path / "their-shm")  # this process's own now, and in use
+    store.close()
+
+    Path(f"{path}-wal").write_bytes(b"commits not folded in yet")  # a log with content is never removed
+    Path(f"{path}-shm").write_bytes(bytes(32768))
+    from engines.durable import connect_writable
+
+    connect_writable(path).close()
+    assert Path(f"{path}-wal").read_bytes() == b"commits not folded in yet"
