@@ -12,6 +12,7 @@ from edge_agent.backup import last_backup
 from edge_agent.backup_schedule import backup_lines, requested
 from edge_agent.engine_keep import engines_line
 from edge_agent.names import printable
+from edge_agent.spans import ago
 
 __all__ = ["status"]
 
@@ -60,7 +61,12 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"daemon: {'running' if running else 'not running'}  (state {state.root})")
+    last = (
+        ""
+        if running or not isinstance(live.get("updated"), (int, float))
+        else f"; it last wrote its status {ago(time.time() - live['updated'])}"
+    )
+    print(f"daemon: {'running' if running else 'not running'}  (state {state.root}){last}")
     if out.get("disk_full"):
         print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
     if out.get("store_problem"):
@@ -96,15 +102,14 @@ def status(args: argparse.Namespace) -> int:
         print(printable(f"backup: {text}"))
     if "engine" in out:
         e = out["engine"]
-        print(
-            f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}"
-        )
+        now = f"uptime {out.get('uptime_s', 0):.0f} s  healthy: {out.get('healthy')}" if running else "when it last ran"
+        print(f"engine: {e['engine_version']} ({e['type']}, {e['provider']}, {e['precision']})  {now}")
         if e.get("precision_reason"):
             print(f"precision: {e['precision']} ({e['precision_reason']})")
         print(f"signed by: {e.get('signed_by') or 'not checked ([store] require_signature = false)'}")
         if e.get("verdict"):
             print(f"verdict: {e['verdict']}")
-    h = out.get("handoff")
+    h = out.get("handoff") if running else None  # (a stopped daemon is connected to nothing, whatever it last said)
     if h:
         t = h.get("trainer") or {}
         heard = f", last heard {time.time() - t['heard']:.0f} s ago" if t.get("heard") else ""
@@ -117,7 +122,7 @@ def status(args: argparse.Namespace) -> int:
         f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
         f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"
     )
-    if "queue_depths" in out:
+    if "queue_depths" in out and running:
         lq = out["spool"]
         print(
             f"in flight {out['in_flight']}  queues {out['queue_depths']}  label spool {lq['bytes'] >> 20}/{lq['quota_bytes'] >> 20} MiB{'  FULL: not queuing' if lq['full'] else ''}"

@@ -21,6 +21,7 @@ from edge_agent.backup import REQUEST, BackupError, BackupStopped, last_backup
 from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
+from edge_agent.spans import ago, within
 from edge_agent.worker import Worker
 from engines.durable import atomic_write
 
@@ -162,22 +163,6 @@ class BackupSchedule(Worker):
                 self.run_once()
 
 
-def _span(seconds: float) -> str:
-    if seconds < 5400:
-        return f"{max(1, round(seconds / 60))} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} days"
-
-
-def _ago(seconds: float) -> str:
-    return "just now" if seconds < 60 else f"{_span(seconds)} ago"
-
-
-def _within(seconds: float) -> str:
-    return "at the next look" if seconds < 60 else f"in {_span(seconds)}"
-
-
 def backup_lines(
     section: BackupSection, last: dict | None, schedule: dict | None, now: float, asked: float | None = None
 ) -> list[tuple[str, bool]]:
@@ -192,13 +177,13 @@ def backup_lines(
         size = f"{last.get('bytes', 0) / 2**20:.0f} MiB"
         if last.get("restored"):
             out.append(
-                (f"restored here {_ago(now - last['restored'])} from a backup taken {_ago(now - last['time'])} ({last['path']})", False)
+                (f"restored here {ago(now - last['restored'])} from a backup taken {ago(now - last['time'])} ({last['path']})", False)
             )
         else:
             written = last.get("written")
             if isinstance(written, int) and written < last.get("bytes", 0):
                 size += f" ({written / 2**20:.0f} MiB written, the rest shared with the backups before it)"
-            out.append((f"last backup {_ago(now - last['time'])}, {size}: {last['path']}", now - last["time"] > stale_s))
+            out.append((f"last backup {ago(now - last['time'])}, {size}: {last['path']}", now - last["time"] > stale_s))
     if not section.dir:
         if last is None or now - last["time"] > stale_s:
             out.append(
@@ -220,7 +205,7 @@ def backup_lines(
             )
         )
         if asked:
-            out.append((f"asked for {_ago(now - asked)}: written when the daemon runs again", True))
+            out.append((f"asked for {ago(now - asked)}: written when the daemon runs again", True))
         return out
     asked = schedule.get("requested") or asked
     if schedule.get("deferred"):
@@ -229,14 +214,14 @@ def backup_lines(
     if schedule.get("running"):
         out.append((f"writing one into {section.dir} now", False))
     elif asked:
-        out.append((f"asked for {_ago(now - asked)}: the daemon writes it within a minute", False))
+        out.append((f"asked for {ago(now - asked)}: the daemon writes it within a minute", False))
     else:
         nxt = schedule.get("next") or now
-        out.append((f"every {section.every_h:g} h into {section.dir}, the {section.keep} newest kept; next {_within(nxt - now)}", False))
+        out.append((f"every {section.every_h:g} h into {section.dir}, the {section.keep} newest kept; next {within(nxt - now)}", False))
     if section.shared_files and section.check_every_days and last and isinstance(last.get("checked"), (int, float)):
         out.append(
             (
-                f"every photo and engine on the stick read back whole {_ago(now - last['checked'])} (every {section.check_every_days:g} days)",
+                f"every photo and engine on the stick read back whole {ago(now - last['checked'])} (every {section.check_every_days:g} days)",
                 False,
             )
         )
@@ -244,5 +229,5 @@ def backup_lines(
         out.append(("not sealed: the stick holds this device's keys as they are ([backup] passphrase_file seals them)", False))
     failed = schedule.get("failed")
     if failed:
-        out.append((f"FAILED {_ago(now - failed['time'])}: {failed['error']}; tried again hourly", True))
+        out.append((f"FAILED {ago(now - failed['time'])}: {failed['error']}; tried again hourly", True))
     return out

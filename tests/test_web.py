@@ -696,6 +696,25 @@ def test_the_health_page_says_when_the_trainer_here_cannot_store_labels(state):
         assert ('<p class="big">labels not stored</p>' in tile) is (problem is not None)  # not "idle" above it
 
 
+def test_the_health_pages_daemon_tile_shows_a_stopped_daemons_last_status_as_old_not_as_live(state):
+    """A daemon stopped three hours ago showed "up 0 min" and its pipeline's queues "now" under "down"."""
+    import os
+
+    engine = {"engine_version": "v4000", "provider": "CPUExecutionProvider", "precision": "int8"}
+    live = {"uptime_s": 60, "engine": engine, "queue_depths": {"decode": 3}}
+    for pid, updated in ((0, time.time() - 3 * 3600), (os.getpid(), time.time())):
+        (state / "status.json").write_text(json.dumps({"pid": pid, "updated": updated, **live}))
+        page = client(state).get("/health").text
+        tile = page.split('id="daemon"')[1].split("</div>")[0]
+        if pid:
+            assert "running" in tile and "up 1 min" in tile and "last wrote" not in tile
+            assert "in the pipeline now: decode 3" in page
+        else:
+            assert "down" in tile and "when it last ran" in tile and "up 1 min" not in tile
+            assert '<p class="small" id="daemon-last">it last wrote its status 3 h ago</p>' in tile
+            assert "in the pipeline now" not in page
+
+
 def test_the_health_page_says_when_the_trainer_here_waits_for_room_to_retrain(state):
     """A trainer whose disk has no room for a retrain's version starts none and says so: the Trainer tile heads it
     "waiting for room" and says what it waits for; with room again, nothing of it."""

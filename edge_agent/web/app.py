@@ -36,6 +36,7 @@ from edge_agent.names import pretty_class
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import Beside, left_today, others_labelled, to_ask
+from edge_agent.spans import ago
 from edge_agent.web import charts
 from edge_agent.web._errors import refusal, storage_refusal
 from edge_agent.web._limits import BodyLimit
@@ -282,6 +283,7 @@ def create_app(ctx: WebContext) -> Starlette:
             legend=sorted(totals.items(), key=lambda kv: -kv[1]),
             daemon=daemon,
             daemon_up=daemon_up,
+            daemon_ago=None if daemon_up or not isinstance(daemon.get("updated"), (int, float)) else ago(now - daemon["updated"]),
             trainer=trainer,
             trainer_up=trainer_up,
             counts=ctx.counts(),
