@@ -108,6 +108,28 @@ def test_edge_trainer_status_speaks_in_sentences_without_python_dicts_or_contrad
     assert "no expert labels yet" not in out  # the last gate ran before them: said so, not contradicted
 
 
+def test_a_stopped_trainers_status_says_when_it_last_wrote_and_that_a_due_retrain_waits_for_it_to_run(tmp_path, capsys):
+    """It said "a retrain is due: it starts when the trainer is free" of a trainer that was not running at all."""
+    pytest.importorskip("torch", reason="the trainer's command line")
+    from trainer.cli import main
+
+    root = tmp_path / "state" / "trainer"
+    root.mkdir(parents=True)
+    due = {"sentence": "a retrain is due: it starts when the trainer is free", "waiting_for": "nothing"}
+    for pid, updated in ((0, time.time() - 2 * 86400 - 60), (os.getpid(), time.time())):
+        st = {"pid": pid, "updated": updated, "state": "idle", "samples": {"expert": 30, "new": 30}, "next_publish": due}
+        (root / "status.json").write_text(json.dumps(st))
+        assert main(["status", "--state-dir", str(tmp_path / "state")]) == 0
+        out = capsys.readouterr().out
+        if pid:
+            assert out.startswith("trainer: running, idle\n") and "next: a retrain is due: it starts when the trainer is free" in out
+        else:
+            assert out.startswith(
+                "trainer: not running (edge-trainer serve, or systemctl start edge-trainer); it last wrote its status 2 days ago\n"
+            )
+            assert "next: a retrain is due: it starts when the trainer runs\n" in out
+
+
 def test_edge_trainer_retrain_says_up_front_that_no_candidate_could_be_published_and_spends_nothing(tmp_path, capsys):
     pytest.importorskip("torch", reason="the trainer's command line")
     from trainer.cli import main

@@ -6,6 +6,7 @@ import argparse
 import time
 
 from edge_agent.engine_keep import engines_line
+from edge_agent.spans import ago
 from trainer._cli_common import STATE_HELP, add_config_options, running, service_config
 
 __all__ = ["add_commands"]
@@ -88,7 +89,8 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     last = st.get("last_retrain")
     c = st.get("samples") or {}
-    print(f"trainer: {'running, ' + st['state'] if live else 'not running (edge-trainer serve, or systemctl start edge-trainer)'}")
+    when = f"; it last wrote its status {ago(time.time() - st['updated'])}" if isinstance(st.get("updated"), (int, float)) else ""
+    print(f"trainer: {'running, ' + st['state'] if live else 'not running (edge-trainer serve, or systemctl start edge-trainer)' + when}")
     kept = f" (the {st['pseudo_per_class']} newest of each class; {st['pseudo_deleted']} older deleted)" if st.get("pseudo_deleted") else ""
     print(
         f"samples: {c.get('pseudo', 0)} pseudo-labels{kept} and {c.get('expert', 0)} expert labels; {c.get('new', 0)} new since the "
@@ -117,7 +119,8 @@ def _status(args: argparse.Namespace) -> int:
         print(f"unlabelled photos in the last retrain: {f'{taught} taught it' if term.get('kept') else f'none kept: {why}'}")
     nxt = st.get("next_publish") or {}
     if nxt.get("sentence") and not st.get("blocked"):
-        print(f"next: {nxt['sentence']}")
+        due = not live and nxt.get("waiting_for") == "nothing"  # (not "when the trainer is free": it is not running)
+        print(f"next: {'a retrain is due: it starts when the trainer runs' if due else nxt['sentence']}")
     if last:
         outcome = f"published {last['published']}" if last["published"] else "not published"
         print(f"last retrain: {outcome}: {last['reason']}")
