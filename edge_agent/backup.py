@@ -99,15 +99,57 @@ def _skipped(rel: str, photos: bool) -> bool:
 
 def _sqlite_copy(src: Path, dst: Path) -> Path:
     """A consistent copy of the SQLite database ``src`` (the writer may go on) at ``dst``: a season's ledger is
-    streamed into the archive from disk, never held in memory (the daemon takes backups too)."""
+    streamed into the archive from disk, never held in memory (the daemon takes backups too). On a disk mounted
+    read-only, where SQLite cannot open a database whose write-ahead log lies without its index (a service killed as
+    the card failed), the files are copied as they lie (nothing can write them) and the copy takes in its log."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    con, out = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30), sqlite3.connect(dst)
+    try:
+        con = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
+        con.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+    except sqlite3.OperationalError:
+        if not _read_only(src.parent):
+            raise
+        for suffix in ("", "-wal"):
+            if Path(f"{src}{suffix}").is_file():
+                shutil.copyfile(f"{src}{suffix}", f"{dst}{suffix}")
+        copy = sqlite3.connect(dst)  # where it can be written: its log recovered and folded in, and removed
+        try:
+            copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            copy.close()
+        return dst
+    out = sqlite3.connect(dst)
     try:
         con.backup(out)
     finally:
         out.close()
         con.close()
     return dst
+
+
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` lies on a disk mounted read-only (as an SD card that is failing remounts itself)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _scratch(state_dir: Path, members: dict[str, Path], out: Path) -> Path:
+    """Where a backup of ``state_dir`` keeps its snapshot (the databases' copies, the files' links) while it writes
+    ``out``: in the state directory (links need its disk), or beside ``out`` where the state directory's disk is
+    mounted read-only or has no room for the databases' copies (a failing or full card: the files are then read
+    where they lie)."""
+    name = f".tmp-backup-{os.getpid()}-{threading.get_ident()}"
+    try:
+        need = sum(p.stat().st_size for n, p in members.items() if n in DATABASES) + (16 << 20)
+        room = shutil.disk_usage(state_dir).free >= need
+    except OSError:
+        room = False
+    if room and not _read_only(state_dir):
+        return state_dir / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out.parent / name
 
 
 def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
@@ -249,7 +291,7 @@ def backup(
 
     state_dir = Path(state_dir)
     members, outside = _members(cfg, state_dir, photos)
-    copies = state_dir / f".tmp-backup-{os.getpid()}-{threading.get_ident()}"
+    copies = _scratch(state_dir, members, Path(out))
     out = Path(out)
     tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
     sealer = Sealer(passphrase) if passphrase else None
@@ -327,7 +369,7 @@ def backup(
         tmp.unlink(missing_ok=True)
         big = " (its disk takes no file over 4 GiB, as FAT32: format it exFAT or ext4; the daemon's backups: [backup] shared_files on)"
         raise BackupError(f"{out}: could not write the backup: {exc.strerror or exc}{big if exc.errno == errno.EFBIG else ''}") from None
-    except sqlite3.Error as exc:  # a database locked past 30 s, or no room for its copy in the state directory
+    except sqlite3.Error as exc:  # a database locked past 30 s, or no room for its copy
         raise BackupError(f"{state_dir}: could not copy a database for the backup ({exc}); nothing written") from None
     except (BackupError, tarfile.TarError):
         tmp.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ that day's backup, and written again by the next.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import getpass
 import os
@@ -103,15 +104,22 @@ def take(cfg: AppConfig, state_root: Path, should_stop=lambda: False, device: st
     if why:
         raise BackupError(f"{folder} {why}")
     passphrase = read_passphrase(section.passphrase_file) if section.passphrase_file else None
-    with _one_at_a_time(state_root, should_stop):
+    with _one_at_a_time(state_root, should_stop, folder / f".edge-agent-{device}.{LOCK}"):
         return _take(cfg, state_root, folder, device, passphrase, should_stop, now)
 
 
 @contextlib.contextmanager
-def _one_at_a_time(state_root: Path, should_stop):
+def _one_at_a_time(state_root: Path, should_stop, beside: Path):
     """Held while a backup of ``state_root`` is written into a folder: the daemon's and one asked for by hand wait
-    for each other (either's clean-up would delete the shared files the other has written and not yet named)."""
-    fd = os.open(state_root / LOCK, os.O_RDONLY | os.O_CREAT, 0o644)  # (read-only: one a root's backup made serves too)
+    for each other (either's clean-up would delete the shared files the other has written and not yet named). Its
+    file is in the state directory; where that disk is mounted read-only and holds none (a failing card), ``beside``
+    in the backups' folder, where every backup of it then looks."""
+    try:
+        fd = os.open(state_root / LOCK, os.O_RDONLY | os.O_CREAT, 0o644)  # (read-only: one a root's backup made serves too)
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
+        fd = os.open(beside, os.O_RDONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd) as lock:
         while True:
             try:

@@ -1,0 +1,103 @@
+"""A backup of a card that is failing: an SD card that fails remounts itself read-only, and one that is full has no
+room for the databases' copies; the backup is taken all the same, onto the stick or the file named, whole."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import edge_agent.backup as backup_module
+from edge_agent.backup import backup
+from edge_agent.config import AppConfig
+from edge_agent.restore import restore
+from edge_agent.results import ResultsDB
+
+from .backup_helpers import stick_cfg
+from .web_helpers import make_state
+
+
+def _crashed_ledger(state: Path, rows: int) -> None:
+    """``rows`` more results in ``state``'s ledger, left as a daemon killed when its card failed leaves them: in the
+    write-ahead log, its index lost."""
+    from edge_agent.results import ResultRow
+
+    db = ResultsDB(state / "results.sqlite")
+    db._db.execute("PRAGMA wal_autocheckpoint = 0")
+    db.commit([ResultRow(f"{i:064x}", f"c{i}", None, "folder", "Apple___healthy", 0.9, [], "v4000", {}) for i in range(rows)])
+    kept = {s: Path(f"{state}/results.sqlite{s}").read_bytes() for s in ("", "-wal")}
+    db.close()
+    for s, data in kept.items():
+        Path(f"{state}/results.sqlite{s}").write_bytes(data)
+    Path(f"{state}/results.sqlite-shm").unlink(missing_ok=True)
+    assert len(kept["-wal"]) > 0
+
+
+@pytest.fixture
+def card(tmp_path):
+    """A disk of its own (a tmpfs), remounted read-only by ``card.fail()``: needs root and ``mount``."""
+    where = tmp_path / "card"
+    where.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "none", str(where)]).returncode:
+        pytest.skip("needs root and mount: a tmpfs remounted read-only stands for a failing SD card")
+
+    class Card:
+        path = where
+
+        @staticmethod
+        def fail() -> None:
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+
+    yield Card
+    subprocess.run(["umount", "-l", str(where)])
+
+
+def test_a_card_remounted_read_only_is_backed_up_whole_to_a_file_and_onto_the_stick(tmp_path, card):
+    """The moment a farm most needs a backup: `edge-agent backup` made its databases' copies in the state directory,
+    and on a read-only card said "could not write the backup: Read-only file system" of the file it was to write
+    elsewhere; a backup into `[backup] dir` could not make its lock. Now the copies go beside the backup and the
+    lock beside the backups, and a ledger whose log lies without its index (the daemon killed as the card failed)
+    is copied with its log's results."""
+    from edge_agent.backup_folder import take
+
+    state = make_state(card.path)
+    shutil.rmtree(state / "engines")  # (the shipped engines: 107 MB this test needs none of)
+    _crashed_ledger(state, 5)
+    card.fail()
+    with pytest.raises(OSError):
+        (state / "probe").write_bytes(b"")  # read-only now
+
+    manifest = backup(AppConfig(), state, tmp_path / "out" / "farm.tar.gz")
+    assert "results.sqlite" in manifest["files"]
+    restore(tmp_path / "out" / "farm.tar.gz", tmp_path / "restored")
+    assert ResultsDB(tmp_path / "restored" / "results.sqlite", readonly=True).counts()["processed"] == 6 + 5
+
+    (tmp_path / "stick").mkdir()
+    taken = take(stick_cfg(tmp_path / "stick"), state)
+    restore(Path(taken["path"]), tmp_path / "restored-from-stick")
+    assert ResultsDB(tmp_path / "restored-from-stick" / "results.sqlite", readonly=True).counts()["processed"] == 11
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_full_card_is_backed_up_with_the_databases_copies_made_beside_the_backup(tmp_path, monkeypatch):
+    """A state disk without room for the databases' copies failed the backup ("no room for its copy in the state
+    directory"); now they are made beside the backup, and nothing is left there."""
+    from collections import namedtuple
+
+    state = make_state(tmp_path)
+    shutil.rmtree(state / "engines")
+    made = []
+    copy = backup_module._sqlite_copy
+    monkeypatch.setattr(backup_module, "_sqlite_copy", lambda src, dst: made.append(dst.parent) or copy(src, dst))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(backup_module.shutil, "disk_usage", lambda p: usage(1 << 34, (1 << 34) - (1 << 20), 1 << 20))
+    backup(AppConfig(), state, tmp_path / "stick" / "farm.tar.gz")
+    assert made and all(p.parent == tmp_path / "stick" for p in made)
+    assert not [p for p in state.iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in (tmp_path / "stick").iterdir() if p.name.startswith(".tmp-")]
+    restore(tmp_path / "stick" / "farm.tar.gz", tmp_path / "restored")
+    assert ResultsDB(tmp_path / "restored" / "results.sqlite", readonly=True).counts()["processed"] == 6
+    assert sqlite3.connect(tmp_path / "restored" / "results.sqlite").execute("PRAGMA quick_check").fetchone() == ("ok",)
