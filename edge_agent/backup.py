@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from engines.durable import atomic_write
+from engines.durable import atomic_write, read_only_disk
 from engines.errors import EdgeAgentError
 from engines.store import sha256_stream
 
@@ -107,7 +107,7 @@ def _sqlite_copy(src: Path, dst: Path) -> Path:
         con = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
         con.execute("SELECT 1 FROM sqlite_master LIMIT 1")
     except sqlite3.OperationalError:
-        if not _read_only(src.parent):
+        if not read_only_disk(src.parent):
             raise
         for suffix in ("", "-wal"):
             if Path(f"{src}{suffix}").is_file():
@@ -127,14 +127,6 @@ def _sqlite_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _read_only(path: Path) -> bool:
-    """Whether ``path`` lies on a disk mounted read-only (as an SD card that is failing remounts itself)."""
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
 def _scratch(state_dir: Path, members: dict[str, Path], out: Path) -> Path:
     """Where a backup of ``state_dir`` keeps its snapshot (the databases' copies, the files' links) while it writes
     ``out``: in the state directory (links need its disk), or beside ``out`` where the state directory's disk is
@@ -146,7 +138,7 @@ def _scratch(state_dir: Path, members: dict[str, Path], out: Path) -> Path:
         room = shutil.disk_usage(state_dir).free >= need
     except OSError:
         room = False
-    if room and not _read_only(state_dir):
+    if room and not read_only_disk(state_dir):
         return state_dir / name
     out.parent.mkdir(parents=True, exist_ok=True)
     return out.parent / name

@@ -525,7 +525,7 @@ def _state_dir_of(args: argparse.Namespace) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     import sqlite3
 
-    from edge_agent.storage_errors import LOCKED, storage_problem
+    from edge_agent.storage_errors import LOCKED, access_problem, storage_problem
     from engines.errors import EdgeAgentError
 
     args = build_parser().parse_args(argv)
@@ -545,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if problem == "locked":
             print(f"edge-agent: {LOCKED}", file=sys.stderr)
+            return 2
+        said = access_problem(exc, _state_dir_of(args))
+        if said:  # one line naming the file and the fix, not a traceback
+            print(f"edge-agent: {said}", file=sys.stderr)
             return 2
         if not isinstance(exc, sqlite3.DatabaseError):
             raise

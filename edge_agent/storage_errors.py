@@ -3,21 +3,22 @@ database, told apart by their codes (SQLite's result code, the OS's errno), neve
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sqlite3
 from typing import Literal
 
-from engines.durable import NO_ROOM
+from engines.durable import NO_ROOM, read_only_disk
 
-__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "storage_problem"]
+__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "access_problem", "storage_problem"]
 
 
 #: Free bytes under which a disk counts as full for a database error that carries no code (Python 3.10).
 NEARLY_FULL = 4 << 20
 
 #: SQLite's result codes (``sqlite3.SQLITE_*`` from Python 3.11, which also gives an error its ``sqlite_errorcode``).
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 11, 13, 26
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 8, 11, 13, 26
 
 FULL_DISK = (
     "the device's disk is full: nothing was written. Free space (the Health page and `edge-agent status` say what holds it), then try again"
@@ -44,4 +45,24 @@ def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) 
         return "locked"
     if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
         return "damaged"
+    return None
+
+
+def access_problem(exc: BaseException, where: str | os.PathLike | None = None) -> str | None:
+    """What a command says, in one sentence naming the file and what to do, of an error that is no fault of the disk's
+    room or of the records: a file this user may not write (EACCES, EPERM, SQLite's READONLY), or a disk mounted
+    read-only (EROFS: a failing SD card remounts itself so); None for any other error. ``where``: the state directory,
+    named where the error names no file."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
+    path = (getattr(exc, "filename", None) if isinstance(exc, OSError) else None) or where or "the state directory"
+    if number == errno.EROFS or (code is not None and code & 0xFF == _SQLITE_READONLY and where and read_only_disk(where)):
+        return (
+            f"{path} is on a disk mounted read-only (a failing SD card remounts itself so: see `dmesg`); take a backup onto "
+            "another disk now (edge-agent backup --out FILE works on a read-only card) and move to a new card"
+        )
+    if number in (errno.EACCES, errno.EPERM) or (code is not None and code & 0xFF == _SQLITE_READONLY):
+        return (
+            f"permission denied: {path}: run it as the service's user (sudo -u edge-agent ...), or give a --state-dir this user may write"
+        )
     return None

@@ -19,6 +19,7 @@ __all__ = [
     "relocate_rows",
     "replace_row_file",
     "connect_writable",
+    "read_only_disk",
 ]
 
 #: The errnos of a write the disk had no room for (a full disk, a user's quota spent).
@@ -168,3 +169,11 @@ def connect_writable(path: str | os.PathLike) -> sqlite3.Connection:
     except OSError:  # (a folder this user cannot change: SQLite's own error says what it says)
         pass
     return sqlite3.connect(path, check_same_thread=False, timeout=30, isolation_level=None)
+
+
+def read_only_disk(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies on a disk mounted read-only (as an SD card that is failing remounts itself)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

@@ -101,3 +101,43 @@ def test_a_full_card_is_backed_up_with_the_databases_copies_made_beside_the_back
     restore(tmp_path / "stick" / "farm.tar.gz", tmp_path / "restored")
     assert ResultsDB(tmp_path / "restored" / "results.sqlite", readonly=True).counts()["processed"] == 6
     assert sqlite3.connect(tmp_path / "restored" / "results.sqlite").execute("PRAGMA quick_check").fetchone() == ("ok",)
+
+
+def test_the_services_on_a_read_only_card_say_so_in_one_line_with_what_to_do(card, capsys):
+    """`edge-agent run` on a card remounted read-only said "permission denied" (SQLite's "attempt to write a readonly
+    database"), and `edge-trainer serve` ended in a traceback."""
+    pytest.importorskip("torch", reason="the trainer's command line")
+    from edge_agent.cli import main as agent
+    from trainer.cli import main as trainer
+
+    state = make_state(card.path)
+    shutil.rmtree(state / "engines")
+    card.fail()
+    for main, name, command in ((agent, "edge-agent", "run"), (trainer, "edge-trainer", "serve")):
+        assert main([command, "--state-dir", str(state)]) == 2
+        said = capsys.readouterr().err
+        assert said.startswith(f"{name}: {state}") and "is on a disk mounted read-only" in said and "edge-agent backup --out" in said
+        assert "Traceback" not in said and said.count("\n") == 1
+
+
+def test_a_state_directory_this_user_may_not_write_is_said_in_one_line_naming_it_and_the_fix(tmp_path, monkeypatch, capsys):
+    """As a user outside the service's group (here: the folder refused by the OS), both commands ended in a traceback."""
+    pytest.importorskip("torch", reason="the trainer's command line")
+    from edge_agent.cli import main as agent
+    from edge_agent.state import StateLayout
+    from trainer.cli import main as trainer
+
+    denied = tmp_path / "var-lib-edge-agent"
+
+    def refuse(self, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(denied))
+
+    monkeypatch.setattr(StateLayout, "create", refuse)
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    for main, name, command in ((agent, "edge-agent", "run"), (trainer, "edge-trainer", "serve")):
+        assert main([command, "--state-dir", str(denied)]) == 2
+        said = capsys.readouterr().err
+        assert (
+            said
+            == f"{name}: permission denied: {denied}: run it as the service's user (sudo -u edge-agent ...), or give a --state-dir this user may write\n"
+        )

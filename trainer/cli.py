@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 
 from trainer import _cli_fleet, _cli_loop, _cli_models
@@ -35,6 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except EdgeAgentError as exc:
         print(f"edge-trainer: {exc}", file=sys.stderr)
+        return 2
+    except (sqlite3.DatabaseError, OSError) as exc:
+        from edge_agent.storage_errors import access_problem
+
+        said = access_problem(exc, getattr(args, "state_dir", None))
+        if not said:
+            raise
+        print(f"edge-trainer: {said}", file=sys.stderr)  # one line naming the file and the fix, not a traceback
         return 2
 
 
