@@ -13,6 +13,8 @@ from edge_agent.backup_schedule import backup_lines, requested
 from edge_agent.engine_keep import engines_line
 from edge_agent.names import printable
 from edge_agent.spans import ago
+from edge_agent.storage_errors import READ_ONLY_DISK
+from engines.durable import read_only_disk
 
 __all__ = ["status"]
 
@@ -50,6 +52,7 @@ def status(args: argparse.Namespace) -> int:
         if key in live:
             out[key] = live[key]
     out["last_backup"] = last_backup(state.root)
+    out["read_only"] = read_only_disk(state.root)  # (now: a daemon on such a disk cannot write its status)
     try:
         from edge_agent.state import resolve_store
         from edge_agent.upgrade import pending_release
@@ -71,6 +74,8 @@ def status(args: argparse.Namespace) -> int:
         print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
     if out.get("store_problem"):
         print(f"STATE DISK FULL: {out['store_problem']}")
+    if out["read_only"]:
+        print(f"STATE DISK READ-ONLY: {READ_ONLY_DISK}")
     if out.get("clock_behind"):
         print(f"CLOCK BEHIND: {out['clock_behind']}")
     kept = out.get("retention")

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_agent.config import AppConfig
-from engines.durable import atomic_write, read_only_disk
+from engines.durable import atomic_write, connect_readonly, read_only_disk
 from engines.errors import EdgeAgentError
 from engines.store import sha256_stream
 
@@ -104,7 +104,7 @@ def _sqlite_copy(src: Path, dst: Path) -> Path:
     the card failed), the files are copied as they lie (nothing can write them) and the copy takes in its log."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
-        con = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
+        con = connect_readonly(src)
         con.execute("SELECT 1 FROM sqlite_master LIMIT 1")
     except sqlite3.OperationalError:
         if not read_only_disk(src.parent):

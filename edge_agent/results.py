@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
-from engines.durable import connect_writable, relocate_rows, set_aside
+from engines.durable import connect_readonly, connect_writable, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
 __all__ = [
@@ -99,7 +99,7 @@ def query_readonly(path: str | Path, sql: str, args: tuple | list = (), timeout:
     Raises :class:`LedgerUnreadable` when the file is there but cannot be read within ``timeout`` seconds."""
     if not Path(path).exists():
         return []
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
+    con = connect_readonly(path, timeout)
     try:
         return con.execute(sql, args).fetchall()
     except sqlite3.OperationalError as exc:
@@ -301,7 +301,7 @@ class ResultsDB:
         self._readers = threading.local()  # per-thread read connections: WAL lets them read while a commit fsyncs
         self._reader_cons: list[sqlite3.Connection] = []  # every one of them, closed with the ledger
         if readonly:
-            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10)
+            self._db = connect_readonly(self.path, 10)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._open_writable()
@@ -583,7 +583,7 @@ class ResultsDB:
         """Whether a photo already has a result (the exactly-once ledger); never waits for a commit."""
         con = getattr(self._readers, "con", None)
         if con is None:  # (closed by close(), from another thread)
-            con = self._readers.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+            con = self._readers.con = connect_readonly(self.path)
             with self._lock:
                 self._reader_cons.append(con)
         return con.execute("SELECT 1 FROM results WHERE sha256 = ?", (sha256,)).fetchone() is not None

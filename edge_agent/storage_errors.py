@@ -11,7 +11,7 @@ from typing import Literal
 
 from engines.durable import NO_ROOM, read_only_disk
 
-__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "access_problem", "storage_problem"]
+__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "READ_ONLY_DISK", "access_problem", "storage_problem"]
 
 
 #: Free bytes under which a disk counts as full for a database error that carries no code (Python 3.10).
@@ -24,6 +24,13 @@ FULL_DISK = (
     "the device's disk is full: nothing was written. Free space (the Health page and `edge-agent status` say what holds it), then try again"
 )
 LOCKED = "another process held the device's records locked: nothing was written; try again in a few seconds"
+
+
+#: What ``status`` and the Health page say while the state directory's disk is mounted read-only.
+READ_ONLY_DISK = (
+    "the state directory's disk is mounted read-only: nothing is recorded, no photo is classified (a failing SD card "
+    "remounts itself so: see `dmesg`); take a backup onto another disk now (edge-agent backup --out FILE) and move to a new card"
+)
 
 
 def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) -> Literal["full", "locked", "damaged"] | None:
@@ -57,10 +64,7 @@ def access_problem(exc: BaseException, where: str | os.PathLike | None = None) -
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     path = (getattr(exc, "filename", None) if isinstance(exc, OSError) else None) or where or "the state directory"
     if number == errno.EROFS or (code is not None and code & 0xFF == _SQLITE_READONLY and where and read_only_disk(where)):
-        return (
-            f"{path} is on a disk mounted read-only (a failing SD card remounts itself so: see `dmesg`); take a backup onto "
-            "another disk now (edge-agent backup --out FILE works on a read-only card) and move to a new card"
-        )
+        return f"{path}: {READ_ONLY_DISK}"
     if number in (errno.EACCES, errno.EPERM) or (code is not None and code & 0xFF == _SQLITE_READONLY):
         return (
             f"permission denied: {path}: run it as the service's user (sudo -u edge-agent ...), or give a --state-dir this user may write"

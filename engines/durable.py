@@ -18,6 +18,7 @@ __all__ = [
     "moved_here",
     "relocate_rows",
     "replace_row_file",
+    "connect_readonly",
     "connect_writable",
     "read_only_disk",
 ]
@@ -177,3 +178,12 @@ def read_only_disk(path: str | os.PathLike) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def connect_readonly(path: str | os.PathLike, timeout: float = 30.0) -> sqlite3.Connection:
+    """A read-only connection to the SQLite database ``path`` (any thread), opened as immutable where its disk is
+    mounted read-only and no write-ahead log lies beside it: SQLite cannot open a WAL database read-only on such a disk
+    without its index, and there nothing can change it (a failing SD card: ``status``, the page and the backup still
+    read a ledger its daemon closed)."""
+    frozen = read_only_disk(Path(path).parent) and not Path(f"{path}-wal").exists()
+    return sqlite3.connect(f"file:{path}?mode=ro{'&immutable=1' if frozen else ''}", uri=True, timeout=timeout, check_same_thread=False)

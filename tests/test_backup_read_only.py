@@ -105,19 +105,33 @@ def test_a_full_card_is_backed_up_with_the_databases_copies_made_beside_the_back
 
 def test_the_services_on_a_read_only_card_say_so_in_one_line_with_what_to_do(card, capsys):
     """`edge-agent run` on a card remounted read-only said "permission denied" (SQLite's "attempt to write a readonly
-    database"), and `edge-trainer serve` ended in a traceback."""
+    database"), and `edge-trainer serve` ended in a traceback; `status` said nothing of it (a daemon still running
+    there cannot write its status: it looked stopped), and it and the page could not open a ledger its daemon had
+    closed (SQLite opens a WAL database read-only on such a disk only with its index, or as immutable)."""
     pytest.importorskip("torch", reason="the trainer's command line")
     from edge_agent.cli import main as agent
     from trainer.cli import main as trainer
 
+    pytest.importorskip("starlette", reason="the web page")
+    from edge_agent.web.auth import csrf_secret
+
+    from .web_helpers import client
+
     state = make_state(card.path)
-    shutil.rmtree(state / "engines")
+    csrf_secret(state / "web" / "csrf.key")  # the page has run here before: its key is made
+    assert not Path(f"{state}/results.sqlite-wal").exists()  # its daemon closed it: one file
     card.fail()
     for main, name, command in ((agent, "edge-agent", "run"), (trainer, "edge-trainer", "serve")):
         assert main([command, "--state-dir", str(state)]) == 2
         said = capsys.readouterr().err
-        assert said.startswith(f"{name}: {state}") and "is on a disk mounted read-only" in said and "edge-agent backup --out" in said
+        assert said.startswith(f"{name}: {state}") and "disk is mounted read-only" in said and "edge-agent backup --out" in said
         assert "Traceback" not in said and said.count("\n") == 1
+    assert agent(["status", "--state-dir", str(state)]) == 0  # status still reads it, and says what is wrong first
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("STATE DISK READ-ONLY: the state directory's disk is mounted read-only: nothing is recorded")
+    page = client(state)  # and the page shows the season (its ledger, closed by its daemon, opened as immutable)
+    assert page.get("/photos").text.count('class="card"') == 6
+    assert 'id="read-only"' in page.get("/health").text
 
 
 def test_a_state_directory_this_user_may_not_write_is_said_in_one_line_naming_it_and_the_fix(tmp_path, monkeypatch, capsys):

@@ -715,6 +715,15 @@ def test_the_health_pages_daemon_tile_shows_a_stopped_daemons_last_status_as_old
             assert "in the pipeline now" not in page
 
 
+def test_the_health_page_says_first_when_the_state_directorys_disk_is_mounted_read_only(state, monkeypatch):
+    """A failing SD card remounts itself read-only: the daemon records nothing and cannot even write its status."""
+    assert 'id="read-only"' not in client(state).get("/health").text
+    monkeypatch.setattr("edge_agent.web.app.read_only_disk", lambda path: path == state)
+    tile = client(state).get("/health").text.split('id="daemon"')[1].split("</div>")[0]
+    assert '<p class="warn" id="read-only">the state directory&#39;s disk is mounted read-only: nothing is recorded' in tile
+    assert "edge-agent backup --out FILE" in tile
+
+
 def test_the_health_page_says_when_the_trainer_here_waits_for_room_to_retrain(state):
     """A trainer whose disk has no room for a retrain's version starts none and says so: the Trainer tile heads it
     "waiting for room" and says what it waits for; with room again, nothing of it."""

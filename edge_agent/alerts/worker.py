@@ -36,6 +36,7 @@ from edge_agent.plants import combine, diagnose, not_one_plant, visit_of
 from edge_agent.results import LedgerColumns, missing_table
 from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
+from engines.durable import connect_readonly
 
 __all__ = ["AlertWorker"]
 
@@ -132,7 +133,7 @@ class AlertWorker(Worker):
             if self._con is None:
                 if not self.results_db.exists():
                     return []
-                self._con = sqlite3.connect(f"file:{self.results_db}?mode=ro", uri=True, timeout=self.wait_s, check_same_thread=False)
+                self._con = connect_readonly(self.results_db, self.wait_s)
             return self._con.execute(sql, args).fetchall()
 
     def _max_result_id(self) -> int:

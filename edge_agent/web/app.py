@@ -37,6 +37,7 @@ from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import Beside, left_today, others_labelled, to_ask
 from edge_agent.spans import ago
+from edge_agent.storage_errors import READ_ONLY_DISK
 from edge_agent.web import charts
 from edge_agent.web._errors import refusal, storage_refusal
 from edge_agent.web._limits import BodyLimit
@@ -54,6 +55,7 @@ from edge_agent.web.photo_pages import photo_routes
 from edge_agent.web.photos import SIZES, PhotoFiles, is_sha256
 from edge_agent.web.plant_pages import plant_routes
 from edge_agent.web.upload import plant_folder, store_upload
+from engines.durable import read_only_disk
 
 __all__ = ["create_app", "WebContext"]
 
@@ -283,6 +285,7 @@ def create_app(ctx: WebContext) -> Starlette:
             legend=sorted(totals.items(), key=lambda kv: -kv[1]),
             daemon=daemon,
             daemon_up=daemon_up,
+            read_only=READ_ONLY_DISK if read_only_disk(ctx.state.root) else None,
             daemon_ago=None if daemon_up or not isinstance(daemon.get("updated"), (int, float)) else ago(now - daemon["updated"]),
             trainer=trainer,
             trainer_up=trainer_up,
