@@ -40,14 +40,20 @@ from edge_agent.plants import plant_of
 from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import ResultRow, ResultsDB
 from edge_agent.spool import Origin, PhotoSpool
+from edge_agent.storage_errors import READ_ONLY_DISK
 from edge_agent.worker import spawn
+from engines.durable import read_only_disk
 
-__all__ = ["STOP_JOIN_S", "Job", "Pipeline"]
+__all__ = ["READ_ONLY_WAIT_S", "STOP_JOIN_S", "Job", "Pipeline"]
 
 _STOP = object()
 
 #: Seconds the stages together get to end once stopped (after the drain): a stage stuck in inference is abandoned then.
 STOP_JOIN_S = 5.0
+#: Seconds the sink waits before it tries again to store results on a state directory whose disk is mounted read-only
+#: (a failing SD card): the photos are kept for then, and the stages wait behind it instead of classifying the inbox
+#: again every few seconds for nothing.
+READ_ONLY_WAIT_S = 60.0
 #: What a photo that cannot leave a read-only inbox is told (the hardened systemd unit opens only the folders
 #: ``install-systemd`` was given).
 _READ_ONLY_INBOX = (
@@ -138,6 +144,7 @@ class Pipeline:
         self.camera_clocks: deque = deque(maxlen=CLOCK_WINDOW)  # Capture.ahead of the latest photos with a zoned time
         self.latency = LatencyHistograms()
         #: Recent confident photos, kept across restarts, so a swap right after a start is checked too (hotswap.py).
+        self.state_dir = state_dir
         self.golden = GoldenSet(state_dir / "golden.npz")
         self.golden.load(classifier.engine.engine_version, classifier.spec.size)
         self._threads: list[threading.Thread] = []
@@ -352,11 +359,12 @@ class Pipeline:
             except Exception as exc:  # disk full, database locked...: keep the photos for a retry
                 self.counters["sink_errors"] += 1
                 self.last_errors.append({"time": time.time(), "error": f"could not store results: {exc!r}"})
-                self.log.error("sink_failed", error=repr(exc), photos=len(jobs))
+                frozen = read_only_disk(self.state_dir)
+                self.log.error("sink_failed", error=repr(exc), photos=len(jobs), **({"problem": READ_ONLY_DISK} if frozen else {}))
                 self.labels.recount()
                 for j in jobs:
                     self._finish(j, retried=True)
-                time.sleep(1.0)
+                time.sleep(READ_ONLY_WAIT_S if frozen else 1.0)
 
     # ---- the sink: queue the labels, commit, then the files ----------------------------
     def _sink(self, jobs: list[Job]) -> None:

@@ -211,6 +211,39 @@ def test_disk_full_on_commit_loses_nothing(tmp_path, engine, monkeypatch):
     p.stop()
 
 
+def test_on_a_read_only_card_the_sink_keeps_the_photos_says_why_and_waits_a_minute_not_a_second(tmp_path, engine, monkeypatch):
+    """A card that fails remounts itself read-only: every commit fails, and the stages classified the inbox again every
+    second for nothing (on a Pi, all its cores, and a log line a second)."""
+    import sqlite3
+
+    from structlog.testing import capture_logs
+
+    import edge_agent.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "read_only_disk", lambda path: path == tmp_path)
+    monkeypatch.setattr(pipeline, "READ_ONLY_WAIT_S", 3.0)
+    p, db, done, retried = make_pipeline(tmp_path, engine)
+    tried = []
+
+    def refused(*a, **k):
+        tried.append(time.monotonic())
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(db, "commit", refused)
+    with capture_logs() as logs:
+        for path in drop(tmp_path / "inbox", 2):
+            p.submit(Job("inbox", path))
+        wait_until(lambda: len(tried) == 1 and len(retried) == 2, 30, "the first batch refused")
+        for job in list(retried):  # the source offers them again at once
+            p.submit(Job("inbox", job.path))
+        wait_until(lambda: len(tried) == 2, 30, "the second try")
+    assert tried[1] - tried[0] >= 2.9  # (1 s before)
+    assert all(path.exists() for path in retried_paths(retried)) and not list(db.results())
+    failed = [e for e in logs if e["event"] == "sink_failed"]
+    assert failed and "disk is mounted read-only" in failed[0]["problem"]
+    p.stop()
+
+
 def retried_paths(jobs):
     return [j.path for j in jobs]
 
