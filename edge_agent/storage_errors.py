@@ -58,12 +58,13 @@ def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) 
 def access_problem(exc: BaseException, where: str | os.PathLike | None = None) -> str | None:
     """What a command says, in one sentence naming the file and what to do, of an error that is no fault of the disk's
     room or of the records: a file this user may not write (EACCES, EPERM, SQLite's READONLY), or a disk mounted
-    read-only (EROFS: a failing SD card remounts itself so); None for any other error. ``where``: the state directory,
+    read-only (EROFS, or any database error where ``where`` lies on such a disk: a failing SD card remounts itself
+    so, and SQLite cannot even open a database there whose log lies without its index); None for any other error. ``where``: the state directory,
     named where the error names no file."""
     code = getattr(exc, "sqlite_errorcode", None)
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     path = (getattr(exc, "filename", None) if isinstance(exc, OSError) else None) or where or "the state directory"
-    if number == errno.EROFS or (code is not None and code & 0xFF == _SQLITE_READONLY and where and read_only_disk(where)):
+    if number == errno.EROFS or (isinstance(exc, sqlite3.Error) and where and read_only_disk(where)):
         return f"{path}: {READ_ONLY_DISK}"
     if number in (errno.EACCES, errno.EPERM) or (code is not None and code & 0xFF == _SQLITE_READONLY):
         return (

@@ -182,8 +182,9 @@ def read_only_disk(path: str | os.PathLike) -> bool:
 
 def connect_readonly(path: str | os.PathLike, timeout: float = 30.0) -> sqlite3.Connection:
     """A read-only connection to the SQLite database ``path`` (any thread), opened as immutable where its disk is
-    mounted read-only and no write-ahead log lies beside it: SQLite cannot open a WAL database read-only on such a disk
+    mounted read-only and no write-ahead log with content lies beside it: SQLite cannot open a WAL database read-only on such a disk
     without its index, and there nothing can change it (a failing SD card: ``status``, the page and the backup still
     read a ledger its daemon closed)."""
-    frozen = read_only_disk(Path(path).parent) and not Path(f"{path}-wal").exists()
+    wal = Path(f"{path}-wal")
+    frozen = read_only_disk(Path(path).parent) and (not wal.exists() or wal.stat().st_size == 0)
     return sqlite3.connect(f"file:{path}?mode=ro{'&immutable=1' if frozen else ''}", uri=True, timeout=timeout, check_same_thread=False)

@@ -55,12 +55,13 @@ def card(tmp_path):
     subprocess.run(["umount", "-l", str(where)])
 
 
-def test_a_card_remounted_read_only_is_backed_up_whole_to_a_file_and_onto_the_stick(tmp_path, card):
+def test_a_card_remounted_read_only_is_backed_up_whole_to_a_file_and_onto_the_stick(tmp_path, card, capsys):
     """The moment a farm most needs a backup: `edge-agent backup` made its databases' copies in the state directory,
     and on a read-only card said "could not write the backup: Read-only file system" of the file it was to write
     elsewhere; a backup into `[backup] dir` could not make its lock. Now the copies go beside the backup and the
     lock beside the backups, and a ledger whose log lies without its index (the daemon killed as the card failed)
-    is copied with its log's results."""
+    is copied with its log's results (`status`, which cannot open it there, says the disk is read-only, not that the
+    ledger is unreadable and will be set aside)."""
     from edge_agent.backup_folder import take
 
     state = make_state(card.path)
@@ -69,6 +70,11 @@ def test_a_card_remounted_read_only_is_backed_up_whole_to_a_file_and_onto_the_st
     card.fail()
     with pytest.raises(OSError):
         (state / "probe").write_bytes(b"")  # read-only now
+    from edge_agent.cli import main
+
+    assert main(["status", "--state-dir", str(state)]) == 2  # SQLite cannot open that ledger here: said as what it is
+    said = capsys.readouterr().err
+    assert said.startswith(f"edge-agent: {state}: the state directory's disk is mounted read-only") and "unreadable" not in said
 
     manifest = backup(AppConfig(), state, tmp_path / "out" / "farm.tar.gz")
     assert "results.sqlite" in manifest["files"]
