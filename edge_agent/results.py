@@ -295,7 +295,10 @@ def _ref_args(ref: str) -> tuple:
 class ResultsDB:
     """Thread-safe access to ``results.sqlite`` (one connection, serialised by a lock)."""
 
-    def __init__(self, path: str | Path, readonly: bool = False) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False, check: bool = False) -> None:
+        """``check``: read the whole file once for damage (SQLite's quick_check) before it is used: the daemon's start
+        does (:meth:`open_or_recover`); a label from the page or the command line does not (a season's ledger takes
+        about 150 ms a read here, and the daemon has read it)."""
         self.path = Path(path)
         self._lock = threading.Lock()
         self._readers = threading.local()  # per-thread read connections: WAL lets them read while a commit fsyncs
@@ -304,9 +307,9 @@ class ResultsDB:
             self._db = connect_readonly(self.path, 10)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = self._open_writable()
+            self._db = self._open_writable(check)
 
-    def _open_writable(self) -> sqlite3.Connection:
+    def _open_writable(self, check: bool) -> sqlite3.Connection:
         db = connect_writable(self.path)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -327,9 +330,9 @@ class ResultsDB:
             db.execute("CREATE INDEX IF NOT EXISTS results_when ON results(COALESCE(taken, created))")  # the Photos page's days
             db.execute("CREATE INDEX IF NOT EXISTS results_place ON results(lat) WHERE lat IS NOT NULL")  # photos near a place
             db.execute("CREATE INDEX IF NOT EXISTS results_plant ON results(plant) WHERE plant IS NOT NULL")
-            check = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a truncated file can pass the steps above
-            if check != "ok":
-                raise sqlite3.DatabaseError(f"integrity check: {check}")
+            found = db.execute("PRAGMA quick_check(1)").fetchone()[0] if check else "ok"  # a truncated file passes the above
+            if found != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {found}")
         except BaseException:
             db.close()
             raise
@@ -343,7 +346,7 @@ class ResultsDB:
         path = Path(path)
         existed = path.exists()
         try:
-            db = cls(path)
+            db = cls(path, check=True)
             if not (expected and existed and db.counts()["processed"] == 0):
                 return db, None
             db.close()
