@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_agent.config import AppConfig
+from edge_agent.results import CLOSED
 from engines.durable import atomic_write, connect_readonly, read_only_disk
 from engines.errors import EdgeAgentError
 from engines.store import sha256_stream
@@ -74,6 +75,7 @@ SKIPPED = (
     RECORD,
     HASHES,
     "backup-requested.json",
+    f"results.sqlite{CLOSED}",
 )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
-from engines.durable import connect_readonly, connect_writable, relocate_rows, set_aside
+from engines.durable import atomic_write, connect_readonly, connect_writable, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
 __all__ = [
@@ -292,14 +292,47 @@ def _ref_args(ref: str) -> tuple:
     return (ref, ref + "%" if len(ref) >= 8 else "\0", ref)
 
 
+#: Beside ``results.sqlite``: what ``stat`` said of it when the last connection closed it whole (no write-ahead log
+#: left), so the daemon's next start reads it whole for damage only where it changed since (a power cut, a card that
+#: cut it short, a copy or a restore), not after every clean restart (seconds from a Pi's card at a season's end).
+CLOSED = ".closed.json"
+
+
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _record_closed(path: Path) -> None:
+    """Record ``path`` as closed whole, where no write-ahead log is left beside it (another process may still use it)."""
+    try:
+        if not Path(f"{path}-wal").exists():
+            atomic_write(Path(f"{path}{CLOSED}"), json.dumps(_stat_key(path)).encode())
+    except OSError:  # a full or read-only disk: the next start reads it whole, as before
+        pass
+
+
+def _unchanged_since_closed(path: Path) -> bool:
+    """Whether ``path`` is as its last close left it whole: no write-ahead log with content beside it and the same
+    size, mtime and inode as recorded then."""
+    wal = Path(f"{path}-wal")
+    try:
+        if wal.exists() and wal.stat().st_size > 0:  # (an empty one: a reader's since, as `status` leaves)
+            return False
+        return json.loads(Path(f"{path}{CLOSED}").read_text()) == _stat_key(path)
+    except (OSError, ValueError):
+        return False
+
+
 class ResultsDB:
     """Thread-safe access to ``results.sqlite`` (one connection, serialised by a lock)."""
 
     def __init__(self, path: str | Path, readonly: bool = False, check: bool = False) -> None:
         """``check``: read the whole file once for damage (SQLite's quick_check) before it is used: the daemon's start
-        does (:meth:`open_or_recover`); a label from the page or the command line does not (a season's ledger takes
-        about 150 ms a read here, and the daemon has read it)."""
+        does where the ledger changed since it was last closed whole (:meth:`open_or_recover`); a label from the page
+        or the command line does not (a season's ledger takes about 150 ms a read here, and the daemon has read it)."""
         self.path = Path(path)
+        self.readonly = readonly
         self._lock = threading.Lock()
         self._readers = threading.local()  # per-thread read connections: WAL lets them read while a commit fsyncs
         self._reader_cons: list[sqlite3.Connection] = []  # every one of them, closed with the ledger
@@ -346,7 +379,7 @@ class ResultsDB:
         path = Path(path)
         existed = path.exists()
         try:
-            db = cls(path, check=True)
+            db = cls(path, check=not _unchanged_since_closed(path))
             if not (expected and existed and db.counts()["processed"] == 0):
                 return db, None
             db.close()
@@ -368,6 +401,8 @@ class ResultsDB:
                 con.close()
             self._reader_cons.clear()
             self._db.close()
+        if not self.readonly:
+            _record_closed(self.path)
 
     # ---- writing ---------------------------------------------------------
     def commit(self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = ()) -> list[bool]:
