@@ -221,6 +221,42 @@ def end_to_end(photos: list[Path], work: Path, extra: dict | None = None, tail: 
     }
 
 
+def season_restarts(work: Path, rows: int, starts: int = 3, extra: dict | None = None) -> tuple[list[float], list[float]]:
+    """Seconds from exec to READY=1 of ``starts`` restarts on a state directory whose ledger holds ``rows`` results (a
+    season: 1,000 a day), closed whole by the daemon before each, and of ``starts`` more where it changed since (its
+    record of the last close removed, as a power cut or a copy leaves it): the start then reads it whole for damage."""
+    from edge_agent.results import CLOSED, ResultRow, ResultsDB
+
+    config = _write_config(work, extra)
+    state = work / "season"
+    proc, _ = _start(state, config, work / "n.sock")
+    proc.terminate()
+    proc.wait(30)
+    db = ResultsDB(state / "results.sqlite")
+    top = [["Apple___Apple_scab", 0.9], ["Apple___healthy", 0.05], ["Apple___Black_rot", 0.05]]
+    for start in range(0, rows, 5000):
+        db.commit(
+            [
+                ResultRow(
+                    f"{i:064x}", f"{i:016x}", f"/inbox/p{i}.jpg", "folder", top[0][0], 0.9, top, "v4000", {"total": 5.0}, verdict="unsure"
+                )
+                for i in range(start, min(rows, start + 5000))
+            ]
+        )
+    db.close()
+    (state / "processed" / "2026-01-01").mkdir(parents=True, exist_ok=True)
+    (state / "processed" / "2026-01-01" / "x.jpg").write_bytes(b"a photo processed: the ledger is expected to hold results")
+    clean, changed = [], []
+    for out in [clean] * starts + [changed] * starts:
+        if out is changed:
+            Path(f"{state}/results.sqlite{CLOSED}").unlink(missing_ok=True)
+        proc, t = _start(state, config, work / "n.sock")
+        out.append(t)
+        proc.terminate()
+        proc.wait(30)
+    return clean, changed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.daemon")
     ap.add_argument("--data", default=str(REPO.parent / "shared/data/plantvillage"))
@@ -228,6 +264,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="end-to-end runs; the table gives medians and every run")
     ap.add_argument("--first-starts", type=int, default=3, help="a version's first starts on an empty cache (0: none)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="daemon config override (TOML value)")
+    ap.add_argument("--season-ledger", type=int, default=0, metavar="N", help="also restarts with a ledger of N results (0: none)")
     args = ap.parse_args()
     from benchmarks._sets import config_sets
     from edge_agent.config import parse_config
@@ -241,6 +278,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp:
         ready = start_to_ready(Path(tmp), extra=extra)
         first = first_start(Path(tmp) / "first", args.first_starts, extra=extra) if args.first_starts else []
+        season = season_restarts(Path(tmp) / "season", args.season_ledger, extra=extra) if args.season_ledger else None
         for i in range(args.runs):  # each run measures its own engine-only and engine+decode beside the daemon
             eng = engine_only(photos, batch, cfg.engine)
             dec = engine_decode(photos, batch, workers, cfg.engine)
@@ -296,6 +334,12 @@ def main() -> None:
             "| - and to the end of the INT8 check (FP32 serving meanwhile) (s) | "
             + (f"{statistics.median(checked):.1f} {[round(c, 1) for c in checked]} |" if checked else "no check logged |")
         )
+    if season:
+        for said, values in zip(("closed whole by the daemon", "changed since, read whole for damage"), season):
+            print(
+                f"| a restart with a ledger of {args.season_ledger:,} results, {said}: start to READY=1 (s), median of "
+                f"{len(values)} | {statistics.median(values):.3f} {[round(v, 3) for v in values]} |"
+            )
     print(f"| RSS idle (MB) | {med('rss_mb_idle')} |")
     print(f"| RSS steady, 2 s after the burst (MB) | {med('rss_mb_steady')} |")
     print(f"| RSS peak during the burst (MB) | {med('rss_mb_peak')} |")
