@@ -362,7 +362,10 @@ class ResultsDB:
                     db.execute(f"ALTER TABLE results ADD COLUMN {name} REAL")
             db.execute("CREATE INDEX IF NOT EXISTS results_when ON results(COALESCE(taken, created))")  # the Photos page's days
             db.execute("CREATE INDEX IF NOT EXISTS results_place ON results(lat) WHERE lat IS NOT NULL")  # photos near a place
-            db.execute("CREATE INDEX IF NOT EXISTS results_plant ON results(plant) WHERE plant IS NOT NULL")
+            db.execute("DROP INDEX IF EXISTS results_plant")  # (plant alone, before 2026-12-04: the one below serves)
+            db.execute("CREATE INDEX IF NOT EXISTS results_plant_created ON results(plant, created) WHERE plant IS NOT NULL")
+            # counts by class and verdict (the Photos, Map and Diseases pages, /metrics) read this, not a season's rows
+            db.execute("CREATE INDEX IF NOT EXISTS results_label_verdict ON results(label, verdict)")
             found = db.execute("PRAGMA quick_check(1)").fetchone()[0] if check else "ok"  # a truncated file passes the above
             if found != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {found}")

@@ -130,3 +130,34 @@ def test_the_daemons_start_reads_the_ledger_whole_for_damage_only_where_it_chang
     crashed.close()
     Path(f"{ledger}-wal").write_bytes(wal)
     assert start_checked()
+
+
+def test_a_seasons_counts_by_class_and_its_plants_are_read_from_indexes_not_from_every_row(tmp_path):
+    """At a season's end (300,000 results, 149 MB here) each count by class read every row: /metrics 225 ms a scrape,
+    the Photos page 165 ms, the Map 270 ms, the Plants page 445 ms (28, 34, 135 and 191 ms with these indexes). A
+    ledger from before gets them at the daemon's next start, and loses the plant index they replace."""
+    import sqlite3
+
+    path = tmp_path / "results.sqlite"
+    ResultsDB(path).close()
+    old = sqlite3.connect(path)  # as a ledger from before left it
+    old.execute("DROP INDEX results_label_verdict")
+    old.execute("DROP INDEX results_plant_created")
+    old.execute("CREATE INDEX results_plant ON results(plant) WHERE plant IS NOT NULL")
+    old.close()
+    ResultsDB(path).close()
+    con = sqlite3.connect(path)
+    indexes = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"results_label_verdict", "results_plant_created"} <= indexes and "results_plant" not in indexes
+
+    def plan(sql: str) -> str:
+        return " ".join(r[-1] for r in con.execute(f"EXPLAIN QUERY PLAN {sql}"))
+
+    for sql in (
+        "SELECT label, COALESCE(verdict, 'none'), COUNT(*) FROM results GROUP BY label, verdict",  # /metrics
+        "SELECT label, COUNT(*), SUM(verdict = 'confident') FROM results GROUP BY label",  # the Diseases page
+        "SELECT DISTINCT label FROM results ORDER BY label",  # the Photos and Map pages' class filter
+    ):
+        assert "COVERING INDEX results_label_verdict" in plan(sql), sql
+    plants = "SELECT plant, COUNT(*), MAX(created) FROM results WHERE plant IS NOT NULL GROUP BY plant ORDER BY MAX(id) DESC LIMIT 50"
+    assert "COVERING INDEX results_plant_created" in plan(plants)
