@@ -105,10 +105,11 @@ def _sqlite_copy(src: Path, dst: Path) -> Path:
     read-only, where SQLite cannot open a database whose write-ahead log lies without its index (a service killed as
     the card failed), the files are copied as they lie (nothing can write them) and the copy takes in its log."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    con = connect_readonly(src)
     try:
-        con = connect_readonly(src)
         con.execute("SELECT 1 FROM sqlite_master LIMIT 1")
     except sqlite3.OperationalError:
+        con.close()
         if not read_only_disk(src.parent):
             raise
         for suffix in ("", "-wal"):
