@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
+from edge_agent.storage_errors import access_problem, storage_problem
 from engines.durable import atomic_write, connect_readonly, connect_writable, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
@@ -378,7 +379,9 @@ class ResultsDB:
     def open_or_recover(cls, path: str | Path, expected: bool = False) -> tuple["ResultsDB", str | None]:
         """The ledger at ``path``; one that SQLite cannot read (truncated, as after a failing SD card), or an empty
         file where a ledger was ``expected`` (photos were processed), is moved aside (kept, with its -wal and -shm)
-        and a new one made. Returns the ledger and what happened (None when nothing did), for ``status``."""
+        and a new one made. Returns the ledger and what happened (None when nothing did), for ``status``. An error of
+        a full, locked, read-only or failing disk (as a new index, made at the first start after an upgrade, meets on
+        a full card), anything SQLite does not call damage, is raised, the ledger left as it is."""
         path = Path(path)
         existed = path.exists()
         try:
@@ -388,6 +391,10 @@ class ResultsDB:
             db.close()
             why = "empty, although photos were processed"
         except sqlite3.DatabaseError as exc:
+            problem = storage_problem(exc, path.parent)
+            coded = getattr(exc, "sqlite_errorcode", None) is not None  # (none: Python 3.10's, or the integrity check's)
+            if problem in ("full", "locked") or access_problem(exc, path.parent) or (coded and problem != "damaged"):
+                raise  # a full, locked, read-only or failing disk is no damage to the file: it is kept as it is
             why = f"unreadable ({exc})"
         aside = set_aside(path)
         note = (

@@ -18,7 +18,7 @@ __all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "READ_ONLY_DISK", "a
 NEARLY_FULL = 4 << 20
 
 #: SQLite's result codes (``sqlite3.SQLITE_*`` from Python 3.11, which also gives an error its ``sqlite_errorcode``).
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 8, 11, 13, 26
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 5, 6, 8, 10, 11, 13, 26
 
 FULL_DISK = (
     "the device's disk is full: nothing was written. Free space (the Health page and `edge-agent status` say what holds it), then try again"
@@ -36,11 +36,12 @@ READ_ONLY_DISK = (
 def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) -> Literal["full", "locked", "damaged"] | None:
     """``"full"`` (no room: SQLite's FULL, ENOSPC, EDQUOT), ``"locked"`` (SQLite's BUSY or LOCKED past the wait),
     ``"damaged"`` (CORRUPT, NOTADB), or None: another error. A database error from Python 3.10 carries no code (JetPack
-    6's Python): with ``where`` (the folder the database is in) it counts as ``"full"`` while that disk has less than
-    :data:`NEARLY_FULL` free, as None otherwise."""
+    6's Python), and SQLite says IOERR where a full disk keeps it from making a log's index: with ``where`` (the folder
+    the database is in) either counts as ``"full"`` while that disk has less than :data:`NEARLY_FULL` free."""
     code = getattr(exc, "sqlite_errorcode", None)
     code = None if code is None else code & 0xFF  # an extended code (BUSY_SNAPSHOT...) as its primary, as missing_table reads it
-    if code is None and where is not None and isinstance(exc, sqlite3.OperationalError):
+    # (an I/O error too: on a full disk SQLite cannot make a database's log index, and says IOERR_SHMSIZE, not FULL)
+    if code in (None, _SQLITE_IOERR) and where is not None and isinstance(exc, sqlite3.OperationalError):
         try:
             if shutil.disk_usage(where).free < NEARLY_FULL:
                 return "full"

@@ -161,3 +161,42 @@ def test_a_state_directory_this_user_may_not_write_is_said_in_one_line_naming_it
             said
             == f"{name}: permission denied: {denied}: run it as the service's user (sudo -u edge-agent ...), or give a --state-dir this user may write\n"
         )
+
+
+def test_a_full_card_at_the_first_start_after_an_upgrade_keeps_its_ledger_and_says_the_disk_is_full(card, capsys):
+    """A real full disk (the tmpfs filled): the new indexes cannot be made, and the ledger was set aside as damaged."""
+    import sqlite3
+
+    from edge_agent.cli import main
+    from edge_agent.results import CLOSED, ResultRow
+
+    state = make_state(card.path)
+    shutil.rmtree(state / "engines")
+    ledger = state / "results.sqlite"
+    old = sqlite3.connect(ledger)  # as a ledger from before 7aeb3fd left it
+    old.execute("DROP INDEX results_label_verdict")
+    old.execute("DROP INDEX results_plant_created")
+    old.close()
+    Path(f"{ledger}{CLOSED}").unlink(missing_ok=True)
+    with open(card.path / "filler", "wb", buffering=0) as f:  # the card full to its last byte
+        try:
+            while True:
+                f.write(bytes(1 << 20))
+        except OSError:
+            pass
+        for size in (1 << 16, 1 << 12, 1 << 9, 1):
+            try:
+                while True:
+                    f.write(bytes(size))
+            except OSError:
+                pass
+    with pytest.raises(sqlite3.OperationalError):
+        ResultsDB.open_or_recover(ledger, expected=True)
+    assert not list(state.glob("results.sqlite.corrupt-*"))
+    assert main(["review", "label", "--state-dir", str(state), "p0", "Apple___Apple_scab"]) == 2
+    assert "the disk is full" in capsys.readouterr().err
+    (card.path / "filler").unlink()
+    db, note = ResultsDB.open_or_recover(ledger, expected=True)
+    assert note is None and db.counts()["processed"] == 6
+    db.commit([ResultRow("f" * 64, "pf", None, "folder", "Apple___healthy", 0.9, [], "v4000", {})])
+    db.close()

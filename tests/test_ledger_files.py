@@ -161,3 +161,42 @@ def test_a_seasons_counts_by_class_and_its_plants_are_read_from_indexes_not_from
         assert "COVERING INDEX results_label_verdict" in plan(sql), sql
     plants = "SELECT plant, COUNT(*), MAX(created) FROM results WHERE plant IS NOT NULL GROUP BY plant ORDER BY MAX(id) DESC LIMIT 50"
     assert "COVERING INDEX results_plant_created" in plan(plants)
+
+
+def test_a_full_disk_at_the_first_start_after_an_upgrade_keeps_the_ledger_and_never_sets_it_aside_as_damaged(tmp_path, monkeypatch):
+    """The first start after an upgrade makes the ledger's new indexes (7aeb3fd): on a full card SQLite refuses with
+    "database or disk is full", which the start took as a damaged ledger and set aside, starting a new one (the
+    season's history gone from the page). A full, locked or read-only disk is now said, and the ledger kept."""
+    import sqlite3
+
+    import edge_agent.results as results
+
+    path = tmp_path / "results.sqlite"
+    db = ResultsDB(path)
+    db.commit([_row(1), _row(2)])
+    db.close()
+    connect = results.connect_writable
+
+    class FullCard:
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            if sql.startswith("CREATE INDEX"):
+                err = sqlite3.OperationalError("database or disk is full")
+                err.sqlite_errorcode = 13  # SQLITE_FULL
+                raise err
+            return self.con.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    monkeypatch.setattr(results, "connect_writable", lambda p: FullCard(connect(p)))
+    Path(f"{path}{results.CLOSED}").unlink()  # (changed since, as an upgrade's first start may find it)
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        ResultsDB.open_or_recover(path, expected=True)
+    assert not list(tmp_path.glob("results.sqlite.corrupt-*"))
+    monkeypatch.undo()
+    db, note = ResultsDB.open_or_recover(path, expected=True)  # room again: the same ledger, upgraded
+    assert note is None and db.counts()["processed"] == 2
+    db.close()
