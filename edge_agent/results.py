@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
-from edge_agent.storage_errors import access_problem, storage_problem
+from edge_agent.storage_errors import damaged_file
 from engines.durable import atomic_write, connect_readonly, connect_writable, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
@@ -391,9 +391,7 @@ class ResultsDB:
             db.close()
             why = "empty, although photos were processed"
         except sqlite3.DatabaseError as exc:
-            problem = storage_problem(exc, path.parent)
-            coded = getattr(exc, "sqlite_errorcode", None) is not None  # (none: Python 3.10's, or the integrity check's)
-            if problem in ("full", "locked") or access_problem(exc, path.parent) or (coded and problem != "damaged"):
+            if not damaged_file(exc, path.parent):
                 raise  # a full, locked, read-only or failing disk is no damage to the file: it is kept as it is
             why = f"unreadable ({exc})"
         aside = set_aside(path)

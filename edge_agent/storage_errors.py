@@ -11,7 +11,7 @@ from typing import Literal
 
 from engines.durable import NO_ROOM, read_only_disk
 
-__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "READ_ONLY_DISK", "access_problem", "storage_problem"]
+__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "READ_ONLY_DISK", "access_problem", "damaged_file", "storage_problem"]
 
 
 #: Free bytes under which a disk counts as full for a database error that carries no code (Python 3.10).
@@ -72,3 +72,14 @@ def access_problem(exc: BaseException, where: str | os.PathLike | None = None) -
             f"permission denied: {path}: run it as the service's user (sudo -u edge-agent ...), or give a --state-dir this user may write"
         )
     return None
+
+
+def damaged_file(exc: BaseException, where: str | os.PathLike) -> bool:
+    """Whether ``exc``, met opening a database in the folder ``where``, says the file itself is damaged (to be set
+    aside and a new one made): what SQLite calls damage (CORRUPT, NOTADB), or an error with no code (the integrity
+    check's, or any from Python 3.10) unless the disk is full or read-only; never a full, locked, read-only or failing
+    disk (a full card at the first start after an upgrade, which cannot make the new indexes, kept its ledger)."""
+    problem = storage_problem(exc, where)
+    if problem in ("full", "locked") or access_problem(exc, where):
+        return False
+    return problem == "damaged" or getattr(exc, "sqlite_errorcode", None) is None

@@ -200,3 +200,35 @@ def test_a_full_disk_at_the_first_start_after_an_upgrade_keeps_the_ledger_and_ne
     db, note = ResultsDB.open_or_recover(path, expected=True)  # room again: the same ledger, upgraded
     assert note is None and db.counts()["processed"] == 2
     db.close()
+
+
+@pytest.mark.parametrize("code, damaged", [(13, False), (5, False), (8, False), (11, True), (26, True)])
+def test_the_alert_outbox_is_set_aside_only_when_sqlite_calls_it_damaged_not_for_a_full_locked_or_read_only_disk(
+    tmp_path, monkeypatch, code, damaged
+):
+    """As the ledger (above): alerts not yet delivered stay in the outbox the daemon opens again once there is room."""
+    import sqlite3
+
+    import edge_agent.alerts.outbox as outbox
+
+    outbox.Outbox(tmp_path / "alerts.sqlite", 1 << 20).close()
+    connect = outbox.connect_writable
+    calls = {"n": 0}
+
+    def refusing(path):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            err = sqlite3.OperationalError("(the text is never read)")
+            err.sqlite_errorcode = code
+            raise err
+        return connect(path)
+
+    monkeypatch.setattr(outbox, "connect_writable", refusing)
+    if damaged:
+        box = outbox.Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+        assert box.recovered and list(tmp_path.glob("alerts.sqlite.corrupt-*"))
+        box.close()
+    else:
+        with pytest.raises(sqlite3.OperationalError):
+            outbox.Outbox(tmp_path / "alerts.sqlite", 1 << 20)
+        assert not list(tmp_path.glob("alerts.sqlite.corrupt-*"))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.alerts.rules import Candidate
+from edge_agent.storage_errors import damaged_file
 from engines.durable import connect_writable, set_aside
 from engines.errors import EdgeAgentError
 
@@ -94,6 +95,8 @@ class Outbox:
         try:
             self._db = self._open()
         except sqlite3.DatabaseError as exc:  # a truncated or overwritten file: keep it aside, start a new one
+            if not damaged_file(exc, self.path.parent):
+                raise  # a full, locked, read-only or failing disk: the outbox is kept as it is
             aside = set_aside(self.path)
             self.recovered = (
                 f"{self.path.name} was unreadable ({exc}): kept as {aside.name}, a new outbox was started; alerts not "
