@@ -1,5 +1,6 @@
-"""What a storage error means to whoever asked: a full disk, records another process held locked, or a damaged
-database, told apart by their codes (SQLite's result code, the OS's errno), never by their text."""
+"""What a storage error means to whoever asked: a full disk, records another process held locked, a damaged
+database, a read-only disk or a folder this user may not write, told apart by their codes (SQLite's result code, the
+OS's errno), never by their text."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def access_problem(exc: BaseException, where: str | os.PathLike | None = None) -
     """What a command says, in one sentence naming the file and what to do, of an error that is no fault of the disk's
     room or of the records: a file this user may not write (EACCES, EPERM, SQLite's READONLY), or a disk mounted
     read-only (EROFS, or any database error where ``where`` lies on such a disk: a failing SD card remounts itself
-    so, and SQLite cannot even open a database there whose log lies without its index); None for any other error. ``where``: the state directory,
-    named where the error names no file."""
+    so, and SQLite cannot even open a database there whose log lies without its index); None for any other error.
+    ``where``: the state directory, named where the error names no file."""
     code = getattr(exc, "sqlite_errorcode", None)
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     path = (getattr(exc, "filename", None) if isinstance(exc, OSError) else None) or where or "the state directory"

@@ -1,4 +1,5 @@
-"""Crash-safe file writing shared by the store, the plan cache and the daemon's queues, and bounded reading of files a user names."""
+"""Crash-safe file writing shared by the store, the plan cache and the daemon's queues, bounded reading of files a user
+names, and the services' SQLite connections (safe from another user's look and readable on a read-only disk)."""
 
 from __future__ import annotations
 
@@ -159,8 +160,8 @@ def connect_writable(path: str | os.PathLike) -> sqlite3.Connection:
 
     SQLite makes ``-wal`` and ``-shm`` as whoever opens a database in WAL mode first; where a closed writer left none,
     a read-only look by another member of the service's group (``edge-agent status`` while the daemon is stopped)
-    makes them as that user, and the writer's next start could read but never write (\"attempt to write a readonly
-    database\" on its first result). A log with content (commits not yet folded in) is never removed."""
+    makes them as that user, and the writer's next start could read but never write ("attempt to write a readonly
+    database" on its first result). A log with content (commits not yet folded in) is never removed."""
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
     try:
         stale = (not wal.exists() or wal.stat().st_size == 0) and any(p.exists() and not os.access(p, os.W_OK) for p in (wal, shm))
@@ -182,9 +183,9 @@ def read_only_disk(path: str | os.PathLike) -> bool:
 
 def connect_readonly(path: str | os.PathLike, timeout: float = 30.0) -> sqlite3.Connection:
     """A read-only connection to the SQLite database ``path`` (any thread), opened as immutable where its disk is
-    mounted read-only and no write-ahead log with content lies beside it: SQLite cannot open a WAL database read-only on such a disk
-    without its index, and there nothing can change it (a failing SD card: ``status``, the page and the backup still
-    read a ledger its daemon closed)."""
+    mounted read-only and no write-ahead log with content lies beside it: SQLite cannot open a WAL database read-only
+    on such a disk without its index, and there nothing can change it (a failing SD card: ``status``, the page and the
+    backup still read a ledger its daemon closed)."""
     wal = Path(f"{path}-wal")
     frozen = read_only_disk(Path(path).parent) and (not wal.exists() or wal.stat().st_size == 0)
     return sqlite3.connect(f"file:{path}?mode=ro{'&immutable=1' if frozen else ''}", uri=True, timeout=timeout, check_same_thread=False)
