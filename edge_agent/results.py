@@ -283,14 +283,18 @@ class QueueEntry:
 
 
 #: A result named by photo id, sha256 prefix (8+ characters) or original path (indexed, tried first).
-_REF = "(photo_id = ? OR sha256 LIKE ? OR path = ?)"
-#: A result named by its file name alone (a full scan: tried only where :data:`_REF` names none).
+_REF = "(photo_id = ? OR (sha256 >= ? AND sha256 < ?))"
+#: A result named by the path it arrived as (a scan: tried only where :data:`_REF` names none).
+_PATH = "path = ?"
+#: A result named by its file name alone (a full scan: tried only where :data:`_REF` and :data:`_PATH` name none).
 _NAMED = "(length(path) > length(?) AND substr(path, -length(?)) = ? AND substr(path, -length(?) - 1, 1) = '/')"
 
 
 def _ref_args(ref: str) -> tuple:
-    """The parameters of :data:`_REF` for ``ref``."""
-    return (ref, ref + "%" if len(ref) >= 8 else "\0", ref)
+    """The parameters of :data:`_REF` for ``ref``: a photo id, or a sha256 prefix of 8 or more characters (any case) as
+    the range of hashes it begins (read from the hashes' index, as the photo id is from its own)."""
+    prefix = ref.lower() if len(ref) >= 8 else ""
+    return (ref, prefix, prefix + "~" if prefix else "")
 
 
 #: Beside ``results.sqlite``: what ``stat`` said of it when the last connection closed it whole (no write-ahead log
@@ -367,6 +371,7 @@ class ResultsDB:
             db.execute("CREATE INDEX IF NOT EXISTS results_plant_created ON results(plant, created) WHERE plant IS NOT NULL")
             # counts by class and verdict (the Photos, Map and Diseases pages, /metrics) read this, not a season's rows
             db.execute("CREATE INDEX IF NOT EXISTS results_label_verdict ON results(label, verdict)")
+            db.execute("CREATE INDEX IF NOT EXISTS results_photo_id ON results(photo_id)")  # a photo named by its id
             found = db.execute("PRAGMA quick_check(1)").fetchone()[0] if check else "ok"  # a truncated file passes the above
             if found != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {found}")
@@ -760,6 +765,8 @@ class ResultsDB:
         """``columns`` of the results ``ref`` names (at most two): by photo id, sha256 prefix (8+ characters) or
         original path; failing those, by the file name alone (as ``review list`` and ``results`` show it)."""
         rows = self._query(f"SELECT {columns} FROM results WHERE {_REF} LIMIT 2", _ref_args(ref))
+        if not rows and ref:
+            rows = self._query(f"SELECT {columns} FROM results WHERE {_PATH} LIMIT 2", (ref,))
         if not rows and ref and "/" not in ref:
             rows = self._query(f"SELECT {columns} FROM results WHERE {_NAMED} LIMIT 2", (ref,) * 4)
         return rows
