@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from edge_agent.handoff.transport import Link
 
 __all__ = [
+    "as_stopped",
     "StateDiskFull",
     "resolve_store_or_shipped",
     "StateLayout",
@@ -307,6 +308,15 @@ def served(cfg: AppConfig, state_dir: Path, store: EngineStore) -> dict:
 def trainer_live(cfg: AppConfig, state_dir: Path) -> tuple[dict, bool]:
     """The trainer's status (it may be busy training for long: not judged by age), and whether it runs."""
     return live_status(trainer_state_dir(cfg, state_dir) / "status.json")
+
+
+def as_stopped(trainer_status: dict) -> dict:
+    """A trainer's last status as said while it is not running: a retrain it found due starts when it runs (its status
+    says "when the trainer is free")."""
+    nxt = trainer_status.get("next_publish") or {}
+    if nxt.get("waiting_for") != "nothing":
+        return trainer_status
+    return {**trainer_status, "next_publish": {**nxt, "sentence": "a retrain is due: it starts when the trainer runs"}}
 
 
 def handoff_link(cfg: AppConfig, state_dir: Path) -> Link:

@@ -724,6 +724,20 @@ def test_the_health_page_says_first_when_the_state_directorys_disk_is_mounted_re
     assert "edge-agent backup --out FILE" in tile
 
 
+def test_the_trainer_tile_of_a_stopped_trainer_says_a_due_retrain_starts_when_it_runs_not_when_it_is_free(state):
+    """Seen on the Health page of a card gone read-only: "not running" over "a retrain is due: it starts when the
+    trainer is free"."""
+    import os
+
+    (state / "trainer").mkdir(exist_ok=True)
+    due = {"sentence": "a retrain is due: it starts when the trainer is free", "waiting_for": "nothing"}
+    for pid, says in ((0, "it starts when the trainer runs"), (os.getpid(), "it starts when the trainer is free")):
+        st = {"pid": pid, "updated": time.time(), "state": "idle", "samples": {"new": 30}, "next_publish": due}
+        (state / "trainer" / "status.json").write_text(json.dumps(st))
+        tile = client(state).get("/health").text.split('id="trainer"')[1].split("</div>")[0]
+        assert f"<strong>Next version:</strong> a retrain is due: {says}." in tile, tile
+
+
 def test_the_health_page_says_when_the_trainer_here_waits_for_room_to_retrain(state):
     """A trainer whose disk has no room for a retrain's version starts none and says so: the Trainer tile heads it
     "waiting for room" and says what it waits for; with room again, nothing of it."""

@@ -74,7 +74,7 @@ def _retrain(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from edge_agent.state import looked_for, trainer_state_dir
+    from edge_agent.state import as_stopped, looked_for, trainer_state_dir
 
     cfg, state = service_config(args)
     path = trainer_state_dir(cfg, state) / "status.json"
@@ -83,6 +83,7 @@ def _status(args: argparse.Namespace) -> int:
         st = json.loads(path.read_text())
     except FileNotFoundError:
         raise looked_for("trainer status", path, args.state_dir, cfg, "`edge-trainer serve` writes it", "trainer") from None
+    st = st if live else as_stopped(st)
     st["running"] = live is not None
     if args.json:
         print(json.dumps(st, indent=2))
@@ -119,8 +120,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"unlabelled photos in the last retrain: {f'{taught} taught it' if term.get('kept') else f'none kept: {why}'}")
     nxt = st.get("next_publish") or {}
     if nxt.get("sentence") and not st.get("blocked"):
-        due = not live and nxt.get("waiting_for") == "nothing"  # (not "when the trainer is free": it is not running)
-        print(f"next: {'a retrain is due: it starts when the trainer runs' if due else nxt['sentence']}")
+        print(f"next: {nxt['sentence']}")
     if last:
         outcome = f"published {last['published']}" if last["published"] else "not published"
         print(f"last retrain: {outcome}: {last['reason']}")

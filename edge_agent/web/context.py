@@ -19,7 +19,7 @@ from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_vie
 from edge_agent.results import QueueEntry, ResultRow, ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_photos, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
-from edge_agent.state import StateLayout, daemon_live, resolve_store, served, trainer_live
+from edge_agent.state import StateLayout, as_stopped, daemon_live, resolve_store, served, trainer_live
 from edge_agent.web.queries import Filters, Reader
 from engines.errors import EdgeAgentError
 from engines.store import StoreError
@@ -156,7 +156,7 @@ class WebContext:
                 "where": "here",
                 "up": up,
                 "state": _trainer_state(st) if up else "not running",
-                "status": st,
+                "status": st if up else as_stopped(st),
                 "fleet": st.get("fleet") or [],
                 "rollout": st.get("rollout"),
                 "handshakes_refused": st.get("handshakes_refused") or [],
