@@ -12,7 +12,6 @@ from edge_agent.backup import last_backup
 from edge_agent.backup_schedule import backup_lines, requested
 from edge_agent.engine_keep import engines_line
 from edge_agent.names import printable
-from edge_agent.spans import ago
 from edge_agent.storage_errors import READ_ONLY_DISK
 from engines.durable import read_only_disk
 
@@ -20,7 +19,7 @@ __all__ = ["status"]
 
 
 def status(args: argparse.Namespace) -> int:
-    from edge_agent.state import daemon_live
+    from edge_agent.state import daemon_live, last_written
 
     cfg = load(args)
     state, db = state_db(args, cfg)
@@ -64,12 +63,8 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    last = (
-        ""
-        if running or not isinstance(live.get("updated"), (int, float))
-        else f"; it last wrote its status {ago(time.time() - live['updated'])}"
-    )
-    print(f"daemon: {'running' if running else 'not running'}  (state {state.root}){last}")
+    last = None if running else last_written(live)
+    print(f"daemon: {'running' if running else 'not running'}  (state {state.root}){'; ' + last if last else ''}")
     if out.get("disk_full"):
         print(f"DISK FULL: {out['disk_full']} (results, queues and status cannot grow until space is freed)")
     if out.get("store_problem"):

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "as_stopped",
+    "last_written",
     "StateDiskFull",
     "resolve_store_or_shipped",
     "StateLayout",
@@ -308,6 +309,15 @@ def served(cfg: AppConfig, state_dir: Path, store: EngineStore) -> dict:
 def trainer_live(cfg: AppConfig, state_dir: Path) -> tuple[dict, bool]:
     """The trainer's status (it may be busy training for long: not judged by age), and whether it runs."""
     return live_status(trainer_state_dir(cfg, state_dir) / "status.json")
+
+
+def last_written(status: dict) -> str | None:
+    """When a service that is not running last wrote its ``status``, in words ("it last wrote its status 3 h ago"), for
+    ``status`` and the Health page; None where the status says no time."""
+    from edge_agent.spans import ago
+
+    updated = status.get("updated")
+    return f"it last wrote its status {ago(time.time() - updated)}" if isinstance(updated, (int, float)) else None
 
 
 def as_stopped(trainer_status: dict) -> dict:

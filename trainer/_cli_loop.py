@@ -6,7 +6,6 @@ import argparse
 import time
 
 from edge_agent.engine_keep import engines_line
-from edge_agent.spans import ago
 from trainer._cli_common import STATE_HELP, add_config_options, running, service_config
 
 __all__ = ["add_commands"]
@@ -74,7 +73,7 @@ def _retrain(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from edge_agent.state import as_stopped, looked_for, trainer_state_dir
+    from edge_agent.state import as_stopped, last_written, looked_for, trainer_state_dir
 
     cfg, state = service_config(args)
     path = trainer_state_dir(cfg, state) / "status.json"
@@ -90,7 +89,7 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     last = st.get("last_retrain")
     c = st.get("samples") or {}
-    when = f"; it last wrote its status {ago(time.time() - st['updated'])}" if isinstance(st.get("updated"), (int, float)) else ""
+    when = f"; {wrote}" if (wrote := last_written(st)) else ""
     print(f"trainer: {'running, ' + st['state'] if live else 'not running (edge-trainer serve, or systemctl start edge-trainer)' + when}")
     kept = f" (the {st['pseudo_per_class']} newest of each class; {st['pseudo_deleted']} older deleted)" if st.get("pseudo_deleted") else ""
     print(

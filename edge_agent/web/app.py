@@ -36,7 +36,7 @@ from edge_agent.names import pretty_class
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import Beside, left_today, others_labelled, to_ask
-from edge_agent.spans import ago
+from edge_agent.state import last_written
 from edge_agent.storage_errors import READ_ONLY_DISK
 from edge_agent.web import charts
 from edge_agent.web._errors import refusal, storage_refusal
@@ -286,7 +286,7 @@ def create_app(ctx: WebContext) -> Starlette:
             daemon=daemon,
             daemon_up=daemon_up,
             read_only=READ_ONLY_DISK if read_only_disk(ctx.state.root) else None,
-            daemon_ago=None if daemon_up or not isinstance(daemon.get("updated"), (int, float)) else ago(now - daemon["updated"]),
+            daemon_last=None if daemon_up else last_written(daemon),
             trainer=trainer,
             trainer_up=trainer_up,
             counts=ctx.counts(),
