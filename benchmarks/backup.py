@@ -25,8 +25,9 @@ from pathlib import Path
 
 from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, override
+from edge_agent.ledger_rows import ResultRow
 from edge_agent.restore import restore
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import ResultsDB
 from edge_agent.state import StateLayout, resolve_store
 
 __all__ = ["season"]

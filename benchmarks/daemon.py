@@ -225,7 +225,9 @@ def season_restarts(work: Path, rows: int, starts: int = 3, extra: dict | None =
     """Seconds from exec to READY=1 of ``starts`` restarts on a state directory whose ledger holds ``rows`` results (a
     season: 1,000 a day), closed whole by the daemon before each, and of ``starts`` more where it changed since (its
     record of the last close removed, as a power cut or a copy leaves it): the start then reads it whole for damage."""
-    from edge_agent.results import CLOSED, ResultRow, ResultsDB
+    from edge_agent._ledger_file import CLOSED
+    from edge_agent.ledger_rows import ResultRow
+    from edge_agent.results import ResultsDB
 
     config = _write_config(work, extra)
     state = work / "season"

@@ -60,7 +60,7 @@ def retrain_on(
     of its answers restricted to those crops, as ``[classify] crops`` restricts the daemon's)."""
     from edge_agent.config import parse_config
     from edge_agent.handoff.sender import sample_header
-    from edge_agent.results import QueueEntry
+    from edge_agent.ledger_rows import QueueEntry
     from engines.store import EngineStore
     from trainer.data import recorded_split
     from trainer.retrain import retrain

@@ -275,8 +275,8 @@ class _FastDevice:
         import numpy as np
 
         from edge_agent.classifier import Classifier
+        from edge_agent.ledger_rows import ResultRow
         from edge_agent.preprocess import preprocess_bytes
-        from edge_agent.results import ResultRow
 
         clf = Classifier.configured(_served(self.store, self.cfg), self.cfg)
         try:

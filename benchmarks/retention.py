@@ -27,7 +27,8 @@ from pathlib import Path
 from edge_agent.alerts.outbox import Outbox
 from edge_agent.clock import ClockWatch
 from edge_agent.config import RetentionSection
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.ledger_rows import QueueEntry, ResultRow
+from edge_agent.results import ResultsDB
 from edge_agent.retention import Retention, floor_bytes
 from edge_agent.state import StateLayout
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.sender import Sender
 from edge_agent.handoff.transport import CurveKeys, Link
-from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.ledger_rows import QueueEntry
+from edge_agent.results import ResultsDB
 from edge_agent.spool import PhotoSpool, SpoolItem
 from trainer.devices import add_device, make_trainer_keys, revoke_device
 from trainer.receiver import Receiver

@@ -31,7 +31,8 @@ CLASSES = ("Apple___Apple_scab", "Apple___healthy", "Apple___Black_rot", "Corn_(
 
 def season(state: Path, results: int, seed: int = 1) -> None:
     """``results`` results in ``state``'s ledger, one every 100 s up to now, a third of them photos of 500 plants."""
-    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.ledger_rows import ResultRow
+    from edge_agent.results import ResultsDB
 
     db = ResultsDB(state / "results.sqlite")
     rnd, now = random.Random(seed), time.time()

@@ -30,7 +30,8 @@ GATE = REPO / "edge_agent" / "default_data" / "gate"
 
 
 def fill_state(state: Path, n: int) -> None:
-    from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+    from edge_agent.ledger_rows import QueueEntry, ResultRow
+    from edge_agent.results import ResultsDB
     from edge_agent.state import StateLayout
 
     layout = StateLayout(state)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from edge_agent.alerts.config import AlertsSection, MqttSection, WebhookSection
 from edge_agent.alerts.worker import AlertWorker
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.ledger_rows import ResultRow
+from edge_agent.results import ResultsDB
 from tests.bad_endpoints import BadEndpoint
 
 __all__ = ["run_case"]

@@ -52,7 +52,7 @@ def classes(args: argparse.Namespace) -> int:
 
 
 def _row(v) -> dict:
-    from edge_agent.results import iso
+    from edge_agent.ledger_rows import iso
 
     row = {k: getattr(v, k) for k in ("label", "crop", "title", "disease", "known")}
     se = v.season

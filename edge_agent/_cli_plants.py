@@ -16,7 +16,7 @@ __all__ = ["plants_list", "plants_rename"]
 
 def plants_list(args: argparse.Namespace) -> int:
     """Each plant, the most recently photographed first, with its newest visit's diagnosis (the Plants page's)."""
-    from edge_agent.results import iso
+    from edge_agent.ledger_rows import iso
     from edge_agent.web.context import WebContext
 
     cfg = load(args)

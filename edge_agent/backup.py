@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from edge_agent._ledger_file import CLOSED
 from edge_agent.config import AppConfig
-from edge_agent.results import CLOSED
 from engines.durable import atomic_write, connect_readonly, read_only_disk
 from engines.errors import EdgeAgentError
 from engines.store import sha256_stream

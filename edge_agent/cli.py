@@ -62,9 +62,9 @@ def _taken_at(path: Path):
 def _classify(args: argparse.Namespace) -> int:
     from edge_agent._truth import precision_check
     from edge_agent.classifier import Classifier
+    from edge_agent.ledger_rows import iso
     from edge_agent.log import get_logger
     from edge_agent.preprocess import ImageRejected
-    from edge_agent.results import iso
     from edge_agent.verdict import phrase
     from engines.loader import open_engine
 

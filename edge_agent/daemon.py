@@ -183,7 +183,7 @@ class Daemon:
         expert's review (its label was in the lost ledger), so none is lost. Returns what was done, for status."""
         import re
 
-        from edge_agent.results import QueueEntry
+        from edge_agent.ledger_rows import QueueEntry
 
         entries = []
         for kind in ("pseudo", "review", "expert"):

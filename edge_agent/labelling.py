@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from edge_agent.ledger_rows import QueueEntry
 from edge_agent.log import get_logger
-from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.results import ResultsDB
 from edge_agent.review.checks import TrustBook, covered
 from edge_agent.spool import Origin, PhotoSpool, QueueFull, SpoolItem
 

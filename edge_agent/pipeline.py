@@ -35,10 +35,11 @@ from edge_agent.imageheader import ImageRejected, ImageTruncated
 from edge_agent.inbox_files import After, InboxFiles
 from edge_agent.labelling import LabelQueuer
 from edge_agent.latency import LatencyHistograms
+from edge_agent.ledger_rows import ResultRow
 from edge_agent.log import display_name, get_logger
 from edge_agent.plants import plant_of
 from edge_agent.preprocess import preprocess_bytes, read_limited
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import ResultsDB
 from edge_agent.spool import Origin, PhotoSpool
 from edge_agent.storage_errors import READ_ONLY_DISK
 from edge_agent.worker import spawn

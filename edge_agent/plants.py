@@ -195,7 +195,7 @@ def combine(answers: Sequence[tuple[Sequence[Sequence], str | None]], num_classe
 
 
 def visits(taken: Sequence[float], gap_s: float) -> list[range]:
-    """A plant's photos (when each was taken, :attr:`edge_agent.results.ResultRow.when`, oldest first) as visits:
+    """A plant's photos (when each was taken, :attr:`edge_agent.ledger_rows.ResultRow.when`, oldest first) as visits:
     index ranges split where photos are more than ``gap_s`` apart (0: one visit)."""
     starts = [0] + [i for i in range(1, len(taken)) if gap_s > 0 and taken[i] - taken[i - 1] > gap_s]
     return [range(a, b) for a, b in zip(starts, [*starts[1:], len(taken)])] if taken else []
@@ -214,7 +214,7 @@ def visit_of(taken: Sequence[float], i: int, gap_s: float) -> range:
 
 
 def newest_visit(rows: Sequence, gap_s: float) -> list:
-    """The rows (each with ``when``, :attr:`edge_agent.results.ResultRow.when`, oldest first) of the newest visit
+    """The rows (each with ``when``, :attr:`edge_agent.ledger_rows.ResultRow.when`, oldest first) of the newest visit
     (:func:`visits`)."""
     return list(rows[visit_of([r.when for r in rows], -1, gap_s).start :]) if rows else []
 
@@ -244,7 +244,7 @@ def diagnose(
     rows, num_classes: int, sure: float = 0.9, expert: Mapping[str, str] | None = None, limit: int = 0, gap_s: float = 0
 ) -> PlantDiagnosis:
     """:func:`combine` over the newest visit (``gap_s``: :func:`visits`) of a plant's stored results (oldest first,
-    :class:`edge_agent.results.ResultRow`); where the expert labelled any of its photos (``expert``: sha256 -> class),
+    :class:`edge_agent.ledger_rows.ResultRow`); where the expert labelled any of its photos (``expert``: sha256 -> class),
     the expert's word is the plant's diagnosis instead. A visit that is no plant (:func:`not_one_plant`: more than
     ``limit`` photos, or taken far apart) is not combined into a verdict (``unsure``, saying why)."""
     earlier = len(rows)

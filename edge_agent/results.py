@@ -14,79 +14,17 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
 
+from edge_agent._ledger_file import open_writable, record_closed, unchanged_since_closed
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
+from edge_agent.ledger_rows import Arrival, LedgerColumns, QueueEntry, ResultRow, result_record
 from edge_agent.storage_errors import damaged_file
-from engines.durable import atomic_write, connect_readonly, connect_writable, relocate_rows, set_aside
+from engines.durable import connect_readonly, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
-__all__ = [
-    "Arrival",
-    "ResultsDB",
-    "ResultRow",
-    "QueueEntry",
-    "LedgerUnreadable",
-    "iso",
-    "LedgerColumns",
-    "missing_table",
-    "query_readonly",
-    "result_record",
-]
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS results (
-    id INTEGER PRIMARY KEY,
-    sha256 TEXT NOT NULL UNIQUE,
-    photo_id TEXT NOT NULL,
-    path TEXT,
-    source TEXT NOT NULL,
-    label TEXT NOT NULL,
-    confidence REAL NOT NULL,
-    top_k TEXT NOT NULL,
-    engine_version TEXT NOT NULL,
-    timings TEXT NOT NULL,
-    created REAL NOT NULL,
-    verdict TEXT
-);
-CREATE INDEX IF NOT EXISTS results_created ON results(created);
-CREATE TABLE IF NOT EXISTS quarantine (
-    id INTEGER PRIMARY KEY,
-    path TEXT NOT NULL,
-    moved_to TEXT,
-    reason TEXT NOT NULL,
-    source TEXT NOT NULL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS label_queue (
-    sha256 TEXT PRIMARY KEY,
-    photo_id TEXT NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('pseudo', 'review', 'expert')),
-    label TEXT,
-    confidence REAL,
-    engine_version TEXT,
-    file TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS label_queue_kind ON label_queue(kind, engine_version, label);
-CREATE TABLE IF NOT EXISTS unlabelled_sent (
-    sha256 TEXT PRIMARY KEY,
-    label TEXT NOT NULL,
-    verdict TEXT NOT NULL,
-    sent REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS unlabelled_sent_time ON unlabelled_sent(sent);
-CREATE TABLE IF NOT EXISTS expert_labels (
-    sha256 TEXT PRIMARY KEY,
-    label TEXT NOT NULL,
-    labelled REAL NOT NULL
-);
-"""
+__all__ = ["LedgerUnreadable", "ResultsDB", "missing_table", "query_readonly"]
 
 
 class LedgerUnreadable(EdgeAgentError, sqlite3.OperationalError):
@@ -127,161 +65,6 @@ def missing_table(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> boo
     return True
 
 
-def result_columns(query) -> set[str]:
-    """The columns of the results table of the ledger ``query`` (SQL -> rows) reads (a daemon not yet upgraded has not
-    added the newest: a reader opened read-only reads NULL instead)."""
-    return {row[1] for row in query("PRAGMA table_info(results)")}
-
-
-#: A result's columns every ledger has, then those added since (a reader of a ledger not yet upgraded reads NULL).
-RESULT_COLUMNS = ("sha256", "photo_id", "path", "source", "label", "confidence", "top_k", "engine_version", "timings", "created", "verdict")
-RESULT_LATER_COLUMNS = ("plant", "verdict_reason", "taken", "lat", "lon")
-
-
-class LedgerColumns:
-    """The columns of the results table a reader of the ledger finds (``query``: SQL -> rows), asked again until it has
-    the one wanted: a daemon not yet upgraded has not added the newest, and adds them when it starts."""
-
-    def __init__(self, query) -> None:
-        self._query, self._kept = query, set()
-
-    def has(self, name: str) -> bool:
-        """Whether the results table has column ``name``."""
-        if name not in self._kept:
-            self._kept = result_columns(self._query)
-        return name in self._kept
-
-    def or_null(self, name: str, prefix: str = "") -> str:
-        """Column ``name`` (of table alias ``prefix``), or NULL where the ledger has none."""
-        return f"{prefix}{name}" if self.has(name) else "NULL"
-
-    def row_sql(self, prefix: str = "") -> str:
-        """The columns :meth:`ResultRow.from_sql` reads, each of table alias ``prefix`` (NULL for those a ledger not
-        yet upgraded has not)."""
-        later = [self.or_null(name, prefix) for name in RESULT_LATER_COLUMNS]
-        return ", ".join([*(f"{prefix}{name}" for name in RESULT_COLUMNS), *later])
-
-    @property
-    def when(self) -> str:
-        """The SQL of the time that tells a plant's visits apart (:mod:`edge_agent.capture_time`): when the photo was
-        taken where known, else when it was classified (all a ledger not yet upgraded keeps)."""
-        return self.when_of("")
-
-    def when_of(self, prefix: str) -> str:
-        """:attr:`when` of the results table under alias ``prefix`` ("r.")."""
-        return f"COALESCE({prefix}taken, {prefix}created)" if self.has("taken") else f"{prefix}created"
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
-
-
-def result_record(row: ResultRow, expert_label: str | None) -> dict:
-    """A result as ``edge-agent results --json`` prints it and the CSV export reads it (:mod:`edge_agent.export`)."""
-    return {
-        "photo_id": row.photo_id,
-        "path": row.path,
-        "sha256": row.sha256,
-        "source": row.source,
-        "label": row.label,
-        "confidence": row.confidence,
-        "verdict": row.verdict,
-        "verdict_reason": row.verdict_reason,
-        "top_k": row.top_k,
-        "engine_version": row.engine_version,
-        "timings_ms": row.timings,
-        "created": iso(row.created),
-        "taken": None if row.taken is None else iso(row.taken),
-        "latitude": row.lat,
-        "longitude": row.lon,
-        "expert_label": expert_label,
-        "plant": row.plant,
-    }
-
-
-class Arrival(NamedTuple):
-    """How a queued photo arrived: the file it came as, its source (inbox or a camera), its plant, when it was classified
-    and when taken (all None for a queue row whose result is gone)."""
-
-    path: str | None
-    source: str | None
-    plant: str | None
-    created: float | None
-    taken: float | None = None  # ResultRow.taken
-    lat: float | None = None  # ResultRow.lat
-    lon: float | None = None
-
-    @property
-    def place(self) -> Place | None:
-        """Where the photo was taken (its EXIF GPS), None where not known."""
-        return place_of(self.lat, self.lon)
-
-    @property
-    def when(self) -> float | None:
-        """:attr:`ResultRow.when`: when taken where known, else when classified (None for a result gone)."""
-        return self.created if self.taken is None else self.taken
-
-    @property
-    def name(self) -> str | None:
-        """The file name it arrived under (None: a camera's frame, or its result is gone)."""
-        return Path(self.path).name if self.path else None
-
-    @property
-    def where(self) -> str:
-        """The photo as the farmer knows it: its plant and file name (a camera's name for a frame)."""
-        name = self.name or self.source or ""
-        return f"plant {self.plant}: {name}" if self.plant else name
-
-
-@dataclass
-class ResultRow:
-    sha256: str
-    photo_id: str
-    path: str | None
-    source: str
-    label: str
-    confidence: float
-    top_k: list
-    engine_version: str
-    timings: dict
-    created: float = field(default_factory=time.time)
-    verdict: str | None = None  # confident | unsure | unknown; None for results stored before verdicts existed
-    plant: str | None = None  # the inbox subfolder it arrived in (edge_agent.plants), None: a photo on its own
-    verdict_reason: str | None = None  # why the verdict is not confident, in words ("" when it is; None before 2026-12)
-    taken: float | None = None  # when it was taken (EXIF, edge_agent.capture_time), None: not known or not believed
-    lat: float | None = None  # where it was taken (EXIF GPS, edge_agent.capture_place): degrees north; None: not known
-    lon: float | None = None  # degrees east
-
-    @classmethod
-    def from_sql(cls, row: Sequence) -> "ResultRow":
-        """A result read with :meth:`LedgerColumns.row_sql`'s columns."""
-        sha, pid, path, source, label, conf, top_k, ev, timings, created, verdict, *later = row
-        return cls(sha, pid, path, source, label, conf, json.loads(top_k), ev, json.loads(timings), created, verdict, *later)
-
-    @property
-    def place(self) -> Place | None:
-        """(latitude, longitude) where the photo was taken, None where its EXIF did not say."""
-        return place_of(self.lat, self.lon)
-
-    @property
-    def when(self) -> float:
-        """When the photo was taken where that is known, else when it was classified: what a plant's visits split by."""
-        return self.created if self.taken is None else self.taken
-
-
-@dataclass
-class QueueEntry:
-    sha256: str
-    photo_id: str
-    kind: str
-    label: str | None
-    confidence: float | None
-    engine_version: str | None
-    file: str
-    bytes: int
-    created: float = field(default_factory=time.time)
-
-
 #: A result named by photo id, sha256 prefix (8+ characters) or original path (indexed, tried first).
 _REF = "(photo_id = ? OR (sha256 >= ? AND sha256 < ?))"
 #: A result named by the path it arrived as (a scan: tried only where :data:`_REF` names none).
@@ -295,38 +78,6 @@ def _ref_args(ref: str) -> tuple:
     the range of hashes it begins (read from the hashes' index, as the photo id is from its own)."""
     prefix = ref.lower() if len(ref) >= 8 else ""
     return (ref, prefix, prefix + "~" if prefix else "")
-
-
-#: Beside ``results.sqlite``: what ``stat`` said of it when the last connection closed it whole (no write-ahead log
-#: left), so the daemon's next start reads it whole for damage only where it changed since (a power cut, a card that
-#: cut it short, a copy or a restore), not after every clean restart (seconds from a Pi's card at a season's end).
-CLOSED = ".closed.json"
-
-
-def _stat_key(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def _record_closed(path: Path) -> None:
-    """Record ``path`` as closed whole, where no write-ahead log is left beside it (another process may still use it)."""
-    try:
-        if not Path(f"{path}-wal").exists():
-            atomic_write(Path(f"{path}{CLOSED}"), json.dumps(_stat_key(path)).encode())
-    except OSError:  # a full or read-only disk: the next start reads it whole, as before
-        pass
-
-
-def _unchanged_since_closed(path: Path) -> bool:
-    """Whether ``path`` is as its last close left it whole: no write-ahead log with content beside it and the same
-    size, mtime and inode as recorded then."""
-    wal = Path(f"{path}-wal")
-    try:
-        if wal.exists() and wal.stat().st_size > 0:  # (an empty one: a reader's since, as `status` leaves)
-            return False
-        return json.loads(Path(f"{path}{CLOSED}").read_text()) == _stat_key(path)
-    except (OSError, ValueError):
-        return False
 
 
 class ResultsDB:
@@ -345,40 +96,7 @@ class ResultsDB:
             self._db = connect_readonly(self.path, 10)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = self._open_writable(check)
-
-    def _open_writable(self, check: bool) -> sqlite3.Connection:
-        db = connect_writable(self.path)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")  # a committed result survives a power cut
-            db.executescript(SCHEMA)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
-            if "verdict" not in columns:  # a ledger from before verdicts: its rows keep NULL
-                db.execute("ALTER TABLE results ADD COLUMN verdict TEXT")
-            if "plant" not in columns:  # a ledger from before plants: its photos stand alone
-                db.execute("ALTER TABLE results ADD COLUMN plant TEXT")
-            if "verdict_reason" not in columns:  # a ledger from before reasons were kept: its rows keep NULL
-                db.execute("ALTER TABLE results ADD COLUMN verdict_reason TEXT")
-            if "taken" not in columns:  # a ledger from before capture times: its photos count as taken when classified
-                db.execute("ALTER TABLE results ADD COLUMN taken REAL")
-            for name in ("lat", "lon"):  # a ledger from before places: its photos have none
-                if name not in columns:
-                    db.execute(f"ALTER TABLE results ADD COLUMN {name} REAL")
-            db.execute("CREATE INDEX IF NOT EXISTS results_when ON results(COALESCE(taken, created))")  # the Photos page's days
-            db.execute("CREATE INDEX IF NOT EXISTS results_place ON results(lat) WHERE lat IS NOT NULL")  # photos near a place
-            db.execute("DROP INDEX IF EXISTS results_plant")  # (plant alone, before 2026-12-04: the one below serves)
-            db.execute("CREATE INDEX IF NOT EXISTS results_plant_created ON results(plant, created) WHERE plant IS NOT NULL")
-            # counts by class and verdict (the Photos, Map and Diseases pages, /metrics) read this, not a season's rows
-            db.execute("CREATE INDEX IF NOT EXISTS results_label_verdict ON results(label, verdict)")
-            db.execute("CREATE INDEX IF NOT EXISTS results_photo_id ON results(photo_id)")  # a photo named by its id
-            found = db.execute("PRAGMA quick_check(1)").fetchone()[0] if check else "ok"  # a truncated file passes the above
-            if found != "ok":
-                raise sqlite3.DatabaseError(f"integrity check: {found}")
-        except BaseException:
-            db.close()
-            raise
-        return db
+            self._db = open_writable(self.path, check)
 
     @classmethod
     def open_or_recover(cls, path: str | Path, expected: bool = False) -> tuple["ResultsDB", str | None]:
@@ -390,7 +108,7 @@ class ResultsDB:
         path = Path(path)
         existed = path.exists()
         try:
-            db = cls(path, check=not _unchanged_since_closed(path))
+            db = cls(path, check=not unchanged_since_closed(path))
             if not (expected and existed and db.counts()["processed"] == 0):
                 return db, None
             db.close()
@@ -415,7 +133,7 @@ class ResultsDB:
             self._reader_cons.clear()
             self._db.close()
         if not self.readonly:
-            _record_closed(self.path)
+            record_closed(self.path)
 
     # ---- writing ---------------------------------------------------------
     def commit(self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = ()) -> list[bool]:

@@ -18,8 +18,9 @@ from edge_agent.alerts.rules import AlertRules, Candidate, is_disease
 from edge_agent.alerts.webhook import Webhook, signature
 from edge_agent.alerts.worker import AlertWorker
 from edge_agent.config import ConfigError, parse_config
+from edge_agent.ledger_rows import ResultRow
 from edge_agent.names import describe_class
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import ResultsDB
 
 NO_MQTT = MqttSection()
 _n = iter(range(10**6))

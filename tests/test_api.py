@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from starlette.testclient import TestClient  # noqa: E402
 
 from edge_agent.config import AppConfig  # noqa: E402
-from edge_agent.results import ResultRow, ResultsDB  # noqa: E402
+from edge_agent.ledger_rows import ResultRow  # noqa: E402
+from edge_agent.results import ResultsDB  # noqa: E402
 from edge_agent.state import resolve_store  # noqa: E402
 from edge_agent.web.api.openapi import document, reference  # noqa: E402
 from edge_agent.web.auth import Tokens  # noqa: E402

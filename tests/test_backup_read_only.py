@@ -23,7 +23,7 @@ from .web_helpers import make_state
 def _crashed_ledger(state: Path, rows: int) -> None:
     """``rows`` more results in ``state``'s ledger, left as a daemon killed when its card failed leaves them: in the
     write-ahead log, its index lost."""
-    from edge_agent.results import ResultRow
+    from edge_agent.ledger_rows import ResultRow
 
     db = ResultsDB(state / "results.sqlite")
     db._db.execute("PRAGMA wal_autocheckpoint = 0")
@@ -167,8 +167,9 @@ def test_a_full_card_at_the_first_start_after_an_upgrade_keeps_its_ledger_and_sa
     """A real full disk (the tmpfs filled): the new indexes cannot be made, and the ledger was set aside as damaged."""
     import sqlite3
 
+    from edge_agent._ledger_file import CLOSED
     from edge_agent.cli import main
-    from edge_agent.results import CLOSED, ResultRow
+    from edge_agent.ledger_rows import ResultRow
 
     state = make_state(card.path)
     shutil.rmtree(state / "engines")

@@ -16,7 +16,8 @@ import pytest
 from edge_agent.capture import read_capture
 from edge_agent.capture_place import NEAR_M, Place, exif_place, geo_uri, metres_per_degree, parse_place
 from edge_agent.imageheader import ifd_entries
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.ledger_rows import ResultRow
+from edge_agent.results import ResultsDB
 
 Image = pytest.importorskip("PIL.Image")
 TiffImagePlugin = pytest.importorskip("PIL.TiffImagePlugin")
@@ -344,7 +345,7 @@ def test_the_review_page_says_what_the_expert_called_the_photos_taken_beside_a_q
     """A farmer who photographs the orchard without a folder a tree: the expert's labels of the photos taken within
     15 m the same visit are the question's hint, as a plant's other photos are; not those of last month, nor 40 m off."""
     pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
-    from edge_agent.results import QueueEntry
+    from edge_agent.ledger_rows import QueueEntry
 
     from .web_helpers import client, make_state
 

@@ -16,7 +16,8 @@ import pytest
 
 from edge_agent.capture import read_capture
 from edge_agent.capture_time import BELIEVED_DAYS, believed, clock_behind, exif_time, parse_exif_time
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.ledger_rows import QueueEntry, ResultRow
+from edge_agent.results import ResultsDB
 
 Image = pytest.importorskip("PIL.Image")
 

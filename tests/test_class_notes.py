@@ -16,8 +16,9 @@ from starlette.testclient import TestClient
 from edge_agent.class_notes import MAX_NOTES_BYTES, NotesError, load_notes
 from edge_agent.cli import main
 from edge_agent.config import AppConfig, default_store_path
+from edge_agent.ledger_rows import ResultRow
 from edge_agent.names import is_disease
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import ResultsDB
 from edge_agent.state import StateLayout
 from edge_agent.web.app import WebContext, create_app
 from engines.store import EngineStore

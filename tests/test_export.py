@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from edge_agent.export import CSV_COLUMNS, csv_lines, safe_cell
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.ledger_rows import ResultRow
+from edge_agent.results import ResultsDB
 
 
 def _table(text: str) -> list[dict]:

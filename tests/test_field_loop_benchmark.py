@@ -168,7 +168,8 @@ def test_a_days_verdicts_count_only_confident_answers_at_trust_from_as_covered_a
     from benchmarks._loop_report import markdown
     from benchmarks._loop_verdicts import day_verdicts, fill_verdicts
     from edge_agent.config import LabelsSection
-    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.ledger_rows import ResultRow
+    from edge_agent.results import ResultsDB
 
     classes = ["A", "B"]
     answers = [  # (said, confidence, verdict, truth)

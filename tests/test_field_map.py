@@ -10,7 +10,8 @@ from itertools import count
 import pytest
 
 from edge_agent.capture_place import metres_per_degree
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.ledger_rows import ResultRow
+from edge_agent.results import ResultsDB
 from edge_agent.web.field_map import STATES, MapPoint, field_map, state_of
 
 ORCHARD = (47.397812, 8.547231)

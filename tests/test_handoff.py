@@ -18,7 +18,8 @@ from edge_agent.config import HandoffSection  # noqa: E402
 from edge_agent.handoff.protocol import MAGIC, ProtocolError, decode, encode  # noqa: E402
 from edge_agent.handoff.sender import Sender, sample_header  # noqa: E402
 from edge_agent.handoff.transport import Link, TransportError, client_socket  # noqa: E402
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB  # noqa: E402
+from edge_agent.ledger_rows import QueueEntry, ResultRow  # noqa: E402
+from edge_agent.results import ResultsDB  # noqa: E402
 from edge_agent.spool import PhotoSpool, SpoolItem  # noqa: E402
 from trainer.receiver import Receiver  # noqa: E402
 from trainer.samples import SampleStore  # noqa: E402

@@ -154,7 +154,7 @@ def test_the_same_photo_gives_the_same_copy_so_a_resend_is_the_same_photo(phone_
 
 def test_the_trainer_stores_a_phone_photo_reduced_and_keeps_the_devices_id(tmp_path, phone_photo):
     pytest.importorskip("zmq")
-    from edge_agent.results import QueueEntry
+    from edge_agent.ledger_rows import QueueEntry
     from edge_agent.spool import SpoolItem
 
     from .daemon_helpers import wait_until
@@ -187,7 +187,7 @@ def test_a_photo_larger_than_a_hand_off_frame_is_set_aside_once_not_resent_for_e
     """The trainer drops a frame over ``max_payload_mb`` unread: such a label would sit in flight for ever, holding a
     slot of the window, and such an unlabelled photo would stop every other from going."""
     pytest.importorskip("zmq")
-    from edge_agent.results import QueueEntry
+    from edge_agent.ledger_rows import QueueEntry
     from edge_agent.spool import SpoolItem
 
     from .daemon_helpers import wait_until

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.ledger_rows import ResultRow
+from edge_agent.results import ResultsDB
 
 
 def _row(i: int) -> ResultRow:
@@ -92,10 +93,10 @@ def test_the_daemons_start_reads_the_ledger_whole_for_damage_only_where_it_chang
     that fails cuts it short, a copy or a restore is another file); a reader's look since changes nothing."""
     import os
 
-    import edge_agent.results as results
+    import edge_agent._ledger_file as ledger_file
 
     statements: list[str] = []
-    connect = results.connect_writable
+    connect = ledger_file.connect_writable
 
     def traced(path):
         con = connect(path)
@@ -111,7 +112,7 @@ def test_the_daemons_start_reads_the_ledger_whole_for_damage_only_where_it_chang
         db.close()
         return checked
 
-    monkeypatch.setattr(results, "connect_writable", traced)
+    monkeypatch.setattr(ledger_file, "connect_writable", traced)
     ledger = tmp_path / "results.sqlite"
     ResultsDB(ledger).close()  # the page's or the command line's open, to write a label
     assert statements and not [s for s in statements if "quick_check" in s]
@@ -169,13 +170,13 @@ def test_a_full_disk_at_the_first_start_after_an_upgrade_keeps_the_ledger_and_ne
     season's history gone from the page). A full, locked or read-only disk is now said, and the ledger kept."""
     import sqlite3
 
-    import edge_agent.results as results
+    import edge_agent._ledger_file as ledger_file
 
     path = tmp_path / "results.sqlite"
     db = ResultsDB(path)
     db.commit([_row(1), _row(2)])
     db.close()
-    connect = results.connect_writable
+    connect = ledger_file.connect_writable
 
     class FullCard:
         def __init__(self, con):
@@ -191,8 +192,8 @@ def test_a_full_disk_at_the_first_start_after_an_upgrade_keeps_the_ledger_and_ne
         def __getattr__(self, name):
             return getattr(self.con, name)
 
-    monkeypatch.setattr(results, "connect_writable", lambda p: FullCard(connect(p)))
-    Path(f"{path}{results.CLOSED}").unlink()  # (changed since, as an upgrade's first start may find it)
+    monkeypatch.setattr(ledger_file, "connect_writable", lambda p: FullCard(connect(p)))
+    Path(f"{path}{ledger_file.CLOSED}").unlink()  # (changed since, as an upgrade's first start may find it)
     with pytest.raises(sqlite3.OperationalError, match="full"):
         ResultsDB.open_or_recover(path, expected=True)
     assert not list(tmp_path.glob("results.sqlite.corrupt-*"))
@@ -240,7 +241,8 @@ def test_a_photo_named_by_id_or_hash_prefix_is_found_from_indexes_and_by_path_or
     tried after them as before."""
     import sqlite3
 
-    from edge_agent.results import _REF, ResultRow, _ref_args
+    from edge_agent.ledger_rows import ResultRow
+    from edge_agent.results import _REF, _ref_args
 
     db = ResultsDB(tmp_path / "results.sqlite")
     sha = "ab" * 32

@@ -143,7 +143,8 @@ def test_edge_trainer_retrain_says_up_front_that_no_candidate_could_be_published
 
 
 def test_the_review_queue_asks_first_about_the_classes_the_next_publish_waits_for(tmp_path):
-    from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+    from edge_agent.ledger_rows import QueueEntry, ResultRow
+    from edge_agent.results import ResultsDB
     from edge_agent.review.queue import to_ask
 
     db = ResultsDB(tmp_path / "results.sqlite")
@@ -163,7 +164,8 @@ def test_the_review_queue_asks_first_about_the_classes_the_next_publish_waits_fo
 def test_checks_of_other_classes_still_alternate_with_the_photos_the_next_publish_waits_for(tmp_path):
     """A trainer waiting for cedar-rust labels must not starve the checks that earn a class trust (the full-mode
     field loop asked 21 checks in 90 questions when it did): wanted photos lead within each part, and the parts alternate."""
-    from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+    from edge_agent.ledger_rows import QueueEntry, ResultRow
+    from edge_agent.results import ResultsDB
     from edge_agent.review.queue import to_ask
 
     db = ResultsDB(tmp_path / "results.sqlite")

@@ -145,7 +145,7 @@ def test_a_garbled_gps_block_never_raises_and_never_blanks_the_orientation():
 
 def test_the_trainer_gets_photos_without_their_position_unless_the_farm_sends_it(tmp_path):
     pytest.importorskip("zmq")
-    from edge_agent.results import QueueEntry
+    from edge_agent.ledger_rows import QueueEntry
     from edge_agent.spool import SpoolItem
 
     from .daemon_helpers import wait_until

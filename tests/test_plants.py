@@ -10,8 +10,9 @@ import pytest
 
 from edge_agent.alerts.config import AlertsSection, MqttSection
 from edge_agent.alerts.worker import AlertWorker
+from edge_agent.ledger_rows import ResultRow
 from edge_agent.plants import combine, diagnose, plant_of
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import ResultsDB
 
 _n = iter(range(10**6))
 
@@ -852,7 +853,7 @@ def test_a_plants_page_diagnoses_its_newest_visit_lists_the_earlier_ones_and_tic
         db.close()
     assert len(done.missed) == 2 and not done.labelled
     assert [p["plant"] for p in c.get("/api/v1/plants?show=sick").json()["plants"]] == ["tree 9", "tree 8"]
-    from edge_agent.results import QueueEntry
+    from edge_agent.ledger_rows import QueueEntry
 
     tree8 = [(r["sha256"], r["photo_id"]) for r in api["results"]]
     asked = state / "queue" / "review" / "asked.jpg"

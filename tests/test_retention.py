@@ -16,7 +16,8 @@ import pytest
 
 from edge_agent.alerts.outbox import Outbox
 from edge_agent.config import RetentionSection
-from edge_agent.results import LedgerUnreadable, ResultRow, ResultsDB
+from edge_agent.ledger_rows import ResultRow
+from edge_agent.results import LedgerUnreadable, ResultsDB
 from edge_agent.retention import Retention, floor_bytes
 from edge_agent.state import StateLayout
 

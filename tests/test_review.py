@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config import LabelsSection
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.ledger_rows import QueueEntry, ResultRow
+from edge_agent.results import ResultsDB
 from edge_agent.review.queue import LabelError, label_photo, left_today, prune_pool, to_ask
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool, SpoolItem

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
+from edge_agent.ledger_rows import ResultRow
 from edge_agent.names import printable
-from edge_agent.results import ResultRow, ResultsDB
+from edge_agent.results import ResultsDB
 from edge_agent.state import StateLayout
 
 EVIL = "\x1b]0;owned\x07\x1b[2J\x1b[31mred\x1b[0m\r\u202e"

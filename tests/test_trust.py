@@ -8,7 +8,8 @@ import pytest
 
 from edge_agent.config import LabelsSection
 from edge_agent.labelling import LabelQueuer, decide
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.ledger_rows import QueueEntry, ResultRow
+from edge_agent.results import ResultsDB
 from edge_agent.review import checks
 from edge_agent.review.checks import TrustBook, class_trust, trust_table, wilson_lower
 from edge_agent.review.queue import prune_pool, to_ask

@@ -15,7 +15,8 @@ zmq = pytest.importorskip("zmq")
 from edge_agent.config import HandoffSection  # noqa: E402
 from edge_agent.handoff.transport import Link  # noqa: E402
 from edge_agent.handoff.unlabelled import allowed_by, choose, start_of_day  # noqa: E402
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB  # noqa: E402
+from edge_agent.ledger_rows import QueueEntry, ResultRow  # noqa: E402
+from edge_agent.results import ResultsDB  # noqa: E402
 from edge_agent.spool import PhotoSpool, SpoolItem  # noqa: E402
 from trainer.loop.unlabelled_pool import UnlabelledPool  # noqa: E402
 from trainer.receiver import Receiver  # noqa: E402

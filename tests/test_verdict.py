@@ -243,7 +243,8 @@ def test_edge_agent_results_says_why_an_answer_is_not_confident_and_reads_a_ledg
     import sqlite3
 
     from edge_agent.cli import main
-    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.ledger_rows import ResultRow
+    from edge_agent.results import ResultsDB
     from edge_agent.state import StateLayout
 
     layout = StateLayout(tmp_path / "state")
@@ -282,7 +283,8 @@ def test_edge_agent_results_says_why_an_answer_is_not_confident_and_reads_a_ledg
 def test_edge_agent_status_says_how_many_of_each_classs_answers_were_sure(tmp_path, capsys):
     """A class counted by best guess is no finding: the status line says how many of them the model was sure of."""
     from edge_agent.cli import main
-    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.ledger_rows import ResultRow
+    from edge_agent.results import ResultsDB
     from edge_agent.state import StateLayout
 
     layout = StateLayout(tmp_path / "state")
@@ -310,7 +312,8 @@ def test_edge_agent_results_prints_the_experts_label_and_reads_a_ledger_from_bef
     import sqlite3
 
     from edge_agent.cli import main
-    from edge_agent.results import ResultRow, ResultsDB
+    from edge_agent.ledger_rows import ResultRow
+    from edge_agent.results import ResultsDB
     from edge_agent.state import StateLayout
 
     layout = StateLayout(tmp_path / "state")

@@ -20,7 +20,8 @@ import httpx  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from edge_agent.config import AppConfig  # noqa: E402
-from edge_agent.results import ResultRow, ResultsDB  # noqa: E402
+from edge_agent.ledger_rows import ResultRow  # noqa: E402
+from edge_agent.results import ResultsDB  # noqa: E402
 from edge_agent.state import StateLayout, resolve_store  # noqa: E402
 from edge_agent.web.auth import TokenFile  # noqa: E402
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from starlette.testclient import TestClient
 
 from edge_agent.config import AppConfig
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.ledger_rows import QueueEntry, ResultRow
+from edge_agent.results import ResultsDB
 from edge_agent.state import StateLayout, resolve_store
 from edge_agent.web.app import WebContext, create_app
 

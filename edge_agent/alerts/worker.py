@@ -30,10 +30,11 @@ from edge_agent.alerts.rules import AlertRules, Candidate
 from edge_agent.backup import last_backup
 from edge_agent.capture_place import Place, place_of
 from edge_agent.class_notes import NotesSource
+from edge_agent.ledger_rows import LedgerColumns
 from edge_agent.log import get_logger
 from edge_agent.names import class_phrase
 from edge_agent.plants import combine, diagnose, not_one_plant, visit_of
-from edge_agent.results import LedgerColumns, missing_table
+from edge_agent.results import missing_table
 from edge_agent.review.queue import today
 from edge_agent.worker import Worker, spawn
 from engines.durable import connect_readonly
@@ -47,7 +48,7 @@ class _PlantPhoto(NamedTuple):
     sha256: str
     top_k: list
     verdict: str
-    when: float  # edge_agent.results.ResultRow.when
+    when: float  # edge_agent.ledger_rows.ResultRow.when
     result_id: int
     place: Place | None = None  # where it was taken (edge_agent.capture_place)
 
@@ -228,7 +229,7 @@ class AlertWorker(Worker):
 
     def _plant_photos(self, plant: str, up_to: int) -> list[_PlantPhoto]:
         """``plant``'s photos of the visit that holds result ``up_to``, of those classified up to it, oldest first
-        (:attr:`~edge_agent.results.ResultRow.when`); at most ``plant_max_photos`` + 1, enough to tell a folder of more
+        (:attr:`~edge_agent.ledger_rows.ResultRow.when`); at most ``plant_max_photos`` + 1, enough to tell a folder of more
         from a plant, read around it in time (not a large folder's every photo at each of its photos)."""
         when = self._ledger.when
         found = self._results(f"SELECT {when} FROM results WHERE id = ? AND plant = ?", (up_to, plant))

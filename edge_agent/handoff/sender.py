@@ -24,8 +24,9 @@ from edge_agent.handoff.protocol import decode_or_drop, encode
 from edge_agent.handoff.reduce import reduced
 from edge_agent.handoff.transport import HandshakeWatch, Link, client_socket, send_nowait
 from edge_agent.handoff.unlabelled import allowed_by, choose
+from edge_agent.ledger_rows import QueueEntry
 from edge_agent.log import get_logger
-from edge_agent.results import QueueEntry, ResultsDB
+from edge_agent.results import ResultsDB
 from edge_agent.review.queue import today
 from edge_agent.spool import PhotoSpool
 from edge_agent.worker import Worker

@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from edge_agent.results import QueueEntry
+from edge_agent.ledger_rows import QueueEntry
 from edge_agent.review.queue import start_of_day
 
 __all__ = ["allowed_by", "choose", "start_of_day"]

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from edge_agent.capture_place import NEAR_M
 from edge_agent.inbox_files import where_now
+from edge_agent.ledger_rows import Arrival, QueueEntry, iso
 from edge_agent.names import class_name_problem
 from edge_agent.plants import labels_of_others, not_one_plant, visit_of, visit_window
-from edge_agent.results import Arrival, QueueEntry, ResultsDB, iso
+from edge_agent.results import ResultsDB
 from edge_agent.review.checks import check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool, QueueFull, SpoolItem

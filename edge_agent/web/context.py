@@ -14,9 +14,10 @@ from edge_agent.capture_place import NEAR_M, Place, parse_place
 from edge_agent.class_notes import PAGE_NOTES, ClassNotes, NotesError, NotesSource
 from edge_agent.config import AppConfig
 from edge_agent.farm_notes import save_note
+from edge_agent.ledger_rows import QueueEntry, ResultRow
 from edge_agent.plant_rename import NoSuchPlant, PlantRenameError, Renamed, rename_plant
 from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_view, not_one_plant, visit_of, visits
-from edge_agent.results import QueueEntry, ResultRow, ResultsDB
+from edge_agent.results import ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_photos, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
 from edge_agent.state import StateLayout, as_stopped, daemon_live, resolve_store, served, trainer_live

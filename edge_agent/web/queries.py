@@ -14,8 +14,9 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from edge_agent.capture_place import NEAR_M, Place, near_sql
+from edge_agent.ledger_rows import LedgerColumns, ResultRow, result_record
 from edge_agent.plants import visit_window
-from edge_agent.results import LedgerColumns, ResultRow, query_readonly, result_record
+from edge_agent.results import query_readonly
 
 __all__ = ["ClassSeason", "Filters", "Reader"]
 
@@ -71,7 +72,7 @@ class Filters:
 
     def where(self, when: str = "created") -> tuple[str, list]:
         """The SQL condition and its arguments; days are of ``when`` (the SQL of a result's time: when taken, else
-        classified, :attr:`~edge_agent.results.LedgerColumns.when`)."""
+        classified, :attr:`~edge_agent.ledger_rows.LedgerColumns.when`)."""
         clauses, args = [], []
         if self.label:
             clauses.append("label = ?")

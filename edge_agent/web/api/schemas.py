@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from edge_agent.results import ResultRow
+from edge_agent.ledger_rows import ResultRow
 
 __all__ = [
     "BackupAsked",
