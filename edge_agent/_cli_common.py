@@ -21,14 +21,17 @@ def load(args: argparse.Namespace):
     return cfg
 
 
-def store_of(args: argparse.Namespace, cfg):
-    """``--store``, else the daemon's own store (``[store] path``, else ``<state>/engines``), as the daemon resolves it."""
-    from edge_agent.state import resolve_state_dir, resolve_store
+def store_of(args: argparse.Namespace, cfg, changing: bool = False):
+    """``--store``, else the daemon's own store (``[store] path``, else ``<state>/engines``): to look at, as it is (the
+    shipped store where the daemon has made none yet: :func:`edge_agent.state.store_to_read`); ``changing`` (a
+    rollback, an unpin), as the daemon resolves it, made from the shipped store where it is not there yet."""
+    from edge_agent.state import resolve_state_dir, resolve_store, store_to_read
     from engines.store import EngineStore
 
     if getattr(args, "store", None):
         return EngineStore(Path(args.store))
-    return resolve_store(cfg, resolve_state_dir(getattr(args, "state_dir", None), cfg))
+    state_dir = resolve_state_dir(getattr(args, "state_dir", None), cfg)
+    return resolve_store(cfg, state_dir) if changing else store_to_read(cfg, state_dir)
 
 
 def state_db(args: argparse.Namespace, cfg):

@@ -48,7 +48,7 @@ def engine_list(args: argparse.Namespace) -> int:
             }
         )
     if not args.json:
-        print(f"store: {store.root}")
+        print(f"store: {store.root}{_shipped_note(store, cfg, args)}")
         print(f"{'':2}{'version':8} {'created':26} {'parent':7} {'classes':>7} {'val':>7} {'test':>7} {'int8 agr':>8}  artifacts")
     print_rows(rows, args.json, _engine_line)
     if not args.json:
@@ -65,6 +65,16 @@ def engine_list(args: argparse.Namespace) -> int:
                 f"PINNED to {view['pinned'].get('version')} by a rollback from {view['pinned'].get('from')} (edge-agent engine unpin lifts it)"
             )
     return 0
+
+
+def _shipped_note(store, cfg, args: argparse.Namespace) -> str:
+    """Where ``store`` is the package's shipped store because the daemon has made none yet, the words that say so."""
+    from edge_agent.state import default_store_path, resolve_state_dir
+
+    if cfg.store.path or getattr(args, "store", None) or store.root.resolve() != default_store_path().resolve():
+        return ""
+    engines = resolve_state_dir(getattr(args, "state_dir", None), cfg) / "engines"
+    return f" (the shipped store: the daemon copies it to {engines} when it first starts there)"
 
 
 def _engine_line(r: dict) -> str:
@@ -84,7 +94,7 @@ def engine_show(args: argparse.Namespace) -> int:
 
 def engine_rollback(args: argparse.Namespace) -> int:
     cfg = load(args)
-    store = store_of(args, cfg)
+    store = store_of(args, cfg, changing=True)
     from edge_agent.rollback import roll_back
     from edge_agent.state import resolve_state_dir
     from edge_agent.trust import daemon_trust
@@ -103,7 +113,7 @@ def engine_rollback(args: argparse.Namespace) -> int:
 
 def engine_unpin(args: argparse.Namespace) -> int:
     cfg = load(args)
-    store = store_of(args, cfg)
+    store = store_of(args, cfg, changing=True)
     pin = store.pin()
     store.unpin()
     print(f"{store.root}: " + (f"pin to {pin['version']} lifted: the trainer's offers are taken again" if pin else "not pinned"))

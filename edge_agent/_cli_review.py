@@ -86,12 +86,12 @@ def review_label_plant(args: argparse.Namespace) -> int:
 def _labelling(args: argparse.Namespace):
     """The configuration, state directory, writable ledger and the classes of the store the daemon and trainer share
     (it may have grown new ones) that a label needs."""
-    from edge_agent.state import resolve_store
+    from edge_agent.state import store_to_read
 
     cfg = load(args)
     args.readonly = False
     state, db = state_db(args, cfg)
-    return cfg, state, db, resolve_store(cfg, state.root).open(verify=False).classes
+    return cfg, state, db, store_to_read(cfg, state.root).open(verify=False).classes
 
 
 def review_trust(args: argparse.Namespace) -> int:

@@ -53,10 +53,10 @@ def status(args: argparse.Namespace) -> int:
     out["last_backup"] = last_backup(state.root)
     out["read_only"] = read_only_disk(state.root)  # (now: a daemon on such a disk cannot write its status)
     try:
-        from edge_agent.state import resolve_store
+        from edge_agent.state import store_to_read
         from edge_agent.upgrade import pending_release
 
-        store = resolve_store(cfg, state.root)
+        store = store_to_read(cfg, state.root)
         out["pinned"], out["release_pending"] = store.pin(), pending_release(store)
     except Exception:  # noqa: BLE001 - no store to read: status still reports the rest
         out["pinned"], out["release_pending"] = None, None

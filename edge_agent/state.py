@@ -36,6 +36,7 @@ __all__ = [
     "handoff_link",
     "resolve_state_dir",
     "resolve_store",
+    "store_to_read",
     "runtime_dir",
     "seed_store",
     "trainer_state_dir",
@@ -133,6 +134,17 @@ def resolve_store(cfg: AppConfig, state_dir: Path, serving_only: bool = False) -
 
         adopt_shipped_release(store, default_store_path())
     return store
+
+
+def store_to_read(cfg: AppConfig, state_dir: Path) -> EngineStore:
+    """The store a command or page that only looks reads: [store] path, else <state>/engines where the daemon has made
+    it, else the package's shipped store where it lies (what the daemon's first start serves). Nothing is copied or
+    put in service: ``engine list`` or ``classify`` on a state directory the daemon has not used writes no 107 MB
+    copy, and a look after a package upgrade leaves the new release for the daemon's start to adopt."""
+    if cfg.store.path:
+        return EngineStore(cfg.store.resolved())
+    store = EngineStore(state_dir / "engines")
+    return store if store.versions() else EngineStore(default_store_path())
 
 
 class StateDiskFull(EdgeAgentError):

@@ -184,10 +184,14 @@ def test_engine_commands_act_on_the_daemons_store_and_never_on_the_package(tmp_p
     def digest(root: Path) -> str:
         return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())).hexdigest()
 
+    from edge_agent.config import AppConfig
+    from edge_agent.state import resolve_store
+
     package = digest(default_store_path())
     state = tmp_path / "state"
+    resolve_store(AppConfig(), state)  # the daemon's first start makes <state>/engines
     out = run_cli("engine", "list", "--state-dir", str(state))
-    assert out.returncode == 0 and f"store: {state / 'engines'}" in out.stdout and f"* {SHIPPED}" in out.stdout
+    assert out.returncode == 0 and f"store: {state / 'engines'}\n" in out.stdout and f"* {SHIPPED}" in out.stdout
     s = EngineStore(state / "engines")
     v = s.open()
     s.publish(
@@ -204,6 +208,42 @@ def test_engine_commands_act_on_the_daemons_store_and_never_on_the_package(tmp_p
     assert digest(default_store_path()) == package  # nothing written into the installed package
     out = run_cli("engine", "list", "--config", str(tmp_path))
     assert out.returncode == 2 and "is a directory" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_looking_at_a_state_directory_the_daemon_has_not_used_reads_the_shipped_store_and_writes_nothing(tmp_path, real_photo):
+    """`classify` (a new user's first try, in any folder), `engine list` and `engine show` before the daemon's first
+    start copied the whole shipped store (107 MB) into ./edge-state/engines, or into a mistyped --state-dir. Now they
+    read the shipped store where it lies, and `engine list` says so."""
+    out = run_cli("classify", "--json", str(real_photo), cwd=tmp_path)
+    assert out.returncode == 0 and json.loads(out.stdout)["engine_version"] == EngineStore(default_store_path()).current()
+    state = tmp_path / "typo"
+    out = run_cli("engine", "list", "--state-dir", str(state), cwd=tmp_path)
+    assert (
+        out.returncode == 0
+        and f"store: {default_store_path()} (the shipped store: the daemon copies it to {state / 'engines'}" in out.stdout
+    )
+    out = run_cli("engine", "show", "--state-dir", str(state), cwd=tmp_path)
+    assert out.returncode == 0 and json.loads(out.stdout)["verified"]
+    assert list(tmp_path.iterdir()) == []  # no ./edge-state, no typo/
+
+
+def test_a_look_after_a_package_upgrade_leaves_the_new_release_for_the_daemons_start(tmp_path):
+    """A look (`engine list`, `status`, the page) put a newly shipped release in service itself, writing into the
+    daemon's store as whoever ran it (another user: a traceback). Now only the daemon's start adopts it."""
+    from edge_agent.config import AppConfig
+    from edge_agent.state import resolve_store
+
+    store = EngineStore(tmp_path / "state" / "engines")
+    shutil.copytree(default_store_path(), store.root)
+    shipped = store.current()
+    older = store.versions()[-2]
+    shutil.rmtree(store.root / shipped)  # a device from before this release
+    (store.root / "current").write_text(f"{older}\n")
+    out = run_cli("engine", "list", "--state-dir", str(tmp_path / "state"))
+    assert out.returncode == 0 and f"* {older}" in out.stdout and shipped not in out.stdout
+    assert store.current() == older and shipped not in store.versions()
+    resolve_store(AppConfig(), tmp_path / "state")  # the daemon's start
+    assert store.current() == shipped
 
 
 def test_unknown_config_key_stops_the_cli(tmp_path, real_photo):

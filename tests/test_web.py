@@ -780,3 +780,16 @@ def test_the_engines_page_says_whether_the_unlabelled_photos_taught_each_version
     assert "waited" not in cell[names[0]]
     assert "release (efficientnet-lite0, fine-tuned from ImageNet weights)" in page.split(f'data-version="{SHIPPED}"')[1]
     assert "release (LeafNet5, trained from scratch)" in page.split('data-version="v1000"')[1]
+
+
+def test_the_pages_of_a_state_directory_the_daemon_has_not_used_show_the_shipped_engines_and_copy_nothing(tmp_path):
+    """`edge-agent web` started before the daemon ever ran: every page that names the classes or the engines copied the
+    whole shipped store (107 MB) into <state>/engines. Now they read the shipped store where it lies."""
+    state = tmp_path / "state"
+    state.mkdir()
+    c = client(state)
+    for path in ("/engines", "/api/v1/engines", "/classes", "/health"):
+        assert c.get(path).status_code == 200, path
+    assert SHIPPED in c.get("/engines").text
+    assert c.get("/api/v1/engines").json()["current"] == SHIPPED
+    assert not (state / "engines").exists()

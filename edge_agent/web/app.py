@@ -263,7 +263,7 @@ def create_app(ctx: WebContext) -> Starlette:
 
     async def unpin(request: Request) -> Response:
         await form(request, "admin")
-        await run_in_threadpool(ctx.store().unpin)
+        await run_in_threadpool(ctx.store_to_change().unpin)
         return RedirectResponse("/engines", status_code=303)
 
     # ---- health -------------------------------------------------------------

@@ -20,7 +20,7 @@ from edge_agent.plants import PLANTS_LOOKED_AT, PlantDiagnosis, diagnose, in_vie
 from edge_agent.results import ResultsDB
 from edge_agent.review.queue import LabelError, PhotoNotQueued, PlantLabelled, label_photo, label_photos, label_plant, wanted_classes
 from edge_agent.rollback import RollbackOutcome
-from edge_agent.state import StateLayout, as_stopped, daemon_live, resolve_store, served, trainer_live
+from edge_agent.state import StateLayout, as_stopped, daemon_live, resolve_store, served, store_to_read, trainer_live
 from edge_agent.web.queries import Filters, Reader
 from engines.errors import EdgeAgentError
 from engines.store import StoreError
@@ -44,6 +44,11 @@ class WebContext:
         return Reader(self.state.db)
 
     def store(self):
+        """The daemon's store to look at, as it is (:func:`edge_agent.state.store_to_read`)."""
+        return store_to_read(self.cfg, self.state.root)
+
+    def store_to_change(self):
+        """The daemon's store for a rollback or an unpin, made from the shipped store where it is not there yet."""
         return resolve_store(self.cfg, self.state.root)
 
     def classes(self) -> list[str]:
@@ -280,7 +285,7 @@ class WebContext:
         from edge_agent.rollback import roll_back
         from edge_agent.trust import daemon_trust
 
-        store = self.store()
+        store = self.store_to_change()
         if to not in store.versions():
             raise Refused(404, f"no engine version {to!r} in {store.root}")
         try:
