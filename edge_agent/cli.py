@@ -7,10 +7,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from importlib import import_module
 from pathlib import Path
 
-from edge_agent import _cli_classes, _cli_engine, _cli_plants, _cli_review, _cli_status
 from edge_agent._cli_common import load as _load
 from edge_agent._cli_common import print_rows
 from edge_agent._cli_common import state_db as _state_db
@@ -32,6 +32,17 @@ def _common() -> argparse.ArgumentParser:
         "--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"], help="overrides [log] level"
     )
     return common
+
+
+def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """Command ``name`` of ``edge_agent.<module>``, imported when it runs: `edge-agent run` loads none of the other
+    commands' modules (their backups, signatures and reports cost a daemon's start tens of milliseconds)."""
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(import_module(f"edge_agent.{module}"), name)(args)
+
+    run.__name__ = run.__qualname__ = name
+    return run
 
 
 # ---- classify -------------------------------------------------------------
@@ -364,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", parents=[common], help="counts, queues, engine, last errors")
     st.add_argument("--state-dir")
     st.add_argument("--json", action="store_true")
-    st.set_defaults(func=_cli_status.status)
+    st.set_defaults(func=_command("_cli_status", "status"))
 
     res = sub.add_parser("results", parents=[common], help="export stored predictions")
     res.add_argument("--state-dir")
@@ -402,18 +413,18 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--state-dir")
     rl.add_argument("--json", action="store_true")
     rl.add_argument("--all", action="store_true", help="the whole pool, ranked (not only today's budget)")
-    rl.set_defaults(func=_cli_review.review_list)
+    rl.set_defaults(func=_command("_cli_review", "review_list"))
     for action, func, helptext, what, whathelp in (
         (
             "label",
-            _cli_review.review_label,
+            _command("_cli_review", "review_label"),
             "give a photo its true class",
             "photo",
             "photo id (from review list), sha256 prefix, original path, or file name (refused where two photos had it)",
         ),
         (
             "label-plant",
-            _cli_review.review_label_plant,
+            _command("_cli_review", "review_label_plant"),
             "give every photo of a plant the expert has not labelled the same class",
             "plant",
             "the plant's name (its inbox folder, or the name its photos were uploaded under)",
@@ -428,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     rt = rev.add_parser("trust", parents=[common], help="each labelled class: checks, and how far it is from pseudo-labels")
     rt.add_argument("--state-dir")
     rt.add_argument("--json", action="store_true")
-    rt.set_defaults(func=_cli_review.review_trust)
+    rt.set_defaults(func=_command("_cli_review", "review_trust"))
 
     pl = sub.add_parser("plants", help="the plants photographed (inbox subfolders), each with one diagnosis").add_subparsers(
         dest="action", required=True
@@ -441,14 +452,14 @@ def build_parser() -> argparse.ArgumentParser:
     pls.add_argument("--name", default="", help="only the plants whose name holds this text (any case)")
     pls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     pls.add_argument("--json", action="store_true", help="JSON lines")
-    pls.set_defaults(func=_cli_plants.plants_list)
+    pls.set_defaults(func=_command("_cli_plants", "plants_list"))
     plr = pl.add_parser(
         "rename", parents=[common], help="move a plant's photos to another name (a name typed wrong; an existing plant: merged)"
     )
     plr.add_argument("old", help="the plant's name now")
     plr.add_argument("new", help="its name from now on")
     plr.add_argument("--state-dir")
-    plr.set_defaults(func=_cli_plants.plants_rename)
+    plr.set_defaults(func=_command("_cli_plants", "plants_rename"))
 
     cls = sub.add_parser(
         "classes", parents=[common], help="what the model knows, crop by crop; with a class: what causes it, what to look for, what to do"
@@ -456,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     cls.add_argument("name", nargs="?", default="", help="one class: its model name (Tomato___Late_blight) or its name (late blight)")
     cls.add_argument("--state-dir")
     cls.add_argument("--json", action="store_true", help="JSON lines")
-    cls.set_defaults(func=_cli_classes.classes)
+    cls.set_defaults(func=_command("_cli_classes", "classes"))
 
     web = sub.add_parser("web", parents=[common], help="the local web page (photos, review, engines, health, upload)")
     web.add_argument("--state-dir")
@@ -487,14 +498,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     eng = sub.add_parser("engine", help="engine store: list, show, rollback, unpin").add_subparsers(dest="action", required=True)
     for name, func, helptext in (
-        ("list", _cli_engine.engine_list, "list versions (* marks the one in service; refusals and the pin below)"),
-        ("show", _cli_engine.engine_show, "verify a version and print its manifest"),
+        ("list", _command("_cli_engine", "engine_list"), "list versions (* marks the one in service; refusals and the pin below)"),
+        ("show", _command("_cli_engine", "engine_show"), "verify a version and print its manifest"),
         (
             "rollback",
-            _cli_engine.engine_rollback,
+            _command("_cli_engine", "engine_rollback"),
             "switch current back to the parent (or --to VERSION), pin it there and wait until the daemon serves it (exit 1 if it does not)",
         ),
-        ("unpin", _cli_engine.engine_unpin, "lift a rollback's pin: the trainer's newer versions are taken again"),
+        ("unpin", _command("_cli_engine", "engine_unpin"), "lift a rollback's pin: the trainer's newer versions are taken again"),
     ):
         p = eng.add_parser(name, parents=[common], help=helptext)
         p.add_argument("--store", help="engine store (default: the daemon's: [store] path, else <state-dir>/engines)")
