@@ -69,7 +69,8 @@ def engine_list(args: argparse.Namespace) -> int:
 
 def _shipped_note(store, cfg, args: argparse.Namespace) -> str:
     """Where ``store`` is the package's shipped store because the daemon has made none yet, the words that say so."""
-    from edge_agent.state import default_store_path, resolve_state_dir
+    from edge_agent.config import default_store_path
+    from edge_agent.state import resolve_state_dir
 
     if cfg.store.path or getattr(args, "store", None) or store.root.resolve() != default_store_path().resolve():
         return ""
