@@ -72,6 +72,7 @@ class LedgerColumns:
 
 
 def iso(ts: float) -> str:
+    """``ts`` (seconds since the epoch) as ISO 8601 in UTC, to the millisecond, as the JSON output and the CSV carry it."""
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -134,6 +135,8 @@ class Arrival(NamedTuple):
 
 @dataclass
 class ResultRow:
+    """One photo's result, a row of the ledger's results table."""
+
     sha256: str
     photo_id: str
     path: str | None
@@ -170,6 +173,8 @@ class ResultRow:
 
 @dataclass
 class QueueEntry:
+    """A photo waiting in the label queue (a pseudo-label, a review question or an expert's label), with its file."""
+
     sha256: str
     photo_id: str
     kind: str
