@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engines.durable import atomic_write, connect_writable
 
-__all__ = ["CLOSED", "SCHEMA", "open_writable", "record_closed", "unchanged_since_closed"]
+__all__ = ["CLOSED", "SCHEMA", "forget_closed", "open_writable", "record_closed", "unchanged_since_closed"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -128,3 +128,12 @@ def unchanged_since_closed(path: Path) -> bool:
         return json.loads(Path(f"{path}{CLOSED}").read_text()) == _stat_key(path)
     except (OSError, ValueError):
         return False
+
+
+def forget_closed(path: Path) -> None:
+    """Forget that ``path`` was closed whole, once damage was seen in it: the daemon's next start reads it whole, finds
+    the damage and sets it aside (a card that rots a page keeps the file's size and time, so the record still matched)."""
+    try:
+        Path(f"{path}{CLOSED}").unlink(missing_ok=True)
+    except OSError:  # a read-only card: the start cannot set anything aside there either
+        pass

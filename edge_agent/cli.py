@@ -563,7 +563,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not isinstance(exc, sqlite3.DatabaseError):
             raise
-        print(  # a truncated ledger (a failing SD card): one line, not a traceback
+        state_dir = _state_dir_of(args)
+        if problem == "damaged" and state_dir is not None:  # what follows holds even where its size and time did not change
+            from edge_agent._ledger_file import forget_closed
+            from edge_agent.state import StateLayout
+
+            forget_closed(StateLayout(state_dir).db)
+        print(  # a truncated or rotted ledger (a failing SD card): one line, not a traceback
             f"edge-agent: the results database is unreadable ({exc}); the daemon keeps it aside and starts a new "
             "one at its next start (edge-agent status then says so)",
             file=sys.stderr,

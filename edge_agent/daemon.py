@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -109,13 +110,8 @@ class Daemon:
             )
         self.classifier = self._make_classifier(engine)
         self.log.info("engine_loaded", **engine.describe(), ms=round((time.perf_counter() - t0) * 1000, 1))
-        processed = self.state.root / "processed"
-        self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=processed.is_dir() and any(processed.iterdir()))
-        if self.ledger_note:
-            self.ledger_note += self._reindex_queue()
-            self.log.error("ledger_set_aside", note=self.ledger_note)
-        self._results_before_start = self.db.last_result_id()  # alerts start after READY=1 and from here
-        self.spool = PhotoSpool(self.state.queue, cfg.labels.max_spool_mb << 20, self.db.queue_bytes())
+        queue_bytes = self._open_ledger()
+        self.spool = PhotoSpool(self.state.queue, cfg.labels.max_spool_mb << 20, queue_bytes)
         if moved := self.db.relocate_queue(self.state.queue):
             self.log.warning("queue_relocated", photos=moved, folder=str(self.state.queue))
         self.pipeline = Pipeline(
@@ -293,6 +289,27 @@ class Daemon:
     def _retry_incomplete(self, job: Job) -> bool:
         return job.path is not None and self.folder is not None and self.folder.recently_modified(job.path)
 
+    def _open_ledger(self) -> int:
+        """Open the ledger (set aside where damaged: :meth:`ResultsDB.open_or_recover`) and read where its results and
+        its queue end; returns the queue's bytes. A ledger closed whole is not read whole first, so a page a card rotted
+        since is met here: the ledger is then read whole, and set aside, instead of the start failing at every try."""
+        processed = self.state.root / "processed"
+        expected = processed.is_dir() and any(processed.iterdir())
+        self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=expected)
+        try:
+            self.db.last_result_id(), self.db.queue_bytes()
+        except sqlite3.DatabaseError as exc:
+            if not self.db.damaged(exc):
+                raise
+            self.db.close()
+            self.log.error("ledger_damaged", error=repr(exc), then="read whole, and set aside")
+            self.db, self.ledger_note = ResultsDB.open_or_recover(self.state.db, expected=expected)
+        if self.ledger_note:
+            self.ledger_note += self._reindex_queue()
+            self.log.error("ledger_set_aside", note=self.ledger_note)
+        self._results_before_start = self.db.last_result_id()  # alerts start after READY=1 and from here
+        return self.db.queue_bytes()
+
     # ---- health, status ------------------------------------------------------------
     def check_health(self) -> bool:
         p = self.pipeline
@@ -413,6 +430,8 @@ class Daemon:
             if time.monotonic() >= next_prune or (full and time.monotonic() >= next_prune - 55.0):
                 self._prune_review_pool()  # every minute, every 5 s while the queue's quota turns photos away
                 next_prune = time.monotonic() + 60.0
+            if self.pipeline is not None and self.pipeline.ledger_damaged is not None:
+                break  # a damaged page: the next start (systemd's, 5 s on) sets the ledger aside; the photos wait
             self._stop.wait(0.5)
         return self._shutdown()
 
@@ -449,4 +468,11 @@ class Daemon:
         self.board.close()
         self.db.close()
         self.log.info("stopped", drained=drained, **self.pipeline.counters)
+        if self.pipeline.ledger_damaged is not None:
+            self.log.error(
+                "stopped_for_damaged_ledger",
+                error=self.pipeline.ledger_damaged,
+                then="start it again (systemd does, 5 s on): the start reads the ledger whole, sets it aside and begins a new one",
+            )
+            return 1
         return 0

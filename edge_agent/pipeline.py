@@ -151,6 +151,9 @@ class Pipeline:
         self._threads: list[threading.Thread] = []
         self._swap: Classifier | None = None
         self._closed = False
+        #: What SQLite said of a damaged page of the ledger, once met: nothing more is tried, the photos stay in the
+        #: inbox, and the daemon stops so its next start sets the ledger aside (:meth:`ResultsDB.damaged`).
+        self.ledger_damaged: str | None = None
 
     # ---- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -227,9 +230,15 @@ class Pipeline:
             if job is _STOP:
                 self._infer_q.put(_STOP)
                 return
+            if self.ledger_damaged is not None:  # the daemon is stopping: the photos wait in the inbox
+                self._finish(job, retried=True)
+                continue
             try:
                 self._decode(job)
             except Exception as exc:  # never let one photo kill a worker
+                if self._ledger_broke(exc):  # (the exactly-once check read a damaged page): not the photo's fault
+                    self._finish(job, retried=True)
+                    continue
                 job.error = f"internal error while decoding: {exc!r}"
                 self._sink_q.put(job)
 
@@ -355,9 +364,17 @@ class Pipeline:
                 jobs.append(nxt)
             if self._closed:
                 continue
+            if self.ledger_damaged is not None:  # the daemon is stopping: the photos wait in the inbox
+                for j in jobs:
+                    self._finish(j, retried=True)
+                continue
             try:
                 self._sink(jobs)
             except Exception as exc:  # disk full, database locked...: keep the photos for a retry
+                if self._ledger_broke(exc):
+                    for j in jobs:
+                        self._finish(j, retried=True)
+                    continue
                 self.counters["sink_errors"] += 1
                 self.last_errors.append({"time": time.time(), "error": f"could not store results: {exc!r}"})
                 frozen = read_only_disk(self.state_dir)
@@ -366,6 +383,16 @@ class Pipeline:
                 for j in jobs:
                     self._finish(j, retried=True)
                 time.sleep(READ_ONLY_WAIT_S if frozen else 1.0)
+
+    def _ledger_broke(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says a page of the ledger is damaged (:meth:`ResultsDB.damaged`); the first time, say so."""
+        if not self.db.damaged(exc):
+            return False
+        if self.ledger_damaged is None:
+            self.ledger_damaged = self.db.damage_seen
+            self.last_errors.append({"time": time.time(), "error": f"the results database is damaged: {exc!r}"})
+            self.log.error("ledger_damaged", error=repr(exc), then="the daemon stops; its next start sets the ledger aside")
+        return True
 
     # ---- the sink: queue the labels, commit, then the files ----------------------------
     def _sink(self, jobs: list[Job]) -> None:

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
-from edge_agent._ledger_file import open_writable, record_closed, unchanged_since_closed
+from edge_agent._ledger_file import forget_closed, open_writable, record_closed, unchanged_since_closed
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
 from edge_agent.ledger_rows import Arrival, LedgerColumns, QueueEntry, ResultRow, result_record
-from edge_agent.storage_errors import damaged_file
+from edge_agent.storage_errors import damaged_file, storage_problem
 from engines.durable import connect_readonly, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 
@@ -92,6 +92,7 @@ class ResultsDB:
         self._lock = threading.Lock()
         self._readers = threading.local()  # per-thread read connections: WAL lets them read while a commit fsyncs
         self._reader_cons: list[sqlite3.Connection] = []  # every one of them, closed with the ledger
+        self.damage_seen: str | None = None  # what SQLite said of a damaged page met since it was opened
         if readonly:
             self._db = connect_readonly(self.path, 10)
         else:
@@ -132,8 +133,18 @@ class ResultsDB:
                 con.close()
             self._reader_cons.clear()
             self._db.close()
-        if not self.readonly:
+        if not self.readonly and self.damage_seen is None:
             record_closed(self.path)
+
+    def damaged(self, exc: BaseException) -> bool:
+        """Whether ``exc``, met reading or writing this ledger, says a page of it is damaged (SQLite's CORRUPT or
+        NOTADB: a card that rots a page keeps the file's size and time); if so the ledger forgets it was closed whole,
+        so the daemon's next start reads it whole and sets it aside (:meth:`open_or_recover`)."""
+        if storage_problem(exc) != "damaged":
+            return False
+        self.damage_seen = f"{type(exc).__name__}: {exc}"
+        forget_closed(self.path)
+        return True
 
     # ---- writing ---------------------------------------------------------
     def commit(self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = ()) -> list[bool]:

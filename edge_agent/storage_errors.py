@@ -36,7 +36,7 @@ READ_ONLY_DISK = (
 
 def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) -> Literal["full", "locked", "damaged"] | None:
     """``"full"`` (no room: SQLite's FULL, ENOSPC, EDQUOT), ``"locked"`` (SQLite's BUSY or LOCKED past the wait),
-    ``"damaged"`` (CORRUPT, NOTADB), or None: another error. A database error from Python 3.10 carries no code (JetPack
+    ``"damaged"`` (CORRUPT, NOTADB, or the integrity check's finding), or None: another error. A database error from Python 3.10 carries no code (JetPack
     6's Python), and SQLite says IOERR where a full disk keeps it from making a log's index: with ``where`` (the folder
     the database is in) either counts as ``"full"`` while that disk has less than :data:`NEARLY_FULL` free."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -52,8 +52,8 @@ def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) 
         return "full"
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return "locked"
-    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-        return "damaged"
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or (code is None and type(exc) is sqlite3.DatabaseError):
+        return "damaged"  # (Python 3.10 raises CORRUPT and NOTADB as the bare DatabaseError, every disk error as a subclass)
     return None
 
 

@@ -353,6 +353,42 @@ def test_stop_with_a_stuck_pipeline_still_exits(tmp_path, tiny_store):
         gate.set()
 
 
+def test_a_ledger_found_damaged_while_running_stops_the_daemon_with_a_failure_and_keeps_the_photos(tmp_path, tiny_store, monkeypatch):
+    """A page of the ledger found rotted while the daemon runs: before, the sink tried again every second for ever (each
+    try counted as progress, so the watchdog never fired) and no photo was recorded. Now the daemon stops with status 1
+    (systemd starts it again 5 s on), the photos wait in the inbox, and the ledger is not recorded as closed whole, so
+    that start reads it and sets it aside."""
+    import sqlite3
+
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+    from edge_agent.results import ResultsDB
+    from edge_agent.systemd import Notifier
+    from engines.loader import open_engine
+
+    from .conftest import encode, leaf_image
+
+    def rotted(self, *a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    cfg = parse_config({"inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}})
+    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}), engine=open_engine(tiny_store, cfg.engine))
+    result = {}
+    runner = threading.Thread(target=lambda: result.setdefault("rc", daemon.run()))
+    runner.start()
+    try:
+        wait_until(lambda: daemon.pipeline is not None and daemon.folder is not None, 20, "daemon up")
+        monkeypatch.setattr(ResultsDB, "commit", rotted)
+        photo = tmp_path / "state" / "inbox" / "leaf.jpg"
+        photo.write_bytes(encode(leaf_image(3)))
+        runner.join(30)
+        assert not runner.is_alive() and result["rc"] == 1
+    finally:
+        daemon.request_stop()
+        runner.join(10)
+    assert photo.exists() and not (tmp_path / "state" / "results.sqlite.closed.json").exists()
+
+
 def test_a_phone_heic_and_a_scanner_tiff_get_results_and_an_unknown_file_is_counted(tmp_path):
     """The same real photo as HEIC (an iPhone's format) and as TIFF gets the label its JPEG gets; a .xyz file
     is left alone and shows in status."""
@@ -421,10 +457,12 @@ def test_names_that_are_not_utf8_or_too_long_and_a_symlink_loop_cost_no_photo(tm
     assert d.terminate() == 0
 
 
-@pytest.mark.parametrize("damage", ["truncated", "emptied"])
+@pytest.mark.parametrize("damage", ["truncated", "emptied", "rotted"])
 def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_path, damage):
-    """A results.sqlite cut short (a failing SD card) or left empty although photos were processed: the daemon starts,
-    keeps the old file beside the new one, says so in status, and photos get results again."""
+    """A results.sqlite cut short (a failing SD card), left empty although photos were processed, or with pages a card
+    rotted in place since its clean close (its size and times unchanged: the start did not read it whole, failed on the
+    page, and said "keeps it aside at its next start" at every start): the daemon starts, keeps the old file beside the
+    new one, says so in status, and photos get results again."""
     import subprocess
     import sys
 
@@ -440,12 +478,24 @@ def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_pat
     assert queued  # the photo waits in the label queue (no trainer here)
     import sqlite3
 
-    with sqlite3.connect(ledger) as con:  # the rows into the main file, as after any checkpoint
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    size = ledger.stat().st_size
-    ledger.write_bytes(ledger.read_bytes()[: size // 3] if damage == "truncated" else b"")
-    for extra in ("results.sqlite-wal", "results.sqlite-shm"):
-        (d.state / extra).unlink(missing_ok=True)
+    if damage == "rotted":  # every page of the results table, in place; the file's size and times as they were
+        assert (d.state / "results.sqlite.closed.json").exists() and not (d.state / "results.sqlite-wal").exists()
+        with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as con:
+            pages = [n for (n,) in con.execute("SELECT pageno FROM dbstat WHERE name = 'results'")]
+            size = con.execute("PRAGMA page_size").fetchone()[0]
+        st = ledger.stat()
+        with open(ledger, "r+b") as f:
+            for n in pages:
+                f.seek((n - 1) * size)
+                f.write(b"\xff" * 64)
+        os.utime(ledger, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:
+        with sqlite3.connect(ledger) as con:  # the rows into the main file, as after any checkpoint
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = ledger.stat().st_size
+        ledger.write_bytes(ledger.read_bytes()[: size // 3] if damage == "truncated" else b"")
+        for extra in ("results.sqlite-wal", "results.sqlite-shm"):
+            (d.state / extra).unlink(missing_ok=True)
     if damage == "truncated":
         out = subprocess.run(
             [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(d.state)], capture_output=True, text=True, cwd=REPO

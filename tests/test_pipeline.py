@@ -244,6 +244,46 @@ def test_on_a_read_only_card_the_sink_keeps_the_photos_says_why_and_waits_a_minu
     p.stop()
 
 
+@pytest.mark.parametrize("where", ["commit", "exactly-once check"])
+def test_a_damaged_ledger_stops_the_stages_keeps_the_photos_and_is_read_whole_at_the_next_start(tmp_path, engine, monkeypatch, where):
+    """A page of the ledger a card rotted (SQLite: "database disk image is malformed") failed every commit: the sink
+    tried again every second, the stages classified the inbox again and again, and no photo was ever recorded; met by
+    the exactly-once check, it put every photo in quarantine as "internal error while decoding". Now the pipeline says
+    so once, keeps the photos in the inbox, tries nothing more, and the ledger forgets its clean close (the daemon then
+    stops, and its next start reads the ledger whole and sets it aside)."""
+    import sqlite3
+
+    from structlog.testing import capture_logs
+
+    from edge_agent._ledger_file import CLOSED
+
+    p, db, done, retried = make_pipeline(tmp_path, engine)
+    closed = tmp_path / f"results.sqlite{CLOSED}"
+    closed.write_text("[1, 2, 3]")  # as a clean close leaves it
+    tried = []
+
+    def rotted(*a, **k):
+        tried.append(1)
+        raise sqlite3.DatabaseError("database disk image is malformed")  # (Python 3.10's form: the bare class, no code)
+
+    monkeypatch.setattr(db, "commit" if where == "commit" else "has", rotted)
+    with capture_logs() as logs:
+        photos = drop(tmp_path / "inbox", 3)
+        for path in photos:
+            p.submit(Job("inbox", path))
+        assert p.drain(30)
+        for job in list(retried):  # the source offers them again
+            p.submit(Job("inbox", job.path))
+        assert p.drain(30)
+    assert p.ledger_damaged and "malformed" in p.ledger_damaged and not done
+    assert len(tried) <= 3 and all(path.exists() for path in photos)  # (once a batch or photo at most, then nothing)
+    assert not list((tmp_path / "quarantine").glob("*")) and not closed.exists()
+    assert [e["event"] for e in logs].count("ledger_damaged") == 1
+    p.stop()
+    db.close()
+    assert not closed.exists()  # a close after damage records no clean close
+
+
 def retried_paths(jobs):
     return [j.path for j in jobs]
 
