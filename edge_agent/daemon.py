@@ -430,7 +430,7 @@ class Daemon:
             if time.monotonic() >= next_prune or (full and time.monotonic() >= next_prune - 55.0):
                 self._prune_review_pool()  # every minute, every 5 s while the queue's quota turns photos away
                 next_prune = time.monotonic() + 60.0
-            if self.pipeline is not None and self.pipeline.ledger_damaged is not None:
+            if self.db.damage_seen is not None:  # met by the pipeline or the hand-off (ResultsDB.damaged)
                 break  # a damaged page: the next start (systemd's, 5 s on) sets the ledger aside; the photos wait
             self._stop.wait(0.5)
         return self._shutdown()
@@ -468,10 +468,10 @@ class Daemon:
         self.board.close()
         self.db.close()
         self.log.info("stopped", drained=drained, **self.pipeline.counters)
-        if self.pipeline.ledger_damaged is not None:
+        if self.db.damage_seen is not None:
             self.log.error(
                 "stopped_for_damaged_ledger",
-                error=self.pipeline.ledger_damaged,
+                error=self.db.damage_seen,
                 then="start it again (systemd does, 5 s on): the start reads the ledger whole, sets it aside and begins a new one",
             )
             return 1

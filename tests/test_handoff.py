@@ -962,3 +962,23 @@ def test_the_device_keeps_what_the_trainers_heartbeat_says_of_storing_its_labels
         encode("heartbeat", {"role": "trainer", "time": time.time(), "state": "waiting for room: disk full", "waits_for_room": True})
     )
     assert sender.status()["trainer"]["waits_for_room"] is True  # and a trainer with no room to retrain, its alerts
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # (it dies, as the health check expects)
+def test_a_damaged_page_of_the_label_queue_stops_the_hand_off_and_is_told_to_the_ledger(tmp_path, endpoints, monkeypatch):
+    """The hand-off reading a rotted page of the label queue died with a log line, and the daemon went on without it:
+    now the ledger learns of the damage too (ResultsDB.damaged), so the daemon stops and its next start sets it aside."""
+    import sqlite3
+
+    sender, db, _, _ = make_sender(tmp_path, endpoints)
+
+    def rotted(*a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(db, "queued_for_delivery", rotted)
+    sender.trainer_seen = time.monotonic() + 3600  # (a trainer heard: the queue is read)
+    sender.start()
+    wait_until(lambda: not sender.alive(), 10, "the hand-off to stop")
+    assert db.damage_seen and "malformed" in db.damage_seen
+    sender.stop()
+    db.close()

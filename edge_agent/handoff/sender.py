@@ -159,6 +159,7 @@ class Sender(Worker):
                         self._handle(frames)
         except Exception as exc:  # never take the daemon down; the health check sees the dead thread
             self.log.error("sender_crashed", error=repr(exc))
+            self.db.damaged(exc)  # a rotted page of the label queue: the daemon then stops, its next start sets it aside
             raise
         finally:
             if watch is not None:
