@@ -431,7 +431,7 @@ class Daemon:
                 self._prune_review_pool()  # every minute, every 5 s while the queue's quota turns photos away
                 next_prune = time.monotonic() + 60.0
             if self.db.damage_seen is not None:  # met by the pipeline or the hand-off (ResultsDB.damaged)
-                break  # a damaged page: the next start (systemd's, 5 s on) sets the ledger aside; the photos wait
+                self.request_stop()  # a damaged page: the next start (systemd's, 5 s on) sets the ledger aside
             self._stop.wait(0.5)
         return self._shutdown()
 
