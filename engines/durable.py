@@ -106,7 +106,11 @@ def set_aside(path: str | os.PathLike, tag: str = "corrupt") -> Path:
     import time
 
     path = Path(path)
-    aside = path.with_name(f"{path.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}")
+    stamp = f"{path.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside, n = path.with_name(stamp), 1
+    while any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):  # set aside twice in a second
+        n += 1
+        aside = path.with_name(f"{stamp}-{n}")
     for suffix in ("", "-wal", "-shm"):
         src = Path(f"{path}{suffix}")
         if src.exists():

@@ -258,3 +258,18 @@ def test_a_photo_named_by_id_or_hash_prefix_is_found_from_indexes_and_by_path_or
     con = sqlite3.connect(tmp_path / "results.sqlite")
     plan = " ".join(r[-1] for r in con.execute(f"EXPLAIN QUERY PLAN SELECT sha256 FROM results WHERE {_REF}", _ref_args("abababab")))
     assert "SCAN" not in plan and "results_photo_id" in plan and "sqlite_autoindex_results_1" in plan
+
+
+def test_a_file_set_aside_twice_in_one_second_keeps_both_copies(tmp_path):
+    """Its name is stamped to the second: a second set-aside in that second replaced the first copy (a start that sets
+    the ledger aside, and the alert outbox found damaged right after it, in the same second)."""
+    from engines.durable import set_aside
+
+    path = tmp_path / "alerts.sqlite"
+    kept = []
+    for body in (b"first", b"second", b"third"):
+        path.write_bytes(body)
+        Path(f"{path}-wal").write_bytes(body)
+        kept.append(set_aside(path))
+    assert len(set(kept)) == 3 and [p.read_bytes() for p in kept] == [b"first", b"second", b"third"]
+    assert [Path(f"{p}-wal").read_bytes() for p in kept] == [b"first", b"second", b"third"] and not path.exists()

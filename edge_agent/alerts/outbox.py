@@ -4,7 +4,7 @@ A message stays in the outbox until its destination took it (an MQTT broker's PU
 restarts; a failed attempt waits twice as long as the one before, up to ``retry_max_s``. The outbox's files take at
 most about ``quota_bytes`` of disk (its log included): past that the oldest messages of the least important kind go
 first (results, then state, then alerts), and the count of what was dropped is kept and shown, never hidden. A file
-SQLite cannot read is kept aside and a new one started, so a start never fails on it.
+SQLite cannot read, at the start or later, is kept aside and a new one started, so neither a start nor the alerts stop on it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.alerts.rules import Candidate
-from edge_agent.storage_errors import damaged_file
+from edge_agent.storage_errors import damaged_file, storage_problem
 from engines.durable import connect_writable, set_aside
 from engines.errors import EdgeAgentError
 
@@ -94,15 +94,37 @@ class Outbox:
         self.recovered: str | None = None
         try:
             self._db = self._open()
-        except sqlite3.DatabaseError as exc:  # a truncated or overwritten file: keep it aside, start a new one
+        except sqlite3.DatabaseError as exc:  # a truncated, overwritten or rotted file: keep it aside, start a new one
             if not damaged_file(exc, self.path.parent):
                 raise  # a full, locked, read-only or failing disk: the outbox is kept as it is
-            aside = set_aside(self.path)
-            self.recovered = (
-                f"{self.path.name} was unreadable ({exc}): kept as {aside.name}, a new outbox was started; alerts not "
-                "yet delivered then are in the old file, and the quiet period starts afresh"
-            )
-            self._db = self._open()
+            self._db = self._anew(f"unreadable ({exc})")
+
+    def _anew(self, why: str) -> sqlite3.Connection:
+        """Set the file aside (kept, with its log) and open a new one, saying so in :attr:`recovered`."""
+        aside = set_aside(self.path)
+        self.recovered = (
+            f"{self.path.name} was {why}: kept as {aside.name}, a new outbox was started; alerts not yet delivered then "
+            "are in the old file, and the quiet period starts afresh"
+        )
+        return self._open()
+
+    def renew_if_damaged(self, exc: BaseException) -> bool:
+        """Where ``exc`` (met by a round of the worker or a courier) says a page is damaged and this outbox's own check
+        agrees (the error may have been the ledger's), set it aside and start a new one, as a start would; returns
+        whether it did. Before, every round failed on the page until the daemon was restarted, and no alert went out."""
+        if storage_problem(exc) != "damaged":
+            return False
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA shrink_memory")  # read the pages from the disk, not from the cache
+                found = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            except sqlite3.DatabaseError as again:
+                found = str(again)
+            if found == "ok":
+                return False
+            self._db.close()
+            self._db = self._anew(f"found damaged ({exc})")
+        return True
 
     def _open(self) -> sqlite3.Connection:
         db = connect_writable(self.path)
@@ -114,6 +136,9 @@ class Outbox:
             db.execute(f"PRAGMA journal_size_limit = {max(64 << 10, self.quota_bytes // 10)}")
             db.execute(f"PRAGMA wal_autocheckpoint = {max(16, self.quota_bytes // 10 // 4096)}")
             db.executescript(SCHEMA)
+            found = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a rotted page (at most queue_mb: milliseconds)
+            if found != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {found}")
         except BaseException:
             db.close()
             raise
