@@ -10,6 +10,7 @@ from pathlib import Path, PurePath
 
 __all__ = [
     "NO_ROOM",
+    "check_whole",
     "fsync_dir",
     "fsync_file",
     "atomic_write",
@@ -98,6 +99,14 @@ def atomic_write(path: str | os.PathLike, data: bytes, durable: bool = True, mod
     if durable:
         fsync_dir(path.parent)
     return path
+
+
+def check_whole(con: sqlite3.Connection) -> None:
+    """Read every page of ``con``'s database once (SQLite's quick_check); a damaged one (a card that rots a page keeps
+    the file's size and time) raises the bare :class:`sqlite3.DatabaseError` SQLite's CORRUPT comes as, saying where."""
+    found = con.execute("PRAGMA quick_check(1)").fetchone()[0]
+    if found != "ok":
+        raise sqlite3.DatabaseError("integrity check: " + " ".join(found.split()))
 
 
 def set_aside(path: str | os.PathLike, tag: str = "corrupt") -> Path:

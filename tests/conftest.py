@@ -155,3 +155,16 @@ def sqlite_full_error() -> sqlite3.OperationalError:
     finally:
         con.close()
     raise AssertionError("the capped database took every row")
+
+
+def rot_pages(db: Path, table: str) -> None:
+    """Overwrite the head of every page of ``table`` in place, as a card that rots them does (size and times kept)."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        pages = [n for (n,) in con.execute("SELECT pageno FROM dbstat WHERE name = ?", (table,))]
+        size = con.execute("PRAGMA page_size").fetchone()[0]
+    st = db.stat()
+    with open(db, "r+b") as f:
+        for n in pages:
+            f.seek((n - 1) * size)
+            f.write(b"\xff" * 64)
+    os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +21,8 @@ from edge_agent.config import ConfigError, parse_config
 from edge_agent.ledger_rows import ResultRow
 from edge_agent.names import describe_class
 from edge_agent.results import ResultsDB
+
+from .conftest import rot_pages
 
 NO_MQTT = MqttSection()
 _n = iter(range(10**6))
@@ -304,22 +305,6 @@ def test_a_corrupt_outbox_is_kept_aside_and_a_new_one_started_so_the_daemon_star
     assert len(box.due("webhook:0")) == 1 and box.counts()["recovered"] == box.recovered
 
 
-def _rot(db: Path, table: str) -> None:
-    """Overwrite the head of every page of ``table`` in place, as a card that rots them does (size and times kept)."""
-    import os
-    import sqlite3
-
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        pages = [n for (n,) in con.execute("SELECT pageno FROM dbstat WHERE name = ?", (table,))]
-        size = con.execute("PRAGMA page_size").fetchone()[0]
-    st = db.stat()
-    with open(db, "r+b") as f:
-        for n in pages:
-            f.seek((n - 1) * size)
-            f.write(b"\xff" * 64)
-    os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def test_an_outbox_with_a_rotted_page_is_set_aside_at_the_start_and_when_a_round_meets_it(tmp_path):
     """Its header whole, a page rotted in place: the start opened it (only the first page was read) and every round of
     the worker and every courier then failed on it until the daemon was restarted, which opened it the same way: no
@@ -330,11 +315,11 @@ def test_an_outbox_with_a_rotted_page_is_set_aside_at_the_start_and_when_a_round
     box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)
     box.put([("webhook:0", "alert", "u", b"{}" * 2000, 1, False) for _ in range(20)])
     box.close()
-    _rot(tmp_path / "alerts.sqlite", "outbox")
+    rot_pages(tmp_path / "alerts.sqlite", "outbox")
     box = Outbox(tmp_path / "alerts.sqlite", 1 << 20)  # the start
     assert box.recovered and "unreadable (integrity check" in box.recovered and box.due("webhook:0") == []
     box.put([("webhook:0", "alert", "u", b"{}" * 2000, 1, False) for _ in range(20)])
-    _rot(tmp_path / "alerts.sqlite", "outbox")  # while it runs
+    rot_pages(tmp_path / "alerts.sqlite", "outbox")  # while it runs
     malformed = sqlite3.DatabaseError("database disk image is malformed")
     assert not box.renew_if_damaged(sqlite3.OperationalError("database is locked"))  # not damage: kept
     assert box.renew_if_damaged(malformed) and "found damaged" in box.recovered
@@ -359,7 +344,7 @@ def test_the_alert_worker_meeting_a_rotted_outbox_starts_a_new_one_at_the_ledger
         _result(db, "Apple___Apple_scab")
     w.outbox.set("cursor", "0")
     w.outbox._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # (its pages in the file, as most of the time)
-    _rot(tmp_path / "alerts.sqlite", "outbox")
+    rot_pages(tmp_path / "alerts.sqlite", "outbox")
     with capture_logs() as logs:
         w._renew_if_damaged(sqlite3.DatabaseError("database disk image is malformed"))
     assert [e["event"] for e in logs] == ["alerts_outbox_recovered"]

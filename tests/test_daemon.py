@@ -479,16 +479,10 @@ def test_a_corrupt_or_emptied_ledger_is_kept_aside_and_a_new_one_started(tmp_pat
     import sqlite3
 
     if damage == "rotted":  # every page of the results table, in place; the file's size and times as they were
+        from .conftest import rot_pages
+
         assert (d.state / "results.sqlite.closed.json").exists() and not (d.state / "results.sqlite-wal").exists()
-        with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as con:
-            pages = [n for (n,) in con.execute("SELECT pageno FROM dbstat WHERE name = 'results'")]
-            size = con.execute("PRAGMA page_size").fetchone()[0]
-        st = ledger.stat()
-        with open(ledger, "r+b") as f:
-            for n in pages:
-                f.seek((n - 1) * size)
-                f.write(b"\xff" * 64)
-        os.utime(ledger, ns=(st.st_atime_ns, st.st_mtime_ns))
+        rot_pages(ledger, "results")
     else:
         with sqlite3.connect(ledger) as con:  # the rows into the main file, as after any checkpoint
             con.execute("PRAGMA wal_checkpoint(TRUNCATE)")

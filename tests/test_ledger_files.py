@@ -273,3 +273,47 @@ def test_a_file_set_aside_twice_in_one_second_keeps_both_copies(tmp_path):
         kept.append(set_aside(path))
     assert len(set(kept)) == 3 and [p.read_bytes() for p in kept] == [b"first", b"second", b"third"]
     assert [Path(f"{p}-wal").read_bytes() for p in kept] == [b"first", b"second", b"third"] and not path.exists()
+
+
+def test_a_trainer_whose_labels_file_rotted_stops_with_one_line_saying_how_to_get_them_back(tmp_path):
+    """`edge-trainer serve` on a samples.sqlite with a rotted page ended in a traceback (relocating its rows); a page
+    not read at the start failed a retrain later. Now the start reads it whole, keeps it (the expert's labels are in
+    it: never replaced by an empty file) and says in one line to restore it or move it aside."""
+    import subprocess
+    import sys
+
+    from trainer.samples import SamplesDamaged, SampleStore
+
+    from .conftest import rot_pages
+
+    root = tmp_path / "state" / "trainer"
+    store = SampleStore(root)
+    store.close()
+    rot_pages(root / "samples.sqlite", "samples")
+    with pytest.raises(SamplesDamaged, match="restore FILE"):
+        SampleStore(root)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "serve", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[1],
+        timeout=120,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert "samples.sqlite: damaged" in out.stderr and "move samples.sqlite aside" in out.stderr
+    assert (root / "samples.sqlite").exists() and not list(root.glob("samples.sqlite.corrupt-*"))
+
+
+def test_a_rotted_unlabelled_pool_is_set_aside_and_a_new_one_started(tmp_path):
+    """The pool holds photos nobody labelled (a cache of them): a damaged file is kept aside and a new pool started, as
+    the alert outbox is, instead of the trainer failing at every start."""
+    from trainer.loop.unlabelled_pool import UnlabelledPool
+
+    from .conftest import rot_pages
+
+    pool = UnlabelledPool(tmp_path, 100, 1 << 20)
+    pool._db.close()
+    rot_pages(tmp_path / "unlabelled.sqlite", "pool")
+    pool = UnlabelledPool(tmp_path, 100, 1 << 20)
+    assert pool.recovered and "kept as unlabelled.sqlite.corrupt-" in pool.recovered
+    assert list(tmp_path.glob("unlabelled.sqlite.corrupt-*"))

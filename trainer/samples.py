@@ -7,15 +7,18 @@ after both are durable. Ids are content hashes, so a resend is stored once.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.durable import atomic_write, connect_writable, relocate_rows, replace_row_file
+from edge_agent.storage_errors import storage_problem
+from engines.durable import atomic_write, check_whole, connect_writable, relocate_rows, replace_row_file
+from engines.errors import EdgeAgentError
 
-__all__ = ["PENDING", "SampleStore", "Sample"]
+__all__ = ["PENDING", "SampleStore", "Sample", "SamplesDamaged"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS samples (
@@ -53,6 +56,19 @@ class Sample:
         return self.first_label or self.label
 
 
+class SamplesDamaged(EdgeAgentError):
+    """``samples.sqlite`` is damaged (a card that rots a page): the labels it holds cannot be read, and are not thrown
+    away by a new file; the trainer does not start until the farm restores it or chooses to start without them."""
+
+    def __init__(self, path: Path, exc: BaseException) -> None:
+        super().__init__(
+            f"{path}: damaged ({exc}): the expert's labels it holds cannot be read, so the trainer does not start. Restore "
+            f"the trainer's state from the newest backup (edge-agent restore FILE), or move {path.name} aside to start "
+            "again with no labels (their photos stay in samples/; the devices resend nothing already acknowledged)"
+        )
+        self.path = path
+
+
 #: The generation of samples a publish is under way with (``pending:<tag>``); see :meth:`SampleStore.settle_pending`.
 PENDING = "pending:"
 
@@ -62,13 +78,21 @@ class SampleStore:
         self.root = Path(root)
         (self.root / "samples").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = connect_writable(self.root / "samples.sqlite")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        if "first_label" not in {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}:  # a store from before
-            self._db.execute("ALTER TABLE samples ADD COLUMN first_label TEXT")
-        relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
+        path = self.root / "samples.sqlite"
+        self._db = connect_writable(path)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+            if "first_label" not in {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}:  # a store from before
+                self._db.execute("ALTER TABLE samples ADD COLUMN first_label TEXT")
+            check_whole(self._db)  # (a season's labels: milliseconds)
+            relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if storage_problem(exc) == "damaged":
+                raise SamplesDamaged(path, exc) from None
+            raise
         #: Labels replaced by a later expert label since this store was opened (:meth:`add`).
         self.corrections = 0
 

@@ -64,6 +64,8 @@ class TrainerService:
         new_classes = not link.endpoint.startswith("tcp://") or cfg.trainer.fleet_new_classes
         tc = cfg.trainer
         self.unlabelled = UnlabelledPool(self.root, tc.unlabelled_pool, tc.unlabelled_pool_mb << 20)
+        if self.unlabelled.recovered:
+            self.log.warning("unlabelled_pool_recovered", what=self.unlabelled.recovered)
         self.stored_photos = StoredPhotos(self.samples, self.unlabelled, cfg.handoff.photo_side, self.log)
         self.receiver = Receiver(
             self.samples, cfg.handoff, link, new_classes=new_classes, classes=self._classes, describe=self._describe, pool=self.unlabelled

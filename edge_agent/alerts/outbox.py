@@ -18,7 +18,7 @@ from pathlib import Path
 
 from edge_agent.alerts.rules import Candidate
 from edge_agent.storage_errors import damaged_file, storage_problem
-from engines.durable import connect_writable, set_aside
+from engines.durable import check_whole, connect_writable, set_aside
 from engines.errors import EdgeAgentError
 
 __all__ = ["DeliveryError", "PartialDelivery", "Message", "Outbox", "PRIORITY"]
@@ -117,11 +117,10 @@ class Outbox:
         with self._lock:
             try:
                 self._db.execute("PRAGMA shrink_memory")  # read the pages from the disk, not from the cache
-                found = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
-            except sqlite3.DatabaseError as again:
-                found = str(again)
-            if found == "ok":
+                check_whole(self._db)
                 return False
+            except sqlite3.DatabaseError:
+                pass
             self._db.close()
             self._db = self._anew(f"found damaged ({exc})")
         return True
@@ -136,9 +135,7 @@ class Outbox:
             db.execute(f"PRAGMA journal_size_limit = {max(64 << 10, self.quota_bytes // 10)}")
             db.execute(f"PRAGMA wal_autocheckpoint = {max(16, self.quota_bytes // 10 // 4096)}")
             db.executescript(SCHEMA)
-            found = db.execute("PRAGMA quick_check(1)").fetchone()[0]  # a rotted page (at most queue_mb: milliseconds)
-            if found != "ok":
-                raise sqlite3.DatabaseError(f"integrity check: {found}")
+            check_whole(db)  # a rotted page (at most queue_mb: milliseconds)
         except BaseException:
             db.close()
             raise

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from edge_agent.log import get_logger
 from edge_agent.results import query_readonly
-from engines.durable import atomic_write, connect_writable, relocate_rows, replace_row_file
+from edge_agent.storage_errors import storage_problem
+from engines.durable import atomic_write, check_whole, connect_writable, relocate_rows, replace_row_file, set_aside
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
 
@@ -63,13 +64,31 @@ class UnlabelledPool:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_photos, self.max_bytes = max_photos, max_bytes
         self._lock = threading.Lock()
-        self._db = connect_writable(self.root / "unlabelled.sqlite")
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        #: What was done about a damaged file (None: nothing), for the log.
+        self.recovered: str | None = None
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:  # a cache of photos nobody labelled: a new one loses nothing to keep
+            if storage_problem(exc) != "damaged":
+                raise
+            aside = set_aside(self.root / "unlabelled.sqlite")
+            self.recovered = f"unlabelled.sqlite was damaged ({exc}): kept as {aside.name}, a new pool started"
+            self._db = self._open()
         self.evicted = 0
         relocate_rows(self._db, "pool", "id", self.root)  # restored or copied to another path: the photos here
         self._sweep()
+
+    def _open(self) -> sqlite3.Connection:
+        db = connect_writable(self.root / "unlabelled.sqlite")
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(SCHEMA)
+            check_whole(db)  # (at most the pool's photos' rows: milliseconds)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         with self._lock:
