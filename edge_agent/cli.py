@@ -548,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except (sqlite3.DatabaseError, OSError) as exc:
-        problem = storage_problem(exc, _state_dir_of(args))  # (the folder, for Python 3.10's codeless errors)
+        state_dir = _state_dir_of(args)
+        problem = storage_problem(exc, state_dir)  # (the folder, for Python 3.10's codeless errors)
         if problem == "full":  # one line, not a traceback; never taken for a damaged ledger
             print(
                 f"edge-agent: the disk is full ({exc}): free space (edge-agent status says what holds it), then try again", file=sys.stderr
@@ -557,13 +558,12 @@ def main(argv: list[str] | None = None) -> int:
         if problem == "locked":
             print(f"edge-agent: {LOCKED}", file=sys.stderr)
             return 2
-        said = access_problem(exc, _state_dir_of(args))
+        said = access_problem(exc, state_dir)
         if said:  # one line naming the file and the fix, not a traceback
             print(f"edge-agent: {said}", file=sys.stderr)
             return 2
         if not isinstance(exc, sqlite3.DatabaseError):
             raise
-        state_dir = _state_dir_of(args)
         if problem == "damaged" and state_dir is not None:  # what follows holds even where its size and time did not change
             from edge_agent._ledger_file import forget_closed
             from edge_agent.state import StateLayout

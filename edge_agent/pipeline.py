@@ -151,9 +151,6 @@ class Pipeline:
         self._threads: list[threading.Thread] = []
         self._swap: Classifier | None = None
         self._closed = False
-        #: What SQLite said of a damaged page of the ledger, once met: nothing more is tried, the photos stay in the
-        #: inbox, and the daemon stops so its next start sets the ledger aside (:meth:`ResultsDB.damaged`).
-        self.ledger_damaged: str | None = None
 
     # ---- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -167,6 +164,12 @@ class Pipeline:
 
     def alive(self) -> bool:
         return all(t.is_alive() for t in self._threads)
+
+    @property
+    def ledger_damaged(self) -> str | None:
+        """What SQLite said of a damaged page of the ledger, once this or another part met it (:meth:`ResultsDB.damaged`):
+        nothing more is tried, the photos stay in the inbox, and the daemon stops so its next start sets it aside."""
+        return self.db.damage_seen
 
     @property
     def in_flight(self) -> int:
@@ -386,10 +389,10 @@ class Pipeline:
 
     def _ledger_broke(self, exc: BaseException) -> bool:
         """Whether ``exc`` says a page of the ledger is damaged (:meth:`ResultsDB.damaged`); the first time, say so."""
+        first = self.db.damage_seen is None
         if not self.db.damaged(exc):
             return False
-        if self.ledger_damaged is None:
-            self.ledger_damaged = self.db.damage_seen
+        if first:
             self.last_errors.append({"time": time.time(), "error": f"the results database is damaged: {exc!r}"})
             self.log.error("ledger_damaged", error=repr(exc), then="the daemon stops; its next start sets the ledger aside")
         return True

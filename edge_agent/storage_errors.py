@@ -8,11 +8,23 @@ import errno
 import os
 import shutil
 import sqlite3
+from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
-from engines.durable import NO_ROOM, read_only_disk
+from engines.durable import NO_ROOM, read_only_disk, set_aside
 
-__all__ = ["FULL_DISK", "LOCKED", "NEARLY_FULL", "NO_ROOM", "READ_ONLY_DISK", "access_problem", "damaged_file", "storage_problem"]
+__all__ = [
+    "FULL_DISK",
+    "LOCKED",
+    "NEARLY_FULL",
+    "NO_ROOM",
+    "READ_ONLY_DISK",
+    "access_problem",
+    "damaged_file",
+    "open_or_set_aside",
+    "storage_problem",
+]
 
 
 #: Free bytes under which a disk counts as full for a database error that carries no code (Python 3.10).
@@ -84,3 +96,18 @@ def damaged_file(exc: BaseException, where: str | os.PathLike) -> bool:
     if problem in ("full", "locked") or access_problem(exc, where):
         return False
     return problem == "damaged" or getattr(exc, "sqlite_errorcode", None) is None
+
+
+def open_or_set_aside(
+    path: Path, open_db: Callable[[], sqlite3.Connection]
+) -> tuple[sqlite3.Connection, tuple[Path, sqlite3.DatabaseError] | None]:
+    """``open_db()`` (which opens ``path``), or, where the file is damaged (:func:`damaged_file`), the file set aside
+    (kept, with its log) and ``open_db()`` again on a new one; returns the connection and, where one was set aside,
+    where it was kept and what SQLite said of it. A full, locked, read-only or failing disk is raised, the file as it is."""
+    try:
+        return open_db(), None
+    except sqlite3.DatabaseError as exc:
+        if not damaged_file(exc, path.parent):
+            raise
+        kept = (set_aside(path), exc)
+    return open_db(), kept

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.alerts.rules import Candidate
-from edge_agent.storage_errors import damaged_file, storage_problem
+from edge_agent.storage_errors import open_or_set_aside, storage_problem
 from engines.durable import check_whole, connect_writable, set_aside
 from engines.errors import EdgeAgentError
 
@@ -92,21 +92,16 @@ class Outbox:
         self._lock = threading.Lock()
         #: What was done about a file SQLite could not read (None: nothing), for the daemon's status.
         self.recovered: str | None = None
-        try:
-            self._db = self._open()
-        except sqlite3.DatabaseError as exc:  # a truncated, overwritten or rotted file: keep it aside, start a new one
-            if not damaged_file(exc, self.path.parent):
-                raise  # a full, locked, read-only or failing disk: the outbox is kept as it is
-            self._db = self._anew(f"unreadable ({exc})")
+        self._db, kept = open_or_set_aside(self.path, self._open)  # a truncated, overwritten or rotted file
+        if kept is not None:
+            self._said_aside(kept[0], f"unreadable ({kept[1]})")
 
-    def _anew(self, why: str) -> sqlite3.Connection:
-        """Set the file aside (kept, with its log) and open a new one, saying so in :attr:`recovered`."""
-        aside = set_aside(self.path)
+    def _said_aside(self, aside: Path, why: str) -> None:
+        """Say in :attr:`recovered` that the file was kept as ``aside``, and why."""
         self.recovered = (
             f"{self.path.name} was {why}: kept as {aside.name}, a new outbox was started; alerts not yet delivered then "
             "are in the old file, and the quiet period starts afresh"
         )
-        return self._open()
 
     def renew_if_damaged(self, exc: BaseException) -> bool:
         """Where ``exc`` (met by a round of the worker or a courier) says a page is damaged and this outbox's own check
@@ -122,7 +117,8 @@ class Outbox:
             except sqlite3.DatabaseError:
                 pass
             self._db.close()
-            self._db = self._anew(f"found damaged ({exc})")
+            self._said_aside(set_aside(self.path), f"found damaged ({exc})")
+            self._db = self._open()
         return True
 
     def _open(self) -> sqlite3.Connection:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from edge_agent.log import get_logger
 from edge_agent.results import query_readonly
-from edge_agent.storage_errors import storage_problem
-from engines.durable import atomic_write, check_whole, connect_writable, relocate_rows, replace_row_file, set_aside
+from edge_agent.storage_errors import open_or_set_aside
+from engines.durable import atomic_write, check_whole, connect_writable, relocate_rows, replace_row_file
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
 
@@ -66,14 +66,10 @@ class UnlabelledPool:
         self._lock = threading.Lock()
         #: What was done about a damaged file (None: nothing), for the log.
         self.recovered: str | None = None
-        try:
-            self._db = self._open()
-        except sqlite3.DatabaseError as exc:  # a cache of photos nobody labelled: a new one loses nothing to keep
-            if storage_problem(exc) != "damaged":
-                raise
-            aside = set_aside(self.root / "unlabelled.sqlite")
-            self.recovered = f"unlabelled.sqlite was damaged ({exc}): kept as {aside.name}, a new pool started"
-            self._db = self._open()
+        # a cache of photos nobody labelled: a new one loses nothing to keep
+        self._db, kept = open_or_set_aside(self.root / "unlabelled.sqlite", self._open)
+        if kept is not None:
+            self.recovered = f"unlabelled.sqlite was damaged ({kept[1]}): kept as {kept[0].name}, a new pool started"
         self.evicted = 0
         relocate_rows(self._db, "pool", "id", self.root)  # restored or copied to another path: the photos here
         self._sweep()
