@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engines.durable import atomic_write, check_whole, connect_writable
 
-__all__ = ["CLOSED", "SCHEMA", "forget_closed", "open_writable", "record_closed", "unchanged_since_closed"]
+__all__ = ["CLOSED", "LEDGER_TABLES", "SCHEMA", "forget_closed", "open_writable", "record_closed", "unchanged_since_closed"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -60,6 +60,9 @@ CREATE TABLE IF NOT EXISTS expert_labels (
     labelled REAL NOT NULL
 );
 """
+
+#: The ledger's tables, in the order a damaged ledger's rows are copied into a new one (:mod:`engines.salvage`).
+LEDGER_TABLES = ("results", "quarantine", "label_queue", "unlabelled_sent", "expert_labels")
 
 
 def open_writable(path: Path, check: bool) -> sqlite3.Connection:

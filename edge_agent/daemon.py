@@ -175,8 +175,8 @@ class Daemon:
             self.log.error("state_disk_full", problem=self.store_note)
 
     def _reindex_queue(self) -> str:
-        """After a ledger was set aside: every photo still in the label queue's folders goes back in the queue, for the
-        expert's review (its label was in the lost ledger), so none is lost. Returns what was done, for status."""
+        """After a ledger was replaced: every photo in the label queue's folders whose entry was lost with it goes back
+        in the queue, for the expert's review (its label was lost), so none is lost. Returns what was done, for status."""
         import re
 
         from edge_agent.ledger_rows import QueueEntry
@@ -184,15 +184,11 @@ class Daemon:
         entries = []
         for kind in ("pseudo", "review", "expert"):
             for f in sorted((self.state.queue / kind).glob("*")):
-                if f.is_file() and re.fullmatch(r"[0-9a-f]{64}", f.stem):
+                if f.is_file() and re.fullmatch(r"[0-9a-f]{64}", f.stem) and self.db.queue_entry(f.stem) is None:
                     entries.append(QueueEntry(f.stem, f.stem[:16], "review", None, None, None, str(f), f.stat().st_size))
         if entries:
             self.db.commit([], entries)
-        processed = sum(1 for f in (self.state.root / "processed").rglob("*") if f.is_file())
-        return (
-            f"; {len(entries)} photos found in the label queue were queued again for the expert's review (their labels "
-            f"were in the lost ledger); {processed} photos in processed/ have no result row"
-        )
+        return f"; {len(entries)} photos found in the label queue were queued again for the expert's review (their labels were lost)"
 
     def _make_classifier(self, engine: Engine) -> Classifier:
         """The pipeline's classifier over ``engine``, at start and at each hot swap; the daemon's log lines name that

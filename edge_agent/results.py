@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
-from edge_agent._ledger_file import forget_closed, open_writable, record_closed, unchanged_since_closed
+from edge_agent._ledger_file import LEDGER_TABLES, forget_closed, open_writable, record_closed, unchanged_since_closed
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
 from edge_agent.ledger_rows import Arrival, LedgerColumns, QueueEntry, ResultRow, result_record
 from edge_agent.storage_errors import damaged_file, storage_problem
 from engines.durable import connect_readonly, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
+from engines.salvage import salvage_file
 
 __all__ = ["LedgerUnreadable", "ResultsDB", "missing_table", "query_readonly"]
 
@@ -101,11 +102,13 @@ class ResultsDB:
 
     @classmethod
     def open_or_recover(cls, path: str | Path, expected: bool = False) -> tuple["ResultsDB", str | None]:
-        """The ledger at ``path``; one that SQLite cannot read (truncated, as after a failing SD card), or an empty
-        file where a ledger was ``expected`` (photos were processed), is moved aside (kept, with its -wal and -shm)
-        and a new one made. Returns the ledger and what happened (None when nothing did), for ``status``. An error of
-        a full, locked, read-only or failing disk (as a new index, made at the first start after an upgrade, meets on
-        a full card), anything SQLite does not call damage, is raised, the ledger left as it is."""
+        """The ledger at ``path``; one that SQLite calls damaged (truncated, or a page a card rotted) is replaced by a
+        new one holding every row that can still be read of it (:func:`engines.salvage.salvage_file`: a rotted page
+        costs the rows on it), and one found empty where a ledger was ``expected`` (photos were processed) by a new
+        one; either is kept beside, with its -wal and -shm. Returns the ledger and what happened (None when nothing
+        did), for ``status``. An error of a full, locked, read-only or failing disk (as a new index, made at the first
+        start after an upgrade, meets on a full card), anything SQLite does not call damage, is raised, the ledger
+        left as it is."""
         path = Path(path)
         existed = path.exists()
         try:
@@ -113,15 +116,20 @@ class ResultsDB:
             if not (expected and existed and db.counts()["processed"] == 0):
                 return db, None
             db.close()
-            why = "empty, although photos were processed"
         except sqlite3.DatabaseError as exc:
             if not damaged_file(exc, path.parent):
                 raise  # a full, locked, read-only or failing disk is no damage to the file: it is kept as it is
-            why = f"unreadable ({exc})"
+            aside, found = salvage_file(path, lambda new: open_writable(new, check=False), LEDGER_TABLES)
+            lost = "results" in found.unreadable or found.unread.get("results", 0) > 0
+            note = (
+                f"{path.name} was unreadable ({exc}): kept as {aside.name}; a new ledger holds what could be read of it "
+                f"({found.describe()})" + ("; the photos of the results lost stay in processed/" if lost else "")
+            )
+            return cls(path), note
         aside = set_aside(path)
         note = (
-            f"{path.name} was {why}: kept as {aside.name}, a new ledger was started; results from before are "
-            "not listed (their photos stay in processed/)"
+            f"{path.name} was empty, although photos were processed: kept as {aside.name}, a new ledger was started; "
+            "results from before are not listed (their photos stay in processed/)"
         )
         return cls(path), note
 

@@ -157,11 +157,14 @@ def sqlite_full_error() -> sqlite3.OperationalError:
     raise AssertionError("the capped database took every row")
 
 
-def rot_pages(db: Path, table: str) -> None:
-    """Overwrite the head of every page of ``table`` in place, as a card that rots them does (size and times kept)."""
+def rot_pages(db: Path, table: str, kind: str | None = None, only: int | None = None) -> None:
+    """Overwrite the head of every page of ``table`` (an index's name names the index) in place, as a card that rots
+    them does (size and times kept); ``kind`` ("leaf", "internal") and ``only`` (that one of them) narrow which."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        pages = [n for (n,) in con.execute("SELECT pageno FROM dbstat WHERE name = ?", (table,))]
+        pages = [n for (n, t) in con.execute("SELECT pageno, pagetype FROM dbstat WHERE name = ?", (table,)) if kind in (None, t)]
         size = con.execute("PRAGMA page_size").fetchone()[0]
+    assert pages, f"no {kind or ''} page of {table} in {db}"
+    pages = pages if only is None else [pages[only]]
     st = db.stat()
     with open(db, "r+b") as f:
         for n in pages:

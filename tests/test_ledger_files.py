@@ -300,7 +300,7 @@ def test_a_trainer_whose_labels_file_rotted_stops_with_one_line_saying_how_to_ge
         timeout=120,
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    assert "samples.sqlite: damaged" in out.stderr and "move samples.sqlite aside" in out.stderr
+    assert "samples.sqlite: damaged" in out.stderr and "`edge-trainer salvage`" in out.stderr
     assert (root / "samples.sqlite").exists() and not list(root.glob("samples.sqlite.corrupt-*"))
 
 

@@ -1,4 +1,4 @@
-"""``edge-trainer serve``, ``retrain`` and ``status``: the device's learning loop on the trainer's side."""
+"""``edge-trainer serve``, ``retrain``, ``salvage`` and ``status``: the device's learning loop on the trainer's side."""
 
 from __future__ import annotations
 
@@ -68,6 +68,23 @@ def _retrain(args: argparse.Namespace) -> int:
         f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)"
     )
     return 0 if result.published else 1
+
+
+def _salvage(args: argparse.Namespace) -> int:
+    from edge_agent.state import looked_for, trainer_state_dir
+    from trainer.samples import SampleStore
+
+    cfg, state = service_config(args)
+    root = trainer_state_dir(cfg, state)
+    if not (root / "samples.sqlite").is_file():  # never a new trainer's files in a mistyped folder
+        raise looked_for("trainer samples", root / "samples.sqlite", args.state_dir, cfg, "`edge-trainer serve` makes it", "trainer")
+    if running(root / "status.json"):
+        print(f"edge-trainer: a trainer is running on {root}: it reads samples.sqlite whole at its start; stop it first")
+        return 1
+    samples = SampleStore(root, salvage=True)
+    samples.close()
+    print(samples.recovered or f"{root / 'samples.sqlite'} reads whole: nothing to salvage")
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -197,6 +214,11 @@ def add_commands(sub, parents: list) -> None:
     add_config_options(sp, STATE_HELP)
     sp.add_argument("--force", action="store_true", help="retrain even when its candidate could not be published (to look at it)")
     sp.set_defaults(func=_retrain)
+    sp = sub.add_parser(
+        "salvage", parents=parents, help="keep the labels that can still be read of a damaged samples.sqlite (the file kept beside)"
+    )
+    add_config_options(sp, STATE_HELP)
+    sp.set_defaults(func=_salvage)
     sp = sub.add_parser("status", parents=parents, help="samples, state, last retrain")
     add_config_options(sp, STATE_HELP)
     sp.add_argument("--json", action="store_true")

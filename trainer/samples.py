@@ -17,6 +17,7 @@ from pathlib import Path
 from edge_agent.storage_errors import storage_problem
 from engines.durable import atomic_write, check_whole, connect_writable, relocate_rows, replace_row_file
 from engines.errors import EdgeAgentError
+from engines.salvage import Salvage, salvage_file
 
 __all__ = ["PENDING", "SampleStore", "Sample", "SamplesDamaged"]
 
@@ -57,41 +58,67 @@ class Sample:
 
 
 class SamplesDamaged(EdgeAgentError):
-    """``samples.sqlite`` is damaged (a card that rots a page): the labels it holds cannot be read, and are not thrown
-    away by a new file; the trainer does not start until the farm restores it or chooses to start without them."""
+    """``samples.sqlite`` is damaged (a card that rots a page) where labels it holds cannot be read: they are not
+    thrown away by a new file; the trainer does not start until the farm restores it or keeps what can be read."""
 
-    def __init__(self, path: Path, exc: BaseException) -> None:
+    def __init__(self, path: Path, exc: BaseException, found: Salvage) -> None:
         super().__init__(
-            f"{path}: damaged ({exc}): the expert's labels it holds cannot be read, so the trainer does not start. Restore "
-            f"the trainer's state from the newest backup (edge-agent restore FILE), or move {path.name} aside to start "
-            "again with no labels (their photos stay in samples/; the devices resend nothing already acknowledged)"
+            f"{path}: damaged ({exc}): some of the expert's labels it holds cannot be read, so the trainer does not start. "
+            "Restore the trainer's state from the newest backup (edge-agent restore FILE), or keep the labels that can "
+            f"still be read ({found.describe()}) with `edge-trainer salvage` (the damaged file is kept beside; the photos "
+            "of the labels lost stay in samples/, and the devices resend nothing already acknowledged)"
         )
         self.path = path
+        self.found = found
 
 
 #: The generation of samples a publish is under way with (``pending:<tag>``); see :meth:`SampleStore.settle_pending`.
 PENDING = "pending:"
 
 
+def _open(path: Path) -> sqlite3.Connection:
+    """``samples.sqlite`` opened to write, its tables made (and a store from before upgraded), read whole for damage."""
+    db = connect_writable(path)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(SCHEMA)
+        if "first_label" not in {r[1] for r in db.execute("PRAGMA table_info(samples)")}:  # a store from before
+            db.execute("ALTER TABLE samples ADD COLUMN first_label TEXT")
+        check_whole(db)  # (a season's labels: milliseconds)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
 class SampleStore:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, salvage: bool = False) -> None:
+        """The store in ``root``. A damaged ``samples.sqlite`` is replaced by one holding every row that can still be
+        read of it (kept beside) where no label is lost (the damage lay in its index) or ``salvage`` says to keep what
+        can be read; otherwise :class:`SamplesDamaged` is raised and nothing changes."""
         self.root = Path(root)
         (self.root / "samples").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         path = self.root / "samples.sqlite"
-        self._db = connect_writable(path)
+        #: What was done at the open of a damaged ``samples.sqlite`` (None: nothing), for the log and ``salvage``.
+        self.recovered: str | None = None
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(SCHEMA)
-            if "first_label" not in {r[1] for r in self._db.execute("PRAGMA table_info(samples)")}:  # a store from before
-                self._db.execute("ALTER TABLE samples ADD COLUMN first_label TEXT")
-            check_whole(self._db)  # (a season's labels: milliseconds)
-            relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
+            self._db = _open(path)
         except sqlite3.DatabaseError as exc:
+            if storage_problem(exc) != "damaged":
+                raise
+            aside, found = salvage_file(path, _open, ("samples", "state"), keep_if=lambda found: salvage or found.lossless)
+            if aside is None:
+                raise SamplesDamaged(path, exc, found) from None
+            self.recovered = (
+                f"{path.name} was damaged ({exc}): kept as {aside.name}; a new one holds what could be read ({found.describe()})"
+            )
+            self._db = _open(path)
+        try:
+            relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
+        except BaseException:
             self._db.close()
-            if storage_problem(exc) == "damaged":
-                raise SamplesDamaged(path, exc) from None
             raise
         #: Labels replaced by a later expert label since this store was opened (:meth:`add`).
         self.corrections = 0

@@ -55,6 +55,8 @@ class TrainerService:
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = get_logger("trainer.service", state_dir=str(self.root))
         self.samples = SampleStore(self.root)
+        if self.samples.recovered:
+            self.log.error("samples_recovered", what=self.samples.recovered)
         self.signing_key = load_or_create_key(trainer_key_path(cfg, state_dir))  # daemons on this state dir trust it
         self.store = resolve_store(cfg, state_dir)
         self._sign_unsigned_versions()

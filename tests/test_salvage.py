@@ -1,0 +1,190 @@
+"""A page a card rots costs the rows on it, not the file: the ledger and the trainer's labels keep what can be read."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge_agent.ledger_rows import QueueEntry, ResultRow
+from edge_agent.results import ResultsDB
+from engines.salvage import salvage_file, salvage_rows
+
+from .conftest import rot_pages
+
+REPO = Path(__file__).parents[1]
+
+
+def _table(path: Path, rows: int = 3000) -> None:
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, sha TEXT NOT NULL UNIQUE, body TEXT)")
+        con.executemany("INSERT INTO t (sha, body) VALUES (?, ?)", [(f"{i:064x}", "x" * 100) for i in range(rows)])
+    con.close()
+
+
+def _fresh(con_path: Path | str = ":memory:") -> sqlite3.Connection:
+    con = sqlite3.connect(con_path, isolation_level=None)
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, sha TEXT NOT NULL UNIQUE, body TEXT)")
+    return con
+
+
+def test_a_rotted_leaf_costs_only_its_rows_counted_exactly_and_the_damaged_file_is_not_changed(tmp_path):
+    src = tmp_path / "a.sqlite"
+    _table(src)
+    rot_pages(src, "t", kind="leaf", only=10)
+    before = hashlib.sha256(src.read_bytes()).hexdigest()
+    dst = _fresh()
+    found = salvage_rows(src, dst, ["t"])
+    kept = dst.execute("SELECT count(*), min(id), max(id) FROM t").fetchone()
+    assert kept[0] == found.kept["t"] and 2900 < kept[0] < 3000 and kept[1:] == (1, 3000)
+    assert found.unread["t"] == 3000 - kept[0] and "t" in found.counted and not found.lossless  # the index counted them
+    assert f"{kept[0]} rows kept, {3000 - kept[0]} lost" in found.describe()
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == before
+    assert dst.execute("SELECT body FROM t WHERE id = 3000").fetchone() == ("x" * 100,)
+
+
+def test_a_rotted_index_loses_no_row_and_a_rotted_root_is_said_to_be_unreadable(tmp_path):
+    src = tmp_path / "a.sqlite"
+    _table(src)
+    rot_pages(src, "sqlite_autoindex_t_1")
+    found = salvage_rows(src, dst := _fresh(), ["t"])
+    assert found.lossless and found.kept == {"t": 3000} and dst.execute("SELECT count(*) FROM t").fetchone() == (3000,)
+    src.unlink()
+    _table(src)
+    with sqlite3.connect(src) as con:
+        root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 't'").fetchone()[0]
+    con.close()
+    with open(src, "r+b") as f:  # the table's root page
+        f.seek((root - 1) * 4096)
+        f.write(b"\xff" * 64)
+    found = salvage_rows(src, _fresh(), ["t"])
+    assert not found.lossless and found.kept["t"] == 0 and found.unread["t"] == 3000 and "t: 0 rows kept, 3000 lost" in found.describe()
+
+
+def test_a_file_whose_first_page_rotted_gives_nothing_and_says_so(tmp_path):
+    src = tmp_path / "a.sqlite"
+    _table(src, 10)
+    data = bytearray(src.read_bytes())
+    data[:100] = b"\xff" * 100
+    src.write_bytes(bytes(data))
+    found = salvage_rows(src, _fresh(), ["t"])
+    assert found.unreadable == ["t"] and not found.lossless and found.describe() == "t: nothing readable"
+
+
+def test_a_salvage_that_fails_on_the_way_leaves_the_damaged_file_where_it_was_and_no_half_made_copy(tmp_path):
+    """A full disk while the new file is filled: the damaged file stays in place (its next try may succeed) and the
+    half-made one is removed, so nothing is lost and nothing is left behind."""
+    src = tmp_path / "a.sqlite"
+    _table(src)
+    rot_pages(src, "t", kind="leaf", only=3)
+
+    class Full(sqlite3.Connection):
+        def execute(self, sql, *args):
+            if sql.startswith("INSERT"):
+                raise sqlite3.OperationalError("database or disk is full")
+            return super().execute(sql, *args)
+
+    with pytest.raises(sqlite3.OperationalError, match="disk is full"):
+        salvage_file(src, lambda p: _make(p, Full), ["t"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.sqlite"]
+    aside, found = salvage_file(src, _make, ["t"], keep_if=lambda found: found.lossless)
+    assert aside is None and sorted(p.name for p in tmp_path.iterdir()) == ["a.sqlite"]  # refused: nothing changed
+    aside, found = salvage_file(src, _make, ["t"])
+    assert aside.name.startswith("a.sqlite.corrupt-") and aside.exists()
+    with sqlite3.connect(src) as con:
+        assert con.execute("PRAGMA quick_check").fetchone() == ("ok",)
+        assert con.execute("SELECT count(*) FROM t").fetchone()[0] == found.kept["t"]
+    con.close()
+
+
+def _make(path: Path, factory=sqlite3.Connection) -> sqlite3.Connection:
+    con = sqlite3.connect(path, isolation_level=None, factory=factory)
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, sha TEXT NOT NULL UNIQUE, body TEXT)")
+    return con
+
+
+def _row(i: int) -> ResultRow:
+    return ResultRow(
+        f"{i:064x}", f"p{i}", f"/farm/inbox/{i}.jpg", "folder", "Apple___healthy", 0.97, [["Apple___healthy", 0.97]], "v4000", {}
+    )
+
+
+def test_a_ledger_with_a_rotted_page_keeps_every_other_result_and_the_experts_labels_and_the_queue(tmp_path):
+    """Before, a ledger SQLite called damaged was set aside whole and a new, empty one started: a season's results,
+    the expert's labels and the label queue's entries went with one rotted page (the queue's photos came back as
+    questions for the expert, their labels lost). Now the new ledger holds every row that can still be read."""
+    path = tmp_path / "results.sqlite"
+    db = ResultsDB(path)
+    db.commit([_row(i) for i in range(1, 2001)])
+    queued = tmp_path / "queue" / "expert" / f"{7:064x}.jpg"
+    db.commit([], [QueueEntry(f"{7:064x}", "p7", "review", None, None, None, str(queued), 10)])
+    db.mark_expert(f"{7:064x}", "Apple___Apple_scab", str(queued))
+    db.close()
+    rot_pages(path, "results", kind="leaf", only=20)
+    (tmp_path / "results.sqlite.closed.json").unlink()  # (as a daemon that met the page forgets it: read whole at the start)
+    db, note = ResultsDB.open_or_recover(path, expected=True)
+    kept = db.counts()["processed"]
+    assert 1900 < kept < 2000 and db.expert_labels() == {f"{7:064x}": "Apple___Apple_scab"}
+    assert db.queue_entry(f"{7:064x}").label == "Apple___Apple_scab"
+    assert f"results: {kept} rows kept, {2000 - kept} lost" in note and "the photos of the results lost stay in processed/" in note
+    assert "kept as results.sqlite.corrupt-" in note and list(tmp_path.glob("results.sqlite.corrupt-*"))
+    db.commit([_row(5000)])  # the new ledger takes results, its indexes rebuilt
+    assert db.has(_row(5000).sha256) and db.has(_row(2000).sha256)
+    db.close()
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    con.close()
+
+
+def _samples(root: Path, n: int = 400):
+    from trainer.samples import SampleStore
+
+    store = SampleStore(root)
+    for i in range(n):
+        header = {"id": f"{i:064x}", "ext": ".jpg", "kind": "expert", "label": "Apple___healthy", "confidence": 1.0, "engine_version": "v1"}
+        store.add(header, b"a photo")
+    store.set_state("pseudo_deleted", "3")
+    store.close()
+
+
+def test_the_trainer_starts_on_its_own_where_only_an_index_of_its_labels_rotted(tmp_path):
+    """Every label can still be read: the trainer keeps them all in a new file (the damaged one beside) and starts,
+    saying so in its log, instead of waiting for the farm."""
+    from trainer.samples import SampleStore
+
+    _samples(tmp_path)
+    rot_pages(tmp_path / "samples.sqlite", "sqlite_autoindex_samples_1")
+    store = SampleStore(tmp_path)
+    assert store.recovered and "samples: 400 rows kept" in store.recovered and "kept as samples.sqlite.corrupt-" in store.recovered
+    assert len(store.all()) == 400 and store.get_state("pseudo_deleted") == "3" and store.has(f"{5:064x}")
+    store.close()
+
+
+def test_where_labels_would_be_lost_the_trainer_waits_for_the_farm_and_salvage_keeps_what_can_be_read(tmp_path):
+    """A rotted leaf of the labels: the trainer does not start on its own (a backup may hold them all), says in one
+    line what `edge-trainer salvage` would keep and lose; that command keeps them and the trainer starts."""
+    from trainer.samples import SamplesDamaged, SampleStore
+
+    state = tmp_path / "state"
+    root = state / "trainer"
+    _samples(root)
+    rot_pages(root / "samples.sqlite", "samples", kind="leaf", only=2)
+    with pytest.raises(SamplesDamaged) as err:
+        SampleStore(root)
+    kept = err.value.found.kept["samples"]
+    assert 350 < kept < 400 and f"samples: {kept} rows kept, {400 - kept} lost" in str(err.value)
+    assert not list(root.glob("samples.sqlite.*"))  # nothing changed
+    run = [sys.executable, "-m", "trainer"]
+    out = subprocess.run([*run, "serve", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "edge-trainer salvage" in out.stderr
+    out = subprocess.run([*run, "salvage", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0 and f"samples: {kept} rows kept, {400 - kept} lost" in out.stdout, out.stderr
+    assert len(SampleStore(root).all()) == kept and list(root.glob("samples.sqlite.corrupt-*"))
+    out = subprocess.run([*run, "salvage", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0 and "reads whole: nothing to salvage" in out.stdout
+    out = subprocess.run([*run, "salvage", "--state-dir", str(tmp_path / "typo")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2 and "no trainer samples at" in out.stderr and not (tmp_path / "typo").exists()
