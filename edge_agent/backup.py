@@ -20,6 +20,7 @@ from there, checked against the same hashes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import itertools
@@ -40,7 +41,18 @@ from engines.durable import atomic_write, connect_readonly, read_only_disk
 from engines.errors import EdgeAgentError
 from engines.store import sha256_stream
 
-__all__ = ["BackupError", "BackupSealed", "BackupStopped", "backup", "last_backup", "write_record", "FORMAT", "FORMATS", "RECORD"]
+__all__ = [
+    "BackupError",
+    "BackupSealed",
+    "BackupStopped",
+    "DatabaseDamaged",
+    "backup",
+    "last_backup",
+    "write_record",
+    "FORMAT",
+    "FORMATS",
+    "RECORD",
+]
 
 #: The backup format written: 2 names shared files beside the archive (:mod:`edge_agent._backup_files`); a backup with
 #: none is written as format 1, which versions before them restore too.
@@ -91,12 +103,69 @@ class BackupSealed(BackupError):
     """A backup sealed with a passphrase was to be restored without one (nothing was changed)."""
 
 
+#: What puts each database right once a backup has found a damaged page in it.
+_DAMAGE_FIX = {
+    "results.sqlite": "the daemon's next start keeps every row that can still be read in a new ledger (a daemon that takes "
+    "its backups stops for it, and systemd starts it again 5 s on)",
+    "alerts.sqlite": "the daemon keeps it aside and starts a new outbox (at once where it takes its backups, else at its next start)",
+    "trainer/samples.sqlite": "the trainer's next start keeps the expert's labels where none is lost, or says how to get them "
+    "back (a trainer that takes its backups stops for it)",
+    "trainer/unlabelled.sqlite": "the trainer's next start keeps it aside and starts a new pool (a trainer that takes its "
+    "backups stops for it)",
+}
+
+
+class DatabaseDamaged(BackupError):
+    """A database the backup copies has a damaged page (a card that rots one): no backup is written, so none before
+    it, which may hold the page whole, is deleted for it."""
+
+    def __init__(self, state_dir: Path, name: str, exc: BaseException) -> None:
+        super().__init__(
+            f"{state_dir / name}: damaged ({exc}): no backup written, so none of the backups before it is deleted "
+            f"(the newest may hold the page whole); {_DAMAGE_FIX[name]}"
+        )
+        #: The database, as :data:`DATABASES` names it, and what SQLite said of it.
+        self.name, self.cause = name, exc
+
+
 def _skipped(rel: str, photos: bool) -> bool:
     if not photos and (rel == "processed" or rel.startswith("processed/")):
         return True
     return any(rel == s or rel.startswith(s + "/") or Path(rel).name.startswith(".tmp-") for s in SKIPPED) or rel.endswith(
         ("-wal", "-shm", ".lock")
     )
+
+
+def _checked_copy(state_dir: Path, name: str, src: Path, dst: Path) -> Path:
+    """:func:`_sqlite_copy` of database ``name``, read whole (SQLite's quick_check: about 150 ms for a season's ledger
+    here): a page a card rotted is copied as it lies, and a backup that kept it would in time be the only one left.
+    Raises :class:`DatabaseDamaged` where the database itself is damaged (the ledger then no longer counts as closed
+    whole, so the daemon's next start reads it whole), :class:`BackupError` where only the copy is."""
+    from edge_agent._ledger_file import forget_closed
+    from edge_agent.storage_errors import storage_problem
+    from engines.durable import check_whole
+
+    try:
+        _sqlite_copy(src, dst)
+        with contextlib.closing(sqlite3.connect(dst)) as copy:
+            check_whole(copy)
+        return dst
+    except sqlite3.DatabaseError as exc:
+        if storage_problem(exc) != "damaged":
+            raise
+        try:
+            with contextlib.closing(connect_readonly(src)) as con:
+                check_whole(con)
+        except sqlite3.DatabaseError as found:
+            if storage_problem(found) != "damaged":
+                raise
+            if name == "results.sqlite":
+                forget_closed(src)
+            raise DatabaseDamaged(state_dir, name, found) from None
+        raise BackupError(
+            f"{dst}: the copy of {src} read back damaged though the file reads whole: the disk it was copied onto may be "
+            "failing; no backup written"
+        ) from None
 
 
 def _sqlite_copy(src: Path, dst: Path) -> Path:
@@ -165,12 +234,12 @@ def _outside_files(cfg: AppConfig, state_dir: Path) -> dict[str, Path]:
 
 
 def _snapshot(
-    members: dict[str, Path], folder: Path, relist: Callable[[], dict[str, Path]] = dict
+    state_dir: Path, members: dict[str, Path], folder: Path, relist: Callable[[], dict[str, Path]] = dict
 ) -> tuple[dict[str, Path], dict[str, tuple[int, int, int]]]:
     """``members`` as they are now, each read later from ``folder``: every file but the databases hard-linked first
     (a file the daemon replaces or deletes while the archive is written is read as it was when linked, so its
     recorded sha256 holds; a file on another disk is read where it is), then the databases copied through SQLite's
-    backup API, then the files ``relist()`` names that were not there before. Every store writes a photo before the
+    backup API (each read whole: :func:`_checked_copy`), then the files ``relist()`` names that were not there before. Every store writes a photo before the
     row that names it, and deletes the row before the photo, so each row of a database copy names a file the
     snapshot holds, whatever the daemon and the trainer add, remove or replace meanwhile (a label's photo the trainer
     reduces, a pseudo-label dropped, a queued photo sent). A file gone since it was listed is left out. Also what
@@ -202,7 +271,9 @@ def _snapshot(
     for name, src in members.items():
         if name not in DATABASES:
             link(name, src)
-    copies = {name: _sqlite_copy(src, folder / name.replace("/", "-")) for name, src in members.items() if name in DATABASES}
+    copies = {
+        name: _checked_copy(state_dir, name, src, folder / name.replace("/", "-")) for name, src in members.items() if name in DATABASES
+    }
     late = {name: src for name, src in relist().items() if name not in members and name not in DATABASES}
     for name, src in late.items():
         link(name, src)
@@ -293,7 +364,7 @@ def backup(
     pool = SharedFiles(shared, sealer, Unsealer(passphrase) if passphrase else None) if shared else None
     written = 0
     try:
-        members, stats = _snapshot(members, copies, lambda: _members(cfg, state_dir, photos)[0])
+        members, stats = _snapshot(state_dir, members, copies, lambda: _members(cfg, state_dir, photos)[0])
         files, known, hashes, settled = {}, _read_hashes(state_dir), {}, time.time_ns() - _SETTLED_NS
         for name, src in members.items():
             st, hit = stats.get(name), known.get(name)

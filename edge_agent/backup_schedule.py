@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edge_agent.backup import REQUEST, BackupError, BackupStopped, last_backup
+from edge_agent.backup import REQUEST, BackupError, BackupStopped, DatabaseDamaged, last_backup
 from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
@@ -65,10 +65,13 @@ class BackupSchedule(Worker):
         poll_s: float = POLL_S,
         first_delay_s: float | None = None,
         defer: Callable[[], str | None] = lambda: None,
+        on_damaged: Callable[[str, BaseException], None] = lambda name, exc: None,
     ) -> None:
-        """``defer()``: why another service takes this state directory's backups (None: this one does)."""
+        """``defer()``: why another service takes this state directory's backups (None: this one does);
+        ``on_damaged(name, exc)``: told where a backup found a damaged page in a database (:class:`DatabaseDamaged`),
+        so the service that writes it puts it right."""
         super().__init__()
-        self.defer = defer
+        self.defer, self.on_damaged = defer, on_damaged
         self.cfg, self.section, self.state_root = cfg, cfg.backup, Path(state_root)
         self.clock, self.poll_s = clock, poll_s
         self.started = clock()
@@ -116,6 +119,8 @@ class BackupSchedule(Worker):
                 since = self.failed["since"] if self.failed else now
                 self.failed = {"time": now, "error": str(exc) if isinstance(exc, BackupError) else repr(exc)[:300], "since": since}
                 self.log.error("backup_failed", error=str(exc), failing_since=since)
+                if isinstance(exc, DatabaseDamaged):
+                    self.on_damaged(exc.name, exc.cause)
                 return None
             finally:
                 self.running = False

@@ -161,10 +161,18 @@ class Daemon:
         if self.cfg.backup.dir:
             from edge_agent.backup_schedule import BackupSchedule
 
-            self.backups = BackupSchedule(self.cfg, self.state.root)
+            self.backups = BackupSchedule(self.cfg, self.state.root, on_damaged=self._backup_found_damage)
             self.backups.start()
         self._start_alerts()
         self._start_learning_links()
+
+    def _backup_found_damage(self, name: str, exc: BaseException) -> None:
+        """A backup read a damaged page in ``name``: the ledger's stops the daemon, whose next start keeps every row
+        that can still be read; the alert outbox's is set aside at once; the trainer's files are the trainer's."""
+        if name == "results.sqlite":
+            self.db.damaged(exc)  # (the main loop sees it within 0.5 s)
+        elif name == "alerts.sqlite" and self.alerts is not None:
+            self.alerts.renew_if_damaged(exc)
 
     def _seed_state_store(self) -> None:
         """A first start's ``<state>/engines``, given the release serving (:func:`edge_agent.seeding.seed_serving`): the
@@ -186,8 +194,9 @@ class Daemon:
             for f in sorted((self.state.queue / kind).glob("*")):
                 if f.is_file() and re.fullmatch(r"[0-9a-f]{64}", f.stem) and self.db.queue_entry(f.stem) is None:
                     entries.append(QueueEntry(f.stem, f.stem[:16], "review", None, None, None, str(f), f.stat().st_size))
-        if entries:
-            self.db.commit([], entries)
+        if not entries:
+            return ""
+        self.db.commit([], entries)
         return f"; {len(entries)} photos found in the label queue were queued again for the expert's review (their labels were lost)"
 
     def _make_classifier(self, engine: Engine) -> Classifier:
@@ -438,6 +447,9 @@ class Daemon:
             labels = self.cfg.labels
             dropped = prune_pool(self.db, self.spool, labels.review_pool, labels, max_bytes=labels.review_pool_bytes)
         except Exception as exc:  # a locked database: try again next time
+            if isinstance(exc, sqlite3.DatabaseError) and self.db.damaged(exc):  # the main loop stops the daemon for it
+                self.log.error("ledger_damaged", error=repr(exc), met_by="the review pool's pruning")
+                return
             self.log.warning("review_pool_prune_failed", error=repr(exc))
             return
         if dropped:
@@ -468,7 +480,8 @@ class Daemon:
             self.log.error(
                 "stopped_for_damaged_ledger",
                 error=self.db.damage_seen,
-                then="start it again (systemd does, 5 s on): the start reads the ledger whole, sets it aside and begins a new one",
+                then="start it again (systemd does, 5 s on): the start reads the ledger whole and keeps every row that can still "
+                "be read in a new one, the damaged one kept beside",
             )
             return 1
         return 0

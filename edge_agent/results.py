@@ -122,7 +122,7 @@ class ResultsDB:
             aside, found = salvage_file(path, lambda new: open_writable(new, check=False), LEDGER_TABLES)
             lost = "results" in found.unreadable or found.unread.get("results", 0) > 0
             note = (
-                f"{path.name} was unreadable ({exc}): kept as {aside.name}; a new ledger holds what could be read of it "
+                f"{path.name} was damaged ({exc}): kept as {aside.name}; a new ledger holds what could be read of it "
                 f"({found.describe()})" + ("; the photos of the results lost stay in processed/" if lost else "")
             )
             return cls(path), note

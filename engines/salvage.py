@@ -46,10 +46,12 @@ class Salvage:
         parts = []
         for table, n in self.kept.items():
             lost = self.unread.get(table, 0)
+            if not n and not lost:
+                continue  # (an empty table: nothing to say)
             bound = "" if table in self.counted else "at most "
             parts.append(f"{table}: {n} rows kept" + (f", {bound}{lost} lost" if lost else ""))
         parts += [f"{table}: nothing readable" for table in self.unreadable]
-        return "; ".join(parts)
+        return "; ".join(parts) or "no rows"
 
 
 def _columns(con: sqlite3.Connection, table: str) -> list[str]:
@@ -117,6 +119,10 @@ def salvage_file(
     aside = set_aside(path)
     os.replace(new, path)
     fsync_dir(path.parent)
+    wal = Path(f"{aside}-wal")
+    if not wal.exists() or wal.stat().st_size == 0:  # (made empty by the read above: the file alone is the copy)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{aside}{suffix}").unlink(missing_ok=True)
     return aside, found
 
 

@@ -346,7 +346,7 @@ def test_the_alert_worker_meeting_a_rotted_outbox_starts_a_new_one_at_the_ledger
     w.outbox._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # (its pages in the file, as most of the time)
     rot_pages(tmp_path / "alerts.sqlite", "outbox")
     with capture_logs() as logs:
-        w._renew_if_damaged(sqlite3.DatabaseError("database disk image is malformed"))
+        w.renew_if_damaged(sqlite3.DatabaseError("database disk image is malformed"))
     assert [e["event"] for e in logs] == ["alerts_outbox_recovered"]
     assert w.outbox.get("cursor") == str(db.last_result_id()) and w.outbox.due("webhook:0") == []
     w.outbox.close()

@@ -322,8 +322,69 @@ def test_a_database_that_cannot_be_copied_is_a_failure_said_and_the_schedule_goe
     (state / "alerts.sqlite").write_bytes(b"not a database, " * 512)  # torn by a dead card, say
     sched = BackupSchedule(stick_cfg(usb), state, first_delay_s=0)
     assert sched.run_once() is None
-    assert "could not copy a database for the backup" in sched.failed["error"] and list(usb.iterdir()) == []
+    assert "alerts.sqlite: damaged (file is not a database)" in sched.failed["error"] and list(usb.iterdir()) == []
     assert not [p for p in state.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_ledger_with_a_rotted_page_is_not_backed_up_the_backups_before_it_are_kept_and_the_daemon_is_told(tmp_path, state):
+    """SQLite's backup copies pages as they lie: a page a card rotted went into every day's backup, and once the
+    `keep` newest all held it, none held the page whole. Now each database copied is read whole: a damaged one is
+    no backup (none before it deleted), the ledger no longer counts as closed whole, and the daemon is told (it
+    stops, and its next start keeps every row that can still be read); the next backup is whole again."""
+    from edge_agent._ledger_file import record_closed
+
+    from .conftest import rot_pages
+
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    cfg = stick_cfg(usb, keep=1)
+    first = take(cfg, state, now=time.time() - 86400)
+    record_closed(state / "results.sqlite")
+    rot_pages(state / "results.sqlite", "sqlite_autoindex_results_1")  # the index of the photos' hashes
+    told = []
+    sched = BackupSchedule(cfg, state, first_delay_s=0, on_damaged=lambda name, exc: told.append(name))
+    assert sched.run_once() is None
+    error = sched.failed["error"]
+    assert "results.sqlite: damaged (integrity check:" in error and "none of the backups before it is deleted" in error
+    assert "keeps every row that can still be read" in error and told == ["results.sqlite"]
+    assert [p.name for p in own_backups(usb, device_name())] == [Path(first["path"]).name]
+    assert not (state / "results.sqlite.closed.json").exists()  # the daemon's next start reads it whole
+    assert not [p for p in state.iterdir() if p.name.startswith(".tmp-")]
+    db, note = ResultsDB.open_or_recover(state / "results.sqlite", expected=True)  # as that start does
+    assert "results: 6 rows kept" in note and db.last_result_id() == 6
+    db.close()
+    assert sched.run_once() is not None and sched.failed is None
+    assert [p.name for p in own_backups(usb, device_name())] != [Path(first["path"]).name]  # the older one deleted now
+
+
+def test_a_trainer_whose_backup_finds_its_labels_damaged_stops_for_its_next_start_to_keep_them(tmp_path):
+    from edge_agent.config import parse_config
+    from trainer import service
+
+    from .conftest import rot_pages
+
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    svc = service.TrainerService(parse_config({"backup": {"dir": str(usb)}}), tmp_path / "trainer-machine")
+    header = {"id": "a" * 64, "ext": ".jpg", "kind": "expert", "label": "Apple___healthy", "confidence": 1.0, "engine_version": "v1"}
+    svc.samples.add(header, b"a photo")
+    svc.samples._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # (the row into the file, as any checkpoint does)
+    svc._start_backups()
+    try:
+        rot_pages(svc.root / "samples.sqlite", "sqlite_autoindex_samples_1")
+        svc.backups.first_delay_s = 0
+        assert svc.backups.run_once() is None and "trainer/samples.sqlite: damaged" in svc.backups.failed["error"]
+        assert svc._stop.is_set() and svc.damaged.startswith("trainer/samples.sqlite")
+        assert own_backups(usb, device_name()) == []
+    finally:
+        svc.backups.stop()
+        svc.samples.close()
+        svc.unlabelled.close()
+    from trainer.samples import SampleStore
+
+    again = SampleStore(svc.root)  # its next start: every label read, kept in a new file
+    assert again.recovered and [s.id for s in again.all()] == ["a" * 64]
+    again.close()
 
 
 def _secret(tmp_path: Path, text: str = "correct horse battery staple\n") -> Path:

@@ -389,6 +389,45 @@ def test_a_ledger_found_damaged_while_running_stops_the_daemon_with_a_failure_an
     assert photo.exists() and not (tmp_path / "state" / "results.sqlite.closed.json").exists()
 
 
+@pytest.mark.parametrize("met_by", ["the backup", "the review pool's pruning"])
+def test_a_damaged_ledger_page_met_by_the_backup_or_the_review_pools_pruning_stops_the_daemon_too(
+    tmp_path, tiny_store, monkeypatch, met_by
+):
+    """The daily backup reads the ledger whole, and the review pool's pruning reads it every minute: where either meets
+    a damaged page, the daemon stops with status 1 as where a commit meets one, so its next start keeps every row that
+    can still be read (before, the pruning said a warning a minute and the backup copied the page as it lay)."""
+    import sqlite3
+
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+    from edge_agent.systemd import Notifier
+    from engines.loader import open_engine
+
+    malformed = sqlite3.DatabaseError("database disk image is malformed")
+
+    def rotted(*a, **k):
+        raise malformed
+
+    cfg = parse_config({"inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}})
+    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}), engine=open_engine(tiny_store, cfg.engine))
+    result = {}
+    runner = threading.Thread(target=lambda: result.setdefault("rc", daemon.run()))
+    runner.start()
+    try:
+        wait_until(lambda: daemon.pipeline is not None and daemon.folder is not None, 20, "daemon up")
+        if met_by == "the backup":
+            daemon._backup_found_damage("results.sqlite", malformed)
+        else:
+            monkeypatch.setattr("edge_agent.review.queue.prune_pool", rotted)
+            daemon._prune_review_pool()
+        runner.join(30)
+        assert not runner.is_alive() and result["rc"] == 1
+    finally:
+        daemon.request_stop()
+        runner.join(10)
+    assert not (tmp_path / "state" / "results.sqlite.closed.json").exists()
+
+
 def test_a_phone_heic_and_a_scanner_tiff_get_results_and_an_unknown_file_is_counted(tmp_path):
     """The same real photo as HEIC (an iPhone's format) and as TIFF gets the label its JPEG gets; a .xyz file
     is left alone and shows in status."""

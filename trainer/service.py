@@ -90,6 +90,7 @@ class TrainerService:
         self._release_tried = -1  # the sample count a retrain of an upgrade's pending release last ran on
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
         self.backups: BackupSchedule | None = None
+        self.damaged: str | None = None  # a damaged page a backup found in this trainer's files (it then stops)
         self._classes_of: tuple[str | None, list[str]] = (None, [])  # the current version and its classes
 
     def _sign_unsigned_versions(self) -> None:
@@ -115,8 +116,15 @@ class TrainerService:
         """With ``[backup] dir``: a trainer on a machine of its own backs up its state there as the daemon does (its
         signing key above all, which every device of the fleet trusts)."""
         if self.cfg.backup.dir:
-            self.backups = BackupSchedule(self.cfg, self.state_dir, defer=self._daemon_takes_backups)
+            self.backups = BackupSchedule(self.cfg, self.state_dir, defer=self._daemon_takes_backups, on_damaged=self._backup_found_damage)
             self.backups.start()
+
+    def _backup_found_damage(self, name: str, exc: BaseException) -> None:
+        """A backup read a damaged page in this trainer's labels or pool: it stops (status 1), so its next start
+        (systemd's) keeps what can be read, or says how to get the labels back."""
+        if name.startswith("trainer/"):
+            self.damaged = f"{name}: {exc}"
+            self.request_stop()
 
     def _daemon_takes_backups(self) -> str | None:
         """Why this trainer leaves the backups to the daemon: it shares the state directory (the daemon's backup holds
@@ -348,4 +356,11 @@ class TrainerService:
         self.samples.close()
         self.unlabelled.close()
         self.log.info("stopped")
+        if self.damaged:
+            self.log.error(
+                "stopped_for_damaged_file",
+                error=self.damaged,
+                then="start it again (systemd does, 30 s on): its start keeps what can be read",
+            )
+            return 1
         return 0

@@ -308,7 +308,7 @@ class AlertWorker(Worker):
                 sent = self.deliver_to(d)
             except Exception as exc:  # noqa: BLE001 - a locked disk or a destination's bug: log, wait, go on
                 self.log.warning("alert_delivery_round_failed", destination=d.name, error=repr(exc)[:300])
-                self._renew_if_damaged(exc)
+                self.renew_if_damaged(exc)
                 sent = False
             if not sent:
                 self._stop.wait(self.poll_s)
@@ -460,7 +460,7 @@ class AlertWorker(Worker):
             self.outbox.put(self._messages("digest", body))
             self.outbox.set("digest_day", body["day"])
 
-    def _renew_if_damaged(self, exc: BaseException) -> None:
+    def renew_if_damaged(self, exc: BaseException) -> None:
         """A damaged page of the outbox: a new outbox, its cursor at the ledger's end (:meth:`Outbox.renew_if_damaged`)."""
         if self.outbox.renew_if_damaged(exc):
             self.outbox.set("cursor", str(self._max_result_id()))
@@ -475,7 +475,7 @@ class AlertWorker(Worker):
                 self._digest()
             except sqlite3.Error as exc:  # a locked or full disk: try again next round, nothing moved
                 self.log.warning("alerts_round_failed", error=repr(exc))
-                self._renew_if_damaged(exc)
+                self.renew_if_damaged(exc)
                 busy = 0
             if not busy:
                 self._stop.wait(self.poll_s)
