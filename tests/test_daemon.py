@@ -353,11 +353,15 @@ def test_stop_with_a_stuck_pipeline_still_exits(tmp_path, tiny_store):
         gate.set()
 
 
-def test_a_ledger_found_damaged_while_running_stops_the_daemon_with_a_failure_and_keeps_the_photos(tmp_path, tiny_store, monkeypatch):
+@pytest.mark.parametrize("met_by", ["a commit", "the backup", "the review pool's pruning"])
+def test_a_ledger_found_damaged_while_running_stops_the_daemon_with_a_failure_and_keeps_the_photos(
+    tmp_path, tiny_store, monkeypatch, met_by
+):
     """A page of the ledger found rotted while the daemon runs: before, the sink tried again every second for ever (each
-    try counted as progress, so the watchdog never fired) and no photo was recorded. Now the daemon stops with status 1
-    (systemd starts it again 5 s on), the photos wait in the inbox, and the ledger is not recorded as closed whole, so
-    that start reads it and sets it aside."""
+    try counted as progress, so the watchdog never fired) and no photo was recorded; the review pool's pruning said a
+    warning a minute; the day's backup copied the page as it lay. Now the daemon stops with status 1 (systemd starts it
+    again 5 s on), the photos wait in the inbox, and the ledger is not recorded as closed whole, so that start reads it
+    and keeps every row that can still be read."""
     import sqlite3
 
     from edge_agent.config import parse_config
@@ -367,41 +371,6 @@ def test_a_ledger_found_damaged_while_running_stops_the_daemon_with_a_failure_an
     from engines.loader import open_engine
 
     from .conftest import encode, leaf_image
-
-    def rotted(self, *a, **k):
-        raise sqlite3.DatabaseError("database disk image is malformed")
-
-    cfg = parse_config({"inbox": {"settle_s": 0.1}, "store": {"path": str(tiny_store)}})
-    daemon = Daemon(cfg, tmp_path / "state", notifier=Notifier({}), engine=open_engine(tiny_store, cfg.engine))
-    result = {}
-    runner = threading.Thread(target=lambda: result.setdefault("rc", daemon.run()))
-    runner.start()
-    try:
-        wait_until(lambda: daemon.pipeline is not None and daemon.folder is not None, 20, "daemon up")
-        monkeypatch.setattr(ResultsDB, "commit", rotted)
-        photo = tmp_path / "state" / "inbox" / "leaf.jpg"
-        photo.write_bytes(encode(leaf_image(3)))
-        runner.join(30)
-        assert not runner.is_alive() and result["rc"] == 1
-    finally:
-        daemon.request_stop()
-        runner.join(10)
-    assert photo.exists() and not (tmp_path / "state" / "results.sqlite.closed.json").exists()
-
-
-@pytest.mark.parametrize("met_by", ["the backup", "the review pool's pruning"])
-def test_a_damaged_ledger_page_met_by_the_backup_or_the_review_pools_pruning_stops_the_daemon_too(
-    tmp_path, tiny_store, monkeypatch, met_by
-):
-    """The daily backup reads the ledger whole, and the review pool's pruning reads it every minute: where either meets
-    a damaged page, the daemon stops with status 1 as where a commit meets one, so its next start keeps every row that
-    can still be read (before, the pruning said a warning a minute and the backup copied the page as it lay)."""
-    import sqlite3
-
-    from edge_agent.config import parse_config
-    from edge_agent.daemon import Daemon
-    from edge_agent.systemd import Notifier
-    from engines.loader import open_engine
 
     malformed = sqlite3.DatabaseError("database disk image is malformed")
 
@@ -413,9 +382,13 @@ def test_a_damaged_ledger_page_met_by_the_backup_or_the_review_pools_pruning_sto
     result = {}
     runner = threading.Thread(target=lambda: result.setdefault("rc", daemon.run()))
     runner.start()
+    photo = tmp_path / "state" / "inbox" / "leaf.jpg"
     try:
         wait_until(lambda: daemon.pipeline is not None and daemon.folder is not None, 20, "daemon up")
-        if met_by == "the backup":
+        if met_by == "a commit":
+            monkeypatch.setattr(ResultsDB, "commit", rotted)
+            photo.write_bytes(encode(leaf_image(3)))
+        elif met_by == "the backup":
             daemon._backup_found_damage("results.sqlite", malformed)
         else:
             monkeypatch.setattr("edge_agent.review.queue.prune_pool", rotted)
@@ -425,7 +398,7 @@ def test_a_damaged_ledger_page_met_by_the_backup_or_the_review_pools_pruning_sto
     finally:
         daemon.request_stop()
         runner.join(10)
-    assert not (tmp_path / "state" / "results.sqlite.closed.json").exists()
+    assert (photo.exists() or met_by != "a commit") and not (tmp_path / "state" / "results.sqlite.closed.json").exists()
 
 
 def test_a_phone_heic_and_a_scanner_tiff_get_results_and_an_unknown_file_is_counted(tmp_path):
