@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_agent.config import AppConfig
 from edge_agent.ledger_rows import QueueEntry, ResultRow
 from edge_agent.results import ResultsDB
 from engines.salvage import salvage_file, salvage_rows
@@ -158,7 +159,7 @@ def test_the_trainer_starts_on_its_own_where_only_an_index_of_its_labels_rotted(
 
     _samples(tmp_path)
     rot_pages(tmp_path / "samples.sqlite", "sqlite_autoindex_samples_1")
-    store = SampleStore(tmp_path)
+    store = SampleStore(tmp_path, recover="lossless")
     assert store.recovered and "samples: 400 rows kept" in store.recovered and "kept as samples.sqlite.corrupt-" in store.recovered
     assert len(store.all()) == 400 and store.get_state("pseudo_deleted") == "3" and store.has(f"{5:064x}")
     store.close()
@@ -188,3 +189,60 @@ def test_where_labels_would_be_lost_the_trainer_waits_for_the_farm_and_salvage_k
     assert out.returncode == 0 and "reads whole: nothing to salvage" in out.stdout
     out = subprocess.run([*run, "salvage", "--state-dir", str(tmp_path / "typo")], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2 and "no trainer samples at" in out.stderr and not (tmp_path / "typo").exists()
+
+
+def test_a_retrain_that_meets_damaged_labels_fails_as_damage_and_never_replaces_the_file_under_the_service(tmp_path):
+    """The retrain's own process opens the labels while the service has them open: it never replaces the file (the
+    service would go on writing into the one set aside), and its failure says damage, not a failure to wait out."""
+    from trainer._child import RetrainDamaged, retrain_in_child
+
+    root = tmp_path / "trainer"
+    _samples(root, 50)
+    rot_pages(root / "samples.sqlite", "sqlite_autoindex_samples_1")  # every label readable: a start would keep them
+    with pytest.raises(RetrainDamaged, match="SamplesDamaged"):
+        retrain_in_child(
+            AppConfig(), tmp_path / "engines", root, root / "strategy", root / "signing.key", print, lambda *a, **k: None, lambda: False
+        )
+    assert (root / "samples.sqlite").is_file() and not list(root.glob("samples.sqlite.*"))  # (no copy set aside, none half-made)
+
+
+def test_a_trainer_that_meets_a_damaged_page_storing_a_label_or_retraining_stops_for_its_start_to_keep_them(tmp_path, monkeypatch):
+    """Before, a label met a damaged page at every try (no ack: the device sent it again for ever, "labels not
+    stored") and a retrain failed and waited for new labels that could not be stored. Now the trainer stops with
+    status 1, so its next start (systemd's) keeps the labels that can be read or says how to get them back."""
+    import threading
+
+    from edge_agent.config import parse_config
+    from trainer import service
+    from trainer._child import RetrainDamaged
+
+    def rotted(*a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    svc = service.TrainerService(parse_config({}), tmp_path / "state")
+    monkeypatch.setattr(type(svc.samples), "add", rotted)
+    header = {"id": "a" * 64, "ext": ".jpg", "kind": "expert", "label": "Apple___healthy", "confidence": 1.0, "engine_version": "v1"}
+    svc.receiver._handle(out := [], [b"peer", *_encoded(header)])
+    assert out == [] and svc.receiver.store_problem["damaged"]  # no ack: the device keeps the label
+    result = {}
+    runner = threading.Thread(target=lambda: result.setdefault("rc", svc.run()))
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive() and result["rc"] == 1 and "malformed" in svc.damaged
+
+    svc = service.TrainerService(parse_config({}), tmp_path / "state2")
+
+    def damaged_retrain(*a, **k):
+        raise RetrainDamaged("SamplesDamaged('...')")
+
+    monkeypatch.setattr(service, "retrain_in_child", damaged_retrain)
+    svc._retrain_once()
+    assert svc._stop.is_set() and svc.damaged and svc.last.reason.startswith("failed: a damaged page")
+    svc.samples.close()
+    svc.unlabelled.close()
+
+
+def _encoded(header: dict) -> list[bytes]:
+    from edge_agent.handoff.protocol import encode
+
+    return encode("sample", header, b"a photo")

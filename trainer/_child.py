@@ -28,7 +28,7 @@ from trainer.loop.room import MARGIN
 from trainer.retrain import RetrainResult
 from trainer.stop import Stopped
 
-__all__ = ["RetrainDiskFull", "RetrainFailed", "retrain_in_child"]
+__all__ = ["RetrainDamaged", "RetrainDiskFull", "RetrainFailed", "retrain_in_child"]
 
 
 class RetrainFailed(EdgeAgentError, RuntimeError):
@@ -39,6 +39,10 @@ class RetrainDiskFull(RetrainFailed):
     """The retrain failed for want of room on the disk (the trainer waits for room, not for new samples)."""
 
 
+class RetrainDamaged(RetrainFailed):
+    """The retrain met a damaged page in the trainer's labels or pool (the trainer stops for its start to keep them)."""
+
+
 def _child(
     conn, cfg: AppConfig, store_root: str, samples_root: str, strategy_dir: str, key_path: str, log_level: str, log_format: str
 ) -> None:
@@ -46,7 +50,7 @@ def _child(
     from engines.signing import load_key
     from engines.store import EngineStore
     from trainer.retrain import retrain
-    from trainer.samples import SampleStore
+    from trainer.samples import SamplesDamaged, SampleStore
 
     configure_logging(log_level, log_format)
     _die_with_parent()
@@ -54,8 +58,9 @@ def _child(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the service, which stops the child in order
-    samples = SampleStore(samples_root)
+    samples = None
     try:
+        samples = SampleStore(samples_root)  # (never replaced here: the service owns the file)
         result = retrain(
             cfg,
             EngineStore(store_root),
@@ -70,9 +75,11 @@ def _child(
     except Stopped as exc:
         conn.send(("stopped", str(exc)))
     except Exception as exc:  # noqa: BLE001 - the service records it and waits for new samples
-        conn.send(("error", repr(exc), _for_want_of_room(exc, Path(store_root))))
+        damaged = isinstance(exc, SamplesDamaged) or storage_problem(exc) == "damaged"
+        conn.send(("error", repr(exc), _for_want_of_room(exc, Path(store_root)), damaged))
     finally:
-        samples.close()
+        if samples is not None:
+            samples.close()
         conn.close()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -184,4 +191,5 @@ def retrain_in_child(
         return RetrainResult(**payload)
     if kind == "stopped":
         raise Stopped(payload)
-    raise (RetrainDiskFull if full and full[0] else RetrainFailed)(payload)
+    full, damaged = (list(full) + [False, False])[:2]
+    raise (RetrainDiskFull if full else RetrainDamaged if damaged else RetrainFailed)(payload)

@@ -81,7 +81,7 @@ def _salvage(args: argparse.Namespace) -> int:
     if running(root / "status.json"):
         print(f"edge-trainer: a trainer is running on {root}: it reads samples.sqlite whole at its start; stop it first")
         return 1
-    samples = SampleStore(root, salvage=True)
+    samples = SampleStore(root, recover="all")
     samples.close()
     print(samples.recovered or f"{root / 'samples.sqlite'} reads whole: nothing to salvage")
     return 0

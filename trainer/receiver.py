@@ -183,7 +183,8 @@ class Receiver(Worker):
             except Exception as exc:  # disk full...: no ack, the daemon keeps it and resends
                 self.counters["store_errors"] += 1
                 since = (self.store_problem or {}).get("since", time.time())
-                self.store_problem = {"error": repr(exc)[:300], "full": storage_problem(exc, self.store.root) == "full", "since": since}
+                problem = storage_problem(exc, self.store.root)
+                self.store_problem = {"error": repr(exc)[:300], "full": problem == "full", "damaged": problem == "damaged", "since": since}
                 self.log.error("sample_store_failed", error=repr(exc), id=msg.header["id"][:16])
                 return
             self.store_problem = None

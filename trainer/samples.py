@@ -7,17 +7,19 @@ after both are durable. Ids are content hashes, so a resend is stored once.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from edge_agent.storage_errors import storage_problem
 from engines.durable import atomic_write, check_whole, connect_writable, relocate_rows, replace_row_file
 from engines.errors import EdgeAgentError
-from engines.salvage import Salvage, salvage_file
+from engines.salvage import Salvage, salvage_file, salvage_rows
 
 __all__ = ["PENDING", "SampleStore", "Sample", "SamplesDamaged"]
 
@@ -35,6 +37,8 @@ CREATE TABLE IF NOT EXISTS samples (
 );
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+#: The tables a damaged file's rows are copied from (:mod:`engines.salvage`).
+TABLES = ("samples", "state")
 
 
 @dataclass(frozen=True)
@@ -62,12 +66,19 @@ class SamplesDamaged(EdgeAgentError):
     thrown away by a new file; the trainer does not start until the farm restores it or keeps what can be read."""
 
     def __init__(self, path: Path, exc: BaseException, found: Salvage) -> None:
-        super().__init__(
-            f"{path}: damaged ({exc}): some of the expert's labels it holds cannot be read, so the trainer does not start. "
-            "Restore the trainer's state from the newest backup (edge-agent restore FILE), or keep the labels that can "
-            f"still be read ({found.describe()}) with `edge-trainer salvage` (the damaged file is kept beside; the photos "
-            "of the labels lost stay in samples/, and the devices resend nothing already acknowledged)"
-        )
+        if found.lossless:  # (met by a process that may not replace it: the retrain's, a command's)
+            said = (
+                f"{path}: damaged ({exc}); every label it holds can still be read ({found.describe()}): the trainer's next "
+                "start keeps them in a new file, the damaged one kept beside"
+            )
+        else:
+            said = (
+                f"{path}: damaged ({exc}): some of the expert's labels it holds cannot be read, so the trainer does not "
+                "start. Restore the trainer's state from the newest backup (edge-agent restore FILE), or keep the labels "
+                f"that can still be read ({found.describe()}) with `edge-trainer salvage` (the damaged file is kept beside; "
+                "the photos of the labels lost stay in samples/, and the devices resend nothing already acknowledged)"
+            )
+        super().__init__(said)
         self.path = path
         self.found = found
 
@@ -93,10 +104,11 @@ def _open(path: Path) -> sqlite3.Connection:
 
 
 class SampleStore:
-    def __init__(self, root: str | Path, salvage: bool = False) -> None:
-        """The store in ``root``. A damaged ``samples.sqlite`` is replaced by one holding every row that can still be
-        read of it (kept beside) where no label is lost (the damage lay in its index) or ``salvage`` says to keep what
-        can be read; otherwise :class:`SamplesDamaged` is raised and nothing changes."""
+    def __init__(self, root: str | Path, recover: Literal["never", "lossless", "all"] = "never") -> None:
+        """The store in ``root``. A damaged ``samples.sqlite`` raises :class:`SamplesDamaged`, nothing changed, unless
+        ``recover`` (the one process that owns the file: the trainer's start, ``edge-trainer salvage``) replaces it by
+        one holding every row that can still be read of it (the damaged one kept beside): where no label is lost (the
+        damage lay in its index) with ``"lossless"``, whatever is lost with ``"all"``."""
         self.root = Path(root)
         (self.root / "samples").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -108,7 +120,12 @@ class SampleStore:
         except sqlite3.DatabaseError as exc:
             if storage_problem(exc) != "damaged":
                 raise
-            aside, found = salvage_file(path, _open, ("samples", "state"), keep_if=lambda found: salvage or found.lossless)
+            if recover == "never":  # what a salvage would keep, counted in memory: the file is another process's to replace
+                with contextlib.closing(_open(Path(":memory:"))) as counted:
+                    aside, found = None, salvage_rows(path, counted, TABLES)
+            else:
+                keep = (lambda found: found.lossless) if recover == "lossless" else (lambda found: True)
+                aside, found = salvage_file(path, _open, TABLES, keep_if=keep)
             if aside is None:
                 raise SamplesDamaged(path, exc, found) from None
             self.recovered = (

@@ -25,7 +25,7 @@ from edge_agent.upgrade import pending_release
 from engines.prune import store_bytes
 from engines.signing import load_or_create_key
 from engines.store import StoreError
-from trainer._child import RetrainDiskFull, retrain_in_child
+from trainer._child import RetrainDamaged, RetrainDiskFull, retrain_in_child
 from trainer.field_check import too_few_to_judge
 from trainer.labelled import labelled_sources
 from trainer.loop.room import RoomWatch
@@ -54,7 +54,7 @@ class TrainerService:
         self.root = trainer_state_dir(cfg, state_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = get_logger("trainer.service", state_dir=str(self.root))
-        self.samples = SampleStore(self.root)
+        self.samples = SampleStore(self.root, recover="lossless")  # (the file's owner: no retrain runs yet)
         if self.samples.recovered:
             self.log.error("samples_recovered", what=self.samples.recovered)
         self.signing_key = load_or_create_key(trainer_key_path(cfg, state_dir))  # daemons on this state dir trust it
@@ -294,6 +294,11 @@ class TrainerService:
             self.room.succeeded()
         except Stopped as exc:
             self.log.info("retrain_abandoned", reason=str(exc), samples_kept=self.samples.counts())
+        except RetrainDamaged as exc:  # a page a card rotted: this trainer's next start keeps what can be read
+            self.log.error("retrain_failed", error=str(exc), next="the trainer stops: its next start keeps the labels that can be read")
+            self.last = RetrainResult(None, f"failed: a damaged page in the trainer's files: {exc}", {}, 0, 0.0)
+            self.damaged = str(exc)
+            self.request_stop()
         except RetrainDiskFull as exc:  # not the samples' fault: the next retrain waits for room, not for new ones
             self.room.failed_for_room()
             self.log.error("retrain_failed", error=str(exc), next="starts again once the disk has room")
@@ -341,6 +346,9 @@ class TrainerService:
             if self._start_now(requested):
                 self.request_file.unlink(missing_ok=True)
                 self._retrain_once()
+            if (self.receiver.store_problem or {}).get("damaged"):  # a page a card rotted, met storing a label
+                self.damaged = self.receiver.store_problem["error"]
+                break  # (no ack was sent: the device keeps the label and sends it again to the next start)
             self.stored_photos.step()  # between retrains, never during one
             if time.monotonic() >= next_status:
                 if self.blocked and not self.state == "training":
