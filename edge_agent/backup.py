@@ -87,6 +87,7 @@ SKIPPED = (
     RECORD,
     HASHES,
     "backup-requested.json",
+    "ledger-check-requested",
     f"results.sqlite{CLOSED}",
 )
 

@@ -536,7 +536,7 @@ def _state_dir_of(args: argparse.Namespace) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     import sqlite3
 
-    from edge_agent.storage_errors import LOCKED, access_problem, storage_problem
+    from edge_agent.storage_errors import DAMAGED_RECORDS, LOCKED, access_problem, storage_problem
     from engines.errors import EdgeAgentError
 
     args = build_parser().parse_args(argv)
@@ -565,13 +565,10 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(exc, sqlite3.DatabaseError):
             raise
         if problem == "damaged" and state_dir is not None:  # what follows holds even where its size and time did not change
-            from edge_agent._ledger_file import forget_closed
-            from edge_agent.state import StateLayout
+            from edge_agent.ledger_check import request_check
 
-            forget_closed(StateLayout(state_dir).db)
+            request_check(state_dir)
         print(  # a truncated or rotted ledger (a failing SD card): one line, not a traceback
-            f"edge-agent: the results database is unreadable ({exc}); the daemon keeps it aside and starts a new "
-            "one at its next start (edge-agent status then says so)",
-            file=sys.stderr,
+            f"edge-agent: the results database is unreadable ({exc}): {DAMAGED_RECORDS} (edge-agent status then says so)", file=sys.stderr
         )
         return 2

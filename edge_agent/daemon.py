@@ -71,6 +71,7 @@ class Daemon:
         self.alerts = None
         self.retention = None
         self.backups = None
+        self.ledger_check = None
         self.store_note: str | None = None
         self._seed_after_ready = False  # a first start: <state>/engines is seeded just after READY=1
         self._results_before_start = 0
@@ -163,6 +164,10 @@ class Daemon:
 
             self.backups = BackupSchedule(self.cfg, self.state.root, on_damaged=self._backup_found_damage)
             self.backups.start()
+        from edge_agent.ledger_check import EVERY_S, FIRST_S, LedgerCheck
+
+        self.ledger_check = LedgerCheck(self.state.db, self.db.damaged, first_s=EVERY_S if self.db.read_whole else FIRST_S)
+        self.ledger_check.start()
         self._start_alerts()
         self._start_learning_links()
 
@@ -320,7 +325,17 @@ class Daemon:
         p = self.pipeline
         sources_ok = all(
             s.alive()
-            for s in (self.folder, self.camera, self.sender, self.fetcher, self.watcher, self.alerts, self.retention, self.backups)
+            for s in (
+                self.folder,
+                self.camera,
+                self.sender,
+                self.fetcher,
+                self.watcher,
+                self.alerts,
+                self.retention,
+                self.backups,
+                self.ledger_check,
+            )
             if s is not None
         )
         stalled = p.in_flight > 0 and time.monotonic() - p.last_progress > self.cfg.daemon.stall_timeout_s
@@ -458,7 +473,7 @@ class Daemon:
     def _shutdown(self) -> int:
         self.notifier.stopping()
         self.log.info("stopping", in_flight=self.pipeline.in_flight)
-        for s in (self.folder, self.camera, self.watcher, self.retention, self.backups):
+        for s in (self.folder, self.camera, self.watcher, self.retention, self.backups, self.ledger_check):
             if s is not None:
                 s.stop()
         drained = self.pipeline.drain(self.cfg.daemon.drain_timeout_s)

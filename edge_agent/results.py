@@ -99,6 +99,8 @@ class ResultsDB:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = open_writable(self.path, check)
+        #: Whether this open read the whole file for damage (the daemon's background check then waits a day).
+        self.read_whole = bool(check) and not readonly
 
     @classmethod
     def open_or_recover(cls, path: str | Path, expected: bool = False) -> tuple["ResultsDB", str | None]:
@@ -125,7 +127,9 @@ class ResultsDB:
                 f"{path.name} was damaged ({exc}): kept as {aside.name}; a new ledger holds what could be read of it "
                 f"({found.describe()})" + ("; the photos of the results lost stay in processed/" if lost else "")
             )
-            return cls(path), note
+            db = cls(path)
+            db.read_whole = True  # (written just now from every page that could be read)
+            return db, note
         aside = set_aside(path)
         note = (
             f"{path.name} was empty, although photos were processed: kept as {aside.name}, a new ledger was started; "

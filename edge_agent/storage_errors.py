@@ -15,6 +15,7 @@ from typing import Literal
 from engines.durable import NO_ROOM, read_only_disk, set_aside
 
 __all__ = [
+    "DAMAGED_RECORDS",
     "FULL_DISK",
     "LOCKED",
     "NEARLY_FULL",
@@ -37,6 +38,11 @@ FULL_DISK = (
     "the device's disk is full: nothing was written. Free space (the Health page and `edge-agent status` say what holds it), then try again"
 )
 LOCKED = "another process held the device's records locked: nothing was written; try again in a few seconds"
+#: What a look says where it met a damaged page of the ledger (:func:`edge_agent.ledger_check.request_check` asked).
+DAMAGED_RECORDS = (
+    "a page of the device's records is damaged (a failing SD card?): a running daemon reads them whole within seconds "
+    "and restarts, and its start keeps every row that can still be read in a new ledger, the damaged one kept beside"
+)
 
 
 #: What ``status`` and the Health page say while the state directory's disk is mounted read-only.

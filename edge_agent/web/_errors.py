@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from edge_agent.storage_errors import FULL_DISK, LOCKED, storage_problem
+from edge_agent.storage_errors import DAMAGED_RECORDS, FULL_DISK, LOCKED, storage_problem
 
 __all__ = ["refusal", "storage_refusal", "REASONS"]
 
@@ -34,10 +34,12 @@ def refusal(path: str, status: int, message: str, headers: dict[str, str] | None
 def storage_refusal(exc: BaseException, where=None) -> tuple[int, str, dict[str, str]] | None:
     """How to refuse a write the device's storage (the state directory ``where``) did not take (status, message,
     headers), or None where ``exc`` is something else (:func:`~edge_agent.storage_errors.storage_problem`): 507 on a
-    full disk, 503 on records another process held locked past the wait."""
+    full disk, 503 on records another process held locked past the wait or a damaged page."""
     problem = storage_problem(exc, where)
     if problem == "full":
         return 507, FULL_DISK, {}
     if problem == "locked":
         return 503, LOCKED, {"Retry-After": "5"}
+    if problem == "damaged":
+        return 503, DAMAGED_RECORDS, {"Retry-After": "60"}
     return None

@@ -31,13 +31,14 @@ from edge_agent.board import as_reported
 from edge_agent.capture_place import NEAR_M, geo_uri
 from edge_agent.export import csv_lines
 from edge_agent.imageheader import ImageRejected
+from edge_agent.ledger_check import request_check
 from edge_agent.log import get_logger
 from edge_agent.names import pretty_class
 from edge_agent.results import LedgerUnreadable
 from edge_agent.review.checks import standing, trust_table
 from edge_agent.review.queue import Beside, left_today, others_labelled, to_ask
 from edge_agent.state import last_written
-from edge_agent.storage_errors import READ_ONLY_DISK
+from edge_agent.storage_errors import READ_ONLY_DISK, storage_problem
 from edge_agent.web import charts
 from edge_agent.web._errors import refusal, storage_refusal
 from edge_agent.web._limits import BodyLimit
@@ -401,8 +402,11 @@ def create_app(ctx: WebContext) -> Starlette:
         return refusal(request.url.path, 500, "the device could not answer this request; its log says why (journalctl -u edge-agent)")
 
     async def storage_failed(request: Request, exc: Exception) -> Response:
-        """A write the disk or the records did not take (a full disk: 507; locked: 503), said as such; else 500."""
+        """A write the disk or the records did not take (a full disk: 507; locked: 503), or a damaged page met (503:
+        the daemon is asked to read the ledger whole), said as such; else 500."""
         said = storage_refusal(exc, ctx.state.root)
+        if storage_problem(exc, ctx.state.root) == "damaged":
+            request_check(ctx.state.root)
         if said is None:
             return await server_error(request, exc)
         status, message, headers = said
@@ -435,7 +439,7 @@ def create_app(ctx: WebContext) -> Starlette:
             BadParameter: bad_parameter,
             HTTPException: http_error,
             LedgerUnreadable: ledger_unreadable,
-            sqlite3.OperationalError: storage_failed,
+            sqlite3.DatabaseError: storage_failed,
             OSError: storage_failed,
             Exception: server_error,
         },

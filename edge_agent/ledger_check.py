@@ -1,0 +1,90 @@
+"""The ledger read whole in the background: a minute after a start that did not read it, once a day, and at once where a
+look (the page, a command) met a damaged page, so a page a card rotted is found within a day and not only when a
+commit, the hand-off or a backup happens to read it; the daemon then stops for its next start to keep every row that
+can still be read (:mod:`engines.salvage`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from edge_agent.log import get_logger
+from edge_agent.storage_errors import storage_problem
+from edge_agent.worker import Worker
+from engines.durable import check_whole, connect_readonly
+
+__all__ = ["REQUEST", "LedgerCheck", "request_check"]
+
+#: Beside the ledger: asks the daemon to read it whole now (a look met a damaged page).
+REQUEST = "ledger-check-requested"
+#: A day between reads; a minute after a start that did not read it whole.
+EVERY_S = 86400.0
+FIRST_S = 60.0
+
+
+def request_check(state_root: Path) -> None:
+    """Ask for the ledger of ``state_root`` to be read whole (a look met a damaged page): now by a running daemon, else
+    at the daemon's next start (its record of a clean close forgotten); where the state directory cannot be written,
+    the daily read finds it."""
+    from edge_agent._ledger_file import forget_closed
+    from edge_agent.state import StateLayout
+
+    forget_closed(StateLayout(Path(state_root)).db)
+    with contextlib.suppress(OSError):
+        (Path(state_root) / REQUEST).touch()
+
+
+class LedgerCheck(Worker):
+    """The daemon's thread that reads the ledger whole (SQLite's quick_check: about 150 ms for a season's 300,000
+    results here) at the lowest CPU priority, through a connection of its own, and tells ``on_damaged(exc)``."""
+
+    thread_name = "ledger-check"
+
+    def __init__(
+        self,
+        ledger: Path,
+        on_damaged: Callable[[BaseException], None],
+        first_s: float = FIRST_S,
+        every_s: float = EVERY_S,
+        poll_s: float = 5.0,
+    ) -> None:
+        super().__init__()
+        self.ledger, self.on_damaged = Path(ledger), on_damaged
+        self.request = self.ledger.parent / REQUEST
+        self.every_s, self.poll_s = every_s, poll_s
+        self.next = time.monotonic() + first_s
+        self.last: dict | None = None  # {"time", "seconds", "damaged"}: the last read
+        self.log = get_logger("ledger_check")
+
+    def run_once(self) -> bool:
+        """Read the ledger whole now; returns whether it is whole (an error that is no damage, a locked ledger: as
+        whole, read again at the next turn)."""
+        self.request.unlink(missing_ok=True)
+        self.next = time.monotonic() + self.every_s
+        started = time.monotonic()
+        try:
+            with contextlib.closing(connect_readonly(self.ledger)) as con:
+                check_whole(con)
+        except sqlite3.DatabaseError as exc:
+            if storage_problem(exc, self.ledger.parent) != "damaged":
+                self.log.warning("ledger_check_failed", error=repr(exc), again_in_s=self.every_s)
+                return True
+            self.last = {"time": time.time(), "seconds": time.monotonic() - started, "damaged": str(exc)}
+            self.log.error("ledger_damaged", error=str(exc), met_by="the ledger's check")
+            self.on_damaged(exc)
+            return False
+        self.last = {"time": time.time(), "seconds": time.monotonic() - started, "damaged": None}
+        self.log.info("ledger_checked", seconds=round(self.last["seconds"], 3))
+        return True
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # the photos first: this thread at the lowest CPU priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while not self._stop.wait(self.poll_s):
+            if time.monotonic() >= self.next or self.request.exists():
+                self.run_once()
