@@ -72,6 +72,7 @@ class Daemon:
         self.retention = None
         self.backups = None
         self.ledger_check = None
+        self._held = None  # the state directory's lock (edge_agent.instance), held while this daemon runs
         self.store_note: str | None = None
         self._seed_after_ready = False  # a first start: <state>/engines is seeded just after READY=1
         self._results_before_start = 0
@@ -83,8 +84,11 @@ class Daemon:
 
     # ---- set-up -------------------------------------------------------------
     def _setup(self) -> None:
+        from edge_agent.instance import hold_state
+
         cfg = self.cfg
         self.state.create()
+        self._held = hold_state(self.state.root)  # one daemon a state directory (kept open until the process ends)
         if cfg.inbox.enabled and not self.inbox.exists():
             self.inbox.mkdir(parents=True)
             os.chmod(self.inbox, 0o2770)  # the service's group may drop photos (setgid keeps the group)
@@ -170,6 +174,12 @@ class Daemon:
         self.ledger_check.start()
         self._start_alerts()
         self._start_learning_links()
+
+    def _release_state(self) -> None:
+        """Let another daemon start on this state directory (:func:`edge_agent.instance.hold_state`)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     def _backup_found_damage(self, name: str, exc: BaseException) -> None:
         """A backup read a damaged page in ``name``: the ledger's stops the daemon, whose next start keeps every row
@@ -420,7 +430,11 @@ class Daemon:
     def run(self) -> int:
         t0 = time.perf_counter()
         with self.notifier.starting("starting: opening the engine (a Jetson's first start builds its TensorRT plan: minutes)"):
-            self._setup()
+            try:
+                self._setup()
+            except BaseException:
+                self._release_state()
+                raise
         self.check_health()
         self.notifier.ready(f"ready, engine {self.classifier.engine.engine_version}")
         ready_ms = round((time.perf_counter() - t0) * 1000, 1)
@@ -490,6 +504,7 @@ class Daemon:
             self.alerts.stop()
         self.board.close()
         self.db.close()
+        self._release_state()
         self.log.info("stopped", drained=drained, **self.pipeline.counters)
         if self.db.damage_seen is not None:
             self.log.error(
