@@ -38,3 +38,35 @@ def test_a_second_edge_agent_run_on_a_state_directory_in_use_stops_with_one_line
         held.close()
     assert out.returncode == 2 and f"another edge-agent daemon runs on it (pid {os.getpid()})" in out.stderr
     assert "Traceback" not in out.stderr and not (state / "results.sqlite").exists()
+
+
+def test_a_second_trainer_on_a_state_directory_in_use_stops_before_opening_its_files(tmp_path):
+    """Two `edge-trainer serve` on one folder: the second took the hand-off's socket from the first (an ipc:// bind
+    replaces the socket file) and opened its labels file beside it. Now it stops at once naming the first."""
+    from edge_agent.config import parse_config
+    from trainer.service import TrainerService
+
+    first = TrainerService(parse_config({}), tmp_path)
+    with pytest.raises(StateInUse, match=rf"another edge-trainer runs on it \(pid {os.getpid()}\).*systemctl stop edge-trainer"):
+        TrainerService(parse_config({}), tmp_path)
+    first.samples.close()
+    first.unlabelled.close()
+    first._held.close()
+    again = TrainerService(parse_config({}), tmp_path)
+    again.samples.close()
+    again.unlabelled.close()
+
+
+def test_salvage_waits_for_no_trainer_it_refuses_while_one_runs(tmp_path):
+    from trainer.samples import SampleStore
+
+    state = tmp_path / "state"
+    SampleStore(state / "trainer").close()
+    held = hold_state(state / "trainer", "trainer")  # a running `serve`
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "trainer", "salvage", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, timeout=120
+        )
+    finally:
+        held.close()
+    assert out.returncode == 2 and "another edge-trainer runs on it" in out.stderr and "Traceback" not in out.stderr

@@ -61,9 +61,15 @@ def _retrain(args: argparse.Namespace) -> int:
         import os
 
         os.nice(cfg.trainer.nice)  # inference first, here too
+    from edge_agent.instance import hold_state
     from trainer.retrain import retrain  # torch: only once there is a retrain to run
 
-    result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy", signing_key=load_key(key))
+    held = hold_state(root, "trainer")  # no `serve` starts on these files while this retrain runs
+    try:
+        result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy", signing_key=load_key(key))
+    finally:
+        if held is not None:
+            held.close()
     print(
         f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)"
     )
@@ -78,11 +84,15 @@ def _salvage(args: argparse.Namespace) -> int:
     root = trainer_state_dir(cfg, state)
     if not (root / "samples.sqlite").is_file():  # never a new trainer's files in a mistyped folder
         raise looked_for("trainer samples", root / "samples.sqlite", args.state_dir, cfg, "`edge-trainer serve` makes it", "trainer")
-    if running(root / "status.json"):
-        print(f"edge-trainer: a trainer is running on {root}: it reads samples.sqlite whole at its start; stop it first")
-        return 1
-    samples = SampleStore(root, recover="all")
-    samples.close()
+    from edge_agent.instance import hold_state
+
+    held = hold_state(root, "trainer")  # (a running trainer: it has the file open; StateInUse says to stop it first)
+    try:
+        samples = SampleStore(root, recover="all")
+        samples.close()
+    finally:
+        if held is not None:
+            held.close()
     print(samples.recovered or f"{root / 'samples.sqlite'} reads whole: nothing to salvage")
     return 0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from edge_agent.backup_schedule import BackupSchedule
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.engine_keep import prune_engines
+from edge_agent.instance import hold_state
 from edge_agent.log import get_logger
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
@@ -54,6 +55,7 @@ class TrainerService:
         self.root = trainer_state_dir(cfg, state_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = get_logger("trainer.service", state_dir=str(self.root))
+        self._held = hold_state(self.root, "trainer")  # one trainer a state directory, before its files are opened
         self.samples = SampleStore(self.root, recover="lossless")  # (the file's owner: no retrain runs yet)
         if self.samples.recovered:
             self.log.error("samples_recovered", what=self.samples.recovered)
@@ -363,6 +365,8 @@ class TrainerService:
         self._write_status()
         self.samples.close()
         self.unlabelled.close()
+        if self._held is not None:
+            self._held.close()
         self.log.info("stopped")
         if self.damaged:
             self.log.error(
