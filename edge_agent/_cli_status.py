@@ -11,6 +11,7 @@ from edge_agent._cli_common import load, state_db
 from edge_agent.backup import last_backup
 from edge_agent.backup_schedule import backup_lines, requested
 from edge_agent.engine_keep import engines_line
+from edge_agent.ledger_check import check_line
 from edge_agent.names import printable
 from edge_agent.storage_errors import READ_ONLY_DISK
 from engines.durable import read_only_disk
@@ -42,6 +43,7 @@ def status(args: argparse.Namespace) -> int:
         "hotswap",
         "transfer",
         "ledger",
+        "ledger_check",
         "disk_full",
         "retention",
         "store_problem",
@@ -137,6 +139,9 @@ def status(args: argparse.Namespace) -> int:
         print(f"INBOX MISSING: {out.get('inbox')} is gone; photos dropped into it are picked up once it is back")
     if out.get("ledger"):
         print(f"LEDGER: {out['ledger']}")
+    records = check_line(out.get("ledger_check"), time.time()) if running else None
+    if records:
+        print(f"records: {records}")
     if out.get("release_pending"):
         print(
             f"release {out['release_pending']} installed by the upgrade, not serving yet: the farm's own version serves until the "

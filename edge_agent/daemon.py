@@ -392,6 +392,8 @@ class Daemon:
             out["retention"] = self.retention.status()
         if self.backups:
             out["backup"] = self.backups.status()
+        if self.ledger_check:
+            out["ledger_check"] = self.ledger_check.status()
         out["board"] = self.board.read()
         out["latency_ms"] = self.pipeline.latency.as_dict()
         return out

@@ -14,17 +14,31 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edge_agent.log import get_logger
+from edge_agent.spans import ago, within
 from edge_agent.storage_errors import storage_problem
 from edge_agent.worker import Worker
 from engines.durable import check_whole, connect_readonly
 
-__all__ = ["REQUEST", "LedgerCheck", "request_check"]
+__all__ = ["REQUEST", "LedgerCheck", "check_line", "request_check"]
 
 #: Beside the ledger: asks the daemon to read it whole now (a look met a damaged page).
 REQUEST = "ledger-check-requested"
 #: A day between reads; a minute after a start that did not read it whole.
 EVERY_S = 86400.0
 FIRST_S = 60.0
+
+
+def check_line(status: dict | None, now: float) -> str | None:
+    """What ``status`` and the Health page say of the ledger's reads (:meth:`LedgerCheck.status`), or None."""
+    if not status:
+        return None
+    last = status.get("last")
+    if last and last.get("damaged"):
+        return f"a damaged page found {ago(now - last['time'])}: the daemon's next start keeps every row that can still be read"
+    again = within(status["next"] - now)
+    if last:
+        return f"read whole for damage {ago(now - last['time'])} ({last['seconds']:.1f} s), none found; again {again}"
+    return f"to be read whole for damage {again}"
 
 
 def request_check(state_root: Path) -> None:
@@ -81,6 +95,10 @@ class LedgerCheck(Worker):
         self.last = {"time": time.time(), "seconds": time.monotonic() - started, "damaged": None}
         self.log.info("ledger_checked", seconds=round(self.last["seconds"], 3))
         return True
+
+    def status(self) -> dict:
+        """The last read (or None) and when the next is due (a time), for :func:`check_line`."""
+        return {"last": self.last, "next": time.time() + max(0.0, self.next - time.monotonic())}
 
     def _run(self) -> None:
         with contextlib.suppress(OSError, AttributeError):  # the photos first: this thread at the lowest CPU priority

@@ -128,3 +128,30 @@ def test_a_look_that_meets_a_damaged_page_says_so_and_asks_the_daemon_to_read_th
     )
     assert out.returncode == 2 and "a page of the device's records is damaged" in out.stderr and "Traceback" not in out.stderr
     assert (state / REQUEST).exists()
+
+
+def test_status_and_the_health_page_say_when_the_records_were_last_read_whole_and_what_was_found(tmp_path):
+    """A farm sees its card's records are read for damage (and when next), or that a damaged page was found."""
+    import json
+    import os
+
+    pytest.importorskip("starlette")
+    from edge_agent.ledger_check import check_line
+
+    from .web_helpers import client, make_state
+
+    now = time.time()
+    assert check_line({"last": None, "next": now + 50}, now) == "to be read whole for damage at the next look"
+    whole = {"last": {"time": now - 7200, "seconds": 0.153, "damaged": None}, "next": now + 22 * 3600}
+    assert check_line(whole, now) == "read whole for damage 2 h ago (0.2 s), none found; again in 22 h"
+    found = {"last": {"time": now - 30, "seconds": 0.1, "damaged": "Page 3: btreeInitPage() returns error code 11"}, "next": now}
+    assert check_line(found, now).startswith("a damaged page found just now: the daemon's next start keeps every row")
+    state = make_state(tmp_path)
+    for st, shown in ((whole, "read whole for damage 2 h ago"), (found, "a damaged page found just now")):
+        (state / "status.json").write_text(json.dumps({"pid": os.getpid(), "updated": time.time(), "ledger_check": st}))
+        warn = ' class="warn"' if st is found else ""
+        assert f'<span id="records-check"{warn}>records: {shown}' in client(state).get("/health").text
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, timeout=60
+        )
+        assert f"records: {shown}" in out.stdout, out.stdout + out.stderr

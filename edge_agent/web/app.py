@@ -31,7 +31,7 @@ from edge_agent.board import as_reported
 from edge_agent.capture_place import NEAR_M, geo_uri
 from edge_agent.export import csv_lines
 from edge_agent.imageheader import ImageRejected
-from edge_agent.ledger_check import request_check
+from edge_agent.ledger_check import check_line, request_check
 from edge_agent.log import get_logger
 from edge_agent.names import pretty_class
 from edge_agent.results import LedgerUnreadable
@@ -288,6 +288,8 @@ def create_app(ctx: WebContext) -> Starlette:
             daemon_up=daemon_up,
             read_only=READ_ONLY_DISK if read_only_disk(ctx.state.root) else None,
             daemon_last=None if daemon_up else last_written(daemon),
+            records=check_line(daemon.get("ledger_check"), now) if daemon_up else None,
+            records_damaged=bool(((daemon.get("ledger_check") or {}).get("last") or {}).get("damaged")),
             trainer=trainer,
             trainer_up=trainer_up,
             counts=ctx.counts(),
