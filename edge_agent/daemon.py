@@ -13,6 +13,7 @@ the inbox for the next start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -170,7 +171,9 @@ class Daemon:
             self.backups.start()
         from edge_agent.ledger_check import EVERY_S, FIRST_S, LedgerCheck
 
-        self.ledger_check = LedgerCheck(self.state.db, self.db.damaged, first_s=EVERY_S if self.db.read_whole else FIRST_S)
+        self.ledger_check = LedgerCheck(
+            self.state.db, lambda exc, path: self.db.damaged(exc), first_s=EVERY_S if self.db.read_whole else FIRST_S
+        )
         self.ledger_check.start()
         self._start_alerts()
         self._start_learning_links()
@@ -183,11 +186,18 @@ class Daemon:
 
     def _backup_found_damage(self, name: str, exc: BaseException) -> None:
         """A backup read a damaged page in ``name``: the ledger's stops the daemon, whose next start keeps every row
-        that can still be read; the alert outbox's is set aside at once; the trainer's files are the trainer's."""
+        that can still be read; the alert outbox's is set aside at once; a trainer on this state directory is asked to
+        read its files whole (it then stops for its next start to keep them)."""
         if name == "results.sqlite":
             self.db.damaged(exc)  # (the main loop sees it within 0.5 s)
         elif name == "alerts.sqlite" and self.alerts is not None:
             self.alerts.renew_if_damaged(exc)
+        elif name.startswith("trainer/"):
+            from edge_agent.ledger_check import REQUEST
+            from edge_agent.state import trainer_state_dir
+
+            with contextlib.suppress(OSError):
+                (trainer_state_dir(self.cfg, self.state.root) / REQUEST).touch()
 
     def _seed_state_store(self) -> None:
         """A first start's ``<state>/engines``, given the release serving (:func:`edge_agent.seeding.seed_serving`): the

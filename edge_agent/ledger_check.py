@@ -1,7 +1,7 @@
 """The ledger read whole in the background: a minute after a start that did not read it, once a day, and at once where a
 look (the page, a command) met a damaged page, so a page a card rotted is found within a day and not only when a
 commit, the hand-off or a backup happens to read it; the daemon then stops for its next start to keep every row that
-can still be read (:mod:`engines.salvage`)."""
+can still be read (:mod:`engines.salvage`). The trainer reads its labels (``samples.sqlite``) the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from edge_agent.log import get_logger
@@ -21,7 +21,8 @@ from engines.durable import check_whole, connect_readonly
 
 __all__ = ["REQUEST", "LedgerCheck", "check_line", "request_check"]
 
-#: Beside the ledger: asks the daemon to read it whole now (a look met a damaged page).
+#: Beside the ledger (or the trainer's labels): asks its service to read it whole now (a look, or the daemon's backup,
+#: met a damaged page).
 REQUEST = "ledger-check-requested"
 #: A day between reads; a minute after a start that did not read it whole.
 EVERY_S = 86400.0
@@ -54,44 +55,49 @@ def request_check(state_root: Path) -> None:
 
 
 class LedgerCheck(Worker):
-    """The daemon's thread that reads the ledger whole (SQLite's quick_check: about 150 ms for a season's 300,000
+    """The thread that reads a service's database whole (SQLite's quick_check: about 150 ms for a season's 300,000
     results here) at the lowest CPU priority, through a connection of its own, and tells ``on_damaged(exc)``."""
 
     thread_name = "ledger-check"
 
     def __init__(
         self,
-        ledger: Path,
-        on_damaged: Callable[[BaseException], None],
+        files: Path | Sequence[Path],
+        on_damaged: Callable[[BaseException, Path], None],
         first_s: float = FIRST_S,
         every_s: float = EVERY_S,
         poll_s: float = 5.0,
     ) -> None:
+        """``files``: the database (or databases, in one folder) read whole; ``on_damaged(exc, file)`` is told of one
+        found damaged."""
         super().__init__()
-        self.ledger, self.on_damaged = Path(ledger), on_damaged
-        self.request = self.ledger.parent / REQUEST
+        self.files = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
+        self.on_damaged = on_damaged
+        self.request = self.files[0].parent / REQUEST
         self.every_s, self.poll_s = every_s, poll_s
         self.next = time.monotonic() + first_s
         self.last: dict | None = None  # {"time", "seconds", "damaged"}: the last read
         self.log = get_logger("ledger_check")
 
     def run_once(self) -> bool:
-        """Read the ledger whole now; returns whether it is whole (an error that is no damage, a locked ledger: as
-        whole, read again at the next turn)."""
+        """Read the files whole now; returns whether they are whole (an error that is no damage, a locked file: as
+        whole, read again at the next turn; a file not there yet: nothing to read)."""
         self.request.unlink(missing_ok=True)
         self.next = time.monotonic() + self.every_s
         started = time.monotonic()
-        try:
-            with contextlib.closing(connect_readonly(self.ledger)) as con:
-                check_whole(con)
-        except sqlite3.DatabaseError as exc:
-            if storage_problem(exc, self.ledger.parent) != "damaged":
-                self.log.warning("ledger_check_failed", error=repr(exc), again_in_s=self.every_s)
-                return True
-            self.last = {"time": time.time(), "seconds": time.monotonic() - started, "damaged": str(exc)}
-            self.log.error("ledger_damaged", error=str(exc), met_by="the ledger's check")
-            self.on_damaged(exc)
-            return False
+        for path in self.files:
+            try:
+                if path.is_file():
+                    with contextlib.closing(connect_readonly(path)) as con:
+                        check_whole(con)
+            except sqlite3.DatabaseError as exc:
+                if storage_problem(exc, path.parent) != "damaged":
+                    self.log.warning("ledger_check_failed", file=str(path), error=repr(exc), again_in_s=self.every_s)
+                    continue
+                self.last = {"time": time.time(), "seconds": time.monotonic() - started, "damaged": f"{path.name}: {exc}"}
+                self.log.error("ledger_damaged", file=str(path), error=str(exc), met_by="the background read")
+                self.on_damaged(exc, path)
+                return False
         self.last = {"time": time.time(), "seconds": time.monotonic() - started, "damaged": None}
         self.log.info("ledger_checked", seconds=round(self.last["seconds"], 3))
         return True

@@ -3,6 +3,7 @@ did not read it, at once where a look met it), and the daemon stops for its next
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -37,10 +38,10 @@ def _ledger(state: Path, n: int = 50) -> Path:
 def test_the_check_finds_a_rotted_page_nothing_else_read_tells_the_daemon_and_leaves_a_whole_ledger_alone(tmp_path):
     told = []
     path = _ledger(tmp_path)
-    assert LedgerCheck(path, told.append).run_once() and told == []
+    assert LedgerCheck(path, lambda exc, file: told.append(exc)).run_once() and told == []
     rot_pages(path, "sqlite_autoindex_results_1")  # the hashes' index: no read of a page, a count or the newest, meets it
     assert ResultsDB(path, readonly=True).last_result_id() == 50
-    check = LedgerCheck(path, told.append, first_s=0, poll_s=0.02)
+    check = LedgerCheck(path, lambda exc, file: told.append(exc), first_s=0, poll_s=0.02)
     check.start()
     try:
         wait_until(lambda: told, 10, "the damage told")
@@ -54,7 +55,7 @@ def test_a_request_is_read_at_once_and_answered_once(tmp_path):
     told = []
     path = _ledger(tmp_path)
     record_closed(path)
-    check = LedgerCheck(path, told.append, first_s=86400, poll_s=0.02)
+    check = LedgerCheck(path, lambda exc, file: told.append(exc), first_s=86400, poll_s=0.02)
     check.start()
     try:
         time.sleep(0.2)
@@ -155,3 +156,32 @@ def test_status_and_the_health_page_say_when_the_records_were_last_read_whole_an
             [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(state)], capture_output=True, text=True, cwd=REPO, timeout=60
         )
         assert f"records: {shown}" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_trainer_beside_the_daemon_is_asked_to_read_its_labels_when_the_daemons_backup_finds_them_damaged(tmp_path):
+    """The daemon's backup holds the trainer's files where both share a state directory, and the trainer takes no
+    backups of its own: a damaged labels file failed the backup every day and nobody told the trainer. Now the daemon
+    leaves the request in the trainer's folder; the trainer reads its files whole within seconds and stops (status 1)
+    for its next start to keep what can be read."""
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+    from trainer import service
+
+    state = tmp_path / "state"
+    svc = service.TrainerService(parse_config({}), state)
+    header = {"id": "a" * 64, "ext": ".jpg", "kind": "expert", "label": "Apple___healthy", "confidence": 1.0, "engine_version": "v1"}
+    svc.samples.add(header, b"a photo")
+    svc.samples._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    rot_pages(svc.root / "samples.sqlite", "sqlite_autoindex_samples_1")
+    result = {}
+    runner = threading.Thread(target=lambda: result.setdefault("rc", svc.run()))
+    runner.start()
+    try:
+        daemon = Daemon(parse_config({}), state)
+        daemon._backup_found_damage("trainer/samples.sqlite", sqlite3.DatabaseError("integrity check: ..."))
+        assert (svc.root / REQUEST).exists()
+        runner.join(30)
+        assert not runner.is_alive() and result["rc"] == 1 and svc.damaged.startswith("trainer/samples.sqlite")
+    finally:
+        svc.request_stop()
+        runner.join(10)

@@ -19,6 +19,7 @@ from edge_agent.backup_schedule import BackupSchedule
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.engine_keep import prune_engines
 from edge_agent.instance import hold_state
+from edge_agent.ledger_check import EVERY_S, LedgerCheck
 from edge_agent.log import get_logger
 from edge_agent.state import handoff_link, resolve_store, trainer_state_dir, write_status
 from edge_agent.trust import trainer_key_path
@@ -122,11 +123,15 @@ class TrainerService:
             self.backups.start()
 
     def _backup_found_damage(self, name: str, exc: BaseException) -> None:
-        """A backup read a damaged page in this trainer's labels or pool: it stops (status 1), so its next start
-        (systemd's) keeps what can be read, or says how to get the labels back."""
+        """A backup read a damaged page in this trainer's labels or pool (:meth:`_found_damage`)."""
         if name.startswith("trainer/"):
-            self.damaged = f"{name}: {exc}"
-            self.request_stop()
+            self._found_damage(exc, name)
+
+    def _found_damage(self, exc: BaseException, name: str = "trainer/samples.sqlite") -> None:
+        """A damaged page in this trainer's files (met by its backup, its daily read, or asked by the daemon's backup):
+        it stops (status 1), so its next start (systemd's) keeps what can be read, or says how to get the labels back."""
+        self.damaged = f"{name}: {exc}"
+        self.request_stop()
 
     def _daemon_takes_backups(self) -> str | None:
         """Why this trainer leaves the backups to the daemon: it shares the state directory (the daemon's backup holds
@@ -339,6 +344,9 @@ class TrainerService:
         self.receiver.start()
         self.server.start()
         self._start_backups()
+        files = [self.root / "samples.sqlite", self.root / "unlabelled.sqlite"]  # (both read whole at the start)
+        self.records_check = LedgerCheck(files, lambda exc, path: self._found_damage(exc, f"trainer/{path.name}"), first_s=EVERY_S)
+        self.records_check.start()
         self.log.info("serving", store=str(self.store.root), threshold=self.cfg.trainer.retrain_threshold, labelled=self.labelled)
         if self.blocked:
             self.log.warning("no_validation_photos", reason=self.blocked)
@@ -360,6 +368,7 @@ class TrainerService:
             self._stop.wait(0.5)
         self.receiver.stop()
         self.server.stop()
+        self.records_check.stop()
         if self.backups is not None:
             self.backups.stop()
         self._write_status()
