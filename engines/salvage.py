@@ -67,12 +67,13 @@ def salvage_rows(src: str | Path, dst: sqlite3.Connection, tables: Sequence[str]
         dst.execute("BEGIN IMMEDIATE")
         for table in tables:
             try:
-                columns = [c for c in _columns(source, table) if c in set(_columns(dst, table))]
-            except sqlite3.DatabaseError:
-                columns = []
-            if not columns:
+                theirs = _columns(source, table)
+            except sqlite3.DatabaseError:  # the file's schema (its first page) cannot be read
                 found.unreadable.append(table)
                 continue
+            columns = [c for c in theirs if c in set(_columns(dst, table))]
+            if not columns:
+                continue  # (a table this file never had: one from before it was added)
             kept, unread, counted = _copy_table(source, dst, table, columns)
             if counted:
                 found.counted.add(table)

@@ -76,6 +76,17 @@ def test_a_file_whose_first_page_rotted_gives_nothing_and_says_so(tmp_path):
     assert found.unreadable == ["t"] and not found.lossless and found.describe() == "t: nothing readable"
 
 
+def test_a_table_the_damaged_file_never_had_is_no_loss(tmp_path):
+    """A ledger from before a table was added (its new file has it): nothing of it to keep, and nothing lost."""
+    src = tmp_path / "a.sqlite"
+    _table(src, 10)
+    rot_pages(src, "sqlite_autoindex_t_1")
+    dst = _fresh()
+    dst.execute("CREATE TABLE later (k TEXT PRIMARY KEY)")
+    found = salvage_rows(src, dst, ["t", "later"])
+    assert found.lossless and found.describe() == "t: 10 rows kept"
+
+
 def test_a_salvage_that_fails_on_the_way_leaves_the_damaged_file_where_it_was_and_no_half_made_copy(tmp_path):
     """A full disk while the new file is filled: the damaged file stays in place (its next try may succeed) and the
     half-made one is removed, so nothing is lost and nothing is left behind."""
