@@ -74,6 +74,7 @@ class Daemon:
         self.backups = None
         self.ledger_check = None
         self._held = None  # the state directory's lock (edge_agent.instance), held while this daemon runs
+        self._said_again: set[str] = set()  # photos whose labels the trainer asked for again (each once a run)
         self.store_note: str | None = None
         self._seed_after_ready = False  # a first start: <state>/engines is seeded just after READY=1
         self._results_before_start = 0
@@ -178,6 +179,27 @@ class Daemon:
         self._start_alerts()
         self._start_learning_links()
 
+    def _say_labels_again(self, ids: list[str]) -> None:
+        """The trainer lost the labels of ``ids`` (a rotted page): each this device's expert gave, of a photo still kept,
+        is queued again (once a run), as `review label` would."""
+        from edge_agent.review.queue import LabelError, label_photo
+
+        asked = [sha for sha in ids if sha not in self._said_again]
+        if not asked:
+            return
+        self._said_again.update(asked)
+        given, again = self.db.expert_labels(), 0
+        for sha in asked:
+            if sha not in given:
+                continue  # (another device's photo, or a label only the trainer had)
+            try:
+                label_photo(self.db, self.state.queue, self.cfg.labels.max_spool_mb << 20, [], sha, given[sha], new_class=True)
+                again += 1
+            except (LabelError, OSError, sqlite3.Error) as exc:  # its photo pruned since, a full disk: said, not retried
+                self.log.warning("label_not_said_again", photo=sha[:16], error=str(exc))
+        if again:
+            self.log.info("labels_said_again", photos=again, why="the trainer lost them")
+
     def _release_state(self) -> None:
         """Let another daemon start on this state directory (:func:`edge_agent.instance.hold_state`)."""
         held, self._held = self._held, None
@@ -275,7 +297,9 @@ class Daemon:
         self.watcher.start()
         if cfg.handoff.enabled:
             link, name = handoff_link(cfg, self.state.root), device_name(cfg)
-            self.sender = Sender(self.db, self.spool, cfg.handoff, link, device=name, on_engine=self.watcher.announce)
+            self.sender = Sender(
+                self.db, self.spool, cfg.handoff, link, device=name, on_engine=self.watcher.announce, on_lost=self._say_labels_again
+            )
             self.sender.start()
             self.fetcher = EngineFetcher(
                 self.store,

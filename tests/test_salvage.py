@@ -257,3 +257,64 @@ def _encoded(header: dict) -> list[bytes]:
     from edge_agent.handoff.protocol import encode
 
     return encode("sample", header, b"a photo")
+
+
+def test_the_labels_a_salvage_lost_are_asked_of_the_devices_and_a_device_queues_again_those_its_expert_gave(tmp_path):
+    """A rotted leaf of the trainer's labels lost their rows, though their photos stay in samples/ and the device that
+    sent them keeps the expert's label of each. Now the trainer's heartbeat names those photos (at most 64 at a time,
+    for 14 days), and a device queues again each its expert labelled whose photo it still keeps, once a run."""
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+    from edge_agent.handoff.protocol import LOST_ASKED, ProtocolError, decode, encode
+    from edge_agent.review.queue import label_photo
+    from trainer import service
+    from trainer.samples import SampleStore
+
+    from .web_helpers import make_state, sha_of
+
+    root = tmp_path / "trainer"
+    _samples(root, 400)
+    rot_pages(root / "samples.sqlite", "samples", kind="leaf", only=2)
+    store = SampleStore(root, recover="all")
+    kept = {s.id for s in store.all()}
+    lost = store.lost_ids()
+    assert lost and lost == {f"{i:064x}" for i in range(400)} - kept
+    assert store.lost_ids(within_s=0) == set()  # given up after the time
+    store.close()
+    svc = service.TrainerService(parse_config({}), tmp_path)
+    said = svc._describe()["lost"].split(",")
+    assert len(said) == min(LOST_ASKED, len(lost)) and set(said) <= lost
+    header = {"id": said[0], "ext": ".jpg", "kind": "expert", "label": "Apple___healthy", "confidence": 1.0, "engine_version": "v1"}
+    svc.samples.add(header, b"a photo")  # said again by a device
+    assert said[0] not in svc._describe().get("lost", "")
+    heartbeat = decode(encode("heartbeat", {"role": "trainer", "time": 1.0, **svc._describe()}))
+    assert set(heartbeat.header["lost"].split(",")) <= lost
+    with pytest.raises(ProtocolError):
+        decode(encode("heartbeat", {"role": "trainer", "time": 1.0, "lost": "not-an-id"}))
+    from edge_agent.config import HandoffSection
+    from edge_agent.handoff.sender import Sender
+    from edge_agent.handoff.transport import Link
+    from edge_agent.spool import PhotoSpool
+
+    got = []
+    sender = Sender(None, PhotoSpool(tmp_path / "q", 1 << 20), HandoffSection(), Link("ipc://x", "ipc://y"), on_lost=got.extend)
+    sender._handle(encode("heartbeat", {"role": "trainer", "time": 1.0, **svc._describe()}))
+    assert got == heartbeat.header["lost"].split(",")
+    svc.samples.close()
+    svc.unlabelled.close()
+    svc._held.close()
+
+    state = make_state(tmp_path / "device")
+    db = ResultsDB(state / "results.sqlite")
+    sha = sha_of(state, "p3")  # a processed photo, its copy kept in processed/
+    entry = label_photo(db, state / "queue", 1 << 30, ["Apple___Apple_scab"], "p3", "Apple___Black_rot", new_class=True)
+    assert db.remove_queued_entry(db.queue_entry(sha)) and Path(entry.file).unlink() is None  # delivered and acknowledged
+    daemon = Daemon(parse_config({}), state)
+    daemon.db = db
+    daemon._say_labels_again([sha, "f" * 64])
+    again = db.queue_entry(sha)
+    assert again is not None and (again.kind, again.label) == ("expert", "Apple___Black_rot") and Path(again.file).is_file()
+    assert db.remove_queued_entry(again)
+    daemon._say_labels_again([sha])  # once a run: asked again by the next heartbeat, not queued again
+    assert db.queue_entry(sha) is None
+    db.close()

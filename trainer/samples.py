@@ -76,12 +76,16 @@ class SamplesDamaged(EdgeAgentError):
                 f"{path}: damaged ({exc}): some of the expert's labels it holds cannot be read, so the trainer does not "
                 "start. Restore the trainer's state from the newest backup (edge-agent restore FILE), or keep the labels "
                 f"that can still be read ({found.describe()}) with `edge-trainer salvage` (the damaged file is kept beside; "
-                "the photos of the labels lost stay in samples/, and the devices resend nothing already acknowledged)"
+                "the photos of the labels lost stay in samples/, and for 14 days the devices are asked to say again the expert's "
+                "labels of those they still keep)"
             )
         super().__init__(said)
         self.path = path
         self.found = found
 
+
+#: How long after a salvage that lost labels the devices are asked to say them again (:meth:`SampleStore.lost_ids`).
+LOST_ASK_S = 14 * 86400.0
 
 #: The generation of samples a publish is under way with (``pending:<tag>``); see :meth:`SampleStore.settle_pending`.
 PENDING = "pending:"
@@ -132,6 +136,8 @@ class SampleStore:
                 f"{path.name} was damaged ({exc}): kept as {aside.name}; a new one holds what could be read ({found.describe()})"
             )
             self._db = _open(path)
+            if not found.lossless:  # the devices are asked to say the labels lost again (:meth:`lost_ids`)
+                self.set_state("labels_lost_at", str(time.time()))
         try:
             relocate_rows(self._db, "samples", "id", self.root)  # restored or copied to another path: the photos here
         except BaseException:
@@ -271,6 +277,20 @@ class SampleStore:
                 out["new"] += n
                 out["new_expert"] += n if kind == "expert" else 0
         return out
+
+    def lost_ids(self, within_s: float = LOST_ASK_S) -> set[str]:
+        """The photos kept in ``samples/`` whose labels a salvage lost (no row names them), for the devices to say again,
+        within ``within_s`` of that salvage (after it, a photo no device answered for is given up)."""
+        try:
+            since = float(self.get_state("labels_lost_at", "0") or 0)
+        except ValueError:
+            since = 0.0
+        if not since or time.time() - since > within_s:
+            return set()
+        with self._lock:
+            named = {r[0] for r in self._db.execute("SELECT id FROM samples")}
+        kept = {f.stem for f in (self.root / "samples").iterdir() if f.is_file() and len(f.stem) == 64}
+        return {i for i in kept - named if all(c in "0123456789abcdef" for c in i)}
 
     def get_state(self, key: str, default: str | None = None) -> str | None:
         with self._lock:

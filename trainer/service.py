@@ -18,6 +18,7 @@ from pathlib import Path
 from edge_agent.backup_schedule import BackupSchedule
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.engine_keep import prune_engines
+from edge_agent.handoff.protocol import LOST_ASKED
 from edge_agent.instance import hold_state
 from edge_agent.ledger_check import EVERY_S, LedgerCheck
 from edge_agent.log import get_logger
@@ -60,6 +61,10 @@ class TrainerService:
         self.samples = SampleStore(self.root, recover="lossless")  # (the file's owner: no retrain runs yet)
         if self.samples.recovered:
             self.log.error("samples_recovered", what=self.samples.recovered)
+        #: Photos whose labels a salvage lost: the heartbeats ask the devices to say them again (until each is stored).
+        self.lost = self.samples.lost_ids()
+        if self.lost:
+            self.log.warning("labels_asked_again", photos=len(self.lost), of="the devices that hold them (a salvage lost them)")
         self.signing_key = load_or_create_key(trainer_key_path(cfg, state_dir))  # daemons on this state dir trust it
         self.store = resolve_store(cfg, state_dir)
         self._sign_unsigned_versions()
@@ -221,6 +226,11 @@ class TrainerService:
         version in service and when it was published."""
         state = self.receiver.problem_state or ("waiting for room: disk full" if self.room.reason else self.state[:32])
         said = {"state": state, "stores_labels": self.receiver.store_problem is None, "waits_for_room": self.room.reason is not None}
+        if self.lost:
+            asked = sorted(self.lost)[:LOST_ASKED]
+            self.lost -= {i for i in asked if self.samples.has(i)}  # said again since: asked no more
+            if asked := [i for i in asked if i in self.lost]:
+                said["lost"] = ",".join(asked)
         try:
             version = self.store.current()
             published = (self.store.root / version / "manifest.json").stat().st_mtime

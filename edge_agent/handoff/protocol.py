@@ -18,7 +18,9 @@ Kinds:
 * ``heartbeat`` (both ways): ``{"role", "time"}``; the trainer's adds ``"state"`` (idle, retraining, ...), ``"version"``
   (the version in service), ``"published"`` (when it was published), ``"stores_labels"`` (false while it cannot store
   the labels it is sent: a full disk) and ``"waits_for_room"`` (true while no retrain can start for want of room on its
-  disk): what a device's page shows of the trainer, and what its alerts say
+  disk): what a device's page shows of the trainer, and what its alerts say; and ``"lost"`` (comma-separated photo ids,
+  at most :data:`LOST_ASKED`): photos whose expert labels the trainer lost with a rotted page, which a device that
+  holds them queues again
 * ``engine`` (trainer PUB -> daemon SUB): ``{"version"}``, a new engine was published
 """
 
@@ -53,6 +55,8 @@ DEFAULT_MAX_PAYLOAD = 32 * 1024 * 1024
 #: Integers on the wire have at most this many digits (a 5,000-digit one is a frame to drop, not a number to parse).
 MAX_INT_DIGITS = 15
 _ID = re.compile(r"^[0-9a-f]{64}$")
+#: A trainer's heartbeat names at most this many photos whose labels it lost (a rotted page), for the devices to say again.
+LOST_ASKED = 64
 _EXT = re.compile(r"^\.[a-z0-9]{1,5}$")
 VERSION = re.compile(r"^v\d{4,9}$")
 
@@ -115,6 +119,7 @@ _SCHEMAS = {
         "published": Field(float, required=False, lo=0.0, hi=1e11),
         "stores_labels": Field(bool, required=False),
         "waits_for_room": Field(bool, required=False),
+        "lost": Field(str, required=False, max_len=LOST_ASKED * 65, pattern=re.compile(r"[0-9a-f]{64}(,[0-9a-f]{64})*")),
     },
     "engine": {"version": Field(str, pattern=VERSION)},
 }

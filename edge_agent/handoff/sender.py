@@ -68,13 +68,16 @@ class Sender(Worker):
         link: Link,
         device: str = "",
         on_engine: Callable[[str], None] | None = None,
+        on_lost: Callable[[list[str]], None] | None = None,
     ) -> None:
-        """``device``: this daemon's name, sent with each sample (the trainer's fleet list counts them by it)."""
+        """``device``: this daemon's name, sent with each sample (the trainer's fleet list counts them by it);
+        ``on_lost(ids)``: the photos whose labels the trainer says it lost (a heartbeat's ``lost``)."""
         super().__init__()
         self.db = db
         self.spool = spool
         self.settings, self.link, self.device = settings, link, device
         self.on_engine = on_engine or (lambda version: None)
+        self.on_lost = on_lost or (lambda ids: None)
         self.log = get_logger("handoff.sender", endpoint=link.endpoint)
         self.counters = {
             "sent": 0,
@@ -260,6 +263,8 @@ class Sender(Worker):
             self.trainer_info = {k: h[k] for k in ("state", "version", "published", "stores_labels", "waits_for_room") if k in h} | {
                 "heard": round(time.time(), 1)
             }
+            if h.get("lost"):
+                self.on_lost(h["lost"].split(","))
         elif msg.kind in ("ack", "refused"):
             self.trainer_seen = time.monotonic()
             self._answered(msg.kind, msg.header)
