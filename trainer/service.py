@@ -98,7 +98,7 @@ class TrainerService:
         self._release_tried = -1  # the sample count a retrain of an upgrade's pending release last ran on
         self.retraining: dict | None = None  # while a retrain runs: its phase (and epoch)
         self.backups: BackupSchedule | None = None
-        self.damaged: str | None = None  # a damaged page a backup found in this trainer's files (it then stops)
+        self.damaged: str | None = None  # a damaged page met in this trainer's files while it runs (it then stops, status 1)
         self._classes_of: tuple[str | None, list[str]] = (None, [])  # the current version and its classes
 
     def _sign_unsigned_versions(self) -> None:
