@@ -13,7 +13,6 @@ the inbox for the next start.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sqlite3
@@ -215,11 +214,10 @@ class Daemon:
         elif name == "alerts.sqlite" and self.alerts is not None:
             self.alerts.renew_if_damaged(exc)
         elif name.startswith("trainer/"):
-            from edge_agent.ledger_check import REQUEST
+            from edge_agent.ledger_check import ask_to_read
             from edge_agent.state import trainer_state_dir
 
-            with contextlib.suppress(OSError):
-                (trainer_state_dir(self.cfg, self.state.root) / REQUEST).touch()
+            ask_to_read(trainer_state_dir(self.cfg, self.state.root))
 
     def _seed_state_store(self) -> None:
         """A first start's ``<state>/engines``, given the release serving (:func:`edge_agent.seeding.seed_serving`): the

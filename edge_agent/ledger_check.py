@@ -19,7 +19,7 @@ from edge_agent.storage_errors import storage_problem
 from edge_agent.worker import Worker
 from engines.durable import check_whole, connect_readonly
 
-__all__ = ["REQUEST", "LedgerCheck", "check_line", "request_check"]
+__all__ = ["REQUEST", "LedgerCheck", "ask_to_read", "check_line", "request_check"]
 
 #: Beside the ledger (or the trainer's labels): asks its service to read it whole now (a look, or the daemon's backup,
 #: met a damaged page).
@@ -50,8 +50,13 @@ def request_check(state_root: Path) -> None:
     from edge_agent.state import StateLayout
 
     forget_closed(StateLayout(Path(state_root)).db)
+    ask_to_read(Path(state_root))
+
+
+def ask_to_read(folder: Path) -> None:
+    """Leave :data:`REQUEST` in ``folder``: the service whose databases lie there reads them whole within seconds."""
     with contextlib.suppress(OSError):
-        (Path(state_root) / REQUEST).touch()
+        (folder / REQUEST).touch()
 
 
 class LedgerCheck(Worker):
