@@ -11,12 +11,12 @@ is said and tried again hourly.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from edge_agent.background import yield_to_photos
 from edge_agent.backup import REQUEST, BackupError, BackupStopped, DatabaseDamaged, last_backup
 from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, BackupSection
@@ -159,10 +159,8 @@ class BackupSchedule(Worker):
         }
 
     def _run(self) -> None:
-        try:  # the photos go first: this thread (only) at the lowest CPU priority
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (OSError, AttributeError):
-            pass
+        if (kept := yield_to_photos()) is not None:  # the photos go first: this thread (only) at the lowest CPU and IO priority
+            self.log.info("backup_priority", kept=kept)
         while not self._stop.wait(self.poll_s):
             if self.due(self.clock()):
                 self.run_once()

@@ -6,13 +6,12 @@ can still be read (:mod:`engines.salvage`). The trainer reads its labels (``samp
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from edge_agent.background import yield_to_photos
 from edge_agent.log import get_logger
 from edge_agent.spans import ago, within
 from edge_agent.storage_errors import storage_problem
@@ -112,8 +111,8 @@ class LedgerCheck(Worker):
         return {"last": self.last, "next": time.time() + max(0.0, self.next - time.monotonic())}
 
     def _run(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):  # the photos first: this thread at the lowest CPU priority
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        if (kept := yield_to_photos()) is not None:  # the photos first: this thread at the lowest CPU and IO priority
+            self.log.info("ledger_check_priority", kept=kept)
         while not self._stop.wait(self.poll_s):
             if time.monotonic() >= self.next or self.request.exists():
                 self.run_once()

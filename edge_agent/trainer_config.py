@@ -303,7 +303,9 @@ class TrainerSection(Section):
     )
     gate_max_class_drop: float = Field(0.3, ge=0, le=1, description="Refuse a candidate whose recall of any class drops more than this.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads for training (the daemon keeps the rest).")
-    nice: int = Field(10, ge=0, le=19, description="Added niceness of the trainer process (inference first).")
+    nice: int = Field(
+        10, ge=0, le=19, description="Added niceness of the trainer (inference first); above 0 its disk waits for the daemon's too."
+    )
     int8: bool = Field(True, description="Also build the INT8 ONNX Runtime variant when publishing.")
     calibrate: bool = Field(
         True,

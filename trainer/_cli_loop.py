@@ -60,7 +60,10 @@ def _retrain(args: argparse.Namespace) -> int:
     if cfg.trainer.nice:
         import os
 
-        os.nice(cfg.trainer.nice)  # inference first, here too
+        os.nice(cfg.trainer.nice)  # inference first, here too: its CPU and its disk
+        from edge_agent.background import idle_io
+
+        idle_io()
     from edge_agent.instance import hold_state
     from trainer.retrain import retrain  # torch: only once there is a retrain to run
 
