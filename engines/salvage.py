@@ -20,6 +20,8 @@ __all__ = ["Salvage", "salvage_file", "salvage_rows"]
 
 #: Rowids read at a time; a range that fails is halved down to one rowid.
 _CHUNK = 1024
+#: What :func:`_seek` says where the table's tree cannot be read on the way.
+_UNREADABLE = object()
 #: Where a table's highest rowid cannot be read: stop after this many ranges in a row that hold nothing readable.
 _EMPTY_RUN = 64
 
@@ -142,7 +144,8 @@ def _copy_table(source: sqlite3.Connection, dst: sqlite3.Connection, table: str,
     except sqlite3.DatabaseError:  # the tree's right edge is damaged: an index says where it ends, else read on until
         top = listed[1] if listed else None  # nothing more is found
     kept = unread = unread_before_last = 0
-    start, empty_run = 1, 0
+    first = _seek(source, table)
+    start, empty_run = first if isinstance(first, int) else 1, 0
     while (start <= top) if top is not None else (empty_run < _EMPTY_RUN):
         rows, failed = _read_range(source, select, start, start + _CHUNK - 1)
         kept += sum(dst.execute(insert, row).rowcount for row in rows)
@@ -152,11 +155,27 @@ def _copy_table(source: sqlite3.Connection, dst: sqlite3.Connection, table: str,
         else:
             empty_run += 1
         start += _CHUNK
+        if not rows and not failed:  # rowids never used or deleted (retention's): the tree says where its next row is
+            after = _seek(source, table, start - 1)
+            if after is None:
+                break  # (the tree holds nothing past here)
+            if after is not _UNREADABLE:
+                start = max(start, after)
     if listed:  # an index that reads whole names every row the table had
         return kept, max(0, listed[0] - kept), True
     if top is None:  # rowids past the last row read may never have been used: not counted as lost
         unread = unread_before_last
     return kept, unread, False
+
+
+def _seek(source: sqlite3.Connection, table: str, after: int = -(2**63)) -> int | None | object:
+    """The table's first rowid after ``after``, as its own tree says: None where it holds none, ``_UNREADABLE``
+    where the pages on the way cannot be read."""
+    try:
+        (found,) = source.execute(f'SELECT min(rowid) FROM "{table}" WHERE rowid > ?', (after,)).fetchone()
+    except sqlite3.DatabaseError:
+        return _UNREADABLE
+    return found
 
 
 def _listed_rowids(source: sqlite3.Connection, table: str) -> tuple[int, int] | None:

@@ -48,6 +48,26 @@ def test_a_rotted_leaf_costs_only_its_rows_counted_exactly_and_the_damaged_file_
     assert dst.execute("SELECT body FROM t WHERE id = 3000").fetchone() == ("x" * 100,)
 
 
+def test_rows_past_a_long_run_of_deleted_rowids_are_kept_where_the_tables_last_leaf_and_index_rotted(tmp_path):
+    """A season's ledger after retention: its first 100,000 rowids deleted; with neither ``max(rowid)`` nor an index
+    to say where the table ends, the read goes by the table's own tree, not by a guess at how far to look."""
+    src = tmp_path / "a.sqlite"
+    with sqlite3.connect(src) as con:
+        con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, sha TEXT NOT NULL UNIQUE, body TEXT)")
+        con.execute("INSERT INTO t (id, sha, body) VALUES (100000, 'first', 'x')")
+        con.executemany("INSERT INTO t (sha, body) VALUES (?, ?)", [(f"{i:064x}", "x" * 100) for i in range(3000)])
+        con.execute("DELETE FROM t WHERE id = 100000")
+        con.executemany("INSERT INTO t (id, sha, body) VALUES (?, ?, 'y')", [(200000 + i, f"late{i}") for i in range(5)])
+        con.execute("DELETE FROM t WHERE id BETWEEN 100800 AND 102000")  # a gap no wider than a chunk's run
+    con.close()
+    rot_pages(src, "sqlite_autoindex_t_1")
+    rot_pages(src, "t", kind="leaf", only=-1)  # the last leaf: max(rowid) cannot be read
+    found = salvage_rows(src, dst := _fresh(), ["t"])
+    ids = [i for (i,) in dst.execute("SELECT id FROM t ORDER BY id")]
+    assert found.kept["t"] == len(ids) > 1500 and ids[0] == 100001 and max(ids) < 200000
+    assert "t" not in found.counted and found.unread["t"] > 0  # (the rotted leaf's rows: an upper bound)
+
+
 def test_a_rotted_index_loses_no_row_and_a_rotted_root_is_said_to_be_unreadable(tmp_path):
     src = tmp_path / "a.sqlite"
     _table(src)
