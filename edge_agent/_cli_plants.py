@@ -26,7 +26,7 @@ def plants_list(args: argparse.Namespace) -> int:
     rows = (
         {
             "plant": name,
-            "photos": len(photos),
+            "photos": d.photos + d.earlier,
             "visit_photos": d.photos,
             "label": d.label,
             "verdict": d.verdict,

@@ -867,6 +867,40 @@ def test_a_plants_page_diagnoses_its_newest_visit_lists_the_earlier_ones_and_tic
     assert items[tree8[4][1]]["plant_labels"] == {"Apple___Apple_scab": 1}  # May's healthy label is not offered for August
 
 
+def test_the_list_of_plants_reads_the_newest_visit_as_a_plants_whole_season_gives_it(tmp_path):
+    """The list reads each plant's newest visit alone (a season of weekly visits is many times more rows); it must be
+    the visit :func:`newest_visit` finds in all the plant's photos, with ties in time, taken times and gaps of 0."""
+    import random
+
+    from edge_agent.plants import newest_visit
+    from edge_agent.web.queries import Reader
+
+    rnd, db = random.Random(5), ResultsDB(tmp_path / "results.sqlite")
+    base = time.time() - 90 * 86400
+    for tree in range(8):
+        rows, t = [], base
+        for _ in range(rnd.randrange(1, 60)):
+            t += rnd.choice([0, 0, 60, 600, 3 * 3600, 7 * 86400])  # photos at one second, minutes, hours and weeks apart
+            sha = f"{next(_n):064x}"
+            taken = t if rnd.random() < 0.5 else None  # EXIF time or none (then when classified)
+            created = t if taken is None else t + rnd.randrange(0, 5000)
+            rows.append(
+                ResultRow(
+                    sha, sha[:16], f"/{sha[:8]}.jpg", "inbox", "A", 0.9, [["A", 0.9]], "v1", {}, created, plant=f"tree{tree}", taken=taken
+                )
+            )
+        rnd.shuffle(rows)  # stored in any order
+        db.commit(rows)
+    db.close()
+    reader = Reader(tmp_path / "results.sqlite")
+    for tree in range(8):
+        every = reader.plant(f"tree{tree}")
+        for gap_s in (0, 1, 600, 900, 3 * 3600, 12 * 3600):  # (a gap of exactly 600 s or 3 h is one visit)
+            newest, photos = reader.plant_newest_visit(f"tree{tree}", gap_s)
+            assert [r.sha256 for r in newest] == [r.sha256 for r in newest_visit(every, gap_s)] and photos == len(every)
+    assert reader.plant_newest_visit("no such tree", 3600) == ([], 0)
+
+
 def test_the_review_page_after_a_label_points_to_the_photos_of_its_plants_visit_not_labelled_yet(tmp_path):
     pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
     import sqlite3

@@ -4,7 +4,7 @@ report, the writes (a label, a plant's labels or name, a rollback), and the para
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from functools import cached_property
 from pathlib import Path
@@ -75,9 +75,13 @@ class WebContext:
         :class:`~edge_agent.class_notes.NotesError`)."""
         return self.notes_source.current()
 
-    def plant(self, rows: list, num_classes: int) -> tuple[PlantDiagnosis, dict[str, str]]:
-        """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class)."""
-        said = self.reader.expert_labels([r.sha256 for r in rows])
+    def plant(self, rows: list, num_classes: int, labelled: dict[str, str] | None = None) -> tuple[PlantDiagnosis, dict[str, str]]:
+        """A plant's diagnosis from its stored ``rows`` and the expert's labels of them (sha256 -> class; read here
+        unless ``labelled`` holds them, and others')."""
+        if labelled is None:
+            said = self.reader.expert_labels([r.sha256 for r in rows])
+        else:
+            said = {r.sha256: labelled[r.sha256] for r in rows if r.sha256 in labelled}
         cl = self.cfg.classify
         return diagnose(rows, num_classes, self.cfg.labels.pseudo_threshold, said, cl.plant_max_photos, cl.plant_visit_gap_s), said
 
@@ -125,15 +129,22 @@ class WebContext:
         return row.plant, sum(rows[k].sha256 not in said for k in span)
 
     def plants(self, match: str, view: str, limit: int) -> Iterator[tuple[str, list, PlantDiagnosis, dict[str, str]]]:
-        """The plants photographed whose name holds ``match``, the most recent first, each with its photos, diagnosis and
-        the expert's labels: the ``limit`` most recent, or, for a ``view`` (:data:`~edge_agent.plants.PLANT_VIEWS`), those
+        """The plants photographed whose name holds ``match``, the most recent first, each with its newest visit's photos,
+        diagnosis (``earlier``: the plant's other photos) and the expert's labels: the ``limit`` most recent, or, for a ``view`` (:data:`~edge_agent.plants.PLANT_VIEWS`), those
         in it of the :data:`~edge_agent.plants.PLANTS_LOOKED_AT` most recent (each one's diagnosis made to choose)."""
         k = len(self.classes())  # read once, not once a plant
-        for name, _, _ in self.reader.plants(PLANTS_LOOKED_AT if view else limit, match):
-            rows = self.reader.plant(name)
-            d, said = self.plant(rows, k)
-            if in_view(d.verdict, d.label, view):
-                yield name, rows, d, said
+        names = [name for name, _, _ in self.reader.plants(PLANTS_LOOKED_AT if view else limit, match)]
+        for at in range(0, len(names), 50):  # (read 50 plants at a time: a page shows 50)
+            visits = self.reader.newest_visits(names[at : at + 50], self.cfg.classify.plant_visit_gap_s)
+            labelled = self.reader.expert_labels([r.sha256 for rows, _ in visits.values() for r in rows])
+            for name in names[at : at + 50]:
+                rows, photos = visits.get(name, ([], 0))
+                if not rows:
+                    continue  # (its photos pruned between the two reads)
+                d, said = self.plant(rows, k, labelled)
+                d = replace(d, earlier=photos - len(rows))
+                if in_view(d.verdict, d.label, view):
+                    yield name, rows, d, said
 
     def db(self, readonly: bool = True) -> ResultsDB | None:
         if not self.state.db.is_file():

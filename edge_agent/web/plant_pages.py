@@ -55,22 +55,22 @@ def plant_routes(ctx: WebContext, page: Page, problem: Callable[[Request, int, s
     ``problem``, the writes' forms read by its ``form`` (the token's role and the CSRF token checked)."""
 
     def plant_view(name: str, rows: list, d: PlantDiagnosis, said: dict[str, str], every_visit: bool = False) -> dict:
-        """One plant as its section shows it: the diagnosis, the newest visit's photos (``every_visit``: its newest
-        photos of any visit, as its own page shows them; a folder of thousands is no plant)."""
+        """One plant as its section shows it: the diagnosis, the newest visit's photos (``rows``: those, or with
+        ``every_visit`` all its photos, as its own page shows the newest of any visit; a folder of thousands is no plant)."""
         one = not d.not_one  # a folder of many plants: nothing ticked
-        newest = rows[d.earlier :]  # the visit diagnosed
+        newest = rows[len(rows) - d.photos :]  # the visit diagnosed
         visit = {r.sha256 for r in newest}  # the photos diagnosed; earlier ones dimmed
         shown = (rows if every_visit else newest)[-PLANT_CARDS:]
         return {
             "plant": name,
             "rows": shown,
-            "older": len(rows) - len(shown),
+            "older": d.photos + d.earlier - len(shown),
             "said": said,
             "last_local": _local(max(r.when for r in rows)),  # when last photographed (taken, else classified)
             "one": one,
             "visit": visit,
             **d.as_dict(),
-            "photos": len(rows),
+            "photos": d.photos + d.earlier,
             "visit_photos": d.photos,
         }
 

@@ -7,9 +7,10 @@ never waits for the page.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta
+from itertools import groupby
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -210,6 +211,37 @@ class Reader:
         columns = self._columns()
         when = self._ledger.when
         return [ResultRow.from_sql(r) for r in self._rows(f"SELECT {columns} FROM results WHERE plant = ? ORDER BY {when}, id", (name,))]
+
+    def newest_visits(self, names: Sequence[str], gap_s: float) -> dict[str, tuple[list[ResultRow], int]]:
+        """Each named plant's newest visit (:func:`edge_agent.plants.visits`: its photos, oldest first) and how many
+        photos it has in all, in two reads however many plants: the list of plants reads a season's earlier visits'
+        times, not their rows."""
+        when, out, ids = self._ledger.when, {}, []
+        for at in range(0, len(names), 500):  # (SQLite's limit on a statement's variables)
+            part = list(names[at : at + 500])
+            times = self._rows(
+                f"SELECT plant, id, {when} FROM results WHERE plant IN ({','.join('?' * len(part))}) ORDER BY plant, {when} DESC, id DESC",
+                part,
+            )
+            for plant, group in groupby(times, key=lambda t: t[0]):
+                group = list(group)
+                k = 1
+                while k < len(group) and (gap_s <= 0 or group[k - 1][2] - group[k][2] <= gap_s):
+                    k += 1
+                out[plant] = ([], len(group))
+                ids += [(i, plant) for _, i, _ in group[:k]]
+        plant_of = dict(ids)
+        found = []
+        for at in range(0, len(ids), 500):
+            part = [i for i, _ in ids[at : at + 500]]
+            found += self._rows(f"SELECT {self._columns()}, {when}, id FROM results WHERE id IN ({','.join('?' * len(part))})", part)
+        for r in sorted(found, key=lambda r: (r[-2], r[-1])):  # oldest first, as :meth:`plant` orders them
+            out[plant_of[r[-1]]][0].append(ResultRow.from_sql(r[:-2]))
+        return out
+
+    def plant_newest_visit(self, name: str, gap_s: float) -> tuple[list[ResultRow], int]:
+        """One plant's newest visit and how many photos it has in all (:meth:`newest_visits`)."""
+        return self.newest_visits([name], gap_s).get(name, ([], 0))
 
     def expert_labels(self, sha256s: Collection[str]) -> dict[str, str]:
         """The expert's label of each of these photos that has one (sha256 -> class)."""
