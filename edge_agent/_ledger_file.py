@@ -87,6 +87,8 @@ def open_writable(path: Path, check: bool) -> sqlite3.Connection:
                 db.execute(f"ALTER TABLE results ADD COLUMN {name} REAL")
         db.execute("CREATE INDEX IF NOT EXISTS results_when ON results(COALESCE(taken, created))")  # the Photos page's days
         db.execute("CREATE INDEX IF NOT EXISTS results_place ON results(lat) WHERE lat IS NOT NULL")  # photos near a place
+        # the Map's newest photos with a place, and how many have one, read from these alone (a farm may have none)
+        db.execute("CREATE INDEX IF NOT EXISTS results_placed ON results(id) WHERE lat IS NOT NULL AND lon IS NOT NULL")
         db.execute("DROP INDEX IF EXISTS results_plant")  # (plant alone, before 2026-12-04: the one below serves)
         db.execute("CREATE INDEX IF NOT EXISTS results_plant_created ON results(plant, created) WHERE plant IS NOT NULL")
         # counts by class and verdict (the Photos, Map and Diseases pages, /metrics) read this, not a season's rows

@@ -274,6 +274,7 @@ def test_a_ledger_from_before_places_reads_as_none_near_anywhere_and_is_upgraded
     db = ResultsDB(path)
     _rows(db, [None])
     db._db.execute("DROP INDEX results_place")  # as a daemon before this change left it
+    db._db.execute("DROP INDEX results_placed")
     db._db.execute("ALTER TABLE results DROP COLUMN lat")
     db._db.execute("ALTER TABLE results DROP COLUMN lon")
     db.close()

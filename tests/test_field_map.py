@@ -145,6 +145,7 @@ def test_the_map_of_a_ledger_from_before_places_says_no_photo_has_one_and_does_n
     state = make_state(tmp_path)
     db = ResultsDB(state / "results.sqlite")
     db._db.execute("DROP INDEX results_place")
+    db._db.execute("DROP INDEX results_placed")
     db._db.execute("ALTER TABLE results DROP COLUMN lat")
     db._db.execute("ALTER TABLE results DROP COLUMN lon")
     db.close()

@@ -896,9 +896,12 @@ def test_the_list_of_plants_reads_the_newest_visit_as_a_plants_whole_season_give
     for tree in range(8):
         every = reader.plant(f"tree{tree}")
         for gap_s in (0, 1, 600, 900, 3 * 3600, 12 * 3600):  # (a gap of exactly 600 s or 3 h is one visit)
-            newest, photos = reader.plant_newest_visit(f"tree{tree}", gap_s)
+            newest, photos = reader.newest_visits([f"tree{tree}"], gap_s)[f"tree{tree}"]
             assert [r.sha256 for r in newest] == [r.sha256 for r in newest_visit(every, gap_s)] and photos == len(every)
-    assert reader.plant_newest_visit("no such tree", 3600) == ([], 0)
+    both = reader.newest_visits(["tree1", "no such tree", "tree2"], 3600)  # several at once, one unknown
+    assert set(both) == {"tree1", "tree2"} and [r.sha256 for r in both["tree2"][0]] == [
+        r.sha256 for r in newest_visit(reader.plant("tree2"), 3600)
+    ]
 
 
 def test_the_review_page_after_a_label_points_to_the_photos_of_its_plants_visit_not_labelled_yet(tmp_path):

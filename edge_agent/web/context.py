@@ -129,9 +129,10 @@ class WebContext:
         return row.plant, sum(rows[k].sha256 not in said for k in span)
 
     def plants(self, match: str, view: str, limit: int) -> Iterator[tuple[str, list, PlantDiagnosis, dict[str, str]]]:
-        """The plants photographed whose name holds ``match``, the most recent first, each with its newest visit's photos,
-        diagnosis (``earlier``: the plant's other photos) and the expert's labels: the ``limit`` most recent, or, for a ``view`` (:data:`~edge_agent.plants.PLANT_VIEWS`), those
-        in it of the :data:`~edge_agent.plants.PLANTS_LOOKED_AT` most recent (each one's diagnosis made to choose)."""
+        """The plants photographed whose name holds ``match``, the most recent first, each with its newest visit's
+        photos, diagnosis (``earlier``: the plant's other photos) and the expert's labels: the ``limit`` most recent, or,
+        for a ``view`` (:data:`~edge_agent.plants.PLANT_VIEWS`), those in it of the
+        :data:`~edge_agent.plants.PLANTS_LOOKED_AT` most recent (each one's diagnosis made to choose)."""
         k = len(self.classes())  # read once, not once a plant
         names = [name for name, _, _ in self.reader.plants(PLANTS_LOOKED_AT if view else limit, match)]
         for at in range(0, len(names), 50):  # (read 50 plants at a time: a page shows 50)
