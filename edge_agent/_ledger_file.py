@@ -94,6 +94,10 @@ def open_writable(path: Path, check: bool) -> sqlite3.Connection:
         # counts by class and verdict (the Photos, Map and Diseases pages, /metrics) read this, not a season's rows
         db.execute("CREATE INDEX IF NOT EXISTS results_label_verdict ON results(label, verdict)")
         db.execute("CREATE INDEX IF NOT EXISTS results_photo_id ON results(photo_id)")  # a photo named by its id
+        # where each class was found (the Diseases page): the sure answers alone, with what it reads of them
+        db.execute(
+            "CREATE INDEX IF NOT EXISTS results_sure ON results(label, plant, COALESCE(taken, created), sha256) WHERE verdict = 'confident'"
+        )
         if check:  # a truncated file passes the above
             check_whole(db)
     except BaseException:

@@ -14,7 +14,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from edge_agent._ledger_file import LEDGER_TABLES, forget_closed, open_writable, record_closed, unchanged_since_closed
@@ -25,7 +25,7 @@ from engines.durable import connect_readonly, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 from engines.salvage import salvage_file
 
-__all__ = ["LedgerUnreadable", "ResultsDB", "missing_table", "query_readonly"]
+__all__ = ["LedgerUnreadable", "ResultsDB", "missing_table", "query_readonly", "query_snapshot"]
 
 
 class LedgerUnreadable(EdgeAgentError, sqlite3.OperationalError):
@@ -37,14 +37,22 @@ def query_readonly(path: str | Path, sql: str, args: tuple | list = (), timeout:
     """Rows of ``sql`` (with ``args``) on a database another process is writing (read-only; [] while it does not
     exist yet, or has not yet made the table asked for). Takes no write lock: the writer never waits for a reader.
     Raises :class:`LedgerUnreadable` when the file is there but cannot be read within ``timeout`` seconds."""
+    return query_snapshot(path, [(sql, args)], timeout)[0]
+
+
+def query_snapshot(path: str | Path, queries: Sequence[tuple[str, tuple | list]], timeout: float = 30.0) -> list[list[tuple]]:
+    """The rows of each ``(sql, args)`` of ``queries``, all read from one state of the database (one read
+    transaction: a write between them is in all or none), as :func:`query_readonly` reads one."""
     if not Path(path).exists():
-        return []
+        return [[] for _ in queries]
     con = connect_readonly(path, timeout)
     try:
-        return con.execute(sql, args).fetchall()
+        if len(queries) > 1:
+            con.execute("BEGIN")
+        return [con.execute(sql, args).fetchall() for sql, args in queries]
     except sqlite3.OperationalError as exc:
         if missing_table(con, exc):
-            return []
+            return [[] for _ in queries]
         raise LedgerUnreadable(
             f"{path}: could not be read ({type(exc).__name__}: {exc}); another process may hold it locked: "
             "try again, and if it lasts, see the daemon's log (journalctl -u edge-agent)"

@@ -335,6 +335,7 @@ def test_a_ledger_from_before_capture_times_is_read_as_taken_when_classified_and
     db = ResultsDB(path)
     _card(db, "tree 1", "Apple___Apple_scab", [time.time() - DAY])
     db._db.execute("DROP INDEX results_when")  # as a daemon before this change left it
+    db._db.execute("DROP INDEX results_sure")
     db._db.execute("ALTER TABLE results DROP COLUMN taken")
     db.close()
     old = Reader(path).plant("tree 1")  # the page, before the daemon is restarted

@@ -427,6 +427,62 @@ def test_the_season_says_where_and_when_a_disease_was_found_by_a_sure_answer_or_
 
 
 # ---- the farm's notes written on the page -------------------------------------------------
+def test_where_a_class_was_found_read_from_the_sure_answers_index_is_what_joining_every_result_gives(tmp_path):
+    """The Diseases page reads the sure answers and the expert's labels apart (an index of the sure answers, not a
+    season's every row); what it finds must be what joining every result with the expert's labels finds."""
+    import random
+
+    from edge_agent.web.queries import Reader
+
+    rnd, db = random.Random(3), ResultsDB(tmp_path / "results.sqlite")
+    classes, rows = ["A", "B", "C", "D"], []
+    for i in range(3000):
+        sha, label = f"{i:064x}", rnd.choice(classes)
+        taken = 1.7e9 + rnd.randrange(10**7) if rnd.random() < 0.7 else None
+        plant = rnd.choice([None, "tree 1", "tree 2", "tree 3", f"tree {i % 40}"])
+        verdict = rnd.choice(["confident", "confident", "unsure", "unknown"])
+        rows.append(
+            ResultRow(
+                sha,
+                sha[:16],
+                f"/x/{i}.jpg",
+                "folder",
+                label,
+                0.9,
+                [[label, 0.9]],
+                "v1",
+                {},
+                1.7e9 + i,
+                verdict=verdict,
+                plant=plant,
+                taken=taken,
+            )
+        )
+    db.commit(rows)
+    for row in rnd.sample(rows, 300):  # the expert: some agree, some correct a sure answer, some name an unsure one
+        db.mark_expert(row.sha256, rnd.choice([row.label, *classes, "E"]), "")
+    db.close()
+    con = sqlite3.connect(tmp_path / "results.sqlite")
+    found, w = "COALESCE(e.label, CASE WHEN r.verdict = 'confident' THEN r.label END)", "COALESCE(r.taken, r.created)"
+    joined = "results r LEFT JOIN expert_labels e ON e.sha256 = r.sha256"
+    expected = {
+        c: (n, plants, first, last)
+        for c, n, plants, first, last in con.execute(
+            f"SELECT {found} AS c, COUNT(*), COUNT(DISTINCT r.plant), MIN({w}), MAX({w}) FROM {joined} WHERE {found} IS NOT NULL GROUP BY c"
+        )
+    }
+    reader = Reader(tmp_path / "results.sqlite")
+    season = reader.per_class()
+    assert {c: (s.found, s.plants, s.first, s.last) for c, s in season.items() if s.found} == expected and "E" in expected
+    for c in [*classes, "E"]:
+        plants = con.execute(
+            f"SELECT r.plant, MAX({w}) AS last FROM {joined} WHERE r.plant IS NOT NULL AND {found} = ? GROUP BY r.plant ORDER BY last DESC LIMIT 20",
+            (c,),
+        ).fetchall()
+        assert reader.found_on(c) == [p for p, _ in plants]
+    con.close()
+
+
 def test_a_farms_notes_written_on_a_class_page_replace_the_shipped_keys_at_once_everywhere(tmp_path):
     from edge_agent.class_notes import PAGE_NOTES
 

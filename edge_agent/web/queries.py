@@ -17,15 +17,14 @@ from urllib.parse import urlencode
 from edge_agent.capture_place import NEAR_M, Place, near_sql
 from edge_agent.ledger_rows import LedgerColumns, ResultRow, result_record
 from edge_agent.plants import visit_of, visit_window
-from edge_agent.results import query_readonly
+from edge_agent.results import query_readonly, query_snapshot
 
 __all__ = ["ClassSeason", "Filters", "Reader"]
 
 
-#: The results with the expert's label of each, where there is one (``r`` and ``e``).
-_WITH_LABELS = "results r LEFT JOIN expert_labels e ON e.sha256 = r.sha256"
-#: The class a result was found to show: the expert's label, else a sure answer's class, else none (NULL).
-_FOUND = "COALESCE(e.label, CASE WHEN r.verdict = 'confident' THEN r.label END)"
+#: A result (``r``) whose own class counts as found: a sure answer the expert did not label (the expert's label is
+#: what a labelled photo was found to show, whatever the model said). Read from the index of the sure answers.
+_SURE_UNLABELLED = "r.verdict = 'confident' AND r.sha256 NOT IN (SELECT sha256 FROM expert_labels)"
 
 
 @dataclass(frozen=True)
@@ -266,17 +265,30 @@ class Reader:
         expert labelled as it, and where it was found (a sure answer the expert did not correct, or the expert's label):
         how many photos, on how many plants, first and last photographed."""
         out: dict[str, ClassSeason] = defaultdict(ClassSeason)
-        for label, n, sure in self._rows("SELECT label, COUNT(*), SUM(verdict = 'confident') FROM results GROUP BY label"):
-            out[label] = replace(out[label], photos=n, sure=sure or 0)
-        for label, n in self._rows("SELECT label, COUNT(*) FROM expert_labels GROUP BY label"):
-            out[label] = replace(out[label], labelled=n)
         when = self._ledger.when_of("r.")
-        found = self._rows(
-            f"SELECT {_FOUND} AS cls, COUNT(*), COUNT(DISTINCT r.plant), MIN({when}), MAX({when}) FROM {_WITH_LABELS}"
-            f" WHERE {_FOUND} IS NOT NULL GROUP BY cls"
+        answered, labelled, sure, sure_plants, said = query_snapshot(  # (one state of the ledger: no photo counted twice)
+            self.path,
+            [
+                ("SELECT label, COUNT(*), SUM(verdict = 'confident') FROM results GROUP BY label", ()),
+                ("SELECT label, COUNT(*) FROM expert_labels GROUP BY label", ()),
+                (f"SELECT r.label, COUNT(*), MIN({when}), MAX({when}) FROM results r WHERE {_SURE_UNLABELLED} GROUP BY r.label", ()),
+                (f"SELECT r.label, r.plant FROM results r WHERE {_SURE_UNLABELLED} AND r.plant IS NOT NULL GROUP BY r.label, r.plant", ()),
+                (f"SELECT e.label, r.plant, {when} FROM expert_labels e JOIN results r ON r.sha256 = e.sha256", ()),
+            ],
+            self.wait_s,
         )
-        for label, n, plants, first, last in found:
-            out[label] = replace(out[label], found=n, plants=plants, first=first, last=last)
+        for label, n, sure_n in answered:
+            out[label] = replace(out[label], photos=n, sure=sure_n or 0)
+        for label, n in labelled:
+            out[label] = replace(out[label], labelled=n)
+        found: dict[str, tuple[int, set, float, float]] = {label: (n, set(), first, last) for label, n, first, last in sure}
+        for label, plant in sure_plants:
+            found[label][1].add(plant)
+        for label, plant, w in said:
+            n, plants, first, last = found.get(label, (0, set(), w, w))
+            found[label] = (n + 1, plants | ({plant} if plant is not None else set()), min(first, w), max(last, w))
+        for label, (n, plants, first, last) in found.items():
+            out[label] = replace(out[label], found=n, plants=len(plants), first=first, last=last)
         return dict(out)
 
     def found_on(self, label: str, limit: int = 20) -> list[str]:
@@ -286,9 +298,11 @@ class Reader:
         return [
             plant
             for plant, _ in self._rows(
-                f"SELECT r.plant, MAX({when}) AS last FROM {_WITH_LABELS}"
-                f" WHERE r.plant IS NOT NULL AND {_FOUND} = ? GROUP BY r.plant ORDER BY last DESC LIMIT ?",
-                (label, limit),
+                f"SELECT plant, MAX(w) AS last FROM (SELECT r.plant AS plant, {when} AS w FROM results r"
+                f" WHERE r.label = ? AND r.plant IS NOT NULL AND {_SURE_UNLABELLED} UNION ALL SELECT r.plant, {when}"
+                " FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 WHERE e.label = ? AND r.plant IS NOT NULL)"
+                " GROUP BY plant ORDER BY last DESC LIMIT ?",
+                (label, label, limit),
             )
         ]
 
