@@ -281,12 +281,14 @@ class Reader:
             out[label] = replace(out[label], photos=n, sure=sure_n or 0)
         for label, n in labelled:
             out[label] = replace(out[label], labelled=n)
-        found: dict[str, tuple[int, set, float, float]] = {label: (n, set(), first, last) for label, n, first, last in sure}
+        found: dict[str, list] = {label: [n, set(), first, last] for label, n, first, last in sure}  # photos, plants, first, last
         for label, plant in sure_plants:
             found[label][1].add(plant)
         for label, plant, w in said:
-            n, plants, first, last = found.get(label, (0, set(), w, w))
-            found[label] = (n + 1, plants | ({plant} if plant is not None else set()), min(first, w), max(last, w))
+            f = found.setdefault(label, [0, set(), w, w])
+            f[0], f[2], f[3] = f[0] + 1, min(f[2], w), max(f[3], w)
+            if plant is not None:
+                f[1].add(plant)
         for label, (n, plants, first, last) in found.items():
             out[label] = replace(out[label], found=n, plants=len(plants), first=first, last=last)
         return dict(out)
