@@ -85,3 +85,26 @@ def test_a_refused_ioprio_set_is_said_not_raised(monkeypatch):
 
     monkeypatch.setattr(background, "_call", refuse)
     assert idle_io() == "IO priority kept ([Errno 1] Operation not permitted)"
+
+
+@linux_only
+def test_every_thread_of_a_served_trainer_waits_for_the_daemon_its_libraries_threads_too(tmp_path):
+    """`edge-trainer serve` lowers itself before it imports what starts threads (numpy's, ZeroMQ's): set in the
+    service, the threads started at import kept niceness 0 and the daemon's IO priority."""
+    from .daemon_helpers import TrainerProc
+
+    state = tmp_path / "state"
+    state.mkdir()
+    trainer = TrainerProc(state, {"trainer": {"nice": 5}}).start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not trainer.logged("serving"):
+            time.sleep(0.2)
+        assert trainer.logged("serving"), trainer.log_path.read_text()[-2000:]
+        tasks = [int(t) for t in os.listdir(f"/proc/{trainer.proc.pid}/task")]
+        seen = {tid: (io_priority(tid), os.getpriority(os.PRIO_PROCESS, tid)) for tid in tasks}
+    finally:
+        trainer.terminate()
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert len(seen) >= 4 and all(io and io[0] == IOPRIO_CLASS_IDLE for io, _ in seen.values()), seen
+    assert all(nice >= min(19, base + 5) for _, nice in seen.values()), seen

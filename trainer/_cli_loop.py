@@ -11,12 +11,28 @@ from trainer._cli_common import STATE_HELP, add_config_options, running, service
 __all__ = ["add_commands"]
 
 
+def _inference_first(cfg) -> None:
+    """The trainer's CPU and disk after the daemon's (``[trainer] nice``; its disk then in the idle IO class), set
+    before anything it imports starts a thread, so every thread of it (numpy's, ZeroMQ's, a retrain's) inherits them."""
+    if cfg.trainer.nice:
+        import os
+
+        from edge_agent.background import idle_io
+
+        os.nice(cfg.trainer.nice)
+        if (kept := idle_io()) is not None:
+            from edge_agent.log import get_logger
+
+            get_logger("trainer").info("trainer_priority", kept=kept)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import signal
 
+    cfg, state = service_config(args)
+    _inference_first(cfg)
     from trainer.service import TrainerService
 
-    cfg, state = service_config(args)
     service = TrainerService(cfg, state)
     signal.signal(signal.SIGTERM, service.request_stop)
     signal.signal(signal.SIGINT, service.request_stop)
@@ -57,13 +73,7 @@ def _retrain(args: argparse.Namespace) -> int:
         raise looked_for("engine-signing key", key, args.state_dir, cfg, "`edge-trainer keys` or `edge-trainer serve` makes it", "trainer")
     if not cfg.store.path and not (state / "engines").is_dir():
         raise looked_for("engine store", state / "engines", args.state_dir, cfg, "retrain runs where `edge-trainer serve` has run")
-    if cfg.trainer.nice:
-        import os
-
-        os.nice(cfg.trainer.nice)  # inference first, here too: its CPU and its disk
-        from edge_agent.background import idle_io
-
-        idle_io()
+    _inference_first(cfg)
     from edge_agent.instance import hold_state
     from trainer.retrain import retrain  # torch: only once there is a retrain to run
 

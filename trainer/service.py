@@ -15,7 +15,6 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from edge_agent.background import idle_io
 from edge_agent.backup_schedule import BackupSchedule
 from edge_agent.config import AppConfig, TrainerSection
 from edge_agent.engine_keep import prune_engines
@@ -349,10 +348,6 @@ class TrainerService:
             prune_engines(self.store, self.cfg.retention.engine_versions, self.state_dir, [self.store.current()], log=self.log)
 
     def run(self) -> int:
-        if self.cfg.trainer.nice:
-            os.nice(self.cfg.trainer.nice)  # inference first: its CPU, and its disk (the threads it starts after too)
-            if (kept := idle_io()) is not None:
-                self.log.info("trainer_priority", kept=kept)
         self.blocked = self.check_validation()
         self.receiver.start()
         self.server.start()
