@@ -108,3 +108,28 @@ def test_every_thread_of_a_served_trainer_waits_for_the_daemon_its_libraries_thr
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert len(seen) >= 4 and all(io and io[0] == IOPRIO_CLASS_IDLE for io, _ in seen.values()), seen
     assert all(nice >= min(19, base + 5) for _, nice in seen.values()), seen
+
+
+@linux_only
+def test_a_backup_by_hand_lets_the_daemon_go_first(tmp_path, monkeypatch):
+    """`edge-agent backup` while the daemon runs on the card: written at the lowest CPU and IO priority, as the
+    daemon's own backups are."""
+    import edge_agent.backup
+    from edge_agent.cli import main
+
+    from .web_helpers import make_state
+
+    state, seen = make_state(tmp_path), {}
+
+    def written(cfg, state_dir, out, **kw):
+        seen["io"], seen["nice"] = io_priority(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        out.write_bytes(b"x")
+        return {"files": [], "outside": {}}
+
+    monkeypatch.setattr(edge_agent.backup, "backup", written)
+    t = threading.Thread(
+        target=lambda: seen.setdefault("rc", main(["backup", "--state-dir", str(state), "--out", str(tmp_path / "b.tar.gz")]))
+    )
+    t.start()
+    t.join()
+    assert seen == {"io": (IOPRIO_CLASS_IDLE, 0), "nice": 19, "rc": 0}
