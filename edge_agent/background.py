@@ -12,13 +12,15 @@ and :func:`yield_to_photos` says so; nothing fails.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
 import sys
 import threading
+from collections.abc import Iterator
 
-__all__ = ["IOPRIO_CLASS_IDLE", "idle_io", "io_priority", "yield_to_photos"]
+__all__ = ["IOPRIO_CLASS_IDLE", "idle_io", "io_priority", "yielding_to_photos", "yield_to_photos"]
 
 #: The idle IO class: served when the disk has nothing else to do (or a request has waited past the aging time).
 IOPRIO_CLASS_IDLE = 3
@@ -77,3 +79,23 @@ def yield_to_photos() -> str | None:
     if (io := idle_io()) is not None:
         left.append(io)
     return "; ".join(left) or None
+
+
+@contextlib.contextmanager
+def yielding_to_photos() -> Iterator[str | None]:
+    """The calling thread at the lowest priority for the block (:func:`yield_to_photos`, what it says given), its own
+    again after it where the system lets it raise it back (a command run by hand ends with the block anyway)."""
+    tid, numbers = threading.get_native_id(), _syscalls()
+    nice = os.getpriority(os.PRIO_PROCESS, tid)
+    io = None
+    if numbers is not None:
+        with contextlib.suppress(OSError):
+            io = _call(numbers[1], _WHO_PROCESS, tid)
+    try:
+        yield yield_to_photos()
+    finally:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        if io is not None:
+            with contextlib.suppress(OSError):
+                _call(numbers[0], _WHO_PROCESS, tid, io)

@@ -207,12 +207,17 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _backup(args: argparse.Namespace) -> int:
+    from edge_agent.background import yielding_to_photos
+
+    with yielding_to_photos():  # a daemon running on this card goes first, as with the backups it writes itself
+        return _backup_now(args)
+
+
+def _backup_now(args: argparse.Namespace) -> int:
     from edge_agent._backup_seal import SUFFIX, read_passphrase
-    from edge_agent.background import yield_to_photos
     from edge_agent.backup import backup
     from edge_agent.state import resolve_state_dir
 
-    yield_to_photos()  # a daemon running on this card goes first, as with the backups it writes itself
     cfg = _load(args)
     state = resolve_state_dir(args.state_dir, cfg)
     seal_with = args.passphrase_file or cfg.backup.passphrase_file
