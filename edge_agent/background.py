@@ -2,10 +2,11 @@
 
 A reading of the whole ledger, a backup and its read-back can each take minutes on an SD card; at the daemon's own
 priority they would take the card from the photos being classified and stored. :func:`yield_to_photos` lowers the
-calling thread to niceness 19 and the idle IO class (``ioprio_set``, Linux only, as ``ionice -c 3``); :func:`idle_io`
-lowers the IO of a thread and of every thread it starts after (the trainer, at its start, with its ``nice``). The idle class is never starved for good: mq-deadline (the Pi's
-and most SD cards' scheduler) serves a waiting request after ``prio_aging_expire`` (10 s), BFQ after 200 ms, so a
-backup that holds a read snapshot of the ledger still ends while photos keep coming. Where the kernel has no such
+calling thread to niceness 19 and the idle IO class (``ioprio_set``, Linux only, as ``ionice -c 3``; a
+:class:`~edge_agent.worker.Worker` with ``background`` set runs so); :func:`idle_io` lowers the IO of a thread and of
+every thread it starts after (the trainer, at its start, with its ``nice``). The idle class is never starved for good:
+mq-deadline (the Pi's and most SD cards' scheduler) serves a waiting request after ``prio_aging_expire`` (10 s), BFQ
+after 200 ms, so a backup that holds a read snapshot of the ledger still ends while photos keep coming. Where the kernel has no such
 call (not Linux, an architecture not listed here, a container that forbids it) the thread keeps its IO priority
 and :func:`yield_to_photos` says so; nothing fails.
 """
@@ -86,11 +87,7 @@ def yielding_to_photos() -> Iterator[str | None]:
     """The calling thread at the lowest priority for the block (:func:`yield_to_photos`, what it says given), its own
     again after it where the system lets it raise it back (a command run by hand ends with the block anyway)."""
     tid, numbers = threading.get_native_id(), _syscalls()
-    nice = os.getpriority(os.PRIO_PROCESS, tid)
-    io = None
-    if numbers is not None:
-        with contextlib.suppress(OSError):
-            io = _call(numbers[1], _WHO_PROCESS, tid)
+    nice, io = os.getpriority(os.PRIO_PROCESS, tid), io_priority(tid)
     try:
         yield yield_to_photos()
     finally:
@@ -98,4 +95,4 @@ def yielding_to_photos() -> Iterator[str | None]:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
         if io is not None:
             with contextlib.suppress(OSError):
-                _call(numbers[0], _WHO_PROCESS, tid, io)
+                _call(numbers[0], _WHO_PROCESS, tid, io[0] << _CLASS_SHIFT | io[1])

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edge_agent.background import yield_to_photos
 from edge_agent.backup import REQUEST, BackupError, BackupStopped, DatabaseDamaged, last_backup
 from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, BackupSection
@@ -56,6 +55,7 @@ class BackupSchedule(Worker):
     """The daemon's thread that takes a backup whenever one is due (see the module)."""
 
     thread_name = "backup"
+    background = True  # the photos go first
 
     def __init__(
         self,
@@ -159,8 +159,6 @@ class BackupSchedule(Worker):
         }
 
     def _run(self) -> None:
-        if (kept := yield_to_photos()) is not None:  # the photos go first: this thread (only) at the lowest CPU and IO priority
-            self.log.info("backup_priority", kept=kept)
         while not self._stop.wait(self.poll_s):
             if self.due(self.clock()):
                 self.run_once()

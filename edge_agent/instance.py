@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from engines.errors import EdgeAgentError
 
-__all__ = ["LOCK", "StateInUse", "hold_state"]
+__all__ = ["LOCK", "StateInUse", "hold_state", "holding_state"]
 
 #: In the state directory: locked (``flock``) by the daemon that runs on it, for as long as it runs; holds its pid.
 LOCK = "daemon.lock"
@@ -54,3 +55,14 @@ def hold_state(state_root: Path, service: str = "daemon") -> IO | None:
         f.write(str(os.getpid()))
         f.flush()
     return f
+
+
+@contextlib.contextmanager
+def holding_state(state_root: Path, service: str = "daemon") -> Iterator[None]:
+    """:func:`hold_state` for the block (a command that runs on a service's files: ``edge-trainer retrain``, ``salvage``)."""
+    held = hold_state(state_root, service)
+    try:
+        yield
+    finally:
+        if held is not None:
+            held.close()

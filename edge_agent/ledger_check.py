@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from edge_agent.background import yield_to_photos
 from edge_agent.log import get_logger
 from edge_agent.spans import ago, within
 from edge_agent.storage_errors import storage_problem
@@ -63,6 +62,7 @@ class LedgerCheck(Worker):
     results here) at the lowest CPU priority, through a connection of its own, and tells ``on_damaged(exc)``."""
 
     thread_name = "ledger-check"
+    background = True  # the photos first
 
     def __init__(
         self,
@@ -111,8 +111,6 @@ class LedgerCheck(Worker):
         return {"last": self.last, "next": time.time() + max(0.0, self.next - time.monotonic())}
 
     def _run(self) -> None:
-        if (kept := yield_to_photos()) is not None:  # the photos first: this thread at the lowest CPU and IO priority
-            self.log.info("ledger_check_priority", kept=kept)
         while not self._stop.wait(self.poll_s):
             if time.monotonic() >= self.next or self.request.exists():
                 self.run_once()

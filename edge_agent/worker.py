@@ -33,13 +33,24 @@ class Worker:
 
     thread_name = "worker"
     join_timeout_s = 5.0
+    #: Work that can wait (a backup, a read of a whole database): the thread runs at the lowest CPU and IO priority
+    #: (:func:`edge_agent.background.yield_to_photos`), the photos first.
+    background = False
 
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = spawn(self._run, self.thread_name)
+        self._thread = spawn(self._yielding if self.background else self._run, self.thread_name)
+
+    def _yielding(self) -> None:
+        from edge_agent.background import yield_to_photos
+        from edge_agent.log import get_logger
+
+        if (kept := yield_to_photos()) is not None:
+            get_logger("worker").info("priority_kept", thread=self.thread_name, kept=kept)
+        self._run()
 
     def _run(self) -> None:
         raise NotImplementedError

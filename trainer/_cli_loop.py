@@ -74,15 +74,11 @@ def _retrain(args: argparse.Namespace) -> int:
     if not cfg.store.path and not (state / "engines").is_dir():
         raise looked_for("engine store", state / "engines", args.state_dir, cfg, "retrain runs where `edge-trainer serve` has run")
     _inference_first(cfg)
-    from edge_agent.instance import hold_state
+    from edge_agent.instance import holding_state
     from trainer.retrain import retrain  # torch: only once there is a retrain to run
 
-    held = hold_state(root, "trainer")  # no `serve` starts on these files while this retrain runs
-    try:
+    with holding_state(root, "trainer"):  # no `serve` starts on these files while this retrain runs
         result = retrain(cfg, resolve_store(cfg, state), SampleStore(root), root / "strategy", signing_key=load_key(key))
-    finally:
-        if held is not None:
-            held.close()
     print(
         f"{'published ' + result.published if result.published else 'not published'}: {result.reason} ({result.samples} samples, {result.seconds:.0f} s)"
     )
@@ -97,15 +93,11 @@ def _salvage(args: argparse.Namespace) -> int:
     root = trainer_state_dir(cfg, state)
     if not (root / "samples.sqlite").is_file():  # never a new trainer's files in a mistyped folder
         raise looked_for("trainer samples", root / "samples.sqlite", args.state_dir, cfg, "`edge-trainer serve` makes it", "trainer")
-    from edge_agent.instance import hold_state
+    from edge_agent.instance import holding_state
 
-    held = hold_state(root, "trainer")  # (a running trainer: it has the file open; StateInUse says to stop it first)
-    try:
+    with holding_state(root, "trainer"):  # (a running trainer: it has the file open; StateInUse says to stop it first)
         samples = SampleStore(root, recover="all")
         samples.close()
-    finally:
-        if held is not None:
-            held.close()
     print(samples.recovered or f"{root / 'samples.sqlite'} reads whole: nothing to salvage")
     return 0
 
