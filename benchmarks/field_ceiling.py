@@ -1,7 +1,7 @@
 """How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
 
 ``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]
-[--size N] [--store DIR] [--crops Apple]``
+[--size N] [--store DIR] [--crops Apple] [--choose first|margin|typical]``
 
 The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
 what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
@@ -11,7 +11,14 @@ measured as the loop measures (the held-out field test and the lab validation sp
 ``--set`` changes the retrain's configuration (``trainer.distill=0``); ``--size N`` first republishes the shipped
 weights at input side N (a new lineage, as a release at another size would be) and retrains that; the report records
 both. ``--store DIR`` starts from that store's current version instead of the shipped one (a release candidate
-trained on the shipped model's split).
+trained on the shipped model's split). ``--choose`` says which N stream photos the expert labels: ``first`` (the
+stream's first N, in the order the seed shuffled it: a random draw), ``margin`` (the daemon's review order,
+:func:`edge_agent.review.rank.rank`, over the photos the engine in service is not sure of, then the rest), ``spread``
+(the same with ``order = "draw"``: those photos in a fixed random order, spread over the classes the engine names),
+``draw`` (the same without the spreading: ``[labels] ask_order = "draw"``) or
+``typical`` (the stream's pooled features, by the engine in service's torch weights, cut into N clusters by k-means;
+from each the photo most typical of it: the least mean distance to its nearest neighbours there, as TypiClust,
+Hacohen et al. 2022, picks for a small budget).
 Writes ``DIR/report.json`` and ``DIR/report.md``; a label count already in the report is not run again.
 """
 
@@ -25,9 +32,12 @@ import time
 from pathlib import Path
 
 from benchmarks._sets import config_sets, with_sets
-from benchmarks.field_loop import SHARED, _Measure, split_field, starting_store, store_root
+from benchmarks.field_loop import SHARED, _Measure, _served, split_field, starting_store, store_root
 
-__all__ = ["resized", "retrain_on"]
+__all__ = ["chosen", "resized", "retrain_on"]
+
+#: The rules ``--choose`` names.
+CHOICES = ("first", "margin", "spread", "draw", "typical")
 
 
 def resized(store, size: int):
@@ -45,6 +55,78 @@ def resized(store, size: int):
     )
 
 
+def _kmeans(x, k: int, seed: int, rounds: int = 50):
+    """Cluster of each row of ``x`` (k-means++ start, Lloyd's rounds), as an int array."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    centres = [x[rng.integers(len(x))]]
+    for _ in range(1, k):
+        d = np.min([((x - c) ** 2).sum(1) for c in centres], axis=0)
+        centres.append(x[rng.choice(len(x), p=d / d.sum())])
+    c = np.stack(centres)
+    for _ in range(rounds):
+        assign = ((x[:, None, :] - c[None]) ** 2).sum(-1).argmin(1)
+        new = np.stack([x[assign == j].mean(0) if (assign == j).any() else c[j] for j in range(k)])
+        if np.allclose(new, c):
+            break
+        c = new
+    return assign
+
+
+def _typical(x, n: int, seed: int, neighbours: int = 20) -> list[int]:
+    """``n`` rows of ``x``: from each of ``n`` k-means clusters the most typical (TypiClust), largest clusters first."""
+    import numpy as np
+
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    assign = _kmeans(x, n, seed)
+    picks = []
+    for j in range(n):
+        members = np.flatnonzero(assign == j)
+        if not len(members):
+            continue
+        d = np.sqrt(((x[members, None, :] - x[None, members, :]) ** 2).sum(-1))
+        k = min(neighbours, len(members) - 1)
+        spread = np.sort(d, axis=1)[:, 1 : k + 1].mean(1) if k else np.zeros(1)
+        picks.append((-len(members), int(members[int(spread.argmin())])))
+    return [i for _, i in sorted(picks)]
+
+
+def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
+    """The ``n`` photos of ``stream`` the expert labels under ``rule`` (:data:`CHOICES`)."""
+    import numpy as np
+
+    if rule == "first" or n >= len(stream):
+        return stream[:n]
+    from edge_agent.preprocess import PreprocessSpec, preprocess_file
+
+    v = store.open()
+    spec = PreprocessSpec.from_manifest(v.manifest["preprocess"])
+    x = np.stack([preprocess_file(p, spec) for p, _ in stream])
+    if rule == "typical":
+        import torch
+
+        from trainer.models import features_of
+        from trainer.publish import load_weights
+
+        f = features_of(load_weights(v), torch.from_numpy(x)).numpy().astype(np.float64)
+        return [stream[i] for i in _typical(f, n, seed)]
+    from edge_agent.classifier import Classifier
+    from edge_agent.review.rank import Candidate, rank
+
+    clf = Classifier.configured(_served(store, cfg, None), cfg)
+    try:
+        preds = [p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])]
+    finally:
+        clf.engine.close()
+    at = {str(path): i for i, (path, _) in enumerate(stream)}  # a photo's id: its path (a seed's draw is its own)
+    pool = [Candidate(str(stream[i][0]), p.top_k) for i, p in enumerate(preds) if p.verdict != "confident"]
+    kw = {"margin": {}, "spread": {"order": "draw"}, "draw": {"order": "draw", "class_penalty": 0.0}}[rule]
+    order = [at[c.id] for c in rank(pool, **kw)]
+    order += [i for i in range(len(stream)) if i not in set(order)]
+    return [stream[i] for i in order[:n]]
+
+
 def retrain_on(
     n: int,
     field: str,
@@ -54,6 +136,7 @@ def retrain_on(
     size: int | None = None,
     source: str | None = None,
     crops: list[str] | None = None,
+    choose: str = "first",
 ) -> dict:
     """The shipped model (or ``source``'s current version; at input side ``size``, default its own) retrained on ``n``
     true-labelled stream photos: field and lab top-1 of what is in service (and with ``crops``, the field's top-1
@@ -76,7 +159,7 @@ def retrain_on(
     lab = [(x.path, x.label) for x in recorded_split(shipped, str(SHARED / "plantvillage"))["val"]]
     cfg = parse_config(with_sets({"trainer": {"field_check_every": 0}}, sets))
     samples = SampleStore(work / "trainer")
-    for path, y in stream[:n]:  # as the expert's labels arrive from the daemon's queue
+    for path, y in chosen(choose, stream, n, store, parse_config({}), seed):  # as the expert's labels arrive
         data = Path(path).read_bytes()
         sha = hashlib.sha256(data).hexdigest()
         entry = QueueEntry(sha, sha[:16], "expert", classes[y], 1.0, shipped.name, str(path), len(data))
@@ -107,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=None, help="Republish the shipped weights at this input side first (a multiple of 32).")
     ap.add_argument("--store", default=None, help="Start from this store's current version (a release candidate), not the shipped one.")
     ap.add_argument("--crops", default="", help="Also measure the field with [classify] crops (comma-separated, e.g. 'Apple').")
+    ap.add_argument("--choose", choices=CHOICES, default="first", help="Which stream photos the expert labels (see above).")
     args = ap.parse_args(argv)
     crops = [c for c in args.crops.split(",") if c]
     sets = config_sets(args.set)  # first: a malformed one is refused before any work
@@ -115,19 +199,36 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "report.json"
     earlier = json.loads(path.read_text()) if path.exists() else {}
-    if earlier and (earlier.get("sets", {}), earlier.get("size"), earlier.get("store")) != (sets, args.size, source):
+    if earlier and (earlier.get("sets", {}), earlier.get("size"), earlier.get("store"), earlier.get("choose", "first")) != (
+        sets,
+        args.size,
+        source,
+        args.choose,
+    ):
         raise SystemExit(
-            f"{path} was measured with --set {earlier.get('sets', {})} --size {earlier.get('size')} --store {earlier.get('store')}:"
+            f"{path} was measured with --set {earlier.get('sets', {})} --size {earlier.get('size')} --store {earlier.get('store')}"
+            f" --choose {earlier.get('choose', 'first')}:"
             " give another --out"
         )
     rows = earlier.get("rows", [])
     for n in args.labels:
         if any(r["labels"] == n for r in rows):
             continue
-        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets, args.size, source, crops))
+        rows.append(retrain_on(n, args.field, args.seed, out / "work", sets, args.size, source, crops, args.choose))
         print(json.dumps(rows[-1]), flush=True)
         path.write_text(
-            json.dumps({"field": args.field, "seed": args.seed, "sets": sets, "size": args.size, "store": source, "rows": rows}, indent=2)
+            json.dumps(
+                {
+                    "field": args.field,
+                    "seed": args.seed,
+                    "sets": sets,
+                    "size": args.size,
+                    "store": source,
+                    "choose": args.choose,
+                    "rows": rows,
+                },
+                indent=2,
+            )
             + "\n"
         )
     shutil.rmtree(out / "work", ignore_errors=True)
@@ -135,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# Field labels the shipped model needs ({args.field}, seed {args.seed})\n",
         *([f"Retrain configuration changed: {json.dumps(sets)}\n"] if sets else []),
         *([f"Started from {source}'s current version, not the shipped model\n"] if source else []),
+        *([f"The expert's photos chosen by the rule `{args.choose}`, not the stream's first\n"] if args.choose != "first" else []),
         *([f"The shipped weights republished at input side {args.size} px first (a new lineage)\n"] if args.size else []),
         f"| true field labels trained on | published | field top-1 |{f' field top-1, crops {args.crops} |' if crops else ''} lab top-1 | seconds |",
         f"|---|---|---|{'---|' if crops else ''}---|---|",

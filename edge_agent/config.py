@@ -287,6 +287,11 @@ class LabelsSection(Section):
         "would teach, `edge-agent review list`); `unknown` photos, and sure ones too far from the training photos, join "
         "it too. The default takes every photo whose verdict is not `confident`.",
     )
+    ask_order: Literal["margin", "draw"] = Field(
+        "margin",
+        description="How the photos the model is unsure of are ordered for the expert: `margin` (the least sure first, "
+        "spread over the classes the model names) or `draw` (a fixed random draw); near-duplicates last in both.",
+    )
     review_per_day: int = Field(
         10,
         ge=0,

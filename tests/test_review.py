@@ -15,7 +15,7 @@ from edge_agent.config import LabelsSection
 from edge_agent.ledger_rows import QueueEntry, ResultRow
 from edge_agent.results import ResultsDB
 from edge_agent.review.queue import LabelError, label_photo, left_today, prune_pool, to_ask
-from edge_agent.review.rank import Candidate, margin, rank
+from edge_agent.review.rank import Candidate, draw, margin, rank
 from edge_agent.spool import PhotoSpool, SpoolItem
 
 
@@ -42,11 +42,13 @@ def test_rank_puts_near_duplicates_last():
     assert order[:2] == ["dup0", "other"]  # ten identical photos are not all asked about first
 
 
-def _rank_step_by_step(candidates, limit=None, class_penalty=0.15, duplicate_l1=0.02):
-    """The module's rule as written, one pass over the whole pool a step (the reference the fast ranking must equal)."""
+def _rank_step_by_step(candidates, limit=None, class_penalty=0.15, duplicate_l1=0.02, key=None):
+    """The module's rule as written, one pass over the whole pool a step (the reference the fast ranking must equal);
+    ``key`` stands for the margin (``order = "draw"``: the photo's draw)."""
     from edge_agent.review.rank import _distance
 
-    pool = sorted(((margin(c.top_k), c) for c in candidates), key=lambda mc: (mc[0], mc[1].id))
+    key = key or (lambda c: margin(c.top_k))
+    pool = sorted(((key(c), c) for c in candidates), key=lambda mc: (mc[0], mc[1].id))
     want = len(pool) if limit is None else min(limit, len(pool))
     chosen, per_class, duplicates = [], {}, []
     while pool and len(chosen) < want:
@@ -76,8 +78,42 @@ def test_the_ranking_takes_the_same_photos_in_the_same_order_as_the_rule_taken_s
             cands.append(Candidate(f"id{rng.randint(0, 99):02d}{i}", list(zip(names, probs))))
         limit, penalty, l1 = rng.choice([None, 1, 3, 10]), rng.choice([0.15, 0.0, 0.3]), rng.choice([0.02, 0.0, 0.1])
         assert [c.id for c in rank(cands, limit, penalty, l1)] == [c.id for c in _rank_step_by_step(cands, limit, penalty, l1)]
+        spread = rank(cands, limit, penalty, l1, order="draw")
+        assert [c.id for c in spread] == [c.id for c in _rank_step_by_step(cands, limit, penalty, l1, key=lambda c: draw(c.id))]
     many = [Candidate(f"{i:05d}", [[f"C{i % 38}", 0.5 + i % 97 / 300], ["x", 0.3]]) for i in range(600)]
     assert [c.id for c in rank(many)] == [c.id for c in _rank_step_by_step(many)]
+
+
+def test_the_draw_order_asks_the_pool_at_random_the_same_at_every_call_whatever_the_margins():
+    import random
+
+    cands = [Candidate(f"{i:064x}", [["A", 0.2 + i * 0.025], ["B", 0.05]]) for i in range(30)]  # no two near-duplicates
+    least_sure = [c.id for c in rank(cands)]
+    assert least_sure == [c.id for c in cands]  # one class: the margin's order
+    drawn = [c.id for c in rank(cands, order="draw")]
+    assert drawn == sorted(least_sure, key=draw) != least_sure  # one class: the draw's order, not the margin's
+    shuffled = random.Random(1).sample(cands, len(cands))
+    assert [c.id for c in rank(shuffled, order="draw")] == drawn  # the same order however the pool is read
+    assert sum(least_sure.index(i) < 15 for i in drawn[:10]) < 9  # the first 10 are not the least sure
+    assert all(0 <= draw(c.id) < 1 for c in cands) and len({draw(c.id) for c in cands}) == 30
+    two = cands + [Candidate(f"c{i}", [["C", 0.2 + i * 0.025], ["A", 0.05]]) for i in range(30)]
+    first = [c.label for c in rank(two, limit=20, order="draw")]
+    assert 6 <= first.count("C") <= 14  # spread over the classes as by margin
+    drawn = [c.id for c in rank(two, class_penalty=0.0, order="draw")]
+    assert drawn == sorted((c.id for c in two), key=draw)  # no spreading: the draw alone
+    with pytest.raises(ValueError, match="order must be one of"):
+        rank(cands, order="random")
+
+
+def test_the_experts_unsure_photos_come_in_the_configured_order_and_a_mistyped_order_is_refused(tmp_path):
+    from pydantic import ValidationError
+
+    db, _ = _db_with_pool(tmp_path, 8)
+    by_margin = [i.entry.sha256 for i in to_ask(db, policy=LabelsSection(), per_day=0)]
+    spread = [i.entry.sha256 for i in to_ask(db, policy=LabelsSection(ask_order="draw"), per_day=0)]
+    assert by_margin == [f"{i:064x}" for i in range(8)] and spread == sorted(by_margin, key=draw) != by_margin
+    with pytest.raises(ValidationError, match="ask_order"):
+        LabelsSection(ask_order="random")
 
 
 def _db_with_pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool]:

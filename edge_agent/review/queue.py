@@ -5,7 +5,7 @@ confident answers that are not pseudo-labels: the *checks* (answers trust covers
 yet: :mod:`edge_agent.review.checks`) and confident answers below ``trust_confidence``, asked as unsure ones are. The
 expert is shown, at most what is left of today's ``review_per_day`` budget (local days), those checks and the
 unsure photos in turn, a check first: the unsure photos ranked by :func:`edge_agent.review.rank.rank`, which spreads
-them over the classes; the checks class by class, the class nearest to earning trust first. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
+them over the classes (or, with ``[labels] ask_order = "draw"``, in a fixed random draw); the checks class by class, the class nearest to earning trust first. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
 answer the expert corrects is also the label that teaches the model most; the other half go where it hesitates. A label moves the photo to the expert queue, which the hand-off
 delivers to the trainer as a true label, exactly as the command line and the web page do.
 """
@@ -130,11 +130,11 @@ def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool 
     alternate while both last; within each, photos the model places in a ``wanted`` class (those whose labels would
     let the next version be published) come first, so the next publish does not starve the checks that earn trust.
     Checks (the answers the trust ``policy`` covers) go class by class, the class nearest to earning trust first
-    (:func:`nearest_first`)."""
+    (:func:`nearest_first`); the unsure photos in the policy's ``ask_order``."""
     pool = {item.entry.sha256: item for item in _pool(db, policy)}
     limit = None if everything else left_today(db, per_day)
     checks, unsure = ([Candidate(sha, it.top_k) for sha, it in pool.items() if it.check == c] for c in (True, False))
-    checks, unsure = rank(checks, None), rank(unsure, None)
+    checks, unsure = rank(checks, None), _unsure_order(unsure, policy.ask_order)
     if checks:
         windows = check_windows(db.expert_checks(), policy)
         nearest = nearest_first({c.label: windows.get(c.label, []) for c in checks}, policy)
@@ -145,6 +145,13 @@ def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool 
             part.sort(key=lambda c: _guess(pool[c.id]) not in wanted)  # stable: the ranking within each part stays
     order = _alternate(checks, unsure)
     return [pool[c.id] for c in order[:limit]]
+
+
+def _unsure_order(unsure: list[Candidate], ask_order: str) -> list[Candidate]:
+    """The unsure photos in the order ``[labels] ask_order`` names (:mod:`edge_agent.review.rank`)."""
+    if ask_order == "draw":
+        return rank(unsure, None, class_penalty=0.0, order="draw")
+    return rank(unsure, None)
 
 
 def _guess(item: ReviewItem) -> str | None:

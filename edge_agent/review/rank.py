@@ -10,17 +10,28 @@ of one confusing pair in a row, so the order is built greedily:
 * a photo whose top-k probabilities are within ``duplicate_l1`` (L1 distance) of an already chosen photo of the
   same class is a near-duplicate and goes to the end.
 
+``order = "draw"`` puts a fixed draw in the margin's place (a number in [0, 1) from the photo's id, the same at every
+call): with ``class_penalty`` 0 the pool in a random order, near-duplicates last. In a field the model has never seen,
+its least sure photos and the classes it wrongly names are its oddest photos, not its most telling: one retrain of the
+shipped model on 90 orchard labels learnt more from 90 drawn at random than from the 90 this module ranks first
+(:mod:`benchmarks.field_ceiling` ``--choose``, docs/learning-loop.md).
+
 Pure functions on ``(id, top_k)``; the daemon, the CLI, the web page and the field simulation share them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["Candidate", "margin", "rank"]
+__all__ = ["ORDERS", "Candidate", "draw", "margin", "rank"]
+
+#: What orders a class's photos: the least margin first, or a fixed draw (:func:`draw`).
+ORDERS = ("margin", "draw")
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,11 @@ def margin(top_k: Sequence[Sequence]) -> float:
     return p1 - p2
 
 
+def draw(id: str) -> float:
+    """A number in [0, 1) fixed by ``id`` alone: a photo's place in a random order that stays put between calls."""
+    return int.from_bytes(hashlib.sha256(id.encode()).digest()[:8], "big") / 2.0**64
+
+
 def _distance(a: Sequence[Sequence], b: Sequence[Sequence]) -> float:
     pa, pb = {str(k): float(v) for k, v in a}, {str(k): float(v) for k, v in b}
     return sum(abs(pa.get(k, 0.0) - pb.get(k, 0.0)) for k in pa.keys() | pb.keys())
@@ -54,18 +70,26 @@ def _top(c: Candidate) -> float:
 
 
 def rank(
-    candidates: Iterable[Candidate], limit: int | None = None, class_penalty: float = 0.15, duplicate_l1: float = 0.02
+    candidates: Iterable[Candidate],
+    limit: int | None = None,
+    class_penalty: float = 0.15,
+    duplicate_l1: float = 0.02,
+    order: Literal["margin", "draw"] = "margin",
 ) -> list[Candidate]:
-    """``candidates`` in the order to ask about them (at most ``limit``).
+    """``candidates`` in the order to ask about them (at most ``limit``; ``order``: what stands for the margin below,
+    the module's).
 
     The greedy order of the module: each step takes the photo of least margin plus ``class_penalty`` times the
     photos of its class taken so far. Within a class that order is fixed (by margin, then id), so each class's next
     photo waits on a heap and a step costs a logarithm, not a pass over the pool (2,000 photos ranked in
     milliseconds, not half a second); near-duplicates are looked for among the chosen photos of the same class whose
     first probability lies within ``duplicate_l1`` of its own."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    key = margin if order == "margin" else None
     by_class: dict[str, list[tuple[float, str, Candidate]]] = {}
     for c in candidates:
-        by_class.setdefault(c.label, []).append((margin(c.top_k), c.id, c))
+        by_class.setdefault(c.label, []).append((key(c.top_k) if key else draw(c.id), c.id, c))
     total = sum(len(v) for v in by_class.values())
     want = total if limit is None else min(limit, total)
     for queue in by_class.values():
