@@ -1,4 +1,5 @@
-"""benchmarks.field_ceiling: the shipped weights may be republished at another input side before the one retrain."""
+"""benchmarks.field_ceiling: the shipped weights may be republished at another input side before the one retrain, and
+the expert's photos chosen by a rule (the typical rule takes one photo from each cluster)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,35 @@ def test_a_candidate_store_on_the_shipped_split_stands_in_for_the_shipped_model(
     split.write_text(split.read_text().replace('"test"', '"tset"', 1))  # a split changed after signing is not loaded at all
     with pytest.raises(SystemExit, match="split.json: sha256 .* does not match"):
         starting_store(str(candidate))
+
+
+def test_the_typical_rule_takes_from_each_cluster_the_photo_at_its_dense_centre_largest_cluster_first():
+    from benchmarks.field_ceiling import _typical
+
+    rng = np.random.default_rng(0)
+    centres = np.eye(8)[:3] * 10
+    sizes = [40, 25, 10]
+    x = np.concatenate([c + rng.normal(0, 0.5, (n, 8)) for c, n in zip(centres, sizes)])
+    x[5] = centres[0] + 3.0  # an outlier of the first blob: never the typical one
+    picks = _typical(x, 3, seed=1)
+    blob = np.repeat([0, 1, 2], sizes)
+    assert [int(blob[i]) for i in picks] == [0, 1, 2]  # one from each, the largest first
+    for i in picks:
+        members = np.flatnonzero(blob == blob[i])
+        unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+        d = np.linalg.norm(unit[members] - unit[members].mean(0), axis=1)
+        assert d[list(members).index(i)] <= np.quantile(d, 0.25)  # near its cluster's middle, not at an edge
+    assert 5 not in picks
+
+
+def test_the_first_rule_is_the_streams_own_order_and_every_rule_is_named():
+    from benchmarks.field_ceiling import CHOICES, chosen
+
+    stream = [(f"p{i}.jpg", i % 4) for i in range(10)]
+    assert chosen("first", stream, 4, store=None, cfg=None, seed=1) == stream[:4]
+    assert chosen("typical", stream, 20, store=None, cfg=None, seed=1) == stream  # more wanted than there are: all
+    assert set(CHOICES) == {"first", "margin", "spread", "draw", "typical"}
+    with pytest.raises(SystemExit):
+        from benchmarks.field_ceiling import main
+
+        main(["--out", "/nonexistent-never-written", "--choose", "least"])
