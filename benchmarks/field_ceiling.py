@@ -55,18 +55,27 @@ def resized(store, size: int):
     )
 
 
+def _sq_distances(x, centres):
+    """Squared distance of each row of ``x`` to each of ``centres``, [rows, centres] (a centre at a time: no
+    rows x centres x features array)."""
+    import numpy as np
+
+    return np.stack([((x - c) ** 2).sum(1) for c in centres], axis=1)
+
+
 def _kmeans(x, k: int, seed: int, rounds: int = 50):
     """Cluster of each row of ``x`` (k-means++ start, Lloyd's rounds), as an int array."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     centres = [x[rng.integers(len(x))]]
+    nearest = ((x - centres[0]) ** 2).sum(1)
     for _ in range(1, k):
-        d = np.min([((x - c) ** 2).sum(1) for c in centres], axis=0)
-        centres.append(x[rng.choice(len(x), p=d / d.sum())])
+        centres.append(x[rng.choice(len(x), p=nearest / nearest.sum())])
+        nearest = np.minimum(nearest, ((x - centres[-1]) ** 2).sum(1))
     c = np.stack(centres)
     for _ in range(rounds):
-        assign = ((x[:, None, :] - c[None]) ** 2).sum(-1).argmin(1)
+        assign = _sq_distances(x, c).argmin(1)
         new = np.stack([x[assign == j].mean(0) if (assign == j).any() else c[j] for j in range(k)])
         if np.allclose(new, c):
             break
@@ -123,7 +132,8 @@ def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
     pool = [Candidate(str(stream[i][0]), p.top_k) for i, p in enumerate(preds) if p.verdict != "confident"]
     kw = {"margin": {}, "spread": {"order": "draw"}, "draw": {"order": "draw", "class_penalty": 0.0}}[rule]
     order = [at[c.id] for c in rank(pool, **kw)]
-    order += [i for i in range(len(stream)) if i not in set(order)]
+    asked = set(order)
+    order += [i for i in range(len(stream)) if i not in asked]
     return [stream[i] for i in order[:n]]
 
 

@@ -86,10 +86,9 @@ def rank(
     first probability lies within ``duplicate_l1`` of its own."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    key = margin if order == "margin" else None
     by_class: dict[str, list[tuple[float, str, Candidate]]] = {}
     for c in candidates:
-        by_class.setdefault(c.label, []).append((key(c.top_k) if key else draw(c.id), c.id, c))
+        by_class.setdefault(c.label, []).append((margin(c.top_k) if order == "margin" else draw(c.id), c.id, c))
     total = sum(len(v) for v in by_class.values())
     want = total if limit is None else min(limit, total)
     for queue in by_class.values():
