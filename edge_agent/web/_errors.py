@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from edge_agent.storage_errors import DAMAGED_RECORDS, FULL_DISK, LOCKED, storage_problem
+from edge_agent.storage_errors import DAMAGED_RECORDS, FULL_DISK, LOCKED
 
 __all__ = ["refusal", "storage_refusal", "REASONS"]
 
@@ -31,11 +31,10 @@ def refusal(path: str, status: int, message: str, headers: dict[str, str] | None
     return PlainTextResponse(f"{status} {REASONS.get(status, 'Error')}: {message}\n", status_code=status, headers=headers)
 
 
-def storage_refusal(exc: BaseException, where=None) -> tuple[int, str, dict[str, str]] | None:
-    """How to refuse a write the device's storage (the state directory ``where``) did not take (status, message,
-    headers), or None where ``exc`` is something else (:func:`~edge_agent.storage_errors.storage_problem`): 507 on a
-    full disk, 503 on records another process held locked past the wait or a damaged page."""
-    problem = storage_problem(exc, where)
+def storage_refusal(problem: str | None) -> tuple[int, str, dict[str, str]] | None:
+    """How to refuse a write the device's storage did not take (status, message, headers) for what
+    :func:`~edge_agent.storage_errors.storage_problem` found, or None where it found nothing: 507 on a full disk, 503 on
+    records another process held locked past the wait or a damaged page."""
     if problem == "full":
         return 507, FULL_DISK, {}
     if problem == "locked":

@@ -406,9 +406,10 @@ def create_app(ctx: WebContext) -> Starlette:
     async def storage_failed(request: Request, exc: Exception) -> Response:
         """A write the disk or the records did not take (a full disk: 507; locked: 503), or a damaged page met (503:
         the daemon is asked to read the ledger whole), said as such; else 500."""
-        said = storage_refusal(exc, ctx.state.root)
-        if storage_problem(exc, ctx.state.root) == "damaged":
+        found = storage_problem(exc, ctx.state.root)  # (the folder, for Python 3.10's codeless errors)
+        if found == "damaged":
             request_check(ctx.state.root)
+        said = storage_refusal(found)
         if said is None:
             return await server_error(request, exc)
         status, message, headers = said
