@@ -1,7 +1,7 @@
 """How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
 
 ``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]
-[--size N] [--store DIR] [--crops Apple] [--choose first|margin|typical]``
+[--size N] [--store DIR] [--crops Apple] [--choose first|margin|spread|draw|typical|typical-logits]``
 
 The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
 what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
@@ -18,7 +18,8 @@ stream's first N, in the order the seed shuffled it: a random draw), ``margin`` 
 ``draw`` (the same without the spreading: ``[labels] ask_order = "draw"``) or
 ``typical`` (the stream's pooled features, by the engine in service's torch weights, cut into N clusters by k-means;
 from each the photo most typical of it: the least mean distance to its nearest neighbours there, as TypiClust,
-Hacohen et al. 2022, picks for a small budget).
+Hacohen et al. 2022, picks for a small budget) or ``typical-logits`` (the same on the logits the engine in service
+returns as the device runs it: what a daemon has of every photo).
 Writes ``DIR/report.json`` and ``DIR/report.md``; a label count already in the report is not run again.
 """
 
@@ -37,7 +38,7 @@ from benchmarks.field_loop import SHARED, _Measure, _served, split_field, starti
 __all__ = ["chosen", "resized", "retrain_on"]
 
 #: The rules ``--choose`` names.
-CHOICES = ("first", "margin", "spread", "draw", "typical")
+CHOICES = ("first", "margin", "spread", "draw", "typical", "typical-logits")
 
 
 def resized(store, size: int):
@@ -125,6 +126,9 @@ def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
 
     clf = Classifier.configured(_served(store, cfg, None), cfg)
     try:
+        if rule == "typical-logits":  # what the daemon's engine returns for every photo
+            logits = np.concatenate([clf.engine.infer(x[i : i + 64]) for i in range(0, len(x), 64)])
+            return [stream[i] for i in _typical(logits.astype(np.float64), n, seed)]
         preds = [p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])]
     finally:
         clf.engine.close()

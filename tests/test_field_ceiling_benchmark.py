@@ -83,7 +83,7 @@ def test_the_first_rule_is_the_streams_own_order_and_every_rule_is_named():
     stream = [(f"p{i}.jpg", i % 4) for i in range(10)]
     assert chosen("first", stream, 4, store=None, cfg=None, seed=1) == stream[:4]
     assert chosen("typical", stream, 20, store=None, cfg=None, seed=1) == stream  # more wanted than there are: all
-    assert set(CHOICES) == {"first", "margin", "spread", "draw", "typical"}
+    assert set(CHOICES) == {"first", "margin", "spread", "draw", "typical", "typical-logits"}
     with pytest.raises(SystemExit):
         from benchmarks.field_ceiling import main
 
