@@ -1,7 +1,7 @@
 """How many true field labels the shipped model needs to reach a field top-1: one retrain per label count.
 
 ``python -m benchmarks.field_ceiling --out DIR [--field apple-orchard] [--labels 90 300 900] [--seed 1] [--set SECTION.KEY=VALUE ...]
-[--size N] [--store DIR] [--crops Apple] [--choose first|margin|spread|draw|typical|typical-logits]``
+[--size N] [--store DIR] [--crops Apple] [--choose first|margin|spread|draw|typical|typical-logits|typical-distances]``
 
 The field loop (:mod:`benchmarks.field_loop`) gives the trainer at most 100 expert labels over nine days. This asks
 what more would buy: the shipped model, retrained once by :func:`trainer.retrain.retrain` with the shipped
@@ -18,8 +18,9 @@ stream's first N, in the order the seed shuffled it: a random draw), ``margin`` 
 ``draw`` (the same without the spreading: ``[labels] ask_order = "draw"``) or
 ``typical`` (the stream's pooled features, by the engine in service's torch weights, cut into N clusters by k-means;
 from each the photo most typical of it: the least mean distance to its nearest neighbours there, as TypiClust,
-Hacohen et al. 2022, picks for a small budget) or ``typical-logits`` (the same on the logits the engine in service
-returns as the device runs it: what a daemon has of every photo).
+Hacohen et al. 2022, picks for a small budget) or ``typical-logits`` / ``typical-distances`` (the same on the logits, or
+the square roots of the per-class distances of the verdict's second output, that the engine in service returns as the
+device runs it: what a daemon has of every photo).
 Writes ``DIR/report.json`` and ``DIR/report.md``; a label count already in the report is not run again.
 """
 
@@ -38,7 +39,7 @@ from benchmarks.field_loop import SHARED, _Measure, _served, split_field, starti
 __all__ = ["chosen", "resized", "retrain_on"]
 
 #: The rules ``--choose`` names.
-CHOICES = ("first", "margin", "spread", "draw", "typical", "typical-logits")
+CHOICES = ("first", "margin", "spread", "draw", "typical", "typical-logits", "typical-distances")
 
 
 def resized(store, size: int):
@@ -126,9 +127,12 @@ def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
 
     clf = Classifier.configured(_served(store, cfg, None), cfg)
     try:
-        if rule == "typical-logits":  # what the daemon's engine returns for every photo
-            logits = np.concatenate([clf.engine.infer(x[i : i + 64]) for i in range(0, len(x), 64)])
-            return [stream[i] for i in _typical(logits.astype(np.float64), n, seed)]
+        if rule in ("typical-logits", "typical-distances"):  # what the daemon's engine returns for every photo
+            out = [clf.engine.infer_with_distance(x[i : i + 64]) for i in range(0, len(x), 64)]
+            if rule == "typical-distances" and out[0][1] is None:
+                raise SystemExit(f"--choose typical-distances: {v.name}'s verdict is not on the features (it returns no distances)")
+            answers = np.concatenate([o[0] if rule == "typical-logits" else np.sqrt(np.maximum(o[1], 0.0)) for o in out])
+            return [stream[i] for i in _typical(answers.astype(np.float64), n, seed)]
         preds = [p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])]
     finally:
         clf.engine.close()

@@ -83,8 +83,33 @@ def test_the_first_rule_is_the_streams_own_order_and_every_rule_is_named():
     stream = [(f"p{i}.jpg", i % 4) for i in range(10)]
     assert chosen("first", stream, 4, store=None, cfg=None, seed=1) == stream[:4]
     assert chosen("typical", stream, 20, store=None, cfg=None, seed=1) == stream  # more wanted than there are: all
-    assert set(CHOICES) == {"first", "margin", "spread", "draw", "typical", "typical-logits"}
+    assert set(CHOICES) == {"first", "margin", "spread", "draw", "typical", "typical-logits", "typical-distances"}
     with pytest.raises(SystemExit):
         from benchmarks.field_ceiling import main
 
         main(["--out", "/nonexistent-never-written", "--choose", "least"])
+
+
+def test_the_engine_rules_cluster_what_the_engine_returns_and_refuse_an_engine_without_distances(tiny_store, tmp_path):
+    """``typical-logits`` takes one photo of each cluster of the engine's logits (as many as asked, never two copies of
+    one photo, which the stream's order would give); ``typical-distances`` needs the verdict's distance output, which a
+    model whose verdict is on its logits lacks."""
+    pytest.importorskip("torch")
+    from benchmarks.field_ceiling import chosen
+    from edge_agent.config import parse_config
+    from engines.store import EngineStore
+
+    from .conftest import encode, leaf_image
+
+    stream = []
+    for i in range(24):
+        path = tmp_path / f"p{i}.jpg"
+        path.write_bytes(encode(leaf_image(100 if i < 6 else i)))  # the stream's first six: one photo copied
+        stream.append((path, i % 3))
+    store = EngineStore(shutil.copytree(tiny_store, tmp_path / "engines"))
+    picks = chosen("typical-logits", stream, 6, store, parse_config({}), seed=1)
+    assert len(picks) == 6 == len({str(p) for p, _ in picks}) and all(p in stream for p in picks)
+    assert sum(p in stream[:6] for p in picks) <= 1
+    assert picks == chosen("typical-logits", stream, 6, store, parse_config({}), seed=1)  # the seed fixes the draw
+    with pytest.raises(SystemExit, match="returns no distances"):
+        chosen("typical-distances", stream, 6, store, parse_config({}), seed=1)
