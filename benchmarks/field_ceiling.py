@@ -103,6 +103,33 @@ def _typical(x, n: int, seed: int, neighbours: int = 20) -> list[int]:
     return [i for _, i in sorted(picks)]
 
 
+def _described(rule: str, x, v, store, cfg):
+    """What the typical rule ``rule`` clusters, a row a photo of ``x``: the torch weights' pooled features
+    (``typical``), or what the engine in service returns as the device runs it (its logits, or the square roots of
+    the verdict's per-class distances)."""
+    import numpy as np
+
+    if rule == "typical":
+        import torch
+
+        from trainer.models import features_of
+        from trainer.publish import load_weights
+
+        return features_of(load_weights(v), torch.from_numpy(x)).numpy().astype(np.float64)
+    from edge_agent.classifier import Classifier
+
+    clf = Classifier.configured(_served(store, cfg, None), cfg)
+    try:
+        out = [clf.engine.infer_with_distance(x[i : i + 64]) for i in range(0, len(x), 64)]
+    finally:
+        clf.engine.close()
+    if rule == "typical-logits":
+        return np.concatenate([logits for logits, _ in out]).astype(np.float64)
+    if out[0][1] is None:
+        raise SystemExit(f"--choose typical-distances: {v.name}'s verdict is not on the features (it returns no distances)")
+    return np.sqrt(np.maximum(np.concatenate([d for _, d in out]), 0.0)).astype(np.float64)
+
+
 def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
     """The ``n`` photos of ``stream`` the expert labels under ``rule`` (:data:`CHOICES`)."""
     import numpy as np
@@ -114,25 +141,13 @@ def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
     v = store.open()
     spec = PreprocessSpec.from_manifest(v.manifest["preprocess"])
     x = np.stack([preprocess_file(p, spec) for p, _ in stream])
-    if rule == "typical":
-        import torch
-
-        from trainer.models import features_of
-        from trainer.publish import load_weights
-
-        f = features_of(load_weights(v), torch.from_numpy(x)).numpy().astype(np.float64)
-        return [stream[i] for i in _typical(f, n, seed)]
+    if rule.startswith("typical"):
+        return [stream[i] for i in _typical(_described(rule, x, v, store, cfg), n, seed)]
     from edge_agent.classifier import Classifier
     from edge_agent.review.rank import Candidate, rank
 
     clf = Classifier.configured(_served(store, cfg, None), cfg)
     try:
-        if rule in ("typical-logits", "typical-distances"):  # what the daemon's engine returns for every photo
-            out = [clf.engine.infer_with_distance(x[i : i + 64]) for i in range(0, len(x), 64)]
-            if rule == "typical-distances" and out[0][1] is None:
-                raise SystemExit(f"--choose typical-distances: {v.name}'s verdict is not on the features (it returns no distances)")
-            answers = np.concatenate([o[0] if rule == "typical-logits" else np.sqrt(np.maximum(o[1], 0.0)) for o in out])
-            return [stream[i] for i in _typical(answers.astype(np.float64), n, seed)]
         preds = [p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])]
     finally:
         clf.engine.close()
