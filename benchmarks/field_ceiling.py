@@ -57,52 +57,6 @@ def resized(store, size: int):
     )
 
 
-def _sq_distances(x, centres):
-    """Squared distance of each row of ``x`` to each of ``centres``, [rows, centres] (a centre at a time: no
-    rows x centres x features array)."""
-    import numpy as np
-
-    return np.stack([((x - c) ** 2).sum(1) for c in centres], axis=1)
-
-
-def _kmeans(x, k: int, seed: int, rounds: int = 50):
-    """Cluster of each row of ``x`` (k-means++ start, Lloyd's rounds), as an int array."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    centres = [x[rng.integers(len(x))]]
-    nearest = ((x - centres[0]) ** 2).sum(1)
-    for _ in range(1, k):
-        centres.append(x[rng.choice(len(x), p=nearest / nearest.sum())])
-        nearest = np.minimum(nearest, ((x - centres[-1]) ** 2).sum(1))
-    c = np.stack(centres)
-    for _ in range(rounds):
-        assign = _sq_distances(x, c).argmin(1)
-        new = np.stack([x[assign == j].mean(0) if (assign == j).any() else c[j] for j in range(k)])
-        if np.allclose(new, c):
-            break
-        c = new
-    return assign
-
-
-def _typical(x, n: int, seed: int, neighbours: int = 20) -> list[int]:
-    """``n`` rows of ``x``: from each of ``n`` k-means clusters the most typical (TypiClust), largest clusters first."""
-    import numpy as np
-
-    x = x / np.linalg.norm(x, axis=1, keepdims=True)
-    assign = _kmeans(x, n, seed)
-    picks = []
-    for j in range(n):
-        members = np.flatnonzero(assign == j)
-        if not len(members):
-            continue
-        d = np.sqrt(((x[members, None, :] - x[None, members, :]) ** 2).sum(-1))
-        k = min(neighbours, len(members) - 1)
-        spread = np.sort(d, axis=1)[:, 1 : k + 1].mean(1) if k else np.zeros(1)
-        picks.append((-len(members), int(members[int(spread.argmin())])))
-    return [i for _, i in sorted(picks)]
-
-
 def _described(rule: str, x, v, store, cfg):
     """What the typical rule ``rule`` clusters, a row a photo of ``x``: the torch weights' pooled features
     (``typical``), or what the engine in service returns as the device runs it (its logits, or the square roots of
@@ -117,6 +71,7 @@ def _described(rule: str, x, v, store, cfg):
 
         return features_of(load_weights(v), torch.from_numpy(x)).numpy().astype(np.float64)
     from edge_agent.classifier import Classifier
+    from edge_agent.review.typical import rows_of
 
     clf = Classifier.configured(_served(store, cfg, None), cfg)
     try:
@@ -127,7 +82,7 @@ def _described(rule: str, x, v, store, cfg):
         return np.concatenate([logits for logits, _ in out]).astype(np.float64)
     if out[0][1] is None:
         raise SystemExit(f"--choose typical-distances: {v.name}'s verdict is not on the features (it returns no distances)")
-    return np.sqrt(np.maximum(np.concatenate([d for _, d in out]), 0.0)).astype(np.float64)
+    return rows_of(np.concatenate([d for _, d in out]))
 
 
 def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
@@ -142,7 +97,9 @@ def chosen(rule: str, stream: list, n: int, store, cfg, seed: int) -> list:
     spec = PreprocessSpec.from_manifest(v.manifest["preprocess"])
     x = np.stack([preprocess_file(p, spec) for p, _ in stream])
     if rule.startswith("typical"):
-        return [stream[i] for i in _typical(_described(rule, x, v, store, cfg), n, seed)]
+        from edge_agent.review.typical import typical
+
+        return [stream[i] for i in typical(_described(rule, x, v, store, cfg), n, seed)]
     from edge_agent.classifier import Classifier
     from edge_agent.review.rank import Candidate, rank
 

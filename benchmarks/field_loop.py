@@ -306,7 +306,8 @@ class _FastDevice:
             )
             for a, p in zip(answers, preds)
         ]
-        self.db.commit(rows, queued.entries)
+        kept = {a.sha256: (p.engine_version, p.distances.tobytes()) for a, p in zip(answers, preds) if p.distances is not None}
+        self.db.commit(rows, queued.entries, kept)
         return [(a.sha256, queued.kinds.get(a.sha256, ""), a.prediction.label) for a in answers]
 
     def ask_expert(self) -> int:
@@ -316,7 +317,9 @@ class _FastDevice:
         if self.s.arm == "none" or k <= 0:
             return 0
         if self.s.arm.startswith("device"):
-            chosen = [it.entry.sha256 for it in to_ask(self.db, 0, everything=True, policy=self.cfg.labels)[:k]]
+            # (the day's K as one day's budget: the order the whole pool is listed in does not depend on it but for
+            # ask_order = "typical", whose clusters are as many as the labels given plus a day's questions)
+            chosen = [it.entry.sha256 for it in to_ask(self.db, self.s.k, everything=True, policy=self.cfg.labels)[:k]]
         else:
             pool = sorted(e.sha256 for e, *_ in self.db.review_pool())
             chosen = self.rng.sample(pool, min(k, len(pool)))

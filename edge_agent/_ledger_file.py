@@ -59,10 +59,15 @@ CREATE TABLE IF NOT EXISTS expert_labels (
     label TEXT NOT NULL,
     labelled REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pool_distances (
+    sha256 TEXT PRIMARY KEY,
+    engine_version TEXT NOT NULL,
+    distances BLOB NOT NULL
+);
 """
 
 #: The ledger's tables, in the order a damaged ledger's rows are copied into a new one (:mod:`engines.salvage`).
-LEDGER_TABLES = ("results", "quarantine", "label_queue", "unlabelled_sent", "expert_labels")
+LEDGER_TABLES = ("results", "quarantine", "label_queue", "unlabelled_sent", "expert_labels", "pool_distances")
 
 
 def open_writable(path: Path, check: bool) -> sqlite3.Connection:

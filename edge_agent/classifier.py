@@ -30,6 +30,7 @@ class Prediction:
     timings_ms: dict[str, float] = field(default_factory=dict)
     verdict: str = "unsure"  # confident | unsure | unknown (edge_agent.verdict)
     verdict_reason: str = ""
+    distances: np.ndarray | None = None  # on the features: the model's squared distances to each class (float32)
 
     @property
     def ms(self) -> float:
@@ -92,7 +93,7 @@ class Classifier:
         infer_ms = (time.perf_counter() - t0) * 1000 / len(batch)
         classes = self.engine.classes
         out = []
-        for row, v in zip(probs, verdicts):
+        for i, (row, v) in enumerate(zip(probs, verdicts)):
             order = np.argsort(-row)[: self.top_k]
             out.append(
                 Prediction(
@@ -103,6 +104,7 @@ class Classifier:
                     timings_ms={"infer": round(infer_ms, 3)},
                     verdict=v.verdict,
                     verdict_reason=v.reason,
+                    distances=None if distances is None else np.asarray(distances[i], np.float32),
                 )
             )
         return out

@@ -287,10 +287,12 @@ class LabelsSection(Section):
         "would teach, `edge-agent review list`); `unknown` photos, and sure ones too far from the training photos, join "
         "it too. The default takes every photo whose verdict is not `confident`.",
     )
-    ask_order: Literal["margin", "draw"] = Field(
+    ask_order: Literal["margin", "draw", "typical"] = Field(
         "margin",
         description="How the photos the model is unsure of are ordered for the expert: `margin` (the least sure first, "
-        "spread over the classes the model names) or `draw` (a fixed random draw); near-duplicates last in both.",
+        "spread over the classes the model names), `draw` (a fixed random draw; near-duplicates last in both) or "
+        "`typical` (first the photo most typical of each group of like photos no expert label covers yet, the largest "
+        "group first; then by margin).",
     )
     review_per_day: int = Field(
         10,

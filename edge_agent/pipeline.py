@@ -441,7 +441,12 @@ class Pipeline:
                     *(j.capture.place or (None, None)),
                 )
             )
-        return self.db.commit(results, entries) if results or entries else []
+        kept = {
+            j.sha256: (j.prediction.engine_version, j.prediction.distances.tobytes())
+            for j in classified
+            if j.prediction.distances is not None
+        }
+        return self.db.commit(results, entries, kept) if results or entries else []
 
     def _classified(self, job: Job, kind: str | None) -> None:
         p = job.prediction

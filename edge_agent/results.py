@@ -14,8 +14,9 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge_agent._ledger_file import LEDGER_TABLES, forget_closed, open_writable, record_closed, unchanged_since_closed
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
@@ -24,6 +25,9 @@ from edge_agent.storage_errors import damaged_file, storage_problem
 from engines.durable import connect_readonly, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 from engines.salvage import salvage_file
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["LedgerUnreadable", "ResultsDB", "missing_table", "query_readonly", "query_snapshot"]
 
@@ -167,9 +171,12 @@ class ResultsDB:
         return True
 
     # ---- writing ---------------------------------------------------------
-    def commit(self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = ()) -> list[bool]:
-        """Insert results and queue entries in one transaction. Returns, per result, whether it
-        was inserted (False: that photo already had a result, which was left untouched)."""
+    def commit(
+        self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = (), distances: Mapping[str, tuple[str, bytes]] = {}
+    ) -> list[bool]:
+        """Insert results and queue entries in one transaction, with the ``distances`` (sha256 -> (engine version,
+        float32 bytes): the verdict's squared distances to each class) of those that join the review pool. Returns, per
+        result, whether it was inserted (False: that photo already had a result, which was left untouched)."""
         inserted = []
         with self._lock:
             cur = self._db.cursor()
@@ -206,6 +213,11 @@ class ResultsDB:
                         " file, bytes, created) VALUES (?,?,?,?,?,?,?,?,?)",
                         (q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created),
                     )
+                    if q.kind == "review" and q.sha256 in distances and cur.rowcount == 1:
+                        cur.execute(
+                            "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, distances) VALUES (?,?,?)",
+                            (q.sha256, *distances[q.sha256]),
+                        )
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()
@@ -293,6 +305,33 @@ class ResultsDB:
             " FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256 WHERE q.kind = 'review'"
         )
         return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10], Arrival(*r[11:18])) for r in rows]
+
+    def pool_distances(self) -> list[tuple[str, np.ndarray, bool]]:
+        """What the typical order clusters (:mod:`edge_agent.review.typical`): for each photo of the review pool and
+        each the expert labelled, the verdict's squared distances to each class that it was queued with, and whether
+        the expert labelled it ([] from a ledger not yet upgraded)."""
+        import numpy as np
+
+        try:
+            rows = self._query(
+                "SELECT d.sha256, d.distances, e.sha256 IS NOT NULL FROM pool_distances d"
+                " LEFT JOIN expert_labels e ON e.sha256 = d.sha256"
+                " LEFT JOIN label_queue q ON q.sha256 = d.sha256 AND q.kind = 'review'"
+                " WHERE e.sha256 IS NOT NULL OR q.sha256 IS NOT NULL"
+            )
+        except sqlite3.OperationalError as exc:
+            if missing_table(self._db, exc):
+                return []
+            raise
+        return [(sha, np.frombuffer(blob, np.float32), bool(labelled)) for sha, blob, labelled in rows]
+
+    def forget_pool_distances(self) -> int:
+        """Drop the distances of photos that left the review pool unlabelled (pruned, handed over); how many."""
+        gone = "sha256 NOT IN (SELECT sha256 FROM label_queue WHERE kind = 'review') AND sha256 NOT IN (SELECT sha256 FROM expert_labels)"
+        if not self._query(f"SELECT 1 FROM pool_distances WHERE {gone} LIMIT 1"):  # (no write, most minutes)
+            return 0
+        with self._lock:
+            return self._db.execute(f"DELETE FROM pool_distances WHERE {gone}").rowcount
 
     def unlabelled_candidates(self, limit: int) -> list[tuple[QueueEntry, str]]:
         """Review-pool photos not yet handed to the trainer unlabelled, newest first, each with its verdict."""

@@ -58,25 +58,6 @@ def test_a_candidate_store_on_the_shipped_split_stands_in_for_the_shipped_model(
         starting_store(str(candidate))
 
 
-def test_the_typical_rule_takes_from_each_cluster_the_photo_at_its_dense_centre_largest_cluster_first():
-    from benchmarks.field_ceiling import _typical
-
-    rng = np.random.default_rng(0)
-    centres = np.eye(8)[:3] * 10
-    sizes = [40, 25, 10]
-    x = np.concatenate([c + rng.normal(0, 0.5, (n, 8)) for c, n in zip(centres, sizes)])
-    x[5] = centres[0] + 3.0  # an outlier of the first blob: never the typical one
-    picks = _typical(x, 3, seed=1)
-    blob = np.repeat([0, 1, 2], sizes)
-    assert [int(blob[i]) for i in picks] == [0, 1, 2]  # one from each, the largest first
-    for i in picks:
-        members = np.flatnonzero(blob == blob[i])
-        unit = x / np.linalg.norm(x, axis=1, keepdims=True)
-        d = np.linalg.norm(unit[members] - unit[members].mean(0), axis=1)
-        assert d[list(members).index(i)] <= np.quantile(d, 0.25)  # near its cluster's middle, not at an edge
-    assert 5 not in picks
-
-
 def test_the_first_rule_is_the_streams_own_order_and_every_rule_is_named():
     from benchmarks.field_ceiling import CHOICES, chosen
 

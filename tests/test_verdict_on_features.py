@@ -131,12 +131,45 @@ def test_the_daemon_judges_with_the_engines_distances(features_store):
         preds = clf.predict_tensors(_photos(4, 300))
         for p, d in zip(preds, distances.min(1)):
             assert p.verdict != "confident" or d <= limit
+        assert all(np.allclose(p.distances, d, rtol=1e-5) and p.distances.dtype == np.float32 for p, d in zip(preds, distances))
         # far from every class mean: unknown, whatever the softmax says
         engine.infer_with_distance = lambda batch: (np.array([[30.0, 0.0, 0.0]], np.float32), np.full((1, 3), 1e9, np.float32))
         far = clf.predict_tensors(_photos(1, 400))[0]
         assert far.verdict == "unknown" and far.verdict_reason == "unlike the photos the model was trained on"
         engine.infer_with_distance = lambda batch: (np.array([[30.0, 0.0, 0.0]], np.float32), np.full((1, 3), np.inf, np.float16))
         assert clf.predict_tensors(_photos(1, 400))[0].verdict == "unknown"  # FP16 overflow reads as infinitely far
+
+
+def test_the_pipeline_keeps_the_engines_distances_of_each_photo_it_puts_in_the_review_pool(features_store, tmp_path):
+    import hashlib
+
+    from edge_agent.config import LabelsSection, PipelineSection
+    from edge_agent.pipeline import Job
+    from edge_agent.preprocess import preprocess_bytes
+    from edge_agent.review.queue import to_ask
+    from engines.loader import open_engine
+
+    from .test_pipeline import drop, make_pipeline
+
+    root, _, _ = features_store
+    cfg = _config({"store": {"path": str(root), "require_signature": False}})
+    photos = {hashlib.sha256(f.read_bytes()).hexdigest(): f.read_bytes() for f in drop(tmp_path / "inbox", 6)}
+    with open_engine(root, cfg.engine) as engine:
+        policy = LabelsSection(review_threshold=0.8, pseudo_threshold=0.8, trust_checks=0)
+        p, db, *_ = make_pipeline(tmp_path, engine, policy=policy, settings=PipelineSection(max_batch=3, max_wait_ms=0))
+        try:
+            for f in sorted((tmp_path / "inbox").iterdir()):
+                p.submit(Job("inbox", f))
+            assert p.drain(60)
+        finally:
+            p.stop()
+        own = {sha: engine.infer_with_distance(preprocess_bytes(data, p.classifier.spec)[None])[1][0] for sha, data in photos.items()}
+    pool = {e.sha256 for e, *_ in db.review_pool()}
+    kept = {sha: d for sha, d, _ in db.pool_distances()}
+    assert len(pool) == 6 and set(kept) == pool  # (only the pool's: tests/test_review_typical.py)
+    assert db._query("SELECT COUNT(*) FROM pool_distances")[0][0] == len(pool)
+    assert all(np.allclose(d, own[sha], rtol=1e-4) for sha, d in kept.items())  # the engine's own distances
+    assert {it.entry.sha256 for it in to_ask(db, 0, LabelsSection(ask_order="typical"))} == pool
 
 
 def test_a_manifest_on_the_features_with_a_model_that_lacks_the_output_is_refused_naming_it(features_store, tmp_path):

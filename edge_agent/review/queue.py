@@ -131,10 +131,13 @@ def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool 
     let the next version be published) come first, so the next publish does not starve the checks that earn trust.
     Checks (the answers the trust ``policy`` covers) go class by class, the class nearest to earning trust first
     (:func:`nearest_first`); the unsure photos in the policy's ``ask_order``."""
+    left = left_today(db, per_day)
+    limit = None if everything else left
+    if limit == 0:
+        return []
     pool = {item.entry.sha256: item for item in _pool(db, policy)}
-    limit = None if everything else left_today(db, per_day)
     checks, unsure = ([Candidate(sha, it.top_k) for sha, it in pool.items() if it.check == c] for c in (True, False))
-    checks, unsure = rank(checks, None), _unsure_order(unsure, policy.ask_order)
+    checks, unsure = rank(checks, None), _unsure_order(db, unsure, policy.ask_order, left or per_day)
     if checks:
         windows = check_windows(db.expert_checks(), policy)
         nearest = nearest_first({c.label: windows.get(c.label, []) for c in checks}, policy)
@@ -147,10 +150,19 @@ def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool 
     return [pool[c.id] for c in order[:limit]]
 
 
-def _unsure_order(unsure: list[Candidate], ask_order: str) -> list[Candidate]:
-    """The unsure photos in the order ``[labels] ask_order`` names (:mod:`edge_agent.review.rank`)."""
+def _unsure_order(db: ResultsDB, unsure: list[Candidate], ask_order: str, new: int) -> list[Candidate]:
+    """The unsure photos in the order ``[labels] ask_order`` names (:mod:`edge_agent.review.rank`; ``typical``: the
+    photos :func:`~edge_agent.review.typical.typical_ids` picks for a round of ``new`` questions, 0: a default round,
+    first, then the rest by margin)."""
     if ask_order == "draw":
         return rank(unsure, None, class_penalty=0.0, order="draw")
+    if ask_order == "typical":
+        from edge_agent.review.typical import typical_ids  # (numpy: only where the order is asked for)
+
+        first = typical_ids([c.id for c in unsure], db.pool_distances(), new)
+        picked = set(first)
+        by_id = {c.id: c for c in unsure}
+        return [by_id[sha] for sha in first] + rank([c for c in unsure if c.id not in picked], None)
     return rank(unsure, None)
 
 
@@ -371,7 +383,9 @@ def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str, la
 
 def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int, policy: LabelsSection, max_bytes: int | None = None) -> int:
     """Drop the least informative photos beyond ``keep`` photos or ``max_bytes`` of theirs from the pool (checks and
-    unsure photos alternately kept, each newest or smallest margin first); returns how many left."""
+    unsure photos alternately kept, each newest or smallest margin first), and the distances kept of photos that left
+    it unlabelled (:meth:`ResultsDB.forget_pool_distances`); returns how many photos left."""
+    db.forget_pool_distances()  # (those this pass drops: at its next)
     pool = _pool(db, policy)
     if len(pool) <= keep and (max_bytes is None or sum(it.entry.bytes for it in pool) <= max_bytes):
         return 0
