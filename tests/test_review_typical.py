@@ -10,6 +10,7 @@ from edge_agent.config import LabelsSection
 from edge_agent.ledger_rows import QueueEntry, ResultRow
 from edge_agent.results import ResultsDB
 from edge_agent.review.queue import label_photo, prune_pool, to_ask
+from edge_agent.review import typical as typical_module
 from edge_agent.review.typical import MAX_CLUSTERS, rows_of, typical, typical_ids
 from edge_agent.spool import PhotoSpool, SpoolItem
 
@@ -68,15 +69,40 @@ def test_photos_without_distances_or_with_another_engines_classes_are_left_to_th
     assert typical_ids(["none"], described, new=2) == []
 
 
-def test_the_clusters_are_as_many_as_the_labels_plus_the_round_and_never_more_than_the_cap(monkeypatch):
+def test_the_clusters_are_as_many_as_the_labels_plus_the_round_never_more_than_the_cap_nor_the_photos(monkeypatch):
     seen = []
-    monkeypatch.setattr("edge_agent.review.typical.typical", lambda x, k, seed, labelled: seen.append(k) or [])
-    rows = [(f"u{i}", np.full(3, float(i), np.float32), False) for i in range(5)]
-    labelled = [(f"l{i}", np.full(3, float(i), np.float32), True) for i in range(7)]
-    typical_ids([f"u{i}" for i in range(5)], rows + labelled, new=4)
-    typical_ids([f"u{i}" for i in range(5)], rows + labelled, new=0)
-    typical_ids(["u0"], rows + labelled * 40, new=4)
-    assert seen == [7 + 4, 7 + 10, MAX_CLUSTERS]
+
+    def kmeans(x, k, seed):
+        seen.append(k)
+        return np.arange(len(x)) % k
+
+    monkeypatch.setattr("edge_agent.review.typical.kmeans", kmeans)
+    rows = [(f"u{i:03d}", np.full(3, float(i), np.float32), False) for i in range(20)]
+    labelled = [(f"l{i:03d}", np.full(3, float(i), np.float32), True) for i in range(300)]
+    unsure = [sha for sha, _, _ in rows]
+    for new in (4, 0):
+        typical_ids(unsure, rows + labelled[:7], new=new)
+    typical_ids(unsure, rows + labelled, new=4)
+    typical_ids(unsure[:3], rows[:3] + labelled[:2], new=10)
+    assert seen == [7 + 4, 7 + 10, MAX_CLUSTERS, 5]
+
+
+def test_labelling_a_photo_leaves_the_clusters_as_they_were_and_covers_its_own(monkeypatch):
+    x, blob = _blobs([30, 20, 12, 8], width=6)
+    described = [(f"{i:03d}", (x[i] ** 2).astype(np.float32), False) for i in range(len(x))]
+    seen = []
+    real = typical_module.kmeans
+    monkeypatch.setattr(typical_module, "_last", None)
+    monkeypatch.setattr(typical_module, "kmeans", lambda *a: seen.append(a[1]) or real(*a))
+    first = typical_ids([sha for sha, _, _ in described], described, new=4)
+    assert len(first) == 4 and len(seen) == 1
+    asked = first[0]
+    after = [(sha, d, sha == asked) for sha, d, _ in described]
+    again = typical_ids([sha for sha, _, labelled in after if not labelled], after, new=3)
+    assert again == first[1:] and len(seen) == 1  # the same clusters (not computed again), the labelled one covered
+    grown = described + [("999", (x[0] ** 2).astype(np.float32), False)]
+    typical_ids([sha for sha, _, _ in grown], grown, new=4)
+    assert len(seen) == 2  # a new photo: clustered again
 
 
 def _pool(tmp_path, groups, engine="v4000"):

@@ -81,15 +81,14 @@ def _spread(x: np.ndarray, members: np.ndarray, neighbours: int, chunk: int = 16
     return np.concatenate(out)
 
 
-def typical(x: np.ndarray, k: int, seed: int, labelled: np.ndarray | None = None, neighbours: int = 20) -> list[int]:
-    """Rows of ``x`` to ask about, best first: ``x`` cut into ``k`` clusters (each row scaled to length one), and from
-    each cluster with no ``labelled`` row (a boolean mask; None: none is), the largest first, its most typical row."""
+def _unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float64)
     norm = np.linalg.norm(x, axis=1, keepdims=True)
-    x = x / np.where(norm > 0, norm, 1.0)
-    if not len(x) or k <= 0:
-        return []
-    assign = kmeans(x, min(k, len(x)), seed)
+    return x / np.where(norm > 0, norm, 1.0)
+
+
+def _picks(x: np.ndarray, assign: np.ndarray, labelled: np.ndarray | None, neighbours: int) -> list[int]:
+    """From each cluster of ``assign`` with no ``labelled`` row, the largest first, its most typical row of ``x``."""
     covered = set(assign[labelled].tolist()) if labelled is not None else set()
     picks = []
     for j in np.unique(assign):
@@ -100,24 +99,47 @@ def typical(x: np.ndarray, k: int, seed: int, labelled: np.ndarray | None = None
     return [i for _, i in sorted(picks)]
 
 
+def typical(x: np.ndarray, k: int, seed: int, labelled: np.ndarray | None = None, neighbours: int = 20) -> list[int]:
+    """Rows of ``x`` to ask about, best first: ``x`` cut into ``k`` clusters (each row scaled to length one), and from
+    each cluster with no ``labelled`` row (a boolean mask; None: none is), the largest first, its most typical row."""
+    x = _unit(x)
+    if not len(x) or k <= 0:
+        return []
+    return _picks(x, kmeans(x, min(k, len(x)), seed), labelled, neighbours)
+
+
 #: The questions a round is taken to ask where the day's budget says nothing (``review_per_day = 0``).
 ROUND = 10
+
+#: The last clustering :func:`typical_ids` made: (its photos and cluster count, each photo's cluster). A label
+#: changes no photo's distances nor, within a day, the count, so the next look at the queue reuses it.
+_last: tuple[tuple, np.ndarray] | None = None
 
 
 def typical_ids(unsure: list[str], described: list[tuple[str, np.ndarray, bool]], new: int, seed: int = 0) -> list[str]:
     """Of the ``unsure`` photos (their ids), those to ask first, best first: :func:`typical` over what is ``described``
     of them and of the labelled photos ((id, the verdict's squared distances, labelled?) rows: the ledger's
     ``pool_distances``), in as many clusters as labelled photos plus ``new`` questions (0: :data:`ROUND`; at most
-    :data:`MAX_CLUSTERS` in all).
+    :data:`MAX_CLUSTERS` in all). The photos are clustered in the order of their ids, so that labelling one (it moves
+    from the unsure to the labelled) leaves the clusters as they were and covers its own.
     A photo with no distances (an engine whose verdict is not on the features, a photo queued before they were kept)
     or with another engine's classes (rows of another length than most) is not among them."""
-    rows = {sha: d for sha, d, labelled in described if not labelled}
-    lengths = Counter(len(rows[sha]) for sha in unsure if sha in rows)
+    global _last
+    asked = set(unsure)
+    rows = {sha: d for sha, d, labelled in described if sha in asked and not labelled}
+    lengths = Counter(len(d) for d in rows.values())
     if not lengths:
         return []
     width = lengths.most_common(1)[0][0]
-    ids = [sha for sha in unsure if sha in rows and len(rows[sha]) == width]
-    covered = [d for _, d, labelled in described if labelled and len(d) == width]
-    x = rows_of(np.stack([rows[sha] for sha in ids] + covered))
-    mask = np.arange(len(x)) >= len(ids)
-    return [ids[i] for i in typical(x, min(len(covered) + (new if new > 0 else ROUND), MAX_CLUSTERS), seed, mask)]
+    chosen = sorted(((sha, d, lab) for sha, d, lab in described if len(d) == width and (lab or sha in rows)), key=lambda r: r[0])
+    labelled = np.array([lab for _, _, lab in chosen])
+    k = min(int(labelled.sum()) + (new if new > 0 else ROUND), MAX_CLUSTERS, len(chosen))
+    x = _unit(rows_of(np.stack([d for _, d, _ in chosen])))
+    key = (tuple(sha for sha, _, _ in chosen), k, seed)
+    last = _last
+    if last is not None and last[0] == key:
+        assign = last[1]
+    else:
+        assign = kmeans(x, k, seed)
+        _last = (key, assign)
+    return [chosen[i][0] for i in _picks(x, assign, labelled, 20)]
