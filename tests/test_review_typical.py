@@ -9,8 +9,8 @@ import pytest
 from edge_agent.config import LabelsSection
 from edge_agent.ledger_rows import QueueEntry, ResultRow
 from edge_agent.results import ResultsDB
-from edge_agent.review.queue import label_photo, prune_pool, to_ask
 from edge_agent.review import typical as typical_module
+from edge_agent.review.queue import label_photo, prune_pool, to_ask
 from edge_agent.review.typical import MAX_CLUSTERS, rows_of, typical, typical_ids
 from edge_agent.spool import PhotoSpool, SpoolItem
 
