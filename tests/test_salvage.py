@@ -153,7 +153,8 @@ def test_a_ledger_with_a_rotted_page_keeps_every_other_result_and_the_experts_la
     db = ResultsDB(path)
     db.commit([_row(i) for i in range(1, 2001)])
     queued = tmp_path / "queue" / "expert" / f"{7:064x}.jpg"
-    db.commit([], [QueueEntry(f"{7:064x}", "p7", "review", None, None, None, str(queued), 10)])
+    distances = {f"{7:064x}": ("v4000", bytes(range(152)))}  # (what the typical order clusters: tests/test_review_typical.py)
+    db.commit([], [QueueEntry(f"{7:064x}", "p7", "review", None, None, None, str(queued), 10)], distances)
     db.mark_expert(f"{7:064x}", "Apple___Apple_scab", str(queued))
     db.close()
     rot_pages(path, "results", kind="leaf", only=20)
@@ -162,6 +163,7 @@ def test_a_ledger_with_a_rotted_page_keeps_every_other_result_and_the_experts_la
     kept = db.counts()["processed"]
     assert 1900 < kept < 2000 and db.expert_labels() == {f"{7:064x}": "Apple___Apple_scab"}
     assert db.queue_entry(f"{7:064x}").label == "Apple___Apple_scab"
+    assert [(sha, d.tobytes(), labelled) for sha, d, labelled in db.pool_distances()] == [(f"{7:064x}", bytes(range(152)), True)]
     assert f"results: {kept} rows kept, {2000 - kept} lost" in note and "the photos of the results lost stay in processed/" in note
     assert "kept as results.sqlite.corrupt-" in note and list(tmp_path.glob("results.sqlite.corrupt-*"))
     db.commit([_row(5000)])  # the new ledger takes results, its indexes rebuilt
@@ -170,6 +172,16 @@ def test_a_ledger_with_a_rotted_page_keeps_every_other_result_and_the_experts_la
     with sqlite3.connect(path) as con:
         assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     con.close()
+
+
+def test_every_table_the_ledger_makes_is_one_a_salvage_copies(tmp_path):
+    from edge_agent._ledger_file import LEDGER_TABLES
+
+    ResultsDB(tmp_path / "results.sqlite").close()
+    with sqlite3.connect(tmp_path / "results.sqlite") as con:
+        made = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    con.close()
+    assert made == set(LEDGER_TABLES)
 
 
 def _samples(root: Path, n: int = 400):

@@ -8,7 +8,8 @@ rest of the pool follows in the margin's order (:mod:`edge_agent.review.rank`), 
 labels are many. What is clustered is the square roots of the verdict's squared distances from a photo to each class
 (the model's second output, v3000 on), each row scaled to length one: measured with 30 orchard labels (one
 retrain of v4000, five seeds, :mod:`benchmarks.field_ceiling` ``--choose typical-distances``), 3.3 +- 2.9 points
-above the margin's order, above it on every seed.
+above the margin's order, above it on every seed. Each photo's distances are those of the engine that classified it
+(after a retrain, two versions' side by side: scaled to length one, their direction is what is compared).
 
 Pure functions on numpy arrays; the daemon's review queue (``[labels] ask_order = "typical"``) and the benchmarks
 share them.
