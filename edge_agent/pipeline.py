@@ -441,10 +441,11 @@ class Pipeline:
                     *(j.capture.place or (None, None)),
                 )
             )
+        pooled = {q.sha256 for q in entries if q.kind == "review"}  # (the only photos whose distances are kept)
         kept = {
             j.sha256: (j.prediction.engine_version, j.prediction.distances.tobytes())
             for j in classified
-            if j.prediction.distances is not None
+            if j.sha256 in pooled and j.prediction.distances is not None
         }
         return self.db.commit(results, entries, kept) if results or entries else []
 

@@ -172,7 +172,7 @@ class ResultsDB:
 
     # ---- writing ---------------------------------------------------------
     def commit(
-        self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = (), distances: Mapping[str, tuple[str, bytes]] = {}
+        self, results: Iterable[ResultRow] = (), queued: Iterable[QueueEntry] = (), distances: Mapping[str, tuple[str, bytes]] | None = None
     ) -> list[bool]:
         """Insert results and queue entries in one transaction, with the ``distances`` (sha256 -> (engine version,
         float32 bytes): the verdict's squared distances to each class) of those that join the review pool. Returns, per
@@ -213,7 +213,7 @@ class ResultsDB:
                         " file, bytes, created) VALUES (?,?,?,?,?,?,?,?,?)",
                         (q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created),
                     )
-                    if q.kind == "review" and q.sha256 in distances and cur.rowcount == 1:
+                    if q.kind == "review" and distances and q.sha256 in distances and cur.rowcount == 1:
                         cur.execute(
                             "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, distances) VALUES (?,?,?)",
                             (q.sha256, *distances[q.sha256]),
