@@ -316,6 +316,8 @@ class _FastDevice:
         k = min(self.s.k, self.s.budget - self.expert_labels)
         if self.s.arm == "none" or k <= 0:
             return 0
+        if self.s.arm.startswith("device") and self.cfg.labels.reanswer_pool:
+            self._answer_pool_again()
         if self.s.arm.startswith("device"):
             # (the day's K as one day's budget: the order the whole pool is listed in does not depend on it but for
             # ask_order = "typical", whose clusters are as many as the labels given plus a day's questions)
@@ -328,6 +330,20 @@ class _FastDevice:
             label_photo(self.db, self.state / "queue", self.cfg.labels.max_spool_mb << 20, classes, sha, classes[self.truth[sha]])
         self.expert_labels += len(chosen)
         return len(chosen)
+
+    def _answer_pool_again(self) -> None:
+        """The review pool answered again by the engine in service, as the daemon's idle inference thread does after a
+        swap (:mod:`edge_agent.review.reanswer`), before the expert is asked."""
+        from edge_agent.classifier import Classifier
+        from edge_agent.review.reanswer import PoolAnswers
+
+        clf = Classifier.configured(_served(self.store, self.cfg), self.cfg)
+        try:
+            answers = PoolAnswers(self.db, 16)
+            while answers.due(clf.engine.engine_version):
+                answers.run(clf)
+        finally:
+            clf.engine.close()
 
     def hand_over(self) -> None:
         """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store; then

@@ -64,10 +64,20 @@ CREATE TABLE IF NOT EXISTS pool_distances (
     engine_version TEXT NOT NULL,
     distances BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pool_answers (
+    sha256 TEXT PRIMARY KEY,
+    engine_version TEXT NOT NULL,
+    label TEXT NOT NULL,
+    confidence REAL NOT NULL,
+    top_k TEXT NOT NULL,
+    verdict TEXT,
+    verdict_reason TEXT,
+    answered REAL NOT NULL
+);
 """
 
 #: The ledger's tables, in the order a damaged ledger's rows are copied into a new one (:mod:`engines.salvage`).
-LEDGER_TABLES = ("results", "quarantine", "label_queue", "unlabelled_sent", "expert_labels", "pool_distances")
+LEDGER_TABLES = ("results", "quarantine", "label_queue", "unlabelled_sent", "expert_labels", "pool_distances", "pool_answers")
 
 
 def open_writable(path: Path, check: bool) -> sqlite3.Connection:

@@ -294,6 +294,11 @@ class LabelsSection(Section):
         "`typical` (first the photo most typical of each group of like photos no expert label covers yet, the largest "
         "group first; then by margin).",
     )
+    reanswer_pool: bool = Field(
+        True,
+        description="After a swap, answer the review pool's photos again with the engine in service while no photo "
+        "waits, so the expert is asked where the model serving now hesitates.",
+    )
     review_per_day: int = Field(
         10,
         ge=0,

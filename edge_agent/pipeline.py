@@ -15,6 +15,7 @@ import errno
 import hashlib
 import os
 import queue
+import sqlite3
 import stat
 import threading
 import time
@@ -40,6 +41,7 @@ from edge_agent.log import display_name, get_logger
 from edge_agent.plants import plant_of
 from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import ResultsDB
+from edge_agent.review.reanswer import PoolAnswers
 from edge_agent.spool import Origin, PhotoSpool
 from edge_agent.storage_errors import READ_ONLY_DISK
 from edge_agent.worker import spawn
@@ -51,6 +53,9 @@ _STOP = object()
 
 #: Seconds the stages together get to end once stopped (after the drain): a stage stuck in inference is abandoned then.
 STOP_JOIN_S = 5.0
+
+#: How long the inference thread waits for a photo between batches of the review pool it answers again.
+POOL_WAIT_S = 0.05
 #: Seconds the sink waits before it tries again to store results on a state directory whose disk is mounted read-only
 #: (a failing SD card): the photos are kept for then, and the stages wait behind it instead of classifying the inbox
 #: again every few seconds for nothing.
@@ -117,6 +122,8 @@ class Pipeline:
         self.settings = settings
         self.files = InboxFiles(state_dir, after)
         self.labels = LabelQueuer(db, spool, policy)
+        #: The review pool answered again by the engine in service while idle (``[labels] reanswer_pool``).
+        self.pool_answers = PoolAnswers(db, settings.max_batch) if policy.reanswer_pool else None
         self.on_done = on_done or (lambda job: None)
         self.on_retry = on_retry or (lambda job: None)
         self.retry_incomplete = retry_incomplete or (lambda job: False)
@@ -298,9 +305,12 @@ class Pipeline:
         trimmed = False  # the start-up's loading and warm-up leave memory to hand back too
         while True:
             try:
-                first = self._infer_q.get(timeout=self.settings.idle_trim_s)
+                first = self._infer_q.get(timeout=POOL_WAIT_S if self._pool_due() else self.settings.idle_trim_s)
             except queue.Empty:
                 self._apply_swap()
+                if self._answer_pool():
+                    trimmed = False  # (trimmed once the pool is done)
+                    continue
                 if not trimmed:  # idle: hand the engine's cached memory back once, keep the golden photos
                     trimmed = True
                     self.golden.save(self.classifier.engine.engine_version)
@@ -349,6 +359,24 @@ class Pipeline:
                 j.timings["infer"] = p.timings_ms["infer"]
                 j.timings["batch"] = len(batch)
                 self._sink_q.put(j)
+
+    def _pool_due(self) -> bool:
+        return self.pool_answers is not None and self.pool_answers.due(self.classifier.engine.engine_version)
+
+    def _answer_pool(self) -> bool:
+        """Answer a batch of the review pool again where it is due (:mod:`edge_agent.review.reanswer`; the inference
+        thread, idle); whether more is due."""
+        if not self._pool_due():
+            return False
+        try:
+            self.pool_answers.run(self.classifier)
+        except Exception as exc:  # a locked ledger, an engine error: tried again a minute on, photos first meanwhile
+            if isinstance(exc, sqlite3.DatabaseError) and self.db.damaged(exc):
+                self.log.error("ledger_damaged", error=repr(exc), met_by="the review pool's answers")
+            else:
+                self.log.warning("pool_answers_failed", error=repr(exc))
+            return False
+        return self._pool_due()
 
     def _sink_loop(self) -> None:
         while True:

@@ -383,9 +383,9 @@ def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str, la
 
 def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int, policy: LabelsSection, max_bytes: int | None = None) -> int:
     """Drop the least informative photos beyond ``keep`` photos or ``max_bytes`` of theirs from the pool (checks and
-    unsure photos alternately kept, each newest or smallest margin first), and the distances kept of photos that left
-    it unlabelled (:meth:`ResultsDB.forget_pool_distances`); returns how many photos left."""
-    db.forget_pool_distances()  # (those this pass drops: at its next)
+    unsure photos alternately kept, each newest or smallest margin first), and what was kept of photos that left it
+    unlabelled (their distances and newer answers: :meth:`ResultsDB.forget_left_pool`); returns how many photos left."""
+    db.forget_left_pool()  # (those this pass drops: at its next)
     pool = _pool(db, policy)
     if len(pool) <= keep and (max_bytes is None or sum(it.entry.bytes for it in pool) <= max_bytes):
         return 0
