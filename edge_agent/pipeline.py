@@ -124,6 +124,7 @@ class Pipeline:
         self.labels = LabelQueuer(db, spool, policy)
         #: The review pool answered again by the engine in service while idle (``[labels] reanswer_pool``).
         self.pool_answers = PoolAnswers(db, settings.max_batch) if policy.reanswer_pool else None
+        self._pool_answered = 0
         self.on_done = on_done or (lambda job: None)
         self.on_retry = on_retry or (lambda job: None)
         self.retry_incomplete = retry_incomplete or (lambda job: False)
@@ -369,14 +370,19 @@ class Pipeline:
         if not self._pool_due():
             return False
         try:
-            self.pool_answers.run(self.classifier)
+            self._pool_answered += self.pool_answers.run(self.classifier)
         except Exception as exc:  # a locked ledger, an engine error: tried again a minute on, photos first meanwhile
             if isinstance(exc, sqlite3.DatabaseError) and self.db.damaged(exc):
                 self.log.error("ledger_damaged", error=repr(exc), met_by="the review pool's answers")
             else:
                 self.log.warning("pool_answers_failed", error=repr(exc))
             return False
-        return self._pool_due()
+        if self._pool_due():
+            return True
+        if self._pool_answered:  # (the journal says when the questions follow the engine in service again)
+            self.log.info("review_pool_answered_again", photos=self._pool_answered, engine_version=self.classifier.engine.engine_version)
+            self._pool_answered = 0
+        return False
 
     def _sink_loop(self) -> None:
         while True:

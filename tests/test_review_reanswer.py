@@ -63,8 +63,12 @@ def _pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool, list[str]]:
     return db, spool, ids
 
 
-def test_after_a_swap_the_pool_is_answered_again_by_the_engine_in_service_while_the_arrival_answers_stay_recorded(tmp_path, engine):
+def test_after_a_swap_the_pool_is_answered_again_by_the_engine_in_service_while_the_arrival_answers_stay_recorded(
+    tmp_path, engine, monkeypatch
+):
     p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine, lambda i: 0.5), policy=UNSURE)
+    said = []
+    monkeypatch.setattr(p.log, "info", lambda event, **kw: said.append((event, kw)))
     for path in drop(tmp_path / "inbox", 6):
         p.submit(Job("inbox", path))
     assert p.drain(30)
@@ -83,6 +87,7 @@ def test_after_a_swap_the_pool_is_answered_again_by_the_engine_in_service_while_
     assert {r["engine_version"] for r in db.results()} == {"v0001"}  # what was answered when each photo arrived stays
     assert all(r["confidence"] == pytest.approx(0.5, abs=1e-3) for r in db.results())
     assert p.pool_answers.answered == 6
+    wait_until(lambda: ("review_pool_answered_again", {"photos": 6, "engine_version": "v0002"}) in said, timeout=5)
     p.stop()
 
 
