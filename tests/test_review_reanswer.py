@@ -84,6 +84,7 @@ def test_after_a_swap_the_pool_is_answered_again_by_the_engine_in_service_while_
     assert sorted(round(e.confidence, 2) for e, *_ in after) == [0.6, 0.6, 0.6, 0.99, 0.99, 0.99]
     asked = [(it.check, round(it.top_k[0][1], 2)) for it in to_ask(db, 0, UNSURE, everything=True)]
     assert asked == [(True, 0.99), (False, 0.6)] * 3  # what the serving model is sure of: checks; the rest by its margins
+    assert {it.as_json()["engine_version"] for it in to_ask(db, 0, UNSURE, everything=True)} == {"v0002"}  # (the API says whose)
     assert {r["engine_version"] for r in db.results()} == {"v0001"}  # what was answered when each photo arrived stays
     assert all(r["confidence"] == pytest.approx(0.5, abs=1e-3) for r in db.results())
     assert p.pool_answers.answered == 6

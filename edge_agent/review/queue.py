@@ -81,6 +81,7 @@ class ReviewItem:
             "verdict": self.verdict,
             "top_k": self.top_k,
             "check": self.check,
+            "engine_version": q.engine_version,
             "name": a.name,
             "source": a.source,
             "plant": a.plant,

@@ -141,6 +141,9 @@ class ReviewItemOut(BaseModel):
     verdict: str | None
     top_k: list[tuple[str, float]]
     check: bool = Field(description="True: a confident answer of a class not trusted yet (the label checks it).")
+    engine_version: str | None = Field(
+        None, description="The engine version whose answer this is (after a swap, the one in service: [labels] reanswer_pool)."
+    )
     name: str | None = Field(None, description="The file name it arrived under (None from a camera).")
     source: str | None = Field(None, description="Where it came from: inbox (the hot folder, uploads included) or the camera's name.")
     plant: str | None = Field(None, description="The plant it shows (the inbox subfolder it arrived in), if any.")
