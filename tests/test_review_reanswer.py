@@ -75,6 +75,7 @@ def test_after_a_swap_the_pool_is_answered_again_by_the_engine_in_service_while_
     pool = {e.sha256: (top_k, verdict) for e, top_k, verdict, _ in db.review_pool()}
     assert len(pool) == 6 and all(top_k[0][1] == pytest.approx(0.5, abs=1e-3) for top_k, _ in pool.values())
     sure = {0: 0.99, 1: 0.99, 2: 0.99, 3: 0.6, 4: 0.6, 5: 0.6}
+    wait_until(lambda: not p.pool_answers.due("v0001"), timeout=10)  # (the pool looked at, as a daemon's start does)
     p.swap_classifier(Classifier(NextEngine(engine, lambda i: sure[i % 6])))
     wait_until(lambda: not db.answered_before("v0002", 10), timeout=20)
     after = db.review_pool()
@@ -222,3 +223,18 @@ def test_a_ledger_from_before_the_answers_were_kept_reads_the_arrival_answers_an
     old.close()
     db = ResultsDB(path)
     assert db._query("SELECT COUNT(*) FROM pool_answers") == [(0,)]
+
+
+def test_each_new_version_answers_the_whole_pool_whatever_the_version_before_waits_for(tmp_path, engine):
+    db, _, ids = _pool(tmp_path, 5)
+
+    class Third(FixedEngine):
+        engine_version = "v0003"
+
+    answers = PoolAnswers(db, batch=2)
+    for clf in (Classifier(NextEngine(engine, lambda i: 0.7)), Classifier(Third(engine, lambda i: 0.7))):
+        version = clf.engine.engine_version
+        while answers.due(version):
+            answers.run(clf)
+        assert db.answered_before(version, 10) == [], version
+    assert answers.answered == 10

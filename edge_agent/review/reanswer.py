@@ -51,7 +51,8 @@ class PoolAnswers:
         recorded. Once none is left (or the ledger cannot be read or written now) :meth:`due` says no for ``wait_s``
         seconds: photos join the pool answered by the engine in service, and a swap makes it due at once."""
         version = classifier.engine.engine_version
-        self._version = version
+        if version != self._version:  # a new version's pass starts now, whatever the one before waits for
+            self._version, self._idle_until = version, 0.0
         try:
             entries = self.db.answered_before(version, self.batch, self.unreadable)
             if not entries:
