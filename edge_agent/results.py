@@ -84,6 +84,9 @@ def _top_k(p: Prediction) -> str:
     return json.dumps([list(t) for t in p.top_k])
 
 
+#: A review-pool photo's distances kept (its first queuing's, or the engine in service's once it answers it again).
+_PUT_DISTANCES = "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, distances) VALUES (?,?,?)"
+
 #: ``pool_answers`` as a ledger from before it reads (no rows).
 _NO_ANSWERS = "(SELECT NULL AS sha256, NULL AS engine_version, NULL AS label, NULL AS confidence, NULL AS top_k, NULL AS verdict WHERE 0)"
 
@@ -223,10 +226,7 @@ class ResultsDB:
                         (q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created),
                     )
                     if q.kind == "review" and distances and q.sha256 in distances and cur.rowcount == 1:
-                        cur.execute(
-                            "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, distances) VALUES (?,?,?)",
-                            (q.sha256, *distances[q.sha256]),
-                        )
+                        cur.execute(_PUT_DISTANCES, (q.sha256, *distances[q.sha256]))
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()
@@ -382,10 +382,7 @@ class ResultsDB:
                         (e.sha256, p.engine_version, p.label, p.confidence, _top_k(p), p.verdict, p.verdict_reason, now),
                     )
                     if p.distances is not None:
-                        cur.execute(
-                            "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, distances) VALUES (?,?,?)",
-                            (e.sha256, p.engine_version, p.distances.astype("float32").tobytes()),
-                        )
+                        cur.execute(_PUT_DISTANCES, (e.sha256, p.engine_version, p.distances.astype("float32").tobytes()))
                     else:  # (an engine whose verdict is on the logits: the older version's distances say nothing now)
                         cur.execute("DELETE FROM pool_distances WHERE sha256 = ?", (e.sha256,))
                 cur.execute("COMMIT")
