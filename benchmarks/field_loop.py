@@ -414,12 +414,21 @@ class _FastDevice:
         self.golden.restart()  # golden labels come from the engine in service
         return measured
 
+    def pool_to_pseudo(self) -> list[tuple[str, str, str]]:
+        """The review pool's photos trust now covers made pseudo-labels, as the daemon's idle inference thread does
+        after the expert's labels (:mod:`edge_agent.review.trusted_pool`); (sha256, "pseudo", class) of each."""
+        from edge_agent.review.trusted_pool import TrustedPool
+
+        made = TrustedPool(self.db, self.queuer).run(self.serving)
+        return [(e.sha256, "pseudo", e.label or "") for e in made]
+
     def day(self, photos: list) -> dict:
         self.day_started = time.time()
         outcome = self.classify(photos)
         experts = self.ask_expert()
+        from_pool = self.pool_to_pseudo() if self.s.arm.startswith("device") else []
         self.hand_over()
-        return {"outcome": outcome, "expert": experts, "retrain": self.retrain_if_due()}
+        return {"outcome": outcome, "from_pool": from_pool, "expert": experts, "retrain": self.retrain_if_due()}
 
     def close(self) -> None:
         self.samples.close()
@@ -563,13 +572,15 @@ def run(s: LoopSettings, out: Path) -> dict:
             photos = stream[d * s.day_size : (d + 1) * s.day_size]
             r = device.day(photos)
             verdicts = day_verdicts(device.state / "results.sqlite", [sha_of[p] for p, _ in photos], truth, classes, device.cfg.labels)
-            pseudo = [(sha, label) for sha, kind, label in r["outcome"] if kind == "pseudo"]
+            from_pool = [(sha, label) for sha, _, label in r.get("from_pool", [])]
+            pseudo = [(sha, label) for sha, kind, label in r["outcome"] if kind == "pseudo"] + from_pool
             right = sum(classes.index(label) == truth[sha] for sha, label in pseudo)
             row = {
                 "day": d + 1,
                 "pseudo_labels": len(pseudo),
                 "pseudo_right": right,
                 "pseudo_precision": round(right / len(pseudo), 4) if pseudo else None,
+                "pseudo_from_pool": len(from_pool),
                 "to_review": sum(kind == "review" for _, kind, _ in r["outcome"]),
                 "expert_labels": device.expert_labels,
                 "verdicts": verdicts,

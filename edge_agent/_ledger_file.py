@@ -9,7 +9,16 @@ from pathlib import Path
 
 from engines.durable import atomic_write, check_whole, connect_writable
 
-__all__ = ["CLOSED", "LEDGER_TABLES", "SCHEMA", "forget_closed", "open_writable", "record_closed", "unchanged_since_closed"]
+__all__ = [
+    "CLOSED",
+    "LEDGER_TABLES",
+    "SCHEMA",
+    "forget_closed",
+    "missing_table",
+    "open_writable",
+    "record_closed",
+    "unchanged_since_closed",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -160,3 +169,16 @@ def forget_closed(path: Path) -> None:
         Path(f"{path}{CLOSED}").unlink(missing_ok=True)
     except OSError:  # a read-only card: the start cannot set anything aside there either
         pass
+
+
+def missing_table(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` says the statement asked for a table or column the file does not have yet (SQLite's generic
+    SQLITE_ERROR), not that the file could not be read (busy, locked, I/O)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF == sqlite3.SQLITE_ERROR
+    try:  # Python 3.10: a file whose schema reads now failed on what it lacks
+        con.execute("PRAGMA schema_version").fetchall()
+    except sqlite3.Error:
+        return False
+    return True

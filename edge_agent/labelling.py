@@ -5,11 +5,13 @@ answer becomes a pseudo-label only for a class the expert's checks have shown ri
 (:mod:`edge_agent.review.checks`); any other class's confident answers go to the expert, as checks.
 :class:`LabelQueuer` applies it to a batch of classified photos: it keeps the per-class cap on pseudo-labels of each
 engine version and writes the chosen photos to the spool, the batch's queue files made durable before the caller
-commits the rows that list them.
+commits the rows that list them; :meth:`LabelQueuer.to_pseudo` applies it to photos waiting in the review pool, whose
+class has earned trust since (:mod:`edge_agent.review.trusted_pool`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +76,7 @@ class LabelQueuer:
         self.trust = TrustBook(db, policy)
         self.full = False  # the last batch found the quota reached
         self._counts: dict[str, dict[str, int]] = {}  # engine version -> label -> pseudo-labels queued
+        self._lock = threading.Lock()  # the counts: the pipeline's sink thread queues, its inference thread promotes
         self.log = get_logger("labelling")
 
     def _of(self, version: str) -> dict[str, int]:
@@ -81,9 +84,19 @@ class LabelQueuer:
             self._counts[version] = dict(self.db.pseudo_counts(version))
         return self._counts[version]
 
-    def _count(self, p: Prediction, step: int) -> None:
-        counts = self._of(p.engine_version)
-        counts[p.label] = counts.get(p.label, 0) + step
+    def _count(self, version: str, label: str, step: int) -> None:
+        with self._lock:
+            counts = self._of(version)
+            counts[label] = counts.get(label, 0) + step
+
+    def _take(self, version: str, label: str) -> bool:
+        """Count one more pseudo-label of ``label`` for ``version``, unless the class has its share (``per_class_cap``)."""
+        with self._lock:
+            counts = self._of(version)
+            if counts.get(label, 0) >= self.policy.per_class_cap:
+                return False
+            counts[label] = counts.get(label, 0) + 1  # counted now, so a batch of one class cannot overshoot the cap
+            return True
 
     def queue(self, answers: Sequence[Answer]) -> Queued:
         """Write the photos the policy queues to the spool (one durability barrier); returns the rows to commit."""
@@ -92,10 +105,8 @@ class LabelQueuer:
         for a in answers:
             p = a.prediction
             kind = decide(p.verdict, p.confidence, self.policy, trusted(p.label))
-            if kind == "pseudo":
-                if self._of(p.engine_version).get(p.label, 0) >= self.policy.per_class_cap:
-                    continue  # the class has its share of this version's pseudo-labels
-                self._count(p, +1)  # counted now, so a batch of one class cannot overshoot the cap
+            if kind == "pseudo" and not self._take(p.engine_version, p.label):
+                continue  # the class has its share of this version's pseudo-labels
             if kind is not None:
                 wanted.append((a, kind))
         out = Queued()
@@ -112,7 +123,7 @@ class LabelQueuer:
             if f is None:
                 out.skipped += 1
                 if kind == "pseudo":
-                    self._count(p, -1)
+                    self._count(p.engine_version, p.label, -1)
                 continue
             out.entries.append(QueueEntry(a.sha256, a.photo_id, kind, p.label, p.confidence, p.engine_version, str(f), len(a.data)))
             out.kinds[a.sha256] = kind
@@ -124,8 +135,29 @@ class LabelQueuer:
     def not_committed(self, answer: Answer, kind: Kind | None) -> None:
         """``answer`` was queued but its row was not stored (a duplicate found at commit): it no longer counts."""
         if kind == "pseudo":
-            self._count(answer.prediction, -1)
+            self._count(answer.prediction.engine_version, answer.prediction.label, -1)
+
+    def to_pseudo(self, pool: Sequence[tuple[QueueEntry, str | None]]) -> list[QueueEntry]:
+        """Of review-pool photos, each with the verdict of its answer, those :func:`decide` makes pseudo-labels with
+        the checks as they stand now, within each class's share of its version's pseudo-labels (counted: hand those
+        that were not made to :meth:`not_made`)."""
+        trusted = self.trust.now()
+        return [
+            e
+            for e, verdict in pool
+            if e.label is not None
+            and e.engine_version is not None
+            and decide(verdict or "", e.confidence or 0.0, self.policy, trusted(e.label)) == "pseudo"
+            and self._take(e.engine_version, e.label)
+        ]
+
+    def not_made(self, entries: Sequence[QueueEntry]) -> None:
+        """Photos :meth:`to_pseudo` chose whose rows changed before they became pseudo-labels: they no longer count."""
+        for e in entries:
+            if e.label is not None and e.engine_version is not None:
+                self._count(e.engine_version, e.label, -1)
 
     def recount(self) -> None:
         """Forget the counts (a failed commit); they are read again from the results database."""
-        self._counts.clear()
+        with self._lock:
+            self._counts.clear()

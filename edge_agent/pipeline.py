@@ -42,6 +42,7 @@ from edge_agent.plants import plant_of
 from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import ResultsDB
 from edge_agent.review.reanswer import PoolAnswers
+from edge_agent.review.trusted_pool import TrustedPool
 from edge_agent.spool import Origin, PhotoSpool
 from edge_agent.storage_errors import READ_ONLY_DISK
 from edge_agent.worker import spawn
@@ -125,6 +126,9 @@ class Pipeline:
         #: The review pool answered again by the engine in service while idle (``[labels] reanswer_pool``).
         self.pool_answers = PoolAnswers(db, settings.max_batch) if policy.reanswer_pool else None
         self._pool_answered = 0
+        self._pool_warned: str | None = None  # the error the pool's pseudo-labels last met (said once)
+        #: The review pool's photos that trust now covers, made pseudo-labels while idle.
+        self.trusted_pool = TrustedPool(db, self.labels)
         self.on_done = on_done or (lambda job: None)
         self.on_retry = on_retry or (lambda job: None)
         self.retry_incomplete = retry_incomplete or (lambda job: False)
@@ -312,6 +316,7 @@ class Pipeline:
                 if self._answer_pool():
                     trimmed = False  # (trimmed once the pool is done)
                     continue
+                self._pool_to_pseudo()
                 if not trimmed:  # idle: hand the engine's cached memory back once, keep the golden photos
                     trimmed = True
                     self.golden.save(self.classifier.engine.engine_version)
@@ -383,6 +388,25 @@ class Pipeline:
             self.log.info("review_pool_answered_again", photos=self._pool_answered, engine_version=self.classifier.engine.engine_version)
             self._pool_answered = 0
         return False
+
+    def _pool_to_pseudo(self) -> None:
+        """Make pseudo-labels of the review pool's photos that trust now covers (:mod:`edge_agent.review.trusted_pool`;
+        the inference thread, idle)."""
+        version = self.classifier.engine.engine_version
+        try:
+            made = self.trusted_pool.run(version, self.pool_answers.answered if self.pool_answers else 0)
+        except Exception as exc:  # a locked ledger: looked at again in a second, photos first meanwhile
+            if isinstance(exc, sqlite3.DatabaseError) and self.db.damaged(exc):
+                self.log.error("ledger_damaged", error=repr(exc), met_by="the review pool's pseudo-labels")
+            elif self._pool_warned != repr(exc):
+                self.log.warning("pool_pseudo_labels_failed", error=repr(exc))
+            self._pool_warned = repr(exc)
+            return
+        self._pool_warned = None
+        if made:
+            self.counters["queued_pseudo"] += len(made)
+            classes = sorted({e.label or "" for e in made})
+            self.log.info("review_pool_made_pseudo_labels", photos=len(made), classes=classes, engine_version=version)
 
     def _sink_loop(self) -> None:
         while True:

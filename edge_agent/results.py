@@ -18,18 +18,17 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_agent._ledger_file import LEDGER_TABLES, forget_closed, open_writable, record_closed, unchanged_since_closed
+from edge_agent._ledger_file import LEDGER_TABLES, forget_closed, missing_table, open_writable, record_closed, unchanged_since_closed
+from edge_agent._pool_rows import PUT_DISTANCES, PoolRows
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
-from edge_agent.ledger_rows import Arrival, LedgerColumns, QueueEntry, ResultRow, result_record
+from edge_agent.ledger_rows import LedgerColumns, QueueEntry, ResultRow, result_record
 from edge_agent.storage_errors import damaged_file, storage_problem
 from engines.durable import connect_readonly, relocate_rows, set_aside
 from engines.errors import EdgeAgentError
 from engines.salvage import salvage_file
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    from edge_agent.classifier import Prediction
+    pass
 
 __all__ = ["LedgerUnreadable", "ResultsDB", "missing_table", "query_readonly", "query_snapshot"]
 
@@ -67,29 +66,6 @@ def query_snapshot(path: str | Path, queries: Sequence[tuple[str, tuple | list]]
         con.close()
 
 
-def missing_table(con: sqlite3.Connection, exc: sqlite3.OperationalError) -> bool:
-    """Whether ``exc`` says the statement asked for a table or column the file does not have yet (SQLite's generic
-    SQLITE_ERROR), not that the file could not be read (busy, locked, I/O)."""
-    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
-    if code is not None:
-        return code & 0xFF == sqlite3.SQLITE_ERROR
-    try:  # Python 3.10: a file whose schema reads now failed on what it lacks
-        con.execute("PRAGMA schema_version").fetchall()
-    except sqlite3.Error:
-        return False
-    return True
-
-
-def _top_k(p: Prediction) -> str:
-    return json.dumps([list(t) for t in p.top_k])
-
-
-#: A review-pool photo's distances kept (its first queuing's, or the engine in service's once it answers it again).
-_PUT_DISTANCES = "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, distances) VALUES (?,?,?)"
-
-#: ``pool_answers`` as a ledger from before it reads (no rows).
-_NO_ANSWERS = "(SELECT NULL AS sha256, NULL AS engine_version, NULL AS label, NULL AS confidence, NULL AS top_k, NULL AS verdict WHERE 0)"
-
 #: A result named by photo id, sha256 prefix (8+ characters) or original path (indexed, tried first).
 _REF = "(photo_id = ? OR (sha256 >= ? AND sha256 < ?))"
 #: A result named by the path it arrived as (a scan: tried only where :data:`_REF` names none).
@@ -105,7 +81,7 @@ def _ref_args(ref: str) -> tuple:
     return (ref, prefix, prefix + "~" if prefix else "")
 
 
-class ResultsDB:
+class ResultsDB(PoolRows):
     """Thread-safe access to ``results.sqlite`` (one connection, serialised by a lock)."""
 
     def __init__(self, path: str | Path, readonly: bool = False, check: bool = False) -> None:
@@ -226,7 +202,7 @@ class ResultsDB:
                         (q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created),
                     )
                     if q.kind == "review" and distances and q.sha256 in distances and cur.rowcount == 1:
-                        cur.execute(_PUT_DISTANCES, (q.sha256, *distances[q.sha256]))
+                        cur.execute(PUT_DISTANCES, (q.sha256, *distances[q.sha256]))
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()
@@ -291,141 +267,10 @@ class ResultsDB:
         """How many photos an expert labelled from ``since`` to before ``until`` (the per-day review budget)."""
         return self._query("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ? AND labelled < ?", (since, until))[0][0]
 
-    def expert_checks(self) -> list[tuple[str, str | None, str, float]]:
-        """Every expert label beside the model's answer to that photo (the newest, where the engine in service answered
-        it again in the review pool): (its class, its verdict, the expert's class, its confidence), newest label first."""
-        return self._answered(
-            "SELECT COALESCE(a.label, r.label), CASE WHEN a.sha256 IS NULL THEN r.verdict ELSE a.verdict END, e.label,"
-            " COALESCE(a.confidence, r.confidence) FROM expert_labels e JOIN results r ON r.sha256 = e.sha256"
-            " LEFT JOIN {answers} a ON a.sha256 = e.sha256 ORDER BY e.labelled DESC"
-        )
-
     def expert_stamp(self) -> tuple[int, float]:
         """(how many expert labels, the newest's time): changes whenever the expert labels or relabels a photo."""
         n, newest = self._query("SELECT COUNT(*), COALESCE(MAX(labelled), 0) FROM expert_labels")[0]
         return int(n), float(newest)
-
-    def review_pool(self) -> list[tuple[QueueEntry, list, str | None, Arrival]]:
-        """Photos waiting for review, each with the top-k and the verdict of its newest prediction (the engine in
-        service's, once it has answered the photo again: :mod:`edge_agent.review.reanswer`), and how it arrived."""
-        kept = LedgerColumns(self._query)  # read-only, maybe not yet upgraded
-        later = ", ".join(kept.or_null(c, "r.") for c in ("taken", "lat", "lon"))
-        rows = self._answered(
-            "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
-            " COALESCE(a.top_k, r.top_k, '[]'), CASE WHEN a.sha256 IS NULL THEN r.verdict ELSE a.verdict END,"
-            f" r.path, r.source, r.plant, r.created, {later} FROM label_queue q LEFT JOIN results r ON r.sha256 = q.sha256"
-            " LEFT JOIN {answers} a ON a.sha256 = q.sha256 AND a.engine_version = q.engine_version WHERE q.kind = 'review'"
-        )
-        return [(QueueEntry(*r[:9]), json.loads(r[9]), r[10], Arrival(*r[11:18])) for r in rows]
-
-    def pool_distances(self) -> list[tuple[str, np.ndarray, bool]]:
-        """What the typical order clusters (:mod:`edge_agent.review.typical`): for each photo of the review pool and
-        each the expert labelled, the verdict's squared distances to each class that it was queued with, and whether
-        the expert labelled it ([] from a ledger not yet upgraded)."""
-        import numpy as np
-
-        try:
-            rows = self._query(
-                "SELECT d.sha256, d.distances, e.sha256 IS NOT NULL FROM pool_distances d"
-                " LEFT JOIN expert_labels e ON e.sha256 = d.sha256"
-                " LEFT JOIN label_queue q ON q.sha256 = d.sha256 AND q.kind = 'review'"
-                " WHERE e.sha256 IS NOT NULL OR q.sha256 IS NOT NULL"
-            )
-        except sqlite3.OperationalError as exc:
-            if missing_table(self._db, exc):
-                return []
-            raise
-        return [(sha, np.frombuffer(blob, np.float32), bool(labelled)) for sha, blob, labelled in rows]
-
-    def forget_left_pool(self) -> int:
-        """Drop the distances and newer answers kept of photos that left the review pool unlabelled (pruned, handed
-        over); how many rows."""
-        gone = "sha256 NOT IN (SELECT sha256 FROM label_queue WHERE kind = 'review') AND sha256 NOT IN (SELECT sha256 FROM expert_labels)"
-        dropped = 0
-        for table in ("pool_distances", "pool_answers"):
-            if self._query(f"SELECT 1 FROM {table} WHERE {gone} LIMIT 1"):  # (no write, most minutes)
-                with self._lock:
-                    dropped += self._db.execute(f"DELETE FROM {table} WHERE {gone}").rowcount
-        return dropped
-
-    def answered_before(self, version: str, limit: int, skip: Collection[str] = ()) -> list[QueueEntry]:
-        """Up to ``limit`` photos of the review pool whose answer is not engine ``version``'s, newest first, but those
-        in ``skip``."""
-        rows = self._query(
-            "SELECT sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created FROM label_queue"
-            " WHERE kind = 'review' AND engine_version IS NOT ? ORDER BY created DESC LIMIT ?",
-            (version, limit + len(skip)),
-        )
-        return [e for e in (QueueEntry(*r) for r in rows) if e.sha256 not in skip][:limit]
-
-    def record_answers(self, answers: Iterable[tuple[QueueEntry, Prediction]]) -> int:
-        """Each review-pool photo's new answer (its entry as read, the prediction), in one transaction: its queue row
-        takes the answer's class, confidence and version, and the answer's top-k, verdict and distances are kept
-        beside; a photo labelled or gone since it was read is left as it is. How many were recorded."""
-        now, recorded = time.time(), 0
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                for e, p in answers:
-                    cur.execute(
-                        "UPDATE label_queue SET label = ?, confidence = ?, engine_version = ? WHERE sha256 = ? AND kind = 'review'"
-                        " AND label IS ? AND engine_version IS ?",
-                        (p.label, p.confidence, p.engine_version, e.sha256, e.label, e.engine_version),
-                    )
-                    if cur.rowcount != 1:
-                        continue
-                    recorded += 1
-                    cur.execute(
-                        "INSERT OR REPLACE INTO pool_answers (sha256, engine_version, label, confidence, top_k, verdict,"
-                        " verdict_reason, answered) VALUES (?,?,?,?,?,?,?,?)",
-                        (e.sha256, p.engine_version, p.label, p.confidence, _top_k(p), p.verdict, p.verdict_reason, now),
-                    )
-                    if p.distances is not None:
-                        cur.execute(_PUT_DISTANCES, (e.sha256, p.engine_version, p.distances.astype("float32").tobytes()))
-                    else:  # (an engine whose verdict is on the logits: the older version's distances say nothing now)
-                        cur.execute("DELETE FROM pool_distances WHERE sha256 = ?", (e.sha256,))
-                cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-        return recorded
-
-    def _answered(self, sql: str, args: tuple = ()) -> list[tuple]:
-        """Rows of ``sql`` with ``{answers}`` read as the review pool's newer answers (``pool_answers``), or as none
-        where a ledger not yet upgraded has no such table (a reader's, before the daemon's start upgrades it)."""
-        try:
-            return self._query(sql.replace("{answers}", "pool_answers"), args)
-        except sqlite3.OperationalError as exc:
-            if not missing_table(self._db, exc):
-                raise
-        return self._query(sql.replace("{answers}", _NO_ANSWERS), args)
-
-    def unlabelled_candidates(self, limit: int) -> list[tuple[QueueEntry, str]]:
-        """Review-pool photos not yet handed to the trainer unlabelled, newest first, each with its newest verdict."""
-        rows = self._answered(
-            "SELECT q.sha256, q.photo_id, q.kind, q.label, q.confidence, q.engine_version, q.file, q.bytes, q.created,"
-            " COALESCE(CASE WHEN a.sha256 IS NULL THEN r.verdict ELSE a.verdict END, 'unsure') FROM label_queue q"
-            " LEFT JOIN results r ON r.sha256 = q.sha256 LEFT JOIN {answers} a ON a.sha256 = q.sha256 AND a.engine_version = q.engine_version"
-            " WHERE q.kind = 'review' AND q.sha256 NOT IN (SELECT sha256 FROM unlabelled_sent) ORDER BY q.created DESC LIMIT ?",
-            (limit,),
-        )
-        return [(QueueEntry(*r[:9]), r[9]) for r in rows]
-
-    def mark_unlabelled_sent(self, sha256: str, label: str, verdict: str) -> None:
-        """The trainer acknowledged ``sha256`` as an unlabelled photo (counted in the day's quota, never sent again)."""
-        with self._lock:
-            self._db.execute(
-                "INSERT OR IGNORE INTO unlabelled_sent (sha256, label, verdict, sent) VALUES (?,?,?,?)",
-                (sha256, label, verdict, time.time()),
-            )
-
-    def unlabelled_sent_since(self, since: float, until: float = math.inf) -> dict[tuple[str, str], int]:
-        """(class, verdict) -> unlabelled photos the trainer acknowledged from ``since`` to before ``until``."""
-        rows = self._query(
-            "SELECT label, verdict, COUNT(*) FROM unlabelled_sent WHERE sent >= ? AND sent < ? GROUP BY 1, 2", (since, until)
-        )
-        return {(label, verdict): n for label, verdict, n in rows}
 
     def plant_answers(self, plant: str) -> list[tuple[list, str]]:
         """Every answer given for ``plant``'s photos, oldest first: (top-k, verdict)."""

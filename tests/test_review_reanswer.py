@@ -66,7 +66,8 @@ def _pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool, list[str]]:
 def test_after_a_swap_the_pool_is_answered_again_by_the_engine_in_service_while_the_arrival_answers_stay_recorded(
     tmp_path, engine, monkeypatch
 ):
-    p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine, lambda i: 0.5), policy=UNSURE)
+    untrusted = UNSURE.model_copy(update={"trust_checks": 23})  # (no class trusted: sure answers stay checks)
+    p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine, lambda i: 0.5), policy=untrusted)
     said = []
     monkeypatch.setattr(p.log, "info", lambda event, **kw: said.append((event, kw)))
     for path in drop(tmp_path / "inbox", 6):

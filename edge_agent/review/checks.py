@@ -218,6 +218,13 @@ class TrustBook:
         trust = self._trust
         return lambda label: label in trust and trust[label].trusted
 
+    def trusted_classes(self) -> frozenset[str] | None:
+        """The classes whose confident answers may become pseudo-labels now (None: every class, ``trust_checks = 0``)."""
+        if self.policy.trust_checks == 0:
+            return None
+        self.now()
+        return frozenset(label for label, t in self._trust.items() if t.trusted)
+
     def trusted(self, label: str) -> bool:
         """Whether ``label``'s confident answers may become pseudo-labels now."""
         return self.now()(label)
