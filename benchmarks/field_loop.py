@@ -458,6 +458,7 @@ class _FullDevice:
         self.cfg = parse_config({})  # what the services run with: no configuration file
         self.sent = 0
         self.expert_labels = 0
+        self.pseudo_seen: set[str] = set()  # pseudo-labels the trainer's store held at the end of an earlier day
 
     def _status(self, rel: str) -> dict:
         try:
@@ -520,7 +521,11 @@ class _FullDevice:
 
         self._wait(settled, "the trainer to finish and the daemon to swap or refuse")
         # a pseudo-label may have left the daemon's queue before it was read: the trainer's store says what it got
-        kinds |= dict(self._rows("SELECT id, kind FROM samples WHERE kind = 'pseudo'", "trainer/samples.sqlite"))
+        pseudo = dict(self._rows("SELECT id, label FROM samples WHERE kind = 'pseudo'", "trainer/samples.sqlite"))
+        kinds |= dict.fromkeys(pseudo, "pseudo")
+        # photos of earlier days the daemon made pseudo-labels while they waited in the review pool (trust earned since)
+        from_pool = [(sha, "pseudo", label) for sha, label in pseudo.items() if sha not in self.pseudo_seen and sha not in set(shas)]
+        self.pseudo_seen |= set(pseudo)
         trainer = self._status("trainer/status.json")
         retrain = None
         if trainer.get("last_retrain") and trainer["last_retrain"] != before:
@@ -529,7 +534,8 @@ class _FullDevice:
                 retrain["swap"] = {"refused": refused[retrain["published"]]}
         elif waiting := trainer.get("waiting_for_field_check"):
             retrain = {"published": None, "reason": waiting, "skipped": True}
-        return {"outcome": [(sha, kinds.get(sha, ""), said.get(sha, "")) for sha in shas], "expert": len(asked), "retrain": retrain}
+        outcome = [(sha, kinds.get(sha, ""), pseudo.get(sha) or said.get(sha, "")) for sha in shas]
+        return {"outcome": outcome, "from_pool": from_pool, "expert": len(asked), "retrain": retrain}
 
     @property
     def serving(self) -> str:

@@ -364,3 +364,28 @@ def test_the_full_loop_measures_the_version_the_daemon_serves_and_reads_a_refuse
     status = {"engine": {"engine_version": "v4000"}, "hotswap": {"refused": {"v4001": "agrees with v4000 on 0% of 1 golden photos"}}}
     (tmp_path / "status.json").write_text(json.dumps(status))
     assert device.serving == "v4000" and device._refused() == {"v4001": "agrees with v4000 on 0% of 1 golden photos"}
+
+
+def test_the_fast_loop_makes_pseudo_labels_of_the_pool_photos_a_class_trusted_since_covers(tmp_path, tiny_store, monkeypatch):
+    """As the daemon's idle inference thread does once the expert's labels earn a class trust."""
+    from benchmarks.field_loop import LoopSettings, _FastDevice
+
+    from .conftest import encode, leaf_image
+
+    photos = []
+    for i in range(4):
+        (tmp_path / f"{i}.jpg").write_bytes(encode(leaf_image(i, (180, 160))))
+        photos.append((str(tmp_path / f"{i}.jpg"), 0))
+    s = LoopSettings(arm="device", store=str(tiny_store), overrides={"labels": {"pseudo_threshold": 0.01, "trust_confidence": 0.01}})
+    device = _FastDevice(s, tmp_path / "run", truth={})
+    try:
+        outcome = device.classify(photos)
+        sure = [(sha, label) for sha, kind, label in outcome if kind == "review"]
+        assert sure and device.pool_to_pseudo() == []  # no class trusted: they wait as checks
+        monkeypatch.setattr(device.queuer.trust, "trusted_classes", lambda: None)  # (every class trusted since)
+        monkeypatch.setattr(device.queuer.trust, "now", lambda: lambda label: True)
+        made = device.pool_to_pseudo()
+        assert sorted(made) == sorted((sha, "pseudo", label) for sha, label in sure)
+        assert {e.sha256 for e in device.db.queued_for_delivery(10)} == {sha for sha, _ in sure}
+    finally:
+        device.close()
