@@ -1,4 +1,4 @@
-"""What the review pool costs the daemon after a swap: a full pool (2,000 photos: ``max_review_pool``) answered again by
+"""What the review pool costs the daemon after a swap: a full pool (2,000 photos: ``[labels] review_pool``) answered again by
 the engine in service, a batch at a time as the idle inference thread does, and the pass that makes pseudo-labels of
 the photos a trusted class covers.
 
