@@ -1,6 +1,6 @@
-"""What the review pool costs the daemon after a swap: a full pool (2,000 photos: ``[labels] review_pool``) answered again by
-the engine in service, a batch at a time as the idle inference thread does, and the pass that makes pseudo-labels of
-the photos a trusted class covers.
+"""What the review pool costs the daemon after a swap: a full pool (2,000 photos: ``[labels] review_pool``) answered
+again by the engine in service, a batch at a time as the idle inference thread does, and the pass that makes
+pseudo-labels of the photos a trusted class covers.
 
     python -m benchmarks.review_pool_cost [--photos 2000] [--batch 8] [--from v3000] [--to v4000]
 
