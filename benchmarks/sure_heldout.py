@@ -1,0 +1,66 @@
+"""How often an engine of a kept field-loop run is right when it is sure, per class, on the run's held-out photos: what
+a trusted class's pseudo-labels would be worth beyond the few the run made.
+
+    python -m benchmarks.sure_heldout RUN_DIR/device-fast/seed-N [--versions v4006 v4007]
+
+``RUN_DIR/.../seed-N`` is what ``python -m benchmarks.field_loop`` kept of a seed (its ``report.json`` and ``state/``):
+the held-out photos are that seed's test split, each engine is opened from the run's store as the daemon opens it,
+and a *sure* answer is what trust covers (``confident`` at ``[labels] trust_from``): a check when the expert labels
+one, a pseudo-label once its class is trusted. Prints a line of JSON per version: class -> [sure, right, [(photo,
+true class) of each wrong one]].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def sure_answers(seed_dir: Path, version: str) -> dict[str, list]:
+    """Per class, ``version``'s sure answers on the seed's held-out photos: [how many, how many right, the wrong ones]."""
+    import numpy as np
+
+    from benchmarks.field_loop import _served, split_field
+    from edge_agent.classifier import Classifier
+    from edge_agent.config import parse_config
+    from edge_agent.preprocess import preprocess_bytes
+    from engines.store import EngineStore
+
+    s = json.loads((seed_dir / "report.json").read_text())["settings"]
+    cfg = parse_config({})
+    engine = _served(EngineStore(seed_dir / "state" / "engines"), cfg, version)
+    try:
+        clf = Classifier.configured(engine, cfg)
+        classes = list(engine.classes)
+        test, _ = split_field(Path(s["data"]) / s["field"], classes, s["seed"], s["test_fraction"])
+        x = np.stack([preprocess_bytes(Path(p).read_bytes(), clf.spec) for p, _ in test])
+        preds = [q for i in range(0, len(x), 16) for q in clf.predict_tensors(x[i : i + 16])]
+    finally:
+        engine.close()
+    out: dict[str, list] = {}
+    for (path, truth), q in zip(test, preds):
+        if q.verdict == "confident" and q.confidence >= cfg.labels.trust_from:
+            row = out.setdefault(q.label, [0, 0, []])
+            row[0] += 1
+            if classes.index(q.label) == truth:
+                row[1] += 1
+            else:
+                row[2].append((Path(path).name, classes[truth]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sure_heldout", description=__doc__.split("\n\n")[0])
+    ap.add_argument("seed_dir", help="a seed's folder of a kept field-loop run (report.json, state/)")
+    ap.add_argument("--versions", nargs="+", help="engine versions (default: the one serving at the run's end)")
+    args = ap.parse_args(argv)
+    seed_dir = Path(args.seed_dir)
+    versions = args.versions or [json.loads((seed_dir / "report.json").read_text())["days"][-1]["engine"]]
+    for v in versions:
+        print(json.dumps({"version": v, "sure": sure_answers(seed_dir, v)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
