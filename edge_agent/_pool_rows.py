@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from edge_agent.classifier import Prediction
 
-__all__ = ["PoolRows", "PUT_DISTANCES", "top_k_json"]
+__all__ = ["PoolRows", "PUT_DISTANCES"]
 
 #: A review-pool photo's distances kept (its first queuing's, or the engine in service's once it answers it again).
 PUT_DISTANCES = "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, distances) VALUES (?,?,?)"
@@ -32,7 +32,7 @@ PUT_DISTANCES = "INSERT OR REPLACE INTO pool_distances (sha256, engine_version, 
 _NO_ANSWERS = "(SELECT NULL AS sha256, NULL AS engine_version, NULL AS label, NULL AS confidence, NULL AS top_k, NULL AS verdict WHERE 0)"
 
 
-def top_k_json(p: Prediction) -> str:
+def _top_k_json(p: Prediction) -> str:
     """A prediction's top-k as the ledger keeps it."""
     return json.dumps([list(t) for t in p.top_k])
 
@@ -128,7 +128,7 @@ class PoolRows:
                     cur.execute(
                         "INSERT OR REPLACE INTO pool_answers (sha256, engine_version, label, confidence, top_k, verdict,"
                         " verdict_reason, answered) VALUES (?,?,?,?,?,?,?,?)",
-                        (e.sha256, p.engine_version, p.label, p.confidence, top_k_json(p), p.verdict, p.verdict_reason, now),
+                        (e.sha256, p.engine_version, p.label, p.confidence, _top_k_json(p), p.verdict, p.verdict_reason, now),
                     )
                     if p.distances is not None:
                         cur.execute(PUT_DISTANCES, (e.sha256, p.engine_version, p.distances.astype("float32").tobytes()))

@@ -63,16 +63,22 @@ def _pool(tmp_path, n: int) -> tuple[ResultsDB, PhotoSpool, list[str]]:
     return db, spool, ids
 
 
+def classified(tmp_path, engine, policy: LabelsSection, n: int, monkeypatch) -> tuple:
+    """A pipeline over ``engine`` that has classified ``n`` photos, and the journal's info lines it says from now on."""
+    p, db, *_ = make_pipeline(tmp_path, engine, policy=policy)
+    said: list[tuple] = []
+    monkeypatch.setattr(p.log, "info", lambda event, **kw: said.append((event, kw)))
+    for path in drop(tmp_path / "inbox", n):
+        p.submit(Job("inbox", path))
+    assert p.drain(30)
+    return p, db, said
+
+
 def test_after_a_swap_the_pool_is_answered_again_by_the_engine_in_service_while_the_arrival_answers_stay_recorded(
     tmp_path, engine, monkeypatch
 ):
     untrusted = UNSURE.model_copy(update={"trust_checks": 23})  # (no class trusted: sure answers stay checks)
-    p, db, *_ = make_pipeline(tmp_path, FixedEngine(engine, lambda i: 0.5), policy=untrusted)
-    said = []
-    monkeypatch.setattr(p.log, "info", lambda event, **kw: said.append((event, kw)))
-    for path in drop(tmp_path / "inbox", 6):
-        p.submit(Job("inbox", path))
-    assert p.drain(30)
+    p, db, said = classified(tmp_path, FixedEngine(engine, lambda i: 0.5), untrusted, 6, monkeypatch)
     pool = {e.sha256: (top_k, verdict) for e, top_k, verdict, _ in db.review_pool()}
     assert len(pool) == 6 and all(top_k[0][1] == pytest.approx(0.5, abs=1e-3) for top_k, _ in pool.values())
     sure = {0: 0.99, 1: 0.99, 2: 0.99, 3: 0.6, 4: 0.6, 5: 0.6}

@@ -20,7 +20,7 @@ from edge_agent.spool import PhotoSpool, SpoolItem
 from .conftest import encode, leaf_image
 from .daemon_helpers import wait_until
 from .test_pipeline import FixedEngine, drop, make_pipeline
-from .test_review_reanswer import CLASSES, NextEngine, engine  # noqa: F401 (the fixture)
+from .test_review_reanswer import CLASSES, NextEngine, classified, engine  # noqa: F401 (the fixture)
 
 A, B, _ = CLASSES
 #: Three right checks in a row earn a class trust (the Wilson rule at 0.7), so a test can earn it in a few labels.
@@ -121,39 +121,34 @@ def test_the_pool_makes_no_more_pseudo_labels_of_a_class_than_its_share_of_the_v
     assert pool.run("v0002", answered=1) == []  # the class has its share
 
 
-def test_a_photo_the_expert_labels_while_it_is_being_made_a_pseudo_label_keeps_the_experts_label(tmp_path, monkeypatch):
-    led = _Ledger(tmp_path)
-    photo = led.add(A, 0.99)
-    led.checks(A, right=3)
-    pool = _trusted_pool(led)
-    real = led.db.make_pseudo
-
-    def expert_first(entries):
-        led.label(photo, B)  # (the expert, between the read and the write)
-        return real(entries)
-
-    monkeypatch.setattr(led.db, "make_pseudo", expert_first)
-    assert pool.run("v0002") == []
-    assert led.db._query("SELECT kind, label FROM label_queue WHERE sha256 = ?", (photo,)) == [("expert", B)]
-    assert pool.labels._of("v0002").get(A, 0) == 0  # chosen, not made: it no longer counts
+def _expert_labels_it(led: _Ledger, photo: str) -> tuple:
+    led.label(photo, B)
+    return ("expert", B)
 
 
-def test_a_photo_answered_again_unsure_while_it_is_being_made_a_pseudo_label_stays_in_the_pool(tmp_path, monkeypatch):
+def _answered_again_unsure(led: _Ledger, photo: str) -> tuple:
     from .test_review_reanswer import _answer
 
+    led.db.record_answers([(led.db.queue_entry(photo), _answer(A, 0.6, "v0002", verdict="unsure"))])  # (a retry)
+    return ("review", A)
+
+
+@pytest.mark.parametrize("meanwhile", [_expert_labels_it, _answered_again_unsure])
+def test_a_photo_changed_while_it_is_being_made_a_pseudo_label_keeps_what_changed_it(tmp_path, monkeypatch, meanwhile):
     led = _Ledger(tmp_path)
     photo = led.add(A, 0.99)
     led.checks(A, right=3)
     pool = _trusted_pool(led)
-    real = led.db.make_pseudo
+    real, left = led.db.make_pseudo, []
 
-    def answered_first(entries):
-        e = led.db.queue_entry(photo)
-        led.db.record_answers([(e, _answer(A, 0.6, "v0002", verdict="unsure"))])  # (the same version, by a retry)
+    def changed_first(entries):  # (the expert, or the engine answering the pool again, between the read and the write)
+        left.append(meanwhile(led, photo))
         return real(entries)
 
-    monkeypatch.setattr(led.db, "make_pseudo", answered_first)
-    assert pool.run("v0002") == [] and led.kind(photo) == "review"
+    monkeypatch.setattr(led.db, "make_pseudo", changed_first)
+    assert pool.run("v0002") == []
+    assert led.db._query("SELECT kind, label FROM label_queue WHERE sha256 = ?", (photo,)) == left
+    assert pool.labels._of("v0002").get(A, 0) == 0  # chosen, not made: it no longer counts
 
 
 def test_the_queuer_makes_no_pseudo_label_of_a_class_the_checks_no_longer_trust(tmp_path):
@@ -197,12 +192,7 @@ def test_once_the_expert_has_earned_a_class_trust_the_idle_pipeline_makes_its_wa
     engine,  # noqa: F811
     monkeypatch,
 ):
-    p, db, *_ = make_pipeline(tmp_path, NextEngine(engine, lambda i: 0.99), policy=QUICK)
-    said = []
-    monkeypatch.setattr(p.log, "info", lambda event, **kw: said.append((event, kw)))
-    for path in drop(tmp_path / "inbox", 12):
-        p.submit(Job("inbox", path))
-    assert p.drain(30)
+    p, db, said = classified(tmp_path, NextEngine(engine, lambda i: 0.99), QUICK, 12, monkeypatch)
     pool = {}
     for e, *_ in db.review_pool():
         pool.setdefault(e.label, []).append(e.sha256)
