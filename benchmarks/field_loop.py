@@ -153,23 +153,25 @@ class _Measure:
             }
         return self._sets[key]
 
-    def __call__(self, store, version: str | None = None) -> dict:
-        """Field and lab top-1 of ``version`` (the store's current by default)."""
+    def predictions(self, store, version: str | None = None) -> tuple[list[str], dict]:
+        """``version``'s classes and, per set of photos, its answers as the device gives them and the true classes."""
         from edge_agent.classifier import Classifier
         from edge_agent.preprocess import PreprocessSpec
 
         clf = Classifier.configured(_served(store, self.cfg, version), self.cfg)
         try:
             serving = store.open(version)
-            classes = serving.classes
-            out = {}
             sets = self._tensors(PreprocessSpec.from_manifest(serving.manifest["preprocess"]))
-            for name, (x, y) in sets.items():
-                preds = [p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])]
-                out[name] = round(sum(classes.index(p.label) == t for p, t in zip(preds, y)) / len(y), 4)
-            return out
+            return list(serving.classes), {
+                name: ([p for i in range(0, len(x), 64) for p in clf.predict_tensors(x[i : i + 64])], y) for name, (x, y) in sets.items()
+            }
         finally:
             clf.engine.close()
+
+    def __call__(self, store, version: str | None = None) -> dict:
+        """Field and lab top-1 of ``version`` (the store's current by default)."""
+        classes, sets = self.predictions(store, version)
+        return {name: round(sum(classes.index(p.label) == t for p, t in zip(preds, y)) / len(y), 4) for name, (preds, y) in sets.items()}
 
     def field_top1(self, model, spec) -> float:
         """Held-out field top-1 of a torch ``model`` (FP32) given ``spec``'s input."""

@@ -19,27 +19,18 @@ from pathlib import Path
 
 def sure_answers(seed_dir: Path, version: str) -> dict[str, list]:
     """Per class, ``version``'s sure answers on the seed's held-out photos: [how many, how many right, the wrong ones]."""
-    import numpy as np
-
-    from benchmarks.field_loop import _served, split_field
-    from edge_agent.classifier import Classifier
+    from benchmarks.field_loop import _Measure, split_field
     from edge_agent.config import parse_config
-    from edge_agent.preprocess import preprocess_bytes
     from engines.store import EngineStore
 
     s = json.loads((seed_dir / "report.json").read_text())["settings"]
     cfg = parse_config({})
-    engine = _served(EngineStore(seed_dir / "state" / "engines"), cfg, version)
-    try:
-        clf = Classifier.configured(engine, cfg)
-        classes = list(engine.classes)
-        test, _ = split_field(Path(s["data"]) / s["field"], classes, s["seed"], s["test_fraction"])
-        x = np.stack([preprocess_bytes(Path(p).read_bytes(), clf.spec) for p, _ in test])
-        preds = [q for i in range(0, len(x), 16) for q in clf.predict_tensors(x[i : i + 16])]
-    finally:
-        engine.close()
+    store = EngineStore(seed_dir / "state" / "engines")
+    test, _ = split_field(Path(s["data"]) / s["field"], list(store.open(version).classes), s["seed"], s["test_fraction"])
+    classes, sets = _Measure(cfg, test, []).predictions(store, version)
+    preds, truths = sets["field"]
     out: dict[str, list] = {}
-    for (path, truth), q in zip(test, preds):
+    for (path, _), truth, q in zip(test, truths, preds):
         if q.verdict == "confident" and q.confidence >= cfg.labels.trust_from:
             row = out.setdefault(q.label, [0, 0, []])
             row[0] += 1

@@ -208,22 +208,25 @@ class TrustBook:
         self._stamp: tuple[int, float] | None = None
         self._trust: dict[str, ClassTrust] = {}
 
+    def _read(self) -> dict[str, ClassTrust]:
+        """Each checked class's standing as the checks stand now (one query; read again only after a new label)."""
+        stamp = self.db.expert_stamp()
+        if stamp != self._stamp:
+            self._trust, self._stamp = class_trust(self.db, self.policy), stamp
+        return self._trust
+
     def now(self) -> Callable[[str], bool]:
         """Whether a class's confident answers may become pseudo-labels, as the checks stand now (one query)."""
         if self.policy.trust_checks == 0:  # every class trusted: nothing to read
             return lambda label: True
-        stamp = self.db.expert_stamp()
-        if stamp != self._stamp:
-            self._trust, self._stamp = class_trust(self.db, self.policy), stamp
-        trust = self._trust
+        trust = self._read()
         return lambda label: label in trust and trust[label].trusted
 
     def trusted_classes(self) -> frozenset[str] | None:
         """The classes whose confident answers may become pseudo-labels now (None: every class, ``trust_checks = 0``)."""
         if self.policy.trust_checks == 0:
             return None
-        self.now()
-        return frozenset(label for label, t in self._trust.items() if t.trusted)
+        return frozenset(label for label, t in self._read().items() if t.trusted)
 
     def trusted(self, label: str) -> bool:
         """Whether ``label``'s confident answers may become pseudo-labels now."""
