@@ -113,7 +113,8 @@ def review_trust(args: argparse.Namespace) -> int:
 
     def waits(r) -> str:
         if r.trusted:
-            return "trusted: its confident answers become pseudo-labels"
+            audits = f", {policy.audit_share * 100:g} % of them still checked" if policy.audit_share and policy.trust_checks else ""
+            return f"trusted: its confident answers become pseudo-labels{audits}"
         if r.needed > policy.trust_window:
             return f"untrusted: out of reach in a window of {policy.trust_window} checks"
         return f"untrusted: {r.needed} more right checks in a row"

@@ -347,6 +347,13 @@ class LabelsSection(Section):
     trust_window: int = Field(
         30, ge=1, le=10000, description="A class's trust is judged on its latest this many checks (older engines' answers fall out)."
     )
+    audit_share: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Of a trusted class's answers trust covers, this share (drawn by photo) still goes to the expert as "
+        "checks, so a class whose answers go wrong (a worse engine after a swap) loses its trust; 0: none.",
+    )
     trust_confidence: float = Field(
         0.98,
         gt=0,

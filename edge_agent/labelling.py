@@ -2,7 +2,8 @@
 
 :func:`decide` is the policy itself, pure (the daemon and any simulation of it call the same function): a confident
 answer becomes a pseudo-label only for a class the expert's checks have shown right often enough
-(:mod:`edge_agent.review.checks`); any other class's confident answers go to the expert, as checks.
+(:mod:`edge_agent.review.checks`), but for a share drawn by photo (its audits); any other class's confident answers go
+to the expert, as checks.
 :class:`LabelQueuer` applies it to a batch of classified photos: it keeps the per-class cap on pseudo-labels of each
 engine version and writes the chosen photos to the spool, the batch's queue files made durable before the caller
 commits the rows that list them; :meth:`LabelQueuer.to_pseudo` applies it to photos waiting in the review pool, whose
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from edge_agent.ledger_rows import QueueEntry
 from edge_agent.log import get_logger
 from edge_agent.results import ResultsDB
-from edge_agent.review.checks import TrustBook, covered
+from edge_agent.review.checks import TrustBook, audited, covered
 from edge_agent.spool import Origin, PhotoSpool, QueueFull, SpoolItem
 
 if TYPE_CHECKING:
@@ -33,14 +34,15 @@ __all__ = ["Kind", "decide", "LabelQueuer", "Queued", "Answer"]
 Kind = Literal["pseudo", "review"]
 
 
-def decide(verdict: str, confidence: float, policy: LabelsSection, trusted: bool = True) -> Kind | None:
+def decide(verdict: str, confidence: float, policy: LabelsSection, trusted: bool = True, audit: bool = False) -> Kind | None:
     """Only a ``confident`` verdict at ``pseudo_threshold`` or above that trust covers (``trust_confidence``:
-    :func:`edge_agent.review.checks.covered`), for a ``trusted`` class, becomes a pseudo-label (any other confident
-    answer goes to review: a check of an untrusted class, or a photo for the unlabelled pool); ``unknown`` always goes
-    to review (a new class may be born there), and so does an answer below ``review_threshold``, or one sure by the
-    softmax that the verdict refused for its distance from the training photos; anything else is not queued."""
+    :func:`edge_agent.review.checks.covered`), for a ``trusted`` class, becomes a pseudo-label, unless ``audit``
+    (the photo is of the share :func:`edge_agent.review.checks.audited` keeps for the expert); any other confident
+    answer goes to review (a check, or a photo for the unlabelled pool); ``unknown`` always goes to review (a new class may be born
+    there), and so does an answer below ``review_threshold``, or one sure by the softmax that the verdict refused for
+    its distance from the training photos; anything else is not queued."""
     if verdict == "confident" and confidence >= policy.pseudo_threshold:
-        return "pseudo" if trusted and covered(verdict, confidence, policy) else "review"
+        return "pseudo" if trusted and not audit and covered(verdict, confidence, policy) else "review"
     if verdict == "unknown" or confidence < policy.review_threshold or confidence >= policy.pseudo_threshold:
         return "review"
     return None
@@ -104,7 +106,7 @@ class LabelQueuer:
         trusted = self.trust.now()  # one look at the expert's checks per batch
         for a in answers:
             p = a.prediction
-            kind = decide(p.verdict, p.confidence, self.policy, trusted(p.label))
+            kind = decide(p.verdict, p.confidence, self.policy, trusted(p.label), audited(a.sha256, self.policy))
             if kind == "pseudo" and not self._take(p.engine_version, p.label):
                 continue  # the class has its share of this version's pseudo-labels
             if kind is not None:
@@ -147,7 +149,7 @@ class LabelQueuer:
             for e, verdict in pool
             if e.label is not None
             and e.engine_version is not None
-            and decide(verdict or "", e.confidence or 0.0, self.policy, trusted(e.label)) == "pseudo"
+            and decide(verdict or "", e.confidence or 0.0, self.policy, trusted(e.label), audited(e.sha256, self.policy)) == "pseudo"
             and self._take(e.engine_version, e.label)
         ]
 

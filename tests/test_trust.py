@@ -279,7 +279,7 @@ def test_review_trust_says_per_class_how_many_right_checks_in_a_row_it_still_wai
     assert main(["review", "trust", "--state-dir", str(state)]) == 0
     out = capsys.readouterr()
     lines = {line.split()[0]: line for line in out.out.splitlines()[1:]}
-    assert "trusted: its confident answers become pseudo-labels" in lines["Apple___Black_rot"]
+    assert "trusted: its confident answers become pseudo-labels, 5 % of them still checked" in lines["Apple___Black_rot"]
     assert f"untrusted: {healthy['right_checks_needed']} more right checks in a row" in lines["Apple___healthy"]
     assert "0.98 or above" in out.err
 

@@ -153,6 +153,7 @@ def test_the_page_beside_a_running_daemon(tmp_path, browser, shots):
         row = browser.find_element(By.CSS_SELECTOR, f'#trust tr[data-class="{said}"]')
         assert "not yet" in row.text  # one check is not enough to earn pseudo-labels
         assert "98 % sure or surer" in browser.find_element(By.TAG_NAME, "body").text  # what trust covers ([labels] trust_confidence)
+        assert browser.find_element(By.ID, "audit-share").text == "5 %"  # a trusted class's audits ([labels] audit_share)
         cells = browser.find_elements(By.CSS_SELECTOR, f'#confusion tr[data-class="{said}"] td')
         assert "1" in [c.text for c in cells[1:]]
         browser.save_screenshot(str(shots / "trust.png"))

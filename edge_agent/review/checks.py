@@ -12,7 +12,10 @@ a sequential probability ratio test (Wald): each right check adds ``log(p1 / p0)
 right checks in a row, and a mistake bars trust until it leaves the latest ``trust_window`` (30) checks; a class the
 expert keeps correcting never gets there. ``trust_rule = "wilson"`` keeps the rule before 2026-11 (19 right
 checks). Until then its confident photos go to the expert instead, the class nearest to trust first
-(:func:`nearest_first`). Every expert label, checks or not,
+(:func:`nearest_first`). Once trusted, ``[labels] audit_share`` of them (:func:`audited`, drawn by photo) still go
+to the expert, as *audits*: checks like any other, so a class whose sure answers go wrong, an engine worse at it
+after a swap, loses its trust at the first wrong one and earns it again only once that check has left its latest
+``trust_window`` (30 right checks with the defaults). Every expert label, checks or not,
 also feeds the confusion table the web page shows (what the model said, what the expert said).
 """
 
@@ -23,6 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from edge_agent.log import get_logger
+from edge_agent.review.rank import draw
+
 if TYPE_CHECKING:
     from edge_agent.config import LabelsSection
     from edge_agent.results import ResultsDB
@@ -31,6 +37,7 @@ __all__ = [
     "ClassTrust",
     "TrustBook",
     "TrustRow",
+    "audited",
     "check_windows",
     "class_trust",
     "confusion",
@@ -133,6 +140,12 @@ def covered(verdict: str | None, confidence: float | None, policy: LabelsSection
     return confidence is not None and confidence >= policy.trust_from
 
 
+def audited(sha256: str, policy: LabelsSection) -> bool:
+    """Whether a photo's answer, were its class trusted, still goes to the expert as a check: ``audit_share`` of
+    photos, drawn by their sha256 (the same photo the same way at every answer; none where ``trust_checks`` is 0)."""
+    return policy.trust_checks > 0 and draw("audit:" + sha256) < policy.audit_share
+
+
 def check_windows(checks: list[tuple], policy: LabelsSection) -> dict[str, list[bool]]:
     """Each class's latest ``trust_window`` checks, newest first (right or not), from ``expert_checks()`` rows."""
     seen: dict[str, list[bool]] = {}
@@ -205,6 +218,7 @@ class TrustBook:
 
     def __init__(self, db: ResultsDB, policy: LabelsSection) -> None:
         self.db, self.policy = db, policy
+        self.log = get_logger("trust")
         self._stamp: tuple[int, float] | None = None
         self._trust: dict[str, ClassTrust] = {}
 
@@ -212,8 +226,25 @@ class TrustBook:
         """Each checked class's standing as the checks stand now (one query; read again only after a new label)."""
         stamp = self.db.expert_stamp()
         if stamp != self._stamp:
-            self._trust, self._stamp = class_trust(self.db, self.policy), stamp
+            trust = class_trust(self.db, self.policy)
+            if self._stamp is not None:
+                self._say_changes(trust)
+            self._trust, self._stamp = trust, stamp
         return self._trust
+
+    def _say_changes(self, trust: dict[str, ClassTrust]) -> None:
+        """The journal's lines for the classes that earned trust, or lost it, with the latest labels."""
+        was = {label for label, t in self._trust.items() if t.trusted}
+        now = {label for label, t in trust.items() if t.trusted}
+        if now - was:
+            self.log.info("class_trust_earned", classes=sorted(now - was), effect="their sure answers become pseudo-labels")
+        if was - now:
+            self.log.warning(
+                "class_trust_lost",
+                classes=sorted(was - now),
+                effect="its latest checks no longer pass the test (a sure answer found wrong): its sure answers go to the "
+                "expert again until right checks earn it back",
+            )
 
     def now(self) -> Callable[[str], bool]:
         """Whether a class's confident answers may become pseudo-labels, as the checks stand now (one query)."""

@@ -2,10 +2,12 @@
 
 The daemon puts every photo below ``[labels] review_threshold`` into the pool (``<state>/queue/review``), and the
 confident answers that are not pseudo-labels: the *checks* (answers trust covers, of classes that have not earned it
-yet: :mod:`edge_agent.review.checks`) and confident answers below ``trust_confidence``, asked as unsure ones are. The
+yet, and a trusted class's audits: :mod:`edge_agent.review.checks`) and confident answers below ``trust_confidence``,
+asked as unsure ones are. The
 expert is shown, at most what is left of today's ``review_per_day`` budget (local days), those checks and the
 unsure photos in turn, a check first: the unsure photos ranked by :func:`edge_agent.review.rank.rank`, which spreads
-them over the classes (or, with ``[labels] ask_order = "draw"``, in a fixed random draw); the checks class by class, the class nearest to earning trust first. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
+them over the classes (or, with ``[labels] ask_order = "draw"``, in a fixed random draw); the checks class by class,
+the audits first, then the class nearest to earning trust. In a new field half the questions thus establish (or refuse) trust class by class, and a confident
 answer the expert corrects is also the label that teaches the model most; the other half go where it hesitates. A label moves the photo to the expert queue, which the hand-off
 delivers to the trainer as a true label, exactly as the command line and the web page do.
 """
@@ -31,7 +33,7 @@ from edge_agent.ledger_rows import Arrival, QueueEntry, iso
 from edge_agent.names import class_name_problem
 from edge_agent.plants import labels_of_others, not_one_plant, visit_of, visit_window
 from edge_agent.results import ResultsDB
-from edge_agent.review.checks import check_windows, covered, nearest_first
+from edge_agent.review.checks import audited, check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool, QueueFull, SpoolItem
 from engines.durable import moved_here
@@ -130,8 +132,9 @@ def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool 
     """The pool, best first: what to ask today (``everything``: the whole pool, ranked). Checks and unsure photos
     alternate while both last; within each, photos the model places in a ``wanted`` class (those whose labels would
     let the next version be published) come first, so the next publish does not starve the checks that earn trust.
-    Checks (the answers the trust ``policy`` covers) go class by class, the class nearest to earning trust first
-    (:func:`nearest_first`); the unsure photos in the policy's ``ask_order``."""
+    Checks (the answers the trust ``policy`` covers) go class by class: first the audits of trusted classes
+    (:func:`audited`: whether pseudo-labels are still being made right), then the class nearest to earning trust
+    first (:func:`nearest_first`); the unsure photos in the policy's ``ask_order``."""
     left = left_today(db, per_day)
     limit = None if everything else left
     if limit == 0:
@@ -142,8 +145,8 @@ def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool 
     if checks:
         windows = check_windows(db.expert_checks(), policy)
         nearest = nearest_first({c.label: windows.get(c.label, []) for c in checks}, policy)
-        place = {label: i for i, label in enumerate(nearest)}
-        checks.sort(key=lambda c: place.get(c.label, len(place)))  # stable: the ranking within a class stays
+        place = {label: i for i, label in enumerate(nearest)}  # a trusted class is not in it: its audits go first
+        checks.sort(key=lambda c: place.get(c.label, -1 if audited(c.id, policy) else len(place)))  # stable
     if wanted:
         for part in (checks, unsure):
             part.sort(key=lambda c: _guess(pool[c.id]) not in wanted)  # stable: the ranking within each part stays

@@ -1,0 +1,148 @@
+"""A trusted class's audits: a share of its sure answers still goes to the expert, and a wrong one takes its trust away."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from edge_agent.config import LabelsSection
+from edge_agent.labelling import LabelQueuer, decide
+from edge_agent.results import ResultsDB
+from edge_agent.review.checks import TrustBook, audited, class_trust
+from edge_agent.review.queue import to_ask
+from edge_agent.review.rank import draw
+from edge_agent.review.trusted_pool import TrustedPool
+from edge_agent.spool import PhotoSpool
+
+from .test_labelling import _answers
+from .test_trust import _photo
+
+
+@pytest.fixture
+def db(tmp_path):
+    d = ResultsDB(tmp_path / "results.sqlite")
+    yield d
+    d.close()
+
+
+def _trusted(db: ResultsDB, label: str = "A") -> None:
+    for _ in range(23):  # the sequential test's 23 right checks in a row (the defaults)
+        _photo(db, label, expert=label)
+    assert class_trust(db, LabelsSection())[label].trusted
+
+
+def test_an_audit_goes_to_the_expert_where_the_same_answer_of_another_photo_becomes_a_pseudo_label():
+    policy = LabelsSection()
+    assert decide("confident", 0.99, policy, trusted=True, audit=True) == "review"
+    assert decide("confident", 0.99, policy, trusted=True, audit=False) == "pseudo"
+    assert decide("unsure", 0.5, policy, trusted=True, audit=True) == "review"  # an audit changes only what trust makes
+
+
+def test_about_one_photo_in_twenty_is_an_audit_the_same_one_every_time_and_not_the_first_of_the_draw_order():
+    policy = LabelsSection()  # audit_share 0.05
+    shas = [f"{i:064x}" for i in range(4000)]
+    chosen = {s for s in shas if audited(s, policy)}
+    assert 0.04 < len(chosen) / len(shas) < 0.06
+    assert chosen == {s for s in shas if audited(s, LabelsSection())}  # drawn by the photo: the same at every answer
+    first_drawn = {s for s in shas if draw(s) < 0.05}  # the order `ask_order = "draw"` asks unsure photos in
+    assert len(chosen & first_drawn) < len(chosen) / 4  # its own draw: audits are not the photos asked first anyway
+    assert not any(audited(s, LabelsSection(audit_share=0)) for s in shas)
+    assert all(audited(s, LabelsSection(audit_share=1)) for s in shas)
+    assert not any(audited(s, LabelsSection(audit_share=1, trust_checks=0)) for s in shas)  # no test: nothing to audit
+
+
+@pytest.mark.parametrize("share", [0.05, 0.0, 0.2])
+def test_a_trusted_class_sends_its_audit_share_of_sure_answers_to_the_expert_the_rest_become_pseudo_labels(tmp_path, db, share):
+    _trusted(db)
+    policy = LabelsSection(audit_share=share)
+    q = LabelQueuer(db, PhotoSpool(tmp_path / "queue", 1 << 24), policy)
+    answers = _answers(["A"] * 300, start=10_000)
+    kinds = q.queue(answers).kinds
+    review = {a.sha256 for a in answers if kinds[a.sha256] == "review"}
+    assert review == {a.sha256 for a in answers if audited(a.sha256, policy)}
+    assert abs(len(review) / 300 - share) < 0.04
+    untrusted = LabelQueuer(db, PhotoSpool(tmp_path / "queue2", 1 << 24), policy).queue(_answers(["B"] * 20, start=20_000))
+    assert set(untrusted.kinds.values()) == {"review"}  # a class not trusted: every sure answer is a check
+
+
+def test_a_wrong_audit_takes_the_class_trust_away_and_its_sure_answers_go_to_the_expert_again(tmp_path, db):
+    _trusted(db)
+    q = LabelQueuer(db, PhotoSpool(tmp_path / "queue", 1 << 24), LabelsSection())
+    before = q.queue(_answers(["A"] * 40, start=30_000)).kinds
+    assert "pseudo" in before.values()
+    _photo(db, "A", expert="B")  # an audit: the model sure it was A, the expert says B
+    after = q.queue(_answers(["A"] * 40, start=40_000)).kinds
+    assert set(after.values()) == {"review"}
+    t = class_trust(db, LabelsSection())["A"]
+    assert not t.trusted and t.needed == 30  # back only once the wrong check has left the window
+
+
+def test_a_trusted_class_keeps_its_trust_while_its_audits_are_right(tmp_path, db):
+    _trusted(db)
+    for _ in range(40):  # more right checks than the window holds
+        _photo(db, "A", expert="A")
+    assert class_trust(db, LabelsSection())["A"].trusted
+
+
+def test_the_journal_says_when_a_class_earns_trust_and_when_it_loses_it(db):
+    with capture_logs() as logs:
+        book = TrustBook(db, LabelsSection())
+        assert book.trusted_classes() == frozenset()
+        _trusted(db)
+        assert book.trusted_classes() == {"A"}
+        assert book.trusted_classes() == {"A"}  # nothing new: said once
+        _photo(db, "A", expert="B")
+        assert book.trusted_classes() == frozenset()
+    said = [(e["event"], e.get("classes")) for e in logs if e["event"].startswith("class_trust")]
+    assert said == [("class_trust_earned", ["A"]), ("class_trust_lost", ["A"])]
+    assert next(e for e in logs if e["event"] == "class_trust_lost")["log_level"] == "warning"
+
+
+def test_a_trust_book_says_nothing_of_the_trust_it_finds_at_its_first_read(db):
+    _trusted(db)
+    with capture_logs() as logs:
+        assert TrustBook(db, LabelsSection()).trusted_classes() == {"A"}
+    assert not [e for e in logs if e["event"].startswith("class_trust")]
+
+
+def test_audits_of_a_trusted_class_are_asked_before_the_checks_of_classes_earning_trust(db):
+    policy = LabelsSection()
+    _trusted(db, "A")
+    for _ in range(20):
+        _photo(db, "B", expert="B")  # B: 3 right checks from trust, nearest of the untrusted
+    audits = []
+    while len(audits) < 2:  # photos the daemon would have sent as audits (the others of A become pseudo-labels)
+        sha = _photo(db, "A", review=True, p=0.999)
+        if audited(sha, policy):
+            audits.append(sha)
+    b = [_photo(db, "B", review=True, p=0.981) for _ in range(3)]
+    c = [_photo(db, "C", review=True, p=0.981) for _ in range(3)]
+    checks = [it.entry.sha256 for it in to_ask(db, 0, policy, everything=True) if it.check]
+    assert checks[:2] == sorted(audits, key=checks.index)  # the audits first
+    assert checks[2:5] == sorted(b, key=checks.index) and set(checks[5:8]) == set(c)
+    assert set(checks[8:]) == {sha for sha in checks if sha not in audits + b + c}  # A's other waiting photos last
+
+
+def test_the_trusted_pool_leaves_a_trusted_classes_audits_waiting_for_the_expert(db, tmp_path):
+    policy = LabelsSection()
+    q = LabelQueuer(db, PhotoSpool(tmp_path / "queue", 1 << 24), policy)
+    waiting = [_photo(db, "A", review=True, p=0.999) for _ in range(80)]  # sure, before A was trusted
+    _trusted(db)
+    made = {e.sha256 for e in TrustedPool(db, q).run("v0001")}
+    assert made == {sha for sha in waiting if not audited(sha, policy)}
+    assert 0 < len(waiting) - len(made) < 12  # about one in twenty stays
+    left = {it.entry.sha256 for it in to_ask(db, 0, policy, everything=True)}
+    assert set(waiting) - made <= left
+
+
+def test_the_audit_benchmark_loses_trust_after_a_swap_only_where_audits_are_drawn():
+    import random
+
+    from benchmarks.trust_audit import simulate
+
+    none = simulate(LabelsSection(audit_share=0), random.Random(1), 0, [1.0, 0.0], 3, 20, 5)
+    assert none[1] == {"asked": 0, "untrusted_days": 0, "made": 60, "wrong": 60, "lost_day": None}  # wrong forever
+    half = simulate(LabelsSection(audit_share=0.5), random.Random(1), 0, [1.0, 0.0], 3, 20, 5)
+    assert half[0]["untrusted_days"] == 0 and half[0]["wrong"] == 0 and half[0]["asked"] > 0
+    assert half[1]["lost_day"] == 0 and 0 < half[1]["wrong"] < 20  # the swap's first day, its audits all wrong
+    assert half[1]["untrusted_days"] == 2 and half[1]["made"] == half[1]["wrong"]  # untrusted from the next day on
