@@ -44,7 +44,8 @@ def review_list(args: argparse.Namespace) -> int:
         others, of = others_labelled(db, it, limit, gap)
         whose = "of this plant" if of == "plant" else f"taken within {NEAR_M} m of it"
         hint = f"  (the expert said {others[0][0]} of {others[0][1]} other photo{'s' * (others[0][1] > 1)} {whose})" if others else ""
-        print(printable(f"{q.photo_id}  margin {it.margin:.3f}  ({alts})  {it.arrival.where}{hint}  {q.file}"))
+        why = "a check" if it.check else f"margin {it.margin:.3f}"  # a check: is the model right when this sure?
+        print(printable(f"{q.photo_id}  {why}  ({alts})  {it.arrival.where}{hint}  {q.file}"))
     if left is not None and not args.all:
         print(f"-- best first; {left} of today's {cfg.labels.review_per_day} questions left", file=sys.stderr)
     return 0

@@ -146,3 +146,18 @@ def test_the_audit_benchmark_loses_trust_after_a_swap_only_where_audits_are_draw
     assert half[0]["untrusted_days"] == 0 and half[0]["wrong"] == 0 and half[0]["asked"] > 0
     assert half[1]["lost_day"] == 0 and 0 < half[1]["wrong"] < 20  # the swap's first day, its audits all wrong
     assert half[1]["untrusted_days"] == 2 and half[1]["made"] == half[1]["wrong"]  # untrusted from the next day on
+
+
+def test_review_list_says_which_questions_are_checks_and_how_unsure_the_others_are(tmp_path, capsys):
+    from edge_agent.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    d = ResultsDB(state / "results.sqlite")
+    sure = _photo(d, "A", review=True, p=0.99)
+    unsure = _photo(d, "A", verdict="unsure", review=True, p=0.6)
+    d.close()
+    assert main(["review", "list", "--state-dir", str(state), "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = {sha: next(line for line in lines if sha in line).split("  ")[1] for sha in (sure, unsure)}
+    assert said == {sure: "a check", unsure: "margin 0.200"}
