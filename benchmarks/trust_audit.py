@@ -18,11 +18,11 @@ pseudo-labels made in the days after it (mean and 90th percentile) and the share
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 from pathlib import Path
 
+from benchmarks.trust_rules import report
 from edge_agent.config import LabelsSection
 from edge_agent.review.checks import audited, right_checks_to_trust, standing
 
@@ -106,12 +106,7 @@ def main() -> None:
         lines.append(
             f"| {share} | {asked:.2f} / {untrusted:.1f} of {args.days} / {made:.1f} ({wrong_good:.2f}) | " + " | ".join(cells) + " |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "trust_audit.md").write_text(text)
-        (args.out / "trust_audit.json").write_text(json.dumps(summary, indent=1))
+    report(lines, summary, args.out, "trust_audit")
 
 
 if __name__ == "__main__":

@@ -113,12 +113,17 @@ def main() -> None:
             row.update(pseudo_labels=made, pseudo_precision=right)
             summary.append(row)
             lines.append(f"| {name} | {order} | " + " | ".join(cells) + f" | {made:.0f} / {right:.3f} |")
+    report(lines, summary, args.out, "trust_rules")
+
+
+def report(lines: list[str], summary: list[dict], out: Path | None, name: str) -> None:
+    """Print the table; with ``out``, write it there as ``name.md`` and the figures as ``name.json``."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "trust_rules.md").write_text(text)
-        (args.out / "trust_rules.json").write_text(json.dumps(summary, indent=1))
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.md").write_text(text)
+        (out / f"{name}.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
