@@ -117,8 +117,10 @@ def test_audits_of_a_trusted_class_are_asked_before_the_checks_of_classes_earnin
             audits.append(sha)
     b = [_photo(db, "B", review=True, p=0.981) for _ in range(3)]
     c = [_photo(db, "C", review=True, p=0.981) for _ in range(3)]
-    checks = [it.entry.sha256 for it in to_ask(db, 0, policy, everything=True) if it.check]
+    asked = [it for it in to_ask(db, 0, policy, everything=True) if it.check]
+    checks = [it.entry.sha256 for it in asked]
     assert checks[:2] == sorted(audits, key=checks.index)  # the audits first
+    assert [it.as_json()["audit"] for it in asked] == [True, True] + [False] * (len(asked) - 2)  # said so
     assert checks[2:5] == sorted(b, key=checks.index) and set(checks[5:8]) == set(c)
     assert set(checks[8:]) == {sha for sha in checks if sha not in audits + b + c}  # A's other waiting photos last
 
@@ -161,3 +163,21 @@ def test_review_list_says_which_questions_are_checks_and_how_unsure_the_others_a
     lines = capsys.readouterr().out.splitlines()
     said = {sha: next(line for line in lines if sha in line).split("  ")[1] for sha in (sure, unsure)}
     assert said == {sure: "a check", unsure: "margin 0.200"}
+
+
+def test_the_review_page_says_an_audit_is_one_and_asks_it_first(tmp_path):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from edge_agent.config import AppConfig
+
+    from .web_helpers import client, make_state
+
+    state = make_state(tmp_path)  # two unsure photos in the pool
+    db = ResultsDB(state / "results.sqlite")
+    _trusted(db, "Apple___Black_rot")
+    while not audited(_photo(db, "Apple___Black_rot", review=True, p=0.999), LabelsSection()):
+        pass  # the class's other sure photos would have become pseudo-labels; these wait as checks, asked last
+    db.close()
+    c = client(state, cfg=AppConfig(labels={"review_per_day": 0}))  # the 23 labels of today used no budget
+    first = c.get("/review").text
+    assert 'id="audit-mark"' in first and "has earned trust for Apple" in first and 'id="check-mark"' not in first
+    assert all('id="audit-mark"' not in c.get("/review", params={"i": i}).text for i in (1, 2, 3))

@@ -21,7 +21,7 @@ import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import accumulate
 from pathlib import Path
@@ -68,8 +68,9 @@ class ReviewItem:
     top_k: list
     margin: float
     verdict: str | None = None  # "unknown": unlike anything the model knows (a new class may be born here)
-    check: bool = False  # an answer trust covers (:func:`covered`), of a class not trusted yet: the expert's label checks it
+    check: bool = False  # an answer trust covers (:func:`covered`): the expert's label checks it
     arrival: Arrival = Arrival(None, None, None, None)  # the file, source and plant it came as, when it was classified and taken
+    audit: bool = False  # a check of a class trusted already (:func:`audited`), as :func:`to_ask` found it
 
     def as_json(self) -> dict:
         """What ``review list --json`` prints and the API's review queue holds."""
@@ -83,6 +84,7 @@ class ReviewItem:
             "verdict": self.verdict,
             "top_k": self.top_k,
             "check": self.check,
+            "audit": self.audit,
             "engine_version": q.engine_version,
             "name": a.name,
             "source": a.source,
@@ -146,7 +148,9 @@ def to_ask(db: ResultsDB, per_day: int, policy: LabelsSection, everything: bool 
         windows = check_windows(db.expert_checks(), policy)
         nearest = nearest_first({c.label: windows.get(c.label, []) for c in checks}, policy)
         place = {label: i for i, label in enumerate(nearest)}  # a trusted class is not in it: its audits go first
-        checks.sort(key=lambda c: place.get(c.label, -1 if audited(c.id, policy) else len(place)))  # stable
+        audits = {c.id for c in checks if c.label not in place and audited(c.id, policy)}
+        pool.update({sha: replace(pool[sha], audit=True) for sha in audits})
+        checks.sort(key=lambda c: place.get(c.label, -1 if c.id in audits else len(place)))  # stable
     if wanted:
         for part in (checks, unsure):
             part.sort(key=lambda c: _guess(pool[c.id]) not in wanted)  # stable: the ranking within each part stays

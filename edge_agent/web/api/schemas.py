@@ -140,7 +140,8 @@ class ReviewItemOut(BaseModel):
     margin: float = Field(description="Best minus second-best probability: small is unsure.")
     verdict: str | None
     top_k: list[tuple[str, float]]
-    check: bool = Field(description="True: a confident answer of a class not trusted yet (the label checks it).")
+    check: bool = Field(description="True: a sure answer trust covers (the label checks it): of a class not trusted yet, or an audit.")
+    audit: bool = Field(False, description="True: a check of a class trusted already ([labels] audit_share of its sure answers).")
     engine_version: str | None = Field(
         None, description="The engine version whose answer this is (after a swap, the one in service: [labels] reanswer_pool)."
     )
