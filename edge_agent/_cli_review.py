@@ -113,12 +113,13 @@ def review_trust(args: argparse.Namespace) -> int:
     width = max([len("class")] + [len(r.label) for r in rows])
 
     def waits(r) -> str:
+        found = f" (audits while trusted: {r.right_audits} of {r.audits} right)" if r.audits else ""
         if r.trusted:
             audits = f", {policy.audit_share * 100:g} % of them still checked" if policy.audit_share and policy.trust_checks else ""
-            return f"trusted: its confident answers become pseudo-labels{audits}"
+            return f"trusted: its confident answers become pseudo-labels{audits}{found}"
         if r.needed > policy.trust_window:
-            return f"untrusted: out of reach in a window of {policy.trust_window} checks"
-        return f"untrusted: {r.needed} more right checks in a row"
+            return f"untrusted: out of reach in a window of {policy.trust_window} checks{found}"
+        return f"untrusted: {r.needed} more right checks in a row{found}"
 
     if not args.json:
         print(f"{'class':<{width}}  labelled  model right  checks  right checks  pseudo-labels")
@@ -132,6 +133,8 @@ def review_trust(args: argparse.Namespace) -> int:
                 "right_checks": r.right_checks,
                 "trusted": r.trusted,
                 "right_checks_needed": r.needed,
+                "audits": r.audits,
+                "right_audits": r.right_audits,
                 "status": waits(r),
             }
             for r in rows

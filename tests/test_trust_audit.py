@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -181,3 +184,54 @@ def test_the_review_page_says_an_audit_is_one_and_asks_it_first(tmp_path):
     first = c.get("/review").text
     assert 'id="audit-mark"' in first and "has earned trust for Apple" in first and 'id="check-mark"' not in first
     assert all('id="audit-mark"' not in c.get("/review", params={"i": i}).text for i in (1, 2, 3))
+
+
+def test_the_audits_a_class_had_while_trusted_are_counted_and_how_many_were_right_not_its_checks_before(db):
+    from edge_agent.review.checks import audit_tally, trust_table
+
+    policy = LabelsSection(audit_share=0.5)  # half the photos drawn: audits come quickly
+    drawn = []
+    for _ in range(23):
+        drawn.append(audited(_photo(db, "A", expert="A"), policy))  # before trust: checks, drawn or not
+    assert any(drawn) and audit_tally(db.expert_checks(), policy) == {}
+    while audited(_photo(db, "A", expert="A"), policy):  # while trusted, a check not drawn (a photo labelled by hand)
+        pass
+    asked = []
+    while len(asked) < 3:  # three audits: right, right, then wrong
+        sha = _photo(db, "A", review=True, p=0.999)
+        if audited(sha, policy):
+            db.mark_expert(sha, "A" if len(asked) < 2 else "B", f"/nowhere/{sha}.jpg")
+            time.sleep(0.002)  # distinct label times: the replay goes by them
+            asked.append(sha)
+    while not audited(_photo(db, "A", expert="B"), policy):  # after the loss: checks, not audits, drawn or not
+        pass
+    assert audit_tally(db.expert_checks(), policy) == {"A": (3, 2)}
+    [row] = [r for r in trust_table(db, policy)[0] if r.label == "A"]
+    assert (row.audits, row.right_audits, row.trusted) == (3, 2, False)
+    assert audit_tally(db.expert_checks(), LabelsSection(audit_share=0)) == {}
+
+
+def test_review_trust_and_the_trust_page_say_how_right_a_class_was_found_when_audited(tmp_path, capsys):
+    pytest.importorskip("starlette", reason="the web page's dependencies are not installed")
+    from edge_agent.cli import main
+
+    from .web_helpers import client, make_state
+
+    state = make_state(tmp_path)
+    db = ResultsDB(state / "results.sqlite")
+    _trusted(db, "Apple___Black_rot")
+    found = 0
+    while found < 2:
+        sha = _photo(db, "Apple___Black_rot", review=True, p=0.999)
+        if audited(sha, LabelsSection()):
+            db.mark_expert(sha, "Apple___Black_rot", f"/nowhere/{sha}.jpg")
+            time.sleep(0.002)
+            found += 1
+    db.close()
+    assert main(["review", "trust", "--state-dir", str(state), "--json"]) == 0
+    [row] = [r for r in map(json.loads, capsys.readouterr().out.splitlines()) if r["label"] == "Apple___Black_rot"]
+    assert (row["audits"], row["right_audits"], row["trusted"]) == (2, 2, True)
+    assert main(["review", "trust", "--state-dir", str(state)]) == 0
+    assert "still checked (audits while trusted: 2 of 2 right)" in capsys.readouterr().out
+    page = client(state).get("/trust").text
+    assert "audits while trusted: 2 of 2 right" in page

@@ -37,6 +37,7 @@ __all__ = [
     "ClassTrust",
     "TrustBook",
     "TrustRow",
+    "audit_tally",
     "audited",
     "check_windows",
     "class_trust",
@@ -149,7 +150,7 @@ def audited(sha256: str, policy: LabelsSection) -> bool:
 def check_windows(checks: list[tuple], policy: LabelsSection) -> dict[str, list[bool]]:
     """Each class's latest ``trust_window`` checks, newest first (right or not), from ``expert_checks()`` rows."""
     seen: dict[str, list[bool]] = {}
-    for said, verdict, expert, confidence in checks:  # newest first
+    for said, verdict, expert, confidence, *_ in checks:  # newest first
         if not covered(verdict, confidence, policy):
             continue
         window = seen.setdefault(said, [])
@@ -158,13 +159,31 @@ def check_windows(checks: list[tuple], policy: LabelsSection) -> dict[str, list[
     return seen
 
 
+def audit_tally(checks: list[tuple], policy: LabelsSection) -> dict[str, tuple[int, int]]:
+    """Per class, its checks that were audits (the photo one :func:`audited` draws, the class trusted when the expert
+    labelled it) and how many of them the expert agreed with: how right its pseudo-labels were found, from
+    ``expert_checks()`` rows (the checks replayed oldest first, each judged on the window before it)."""
+    windows: dict[str, list[bool]] = {}
+    out: dict[str, tuple[int, int]] = {}
+    for said, verdict, expert, confidence, sha256 in reversed(checks):
+        if not covered(verdict, confidence, policy):
+            continue
+        window = windows.setdefault(said, [])
+        if audited(sha256, policy) and standing(said, window, policy).trusted:
+            n, right = out.get(said, (0, 0))
+            out[said] = (n + 1, right + (said == expert))
+        window.insert(0, said == expert)
+        del window[policy.trust_window :]
+    return out
+
+
 def _trust(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
     return {label: standing(label, window, policy) for label, window in check_windows(checks, policy).items()}
 
 
 def _confusion(checks: list[tuple]) -> dict[str, dict[str, int]]:
     table: dict[str, dict[str, int]] = {}
-    for said, _verdict, expert, _confidence in checks:
+    for said, _verdict, expert, *_ in checks:
         row = table.setdefault(said, {})
         row[expert] = row.get(expert, 0) + 1
     return table
@@ -193,6 +212,8 @@ class TrustRow:
     trusted: bool
     needed: int = 0  # right checks in a row that would earn it trust
     right_checks: int = 0  # of its checks, those the expert agreed with
+    audits: int = 0  # of its checks, those asked while it was trusted (:func:`audit_tally`)
+    right_audits: int = 0  # of its audits, those the expert agreed with
 
     @property
     def right_share(self) -> float:
@@ -202,11 +223,14 @@ class TrustRow:
 def trust_table(db: ResultsDB, policy: LabelsSection) -> tuple[list[TrustRow], dict[str, dict[str, int]], list[str]]:
     """The trust table's rows (most labelled first), the confusion counts and their columns (the expert's classes)."""
     checks = db.expert_checks()
-    table, trust = _confusion(checks), _trust(checks, policy)
+    table, trust, audits = _confusion(checks), _trust(checks, policy), audit_tally(checks, policy)
     rows = []
     for label, said in table.items():
         t = trust.get(label) or standing(label, [], policy)
-        rows.append(TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, t.trusted, t.needed, t.right))
+        a = audits.get(label, (0, 0))
+        rows.append(
+            TrustRow(label, sum(said.values()), said.get(label, 0), t.checks, t.precision, t.lower, t.trusted, t.needed, t.right, *a)
+        )
     rows.sort(key=lambda r: (-r.labelled, r.label))
     named = {c for said in table.values() for c in said}
     columns = [r.label for r in rows if r.label in named] + sorted(named - {r.label for r in rows})
