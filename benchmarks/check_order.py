@@ -41,8 +41,10 @@ RULES = {
     "0.97 vs 0.85, from 0.98 (shipped: trust_confidence)": {},
     "0.97 vs 0.85, from 0.95": {"trust_confidence": 0.95},
     "0.97 vs 0.80, from 0.98": {"trust_against": 0.80},
+    "0.97 vs 0.85, from 0.99": {"trust_confidence": 0.99},
+    "0.97 vs 0.85, from 0.995": {"trust_confidence": 0.995},
 }
-BANDS = (0.9, 0.95, 0.97, 0.98, 0.99)
+BANDS = (0.9, 0.95, 0.97, 0.98, 0.99, 0.995)
 
 
 def trust_day(days: list[list[tuple[float, bool]]], order: str, per_day: int, policy, rng: random.Random | None = None) -> int | None:
