@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.check_order import RULES, by_day, markdown, trust_day
+from benchmarks.check_order import BANDS, RULES, by_day, markdown, trust_day
 from edge_agent.config import LabelsSection
 
 
@@ -38,14 +38,14 @@ def test_the_table_shows_each_rule_and_the_precision_at_each_confidence():
         "precision": 0.873,
         "test_confident": 22,
         "test_precision": 0.955,
-        "bands": {b: [10, 0.9] for b in ("0.9", "0.95", "0.97", "0.98", "0.99")} | {"0.99": [0, None]},
+        "bands": {str(b): [10, 0.9] for b in BANDS} | {"0.99": [0, None], "0.995": [0, None]},
         "rules": {name: {"margin_day": 3, "drawn_trusted": 0.57, "drawn_day": 3.0, "pseudo": [55, 0.873]} for name in RULES},
     }
     row["rules"]["0.97 vs 0.85, from 0.98 (shipped: trust_confidence)"] |= {"margin_day": None, "pseudo": [12, 0.917]}
     text = markdown([row], "python -m benchmarks.check_order X")
     assert "| 1 | v2002 | Apple_scab | 0.873 of 55 | 0.955 of 22 | day 3; drawn 0.57; 0.873 of 55 |" in text
     assert "| day -; drawn 0.57; 0.917 of 12 |" in text  # the stricter threshold's own answers
-    assert "| 1 | v2002 | Apple_scab | 0.90 of 10 | 0.90 of 10 | 0.90 of 10 | 0.90 of 10 | - |" in text
+    assert "| 1 | v2002 | Apple_scab | 0.90 of 10 | 0.90 of 10 | 0.90 of 10 | 0.90 of 10 | - | - |" in text
 
 
 def test_a_rule_with_its_own_confidence_threshold_checks_and_pseudo_labels_only_the_answers_that_reach_it():
