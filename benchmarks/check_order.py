@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.field_loop import SHARED, split_field
 
-__all__ = ["RULES", "by_day", "main", "trust_day"]
+__all__ = ["BANDS", "RULES", "by_day", "main", "trust_day"]
 
 #: The trust tests replayed: the shipped one, the earlier ones, stricter and looser ones ([labels] settings).
 RULES = {
