@@ -27,6 +27,7 @@ def status(args: argparse.Namespace) -> int:
     live, running = daemon_live(cfg, state.root)
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
     out["per_class_confident"] = db.per_class_confident()
+    out["trusted_classes"] = _trusted(db, cfg.labels)
     for key in (
         "uptime_s",
         "healthy",
@@ -124,6 +125,7 @@ def status(args: argparse.Namespace) -> int:
         f"processed {out['processed']}  quarantined {out['quarantined']}  pseudo-labels queued {out['queued_pseudo_labels']}  "
         f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"
     )
+    print(_trust_line(out["trusted_classes"], cfg.labels))
     if "queue_depths" in out and running:
         lq = out["spool"]
         print(
@@ -168,3 +170,25 @@ def status(args: argparse.Namespace) -> int:
     for err in out.get("last_errors", [])[-5:]:
         print(printable(f"  error: {err.get('photo', '')} {err['error']}"))  # a photo's name is anyone's
     return 0
+
+
+def _trusted(db, policy) -> dict[str, dict] | None:
+    """The classes whose sure answers become pseudo-labels now, each with its audits (None: every class, no test)."""
+    from edge_agent.review.checks import trust_table
+
+    if policy.trust_checks == 0:
+        return None
+    rows = trust_table(db, policy)[0]
+    return {r.label: {"audits": r.audits, "right_audits": r.right_audits} for r in rows if r.trusted}
+
+
+def _trust_line(trusted: dict[str, dict] | None, policy) -> str:
+    """What the status says of trust: which classes make pseudo-labels, and how right their audits were."""
+    if trusted is None:
+        return "trust: every class's sure answers become pseudo-labels ([labels] trust_checks = 0)"
+    if not trusted:
+        return "trust: no class yet: every sure answer goes to the expert as a check (`edge-agent review trust` says what each waits for)"
+    said = ", ".join(
+        f"{label} (audits {t['right_audits']} of {t['audits']} right)" if t["audits"] else label for label, t in trusted.items()
+    )
+    return f"trust: pseudo-labels from {said}; {policy.audit_share * 100:g} % of their sure answers still checked"

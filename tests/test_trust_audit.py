@@ -236,3 +236,30 @@ def test_review_trust_and_the_trust_page_say_how_right_a_class_was_found_when_au
     assert "still checked (audits while trusted: 2 of 2 right)" in capsys.readouterr().out
     page = client(state).get("/trust").text
     assert "audits while trusted: 2 of 2 right" in page
+
+
+def test_status_says_which_classes_make_pseudo_labels_and_how_right_their_audits_were(tmp_path, capsys):
+    from edge_agent.cli import main
+    from edge_agent.state import StateLayout
+
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    db = ResultsDB(layout.db)
+    db.close()
+    assert main(["status", "--state-dir", str(layout.root)]) == 0
+    assert "trust: no class yet: every sure answer goes to the expert as a check" in capsys.readouterr().out
+    db = ResultsDB(layout.db)
+    _trusted(db, "Apple___Black_rot")
+    sha = next(sha for sha in iter(lambda: _photo(db, "Apple___Black_rot", review=True, p=0.999), None) if audited(sha, LabelsSection()))
+    db.mark_expert(sha, "Apple___Black_rot", f"/nowhere/{sha}.jpg")
+    db.close()
+    assert main(["status", "--state-dir", str(layout.root)]) == 0
+    out = capsys.readouterr().out
+    assert "trust: pseudo-labels from Apple___Black_rot (audits 1 of 1 right); 5 % of their sure answers still checked" in out
+    assert main(["status", "--state-dir", str(layout.root), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)["trusted_classes"]
+    assert said == {"Apple___Black_rot": {"audits": 1, "right_audits": 1}}
+    cfg = tmp_path / "all.toml"
+    cfg.write_text("[labels]\ntrust_checks = 0\n")
+    assert main(["status", "--state-dir", str(layout.root), "--config", str(cfg)]) == 0
+    assert "trust: every class's sure answers become pseudo-labels" in capsys.readouterr().out
