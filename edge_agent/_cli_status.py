@@ -187,7 +187,7 @@ def _trust_line(trusted: dict[str, dict] | None, policy) -> str:
     if trusted is None:
         return "trust: every class's sure answers become pseudo-labels ([labels] trust_checks = 0)"
     if not trusted:
-        return "trust: no class yet: every sure answer goes to the expert as a check (`edge-agent review trust` says what each waits for)"
+        return "trust: no class makes pseudo-labels now: every sure answer goes to the expert as a check (`edge-agent review trust` says what each waits for)"
     said = ", ".join(
         f"{label} (audits {t['right_audits']} of {t['audits']} right)" if t["audits"] else label for label, t in trusted.items()
     )

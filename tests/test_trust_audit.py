@@ -247,7 +247,7 @@ def test_status_says_which_classes_make_pseudo_labels_and_how_right_their_audits
     db = ResultsDB(layout.db)
     db.close()
     assert main(["status", "--state-dir", str(layout.root)]) == 0
-    assert "trust: no class yet: every sure answer goes to the expert as a check" in capsys.readouterr().out
+    assert "trust: no class makes pseudo-labels now: every sure answer goes to the expert as a check" in capsys.readouterr().out
     db = ResultsDB(layout.db)
     _trusted(db, "Apple___Black_rot")
     sha = next(sha for sha in iter(lambda: _photo(db, "Apple___Black_rot", review=True, p=0.999), None) if audited(sha, LabelsSection()))
@@ -259,6 +259,11 @@ def test_status_says_which_classes_make_pseudo_labels_and_how_right_their_audits
     assert main(["status", "--state-dir", str(layout.root), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)["trusted_classes"]
     assert said == {"Apple___Black_rot": {"audits": 1, "right_audits": 1}}
+    db = ResultsDB(layout.db)
+    _photo(db, "Apple___Black_rot", expert="Apple___Scab")  # a check found wrong: trust lost
+    db.close()
+    assert main(["status", "--state-dir", str(layout.root)]) == 0
+    assert "trust: no class makes pseudo-labels now" in capsys.readouterr().out
     cfg = tmp_path / "all.toml"
     cfg.write_text("[labels]\ntrust_checks = 0\n")
     assert main(["status", "--state-dir", str(layout.root), "--config", str(cfg)]) == 0
