@@ -12,7 +12,12 @@ enters the class's window and :func:`edge_agent.review.checks.standing` judges i
 
 Reported per share: before the swap, the expert's questions a day, the days the class was untrusted (a right engine
 whose trust an unlucky audit took away) and the pseudo-labels a day; after it, for each worse precision, the wrong
-pseudo-labels made in the days after it (mean and 90th percentile) and the share of runs that never lost trust.
+pseudo-labels made in the days after it (mean and 90th percentile) and the share of runs that never lost trust. A
+second table counts what the daemon's withdrawal (:mod:`edge_agent.review.withdraw`) takes back: once a check the
+expert finds wrong leaves the class untrusted and the serving engine's own checks of it turn against it
+(:func:`edge_agent.review.checks.check_evidence` below 0; the engine before the swap starts with the 23 right checks
+that earned the trust), every pseudo-label that engine made of it so far (that day's included) is withdrawn; it
+gives the wrong pseudo-labels left to train on after the swap, and the right ones taken back before it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.trust_rules import report
 from edge_agent.config import LabelsSection
-from edge_agent.review.checks import audited, right_checks_to_trust, standing
+from edge_agent.review.checks import audited, check_evidence, right_checks_to_trust, standing
 
 SHARES = (0.0, 0.02, 0.05, 0.1, 0.2)
 
@@ -37,7 +42,9 @@ def simulate(
     window = [True] * right_checks_to_trust(policy)  # newest first: the class has just earned trust
     phases = []
     for phase, p in enumerate(precisions):
-        out = {"asked": 0, "untrusted_days": 0, "made": 0, "wrong": 0, "lost_day": None}
+        tally = [len(window) if phase == 0 else 0, 0]  # this engine's own checks: right, wrong
+        out = {"asked": 0, "untrusted_days": 0, "made": 0, "wrong": 0, "lost_day": None, "withdrawn_right": 0, "withdrawn_wrong": 0}
+        kept_right = kept_wrong = 0  # this engine's pseudo-labels not withdrawn yet
         for day in range(days):
             trusted = standing("A", window, policy).trusted
             out["untrusted_days"] += not trusted
@@ -48,15 +55,22 @@ def simulate(
                 made = [right for audit, right in drawn if not audit]
                 out["made"] += len(made)
                 out["wrong"] += made.count(False)
+                kept_right, kept_wrong = kept_right + made.count(True), kept_wrong + made.count(False)
                 asked = audits
             else:
                 asked = [right for _, right in answers[:checks]]
             for right in asked:
                 window.insert(0, right)
+                tally[not right] += 1
             del window[policy.trust_window :]
             out["asked"] += len(asked)
-            if trusted and out["lost_day"] is None and not standing("A", window, policy).trusted:
+            trusted_after = standing("A", window, policy).trusted
+            if trusted and out["lost_day"] is None and not trusted_after:
                 out["lost_day"] = day
+            if False in asked and not trusted_after and check_evidence(*tally, policy) < 0:  # the engine's pseudo-labels go
+                out["withdrawn_right"] += kept_right
+                out["withdrawn_wrong"] += kept_wrong
+                kept_right = kept_wrong = 0
         phases.append(out)
     return phases
 
@@ -82,12 +96,23 @@ def main() -> None:
         + " |",
         "|---|---|" + "---|" * len(args.bad),
     ]
+    taken = [
+        "",
+        "What the withdrawal takes back (a check found wrong that leaves the class untrusted, where the serving engine's own "
+        "checks of it turn against it, withdraws that engine's pseudo-labels of it)",
+        "",
+        "| audit_share | before the swap: right pseudo-labels withdrawn in the "
+        f"{args.days} days (of those made) | "
+        + " | ".join(f"swap to {b}: wrong pseudo-labels left after withdrawal, mean (90th pct) / right ones withdrawn" for b in args.bad)
+        + " |",
+        "|---|---|" + "---|" * len(args.bad),
+    ]
     summary = []
     for share in SHARES:
         policy = LabelsSection(audit_share=share)
         row = {"audit_share": share, "after": {}}
         good = []
-        cells = []
+        cells, left_cells = [], []
         for bad in args.bad:
             rng = random.Random(20261206)
             runs = [simulate(policy, rng, i, [args.good, bad], args.days, args.per_day, args.checks) for i in range(args.runs)]
@@ -96,17 +121,36 @@ def main() -> None:
             never = sum(r[1]["lost_day"] is None and r[1]["untrusted_days"] == 0 for r in runs) / len(runs)
             p90 = wrong[int(0.9 * (len(wrong) - 1))]
             cells.append(f"{statistics.mean(wrong):.1f} ({p90}) / {never:.2f}")
-            row["after"][str(bad)] = {"wrong_mean": statistics.mean(wrong), "wrong_p90": p90, "never_lost": never}
+            left = sorted(r[1]["wrong"] - r[1]["withdrawn_wrong"] for r in runs)
+            left_p90 = left[int(0.9 * (len(left) - 1))]
+            right_taken = statistics.mean(r[1]["withdrawn_right"] for r in runs)
+            left_cells.append(f"{statistics.mean(left):.1f} ({left_p90}) / {right_taken:.1f}")
+            row["after"][str(bad)] = {
+                "wrong_mean": statistics.mean(wrong),
+                "wrong_p90": p90,
+                "never_lost": never,
+                "wrong_left_mean": statistics.mean(left),
+                "wrong_left_p90": left_p90,
+                "right_withdrawn_mean": right_taken,
+            }
         asked = statistics.mean(g["asked"] for g in good) / args.days
         untrusted = statistics.mean(g["untrusted_days"] for g in good)
         made = statistics.mean(g["made"] for g in good) / args.days
         wrong_good = statistics.mean(g["wrong"] for g in good) / args.days
-        row.update(asked_per_day=asked, untrusted_days=untrusted, made_per_day=made, wrong_per_day_before=wrong_good)
+        right_before = statistics.mean(g["withdrawn_right"] for g in good)
+        row.update(
+            asked_per_day=asked,
+            untrusted_days=untrusted,
+            made_per_day=made,
+            wrong_per_day_before=wrong_good,
+            right_withdrawn_before=right_before,
+        )
         summary.append(row)
         lines.append(
             f"| {share} | {asked:.2f} / {untrusted:.1f} of {args.days} / {made:.1f} ({wrong_good:.2f}) | " + " | ".join(cells) + " |"
         )
-    report(lines, summary, args.out, "trust_audit")
+        taken.append(f"| {share} | {right_before:.1f} (of {made * args.days:.0f}) | " + " | ".join(left_cells) + " |")
+    report(lines + taken, summary, args.out, "trust_audit")
 
 
 if __name__ == "__main__":

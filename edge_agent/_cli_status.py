@@ -28,6 +28,7 @@ def status(args: argparse.Namespace) -> int:
     out = {"running": running, "state_dir": str(state.root), **db.counts(), "per_class": db.per_class()}
     out["per_class_confident"] = db.per_class_confident()
     out["trusted_classes"] = _trusted(db, cfg.labels)
+    out["withdrawn_pseudo_labels"] = {label: {"withdrawn": n, "confirmed": c} for label, (n, c) in db.withdrawn_counts().items()}
     for key in (
         "uptime_s",
         "healthy",
@@ -126,6 +127,8 @@ def status(args: argparse.Namespace) -> int:
         f"expert labels {out['queued_expert_labels']}  review queue {out['review_queue']}"
     )
     print(_trust_line(out["trusted_classes"], cfg.labels))
+    if out["withdrawn_pseudo_labels"]:
+        print(_withdrawn_line(out["withdrawn_pseudo_labels"]))
     if "queue_depths" in out and running:
         lq = out["spool"]
         print(
@@ -180,6 +183,16 @@ def _trusted(db, policy) -> dict[str, dict] | None:
         return None
     rows = trust_table(db, policy)[0]
     return {r.label: {"audits": r.audits, "right_audits": r.right_audits} for r in rows if r.trusted}
+
+
+def _withdrawn_line(withdrawn: dict[str, dict]) -> str:
+    """What the status says of the delivered pseudo-labels taken back (:mod:`edge_agent.review.withdraw`)."""
+    n = sum(w["withdrawn"] for w in withdrawn.values())
+    waiting = n - sum(w["confirmed"] for w in withdrawn.values())
+    said = ", ".join(f"{w['withdrawn']} of {label}" for label, w in withdrawn.items())
+    return f"withdrawn: {said} (a sure answer of the class by their engine found wrong); " + (
+        f"{waiting} not yet taken back by the trainer" if waiting else "all taken back by the trainer"
+    )
 
 
 def _trust_line(trusted: dict[str, dict] | None, policy) -> str:

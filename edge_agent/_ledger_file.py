@@ -73,6 +73,19 @@ CREATE TABLE IF NOT EXISTS pool_distances (
     engine_version TEXT NOT NULL,
     distances BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pseudo_sent (
+    sha256 TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    engine_version TEXT NOT NULL,
+    sent REAL NOT NULL,
+    withdrawn REAL,
+    confirmed REAL
+);
+CREATE INDEX IF NOT EXISTS pseudo_sent_class ON pseudo_sent(label, engine_version);
+CREATE TABLE IF NOT EXISTS withdraw_seen (
+    sha256 TEXT PRIMARY KEY,
+    labelled REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS pool_answers (
     sha256 TEXT PRIMARY KEY,
     engine_version TEXT NOT NULL,
@@ -86,7 +99,17 @@ CREATE TABLE IF NOT EXISTS pool_answers (
 """
 
 #: The ledger's tables, in the order a damaged ledger's rows are copied into a new one (:mod:`engines.salvage`).
-LEDGER_TABLES = ("results", "quarantine", "label_queue", "unlabelled_sent", "expert_labels", "pool_distances", "pool_answers")
+LEDGER_TABLES = (
+    "results",
+    "quarantine",
+    "label_queue",
+    "unlabelled_sent",
+    "expert_labels",
+    "pool_distances",
+    "pool_answers",
+    "pseudo_sent",
+    "withdraw_seen",
+)
 
 
 def open_writable(path: Path, check: bool) -> sqlite3.Connection:
@@ -96,7 +119,10 @@ def open_writable(path: Path, check: bool) -> sqlite3.Connection:
     try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # a committed result survives a power cut
+        had_seen = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'withdraw_seen'").fetchone()
         db.executescript(SCHEMA)
+        if not had_seen:  # a ledger from before withdrawals: the expert's labels so far withdraw nothing
+            db.execute("INSERT OR IGNORE INTO withdraw_seen (sha256, labelled) SELECT sha256, labelled FROM expert_labels")
         columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
         if "verdict" not in columns:  # a ledger from before verdicts: its rows keep NULL
             db.execute("ALTER TABLE results ADD COLUMN verdict TEXT")

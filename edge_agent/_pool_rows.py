@@ -45,14 +45,15 @@ class PoolRows:
     _query: Callable[..., list[tuple]]
     _rollback: Callable[[], None]
 
-    def expert_checks(self) -> list[tuple[str, str | None, str, float, str]]:
+    def expert_checks(self) -> list[tuple[str, str | None, str, float, str, str, float]]:
         """Every expert label beside the model's answer to that photo (the newest, where the engine in service answered
-        it again in the review pool): (its class, its verdict, the expert's class, its confidence, the photo's sha256),
-        newest label first."""
+        it again in the review pool): (its class, its verdict, the expert's class, its confidence, the photo's sha256,
+        the engine version that answered, when the expert labelled it), newest label first."""
         return self._answered(
             "SELECT COALESCE(a.label, r.label), CASE WHEN a.sha256 IS NULL THEN r.verdict ELSE a.verdict END, e.label,"
-            " COALESCE(a.confidence, r.confidence), e.sha256 FROM expert_labels e JOIN results r ON r.sha256 = e.sha256"
-            " LEFT JOIN {answers} a ON a.sha256 = e.sha256 ORDER BY e.labelled DESC"
+            " COALESCE(a.confidence, r.confidence), e.sha256, COALESCE(a.engine_version, r.engine_version), e.labelled"
+            " FROM expert_labels e JOIN results r ON r.sha256 = e.sha256 LEFT JOIN {answers} a ON a.sha256 = e.sha256"
+            " ORDER BY e.labelled DESC"
         )
 
     def review_pool(self) -> list[tuple[QueueEntry, list, str | None, Arrival]]:

@@ -43,6 +43,7 @@ from edge_agent.preprocess import preprocess_bytes, read_limited
 from edge_agent.results import ResultsDB
 from edge_agent.review.reanswer import PoolAnswers
 from edge_agent.review.trusted_pool import TrustedPool
+from edge_agent.review.withdraw import Withdrawals
 from edge_agent.spool import Origin, PhotoSpool
 from edge_agent.storage_errors import READ_ONLY_DISK
 from edge_agent.worker import spawn
@@ -129,6 +130,8 @@ class Pipeline:
         self._pool_warned: str | None = None  # the error the pool's pseudo-labels last met (said once)
         #: The review pool's photos that trust now covers, made pseudo-labels while idle.
         self.trusted_pool = TrustedPool(db, self.labels)
+        #: Pseudo-labels taken back when the expert finds a sure answer of their class by their engine wrong.
+        self.withdrawals = Withdrawals(db, policy)
         self.on_done = on_done or (lambda job: None)
         self.on_retry = on_retry or (lambda job: None)
         self.retry_incomplete = retry_incomplete or (lambda job: False)
@@ -390,10 +393,21 @@ class Pipeline:
         return False
 
     def _pool_to_pseudo(self) -> None:
-        """Make pseudo-labels of the review pool's photos that trust now covers (:mod:`edge_agent.review.trusted_pool`;
+        """Take back the pseudo-labels the expert's latest checks found wrong (:mod:`edge_agent.review.withdraw`), then
+        make pseudo-labels of the review pool's photos that trust now covers (:mod:`edge_agent.review.trusted_pool`;
         the inference thread, idle)."""
         version = self.classifier.engine.engine_version
         try:
+            taken = self.withdrawals.run()
+            if taken is not None and taken.found:
+                self.labels.recount()  # (the pseudo-labels returned to the pool no longer count in their class's share)
+                self.log.warning(
+                    "pseudo_labels_withdrawn",
+                    found_wrong=[f"{label} by {v}" for label, v in taken.found],
+                    returned_to_review=taken.pooled,
+                    to_withdraw_from_trainer=taken.marked,
+                    why="the expert found a sure answer of the class by that engine wrong",
+                )
             made = self.trusted_pool.run(version, self.pool_answers.answered if self.pool_answers else 0)
         except Exception as exc:  # a locked ledger: looked at again in a second, photos first meanwhile
             if isinstance(exc, sqlite3.DatabaseError) and self.db.damaged(exc):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent._ledger_file import LEDGER_TABLES, forget_closed, missing_table, open_writable, record_closed, unchanged_since_closed
 from edge_agent._pool_rows import PUT_DISTANCES, PoolRows
+from edge_agent._withdrawn_rows import WithdrawnRows
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
 from edge_agent.ledger_rows import LedgerColumns, QueueEntry, ResultRow, result_record
 from edge_agent.storage_errors import damaged_file, storage_problem
@@ -81,7 +82,7 @@ def _ref_args(ref: str) -> tuple:
     return (ref, prefix, prefix + "~" if prefix else "")
 
 
-class ResultsDB(PoolRows):
+class ResultsDB(PoolRows, WithdrawnRows):
     """Thread-safe access to ``results.sqlite`` (one connection, serialised by a lock)."""
 
     def __init__(self, path: str | Path, readonly: bool = False, check: bool = False) -> None:
@@ -243,9 +244,11 @@ class ResultsDB(PoolRows):
                 raise
         return queued
 
-    def remove_queued_entry(self, entry: QueueEntry, first: Callable[[], object] = lambda: None) -> bool:
+    def remove_queued_entry(self, entry: QueueEntry, first: Callable[[], object] = lambda: None, delivered: bool = False) -> bool:
         """Delete ``entry``'s row only while it is as it was read (not relabelled since, by this process or another),
-        calling ``first`` (delete or move its file) inside the same write transaction; False, nothing done, if not."""
+        calling ``first`` (delete or move its file) inside the same write transaction; False, nothing done, if not.
+        ``delivered``: the trainer acknowledged it (a pseudo-label is then recorded in ``pseudo_sent``, to be withdrawn
+        should its engine's sure answers of its class be found wrong: :mod:`edge_agent.review.withdraw`)."""
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -257,6 +260,11 @@ class ResultsDB(PoolRows):
                 if same:
                     first()
                     cur.execute("DELETE FROM label_queue WHERE sha256 = ?", (entry.sha256,))
+                    if delivered and entry.kind == "pseudo":
+                        cur.execute(
+                            "INSERT OR REPLACE INTO pseudo_sent (sha256, label, engine_version, sent) VALUES (?,?,?,?)",
+                            (entry.sha256, entry.label, entry.engine_version or "", time.time()),
+                        )
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()

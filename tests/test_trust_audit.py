@@ -146,11 +146,20 @@ def test_the_audit_benchmark_loses_trust_after_a_swap_only_where_audits_are_draw
     from benchmarks.trust_audit import simulate
 
     none = simulate(LabelsSection(audit_share=0), random.Random(1), 0, [1.0, 0.0], 3, 20, 5)
-    assert none[1] == {"asked": 0, "untrusted_days": 0, "made": 60, "wrong": 60, "lost_day": None}  # wrong forever
+    assert none[1] == {
+        "asked": 0,
+        "untrusted_days": 0,
+        "made": 60,
+        "wrong": 60,
+        "lost_day": None,
+        "withdrawn_right": 0,
+        "withdrawn_wrong": 0,
+    }  # wrong forever, and nothing found wrong to take them back
     half = simulate(LabelsSection(audit_share=0.5), random.Random(1), 0, [1.0, 0.0], 3, 20, 5)
     assert half[0]["untrusted_days"] == 0 and half[0]["wrong"] == 0 and half[0]["asked"] > 0
     assert half[1]["lost_day"] == 0 and 0 < half[1]["wrong"] < 20  # the swap's first day, its audits all wrong
     assert half[1]["untrusted_days"] == 2 and half[1]["made"] == half[1]["wrong"]  # untrusted from the next day on
+    assert half[1]["withdrawn_wrong"] == half[1]["wrong"] and half[0]["withdrawn_right"] == 0  # the worse engine's taken back
 
 
 def test_review_list_says_which_questions_are_checks_and_how_unsure_the_others_are(tmp_path, capsys):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 from edge_agent.config import HandoffSection
 from edge_agent.handoff.protocol import decode_or_drop, encode
@@ -71,6 +72,7 @@ class Receiver(Worker):
             "revoked": 0,
             "impersonations": 0,
             "unlabelled": 0,
+            "withdrawn": 0,
         }
         self.peers: dict[bytes, float] = {}
         self.by_device: dict[str, int] = {}  # new samples per daemon name (samples carry it)
@@ -157,7 +159,10 @@ class Receiver(Worker):
             msg.header["device"] = who  # a sample is its key's device's (a name of no device is taken as its key's)
         self.peers[peer] = time.monotonic()
         if msg.kind == "heartbeat":
-            router.send_multipart([peer, *encode("heartbeat", {"role": "trainer", "time": time.time(), **self.describe()})])
+            beat = {"role": "trainer", "time": time.time(), **self.describe(), "withdraws": True}
+            router.send_multipart([peer, *encode("heartbeat", beat)])
+        elif msg.kind == "withdraw":
+            self._withdraw(router, peer, msg.header)
         elif msg.kind == "sample":
             why = self._refusal(msg.header)
             if why is not None:
@@ -199,6 +204,43 @@ class Receiver(Worker):
         else:
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
+
+    def _withdraw(self, router, peer: bytes, header: dict) -> None:
+        """A device takes back a pseudo-label it delivered (:mod:`edge_agent.review.withdraw`): it is no longer trained
+        on, its photo kept in the unlabelled pool where the trainer keeps one (deleted where not), and ``withdrawn``
+        answered once that is durable; a sample that is not that pseudo-label (an expert label since, never stored) is
+        left as it is and answered all the same. A disk that fails is not answered: the device sends it again."""
+        try:
+            gone = self.store.withdraw(header["id"], header["label"], header["engine_version"])
+            if gone is not None:
+                self._keep_unlabelled(gone)
+        except Exception as exc:  # noqa: BLE001 - a full or damaged disk: no answer, the device asks again later
+            self.counters["store_errors"] += 1
+            self.log.error("withdraw_failed", error=repr(exc), id=header["id"][:16])
+            return
+        if gone is not None:
+            self.counters["withdrawn"] += 1
+            self.log.info("pseudo_label_withdrawn", id=header["id"][:16], label=header["label"], engine_version=header["engine_version"])
+        router.send_multipart([peer, *encode("withdrawn", {"id": header["id"], "label": header["label"]})])
+
+    def _keep_unlabelled(self, sample) -> None:
+        """A withdrawn pseudo-label's photo, into the unlabelled pool (the model's answer its unlabelled one), then
+        deleted from the samples; a photo the pool cannot take is deleted all the same (the label was the point)."""
+        path = Path(sample.file)
+        try:
+            if self.pool is not None and self.pool.max_photos > 0:
+                header = {
+                    "id": sample.id,
+                    "ext": path.suffix.lower() or ".jpg",
+                    "label": sample.label,
+                    "verdict": "confident",
+                    "confidence": sample.confidence,
+                    "engine_version": sample.engine_version,
+                }
+                self.pool.add(header, path.read_bytes())
+        except Exception as exc:  # noqa: BLE001 - the photo is lost to the pool, not the withdrawal
+            self.log.warning("withdrawn_photo_not_kept", id=sample.id[:16], error=repr(exc))
+        path.unlink(missing_ok=True)
 
     def _as_kept(self, header: dict, photo: bytes) -> tuple[dict, bytes]:
         """The sample as stored: a photo larger than ``[handoff] photo_side`` reduced to it (a device from before its

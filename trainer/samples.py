@@ -267,6 +267,26 @@ class SampleStore:
         self.set_state("pseudo_deleted", str(total))
         return len(gone), size
 
+    def withdraw(self, sample_id: str, label: str, engine_version: str) -> Sample | None:
+        """Delete the pseudo-label of ``sample_id`` where it is still stored as this pseudo-label (the class ``label`` by
+        ``engine_version``); the sample deleted (its photo still on disk: the caller keeps or deletes it), or None where
+        there was none (an expert label since, another label, never stored). The running total is kept in the state
+        table (``pseudo_withdrawn``)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, kind, label, confidence, engine_version, file, received, generation, first_label FROM samples"
+                " WHERE id = ? AND kind = 'pseudo' AND label = ? AND engine_version = ?",
+                (sample_id, label, engine_version),
+            ).fetchone()
+            if row is None:
+                return None
+            self._db.execute("DELETE FROM samples WHERE id = ? AND kind = 'pseudo'", (sample_id,))
+            total = self._db.execute("SELECT value FROM state WHERE key = 'pseudo_withdrawn'").fetchone()
+            self._db.execute(
+                "INSERT OR REPLACE INTO state (key, value) VALUES ('pseudo_withdrawn', ?)", (str(int(total[0] if total else 0) + 1),)
+            )
+        return Sample(*row)
+
     def counts(self) -> dict:
         with self._lock:
             rows = self._db.execute("SELECT kind, generation IS NULL, COUNT(*) FROM samples GROUP BY 1, 2").fetchall()

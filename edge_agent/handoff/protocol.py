@@ -20,8 +20,14 @@ Kinds:
   the labels it is sent: a full disk) and ``"waits_for_room"`` (true while no retrain can start for want of room on its
   disk): what a device's page shows of the trainer, and what its alerts say; and ``"lost"`` (comma-separated photo ids,
   at most :data:`LOST_ASKED`): photos whose expert labels the trainer lost with a rotted page, which a device that
-  holds them queues again
+  holds them queues again; and ``"withdraws"`` (true from a trainer that takes ``withdraw`` messages)
 * ``engine`` (trainer PUB -> daemon SUB): ``{"version"}``, a new engine was published
+* ``withdraw`` (daemon -> trainer): ``{"id", "label", "engine_version"}``, a pseudo-label delivered before, taken back
+  (the expert found a sure answer of its class by its engine wrong: :mod:`edge_agent.review.withdraw`); sent only to a
+  trainer whose heartbeat says ``"withdraws": true``. The trainer drops that pseudo-label, where it still holds it as
+  such, and keeps its photo as an unlabelled one
+* ``withdrawn`` (trainer -> daemon): ``{"id", "label"}``, sent once the withdrawal is durable (or there was nothing
+  to withdraw: the photo labelled by the expert since, or never stored)
 """
 
 from __future__ import annotations
@@ -120,7 +126,10 @@ _SCHEMAS = {
         "stores_labels": Field(bool, required=False),
         "waits_for_room": Field(bool, required=False),
         "lost": Field(str, required=False, max_len=LOST_ASKED * 65, pattern=re.compile(r"[0-9a-f]{64}(,[0-9a-f]{64})*")),
+        "withdraws": Field(bool, required=False),
     },
+    "withdraw": {"id": Field(str, pattern=_ID), "label": Field(str, max_len=200), "engine_version": Field(str, max_len=32)},
+    "withdrawn": {"id": Field(str, pattern=_ID), "label": Field(str, max_len=200)},
     "engine": {"version": Field(str, pattern=VERSION)},
 }
 

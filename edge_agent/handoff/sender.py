@@ -89,6 +89,8 @@ class Sender(Worker):
             "refused": 0,
             "unlabelled_sent": 0,
             "unlabelled_acked": 0,
+            "withdrawals_sent": 0,
+            "withdrawn": 0,
         }
         self.trainer_seen = 0.0
         #: What the socket monitor says is wrong with the link (wrong keys, no connection), None when it works.
@@ -97,6 +99,8 @@ class Sender(Worker):
         self.trainer_info: dict = {}
         self._inflight: dict[str, _InFlight] = {}
         self._unlabelled_next = 0.0  # monotonic time of the next look for unlabelled photos to hand over
+        self._withdrawing: dict[str, _InFlight] = {}  # withdrawals sent, not yet answered
+        self._withdraw_next = 0.0  # monotonic time of the next look for withdrawals to send
 
     @property
     def trainer_alive(self) -> bool:
@@ -153,6 +157,7 @@ class Sender(Worker):
                     was_alive = alive
                 if alive:
                     self._deliver(dealer, now)
+                    self._deliver_withdrawals(dealer, now)
                 for sock, _ in poller.poll(200):
                     for _ in range(500):  # what is waiting, in one go (a flood of garbage must not starve real messages)
                         try:
@@ -198,6 +203,21 @@ class Sender(Worker):
                     return
         if not waiting:
             self._deliver_unlabelled(sock, now)
+
+    def _deliver_withdrawals(self, sock, now: float) -> None:
+        """Delivered pseudo-labels taken back (:mod:`edge_agent.review.withdraw`), sent to a trainer that takes them
+        (its heartbeat's ``withdraws``), a window at a time, again with the samples' backoff until it answers."""
+        if not self.trainer_info.get("withdraws") or now < self._withdraw_next:
+            return
+        s = self.settings
+        self._withdraw_next = now + min(s.ack_timeout_s, 5.0)
+        for sha, label, version in self.db.withdrawals_due(s.window):
+            item = self._withdrawing.get(sha)
+            if item is not None and now - item.sent < min(s.ack_timeout_s * 2 ** (item.attempts - 1), s.backoff_max_s):
+                continue
+            if self._send(sock, encode("withdraw", {"id": sha, "label": label, "engine_version": version})):
+                self._withdrawing[sha] = _InFlight(now, (item.attempts if item else 0) + 1, "", label=label)
+                self.counters["withdrawals_sent"] += 1
 
     def _deliver_unlabelled(self, sock, now: float) -> None:
         """One photo nobody labelled, when no label waits and none is in flight (:mod:`edge_agent.handoff.unlabelled`)."""
@@ -260,14 +280,18 @@ class Sender(Worker):
             self.counters["heartbeats_in"] += 1
             self.trainer_seen = time.monotonic()
             h = msg.header
-            self.trainer_info = {k: h[k] for k in ("state", "version", "published", "stores_labels", "waits_for_room") if k in h} | {
-                "heard": round(time.time(), 1)
-            }
+            kept = ("state", "version", "published", "stores_labels", "waits_for_room", "withdraws")
+            self.trainer_info = {k: h[k] for k in kept if k in h} | {"heard": round(time.time(), 1)}
             if h.get("lost"):
                 self.on_lost(h["lost"].split(","))
         elif msg.kind in ("ack", "refused"):
             self.trainer_seen = time.monotonic()
             self._answered(msg.kind, msg.header)
+        elif msg.kind == "withdrawn":
+            self.trainer_seen = time.monotonic()
+            self._withdrawing.pop(msg.header["id"], None)
+            if self.db.confirm_withdrawn(msg.header["id"]):
+                self.counters["withdrawn"] += 1
         elif msg.kind == "engine":
             self.counters["announcements"] += 1
             self.log.info("engine_announced", version=msg.header["version"])
@@ -287,6 +311,11 @@ class Sender(Worker):
         item = self._inflight.pop(sha, None)
         entry = self.db.queue_entry(sha)
         if entry is None:
+            return
+        sent_as = header.get("kind") or (item.kind if item is not None else None)
+        if answer == "ack" and sent_as == "pseudo" and entry.kind == "review" and (item is None or item.verdict is None):
+            # taken back while in flight (:mod:`edge_agent.review.withdraw`): the trainer now holds it, so withdrawn there
+            self.db.withdraw_delivered(sha, header.get("label") or entry.label or "", entry.engine_version or "")
             return
         if (item is not None and item.verdict is not None) or entry.kind == "review" or header.get("kind") == "unlabelled":
             if item is not None and item.verdict is not None:  # counted in the day's share, never offered again
@@ -309,7 +338,7 @@ class Sender(Worker):
             # the file first, the row after (the row is what says "still queued"), in one transaction with the check
             # that the row is still this label: an expert relabelling it this instant, from the page, waits, then
             # finds it delivered and queues it again (review.queue.label_photo)
-            if self.db.remove_queued_entry(entry, lambda: self.spool.remove(Path(entry.file))):
+            if self.db.remove_queued_entry(entry, lambda: self.spool.remove(Path(entry.file)), delivered=True):
                 self.counters["acked"] += 1
                 self.log.debug("delivered", photo_id=entry.photo_id, kind=entry.kind)
         else:

@@ -39,6 +39,7 @@ __all__ = [
     "TrustRow",
     "audit_tally",
     "audited",
+    "check_evidence",
     "check_windows",
     "class_trust",
     "confusion",
@@ -110,6 +111,14 @@ def right_checks_to_trust(policy: LabelsSection) -> int:
     return math.ceil(bound / up - 1e-9)
 
 
+def check_evidence(right: int, wrong: int, policy: LabelsSection) -> float:
+    """The sequential test's log-likelihood ratio of ``right`` and ``wrong`` checks: above 0 they favour answers right
+    ``trust_precision`` of the time (0.97) over answers right ``trust_against`` of the time (0.85); one wrong check
+    outweighs 12 right ones with the defaults."""
+    up, down, _ = _steps(policy)
+    return right * up + wrong * down
+
+
 def _steps(policy: LabelsSection) -> tuple[float, float, float]:
     """The test's step for a right check, for a wrong one, and the bound its sum must reach."""
     p1, p0 = policy.trust_precision, policy.trust_against
@@ -165,7 +174,7 @@ def audit_tally(checks: list[tuple], policy: LabelsSection) -> dict[str, tuple[i
     ``expert_checks()`` rows (the checks replayed oldest first, each judged on the window before it)."""
     windows: dict[str, list[bool]] = {}
     out: dict[str, tuple[int, int]] = {}
-    for said, verdict, expert, confidence, sha256 in reversed(checks):
+    for said, verdict, expert, confidence, sha256, *_ in reversed(checks):
         if not covered(verdict, confidence, policy):
             continue
         window = windows.setdefault(said, [])

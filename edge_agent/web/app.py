@@ -225,15 +225,26 @@ def create_app(ctx: WebContext) -> Starlette:
 
     async def trust(request: Request) -> Response:
         db = ctx.db()
-        rows, table, columns = [], {}, []
+        rows, table, columns, withdrawn = [], {}, [], {}
         if db is not None:
             try:
                 rows, table, columns = trust_table(db, ctx.cfg.labels)
+                withdrawn = db.withdrawn_counts()
             finally:
                 db.close()
         labels = sum(r.labelled for r in rows)
         fresh = standing("", [], ctx.cfg.labels).needed  # right checks a class never checked needs
-        return page(request, "trust.html", rows=rows, confusion=table, columns=columns, labels=labels, policy=ctx.cfg.labels, fresh=fresh)
+        return page(
+            request,
+            "trust.html",
+            rows=rows,
+            confusion=table,
+            columns=columns,
+            labels=labels,
+            policy=ctx.cfg.labels,
+            fresh=fresh,
+            withdrawn=withdrawn,
+        )
 
     # ---- engines ------------------------------------------------------------
     async def engines(request: Request) -> Response:
