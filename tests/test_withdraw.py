@@ -173,9 +173,9 @@ def test_a_class_the_rule_keeps_trusted_after_a_wrong_check_keeps_its_pseudo_lab
     step.run()
     _check(db)  # v0002's first check, wrong
     assert class_trust(db, policy)["A"].trusted and step.run().found == () and _kinds(db)[queued.sha256] == "pseudo"
-    assert Withdrawals(db, LabelsSection(trust_checks=0)).run() is None  # every class trusted, no test: none taken back
     _check(db)  # a second wrong check in the window: now the trust goes, and the pseudo-labels with it
     assert not class_trust(db, policy)["A"].trusted
+    assert Withdrawals(db, LabelsSection(trust_checks=0)).run() is None  # (every class trusted, no test: nothing read)
     assert step.run().found == (("A", "v0002"),) and _kinds(db)[queued.sha256] == "review"
 
 
@@ -217,6 +217,8 @@ def test_the_sender_withdraws_only_from_a_trainer_that_takes_withdrawals_and_aga
     assert len(wire) == 3
     sender._deliver_withdrawals(wire, now + 10)  # unanswered: sent again; the answered one is not
     assert sorted(h["id"] for h in wire[3:]) == sorted(e.sha256 for e in sent[1:])
+    sender._deliver_withdrawals(wire, now + 10.6)  # looked at again, but a second try waits twice as long
+    assert len(wire) == 5
     assert db.withdrawn_counts() == {"A": (3, 1)} and sender.counters["withdrawn"] == 1
 
 
