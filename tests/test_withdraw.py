@@ -219,7 +219,14 @@ def test_the_sender_withdraws_only_from_a_trainer_that_takes_withdrawals_and_aga
     assert sorted(h["id"] for h in wire[3:]) == sorted(e.sha256 for e in sent[1:])
     sender._deliver_withdrawals(wire, now + 10.6)  # looked at again, but a second try waits twice as long
     assert len(wire) == 5
-    assert db.withdrawn_counts() == {"A": (3, 1)} and sender.counters["withdrawn"] == 1
+    for e in sent[1:]:
+        sender._handle(encode("withdrawn", {"id": e.sha256, "label": "A"}))
+    more = _delivered(db, spool)
+    _check(db)
+    Withdrawals(db, LabelsSection()).run()
+    sender._deliver_withdrawals(wire, now + 10.7)  # the window answered whole: the next looked for at once
+    assert [h["id"] for h in wire[5:]] == [more.sha256]
+    assert db.withdrawn_counts() == {"A": (4, 3)} and sender.counters["withdrawn"] == 3
 
 
 def test_a_pseudo_label_taken_back_while_in_flight_is_withdrawn_once_the_trainer_acknowledges_it(tmp_path, endpoints):  # noqa: F811

@@ -206,7 +206,8 @@ class Sender(Worker):
 
     def _deliver_withdrawals(self, sock, now: float) -> None:
         """Delivered pseudo-labels taken back (:mod:`edge_agent.review.withdraw`), sent to a trainer that takes them
-        (its heartbeat's ``withdraws``), a window at a time, again with the samples' backoff until it answers."""
+        (its heartbeat's ``withdraws``), a window at a time, again with the samples' backoff until it answers; the next
+        window as soon as one is answered, else a look every few seconds."""
         if not self.trainer_info.get("withdraws") or now < self._withdraw_next:
             return
         s = self.settings
@@ -289,7 +290,8 @@ class Sender(Worker):
             self._answered(msg.kind, msg.header)
         elif msg.kind == "withdrawn":
             self.trainer_seen = time.monotonic()
-            self._withdrawing.pop(msg.header["id"], None)
+            if self._withdrawing.pop(msg.header["id"], None) is not None and not self._withdrawing:
+                self._withdraw_next = 0.0  # the window answered: the next one now
             if self.db.confirm_withdrawn(msg.header["id"]):
                 self.counters["withdrawn"] += 1
         elif msg.kind == "engine":
