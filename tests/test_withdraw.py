@@ -243,6 +243,14 @@ def test_a_pseudo_label_taken_back_while_in_flight_is_withdrawn_once_the_trainer
     sender._handle(encode("ack", {"id": entry.sha256, "kind": "pseudo", "label": "A"}))
     assert _kinds(db)[entry.sha256] == "review"  # still a check for the expert
     assert db.withdrawals_due(10) == [(entry.sha256, "A", "v0002")]  # and taken back from the trainer
+    lost = _pseudo(db, spool)  # another in flight, taken back, its ack lost: not resent as a label, withdrawn all the same
+    sender._deliver(wire, time.monotonic())
+    _check(db)
+    step.run()
+    sender._deliver(wire, time.monotonic() + 60)
+    assert [h["kind"] for h in wire if h["id"] == lost.sha256 and h["kind"] != "unlabelled"] == ["pseudo"]  # sent once
+    assert sender._inflight.get(lost.sha256) is None or sender._inflight[lost.sha256].verdict is not None
+    assert _kinds(db)[lost.sha256] == "review" and (lost.sha256, "A", "v0002") in db.withdrawals_due(10)
 
 
 def test_a_trainer_drops_the_withdrawn_pseudo_labels_keeps_their_photos_unlabelled_and_an_expert_label_since(tmp_path, endpoints):  # noqa: F811

@@ -185,6 +185,10 @@ class Sender(Worker):
             wait = min(s.ack_timeout_s * 2 ** (item.attempts - 1), s.backoff_max_s)
             if now - item.sent >= wait:
                 entry = self.db.queue_entry(sha) if item.verdict is None else None  # (relabelled meanwhile: as it is now)
+                if entry is not None and entry.kind == "review":  # a pseudo-label taken back in flight: the trainer may hold
+                    self._inflight.pop(sha)  # it (an ack lost), so it is withdrawn there too, never sent again as a label
+                    self.db.withdraw_delivered(sha, item.label or entry.label or "", entry.engine_version or "")
+                    continue
                 if self._send_item(sock, sha, entry.file if entry else item.file, entry=entry, resend=True, verdict=item.verdict):
                     item.sent, item.attempts = now, item.attempts + 1
                     if entry is not None:
