@@ -226,6 +226,7 @@ def test_edge_trainer_status_says_how_many_pseudo_labels_and_engine_versions_wen
         "state": "idle",
         "samples": {"pseudo": 400, "expert": 30},
         "pseudo_deleted": 37,
+        "pseudo_withdrawn": 12,
         "pseudo_per_class": 100,
         "engines": {"versions": 6, "bytes": 200 << 20, "keep": 5, "deleted": 12},
         "store": "/srv/coop/engines",
@@ -234,6 +235,7 @@ def test_edge_trainer_status_says_how_many_pseudo_labels_and_engine_versions_wen
     main(["status", "--state-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "400 pseudo-labels (the 100 newest of each class; 37 older deleted) and 30 expert labels" in out
+    assert "; 12 pseudo-labels withdrawn by the devices (kept as unlabelled photos)" in out
     assert "engines: 6 versions (200 MiB), the 5 newest retrains kept; 12 older deleted in all (store /srv/coop/engines)" in out
 
 

@@ -128,6 +128,11 @@ def _status(args: argparse.Namespace) -> int:
         f"samples: {c.get('pseudo', 0)} pseudo-labels{kept} and {c.get('expert', 0)} expert labels; {c.get('new', 0)} new since the "
         f"last retrain ({c.get('new_expert', 0)} of them expert labels)"
         + (f"; {st['labels_corrected']} put right by the expert since the start" if st.get("labels_corrected") else "")
+        + (
+            f"; {st['pseudo_withdrawn']} pseudo-labels withdrawn by the devices (kept as unlabelled photos)"
+            if st.get("pseudo_withdrawn")
+            else ""
+        )
     )
     pool = st.get("unlabelled_pool") or {}
     if pool.get("photos"):

@@ -182,6 +182,7 @@ class TrainerService:
             "state": self.state,
             "samples": counts,
             "pseudo_deleted": int(self.samples.get_state("pseudo_deleted", "0") or 0),
+            "pseudo_withdrawn": int(self.samples.get_state("pseudo_withdrawn", "0") or 0),
             "pseudo_per_class": self.cfg.trainer.pseudo_per_class,
             "labels_corrected": self.samples.corrections,
             "retrain_threshold": self.cfg.trainer.retrain_threshold,
