@@ -428,7 +428,22 @@ class Daemon:
             out["ledger_check"] = self.ledger_check.status()
         out["board"] = self.board.read()
         out["latency_ms"] = self.pipeline.latency.as_dict()
+        out["trust"] = self._trust_status()
         return out
+
+    def _trust_status(self) -> dict:
+        """Which classes make pseudo-labels as the pipeline last read the checks, and what was taken back since the
+        start (:mod:`edge_agent.review.withdraw`): what the alerts tell of the device's learning."""
+        known = self.pipeline.labels.trust.known()
+        w = self.pipeline.withdrawals
+        last = w.last
+        return {
+            "trusted": None if known is None else sorted(known),
+            "withdrawals": w.taken,
+            "last_withdrawal": None
+            if last is None
+            else {"found": [list(pair) for pair in last.found], "returned_to_review": last.pooled, "to_withdraw_from_trainer": last.marked},
+        }
 
     def _write_status(self) -> None:
         st = self.status()

@@ -884,3 +884,36 @@ def test_home_assistant_is_told_when_the_last_backup_was_taken(tmp_path):
     assert SENSORS["last_backup"][2]["device_class"] == "timestamp"
     w.stop()
     db.close()
+
+
+def test_a_class_that_earns_or_loses_trust_and_pseudo_labels_taken_back_are_engine_events_said_once(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    hook = WebhookSection(url=receiver.url, format="ntfy", events=["engine"])
+    w = AlertWorker(AlertsSection(), NO_MQTT, [hook], db.path, tmp_path, "shed")
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
+    rot = "Apple___Black_rot"
+    w.observe(st | {"trust": {"trusted": None, "withdrawals": 0, "last_withdrawal": None}})  # the checks not read yet
+    w.observe(st | {"trust": {"trusted": [rot], "withdrawals": 0, "last_withdrawal": None}})  # the first read: no news
+    w.observe(st | {"trust": {"trusted": [], "withdrawals": 0, "last_withdrawal": None}})
+    taken = {"found": [[rot, "v1000"]], "returned_to_review": 2, "to_withdraw_from_trainer": 107}
+    w.observe(st | {"trust": {"trusted": [], "withdrawals": 1, "last_withdrawal": taken}})
+    w.observe(st | {"trust": {"trusted": [], "withdrawals": 1, "last_withdrawal": taken}})  # said once
+    w.observe(st | {"trust": {"trusted": [rot], "withdrawals": 1, "last_withdrawal": taken}})
+    w.deliver()
+    got = [(h["Title"], b.decode()) for h, b in receiver.got]
+    assert got == [
+        (
+            "edge-agent shed: stopped learning from Black rot (Apple) on its own",
+            "the expert found a sure answer of it wrong: its sure answers go to the expert again until right checks earn the trust back",
+        ),
+        (
+            "edge-agent shed: took back 109 pseudo-labels (Black rot (Apple) by v1000)",
+            "the expert found that engine's sure answers of it wrong: 2 back in the review queue, 107 withdrawn from the trainer",
+        ),
+        (
+            "edge-agent shed: learns from Black rot (Apple) on its own",
+            "the expert's checks show its sure answers of it right: they become pseudo-labels (a few still checked)",
+        ),
+    ]
+    w.stop()
+    db.close()

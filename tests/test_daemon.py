@@ -316,6 +316,8 @@ def test_cli_status_results_review(plantvillage, tmp_path, tiny_store, signing_k
     expert = db_rows(d.state, "SELECT label, file FROM label_queue WHERE kind = 'expert' ORDER BY label")
     assert [e[0] for e in expert] == ["Mango___rust", "Tomato___healthy"]
     assert all(Path(f).is_file() and "/expert/" in f for _, f in expert)
+    # what the alerts are told of the device's learning: every class trusted here (trust_checks = 0), nothing taken back
+    assert json.loads((d.state / "status.json").read_text())["trust"] == {"trusted": None, "withdrawals": 0, "last_withdrawal": None}
     assert d.terminate() == 0
     assert not json.loads(cli("status", "--json").stdout)["running"]
 
@@ -648,6 +650,10 @@ def test_the_default_daemon_asks_the_expert_about_confident_answers_until_their_
         cli("review", "label", first["photo_id"], first["label"])  # the expert agrees: one right check
         said, verdict, expert = db_rows(d.state, "SELECT r.label, r.verdict, e.label FROM expert_labels e JOIN results r USING (sha256)")[0]
         assert (said, verdict, expert) == (first["label"], "confident", first["label"])
+        wait_until(  # what the alerts are told of the device's learning: no class trusted yet, nothing taken back
+            lambda: json.loads((d.state / "status.json").read_text()).get("trust", {}).get("trusted") == [], 30, "the checks read"
+        )
+        assert json.loads((d.state / "status.json").read_text())["trust"] == {"trusted": [], "withdrawals": 0, "last_withdrawal": None}
     finally:
         d.terminate()
 

@@ -277,3 +277,16 @@ def test_status_says_which_classes_make_pseudo_labels_and_how_right_their_audits
     cfg.write_text("[labels]\ntrust_checks = 0\n")
     assert main(["status", "--state-dir", str(layout.root), "--config", str(cfg)]) == 0
     assert "trust: every class's sure answers become pseudo-labels" in capsys.readouterr().out
+
+
+def test_what_the_book_last_read_is_known_without_a_query_and_nothing_before_its_first_read(db):
+    book = TrustBook(db, LabelsSection())
+    _trusted(db)
+    assert book.known() is None  # not read yet: the alerts take no news from it
+    book.now()
+    assert book.known() == {"A"}
+    _photo(db, "A", expert="B")
+    assert book.known() == {"A"}  # as last read, no query
+    book.now()
+    assert book.known() == frozenset()
+    assert TrustBook(db, LabelsSection(trust_checks=0)).known() is None  # every class trusted: none to tell apart

@@ -169,7 +169,8 @@ _TRAINER_TROUBLES = (
 def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> list[tuple[str, dict]]:
     """The engine and health events between two of the daemon's statuses (``engine``, ``refused``, ``healthy``,
     ``backup``: the schedule's failure or None, ``trainer_stuck`` / ``trainer_no_room``: the trainer's state while it
-    stores no labels / has no room to retrain, or None), each with a ``title`` and ``message`` a phone shows (ntfy)."""
+    stores no labels / has no room to retrain, or None; ``trusted``, ``withdrawals``, ``last_withdrawal``: the
+    daemon's ``trust`` status), each with a ``title`` and ``message`` a phone shows (ntfy)."""
     head = f"edge-agent {device}"
     out: list[tuple[str, dict]] = []
     if now["engine"] != before["engine"]:
@@ -197,6 +198,7 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
         else:
             said = {"title": f"{head}: backups written again", "message": "the last backup was written"}
             out.append(("health", {"event": "backup_written", "device": device} | said))
+    out += _trust_events(head, device, before, now)
     # The trainer's troubles, each said once when it starts (with the trainer's state) and once when it ends.
     for key, on, off in _TRAINER_TROUBLES:
         state = now.get(key)
@@ -204,4 +206,35 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
             event, title, message = on if state else off
             said = {"title": f"{head}: {title}", "message": message.format(state=state)}
             out.append(("health", {"event": event, "device": device} | ({"trainer_state": state} if state else {}) | said))
+    return out
+
+
+def _trust_events(head: str, device: str, before: dict, now: dict) -> list[tuple[str, dict]]:
+    """The engine events of the device's own learning: a class that earned trust or lost it (its sure answers become
+    pseudo-labels, or go to the expert again), and the pseudo-labels taken back (:mod:`edge_agent.review.withdraw`)."""
+    out: list[tuple[str, dict]] = []
+    was, is_ = before.get("trusted"), now.get("trusted")
+    if was is not None and is_ is not None:
+        for label in sorted(set(is_) - set(was)):
+            said = {
+                "title": f"{head}: learns from {class_phrase(label)} on its own",
+                "message": "the expert's checks show its sure answers of it right: they become pseudo-labels (a few still checked)",
+            }
+            out.append(("engine", {"event": "trust_earned", "class": label, "device": device} | said))
+        for label in sorted(set(was) - set(is_)):
+            said = {
+                "title": f"{head}: stopped learning from {class_phrase(label)} on its own",
+                "message": "the expert found a sure answer of it wrong: its sure answers go to the expert again until right checks earn the trust back",
+            }
+            out.append(("engine", {"event": "trust_lost", "class": label, "device": device} | said))
+    last = now.get("last_withdrawal")
+    if last and now.get("withdrawals", 0) > before.get("withdrawals", 0):
+        found = ", ".join(f"{class_phrase(label)} by {version}" for label, version in last["found"])
+        n = last["returned_to_review"] + last["to_withdraw_from_trainer"]
+        said = {
+            "title": f"{head}: took back {n} pseudo-label{'' if n == 1 else 's'} ({found})",
+            "message": f"the expert found that engine's sure answers of it wrong: {last['returned_to_review']} back in the review queue, "
+            f"{last['to_withdraw_from_trainer']} withdrawn from the trainer",
+        }
+        out.append(("engine", {"event": "pseudo_labels_withdrawn", "device": device, **last} | said))
     return out

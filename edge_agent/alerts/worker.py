@@ -334,6 +334,7 @@ class AlertWorker(Worker):
             "backup": backup_failed,
             "trainer_stuck": stuck,
             "trainer_no_room": no_room,
+            **(status.get("trust") or {}),
         }
         before, self._observed = self._observed, now
         if before:

@@ -292,6 +292,14 @@ class TrustBook:
             return None
         return frozenset(label for label, t in self._read().items() if t.trusted)
 
+    def known(self) -> frozenset[str] | None:
+        """The classes trusted as the last read found them, with no query (None: not read yet, or every class with
+        ``trust_checks = 0``): what the daemon's status tells its alerts (the pipeline reads the checks again at every
+        idle turn)."""
+        if self.policy.trust_checks == 0 or self._stamp is None:
+            return None
+        return frozenset(label for label, t in self._trust.items() if t.trusted)
+
     def trusted(self, label: str) -> bool:
         """Whether ``label``'s confident answers may become pseudo-labels now."""
         return self.now()(label)

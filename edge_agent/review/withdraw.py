@@ -68,6 +68,9 @@ class Withdrawals:
     def __init__(self, db: ResultsDB, policy: LabelsSection) -> None:
         self.db, self.policy = db, policy
         self._stamp: tuple | None = None
+        #: Looks that took something back since the start, and the latest of them (the daemon's status, its alerts).
+        self.taken = 0
+        self.last: Withdrawal | None = None
 
     def run(self) -> Withdrawal | None:
         """Take back what the expert's new labels found wrong; None where there were none to read."""
@@ -84,5 +87,7 @@ class Withdrawals:
             found = found_wrong(new, checks, self.policy)
             pooled, marked = self.db.withdraw(found, [(c[4], c[6]) for c in new])
             done = Withdrawal(tuple(found), pooled, marked)
+            if found:
+                self.taken, self.last = self.taken + 1, done
         self._stamp = stamp
         return done
