@@ -307,6 +307,23 @@ def test_a_trainer_that_cannot_write_answers_no_withdrawal_and_one_without_a_poo
     assert [(m.kind, m.header["id"]) for m in wire[1:]] == [("withdrawn", sha)]
 
 
+def test_over_curve_a_device_withdraws_only_the_pseudo_labels_it_delivered(tmp_path):
+    store = SampleStore(tmp_path / "trainer")
+    data = encode_img(leaf_image(4))
+    sha = hashlib.sha256(data).hexdigest()
+    header = {"id": sha, "kind": "pseudo", "label": "A", "confidence": 0.99, "engine_version": "v0002", "ext": ".png"}
+    store.add(header | {"device": "orchard-1"}, data)
+    receiver = Receiver(store, HandoffSection(), Link("ipc:///nowhere/a", "ipc:///nowhere/b"))
+    wire = Wire(routed=True)
+    ask = {"id": sha, "label": "A", "engine_version": "v0002"}
+    receiver._withdraw(wire, b"peer", ask, who="orchard-2")  # another device's key: answered, nothing withdrawn
+    assert [m.kind for m in wire] == ["withdrawn"] and store.has(sha)
+    receiver._withdraw(wire, b"peer", ask, who="orchard-1")
+    assert not store.has(sha)
+    store.add(header, data)  # on the trainer's own socket (no keys) the local daemon withdraws what it names
+    assert store.withdraw(sha, "A", "v0002") is not None
+
+
 def test_status_and_the_trust_page_say_how_many_pseudo_labels_were_withdrawn_and_whether_the_trainer_took_them_back(tmp_path, capsys):
     from edge_agent.cli import main
     from edge_agent.state import StateLayout

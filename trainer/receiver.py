@@ -162,7 +162,7 @@ class Receiver(Worker):
             beat = {"role": "trainer", "time": time.time(), **self.describe(), "withdraws": True}
             router.send_multipart([peer, *encode("heartbeat", beat)])
         elif msg.kind == "withdraw":
-            self._withdraw(router, peer, msg.header)
+            self._withdraw(router, peer, msg.header, who)
         elif msg.kind == "sample":
             why = self._refusal(msg.header)
             if why is not None:
@@ -205,13 +205,14 @@ class Receiver(Worker):
             self.counters["malformed"] += 1
             self.log.warning("unexpected_message", kind=msg.kind)
 
-    def _withdraw(self, router, peer: bytes, header: dict) -> None:
+    def _withdraw(self, router, peer: bytes, header: dict, who: str | None = None) -> None:
         """A device takes back a pseudo-label it delivered (:mod:`edge_agent.review.withdraw`): it is no longer trained
         on, its photo kept in the unlabelled pool where the trainer keeps one (deleted where not), and ``withdrawn``
-        answered once that is durable; a sample that is not that pseudo-label (an expert label since, never stored) is
-        left as it is and answered all the same. A disk that fails is not answered: the device sends it again."""
+        answered once that is durable; a sample that is not that pseudo-label (an expert label since, never stored,
+        over CURVE another device's: ``who``, its key's name, must have delivered it) is left as it is and answered
+        all the same. A disk that fails is not answered: the device sends it again."""
         try:
-            gone = self.store.withdraw(header["id"], header["label"], header["engine_version"])
+            gone = self.store.withdraw(header["id"], header["label"], header["engine_version"], who)
             if gone is not None:
                 self._keep_unlabelled(gone)
         except Exception as exc:  # noqa: BLE001 - a full or damaged disk: no answer, the device asks again later

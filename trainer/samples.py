@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS samples (
     file TEXT NOT NULL,
     received REAL NOT NULL,
     generation TEXT,
-    first_label TEXT
+    first_label TEXT,
+    device TEXT
 );
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -98,8 +99,11 @@ def _open(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)
-        if "first_label" not in {r[1] for r in db.execute("PRAGMA table_info(samples)")}:  # a store from before
+        columns = {r[1] for r in db.execute("PRAGMA table_info(samples)")}
+        if "first_label" not in columns:  # a store from before
             db.execute("ALTER TABLE samples ADD COLUMN first_label TEXT")
+        if "device" not in columns:  # a store from before: no device recorded (no device withdraws those over CURVE)
+            db.execute("ALTER TABLE samples ADD COLUMN device TEXT")
         check_whole(db)  # (a season's labels: milliseconds)
     except BaseException:
         db.close()
@@ -177,7 +181,8 @@ class SampleStore:
         atomic_write(path, photo)
         with self._lock:
             cur = self._db.execute(
-                "INSERT OR IGNORE INTO samples (id, kind, label, confidence, engine_version, file, received) VALUES (?,?,?,?,?,?,?)",
+                "INSERT OR IGNORE INTO samples (id, kind, label, confidence, engine_version, file, received, device)"
+                " VALUES (?,?,?,?,?,?,?,?)",
                 (
                     header["id"],
                     header["kind"],
@@ -186,6 +191,7 @@ class SampleStore:
                     header["engine_version"],
                     str(path),
                     time.time(),
+                    header.get("device") or None,
                 ),
             )
         return cur.rowcount == 1
@@ -267,16 +273,17 @@ class SampleStore:
         self.set_state("pseudo_deleted", str(total))
         return len(gone), size
 
-    def withdraw(self, sample_id: str, label: str, engine_version: str) -> Sample | None:
+    def withdraw(self, sample_id: str, label: str, engine_version: str, device: str | None = None) -> Sample | None:
         """Delete the pseudo-label of ``sample_id`` where it is still stored as this pseudo-label (the class ``label`` by
-        ``engine_version``); the sample deleted (its photo still on disk: the caller keeps or deletes it), or None where
-        there was none (an expert label since, another label, never stored). The running total is kept in the state
+        ``engine_version``) and, where ``device`` names the device asking (its CURVE key's), as that device's; the
+        sample deleted (its photo still on disk: the caller keeps or deletes it), or None where there was none (an
+        expert label since, another label, another device's, never stored). The running total is kept in the state
         table (``pseudo_withdrawn``)."""
         with self._lock:
             row = self._db.execute(
                 "SELECT id, kind, label, confidence, engine_version, file, received, generation, first_label FROM samples"
-                " WHERE id = ? AND kind = 'pseudo' AND label = ? AND engine_version = ?",
-                (sample_id, label, engine_version),
+                " WHERE id = ? AND kind = 'pseudo' AND label = ? AND engine_version = ? AND (? IS NULL OR device = ?)",
+                (sample_id, label, engine_version, device, device),
             ).fetchone()
             if row is None:
                 return None
