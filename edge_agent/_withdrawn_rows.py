@@ -16,7 +16,10 @@ from collections.abc import Callable, Iterable
 
 from edge_agent._ledger_file import missing_table
 
-__all__ = ["WithdrawnRows"]
+__all__ = ["PUT_SENT", "WithdrawnRows"]
+
+#: A pseudo-label the trainer acknowledged: (sha256, class, engine version, when, withdrawn: None or when).
+PUT_SENT = "INSERT OR REPLACE INTO pseudo_sent (sha256, label, engine_version, sent, withdrawn) VALUES (?,?,?,?,?)"
 
 
 class WithdrawnRows:
@@ -64,10 +67,7 @@ class WithdrawnRows:
         flight): recorded as delivered and to be withdrawn at once."""
         now = time.time()
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO pseudo_sent (sha256, label, engine_version, sent, withdrawn) VALUES (?,?,?,?,?)",
-                (sha256, label, engine_version, now, now),
-            )
+            self._db.execute(PUT_SENT, (sha256, label, engine_version, now, now))
 
     def withdrawals_due(self, limit: int) -> list[tuple[str, str, str]]:
         """Up to ``limit`` delivered pseudo-labels to withdraw that the trainer has not yet confirmed: (sha256, class,

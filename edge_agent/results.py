@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent._ledger_file import LEDGER_TABLES, forget_closed, missing_table, open_writable, record_closed, unchanged_since_closed
 from edge_agent._pool_rows import PUT_DISTANCES, PoolRows
-from edge_agent._withdrawn_rows import WithdrawnRows
+from edge_agent._withdrawn_rows import PUT_SENT, WithdrawnRows
 from edge_agent.capture_place import NEAR_M, Place, near_sql, place_of
 from edge_agent.ledger_rows import LedgerColumns, QueueEntry, ResultRow, result_record
 from edge_agent.storage_errors import damaged_file, storage_problem
@@ -261,10 +261,7 @@ class ResultsDB(PoolRows, WithdrawnRows):
                     first()
                     cur.execute("DELETE FROM label_queue WHERE sha256 = ?", (entry.sha256,))
                     if delivered and entry.kind == "pseudo":
-                        cur.execute(
-                            "INSERT OR REPLACE INTO pseudo_sent (sha256, label, engine_version, sent) VALUES (?,?,?,?)",
-                            (entry.sha256, entry.label, entry.engine_version or "", time.time()),
-                        )
+                        cur.execute(PUT_SENT, (entry.sha256, entry.label, entry.engine_version or "", time.time(), None))
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()

@@ -47,6 +47,7 @@ __all__ = [
     "nearest_first",
     "right_checks_to_trust",
     "standing",
+    "standings",
     "trust_table",
     "wilson_lower",
 ]
@@ -186,7 +187,8 @@ def audit_tally(checks: list[tuple], policy: LabelsSection) -> dict[str, tuple[i
     return out
 
 
-def _trust(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
+def standings(checks: list[tuple], policy: LabelsSection) -> dict[str, ClassTrust]:
+    """Every checked class's standing as ``expert_checks()`` rows stand (a class never checked is absent)."""
     return {label: standing(label, window, policy) for label, window in check_windows(checks, policy).items()}
 
 
@@ -200,7 +202,7 @@ def _confusion(checks: list[tuple]) -> dict[str, dict[str, int]]:
 
 def class_trust(db: ResultsDB, policy: LabelsSection) -> dict[str, ClassTrust]:
     """Every class the expert has checked, with its standing (a class never checked is absent)."""
-    return _trust(db.expert_checks(), policy)
+    return standings(db.expert_checks(), policy)
 
 
 def confusion(db: ResultsDB) -> dict[str, dict[str, int]]:
@@ -232,7 +234,7 @@ class TrustRow:
 def trust_table(db: ResultsDB, policy: LabelsSection) -> tuple[list[TrustRow], dict[str, dict[str, int]], list[str]]:
     """The trust table's rows (most labelled first), the confusion counts and their columns (the expert's classes)."""
     checks = db.expert_checks()
-    table, trust, audits = _confusion(checks), _trust(checks, policy), audit_tally(checks, policy)
+    table, trust, audits = _confusion(checks), standings(checks, policy), audit_tally(checks, policy)
     rows = []
     for label, said in table.items():
         t = trust.get(label) or standing(label, [], policy)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edge_agent.review.checks import check_evidence, check_windows, covered, standing
+from edge_agent.review.checks import check_evidence, covered, standings
 
 if TYPE_CHECKING:
     from edge_agent.config import LabelsSection
@@ -45,7 +45,7 @@ def found_wrong(new: list[tuple], checks: list[tuple], policy: LabelsSection) ->
     """The (class, engine version) pairs of the checks among ``new`` that the expert found wrong, where, as every check
     (``checks``; both ``expert_checks()`` rows) stands now, that class is not trusted and that engine's own checks of
     it favour an engine right ``trust_against`` of the time (:func:`edge_agent.review.checks.check_evidence` below 0)."""
-    trusted = {label for label, window in check_windows(checks, policy).items() if standing(label, window, policy).trusted}
+    trusted = {label for label, t in standings(checks, policy).items() if t.trusted}
     tally: dict[tuple[str, str], list[int]] = {}
     for said, verdict, expert, confidence, _sha, version, _labelled in checks:
         if covered(verdict, confidence, policy):
