@@ -171,6 +171,16 @@ class PoolRows:
                 (sha256, label, verdict, time.time()),
             )
 
+    def prune_unlabelled_sent(self, before: float, since: float = -math.inf) -> int:
+        """Forget the unlabelled photos handed over from ``since`` to before ``before``, but those still in the review
+        pool (they would be handed over again); how many rows went."""
+        with self._lock:
+            return self._db.execute(
+                "DELETE FROM unlabelled_sent WHERE sent >= ? AND sent < ?"
+                " AND sha256 NOT IN (SELECT sha256 FROM label_queue WHERE kind = 'review')",
+                (since, before),
+            ).rowcount
+
     def unlabelled_sent_since(self, since: float, until: float = math.inf) -> dict[tuple[str, str], int]:
         """(class, verdict) -> unlabelled photos the trainer acknowledged from ``since`` to before ``until``."""
         rows = self._query(

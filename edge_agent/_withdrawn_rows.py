@@ -9,6 +9,7 @@ labels already read for that.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 import time
@@ -86,6 +87,14 @@ class WithdrawnRows:
                 (time.time(), sha256),
             )
         return cur.rowcount == 1
+
+    def prune_pseudo_sent(self, before: float, since: float = -math.inf) -> int:
+        """Forget the pseudo-labels delivered from ``since`` to before ``before``, but those withdrawn and not yet
+        confirmed by the trainer (still to tell it); how many rows went."""
+        with self._lock:
+            return self._db.execute(
+                "DELETE FROM pseudo_sent WHERE sent >= ? AND sent < ? AND (withdrawn IS NULL OR confirmed IS NOT NULL)", (since, before)
+            ).rowcount
 
     def withdrawn_counts(self) -> dict[str, tuple[int, int]]:
         """Per class: delivered pseudo-labels withdrawn, and of them those the trainer confirmed ({} from a ledger from

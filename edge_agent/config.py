@@ -205,7 +205,11 @@ class RetentionSection(Section):
         30.0, ge=0, le=36500, description="Processed photos (processed/YYYY-MM-DD/) older than this many days are removed; 0: kept."
     )
     result_days: float = Field(
-        365.0, ge=0, le=36500, description="Result rows and the page's thumbnails older than this many days are removed; 0: kept."
+        365.0,
+        ge=0,
+        le=36500,
+        description="Result rows, the page's thumbnails and the records of what the trainer acknowledged older than this many "
+        "days are removed; 0: kept.",
     )
     source_result_days: dict[str, float] = Field(
         {}, description="Per source ('inbox', 'camera:<source>'): its result rows' own result_days (a camera's many frames)."

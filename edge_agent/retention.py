@@ -3,7 +3,9 @@ whenever the disk passes its floor; what the loop still needs stays.
 
 * Processed photos (``processed/YYYY-MM-DD/``) older than ``[retention] photo_days`` are removed, whole days, oldest
   first; result rows older than ``result_days`` (per source: ``source_result_days``) and the page's cached
-  thumbnails too. A result row may outlive its photo: the history stays.
+  thumbnails too. A result row may outlive its photo: the history stays. The ledger's records of what was handed to
+  the trainer (pseudo-labels delivered, unlabelled photos) go after ``result_days`` too, but a withdrawal the trainer
+  has not yet confirmed and a photo still in the review pool (it would be handed over again).
 * Whenever less than the floor is free (``min_free_gb`` or ``min_free_percent`` of the disk, whichever is smaller), the
   oldest processed photos go, then the oldest thumbnails, until the floor is met; looked at every minute. A photo the
   label queue or review pool holds too (the same file, hard-linked) stays: deleting it would free nothing.
@@ -63,6 +65,7 @@ class Pruned:
     engines: int = 0  # engine versions deleted
     engine_bytes: int = 0
     kept_for_alerts: int = 0
+    records: int = 0  # ledger rows of what was handed to the trainer
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: Pruned) -> None:
@@ -72,6 +75,7 @@ class Pruned:
         self.thumbs += other.thumbs
         self.engines += other.engines
         self.engine_bytes += other.engine_bytes
+        self.records += other.records
 
 
 def pending_alert_photos(state_root: Path, db: ResultsDB, wait_s: float = 30.0) -> dict[str, tuple[float, str]]:
@@ -222,6 +226,8 @@ class Retention(Worker):
             for src, days in sources.items():
                 if days > 0:
                     pruned.results += self._prune_results(now - days * 86400, src, keep)
+            if s.result_days > 0:
+                pruned.records += self._prune_records(now - s.result_days * 86400)
         except sqlite3.Error as exc:  # a locked or full disk: next pass
             pruned.notes.append(f"results not pruned: {exc}")
         if s.result_days > 0:
@@ -233,6 +239,11 @@ class Retention(Worker):
         return sum(
             self.db.prune_results(hi, source, keep, since=None if math.isinf(lo) else lo) for lo, hi in self.clock.older_than(cutoff)
         )
+
+    def _prune_records(self, cutoff: float) -> int:
+        """The records of pseudo-labels delivered and unlabelled photos handed over before ``cutoff``, each counted on
+        the clock that stamped it."""
+        return sum(self.db.prune_pseudo_sent(hi, lo) + self.db.prune_unlabelled_sent(hi, lo) for lo, hi in self.clock.older_than(cutoff))
 
     def to_floor(self) -> Pruned:
         """The oldest photos, then thumbnails, until the disk has its floor free."""
@@ -312,13 +323,14 @@ class Retention(Worker):
         self.pruned.add(pruned)
         self.last_pass = self.now()
         self._measure()
-        if pruned.photos or pruned.results or pruned.thumbs:
+        if pruned.photos or pruned.results or pruned.thumbs or pruned.records:
             self.log.info(
                 "pruned",
                 photos=pruned.photos,
                 mb=round(pruned.photo_bytes / 1e6, 1),
                 results=pruned.results,
                 thumbnails=pruned.thumbs,
+                records=pruned.records,
                 free_gb=round(self.kept.get("free_bytes", 0) / 1e9, 2),
             )
         if self.kept.get("below_floor"):
@@ -368,6 +380,7 @@ class Retention(Worker):
             "pruned_bytes": self.pruned.photo_bytes,
             "pruned_results": self.pruned.results,
             "pruned_thumbnails": self.pruned.thumbs,
+            "pruned_records": self.pruned.records,
             "pruned_engines": self.pruned.engines,
             "pruned_engine_bytes": self.pruned.engine_bytes,
             "engine_versions": s.engine_versions,

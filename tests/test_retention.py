@@ -97,6 +97,41 @@ def test_a_farm_idle_longer_than_result_days_keeps_its_newest_row_so_a_new_resul
     assert db.last_result_id() == newest + 1
 
 
+def test_the_records_of_what_was_handed_to_the_trainer_go_after_result_days_but_those_still_needed(tmp_path):
+    """A withdrawal the trainer has not yet confirmed must still be sent; a pool photo's record keeps it from going
+    to the trainer twice."""
+    state, db = _state(tmp_path)
+    old, new = NOW - 400 * DAY, NOW - 10 * DAY
+    with sqlite3.connect(state / "results.sqlite") as c:
+        c.executemany(
+            "INSERT INTO pseudo_sent (sha256, label, engine_version, sent, withdrawn, confirmed) VALUES (?,?,?,?,?,?)",
+            [
+                ("old", "A", "v1", old, None, None),
+                ("old-taken-back", "A", "v1", old, old + DAY, old + DAY),
+                ("old-to-tell", "A", "v1", old, NOW - DAY, None),
+                ("new", "A", "v1", new, None, None),
+            ],
+        )
+        c.executemany(
+            "INSERT INTO unlabelled_sent (sha256, label, verdict, sent) VALUES (?,?,?,?)",
+            [("old-gone", "A", "unsure", old), ("old-in-pool", "A", "unsure", old), ("new", "A", "unsure", new)],
+        )
+        c.execute(
+            "INSERT INTO label_queue (sha256, photo_id, kind, label, confidence, engine_version, file, bytes, created)"
+            " VALUES ('old-in-pool', 'p', 'review', 'A', 0.4, 'v1', 'f.jpg', 1, ?)",
+            (old,),
+        )
+    r = Retention(RetentionSection(), state, db, now=lambda: NOW, usage=_disk(state, 1 << 40))
+    assert r.run_once().records == 3 and r.status()["pruned_records"] == 3
+    with sqlite3.connect(state / "results.sqlite") as c:
+        assert sorted(x for (x,) in c.execute("SELECT sha256 FROM pseudo_sent")) == ["new", "old-to-tell"]
+        assert sorted(x for (x,) in c.execute("SELECT sha256 FROM unlabelled_sent")) == ["new", "old-in-pool"]
+    assert db.withdrawals_due(10) == [("old-to-tell", "A", "v1")]
+    assert r.run_once().records == 0
+    r = Retention(RetentionSection(result_days=0), state, db, now=lambda: NOW + 900 * DAY, usage=_disk(state, 1 << 40))
+    assert r.run_once().records == 0  # result_days = 0: kept, as the results are
+
+
 def test_below_the_floor_the_oldest_photos_go_first_until_it_is_met(tmp_path):
     state, db = _state(tmp_path)
     for i in range(20):
