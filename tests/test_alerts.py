@@ -917,3 +917,32 @@ def test_a_class_that_earns_or_loses_trust_and_pseudo_labels_taken_back_are_engi
     ]
     w.stop()
     db.close()
+
+
+def test_home_assistant_shows_which_classes_the_device_learns_from_on_its_own_and_each_engine_event_is_a_type_it_takes(tmp_path):
+    from edge_agent.alerts.homeassistant import ENGINE_EVENTS, discovery
+    from edge_agent.alerts.messages import status_events
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path)
+    sent = _states_sent(w)
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}}
+    w.observe(st | {"trust": {"trusted": None, "withdrawals": 0, "last_withdrawal": None}})
+    assert sent[-1]["learns_on_its_own"] is None and sent[-1]["learns_on_its_own_classes"] is None  # unknown, not 0
+    w.observe(st | {"trust": {"trusted": ["Apple___Black_rot", "Apple___Apple_scab"], "withdrawals": 0, "last_withdrawal": None}})
+    assert sent[-1]["learns_on_its_own"] == 2  # a change is published at once
+    assert sent[-1]["learns_on_its_own_classes"] == ["Black rot (Apple)", "Apple scab (Apple)"]
+    w.stop()
+    db.close()
+    entities = {t.split("/")[-2]: json.loads(p) for t, p, _ in discovery(MqttSection(host="x"), "shed", "0.1.0")}
+    sensor = entities["learns_on_its_own"]
+    assert sensor["value_template"] == "{{ value_json.learns_on_its_own }}" and sensor["json_attributes_topic"] == sensor["state_topic"]
+    assert "learns_on_its_own_classes" in sensor["json_attributes_template"]
+    assert entities["engine"]["state_topic"] == "edge-agent/shed/engine"
+    # every engine event the daemon sends names a type the entity declares (one it does not is dropped by Home Assistant)
+    taken = {"found": [["Apple___Black_rot", "v1001"]], "returned_to_review": 1, "to_withdraw_from_trainer": 0}
+    before = {"engine": "v1000", "refused": {}, "healthy": True, "backup": None, "trusted": ["Apple___Black_rot"], "withdrawals": 0}
+    now = before | {"engine": "v1001", "refused": {"v1002": "bad signature"}, "trusted": ["Apple___Apple_scab"]}
+    events = status_events("shed", before, now | {"withdrawals": 1, "last_withdrawal": taken}, [])
+    types = [body["event_type"] for kind, body in events if kind == "engine"]
+    assert sorted(types) == sorted(ENGINE_EVENTS) and all(body["event_type"] == body["event"] for _, body in events if "event_type" in body)

@@ -111,7 +111,7 @@ def test_alerts_results_state_and_discovery_reach_the_broker(tmp_path, broker):
     w = _worker(tmp_path, db, broker.port)
     w.start()
     heard.wait(lambda: heard.on("edge-agent/greenhouse/available") == [b"online"])
-    heard.wait(lambda: len([t for t, _, _ in heard.messages if t.startswith("homeassistant/")]) == 8)
+    heard.wait(lambda: len([t for t, _, _ in heard.messages if t.startswith("homeassistant/")]) == 10)  # 8 sensors, 2 events
     _result(db, "Tomato___Late_blight")
     _result(db, "Tomato___Late_blight")
     _result(db, "Tomato___healthy")
@@ -125,6 +125,10 @@ def test_alerts_results_state_and_discovery_reach_the_broker(tmp_path, broker):
     heard.wait(lambda: heard.on("edge-agent/greenhouse/state"))
     state = json.loads(heard.on("edge-agent/greenhouse/state")[-1])
     assert state["photos_today"] == 3 and state["alerts_today"] == 1 and state["last_diagnosis"] == "healthy (Tomato)"
+    w.observe({"engine": {"engine_version": "v1001"}, "healthy": True})
+    heard.wait(lambda: heard.on("edge-agent/greenhouse/engine"))
+    swapped = json.loads(heard.on("edge-agent/greenhouse/engine")[0])  # what the Engine event entity reads
+    assert swapped["event_type"] == "swapped" and swapped["to"] == "v1001"
     w.stop()
     heard.wait(lambda: heard.on("edge-agent/greenhouse/available")[-1] == b"offline")
     heard.close()

@@ -1,8 +1,9 @@
-"""Home Assistant MQTT discovery: the device appears with its sensors and an alert event, with no YAML.
+"""Home Assistant MQTT discovery: the device appears with its sensors, an alert event and an engine event, with no YAML.
 
 Published retained on every (re)connect to ``<discovery_prefix>/<component>/edge_agent_<device>/<key>/config``
 (Home Assistant's documented discovery topic), each entity reading the retained ``<prefix>/<device>/state`` JSON
-or, for the event, ``<prefix>/<device>/alert``; all share the ``available`` topic the last will sets to offline.
+or, for the events, ``<prefix>/<device>/alert`` and ``<prefix>/<device>/engine``; all share the ``available`` topic
+the last will sets to offline.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 from edge_agent.alerts.config import MqttSection
 from edge_agent.alerts.messages import Topics
 
-__all__ = ["SENSORS", "discovery", "node_id"]
+__all__ = ["ENGINE_EVENTS", "SENSORS", "discovery", "node_id"]
 
 #: key -> (name, value in the state JSON, extra discovery keys)
 SENSORS = {
@@ -28,7 +29,19 @@ SENSORS = {
         "last_backup",
         {"device_class": "timestamp", "entity_category": "diagnostic", "icon": "mdi:backup-restore"},
     ),
+    "learns_on_its_own": (  # unknown until the daemon has read the expert's checks, and with [labels] trust_checks = 0
+        "Learns on its own",
+        "learns_on_its_own",
+        {
+            "unit_of_measurement": "classes",
+            "icon": "mdi:school",
+            "json_attributes_template": "{{ {'classes': value_json.learns_on_its_own_classes} | tojson }}",
+        },
+    ),
 }
+
+#: The ``event`` of each message on the engine topic (:func:`edge_agent.alerts.messages.status_events`).
+ENGINE_EVENTS = ["swapped", "refused", "trust_earned", "trust_lost", "pseudo_labels_withdrawn"]
 
 
 def node_id(device: str) -> str:
@@ -57,7 +70,7 @@ def discovery(section: MqttSection, device: str, version: str) -> list[tuple[str
             **extra,
             **common,
         }
-        if key == "last_diagnosis":
+        if key == "last_diagnosis" or "json_attributes_template" in extra:
             payload["json_attributes_topic"] = topics.state
         out.append((f"{section.discovery_prefix}/sensor/{node}/{key}/config", json.dumps(payload).encode(), True))
     event = {
@@ -69,4 +82,13 @@ def discovery(section: MqttSection, device: str, version: str) -> list[tuple[str
         **common,
     }
     out.append((f"{section.discovery_prefix}/event/{node}/alert/config", json.dumps(event).encode(), True))
+    engine = {
+        "name": "Engine event",
+        "unique_id": f"{node}_engine",
+        "state_topic": topics.engine,
+        "event_types": ENGINE_EVENTS,
+        "icon": "mdi:chip",
+        **common,
+    }
+    out.append((f"{section.discovery_prefix}/event/{node}/engine/config", json.dumps(engine).encode(), True))
     return out

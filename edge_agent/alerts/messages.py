@@ -170,7 +170,8 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
     """The engine and health events between two of the daemon's statuses (``engine``, ``refused``, ``healthy``,
     ``backup``: the schedule's failure or None, ``trainer_stuck`` / ``trainer_no_room``: the trainer's state while it
     stores no labels / has no room to retrain, or None; ``trusted``, ``withdrawals``, ``last_withdrawal``: the
-    daemon's ``trust`` status), each with a ``title`` and ``message`` a phone shows (ntfy)."""
+    daemon's ``trust`` status), each with a ``title`` and ``message`` a phone shows (ntfy); an engine event's
+    ``event`` is its ``event_type`` too, which Home Assistant's event entity reads."""
     head = f"edge-agent {device}"
     out: list[tuple[str, dict]] = []
     if now["engine"] != before["engine"]:
@@ -206,7 +207,7 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
             event, title, message = on if state else off
             said = {"title": f"{head}: {title}", "message": message.format(state=state)}
             out.append(("health", {"event": event, "device": device} | ({"trainer_state": state} if state else {}) | said))
-    return out
+    return [(kind, body | {"event_type": body["event"]}) if kind == "engine" else (kind, body) for kind, body in out]
 
 
 def _trust_events(head: str, device: str, before: dict, now: dict) -> list[tuple[str, dict]]:

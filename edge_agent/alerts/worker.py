@@ -344,6 +344,7 @@ class AlertWorker(Worker):
         if self.mqtt is None:  # the device's state is published for Home Assistant only
             return
         start, end = today()
+        trusted = (status.get("trust") or {}).get("trusted")  # the classes that make pseudo-labels; None: not yet read
         photos = self._results("SELECT COUNT(*) FROM results WHERE created >= ? AND created < ?", (start, end))
         queued = self._results("SELECT COUNT(*) FROM label_queue")
         with self._state_lock:
@@ -354,6 +355,8 @@ class AlertWorker(Worker):
                 "queue_depth": queued[0][0] if queued else 0,
                 "healthy": bool(healthy),
                 "last_backup": _when(last_backup(self.state_dir)),
+                "learns_on_its_own": None if trusted is None else len(trusted),
+                "learns_on_its_own_classes": None if trusted is None else [class_phrase(label) for label in trusted],
             }
         now = time.monotonic()
         state = self._retained_state()
