@@ -457,7 +457,7 @@ def test_the_readme_api_reference_is_the_one_generated_from_the_document():
 
 
 # ---- metrics --------------------------------------------------------------------
-def _status(state: Path) -> None:
+def _status(state: Path, **changes) -> None:
     import os
 
     from edge_agent.latency import LatencyHistograms
@@ -483,7 +483,9 @@ def _status(state: Path) -> None:
             "destinations": {"mqtt": {}, "webhook-1": {}},
         },
         "board": {"temperature_c": {"cpu-thermal": 51.5, 'odd"zone': 40.0}, "power_w": 7.25},
+        "trust": {"trusted": ["Apple___Black_rot", "Tomato___healthy"], "withdrawals": 1, "last_withdrawal": None},
     }
+    status.update(changes)
     (state / "status.json").write_text(json.dumps(status))
 
 
@@ -508,6 +510,14 @@ def test_metrics_parse_as_prometheus_text_and_carry_what_the_services_report(sta
     assert samples[("edge_agent_latency_seconds_bucket", (("le", "+Inf"), ("stage", "total")))] == 2
     assert samples[("edge_agent_latency_seconds_count", (("stage", "preprocess"),))] == 1
     assert samples[("edge_agent_label_queue", (("kind", "review"),))] == 2
+    assert samples[("edge_agent_class_trusted", (("label", "Apple___Black_rot"),))] == 1
+    assert len([n for n, _ in samples if n == "edge_agent_class_trusted"]) == 2 and samples[("edge_agent_withdrawals_total", ())] == 1
+
+
+def test_metrics_list_no_trusted_class_before_the_daemon_has_read_the_checks(state):
+    _status(state, trust={"trusted": None, "withdrawals": 0, "last_withdrawal": None})
+    text = client(state).get("/metrics").text
+    assert "edge_agent_class_trusted" not in text and "edge_agent_withdrawals_total 0" in text
 
 
 def test_metrics_of_a_fresh_state_directory_say_nothing_runs(tmp_path):

@@ -120,6 +120,15 @@ def _daemon(x: Exposition, st: dict, up: bool) -> None:
     x.one("edge_agent_engine_swaps_total", "counter", "Engine versions put in service while running.", hot.get("swaps", 0))
     refused = hot.get("refused") or {}
     x.one("edge_agent_engine_refused_versions", "gauge", "Engine versions refused (bad signature, failed check).", len(refused))
+    trust = st.get("trust") or {}
+    if trust.get("trusted") is not None:  # not before the daemon has read the expert's checks, nor with trust_checks = 0
+        x.family("edge_agent_class_trusted", "gauge", "1 for each class whose sure answers become pseudo-labels.")
+        for label in trust["trusted"]:
+            x.sample("edge_agent_class_trusted", 1, label=label)
+    if trust:
+        x.one(
+            "edge_agent_withdrawals_total", "counter", "Times pseudo-labels were taken back since the start.", trust.get("withdrawals", 0)
+        )
     for stage, hist in (st.get("latency_ms") or {}).items():
         x.histogram(
             "edge_agent_latency_seconds", "Seconds per photo: total (arrival to result), infer, preprocess.", hist, 0.001, stage=stage
