@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import sqlite3
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -864,7 +865,7 @@ def test_the_digest_names_the_plants_with_a_disease_the_experts_label_first(tmp_
     body = w.digest_due(time.time() + 1)
     assert body["plants"] == {"tree 1": "Apple___Apple_scab", "tree 3": "Apple___Black_rot"} and body["plants_unsure"] == ["tree 4"]
     assert "; plants with a disease: tree 1 (Apple scab (Apple)), tree 3 (Black rot (Apple)); " in body["message"]
-    assert body["message"].endswith("plants the model is not sure of: tree 4 (ask an expert: the Plants page)")
+    assert body["message"].endswith("plants the model is not sure of: tree 4 (ask an expert: the Plants page); learning: 1 expert label")
     w.stop()
     db.close()
 
@@ -946,3 +947,31 @@ def test_home_assistant_shows_which_classes_the_device_learns_from_on_its_own_an
     events = status_events("shed", before, now | {"withdrawals": 1, "last_withdrawal": taken}, [])
     types = [body["event_type"] for kind, body in events if kind == "engine"]
     assert sorted(types) == sorted(ENGINE_EVENTS) and all(body["event_type"] == body["event"] for _, body in events if "event_type" in body)
+
+
+def test_the_digest_says_what_the_device_learnt_from_and_what_waits_for_the_expert(tmp_path):
+    from edge_agent._withdrawn_rows import PUT_SENT
+    from edge_agent.ledger_rows import QueueEntry
+
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = _worker(tmp_path, db.path, digest_at="00:00")
+    _result(db, "Apple___Apple_scab")
+    assert w.digest_due(time.time())["message"] == "Apple scab (Apple): 1"  # nothing learnt, nothing waits: not said
+    for i in range(2):
+        sha = _result(db, "Apple___Black_rot", verdict="unsure")
+        db.commit([], [QueueEntry(sha, sha[:16], "review", "Apple___Black_rot", 0.5, "v1000", f"q{i}.jpg", 10, time.time())])
+    db.mark_expert(_result(db, "Apple___Black_rot"), "Apple___Black_rot", "x.jpg")
+    with sqlite3.connect(db.path) as c:
+        c.execute(PUT_SENT, ("ab" * 32, "Apple___Black_rot", "v1000", time.time(), None))
+        c.execute(PUT_SENT, ("cd" * 32, "Apple___Black_rot", "v1000", time.time() - 2 * 86400, None))  # another day's
+    w.observe({"engine": {"engine_version": "v1000"}, "healthy": True, "trust": {"trusted": []}})
+    body = w.digest_due(time.time())
+    assert body["message"].endswith(
+        "; learning: 1 expert label, 1 pseudo-label to the trainer, learns from no class on its own yet, 2 photos wait for the expert (the Review page)"
+    ), body["message"]
+    w.observe({"engine": {"engine_version": "v1000"}, "healthy": True, "trust": {"trusted": ["Apple___Black_rot"]}})
+    body = w.digest_due(time.time())
+    assert "learns on its own from Black rot (Apple), 2 photos wait" in body["message"]
+    assert body["learning"] == {"expert_labels": 1, "pseudo_labels": 1, "learns_on_its_own": ["Apple___Black_rot"], "review_waiting": 2}
+    w.stop()
+    db.close()
