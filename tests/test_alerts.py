@@ -920,9 +920,10 @@ def test_a_class_that_earns_or_loses_trust_and_pseudo_labels_taken_back_are_engi
     db.close()
 
 
-def test_home_assistant_shows_which_classes_the_device_learns_from_on_its_own_and_each_engine_event_is_a_type_it_takes(tmp_path):
+def test_home_assistant_shows_what_the_device_learns_from_on_its_own_what_waits_for_the_expert_and_takes_each_engine_event(tmp_path):
     from edge_agent.alerts.homeassistant import ENGINE_EVENTS, discovery
     from edge_agent.alerts.messages import status_events
+    from edge_agent.ledger_rows import QueueEntry
 
     db = ResultsDB(tmp_path / "results.sqlite")
     w = _worker(tmp_path, db.path)
@@ -933,6 +934,12 @@ def test_home_assistant_shows_which_classes_the_device_learns_from_on_its_own_an
     w.observe(st | {"trust": {"trusted": ["Apple___Black_rot", "Apple___Apple_scab"], "withdrawals": 0, "last_withdrawal": None}})
     assert sent[-1]["learns_on_its_own"] == 2  # a change is published at once
     assert sent[-1]["learns_on_its_own_classes"] == ["Black rot (Apple)", "Apple scab (Apple)"]
+    assert sent[-1]["review_waiting"] == 0 and sent[-1]["queue_depth"] == 0
+    for i, kind in enumerate(("review", "review", "pseudo")):
+        sha = _result(db, "Apple___Black_rot")
+        db.commit([], [QueueEntry(sha, sha[:16], kind, "Apple___Black_rot", 0.99, "v1000", f"q{i}.jpg", 10, time.time())])
+    w.observe(st | {"trust": {"trusted": ["Apple___Black_rot"], "withdrawals": 0, "last_withdrawal": None}})
+    assert sent[-1]["review_waiting"] == 2 and sent[-1]["queue_depth"] == 3  # what the expert is asked about, of all queued
     w.stop()
     db.close()
     entities = {t.split("/")[-2]: json.loads(p) for t, p, _ in discovery(MqttSection(host="x"), "shed", "0.1.0")}

@@ -24,6 +24,11 @@ SENSORS = {
     "alerts_today": ("Alerts today", "alerts_today", {"state_class": "total_increasing", "icon": "mdi:alert"}),
     "engine_version": ("Engine version", "engine_version", {"entity_category": "diagnostic", "icon": "mdi:chip"}),
     "queue_depth": ("Label queue", "queue_depth", {"entity_category": "diagnostic", "state_class": "measurement"}),
+    "review_waiting": (
+        "Waiting for the expert",
+        "review_waiting",
+        {"unit_of_measurement": "photos", "state_class": "measurement", "icon": "mdi:account-question"},
+    ),
     "last_backup": (
         "Last backup",
         "last_backup",

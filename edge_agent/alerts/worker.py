@@ -347,13 +347,14 @@ class AlertWorker(DigestRounds, Worker):
         start, end = today()
         trusted = (status.get("trust") or {}).get("trusted")  # the classes that make pseudo-labels; None: not yet read
         photos = self._results("SELECT COUNT(*) FROM results WHERE created >= ? AND created < ?", (start, end))
-        queued = self._results("SELECT COUNT(*) FROM label_queue")
+        queued = self._results("SELECT kind = 'review', COUNT(*) FROM label_queue GROUP BY 1")
         with self._state_lock:
             self._state |= {
                 "photos_today": photos[0][0] if photos else 0,
                 "alerts_today": self.outbox.alerts_since(start, end),
                 "engine_version": engine,
-                "queue_depth": queued[0][0] if queued else 0,
+                "queue_depth": sum(n for _, n in queued),
+                "review_waiting": sum(n for review, n in queued if review),
                 "healthy": bool(healthy),
                 "last_backup": _when(last_backup(self.state_dir)),
                 "learns_on_its_own": None if trusted is None else len(trusted),
