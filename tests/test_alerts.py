@@ -971,14 +971,27 @@ def test_the_digest_says_what_the_device_learnt_from_and_what_waits_for_the_expe
     with sqlite3.connect(db.path) as c:
         c.execute(PUT_SENT, ("ab" * 32, "Apple___Black_rot", "v1000", time.time(), None))
         c.execute(PUT_SENT, ("cd" * 32, "Apple___Black_rot", "v1000", time.time() - 2 * 86400, None))  # another day's
+        c.execute(PUT_SENT, ("ef" * 32, "Apple___Black_rot", "v1000", time.time() - 2 * 86400, time.time()))  # taken back today
+    w._digest()
+    assert not w.outbox.get("digest_day")  # the daemon's first status not yet read: a digest due at the start waits
     w.observe({"engine": {"engine_version": "v1000"}, "healthy": True, "trust": {"trusted": []}})
     body = w.digest_due(time.time())
     assert body["message"].endswith(
-        "; learning: 1 expert label, 1 pseudo-label to the trainer, learns from no class on its own yet, 2 photos wait for the expert (the Review page)"
+        "; learning: 1 expert label, 1 pseudo-label to the trainer, 1 pseudo-label taken back (a sure answer of their class"
+        " found wrong), learns from no class on its own yet, 2 photos wait for the expert (the Review page)"
     ), body["message"]
+    w._digest()
+    assert w.outbox.get("digest_day")  # once it has: at once
+    w.outbox.set("digest_day", "")
     w.observe({"engine": {"engine_version": "v1000"}, "healthy": True, "trust": {"trusted": ["Apple___Black_rot"]}})
     body = w.digest_due(time.time())
     assert "learns on its own from Black rot (Apple), 2 photos wait" in body["message"]
-    assert body["learning"] == {"expert_labels": 1, "pseudo_labels": 1, "learns_on_its_own": ["Apple___Black_rot"], "review_waiting": 2}
+    assert body["learning"] == {
+        "expert_labels": 1,
+        "pseudo_labels": 1,
+        "pseudo_labels_withdrawn": 1,
+        "learns_on_its_own": ["Apple___Black_rot"],
+        "review_waiting": 2,
+    }
     w.stop()
     db.close()

@@ -34,6 +34,7 @@ class DigestRounds:
     plant_max_photos: int
     num_classes: Callable[[], int]
     _observed: dict
+    _digest_waits_until: float  # (time.monotonic) at most a minute after the worker's start
     _con: sqlite3.Connection | None
     _results: Callable[..., list[tuple]]
     _plant_photos: Callable[..., list]
@@ -128,12 +129,13 @@ class DigestRounds:
 
     def _day_learning(self, since: float, until: float) -> dict:
         """What the device learnt from between ``since`` and ``until``: the expert's labels, the pseudo-labels the
-        trainer took, the classes it learns from on its own (as the daemon's status last said), and the photos that
+        trainer took (and kept), those taken back, the classes it learns from on its own (as the daemon's status last said), and the photos that
         wait for the expert now; ``line``: the digest's sentence of it (None where there is nothing to say)."""
         counts = []
         for sql, args in (
             ("SELECT COUNT(*) FROM expert_labels WHERE labelled >= ? AND labelled <= ?", (since, until)),
-            ("SELECT COUNT(*) FROM pseudo_sent WHERE sent >= ? AND sent <= ?", (since, until)),
+            ("SELECT COUNT(*) FROM pseudo_sent WHERE sent >= ? AND sent <= ? AND withdrawn IS NULL", (since, until)),
+            ("SELECT COUNT(*) FROM pseudo_sent WHERE withdrawn >= ? AND withdrawn <= ?", (since, until)),
             ("SELECT COUNT(*) FROM label_queue WHERE kind = 'review'", ()),
         ):
             try:
@@ -143,11 +145,15 @@ class DigestRounds:
                     raise  # locked past the wait: the round fails and is tried again
                 rows = []  # a ledger from before that table
             counts.append(rows[0][0] if rows else 0)
-        experts, pseudo, waiting = counts
+        experts, pseudo, withdrawn, waiting = counts
         trusted = (self._observed or {}).get("trusted")
         said = [
             f"{n} {what}{'' if n == 1 else 's'}{tail}"
-            for n, what, tail in ((experts, "expert label", ""), (pseudo, "pseudo-label", " to the trainer"))
+            for n, what, tail in (
+                (experts, "expert label", ""),
+                (pseudo, "pseudo-label", " to the trainer"),
+                (withdrawn, "pseudo-label", " taken back (a sure answer of their class found wrong)"),
+            )
             if n
         ]
         if trusted:
@@ -159,6 +165,7 @@ class DigestRounds:
         return {
             "expert_labels": experts,
             "pseudo_labels": pseudo,
+            "pseudo_labels_withdrawn": withdrawn,
             "learns_on_its_own": trusted,
             "review_waiting": waiting,
             "line": "learning: " + ", ".join(said) if said else None,
@@ -170,6 +177,8 @@ class DigestRounds:
         return bool(note and note.urgency)
 
     def _digest(self) -> None:
+        if not self._observed and time.monotonic() < self._digest_waits_until:
+            return  # the daemon's first status (the classes trusted) is seconds away: a digest due at the start waits
         body = self.digest_due()
         if body is not None:
             self.outbox.put(self._messages("digest", body))

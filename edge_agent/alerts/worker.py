@@ -102,6 +102,7 @@ class AlertWorker(DigestRounds, Worker):
         self._state: dict = {}
         self._state_lock = threading.Lock()
         self._observed: dict = {}
+        self._digest_waits_until = time.monotonic() + 60.0
         self._next_try: dict[str, float] = {}
         self._failing: dict[str, str] = {}
         self._connects: dict[str, int] = {}
