@@ -19,6 +19,7 @@ __all__ = [
     "class_phrase",
     "describe_class",
     "is_disease",
+    "ordinal",
     "printable",
 ]
 
@@ -76,6 +77,11 @@ def class_phrase(label: str) -> str:
     """A class as a sentence names it: ``Tomato___Late_blight`` -> "Late blight (Tomato)" (a one-part name as it is)."""
     plant, condition = describe_class(label)
     return condition if condition == plant else f"{condition} ({plant})"
+
+
+def ordinal(n: int) -> str:
+    """``n`` as an ordinal: 1st, 2nd, 3rd, 4th, 11th, 22nd."""
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def is_disease(label: str) -> bool:

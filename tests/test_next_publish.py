@@ -66,6 +66,22 @@ def test_before_any_expert_label_it_says_how_many_samples_or_labels_the_next_ret
     assert plan(due, _counts(due), TrainerSection()).waiting_for == "nothing"
 
 
+def test_the_sentence_counts_one_label_one_sample_and_the_held_back_label_in_plain_english():
+    from edge_agent.names import ordinal
+
+    samples = [_sample("Apple___healthy", "pseudo") for _ in range(199)]
+    assert plan(samples, _counts(samples), TrainerSection()).sentence.startswith("10 more expert labels or 1 more sample (")
+    samples = [_sample("Apple___healthy") for _ in range(9)]
+    nxt = plan(samples, _counts(samples), TrainerSection(field_check_every=3, field_check_min=4))
+    assert "(every 3rd label of a class" in nxt.sentence and nxt.sentence.startswith("3 more expert labels of any class")
+    samples += [_sample("Apple___healthy") for _ in range(2)]
+    nxt = plan(samples, _counts(samples), TrainerSection(field_check_every=3, field_check_min=4))
+    assert nxt.sentence.startswith("1 more expert label of any class")  # (the 12th: 4 held back)
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"
+    ]  # fmt: skip
+
+
 def _store_with(root, labels: list[str]) -> None:
     store = SampleStore(root)
     for i, label in enumerate(labels):

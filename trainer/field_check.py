@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from edge_agent.names import ordinal
 from trainer.batchnorm import recompute_batchnorm
 from trainer.models import Classifier, inference_copy
 from trainer.photos import INFERENCE_BATCH
@@ -76,7 +77,7 @@ def too_few_to_judge(samples: list[Sample], every: int, min_photos: int) -> str 
     n = len(held_back(samples, every))
     if n >= min_photos:
         return None
-    return f"waiting for expert labels: the field check holds {n} of the {min_photos} photos it needs (every {every}th label of a class)"
+    return f"waiting for expert labels: the field check holds {n} of the {min_photos} photos it needs (every {ordinal(every)} label of a class)"
 
 
 @dataclass
@@ -130,7 +131,7 @@ def field_gate(
     if n < min_photos:
         return FieldDecision(
             False,
-            f"field check set too small to judge: {n} of {min_photos} photos (every {every}th expert label of a class is "
+            f"field check set too small to judge: {n} of {min_photos} photos (every {ordinal(every)} expert label of a class is "
             "held back for it); the labels are kept for the next retrain",
             metrics,
         )

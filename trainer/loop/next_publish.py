@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from edge_agent.names import class_phrase
+from edge_agent.names import class_phrase, ordinal
 from edge_agent.trainer_config import TrainerSection
 from trainer.field_check import held_back
 from trainer.samples import Sample
@@ -68,8 +68,9 @@ def plan(samples: list[Sample], counts: dict, tc: TrainerSection) -> NextPublish
             top = sorted(by_class.items(), key=lambda kv: -kv[1])[:3]
             which = " and ".join(f"{k} of {class_phrase(c)}" for c, k in top)
             return NextPublish(
-                f"{total} more expert labels of any class before a new version can be published, soonest {which}: the field check "
-                f"holds {held} of the {tc.field_check_min} photos it needs (every {tc.field_check_every}th label of a class "
+                f"{total} more expert label{'' if total == 1 else 's'} of any class before a new version can be published, soonest {which}: "
+                "the field check "
+                f"holds {held} of the {tc.field_check_min} photos it needs (every {ordinal(tc.field_check_every)} label of a class "
                 "is kept to judge each new version on this farm's own photos)",
                 "field_check",
                 expert_labels_needed=total,
@@ -79,7 +80,8 @@ def plan(samples: list[Sample], counts: dict, tc: TrainerSection) -> NextPublish
         return NextPublish("a retrain is due: it starts when the trainer is free", "nothing")
     samples_needed, experts_needed = tc.retrain_threshold - new, tc.expert_threshold - new_expert
     return NextPublish(
-        f"{experts_needed} more expert labels or {samples_needed} more samples (pseudo-labels count too) before the next "
+        f"{experts_needed} more expert label{'' if experts_needed == 1 else 's'} or {samples_needed} more "
+        f"sample{'' if samples_needed == 1 else 's'} (pseudo-labels count too) before the next "
         f"retrain ({new_expert} expert labels and {new} samples new since the last one)",
         "expert_labels" if experts_needed <= samples_needed else "samples",
         expert_labels_needed=experts_needed,
