@@ -445,11 +445,23 @@ class Daemon:
             else {"found": [list(pair) for pair in last.found], "returned_to_review": last.pooled, "to_withdraw_from_trainer": last.marked},
         }
 
+    def _trainer_next(self) -> dict | None:
+        """What the next version waits for, as a trainer on this state directory last said (None: none here, or a
+        status that cannot be read): what Home Assistant shows."""
+        from edge_agent.state import as_stopped, trainer_live
+
+        try:
+            status, _ = trainer_live(self.cfg, self.state.root)
+            nxt = as_stopped(status).get("next_publish") if status else None
+        except (OSError, ValueError, AttributeError):  # (a status file that is not a JSON object)
+            return None
+        return nxt if isinstance(nxt, dict) else None
+
     def _write_status(self) -> None:
         st = self.status()
         if self.alerts is not None:
             try:
-                self.alerts.observe(st)
+                self.alerts.observe(st | {"next_publish": self._trainer_next()})
             except Exception as exc:  # noqa: BLE001 - a locked or full disk: the next status round tries again
                 self.log.warning("alerts_observe_failed", error=repr(exc))
         try:

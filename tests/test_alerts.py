@@ -940,12 +940,17 @@ def test_home_assistant_shows_what_the_device_learns_from_on_its_own_what_waits_
         db.commit([], [QueueEntry(sha, sha[:16], kind, "Apple___Black_rot", 0.99, "v1000", f"q{i}.jpg", 10, time.time())])
     w.observe(st | {"trust": {"trusted": ["Apple___Black_rot"], "withdrawals": 0, "last_withdrawal": None}})
     assert sent[-1]["review_waiting"] == 2 and sent[-1]["queue_depth"] == 3  # what the expert is asked about, of all queued
+    assert sent[-1]["next_version_labels"] is None and sent[-1]["next_version_waits_for"] is None  # no trainer here: unknown
+    nxt = {"sentence": "3 more expert labels of any class before ...", "waiting_for": "field_check", "expert_labels_needed": 3}
+    w.observe(st | {"next_publish": nxt})
+    assert sent[-1]["next_version_labels"] == 3 and sent[-1]["next_version_waits_for"] == nxt["sentence"]
     w.stop()
     db.close()
     entities = {t.split("/")[-2]: json.loads(p) for t, p, _ in discovery(MqttSection(host="x"), "shed", "0.1.0")}
     sensor = entities["learns_on_its_own"]
     assert sensor["value_template"] == "{{ value_json.learns_on_its_own }}" and sensor["json_attributes_topic"] == sensor["state_topic"]
     assert "learns_on_its_own_classes" in sensor["json_attributes_template"]
+    assert "next_version_waits_for" in entities["next_version_labels"]["json_attributes_template"]
     assert entities["engine"]["state_topic"] == "edge-agent/shed/engine"
     # every engine event the daemon sends names a type the entity declares (one it does not is dropped by Home Assistant)
     taken = {"found": [["Apple___Black_rot", "v1001"]], "returned_to_review": 1, "to_withdraw_from_trainer": 0}

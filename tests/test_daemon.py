@@ -769,3 +769,21 @@ def test_a_state_disk_too_full_for_the_shipped_engines_says_what_to_free_and_the
     finally:
         d._stop.set()
         d._shutdown()
+
+
+def test_the_daemon_tells_its_alerts_what_the_next_version_waits_for_as_a_trainer_here_last_said(tmp_path):
+    """What Home Assistant shows; nothing where no trainer wrote a status here, or it cannot be read as one."""
+    from types import SimpleNamespace
+
+    from edge_agent.config import parse_config
+    from edge_agent.daemon import Daemon
+
+    me = SimpleNamespace(cfg=parse_config({}), state=SimpleNamespace(root=tmp_path))
+    assert Daemon._trainer_next(me) is None
+    (tmp_path / "trainer").mkdir()
+    nxt = {"sentence": "1 more expert label of any class ...", "waiting_for": "field_check", "expert_labels_needed": 1}
+    (tmp_path / "trainer" / "status.json").write_text(json.dumps({"pid": 0, "next_publish": nxt}))
+    assert Daemon._trainer_next(me) == nxt  # (a trainer not running: its last word)
+    for garbage in ("[1, 2]", '{"next_publish": "soon"}', "{torn"):
+        (tmp_path / "trainer" / "status.json").write_text(garbage)
+        assert Daemon._trainer_next(me) is None, garbage

@@ -111,7 +111,7 @@ def test_alerts_results_state_and_discovery_reach_the_broker(tmp_path, broker):
     w = _worker(tmp_path, db, broker.port)
     w.start()
     heard.wait(lambda: heard.on("edge-agent/greenhouse/available") == [b"online"])
-    heard.wait(lambda: len([t for t, _, _ in heard.messages if t.startswith("homeassistant/")]) == 11)  # 9 sensors, 2 events
+    heard.wait(lambda: len([t for t, _, _ in heard.messages if t.startswith("homeassistant/")]) == 12)  # 10 sensors, 2 events
     _result(db, "Tomato___Late_blight")
     _result(db, "Tomato___Late_blight")
     _result(db, "Tomato___healthy")

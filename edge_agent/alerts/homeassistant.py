@@ -43,6 +43,15 @@ SENSORS = {
             "json_attributes_template": "{{ {'classes': value_json.learns_on_its_own_classes} | tojson }}",
         },
     ),
+    "next_version_labels": (  # unknown where no trainer runs on the device's state directory (a fleet's trainer)
+        "Labels before the next version",
+        "next_version_labels",
+        {
+            "unit_of_measurement": "labels",
+            "icon": "mdi:progress-clock",
+            "json_attributes_template": "{{ {'waits_for': value_json.next_version_waits_for} | tojson }}",
+        },
+    ),
 }
 
 #: The ``event`` of each message on the engine topic (:func:`edge_agent.alerts.messages.status_events`).

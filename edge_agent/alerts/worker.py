@@ -347,6 +347,7 @@ class AlertWorker(DigestRounds, Worker):
             return
         start, end = today()
         trusted = (status.get("trust") or {}).get("trusted")  # the classes that make pseudo-labels; None: not yet read
+        nxt = status.get("next_publish") or {}  # what the next version waits for (a trainer on this state directory)
         photos = self._results("SELECT COUNT(*) FROM results WHERE created >= ? AND created < ?", (start, end))
         queued = self._results("SELECT kind = 'review', COUNT(*) FROM label_queue GROUP BY 1")
         with self._state_lock:
@@ -360,6 +361,8 @@ class AlertWorker(DigestRounds, Worker):
                 "last_backup": _when(last_backup(self.state_dir)),
                 "learns_on_its_own": None if trusted is None else len(trusted),
                 "learns_on_its_own_classes": None if trusted is None else [class_phrase(label) for label in trusted],
+                "next_version_labels": nxt.get("expert_labels_needed"),
+                "next_version_waits_for": nxt.get("sentence"),
             }
         now = time.monotonic()
         state = self._retained_state()
