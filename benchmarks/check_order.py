@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.field_loop import SHARED, split_field
 
-__all__ = ["BANDS", "RULES", "by_day", "main", "trust_day"]
+__all__ = ["BANDS", "RULES", "by_day", "main", "trust_day", "write_report"]
 
 #: The trust tests replayed: the shipped one, the earlier ones, stricter and looser ones ([labels] settings).
 RULES = {
@@ -183,6 +183,15 @@ def markdown(rows: list[dict], command: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def write_report(text: str, rows: list[dict], out: Path | None) -> None:
+    """The table printed, and with ``out`` written there (markdown) beside its rows (``out`` with ``.jsonl``)."""
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.check_order", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="a benchmarks.field_loop arm's folder, e.g. .../device-fast")
@@ -193,11 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = [r for seed in args.seeds for r in replay(args.run_dir, seed, args.per_day, args.draws)]
     text = markdown(rows, "python -m benchmarks.check_order " + " ".join(argv if argv is not None else sys.argv[1:]))
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        args.out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(text, rows, args.out)
     return 0
 
 

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.check_order import _confident, _predict
+from benchmarks.check_order import _confident, _predict, write_report
 from benchmarks.field_loop import SHARED, split_field
 from edge_agent.names import class_phrase
 
@@ -124,11 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = [r for seed in args.seeds for r in replay(args.run_dir, seed, args.per_day)]
     text = markdown(rows, "python -m benchmarks.trust_swaps " + " ".join(argv if argv is not None else sys.argv[1:]))
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        args.out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(text, rows, args.out)
     return 0
 
 

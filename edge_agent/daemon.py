@@ -461,7 +461,7 @@ class Daemon:
         st = self.status()
         if self.alerts is not None:
             try:
-                self.alerts.observe(st | {"next_publish": self._trainer_next()})
+                self.alerts.observe(st | {"next_publish": self._trainer_next() if self.alerts.mqtt is not None else None})
             except Exception as exc:  # noqa: BLE001 - a locked or full disk: the next status round tries again
                 self.log.warning("alerts_observe_failed", error=repr(exc))
         try:
