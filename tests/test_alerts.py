@@ -1000,3 +1000,17 @@ def test_the_digest_says_what_the_device_learnt_from_and_what_waits_for_the_expe
     }
     w.stop()
     db.close()
+
+
+def test_a_digest_from_a_ledger_before_pseudo_labels_were_recorded_counts_none_and_says_the_rest(tmp_path):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    db.mark_expert(_result(db, "Apple___Black_rot"), "Apple___Black_rot", "x.jpg")
+    with sqlite3.connect(db.path) as c:
+        c.execute("DROP TABLE pseudo_sent")
+    w = _worker(tmp_path, db.path, digest_at="00:00")
+    w.observe({"engine": {"engine_version": "v1000"}, "healthy": True, "trust": {"trusted": []}})
+    body = w.digest_due(time.time())
+    assert body["message"].endswith("; learning: 1 expert label, learns from no class on its own yet"), body["message"]
+    assert body["learning"]["pseudo_labels"] == 0 and body["learning"]["pseudo_labels_withdrawn"] == 0
+    w.stop()
+    db.close()
