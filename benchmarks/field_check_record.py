@@ -5,7 +5,12 @@ run) reads each ``<run>/<arm>/seed-<N>/report.json`` and, for every version publ
 the held-out field top-1 moved from the version it replaced, split by how the candidate passed: right on more of the
 held-back photos than the version in service, or on as many (a tie, which publishes). The loop's first publication
 (over the shipped model, before the field check has seen much) is left out, as are days the check did not judge.
+Days that several runs share (a run that repeats another's first days with the same versions and figures) count once.
 It answers whether ties should publish and how often a version the check passed was worse held out.
+
+A second table reads the runs that also scored every candidate the check judged, refused ones too (their ``judged``
+records, since 2026-12-02): per margin on the held-back photos (the candidate's right photos less the version in
+service's), how many candidates, and how the candidate stood held out against the version in service.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-__all__ = ["decisions", "summary"]
+__all__ = ["decisions", "summary", "judged", "by_margin"]
 
 
 def _top1(field) -> float | None:
@@ -48,6 +53,56 @@ def decisions(report: dict) -> list[dict]:
     return rows
 
 
+def _once(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """``rows`` with those equal on ``keys`` kept once (the same seed's same day in two runs that share it)."""
+    return list({tuple(r[k] for k in keys): r for r in rows}.values())
+
+
+def judged(report: dict, seed: int | None = None) -> list[dict]:
+    """One row per day whose one judged candidate a report scored held out: the day, the margin on the held-back
+    photos, their number, whether it passed, and the candidate's and the version in service's held-out field top-1."""
+    rows = []
+    for day in report.get("days") or []:
+        retrain = day.get("retrain") or {}
+        check, scored = retrain.get("field_check") or {}, retrain.get("judged") or []
+        if len(scored) != 1 or "field_candidate_right" not in check:
+            continue  # no judged record, or several candidates on one decision (which one it names is unknown)
+        rows.append(
+            {
+                "seed": seed,
+                "day": day["day"],
+                "margin": check["field_candidate_right"] - check["field_current_right"],
+                "held_back": check["field_photos"],
+                "passed": bool(scored[0]["passed"]),
+                "candidate": scored[0]["candidate"],
+                "in_service": scored[0]["in_service"],
+            }
+        )
+    return rows
+
+
+def by_margin(rows: list[dict], widest: int = 3) -> dict[int, dict]:
+    """Per margin (clipped to +-``widest``), the candidates the check judged once each: how many, passed, better and
+    worse held out than the version in service, and the mean, lowest and highest held-out change."""
+    out: dict[int, list] = {}
+    for r in _once(rows, ("seed", "day", "margin", "held_back", "candidate", "in_service")):
+        out.setdefault(max(-widest, min(widest, r["margin"])), []).append(r)
+    table = {}
+    for m in sorted(out):
+        change = [r["candidate"] - r["in_service"] for r in out[m]]
+        table[m] = {
+            "candidates": len(change),
+            "passed": sum(r["passed"] for r in out[m]),
+            "better": sum(c > 0 for c in change),
+            "worse": sum(c < 0 for c in change),
+            "mean_change": round(statistics.fmean(change), 4),
+            "lowest": round(min(change), 4),
+            "highest": round(max(change), 4),
+            "held_back_median": statistics.median(r["held_back"] for r in out[m]),
+        }
+    return table
+
+
 def summary(rows: list[dict], worse_by: float = 0.01) -> dict:
     """Per way of passing ("more", "tie"): publications, mean and sd of the held-out change, how many were worse and
     worse by more than ``worse_by``, and the worst change."""
@@ -73,15 +128,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("results", type=Path, nargs="?", default=Path("benchmarks/results"), help="folder of field_loop runs")
     p.add_argument("--runs", default="*", help="only the run folders whose name matches this pattern (field-loop-v4000*)")
     a = p.parse_args(argv)
-    reports = sorted(a.results.glob(f"{a.runs}/*/seed-*/report.json"))
+    reports = sorted(a.results.glob(f"{a.runs}/**/seed-*/report.json"))
     if not reports:
         raise SystemExit(f"{a.results}: no <run>/<arm>/seed-<N>/report.json here; give the folder the field loop wrote to")
-    rows = []
+    rows, scored = [], []
     for path in reports:
         try:
-            rows += [r | {"run": str(path.parent.relative_to(a.results))} for r in decisions(json.loads(path.read_text()))]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            report, seed = json.loads(path.read_text()), int(path.parent.name.removeprefix("seed-"))
+            rows += [r | {"run": str(path.parent.relative_to(a.results)), "seed": seed} for r in decisions(report)]
+            scored += judged(report, seed)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise SystemExit(f"{path}: not a field loop report ({exc}); remove it or run the loop again") from exc
+    rows = _once(rows, ("seed", "day", "passed_on", "held_back", "before", "after"))
     runs = len({r["run"] for r in rows})
     print(f"{len(rows)} publications judged by the field check, in {runs} seeds of {len(reports)} reports under {a.results}")
     print("| passed on | published | held-out change, mean +- sd | worse | worse by > 1 pt | worst | held-back photos (median) |")
@@ -91,6 +149,21 @@ def main(argv: list[str] | None = None) -> None:
             f"| {'more right' if kind == 'more' else 'a tie'} | {s['published']} | {s['mean_change'] * 100:+.1f} +- "
             f"{s['sd_change'] * 100:.1f} pts | {s['worse']} | {s['worse_by_over_0.01']} | {s['worst_change'] * 100:+.1f} pts | "
             f"{s['held_back_median']:g} |"
+        )
+    table = by_margin(scored)
+    if not table:
+        return
+    print()
+    print(f"{sum(t['candidates'] for t in table.values())} candidates the check judged and the run scored held out (refused ones too)")
+    print(
+        "| margin on the held-back photos | candidates | passed | better held out | worse | held-out change, mean (lowest, highest) | held-back photos (median) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for m, t in table.items():
+        edge = " or less" if m == -3 else " or more" if m == 3 else ""
+        print(
+            f"| {m:+d}{edge} | {t['candidates']} | {t['passed']} | {t['better']} | {t['worse']} | "
+            f"{t['mean_change'] * 100:+.1f} ({t['lowest'] * 100:+.1f}, {t['highest'] * 100:+.1f}) pts | {t['held_back_median']:g} |"
         )
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.field_check_record import decisions, main, summary
+from benchmarks.field_check_record import by_margin, decisions, judged, main, summary
 
 
 def _check(cand: int, cur: int, photos: int) -> dict:
@@ -18,8 +18,24 @@ REPORT = {
         {"day": 1, "field": 0.10, "retrain": {"published": None, "skipped": True}},
         {"day": 2, "field": {"top1": 0.60}, "retrain": {"published": "v4001", "field_check": _check(5, 0, 6)}},
         {"day": 3, "field": 0.70, "retrain": {"published": "v4002", "field_check": _check(8, 7, 10)}},
-        {"day": 4, "field": 0.70, "retrain": {"published": None, "field_check": _check(6, 8, 12)}},
-        {"day": 5, "field": 0.68, "retrain": {"published": "v4003", "field_check": _check(11, 11, 14)}},
+        {
+            "day": 4,
+            "field": 0.70,
+            "retrain": {
+                "published": None,
+                "field_check": _check(6, 8, 12),
+                "judged": [{"candidate": 0.74, "in_service": 0.70, "passed": False, "photos": 12}],
+            },
+        },
+        {
+            "day": 5,
+            "field": 0.68,
+            "retrain": {
+                "published": "v4003",
+                "field_check": _check(11, 11, 14),
+                "judged": [{"candidate": 0.68, "in_service": 0.70, "passed": True, "photos": 14}],
+            },
+        },
         {"day": 6, "field": 0.68, "retrain": {"published": "v4004", "field_check": {"publish": True, "field_photos": 0}}},
     ]
 }
@@ -51,3 +67,33 @@ def test_the_command_prints_a_row_per_kind_and_names_a_report_it_cannot_read(tmp
         main([str(tmp_path)])
     with pytest.raises(SystemExit, match="no <run>/<arm>/seed-<N>/report.json here"):
         main([str(tmp_path / "empty")])
+
+
+def test_each_judged_candidate_refused_or_not_is_a_row_of_its_margin_and_a_day_two_runs_share_counts_once():
+    rows = judged(REPORT, seed=1)
+    assert [(r["day"], r["margin"], r["passed"]) for r in rows] == [(4, -2, False), (5, 0, True)]
+    two_candidates = {"days": [{"day": 3, "retrain": {"field_check": _check(8, 7, 10), "judged": [{}, {}]}}]}
+    assert judged(two_candidates) == []  # which of the two the check's figures belong to is unknown
+    table = by_margin(rows + judged(REPORT, seed=1) + judged(REPORT, seed=2))
+    assert table[-2] == {
+        "candidates": 2,  # seed 1's day 4 once, seed 2's once
+        "passed": 0,
+        "better": 2,
+        "worse": 0,
+        "mean_change": pytest.approx(0.04),
+        "lowest": pytest.approx(0.04),
+        "highest": pytest.approx(0.04),
+        "held_back_median": 12,
+    }
+    assert table[0]["worse"] == 2 and table[0]["passed"] == 2
+    assert list(by_margin([dict(rows[0], margin=-7)])) == [-3]  # a wide margin joins the table's last row
+
+
+def test_the_command_also_prints_the_judged_candidates_by_margin(tmp_path, capsys):
+    run = tmp_path / "field-loop-x" / "dated" / "device-fast" / "seed-1"  # a run stored a folder deeper is read too
+    run.mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps(REPORT))
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "2 candidates the check judged and the run scored held out (refused ones too)" in out
+    assert "| -2 | 1 | 0 | 1 | 0 | +4.0 (+4.0, +4.0) pts | 12 |" in out
