@@ -88,6 +88,29 @@ def test_a_candidate_one_held_back_photo_worse_is_refused_and_a_tie_publishes():
     assert field_gate(better, current, _photos(10), y, 40, 4, 8).publish
 
 
+def test_the_field_check_records_each_sides_log_loss_without_deciding_on_it():
+    y = torch.zeros(10, dtype=torch.long)
+    current = Fixed([0] * 8 + [1, 1])  # surely wrong on two photos: a loss of 20 each
+    hedged = Hedged(torch.tensor([0] * 7 + [1, 1, 1]))  # one photo fewer right, every answer hedged
+    d = field_gate(hedged, current, _photos(10), y, 40, 4, 8)
+    assert not d.publish  # refused on right photos alone, though its log-loss is lower
+    assert d.metrics["field_current_log_loss"] == pytest.approx(4.0, abs=1e-3)  # 2 x 20 / 10
+    assert d.metrics["field_candidate_log_loss"] < 1.0 and d.metrics["field_log_loss_standard_error"] > 0
+
+
+class Hedged(torch.nn.Module):
+    """Answers ``answers[i]`` for photo i, only somewhat surely (a margin of 1 over the two other classes)."""
+
+    num_classes = 3
+
+    def __init__(self, answers: torch.Tensor):
+        super().__init__()
+        self.answers = answers
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(self.answers[x[:, 0, 0, 0].long()], 3).float()
+
+
 def test_a_photo_of_a_class_the_engine_in_service_lacks_counts_against_it_not_the_candidate():
     y = torch.tensor([0] * 6 + [3] * 4)  # class 3 is new: only the candidate's head has it
     current = Fixed([0] * 10, num_classes=3)

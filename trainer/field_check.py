@@ -135,9 +135,10 @@ def field_gate(
             "held back for it); the labels are kept for the next retrain",
             metrics,
         )
-    cand_right, _ = _scores(candidate, x, y)
-    cur_right, _ = _scores(current, *(current_xy or (x, y)))
+    cand_right, cand_loss = _scores(candidate, x, y)
+    cur_right, cur_loss = _scores(current, *(current_xy or (x, y)))
     diff, se = _paired(cand_right, cur_right)
+    _, loss_se = _paired(cand_loss, cur_loss)
     right_cand, right_cur = int(cand_right.sum()), int(cur_right.sum())
     metrics.update(
         field_candidate_top1=round(float(cand_right.mean()), 4),
@@ -146,6 +147,10 @@ def field_gate(
         field_current_right=right_cur,
         field_difference=round(diff, 4),
         field_standard_error=round(se, 4),
+        # recorded, not decided on: what a check on more than right and wrong would have seen
+        field_candidate_log_loss=round(float(cand_loss.mean()), 4),
+        field_current_log_loss=round(float(cur_loss.mean()), 4),
+        field_log_loss_standard_error=round(loss_se, 4),
     )
     if right_cand < right_cur:
         return FieldDecision(
