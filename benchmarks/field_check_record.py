@@ -10,7 +10,8 @@ It answers whether ties should publish and how often a version the check passed 
 
 A second table reads the runs that also scored every candidate the check judged, refused ones too (their ``judged``
 records, since 2026-12-02): per margin on the held-back photos (the candidate's right photos less the version in
-service's), how many candidates, and how the candidate stood held out against the version in service.
+service's), how many candidates, and how the candidate stood held out against the version in service; and, where the
+trainer recorded it (since 2026-12-06), how many had the lower log-loss on the held-back photos.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def judged(report: dict, seed: int | None = None) -> list[dict]:
                 "passed": bool(scored[0]["passed"]),
                 "candidate": scored[0]["candidate"],
                 "in_service": scored[0]["in_service"],
+                # the held-back photos' log-loss of each side, where the trainer recorded it (since 2026-12-06)
+                "candidate_log_loss": check.get("field_candidate_log_loss"),
+                "in_service_log_loss": check.get("field_current_log_loss"),
             }
         )
     return rows
@@ -99,6 +103,8 @@ def by_margin(rows: list[dict], widest: int = 3) -> dict[int, dict]:
             "lowest": round(min(change), 4),
             "highest": round(max(change), 4),
             "held_back_median": statistics.median(r["held_back"] for r in out[m]),
+            "log_loss_recorded": len(losses := [r for r in out[m] if r["candidate_log_loss"] is not None]),
+            "log_loss_lower": sum(r["candidate_log_loss"] < r["in_service_log_loss"] for r in losses),
         }
     return table
 
@@ -156,14 +162,16 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(f"{sum(t['candidates'] for t in table.values())} candidates the check judged and the run scored held out (refused ones too)")
     print(
-        "| margin on the held-back photos | candidates | passed | better held out | worse | held-out change, mean (lowest, highest) | held-back photos (median) |"
+        "| margin on the held-back photos | candidates | passed | better held out | worse | held-out change, mean (lowest, highest) "
+        "| held-back photos (median) | lower log-loss there (of those recorded) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for m, t in table.items():
         edge = " or less" if m == -3 else " or more" if m == 3 else ""
         print(
             f"| {m:+d}{edge} | {t['candidates']} | {t['passed']} | {t['better']} | {t['worse']} | "
-            f"{t['mean_change'] * 100:+.1f} ({t['lowest'] * 100:+.1f}, {t['highest'] * 100:+.1f}) pts | {t['held_back_median']:g} |"
+            f"{t['mean_change'] * 100:+.1f} ({t['lowest'] * 100:+.1f}, {t['highest'] * 100:+.1f}) pts | {t['held_back_median']:g} | "
+            + (f"{t['log_loss_lower']} of {t['log_loss_recorded']} |" if t["log_loss_recorded"] else "- |")
         )
 
 

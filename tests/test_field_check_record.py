@@ -84,6 +84,8 @@ def test_each_judged_candidate_refused_or_not_is_a_row_of_its_margin_and_a_day_t
         "lowest": pytest.approx(0.04),
         "highest": pytest.approx(0.04),
         "held_back_median": 12,
+        "log_loss_recorded": 0,
+        "log_loss_lower": 0,
     }
     assert table[0]["worse"] == 2 and table[0]["passed"] == 2
     assert list(by_margin([dict(rows[0], margin=-7)])) == [-3]  # a wide margin joins the table's last row
@@ -96,4 +98,13 @@ def test_the_command_also_prints_the_judged_candidates_by_margin(tmp_path, capsy
     main([str(tmp_path)])
     out = capsys.readouterr().out
     assert "2 candidates the check judged and the run scored held out (refused ones too)" in out
-    assert "| -2 | 1 | 0 | 1 | 0 | +4.0 (+4.0, +4.0) pts | 12 |" in out
+    assert "| -2 | 1 | 0 | 1 | 0 | +4.0 (+4.0, +4.0) pts | 12 | - |" in out
+
+
+def test_where_the_trainer_recorded_log_loss_the_table_counts_the_candidates_lower_there():
+    report = json.loads(json.dumps(REPORT))
+    report["days"][3]["retrain"]["field_check"].update(field_candidate_log_loss=0.8, field_current_log_loss=0.9)
+    report["days"][4]["retrain"]["field_check"].update(field_candidate_log_loss=1.1, field_current_log_loss=0.9)
+    table = by_margin(judged(report, seed=1))
+    assert (table[-2]["log_loss_lower"], table[-2]["log_loss_recorded"]) == (1, 1)
+    assert (table[0]["log_loss_lower"], table[0]["log_loss_recorded"]) == (0, 1)
