@@ -55,8 +55,14 @@ def decisions(report: dict) -> list[dict]:
 
 
 def _once(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
-    """``rows`` with those equal on ``keys`` kept once (the same seed's same day in two runs that share it)."""
-    return list({tuple(r[k] for k in keys): r for r in rows}.values())
+    """``rows`` with those equal on ``keys`` kept once (the same seed's same day in two runs that share it): the one
+    that recorded the most (a later run of the same day may carry figures an earlier one did not)."""
+    kept: dict[tuple, dict] = {}
+    for r in rows:
+        key = tuple(r[k] for k in keys)
+        if key not in kept or sum(v is not None for v in r.values()) > sum(v is not None for v in kept[key].values()):
+            kept[key] = r
+    return list(kept.values())
 
 
 def judged(report: dict, seed: int | None = None) -> list[dict]:

@@ -108,3 +108,6 @@ def test_where_the_trainer_recorded_log_loss_the_table_counts_the_candidates_low
     table = by_margin(judged(report, seed=1))
     assert (table[-2]["log_loss_lower"], table[-2]["log_loss_recorded"]) == (1, 1)
     assert (table[0]["log_loss_lower"], table[0]["log_loss_recorded"]) == (0, 1)
+    for runs in ([REPORT, report], [report, REPORT]):  # a day two runs share: the run that recorded the log-loss counts
+        table = by_margin([r for run in runs for r in judged(run, seed=1)])
+        assert table[-2]["candidates"] == 1 and table[-2]["log_loss_recorded"] == 1
