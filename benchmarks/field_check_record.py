@@ -93,7 +93,8 @@ def judged(report: dict, seed: int | None = None) -> list[dict]:
 
 def by_margin(rows: list[dict], widest: int = 3) -> dict[int, dict]:
     """Per margin (clipped to +-``widest``), the candidates the check judged once each: how many, passed, better and
-    worse held out than the version in service, and the mean, lowest and highest held-out change."""
+    worse held out than the version in service, the mean, lowest and highest held-out change, and of those whose
+    log-loss was recorded, how many had the lower one on the held-back photos."""
     out: dict[int, list] = {}
     for r in _once(rows, ("seed", "day", "margin", "held_back", "candidate", "in_service")):
         out.setdefault(max(-widest, min(widest, r["margin"])), []).append(r)
