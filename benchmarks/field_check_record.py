@@ -11,7 +11,9 @@ It answers whether ties should publish and how often a version the check passed 
 A second table reads the runs that also scored every candidate the check judged, refused ones too (their ``judged``
 records, since 2026-12-02): per margin on the held-back photos (the candidate's right photos less the version in
 service's), how many candidates, and how the candidate stood held out against the version in service; and, where the
-trainer recorded it (since 2026-12-06), how many had the lower log-loss on the held-back photos.
+trainer recorded it (since 2026-12-06), how many had the lower log-loss on the held-back photos. A third table
+splits those with a recorded log-loss by both readings of the held-back photos (right on more, as many or fewer; the
+lower log-loss or not): whether the log-loss tells a refused candidate that is better held out from one that is not.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import statistics
 from pathlib import Path
 
-__all__ = ["decisions", "summary", "judged", "by_margin"]
+__all__ = ["decisions", "summary", "judged", "by_margin", "by_log_loss"]
 
 
 def _top1(field) -> float | None:
@@ -96,7 +98,7 @@ def by_margin(rows: list[dict], widest: int = 3) -> dict[int, dict]:
     worse held out than the version in service, the mean, lowest and highest held-out change, and of those whose
     log-loss was recorded, how many had the lower one on the held-back photos."""
     out: dict[int, list] = {}
-    for r in _once(rows, ("seed", "day", "margin", "held_back", "candidate", "in_service")):
+    for r in _judged_once(rows):
         out.setdefault(max(-widest, min(widest, r["margin"])), []).append(r)
     table = {}
     for m in sorted(out):
@@ -112,6 +114,32 @@ def by_margin(rows: list[dict], widest: int = 3) -> dict[int, dict]:
             "held_back_median": statistics.median(r["held_back"] for r in out[m]),
             "log_loss_recorded": len(losses := [r for r in out[m] if r["candidate_log_loss"] is not None]),
             "log_loss_lower": sum(r["candidate_log_loss"] < r["in_service_log_loss"] for r in losses),
+        }
+    return table
+
+
+def _judged_once(rows: list[dict]) -> list[dict]:
+    return _once(rows, ("seed", "day", "margin", "held_back", "candidate", "in_service"))
+
+
+def by_log_loss(rows: list[dict]) -> dict[tuple[str, bool], dict]:
+    """Of the judged candidates whose log-loss was recorded, per (``more``, ``tie`` or ``fewer`` right on the held-back
+    photos; the lower log-loss there or not): how many, passed, better and worse held out, and the mean held-out change."""
+    out: dict[tuple[str, bool], list] = {}
+    for r in _judged_once(rows):
+        if r["candidate_log_loss"] is None or r["in_service_log_loss"] is None:
+            continue
+        right = "more" if r["margin"] > 0 else "tie" if r["margin"] == 0 else "fewer"
+        out.setdefault((right, r["candidate_log_loss"] < r["in_service_log_loss"]), []).append(r)
+    table = {}
+    for key in sorted(out, key=lambda k: (("more", "tie", "fewer").index(k[0]), not k[1])):
+        change = [r["candidate"] - r["in_service"] for r in out[key]]
+        table[key] = {
+            "candidates": len(change),
+            "passed": sum(r["passed"] for r in out[key]),
+            "better": sum(c > 0 for c in change),
+            "worse": sum(c < 0 for c in change),
+            "mean_change": round(statistics.fmean(change), 4),
         }
     return table
 
@@ -179,6 +207,18 @@ def main(argv: list[str] | None = None) -> None:
             f"| {m:+d}{edge} | {t['candidates']} | {t['passed']} | {t['better']} | {t['worse']} | "
             f"{t['mean_change'] * 100:+.1f} ({t['lowest'] * 100:+.1f}, {t['highest'] * 100:+.1f}) pts | {t['held_back_median']:g} | "
             + (f"{t['log_loss_lower']} of {t['log_loss_recorded']} |" if t["log_loss_recorded"] else "- |")
+        )
+    losses = by_log_loss(scored)
+    if not losses:
+        return
+    print()
+    print(f"{sum(t['candidates'] for t in losses.values())} of them with each side's log-loss on the held-back photos recorded")
+    print("| right on the held-back photos | log-loss there | candidates | passed | better held out | worse | held-out change, mean |")
+    print("|---|---|---|---|---|---|---|")
+    for (right, lower), t in losses.items():
+        print(
+            f"| {right} | {'lower' if lower else 'not lower'} | {t['candidates']} | {t['passed']} | {t['better']} | "
+            f"{t['worse']} | {t['mean_change'] * 100:+.1f} pts |"
         )
 
 

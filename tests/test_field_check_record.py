@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.field_check_record import by_margin, decisions, judged, main, summary
+from benchmarks.field_check_record import by_log_loss, by_margin, decisions, judged, main, summary
 
 
 def _check(cand: int, cur: int, photos: int) -> dict:
@@ -111,3 +111,20 @@ def test_where_the_trainer_recorded_log_loss_the_table_counts_the_candidates_low
     for runs in ([REPORT, report], [report, REPORT]):  # a day two runs share: the run that recorded the log-loss counts
         table = by_margin([r for run in runs for r in judged(run, seed=1)])
         assert table[-2]["candidates"] == 1 and table[-2]["log_loss_recorded"] == 1
+
+
+def test_the_log_loss_table_splits_the_recorded_candidates_by_both_readings_of_the_held_back_photos(tmp_path, capsys):
+    report = json.loads(json.dumps(REPORT))
+    report["days"][3]["retrain"]["field_check"].update(field_candidate_log_loss=0.8, field_current_log_loss=0.9)
+    report["days"][4]["retrain"]["field_check"].update(field_candidate_log_loss=1.1, field_current_log_loss=0.9)
+    table = by_log_loss(judged(report, seed=1) + judged(REPORT, seed=2))  # seed 2 recorded none: not in the table
+    assert list(table) == [("tie", False), ("fewer", True)]
+    assert table[("fewer", True)] == {"candidates": 1, "passed": 0, "better": 1, "worse": 0, "mean_change": 0.04}
+    assert table[("tie", False)]["worse"] == 1 and table[("tie", False)]["passed"] == 1
+    run = tmp_path / "field-loop-x" / "device-fast" / "seed-1"
+    run.mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps(report))
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "2 of them with each side's log-loss on the held-back photos recorded" in out
+    assert "| fewer | lower | 1 | 0 | 1 | 0 | +4.0 pts |" in out
