@@ -176,13 +176,14 @@ def main(argv: list[str] | None = None) -> None:
     for path in reports:
         try:
             report, seed = json.loads(path.read_text()), int(path.parent.name.removeprefix("seed-"))
-            rows += [r | {"run": str(path.parent.relative_to(a.results)), "seed": seed} for r in decisions(report)]
+            rows += [r | {"seed": seed} for r in decisions(report)]
             scored += judged(report, seed)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise SystemExit(f"{path}: not a field loop report ({exc}); remove it or run the loop again") from exc
     rows = _once(rows, ("seed", "day", "passed_on", "held_back", "before", "after"))
-    runs = len({r["run"] for r in rows})
-    print(f"{len(rows)} publications judged by the field check, in {runs} seeds of {len(reports)} reports under {a.results}")
+    print(
+        f"{len(rows)} publications judged by the field check (a day that several runs share counted once), from {len(reports)} reports under {a.results}"
+    )
     print("| passed on | published | held-out change, mean +- sd | worse | worse by > 1 pt | worst | held-back photos (median) |")
     print("|---|---|---|---|---|---|---|")
     for kind, s in summary(rows).items():

@@ -60,7 +60,7 @@ def test_the_command_prints_a_row_per_kind_and_names_a_report_it_cannot_read(tmp
     (run / "report.json").write_text(json.dumps(REPORT))
     main([str(tmp_path)])
     out = capsys.readouterr().out
-    assert "2 publications judged by the field check, in 1 seeds of 1 reports" in out
+    assert "2 publications judged by the field check (a day that several runs share counted once), from 1 reports" in out
     assert "| more right | 1 | +10.0 +- 0.0 pts | 0 | 0 |" in out and "| a tie | 1 | -2.0 +- 0.0 pts | 1 | 1 | -2.0 pts | 14 |" in out
     (run / "report.json").write_text('{"days": [{"day": 1, "retrain": {"published": "v2", "field_check": {"field_ca')
     with pytest.raises(SystemExit, match="seed-1/report.json: not a field loop report"):
