@@ -103,12 +103,7 @@ def by_margin(rows: list[dict], widest: int = 3) -> dict[int, dict]:
     table = {}
     for m in sorted(out):
         change = [r["candidate"] - r["in_service"] for r in out[m]]
-        table[m] = {
-            "candidates": len(change),
-            "passed": sum(r["passed"] for r in out[m]),
-            "better": sum(c > 0 for c in change),
-            "worse": sum(c < 0 for c in change),
-            "mean_change": round(statistics.fmean(change), 4),
+        table[m] = _tally(out[m]) | {
             "lowest": round(min(change), 4),
             "highest": round(max(change), 4),
             "held_back_median": statistics.median(r["held_back"] for r in out[m]),
@@ -122,6 +117,18 @@ def _judged_once(rows: list[dict]) -> list[dict]:
     return _once(rows, ("seed", "day", "margin", "held_back", "candidate", "in_service"))
 
 
+def _tally(rows: list[dict]) -> dict:
+    """Judged candidates: how many, passed, better and worse held out than the version in service, the mean change."""
+    change = [r["candidate"] - r["in_service"] for r in rows]
+    return {
+        "candidates": len(change),
+        "passed": sum(r["passed"] for r in rows),
+        "better": sum(c > 0 for c in change),
+        "worse": sum(c < 0 for c in change),
+        "mean_change": round(statistics.fmean(change), 4),
+    }
+
+
 def by_log_loss(rows: list[dict]) -> dict[tuple[str, bool], dict]:
     """Of the judged candidates whose log-loss was recorded, per (``more``, ``tie`` or ``fewer`` right on the held-back
     photos; the lower log-loss there or not): how many, passed, better and worse held out, and the mean held-out change."""
@@ -131,17 +138,7 @@ def by_log_loss(rows: list[dict]) -> dict[tuple[str, bool], dict]:
             continue
         right = "more" if r["margin"] > 0 else "tie" if r["margin"] == 0 else "fewer"
         out.setdefault((right, r["candidate_log_loss"] < r["in_service_log_loss"]), []).append(r)
-    table = {}
-    for key in sorted(out, key=lambda k: (("more", "tie", "fewer").index(k[0]), not k[1])):
-        change = [r["candidate"] - r["in_service"] for r in out[key]]
-        table[key] = {
-            "candidates": len(change),
-            "passed": sum(r["passed"] for r in out[key]),
-            "better": sum(c > 0 for c in change),
-            "worse": sum(c < 0 for c in change),
-            "mean_change": round(statistics.fmean(change), 4),
-        }
-    return table
+    return {key: _tally(out[key]) for key in sorted(out, key=lambda k: (("more", "tie", "fewer").index(k[0]), not k[1]))}
 
 
 def summary(rows: list[dict], worse_by: float = 0.01) -> dict:

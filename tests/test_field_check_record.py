@@ -54,14 +54,20 @@ def test_the_summary_counts_the_worse_publications_of_each_kind():
     assert s["tie"]["worse"] == 2 and s["tie"]["worse_by_over_0.01"] == 2 and s["tie"]["worst_change"] == pytest.approx(-0.02)
 
 
-def test_the_command_prints_a_row_per_kind_and_names_a_report_it_cannot_read(tmp_path, capsys):
+def _printed(tmp_path, capsys, report: dict) -> str:
+    """What the command prints over a results folder holding ``report`` as one seed's run."""
     run = tmp_path / "field-loop-x" / "device-fast" / "seed-1"
     run.mkdir(parents=True)
-    (run / "report.json").write_text(json.dumps(REPORT))
+    (run / "report.json").write_text(json.dumps(report))
     main([str(tmp_path)])
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_the_command_prints_a_row_per_kind_and_names_a_report_it_cannot_read(tmp_path, capsys):
+    out = _printed(tmp_path, capsys, REPORT)
     assert "2 publications judged by the field check (a day that several runs share counted once), from 1 reports" in out
     assert "| more right | 1 | +10.0 +- 0.0 pts | 0 | 0 |" in out and "| a tie | 1 | -2.0 +- 0.0 pts | 1 | 1 | -2.0 pts | 14 |" in out
+    run = tmp_path / "field-loop-x" / "device-fast" / "seed-1"
     (run / "report.json").write_text('{"days": [{"day": 1, "retrain": {"published": "v2", "field_check": {"field_ca')
     with pytest.raises(SystemExit, match="seed-1/report.json: not a field loop report"):
         main([str(tmp_path)])
@@ -121,10 +127,6 @@ def test_the_log_loss_table_splits_the_recorded_candidates_by_both_readings_of_t
     assert list(table) == [("tie", False), ("fewer", True)]
     assert table[("fewer", True)] == {"candidates": 1, "passed": 0, "better": 1, "worse": 0, "mean_change": 0.04}
     assert table[("tie", False)]["worse"] == 1 and table[("tie", False)]["passed"] == 1
-    run = tmp_path / "field-loop-x" / "device-fast" / "seed-1"
-    run.mkdir(parents=True)
-    (run / "report.json").write_text(json.dumps(report))
-    main([str(tmp_path)])
-    out = capsys.readouterr().out
+    out = _printed(tmp_path, capsys, report)
     assert "2 of them with each side's log-loss on the held-back photos recorded" in out
     assert "| fewer | lower | 1 | 0 | 1 | 0 | +4.0 pts |" in out
