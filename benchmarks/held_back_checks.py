@@ -26,6 +26,7 @@ photo is the field folder it came from, matched by sha256.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -73,7 +74,7 @@ def by_day(made: list[Made], sure: dict, published: dict[str, float], days: int)
 
 
 def _rows(db: Path, query: str) -> list[tuple]:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         return conn.execute(query).fetchall()
 
 
@@ -93,7 +94,7 @@ def replay(seed_dir: Path) -> dict:
     state = seed_dir / "state"
     store = EngineStore(state / "engines")
     classes = report["classes"]
-    _, stream = split_field(Path(s["data"]) / s["field"], classes, s["seed"], s["test_fraction"])
+    test, stream = split_field(Path(s["data"]) / s["field"], classes, s["seed"], s["test_fraction"])
     shas = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in stream]
     path_of = dict(zip(shas, stream))
     results = state / "results.sqlite"
@@ -134,7 +135,7 @@ def replay(seed_dir: Path) -> dict:
         sure[version] = [
             (labelled[held[i]], label, r, classes[photos[i][1]]) for label, a in got.items() for i, _, c, r in a if c >= policy.trust_from
         ]
-        out_sure = sure_answers(seed_dir, version)
+        out_sure = sure_answers(seed_dir, version, test)
         for label in sorted({a[1] for a in sure[version]} | {m.label for m in made if m.engine == version}):
             mine = [m for m in made if m.engine == version and m.label == label]
             hb = [a for a in sure[version] if a[1] == label]

@@ -17,8 +17,9 @@ import json
 from pathlib import Path
 
 
-def sure_answers(seed_dir: Path, version: str) -> dict[str, list]:
-    """Per class, ``version``'s sure answers on the seed's held-out photos: [how many, how many right, the wrong ones]."""
+def sure_answers(seed_dir: Path, version: str, test: list | None = None) -> dict[str, list]:
+    """Per class, ``version``'s sure answers on the seed's held-out photos (``test``, its split where a caller has it
+    already): [how many, how many right, the wrong ones]."""
     from benchmarks.field_loop import _Measure, split_field
     from edge_agent.config import parse_config
     from engines.store import EngineStore
@@ -26,7 +27,8 @@ def sure_answers(seed_dir: Path, version: str) -> dict[str, list]:
     s = json.loads((seed_dir / "report.json").read_text())["settings"]
     cfg = parse_config({})
     store = EngineStore(seed_dir / "state" / "engines")
-    test, _ = split_field(Path(s["data"]) / s["field"], list(store.open(version).classes), s["seed"], s["test_fraction"])
+    if test is None:
+        test, _ = split_field(Path(s["data"]) / s["field"], list(store.open(version).classes), s["seed"], s["test_fraction"])
     classes, sets = _Measure(cfg, test, []).predictions(store, version)
     preds, truths = sets["field"]
     out: dict[str, list] = {}
