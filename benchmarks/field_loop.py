@@ -13,11 +13,13 @@ from the expert's checks, the spool); the expert then labels ``K`` photos of the
 :meth:`trainer.service.TrainerService` would (``retrain_threshold`` new samples or ``expert_threshold`` new expert
 labels) with :func:`trainer.retrain.retrain`: the lab gate, the field check on the held-back expert labels, publishing.
 
-``fast`` runs the daemon's and trainer's functions in this process; ``full`` runs the real ``edge-agent run`` and
+``fast`` runs the daemon's and trainer's functions in this process (the idle inference thread's too: the review pool
+answered again, pseudo-labels found wrong withdrawn, those trust now covers made; since 2026-12-07 a pseudo-label is
+recorded as delivered, so the withdrawal reaches the trainer's store as it does over the hand-off); ``full`` runs the real ``edge-agent run`` and
 ``edge-trainer serve`` on one state directory, drops the day's photos into its inbox and labels through
 ``edge-agent review list/label`` (``device`` arm only). After each day: the field test top-1 and the lab top-1 of the
 engine in service (as the device runs it; lab: the shipped model's validation split, which no retrain trains or is
-gated on), the day's pseudo-labels and their precision, expert labels so far, versions published and refused; in
+gated on), the day's pseudo-labels and their precision (and the delivered ones withdrawn that day), expert labels so far, versions published and refused; in
 ``fast`` mode also each candidate the field check judged, scored with the version in service on the held-out field
 photos (torch FP32), to show whether the check's few held-back photos refuse candidates that are better.
 ``--store DIR`` (fast mode) starts from that store's current version instead of the shipped one: a release candidate
@@ -247,6 +249,7 @@ class _FastDevice:
         from edge_agent.golden import GoldenSet
         from edge_agent.labelling import LabelQueuer
         from edge_agent.results import ResultsDB
+        from edge_agent.review.withdraw import Withdrawals
         from edge_agent.spool import PhotoSpool
         from engines.store import EngineStore
         from trainer.loop.unlabelled_pool import UnlabelledPool
@@ -262,6 +265,7 @@ class _FastDevice:
         self.db = ResultsDB(self.state / "results.sqlite")
         self.spool = PhotoSpool(self.state / "queue", self.cfg.labels.max_spool_mb << 20)
         self.queuer = LabelQueuer(self.db, self.spool, self.cfg.labels)
+        self.withdrawals = Withdrawals(self.db, self.cfg.labels)
         self.samples = SampleStore(self.state / "trainer")
         tc = self.cfg.trainer
         self.unlabelled = UnlabelledPool(self.state / "trainer", tc.unlabelled_pool, tc.unlabelled_pool_mb << 20)
@@ -348,15 +352,22 @@ class _FastDevice:
             clf.engine.close()
 
     def hand_over(self) -> None:
-        """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store; then
-        the day's share of unlabelled review-pool photos, into the trainer's unlabelled pool."""
+        """What the sender would deliver: every queued pseudo-label and expert label, into the trainer's store
+        (a pseudo-label recorded as delivered, as the sender records it); every delivered pseudo-label withdrawn since,
+        out of it (as the trainer's receiver takes it back); then the day's share of unlabelled review-pool photos,
+        into the trainer's unlabelled pool."""
         from edge_agent.handoff.sender import sample_header
         from edge_agent.handoff.unlabelled import choose
 
         for e in self.db.queued_for_delivery(10**6):
             self.samples.add(sample_header(e, e.file), Path(e.file).read_bytes())
             self.unlabelled.discard(e.sha256)
-            self.db.remove_queued_entry(e, lambda e=e: self.spool.remove(Path(e.file)))
+            self.db.remove_queued_entry(e, lambda e=e: self.spool.remove(Path(e.file)), delivered=True)
+        for sha, label, version in self.db.withdrawals_due(10**6):
+            gone = self.samples.withdraw(sha, label, version)
+            if gone is not None:
+                self.unlabelled.keep_withdrawn(gone)
+            self.db.confirm_withdrawn(sha)
         per_day = self.cfg.handoff.unlabelled_per_day
         # each benchmark day is one local day's share: its days pass in minutes, so counted from local midnight every
         # day after the first would find the share already spent (as every loop run before 2026-11-28 did)
@@ -416,6 +427,14 @@ class _FastDevice:
         self.golden.restart()  # golden labels come from the engine in service
         return measured
 
+    def withdraw(self) -> None:
+        """The pseudo-labels the expert's labels found wrong taken back, as the daemon's idle inference thread does
+        before it makes new ones (:mod:`edge_agent.review.withdraw`): those queued return to the review pool, those
+        delivered are marked to withdraw from the trainer (:meth:`hand_over`)."""
+        taken = self.withdrawals.run()
+        if taken is not None and taken.found:
+            self.queuer.recount()
+
     def pool_to_pseudo(self) -> list[tuple[str, str, str]]:
         """The review pool's photos trust now covers made pseudo-labels, as the daemon's idle inference thread does
         after the expert's labels (:mod:`edge_agent.review.trusted_pool`); (sha256, "pseudo", class) of each."""
@@ -428,6 +447,7 @@ class _FastDevice:
         self.day_started = time.time()
         outcome = self.classify(photos)
         experts = self.ask_expert()
+        self.withdraw()
         from_pool = self.pool_to_pseudo() if self.s.arm.startswith("device") else []
         self.hand_over()
         return {"outcome": outcome, "from_pool": from_pool, "expert": experts, "retrain": self.retrain_if_due()}
@@ -555,6 +575,14 @@ class _FullDevice:
             proc.wait(60)
 
 
+def _withdrawn_since(db: Path, since: float) -> int:
+    """Delivered pseudo-labels the daemon withdrew since ``since`` (:mod:`edge_agent.review.withdraw`)."""
+    from edge_agent.results import query_readonly
+
+    rows = query_readonly(db, "SELECT COUNT(*) FROM pseudo_sent WHERE withdrawn >= ?", (since,))
+    return int(rows[0][0]) if rows else 0
+
+
 def run(s: LoopSettings, out: Path) -> dict:
     """One arm and seed; writes and returns ``out/report.json``."""
     from edge_agent.config import parse_config
@@ -578,6 +606,7 @@ def run(s: LoopSettings, out: Path) -> dict:
         print(f"{s.arm} seed {s.seed}: start {report['start']}", file=sys.stderr, flush=True)
         for d in range(days):
             photos = stream[d * s.day_size : (d + 1) * s.day_size]
+            started = time.time()
             r = device.day(photos)
             verdicts = day_verdicts(device.state / "results.sqlite", [sha_of[p] for p, _ in photos], truth, classes, device.cfg.labels)
             from_pool = [(sha, label) for sha, _, label in r.get("from_pool", [])]
@@ -589,6 +618,7 @@ def run(s: LoopSettings, out: Path) -> dict:
                 "pseudo_right": right,
                 "pseudo_precision": round(right / len(pseudo), 4) if pseudo else None,
                 "pseudo_from_pool": len(from_pool),
+                "pseudo_withdrawn": _withdrawn_since(device.state / "results.sqlite", started),
                 "to_review": sum(kind == "review" for _, kind, _ in r["outcome"]),
                 "expert_labels": device.expert_labels,
                 "verdicts": verdicts,

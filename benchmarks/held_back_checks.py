@@ -8,7 +8,8 @@ every ``field_check_every``-th of a class) is a photo no version ever trains on,
 (``confident`` at ``[labels] trust_from``, what trust covers) are unbiased checks of that version, where the checks
 the daemon's trust reads were mostly made by the versions before it. Each version the run served is opened from the
 run's store as the daemon serves it and answers the held-back photos; each pseudo-label the daemon made
-(``pseudo_sent``: the photo, the class, the version that made it, when) is then judged by two vetoes:
+(``pseudo_sent``, or the trainer's store for a fast-mode run from before 2026-12-07: the photo, the class, the
+version that made it, when) is then judged by two vetoes:
 
 * ``before``: the version that made it has a wrong sure answer of that class among the held-back photos labelled
   before the pseudo-label was made (what the daemon could know if the trainer answered them at every retrain);
@@ -78,6 +79,16 @@ def _rows(db: Path, query: str) -> list[tuple]:
         return conn.execute(query).fetchall()
 
 
+def _delivered(ledger: Path, samples: Path) -> list[tuple]:
+    """Each pseudo-label the daemon delivered, oldest first: (sha256, class, version, when): the ledger's
+    ``pseudo_sent``, and the trainer's pseudo-labels it does not hold (a fast-mode run from before 2026-12-07 recorded
+    none there; the time is then when the trainer received it, the same day)."""
+    sent = _rows(ledger, "SELECT sha256, label, engine_version, sent FROM pseudo_sent")
+    known = {row[0] for row in sent}
+    got = _rows(samples, "SELECT id, label, engine_version, received FROM samples WHERE kind = 'pseudo'")
+    return sorted(sent + [row for row in got if row[0] not in known], key=lambda row: row[3])
+
+
 def replay(seed_dir: Path) -> dict:
     """One seed's replay: ``days`` (:func:`by_day`), ``versions`` (per version and class) and the totals."""
     from benchmarks.field_loop import split_field
@@ -110,7 +121,7 @@ def replay(seed_dir: Path) -> dict:
 
     made = [
         Made(day_at(sent), label, engine, sent, classes.index(label) == path_of[sha][1])
-        for sha, label, engine, sent in _rows(results, "SELECT sha256, label, engine_version, sent FROM pseudo_sent ORDER BY sent")
+        for sha, label, engine, sent in _delivered(results, state / "trainer" / "samples.sqlite")
         if sha in path_of
     ]
     first_answer = dict(

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
 
 from benchmarks.field_loop import split_field, summarise
+
+#: the tiny store's answers all sure and checks of them: what makes pseudo-labels once a class is trusted
+_SURE_OF_ALL = {"labels": {"pseudo_threshold": 0.01, "trust_confidence": 0.01}}
+
+
+def _leaf_photos(tmp_path, n: int) -> list[tuple[str, int]]:
+    """``n`` leaf photos written as JPEG files, each of class 0: (path, class)."""
+    from .conftest import encode, leaf_image
+
+    out = []
+    for i in range(n):
+        (tmp_path / f"{i}.jpg").write_bytes(encode(leaf_image(i, (180, 160))))
+        out.append((str(tmp_path / f"{i}.jpg"), 0))
+    return out
 
 
 def _field(tmp_path, per_class: dict[str, int]):
@@ -299,12 +314,7 @@ def test_each_benchmark_day_hands_over_its_own_share_of_unlabelled_photos_though
     photos only (the pool of every v4000 loop run held about 90 photos, all from day 1)."""
     from benchmarks.field_loop import LoopSettings, _FastDevice
 
-    from .conftest import encode, leaf_image
-
-    photos = []
-    for i in range(12):
-        (tmp_path / f"{i}.jpg").write_bytes(encode(leaf_image(i, (180, 160))))
-        photos.append((str(tmp_path / f"{i}.jpg"), 0))
+    photos = _leaf_photos(tmp_path, 12)
     s = LoopSettings(arm="none", store=str(tiny_store), overrides={"handoff": {"unlabelled_per_day": 4}})
     device = _FastDevice(s, tmp_path / "run", truth={})
     try:
@@ -370,14 +380,8 @@ def test_the_fast_loop_makes_pseudo_labels_of_the_pool_photos_a_class_trusted_si
     """As the daemon's idle inference thread does once the expert's labels earn a class trust."""
     from benchmarks.field_loop import LoopSettings, _FastDevice
 
-    from .conftest import encode, leaf_image
-
-    photos = []
-    for i in range(4):
-        (tmp_path / f"{i}.jpg").write_bytes(encode(leaf_image(i, (180, 160))))
-        photos.append((str(tmp_path / f"{i}.jpg"), 0))
-    s = LoopSettings(arm="device", store=str(tiny_store), overrides={"labels": {"pseudo_threshold": 0.01, "trust_confidence": 0.01}})
-    device = _FastDevice(s, tmp_path / "run", truth={})
+    photos = _leaf_photos(tmp_path, 4)
+    device = _FastDevice(LoopSettings(arm="device", store=str(tiny_store), overrides=_SURE_OF_ALL), tmp_path / "run", truth={})
     try:
         outcome = device.classify(photos)
         sure = [(sha, label) for sha, kind, label in outcome if kind == "review"]
@@ -387,5 +391,43 @@ def test_the_fast_loop_makes_pseudo_labels_of_the_pool_photos_a_class_trusted_si
         made = device.pool_to_pseudo()
         assert sorted(made) == sorted((sha, "pseudo", label) for sha, label in sure)
         assert {e.sha256 for e in device.db.queued_for_delivery(10)} == {sha for sha, _ in sure}
+    finally:
+        device.close()
+
+
+def test_the_fast_loop_records_its_delivered_pseudo_labels_and_withdraws_them_from_the_trainer_as_the_daemon_does(
+    tmp_path, tiny_store, monkeypatch
+):
+    """The fast loop handed pseudo-labels over without recording them as delivered and never ran the withdrawal
+    step: a class the expert found wrong kept its delivered pseudo-labels in the trainer, and a replay of a run
+    (``benchmarks.held_back_checks``) found none to judge. Withdrawn now as the daemon and the trainer do it."""
+    from benchmarks.field_loop import LoopSettings, _FastDevice, _withdrawn_since
+    from edge_agent.results import query_readonly
+    from edge_agent.review import withdraw
+    from edge_agent.review.queue import label_photo
+
+    photos = _leaf_photos(tmp_path, 5)
+    device = _FastDevice(LoopSettings(arm="device", store=str(tiny_store), overrides=_SURE_OF_ALL), tmp_path / "run", truth={})
+    try:
+        sure = [(sha, label) for sha, kind, label in device.classify(photos) if kind == "review"]
+        assert len(sure) >= 2
+        classes = device.store.open().classes
+        label_photo(device.db, device.state / "queue", 1 << 30, classes, sure[0][0], sure[0][1])  # a check, right
+        monkeypatch.setattr(device.queuer.trust, "trusted_classes", lambda: None)
+        monkeypatch.setattr(device.queuer.trust, "now", lambda: lambda label: True)
+        made = device.pool_to_pseudo()
+        device.hand_over()
+        ids = {sha for sha, _, _ in made}
+        assert ids and {x.id for x in device.samples.all() if x.kind == "pseudo"} == ids
+        sent = query_readonly(device.state / "results.sqlite", "SELECT sha256 FROM pseudo_sent")
+        assert {sha for (sha,) in sent} == ids  # recorded as delivered, as the sender records them
+        started = time.time()
+        version = device.serving
+        monkeypatch.setattr(withdraw, "found_wrong", lambda new, checks, policy: sorted({(label, version) for _, _, label in made}))
+        device.withdraw()
+        device.hand_over()
+        assert not [x for x in device.samples.all() if x.kind == "pseudo"]  # no longer trained on
+        assert {p.id for p in device.unlabelled.photos()} >= ids  # kept as photos nobody labelled
+        assert device.db.withdrawals_due(10) == [] and _withdrawn_since(device.state / "results.sqlite", started) == len(ids)
     finally:
         device.close()

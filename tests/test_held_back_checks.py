@@ -42,3 +42,24 @@ def test_the_day_table_counts_made_and_kept_per_day_and_the_markdown_shows_days_
     }
     text = markdown([run], "cmd")
     assert "| 3 | 1 of 2 | - | 1 of 2 |" in text and "| 1 |" not in text and "`before` keeps 1, 1 right" in text
+
+
+def test_the_delivered_pseudo_labels_are_the_ledgers_and_the_trainers_it_never_recorded_oldest_first(tmp_path):
+    """A fast-mode run from before 2026-12-07 recorded no delivery in the ledger: its pseudo-labels are read from the
+    trainer's store, which holds what was delivered (a withdrawn one is only in the ledger)."""
+    import sqlite3
+
+    from benchmarks.held_back_checks import _delivered
+
+    ledger, samples = tmp_path / "results.sqlite", tmp_path / "samples.sqlite"
+    with sqlite3.connect(ledger) as db:
+        db.execute("CREATE TABLE pseudo_sent (sha256 TEXT, label TEXT, engine_version TEXT, sent REAL, withdrawn REAL)")
+        db.execute("INSERT INTO pseudo_sent VALUES ('a', 'scab', 'v2', 20.0, 30.0)")  # withdrawn from the trainer since
+        db.execute("INSERT INTO pseudo_sent VALUES ('b', 'rust', 'v2', 21.0, NULL)")
+    with sqlite3.connect(samples) as db:
+        db.execute("CREATE TABLE samples (id TEXT, kind TEXT, label TEXT, engine_version TEXT, received REAL)")
+        db.executemany(
+            "INSERT INTO samples VALUES (?,?,?,?,?)",
+            [("b", "pseudo", "rust", "v2", 21.5), ("c", "pseudo", "scab", "v1", 10.0), ("d", "expert", "scab", "", 5.0)],
+        )
+    assert _delivered(ledger, samples) == [("c", "scab", "v1", 10.0), ("a", "scab", "v2", 20.0), ("b", "rust", "v2", 21.0)]

@@ -300,3 +300,24 @@ def test_a_photo_the_trainer_holds_labelled_is_acknowledged_unlabelled_but_not_k
     receiver._handle(out, [b"peer", *encode("sample", label | {"kind": "unlabelled", "verdict": "unsure"}, photo)])
     assert [m.kind for m in out] == ["ack", "ack"] and store.has(sha)
     assert pool.photos() == [] and receiver.counters["unlabelled"] == 0
+
+
+def test_a_withdrawn_pseudo_labels_photo_is_kept_as_its_answer_and_its_sample_file_goes_even_where_the_pool_keeps_none(tmp_path):
+    store = SampleStore(tmp_path / "trainer")
+    datas = [encode_img(leaf_image(i)) for i in range(2)]
+    shas = [hashlib.sha256(d).hexdigest() for d in datas]
+    for sha, data in zip(shas, datas):
+        store.add({"id": sha, "kind": "pseudo", "label": "A", "confidence": 0.99, "engine_version": "v0001", "ext": ".png"}, data)
+    pool = UnlabelledPool(tmp_path / "trainer", 10, 1 << 30)
+    none = UnlabelledPool(tmp_path / "other", 0, 1 << 30)
+    try:
+        first, second = (store.withdraw(sha, "A", "v0001") for sha in shas)
+        assert pool.keep_withdrawn(first) and not Path(first.file).exists()
+        [kept] = pool.photos()
+        assert (kept.id, kept.label, kept.verdict, kept.engine_version) == (shas[0], "A", "confident", "v0001")
+        assert hashlib.sha256(Path(kept.file).read_bytes()).hexdigest() == shas[0]
+        assert not none.keep_withdrawn(second) and not Path(second.file).exists() and none.photos() == []
+    finally:
+        pool.close()
+        none.close()
+        store.close()

@@ -225,23 +225,15 @@ class Receiver(Worker):
         router.send_multipart([peer, *encode("withdrawn", {"id": header["id"], "label": header["label"]})])
 
     def _keep_unlabelled(self, sample) -> None:
-        """A withdrawn pseudo-label's photo, into the unlabelled pool (the model's answer its unlabelled one), then
-        deleted from the samples; a photo the pool cannot take is deleted all the same (the label was the point)."""
-        path = Path(sample.file)
+        """A withdrawn pseudo-label's photo, into the unlabelled pool where the trainer keeps one
+        (:meth:`trainer.loop.unlabelled_pool.UnlabelledPool.keep_withdrawn`), else deleted (the label was the point)."""
         try:
-            if self.pool is not None and self.pool.max_photos > 0:
-                header = {
-                    "id": sample.id,
-                    "ext": path.suffix.lower() or ".jpg",
-                    "label": sample.label,
-                    "verdict": "confident",
-                    "confidence": sample.confidence,
-                    "engine_version": sample.engine_version,
-                }
-                self.pool.add(header, path.read_bytes())
+            if self.pool is not None:
+                self.pool.keep_withdrawn(sample)
+            else:
+                Path(sample.file).unlink(missing_ok=True)
         except Exception as exc:  # noqa: BLE001 - the photo is lost to the pool, not the withdrawal
             self.log.warning("withdrawn_photo_not_kept", id=sample.id[:16], error=repr(exc))
-        path.unlink(missing_ok=True)
 
     def _as_kept(self, header: dict, photo: bytes) -> tuple[dict, bytes]:
         """The sample as stored: a photo larger than ``[handoff] photo_side`` reduced to it (a device from before its

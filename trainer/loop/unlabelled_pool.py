@@ -16,11 +16,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge_agent.log import get_logger
 from edge_agent.results import query_readonly
 from edge_agent.storage_errors import open_or_set_aside
 from engines.durable import atomic_write, check_whole, connect_writable, relocate_rows, replace_row_file
+
+if TYPE_CHECKING:
+    from trainer.samples import Sample
 
 __all__ = ["UnlabelledPhoto", "UnlabelledPool", "pool_photos"]
 
@@ -125,6 +129,23 @@ class UnlabelledPool:
             )
         self._evict()
         return True
+
+    def keep_withdrawn(self, sample: Sample) -> bool:
+        """A withdrawn pseudo-label's photo (:meth:`trainer.samples.SampleStore.withdraw`) kept as an unlabelled one, the
+        pseudo-label its model answer; its sample file deleted whether kept or not (the label was the point)."""
+        path = Path(sample.file)
+        try:
+            header = {
+                "id": sample.id,
+                "ext": path.suffix.lower() or ".jpg",
+                "label": sample.label,
+                "verdict": "confident",
+                "confidence": sample.confidence,
+                "engine_version": sample.engine_version,
+            }
+            return self.add(header, path.read_bytes()) if self.max_photos > 0 else False
+        finally:
+            path.unlink(missing_ok=True)
 
     def _evict(self) -> None:
         while True:
