@@ -27,16 +27,15 @@ photo is the field folder it came from, matched by sha256.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
-import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.check_order import _confident, _predict, write_report
 from edge_agent.names import class_phrase
+from edge_agent.results import query_readonly
 
 __all__ = ["Made", "VETOES", "kept", "by_day", "replay", "markdown", "main"]
 
@@ -74,18 +73,13 @@ def by_day(made: list[Made], sure: dict, published: dict[str, float], days: int)
     return rows
 
 
-def _rows(db: Path, query: str) -> list[tuple]:
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        return conn.execute(query).fetchall()
-
-
 def _delivered(ledger: Path, samples: Path) -> list[tuple]:
     """Each pseudo-label the daemon delivered, oldest first: (sha256, class, version, when): the ledger's
     ``pseudo_sent``, and the trainer's pseudo-labels it does not hold (a fast-mode run from before 2026-12-07 recorded
     none there; the time is then when the trainer received it, the same day)."""
-    sent = _rows(ledger, "SELECT sha256, label, engine_version, sent FROM pseudo_sent")
+    sent = query_readonly(ledger, "SELECT sha256, label, engine_version, sent FROM pseudo_sent")
     known = {row[0] for row in sent}
-    got = _rows(samples, "SELECT id, label, engine_version, received FROM samples WHERE kind = 'pseudo'")
+    got = query_readonly(samples, "SELECT id, label, engine_version, received FROM samples WHERE kind = 'pseudo'")
     return sorted(sent + [row for row in got if row[0] not in known], key=lambda row: row[3])
 
 
@@ -109,7 +103,7 @@ def replay(seed_dir: Path) -> dict:
     shas = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in stream]
     path_of = dict(zip(shas, stream))
     results = state / "results.sqlite"
-    created = dict(_rows(results, "SELECT sha256, created FROM results"))
+    created = dict(query_readonly(results, "SELECT sha256, created FROM results"))
     size, days = s["day_size"], len(report["days"])
     starts = []  # when each day's first photo was answered
     for d in range(days):
@@ -125,13 +119,13 @@ def replay(seed_dir: Path) -> dict:
         if sha in path_of
     ]
     first_answer = dict(
-        _rows(
+        query_readonly(
             results,
             "SELECT engine_version, MIN(t) FROM (SELECT engine_version, created AS t FROM results UNION ALL "
             "SELECT engine_version, answered AS t FROM pool_answers) GROUP BY engine_version",
         )
     )
-    labelled = dict(_rows(results, "SELECT sha256, labelled FROM expert_labels"))
+    labelled = dict(query_readonly(results, "SELECT sha256, labelled FROM expert_labels"))
     samples = SampleStore(state / "trainer")
     try:
         held = sorted(i for i in held_back(samples.all(), cfg.trainer.field_check_every) if i in path_of and i in labelled)
