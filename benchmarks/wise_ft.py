@@ -27,7 +27,7 @@ from edge_agent.config import default_store_path
 from edge_agent.preprocess import PreprocessSpec, preprocess_file
 from engines.store import EngineStore
 
-__all__ = ["frozen_features", "linear_probe", "main", "mix", "probe_start", "tensors"]
+__all__ = ["frozen_features", "linear_probe", "main", "mix", "probe_start", "tensors", "top1"]
 
 
 def tensors(paths: list[Path], spec: PreprocessSpec) -> torch.Tensor:
@@ -44,7 +44,8 @@ def frozen_features(model, x: torch.Tensor, batch: int = 64) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _top1(model, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:
+def top1(model, x: torch.Tensor, y: torch.Tensor, batch: int = 64) -> float:
+    """``model``'s top-1 on ``x`` against ``y`` (eval mode, on the device it is on)."""
     model.eval()
     dev = next(model.parameters()).device
     pred = torch.cat([model(x[i : i + batch].to(dev).float()).argmax(1).cpu() for i in range(0, len(x), batch)])
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     for alpha in args.alphas:
         model = build_model(len(version.classes), version.manifest["model"]["arch"])
         model.load_state_dict(mix(start_sd, tuned_sd, alpha))
-        row = {"alpha": alpha, **{name: round(_top1(model, x, y), 4) for name, (x, y) in data.items()}}
+        row = {"alpha": alpha, **{name: round(top1(model, x, y), 4) for name, (x, y) in data.items()}}
         rows.append(row)
         print(row, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
