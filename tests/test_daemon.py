@@ -688,7 +688,9 @@ def test_an_empty_file_is_a_copy_not_started_yet_until_the_grace_period_ends(pla
     (d.inbox / "late.jpg").write_bytes(photo.read_bytes())
     wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0] == 1, 30, "the late photo's result")
     assert db_rows(d.state, "SELECT sha256 FROM results")[0][0] == sha(photo)
-    wait_until(lambda: (d.state / "quarantine" / "never.jpg").exists(), 30, "the empty file quarantined")
+    # the ledger's record comes last (the photo, its reason, then the row): the file alone may be there before its reason
+    wait_until(lambda: db_rows(d.state, "SELECT COUNT(*) FROM quarantine")[0][0] == 1, 30, "the empty file quarantined")
+    assert (d.state / "quarantine" / "never.jpg").exists()
     assert json.loads((d.state / "quarantine" / "never.jpg.reason.json").read_text())["reason"] == "empty file (0 bytes)"
     assert not (d.state / "quarantine" / "late.jpg").exists()
     assert d.terminate() == 0
@@ -723,6 +725,8 @@ def test_a_heic_with_a_valid_header_and_a_corrupt_body_gets_a_result_or_a_quaran
     future = time.time() + 86400  # a camera whose clock is a day ahead: the file looks modified "just now" forever
     os.utime(d.inbox / "long-box.heic", (future, future))
     wait_until(lambda: not [p for p in d.inbox.iterdir() if p.suffix == ".heic"], 60, "every corrupt HEIC left the inbox")
+    recorded = "SELECT (SELECT COUNT(*) FROM results) + (SELECT COUNT(*) FROM quarantine)"  # each row after its files
+    wait_until(lambda: db_rows(d.state, recorded)[0][0] == len(variants), 30, "every HEIC's result or quarantine recorded")
     results = db_rows(d.state, "SELECT COUNT(*) FROM results")[0][0]
     quarantined = sorted(p.name for p in (d.state / "quarantine").glob("*.heic"))
     assert results + len(quarantined) == len(variants)
