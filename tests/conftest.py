@@ -30,6 +30,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test():
+    """A test that fails before stopping its daemon or trainer leaves no process behind (seen: a daemon a failed test
+    left running quarantined a photo of the next run's test of the same name, which reuses its folder)."""
+    yield
+    from .daemon_helpers import kill_leftovers
+
+    kill_leftovers()
+
+
+@pytest.fixture(autouse=True)
 def _a_cpu_with_vnni(monkeypatch):
     """In-process tests run as on a CPU with VNNI (or not x86), wherever the suite runs: which precision ``auto`` picks
     must not depend on the CI machine's CPU. tests/test_int8_here.py gives a CPU without VNNI where it tests one."""

@@ -42,6 +42,20 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
+#: Every daemon and trainer process a test started: :func:`kill_leftovers` ends those a failed test left running.
+_STARTED: list[subprocess.Popen] = []
+
+
+def kill_leftovers() -> None:
+    """SIGKILL every process started here that still runs (a test that failed before stopping it): left running, it
+    watches a folder that a later run of the suite makes again under the same name."""
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 class DaemonProc:
     """``edge-agent run`` in a subprocess; its JSON log lines go to ``log``."""
 
@@ -67,6 +81,7 @@ class DaemonProc:
             cwd=REPO,
             env=self.env,
         )
+        _STARTED.append(self.proc)
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -170,6 +185,7 @@ class TrainerProc:
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
+        _STARTED.append(self.proc)
         return self
 
     def logged(self, event: str) -> bool:
