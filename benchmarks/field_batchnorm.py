@@ -22,6 +22,7 @@ import copy
 import json
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             model.load_state_dict(as_is)
-    command = "python -m benchmarks.field_batchnorm " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    command = "python -m benchmarks.field_batchnorm " + " ".join(sys.argv[1:] if argv is None else argv)
     result = {"version": version.name, "command": command, "seconds": round(time.perf_counter() - t0), "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "field_batchnorm.json").write_text(json.dumps(result, indent=1) + "\n")
