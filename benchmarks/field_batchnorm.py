@@ -21,7 +21,6 @@ import argparse
 import copy
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.field_loop import SHARED, split_field
+from benchmarks.seeds import mean_sd
 from benchmarks.wise_ft import mix, tensors, top1
 
 __all__ = ["adapted_statistics", "main", "report_md"]
@@ -44,8 +44,7 @@ def adapted_statistics(model: torch.nn.Module, x: torch.Tensor) -> dict:
 
 
 def _mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.3f} +- {sd:.3f}"
+    return "{:.3f} +- {:.3f}".format(*mean_sd(values))
 
 
 def report_md(result: dict) -> str:
