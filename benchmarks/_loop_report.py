@@ -27,6 +27,22 @@ def _covered(rows: list[dict]) -> dict:
     }
 
 
+def _sources(rows: list[dict]) -> dict:
+    """Over the seeds that recorded it: the day's pseudo-labels made from the review pool and from new photos (sums),
+    and how many of each were right."""
+    v = [x for x in rows if "pseudo_from_pool_right" in x]
+    if not v:
+        return {}
+    pool, pool_right = sum(x["pseudo_from_pool"] for x in v), sum(x["pseudo_from_pool_right"] for x in v)
+    return {
+        "pool_made": pool,
+        "pool_right": pool_right,
+        "new_made": sum(x["pseudo_labels"] for x in v) - pool,
+        "new_right": sum(x["pseudo_right"] for x in v) - pool_right,
+        "source_seeds": len(v),
+    }
+
+
 def _term(rows: list[dict]) -> dict:
     """Over the seeds whose retrain that day ran the unlabelled term: the pool photos it read, the labels it gave them,
     the share of them right (where the benchmark recorded it; and the worst retrain's), and in how many retrains its
@@ -63,6 +79,7 @@ def summarise(reports: dict[str, list[dict]]) -> dict:
                     "pseudo_precision_min": min(prec) if prec else None,
                     "expert_labels": statistics.fmean(x["expert_labels"] for x in rows),
                     **_covered(rows),
+                    **_sources(rows),
                     **_term(rows),
                 }
             )
@@ -162,6 +179,30 @@ def markdown(summary: dict, command: str) -> str:
                 else ""
             ),
         )
+    if any("source_seeds" in d for a in summary["arms"].values() for d in a["days"]):
+        lines.append(
+            "\nWhere a day's pseudo-labels came from, summed over the seeds that recorded it: a photo of the review pool "
+            "(answered again sure after a swap, or sure of a class trusted since) and a new photo, each right of made "
+            "[seeds]; totals in the last row:\n"
+        )
+        _day_table(
+            lines,
+            summary,
+            arms,
+            n,
+            lambda x: (
+                f"pool {_count(x['pool_right'], x['pool_made'])}, new {_count(x['new_right'], x['new_made'])} [{x['source_seeds']}]"
+                if "source_seeds" in x
+                else ""
+            ),
+        )
+        totals = []
+        for a in arms:
+            ds = [d for d in summary["arms"][a]["days"] if "source_seeds" in d]
+            pool = (sum(d["pool_right"] for d in ds), sum(d["pool_made"] for d in ds))
+            new = (sum(d["new_right"] for d in ds), sum(d["new_made"] for d in ds))
+            totals.append(f"pool {_count(*pool)}, new {_count(*new)}" if ds else "")
+        lines.append("| all | " + " | ".join(totals) + " |")
     if any("term_runs" in d for a in summary["arms"].values() for d in a["days"]):
         lines.append(
             "\nThe unlabelled term's labels (made in the trainer from the pool's field photos, not the daemon's "
@@ -185,6 +226,11 @@ def markdown(summary: dict, command: str) -> str:
 
 def _share(p: float | None) -> str:
     return "-" if p is None else f"{p:.0%}"
+
+
+def _count(right: int, made: int) -> str:
+    """``right`` of ``made`` with the share, or ``-`` when none was made."""
+    return f"{right} of {made} ({right / made:.0%})" if made else "-"
 
 
 def _day_table(lines: list[str], summary: dict, arms: list[str], n: int, cell) -> None:

@@ -19,7 +19,9 @@ recorded as delivered, so the withdrawal reaches the trainer's store as it does 
 ``edge-trainer serve`` on one state directory, drops the day's photos into its inbox and labels through
 ``edge-agent review list/label`` (``device`` arm only). After each day: the field test top-1 and the lab top-1 of the
 engine in service (as the device runs it; lab: the shipped model's validation split, which no retrain trains or is
-gated on), the day's pseudo-labels and their precision (and the delivered ones withdrawn that day), expert labels so far, versions published and refused; in
+gated on), the day's pseudo-labels and their precision (how many of them, and how many right, came from the review
+pool: in full mode photos of earlier days only; and the delivered ones withdrawn that day), expert labels so far,
+versions published and refused; in
 ``fast`` mode also each candidate the field check judged, scored with the version in service on the held-out field
 photos (torch FP32), to show whether the check's few held-back photos refuse candidates that are better.
 ``--store DIR`` (fast mode) starts from that store's current version instead of the shipped one: a release candidate
@@ -583,6 +585,21 @@ def _withdrawn_since(db: Path, since: float) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+def _pseudo_counts(day: dict, classes: list[str], truth: dict[str, int]) -> dict:
+    """A day's pseudo-labels (its photos made so, and the review pool's made so that day), how many right, and how
+    many of them, and of them right, came from the pool."""
+    from_pool = [(sha, label) for sha, _, label in day.get("from_pool", [])]
+    pseudo = [(sha, label) for sha, kind, label in day["outcome"] if kind == "pseudo"] + from_pool
+    right = sum(classes.index(label) == truth[sha] for sha, label in pseudo)
+    return {
+        "pseudo_labels": len(pseudo),
+        "pseudo_right": right,
+        "pseudo_precision": round(right / len(pseudo), 4) if pseudo else None,
+        "pseudo_from_pool": len(from_pool),
+        "pseudo_from_pool_right": sum(classes.index(label) == truth[sha] for sha, label in from_pool),
+    }
+
+
 def run(s: LoopSettings, out: Path) -> dict:
     """One arm and seed; writes and returns ``out/report.json``."""
     from edge_agent.config import parse_config
@@ -609,15 +626,9 @@ def run(s: LoopSettings, out: Path) -> dict:
             started = time.time()
             r = device.day(photos)
             verdicts = day_verdicts(device.state / "results.sqlite", [sha_of[p] for p, _ in photos], truth, classes, device.cfg.labels)
-            from_pool = [(sha, label) for sha, _, label in r.get("from_pool", [])]
-            pseudo = [(sha, label) for sha, kind, label in r["outcome"] if kind == "pseudo"] + from_pool
-            right = sum(classes.index(label) == truth[sha] for sha, label in pseudo)
             row = {
                 "day": d + 1,
-                "pseudo_labels": len(pseudo),
-                "pseudo_right": right,
-                "pseudo_precision": round(right / len(pseudo), 4) if pseudo else None,
-                "pseudo_from_pool": len(from_pool),
+                **_pseudo_counts(r, classes, truth),
                 "pseudo_withdrawn": _withdrawn_since(device.state / "results.sqlite", started),
                 "to_review": sum(kind == "review" for _, kind, _ in r["outcome"]),
                 "expert_labels": device.expert_labels,

@@ -77,6 +77,38 @@ def test_the_summary_counts_a_published_version_worse_on_the_field_than_the_one_
     assert summary["arms"]["device"]["swap_refused"] == 1 and "2 / 1 (1 published, not adopted by the device)" in markdown(summary, "cmd")
 
 
+def test_a_days_pseudo_labels_are_counted_right_apart_for_those_the_review_pool_gave():
+    from benchmarks.field_loop import _pseudo_counts
+
+    day = {
+        "outcome": [("a", "pseudo", "B"), ("b", "pseudo", "A"), ("c", "review", "A"), ("d", "", "")],
+        "from_pool": [("e", "pseudo", "A"), ("f", "pseudo", "A"), ("g", "pseudo", "B")],
+    }
+    truth = {"a": 1, "b": 1, "e": 0, "f": 1, "g": 1}
+    got = _pseudo_counts(day, ["A", "B"], truth)
+    assert got == {"pseudo_labels": 5, "pseudo_right": 3, "pseudo_precision": 0.6, "pseudo_from_pool": 3, "pseudo_from_pool_right": 2}
+    assert _pseudo_counts({"outcome": [("c", "review", "A")]}, ["A", "B"], truth)["pseudo_from_pool_right"] == 0
+
+
+def test_the_summary_sums_pseudo_labels_from_the_pool_and_from_new_photos_over_the_seeds_that_recorded_them():
+    from benchmarks._loop_report import markdown
+
+    def run(seed, pool=None):
+        days = [_day(1, 0.5), _day(2, 0.6, pseudo=0.8)]
+        if pool is not None:  # seed 3 is a report from before the pool's share was recorded
+            days[1] |= {"pseudo_right": 4, "pseudo_from_pool": pool[1], "pseudo_from_pool_right": pool[0]}
+            days[0] |= {"pseudo_right": 0, "pseudo_from_pool": 0, "pseudo_from_pool_right": 0}
+        return {"settings": {"seed": seed}, "start": {"field": 0.1, "lab": 0.9}, "days": days}
+
+    summary = summarise({"device": [run(1, (2, 3)), run(2, (1, 1)), run(3)]})
+    day2 = summary["arms"]["device"]["days"][1]
+    assert (day2["pool_right"], day2["pool_made"], day2["new_right"], day2["new_made"], day2["source_seeds"]) == (3, 4, 5, 6, 2)
+    text = markdown(summary, "cmd")
+    assert "| 2 | pool 3 of 4 (75%), new 5 of 6 (83%) [2] |" in text and "| 1 | pool -, new - [2] |" in text
+    assert "| all | pool 3 of 4 (75%), new 5 of 6 (83%) |" in text
+    assert "Where a day's pseudo-labels came from" not in markdown(summarise({"device": [run(3)]}), "cmd")
+
+
 def test_the_measure_gives_each_engine_the_photos_its_own_manifest_asks_for(tmp_path):
     """v2000 takes 192 px photos: measuring it with the 128 px default once stopped the benchmark before day 1."""
     from benchmarks.field_loop import _Measure
