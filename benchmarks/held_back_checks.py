@@ -30,6 +30,7 @@ import argparse
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from benchmarks.check_order import _confident, _predict, write_report
 from edge_agent.names import class_phrase
 from edge_agent.results import query_readonly
 
-__all__ = ["Made", "VETOES", "kept", "by_day", "replay", "markdown", "main"]
+__all__ = ["Made", "VETOES", "kept", "by_day", "stream_days", "replay", "markdown", "main"]
 
 VETOES = ("before", "published")
 
@@ -83,36 +84,45 @@ def _delivered(ledger: Path, samples: Path) -> list[tuple]:
     return sorted(sent + [row for row in got if row[0] not in known], key=lambda row: row[3])
 
 
-def replay(seed_dir: Path) -> dict:
-    """One seed's replay: ``days`` (:func:`by_day`), ``versions`` (per version and class) and the totals."""
+def stream_days(seed_dir: Path) -> tuple[dict, list, dict[str, tuple], Callable[[float], int]]:
+    """A kept run's report, its held-out test photos, its stream by sha256 ((path, class index) each), and the day
+    (1-based) a moment falls in: from the first answer of that day's first photo answered."""
     from benchmarks.field_loop import split_field
-    from benchmarks.sure_heldout import sure_answers
-    from edge_agent.config import parse_config
-    from engines.store import EngineStore
-    from trainer.field_check import held_back
-    from trainer.samples import SampleStore
 
     report = json.loads((seed_dir / "report.json").read_text())
     s = report["settings"]
-    cfg = parse_config({})
-    policy = cfg.labels
-    state = seed_dir / "state"
-    store = EngineStore(state / "engines")
-    classes = report["classes"]
-    test, stream = split_field(Path(s["data"]) / s["field"], classes, s["seed"], s["test_fraction"])
+    test, stream = split_field(Path(s["data"]) / s["field"], report["classes"], s["seed"], s["test_fraction"])
     shas = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p, _ in stream]
-    path_of = dict(zip(shas, stream))
-    results = state / "results.sqlite"
-    created = dict(query_readonly(results, "SELECT sha256, created FROM results"))
-    size, days = s["day_size"], len(report["days"])
+    created = dict(query_readonly(seed_dir / "state" / "results.sqlite", "SELECT sha256, created FROM results"))
+    size = s["day_size"]
     starts = []  # when each day's first photo was answered
-    for d in range(days):
+    for d in range(len(report["days"])):
         times = [created[h] for h in shas[d * size : (d + 1) * size] if h in created]
         starts.append(min(times) if times else None)
 
     def day_at(t: float) -> int:
         return max([d for d, start in enumerate(starts) if start is not None and start <= t], default=0) + 1
 
+    return report, test, dict(zip(shas, stream)), day_at
+
+
+def replay(seed_dir: Path) -> dict:
+    """One seed's replay: ``days`` (:func:`by_day`), ``versions`` (per version and class) and the totals."""
+    from benchmarks.sure_heldout import sure_answers
+    from edge_agent.config import parse_config
+    from engines.store import EngineStore
+    from trainer.field_check import held_back
+    from trainer.samples import SampleStore
+
+    report, test, path_of, day_at = stream_days(seed_dir)
+    s = report["settings"]
+    cfg = parse_config({})
+    policy = cfg.labels
+    state = seed_dir / "state"
+    store = EngineStore(state / "engines")
+    classes = report["classes"]
+    results = state / "results.sqlite"
+    days = len(report["days"])
     made = [
         Made(day_at(sent), label, engine, sent, classes.index(label) == path_of[sha][1])
         for sha, label, engine, sent in _delivered(results, state / "trainer" / "samples.sqlite")

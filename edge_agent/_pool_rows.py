@@ -188,9 +188,12 @@ class PoolRows:
         )
         return {(label, verdict): n for label, verdict, n in rows}
 
-    def pool_sure(self, version: str, labels: Collection[str] | None, min_confidence: float) -> list[tuple[QueueEntry, str | None]]:
-        """Review-pool photos engine ``version`` answered with ``min_confidence`` or more, in one of ``labels`` (None:
-        any class), each with the verdict of that answer (:mod:`edge_agent.review.trusted_pool`)."""
+    def pool_sure(
+        self, version: str, labels: Collection[str] | None, min_confidence: float, again_from: float = 0.0
+    ) -> list[tuple[QueueEntry, str | None]]:
+        """Review-pool photos engine ``version`` answered with ``min_confidence`` or more (and, where that answer is
+        one given again in the pool, ``again_from`` or more), in one of ``labels`` (None: any class), each with the
+        verdict of that answer (:mod:`edge_agent.review.trusted_pool`)."""
         if labels is not None and not labels:
             return []
         among = "" if labels is None else f" AND q.label IN ({','.join('?' * len(labels))})"
@@ -199,8 +202,9 @@ class PoolRows:
             " CASE WHEN a.sha256 IS NULL THEN r.verdict ELSE a.verdict END FROM label_queue q"
             " LEFT JOIN results r ON r.sha256 = q.sha256 AND r.engine_version = q.engine_version"
             " LEFT JOIN {answers} a ON a.sha256 = q.sha256 AND a.engine_version = q.engine_version"
-            f" WHERE q.kind = 'review' AND q.engine_version = ? AND q.confidence >= ?{among} ORDER BY q.created",
-            (version, min_confidence, *(labels or ())),
+            " WHERE q.kind = 'review' AND q.engine_version = ? AND q.confidence >= ?"
+            f" AND (a.sha256 IS NULL OR q.confidence >= ?){among} ORDER BY q.created",
+            (version, min_confidence, again_from, *(labels or ())),
         )
         return [(QueueEntry(*r[:9]), r[9]) for r in rows]
 

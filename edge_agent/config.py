@@ -303,6 +303,13 @@ class LabelsSection(Section):
         description="After a swap, answer the review pool's photos again with the engine in service while no photo "
         "waits, so the expert is asked where the model serving now hesitates.",
     )
+    reanswer_confidence: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="A review-pool photo answered again after a swap becomes a pseudo-label only this sure or surer "
+        "(each swap gives it one more chance to cross trust_confidence); 0: the same bar as a new photo.",
+    )
     review_per_day: int = Field(
         10,
         ge=0,

@@ -86,6 +86,22 @@ def test_a_pool_photo_the_serving_engine_is_sure_of_in_a_trusted_class_becomes_a
     assert sure not in {e.sha256 for e, *_ in led.db.review_pool()}
 
 
+def test_a_photo_answered_again_needs_reanswer_confidence_where_a_photo_answered_once_needs_only_trust_confidence(tmp_path):
+    """Every swap is one more chance for a hard photo to cross the bar: the pool's second answers may be asked more."""
+    from .test_review_reanswer import _answer
+
+    led = _Ledger(tmp_path)
+    once = led.add(A, 0.985)
+    again = {p: led.add(A, 0.5, version="v0001", verdict="unsure") for p in (0.985, 0.995)}
+    read = {e.sha256: e for e in led.db.answered_before("v0002", 10)}
+    assert led.db.record_answers([(read[sha], _answer(A, p)) for p, sha in again.items()]) == 2
+    led.checks(A, right=3)
+    made = _trusted_pool(led, QUICK.model_copy(update={"reanswer_confidence": 0.99})).run("v0002")
+    assert sorted(e.sha256 for e in made) == sorted([once, again[0.995]])
+    assert led.kind(again[0.985]) == "review"  # waits: for a surer answer, or the expert
+    assert [e.sha256 for e in _trusted_pool(led).run("v0002", answered=1)] == [again[0.985]]  # 0: the same bar as any photo
+
+
 def test_nothing_leaves_the_pool_before_the_class_has_earned_trust_nor_where_the_expert_corrects_the_model(tmp_path):
     led = _Ledger(tmp_path)
     waiting = led.add(A, 0.99)

@@ -8,8 +8,9 @@ photo arrives, so it becomes one while it waits: :meth:`TrustedPool.run` (the pi
 it from the pool to the pseudo-labels for the trainer, within the class's share of the version's pseudo-labels
 (``per_class_cap``), its row changed only while it is as it was read (a photo the expert labels meanwhile keeps the
 expert's label) and its file left where it is. Only the serving version's answers count: a photo still holding an
-older engine's answer waits for the engine in service to answer it again. It looks again whenever the engine serving,
-the trusted classes or the pool's answers change.
+older engine's answer waits for the engine in service to answer it again, and a photo answered again needs ``[labels]
+reanswer_confidence`` where that is set higher (every swap is one more chance for a hard photo to cross the bar). It
+looks again whenever the engine serving, the trusted classes or the pool's answers change.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class TrustedPool:
         if looked == self._looked or classes == frozenset():
             self._looked = looked
             return []
-        chosen = self.labels.to_pseudo(self.db.pool_sure(version, classes, self.labels.policy.pseudo_threshold))
+        policy = self.labels.policy
+        chosen = self.labels.to_pseudo(self.db.pool_sure(version, classes, policy.pseudo_threshold, policy.reanswer_confidence))
         try:
             made = set(self.db.make_pseudo(chosen)) if chosen else set()
         except BaseException:
