@@ -58,32 +58,25 @@ def made(seed_dir: Path) -> tuple[dict, list[Made]]:
     return report, sorted(out, key=lambda m: m.day)
 
 
+def _tally(made: list[Made]) -> dict:
+    """Made and right per source."""
+    return {
+        s: {"made": sum(m.again == a for m in made), "right": sum(m.right for m in made if m.again == a)}
+        for s, a in zip(SOURCES, (False, True))
+    }
+
+
 def bands(made: list[Made], edges: list[float]) -> list[dict]:
-    """Right of made per source and confidence band: ``[edges[i], edges[i+1])``, the last band up to 1 included."""
-    rows = []
+    """Right of made per source and confidence band: ``[edges[i], edges[i+1])``, the last band up to 1 included; a
+    row for those under ``edges[0]`` (a ledger from before the bar) and for those of unknown confidence, where any."""
+    known = [m for m in made if m.confidence is not None]
+    rows = [{"band": f"under {edges[0]:g}", "ms": [m for m in known if m.confidence < edges[0]]}]
     for i, lo in enumerate(edges):
         hi = edges[i + 1] if i + 1 < len(edges) else None
-        row = {"band": f"{lo:g} to {hi:g}" if hi is not None else f"{lo:g} and up"}
-        for source, again in zip(SOURCES, (False, True)):
-            mine = [
-                m
-                for m in made
-                if m.again == again and m.confidence is not None and m.confidence >= lo and (hi is None or m.confidence < hi)
-            ]
-            row[source] = {"made": len(mine), "right": sum(m.right for m in mine)}
-        rows.append(row)
-    unknown = [m for m in made if m.confidence is None]
-    if unknown:
-        rows.append(
-            {
-                "band": "not known",
-                **{
-                    s: {"made": sum(m.again == a for m in unknown), "right": sum(m.right for m in unknown if m.again == a)}
-                    for s, a in zip(SOURCES, (False, True))
-                },
-            }
-        )
-    return rows
+        mine = [m for m in known if m.confidence >= lo and (hi is None or m.confidence < hi)]
+        rows.append({"band": f"{lo:g} to {hi:g}" if hi is not None else f"{lo:g} and up", "ms": mine})
+    rows.append({"band": "not known", "ms": [m for m in made if m.confidence is None]})
+    return [{"band": r["band"], **_tally(r["ms"])} for k, r in enumerate(rows) if r["ms"] or 0 < k < len(rows) - 1]
 
 
 def by_day(made: list[Made], bars: list[float], days: int) -> list[dict]:

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.pseudo_sources import Made, bands, by_day, made, main, markdown
 
 
-def test_the_bands_count_each_source_apart_and_a_pseudo_label_of_unknown_confidence_on_its_own_row():
+def test_the_bands_count_each_source_apart_and_those_under_the_bar_or_of_unknown_confidence_on_rows_of_their_own():
     got = [
         Made(1, False, 0.985, True),
         Made(1, True, 0.985, False),
@@ -20,6 +20,9 @@ def test_the_bands_count_each_source_apart_and_a_pseudo_label_of_unknown_confide
     assert rows[0] == {"band": "0.98 to 0.99", "answered once": {"made": 1, "right": 1}, "answered again": {"made": 2, "right": 1}}
     assert rows[1] == {"band": "0.99 and up", "answered once": {"made": 0, "right": 0}, "answered again": {"made": 1, "right": 1}}
     assert rows[2] == {"band": "not known", "answered once": {"made": 0, "right": 0}, "answered again": {"made": 1, "right": 0}}
+    older = bands([Made(1, False, 0.93, False)], [0.98, 0.99])  # a ledger from before the bar: counted, not dropped
+    assert older[0] == {"band": "under 0.98", "answered once": {"made": 1, "right": 0}, "answered again": {"made": 0, "right": 0}}
+    assert [r["band"] for r in older] == ["under 0.98", "0.98 to 0.99", "0.99 and up"]
 
 
 def test_a_bar_asked_of_photos_answered_again_keeps_every_photo_answered_once_whatever_its_confidence():
