@@ -101,6 +101,7 @@ def summarise(reports: dict[str, list[dict]]) -> dict:
             "refused": sum(1 for x in retrains if not x.get("published")),
             "swap_refused": sum(1 for x in retrains if (x.get("swap") or {}).get("refused")),
             "published_worse_on_field": worse,
+            **({"sources": s} if (s := _sources([x for r in runs for x in r["days"][:days]])) else {}),
             **({"field_check": _field_check(judged)} if judged else {}),
         }
     return {"arms": arms}
@@ -196,12 +197,12 @@ def markdown(summary: dict, command: str) -> str:
                 else ""
             ),
         )
-        totals = []
-        for a in arms:
-            ds = [d for d in summary["arms"][a]["days"] if "source_seeds" in d]
-            pool = (sum(d["pool_right"] for d in ds), sum(d["pool_made"] for d in ds))
-            new = (sum(d["new_right"] for d in ds), sum(d["new_made"] for d in ds))
-            totals.append(f"pool {_count(*pool)}, new {_count(*new)}" if ds else "")
+        totals = [
+            f"pool {_count(s['pool_right'], s['pool_made'])}, new {_count(s['new_right'], s['new_made'])}"
+            if (s := summary["arms"][a].get("sources"))
+            else ""
+            for a in arms
+        ]
         lines.append("| all | " + " | ".join(totals) + " |")
     if any("term_runs" in d for a in summary["arms"].values() for d in a["days"]):
         lines.append(

@@ -8,10 +8,10 @@ version that made it had answered the photo again in the review pool (``pool_ans
 was unsure of, or sure of a class not yet trusted, given another chance at every swap:
 :mod:`edge_agent.review.reanswer`), else *answered once* (the answer it arrived with; or, a few, a pool photo its
 first version made a pseudo-label once the class was trusted). The confidence is the answer that made it. Reported
-per seed and over all the seeds asked: right of made per source and confidence band (from the least
-confidence trust covers, ``[labels] trust_confidence``: the bar a pseudo-label meets), and per day the pseudo-labels made and right as run and those kept
-were each ``--bars`` value asked of the photos answered again (a first-order estimate: the retrains on fewer
-pseudo-labels were not run). The truth of a photo is the field folder it came from, matched by sha256.
+per seed and over all the seeds asked: right of made per source and confidence band (from the least confidence trust
+covers, ``[labels] trust_confidence``: the bar a pseudo-label meets), and per day the pseudo-labels made and right as
+run and those kept were each ``--bars`` value asked of the photos answered again (a first-order estimate: the
+retrains on fewer pseudo-labels were not run). The truth of a photo is the field folder it came from, matched by sha256.
 """
 
 from __future__ import annotations
