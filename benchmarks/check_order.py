@@ -10,12 +10,13 @@ each day the class's confident answers join its pool of checks, and the expert c
 does), in one of two orders:
 
 * ``margin``: the smallest margin first, as :func:`edge_agent.review.rank.rank` orders them today;
-* ``drawn``: a fair draw from the pool (``--draws`` draws, averaged).
+* ``drawn``: a fair draw from the pool (``--draws`` draws, averaged);
+* ``mixed``: the smallest-margin half of the day's checks (rounded up), the rest a fair draw (``--draws`` draws).
 
 Each check is scored by the device's own rule (:func:`edge_agent.review.checks.standing`), with the shipped policy
 and the other tests in ``RULES``. Reported per engine and class: the precision of all its confident answers on the
 stream (what its pseudo-labels would be) and on the held-out test, and per rule the day it is first trusted under
-``margin`` (or never within the stream) and the share of ``drawn`` draws that trust it. Pseudo-labels must be 95 %
+``margin`` (or never within the stream) and the share of ``drawn`` and of ``mixed`` draws that trust it. Pseudo-labels must be 95 %
 right: a class whose confident answers are right less often should not be trusted. A second table gives each
 class's precision at higher confidences (stream and test together), to see whether a higher threshold would do.
 """
@@ -55,10 +56,14 @@ def trust_day(days: list[list[tuple[float, bool]]], order: str, per_day: int, po
     window: list[bool] = []  # newest first, as check_windows builds it
     for day, arrivals in enumerate(days, 1):
         pool += arrivals
-        if order == "margin":
-            pool.sort(key=lambda a: a[0])
-        else:
+        if order == "drawn":
             rng.shuffle(pool)
+        else:
+            pool.sort(key=lambda a: a[0])
+        if order == "mixed":  # the least sure half, then a fair draw from the rest
+            least, rest = pool[: (per_day + 1) // 2], pool[(per_day + 1) // 2 :]
+            rng.shuffle(rest)
+            pool = least + rest
         asked, pool = pool[:per_day], pool[per_day:]
         for _, right in asked:
             window = [right, *window][: policy.trust_window]
@@ -108,6 +113,15 @@ def _share(answers: list) -> tuple[int, float | None]:
     return len(answers), (round(sum(a[-1] for a in answers) / len(answers), 3) if answers else None)
 
 
+def _drawn(order: str, days: list[int | None]) -> dict:
+    """The share of an order's draws that trust the class, and their mean day of trust."""
+    trusted = [d for d in days if d is not None]
+    return {
+        f"{order}_trusted": round(len(trusted) / len(days), 3),
+        f"{order}_day": round(statistics.fmean(trusted), 2) if trusted else None,
+    }
+
+
 def replay(run_dir: Path, seed: int, per_day: int, draws: int, field: str = "apple-orchard", day_size: int = 100) -> list[dict]:
     """One row per engine version and class the engine is confident of: precisions, and each rule's trust."""
     from edge_agent.config import LabelsSection, parse_config
@@ -132,11 +146,11 @@ def replay(run_dir: Path, seed: int, per_day: int, draws: int, field: str = "app
             for name, policy in policies.items():
                 mine, mine_days = by_day(answers, policy.trust_from, day_size, len(stream) // day_size)
                 drawn = [trust_day(mine_days, "drawn", per_day, policy, random.Random(k)) for k in range(draws)]
-                trusted = [d for d in drawn if d is not None]
+                mixed = [trust_day(mine_days, "mixed", per_day, policy, random.Random(k)) for k in range(draws)]
                 row["rules"][name] = {
                     "margin_day": trust_day(mine_days, "margin", per_day, policy),
-                    "drawn_trusted": round(len(trusted) / draws, 3),
-                    "drawn_day": round(statistics.fmean(trusted), 2) if trusted else None,
+                    **_drawn("drawn", drawn),
+                    **_drawn("mixed", mixed),
                     "pseudo": _share(mine),
                 }
             rows.append(row)
@@ -147,12 +161,15 @@ def replay(run_dir: Path, seed: int, per_day: int, draws: int, field: str = "app
 def markdown(rows: list[dict], command: str) -> str:
     """The trust table and the precision-by-confidence table."""
     rules = list(RULES)
+    mixed = any("mixed_trusted" in t for r in rows for t in r["rules"].values())  # reports before 2026-12-07 lack it
     out = [
         f"`{command}`",
         "",
         "Confident answers: how many of the stream's, and the share right (what its pseudo-labels would be). Each rule: "
         "the day the class is first trusted when its smallest-margin answers are checked first (- never), the "
-        "share of fair draws that trust it, and the share right of the stream's answers it would check and pseudo-label "
+        "share of fair draws that trust it, "
+        + ("the share of mixed draws (half smallest-margin, half drawn) that trust it, " if mixed else "")
+        + "and the share right of the stream's answers it would check and pseudo-label "
         "(a rule with its own confidence threshold takes fewer).",
         "",
         "| seed | engine | class | stream: right of | held-out test: right of | " + " | ".join(rules) + " |",
@@ -164,7 +181,8 @@ def markdown(rows: list[dict], command: str) -> str:
         for name in rules:
             t = r["rules"][name]
             n, right = t.get("pseudo", (r["confident"], r["precision"]))
-            cells.append(f"day {t['margin_day'] or '-'}; drawn {t['drawn_trusted']:.2f}; " + (f"{right:.3f} of {n}" if n else "none"))
+            mix = f"mixed {t['mixed_trusted']:.2f}; " if "mixed_trusted" in t else ""
+            cells.append(f"day {t['margin_day'] or '-'}; drawn {t['drawn_trusted']:.2f}; {mix}" + (f"{right:.3f} of {n}" if n else "none"))
         out.append(
             f"| {r['seed']} | {r['engine']} | {r['class'].split('___')[-1]} | {r['precision']:.3f} of {r['confident']} | {test} | "
             + " | ".join(cells)

@@ -53,3 +53,38 @@ def test_a_rule_with_its_own_confidence_threshold_checks_and_pseudo_labels_only_
     mine, days = by_day(answers, 0.98, 100, 2)
     assert [a[0] for a in mine] == [5, 120] and days == [[(0.6, True)], [(0.7, True)]]
     assert by_day(answers, 0.9, 100, 2)[1] == [[(0.2, False), (0.6, True)], [(0.7, True), (0.1, False)]]
+
+
+def test_the_mixed_order_asks_the_least_sure_half_of_each_days_checks_so_it_never_misses_the_wrong_answers_at_the_smallest_margins():
+    days = [[(0.05, False), (0.06, False)] + [(0.5 + i / 100, True) for i in range(18)] for _ in range(8)]
+    policy = LabelsSection(trust_against=0.80)
+    assert all(trust_day(days, "mixed", 7, policy, random.Random(k)) is None for k in range(50))
+    right = [[(0.5, True)] * 10 for _ in range(6)]
+    assert trust_day(right, "mixed", 7, LabelsSection(), random.Random(0)) == 4  # as soon as the other orders
+
+
+def test_the_mixed_order_draws_the_rest_of_its_checks_so_it_can_find_a_wrong_answer_the_smallest_margins_first_never_ask():
+    days = [[(i / 100, i != 8) for i in range(30)] for _ in range(10)]  # the ninth least sure is wrong: 29 of 30 right
+    assert trust_day(days, "margin", 7, LabelsSection()) == 4  # the seven least sure each day: never the wrong one
+    mixed = [trust_day(days, "mixed", 7, LabelsSection(), random.Random(k)) for k in range(100)]
+    assert None in mixed or any(d > 4 for d in mixed)  # some draws asked it, and their trust came later or not at all
+
+
+def test_the_table_gives_the_share_of_mixed_draws_that_trust_a_class_where_the_report_has_them():
+    rules = {
+        name: {"margin_day": 4, "drawn_trusted": 0.5, "drawn_day": 5.0, "mixed_trusted": 0.25, "mixed_day": 6.0, "pseudo": [40, 0.95]}
+        for name in RULES
+    }
+    row = {
+        "seed": 2,
+        "engine": "v4003",
+        "class": "Apple___healthy",
+        "confident": 40,
+        "precision": 0.95,
+        "test_confident": 0,
+        "test_precision": None,
+        "bands": {str(b): [0, None] for b in BANDS},
+        "rules": rules,
+    }
+    text = markdown([row], "python -m benchmarks.check_order X")
+    assert "| day 4; drawn 0.50; mixed 0.25; 0.950 of 40 |" in text and "the share of mixed draws" in text
