@@ -1,4 +1,4 @@
-"""Which of a class's confident answers the expert should check: the hardest first, or a fair draw.
+"""Which of a class's confident answers the expert should check: the hardest first, a fair draw, or half of each.
 
 ``python -m benchmarks.check_order RUN_DIR [--seeds 1 2 3] [--per-day 7] [--draws 200] [--out FILE]``
 
@@ -7,7 +7,7 @@ Replays, on real field photos, the trust a class earns from the expert's checks,
 whole season). The seed's stream (the photos the device is given, never its held-out test) arrives in days of 100;
 each day the class's confident answers join its pool of checks, and the expert checks up to ``--per-day`` of them
 (about half of 15 questions a day, all on the class nearest to trust, as :func:`edge_agent.review.checks.nearest_first`
-does), in one of two orders:
+does), in one of three orders:
 
 * ``margin``: the smallest margin first, as :func:`edge_agent.review.rank.rank` orders them today;
 * ``drawn``: a fair draw from the pool (``--draws`` draws, averaged);
@@ -16,9 +16,10 @@ does), in one of two orders:
 Each check is scored by the device's own rule (:func:`edge_agent.review.checks.standing`), with the shipped policy
 and the other tests in ``RULES``. Reported per engine and class: the precision of all its confident answers on the
 stream (what its pseudo-labels would be) and on the held-out test, and per rule the day it is first trusted under
-``margin`` (or never within the stream) and the share of ``drawn`` and of ``mixed`` draws that trust it. Pseudo-labels must be 95 %
-right: a class whose confident answers are right less often should not be trusted. A second table gives each
-class's precision at higher confidences (stream and test together), to see whether a higher threshold would do.
+``margin`` (or never within the stream) and the share of ``drawn`` and of ``mixed`` draws that trust it.
+Pseudo-labels must be 95 % right: a class whose confident answers are right less often should not be trusted. A
+second table gives each class's precision at higher confidences (stream and test together), to see whether a higher
+threshold would do.
 """
 
 from __future__ import annotations
