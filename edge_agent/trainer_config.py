@@ -219,6 +219,11 @@ class TrainerSection(Section):
         0.0, ge=0, le=1, description="Learning rate of a retrain on pseudo-labels alone; 0: a quarter of the architecture's lr."
     )
     weight_decay: float = Field(1e-4, ge=0, le=1, description="AdamW weight decay of a retrain.")
+    zoom: list[float] = Field(
+        default_factory=list,
+        description="A retrain's random zoom as [low, high] (above 1 a crop at a random place, below 1 the photo shrunk "
+        "amid its reflection); empty: none.",
+    )
     swa_epochs: int = Field(
         10,
         ge=0,
@@ -324,6 +329,13 @@ class TrainerSection(Section):
     def _strategy_by_name(cls, value: Any) -> Any:
         """``strategy = "ewc"`` (the form before [trainer.strategy] existed) means that strategy with its defaults."""
         return {"type": value} if isinstance(value, str) else value
+
+    @field_validator("zoom")
+    @classmethod
+    def _zoom_range(cls, zoom: list[float]) -> list[float]:
+        if zoom and not (len(zoom) == 2 and 0.25 <= zoom[0] <= zoom[1] <= 4.0):
+            raise ValueError(f"zoom is [low, high] with 0.25 <= low <= high <= 4, or [] for none; got {zoom}")
+        return zoom
 
     @field_validator("pseudo_only_steps", "lab_steps")
     @classmethod

@@ -191,7 +191,8 @@ def train_generation(
         teacher_shares_held_blocks=shared,
     )
     data = strategy.before(model, previous, data)
-    augment = Augment(spec=spec)  # in the normalisation of the model's own preprocessing
+    # in the normalisation of the model's own preprocessing
+    augment = Augment(spec=spec, zoom=tuple(settings.zoom) if settings.zoom else None)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=settings.weight_decay)
     # There is no validation set to pick a checkpoint with (the gate's photos stay unseen), so the candidate is
     # the last epoch's weights after a cosine decay to zero - or, with swa_epochs, the average of the last
