@@ -198,6 +198,29 @@ def test_a_state_directory_restored_to_another_path_keeps_its_queued_labels_and_
     assert (state / "queue" / "review").is_dir() and len(list((state / "queue" / "review").iterdir())) == 2  # the original untouched
 
 
+def test_before_a_daemon_starts_on_a_state_directory_restored_elsewhere_review_list_and_the_page_show_its_own_photos(tmp_path, capsys):
+    """The queue's rows name the original's files until the daemon's start points them here: meanwhile the expert's
+    list and the page name and serve the copies under the restored directory (the original is gone on a new board)."""
+    from edge_agent.cli import main
+    from edge_agent.web.photos import PhotoFiles
+    from edge_agent.web.queries import Reader
+
+    state = make_state(tmp_path)
+    backup(AppConfig(), state, tmp_path / "farm.tar.gz")
+    fresh = tmp_path / "elsewhere" / "state"
+    restore(tmp_path / "farm.tar.gz", fresh)
+    capsys.readouterr()
+    assert main(["review", "list", "--state-dir", str(fresh), "--all", "--json"]) == 0
+    listed = {j["sha256"]: j["file"] for j in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert len(listed) == 2
+    assert all(Path(f).parent == fresh / "queue" / "review" and Path(f).is_file() for f in listed.values())
+    assert main(["review", "list", "--state-dir", str(fresh), "--all"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(str(fresh / "queue" / "review")) == 2 and str(state / "queue") not in out
+    photos = PhotoFiles(fresh, fresh / "inbox", Reader(fresh / "results.sqlite"), 1 << 24, 10**8)
+    assert {sha: photos.locate(sha) for sha in listed} == {sha: Path(f).resolve() for sha, f in listed.items()}
+
+
 def test_a_row_whose_file_is_where_it_says_is_left_as_it_is(tmp_path, monkeypatch):
     from engines.durable import moved_here
 
