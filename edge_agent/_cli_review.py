@@ -8,6 +8,7 @@ import sys
 
 from edge_agent._cli_common import load, print_rows, state_db
 from edge_agent.names import printable
+from engines.durable import file_now
 
 __all__ = ["review_label", "review_label_plant", "review_list", "review_trust"]
 
@@ -29,7 +30,7 @@ def review_list(args: argparse.Namespace) -> int:
                 "plant_labels": dict(beside.labels) if beside.of == "plant" else {},
                 "near_labels": dict(beside.labels) if beside.of == "near" else {},
             }
-            print(json.dumps({**it.as_json(), **said, "file": _file_here(it.entry.file, state.queue)}))
+            print(json.dumps({**it.as_json(), **said, "file": str(file_now(it.entry.file, state.queue))}))
         return 0
     left = left_today(db, cfg.labels.review_per_day)
     if not items:
@@ -45,19 +46,10 @@ def review_list(args: argparse.Namespace) -> int:
         whose = "of this plant" if of == "plant" else f"taken within {NEAR_M} m of it"
         hint = f"  (the expert said {others[0][0]} of {others[0][1]} other photo{'s' * (others[0][1] > 1)} {whose})" if others else ""
         why = "a check" if it.check else f"margin {it.margin:.3f}"  # a check: is the model right when this sure?
-        print(printable(f"{q.photo_id}  {why}  ({alts})  {it.arrival.where}{hint}  {_file_here(q.file, state.queue)}"))
+        print(printable(f"{q.photo_id}  {why}  ({alts})  {it.arrival.where}{hint}  {file_now(q.file, state.queue)}"))
     if left is not None and not args.all:
         print(f"-- best first; {left} of today's {cfg.labels.review_per_day} questions left", file=sys.stderr)
     return 0
-
-
-def _file_here(file: str, queue_root) -> str:
-    """Where a queued photo's file is now: under this state directory's queue where its row names another path (the
-    state directory restored or copied elsewhere and no daemon started on it yet, or a relative path from another
-    working directory), else as the row names it."""
-    from engines.durable import moved_here
-
-    return str(moved_here(file, queue_root) or file)
 
 
 def review_label(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ __all__ = [
     "sync_filesystem",
     "set_aside",
     "moved_here",
+    "file_now",
     "relocate_rows",
     "replace_row_file",
     "connect_readonly",
@@ -136,6 +137,12 @@ def moved_here(stored: str, root: str | os.PathLike, parts: int = 2) -> Path | N
     if os.path.abspath(here) == os.path.abspath(stored) or not here.is_file():
         return None
     return here
+
+
+def file_now(stored: str, root: str | os.PathLike) -> Path:
+    """The file a row names as ``stored``, read from here: where :func:`moved_here` finds it under ``root``, else as
+    the row names it (a reader that may not point the row at it: a command, the page)."""
+    return moved_here(stored, root) or Path(stored)
 
 
 def relocate_rows(db, table: str, key: str, root: str | os.PathLike) -> int:

@@ -16,17 +16,16 @@ from trainer.continual import train_generation  # noqa: E402
 from trainer.models import build_model  # noqa: E402
 from trainer.strategies.base import Generation, get_strategy  # noqa: E402
 
+MEAN, STD = (torch.tensor(v).view(1, 3, 1, 1) for v in (DEFAULT_SPEC.mean, DEFAULT_SPEC.std))
+
 
 def _ramp(n=2, side=64) -> torch.Tensor:
     """``n`` photos whose pixels rise from black at the left edge to white at the right, normalised as the model's."""
-    pix = torch.linspace(0, 1, side).view(1, 1, 1, side).expand(n, 3, side, side)
-    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (DEFAULT_SPEC.mean, DEFAULT_SPEC.std))
-    return (pix - mean) / std
+    return (torch.linspace(0, 1, side).view(1, 1, 1, side).expand(n, 3, side, side) - MEAN) / STD
 
 
 def _pixels(x: torch.Tensor) -> torch.Tensor:
-    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (DEFAULT_SPEC.mean, DEFAULT_SPEC.std))
-    return x * std + mean
+    return x * STD + MEAN
 
 
 def _only_zoom(zoom) -> Augment:

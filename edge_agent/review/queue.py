@@ -36,7 +36,7 @@ from edge_agent.results import ResultsDB
 from edge_agent.review.checks import audited, check_windows, covered, nearest_first
 from edge_agent.review.rank import Candidate, margin, rank
 from edge_agent.spool import PhotoSpool, QueueFull, SpoolItem
-from engines.durable import moved_here
+from engines.durable import file_now
 from engines.errors import EdgeAgentError
 from engines.store import sha256_file
 
@@ -220,7 +220,7 @@ def label_photo(
     directory's ``queue/``. Raises :class:`LabelError`."""
     label = _checked_class(label, classes, new_class)
     entry = db.find_queued(ref)
-    src = entry and (moved_here(entry.file, queue_root) or Path(entry.file))  # (the state directory restored elsewhere)
+    src = entry and file_now(entry.file, queue_root)  # (the state directory restored elsewhere)
     if src is None or not src.exists():  # in no queue, or delivered this instant (its copy deleted): from the kept copy
         entry = _queue_again(db, queue_root, quota_bytes, ref, label)
         src = Path(entry.file)

@@ -17,7 +17,7 @@ from edge_agent.imageheader import ImageRejected, check_image
 from edge_agent.inbox_files import places
 from edge_agent.web._heap import trim_heap
 from edge_agent.web.queries import Reader
-from engines.durable import moved_here
+from engines.durable import file_now
 
 __all__ = ["PhotoFiles", "SIZES", "is_sha256"]
 
@@ -59,10 +59,7 @@ class PhotoFiles:
     def candidates(self, sha256: str):
         queued = self.reader.queue_file(sha256)
         if queued:
-            here = moved_here(queued[1], self.state_root / "queue")  # restored elsewhere, no daemon started on it yet
-            if here is not None:
-                yield here
-            yield Path(queued[1])
+            yield file_now(queued[1], self.state_root / "queue")  # restored elsewhere, no daemon started on it yet
         photo = self.reader.photo(sha256)
         if photo is None or not photo.path:
             return
