@@ -110,6 +110,7 @@ class DaemonStatus:
             trouble = write_status(self.state.status, st)
         except OSError as exc:
             trouble = str(exc)
+            self.db.damaged(exc)  # a disk that fails every write (EIO): the main loop stops the daemon, as the ledger's would
         if trouble != self._status_trouble:  # said once when it starts and once when it ends
             self.log.error("status_write_failed", error=trouble) if trouble else self.log.info("status_write_recovered")
             self._status_trouble = trouble

@@ -34,6 +34,7 @@ from edge_agent.seeding import or_older_releases, seed_serving, start_seed_rest,
 from edge_agent.sources.folder import Arrival, FolderSource
 from edge_agent.spool import PhotoSpool
 from edge_agent.state import StateLayout, device_name, handoff_link, inbox_dir, resolve_store_or_shipped
+from edge_agent.storage_errors import FAILING_DISK
 from edge_agent.systemd import Notifier
 from edge_agent.trust import daemon_trust, open_trusted
 from edge_agent.upgrade import adopt_shipped_signatures
@@ -351,7 +352,7 @@ class Daemon(DaemonStatus):
         try:
             self.db.last_result_id(), self.db.queue_bytes()
         except sqlite3.DatabaseError as exc:
-            if not self.db.damaged(exc):
+            if not self.db.damaged(exc) or self.db.disk_fails:  # (a failing disk: the command says so, in one line)
                 raise
             self.db.close()
             self.log.error("ledger_damaged", error=repr(exc), then="read whole, and set aside")
@@ -477,6 +478,9 @@ class Daemon(DaemonStatus):
         self._release_state()
         self.log.info("stopped", drained=drained, **self.pipeline.counters)
         if self.db.damage_seen is not None:
+            if self.db.disk_fails:  # not the ledger's fault: its next start fails with the disk, or finds it whole
+                self.log.error("stopped_for_failing_disk", error=self.db.damage_seen, problem=FAILING_DISK)
+                return 1
             self.log.error(
                 "stopped_for_damaged_ledger",
                 error=self.db.damage_seen,

@@ -45,9 +45,8 @@ from edge_agent.review.reanswer import PoolAnswers
 from edge_agent.review.trusted_pool import TrustedPool
 from edge_agent.review.withdraw import Withdrawals
 from edge_agent.spool import Origin, PhotoSpool
-from edge_agent.storage_errors import READ_ONLY_DISK
+from edge_agent.storage_errors import FAILING_DISK, disk_problem
 from edge_agent.worker import spawn
-from engines.durable import read_only_disk
 
 __all__ = ["READ_ONLY_WAIT_S", "STOP_JOIN_S", "Job", "Pipeline"]
 
@@ -140,6 +139,7 @@ class Pipeline(IdleWork):
         self._decode_q: queue.Queue = queue.Queue(n)
         self._infer_q: queue.Queue = queue.Queue(n)
         self._sink_q: queue.Queue = queue.Queue(n)
+        self._broke_lock = threading.Lock()
         self._lock = threading.Lock()
         self._in_flight = 0
         self.counters = {
@@ -399,19 +399,24 @@ class Pipeline(IdleWork):
                     continue
                 self.counters["sink_errors"] += 1
                 self.last_errors.append({"time": time.time(), "error": f"could not store results: {exc!r}"})
-                frozen = read_only_disk(self.state_dir)
-                self.log.error("sink_failed", error=repr(exc), photos=len(jobs), **({"problem": READ_ONLY_DISK} if frozen else {}))
+                frozen = disk_problem(self.state_dir)  # read-only or failing: a minute between tries, not a second
+                self.log.error("sink_failed", error=repr(exc), photos=len(jobs), **({"problem": frozen} if frozen else {}))
                 self.labels.recount()
                 for j in jobs:
                     self._finish(j, retried=True)
                 time.sleep(READ_ONLY_WAIT_S if frozen else 1.0)
 
     def _ledger_broke(self, exc: BaseException) -> bool:
-        """Whether ``exc`` says a page of the ledger is damaged (:meth:`ResultsDB.damaged`); the first time, say so."""
-        first = self.db.damage_seen is None
-        if not self.db.damaged(exc):
-            return False
-        if first:
+        """Whether ``exc`` says a page of the ledger is damaged or its disk fails (:meth:`ResultsDB.damaged`); the
+        first time, say so."""
+        with self._broke_lock:  # (the decode workers meet it together: the disk's probe takes a moment)
+            first = self.db.damage_seen is None
+            if not self.db.damaged(exc):
+                return False
+        if first and self.db.disk_fails:  # (SQLite calls a ledger on a disk that fails every read "malformed")
+            self.last_errors.append({"time": time.time(), "error": FAILING_DISK})
+            self.log.error("state_disk_failing", error=repr(exc), problem=FAILING_DISK, then="the daemon stops")
+        elif first:
             self.last_errors.append({"time": time.time(), "error": f"the results database is damaged: {exc!r}"})
             self.log.error("ledger_damaged", error=repr(exc), then="the daemon stops; its next start sets the ledger aside")
         return True

@@ -94,7 +94,8 @@ class ResultsDB(PoolRows, WithdrawnRows):
         self._lock = threading.Lock()
         self._readers = threading.local()  # per-thread read connections: WAL lets them read while a commit fsyncs
         self._reader_cons: list[sqlite3.Connection] = []  # every one of them, closed with the ledger
-        self.damage_seen: str | None = None  # what SQLite said of a damaged page met since it was opened
+        self.damage_seen: str | None = None  # what SQLite said of a damaged page (or a failing disk) met since it was opened
+        self.disk_fails = False  # what damage_seen names was the disk failing every read and write (EIO), not a page
         if readonly:
             self._db = connect_readonly(self.path, 10)
         else:
@@ -151,11 +152,14 @@ class ResultsDB(PoolRows, WithdrawnRows):
 
     def damaged(self, exc: BaseException) -> bool:
         """Whether ``exc``, met reading or writing this ledger, says a page of it is damaged (SQLite's CORRUPT or
-        NOTADB: a card that rots a page keeps the file's size and time); if so the ledger forgets it was closed whole,
-        so the daemon's next start reads it whole and sets it aside (:meth:`open_or_recover`)."""
-        if storage_problem(exc) != "damaged":
+        NOTADB: a card that rots a page keeps the file's size and time) or its disk fails (EIO: nothing can be
+        recorded); if so the ledger forgets it was closed whole, so the daemon's next start reads it whole and sets
+        it aside where it is damaged (:meth:`open_or_recover`)."""
+        problem = storage_problem(exc, self.path.parent)
+        if problem not in ("damaged", "failing"):
             return False
         self.damage_seen = f"{type(exc).__name__}: {exc}"
+        self.disk_fails = problem == "failing"
         forget_closed(self.path)
         return True
 

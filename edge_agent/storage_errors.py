@@ -12,10 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from engines.durable import NO_ROOM, read_only_disk, set_aside
+from engines.durable import NO_ROOM, failing_disk, read_only_disk, set_aside
 
 __all__ = [
     "DAMAGED_RECORDS",
+    "FAILING_DISK",
     "FULL_DISK",
     "LOCKED",
     "NEARLY_FULL",
@@ -23,6 +24,7 @@ __all__ = [
     "READ_ONLY_DISK",
     "access_problem",
     "damaged_file",
+    "disk_problem",
     "open_or_set_aside",
     "storage_problem",
 ]
@@ -51,9 +53,18 @@ READ_ONLY_DISK = (
     "remounts itself so: see `dmesg`); take a backup onto another disk now (edge-agent backup --out FILE) and move to a new card"
 )
 
+#: What the daemon, ``status`` and every command say where the state directory's disk fails reads and writes (EIO).
+FAILING_DISK = (
+    "the state directory's disk fails to read or write (an input/output error: an SD card that is dying or was pulled "
+    "out; see `dmesg`): nothing more is recorded, the photos are left where they are. Put the card back, or copy what "
+    "still reads onto another disk (edge-agent backup --out FILE) and move to a new card"
+)
 
-def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) -> Literal["full", "locked", "damaged"] | None:
+
+def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) -> Literal["full", "locked", "failing", "damaged"] | None:
     """``"full"`` (no room: SQLite's FULL, ENOSPC, EDQUOT), ``"locked"`` (SQLite's BUSY or LOCKED past the wait),
+    ``"failing"`` (the disk fails reads and writes: EIO, or with ``where`` any database error but those where that
+    disk fails :func:`failing_disk`'s probe: SQLite then says "malformed", "disk I/O error" or "unable to open"),
     ``"damaged"`` (CORRUPT, NOTADB, or the integrity check's finding), or None: another error. A database error from Python 3.10 carries no code (JetPack
     6's Python), and SQLite says IOERR where a full disk keeps it from making a log's index: with ``where`` (the folder
     the database is in) either counts as ``"full"`` while that disk has less than :data:`NEARLY_FULL` free."""
@@ -70,6 +81,10 @@ def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) 
         return "full"
     if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
         return "locked"
+    if (isinstance(exc, OSError) and exc.errno == errno.EIO) or (
+        isinstance(exc, sqlite3.DatabaseError) and where is not None and failing_disk(where)
+    ):
+        return "failing"
     if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or (code is None and type(exc) is sqlite3.DatabaseError):
         return "damaged"  # (Python 3.10 raises CORRUPT and NOTADB as the bare DatabaseError, every disk error as a subclass)
     return None
@@ -77,20 +92,32 @@ def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) 
 
 def access_problem(exc: BaseException, where: str | os.PathLike | None = None) -> str | None:
     """What a command says, in one sentence naming the file and what to do, of an error that is no fault of the disk's
-    room or of the records: a file this user may not write (EACCES, EPERM, SQLite's READONLY), or a disk mounted
+    room or of the records: a file this user may not write (EACCES, EPERM, SQLite's READONLY), a disk mounted
     read-only (EROFS, or any database error where ``where`` lies on such a disk: a failing SD card remounts itself
-    so, and SQLite cannot even open a database there whose log lies without its index); None for any other error.
+    so, and SQLite cannot even open a database there whose log lies without its index), or a disk that fails reads
+    and writes (EIO, or any database error where ``where``'s disk fails a probe: SQLite then calls a whole ledger
+    "malformed"); None for any other error.
     ``where``: the state directory, named where the error names no file."""
     code = getattr(exc, "sqlite_errorcode", None)
     number = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     path = (getattr(exc, "filename", None) if isinstance(exc, OSError) else None) or where or "the state directory"
     if number == errno.EROFS or (isinstance(exc, sqlite3.Error) and where and read_only_disk(where)):
         return f"{path}: {READ_ONLY_DISK}"
+    if storage_problem(exc, where) == "failing":
+        return f"{path}: {FAILING_DISK}"
     if number in (errno.EACCES, errno.EPERM) or (code is not None and code & 0xFF == _SQLITE_READONLY):
         return (
             f"permission denied: {path}: run it as the service's user (sudo -u edge-agent ...), or give a --state-dir this user may write"
         )
     return None
+
+
+def disk_problem(where: str | os.PathLike) -> str | None:
+    """What to say of the disk under the folder ``where`` after a write there failed: :data:`READ_ONLY_DISK`,
+    :data:`FAILING_DISK`, or None (the disk is well: the error was another's)."""
+    if read_only_disk(where):
+        return READ_ONLY_DISK
+    return FAILING_DISK if failing_disk(where) else None
 
 
 def damaged_file(exc: BaseException, where: str | os.PathLike) -> bool:

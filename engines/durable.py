@@ -1,5 +1,6 @@
 """Crash-safe file writing shared by the store, the plan cache and the daemon's queues, bounded reading of files a user
-names, and the services' SQLite connections (safe from another user's look and readable on a read-only disk)."""
+names, the services' SQLite connections (safe from another user's look and readable on a read-only disk), and whether
+a disk is read-only or failing."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = [
     "connect_readonly",
     "connect_writable",
     "read_only_disk",
+    "failing_disk",
 ]
 
 #: The errnos of a write the disk had no room for (a full disk, a user's quota spent).
@@ -199,6 +201,27 @@ def read_only_disk(path: str | os.PathLike) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def failing_disk(path: str | os.PathLike) -> OSError | None:
+    """The input/output error (EIO) the disk under the folder ``path`` gives a small file written to it, flushed and
+    read back, as an SD card that is dying or was pulled out does; None where it takes it whole or fails otherwise
+    (full, read-only, no such folder)."""
+    probe = Path(path) / f".disk-probe-{os.getpid()}"
+    try:
+        try:
+            fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"edge-agent")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            probe.read_bytes()
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        return exc if exc.errno == errno.EIO else None
+    return None
 
 
 def connect_readonly(path: str | os.PathLike, timeout: float = 30.0) -> sqlite3.Connection:

@@ -219,8 +219,9 @@ def test_on_a_read_only_card_the_sink_keeps_the_photos_says_why_and_waits_a_minu
     from structlog.testing import capture_logs
 
     import edge_agent.pipeline as pipeline
+    import edge_agent.storage_errors as storage_errors
 
-    monkeypatch.setattr(pipeline, "read_only_disk", lambda path: path == tmp_path)
+    monkeypatch.setattr(storage_errors, "read_only_disk", lambda path: path == tmp_path)
     monkeypatch.setattr(pipeline, "READ_ONLY_WAIT_S", 3.0)
     p, db, done, retried = make_pipeline(tmp_path, engine)
     tried = []

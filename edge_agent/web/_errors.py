@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from edge_agent.storage_errors import DAMAGED_RECORDS, FULL_DISK, LOCKED
+from edge_agent.storage_errors import DAMAGED_RECORDS, FAILING_DISK, FULL_DISK, LOCKED
 
 __all__ = ["refusal", "storage_refusal", "REASONS"]
 
@@ -34,11 +34,13 @@ def refusal(path: str, status: int, message: str, headers: dict[str, str] | None
 def storage_refusal(problem: str | None) -> tuple[int, str, dict[str, str]] | None:
     """How to refuse a write the device's storage did not take (status, message, headers) for what
     :func:`~edge_agent.storage_errors.storage_problem` found, or None where it found nothing: 507 on a full disk, 503 on
-    records another process held locked past the wait or a damaged page."""
+    records another process held locked past the wait, a damaged page or a disk that fails."""
     if problem == "full":
         return 507, FULL_DISK, {}
     if problem == "locked":
         return 503, LOCKED, {"Retry-After": "5"}
     if problem == "damaged":
         return 503, DAMAGED_RECORDS, {"Retry-After": "60"}
+    if problem == "failing":
+        return 503, FAILING_DISK, {"Retry-After": "60"}
     return None

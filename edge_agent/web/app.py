@@ -114,18 +114,27 @@ def create_app(ctx: WebContext) -> Starlette:
     files = PhotoFiles(ctx.state.root, ctx.inbox, ctx.reader, ctx.cfg.preprocess.max_file_bytes, ctx.cfg.preprocess.max_pixels)
 
     def page(request: Request, template: str, status: int = 200, **context) -> Response:
-        db = ctx.db()
-        review_n = 0
-        if db is not None:  # what the review page would ask today: the pool, capped by what is left of the budget
-            try:
-                left = left_today(db, ctx.cfg.labels.review_per_day)
-                pool = db.counts()["review_queue"]
-                review_n = pool if left is None else min(pool, left)
-            finally:
-                db.close()
+        try:
+            review_n = nav_review()
+        except (sqlite3.DatabaseError, OSError):
+            if template != "problem.html":
+                raise
+            review_n = 0  # the page that says the records cannot be read (a failing disk) must still show
         return templates.TemplateResponse(
             request, template, {"csrf": request.state.csrf, "nav_review": review_n, **context}, status_code=status
         )
+
+    def nav_review() -> int:
+        """What the review page would ask today, for the menu: the pool, capped by what is left of the budget."""
+        db = ctx.db()
+        if db is None:
+            return 0
+        try:
+            left = left_today(db, ctx.cfg.labels.review_per_day)
+            pool = db.counts()["review_queue"]
+        finally:
+            db.close()
+        return pool if left is None else min(pool, left)
 
     def problem(request: Request, status: int, message: str) -> Response:
         return page(request, "problem.html", status=status, message=message, code=status)
