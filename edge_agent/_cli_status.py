@@ -142,6 +142,11 @@ def status(args: argparse.Namespace) -> int:
         )
     if (out.get("folder") or {}).get("missing"):
         print(f"INBOX MISSING: {out.get('inbox')} is gone; photos dropped into it are picked up once it is back")
+    if (out.get("folder") or {}).get("unreadable"):
+        print(
+            f"INBOX UNREADABLE: {out.get('inbox')} cannot be listed ({out['folder']['unreadable']}: a USB stick or card "
+            "pulled out or failing? see dmesg); photos in it are picked up once it reads again"
+        )
     if out.get("ledger"):
         print(f"LEDGER: {out['ledger']}")
     records = check_line(out.get("ledger_check"), time.time()) if running else None

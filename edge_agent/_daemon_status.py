@@ -50,7 +50,12 @@ class DaemonStatus:
             "clock_behind": clock_behind(list(p.camera_clocks)),
         }
         if self.folder:
-            out["folder"] = {**self.folder.counters, "unsupported": dict(self.folder.unsupported), "missing": self.folder.missing}
+            out["folder"] = {
+                **self.folder.counters,
+                "unsupported": dict(self.folder.unsupported),
+                "missing": self.folder.missing,
+                "unreadable": self.folder.unreadable,
+            }
         if self.camera:
             out["camera"] = {**self.camera.counters, "connected": self.camera.connected}
         if self.sender:

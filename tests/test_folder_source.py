@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -174,3 +175,63 @@ def test_the_daemons_own_reads_and_moves_raise_no_folder_events(tmp_path):
         move_out(photo, processed)
         time.sleep(1.0)  # longer than watchdog's half-second wait to pair a rename out
         assert calls[before:] == []
+
+
+def test_an_inbox_that_cannot_be_listed_is_said_once_and_its_photos_are_taken_once_it_reads_again(tmp_path, monkeypatch):
+    """os.walk leaves out a folder it cannot list (a USB stick or card pulled out or failing: EIO; a folder the
+    service's user may not read): the daemon watched nothing and looked healthy, saying nothing. Now it says so once,
+    status and the Health page show it, and the photos in it are taken once it reads again."""
+    import errno
+
+    from structlog.testing import capture_logs
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    real_walk = os.walk
+
+    def failing_walk(top, onerror=None, **kw):
+        if onerror is not None:
+            onerror(OSError(errno.EIO, "Input/output error", os.fspath(top)))
+        return iter(())
+
+    with capture_logs() as logs, watching(inbox) as (src, c):
+        monkeypatch.setattr(os, "walk", failing_walk)
+        src._wake.set()
+        wait_until(lambda: src.unreadable == "Input/output error", 5, "the inbox said unreadable")
+        src._wake.set()
+        time.sleep(0.5)  # looked at again: not said again
+        monkeypatch.setattr(os, "walk", real_walk)
+        (inbox / "late.jpg").write_bytes(encode(leaf_image(1)))
+        src._wake.set()
+        wait_until(lambda: c.names() == ["late.jpg"] and src.unreadable is None, 10, "the photo taken once it reads again")
+    events = [e["event"] for e in logs]
+    assert events.count("inbox_unreadable") == 1 and events.count("inbox_readable_again") == 1
+    assert src.counters["inbox_unreadable"] == 1
+
+
+def test_status_and_the_health_page_show_an_inbox_that_cannot_be_listed(tmp_path, capsys):
+    import json
+
+    from edge_agent.cli import main
+    from edge_agent.results import ResultsDB
+    from edge_agent.state import StateLayout
+
+    from .test_cli_status import LIVE
+    from .web_helpers import client
+
+    layout = StateLayout(tmp_path / "state")
+    layout.create()
+    ResultsDB(layout.db).close()
+    doc = {
+        "pid": os.getpid(),
+        "updated": time.time(),
+        **LIVE,
+        "inbox": "/media/stick/photos",
+        "folder": {"unreadable": "Input/output error"},
+    }
+    (layout.root / "status.json").write_text(json.dumps(doc))
+    main(["status", "--state-dir", str(layout.root)])
+    out = capsys.readouterr().out
+    assert "INBOX UNREADABLE: /media/stick/photos cannot be listed (Input/output error: a USB stick or card" in out, out
+    page = client(layout.root).get("/health").text
+    assert 'id="inbox-unreadable"' in page and "cannot be listed (Input/output error" in page

@@ -64,7 +64,8 @@ class FolderSource(Worker):
         self._lock = threading.Lock()
         self._observer = None
         self._missing = False  # the inbox folder is gone (since the last look)
-        self.counters = {"seen": 0, "emitted": 0, "ignored": 0, "rescans": 0, "inbox_missing": 0}
+        self._unreadable: str | None = None  # why the inbox folder could not be listed at the last look, if it could not
+        self.counters = {"seen": 0, "emitted": 0, "ignored": 0, "rescans": 0, "inbox_missing": 0, "inbox_unreadable": 0}
         self.unsupported: dict[str, int] = {}  # extension -> files left alone because the daemon cannot read them
         self._unsupported_seen: set[Path] = set()
 
@@ -143,11 +144,37 @@ class FolderSource(Worker):
 
     def rescan(self) -> None:
         self.counters["rescans"] += 1
-        walker = os.walk(self.inbox) if self.settings.recursive else [(str(self.inbox), [], os.listdir(self.inbox))]
-        for root, dirs, files in walker:
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            for name in files:
-                self.notice(Path(root) / name)
+        failed: list[OSError] = []
+        try:
+            walker = (
+                os.walk(self.inbox, onerror=failed.append) if self.settings.recursive else [(str(self.inbox), [], os.listdir(self.inbox))]
+            )
+            for root, dirs, files in walker:
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                for name in files:
+                    self.notice(Path(root) / name)
+        except OSError as exc:
+            failed.append(exc)
+        self._listed(next((e for e in failed if e.filename in (str(self.inbox), self.inbox)), None))
+
+    def _listed(self, exc: OSError | None) -> None:
+        """Say once when the inbox folder cannot be listed (a USB stick or card pulled out or failing: EIO) and once
+        when it can again (then watched anew); os.walk alone said nothing, and the daemon looked healthy."""
+        if exc is not None and self._unreadable is None:
+            self._unreadable = exc.strerror or str(exc)
+            self.counters["inbox_unreadable"] += 1
+            self.log.error("inbox_unreadable", error=self._unreadable, action="photos in it are picked up once it reads again")
+        elif exc is None and self._unreadable is not None:
+            self._unreadable = None
+            self._watch_again("inbox_readable_again")
+
+    def _watch_again(self, event: str) -> None:
+        """Say ``event`` (the inbox is back, or reads again) and watch it anew: a watch dies with what it watched."""
+        self.log.info(event)
+        try:
+            self._watch()
+        except OSError as exc:  # gone or unreadable again already: the next look says so
+            self.log.warning("inbox_watch_failed", error=str(exc))
 
     def _settle(self) -> float:
         """Hand on every settled candidate; returns the seconds until the next one could settle."""
@@ -256,6 +283,11 @@ class FolderSource(Worker):
         """Whether the inbox folder is gone (since the last look)."""
         return self._missing
 
+    @property
+    def unreadable(self) -> str | None:
+        """Why the inbox folder could not be listed at the last look (the OS's words), or None."""
+        return self._unreadable
+
     def _inbox_present(self) -> bool:
         """Whether the inbox is there; says so once when it goes and once when it comes back (then watched anew)."""
         present = self.inbox.is_dir()
@@ -269,11 +301,7 @@ class FolderSource(Worker):
             )
         elif present and self._missing:
             self._missing = False
-            self.log.info("inbox_back")
-            try:
-                self._watch()
-            except OSError as exc:  # gone again already: the next look says so
-                self.log.warning("inbox_watch_failed", error=str(exc))
+            self._watch_again("inbox_back")
             self._wake.set()
         return present
 
