@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.config import AppConfig, default_store_path
 from edge_agent.storage_errors import NO_ROOM
+from engines.durable import fsync_dir, sync_filesystem
 from engines.errors import EdgeAgentError
 from engines.store import EngineStore
 
@@ -180,6 +181,7 @@ def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
     tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     left = sorted(set(EngineStore(src).versions()) - set(versions)) if versions is not None else []
+    copied: list[Path] = []
     try:  # file by file (copytree would gather the errors and lose their errno): the first failure stops it
         for folder, dirs, files in os.walk(src):
             dirs[:] = [d for d in dirs if not d.startswith(".tmp-") and (folder != str(src) or d not in left)]
@@ -187,9 +189,13 @@ def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
             here.mkdir(parents=True, exist_ok=True)
             for name in files:
                 if name != ".lock" and not name.startswith(".tmp-"):
-                    shutil.copy2(Path(folder) / name, here / name, follow_symlinks=False)
+                    copied.append(Path(shutil.copy2(Path(folder) / name, here / name, follow_symlinks=False)))
         if left:
             (tmp / PENDING).write_text("".join(f"{v}\n" for v in left))
+            copied.append(tmp / PENDING)
+        # on the disk before the rename: a power cut at a first boot left a store of empty files, `current` among
+        # them, that no start could serve from (ext4 shut down under it: the copies are written back seconds later)
+        sync_filesystem(tmp, copied)
     except OSError:  # a full disk: leave nothing half-copied behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -197,6 +203,7 @@ def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
         dst.rmdir()
     try:
         os.rename(tmp, dst)
+        fsync_dir(dst.parent)
     except OSError as exc:  # another process (the command line, the page, the trainer) seeded it meanwhile: theirs stands
         shutil.rmtree(tmp, ignore_errors=True)
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not EngineStore(dst).versions():

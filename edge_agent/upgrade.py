@@ -66,7 +66,7 @@ def adopt_shipped_release(store: EngineStore, shipped: Path) -> str | None:
     if farm_taught:
         from engines.durable import atomic_write
 
-        atomic_write(store.root / PENDING_RELEASE, f"{release}\n".encode(), durable=False)
+        atomic_write(store.root / PENDING_RELEASE, f"{release}\n".encode())
     return release
 
 
@@ -93,7 +93,7 @@ def adopt_shipped_signatures(store: EngineStore, shipped: Path, log=None) -> lis
         if (mine / SIGNATURE).exists() or not (theirs / SIGNATURE).is_file() or not (theirs / MANIFEST).is_file():
             continue
         if (mine / MANIFEST).read_bytes() == (theirs / MANIFEST).read_bytes():
-            atomic_write(mine / SIGNATURE, (theirs / SIGNATURE).read_bytes(), durable=False)
+            atomic_write(mine / SIGNATURE, (theirs / SIGNATURE).read_bytes())
             adopted.append(version)
             if log is not None:
                 log.info("shipped_signature_adopted", engine_version=version)

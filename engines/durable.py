@@ -113,7 +113,7 @@ def check_whole(con: sqlite3.Connection) -> None:
 
 
 def set_aside(path: str | os.PathLike, tag: str = "corrupt") -> Path:
-    """Move an SQLite file SQLite cannot read (and its ``-wal`` and ``-shm``) to ``<name>.<tag>-<time>`` beside it,
+    """Move a file that cannot be read (an SQLite file with its ``-wal`` and ``-shm``) to ``<name>.<tag>-<time>`` beside it,
     kept for a look, so a new one can be started; returns where it went."""
     import time
 

@@ -56,7 +56,7 @@ class UntrustedVersion(TamperedError):
 
 
 class NotAKey(EdgeAgentError, ValueError):
-    """A trusted key given as neither 64 hex characters nor a readable file holding them."""
+    """A key given as neither 64 hex characters nor a readable file holding them."""
 
 
 @dataclass(frozen=True)
@@ -83,25 +83,39 @@ def load_key(path: str | os.PathLike) -> SigningKey:
     path = Path(path)
     text = path.read_text().strip()
     if not _HEX64.match(text):
-        raise ValueError(f"{path}: not an edge-agent signing key (64 hex characters expected)")
+        raise NotAKey(f"{path}: not an edge-agent signing key (64 hex characters expected)")
     return SigningKey(bytes.fromhex(text), path)
 
 
-def load_or_create_key(path: str | os.PathLike) -> SigningKey:
-    """The secret key at ``path`` (``*.key``), made (0600, with its ``.pub`` beside it) if missing."""
+def load_or_create_key(path: str | os.PathLike, remake_unfinished: bool = False) -> SigningKey:
+    """The secret key at ``path`` (``*.key``), made (0600, with its ``.pub`` beside it, both on the disk before it is
+    returned) if missing; with ``remake_unfinished``, also where the file is empty and its ``.pub`` empty or missing (a
+    power cut as it was made, before this wrote it durably: no signature it made can be checked by anyone)."""
     path = Path(path)
-    if path.is_file():
+    if path.is_file() and not (remake_unfinished and _unfinished(path)):
         return load_key(path)
     import nacl.signing
 
     seed = bytes(nacl.signing.SigningKey.generate())
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # (an unfinished one)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(seed.hex() + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     key = SigningKey(seed, path)
-    atomic_write(path.with_suffix(".pub"), (key.public_hex + "\n").encode(), durable=False)
+    atomic_write(path.with_suffix(".pub"), (key.public_hex + "\n").encode())  # (durable: it fsyncs the folder too)
     return key
+
+
+def _unfinished(path: Path) -> bool:
+    """Whether the key file ``path`` and its ``.pub`` hold nothing (a power cut while they were made)."""
+    pub = path.with_suffix(".pub")
+    try:
+        return not path.read_bytes().strip() and (not pub.exists() or not pub.read_bytes().strip())
+    except OSError:
+        return False
 
 
 #: The most of a ``.pub`` file read: a key is 64 hex characters and a line end.

@@ -181,3 +181,17 @@ def rot_pages(db: Path, table: str, kind: str | None = None, only: int | None = 
             f.seek((n - 1) * size)
             f.write(b"\xff" * 64)
     os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def card(tmp_path):
+    """A disk of the test's own that it can shut down as a card dies or loses its power (tests/card_helpers.py)."""
+    import subprocess
+
+    from .card_helpers import make_card
+
+    made = make_card(tmp_path)
+    try:
+        yield made
+    finally:
+        subprocess.run(["umount", "-l", str(made.path)], capture_output=True)

@@ -224,6 +224,32 @@ def test_ewc_state_accumulates_across_generations(tmp_path):
     assert torch.allclose(second[name], 1.5 * first[name], rtol=1e-4, atol=1e-9)  # 0.5 * old + new (same data)
 
 
+@pytest.mark.parametrize("cut", ["empty", "half"])
+def test_a_strategy_state_file_cut_short_by_a_crash_is_set_aside_and_the_next_retrain_starts_again(tmp_path, cut):
+    """torch.save wrote straight onto memory.pt and ewc.pt: a crash or a power cut mid-write left a file torch.load
+    cannot read, and every later retrain failed on it. Now each is written whole or not at all, and one cut short by
+    an older version is set aside (kept for a look) and said: rehearsal starts with no memory, EWC estimates afresh."""
+    from structlog.testing import capture_logs
+
+    model = build_model(3)
+    r, ewc = Rehearsal(tmp_path / "r", RehearsalConfig(per_class=3)), EWC(tmp_path / "e", EwcConfig())
+    r.after(model, toy())
+    ewc.after(model, toy())
+    assert not [p.name for p in (tmp_path / "r").iterdir() if p.name != "memory.pt"]  # (no temporary file left)
+    for path in (tmp_path / "r" / "memory.pt", tmp_path / "e" / "ewc.pt"):
+        whole = path.read_bytes()
+        path.write_bytes(b"" if cut == "empty" else whole[: len(whole) // 2])
+    with capture_logs() as logs:
+        assert len(r.before(model, model, toy(n_per_class=1, seed=5))) == 3  # this generation alone
+        ewc.before(model, model, toy())
+        assert ewc.fisher  # estimated afresh on the data the model in service knew
+    said = [e for e in logs if e["event"] == "strategy_state_unreadable"]
+    assert len(said) == 2 and all(".corrupt-" in e["kept"] for e in said)
+    assert len(list((tmp_path / "r").glob("memory.pt.corrupt-*"))) == 1 and not (tmp_path / "r" / "memory.pt").exists()
+    r.after(model, toy())  # the next retrain's memory, whole
+    assert len(r.before(model, model, toy(n_per_class=1, seed=5))) == 3 + 9
+
+
 def test_easy_classes_cannot_dominate_the_pseudo_labels():
     from trainer.service import balance_pseudo
 

@@ -4,15 +4,12 @@ command and the page, and loses no photo: never called a damaged ledger, a full 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import shutil
 import sqlite3
-import struct
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -163,50 +160,20 @@ def test_a_page_met_by_a_failing_disk_says_so_with_503_not_an_internal_error(tmp
 
 
 # ---- on a real disk ---------------------------------------------------------------------------------------------
-_EXT4_IOC_SHUTDOWN, _NOLOGFLUSH = 0x8004587D, 2  # _IOR('X', 125, __u32): every later read and write gives EIO
-
-
-@pytest.fixture
-def card(tmp_path):
-    """An ext4 file system on a loop device, mounted (root, mkfs.ext4 and loop devices: else skipped); shut down by
-    :func:`_pull_out` as a dying card is."""
-    if os.geteuid() != 0 or not shutil.which("mkfs.ext4") or not Path("/dev/loop-control").exists():
-        pytest.skip("needs root, mkfs.ext4 and loop devices to make a disk that fails")
-    image, mount = tmp_path / "card.img", tmp_path / "card"
-    mount.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
-    if subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True).returncode != 0:
-        pytest.skip("this machine does not mount loop devices")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
-def _pull_out(mount: Path) -> None:
-    fd = os.open(mount, os.O_RDONLY)
-    try:
-        fcntl.ioctl(fd, _EXT4_IOC_SHUTDOWN, struct.pack("I", _NOLOGFLUSH))
-    finally:
-        os.close(fd)
-
-
 def test_on_a_real_card_shut_down_under_it_the_daemon_stops_keeps_the_photo_and_every_command_says_the_disk_fails(card, tmp_path):
     """ext4's shutdown (what a card that dies or is pulled out does): the daemon running on it, its hot folder on
     another disk, is given a photo; it stops with status 1 saying the disk fails, the photo stays, and `status`
     answers in one line."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    d = DaemonProc(card / "state", {"inbox": {"path": str(inbox)}})
+    d = DaemonProc(card.path / "state", {"inbox": {"path": str(inbox)}})
     d.config_path = tmp_path / "state.toml"  # (not on the card: the next command reads it)
-    d.config_path.write_text((card / "state.toml").read_text())
+    d.config_path.write_text((card.path / "state.toml").read_text())
     d.log_path = tmp_path / "state.log"
     d.start().wait_ready()
-    assert failing_disk(card / "state") is None
-    _pull_out(card)
-    assert failing_disk(card / "state").errno == errno.EIO
+    assert failing_disk(card.path / "state") is None
+    card.pull_out()
+    assert failing_disk(card.path / "state").errno == errno.EIO
     photo = inbox / "leaf.jpg"
     shutil.copy(REPO / "samples" / "apple_scab.jpg", photo)
     assert d.proc.wait(60) == 1
@@ -214,6 +181,6 @@ def test_on_a_real_card_shut_down_under_it_the_daemon_stops_keeps_the_photo_and_
     stopped = [e for e in d.events() if e["event"] == "stopped_for_failing_disk"]
     assert stopped and stopped[0]["problem"] == FAILING_DISK and photo.exists()
     r = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(card / "state")], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(card.path / "state")], capture_output=True, text=True, cwd=REPO
     )
     assert r.returncode == 2 and FAILING_DISK in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -21,7 +21,7 @@ def _signing_key(args: argparse.Namespace, create: bool = False) -> int:
     path = trainer_key_path(cfg, state)
     if not create and not path.is_file():
         raise looked_for("engine-signing key", path, args.state_dir, cfg, "`edge-trainer keys` or `edge-trainer serve` makes it", "trainer")
-    key = load_or_create_key(path) if create else load_key(path)
+    key = load_or_create_key(path, remake_unfinished=True) if create else load_key(path)
     print(f"public key: {key.public_hex}")
     print(f"file:       {key.path.with_suffix('.pub')}")
     print('daemons that take engines from this trainer: [store] trusted_keys = ["<the public key or a copy of the file>"]')

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
+from engines.durable import atomic_write
 from engines.store import EngineStore
+from trainer.strategies._state_file import load_state, save_state
 
 __all__ = ["adopt_strategy_state", "lineage_root"]
 
@@ -74,12 +76,12 @@ def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], stra
         same_input = _same_input(store, old_root, root)
         for state in states:
             memory = state / "memory.pt"
-            if memory.is_file() and old_classes and same_input:
-                blob = torch.load(memory, map_location="cpu", weights_only=True)
+            blob = load_state(memory) if memory.is_file() and old_classes and same_input else None
+            if blob is not None:
                 names = [old_classes[int(i)] if int(i) < len(old_classes) else None for i in blob["y"]]
                 keep = torch.tensor([n in classes for n in names], dtype=torch.bool)
                 y = torch.tensor([classes.index(n) for n in names if n in classes], dtype=torch.long)
-                torch.save({"x": blob["x"][keep].clone(), "y": y}, memory)
+                save_state({"x": blob["x"][keep].clone(), "y": y}, memory)
                 kept, dropped = kept + int(keep.sum()), dropped + int((~keep).sum())
                 continue
             shutil.move(str(state), str(state.with_name(f"{state.name}.before-{old_root or 'upgrade'}")))
@@ -90,5 +92,5 @@ def adopt_strategy_state(store: EngineStore, root: str, classes: list[str], stra
         )
         log.warning("strategy_state_adopted", old_root=old_root, root=root, relabelled=kept, dropped=dropped)
     strategy_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"root": root, "classes": classes}) + "\n")
+    atomic_write(marker, (json.dumps({"root": root, "classes": classes}) + "\n").encode())
     return done

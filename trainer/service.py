@@ -65,7 +65,7 @@ class TrainerService:
         self.lost = self.samples.lost_ids()
         if self.lost:
             self.log.warning("labels_asked_again", photos=len(self.lost), of="the devices that hold them (a salvage lost them)")
-        self.signing_key = load_or_create_key(trainer_key_path(cfg, state_dir))  # daemons on this state dir trust it
+        self.signing_key = load_or_create_key(trainer_key_path(cfg, state_dir), remake_unfinished=True)  # daemons here trust it
         self.store = resolve_store(cfg, state_dir)
         self._sign_unsigned_versions()
         for tag, version in settle_published(self.store, self.samples).items():  # a publish stopped last time

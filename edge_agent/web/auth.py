@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
@@ -29,6 +28,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge_agent.web._errors import refusal
+from engines.durable import atomic_write
 
 __all__ = [
     "ROLES",
@@ -69,11 +69,7 @@ class TokenFile:
         """Make a new token (the old one stops working) and return it; only its hash is written."""
         token = secrets.token_urlsafe(24)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(_digest(token) + "\n")
-        os.replace(tmp, self.path)
+        atomic_write(self.path, (_digest(token) + "\n").encode(), mode=0o600)  # on the disk before it is shown
         return token
 
     def check(self, token: str | None) -> bool:
@@ -129,11 +125,7 @@ def csrf_secret(path: Path) -> bytes:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_bytes(32))
-    os.replace(tmp, path)
+    atomic_write(path, secrets.token_bytes(32), mode=0o600)
     return path.read_bytes()
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from edge_agent.trainer_config import EwcConfig
 from trainer.photos import INFERENCE_BATCH
+from trainer.strategies._state_file import load_state, save_state
 from trainer.strategies.base import Generation, Strategy, register
 
 
@@ -28,10 +29,8 @@ class EWC(Strategy):
         return self.state_dir / "ewc.pt"
 
     def _load(self) -> tuple[dict, dict]:
-        if not self._path.exists():
-            return {}, {}
-        blob = torch.load(self._path, map_location="cpu", weights_only=True)
-        return blob["fisher"], blob["anchor"]
+        blob = load_state(self._path)
+        return ({}, {}) if blob is None else (blob["fisher"], blob["anchor"])
 
     def before(self, model, previous, data):
         self.fisher, self.anchor = self._load()
@@ -54,7 +53,7 @@ class EWC(Strategy):
         new = fisher_information(model, data)
         merged = {n: gamma * old[n] + f if n in old and old[n].shape == f.shape else f for n, f in new.items()}
         anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
-        torch.save({"fisher": merged, "anchor": anchor}, self._path)
+        save_state({"fisher": merged, "anchor": anchor}, self._path)
 
 
 def fisher_information(

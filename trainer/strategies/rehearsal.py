@@ -19,6 +19,7 @@ import torch
 from edge_agent.trainer_config import RehearsalConfig
 from trainer.models import inference_copy
 from trainer.photos import INFERENCE_BATCH, join
+from trainer.strategies._state_file import load_state, save_state
 from trainer.strategies.base import Generation, Strategy, register
 
 
@@ -33,10 +34,8 @@ class Rehearsal(Strategy):
         return self.state_dir / "memory.pt"
 
     def _load(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if not self._path.exists():
-            return None
-        blob = torch.load(self._path, map_location="cpu", weights_only=True)
-        return blob["x"], blob["y"]
+        blob = load_state(self._path)
+        return None if blob is None else (blob["x"], blob["y"])
 
     def before(self, model, previous, data: Generation) -> Generation:
         memory = self._load()
@@ -84,7 +83,7 @@ class Rehearsal(Strategy):
             else:
                 keep.append(idx[select(feats[idx], per_class, how)])
         order = torch.cat(keep)
-        torch.save({"x": _gather([rows[int(i)][:2] for i in order]), "y": y[order].clone()}, self._path)
+        save_state({"x": _gather([rows[int(i)][:2] for i in order]), "y": y[order].clone()}, self._path)
 
 
 def _digests(x: torch.Tensor, rows: list[int] | None = None) -> list[bytes]:
