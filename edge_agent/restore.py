@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from edge_agent._backup_files import open_shared, shared_name_ok
 from edge_agent._backup_seal import Unsealer, is_sealed, unseal
 from edge_agent.backup import FORMATS, MANIFEST, BackupError, BackupSealed, write_record
+from engines.durable import fsync_dir, sync_filesystem
 from engines.store import sha256_stream
 
 __all__ = ["Checked", "Restored", "check", "read_manifest", "restore"]
@@ -239,6 +240,7 @@ def _restore(source: Path, archive: Path, state_dir: Path, force: bool, unsealer
             shutil.rmtree(staging, ignore_errors=True)
             raise
     files = manifest["files"]
+    sync_filesystem(staging, [f for f in staging.rglob("*") if f.is_file()])  # on the new card before it takes its name
     aside = None
     if state_dir.exists() and any(state_dir.iterdir()):
         aside = state_dir.with_name(f"{state_dir.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -249,6 +251,7 @@ def _restore(source: Path, archive: Path, state_dir: Path, force: bool, unsealer
         (staging / "restored").mkdir(exist_ok=True)
         os.replace(staging / "outside", staging / "restored" / "outside")
     os.replace(staging, state_dir)
+    fsync_dir(state_dir.parent)
     created = manifest.get("created_s")
     if isinstance(created, (int, float)):  # the backup restored is this state's last one (from before 2026-12-03: unknown)
         size = archive.stat().st_size + sum(p.stat().st_size for p in _shared_sources(archive, manifest, unsealer).values())

@@ -52,13 +52,13 @@ class Card:
 
 
 def make_card(tmp_path: Path) -> Card:
-    """A 128 MiB ext4 card under ``tmp_path``, mounted (root, mkfs.ext4 and loop devices: else the test is skipped)."""
+    """A 512 MiB ext4 card (a sparse file) under ``tmp_path``, mounted (root, mkfs.ext4 and loop devices: else the test is skipped)."""
     if os.geteuid() != 0 or not shutil.which("mkfs.ext4") or not Path("/dev/loop-control").exists():
         pytest.skip("needs root, mkfs.ext4 and loop devices to make a disk that fails")
     image, mount = tmp_path / "card.img", tmp_path / "card"
     mount.mkdir()
     with open(image, "wb") as f:
-        f.truncate(128 << 20)
+        f.truncate(512 << 20)
     subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
     made = Card(image, mount)
     if not made.mount():

@@ -62,6 +62,22 @@ def test_a_restored_state_directory_serves_the_same_engine_with_the_same_keys_an
     assert (fresh / "golden.npz").read_bytes() == b"golden photos" and not (fresh / "web" / "thumbs").exists()
 
 
+def test_a_power_cut_just_after_a_restore_onto_a_new_card_leaves_it_whole(card, device):
+    """The restore staged its files and renamed the folder into place before the card had them: a power cut soon
+    after (a board switched off once it said "restored") left empty files under their names, the ledger and the engine
+    among them, and a second restore refused the folder ("already holds a results ledger")."""
+    state, was = device
+    fresh = card.path / "state"
+    restore(was["backup"], fresh)
+    card.commit_journal()  # (ext4 commits every 5 s: the rename is then on the card, whatever the data's state)
+    card.pull_out()
+    card.plug_in()
+    store = resolve_store(AppConfig(), fresh)
+    store.open(store.current(), verify=True)
+    assert ResultsDB(fresh / "results.sqlite", readonly=True).counts() == ResultsDB(state / "results.sqlite", readonly=True).counts()
+    assert (fresh / "trainer" / "signing.key").read_bytes() == (state / "trainer" / "signing.key").read_bytes()
+
+
 def test_restore_will_not_overwrite_a_state_directory_with_results_unless_forced_and_then_keeps_it_aside(tmp_path, device):
     _, made = device
     out = made["backup"]
