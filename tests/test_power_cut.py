@@ -89,3 +89,19 @@ def test_a_signing_key_left_empty_by_a_power_cut_is_made_anew_where_it_is_the_tr
     key.write_text("not a key\n")
     with pytest.raises(EdgeAgentError, match="not an edge-agent signing key"):
         load_or_create_key(key, remake_unfinished=True)
+
+
+def test_a_power_cut_just_after_a_device_was_revoked_does_not_bring_it_back(card):
+    """A revocation moved the device's key out of authorized/ and said it was done before the card had the move: a
+    power cut soon after gave the trainer the key back, and the revoked device was accepted again."""
+    from trainer.devices import add_device, list_devices, make_trainer_keys, revoke_device
+
+    keys = card.path / "keys"
+    make_trainer_keys(keys)
+    for name in ("shed", "greenhouse"):
+        add_device(keys, name)
+    revoke_device(keys, "greenhouse")
+    card.pull_out()  # (the journal's last transactions lost with the rest)
+    card.plug_in()
+    assert list_devices(keys) == ["shed"] and (keys / "revoked" / "greenhouse.key").is_file()
+    assert (keys / "devices" / "shed" / "shed.key_secret").stat().st_size > 0 and (keys / "trainer" / "trainer.key").stat().st_size > 0

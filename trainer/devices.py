@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.names import device_name_problem
+from engines.durable import sync_filesystem
 from engines.errors import EdgeAgentError
 
 __all__ = ["KeysError", "DeviceKeys", "make_trainer_keys", "add_device", "revoke_device", "list_devices", "trainer_keys"]
@@ -67,7 +68,14 @@ def make_trainer_keys(out: Path, force: bool = False) -> tuple[Path, Path, bool]
     for dev in list_devices(out):  # the devices' copies of the trainer's public key follow
         if (out / "devices" / dev).is_dir():
             shutil.copy(public, out / "devices" / dev / "trainer.key")
+    _on_disk(out)
     return public, secret, True
+
+
+def _on_disk(out: Path) -> None:
+    """Everything just written or moved in the keys folder, on the disk before the command says it is done: a power cut
+    after a revocation put the device's key back in ``authorized/`` (the rename was not yet on the card)."""
+    sync_filesystem(out, [f for f in out.rglob("*") if f.is_file()])
 
 
 def _check_name(name: str) -> None:
@@ -97,6 +105,7 @@ def add_device(out: Path, name: str, force: bool = False, signing_pub: Path | No
     shutil.copy(public, tmp)
     os.replace(tmp, out / "authorized" / f"{name}.key")  # the trainer sees a whole key or none
     (out / "revoked" / f"{name}.key").unlink(missing_ok=True)
+    _on_disk(out)
     return DeviceKeys(name, folder, secret, folder / "trainer.key")
 
 
@@ -113,6 +122,7 @@ def revoke_device(out: Path, name: str) -> Path:
     os.replace(key, out / "revoked" / f"{name}.key")
     secret = out / "devices" / name / f"{name}.key_secret"
     secret.unlink(missing_ok=True)  # a revoked certificate is never handed out again
+    _on_disk(out)
     return out / "revoked" / f"{name}.key"
 
 
