@@ -105,3 +105,24 @@ def test_a_power_cut_just_after_a_device_was_revoked_does_not_bring_it_back(card
     card.plug_in()
     assert list_devices(keys) == ["shed"] and (keys / "revoked" / "greenhouse.key").is_file()
     assert (keys / "devices" / "shed" / "shed.key_secret").stat().st_size > 0 and (keys / "trainer" / "trainer.key").stat().st_size > 0
+
+
+def test_a_power_cut_just_after_a_canary_stopped_a_rollout_keeps_it_stopped(card):
+    """A rollout's stop was written without being flushed: a power cut soon after could bring back the rollout as it
+    was before the stop. Each change of stage is on the disk before the trainer acts on it."""
+    from types import SimpleNamespace
+
+    from edge_agent.trainer_config import RolloutSection
+    from trainer.rollout import Rollout
+
+    settings = RolloutSection(period_s=1.5, min_photos=0)
+    rollout = Rollout(settings, card.path / "rollout.json")
+    assert not rollout.allowed("shed", "v4002")  # a new version: no one until the canaries are chosen
+    refused = SimpleNamespace(
+        name="shed", engine_version="v4001", refused={"v4002": "agreed on 40 %"}, last_result=None, pinned=False, report={}
+    )
+    assert not rollout.judge("v4002", {"shed": refused}) and rollout.state["stage"] == "stopped"
+    card.pull_out()
+    card.plug_in()
+    again = Rollout(settings, card.path / "rollout.json")
+    assert again.state["stage"] == "stopped" and again.state["version"] == "v4002" and "agreed on 40 %" in again.state["reason"]

@@ -101,7 +101,7 @@ class Rollout:
             self._save()
             self.log.info("rollout_promoted", engine_version=version, canaries=st["canaries"])
             return True
-        self._save()
+        self._save(durable=False)  # (a tick: the next one writes it again)
         return False
 
     def _problem(self, peer: RolloutPeer, version: str) -> str | None:
@@ -145,8 +145,10 @@ class Rollout:
         self._save()
         return False
 
-    def _save(self) -> None:
+    def _save(self, durable: bool = True) -> None:
+        """The rollout's state on disk; a stage changed (started, canaries chosen, promoted, stopped) is flushed to it
+        before the trainer acts on it, so a power cut cannot take back a stop."""
         try:
-            atomic_write(self.path, json.dumps(self.state, indent=1).encode(), durable=False)
+            atomic_write(self.path, json.dumps(self.state, indent=1).encode(), durable=durable)
         except OSError as exc:  # a full disk: the rollout goes on in memory
             self.log.warning("rollout_not_saved", error=str(exc))
