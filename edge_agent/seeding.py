@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from engines.durable import atomic_write
 from engines.store import EngineStore, StoreError
 
 if TYPE_CHECKING:  # edge_agent.config imports this module (through edge_agent.upgrade)
@@ -100,7 +101,7 @@ def seed_rest(store: EngineStore, shipped: Path, log=None) -> list[str]:
                 continue
             copied.append(version)
         if left:
-            (store.root / PENDING).write_text("".join(f"{v}\n" for v in left))
+            atomic_write(store.root / PENDING, "".join(f"{v}\n" for v in left).encode())
         else:
             (store.root / PENDING).unlink(missing_ok=True)
     if copied and log is not None:

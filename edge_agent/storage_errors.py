@@ -63,8 +63,9 @@ FAILING_DISK = (
 
 def storage_problem(exc: BaseException, where: str | os.PathLike | None = None) -> Literal["full", "locked", "failing", "damaged"] | None:
     """``"full"`` (no room: SQLite's FULL, ENOSPC, EDQUOT), ``"locked"`` (SQLite's BUSY or LOCKED past the wait),
-    ``"failing"`` (the disk fails reads and writes: EIO, or with ``where`` any database error but those where that
-    disk fails :func:`failing_disk`'s probe: SQLite then says "malformed", "disk I/O error" or "unable to open"),
+    ``"failing"`` (the disk fails reads and writes: EIO, or with ``where`` a database error, other than those above,
+    where that disk fails :func:`failing_disk`'s probe: SQLite then says "malformed", "disk I/O error" or "unable to
+    open"),
     ``"damaged"`` (CORRUPT, NOTADB, or the integrity check's finding), or None: another error. A database error from Python 3.10 carries no code (JetPack
     6's Python), and SQLite says IOERR where a full disk keeps it from making a log's index: with ``where`` (the folder
     the database is in) either counts as ``"full"`` while that disk has less than :data:`NEARLY_FULL` free."""

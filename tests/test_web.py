@@ -377,8 +377,8 @@ def test_an_upload_onto_a_full_disk_says_so_and_leaves_no_part_file(state, monke
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    c = client(state)  # (its secret written first: the patch below is os.fsync itself)
     monkeypatch.setattr(inbox_files.os, "fsync", full)
-    c = client(state)
     r = _upload(c, ("a.jpg", _photos(8)[7].read_bytes()))
     assert r.status_code == 507 and "the device&#39;s disk is full: nothing was written" in r.text, r.text
     assert list((state / "inbox").iterdir()) == []
@@ -394,8 +394,9 @@ def test_an_upload_into_an_inbox_that_cannot_be_written_is_not_called_a_full_dis
     def refused(fd):
         raise PermissionError(errno.EACCES, "Permission denied")
 
+    c = client(state)  # (its secret written first: the patch below is os.fsync itself)
     monkeypatch.setattr(inbox_files.os, "fsync", refused)
-    r = _upload(client(state), ("a.jpg", _photos(8)[7].read_bytes()))
+    r = _upload(c, ("a.jpg", _photos(8)[7].read_bytes()))
     assert r.status_code == 500 and "could not store the photo in " in r.text and "Permission denied" in r.text, r.text
     assert "disk is full" not in r.text and list((state / "inbox").iterdir()) == []
 
