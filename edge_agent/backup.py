@@ -37,7 +37,7 @@ from pathlib import Path
 
 from edge_agent._ledger_file import CLOSED
 from edge_agent.config import AppConfig
-from engines.durable import atomic_write, connect_readonly, read_only_disk
+from engines.durable import atomic_write, connect_readonly, failing_disk, read_only_disk
 from engines.errors import EdgeAgentError
 from engines.store import sha256_stream
 
@@ -434,6 +434,11 @@ def backup(
         read_back(out, hashed.hexdigest(), hashed.size)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
+        if failing_disk(state_dir) is not None:  # the state's disk, not the backup's (it was named as the one at fault)
+            raise BackupError(
+                f"{state_dir}: could not be read for the backup ({exc.strerror or exc}): its disk fails to read (see `dmesg`); "
+                "nothing written. A backup needs every file to read: put the card back, then try again"
+            ) from None
         big = " (its disk takes no file over 4 GiB, as FAT32: format it exFAT or ext4; the daemon's backups: [backup] shared_files on)"
         raise BackupError(f"{out}: could not write the backup: {exc.strerror or exc}{big if exc.errno == errno.EFBIG else ''}") from None
     except sqlite3.Error as exc:  # a database locked past 30 s, or no room for its copy

@@ -184,3 +184,21 @@ def test_on_a_real_card_shut_down_under_it_the_daemon_stops_keeps_the_photo_and_
         [sys.executable, "-m", "edge_agent", "status", "--state-dir", str(card.path / "state")], capture_output=True, text=True, cwd=REPO
     )
     assert r.returncode == 2 and FAILING_DISK in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_backup_of_a_state_directory_on_a_card_that_fails_names_the_card_not_the_backups_disk(card, tmp_path):
+    """It said "<the backup file>: could not write the backup: Input/output error", sending the farmer to a USB stick
+    that was well."""
+    from edge_agent.backup import BackupError, backup
+    from edge_agent.config import AppConfig
+
+    from .web_helpers import make_state
+
+    state = make_state(card.path)
+    card.pull_out()
+    out = tmp_path / "stick" / "farm.tar.gz"
+    with pytest.raises(BackupError) as refused:
+        backup(AppConfig(), state, out)
+    said = str(refused.value)
+    assert said.startswith(f"{state}: could not be read for the backup") and "its disk fails to read" in said, said
+    assert str(out) not in said and not out.exists()
