@@ -240,7 +240,7 @@ def _restore(source: Path, archive: Path, state_dir: Path, force: bool, unsealer
             shutil.rmtree(staging, ignore_errors=True)
             raise
     files = manifest["files"]
-    sync_filesystem(staging, [f for f in staging.rglob("*") if f.is_file()])  # on the new card before it takes its name
+    sync_filesystem(staging)  # on the new card before it takes its name
     aside = None
     if state_dir.exists() and any(state_dir.iterdir()):
         aside = state_dir.with_name(f"{state_dir.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -181,7 +181,6 @@ def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
     tmp = dst.with_name(f".tmp-{dst.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     left = sorted(set(EngineStore(src).versions()) - set(versions)) if versions is not None else []
-    copied: list[Path] = []
     try:  # file by file (copytree would gather the errors and lose their errno): the first failure stops it
         for folder, dirs, files in os.walk(src):
             dirs[:] = [d for d in dirs if not d.startswith(".tmp-") and (folder != str(src) or d not in left)]
@@ -189,13 +188,12 @@ def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
             here.mkdir(parents=True, exist_ok=True)
             for name in files:
                 if name != ".lock" and not name.startswith(".tmp-"):
-                    copied.append(Path(shutil.copy2(Path(folder) / name, here / name, follow_symlinks=False)))
+                    shutil.copy2(Path(folder) / name, here / name, follow_symlinks=False)
         if left:
             (tmp / PENDING).write_text("".join(f"{v}\n" for v in left))
-            copied.append(tmp / PENDING)
         # on the disk before the rename: a power cut at a first boot left a store of empty files, `current` among
         # them, that no start could serve from (ext4 shut down under it: the copies are written back seconds later)
-        sync_filesystem(tmp, copied)
+        sync_filesystem(tmp)
     except OSError:  # a full disk: leave nothing half-copied behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -54,9 +54,10 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.fsync(f.fileno())
 
 
-def sync_filesystem(path: str | os.PathLike, files: list[Path] = ()) -> None:
+def sync_filesystem(path: str | os.PathLike, files: list[Path] | None = None) -> None:
     """Make everything written on ``path``'s filesystem durable with one syncfs(2) (Linux), a barrier for a
-    whole batch of files; where syncfs is unavailable, fsync ``files`` and their directories one by one."""
+    whole batch of files; where syncfs is unavailable, fsync ``files`` (None: every file under the folder ``path``)
+    and their directories one by one."""
     try:
         import ctypes
 
@@ -69,6 +70,8 @@ def sync_filesystem(path: str | os.PathLike, files: list[Path] = ()) -> None:
             os.close(fd)
     except (OSError, AttributeError):
         pass
+    if files is None:
+        files = [f for f in Path(path).rglob("*") if f.is_file()]
     for f in files:
         fsync_file(f)
     for d in {Path(f).parent for f in files}:

@@ -4,6 +4,7 @@ the disk before they are relied on (an ext4 card shut down without its last writ
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,26 @@ def test_a_power_cut_just_after_a_canary_stopped_a_rollout_keeps_it_stopped(card
     card.plug_in()
     again = Rollout(settings, card.path / "rollout.json")
     assert again.state["stage"] == "stopped" and again.state["version"] == "v4002" and "agreed on 40 %" in again.state["reason"]
+
+
+def test_without_syncfs_a_folder_is_made_durable_file_by_file(tmp_path, monkeypatch):
+    """Where syncfs(2) is missing, sync_filesystem fsyncs the files it is given, else every file under the folder, and
+    their folders (what seeding, a restore and the keys folder rely on)."""
+    import ctypes
+
+    import engines.durable as durable
+
+    (tmp_path / "v4000").mkdir()
+    for name in ("current", "v4000/model.onnx", "v4000/manifest.json"):
+        (tmp_path / name).write_text(name)
+    synced = []
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: (_ for _ in ()).throw(OSError("no libc here")))
+    monkeypatch.setattr(durable, "fsync_file", lambda f: synced.append(("file", Path(f))))
+    monkeypatch.setattr(durable, "fsync_dir", lambda d: synced.append(("dir", Path(d))))
+    durable.sync_filesystem(tmp_path)
+    files = {p for kind, p in synced if kind == "file"}
+    assert files == {tmp_path / "current", tmp_path / "v4000" / "model.onnx", tmp_path / "v4000" / "manifest.json"}
+    assert {p for kind, p in synced if kind == "dir"} == {tmp_path, tmp_path / "v4000"}
+    synced.clear()
+    durable.sync_filesystem(tmp_path, [tmp_path / "current"])
+    assert synced == [("file", tmp_path / "current"), ("dir", tmp_path)]

@@ -75,7 +75,7 @@ def make_trainer_keys(out: Path, force: bool = False) -> tuple[Path, Path, bool]
 def _on_disk(out: Path) -> None:
     """Everything just written or moved in the keys folder, on the disk before the command says it is done: a power cut
     after a revocation put the device's key back in ``authorized/`` (the rename was not yet on the card)."""
-    sync_filesystem(out, [f for f in out.rglob("*") if f.is_file()])
+    sync_filesystem(out)
 
 
 def _check_name(name: str) -> None:
