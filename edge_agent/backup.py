@@ -71,6 +71,11 @@ HASHES = "backup-hashes.json"
 #: (:func:`edge_agent.backup_schedule.request_backup`).
 REQUEST = "backup-requested.json"
 _SETTLED_NS = 2_000_000_000
+#: What a backup that met a file it cannot read says to do.
+_SALVAGE_HINT = (
+    "A backup needs every file to read: put the card back (and fsck it), then try again; where it still fails, take off "
+    "the card what still reads with `edge-agent backup --salvage --out FILE` (FILE on another disk)"
+)
 _SHA = re.compile(r"[0-9a-f]{64}")
 #: SQLite files copied through the backup API (a plain copy of a live WAL database may be torn).
 DATABASES = ("results.sqlite", "alerts.sqlite", "trainer/samples.sqlite", "trainer/unlabelled.sqlite")
@@ -200,12 +205,15 @@ def _sqlite_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _scratch(state_dir: Path, members: dict[str, Path], out: Path) -> Path:
+def _scratch(state_dir: Path, members: dict[str, Path], out: Path, off_the_card: bool = False) -> Path:
     """Where a backup of ``state_dir`` keeps its snapshot (the databases' copies, the files' links) while it writes
     ``out``: in the state directory (links need its disk), or beside ``out`` where the state directory's disk is
     mounted read-only or has no room for the databases' copies (a failing or full card: the files are then read
-    where they lie)."""
+    where they lie), or ``off_the_card`` (a salvage)."""
     name = f".tmp-backup-{os.getpid()}-{threading.get_ident()}"
+    if off_the_card:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out.parent / name
     try:
         need = sum(p.stat().st_size for n, p in members.items() if n in DATABASES) + (16 << 20)
         room = shutil.disk_usage(state_dir).free >= need
@@ -297,25 +305,85 @@ def _read_hashes(state_dir: Path) -> dict[str, list]:
     }
 
 
+class _Unreadable(Exception):
+    """A file the backup takes could not be read (not an OSError: told apart from the backup's own disk failing)."""
+
+    def __init__(self, path: Path, said: OSError | str) -> None:
+        super().__init__(str(path))
+        self.path, self.said = path, said if isinstance(said, str) else said.strerror or str(said)
+
+
+class _Reading:
+    """A file being archived, whose read errors are :class:`_Unreadable`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.f = open(path, "rb")
+        except OSError as exc:
+            raise _Unreadable(path, exc) from None
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self.f.read(size)
+        except OSError as exc:
+            raise _Unreadable(self.path, exc) from None
+
+    def __enter__(self) -> _Reading:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
+
+
+def _unreadable_error(state_dir: Path, exc: _Unreadable) -> BackupError:
+    """What a backup says of a file or folder it could not read: the state directory where its disk fails a probe."""
+    where = exc.path if failing_disk(state_dir) is None else state_dir
+    return BackupError(
+        f"{where}: could not be read for the backup ({exc.said}): its disk fails to read (see `dmesg`); nothing written. {_SALVAGE_HINT}"
+    )
+
+
 def _hash(src: Path) -> tuple[str, int]:
-    with open(src, "rb") as f:
+    with _Reading(src) as f:
         return sha256_stream(f)
 
 
-def _members(cfg: AppConfig, state_dir: Path, photos: bool) -> tuple[dict[str, Path], dict[str, str]]:
+def _members(
+    cfg: AppConfig, state_dir: Path, photos: bool, unlisted: dict[str, str] | None = None
+) -> tuple[dict[str, Path], dict[str, str]]:
     """What a backup of ``state_dir`` holds (name in the backup -> file; the live databases as they are) and the files
-    from outside it (name -> the path they came from)."""
+    from outside it (name -> the path they came from). A folder that cannot be listed raises the OS's error (a backup
+    that left it out would restore without it), or with ``unlisted`` (a salvage) is put there (its name ending in
+    ``/`` -> what the OS said)."""
     if not (state_dir / "results.sqlite").is_file() and not (state_dir / "engines").is_dir():
         raise BackupError(f"{state_dir} holds no results and no engines: is it the state directory (--state-dir)?")
+
+    def unreadable(exc: OSError) -> None:
+        if isinstance(exc, FileNotFoundError):
+            return  # (a folder deleted since its parent was listed: retention's)
+        if unlisted is None:
+            raise _Unreadable(Path(exc.filename or state_dir), exc)
+        name = Path(exc.filename).relative_to(state_dir).as_posix() if exc.filename else "."
+        unlisted[f"{name}/"] = exc.strerror or str(exc)
+
     members: dict[str, Path] = {}
-    for folder, dirs, files in os.walk(state_dir):
+    for folder, dirs, files in os.walk(state_dir, onerror=unreadable):
         rel_dir = Path(folder).relative_to(state_dir).as_posix()
         under = "" if rel_dir == "." else f"{rel_dir}/"
         dirs[:] = sorted(d for d in dirs if not _skipped(f"{under}{d}", photos))
         for name in sorted(files):
             rel = f"{under}{name}"
             path = Path(folder) / name
-            if _skipped(rel, photos) or path.is_symlink() or not path.is_file():
+            if _skipped(rel, photos):
+                continue
+            try:
+                if path.is_symlink() or not path.is_file():
+                    continue
+            except OSError as exc:  # its inode cannot be read (a card that rots it)
+                if unlisted is None:
+                    raise _Unreadable(path, exc) from None
+                unlisted[rel] = exc.strerror or str(exc)
                 continue
             members[rel] = path
     if cfg.store.path:
@@ -342,6 +410,7 @@ def backup(
     passphrase: bytes | None = None,
     shared: Path | None = None,
     room: Callable[[int, set[str]], None] = lambda need, planned: None,
+    salvage: bool = False,
 ) -> dict:
     """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600; sealed with ``passphrase`` where one is
     given, :mod:`edge_agent._backup_seal`), record it in the state directory (:data:`RECORD`) and return its manifest
@@ -350,22 +419,35 @@ def backup(
     daemon stopping). With ``shared`` (a folder beside ``out``, :mod:`edge_agent._backup_files`), the photos and
     engines already there are named rather than written again, and the new ones are written there; ``room(need,
     planned)`` is called first with the bytes still to write and the shared files the backup will name (to make room
-    without deleting those)."""
+    without deleting those). With ``salvage`` (a card that fails some reads: :mod:`edge_agent._backup_salvage`),
+    what reads is taken off the card and what does not is left out and named in the manifest's ``salvaged``; such a
+    backup is not recorded as the state's last one."""
     from edge_agent import __version__
     from edge_agent._backup_files import SHARED_MIN, SharedFiles
     from edge_agent._backup_readback import HashingWriter, read_back
     from edge_agent._backup_seal import Sealer, Unsealer
 
     state_dir = Path(state_dir)
-    members, outside = _members(cfg, state_dir, photos)
-    copies = _scratch(state_dir, members, Path(out))
+    unlisted: dict[str, str] | None = {} if salvage else None
+    try:
+        members, outside = _members(cfg, state_dir, photos, unlisted)
+    except _Unreadable as exc:
+        raise _unreadable_error(state_dir, exc) from None
+    copies = _scratch(state_dir, members, Path(out), off_the_card=salvage)
+    listed = dict(members)  # (where each file is on the card, for what is said of one that cannot be read)
     out = Path(out)
     tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
     sealer = Sealer(passphrase) if passphrase else None
     pool = SharedFiles(shared, sealer, Unsealer(passphrase) if passphrase else None) if shared else None
     written = 0
     try:
-        members, stats = _snapshot(state_dir, members, copies, lambda: _members(cfg, state_dir, photos)[0])
+        if salvage:
+            from edge_agent._backup_salvage import snapshot
+
+            members, salvaged = snapshot(state_dir, members, copies, DATABASES, unlisted)
+            stats = {}
+        else:
+            members, stats = _snapshot(state_dir, members, copies, lambda: _members(cfg, state_dir, photos)[0])
         files, known, hashes, settled = {}, _read_hashes(state_dir), {}, time.time_ns() - _SETTLED_NS
         for name, src in members.items():
             st, hit = stats.get(name), known.get(name)
@@ -373,7 +455,10 @@ def backup(
                 files[name] = {"sha256": hit[3], "bytes": st[0]}
                 hashes[name] = hit
             else:
-                sha, size = _hash(src)
+                try:
+                    sha, size = _hash(src)
+                except _Unreadable as exc:
+                    raise _Unreadable(listed[name], exc.said) from None
                 files[name] = {"sha256": sha, "bytes": size}
                 if st is not None and st[0] == size and st[1] < settled:
                     hashes[name] = [*st, sha]
@@ -410,6 +495,8 @@ def backup(
         }
         if pool is not None:
             manifest["shared_dir"] = pool.root.name
+        if salvage:
+            manifest["salvaged"] = salvaged.as_manifest()
         out.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as raw:
@@ -422,8 +509,11 @@ def backup(
                         continue
                     info = tarfile.TarInfo(name)
                     info.size, info.mtime, info.mode = files[name]["bytes"], int(src.stat().st_mtime), 0o600
-                    with open(src, "rb") as f:
-                        tar.addfile(info, f)
+                    try:
+                        with _Reading(src) as f:
+                            tar.addfile(info, f)
+                    except _Unreadable as exc:
+                        raise _Unreadable(listed[name], exc.said) from None
                     if should_stop():
                         raise BackupStopped(f"{out}: not written, stopped while writing {name}")
             if sealer:
@@ -432,12 +522,15 @@ def backup(
             os.fsync(raw.fileno())  # the archive's end too, before it takes its name
         os.replace(tmp, out)
         read_back(out, hashed.hexdigest(), hashed.size)
+    except _Unreadable as exc:
+        tmp.unlink(missing_ok=True)
+        raise _unreadable_error(state_dir, exc) from None
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if failing_disk(state_dir) is not None:  # the state's disk, not the backup's (it was named as the one at fault)
+        if not salvage and failing_disk(state_dir) is not None:  # the state's disk, not the backup's (it was named as the one at fault)
             raise BackupError(
                 f"{state_dir}: could not be read for the backup ({exc.strerror or exc}): its disk fails to read (see `dmesg`); "
-                "nothing written. A backup needs every file to read: put the card back, then try again"
+                f"nothing written. {_SALVAGE_HINT}"
             ) from None
         big = " (its disk takes no file over 4 GiB, as FAT32: format it exFAT or ext4; the daemon's backups: [backup] shared_files on)"
         raise BackupError(f"{out}: could not write the backup: {exc.strerror or exc}{big if exc.errno == errno.EFBIG else ''}") from None
@@ -448,6 +541,8 @@ def backup(
         raise
     finally:
         shutil.rmtree(copies, ignore_errors=True)
+    if salvage:  # not the state's last backup: the daemon's schedule and the Health page still ask for a whole one
+        return manifest | {"bytes": out.stat().st_size, "written": out.stat().st_size}
     try:
         atomic_write(state_dir / HASHES, json.dumps(hashes).encode())
     except OSError:  # a disk too full for it: the next backup reads every file again

@@ -221,18 +221,42 @@ def _backup_now(args: argparse.Namespace) -> int:
     cfg = _load(args)
     state = resolve_state_dir(args.state_dir, cfg)
     seal_with = args.passphrase_file or cfg.backup.passphrase_file
-    if not args.out and cfg.backup.dir:
+    if not args.out and cfg.backup.dir and not args.salvage:
         return _backup_into_dir(cfg, state, args.photos, seal_with)
     passphrase = read_passphrase(seal_with) if seal_with else None
-    out = Path(args.out or f"edge-agent-backup-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz" + (SUFFIX if passphrase else ""))
-    manifest = backup(cfg, state, out, photos=args.photos, passphrase=passphrase)
+    kind = "salvaged" if args.salvage else "backup"
+    named = f"edge-agent-{kind}-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz" + (SUFFIX if passphrase else "")
+    out = Path(args.out or (Path(cfg.backup.dir).expanduser() / named if cfg.backup.dir else named))
+    if args.salvage:
+        _off_the_card(state, out)
+    manifest = backup(cfg, state, out, photos=args.photos, passphrase=passphrase, salvage=args.salvage)
     size = out.stat().st_size
     how = f"sealed with the passphrase in {seal_with}: a restore needs it" if passphrase else "mode 0600: it holds the device's keys"
     print(f"wrote {out} ({size / 1e6:.1f} MB, {len(manifest['files'])} files from {state}; {how})")
     if manifest["outside"]:
         print("also in it, from outside the state directory: " + ", ".join(manifest["outside"].values()))
+    if args.salvage:
+        from edge_agent._backup_salvage import describe
+
+        print("salvaged: what still read of the card, and only that:")
+        print("\n".join(describe(manifest["salvaged"])))
     print(f"restore it with: edge-agent restore {out} --state-dir NEW_STATE_DIR" + (" --passphrase-file FILE" if passphrase else ""))
     return 0
+
+
+def _off_the_card(state: Path, out: Path) -> None:
+    """Refuse a salvage whose file would be written onto the failing card it is taken from."""
+    from edge_agent.backup import BackupError
+
+    folder = out.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        same = os.stat(folder).st_dev == os.stat(state).st_dev
+    except OSError:
+        return  # (said by the backup itself)
+    if same:
+        raise BackupError(f"{out}: on the same disk as {state}, the card it salvages: give --out FILE on another disk (a USB stick)")
 
 
 def _backup_into_dir(cfg, state: Path, photos: bool, seal_with: str) -> int:
@@ -287,12 +311,14 @@ def _restore(args: argparse.Namespace) -> int:
         print(
             f"{args.archive}: whole, taken {taken}: {done.files} files{shared}, {done.bytes / 1e6:.1f} MB read from its disk, each matching its sha256"
         )
+        _said_salvaged(done.salvaged)
         return 0
     cfg = _load(args)
     state = resolve_state_dir(args.state_dir, cfg)
     done = _asking_passphrase(args.archive, passphrase, lambda p: restore(Path(args.archive), state, force=args.force, passphrase=p))
     shared = f" ({done.shared} of them from the shared files beside it)" if done.shared else ""
     print(f"restored {done.files} files into {done.state_dir}{shared}")
+    _said_salvaged(done.salvaged)
     if done.moved_aside:
         print(f"the state directory that was there is kept as {done.moved_aside}")
     for now, was in done.outside.items():
@@ -305,6 +331,15 @@ def _restore(args: argparse.Namespace) -> int:
         )
     print("next: edge-agent status --state-dir " + str(done.state_dir) + "  (then start the service)")
     return 0
+
+
+def _said_salvaged(salvaged: dict | None) -> None:
+    """What a salvaged backup lacks, printed by ``restore`` and ``restore --check``."""
+    if salvaged is not None:
+        from edge_agent._backup_salvage import describe
+
+        print("it was salvaged from a card that failed some reads (edge-agent backup --salvage):")
+        print("\n".join(describe(salvaged)))
 
 
 def _web(args: argparse.Namespace) -> int:
@@ -405,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bk.add_argument("--passphrase-file", help="seal it with the passphrase on this file's first line (default: [backup] passphrase_file)")
     bk.add_argument("--photos", action="store_true", help="include processed/ (every kept photo; large)")
+    bk.add_argument(
+        "--salvage",
+        action="store_true",
+        help="a card that fails some reads: take off it what still reads, naming what does not (onto another disk; never recorded as the last backup)",
+    )
     bk.set_defaults(func=_backup)
     rs = sub.add_parser("restore", parents=[common], help="put a backup into a new state directory")
     rs.add_argument("archive", help="the file `edge-agent backup` wrote")

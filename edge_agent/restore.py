@@ -40,6 +40,7 @@ class Restored:
     shared: int  # of them, read from the shared files beside the archive
     outside: dict[str, str]  # where each file from outside the state directory is now -> where it came from
     moved_aside: Path | None
+    salvaged: dict | None = None  # what a salvaged backup lacks (:mod:`edge_agent._backup_salvage`)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Checked:
     shared: int
     bytes: int
     created_s: float | None
+    salvaged: dict | None = None  # what a salvaged backup lacks (:mod:`edge_agent._backup_salvage`)
 
 
 def _unsealer(passphrase: bytes | Unsealer | None) -> Unsealer | None:
@@ -189,7 +191,13 @@ def check(archive: Path, passphrase: bytes | None = None) -> Checked:
         with tar:
             manifest, shared, size = _read_all(tar, archive, unsealer, lambda name: contextlib.nullcontext(), before_read=drop_cached)
     created = manifest.get("created_s")
-    return Checked(len(manifest["files"]), shared, size, created if isinstance(created, (int, float)) else None)
+    return Checked(len(manifest["files"]), shared, size, created if isinstance(created, (int, float)) else None, _salvaged(manifest))
+
+
+def _salvaged(manifest: dict) -> dict | None:
+    """What the backup lacks where it was salvaged from a failing card, else None."""
+    found = manifest.get("salvaged")
+    return found if isinstance(found, dict) else None
 
 
 def restore(archive: Path, state_dir: Path, force: bool = False, passphrase: bytes | None = None) -> Restored:
@@ -264,4 +272,4 @@ def _restore(source: Path, archive: Path, state_dir: Path, force: bool, unsealer
             outside[str(state_dir / "restored" / "outside" / "store")] = original
         else:
             outside[str(state_dir / "restored" / name)] = original
-    return Restored(state_dir, len(files), shared, outside, aside)
+    return Restored(state_dir, len(files), shared, outside, aside, _salvaged(manifest))

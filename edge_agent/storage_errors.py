@@ -57,7 +57,8 @@ READ_ONLY_DISK = (
 FAILING_DISK = (
     "the state directory's disk fails to read or write (an input/output error: an SD card that is dying or was pulled "
     "out; see `dmesg`): nothing more is recorded, the photos are left where they are. Put the card back (and run fsck); "
-    "if it fails again, take a backup onto another disk while it still reads (edge-agent backup --out FILE) and move to a new card"
+    "if it fails again, take a backup onto another disk while it still reads (edge-agent backup --out FILE; where some files no "
+    "longer read, --salvage takes the rest) and move to a new card"
 )
 
 

@@ -1,5 +1,6 @@
 """A disk of its own for a test: an ext4 file system on a loop device, shut down under what runs on it as a card that
-dies, is pulled out or loses its power is (EXT4_IOC_SHUTDOWN), and mounted again as after an ``fsck``."""
+dies, is pulled out or loses its power is (EXT4_IOC_SHUTDOWN), mounted again as after an ``fsck``, or with some of its
+files rotted (their inodes damaged: :meth:`Card.rot`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,18 @@ class Card:
         """Unmounted, checked and repaired (``e2fsck -y``), mounted again: what the disk kept."""
         subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
         subprocess.run(["e2fsck", "-f", "-y", str(self.image)], capture_output=True)  # (exit 1: it repaired)
+        assert self.mount(), f"{self.image} does not mount again"
+
+    def rot(self, *paths: Path) -> None:
+        """The inodes of ``paths`` (files or folders on the card) rotted, as a card's worn-out blocks do: unmounted,
+        their extents pointed past the card's end (``debugfs``), mounted again; reading one then fails (EUCLEAN,
+        "Structure needs cleaning"), the rest of the card reads and writes as before."""
+        if not shutil.which("debugfs"):
+            pytest.skip("needs debugfs (e2fsprogs) to rot a file on the card")
+        subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
+        for p in paths:
+            inside = "/" + Path(p).relative_to(self.path).as_posix()
+            subprocess.run(["debugfs", "-w", "-R", f"sif {inside} block[5] 4000000000", str(self.image)], check=True, capture_output=True)
         assert self.mount(), f"{self.image} does not mount again"
 
     def commit_journal(self) -> None:
