@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from edge_agent.config import AppConfig, default_store_path
 from edge_agent.storage_errors import NO_ROOM
-from engines.durable import fsync_dir, sync_filesystem
+from engines.durable import fsync_dir, set_aside, sync_filesystem
 from engines.errors import EdgeAgentError
 from engines.store import EngineStore
 
@@ -199,6 +199,8 @@ def seed_store(src: Path, dst: Path, versions: list[str] | None = None) -> None:
         raise
     if dst.exists() and not any(dst.iterdir()):
         dst.rmdir()
+    elif dst.exists() and not EngineStore(dst).versions():  # a store's own files with no version (its folders deleted
+        set_aside(dst, "no-version")  # by hand): kept beside, rather than no start serving ("Directory not empty")
     try:
         os.rename(tmp, dst)
         fsync_dir(dst.parent)

@@ -37,6 +37,19 @@ def test_the_daemons_first_seed_copies_only_the_serving_release_and_names_the_ot
     assert not list(tmp_path.glob("state/.tmp-*"))
 
 
+def test_a_store_left_with_its_own_files_and_no_version_is_set_aside_and_seeded_anew(tmp_path):
+    """Every version folder deleted by hand left ``current`` and the lock behind: the first start said "cannot copy
+    the shipped engines ...: Directory not empty ...; free 0 MB or more on that disk", and no start served."""
+    store = resolve_store(AppConfig(), tmp_path / "state", serving_only=True)
+    for version in store.versions():
+        shutil.rmtree(store.root / version)
+    (store.root / ".seed-lock").touch()
+    again = resolve_store(AppConfig(), tmp_path / "state", serving_only=True)
+    assert again.versions() == [SERVING] and again.current() == SERVING
+    (aside,) = tmp_path.glob("state/engines.no-version-*")
+    assert (aside / "current").is_file()
+
+
 def test_the_older_releases_are_copied_verified_and_signed_beside_the_one_in_service(tmp_path):
     store = resolve_store(AppConfig(), tmp_path / "state", serving_only=True)
     log = Log()
