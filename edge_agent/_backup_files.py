@@ -25,7 +25,7 @@ from edge_agent._backup_readback import HashingWriter, drop_cached, read_back
 from edge_agent._backup_seal import Sealer, SealError, Unsealer, name_tag, sealed_size
 from engines.store import sha256_stream
 
-__all__ = ["SHARED_MIN", "SharedFiles", "open_shared", "referenced", "shared_name_ok", "shared_root"]
+__all__ = ["SHARED_MIN", "NotItsHash", "SharedFiles", "open_shared", "referenced", "shared_name_ok", "shared_root"]
 
 #: Files at least this large are shared (photos, engines); smaller ones and the databases go into each archive.
 SHARED_MIN = 64 << 10
@@ -43,6 +43,10 @@ def shared_name_ok(root_name: str, name: str) -> bool:
     head, _, tail = name.partition("/")
     m = _NAME.fullmatch(tail)
     return bool(_ROOT.fullmatch(root_name)) and bool(m) and head == m["sha"][:2]
+
+
+class NotItsHash(Exception):
+    """A file to be kept as a shared file read as other bytes than the hash it was given (it changed unseen)."""
 
 
 class SharedFiles:
@@ -98,7 +102,8 @@ class SharedFiles:
 
     def put(self, src: Path, sha: str) -> str:
         """Write the file ``src`` (whose bytes hash to ``sha``) as a shared file, read it back from the disk, and return
-        its name; raises OSError, or :class:`~edge_agent._backup_readback.ReadBackMismatch`."""
+        its name; raises OSError, :class:`~edge_agent._backup_readback.ReadBackMismatch`, or :class:`NotItsHash` where
+        the bytes read from ``src`` do not hash to ``sha`` (nothing kept)."""
         name = self.sealer.shared_name(sha) if self.sealer else sha
         folder = self.root / name[:2]
         folder.mkdir(parents=True, exist_ok=True)
@@ -108,7 +113,10 @@ class SharedFiles:
             with os.fdopen(fd, "wb") as raw, open(src, "rb") as f:
                 hashed = HashingWriter(raw)
                 sink = self.sealer.writer(hashed) if self.sealer else hashed
-                shutil.copyfileobj(f, sink, 1 << 20)
+                read = HashingWriter(sink)
+                shutil.copyfileobj(f, read, 1 << 20)
+                if read.hexdigest() != sha:
+                    raise NotItsHash(f"{src}: its bytes are not those its recorded sha256 {sha} says")
                 if self.sealer:
                     sink.finish()
                 raw.flush()

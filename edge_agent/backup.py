@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import itertools
 import json
@@ -47,6 +48,7 @@ __all__ = [
     "BackupStopped",
     "DatabaseDamaged",
     "backup",
+    "changed_unseen",
     "last_backup",
     "write_record",
     "FORMAT",
@@ -71,6 +73,19 @@ HASHES = "backup-hashes.json"
 #: (:func:`edge_agent.backup_schedule.request_backup`).
 REQUEST = "backup-requested.json"
 _SETTLED_NS = 2_000_000_000
+#: What a backup says of files whose bytes changed on the card without being written.
+CARD_RETURNS_OTHER_BYTES = (
+    "the card returns other bytes than were written (their size and times unchanged), a card that is failing: "
+    "put a new card in soon; the backups before this one hold those files as they were"
+)
+
+
+def changed_unseen(names: list[str]) -> str:
+    """What a backup that found ``names`` changed on the card without being written says of them."""
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return f"{', '.join(names[:5])}{more}: {CARD_RETURNS_OTHER_BYTES}; this backup holds them as they read now"
+
+
 #: What a backup that met a file it cannot read says to do.
 _SALVAGE_HINT = (
     "A backup needs every file to read: put the card back (and fsck it), then try again; where it still fails, take off "
@@ -313,11 +328,20 @@ class _Unreadable(Exception):
         self.path, self.said = path, said if isinstance(said, str) else said.strerror or str(said)
 
 
+class _Changed(Exception):
+    """Files whose bytes, read into the archive, are not those the manifest records (their hashes were read from
+    :data:`HASHES`, their size and times unchanged since)."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(", ".join(names))
+        self.names = names
+
+
 class _Reading:
-    """A file being archived, whose read errors are :class:`_Unreadable`."""
+    """A file being archived, whose read errors are :class:`_Unreadable`; the sha256 of what was read (``sha``)."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path, self.sha = path, hashlib.sha256()
         try:
             self.f = open(path, "rb")
         except OSError as exc:
@@ -325,9 +349,11 @@ class _Reading:
 
     def read(self, size: int = -1) -> bytes:
         try:
-            return self.f.read(size)
+            data = self.f.read(size)
         except OSError as exc:
             raise _Unreadable(self.path, exc) from None
+        self.sha.update(data)
+        return data
 
     def __enter__(self) -> _Reading:
         return self
@@ -411,6 +437,8 @@ def backup(
     shared: Path | None = None,
     room: Callable[[int, set[str]], None] = lambda need, planned: None,
     salvage: bool = False,
+    *,
+    _distrust: frozenset[str] = frozenset(),
 ) -> dict:
     """Write the backup of ``state_dir`` to ``out`` (atomically, mode 0600; sealed with ``passphrase`` where one is
     given, :mod:`edge_agent._backup_seal`), record it in the state directory (:data:`RECORD`) and return its manifest
@@ -421,9 +449,11 @@ def backup(
     planned)`` is called first with the bytes still to write and the shared files the backup will name (to make room
     without deleting those). With ``salvage`` (a card that fails some reads: :mod:`edge_agent._backup_salvage`),
     what reads is taken off the card and what does not is left out and named in the manifest's ``salvaged``; such a
-    backup is not recorded as the state's last one."""
+    backup is not recorded as the state's last one. Every file archived is hashed as it is read: one whose bytes are
+    not those its recorded hash (:data:`HASHES`) says, its size and times unchanged (a card that returns other bytes
+    than were written), is read again in a second attempt and named in the result's ``changed_unseen``."""
     from edge_agent import __version__
-    from edge_agent._backup_files import SHARED_MIN, SharedFiles
+    from edge_agent._backup_files import SHARED_MIN, NotItsHash, SharedFiles
     from edge_agent._backup_readback import HashingWriter, read_back
     from edge_agent._backup_seal import Sealer, Unsealer
 
@@ -439,7 +469,7 @@ def backup(
     tmp = out.with_name(f".tmp-{os.getpid()}-{out.name}")
     sealer = Sealer(passphrase) if passphrase else None
     pool = SharedFiles(shared, sealer, Unsealer(passphrase) if passphrase else None) if shared else None
-    written = 0
+    written, changed, retry = 0, [], []
     try:
         if salvage:
             from edge_agent._backup_salvage import snapshot
@@ -451,7 +481,9 @@ def backup(
         files, known, hashes, settled = {}, _read_hashes(state_dir), {}, time.time_ns() - _SETTLED_NS
         for name, src in members.items():
             st, hit = stats.get(name), known.get(name)
-            if st is not None and hit is not None and tuple(hit[:3]) == st:  # read at the last backup, unchanged since
+            if (
+                st is not None and hit is not None and tuple(hit[:3]) == st and name not in _distrust
+            ):  # read at the last backup, unchanged since
                 files[name] = {"sha256": hit[3], "bytes": st[0]}
                 hashes[name] = hit
             else:
@@ -477,7 +509,10 @@ def backup(
         planned = {m["shared"] for m in files.values() if "shared" in m}
         room(sum(m["bytes"] for m in files.values() if "shared" not in m), planned)
         for sha, names in new.items():
-            shared_name = pool.put(members[names[0]], sha)
+            try:
+                shared_name = pool.put(members[names[0]], sha)
+            except NotItsHash:
+                raise _Changed(names) from None
             written += pool.size_of(shared_name, files[names[0]]["bytes"])
             for name in names:
                 files[name]["shared"] = shared_name
@@ -514,8 +549,12 @@ def backup(
                             tar.addfile(info, f)
                     except _Unreadable as exc:
                         raise _Unreadable(listed[name], exc.said) from None
+                    if f.sha.hexdigest() != files[name]["sha256"]:
+                        changed.append(name)
                     if should_stop():
                         raise BackupStopped(f"{out}: not written, stopped while writing {name}")
+            if changed:
+                raise _Changed(changed)
             if sealer:
                 sink.finish()
             raw.flush()
@@ -525,6 +564,13 @@ def backup(
     except _Unreadable as exc:
         tmp.unlink(missing_ok=True)
         raise _unreadable_error(state_dir, exc) from None
+    except _Changed as exc:
+        tmp.unlink(missing_ok=True)
+        retry = exc.names
+        if _distrust:
+            raise BackupError(
+                f"{listed[exc.names[0]]}: read twice, other bytes each time: {CARD_RETURNS_OTHER_BYTES}; nothing written"
+            ) from None
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if not salvage and failing_disk(state_dir) is not None:  # the state's disk, not the backup's (it was named as the one at fault)
@@ -541,6 +587,9 @@ def backup(
         raise
     finally:
         shutil.rmtree(copies, ignore_errors=True)
+    if retry:
+        again = backup(cfg, state_dir, out, photos, should_stop, passphrase, shared, room, salvage, _distrust=frozenset(retry))
+        return again | {"changed_unseen": retry}
     if salvage:  # not the state's last backup: the daemon's schedule and the Health page still ask for a whole one
         return manifest | {"bytes": out.stat().st_size, "written": out.stat().st_size}
     try:

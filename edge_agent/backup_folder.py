@@ -196,6 +196,7 @@ def _take(cfg: AppConfig, state_root: Path, folder: Path, device: str, passphras
         "shared_freed": freed[1],
         "shared_kept": kept[0],
         "checked": checked,
+        "changed_unseen": manifest.get("changed_unseen", []),
     }
 
 

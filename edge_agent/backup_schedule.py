@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edge_agent.backup import REQUEST, BackupError, BackupStopped, DatabaseDamaged, last_backup
+from edge_agent.backup import REQUEST, BackupError, BackupStopped, DatabaseDamaged, changed_unseen, last_backup
 from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
@@ -140,6 +140,10 @@ class BackupSchedule(Worker):
             )
             if done["shared_kept"]:
                 self.log.warning("backup_shared_files_kept", why=done["shared_kept"])
+            if done["changed_unseen"]:
+                self.log.warning(
+                    "backup_found_files_changed_unseen", files=done["changed_unseen"], problem=changed_unseen(done["changed_unseen"])
+                )
             return done
 
     def status(self) -> dict:

@@ -235,6 +235,7 @@ def _backup_now(args: argparse.Namespace) -> int:
     print(f"wrote {out} ({size / 1e6:.1f} MB, {len(manifest['files'])} files from {state}; {how})")
     if manifest["outside"]:
         print("also in it, from outside the state directory: " + ", ".join(manifest["outside"].values()))
+    _said_changed(manifest.get("changed_unseen", []))
     if args.salvage:
         from edge_agent._backup_salvage import describe
 
@@ -272,6 +273,7 @@ def _backup_into_dir(cfg, state: Path, photos: bool, seal_with: str) -> int:
         print(f"deleted this device's older backups there beyond keep = {cfg.backup.keep}: {', '.join(done['deleted'])}")
     if done["shared_kept"]:
         print(f"no shared file deleted: {done['shared_kept']}")
+    _said_changed(done["changed_unseen"])
     print(
         f"restore it with: edge-agent restore {done['path']} --state-dir NEW_STATE_DIR" + (" --passphrase-file FILE" if seal_with else "")
     )
@@ -331,6 +333,14 @@ def _restore(args: argparse.Namespace) -> int:
         )
     print("next: edge-agent status --state-dir " + str(done.state_dir) + "  (then start the service)")
     return 0
+
+
+def _said_changed(names: list[str]) -> None:
+    """A warning of files a backup found changed on the card without being written."""
+    if names:
+        from edge_agent.backup import changed_unseen
+
+        print(f"warning: {changed_unseen(names)}", file=sys.stderr)
 
 
 def _said_salvaged(salvaged: dict | None) -> None:

@@ -377,6 +377,68 @@ def test_a_file_changed_just_before_a_backup_or_a_garbled_record_is_read_again(t
     restore(tmp_path / "3.tar.gz", tmp_path / "card")
 
 
+def _rot(path: Path) -> None:
+    """One bit of ``path`` flipped in place, its size and times kept: what a card that returns other bytes than were
+    written gives back."""
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("where", ["archive", "shared"])
+def test_a_file_that_changed_on_the_card_unseen_is_read_again_so_the_backup_restores_and_the_card_is_named(
+    tmp_path, state, usb, where, monkeypatch
+):
+    """Its hash was taken from the record of the last backup (size and times unchanged) while its bytes were the
+    card's new ones: the backup was written with a hash its own bytes did not match, and every restore of it (and
+    `restore --check`) refused the whole backup, each day's, until the `keep` newest were all such."""
+    small = state / "trainer" / "samples" / "note.json"
+    small.parent.mkdir(parents=True, exist_ok=True)
+    small.write_bytes(b'{"a label": "written once"}' * 10)
+    photo = _photo(state, "rot.jpg")
+    _aged(state)
+    if where == "archive":
+        backup(AppConfig(), state, tmp_path / "1.tar.gz")
+        rotted, out, shared = small, tmp_path / "2.tar.gz", None
+    else:
+        take(stick_cfg(usb), state)
+        rotted, out, shared = photo, tmp_path / "usb" / "2.tar.gz", usb / f"edge-agent-{device_name()}.files"
+        shutil.rmtree(shared)  # (its copy gone from the stick: written anew from the card)
+    _rot(rotted)
+    done = backup(AppConfig(), state, out, shared=shared)
+    name = rotted.relative_to(state).as_posix()
+    assert done["changed_unseen"] == [name]
+    assert done["files"][name]["sha256"] == hashlib.sha256(rotted.read_bytes()).hexdigest()
+    restored = restore(out, tmp_path / "card").state_dir
+    assert (restored / name).read_bytes() == rotted.read_bytes()
+
+
+def test_a_file_that_reads_as_other_bytes_each_time_fails_the_backup_naming_the_card(tmp_path, state, monkeypatch):
+    import edge_agent.backup as backup_module
+
+    small = state / "trainer" / "samples" / "note.json"
+    small.parent.mkdir(parents=True, exist_ok=True)
+    small.write_bytes(b"a label" * 50)
+    real_open, opened = backup_module._Reading.__init__, []
+
+    def opening(self, path):  # every second read of it gives one bit other
+        real_open(self, path)
+        data = path.read_bytes()
+        if data == small.read_bytes():
+            if len(opened) % 2:
+                self.f = io.BytesIO(bytes([data[0] ^ 1]) + data[1:])
+            opened.append(path)
+
+    monkeypatch.setattr(backup_module._Reading, "__init__", opening)
+    with pytest.raises(BackupError) as refused:
+        backup(AppConfig(), state, tmp_path / "farm.tar.gz")
+    assert str(refused.value).startswith(f"{small}: read twice, other bytes each time: the card returns other bytes"), refused.value
+    assert not (tmp_path / "farm.tar.gz").exists()
+
+
 def test_edge_agent_backup_with_a_folder_configured_writes_one_there_as_the_daemon_does(tmp_path, state, usb, capsys):
     from edge_agent.backup_schedule import BackupSchedule
     from edge_agent.cli import main
