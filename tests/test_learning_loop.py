@@ -294,6 +294,35 @@ def test_a_failed_retrain_waits_for_new_samples(tmp_path, monkeypatch):
     svc.samples.close()
 
 
+def test_a_retrain_killed_by_the_kernel_says_it_was_most_likely_memory_and_what_lowers_it(tmp_path):
+    """The OOM killer's SIGKILL gave "the retrain's process died (exit code -9): out of memory?": now it is named, with
+    where the kernel says so and the setting that takes less."""
+    import multiprocessing
+    import threading
+
+    from edge_agent.config import AppConfig
+    from trainer import _child
+
+    def kill_it() -> None:
+        for _ in range(3000):
+            kids = [p for p in multiprocessing.active_children() if p.name == "edge-trainer-retrain"]
+            if kids:
+                os.kill(kids[0].pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_it)
+    killer.start()
+    with pytest.raises(_child.RetrainFailed) as died:
+        _child.retrain_in_child(
+            AppConfig(), tmp_path / "engines", tmp_path, tmp_path / "strategy", tmp_path / "key", print, lambda *a, **k: None, lambda: False
+        )
+    killer.join()
+    said = str(died.value)
+    assert said.startswith("the retrain's process was killed (SIGKILL), most likely by the kernel for want of memory"), said
+    assert "[trainer] micro_batch" in said and "dmesg" in said
+
+
 def _rss(pid: int) -> int:
     return next(int(line.split()[1]) << 10 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
 

@@ -100,6 +100,17 @@ def _for_want_of_room(exc: BaseException, root: Path) -> bool:
     return False
 
 
+def _died(code: int | None) -> str:
+    """What the service says of a retrain's process that ended without a word, by its exit code."""
+    if code == -signal.SIGKILL:
+        return (
+            "the retrain's process was killed (SIGKILL), most likely by the kernel for want of memory (`dmesg` says "
+            "\"Out of memory: Killed process\"): a retrain takes about 1.2-1.5 GB beside the daemon; close other programs, "
+            "or lower [trainer] micro_batch (photos a training pass takes at once: 8 to 4 measured 176 MB less)"
+        )
+    return f"the retrain's process died (exit code {code})"
+
+
 def _die_with_parent() -> None:
     """Linux: the kernel kills this process when the service dies (a SIGKILL of the service must not leave a retrain
     running that would publish behind a restarted one's back); elsewhere the parent's pid is watched instead."""
@@ -185,7 +196,7 @@ def retrain_in_child(
     if outcome is None:
         if stop_sent is not None:
             raise Stopped("stop requested (the retrain's process ended)")
-        raise RetrainFailed(f"the retrain's process died (exit code {proc.exitcode}): out of memory?")
+        raise RetrainFailed(_died(proc.exitcode))
     kind, payload, *full = outcome
     if kind == "result":
         return RetrainResult(**payload)
