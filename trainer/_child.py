@@ -105,7 +105,7 @@ def _died(code: int | None) -> str:
     if code == -signal.SIGKILL:
         return (
             "the retrain's process was killed (SIGKILL), most likely by the kernel for want of memory (`dmesg` says "
-            "\"Out of memory: Killed process\"): a retrain takes about 1.2-1.5 GB beside the daemon; close other programs, "
+            '"Out of memory: Killed process"): a retrain takes about 1.2-1.5 GB beside the daemon; close other programs, '
             "or lower [trainer] micro_batch (photos a training pass takes at once: 8 to 4 measured 176 MB less)"
         )
     return f"the retrain's process died (exit code {code})"
