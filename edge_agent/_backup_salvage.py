@@ -210,6 +210,12 @@ _REPAIR = {
     "trainer/samples.sqlite": "run `edge-trainer salvage` on the restored state directory: it keeps every label that can still be read",
     "trainer/unlabelled.sqlite": "the trainer's first start sets it aside and begins a new pool of unlabelled photos",
 }
+#: What follows from a key file the salvage could not read, and what to do before the services start on the new card.
+_LOST_KEY = {
+    "trainer/signing.key": "the trainer makes a new signing key at its first start and writes its signing.pub over the "
+    "old one: before starting it, copy trainer/signing.pub aside (e.g. /etc/edge-agent/trainer-before.pub) and add that "
+    "file to [store] trusted_keys, or the versions the farm's trainer signed before are no longer served"
+}
 #: The files a salvage names at most, one a line; the rest are counted.
 _NAMED = 20
 
@@ -228,6 +234,7 @@ def describe(salvaged: dict) -> list[str]:
             lines.append(f"  {name}: {said}")
         if len(unreadable) > _NAMED:
             lines.append(f"  ... and {len(unreadable) - _NAMED} more (the backup's backup.json lists them all)")
+    lines += [f"{name}: {_LOST_KEY[name]}" for name in sorted(unreadable) if name in _LOST_KEY]
     for name, blocks in sorted(damaged.items()):
         how = f"{blocks} of its 4 KiB blocks could not be read (zeros in their place)" if blocks else "damaged, copied as it reads"
         lines.append(f"{name}: {how}: {_REPAIR.get(name, 'its service sets it aside at its next start')}")

@@ -134,6 +134,33 @@ def test_a_current_that_does_not_read_names_the_newest_whole_version_and_with_no
     assert not (tmp_path / "b" / "engines").exists() and unseeded(AppConfig(), tmp_path / "b")  # a first start: the shipped release
 
 
+def test_a_lost_trainer_key_is_said_with_what_keeps_the_farms_own_versions_served(season, tmp_path, monkeypatch):
+    """The trainer's first start on the new card makes a new key and writes its signing.pub over the old one: the
+    versions signed before would no longer be trusted. Done as the salvage says, they are."""
+    import shutil
+
+    import edge_agent._backup_salvage as salvage_module
+    from edge_agent._backup_salvage import describe
+    from edge_agent.config import override
+    from edge_agent.trust import daemon_trust
+    from engines.signing import UntrustedVersion, load_or_create_key, sign_version
+
+    key_file = season / "trainer" / "signing.key"
+    sign_version(season / "engines" / SHIPPED_NEXT, load_or_create_key(key_file))
+    _failing_reads(monkeypatch, salvage_module, key_file)
+    found = backup(AppConfig(), season, tmp_path / "s.tar.gz", salvage=True)["salvaged"]
+    (said,) = [line for line in describe(found) if line.startswith("trainer/signing.key: the trainer makes a new signing key")]
+    assert "add that file to [store] trusted_keys" in said
+    fresh = restore(tmp_path / "s.tar.gz", tmp_path / "new").state_dir
+    kept = shutil.copy(fresh / "trainer" / "signing.pub", tmp_path / "trainer-before.pub")  # as it says, before the trainer starts
+    load_or_create_key(fresh / "trainer" / "signing.key")  # the trainer's first start: a new key
+    store = resolve_store(AppConfig(), fresh)
+    with pytest.raises(UntrustedVersion):
+        store.open(SHIPPED_NEXT, trust=daemon_trust(AppConfig(), fresh))
+    trusted = daemon_trust(override(AppConfig(), {"store.trusted_keys": [str(kept)]}), fresh)
+    store.open(SHIPPED_NEXT, trust=trusted)
+
+
 def _rows(n: int, start: int) -> list:
     from edge_agent.results import ResultRow
 
