@@ -23,6 +23,7 @@ from pathlib import Path
 
 from edge_agent._backup_readback import HashingWriter, drop_cached, read_back
 from edge_agent._backup_seal import Sealer, SealError, Unsealer, name_tag, sealed_size
+from engines.errors import EdgeAgentError
 from engines.store import sha256_stream
 
 __all__ = ["SHARED_MIN", "NotItsHash", "SharedFiles", "open_shared", "referenced", "shared_name_ok", "shared_root"]
@@ -45,7 +46,7 @@ def shared_name_ok(root_name: str, name: str) -> bool:
     return bool(_ROOT.fullmatch(root_name)) and bool(m) and head == m["sha"][:2]
 
 
-class NotItsHash(Exception):
+class NotItsHash(EdgeAgentError):
     """A file to be kept as a shared file read as other bytes than the hash it was given (it changed unseen)."""
 
 

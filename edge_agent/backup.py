@@ -320,7 +320,7 @@ def _read_hashes(state_dir: Path) -> dict[str, list]:
     }
 
 
-class _Unreadable(Exception):
+class _Unreadable(EdgeAgentError):
     """A file the backup takes could not be read (not an OSError: told apart from the backup's own disk failing)."""
 
     def __init__(self, path: Path, said: OSError | str) -> None:
@@ -328,7 +328,7 @@ class _Unreadable(Exception):
         self.path, self.said = path, said if isinstance(said, str) else said.strerror or str(said)
 
 
-class _Changed(Exception):
+class _Changed(EdgeAgentError):
     """Files whose bytes, read into the archive, are not those the manifest records (their hashes were read from
     :data:`HASHES`, their size and times unchanged since)."""
 
