@@ -48,6 +48,7 @@ __all__ = [
     "BackupStopped",
     "DatabaseDamaged",
     "backup",
+    "card_suspect",
     "changed_unseen",
     "last_backup",
     "write_record",
@@ -600,11 +601,28 @@ def backup(
     on_stick = {m["shared"]: m["bytes"] for m in files.values() if "shared" in m}
     total = size + sum(pool.size_of(n, b) for n, b in on_stick.items()) if pool else size
     taken = {"time": manifest["created_s"], "path": str(out.resolve()), "bytes": total, "written": size + written, "files": len(files)}
-    checked = (last_backup(state_dir) or {}).get("checked")
+    before = last_backup(state_dir) or {}
+    checked = before.get("checked")
     if isinstance(checked, (int, float)):  # when the files on the stick last all read back whole (backup_folder)
         taken["checked"] = checked
+    suspect = {"time": time.time(), "files": sorted(_distrust)} if _distrust else card_suspect(before, time.time())
+    if suspect:  # said by status and the Health page for a month after it was found (on this card: a restore starts anew)
+        taken["card_suspect"] = suspect
     write_record(state_dir, taken | {"sealed": bool(passphrase)})
     return manifest | {"bytes": total, "written": size + written}
+
+
+#: How long status and the Health page say a backup found files changed on the card without being written.
+SUSPECT_S = 30 * 86400
+
+
+def card_suspect(record: dict | None, now: float) -> dict | None:
+    """``{"time", "files"}`` where a backup of the last :data:`SUSPECT_S` found files changed on the card without
+    being written (:data:`CARD_RETURNS_OTHER_BYTES`), from the state's record of its last backup; else None."""
+    found = (record or {}).get("card_suspect")
+    if not isinstance(found, dict) or not isinstance(found.get("time"), (int, float)) or not isinstance(found.get("files"), list):
+        return None
+    return found if 0 <= now - found["time"] < SUSPECT_S else None
 
 
 def last_backup(state_dir: Path) -> dict | None:

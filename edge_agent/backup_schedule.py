@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edge_agent.backup import REQUEST, BackupError, BackupStopped, DatabaseDamaged, changed_unseen, last_backup
+from edge_agent.backup import REQUEST, BackupError, BackupStopped, DatabaseDamaged, card_suspect, changed_unseen, last_backup
 from edge_agent.backup_folder import take
 from edge_agent.config import AppConfig, BackupSection
 from edge_agent.log import get_logger
@@ -160,6 +160,7 @@ class BackupSchedule(Worker):
             "deferred": self.defer(),
             "taken": self.taken,
             "requested": requested(self.state_root),
+            "card_suspect": card_suspect(last_backup(self.state_root), time.time()),
         }
 
     def _run(self) -> None:
@@ -175,6 +176,17 @@ def backup_lines(
     (``schedule``: :meth:`BackupSchedule.status` where the daemon runs one; ``asked``: when one was asked for now, if
     the schedule has not said so yet), and what to do where there is none."""
     out: list[tuple[str, bool]] = []
+    suspect = card_suspect(last, now)
+    if suspect:
+        files = suspect["files"]
+        out.append(
+            (
+                f"CARD FAILING: {len(files)} file{'' if len(files) == 1 else 's'} changed on it without being written (e.g. "
+                f"{files[0] if files else '?'}), found by a backup {ago(now - suspect['time'])}: put a new card in soon "
+                "(edge-agent backup, then edge-agent restore onto the new card)",
+                True,
+            )
+        )
     stale_s = 2 * section.every_h * 3600 if section.dir else 7 * 86400
     if last is None:
         out.append(("no backup taken yet", True))

@@ -670,6 +670,22 @@ def test_engine_swaps_refusals_and_health_changes_become_events(tmp_path, receiv
     db.close()
 
 
+def test_a_card_a_backup_found_failing_is_sent_once_as_a_health_event(tmp_path, receiver):
+    db = ResultsDB(tmp_path / "results.sqlite")
+    w = AlertWorker(AlertsSection(), NO_MQTT, [WebhookSection(url=receiver.url, events=["health"])], db.path, tmp_path, "shed")
+    st = {"engine": {"engine_version": "v1000"}, "healthy": True, "hotswap": {"refused": {}}, "backup": {"failed": None}}
+    found = {"time": time.time(), "files": ["golden.npz"]}
+    w.observe(st)
+    w.observe(st | {"backup": {"failed": None, "card_suspect": found}})
+    w.observe(st | {"backup": {"failed": None, "card_suspect": found}})  # still said by status: not sent again
+    w.deliver()
+    got = [json.loads(b) for _, b in receiver.got]
+    assert [(b["event"], b["files"]) for b in got] == [("card_failing", ["golden.npz"])]
+    assert "put a new card in soon" in got[0]["message"]
+    w.stop()
+    db.close()
+
+
 def test_engine_and_health_events_say_what_happened_on_a_phone(tmp_path, receiver):
     """An ntfy notification shows a title and the message: an event with neither arrived blank."""
     db = ResultsDB(tmp_path / "results.sqlite")

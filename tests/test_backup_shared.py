@@ -416,6 +416,39 @@ def test_a_file_that_changed_on_the_card_unseen_is_read_again_so_the_backup_rest
     assert (restored / name).read_bytes() == rotted.read_bytes()
 
 
+def test_files_changed_on_the_card_unseen_are_said_by_status_for_a_month_and_alerted_once(tmp_path, state, usb):
+    """A warning on the command line, and a log line, reached no farmer: status and the Health page say it now, and a
+    phone gets one alert, until a month has passed or the state is on a new card."""
+    from edge_agent.alerts.messages import status_events
+    from edge_agent.backup import card_suspect
+    from edge_agent.config import BackupSection
+
+    small = state / "trainer" / "samples" / "note.json"
+    small.parent.mkdir(parents=True, exist_ok=True)
+    small.write_bytes(b"a label" * 50)
+    _aged(state)
+    backup(AppConfig(), state, tmp_path / "1.tar.gz")
+    assert card_suspect(last_backup(state), time.time()) is None
+    _rot(small)
+    backup(AppConfig(), state, tmp_path / "2.tar.gz")
+    found = card_suspect(last_backup(state), time.time())
+    assert found["files"] == ["trainer/samples/note.json"]
+    backup(AppConfig(), state, tmp_path / "3.tar.gz")  # the next finds nothing new: what was found is still said
+    assert card_suspect(last_backup(state), time.time()) == found
+    lines = backup_lines(BackupSection(), last_backup(state), None, time.time())
+    said = next(text for text, warn in lines if warn and text.startswith("CARD FAILING: 1 file changed on it without being written"))
+    assert "trainer/samples/note.json" in said and "put a new card in soon" in said
+    assert card_suspect(last_backup(state), time.time() + 31 * DAY) is None
+    restored = restore(tmp_path / "3.tar.gz", tmp_path / "new-card").state_dir
+    assert card_suspect(last_backup(restored), time.time()) is None
+    before = {"engine": "v1000", "refused": {}, "healthy": True, "backup": None, "card_suspect": None}
+    events = status_events("shed", before, before | {"card_suspect": found}, [])
+    assert [(kind, body["event"], body["title"]) for kind, body in events] == [
+        ("health", "card_failing", "edge-agent shed: its SD card is failing")
+    ]
+    assert status_events("shed", before | {"card_suspect": found}, before | {"card_suspect": found}, []) == []
+
+
 def test_a_file_that_reads_as_other_bytes_each_time_fails_the_backup_naming_the_card(tmp_path, state, monkeypatch):
     import edge_agent.backup as backup_module
 

@@ -160,7 +160,8 @@ _TRAINER_TROUBLES = (
 
 def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> list[tuple[str, dict]]:
     """The engine and health events between two of the daemon's statuses (``engine``, ``refused``, ``healthy``,
-    ``backup``: the schedule's failure or None, ``trainer_stuck`` / ``trainer_no_room``: the trainer's state while it
+    ``backup``: the schedule's failure or None, ``card_suspect``: files a backup found changed on the card without
+    being written, or None, ``trainer_stuck`` / ``trainer_no_room``: the trainer's state while it
     stores no labels / has no room to retrain, or None; ``trusted``, ``withdrawals``, ``last_withdrawal``: the
     daemon's ``trust`` status), each with a ``title`` and ``message`` a phone shows (ntfy); an engine event's
     ``event`` is its ``event_type`` too, which Home Assistant's event entity reads."""
@@ -191,6 +192,14 @@ def status_events(device: str, before: dict, now: dict, errors: list[dict]) -> l
         else:
             said = {"title": f"{head}: backups written again", "message": "the last backup was written"}
             out.append(("health", {"event": "backup_written", "device": device} | said))
+    card = now.get("card_suspect")
+    if card and card != before.get("card_suspect"):  # found by a backup: said once, when found
+        said = {
+            "title": f"{head}: its SD card is failing",
+            "message": f"{len(card['files'])} files changed on it without being written (found by a backup): put a new card in "
+            "soon (edge-agent backup, then edge-agent restore onto the new card)",
+        }
+        out.append(("health", {"event": "card_failing", "device": device, "files": card["files"]} | said))
     out += _trust_events(head, device, before, now)
     # The trainer's troubles, each said once when it starts (with the trainer's state) and once when it ends.
     for key, on, off in _TRAINER_TROUBLES:

@@ -322,6 +322,7 @@ class AlertWorker(DigestRounds, Worker):
         refused = dict((status.get("hotswap") or {}).get("refused") or {})
         healthy = status.get("healthy")
         backup_failed = (status.get("backup") or {}).get("failed") or None
+        card = (status.get("backup") or {}).get("card_suspect") or None
         handoff = status.get("handoff") or {}
         if handoff.get("trainer_alive"):  # a trainer that stores no labels (they wait here), or cannot retrain for want of room
             trainer = handoff.get("trainer") or {}
@@ -334,6 +335,7 @@ class AlertWorker(DigestRounds, Worker):
             "refused": refused,
             "healthy": healthy,
             "backup": backup_failed,
+            "card_suspect": card,
             "trainer_stuck": stuck,
             "trainer_no_room": no_room,
             **(status.get("trust") or {}),
