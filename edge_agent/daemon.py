@@ -76,6 +76,7 @@ class Daemon(DaemonStatus):
         self._held = None  # the state directory's lock (edge_agent.instance), held while this daemon runs
         self._said_again: set[str] = set()  # photos whose labels the trainer asked for again (each once a run)
         self.store_note: str | None = None
+        self._pool_missing: set[str] = set()  # review pool photos whose copies were gone at the last pass (drop_lost)
         self._seed_after_ready = False  # a first start: <state>/engines is seeded just after READY=1
         self._results_before_start = 0
         self.board = BoardSensors()
@@ -441,10 +442,13 @@ class Daemon(DaemonStatus):
         return self._shutdown()
 
     def _prune_review_pool(self) -> None:
-        from edge_agent.review.queue import prune_pool
+        from edge_agent.review.queue import drop_lost, prune_pool
 
         try:
             labels = self.cfg.labels
+            lost, self._pool_missing = drop_lost(self.db, self.state.queue, labels, self._pool_missing)
+            if lost:
+                self.log.warning("review_photos_lost", photos=lost, why="their copies in the review pool are gone: not asked about")
             dropped = prune_pool(self.db, self.spool, labels.review_pool, labels, max_bytes=labels.review_pool_bytes)
         except Exception as exc:  # a locked database: try again next time
             if isinstance(exc, sqlite3.DatabaseError) and self.db.damaged(exc):  # the main loop stops the daemon for it

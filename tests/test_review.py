@@ -175,6 +175,22 @@ def test_prune_drops_the_least_informative(tmp_path):
     assert prune_pool(db, spool, keep=4, policy=LabelsSection()) == 0
 
 
+def test_a_pool_photo_whose_copy_is_gone_is_dropped_at_the_second_pass_that_finds_it_gone(tmp_path):
+    """A salvage that could not read a review photo restored its row without it: the page asked the expert about a
+    photo it showed as a broken image. The first pass that finds it gone leaves it (a photo being labelled this
+    instant has its copy moved before its row changes); the next drops it."""
+    from edge_agent.review.queue import drop_lost
+
+    db, _ = _db_with_pool(tmp_path, 4)
+    gone = db.queue_entry(f"{2:064x}")
+    Path(gone.file).unlink()
+    dropped, missing = drop_lost(db, tmp_path / "queue", LabelsSection(), set())
+    assert dropped == [] and missing == {gone.sha256}
+    dropped, missing = drop_lost(db, tmp_path / "queue", LabelsSection(), missing)
+    assert dropped == [gone.photo_id] and {i.entry.photo_id for i in to_ask(db, policy=LabelsSection(), per_day=0)} == {"p0", "p1", "p3"}
+    assert drop_lost(db, tmp_path / "queue", LabelsSection(), missing) == ([], set())
+
+
 def test_a_pool_photo_the_expert_labels_while_the_pool_is_pruned_keeps_its_label(tmp_path, monkeypatch):
     """Pruning reads the pool, then deletes: a photo chosen to go that the expert labels in between (from the page, as
     the daemon prunes) stays, with the expert's label and its file (before, its row went by sha256, label and all)."""

@@ -56,6 +56,7 @@ __all__ = [
     "others_labelled",
     "Beside",
     "prune_pool",
+    "drop_lost",
     "start_of_day",
     "today",
     "wanted_classes",
@@ -387,6 +388,16 @@ def _queue_again(db: ResultsDB, queue_root: Path, quota_bytes: int, ref: str, la
     entry = QueueEntry(sha, photo_id, "expert", label, 1.0, version, str(copy), copy.stat().st_size)
     db.commit([], [entry])
     return entry
+
+
+def drop_lost(db: ResultsDB, queue_root: Path, policy: LabelsSection, missing_before: set[str]) -> tuple[list[str], set[str]]:
+    """Drop from the pool the photos whose copy in ``queue_root`` is gone (lost with a card a salvage could not read,
+    deleted by hand): the page would ask the expert about a photo it cannot show. Only those already missing at the
+    pass before (``missing_before``, by sha256), so a photo being labelled this instant (its copy moved, its row not
+    yet changed) stays. Returns the ids dropped and the photos missing now."""
+    missing = {it.entry.sha256: it.entry for it in _pool(db, policy) if not file_now(it.entry.file, queue_root).is_file()}
+    dropped = [entry.photo_id for sha, entry in missing.items() if sha in missing_before and db.remove_queued_entry(entry)]
+    return dropped, set(missing)
 
 
 def prune_pool(db: ResultsDB, spool: PhotoSpool, keep: int, policy: LabelsSection, max_bytes: int | None = None) -> int:
