@@ -161,6 +161,22 @@ def test_a_lost_trainer_key_is_said_with_what_keeps_the_farms_own_versions_serve
     store.open(SHIPPED_NEXT, trust=trusted)
 
 
+def test_a_sealed_salvage_restores_with_its_passphrase_and_says_what_it_lacks(season, tmp_path, monkeypatch):
+    import edge_agent._backup_salvage as salvage_module
+    from edge_agent.backup import BackupSealed
+
+    photo = sorted((season / "queue" / "review").iterdir())[0]
+    _failing_reads(monkeypatch, salvage_module, photo)
+    out = tmp_path / "salvaged.tar.gz.sealed"
+    backup(AppConfig(), season, out, passphrase=b"farm words", salvage=True)
+    assert b"queue/review" not in out.read_bytes()  # (sealed: nothing of it readable)
+    with pytest.raises(BackupSealed):
+        restore(out, tmp_path / "a")
+    done = restore(out, tmp_path / "b", passphrase=b"farm words")
+    assert list(done.salvaged["unreadable"]) == [f"queue/review/{photo.name}"]
+    assert check(out, passphrase=b"farm words").salvaged == done.salvaged
+
+
 def _rows(n: int, start: int) -> list:
     from edge_agent.results import ResultRow
 
