@@ -40,6 +40,21 @@ def _no_daemon_outlives_its_test():
 
 
 @pytest.fixture(autouse=True)
+def _logging_as_each_test_found_it():
+    """A test that configures logging (a command run in-process configures it at its level) leaves it so for the next
+    test on its worker: a logger made under a level above info drops the info lines ``capture_logs`` waits for (seen
+    once: the trust journal's test got its warning line and not its info line, in one suite of about 30)."""
+    import structlog
+
+    from edge_agent import log
+
+    before, settings = structlog.get_config(), dict(log._settings)
+    yield
+    structlog.configure(**before)
+    log._settings.update(settings)
+
+
+@pytest.fixture(autouse=True)
 def _a_cpu_with_vnni(monkeypatch):
     """In-process tests run as on a CPU with VNNI (or not x86), wherever the suite runs: which precision ``auto`` picks
     must not depend on the CI machine's CPU. tests/test_int8_here.py gives a CPU without VNNI where it tests one."""
