@@ -114,7 +114,7 @@ class SharedFiles:
             with os.fdopen(fd, "wb") as raw, open(src, "rb") as f:
                 hashed = HashingWriter(raw)
                 sink = self.sealer.writer(hashed) if self.sealer else hashed
-                read = HashingWriter(sink)
+                read = HashingWriter(sink) if self.sealer else hashed  # (unsealed, what is written is what was read)
                 shutil.copyfileobj(f, read, 1 << 20)
                 if read.hexdigest() != sha:
                     raise NotItsHash(f"{src}: its bytes are not those its recorded sha256 {sha} says")
