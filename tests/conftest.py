@@ -39,17 +39,28 @@ def _no_daemon_outlives_its_test():
     kill_leftovers()
 
 
-@pytest.fixture(autouse=True)
-def _logging_as_each_test_found_it():
-    """A test that configures logging (a command run in-process configures it at its level) leaves it so for the next
-    test on its worker: a logger made under a level above info drops the info lines ``capture_logs`` waits for (seen
-    once: the trust journal's test got its warning line and not its info line, in one suite of about 30)."""
+@pytest.fixture(scope="session")
+def _logging_at_start():
+    """The logging configuration the session started with."""
     import structlog
 
     from edge_agent import log
 
-    before, settings = structlog.get_config(), dict(log._settings)
+    return structlog.get_config(), dict(log._settings)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_the_session_started(_logging_at_start):
+    """A test (or a module's fixture: test_recipe_sweep_benchmark.py runs the sweep once, which logs at warning) that
+    configures logging leaves it so for what follows on its worker: a logger made under a level above info drops the
+    info lines ``capture_logs`` waits for (the trust journal's test got its warning line and not its info line). After
+    every test the configuration the session started with is put back."""
+    import structlog
+
+    from edge_agent import log
+
     yield
+    before, settings = _logging_at_start
     structlog.configure(**before)
     log._settings.update(settings)
 
